@@ -1,0 +1,3 @@
+from ocrwatch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""One frozen configuration, loaded from TOML and validated once at start.
+
+Every key has a default that works on a fresh machine, so ``ocrwatch run`` with no file at all watches
+``./inbox`` and keeps state in ``./.ocrwatch``. Errors name the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ocrwatch.errors import ConfigError
+
+DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml"))
+
+PROMPT_PRESETS: dict[str, str] = {
+    "markdown": "<image>\n<|grounding|>Convert the document to markdown.",
+    "free": "<image>\nFree OCR.",
+    "figure": "<image>\nParse the figure.",
+}
+
+MiB = 1024 * 1024
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RenderConfig(_Model):
+    dpi: Annotated[int, Field(ge=50, le=1200)] = 200
+    max_side: Annotated[int, Field(ge=256, le=20000)] = 4096
+    max_pixels: Annotated[int, Field(ge=65536, le=400_000_000)] = 40_000_000
+    min_dpi: Annotated[int, Field(ge=10, le=600)] = 36
+    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
+
+
+class LimitsConfig(_Model):
+    max_bytes: Annotated[int, Field(ge=1)] = 512 * MiB
+    max_pages: Annotated[int, Field(ge=1)] = 2000
+
+
+class OutputConfig(_Model):
+    name_template: str = "{name}"
+    dir: Path | None = None
+    images: Literal["placeholder", "drop"] = "placeholder"
+
+    @field_validator("name_template")
+    @classmethod
+    def _template_stays_in_folder(cls, value: str) -> str:
+        if "{name}" not in value and "{stem}" not in value:
+            raise ValueError("must contain {name} or {stem}")
+        rendered = value.format(name="x", stem="x", suffix=".pdf")
+        if "/" in rendered or "\\" in rendered or rendered in (".", "..") or "\0" in rendered:
+            raise ValueError("must not contain path separators: sidecars stay beside their source")
+        return value
+
+
+class LogConfig(_Model):
+    format: Literal["auto", "json", "console"] = "auto"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class MetricsConfig(_Model):
+    enabled: bool = True
+    listen: str = "127.0.0.1:9464"
+
+
+class SchedulerConfig(_Model):
+    max_inflight_pages: Annotated[int, Field(ge=1, le=4096)] | None = None
+    render_ahead: Annotated[int, Field(ge=1, le=4096)] = 16
+    render_workers: Annotated[int, Field(ge=1, le=256)] = 2
+    ageing_seconds: Annotated[float, Field(gt=0)] = 30.0
+    max_active_documents: Annotated[int, Field(ge=1, le=4096)] = 64
+
+
+class RetryConfig(_Model):
+    attempts: Annotated[int, Field(ge=1, le=100)] = 5
+    backoff_initial_seconds: Annotated[float, Field(ge=0)] = 2.0
+    backoff_max_seconds: Annotated[float, Field(ge=0)] = 300.0
+
+
+class TesseractConfig(_Model):
+    lang: str = "eng"
+    dpi: Annotated[int, Field(ge=70, le=600)] = 300
+    psm: Annotated[int, Field(ge=0, le=13)] = 3
+    workers: Annotated[int, Field(ge=0, le=256)] = 0
+    binary: str = "tesseract"
+
+
+class SamplingRung(_Model):
+    temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
+    ngram_size: Annotated[int, Field(ge=0, le=200)] = 30
+    window_size: Annotated[int, Field(ge=0, le=4096)] = 90
+
+
+class VllmConfig(_Model):
+    model: str = "deepseek-ai/DeepSeek-OCR-2"
+    revision: str | None = None
+    tokenizer: str | None = None
+    dtype: Literal["auto", "bfloat16", "float16"] = "bfloat16"
+    max_model_len: Annotated[int, Field(ge=256)] = 8192
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_num_seqs: Annotated[int, Field(ge=1)] = 128
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
+    block_size: Annotated[int, Field(ge=1)] | None = None
+    enforce_eager: bool = False
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    seed: int = 0
+    load_format: str = "auto"
+    fast_encoder: bool = False
+    max_tokens: Annotated[int, Field(ge=1)] = 4096
+    ngram_size: Annotated[int, Field(ge=0, le=200)] = 30
+    window_size: Annotated[int, Field(ge=0, le=4096)] = 90
+    whitelist_token_ids: tuple[int, ...] = (128821, 128822)
+    ladder: tuple[SamplingRung, ...] = (
+        SamplingRung(temperature=0.1, ngram_size=20, window_size=90),
+        SamplingRung(temperature=0.2, ngram_size=12, window_size=120),
+    )
+    ignore_eos: bool = False
+    prompts: dict[str, str] = Field(default_factory=dict)
+    compile_cache_dir: Path | None = None
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class EngineConfig(_Model):
+    kind: Literal["auto", "vllm", "tesseract"] = "auto"
+    page_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    page_attempts: Annotated[int, Field(ge=1, le=20)] = 3
+    vllm: VllmConfig = VllmConfig()
+    tesseract: TesseractConfig = TesseractConfig()
+
+
+class InboxConfig(_Model):
+    path: Path = Path("inbox")
+    recursive: bool = True
+    patterns: tuple[str, ...] = ("*.pdf", "*.png", "*.jpg", "*.jpeg", "*.tif", "*.tiff", "*.webp")
+    priority: Annotated[int, Field(ge=0, le=100)] = 50
+    prompt: str = "markdown"
+    polling: Literal["auto"] | bool = "auto"
+    settle_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
+    max_bytes: Annotated[int, Field(ge=1)] | None = None
+    max_pages: Annotated[int, Field(ge=1)] | None = None
+    quarantine_dir: Path | None = None
+    create: bool = True
+
+
+class S3Config(_Model):
+    transport: Literal["sqs", "webhook"] = "sqs"
+    queue_url: str | None = None
+    endpoint_url: str | None = None
+    region: str | None = None
+    bucket: str | None = None
+    prefix: str = ""
+    suffixes: tuple[str, ...] = (".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp")
+    output_bucket: str | None = None
+    output_prefix: str = ""
+    listen: str = "127.0.0.1:8787"
+    path: str = "/s3/events"
+    token: str | None = None
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 1 * MiB
+    visibility_timeout_seconds: Annotated[int, Field(ge=10, le=43200)] = 300
+    wait_time_seconds: Annotated[int, Field(ge=0, le=20)] = 20
+    max_receives: Annotated[int, Field(ge=1)] = 5
+    on_max_receives: Literal["error_sidecar", "dead_letter"] = "error_sidecar"
+    priority: Annotated[int, Field(ge=0, le=100)] = 50
+    prompt: str = "markdown"
+    access_key_id: str | None = None
+    secret_access_key: str | None = Field(default=None, repr=False)
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+
+    @model_validator(mode="after")
+    def _transport_needs(self) -> "S3Config":
+        if self.transport == "sqs" and not self.queue_url:
+            raise ValueError("transport 'sqs' needs queue_url")
+        if self.transport == "webhook" and not self.token:
+            raise ValueError("transport 'webhook' needs a shared secret in token")
+        return self
+
+
+class DaemonConfig(_Model):
+    reconcile_seconds: Annotated[float, Field(gt=0)] = 300.0
+    shutdown_timeout: Annotated[float, Field(gt=0)] = 30.0
+    health_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+
+class Config(_Model):
+    state_dir: Path = Path(".ocrwatch")
+    engine: EngineConfig = EngineConfig()
+    render: RenderConfig = RenderConfig()
+    limits: LimitsConfig = LimitsConfig()
+    output: OutputConfig = OutputConfig()
+    log: LogConfig = LogConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    retry: RetryConfig = RetryConfig()
+    daemon: DaemonConfig = DaemonConfig()
+    inbox: tuple[InboxConfig, ...] = (InboxConfig(),)
+    s3: tuple[S3Config, ...] = ()
+    source_file: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _prompts_exist(self) -> "Config":
+        known = set(PROMPT_PRESETS) | set(self.engine.vllm.prompts)
+        for index, inbox in enumerate(self.inbox):
+            if inbox.prompt not in known:
+                raise ValueError(f"inbox[{index}].prompt: unknown preset {inbox.prompt!r} (known: {sorted(known)})")
+        return self
+
+    def prompt_text(self, preset: str) -> str:
+        return self.engine.vllm.prompts.get(preset) or PROMPT_PRESETS[preset]
+
+
+def _format_error(path: Path | None, error: ValidationError) -> str:
+    where = str(path) if path else "<defaults>"
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"{where}: {key}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def _resolve_relative(data: dict[str, Any], base: Path) -> None:
+    """Relative paths in a config file mean relative to that file, as users expect of /etc configs."""
+    if "state_dir" in data:
+        data["state_dir"] = str(base / Path(data["state_dir"]).expanduser())
+    for inbox in data.get("inbox", []) or []:
+        if isinstance(inbox, dict):
+            for key in ("path", "quarantine_dir"):
+                if isinstance(inbox.get(key), str):
+                    inbox[key] = str(base / Path(inbox[key]).expanduser())
+
+
+def from_mapping(data: dict[str, Any], source: Path | None = None) -> Config:
+    try:
+        return Config.model_validate({**data, "source_file": source})
+    except ValidationError as exc:
+        raise ConfigError(_format_error(source, exc)) from None
+
+
+def load(path: Path | None = None) -> Config:
+    """Load ``path``; with no path, the first default file that exists, else pure defaults."""
+    if path is None:
+        env = os.environ.get("OCRWATCH_CONFIG")
+        path = Path(env) if env else next((p for p in DEFAULT_CONFIG_PATHS if p.is_file()), None)
+        if path is None:
+            return Config()
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    _resolve_relative(data, path.resolve().parent)
+    return from_mapping(data, path)

@@ -1,0 +1,168 @@
+"""The error hierarchy: every failure is either transient (retry later) or permanent (write an error sidecar).
+
+Each class carries a stable ``kind`` used in logs, the ledger and sidecars, and a ``hint`` that tells the
+user what to do about it. ``classify`` is the one place that maps an arbitrary exception onto this hierarchy.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class OcrwatchError(Exception):
+    """Base of every error ocrwatch reports about a document or its configuration."""
+
+    kind: str = "internal_error"
+    retryable: bool = False
+    hint: str = "this is a bug in ocrwatch; please report it with the log line"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+
+    def as_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "message": self.message, "retryable": self.retryable, "hint": self.hint}
+
+
+class PermanentError(OcrwatchError):
+    """Retrying cannot help: the input itself is the problem."""
+
+
+class TransientError(OcrwatchError):
+    """The same input may succeed later: retried with backoff."""
+
+    kind = "transient"
+    retryable = True
+    hint = "ocrwatch retries this automatically"
+
+
+class ConfigError(OcrwatchError):
+    """The configuration file is invalid; raised only at start-up (exit code 2)."""
+
+    kind = "config_error"
+    hint = "fix the named key in the configuration file"
+
+
+# --- permanent: the input ----------------------------------------------------------------------------------
+
+
+class EmptyFile(PermanentError):
+    kind = "empty_file"
+    hint = "the file has zero bytes; copy it again"
+
+
+class NotADocument(PermanentError):
+    kind = "not_a_document"
+    hint = "only PDF, PNG, JPEG, TIFF and WebP files are recognised, by content not by extension"
+
+
+class EncryptedPdf(PermanentError):
+    kind = "encrypted_pdf"
+    hint = "the PDF needs a password to open; remove the password (e.g. qpdf --decrypt) and drop it again"
+
+
+class CorruptPdf(PermanentError):
+    kind = "corrupt_pdf"
+    hint = "the PDF is damaged or truncated; re-export or repair it (e.g. qpdf, mutool clean)"
+
+
+class CorruptImage(PermanentError):
+    kind = "corrupt_image"
+    hint = "the image is damaged or truncated; export it again"
+
+
+class NoPages(PermanentError):
+    kind = "no_pages"
+    hint = "the document contains no pages"
+
+
+class TooManyPages(PermanentError):
+    kind = "too_many_pages"
+    hint = "raise [limits] max_pages or split the document"
+
+
+class TooManyPixels(PermanentError):
+    kind = "too_many_pixels"
+    hint = "the page cannot be rendered within [render] max_pixels even at the smallest usable resolution"
+
+
+class FileTooLarge(PermanentError):
+    kind = "file_too_large"
+    hint = "raise [limits] max_bytes or split the document"
+
+
+class NotARegularFile(PermanentError):
+    kind = "not_a_regular_file"
+    hint = "only regular files inside the inbox are processed (no FIFOs, devices or escaping symlinks)"
+
+
+class OutputNotWritable(PermanentError):
+    kind = "output_not_writable"
+    hint = "ocrwatch cannot write sidecars beside the source; make the folder writable or set [output] dir"
+
+
+class PageFailed(PermanentError):
+    """Every rung of the retry ladder failed for a page (recorded per page; the document becomes partial)."""
+
+    kind = "page_failed"
+    hint = "the model could not produce stable output for this page"
+
+
+# --- transient: the world ------------------------------------------------------------------------------------
+
+
+class RenderTimeout(TransientError):
+    kind = "render_timeout"
+    hint = "rendering took longer than [render] timeout_seconds; raise it or lower [render] dpi"
+
+
+class EngineFailed(TransientError):
+    kind = "engine_failed"
+    hint = "the OCR engine failed on this page; it is retried, then the page is marked failed"
+
+
+class EngineDead(TransientError):
+    kind = "engine_dead"
+    hint = "the OCR engine died; ocrwatch rebuilds it and requeues the pages that were in flight"
+
+
+class PageTimeout(TransientError):
+    kind = "page_timeout"
+    hint = "the engine did not answer within [engine] page_timeout_seconds"
+
+
+class FileNotReady(TransientError):
+    kind = "file_not_ready"
+    hint = "the file is still being written; it is looked at again later"
+
+
+class SourceGone(PermanentError):
+    kind = "source_gone"
+    hint = "the file disappeared before it could be processed"
+
+
+class DiskFull(TransientError):
+    kind = "disk_full"
+    hint = "no space left for sidecars or temporary files; free space, ocrwatch retries"
+
+
+class StorageUnavailable(TransientError):
+    kind = "storage_unavailable"
+    hint = "the object store or queue did not answer; ocrwatch retries with backoff"
+
+
+def classify(exc: BaseException) -> OcrwatchError:
+    """Map any exception onto the hierarchy, so the caller never has to guess retryability."""
+    if isinstance(exc, OcrwatchError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return SourceGone(str(exc))
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DiskFull(str(exc))
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return OutputNotWritable(str(exc))
+        return TransientError(f"{type(exc).__name__}: {exc}")
+    return OcrwatchError(f"{type(exc).__name__}: {exc}")

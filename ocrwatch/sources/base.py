@@ -1,0 +1,90 @@
+"""What a source hands the daemon: a ``Job`` naming one document and how to acknowledge it.
+
+Source contract: ``start(submit)`` begins watching and calls ``await submit(job)`` for every document that is
+ready; ``submit`` returns only once the job is durably in the ledger, so a source may acknowledge its event
+(answer a webhook, keep an SQS message) after it returns. ``stop`` stops watching; it is called once, from
+the event loop. ``fetch`` makes the document available as a local file inside ``spool_dir`` (a local source
+returns the file itself); ``finish`` is told the final outcome, once, after the sidecars are written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: Path
+    inbox: Path
+
+    @property
+    def uri(self) -> str:
+        return self.path.resolve().as_uri()
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass(frozen=True)
+class S3Object:
+    bucket: str
+    key: str
+    etag: str | None = None
+    version_id: str | None = None
+    size: int | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+
+Origin = LocalFile | S3Object
+Outcome = Literal["done", "failed", "retry"]
+
+
+@dataclass
+class Job:
+    origin: Origin
+    source: str
+    priority: int = 50
+    prompt: str = "markdown"
+    max_bytes: int | None = None
+    max_pages: int | None = None
+    detected_at: float = field(default_factory=time.time)
+    receipt: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The ledger key: one row per document location (and per S3 version where known)."""
+        if isinstance(self.origin, S3Object) and self.origin.version_id:
+            return f"{self.origin.uri}?versionId={self.origin.version_id}"
+        return self.origin.uri
+
+
+Submit = Callable[[Job], Awaitable[None]]
+
+
+@runtime_checkable
+class Source(Protocol):
+    name: str
+
+    async def start(self, submit: Submit) -> None:
+        """Begin watching; call ``submit`` for each ready document."""
+
+    async def stop(self) -> None:
+        """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""
+
+    async def fetch(self, job: Job, spool_dir: Path) -> Path:
+        """Return a local path holding the document's bytes."""
+
+    async def finish(self, job: Job, outcome: Outcome) -> None:
+        """Acknowledge the job's event now that its sidecars are written (or it is given up)."""
