@@ -1,0 +1,176 @@
+"""Join a document's pages into the two sidecars: Markdown for people, JSON (``ocrwatch/1``) for programs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ocrwatch import __version__
+from ocrwatch.scheduler import PageOutcome
+
+SCHEMA_ID = "ocrwatch/1"
+
+_BLOCK = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {
+        "type": {"type": "string"},
+        "text": {"type": "string"},
+        "bbox": {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
+    },
+}
+_PAGE = {
+    "type": "object",
+    "required": ["index", "width", "height", "status", "attempts", "markdown", "blocks"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 1},
+        "width": {"type": "integer", "minimum": 1},
+        "height": {"type": "integer", "minimum": 1},
+        "dpi": {"type": ["number", "null"]},
+        "status": {"enum": ["ok", "failed"]},
+        "attempts": {"type": "integer", "minimum": 1},
+        "markdown": {"type": "string"},
+        "raw": {"type": ["string", "null"]},
+        "blocks": {"type": "array", "items": _BLOCK},
+        "tokens": {
+            "type": "object",
+            "properties": {"prompt": {"type": ["integer", "null"]}, "completion": {"type": ["integer", "null"]}},
+        },
+        "seconds": {"type": "object"},
+        "finish_reason": {"type": ["string", "null"]},
+        "error": {"type": ["object", "null"]},
+        "tries": {"type": "array"},
+    },
+}
+JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "ocrwatch sidecar",
+    "type": "object",
+    "required": ["schema", "status", "source", "engine", "render", "pages", "timing", "ocrwatch"],
+    "properties": {
+        "schema": {"const": SCHEMA_ID},
+        "status": {"enum": ["ok", "partial"]},
+        "source": {
+            "type": "object",
+            "required": ["uri", "name", "bytes", "sha256"],
+            "properties": {
+                "uri": {"type": "string"},
+                "name": {"type": "string"},
+                "bytes": {"type": "integer", "minimum": 0},
+                "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+                "etag": {"type": ["string", "null"]},
+                "version_id": {"type": ["string", "null"]},
+                "mtime": {"type": ["string", "null"]},
+                "mime": {"type": "string"},
+            },
+        },
+        "engine": {"type": "object", "required": ["name"]},
+        "render": {"type": "object", "required": ["dpi"]},
+        "pages": {"type": "array", "minItems": 1, "items": _PAGE},
+        "timing": {"type": "object", "required": ["detected", "started", "finished", "stages"]},
+        "ocrwatch": {"type": "object", "required": ["version", "host"]},
+    },
+}
+ERROR_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["schema", "status", "source", "error", "attempts", "time"],
+    "properties": {
+        "schema": {"const": SCHEMA_ID},
+        "status": {"const": "failed"},
+        "error": {"type": "object", "required": ["kind", "message", "retryable", "hint"]},
+        "attempts": {"type": "integer", "minimum": 0},
+    },
+}
+
+
+def iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What the sidecar says about the source, the engine and the rendering."""
+
+    source: dict[str, Any]
+    engine: dict[str, Any]
+    render: dict[str, Any]
+
+
+def page_markdown(outcome: PageOutcome) -> str:
+    recognition = outcome.result.recognition
+    return recognition.markdown.strip() if recognition is not None else ""
+
+
+def markdown(pages: Sequence[PageOutcome]) -> str:
+    parts = []
+    for outcome in pages:
+        body = page_markdown(outcome) if outcome.result.status == "ok" else "<!-- page failed -->"
+        parts.append(f"<!-- page {outcome.index + 1} -->\n\n{body}\n")
+    return "\n".join(parts)
+
+
+def _page(outcome: PageOutcome) -> dict[str, Any]:
+    result = outcome.result
+    recognition = result.recognition
+    return {
+        "index": outcome.index + 1,
+        "width": outcome.width,
+        "height": outcome.height,
+        "dpi": outcome.dpi,
+        "status": result.status,
+        "attempts": max(len(result.attempts), 1),
+        "markdown": page_markdown(outcome),
+        "raw": recognition.raw if recognition is not None else None,
+        "blocks": recognition.blocks if recognition is not None else [],
+        "tokens": {
+            "prompt": recognition.prompt_tokens if recognition is not None else None,
+            "completion": recognition.completion_tokens if recognition is not None else None,
+        },
+        "seconds": {
+            "render": round(outcome.render_seconds, 4),
+            "recognize": round(sum(a.get("seconds", 0.0) for a in result.attempts), 4),
+        },
+        "finish_reason": recognition.finish_reason if recognition is not None else None,
+        "error": result.error,
+        "tries": result.attempts,
+    }
+
+
+def document(
+    provenance: Provenance, pages: Sequence[PageOutcome], *, detected: float, started: float, finished: float,
+    stages: dict[str, float],
+) -> dict[str, Any]:
+    status = "ok" if all(p.result.status == "ok" for p in pages) else "partial"
+    return {
+        "schema": SCHEMA_ID,
+        "status": status,
+        "source": provenance.source,
+        "engine": provenance.engine,
+        "render": provenance.render,
+        "pages": [_page(p) for p in pages],
+        "timing": {
+            "detected": iso(detected),
+            "started": iso(started),
+            "finished": iso(finished),
+            "stages": {name: round(value, 4) for name, value in stages.items()},
+        },
+        "ocrwatch": {"version": __version__, "host": socket.gethostname()},
+    }
+
+
+def error_document(source: dict[str, Any], error: dict[str, Any], attempts: int, when: float) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA_ID,
+        "status": "failed",
+        "source": source,
+        "error": error,
+        "attempts": attempts,
+        "time": iso(when),
+        "ocrwatch": {"version": __version__, "host": socket.gethostname()},
+    }

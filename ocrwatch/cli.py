@@ -1,0 +1,177 @@
+"""Command line: ``run``, ``ocr``, ``status``, ``retry``, ``check``. Exit codes: 0 ok, 1 a document failed, 2 usage."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import structlog
+
+from ocrwatch import __version__, config as config_module
+from ocrwatch.config import Config
+from ocrwatch.engines.base import Engine
+from ocrwatch.errors import ConfigError, OcrwatchError
+from ocrwatch.logging import configure
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+log = structlog.get_logger()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ocrwatch", description="Watch folders and buckets; OCR every new document.")
+    parser.add_argument("--version", action="version", version=f"ocrwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", "-c", type=Path, help="TOML configuration file (default: built-in defaults)")
+        return p
+
+    with_config(sub.add_parser("run", help="run the daemon"))
+    ocr = with_config(sub.add_parser("ocr", help="OCR the given files once and write their sidecars"))
+    ocr.add_argument("--engine", choices=["auto", "tesseract", "vllm"], help="override [engine] kind")
+    ocr.add_argument("--out", type=Path, help="write sidecars under this folder instead of beside each file")
+    ocr.add_argument("files", nargs="+", type=Path)
+    status = with_config(sub.add_parser("status", help="what the ledger holds"))
+    status.add_argument("--json", action="store_true", help="print JSON")
+    retry = with_config(sub.add_parser("retry", help="put failed jobs back in the queue"))
+    retry.add_argument("paths", nargs="*", help="only these files or keys (default: every failed job)")
+    with_config(sub.add_parser("check", help="validate the configuration and probe engine, folders and S3"))
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    cfg = config_module.load(args.config)
+    if getattr(args, "engine", None):
+        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": args.engine})})
+    if getattr(args, "out", None):
+        cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": args.out.absolute()})})
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = _load(args)
+    except ConfigError as exc:
+        print(f"ocrwatch: invalid configuration:\n{exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    configure(cfg.log)
+    command = {"run": _run, "ocr": _ocr, "status": _status, "retry": _retry, "check": _check}[args.command]
+    try:
+        return command(cfg, args)
+    except ConfigError as exc:
+        print(f"ocrwatch: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(cfg: Config, args: argparse.Namespace) -> int:
+    from ocrwatch.daemon import Daemon
+
+    return asyncio.run(Daemon(cfg, args.config).serve())
+
+
+def _ocr(cfg: Config, args: argparse.Namespace) -> int:
+    from ocrwatch.daemon import ocr_files
+
+    missing = [path for path in args.files if not path.exists()]
+    if missing:
+        for path in missing:
+            print(f"ocrwatch: no such file: {path}", file=sys.stderr)
+        return EXIT_USAGE
+    bar = _progress(len(args.files))
+
+    def on_done(job: object, status: str) -> None:
+        if bar is not None:
+            bar.update(1)
+
+    results = asyncio.run(ocr_files(cfg, args.files, on_done=on_done))
+    if bar is not None:
+        bar.close()
+    failed = [key for key, status in results.items() if status == "failed"]
+    for key in failed:
+        print(f"ocrwatch: failed: {key} (see its .error.json sidecar for the kind and a hint)", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _progress(total: int) -> object | None:
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="doc", file=sys.stderr)
+
+
+def _status(cfg: Config, args: argparse.Namespace) -> int:
+    from ocrwatch.ledger import Ledger
+
+    path = cfg.state_dir / "ledger.sqlite3"
+    if not path.exists():
+        print(f"no ledger at {path}: the daemon has not run with this state_dir")
+        return EXIT_OK
+    ledger = Ledger(path)
+    try:
+        summary = ledger.summary()
+    finally:
+        ledger.close()
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return EXIT_OK
+    for state, count in sorted(summary.get("counts", {}).items()):
+        print(f"{state:12} {count}")
+    oldest = summary.get("oldest_waiting")
+    if oldest:
+        print(f"oldest waiting: {oldest}")
+    for error in summary.get("last_errors", []):
+        print(f"error: {error}")
+    return EXIT_OK
+
+
+def _retry(cfg: Config, args: argparse.Namespace) -> int:
+    from ocrwatch.ledger import Ledger
+
+    ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
+    try:
+        selectors = [str(Path(p).absolute()) if Path(p).exists() else p for p in args.paths] or None
+        count = ledger.retry(selectors)
+    finally:
+        ledger.close()
+    print(f"{count} job(s) queued again; a running daemon picks them up at its next reconciliation or restart")
+    return EXIT_OK
+
+
+def _check(cfg: Config, args: argparse.Namespace) -> int:
+    from ocrwatch.engines import factory
+
+    problems: list[str] = []
+    kind, reason = factory.choose(cfg.engine)
+    print(f"engine: {kind} ({reason})")
+    try:
+        engine = factory.build(cfg.engine, cfg.output.images, kind=kind)
+        asyncio.run(_probe_engine(engine))
+        print(f"engine: ok {engine.describe()}")
+    except OcrwatchError as exc:
+        problems.append(f"engine: {exc.kind}: {exc.message} ({exc.hint})")
+    for inbox in cfg.inbox:
+        if not inbox.path.is_dir() and not inbox.create:
+            problems.append(f"inbox {inbox.path}: not a folder")
+        else:
+            print(f"inbox: {inbox.path}")
+    if cfg.s3:
+        from ocrwatch.sources import s3
+
+        for s3cfg in cfg.s3:
+            problems.extend(s3.check(s3cfg))
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+async def _probe_engine(engine: Engine) -> None:
+    await engine.start()
+    await engine.close()

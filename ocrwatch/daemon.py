@@ -1,0 +1,591 @@
+"""The one place where sources, ledger, renderer, scheduler, engine and sinks are composed.
+
+``Pipeline`` turns a ``Job`` into sidecars (used by ``ocrwatch run`` and ``ocrwatch ocr``). ``Daemon`` adds the
+life cycle around it: ``startup`` → ``main_loop`` → ``shutdown``, signals (handlers only set events), systemd
+notification, the health tick and config reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ocrwatch import assemble, config as config_module, ladder, render
+from ocrwatch.config import Config
+from ocrwatch.engines import factory
+from ocrwatch.engines.base import Engine
+from ocrwatch.errors import EngineDead, OcrwatchError, PermanentError, TransientError, classify
+from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
+from ocrwatch.metrics import HealthServer, Metrics
+from ocrwatch.scheduler import PageScheduler
+from ocrwatch.session import DocumentSession
+from ocrwatch.sinks.base import Sink
+from ocrwatch.sinks.local import LocalSink
+from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
+
+log = structlog.get_logger()
+
+
+class SourceChanged(TransientError):
+    kind = "source_changed"
+    hint = "the file changed while it was processed; it is processed again"
+
+
+def job_id(job: Job) -> str:
+    return hashlib.sha1(job.key.encode()).hexdigest()[:12]
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, Exception) and classify(exc).retryable and not isinstance(exc, EngineDead)
+
+
+class EngineSupervisor:
+    """Owns the current engine; rebuilds it with backoff after a death and requeues the pages in flight."""
+
+    def __init__(self, cfg: Config, metrics: Metrics) -> None:
+        self._cfg = cfg
+        self._metrics = metrics
+        self.engine: Engine | None = None
+        self.scheduler: PageScheduler | None = None
+        self._rebuild: asyncio.Task[None] | None = None
+
+    async def start(self) -> Engine:
+        kind, reason = factory.choose(self._cfg.engine)
+        loud = kind == "tesseract" and self._cfg.engine.kind == "auto"
+        (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
+        engine = factory.build(self._cfg.engine, self._cfg.output.images, kind=kind)
+        await engine.start()
+        self.engine = engine
+        return engine
+
+    def dead(self) -> None:
+        if self._rebuild is None or self._rebuild.done():
+            self._rebuild = asyncio.create_task(self._rebuild_engine())
+
+    async def _rebuild_engine(self) -> None:
+        assert self.scheduler is not None
+        self.scheduler.pause_engine()
+        requeued = self.scheduler.requeue_inflight()
+        self._metrics.engine_restarts.inc()
+        log.error("engine_dead", requeued_pages=requeued)
+        old, self.engine = self.engine, None
+        if old is not None:
+            try:
+                await asyncio.wait_for(old.close(), 60)
+            except Exception as exc:
+                log.warning("engine_close_failed", error=str(exc))
+        async for attempt in AsyncRetrying(wait=wait_exponential_jitter(initial=1, max=60), reraise=True):
+            with attempt:
+                self.engine = await self.start()
+        log.info("engine_rebuilt")
+        self.scheduler.resume_engine()
+
+    async def recognize(self, request: Any) -> Any:
+        engine = self.engine
+        if engine is None:
+            raise EngineDead("engine is being rebuilt")
+        return await ladder.recognize_page(engine, request, ladder.rungs(self._cfg.engine), self._cfg.engine.page_timeout_seconds)
+
+    async def close(self) -> None:
+        if self._rebuild is not None:
+            self._rebuild.cancel()
+        if self.engine is not None:
+            await self.engine.close()
+
+
+class Pipeline:
+    """source → ledger → render → scheduler → engine → sink, for one job at a time per task."""
+
+    def __init__(self, cfg: Config, ledger: Ledger | None, metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.ledger = ledger
+        self.metrics = metrics
+        self.supervisor = EngineSupervisor(cfg, metrics)
+        self.sources: dict[str, Source] = {}
+        self.sinks: dict[str, Sink] = {}
+        self.scheduler: PageScheduler | None = None
+        self._slots = asyncio.Semaphore(cfg.scheduler.max_active_documents)
+        self._tasks: dict[str, asyncio.Task[str]] = {}
+        self.results: dict[str, str] = {}
+
+    async def start(self) -> None:
+        engine = await self.supervisor.start()
+        sched = self.cfg.scheduler
+        self.scheduler = PageScheduler(
+            lambda doc, request: self.supervisor.recognize(request),
+            max_inflight=sched.max_inflight_pages or engine.max_concurrency,
+            render_ahead=sched.render_ahead,
+            render_workers=sched.render_workers,
+            ageing_seconds=sched.ageing_seconds,
+            on_engine_dead=self.supervisor.dead,
+        )
+        self.supervisor.scheduler = self.scheduler
+
+    def add_source(self, source: Source, sink: Sink) -> None:
+        self.sources[source.name] = source
+        self.sinks[source.name] = sink
+
+    @property
+    def active(self) -> int:
+        return len(self._tasks)
+
+    # --- admission ----------------------------------------------------------------------------------------
+
+    async def submit(self, job: Job) -> None:
+        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be done."""
+        fingerprint = await asyncio.to_thread(self._fingerprint, job)
+        if fingerprint is None:
+            return
+        sink = self.sinks[job.source]
+        recorded = await asyncio.to_thread(sink.recorded, job)
+        if recorded is not None and same_content(_recorded_fingerprint(recorded), fingerprint):
+            if self.ledger is not None:
+                self.ledger.admit(job, fingerprint)
+                self.ledger.mark_done(job.key)
+            log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
+            await self.sources[job.source].finish(job, "done")
+            return
+        if self.ledger is not None and not self.ledger.admit(job, fingerprint):
+            row = self.ledger.known(job.key)
+            if row is not None and row.state == "done":
+                await self.sources[job.source].finish(job, "done")
+            return
+        self.start_job(job)
+
+    def _fingerprint(self, job: Job) -> Fingerprint | None:
+        origin = job.origin
+        if isinstance(origin, S3Object):
+            return Fingerprint(size=origin.size or 0, mtime_ns=None, sha256=None, etag=origin.etag, version_id=origin.version_id)
+        try:
+            stat = origin.path.stat()
+        except OSError:
+            return None
+        if self.ledger is not None:
+            row = self.ledger.known(job.key)
+            if (
+                row is not None
+                and row.fingerprint is not None
+                and row.state == "done"
+                and (row.fingerprint.size, row.fingerprint.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+            ):
+                return row.fingerprint
+        try:
+            digest = sha256_file(origin.path) if os.path.isfile(origin.path) else None
+        except OSError:
+            digest = None
+        return Fingerprint(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=digest)
+
+    def start_job(self, job: Job) -> asyncio.Task[str]:
+        existing = self._tasks.get(job.key)
+        if existing is not None and not existing.done():
+            return existing
+        task = asyncio.create_task(self._run(job), name=f"job:{job_id(job)}")
+        self._tasks[job.key] = task
+        task.add_done_callback(lambda t, key=job.key: self._tasks.pop(key, None))
+        return task
+
+    async def drain(self, timeout: float) -> int:
+        """Wait for running jobs up to ``timeout``; cancel the rest (they stay unfinished in the ledger)."""
+        tasks = list(self._tasks.values())
+        if not tasks:
+            return 0
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return len(pending)
+
+    async def wait_all(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    # --- one job ----------------------------------------------------------------------------------------------
+
+    async def _run(self, job: Job) -> str:
+        jid = job_id(job)
+        structlog.contextvars.bind_contextvars(job_id=jid)
+        async with self._slots:
+            log.info("job_started", uri=job.origin.uri, source=job.source)
+            attempts = 0
+
+            def before(state: RetryCallState) -> None:
+                nonlocal attempts
+                attempts = state.attempt_number
+
+            def before_sleep(state: RetryCallState) -> None:
+                error = classify(state.outcome.exception()) if state.outcome else None
+                if self.ledger is not None and error is not None:
+                    self.ledger.record_attempt(job.key, error.as_dict())
+                    self.ledger.set_state(job.key, "queued")
+                self.metrics.retries.labels(stage="document").inc()
+                log.warning(
+                    "job_retry", attempt=state.attempt_number, kind=error.kind if error else None,
+                    error=error.message if error else None, wait=round(state.upcoming_sleep, 2),
+                )
+
+            retry = self.cfg.retry
+            try:
+                async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(retry.attempts),
+                    wait=wait_exponential_jitter(initial=retry.backoff_initial_seconds, max=retry.backoff_max_seconds),
+                    retry=retry_if_exception(_is_transient),
+                    before=before,
+                    before_sleep=before_sleep,
+                    reraise=True,
+                ):
+                    with attempt:
+                        status = await self._process(job, jid)
+            except asyncio.CancelledError:
+                log.info("job_interrupted")
+                raise
+            except Exception as exc:
+                error = classify(exc)
+                await self._fail(job, error, attempts)
+                self.results[job.key] = "failed"
+                return "failed"
+        self.results[job.key] = status
+        return status
+
+    async def _process(self, job: Job, jid: str) -> str:
+        assert self.scheduler is not None and self.supervisor.engine is not None
+        cfg, ledger, sink = self.cfg, self.ledger, self.sinks[job.source]
+        started = time.time()
+        stages: dict[str, float] = {"waiting": started - job.detected_at}
+        async with DocumentSession(jid, cfg.state_dir / "tmp", self.supervisor.engine, self.scheduler) as session:
+            if ledger is not None:
+                ledger.set_state(job.key, "rendering")
+            assert session.spool_dir is not None
+            t0 = time.monotonic()
+            path = await self.sources[job.source].fetch(job, session.spool_dir)
+            before = await asyncio.to_thread(_stat_key, path)
+            limits = render.Limits(
+                max_bytes=job.max_bytes or cfg.limits.max_bytes, max_pages=job.max_pages or cfg.limits.max_pages
+            )
+            info = await asyncio.to_thread(render.probe, path, limits)
+            digest = await asyncio.to_thread(sha256_file, path)
+            stages["fetch_probe"] = time.monotonic() - t0
+            if ledger is not None:
+                ledger.set_state(job.key, "recognizing", pages_total=info.pages)
+            engine = self.supervisor.engine
+            spec = render.render_spec(cfg.render, engine.render_hint)
+            t0 = time.monotonic()
+            session.document = self.scheduler.add(
+                jid,
+                priority=job.priority,
+                detected_at=job.detected_at,
+                pages=info.pages,
+                prompt=cfg.prompt_text(job.prompt),
+                render=functools.partial(render.render_page, path, info, spec=spec),
+            )
+            pages = await session.document.future
+            stages["pages"] = time.monotonic() - t0
+            if await asyncio.to_thread(_stat_key, path) != before:
+                raise SourceChanged(f"{job.origin.uri} changed while it was processed")
+            if ledger is not None:
+                ledger.set_state(job.key, "writing")
+            t0 = time.monotonic()
+            provenance = assemble.Provenance(
+                source=_source_section(job, path, digest, info.mime),
+                engine=engine.describe() | {"prompt": cfg.prompt_text(job.prompt)},
+                render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
+            )
+            finished = time.time()
+            stages["write"] = 0.0
+            document = assemble.document(
+                provenance, pages, detected=job.detected_at, started=started, finished=finished, stages=stages
+            )
+            await asyncio.to_thread(sink.write, job, assemble.markdown(pages), document)
+            stages["write"] = time.monotonic() - t0
+        self._record_success(job, document, pages)
+        await self.sources[job.source].finish(job, "done")
+        log.info(
+            "job_done", status=document["status"], pages=len(pages), seconds=round(time.time() - started, 3),
+            uri=job.origin.uri,
+        )
+        return str(document["status"])
+
+    def _record_success(self, job: Job, document: dict[str, Any], pages: list[Any]) -> None:
+        if self.ledger is not None:
+            self.ledger.set_state(job.key, "writing", pages_done=len(pages))
+            self.ledger.mark_done(job.key)
+        self.metrics.documents.labels(status=document["status"]).inc()
+        for page in document["pages"]:
+            self.metrics.pages.labels(status=page["status"]).inc()
+            tokens = page["tokens"]
+            self.metrics.tokens.labels(kind="prompt").inc(tokens["prompt"] or 0)
+            self.metrics.tokens.labels(kind="completion").inc(tokens["completion"] or 0)
+        self.metrics.stage_seconds.labels(stage="end_to_end").observe(time.time() - job.detected_at)
+        for stage, seconds in document["timing"]["stages"].items():
+            self.metrics.stage_seconds.labels(stage=stage).observe(seconds)
+
+    async def _fail(self, job: Job, error: OcrwatchError, attempts: int) -> None:
+        log.error(
+            "job_failed", uri=job.origin.uri, kind=error.kind, error=error.message, hint=error.hint,
+            retryable=error.retryable, attempts=attempts,
+        )
+        self.metrics.documents.labels(status="failed").inc()
+        if self.ledger is not None:
+            self.ledger.mark_failed(job.key, error.as_dict())
+        body = assemble.error_document(_source_section(job, None, None, None), error.as_dict(), attempts, time.time())
+        try:
+            await asyncio.to_thread(self.sinks[job.source].write_error, job, body)
+        except Exception as exc:
+            log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
+        await self.sources[job.source].finish(job, "failed")
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        await self.supervisor.close()
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:
+    return Fingerprint(
+        size=int(recorded.get("bytes") or 0), mtime_ns=None, sha256=recorded.get("sha256"),
+        etag=recorded.get("etag"), version_id=recorded.get("version_id"),
+    )
+
+
+def _source_section(job: Job, path: Path | None, digest: str | None, mime: str | None) -> dict[str, Any]:
+    origin = job.origin
+    section: dict[str, Any] = {"uri": origin.uri, "name": origin.name, "bytes": 0, "sha256": digest}
+    if isinstance(origin, S3Object):
+        section |= {"bytes": origin.size or 0, "etag": origin.etag, "version_id": origin.version_id}
+    if path is not None:
+        try:
+            stat = path.stat()
+            section["bytes"] = stat.st_size
+            if isinstance(origin, LocalFile):
+                section["mtime"] = assemble.iso(stat.st_mtime)
+        except OSError:
+            pass
+    elif isinstance(origin, LocalFile):
+        try:
+            section["bytes"] = origin.path.lstat().st_size
+        except OSError:
+            pass
+    if mime:
+        section["mime"] = mime
+    return section
+
+
+# --- systemd ------------------------------------------------------------------------------------------------
+
+
+def sd_notify(message: str) -> bool:
+    """Send one notification to systemd when ``NOTIFY_SOCKET`` is set; silently a no-op otherwise."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+    except OSError as exc:
+        log.warning("sd_notify_failed", error=str(exc))
+        return False
+    return True
+
+
+# --- the daemon ---------------------------------------------------------------------------------------------
+
+
+class Daemon:
+    def __init__(self, cfg: Config, config_path: Path | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.metrics = Metrics()
+        self.ledger: Ledger | None = None
+        self.pipeline: Pipeline | None = None
+        self.health: HealthServer | None = None
+        self.local: Any = None
+        self._stop = asyncio.Event()
+        self._reload = asyncio.Event()
+        self._ready = False
+        self._interrupts = 0
+        self._background: list[asyncio.Task[None]] = []
+
+    async def serve(self) -> int:
+        try:
+            await self.startup()
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+        return 0
+
+    # --- start-up ---------------------------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        cfg = self.cfg
+        self._install_signals()
+        cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
+        if cfg.metrics.enabled:
+            self.health = HealthServer(self.metrics, cfg.metrics.listen, lambda: self._ready)
+            await self.health.start()
+        self.pipeline = Pipeline(cfg, self.ledger, self.metrics)
+        await self.pipeline.start()
+        self._add_sources()
+        resumed = self._resume()
+        for source in self.pipeline.sources.values():
+            await source.start(self.pipeline.submit)
+        self._ready = True
+        sd_notify("READY=1")
+        self._background.append(asyncio.create_task(self._health_tick()))
+        log.info("daemon_ready", inboxes=[str(i.path) for i in cfg.inbox], s3=len(cfg.s3), resumed=resumed)
+
+    def _add_sources(self) -> None:
+        from ocrwatch.sources.local import LocalSource
+
+        assert self.pipeline is not None
+        cfg = self.cfg
+        self.local = LocalSource(cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=cfg.output.name_template)
+        self.pipeline.add_source(self.local, LocalSink(cfg.output.name_template, cfg.output.dir))
+        if cfg.s3:
+            from ocrwatch.sinks.s3 import S3Sink
+            from ocrwatch.sources.s3 import S3Source
+
+            for index, s3cfg in enumerate(cfg.s3):
+                source = S3Source(s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=cfg.output.name_template)
+                self.pipeline.add_source(source, S3Sink(s3cfg, source.client, cfg.output.name_template))
+
+    def _resume(self) -> int:
+        assert self.ledger is not None and self.pipeline is not None
+        count = 0
+        for row in self.ledger.unfinished():
+            if row.job.source in self.pipeline.sources:
+                self.pipeline.start_job(row.job)
+                count += 1
+        return count
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, "SIGTERM")
+        loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, "SIGINT")
+        loop.add_signal_handler(signal.SIGHUP, self._reload.set)
+
+    def _on_stop_signal(self, name: str) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1 and name == "SIGINT":
+            log.warning("forced_exit")
+            os._exit(130)
+        self._stop.set()
+
+    # --- running ----------------------------------------------------------------------------------------------
+
+    async def main_loop(self) -> None:
+        while not self._stop.is_set():
+            stop = asyncio.create_task(self._stop.wait())
+            reload = asyncio.create_task(self._reload.wait())
+            await asyncio.wait({stop, reload}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            reload.cancel()
+            if self._reload.is_set() and not self._stop.is_set():
+                self._reload.clear()
+                await self.reload()
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the file; inboxes are added or removed live, other changes need a restart."""
+        sd_notify("RELOADING=1")
+        try:
+            new = config_module.load(self.config_path)
+        except OcrwatchError as exc:
+            log.error("reload_failed", kind=exc.kind, error=exc.message)
+            sd_notify("READY=1")
+            return
+        await self.local.update_inboxes(new.inbox)
+        changed = [
+            name for name in type(new).model_fields if name != "inbox" and getattr(new, name) != getattr(self.cfg, name)
+        ]
+        self.cfg = self.cfg.model_copy(update={"inbox": new.inbox})
+        if changed:
+            log.warning("reload_needs_restart", keys=changed)
+        log.info("config_reloaded", inboxes=[str(i.path) for i in new.inbox])
+        sd_notify("READY=1")
+
+    async def _health_tick(self) -> None:
+        interval = self.cfg.daemon.health_interval_seconds
+        watchdog_usec = os.environ.get("WATCHDOG_USEC")
+        if watchdog_usec:
+            interval = min(interval, int(watchdog_usec) / 2e6)
+        while True:
+            start = time.monotonic()
+            await asyncio.sleep(interval)
+            lag = time.monotonic() - start - interval
+            self.metrics.loop_lag.set(max(lag, 0.0))
+            self._update_gauges()
+            if lag < max(interval, 1.0):
+                sd_notify("WATCHDOG=1")
+
+    def _update_gauges(self) -> None:
+        assert self.pipeline is not None and self.ledger is not None
+        scheduler = self.pipeline.scheduler
+        if scheduler is not None:
+            for stage, depth in scheduler.depth.items():
+                self.metrics.queue_depth.labels(stage=stage).set(depth)
+            self.metrics.inflight_pages.set(scheduler.budget.inflight)
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            self.metrics.gpu_memory.set(torch.cuda.memory_allocated())
+
+    # --- shutdown ---------------------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        sd_notify("STOPPING=1")
+        self._ready = False
+        log.info("daemon_stopping")
+        if self.pipeline is not None:
+            for source in self.pipeline.sources.values():
+                try:
+                    await source.stop()
+                except Exception as exc:
+                    log.warning("source_stop_failed", source=source.name, error=str(exc))
+            interrupted = await self.pipeline.drain(self.cfg.daemon.shutdown_timeout)
+            if interrupted:
+                log.warning("jobs_requeued_at_shutdown", jobs=interrupted)
+            await self.pipeline.close()
+        for task in self._background:
+            task.cancel()
+        if self.health is not None:
+            await self.health.stop()
+        if self.ledger is not None:
+            self.ledger.close()
+        log.info("daemon_stopped")
+
+
+async def ocr_files(cfg: Config, paths: Iterable[Path], *, on_done: Callable[[Job, str], None] | None = None) -> dict[str, str]:
+    """One-shot OCR of the given files (``ocrwatch ocr``): the same pipeline, no ledger and no watching."""
+    from ocrwatch.sources.files import GivenFiles
+
+    pipeline = Pipeline(cfg, None, Metrics())
+    await pipeline.start()
+    source = GivenFiles(list(paths))
+    pipeline.add_source(source, LocalSink(cfg.output.name_template, cfg.output.dir))
+    try:
+        tasks = [(job, pipeline.start_job(job)) for job in source.jobs()]
+        for job, task in tasks:
+            status = await task
+            if on_done is not None:
+                on_done(job, status)
+        return dict(pipeline.results)
+    finally:
+        await pipeline.close()

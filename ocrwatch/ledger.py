@@ -1,0 +1,475 @@
+"""The ledger: one SQLite row per job, so work survives restarts and a changed file is processed again.
+
+One file (``state_dir/ledger.sqlite3``) in WAL mode with ``synchronous=NORMAL``: a committed write survives
+a process crash (``kill -9``, OOM killer), and readers such as ``ocrwatch status`` never block the daemon.
+
+Concurrency contract: methods are blocking and thread-safe (one connection, one lock), so the daemon may call
+them from its event loop and from worker threads. Each method is one transaction. When another process
+holds the write lock, a method waits (SQLite's busy handler, then whole-transaction retries through tenacity)
+for up to ``lock_budget`` seconds, then raises ``TransientError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import structlog
+import tenacity
+
+from ocrwatch.errors import OcrwatchError, TransientError
+from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
+
+State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
+STATES: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing", "done", "failed")
+UNFINISHED: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing")
+
+T = TypeVar("T")
+log = structlog.get_logger()
+
+# Each entry upgrades the schema from version i to i + 1; append, never edit, so old ledgers upgrade in place.
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE jobs (
+        key TEXT PRIMARY KEY,
+        state TEXT NOT NULL CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        error_at REAL,
+        job TEXT NOT NULL,
+        fp_size INTEGER NOT NULL,
+        fp_mtime_ns INTEGER,
+        fp_sha256 TEXT,
+        fp_etag TEXT,
+        fp_version_id TEXT,
+        pages_total INTEGER,
+        pages_done INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finished_at REAL,
+        next_attempt_at REAL
+    ) WITHOUT ROWID;
+    CREATE INDEX jobs_by_state ON jobs (state, created_at);
+    CREATE INDEX jobs_by_error ON jobs (error_at) WHERE error_at IS NOT NULL;
+    """,
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_SETTABLE = frozenset({"pages_total", "pages_done", "next_attempt_at"})
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What identifies a source's content: stat fields are cheap, sha256 (or S3's ETag) is authoritative."""
+
+    size: int
+    mtime_ns: int | None
+    sha256: str | None
+    etag: str | None = None
+    version_id: str | None = None
+
+    @classmethod
+    def of_path(cls, path: Path, *, digest: bool = False) -> Fingerprint:
+        """Stat a local file, and hash it when ``digest`` (blocking: call it from a thread)."""
+        st = path.stat()
+        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256_file(path) if digest else None)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    key: str
+    job: Job
+    state: State
+    attempts: int
+    last_error: dict[str, Any] | None
+    fingerprint: Fingerprint
+    pages_total: int | None
+    pages_done: int
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    next_attempt_at: float | None
+
+
+def same_content(a: Fingerprint, b: Fingerprint) -> bool:
+    """Whether two fingerprints name the same bytes, judged by the strongest evidence both carry.
+
+    A different size always means different content; then sha256 decides, else ETag with version, else
+    size with mtime. When neither can tell, the answer is no, so the caller hashes or processes again.
+    """
+    if a.size != b.size:
+        return False
+    if a.sha256 and b.sha256:
+        return a.sha256 == b.sha256
+    if a.etag and b.etag:
+        return a.etag == b.etag and a.version_id == b.version_id
+    return a.mtime_ns is not None and a.mtime_ns == b.mtime_ns
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks so memory stays flat (blocking; hashlib releases the GIL)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Ledger:
+    """Every job the daemon has seen, its state and its source fingerprint."""
+
+    def __init__(self, path: Path, *, lock_budget: float = 30.0) -> None:
+        self.path = path
+        _make_private_dirs(path.parent)
+        # SQLite's own busy wait is the first line; tenacity retries the whole transaction around it, which
+        # also covers the busy cases that bypass the handler (e.g. WAL recovery by another process).
+        self._conn = sqlite3.connect(
+            path, timeout=min(1.0, lock_budget), isolation_level=None, check_same_thread=False
+        )
+        self._lock = threading.Lock()
+        self._retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_is_busy),
+            stop=tenacity.stop_after_delay(lock_budget),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
+            before_sleep=lambda state: log.warning("ledger_locked", path=str(path), attempt=state.attempt_number),
+        )
+        self._lock_budget = lock_budget
+        try:
+            self._open()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def admit(self, job: Job, fp: Fingerprint) -> bool:
+        """Record a job the source found; True when it must be processed.
+
+        A new key, or a known key whose content changed (whatever its state), is queued afresh with its
+        attempts reset. Otherwise (done, failed or in progress with the same content) the answer is False;
+        a stat change with identical content only refreshes the stored fingerprint, so the next cheap
+        ``known()`` + ``same_content()`` check hits without hashing.
+        """
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            row = conn.execute("SELECT * FROM jobs WHERE key = ?", (job.key,)).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO jobs (key, state, job, fp_size, fp_mtime_ns, fp_sha256, fp_etag, fp_version_id,"
+                    " created_at, updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job.key, _dump_job(job), *_fp_columns(fp), now, now),
+                )
+                return True
+            old = _fingerprint(row)
+            if not same_content(old, fp):
+                conn.execute(
+                    "UPDATE jobs SET state = 'queued', attempts = 0, last_error = NULL, error_at = NULL, job = ?,"
+                    " fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?,"
+                    " pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?, finished_at = NULL,"
+                    " next_attempt_at = NULL WHERE key = ?",
+                    (_dump_job(job), *_fp_columns(fp), now, now, job.key),
+                )
+                return True
+            merged = Fingerprint(
+                size=fp.size,
+                mtime_ns=fp.mtime_ns if fp.mtime_ns is not None else old.mtime_ns,
+                sha256=fp.sha256 or old.sha256,
+                etag=fp.etag or old.etag,
+                version_id=fp.version_id or old.version_id,
+            )
+            if merged != old:
+                conn.execute(
+                    "UPDATE jobs SET fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?"
+                    " WHERE key = ?",
+                    (*_fp_columns(merged), job.key),
+                )
+            return False
+
+        return self._transact(tx, write=True)
+
+    def known(self, key: str) -> JobRow | None:
+        return self._transact(lambda conn: _maybe_row(conn.execute("SELECT * FROM jobs WHERE key = ?", (key,))))
+
+    def set_state(self, key: str, state: State, **fields: Any) -> None:
+        """Move a job to another stage; ``fields`` may set pages_total, pages_done and next_attempt_at."""
+        if state not in STATES:
+            raise ValueError(f"unknown ledger state {state!r}")
+        if unknown := set(fields) - _SETTABLE:
+            raise TypeError(f"set_state cannot set {sorted(unknown)}")
+        assignments = "".join(f", {name} = ?" for name in fields)
+        finished = time.time() if state in ("done", "failed") else None
+        self._update(
+            key, f"state = ?, finished_at = ?{assignments}", (state, finished, *fields.values())
+        )
+
+    def record_attempt(self, key: str, error: dict[str, Any] | None) -> int:
+        """Count one attempt and return the total; ``error`` (when given) becomes the job's last error.
+
+        Counting when an attempt starts (``error=None``) makes a document that kills the process count too,
+        so a crash loop still ends in ``failed``.
+        """
+
+        def tx(conn: sqlite3.Connection) -> int:
+            now = time.time()
+            if error is None:
+                sql, params = "attempts = attempts + 1", ()
+            else:
+                sql, params = "attempts = attempts + 1, last_error = ?, error_at = ?", (json.dumps(error), now)
+            if conn.execute(f"UPDATE jobs SET {sql}, updated_at = ? WHERE key = ?", (*params, now, key)).rowcount == 0:
+                raise KeyError(key)
+            return int(conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0])
+
+        return self._transact(tx, write=True)
+
+    def mark_done(self, key: str) -> None:
+        self.set_state(key, "done", next_attempt_at=None)
+
+    def mark_failed(self, key: str, error: dict[str, Any]) -> None:
+        now = time.time()
+        self._update(
+            key,
+            "state = 'failed', last_error = ?, error_at = ?, finished_at = ?, next_attempt_at = NULL",
+            (json.dumps(error), now, now),
+        )
+
+    def unfinished(self) -> list[JobRow]:
+        """Jobs to resume at start (queued or interrupted mid-stage), oldest first."""
+        marks = ", ".join("?" * len(UNFINISHED))
+        return self._transact(
+            lambda conn: [
+                _job_row(r)
+                for r in conn.execute(
+                    f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at, key", UNFINISHED
+                )
+            ]
+        )
+
+    def retry(self, selectors: list[str] | None = None) -> int:
+        """Put failed jobs back in the queue with attempts reset; returns how many.
+
+        A selector is a key (URI) or a local path, and matches the job it names or every job below it.
+        """
+        wanted = None if not selectors else [_selector_uri(s) for s in selectors]
+
+        def tx(conn: sqlite3.Connection) -> int:
+            keys = [r["key"] for r in conn.execute("SELECT key FROM jobs WHERE state = 'failed'")]
+            now = time.time()
+            chosen = [(now, k) for k in keys if wanted is None or any(_matches(k, w) for w in wanted)]
+            conn.executemany(
+                "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, next_attempt_at = NULL,"
+                " updated_at = ? WHERE key = ?",
+                chosen,
+            )
+            return len(chosen)
+
+        return self._transact(tx, write=True)
+
+    def summary(self, errors: int = 10) -> dict[str, Any]:
+        """What ``ocrwatch status`` shows: counts by state, the oldest unfinished job, the latest errors."""
+
+        def tx(conn: sqlite3.Connection) -> dict[str, Any]:
+            now = time.time()
+            counts = dict.fromkeys(STATES, 0)
+            counts.update(conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+            marks = ", ".join("?" * len(UNFINISHED))
+            oldest = conn.execute(
+                f"SELECT key, created_at FROM jobs WHERE state IN ({marks}) ORDER BY created_at LIMIT 1", UNFINISHED
+            ).fetchone()
+            latest = conn.execute(
+                "SELECT key, state, last_error, error_at FROM jobs WHERE error_at IS NOT NULL"
+                " ORDER BY error_at DESC LIMIT ?",
+                (errors,),
+            ).fetchall()
+            return {
+                "states": counts,
+                "oldest_waiting": None if oldest is None else {"key": oldest[0], "age": now - oldest[1]},
+                "last_errors": [
+                    {
+                        "key": r["key"],
+                        "state": r["state"],
+                        "kind": (e := json.loads(r["last_error"])).get("kind"),
+                        "message": e.get("message"),
+                        "at": r["error_at"],
+                    }
+                    for r in latest
+                ],
+            }
+
+        return self._transact(tx)
+
+    # --- plumbing ---------------------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self._conn.row_factory = sqlite3.Row
+        mode = self._with_retries(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        if mode != "wal":
+            raise OcrwatchError(
+                f"the ledger {self.path} cannot use WAL mode (got {mode!r})",
+                hint="put state_dir on a local filesystem (WAL needs shared memory; NFS and SMB cannot do it)",
+            )
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._transact(self._migrate, write=True)
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise OcrwatchError(
+                f"the ledger {self.path} has schema version {version}, newer than this ocrwatch ({SCHEMA_VERSION})",
+                hint="upgrade ocrwatch, or point state_dir at another folder",
+            )
+        for script in _MIGRATIONS[version:]:
+            for statement in filter(str.strip, script.split(";")):
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _update(self, key: str, assignments: str, params: Iterable[Any]) -> None:
+        def tx(conn: sqlite3.Connection) -> None:
+            cur = conn.execute(
+                f"UPDATE jobs SET {assignments}, updated_at = ? WHERE key = ?", (*params, time.time(), key)
+            )
+            if cur.rowcount == 0:
+                raise KeyError(key)
+
+        self._transact(tx, write=True)
+
+    def _transact(self, body: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
+        """Run ``body`` in one transaction, retried whole while the database is locked."""
+
+        def attempt() -> T:
+            # BEGIN IMMEDIATE takes the write lock up front, so a locked database fails here and never midway.
+            self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = body(self._conn)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            return result
+
+        return self._with_retries(attempt)
+
+    def _with_retries(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            try:
+                return self._retrying(fn)
+            except tenacity.RetryError as exc:
+                raise TransientError(
+                    f"the ledger {self.path} stayed locked for {self._lock_budget:g}s: "
+                    f"{exc.last_attempt.exception()}",
+                    hint="another process holds the ledger's write lock; stop it (e.g. a stuck sqlite3 shell)",
+                ) from exc.last_attempt.exception()
+
+
+def _is_busy(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+    )
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parents with mode 0700: the ledger names every document seen."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for p in reversed(missing):
+        p.mkdir(mode=0o700, exist_ok=True)
+
+
+def _fp_columns(fp: Fingerprint) -> tuple[Any, ...]:
+    return (fp.size, fp.mtime_ns, fp.sha256, fp.etag, fp.version_id)
+
+
+def _fingerprint(row: sqlite3.Row) -> Fingerprint:
+    return Fingerprint(
+        size=row["fp_size"],
+        mtime_ns=row["fp_mtime_ns"],
+        sha256=row["fp_sha256"],
+        etag=row["fp_etag"],
+        version_id=row["fp_version_id"],
+    )
+
+
+def _maybe_row(cur: sqlite3.Cursor) -> JobRow | None:
+    row = cur.fetchone()
+    return None if row is None else _job_row(row)
+
+
+def _job_row(row: sqlite3.Row) -> JobRow:
+    return JobRow(
+        key=row["key"],
+        job=_load_job(row["job"]),
+        state=row["state"],
+        attempts=row["attempts"],
+        last_error=None if row["last_error"] is None else json.loads(row["last_error"]),
+        fingerprint=_fingerprint(row),
+        pages_total=row["pages_total"],
+        pages_done=row["pages_done"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+        next_attempt_at=row["next_attempt_at"],
+    )
+
+
+def _dump_job(job: Job) -> str:
+    """The job as JSON, with its origin tagged by type, so a resumed job is rebuilt exactly."""
+    origin: dict[str, Any]
+    if isinstance(job.origin, LocalFile):
+        origin = {"type": "local", "path": str(job.origin.path), "inbox": str(job.origin.inbox)}
+    else:
+        o = job.origin
+        origin = {"type": "s3", "bucket": o.bucket, "key": o.key, "etag": o.etag,
+                  "version_id": o.version_id, "size": o.size}  # fmt: skip
+    return json.dumps(
+        {
+            "origin": origin,
+            "source": job.source,
+            "priority": job.priority,
+            "prompt": job.prompt,
+            "max_bytes": job.max_bytes,
+            "max_pages": job.max_pages,
+            "detected_at": job.detected_at,
+            "receipt": job.receipt,
+        }
+    )
+
+
+def _load_job(text: str) -> Job:
+    data = json.loads(text)
+    fields = data.pop("origin")
+    origin: Origin
+    if fields.pop("type") == "local":
+        origin = LocalFile(path=Path(fields["path"]), inbox=Path(fields["inbox"]))
+    else:
+        origin = S3Object(**fields)
+    return Job(origin=origin, **data)
+
+
+def _selector_uri(selector: str) -> str:
+    """A URI selector as given; a local path made absolute and resolved the way ``LocalFile.uri`` is."""
+    if "://" in selector:
+        return selector
+    return Path(os.path.expanduser(selector)).resolve().as_uri()
+
+
+def _matches(key: str, selector: str) -> bool:
+    """The selector is the key itself, the same S3 object at some version, or a folder or prefix above it."""
+    base = selector.rstrip("/")
+    return key == selector or key.startswith(f"{selector}?versionId=") or key.startswith(f"{base}/")

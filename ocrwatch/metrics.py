@@ -1,0 +1,90 @@
+"""Prometheus metrics and the health endpoints, served on loopback by default.
+
+The registry is created at start-up (never at import) and passed to whoever records. ``/healthz`` answers
+200 while the event loop turns (the request itself proves it); ``/readyz`` answers 200 only once the engine is
+warm and the sources are watching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = structlog.get_logger()
+
+_STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.documents = Counter("ocrwatch_documents", "Documents finished, by status", ["status"], registry=r)
+        self.pages = Counter("ocrwatch_pages", "Pages finished, by status", ["status"], registry=r)
+        self.stage_seconds = Histogram(
+            "ocrwatch_stage_seconds", "Latency per stage", ["stage"], buckets=_STAGE_BUCKETS, registry=r
+        )
+        self.queue_depth = Gauge("ocrwatch_queue_depth", "Pages waiting per stage", ["stage"], registry=r)
+        self.oldest_waiting = Gauge("ocrwatch_oldest_waiting_seconds", "Age of the oldest waiting job", registry=r)
+        self.inflight_pages = Gauge("ocrwatch_inflight_pages", "Pages inside the engine", registry=r)
+        self.tokens = Counter("ocrwatch_tokens", "Tokens processed", ["kind"], registry=r)
+        self.retries = Counter("ocrwatch_retries", "Retries, by stage", ["stage"], registry=r)
+        self.loop_lag = Gauge("ocrwatch_event_loop_lag_seconds", "Event-loop lag at the last health tick", registry=r)
+        self.gpu_memory = Gauge("ocrwatch_gpu_memory_bytes", "GPU memory allocated by this process", registry=r)
+        self.engine_restarts = Counter("ocrwatch_engine_restarts", "Engine rebuilds after a death", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """A deliberately tiny HTTP/1.0 server: three GET paths, nothing else, so it needs no dependency."""
+
+    def __init__(self, metrics: Metrics, listen: str, ready: Callable[[], bool]) -> None:
+        host, _, port = listen.rpartition(":")
+        self._host = host.strip("[]") or "127.0.0.1"
+        self._port = int(port)
+        self._metrics = metrics
+        self._ready = ready
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        log.info("metrics_listening", host=self._host, port=self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) >= 2 and parts[0] == "GET" else ""
+            if path == "/metrics":
+                status, body, ctype = 200, self._metrics.render(), CONTENT_TYPE_LATEST
+            elif path == "/healthz":
+                status, body, ctype = 200, b"ok\n", "text/plain"
+            elif path == "/readyz":
+                ready = self._ready()
+                status, body, ctype = (200, b"ready\n", "text/plain") if ready else (503, b"not ready\n", "text/plain")
+            else:
+                status, body, ctype = 404, b"not found\n", "text/plain"
+            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+            head = f"HTTP/1.0 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
+            writer.write(head.encode("latin-1") + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()

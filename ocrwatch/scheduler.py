@@ -1,0 +1,300 @@
+"""The page scheduler: one priority queue of pages across every active document.
+
+It keeps the engine full without flooding it. Two bounds hold whatever arrives: at most ``max_inflight`` pages
+inside the engine, and at most ``render_ahead`` pages rendered (or rendering) but not yet handed to the engine,
+so memory is bounded by ``render_ahead`` page images. Rendering overlaps recognition.
+
+Order: the inbox's priority lane first (higher lane wins outright), then the earliest *virtual deadline*:
+``detected_at + ageing_seconds * log2(1 + pages)``. Small documents get early deadlines, so they overtake a
+large one in progress; but a large document's deadline is fixed at arrival, so later arrivals eventually
+queue behind it and it is never starved. The decision logic (``DocumentOrder``, ``Budget``) is pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from ocrwatch.engines.base import PageRequest, Sampling
+from ocrwatch.errors import EngineDead, OcrwatchError, classify
+
+if TYPE_CHECKING:
+    from ocrwatch.render import RenderedPage
+
+log = structlog.get_logger()
+
+RenderFn = Callable[[int], "RenderedPage"]
+
+
+def virtual_deadline(detected_at: float, pages: int, ageing_seconds: float) -> float:
+    return detected_at + ageing_seconds * math.log2(1 + max(pages, 1))
+
+
+@dataclass(frozen=True, order=True)
+class DocumentOrder:
+    """Sort key of a document: lane first (negated: higher priority sorts first), then deadline, then arrival."""
+
+    lane: int
+    deadline: float
+    seq: int
+
+    @classmethod
+    def of(cls, priority: int, detected_at: float, pages: int, ageing_seconds: float, seq: int) -> DocumentOrder:
+        return cls(-priority, virtual_deadline(detected_at, pages, ageing_seconds), seq)
+
+    def engine_priority(self, epoch: float) -> int:
+        """An integer for the engine where lower runs first, preserving this order (lane, then deadline)."""
+        return (self.lane + 100) * 10**8 + max(0, min(10**8 - 1, int((self.deadline - epoch) * 10)))
+
+
+@dataclass
+class Budget:
+    """The two bounds; pure counters so the decisions can be tested without I/O."""
+
+    max_inflight: int
+    render_ahead: int
+    render_workers: int
+    inflight: int = 0
+    rendering: int = 0
+    ready: int = 0
+
+    def may_dispatch(self) -> bool:
+        return self.ready > 0 and self.inflight < self.max_inflight
+
+    def may_render(self) -> bool:
+        return self.rendering < self.render_workers and self.rendering + self.ready < self.render_ahead
+
+
+@dataclass
+class PageOutcome:
+    """A finished page: the rendered geometry and what the recognition layer returned."""
+
+    index: int
+    width: int
+    height: int
+    dpi: float | None
+    render_seconds: float
+    result: Any
+
+
+@dataclass(eq=False)
+class Document:
+    """A document's pages inside the scheduler; its future resolves with every page, in order."""
+
+    doc_id: str
+    order: DocumentOrder
+    pages: int
+    prompt: str
+    render: RenderFn
+    future: asyncio.Future[list[PageOutcome]]
+    next_page: int = 0
+    outcomes: dict[int, PageOutcome] = field(default_factory=dict)
+    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    closed: bool = False
+
+    @property
+    def unrendered(self) -> bool:
+        return not self.closed and self.next_page < self.pages
+
+
+@dataclass
+class _Ready:
+    doc: Document
+    page: "RenderedPage"
+
+
+class PageScheduler:
+    """Drives render workers and engine requests for all documents. Runs on the daemon's event loop only."""
+
+    def __init__(
+        self,
+        recognize: Callable[[Document, PageRequest], Awaitable[Any]],
+        *,
+        max_inflight: int,
+        render_ahead: int,
+        render_workers: int,
+        ageing_seconds: float,
+        on_engine_dead: Callable[[], None],
+    ) -> None:
+        self._recognize = recognize
+        self._on_engine_dead = on_engine_dead
+        self.budget = Budget(max_inflight, max(render_ahead, 1), render_workers)
+        self.ageing_seconds = ageing_seconds
+        self._seq = itertools.count()
+        self._epoch = 0.0
+        self._ready: list[tuple[DocumentOrder, int, _Ready]] = []
+        self._render_queue: list[tuple[DocumentOrder, Document]] = []
+        self._executor = ThreadPoolExecutor(render_workers, thread_name_prefix="ocrwatch-render")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._engine_ready = asyncio.Event()
+        self._engine_ready.set()
+
+    # --- public surface -----------------------------------------------------------------------------------
+
+    def add(self, doc_id: str, *, priority: int, detected_at: float, pages: int, prompt: str, render: RenderFn) -> Document:
+        if not self._epoch:
+            self._epoch = detected_at
+        order = DocumentOrder.of(priority, detected_at, pages, self.ageing_seconds, next(self._seq))
+        doc = Document(doc_id, order, pages, prompt, render, asyncio.get_running_loop().create_future())
+        heapq.heappush(self._render_queue, (order, doc))
+        self._pump()
+        return doc
+
+    async def cancel(self, doc: Document) -> list[str]:
+        """Stop a document: drop its queued pages and cancel its in-flight requests; returns their ids."""
+        doc.closed = True
+        dropped = [entry for entry in self._ready if entry[2].doc is doc]
+        if dropped:
+            self._ready = [entry for entry in self._ready if entry[2].doc is not doc]
+            heapq.heapify(self._ready)
+            self.budget.ready -= len(dropped)
+        ids = list(doc.inflight)
+        for task in list(doc.inflight.values()):
+            task.cancel()
+        if ids:
+            await asyncio.gather(*doc.inflight.values(), return_exceptions=True)
+        if not doc.future.done():
+            doc.future.cancel()
+        self._pump()
+        return ids
+
+    def pause_engine(self) -> None:
+        self._engine_ready.clear()
+
+    def resume_engine(self) -> None:
+        self._engine_ready.set()
+        self._pump()
+
+    def requeue_inflight(self) -> int:
+        """After an engine death: cancel every in-flight request; each page goes back to the ready queue."""
+        count = 0
+        for task in list(self._tasks):
+            if task.get_name().startswith("recognize:"):
+                task.cancel()
+                count += 1
+        return count
+
+    @property
+    def depth(self) -> dict[str, int]:
+        return {
+            "render_queue": sum(1 for _, doc in self._render_queue if doc.unrendered),
+            "rendering": self.budget.rendering,
+            "ready": self.budget.ready,
+            "inflight": self.budget.inflight,
+        }
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- the pump: every state change ends here -------------------------------------------------------------
+
+    def _pump(self) -> None:
+        while self._engine_ready.is_set() and self.budget.may_dispatch():
+            _, _, ready = heapq.heappop(self._ready)
+            self.budget.ready -= 1
+            self._dispatch(ready)
+        while self.budget.may_render():
+            doc = self._next_to_render()
+            if doc is None:
+                break
+            index = doc.next_page
+            doc.next_page += 1
+            if doc.unrendered:
+                heapq.heappush(self._render_queue, (doc.order, doc))
+            self.budget.rendering += 1
+            self._spawn(self._render(doc, index), f"render:{doc.doc_id}:{index}")
+
+    def _next_to_render(self) -> Document | None:
+        while self._render_queue:
+            _, doc = heapq.heappop(self._render_queue)
+            if doc.unrendered:
+                return doc
+        return None
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _render(self, doc: Document, index: int) -> None:
+        try:
+            page = await asyncio.get_running_loop().run_in_executor(self._executor, doc.render, index)
+        except Exception as exc:  # any failure of one page fails its document, never the scheduler
+            self.budget.rendering -= 1
+            self._fail(doc, classify(exc))
+            self._pump()
+            return
+        except asyncio.CancelledError:
+            self.budget.rendering -= 1
+            raise
+        self.budget.rendering -= 1
+        if doc.closed:
+            self._pump()
+            return
+        heapq.heappush(self._ready, (doc.order, index, _Ready(doc, page)))
+        self.budget.ready += 1
+        self._pump()
+
+    def _dispatch(self, ready: _Ready) -> None:
+        doc, page = ready.doc, ready.page
+        request = PageRequest(
+            request_id=f"{doc.doc_id}/p{page.index}",
+            image=page.image,
+            prompt=doc.prompt,
+            priority=doc.order.engine_priority(self._epoch),
+            sampling=Sampling(),
+        )
+        self.budget.inflight += 1
+        task = self._spawn(self._run_page(doc, page, request), f"recognize:{request.request_id}")
+        doc.inflight[request.request_id] = task
+
+    async def _run_page(self, doc: Document, page: "RenderedPage", request: PageRequest) -> None:
+        requeue = False
+        try:
+            result = await self._recognize(doc, request)
+        except EngineDead as exc:
+            requeue = True
+            log.warning("page_requeued", doc_id=doc.doc_id, page=page.index, kind=exc.kind, error=exc.message)
+            self._on_engine_dead()
+            return
+        except asyncio.CancelledError:
+            requeue = not doc.closed
+            if not requeue:
+                raise
+            return
+        except Exception as exc:
+            self._fail(doc, classify(exc))
+            return
+        finally:
+            self.budget.inflight -= 1
+            doc.inflight.pop(request.request_id, None)
+            if requeue and not doc.closed:
+                heapq.heappush(self._ready, (doc.order, page.index, _Ready(doc, page)))
+                self.budget.ready += 1
+            self._pump()
+        doc.outcomes[page.index] = PageOutcome(page.index, page.width, page.height, page.dpi, page.seconds, result)
+        request.image = None
+        if len(doc.outcomes) == doc.pages and not doc.future.done():
+            doc.closed = True
+            doc.future.set_result([doc.outcomes[i] for i in range(doc.pages)])
+
+    def _fail(self, doc: Document, error: OcrwatchError) -> None:
+        if doc.future.done():
+            return
+        doc.closed = True
+        doc.future.set_exception(error)
+        for task in list(doc.inflight.values()):
+            task.cancel()

@@ -1,0 +1,324 @@
+"""The ledger against real SQLite files: admission, states, resume (also after kill -9), retry, locking."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ocrwatch.errors import OcrwatchError, TransientError
+from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
+from ocrwatch.sources.base import Job, LocalFile, S3Object
+
+REPO = Path(__file__).resolve().parent.parent
+ERROR = {"kind": "corrupt_pdf", "message": "trailer missing", "retryable": False}
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "ledger.sqlite3"
+
+
+@pytest.fixture
+def ledger(db: Path) -> Iterator[Ledger]:
+    with Ledger(db) as ledger:
+        yield ledger
+
+
+def local_job(tmp_path: Path, name: str) -> Job:
+    return Job(origin=LocalFile(path=tmp_path / "inbox" / name, inbox=tmp_path / "inbox"), source="inbox", priority=10)
+
+
+def fp(size: int = 100, mtime_ns: int | None = 1, sha256: str | None = "aa") -> Fingerprint:
+    return Fingerprint(size=size, mtime_ns=mtime_ns, sha256=sha256)
+
+
+def spawn(code: str) -> subprocess.Popen[str]:
+    """A Python child that has the repository on its path; its stdout is read line by line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+
+
+def hold(db: Path, begin: str, seconds: float) -> subprocess.Popen[str]:
+    """Another process holding a transaction on the ledger (as a stuck ``sqlite3`` shell would); returns once held."""
+    child = spawn(
+        f"""
+        import sqlite3, time
+        conn = sqlite3.connect({str(db)!r}, isolation_level=None)
+        conn.execute({begin!r})
+        conn.execute("SELECT count(*) FROM jobs").fetchone()
+        print("held", flush=True)
+        time.sleep({seconds})
+        conn.execute("COMMIT")
+        """
+    )
+    assert child.stdout is not None and child.stdout.readline() == "held\n"
+    return child
+
+
+# --- pure helpers ----------------------------------------------------------------------------------------------
+
+
+def test_same_content_uses_the_strongest_evidence_both_carry() -> None:
+    assert same_content(fp(sha256="aa", mtime_ns=1), fp(sha256="aa", mtime_ns=2))  # touched, same bytes
+    assert not same_content(fp(sha256="aa"), fp(sha256="bb"))
+    assert not same_content(fp(size=1), fp(size=2))
+    assert same_content(fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=5))  # the cheap scan check
+    assert not same_content(fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=6))
+    s3 = Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e1"', version_id="v1")
+    assert same_content(s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e1"', version_id="v1"))
+    assert not same_content(s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e2"', version_id="v1"))
+    assert not same_content(fp(mtime_ns=None, sha256=None), fp(mtime_ns=None, sha256=None))  # cannot tell
+
+
+def test_sha256_file_and_fingerprint_of_path(tmp_path: Path) -> None:
+    path = tmp_path / "doc.pdf"
+    path.write_bytes(b"abc" * 1_000_000)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert sha256_file(path, chunk=4096) == digest
+    full = Fingerprint.of_path(path, digest=True)
+    assert (full.size, full.sha256) == (3_000_000, digest)
+    assert Fingerprint.of_path(path).sha256 is None
+
+
+# --- admission and states --------------------------------------------------------------------------------------
+
+
+def test_admit_new_then_skip_then_readmit_on_change(tmp_path: Path, db: Path, ledger: Ledger) -> None:
+    job = local_job(tmp_path, "a.pdf")
+    assert ledger.admit(job, fp())
+    assert not ledger.admit(job, fp())  # queued, same content
+    ledger.record_attempt(job.key, ERROR)
+    ledger.mark_done(job.key)
+    assert not ledger.admit(job, fp(mtime_ns=99))  # touched only: still done, fingerprint refreshed
+    row = ledger.known(job.key)
+    assert row is not None and row.state == "done" and row.fingerprint.mtime_ns == 99 and row.fingerprint.sha256 == "aa"
+
+    assert ledger.admit(job, fp(sha256="bb"))  # new content: processed again from scratch
+    row = ledger.known(job.key)
+    assert row is not None
+    assert (row.state, row.attempts, row.last_error, row.finished_at) == ("queued", 0, None, None)
+    assert row.fingerprint == fp(sha256="bb")
+
+    ledger.mark_failed(job.key, ERROR)
+    assert not ledger.admit(job, fp(sha256="bb"))  # failed, same content: left failed
+    assert ledger.admit(job, fp(size=101, sha256="cc"))  # failed, changed: tried again
+    assert ledger.known("file:///nowhere") is None
+    assert (db.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_state_transitions_and_attempts(tmp_path: Path, ledger: Ledger) -> None:
+    job = local_job(tmp_path, "b.pdf")
+    ledger.admit(job, fp())
+    assert ledger.record_attempt(job.key, None) == 1
+    ledger.set_state(job.key, "rendering", pages_total=12)
+    ledger.set_state(job.key, "recognizing", pages_done=5)
+    row = ledger.known(job.key)
+    assert row is not None and (row.state, row.pages_total, row.pages_done, row.attempts) == ("recognizing", 12, 5, 1)
+    assert row.updated_at >= row.created_at
+
+    transient = {"kind": "engine_dead", "message": "CUDA error", "retryable": True}
+    assert ledger.record_attempt(job.key, transient) == 2
+    ledger.set_state(job.key, "queued", next_attempt_at=123.0)
+    assert ledger.record_attempt(job.key, None) == 3  # counting a start keeps the last error
+    row = ledger.known(job.key)
+    assert row is not None and row.last_error == transient and row.next_attempt_at == 123.0
+
+    ledger.set_state(job.key, "writing")
+    ledger.mark_done(job.key)
+    row = ledger.known(job.key)
+    assert row is not None and row.state == "done" and row.finished_at is not None and row.next_attempt_at is None
+
+    with pytest.raises(ValueError):
+        ledger.set_state(job.key, "lost")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        ledger.set_state(job.key, "queued", attempts=0)
+    with pytest.raises(KeyError):
+        ledger.mark_done("file:///nowhere")
+    with pytest.raises(KeyError):
+        ledger.record_attempt("file:///nowhere", None)
+
+
+def test_unfinished_jobs_resume_after_reopen(tmp_path: Path, db: Path) -> None:
+    s3 = Job(
+        origin=S3Object(bucket="b", key="in/x y.pdf", etag='"e"', version_id="v7", size=10),
+        source="bucket",
+        prompt="free",
+        max_bytes=1 << 20,
+        max_pages=5,
+        receipt="r-1",
+    )
+    local = [local_job(tmp_path, f"{i}.pdf") for i in range(4)]
+    with Ledger(db) as ledger:
+        ledger.admit(s3, Fingerprint(size=10, mtime_ns=None, sha256=None, etag='"e"', version_id="v7"))
+        for job in local:
+            ledger.admit(job, fp())
+        ledger.set_state(local[0].key, "recognizing", pages_total=3, pages_done=1)
+        ledger.mark_done(local[1].key)
+        ledger.mark_failed(local[2].key, ERROR)
+
+    with Ledger(db) as ledger:
+        resumed = ledger.unfinished()
+    assert [r.key for r in resumed] == [s3.key, local[0].key, local[3].key]  # oldest first
+    assert resumed[0].job == s3 and resumed[0].key == "s3://b/in/x y.pdf?versionId=v7"
+    assert resumed[1].job == local[0] and (resumed[1].state, resumed[1].pages_done) == ("recognizing", 1)
+
+
+def test_retry_with_selectors(tmp_path: Path, ledger: Ledger) -> None:
+    names = ["a.pdf", "sub/b.pdf", "sub/c.pdf", "subway.pdf", "ok.pdf"]
+    jobs = {n: local_job(tmp_path, n) for n in names}
+    s3 = Job(origin=S3Object(bucket="b", key="scans/d.pdf", version_id="v1"), source="bucket")
+    for job in [*jobs.values(), s3]:
+        ledger.admit(job, fp())
+        ledger.record_attempt(job.key, ERROR)
+        ledger.mark_failed(job.key, ERROR)
+    ledger.set_state(jobs["ok.pdf"].key, "done")
+
+    inbox = tmp_path / "inbox"
+    assert ledger.retry([str(inbox / "sub")]) == 2  # a folder: everything below it, not "subway.pdf"
+    assert ledger.retry([str(inbox / "a.pdf"), "s3://b/scans/d.pdf"]) == 2  # a path; an S3 URI at any version
+    assert ledger.retry([str(inbox / "a.pdf")]) == 0  # no longer failed
+    row = ledger.known(jobs["sub/b.pdf"].key)
+    assert row is not None and (row.state, row.attempts, row.finished_at) == ("queued", 0, None)
+    assert ledger.retry() == 1  # the rest: subway.pdf; the done job is untouched
+    assert ledger.summary()["states"] == {
+        "queued": 5, "rendering": 0, "recognizing": 0, "writing": 0, "done": 1, "failed": 0,
+    }  # fmt: skip
+
+
+def test_summary(tmp_path: Path, ledger: Ledger) -> None:
+    empty = ledger.summary()
+    assert set(empty["states"].values()) == {0} and empty["oldest_waiting"] is None and empty["last_errors"] == []
+    jobs = [local_job(tmp_path, f"{i}.pdf") for i in range(3)]
+    for job in jobs:
+        ledger.admit(job, fp())
+    ledger.mark_failed(jobs[0].key, ERROR)
+    ledger.record_attempt(jobs[1].key, {"kind": "engine_dead", "message": "boom", "retryable": True})
+    summary = ledger.summary(errors=5)
+    assert summary["states"]["queued"] == 2 and summary["states"]["failed"] == 1
+    assert summary["oldest_waiting"]["key"] == jobs[1].key and summary["oldest_waiting"]["age"] >= 0
+    assert [(e["key"], e["state"], e["kind"], e["message"]) for e in summary["last_errors"]] == [
+        (jobs[1].key, "queued", "engine_dead", "boom"),
+        (jobs[0].key, "failed", "corrupt_pdf", "trailer missing"),
+    ]
+    assert len(ledger.summary(errors=1)["last_errors"]) == 1
+
+
+def test_newer_schema_is_refused(db: Path) -> None:
+    Ledger(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(OcrwatchError, match="schema version 99"):
+        Ledger(db)
+
+
+def test_threads_share_one_ledger(tmp_path: Path, ledger: Ledger) -> None:
+    """The daemon calls from its event loop and from worker threads at once."""
+
+    def work(t: int) -> None:
+        for i in range(50):
+            job = local_job(tmp_path, f"{t}-{i}.pdf")
+            assert ledger.admit(job, fp())
+            ledger.record_attempt(job.key, None)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rows = ledger.unfinished()
+    assert len(rows) == 400 and {r.attempts for r in rows} == {1}
+
+
+# --- crashes and other processes -------------------------------------------------------------------------------
+
+
+def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) -> None:
+    """A writer killed at a random moment: the ledger opens clean and holds every row it reported committed.
+
+    The child keeps writing until killed, so the kill always lands mid-run, most often inside a transaction.
+    """
+    rng = random.Random()
+    committed: list[int] = []
+    for round_ in range(3):
+        child = spawn(
+            f"""
+            import itertools
+            from pathlib import Path
+            from ocrwatch.ledger import Fingerprint, Ledger
+            from ocrwatch.sources.base import Job, LocalFile
+            ledger = Ledger(Path({str(db)!r}))
+            for i in itertools.count({round_ * 1_000_000}):
+                job = Job(origin=LocalFile(path=Path(f"/in/{{i}}.pdf"), inbox=Path("/in")), source="s", detected_at=i)
+                ledger.admit(job, Fingerprint(size=i, mtime_ns=i, sha256=f"{{i:064x}}"))
+                ledger.set_state(job.key, "rendering", pages_total=i % 7)
+                print(i, flush=True)
+            """
+        )
+        assert child.stdout is not None
+        stop_after = rng.randrange(1, 1000)
+        for _ in range(stop_after):
+            committed.append(int(child.stdout.readline()))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert child.returncode == -signal.SIGKILL
+
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        with Ledger(db) as ledger:
+            rows = {r.key: r for r in ledger.unfinished()}
+        for i in committed:
+            row = rows[f"file:///in/{i}.pdf"]
+            assert row.job.detected_at == i and row.fingerprint == Fingerprint(size=i, mtime_ns=i, sha256=f"{i:064x}")
+            assert (row.state, row.pages_total) == ("rendering", i % 7)
+
+
+def test_write_waits_for_a_lock_held_by_another_process(tmp_path: Path, db: Path) -> None:
+    job = local_job(tmp_path, "a.pdf")
+    with Ledger(db, lock_budget=10) as ledger:
+        reader = hold(db, "BEGIN", 5)  # `ocrwatch status` mid-read never blocks the daemon (WAL)
+        start = time.monotonic()
+        assert ledger.admit(job, fp())
+        assert time.monotonic() - start < 0.5
+        reader.kill()
+        reader.wait()
+
+        writer = hold(db, "BEGIN EXCLUSIVE", 2)
+        start = time.monotonic()
+        ledger.set_state(job.key, "rendering")
+        assert 1.0 < time.monotonic() - start < 8
+        writer.wait()
+        assert writer.returncode == 0
+        row = ledger.known(job.key)
+        assert row is not None and row.state == "rendering"
+
+
+def test_lock_held_past_the_budget_is_a_transient_error(tmp_path: Path, db: Path) -> None:
+    job = local_job(tmp_path, "a.pdf")
+    with Ledger(db, lock_budget=0.5) as ledger:
+        ledger.admit(job, fp())
+        writer = hold(db, "BEGIN EXCLUSIVE", 30)
+        try:
+            start = time.monotonic()
+            with pytest.raises(TransientError, match="stayed locked"):
+                ledger.set_state(job.key, "rendering")
+            assert time.monotonic() - start < 5
+        finally:
+            writer.kill()
+            writer.wait()
+        ledger.set_state(job.key, "rendering")  # usable again once the other process is gone
+        row = ledger.known(job.key)
+        assert row is not None and row.state == "rendering"

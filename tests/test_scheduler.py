@@ -1,0 +1,199 @@
+"""The scheduler's decisions (pure) and its bounds under load (a test double stands in for the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import pytest
+from PIL import Image
+
+from ocrwatch.engines.base import PageRequest
+from ocrwatch.errors import CorruptPdf, EngineDead
+from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, virtual_deadline
+
+
+@dataclass
+class FakePage:
+    index: int
+    image: Image.Image
+    width: int = 10
+    height: int = 10
+    dpi: float | None = 72.0
+    seconds: float = 0.0
+
+
+def renderer(delay: float = 0.0, fail_at: int | None = None):
+    def render(index: int) -> FakePage:
+        time.sleep(delay)
+        if index == fail_at:
+            raise CorruptPdf("page tree broken")
+        return FakePage(index, Image.new("L", (10, 10)))
+
+    return render
+
+
+def test_lane_beats_everything() -> None:
+    urgent_big = DocumentOrder.of(priority=90, detected_at=1000, pages=500, ageing_seconds=30, seq=2)
+    normal_small = DocumentOrder.of(priority=50, detected_at=0, pages=1, ageing_seconds=30, seq=1)
+    assert urgent_big < normal_small
+
+
+def test_small_document_overtakes_a_large_one_that_arrived_just_before() -> None:
+    big = DocumentOrder.of(50, detected_at=0, pages=100, ageing_seconds=30, seq=1)
+    small = DocumentOrder.of(50, detected_at=10, pages=1, ageing_seconds=30, seq=2)
+    assert small < big
+
+
+def test_ageing_means_a_large_document_is_never_starved() -> None:
+    big = DocumentOrder.of(50, detected_at=0, pages=1000, ageing_seconds=30, seq=1)
+    later = DocumentOrder.of(50, detected_at=virtual_deadline(0, 1000, 30), pages=1, ageing_seconds=30, seq=2)
+    assert big < later
+
+
+def test_engine_priority_preserves_order() -> None:
+    orders = [
+        DocumentOrder.of(50, 0, 100, 30, 1),
+        DocumentOrder.of(50, 10, 1, 30, 2),
+        DocumentOrder.of(90, 500, 100, 30, 3),
+    ]
+    by_key = sorted(orders)
+    by_engine = sorted(orders, key=lambda o: o.engine_priority(epoch=0))
+    assert by_key == by_engine
+
+
+def test_budget_bounds() -> None:
+    budget = Budget(max_inflight=2, render_ahead=3, render_workers=2)
+    assert not budget.may_dispatch()
+    budget.ready = 1
+    assert budget.may_dispatch()
+    budget.inflight = 2
+    assert not budget.may_dispatch()
+    budget.rendering, budget.ready = 1, 2
+    assert not budget.may_render()
+    budget.rendering, budget.ready = 2, 0
+    assert not budget.may_render()
+    budget.rendering = 1
+    assert budget.may_render()
+
+
+class Recorder:
+    """Records concurrency while pretending to recognise pages."""
+
+    def __init__(self, scheduler_ref: list[PageScheduler], delay: float = 0.01) -> None:
+        self.ref = scheduler_ref
+        self.delay = delay
+        self.inflight = 0
+        self.max_inflight = 0
+        self.max_buffered = 0
+        self.order: list[str] = []
+
+    async def __call__(self, doc: object, request: PageRequest) -> str:
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        budget = self.ref[0].budget
+        self.max_buffered = max(self.max_buffered, budget.ready + budget.rendering)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self.inflight -= 1
+        self.order.append(request.request_id)
+        return f"text of {request.request_id}"
+
+
+def make(recorder: Recorder, ref: list[PageScheduler], *, inflight: int = 3, ahead: int = 4, dead=lambda: None) -> PageScheduler:
+    scheduler = PageScheduler(
+        recorder, max_inflight=inflight, render_ahead=ahead, render_workers=2, ageing_seconds=30, on_engine_dead=dead
+    )
+    ref.append(scheduler)
+    return scheduler
+
+
+async def test_bounds_hold_and_pages_come_back_in_order() -> None:
+    ref: list[PageScheduler] = []
+    recorder = Recorder(ref)
+    scheduler = make(recorder, ref)
+    now = time.time()
+    docs = [
+        scheduler.add(f"d{i}", priority=50, detected_at=now, pages=12, prompt="p", render=renderer(0.002))
+        for i in range(3)
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*(d.future for d in docs)), 30)
+    for pages in results:
+        assert [p.index for p in pages] == list(range(12))
+        assert all(p.result.startswith("text of") for p in pages)
+    assert 1 < recorder.max_inflight <= 3
+    assert recorder.max_buffered <= 4
+    assert scheduler.budget.inflight == scheduler.budget.ready == scheduler.budget.rendering == 0
+    await scheduler.close()
+
+
+async def test_small_document_jumps_the_queue() -> None:
+    ref: list[PageScheduler] = []
+    recorder = Recorder(ref, delay=0.02)
+    scheduler = make(recorder, ref, inflight=1, ahead=2)
+    now = time.time()
+    big = scheduler.add("big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer())
+    await asyncio.sleep(0.1)
+    small = scheduler.add("small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer())
+    await asyncio.wait_for(small.future, 10)
+    assert not big.future.done()
+    assert sum(1 for r in recorder.order if r.startswith("big")) < 15
+    await asyncio.wait_for(big.future, 30)
+    await scheduler.close()
+
+
+async def test_render_failure_fails_only_its_document() -> None:
+    ref: list[PageScheduler] = []
+    recorder = Recorder(ref)
+    scheduler = make(recorder, ref)
+    now = time.time()
+    bad = scheduler.add("bad", priority=50, detected_at=now, pages=5, prompt="p", render=renderer(fail_at=2))
+    good = scheduler.add("good", priority=50, detected_at=now, pages=5, prompt="p", render=renderer())
+    with pytest.raises(CorruptPdf):
+        await asyncio.wait_for(bad.future, 10)
+    assert len(await asyncio.wait_for(good.future, 10)) == 5
+    await scheduler.close()
+
+
+async def test_engine_death_requeues_pages() -> None:
+    ref: list[PageScheduler] = []
+    deaths: list[float] = []
+    state = {"dead_left": 2}
+
+    async def flaky(doc: object, request: PageRequest) -> str:
+        await asyncio.sleep(0.005)
+        if request.request_id.endswith("p3") and state["dead_left"]:
+            state["dead_left"] -= 1
+            raise EngineDead("CUDA error: an illegal memory access was encountered")
+        return "ok"
+
+    def on_dead() -> None:
+        deaths.append(time.time())
+        scheduler.pause_engine()
+        asyncio.get_running_loop().call_later(0.05, scheduler.resume_engine)
+
+    scheduler = PageScheduler(
+        flaky, max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30, on_engine_dead=on_dead
+    )
+    doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer())
+    pages = await asyncio.wait_for(doc.future, 10)
+    assert [p.result for p in pages] == ["ok"] * 6
+    assert len(deaths) == 2
+    await scheduler.close()
+
+
+async def test_cancel_aborts_inflight_and_drops_queue() -> None:
+    ref: list[PageScheduler] = []
+    recorder = Recorder(ref, delay=5)
+    scheduler = make(recorder, ref, inflight=2, ahead=3)
+    doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=10, prompt="p", render=renderer())
+    while scheduler.budget.inflight < 2:
+        await asyncio.sleep(0.01)
+    cancelled = await scheduler.cancel(doc)
+    assert sorted(cancelled) == ["d/p0", "d/p1"]
+    await asyncio.sleep(0.05)
+    assert scheduler.budget.inflight == 0 and scheduler.budget.ready == 0
+    assert doc.future.cancelled()
+    await scheduler.close()
