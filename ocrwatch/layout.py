@@ -212,8 +212,10 @@ class LoopInfo:
 # Tags, special tokens and whitespace count as one space, so a loop that repeats a block with its tags,
 # or a line with varying spaces, is still seen as periodic.
 _LOOP_SKIP_RE = re.compile(
-    rf"(?:{_SPECIAL}|<\|det\|>.*?<\|/det\|>|<\|ref\|>[a-z_]{{1,32}}<\|/ref\|>|<\|/?(?:ref|det)\|>|\s)+"
+    rf"(?:{_SPECIAL}|<\|ref\|>[a-z_]{{1,32}}<\|/ref\|>|{_STRAY_TAG_RE.pattern}|\s)+"
 )
+# The start of a tag cut off by the end of the output ("<|re", "<|ref|>te", "...<|det|>[[100, 2").
+_CUT_TAG_RE = re.compile(r"<(?:\|[a-z/]{0,4}\|?)?\Z")
 
 
 def find_loop(
@@ -236,7 +238,7 @@ def find_loop(
     since a model stuck on those is caught by ``finish_reason == "length"`` instead.
     Only the last ``window`` characters are examined, which bounds the cost (linear) on runaway output.
     """
-    chars, offsets = _normalised_tail(text, window)
+    chars, offsets = _normalised_tail(text[: _complete_end(text)], window)
     n = len(chars)
     if n < min_chars:
         return None
@@ -261,6 +263,15 @@ def find_loop(
             chars=len(text) - start,
         )
     return None
+
+
+def _complete_end(text: str) -> int:
+    """Where the text ends once a block header cut off by the end of the output is left out."""
+    last_ref = text.rfind(_REF_OPEN)
+    if last_ref >= 0 and _DET_CLOSE not in text[last_ref:]:
+        return last_ref
+    cut = _CUT_TAG_RE.search(text)
+    return cut.start() if cut else len(text)
 
 
 def _normalised_tail(text: str, window: int) -> tuple[list[str], list[int]]:

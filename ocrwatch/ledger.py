@@ -159,12 +159,14 @@ class Ledger:
             self._conn.close()
 
     def admit(self, job: Job, fp: Fingerprint) -> bool:
-        """Record a job the source found; True when it must be processed.
+        """Record a job the source found; True when it must be started.
 
         A new key, or a known key whose content changed (whatever its state), is queued afresh with its
-        attempts reset. Otherwise (done, failed or in progress with the same content) the answer is False;
-        a stat change with identical content only refreshes the stored fingerprint, so the next cheap
-        ``known()`` + ``same_content()`` check hits without hashing.
+        attempts reset. A job still ``queued`` with the same content is True as well, so a job put back by
+        ``ocrwatch retry`` starts when a scan sees it again (the caller ignores jobs it is already running).
+        Otherwise (done, failed or mid-stage with the same content) the answer is False. A stat change with
+        identical content refreshes the stored fingerprint, so the next cheap ``known()`` +
+        ``same_content()`` check hits without hashing.
         """
 
         def tx(conn: sqlite3.Connection) -> bool:
@@ -200,7 +202,7 @@ class Ledger:
                     " WHERE key = ?",
                     (*_fp_columns(merged), job.key),
                 )
-            return False
+            return row["state"] == "queued"
 
         return self._transact(tx, write=True)
 
@@ -298,7 +300,7 @@ class Ledger:
                 (errors,),
             ).fetchall()
             return {
-                "states": counts,
+                "counts": counts,
                 "oldest_waiting": None if oldest is None else {"key": oldest[0], "age": now - oldest[1]},
                 "last_errors": [
                     {

@@ -125,7 +125,7 @@ def test_coordinates_clamped_ordered_and_scaled_to_the_page() -> None:
     )
     page = parse(raw, 1700, 2200)
     assert page.blocks[0]["bbox"] == [0, 22, 1700, 2200]
-    assert page.blocks[1]["bbox"] == [136, 440, 1361, 1981]
+    assert page.blocks[1]["bbox"] == [170, 440, 1361, 1981]
     assert page.blocks[2]["bbox"] == [0, 0, 1700, 2200]
 
 
@@ -180,7 +180,7 @@ def test_missing_close_ref_and_stray_tags() -> None:
     )
     page = parse(raw, 999, 999)
     assert [b["type"] for b in page.blocks] == ["title", "text"]
-    assert page.markdown == "# Heading\n\nBody  with  stray tags."
+    assert page.markdown == "# Heading\n\nBody  with stray tags."
 
 
 def test_text_before_the_first_tag_is_kept_without_bbox() -> None:

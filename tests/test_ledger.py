@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,9 @@ def test_sha256_file_and_fingerprint_of_path(tmp_path: Path) -> None:
 def test_admit_new_then_skip_then_readmit_on_change(tmp_path: Path, db: Path, ledger: Ledger) -> None:
     job = local_job(tmp_path, "a.pdf")
     assert ledger.admit(job, fp())
-    assert not ledger.admit(job, fp())  # queued, same content
+    assert ledger.admit(job, fp())  # still waiting in the queue: start it (the daemon dedups running jobs)
+    ledger.set_state(job.key, "rendering")
+    assert not ledger.admit(job, fp())  # taken
     ledger.record_attempt(job.key, ERROR)
     ledger.mark_done(job.key)
     assert not ledger.admit(job, fp(mtime_ns=99))  # touched only: still done, fingerprint refreshed
@@ -191,24 +194,25 @@ def test_retry_with_selectors(tmp_path: Path, ledger: Ledger) -> None:
     assert ledger.retry([str(inbox / "sub")]) == 2  # a folder: everything below it, not "subway.pdf"
     assert ledger.retry([str(inbox / "a.pdf"), "s3://b/scans/d.pdf"]) == 2  # a path; an S3 URI at any version
     assert ledger.retry([str(inbox / "a.pdf")]) == 0  # no longer failed
+    assert ledger.admit(jobs["a.pdf"], fp())  # the running daemon's next scan starts it
     row = ledger.known(jobs["sub/b.pdf"].key)
     assert row is not None and (row.state, row.attempts, row.finished_at) == ("queued", 0, None)
     assert ledger.retry() == 1  # the rest: subway.pdf; the done job is untouched
-    assert ledger.summary()["states"] == {
+    assert ledger.summary()["counts"] == {
         "queued": 5, "rendering": 0, "recognizing": 0, "writing": 0, "done": 1, "failed": 0,
     }  # fmt: skip
 
 
 def test_summary(tmp_path: Path, ledger: Ledger) -> None:
     empty = ledger.summary()
-    assert set(empty["states"].values()) == {0} and empty["oldest_waiting"] is None and empty["last_errors"] == []
+    assert set(empty["counts"].values()) == {0} and empty["oldest_waiting"] is None and empty["last_errors"] == []
     jobs = [local_job(tmp_path, f"{i}.pdf") for i in range(3)]
     for job in jobs:
         ledger.admit(job, fp())
     ledger.mark_failed(jobs[0].key, ERROR)
     ledger.record_attempt(jobs[1].key, {"kind": "engine_dead", "message": "boom", "retryable": True})
     summary = ledger.summary(errors=5)
-    assert summary["states"]["queued"] == 2 and summary["states"]["failed"] == 1
+    assert summary["counts"]["queued"] == 2 and summary["counts"]["failed"] == 1
     assert summary["oldest_waiting"]["key"] == jobs[1].key and summary["oldest_waiting"]["age"] >= 0
     assert [(e["key"], e["state"], e["kind"], e["message"]) for e in summary["last_errors"]] == [
         (jobs[1].key, "queued", "engine_dead", "boom"),
@@ -219,7 +223,7 @@ def test_summary(tmp_path: Path, ledger: Ledger) -> None:
 
 def test_newer_schema_is_refused(db: Path) -> None:
     Ledger(db).close()
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn:
         conn.execute("PRAGMA user_version = 99")
     with pytest.raises(OcrwatchError, match="schema version 99"):
         Ledger(db)
@@ -268,15 +272,14 @@ def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) ->
                 print(i, flush=True)
             """
         )
-        assert child.stdout is not None
-        stop_after = rng.randrange(1, 1000)
-        for _ in range(stop_after):
-            committed.append(int(child.stdout.readline()))
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        with child:
+            assert child.stdout is not None
+            for _ in range(rng.randrange(1, 1000)):
+                committed.append(int(child.stdout.readline()))
+            child.send_signal(signal.SIGKILL)
         assert child.returncode == -signal.SIGKILL
 
-        with sqlite3.connect(db) as conn:
+        with closing(sqlite3.connect(db)) as conn:
             assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         with Ledger(db) as ledger:
             rows = {r.key: r for r in ledger.unfinished()}
@@ -289,18 +292,16 @@ def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) ->
 def test_write_waits_for_a_lock_held_by_another_process(tmp_path: Path, db: Path) -> None:
     job = local_job(tmp_path, "a.pdf")
     with Ledger(db, lock_budget=10) as ledger:
-        reader = hold(db, "BEGIN", 5)  # `ocrwatch status` mid-read never blocks the daemon (WAL)
-        start = time.monotonic()
-        assert ledger.admit(job, fp())
-        assert time.monotonic() - start < 0.5
-        reader.kill()
-        reader.wait()
+        with hold(db, "BEGIN", 5) as reader:  # `ocrwatch status` mid-read never blocks the daemon (WAL)
+            start = time.monotonic()
+            assert ledger.admit(job, fp())
+            assert time.monotonic() - start < 0.5
+            reader.kill()
 
-        writer = hold(db, "BEGIN EXCLUSIVE", 2)
-        start = time.monotonic()
-        ledger.set_state(job.key, "rendering")
-        assert 1.0 < time.monotonic() - start < 8
-        writer.wait()
+        with hold(db, "BEGIN EXCLUSIVE", 2) as writer:
+            start = time.monotonic()
+            ledger.set_state(job.key, "rendering")
+            assert 1.0 < time.monotonic() - start < 8
         assert writer.returncode == 0
         row = ledger.known(job.key)
         assert row is not None and row.state == "rendering"
@@ -310,15 +311,14 @@ def test_lock_held_past_the_budget_is_a_transient_error(tmp_path: Path, db: Path
     job = local_job(tmp_path, "a.pdf")
     with Ledger(db, lock_budget=0.5) as ledger:
         ledger.admit(job, fp())
-        writer = hold(db, "BEGIN EXCLUSIVE", 30)
-        try:
-            start = time.monotonic()
-            with pytest.raises(TransientError, match="stayed locked"):
-                ledger.set_state(job.key, "rendering")
-            assert time.monotonic() - start < 5
-        finally:
-            writer.kill()
-            writer.wait()
+        with hold(db, "BEGIN EXCLUSIVE", 30) as writer:
+            try:
+                start = time.monotonic()
+                with pytest.raises(TransientError, match="stayed locked"):
+                    ledger.set_state(job.key, "rendering")
+                assert time.monotonic() - start < 5
+            finally:
+                writer.kill()
         ledger.set_state(job.key, "rendering")  # usable again once the other process is gone
         row = ledger.known(job.key)
         assert row is not None and row.state == "rendering"

@@ -1,0 +1,227 @@
+"""The Tesseract engine: CPU OCR through the ``tesseract`` command, one subprocess per page.
+
+Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on stdin, and
+the TSV answer gives both the Markdown (paragraphs separated by blank lines) and line blocks with boxes,
+from one run. No temporary files, so nothing to clean up after a kill.
+
+Concurrency: at most ``max_concurrency`` children run at once (``[engine.tesseract] workers``, 0 = one per
+core), each with ``OMP_THREAD_LIMIT=1`` so the cores are not oversubscribed by Tesseract's own threads.
+A page runs in its own task: ``abort`` cancels that task, whose cleanup kills and reaps the child, and the
+caller's ``recognize`` raises ``CancelledError``; cancelling the caller cancels the page task the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from PIL import Image, ImageDraw
+
+from ocrwatch.config import TesseractConfig
+from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
+from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
+
+log = structlog.get_logger()
+
+STDERR_TAIL = 2000
+_TSV_COLUMNS = 12
+
+
+@dataclass
+class _Line:
+    words: list[str]
+    confidences: list[float]
+    box: list[int]
+
+
+class TesseractEngine:
+    """Recognises page images with the Tesseract CLI; see the module docstring for concurrency."""
+
+    name = "tesseract"
+
+    def __init__(self, config: TesseractConfig) -> None:
+        self._config = config
+        self.max_concurrency = config.workers or os.cpu_count() or 1
+        self.render_hint = RenderHint(dpi=config.dpi)
+        self._slots = asyncio.Semaphore(self.max_concurrency)
+        self._pages: dict[str, asyncio.Task[Recognition]] = {}
+        self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+        self._version = "unknown"
+
+    async def start(self) -> None:
+        """Check the binary and the language data, then OCR a tiny page so the first real one is not
+        the one that finds out Tesseract cannot run."""
+        binary = self._config.binary
+        if shutil.which(binary) is None:
+            raise ConfigError(
+                f"tesseract binary {binary!r} not found",
+                hint="install the Debian package tesseract-ocr (apt-get install tesseract-ocr), "
+                "or set [engine.tesseract] binary to its path",
+            )
+        if self._config.psm == 0:
+            raise ConfigError("[engine.tesseract] psm 0 only detects orientation and recognises no text")
+        version = await self._run_command("--version")
+        self._version = next((line.split()[1] for line in version.splitlines() if line.startswith("tesseract ")), "unknown")
+        available = set((await self._run_command("--list-langs")).splitlines()[1:])
+        missing = [lang for lang in self._config.lang.split("+") if lang not in available]
+        if missing:
+            packages = " ".join(f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing)
+            raise ConfigError(
+                f"tesseract has no language data for {', '.join(missing)} (installed: {', '.join(sorted(available))})",
+                hint=f"install the Debian package(s) {packages}, or change [engine.tesseract] lang",
+            )
+        await self.recognize(PageRequest(request_id="tesseract-warmup", image=_warmup_page(), prompt=""))
+        log.info("tesseract.started", version=self._version, lang=self._config.lang, workers=self.max_concurrency)
+
+    async def recognize(self, page: PageRequest) -> Recognition:
+        """OCR one page in its own task, so ``abort`` can cancel exactly this page."""
+        task = asyncio.ensure_future(self._recognize(page))
+        self._pages[page.request_id] = task
+        try:
+            return await task
+        finally:
+            if self._pages.get(page.request_id) is task:
+                del self._pages[page.request_id]
+
+    async def abort(self, request_id: str) -> None:
+        task = self._pages.get(request_id)
+        if task is not None and not task.done():
+            task.cancel()
+            log.info("tesseract.aborted", request_id=request_id)
+
+    def release(self) -> None:
+        """Nothing to free: every page's memory goes with its subprocess."""
+
+    async def close(self) -> None:
+        """Kill whatever still runs, and wait until those children are reaped."""
+        tasks = [task for task in self._pages.values() if not task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self._version,
+            "lang": self._config.lang,
+            "psm": self._config.psm,
+            "dpi": self._config.dpi,
+            "workers": self.max_concurrency,
+        }
+
+    async def _recognize(self, page: PageRequest) -> Recognition:
+        queued = time.monotonic()
+        async with self._slots:
+            started = time.monotonic()
+            payload, dpi = await asyncio.to_thread(_encode, page.image, self._config.dpi)
+            encoded = time.monotonic()
+            tsv = await self._run_page(page.request_id, payload, dpi)
+        finished = time.monotonic()
+        markdown, blocks = parse_tsv(tsv)
+        return Recognition(
+            markdown=markdown,
+            raw=markdown,
+            blocks=blocks,
+            finish_reason="stop",
+            seconds=finished - started,
+            timings={"queue": started - queued, "encode": encoded - started, "ocr": finished - encoded},
+        )
+
+    async def _run_page(self, request_id: str, payload: bytes, dpi: int) -> str:
+        command = [
+            self._config.binary, "-", "-", "--dpi", str(dpi), "-l", self._config.lang,
+            "--psm", str(self._config.psm), "tsv",
+        ]  # fmt: skip
+        stdout, stderr, returncode = await self._communicate(command, payload)
+        if returncode != 0:
+            tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
+            log.warning("tesseract.page_failed", request_id=request_id, returncode=returncode, stderr=tail)
+            raise EngineFailed(f"tesseract exited with status {returncode}: {tail}")
+        return stdout.decode(errors="replace")
+
+    async def _run_command(self, *args: str) -> str:
+        stdout, stderr, returncode = await self._communicate([self._config.binary, *args], b"")
+        if returncode != 0:
+            raise EngineDead(f"{self._config.binary} {' '.join(args)} failed: {stderr.decode(errors='replace')[-STDERR_TAIL:]}")
+        return stdout.decode(errors="replace") + stderr.decode(errors="replace")
+
+    async def _communicate(self, command: list[str], payload: bytes) -> tuple[bytes, bytes, int]:
+        """Run one child to completion; if the awaiting task is cancelled, kill the child and reap it
+        before the cancellation goes on, so no Tesseract outlives its page."""
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+            )
+        except OSError as exc:  # the binary vanished or cannot run (package upgrade, no memory)
+            raise EngineDead(f"cannot run {command[0]}: {exc}") from exc
+        try:
+            stdout, stderr = await process.communicate(payload)
+        except BaseException:
+            if process.returncode is None:
+                process.kill()
+                await asyncio.shield(process.wait())
+            raise
+        assert process.returncode is not None
+        return stdout, stderr, process.returncode
+
+
+def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
+    """Markdown and line blocks from Tesseract's TSV: words joined into lines, lines into paragraphs,
+    paragraphs separated by a blank line; each line's box is the union of its words' boxes."""
+    paragraphs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    lines: dict[tuple[int, int, int, int], _Line] = {}
+    for row in tsv.splitlines()[1:]:
+        fields = row.split("\t")
+        if len(fields) != _TSV_COLUMNS or fields[0] != "5" or not fields[11].strip():
+            continue
+        page, block, par, line = (int(value) for value in fields[1:5])
+        left, top, width, height = (int(value) for value in fields[6:10])
+        box = [left, top, left + width, top + height]
+        key = (page, block, par, line)
+        entry = lines.get(key)
+        if entry is None:
+            lines[key] = _Line([fields[11].strip()], [float(fields[10])], box)
+            paragraphs.setdefault((page, block, par), []).append((block, line))
+        else:
+            entry.words.append(fields[11].strip())
+            entry.confidences.append(float(fields[10]))
+            entry.box = [min(entry.box[0], left), min(entry.box[1], top), max(entry.box[2], box[2]), max(entry.box[3], box[3])]
+    texts = []
+    for key, line_keys in paragraphs.items():
+        texts.append("\n".join(" ".join(lines[(*key, line)].words) for _, line in line_keys))
+    blocks = [
+        {"type": "line", "text": " ".join(line.words), "bbox": line.box, "conf": round(sum(line.confidences) / len(line.confidences), 1)}
+        for line in lines.values()
+    ]
+    return "\n\n".join(texts), blocks
+
+
+def _encode(image: Image.Image, default_dpi: int) -> tuple[bytes, int]:
+    """PNM bytes Tesseract reads from stdin, and the image's DPI (the rendered one where it says so)."""
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        background = Image.new("RGB", image.size, "white")
+        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
+        image = background
+    elif image.mode not in ("1", "L", "RGB"):
+        image = image.convert("RGB" if image.mode in ("P", "CMYK", "YCbCr", "LAB", "HSV") else "L")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PPM")
+    dpi = image.info.get("dpi")
+    resolution = round(dpi[0]) if isinstance(dpi, tuple) and dpi and dpi[0] and dpi[0] >= 70 else default_dpi
+    return buffer.getvalue(), resolution
+
+
+def _warmup_page() -> Image.Image:
+    image = Image.new("L", (240, 80), 255)
+    ImageDraw.Draw(image).text((20, 30), "ocrwatch", fill=0)
+    return image

@@ -1,0 +1,439 @@
+"""Documents to page images, lazily, one page at a time.
+
+``probe`` decides what a file is from its content (magic bytes, then a parse probe: ``pdfinfo`` for PDFs, the
+Pillow header for images), counts its pages and applies the size and page limits before anything is rendered.
+``render_page`` rasterises one page: PDFs through ``pdftoppm`` (``pdf2image``) at a DPI lowered where a page is
+too large for the caps, images through Pillow (every TIFF frame, EXIF orientation applied, alpha flattened onto
+white, downscaled to the caps). Both are blocking and meant for a worker thread; the heavy PDF work happens in a
+subprocess with a deadline, and image decoding is bounded because oversized images are refused before decoding.
+
+Every failure is one of the specific errors in ``ocrwatch.errors``; no shell is ever involved, and file names
+reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are plain file names.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import structlog
+from pdf2image import convert_from_path
+from pdf2image.exceptions import PDFPageCountError, PDFPopplerTimeoutError
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
+from ocrwatch.engines.base import RenderHint
+from ocrwatch.errors import (
+    CorruptImage,
+    CorruptPdf,
+    EmptyFile,
+    EncryptedPdf,
+    FileTooLarge,
+    NoPages,
+    NotADocument,
+    NotARegularFile,
+    PermanentError,
+    RenderTimeout,
+    SourceGone,
+    TooManyPages,
+    TooManyPixels,
+)
+
+log = structlog.get_logger()
+
+# pdfinfo only reads the cross-reference table and the page tree; the deadline exists so that a pathological
+# file cannot hang the caller, not because a healthy probe ever comes near it.
+PROBE_TIMEOUT_SECONDS = 60.0
+
+# An image is decoded whole before it is downscaled, so the decode itself must be bounded: up to this many times
+# the configured max_pixels is accepted (a 1200-dpi A4 scan passes the default), anything larger is refused.
+# Pillow's own decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS) applies on top and is never raised here.
+IMAGE_DECODE_FACTOR = 4
+
+_HEAD_BYTES = 1024  # a PDF header may follow up to 1 KiB of junk; poppler and Acrobat accept that
+
+_IMAGE_MAGIC: tuple[tuple[bytes, str, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "PNG", "image/png"),
+    (b"\xff\xd8\xff", "JPEG", "image/jpeg"),
+    (b"II*\x00", "TIFF", "image/tiff"),
+    (b"MM\x00*", "TIFF", "image/tiff"),
+    (b"II+\x00", "TIFF", "image/tiff"),  # BigTIFF
+    (b"MM\x00+", "TIFF", "image/tiff"),
+)
+_PILLOW_FORMAT = {"image/png": "PNG", "image/jpeg": "JPEG", "image/tiff": "TIFF", "image/webp": "WEBP"}
+
+_PDFINFO_PAGES = re.compile(r"^Pages:\s+(\d+)\s*$", re.MULTILINE)
+_PDFINFO_SIZE = re.compile(r"^Page\s+(\d+) size:\s+([\d.]+) x ([\d.]+) pts", re.MULTILINE)
+_PDFINFO_ROT = re.compile(r"^Page\s+(\d+) rot:\s+(-?\d+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a document may weigh before anything is rendered; an inbox may override the global limits."""
+
+    max_bytes: int
+    max_pages: int
+
+    @classmethod
+    def from_config(cls, limits: LimitsConfig, inbox: InboxConfig | None = None) -> Limits:
+        return cls(
+            max_bytes=inbox.max_bytes if inbox and inbox.max_bytes is not None else limits.max_bytes,
+            max_pages=inbox.max_pages if inbox and inbox.max_pages is not None else limits.max_pages,
+        )
+
+
+@dataclass(frozen=True)
+class RenderSpec:
+    """How pages are rasterised.
+
+    ``max_side``/``max_pixels`` bound the output (the config tightened by the engine's hint). The refusal rule
+    uses only the config's own caps (``limit_side``/``limit_pixels``): they protect memory, so a page is refused
+    only when even ``min_dpi`` would exceed them. The engine's tighter caps are a geometry target, not a safety
+    limit, so meeting them may take a PDF page below ``min_dpi`` (the model would have shrunk it anyway).
+    """
+
+    dpi: float
+    max_side: int
+    max_pixels: int
+    min_dpi: float
+    limit_side: int
+    limit_pixels: int
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class DocumentInfo:
+    """What ``probe`` learnt: the type by content, the page count, and each page's size.
+
+    ``page_sizes`` are the units of the source: for a PDF, points of the CropBox with /Rotate applied (what
+    pdftoppm renders); for an image, pixels as stored, before EXIF orientation.
+    """
+
+    kind: Literal["pdf", "image"]
+    mime: str
+    pages: int
+    size_bytes: int
+    page_sizes: tuple[tuple[float, float], ...]
+
+
+@dataclass
+class RenderedPage:
+    """One page image; ``dpi`` is the resolution it was rendered at (an image's declared DPI times the scale,
+    or None where the image declares none)."""
+
+    index: int
+    image: Image.Image
+    dpi: float | None
+    width: int
+    height: int
+    seconds: float
+
+
+def render_spec(cfg: RenderConfig, hint: RenderHint | None = None) -> RenderSpec:
+    """The engine's hint replaces the DPI and may only tighten the caps."""
+    max_side, max_pixels = cfg.max_side, cfg.max_pixels
+    if hint is not None:
+        max_side = min(max_side, hint.max_side or max_side)
+        max_pixels = min(max_pixels, hint.max_pixels or max_pixels)
+    return RenderSpec(
+        dpi=float(hint.dpi if hint is not None else cfg.dpi),
+        max_side=max_side,
+        max_pixels=max_pixels,
+        min_dpi=float(cfg.min_dpi),
+        limit_side=cfg.max_side,
+        limit_pixels=cfg.max_pixels,
+        timeout_seconds=cfg.timeout_seconds,
+    )
+
+
+def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> DocumentInfo:
+    """Identify the document and check the limits, cheaply and before rendering anything.
+
+    Raises the specific permanent error (EmptyFile, FileTooLarge, NotADocument, EncryptedPdf, CorruptPdf,
+    CorruptImage, NoPages, TooManyPages, TooManyPixels, NotARegularFile), SourceGone if the file vanished, or
+    RenderTimeout if pdfinfo exceeded ``timeout_seconds``.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SourceGone(f"{path}: no such file") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotARegularFile(f"{path}: not a regular file")  # opening a FIFO would block forever
+    if st.st_size == 0:
+        raise EmptyFile(f"{path}: zero bytes")
+    if st.st_size > limits.max_bytes:
+        raise FileTooLarge(f"{path}: {st.st_size} bytes, more than max_bytes={limits.max_bytes}")
+    with open(path, "rb") as handle:
+        head = handle.read(_HEAD_BYTES)
+    mime = _sniff(head)
+    if mime is None:
+        raise NotADocument(f"{path}: neither a PDF nor a PNG, JPEG, TIFF or WebP image (by content)")
+    if mime == "application/pdf":
+        pages, sizes = _probe_pdf(path, limits, timeout_seconds)
+    else:
+        pages, sizes = _probe_image(path, mime, limits)
+    return DocumentInfo(
+        kind="pdf" if mime == "application/pdf" else "image",
+        mime=mime,
+        pages=pages,
+        size_bytes=st.st_size,
+        page_sizes=sizes,
+    )
+
+
+def render_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) -> RenderedPage:
+    """Render page ``index`` (0-based). Blocking: call it from a worker thread."""
+    if not 0 <= index < info.pages:
+        raise IndexError(f"page {index} of a {info.pages}-page document")
+    started = time.perf_counter()
+    if info.kind == "pdf":
+        image, dpi = _render_pdf_page(path, info, index, spec)
+    else:
+        image, dpi = _render_image_page(path, info, index, spec)
+    seconds = time.perf_counter() - started
+    log.debug("page_rendered", page=index, width=image.width, height=image.height, dpi=dpi, seconds=seconds)
+    return RenderedPage(index=index, image=image, dpi=dpi, width=image.width, height=image.height, seconds=seconds)
+
+
+def iter_pages(path: Path, info: DocumentInfo, spec: RenderSpec) -> Iterator[RenderedPage]:
+    """Every page in order, each rendered only when asked for, so at most one is held here."""
+    for index in range(info.pages):
+        yield render_page(path, info, index, spec)
+
+
+def page_dpi(width_pt: float, height_pt: float, spec: RenderSpec) -> float:
+    """The DPI for a page of this size: the wanted DPI, lowered until pdftoppm's output fits the caps.
+
+    pdftoppm makes ``ceil(points * dpi / 72)`` pixels per side; the result is rounded down to 1/100 DPI, which
+    is how it is passed on the command line. Raises TooManyPixels when the config's caps cannot be met at
+    ``min_dpi``.
+    """
+    width_pt, height_pt = max(width_pt, 1.0), max(height_pt, 1.0)
+    limit = _fit_dpi(width_pt, height_pt, spec.limit_side, spec.limit_pixels)
+    if limit < spec.min_dpi:
+        raise TooManyPixels(
+            f"a {width_pt / 72:.0f} x {height_pt / 72:.0f} inch page needs {limit:.1f} dpi to fit "
+            f"max_side={spec.limit_side} and max_pixels={spec.limit_pixels}, below min_dpi={spec.min_dpi:g}"
+        )
+    return min(spec.dpi, _fit_dpi(width_pt, height_pt, spec.max_side, spec.max_pixels))
+
+
+def _fit_dpi(width_pt: float, height_pt: float, max_side: int, max_pixels: int) -> float:
+    dpi = min(max_side * 72 / max(width_pt, height_pt), 72 * math.sqrt(max_pixels / (width_pt * height_pt)))
+    dpi = math.floor(dpi * 100) / 100
+    while dpi > 0.01 and not _fits(_pdftoppm_size(width_pt, height_pt, dpi), max_side, max_pixels):
+        dpi = round(dpi - 0.01, 2)
+    return dpi
+
+
+def _pdftoppm_size(width_pt: float, height_pt: float, dpi: float) -> tuple[int, int]:
+    return math.ceil(width_pt * dpi / 72), math.ceil(height_pt * dpi / 72)
+
+
+def _fits(size: tuple[int, int], max_side: int, max_pixels: int) -> bool:
+    return max(size) <= max_side and size[0] * size[1] <= max_pixels
+
+
+def _sniff(head: bytes) -> str | None:
+    """The MIME type from magic bytes; images are checked at offset 0 before the looser PDF header search."""
+    for magic, _, mime in _IMAGE_MAGIC:
+        if head.startswith(magic):
+            return mime
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    if b"%PDF-" in head:
+        return "application/pdf"
+    return None
+
+
+# --- PDF ----------------------------------------------------------------------------------------------------
+
+
+def _probe_pdf(path: Path, limits: Limits, timeout: float) -> tuple[int, tuple[tuple[float, float], ...]]:
+    """One pdfinfo call gives the page count and the size and rotation of every page up to max_pages."""
+    argv = ["pdfinfo", "-f", "1", "-l", str(limits.max_pages), os.path.abspath(path)]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise RenderTimeout(f"{path}: pdfinfo took longer than {timeout:g}s") from None
+    out = done.stdout.decode("utf-8", "replace")
+    err = done.stderr.decode("utf-8", "replace")
+    counts = list(_PDFINFO_PAGES.finditer(out))
+    if done.returncode != 0 or not counts:
+        raise _pdf_error(path, err)
+    # The document's Info strings (Title, Author...) come before "Pages:" and could imitate its lines, so only
+    # what follows the last "Pages:" line is trusted.
+    pages = int(counts[-1].group(1))
+    out = out[counts[-1].end() :]
+    if pages == 0:
+        raise NoPages(f"{path}: the PDF has no pages")
+    if pages > limits.max_pages:
+        raise TooManyPages(f"{path}: {pages} pages, more than max_pages={limits.max_pages}")
+    sizes = {int(n): (float(w), float(h)) for n, w, h in _PDFINFO_SIZE.findall(out)}
+    rotations = {int(n): int(r) % 360 for n, r in _PDFINFO_ROT.findall(out)}
+    if len(sizes) != pages:
+        raise CorruptPdf(f"{path}: pdfinfo reported {pages} pages but the sizes of {len(sizes)}")
+    page_sizes = []
+    for number in range(1, pages + 1):
+        width, height = sizes[number]
+        page_sizes.append((height, width) if rotations.get(number, 0) in (90, 270) else (width, height))
+    return pages, tuple(page_sizes)
+
+
+def _pdf_error(path: Path, stderr: str) -> PermanentError:
+    """Map poppler's complaint onto the error kinds.
+
+    Zero pages is ``no_pages`` even when the page tree is also malformed (issue15590_zero_pages.pdf): the file
+    holds no page objects at all, so no repair could recover a page, and the corrupt_pdf hint would mislead.
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    detail = lines[-1] if lines else "poppler could not read it"
+    text = stderr.lower()
+    if "incorrect password" in text:
+        return EncryptedPdf(f"{path}: the PDF is encrypted and needs a password")
+    if "last page (0)" in text or "invalid page count 0" in text:
+        return NoPages(f"{path}: the PDF has no pages ({detail})")
+    if "document stream is empty" in text:
+        return EmptyFile(f"{path}: zero bytes")
+    if "couldn't open file" in text:
+        return SourceGone(f"{path}: {detail}")
+    return CorruptPdf(f"{path}: {detail}")
+
+
+def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) -> tuple[Image.Image, float]:
+    width_pt, height_pt = info.page_sizes[index]
+    dpi = page_dpi(width_pt, height_pt, spec)
+    if dpi < spec.dpi:
+        log.info("page_dpi_lowered", page=index, wanted=spec.dpi, dpi=dpi, width_pt=width_pt, height_pt=height_pt)
+    try:
+        # PPM on stdout: as fast as a temporary file, and nothing to clean up (PNG is 4-6x slower to encode).
+        images = convert_from_path(
+            os.path.abspath(path),
+            dpi=dpi,
+            first_page=index + 1,
+            last_page=index + 1,
+            fmt="ppm",
+            use_cropbox=True,
+            use_pdftocairo=False,
+            grayscale=False,
+            timeout=spec.timeout_seconds,
+        )
+    except PDFPopplerTimeoutError:
+        raise RenderTimeout(f"{path}: page {index + 1} took longer than {spec.timeout_seconds:g}s") from None
+    except PDFPageCountError as exc:
+        raise _pdf_error(path, str(exc)) from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:  # a crashed pdftoppm leaves a partial PPM
+        raise CorruptPdf(f"{path}: page {index + 1} could not be rendered: {exc}") from None
+    if not images:
+        raise CorruptPdf(f"{path}: pdftoppm produced no image for page {index + 1}")
+    image = images[0]
+    if not _fits(image.size, spec.max_side, spec.max_pixels):  # only if poppler's geometry disagrees with pdfinfo
+        image, scale = _downscale(image, spec.max_side, spec.max_pixels)
+        dpi *= scale
+    return image, dpi
+
+
+# --- images -------------------------------------------------------------------------------------------------
+
+
+def _open_image(path: Path, mime: str) -> Image.Image:
+    try:
+        return Image.open(path, formats=[_PILLOW_FORMAT[mime]])
+    except Image.DecompressionBombError as exc:
+        raise TooManyPixels(f"{path}: {exc}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise CorruptImage(f"{path}: {exc}") from None
+
+
+def _probe_image(path: Path, mime: str, limits: Limits) -> tuple[int, tuple[tuple[float, float], ...]]:
+    """Frames are pages only for TIFF: an animated PNG or WebP is one picture, its first frame stands for it."""
+    with _open_image(path, mime) as image:
+        try:
+            frames = getattr(image, "n_frames", 1) if mime == "image/tiff" else 1
+            if frames > limits.max_pages:
+                raise TooManyPages(f"{path}: {frames} frames, more than max_pages={limits.max_pages}")
+            sizes = []
+            for frame in range(frames):
+                image.seek(frame)
+                sizes.append((float(image.width), float(image.height)))
+        except (OSError, SyntaxError, ValueError, EOFError) as exc:
+            raise CorruptImage(f"{path}: {exc}") from None
+    return frames, tuple(sizes)
+
+
+def _render_image_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) -> tuple[Image.Image, float | None]:
+    with _open_image(path, info.mime) as source:
+        try:
+            source.seek(index)
+            declared = source.size
+            decode_cap = IMAGE_DECODE_FACTOR * spec.limit_pixels
+            if declared[0] * declared[1] > decode_cap:
+                raise TooManyPixels(
+                    f"{path}: page {index + 1} declares {declared[0]} x {declared[1]} pixels, more than "
+                    f"{IMAGE_DECODE_FACTOR} x max_pixels={spec.limit_pixels}"
+                )
+            # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; other formats ignore the draft request.
+            scale = _fit_scale(declared, spec.max_side, spec.max_pixels)
+            if scale < 1:
+                source.draft(None, (math.ceil(declared[0] * scale), math.ceil(declared[1] * scale)))
+            source.load()
+            ImageOps.exif_transpose(source, in_place=True)
+            image = _ocr_mode(source)
+        except Image.DecompressionBombError as exc:
+            raise TooManyPixels(f"{path}: {exc}") from None
+        except (OSError, SyntaxError, ValueError, EOFError) as exc:
+            raise CorruptImage(f"{path}: page {index + 1}: {exc}") from None
+        declared_dpi = source.info.get("dpi")
+    image, _ = _downscale(image, spec.max_side, spec.max_pixels)
+    dpi = None
+    if declared_dpi and declared_dpi[0] and float(declared_dpi[0]) > 1:
+        dpi = float(declared_dpi[0]) * max(image.size) / max(declared)
+    return image, dpi
+
+
+def _ocr_mode(image: Image.Image) -> Image.Image:
+    """8-bit grey for single-channel sources, RGB otherwise, transparency flattened onto white.
+
+    Grey stays grey: a bilevel or greyscale scan gains nothing from three equal channels but triple the memory,
+    and as "L" rather than "1" it downscales with anti-aliased edges, which both Tesseract and the vision
+    encoders read better than the jagged result of resampling 1-bit pixels. Engines must accept "L" and "RGB".
+    """
+    mode = image.mode
+    if mode.startswith("I;16") or mode == "I":  # 16-bit grey: scale, as convert("L") would clip at 255
+        return image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
+    grey = mode in ("1", "L", "LA", "La", "F") or (mode in ("P", "PA") and _palette_is_grey(image))
+    has_alpha = mode in ("RGBA", "RGBa", "LA", "La", "PA") or (mode == "P" and "transparency" in image.info)
+    if has_alpha:
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        flattened = Image.alpha_composite(white, image.convert("RGBA"))
+        return flattened.convert("L" if grey else "RGB")
+    return image.convert("L" if grey else "RGB")
+
+
+def _palette_is_grey(image: Image.Image) -> bool:
+    palette = image.getpalette() or []
+    return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
+
+
+def _fit_scale(size: tuple[int, int], max_side: int, max_pixels: int) -> float:
+    width, height = size
+    return min(1.0, max_side / max(width, height), math.sqrt(max_pixels / (width * height)))
+
+
+def _downscale(image: Image.Image, max_side: int, max_pixels: int) -> tuple[Image.Image, float]:
+    scale = _fit_scale(image.size, max_side, max_pixels)
+    if scale >= 1:
+        return image, 1.0
+    size = (max(1, math.floor(image.width * scale)), max(1, math.floor(image.height * scale)))
+    while not _fits(size, max_side, max_pixels):  # floor can still leave one pixel too many on the product
+        size = (max(1, size[0] - 1), max(1, size[1] - 1))
+    resized = image.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    return resized, resized.width / image.width

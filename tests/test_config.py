@@ -1,0 +1,95 @@
+"""Configuration: defaults that work, errors that name the file and the key, exit code 2 from the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ocrwatch import config
+from ocrwatch.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_need_no_file() -> None:
+    cfg = config.Config()
+    assert cfg.state_dir == Path(".ocrwatch")
+    assert cfg.engine.kind == "auto"
+    assert cfg.inbox[0].path == Path("inbox")
+    assert cfg.output.name_template == "{name}"
+    assert cfg.metrics.listen.startswith("127.0.0.1:")
+
+
+def test_example_file_is_valid_and_documents_every_key() -> None:
+    example = REPO / "config.example.toml"
+    cfg = config.load(example)
+    text = example.read_text()
+    for section, model in (
+        ("render", config.RenderConfig), ("limits", config.LimitsConfig), ("output", config.OutputConfig),
+        ("log", config.LogConfig), ("metrics", config.MetricsConfig), ("scheduler", config.SchedulerConfig),
+        ("retry", config.RetryConfig), ("daemon", config.DaemonConfig), ("engine", config.EngineConfig),
+        ("engine.tesseract", config.TesseractConfig), ("engine.vllm", config.VllmConfig),
+        ("inbox", config.InboxConfig), ("s3", config.S3Config),
+    ):
+        for key in model.model_fields:
+            if key in ("vllm", "tesseract"):
+                continue
+            assert f"{key} =" in text or f"# {key} =" in text, f"config.example.toml does not document {section}.{key}"
+    assert cfg.engine.kind == "auto"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "ocrwatch.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[render]\ndpi = 5\n", "render.dpi"),
+        ("[render]\ndpy = 300\n", "render.dpy"),
+        ("[engine]\nkind = 'gpu'\n", "engine.kind"),
+        ("[[inbox]]\npath = 'x'\nprompt = 'nope'\n", "inbox[0].prompt"),
+        ("[output]\nname_template = '../{name}'\n", "output.name_template"),
+        ("[[s3]]\ntransport = 'webhook'\n", "s3.0"),
+        ("[limits]\nmax_pages = -1\n", "limits.max_pages"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert str(path) in info.value.message
+    assert needle in info.value.message
+
+
+def test_not_toml(tmp_path: Path) -> None:
+    path = write(tmp_path, "[render\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(path)
+
+
+def test_relative_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "state_dir = 'state'\n[[inbox]]\npath = 'in'\n")
+    cfg = config.load(path)
+    assert cfg.state_dir == tmp_path / "state"
+    assert cfg.inbox[0].path == tmp_path / "in"
+
+
+def test_frozen() -> None:
+    cfg = config.Config()
+    with pytest.raises(Exception):
+        cfg.state_dir = Path("/elsewhere")  # type: ignore[misc]
+
+
+def test_cli_exit_code_2_on_invalid_config(tmp_path: Path) -> None:
+    path = write(tmp_path, "[render]\ndpi = 'high'\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "ocr", "--config", str(path), str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "render.dpi" in proc.stderr and str(path) in proc.stderr
