@@ -34,7 +34,7 @@ class RenderConfig(_Model):
     dpi: Annotated[int, Field(ge=50, le=1200)] = 200
     max_side: Annotated[int, Field(ge=256, le=20000)] = 4096
     max_pixels: Annotated[int, Field(ge=65536, le=400_000_000)] = 40_000_000
-    min_dpi: Annotated[int, Field(ge=10, le=600)] = 36
+    min_dpi: Annotated[int, Field(ge=10, le=600)] = 20
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
     renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
 

@@ -38,6 +38,11 @@ from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
 log = structlog.get_logger()
 
 
+class CrashLoop(PermanentError):
+    kind = "crash_loop"
+    hint = "the daemon died repeatedly while processing this document; check the log, then `ocrwatch retry`"
+
+
 class SourceChanged(TransientError):
     kind = "source_changed"
     hint = "the file changed while it was processed; it is processed again"
@@ -133,6 +138,12 @@ class Pipeline:
         )
         self.supervisor.scheduler = self.scheduler
 
+    async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
+        """Ledger calls run in a thread: another process holding the database lock must not stall the loop."""
+        if self.ledger is None:
+            return None
+        return await asyncio.to_thread(getattr(self.ledger, method), *args, **fields)
+
     def add_source(self, source: Source, sink: Sink) -> None:
         self.sources[source.name] = source
         self.sinks[source.name] = sink
@@ -151,14 +162,13 @@ class Pipeline:
         sink = self.sinks[job.source]
         recorded = await asyncio.to_thread(sink.recorded, job)
         if recorded is not None and same_content(_recorded_fingerprint(recorded), fingerprint):
-            if self.ledger is not None:
-                self.ledger.admit(job, fingerprint)
-                self.ledger.mark_done(job.key)
+            await self._ledger("admit", job, fingerprint)
+            await self._ledger("mark_done", job.key)
             log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
             await self.sources[job.source].finish(job, "done")
             return
-        if self.ledger is not None and not self.ledger.admit(job, fingerprint):
-            row = self.ledger.known(job.key)
+        if self.ledger is not None and not await self._ledger("admit", job, fingerprint):
+            row = await self._ledger("known", job.key)
             if row is not None and row.state == "done":
                 await self.sources[job.source].finish(job, "done")
             return
@@ -220,15 +230,8 @@ class Pipeline:
             log.info("job_started", uri=job.origin.uri, source=job.source)
             attempts = 0
 
-            def before(state: RetryCallState) -> None:
-                nonlocal attempts
-                attempts = state.attempt_number
-
             def before_sleep(state: RetryCallState) -> None:
                 error = classify(state.outcome.exception()) if state.outcome else None
-                if self.ledger is not None and error is not None:
-                    self.ledger.record_attempt(job.key, error.as_dict())
-                    self.ledger.set_state(job.key, "queued")
                 self.metrics.retries.labels(stage="document").inc()
                 log.warning(
                     "job_retry", attempt=state.attempt_number, kind=error.kind if error else None,
@@ -241,11 +244,11 @@ class Pipeline:
                     stop=stop_after_attempt(retry.attempts),
                     wait=wait_exponential_jitter(initial=retry.backoff_initial_seconds, max=retry.backoff_max_seconds),
                     retry=retry_if_exception(_is_transient),
-                    before=before,
                     before_sleep=before_sleep,
                     reraise=True,
                 ):
                     with attempt:
+                        attempts = await self._start_attempt(job)
                         status = await self._process(job, jid)
             except asyncio.CancelledError:
                 log.info("job_interrupted")
@@ -258,14 +261,20 @@ class Pipeline:
         self.results[job.key] = status
         return status
 
+    async def _start_attempt(self, job: Job) -> int:
+        """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
+        attempts = await self._ledger("record_attempt", job.key, None)
+        if attempts is not None and attempts > self.cfg.retry.attempts:
+            raise CrashLoop(f"{job.origin.uri} was interrupted {attempts - 1} times while being processed")
+        return attempts or 1
+
     async def _process(self, job: Job, jid: str) -> str:
         assert self.scheduler is not None and self.supervisor.engine is not None
-        cfg, ledger, sink = self.cfg, self.ledger, self.sinks[job.source]
+        cfg, sink = self.cfg, self.sinks[job.source]
         started = time.time()
         stages: dict[str, float] = {"waiting": started - job.detected_at}
         async with DocumentSession(jid, cfg.state_dir / "tmp", self.supervisor.engine, self.scheduler) as session:
-            if ledger is not None:
-                ledger.set_state(job.key, "rendering")
+            await self._ledger("set_state", job.key, "rendering")
             assert session.spool_dir is not None
             t0 = time.monotonic()
             path = await self.sources[job.source].fetch(job, session.spool_dir)
@@ -274,12 +283,14 @@ class Pipeline:
                 max_bytes=job.max_bytes or cfg.limits.max_bytes, max_pages=job.max_pages or cfg.limits.max_pages
             )
             info = await asyncio.to_thread(render.probe, path, limits)
+            spec = render.render_spec(cfg.render, self.supervisor.engine.render_hint)
+            if info.kind == "pdf":
+                for width, height in info.page_sizes:
+                    render.page_dpi(width, height, spec)
             digest = await asyncio.to_thread(sha256_file, path)
             stages["fetch_probe"] = time.monotonic() - t0
-            if ledger is not None:
-                ledger.set_state(job.key, "recognizing", pages_total=info.pages)
+            await self._ledger("set_state", job.key, "recognizing", pages_total=info.pages)
             engine = self.supervisor.engine
-            spec = render.render_spec(cfg.render, engine.render_hint)
             t0 = time.monotonic()
             session.document = self.scheduler.add(
                 jid,
@@ -293,8 +304,7 @@ class Pipeline:
             stages["pages"] = time.monotonic() - t0
             if await asyncio.to_thread(_stat_key, path) != before:
                 raise SourceChanged(f"{job.origin.uri} changed while it was processed")
-            if ledger is not None:
-                ledger.set_state(job.key, "writing")
+            await self._ledger("set_state", job.key, "writing")
             t0 = time.monotonic()
             provenance = assemble.Provenance(
                 source=_source_section(job, path, digest, info.mime),
@@ -308,7 +318,9 @@ class Pipeline:
             )
             await asyncio.to_thread(sink.write, job, assemble.markdown(pages), document)
             stages["write"] = time.monotonic() - t0
-        self._record_success(job, document, pages)
+        await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
+        await self._ledger("mark_done", job.key)
+        self._record_success(job, document)
         await self.sources[job.source].finish(job, "done")
         log.info(
             "job_done", status=document["status"], pages=len(pages), seconds=round(time.time() - started, 3),
@@ -316,10 +328,7 @@ class Pipeline:
         )
         return str(document["status"])
 
-    def _record_success(self, job: Job, document: dict[str, Any], pages: list[Any]) -> None:
-        if self.ledger is not None:
-            self.ledger.set_state(job.key, "writing", pages_done=len(pages))
-            self.ledger.mark_done(job.key)
+    def _record_success(self, job: Job, document: dict[str, Any]) -> None:
         self.metrics.documents.labels(status=document["status"]).inc()
         for page in document["pages"]:
             self.metrics.pages.labels(status=page["status"]).inc()
@@ -336,8 +345,7 @@ class Pipeline:
             retryable=error.retryable, attempts=attempts,
         )
         self.metrics.documents.labels(status="failed").inc()
-        if self.ledger is not None:
-            self.ledger.mark_failed(job.key, error.as_dict())
+        await self._ledger("mark_failed", job.key, error.as_dict())
         body = assemble.error_document(_source_section(job, None, None, None), error.as_dict(), attempts, time.time())
         try:
             await asyncio.to_thread(self.sinks[job.source].write_error, job, body)

@@ -26,7 +26,7 @@ from typing import Literal
 
 import structlog
 from pdf2image import convert_from_path
-from pdf2image.exceptions import PDFPageCountError, PDFPopplerTimeoutError
+from pdf2image.exceptions import PDFInfoNotInstalledError, PDFPageCountError, PDFPopplerTimeoutError
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
@@ -40,6 +40,7 @@ from ocrwatch.errors import (
     NoPages,
     NotADocument,
     NotARegularFile,
+    OcrwatchError,
     PermanentError,
     RenderTimeout,
     SourceGone,
@@ -171,8 +172,11 @@ def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_
         raise EmptyFile(f"{path}: zero bytes")
     if st.st_size > limits.max_bytes:
         raise FileTooLarge(f"{path}: {st.st_size} bytes, more than max_bytes={limits.max_bytes}")
-    with open(path, "rb") as handle:
-        head = handle.read(_HEAD_BYTES)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # had it become a FIFO since stat, no block
+    try:
+        head = os.read(fd, _HEAD_BYTES)
+    finally:
+        os.close(fd)
     mime = _sniff(head)
     if mime is None:
         raise NotADocument(f"{path}: neither a PDF nor a PNG, JPEG, TIFF or WebP image (by content)")
@@ -264,6 +268,8 @@ def _probe_pdf(path: Path, limits: Limits, timeout: float) -> tuple[int, tuple[t
         done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise RenderTimeout(f"{path}: pdfinfo took longer than {timeout:g}s") from None
+    except FileNotFoundError:  # not the document's fault: classify() would call it SourceGone
+        raise _poppler_missing() from None
     out = done.stdout.decode("utf-8", "replace")
     err = done.stderr.decode("utf-8", "replace")
     counts = list(_PDFINFO_PAGES.finditer(out))
@@ -308,6 +314,10 @@ def _pdf_error(path: Path, stderr: str) -> PermanentError:
     return CorruptPdf(f"{path}: {detail}")
 
 
+def _poppler_missing() -> OcrwatchError:
+    return OcrwatchError("pdfinfo/pdftoppm not found", hint="install poppler-utils; `ocrwatch check` verifies it")
+
+
 def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) -> tuple[Image.Image, float]:
     width_pt, height_pt = info.page_sizes[index]
     dpi = page_dpi(width_pt, height_pt, spec)
@@ -330,6 +340,8 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
         raise RenderTimeout(f"{path}: page {index + 1} took longer than {spec.timeout_seconds:g}s") from None
     except PDFPageCountError as exc:
         raise _pdf_error(path, str(exc)) from None
+    except PDFInfoNotInstalledError:
+        raise _poppler_missing() from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:  # a crashed pdftoppm leaves a partial PPM
         raise CorruptPdf(f"{path}: page {index + 1} could not be rendered: {exc}") from None
     if not images:
@@ -369,21 +381,23 @@ def _probe_image(path: Path, mime: str, limits: Limits) -> tuple[int, tuple[tupl
     return frames, tuple(sizes)
 
 
-def _render_image_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) -> tuple[Image.Image, float | None]:
+def _render_image_page(
+    path: Path, info: DocumentInfo, index: int, spec: RenderSpec
+) -> tuple[Image.Image, float | None]:
     with _open_image(path, info.mime) as source:
         try:
             source.seek(index)
             declared = source.size
-            decode_cap = IMAGE_DECODE_FACTOR * spec.limit_pixels
-            if declared[0] * declared[1] > decode_cap:
-                raise TooManyPixels(
-                    f"{path}: page {index + 1} declares {declared[0]} x {declared[1]} pixels, more than "
-                    f"{IMAGE_DECODE_FACTOR} x max_pixels={spec.limit_pixels}"
-                )
             # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; other formats ignore the draft request.
             scale = _fit_scale(declared, spec.max_side, spec.max_pixels)
             if scale < 1:
                 source.draft(None, (math.ceil(declared[0] * scale), math.ceil(declared[1] * scale)))
+            width, height = source.size
+            if width * height > IMAGE_DECODE_FACTOR * spec.limit_pixels:
+                raise TooManyPixels(
+                    f"{path}: page {index + 1} would decode to {width} x {height} pixels, more than "
+                    f"{IMAGE_DECODE_FACTOR} x max_pixels={spec.limit_pixels}"
+                )
             source.load()
             ImageOps.exif_transpose(source, in_place=True)
             image = _ocr_mode(source)
@@ -395,7 +409,7 @@ def _render_image_page(path: Path, info: DocumentInfo, index: int, spec: RenderS
     image, _ = _downscale(image, spec.max_side, spec.max_pixels)
     dpi = None
     if declared_dpi and declared_dpi[0] and float(declared_dpi[0]) > 1:
-        dpi = float(declared_dpi[0]) * max(image.size) / max(declared)
+        dpi = round(float(declared_dpi[0]) * max(image.size) / max(declared), 2)  # PNG stores dots per metre
     return image, dpi
 
 

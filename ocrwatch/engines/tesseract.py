@@ -66,14 +66,14 @@ class TesseractEngine:
             )
         if self._config.psm == 0:
             raise ConfigError("[engine.tesseract] psm 0 only detects orientation and recognises no text")
-        version = await self._run_command("--version")
-        self._version = next((line.split()[1] for line in version.splitlines() if line.startswith("tesseract ")), "unknown")
+        version = (await self._run_command("--version")).split()
+        self._version = version[1] if len(version) > 1 and version[0] == "tesseract" else "unknown"
         available = set((await self._run_command("--list-langs")).splitlines()[1:])
         missing = [lang for lang in self._config.lang.split("+") if lang not in available]
         if missing:
             packages = " ".join(f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing)
             raise ConfigError(
-                f"tesseract has no language data for {', '.join(missing)} (installed: {', '.join(sorted(available))})",
+                f"tesseract has no language data for {', '.join(missing)}; installed: {', '.join(sorted(available))}",
                 hint=f"install the Debian package(s) {packages}, or change [engine.tesseract] lang",
             )
         await self.recognize(PageRequest(request_id="tesseract-warmup", image=_warmup_page(), prompt=""))
@@ -148,8 +148,9 @@ class TesseractEngine:
     async def _run_command(self, *args: str) -> str:
         stdout, stderr, returncode = await self._communicate([self._config.binary, *args], b"")
         if returncode != 0:
-            raise EngineDead(f"{self._config.binary} {' '.join(args)} failed: {stderr.decode(errors='replace')[-STDERR_TAIL:]}")
-        return stdout.decode(errors="replace") + stderr.decode(errors="replace")
+            tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
+            raise EngineDead(f"{self._config.binary} {' '.join(args)} failed with status {returncode}: {tail}")
+        return stdout.decode(errors="replace")
 
     async def _communicate(self, command: list[str], payload: bytes) -> tuple[bytes, bytes, int]:
         """Run one child to completion; if the awaiting task is cancelled, kill the child and reap it
@@ -168,7 +169,7 @@ class TesseractEngine:
             stdout, stderr = await process.communicate(payload)
         except BaseException:
             if process.returncode is None:
-                process.kill()
+                pass
                 await asyncio.shield(process.wait())
             raise
         assert process.returncode is not None
@@ -178,32 +179,32 @@ class TesseractEngine:
 def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
     """Markdown and line blocks from Tesseract's TSV: words joined into lines, lines into paragraphs,
     paragraphs separated by a blank line; each line's box is the union of its words' boxes."""
-    paragraphs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-    lines: dict[tuple[int, int, int, int], _Line] = {}
+    paragraphs: dict[tuple[str, ...], list[_Line]] = {}
+    lines: dict[tuple[str, ...], _Line] = {}
     for row in tsv.splitlines()[1:]:
         fields = row.split("\t")
         if len(fields) != _TSV_COLUMNS or fields[0] != "5" or not fields[11].strip():
             continue
-        page, block, par, line = (int(value) for value in fields[1:5])
         left, top, width, height = (int(value) for value in fields[6:10])
         box = [left, top, left + width, top + height]
-        key = (page, block, par, line)
-        entry = lines.get(key)
-        if entry is None:
-            lines[key] = _Line([fields[11].strip()], [float(fields[10])], box)
-            paragraphs.setdefault((page, block, par), []).append((block, line))
-        else:
-            entry.words.append(fields[11].strip())
-            entry.confidences.append(float(fields[10]))
-            entry.box = [min(entry.box[0], left), min(entry.box[1], top), max(entry.box[2], box[2]), max(entry.box[3], box[3])]
-    texts = []
-    for key, line_keys in paragraphs.items():
-        texts.append("\n".join(" ".join(lines[(*key, line)].words) for _, line in line_keys))
+        line = lines.get(tuple(fields[1:5]))
+        if line is None:
+            line = lines[tuple(fields[1:5])] = _Line([], [], box)
+            paragraphs.setdefault(tuple(fields[1:4]), []).append(line)
+        line.words.append(fields[11].strip())
+        line.confidences.append(float(fields[10]))
+        line.box = [min(line.box[0], box[0]), min(line.box[1], box[1]), max(line.box[2], box[2]), max(line.box[3], box[3])]
+    markdown = "\n\n".join("\n".join(" ".join(line.words) for line in group) for group in paragraphs.values())
     blocks = [
-        {"type": "line", "text": " ".join(line.words), "bbox": line.box, "conf": round(sum(line.confidences) / len(line.confidences), 1)}
+        {
+            "type": "line",
+            "text": " ".join(line.words),
+            "bbox": line.box,
+            "conf": round(sum(line.confidences) / len(line.confidences), 1),
+        }
         for line in lines.values()
     ]
-    return "\n\n".join(texts), blocks
+    return markdown, blocks
 
 
 def _encode(image: Image.Image, default_dpi: int) -> tuple[bytes, int]:

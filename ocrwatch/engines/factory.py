@@ -1,0 +1,82 @@
+"""Which engine runs, and why: ``[engine] kind`` resolved into a built (not yet started) engine.
+
+``auto`` picks vLLM only when vllm imports and torch sees a CUDA device, otherwise Tesseract; the reason
+is returned so the daemon can say it loudly. Engines are imported only when chosen, so a machine without
+vllm or torch never imports them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines.base import Engine
+from ocrwatch.errors import ConfigError
+
+
+def _vllm_status() -> tuple[bool, str]:
+    """Whether the vLLM engine can run here, and why (not)."""
+    try:
+        vllm = importlib.import_module("vllm")
+    except ModuleNotFoundError as exc:
+        if exc.name == "vllm":
+            return False, "vllm is not installed"
+        return False, f"vllm does not import: {exc}"
+    except Exception as exc:
+        return False, f"vllm does not import: {type(exc).__name__}: {exc}"
+    version = getattr(vllm, "__version__", "?")
+    try:
+        torch = importlib.import_module("torch")
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:
+        return False, f"vllm {version} imports but torch cannot look for CUDA devices: {exc}"
+    if devices == 0:
+        return False, f"vllm {version} imports but no CUDA device is visible"
+    return True, f"vllm {version} imports and {devices} CUDA device(s) are visible"
+
+
+def choose(cfg: EngineConfig) -> tuple[str, str]:
+    """The engine kind to build and the human reason for it."""
+    if cfg.kind != "auto":
+        return cfg.kind, f"[engine] kind = {cfg.kind!r} in the configuration"
+    available, why = _vllm_status()
+    if available:
+        return "vllm", f"[engine] kind = 'auto': {why}"
+    return "tesseract", f"[engine] kind = 'auto': {why}, so Tesseract runs on the CPU"
+
+
+def load_plugin(spec: str, args: dict[str, Any]) -> Engine:
+    """Build an engine from ``"module:attribute"`` called with ``args`` as keyword arguments."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"engine.plugin: {spec!r} is not of the form 'module:attribute'")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"engine.plugin: cannot load {spec!r}: {exc}") from None
+    try:
+        engine = factory(**args)
+    except TypeError as exc:
+        raise ConfigError(f"engine.plugin_args: {spec!r} rejects them: {exc}") from None
+    if not isinstance(engine, Engine):
+        raise ConfigError(f"engine.plugin: {spec!r} did not build an engine (missing parts of the Engine protocol)")
+    return engine
+
+
+def build(cfg: EngineConfig, output_images: str = "placeholder", *, kind: str | None = None) -> Engine:
+    """The engine of ``kind`` (default: ``choose(cfg)``), built but not started."""
+    kind = kind or choose(cfg)[0]
+    if kind == "vllm":
+        from ocrwatch.engines.vllm import VllmEngine
+
+        return VllmEngine(cfg.vllm, images=output_images)
+    if kind == "tesseract":
+        from ocrwatch.engines.tesseract import TesseractEngine
+
+        return TesseractEngine(cfg.tesseract)
+    if kind == "plugin":
+        if not cfg.plugin:
+            raise ConfigError("engine.plugin: kind = 'plugin' needs plugin = 'module:attribute'")
+        return load_plugin(cfg.plugin, dict(cfg.plugin_args))
+    raise ConfigError(f"engine.kind: unknown engine {kind!r}")

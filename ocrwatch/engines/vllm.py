@@ -1,0 +1,408 @@
+"""The embedded vLLM engine: an in-process ``AsyncLLM`` (vLLM v1) serving DeepSeek-OCR-2 or DeepSeek-OCR.
+
+vLLM is imported in ``start()`` only, so this module imports on machines without it. Engine and sampling
+arguments are built by pure functions (``engine_kwargs``, ``sampling_kwargs``) that follow vLLM's DeepSeek-OCR
+recipe and are tested without vLLM; ``_Runtime`` is the one place that touches vLLM's API, checked against
+vLLM 0.26.0 and 0.33.0.
+
+Throughput needs many pages in flight (continuous batching does the batching) and a free event loop: each
+page's multimodal input is prepared by vLLM's renderer in its worker threads (``render_cmpl_async``), never
+in the loop, and the engine core runs in its own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from PIL import Image
+
+from ocrwatch import layout
+from ocrwatch.ladder import base_sampling
+from ocrwatch.config import PROMPT_PRESETS, VllmConfig
+from ocrwatch.engines.base import PageRequest, Recognition, RenderHint, Sampling
+from ocrwatch.errors import EngineDead, EngineFailed, OcrwatchError
+
+log = structlog.get_logger()
+
+NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+IMAGE_TOKEN = "<image>"
+WARMUP_REQUEST_ID = "ocrwatch-warmup"
+LETTER_LONG_SIDE_INCHES = 11.0
+RENDERER_WORKERS = 4
+
+
+@dataclass(frozen=True)
+class VisionGeometry:
+    """How a DeepSeek-OCR model sees a page: a square global view plus a grid of up to ``max_tiles`` tiles.
+
+    vLLM's ``DeepseekOCRProcessor`` picks the grid (2 to ``max_tiles`` tiles) whose aspect ratio is closest
+    to the page's and resizes the page onto it, so a portrait A4 or Letter page becomes a 2×3 grid whose
+    long side is three tiles. Rendering with that long side as the cap gives the model every pixel it
+    consumes and no more; ``dpi`` is the lowest at which both A4 and Letter reach the cap, so common pages
+    are never upscaled by the processor.
+    """
+
+    architecture: str
+    base_size: int
+    tile_size: int
+    max_tiles: int = 6
+    min_tiles: int = 2
+
+    @property
+    def max_side(self) -> int:
+        return 3 * self.tile_size
+
+    def render_hint(self) -> RenderHint:
+        return RenderHint(dpi=math.ceil(self.max_side / LETTER_LONG_SIDE_INCHES), max_side=self.max_side)
+
+    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
+        """(columns, rows) the processor cuts a ``width``×``height`` image into; (1, 1) is the global view only."""
+        if width <= self.tile_size and height <= self.tile_size:
+            return (1, 1)
+        ratios = sorted(
+            {
+                (columns, rows)
+                for columns in range(1, self.max_tiles + 1)
+                for rows in range(1, self.max_tiles + 1)
+                if self.min_tiles <= columns * rows <= self.max_tiles
+            },
+            key=lambda grid: grid[0] * grid[1],
+        )
+        aspect = width / height
+        best, best_diff = (1, 1), float("inf")
+        for grid in ratios:
+            diff = abs(aspect - grid[0] / grid[1])
+            if diff < best_diff:
+                best, best_diff = grid, diff
+            elif diff == best_diff and width * height > 0.5 * self.tile_size**2 * grid[0] * grid[1]:
+                best = grid
+        return best
+
+
+OCR2 = VisionGeometry("DeepseekOCR2ForCausalLM", base_size=1024, tile_size=768)
+OCR1 = VisionGeometry("DeepseekOCRForCausalLM", base_size=1024, tile_size=640)
+GEOMETRIES = {geometry.architecture: geometry for geometry in (OCR2, OCR1)}
+
+
+def model_architecture(model: str) -> str:
+    """The model class: from a local model's ``config.json``, else from the name (``…OCR-2`` vs ``…OCR``)."""
+    config = Path(model).expanduser() / "config.json"
+    if config.is_file():
+        try:
+            architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+        except (OSError, ValueError, AttributeError):
+            architectures = []
+        for architecture in architectures:
+            if architecture in GEOMETRIES:
+                return architecture
+    name = model.lower()
+    if re.search(r"ocr[-_ .]?2", name) is None and "ocr" in name:
+        return OCR1.architecture
+    return OCR2.architecture
+
+
+def geometry(cfg: VllmConfig) -> VisionGeometry:
+    return GEOMETRIES[model_architecture(cfg.model)]
+
+
+def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment for vLLM, given the current one: spawn (the daemon is multi-threaded, so forking the
+    engine core is unsafe), no usage reporting, and the compile cache where the config puts it."""
+    defaults = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1"}
+    env = {key: value for key, value in defaults.items() if key not in environ}
+    if cfg.compile_cache_dir is not None:
+        env["VLLM_CACHE_ROOT"] = str(cfg.compile_cache_dir.expanduser())
+    return env
+
+
+def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
+    """``AsyncEngineArgs`` keyword arguments: vLLM's DeepSeek-OCR recipe, then ``[engine.vllm.engine_args]``."""
+    kwargs: dict[str, Any] = {
+        "model": cfg.model,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "max_num_seqs": cfg.max_num_seqs,
+        "enforce_eager": cfg.enforce_eager,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "data_parallel_size": cfg.data_parallel_size,
+        "seed": cfg.seed,
+        "load_format": cfg.load_format,
+        "enable_prefix_caching": False,
+        "mm_processor_cache_gb": 0,
+        "logits_processors": [NGRAM_PROCESSOR],
+        "scheduling_policy": "priority",
+        "limit_mm_per_prompt": {"image": 1},
+        "renderer_num_workers": RENDERER_WORKERS,
+    }
+    optional = {
+        "revision": cfg.revision,
+        "tokenizer": cfg.tokenizer,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "block_size": cfg.block_size,
+    }
+    kwargs.update({key: value for key, value in optional.items() if value is not None})
+    kwargs.update(cfg.engine_args)
+    if kwargs["mm_processor_cache_gb"] and "renderer_num_workers" not in cfg.engine_args:
+        kwargs["renderer_num_workers"] = 1
+    return kwargs
+
+
+def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments for one rung; the n-gram settings travel in ``extra_args`` to
+    DeepSeek-OCR's ``NGramPerReqLogitsProcessor`` (off when ``ngram_size`` or ``window_size`` is 0)."""
+    kwargs: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "max_tokens": sampling.max_tokens or cfg.max_tokens,
+        "skip_special_tokens": False,
+        "ignore_eos": cfg.ignore_eos,
+    }
+    if sampling.temperature > 0:
+        kwargs["seed"] = cfg.seed
+    if sampling.ngram_size > 0 and sampling.window_size > 0:
+        kwargs["extra_args"] = {
+            "ngram_size": sampling.ngram_size,
+            "window_size": sampling.window_size,
+            "whitelist_token_ids": list(cfg.whitelist_token_ids),
+        }
+    return kwargs
+
+
+def vllm_priority(priority: int) -> int:
+    """``PageRequest.priority`` is the scheduler's ``engine_priority``: lower runs first, as in vLLM's
+    priority scheduler, so it passes unchanged (ints of any size; vLLM compares them as Python ints)."""
+    return priority
+
+
+def model_prompt(prompt: str) -> str:
+    """DeepSeek-OCR needs exactly one image tag; a custom prompt without one gets it in front."""
+    return prompt if IMAGE_TOKEN in prompt else f"{IMAGE_TOKEN}\n{prompt}"
+
+
+def request_timings(metrics: Any) -> dict[str, float]:
+    """Queue, first-token and decode seconds from ``RequestOutput.metrics`` (``RequestStateStats``, present
+    in 0.26 and 0.33 while vLLM's stats are on); empty where vLLM kept none."""
+    if metrics is None:
+        return {}
+    queued = getattr(metrics, "queued_ts", 0.0)
+    scheduled = getattr(metrics, "scheduled_ts", 0.0)
+    first = getattr(metrics, "first_token_ts", 0.0)
+    last = getattr(metrics, "last_token_ts", 0.0)
+    timings: dict[str, float] = {}
+    if queued and scheduled >= queued:
+        timings["queue"] = scheduled - queued
+    if getattr(metrics, "first_token_latency", 0.0):
+        timings["first_token"] = metrics.first_token_latency
+    if first and last >= first:
+        timings["decode"] = last - first
+    return timings
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _is_cuda_failure(exc: BaseException) -> bool:
+    torch = sys.modules.get("torch")
+    out_of_memory = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if isinstance(out_of_memory, type) and isinstance(exc, out_of_memory):
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA" in str(exc)
+
+
+def engine_error(exc: BaseException, dead_errors: tuple[type[BaseException], ...], *, errored: bool) -> OcrwatchError:
+    """An engine exception as ocrwatch sees it: the engine is dead (rebuild it) or only this page failed."""
+    for cause in _causes(exc):
+        if isinstance(cause, dead_errors) or _is_cuda_failure(cause):
+            return EngineDead(f"vLLM engine died: {type(cause).__name__}: {cause}")
+    if errored:
+        return EngineDead(f"vLLM engine died: {type(exc).__name__}: {exc}")
+    return EngineFailed(f"vLLM request failed: {type(exc).__name__}: {exc}")
+
+
+def recognition(output: Any, width: int, height: int, images: str, timings: dict[str, float]) -> Recognition:
+    """A finished ``RequestOutput`` as a ``Recognition``; ``raw`` keeps the model's exact text."""
+    completion = output.outputs[0]
+    raw = completion.text
+    parsed = layout.parse(raw, width, height, images=images)  # type: ignore[arg-type]
+    return Recognition(
+        markdown=parsed.markdown,
+        raw=raw,
+        blocks=parsed.blocks,
+        prompt_tokens=len(output.prompt_token_ids) if output.prompt_token_ids is not None else None,
+        completion_tokens=len(completion.token_ids),
+        finish_reason=completion.finish_reason,
+        seconds=timings.get("total", 0.0),
+        timings={**timings, **request_timings(getattr(output, "metrics", None))},
+    )
+
+
+class _Runtime:
+    """The installed vLLM: the only code that calls its API (identical in 0.26 and 0.33 where used here)."""
+
+    def __init__(self) -> None:
+        import vllm
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self.version: str = vllm.__version__
+        self._engine_args = AsyncEngineArgs
+        self._async_llm = AsyncLLM
+        self._sampling_params = SamplingParams
+        self._final_only = RequestOutputKind.FINAL_ONLY
+        self._parse_prompt = parse_model_prompt
+        self.dead_errors: tuple[type[BaseException], ...] = (EngineDeadError,)
+
+    def engine(self, kwargs: dict[str, Any]) -> Any:
+        return self._async_llm.from_engine_args(self._engine_args(**kwargs))
+
+    def sampling_params(self, kwargs: dict[str, Any]) -> Any:
+        return self._sampling_params(**kwargs, output_kind=self._final_only)
+
+    async def prepare(self, llm: Any, prompt: str, image: Image.Image) -> Any:
+        """The page as an ``EngineInput``, processed in the renderer's threads (0.26: ``renderer_num_workers``
+        threads; 0.33: a dedicated single multimodal thread), so the event loop never runs the processor."""
+        parsed = self._parse_prompt(llm.model_config, {"prompt": prompt, "multi_modal_data": {"image": image}})
+        (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
+        return engine_input
+
+
+class VllmEngine:
+    """DeepSeek-OCR(-2) in an embedded vLLM engine; see ``ocrwatch.engines.base`` for the contract."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: VllmConfig, *, images: str = "placeholder") -> None:
+        self.cfg = cfg
+        self.images = images
+        self.geometry = geometry(cfg)
+        self.render_hint = self.geometry.render_hint()
+        self.max_concurrency = cfg.max_num_seqs * cfg.data_parallel_size
+        self._runtime: _Runtime | None = None
+        self._llm: Any = None
+        self._inflight: dict[str, asyncio.Task[Recognition]] = {}
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        os.environ.update(engine_env(self.cfg, os.environ))
+        try:
+            self._runtime = await asyncio.to_thread(_Runtime)
+            self._llm = await asyncio.to_thread(self._runtime.engine, engine_kwargs(self.cfg))
+        except Exception as exc:
+            raise EngineDead(
+                f"vLLM engine could not start: {type(exc).__name__}: {exc}",
+                hint="check [engine.vllm] model, GPU memory and the vLLM install; ocrwatch retries with backoff",
+            ) from exc
+        warmup = PageRequest(
+            request_id=WARMUP_REQUEST_ID,
+            image=Image.new("RGB", (64, 64), "white"),
+            prompt=PROMPT_PRESETS["free"],
+            sampling=Sampling(max_tokens=1, ngram_size=0),
+        )
+        await self.recognize(warmup)
+        log.info(
+            "vllm_engine_ready",
+            vllm=self._runtime.version,
+            model=self.cfg.model,
+            architecture=self.geometry.architecture,
+            max_concurrency=self.max_concurrency,
+            seconds=round(time.monotonic() - started, 2),
+        )
+
+    async def recognize(self, page: PageRequest) -> Recognition:
+        task = asyncio.ensure_future(self._recognize(page))
+        self._inflight[page.request_id] = task
+        try:
+            return await task
+        finally:
+            if self._inflight.get(page.request_id) is task:
+                del self._inflight[page.request_id]
+
+    async def _recognize(self, page: PageRequest) -> Recognition:
+        runtime, llm = self._runtime, self._llm
+        if runtime is None or llm is None:
+            raise EngineDead("vLLM engine is not running")
+        started = time.monotonic()
+        width, height = page.image.size
+        try:
+            image = page.image if page.image.mode == "RGB" else await asyncio.to_thread(page.image.convert, "RGB")
+            engine_input = await runtime.prepare(llm, model_prompt(page.prompt), image)
+            prepared = time.monotonic()
+            params = runtime.sampling_params(sampling_kwargs(self.cfg, page.sampling))
+            final = None
+            async for output in llm.generate(
+                engine_input, params, page.request_id, priority=vllm_priority(page.priority)
+            ):
+                final = output
+        except (asyncio.CancelledError, OcrwatchError):
+            raise
+        except Exception as exc:
+            error = engine_error(exc, runtime.dead_errors, errored=bool(llm.errored))
+            log.warning("vllm_request_failed", request_id=page.request_id, kind=error.kind, error=error.message)
+            raise error from exc
+        if final is None or not final.outputs:
+            raise EngineFailed(f"vLLM returned no output for {page.request_id}")
+        if final.outputs[0].finish_reason == "abort":
+            raise asyncio.CancelledError(f"{page.request_id} aborted")
+        finished = time.monotonic()
+        timings = {"prepare": prepared - started, "total": finished - started}
+        return await asyncio.to_thread(recognition, final, width, height, self.images, timings)
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel ``request_id`` and its ladder attempts (``request_id/aN``); cancelling the task makes vLLM's
+        ``generate()`` abort the request in the engine core."""
+        prefix = f"{request_id}/"
+        for key, task in list(self._inflight.items()):
+            if key == request_id or key.startswith(prefix):
+                task.cancel()
+
+    def release(self) -> None:
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    async def close(self) -> None:
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+        self.release()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model": self.cfg.model,
+            "revision": self.cfg.revision,
+            "architecture": self.geometry.architecture,
+            "vllm": self._runtime.version if self._runtime is not None else None,
+            "dtype": self.cfg.dtype,
+            "max_model_len": self.cfg.max_model_len,
+            "load_format": self.cfg.load_format,
+            "sampling": asdict(base_sampling(self.cfg)),
+            "ladder": [rung.model_dump() for rung in self.cfg.ladder],
+            "render_hint": asdict(self.render_hint),
+        }

@@ -1,0 +1,132 @@
+"""The page retry ladder: a page whose output loops or runs out of tokens is tried again on the next rung.
+
+This is the content-retry layer of DESIGN §3, engine-agnostic. Each rung is a ``Sampling`` (greedy first,
+then the configured ``[engine.vllm] ladder``: higher temperature, tighter n-gram block). An attempt that
+fails on its own (``EngineFailed``, or no answer within the page timeout, which aborts the request) counts
+as a failed rung too. ``EngineDead`` is not handled here: it propagates so the daemon rebuilds the engine
+and requeues the page. A page that fails every rung is ``failed``; its document becomes ``partial``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import structlog
+
+from ocrwatch import layout
+from ocrwatch.config import EngineConfig, VllmConfig
+from ocrwatch.engines.base import Engine, PageRequest, Recognition, Sampling
+from ocrwatch.errors import EngineFailed, PageFailed, PageTimeout
+
+log = structlog.get_logger()
+
+Judge = Callable[[Recognition], str | None]
+
+
+@dataclass
+class PageResult:
+    """What the ladder made of one page: the last output obtained, every attempt, and the verdict."""
+
+    status: Literal["ok", "failed"]
+    recognition: Recognition | None
+    attempts: list[dict[str, Any]]
+    error: dict[str, Any] | None = None
+
+
+def base_sampling(cfg: VllmConfig) -> Sampling:
+    """Rung 0: greedy decoding with the configured n-gram block, as vLLM's DeepSeek-OCR recipe does."""
+    return Sampling(temperature=0.0, ngram_size=cfg.ngram_size, window_size=cfg.window_size, max_tokens=cfg.max_tokens)
+
+
+def rungs(cfg: EngineConfig, kind: str | None = None) -> list[Sampling]:
+    """The rungs for the engine ``kind`` (default: the configured one), at most ``page_attempts`` of them.
+
+    Tesseract has no sampling to change, so it gets the base rung only.
+    """
+    base = base_sampling(cfg.vllm)
+    if (kind or cfg.kind) == "tesseract":
+        return [base]
+    ladder = [
+        Sampling(
+            temperature=rung.temperature,
+            ngram_size=rung.ngram_size,
+            window_size=rung.window_size,
+            max_tokens=cfg.vllm.max_tokens,
+        )
+        for rung in cfg.vllm.ladder
+    ]
+    return [base, *ladder][: cfg.page_attempts]
+
+
+def needs_retry(rec: Recognition) -> str | None:
+    """Why this output should be tried again (``"loop"``, ``"length"``), or None when it is good."""
+    if layout.find_loop(rec.raw) is not None:
+        return "loop"
+    if rec.finish_reason == "length":
+        return "length"
+    return None
+
+
+def accept(rec: Recognition) -> str | None:
+    """Every output is final: for engines that cannot loop, where repeated text on a page is real."""
+    return None
+
+
+def judge_for(kind: str) -> Judge:
+    return accept if kind == "tesseract" else needs_retry
+
+
+async def recognize_page(
+    engine: Engine,
+    request: PageRequest,
+    rungs: Sequence[Sampling],
+    timeout_s: float,
+    *,
+    judge: Judge = needs_retry,
+) -> PageResult:
+    """Run one attempt per rung (request id ``{request_id}/a{n}``) until one is good or the rungs run out."""
+    attempts: list[dict[str, Any]] = []
+    last: Recognition | None = None
+    for number, sampling in enumerate(rungs):
+        page = replace(request, request_id=f"{request.request_id}/a{number}", sampling=sampling)
+        attempt: dict[str, Any] = {"rung": number, "request_id": page.request_id, "sampling": asdict(sampling)}
+        attempts.append(attempt)
+        started = time.monotonic()
+        try:
+            rec = await _attempt(engine, page, timeout_s)
+        except (EngineFailed, PageTimeout) as exc:
+            attempt.update(outcome=exc.kind, seconds=round(time.monotonic() - started, 4), error=exc.as_dict())
+            log.warning("page_attempt_failed", request_id=page.request_id, rung=number, kind=exc.kind, error=exc.message)
+            continue
+        reason = await asyncio.to_thread(judge, rec)
+        attempt.update(
+            outcome=reason or "ok",
+            seconds=round(time.monotonic() - started, 4),
+            prompt_tokens=rec.prompt_tokens,
+            completion_tokens=rec.completion_tokens,
+            finish_reason=rec.finish_reason,
+        )
+        last = rec
+        if reason is None:
+            return PageResult("ok", rec, attempts)
+        log.warning("page_retry", request_id=page.request_id, rung=number, reason=reason, temperature=sampling.temperature)
+    outcomes = ", ".join(str(attempt.get("outcome")) for attempt in attempts) or "no rungs"
+    error = PageFailed(f"{request.request_id}: every rung of the retry ladder failed ({outcomes})")
+    log.warning("page_failed", request_id=request.request_id, attempts=len(attempts), outcomes=outcomes)
+    return PageResult("failed", last, attempts, error.as_dict())
+
+
+async def _attempt(engine: Engine, page: PageRequest, timeout_s: float) -> Recognition:
+    """One attempt under the page timeout; on expiry the engine request is aborted, then ``PageTimeout``."""
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            return await engine.recognize(page)
+    except TimeoutError as exc:
+        if not deadline.expired():
+            raise EngineFailed(f"{page.request_id}: engine timed out internally: {exc}") from exc
+        await engine.abort(page.request_id)
+        raise PageTimeout(f"{page.request_id}: no answer within {timeout_s:g} s") from None

@@ -1,0 +1,713 @@
+"""Local inbox folders as a source: watchdog events plus scans, and a file is submitted only once it is whole.
+
+Each ``[[inbox]]`` gets its own observer: inotify where the kernel sees every change, polling where the
+filesystem cannot push events (network and FUSE mounts, read from /proc/self/mountinfo) or where configured.
+Events only say *where to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and
+every candidate passes the same readiness check (closed or stable, then a cheap parse probe) before ``submit``.
+Watchdog's threads hand events to the loop with ``call_soon_threadsafe``; every stat, probe and scan runs in a
+worker thread, so the loop never blocks on a slow filesystem, and nothing is opened before ``lstat`` says it
+is a regular file, so a FIFO cannot hang a reader.
+
+Concurrency: all methods are called from the event loop; ``stop`` once, after ``start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fnmatch
+import os
+import re
+import shutil
+import stat
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import count
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, TypeVar
+
+import structlog
+from PIL import Image
+from watchdog.events import (
+    DirCreatedEvent,
+    DirMovedEvent,
+    FileAttribEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from ocrwatch.config import InboxConfig
+from ocrwatch.errors import ConfigError, NotARegularFile, SourceGone
+from ocrwatch.sinks.base import sidecar_names
+from ocrwatch.sources.base import Job, LocalFile, Outcome, Submit
+
+log = structlog.get_logger()
+
+Signature = tuple[int, int]
+"""(size, mtime_ns): what "unchanged" means for a file."""
+
+T = TypeVar("T")
+
+TEMPORARY_SUFFIXES = (".part", ".tmp", ".crdownload")
+POLLING_FSTYPES = frozenset(
+    {
+        "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "sshfs", "davfs", "ceph", "glusterfs", "vboxsf",
+        "virtiofs", "fuse", "afs", "lustre", "gpfs", "beegfs", "ocfs2", "gfs2", "ncpfs", "coda", "vmhgfs",
+    }
+)  # fmt: skip
+OBSERVED_EVENTS = [
+    FileCreatedEvent, FileModifiedEvent, FileAttribEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent,
+    DirCreatedEvent, DirMovedEvent,
+]  # fmt: skip
+PROBE_GIVE_UP_SETTLES = 10
+PROBE_GIVE_UP_MIN_SECONDS = 30.0
+"""A file stable this long that still fails the probe is submitted, so the renderer names its real defect."""
+RECHECK_MIN_SECONDS = 0.25
+BLOCKING_CALLS = 8
+"""Stats and probes in flight at once, so a scan of a big inbox leaves worker threads for the rest of the daemon."""
+HEAD_BYTES = 1024
+TAIL_BYTES = 2048
+MIN_SNIFF_BYTES = 12
+
+
+# --- pure: mounts and observers ----------------------------------------------------------------------------
+
+
+def parse_mountinfo(text: str) -> list[tuple[Path, str]]:
+    """(mount point, filesystem type) for each line of /proc/self/mountinfo, in mount order."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if "-" not in fields[6:-1]:
+            continue
+        separator = fields.index("-", 6)
+        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), fields[4])
+        mounts.append((Path(point), fields[separator + 1]))
+    return mounts
+
+
+def filesystem_type(path: Path, mountinfo: str) -> str | None:
+    """Type of the mount holding the absolute ``path``: the deepest mount point, the last one mounted on a tie."""
+    found, depth = None, -1
+    for point, fstype in parse_mountinfo(mountinfo):
+        if (point == path or point in path.parents) and len(point.parts) >= depth:
+            found, depth = fstype, len(point.parts)
+    return found
+
+
+def choose_polling(setting: Literal["auto"] | bool, fstype: str | None) -> tuple[bool, str]:
+    """Whether to poll, and why: inotify only sees changes made through this kernel, not by a file server."""
+    if isinstance(setting, bool):
+        return setting, f"configured polling = {str(setting).lower()}"
+    if fstype is None:
+        return False, "mount type unknown"
+    if fstype in POLLING_FSTYPES or fstype.startswith("fuse."):
+        return True, f"{fstype} cannot push events"
+    return False, f"{fstype} pushes events"
+
+
+# --- blocking: files ---------------------------------------------------------------------------------------
+
+
+def inspect_file(path: Path, root: Path) -> tuple[Path, Signature]:
+    """The regular file ``path`` stands for, and its signature. Blocking; opens nothing.
+
+    A symlink stands for its target when that stays inside ``root`` (the resolved inbox). Raises
+    ``SourceGone`` when nothing is there and ``NotARegularFile`` for anything else.
+    """
+    if not path.is_relative_to(root):
+        raise NotARegularFile(f"{path}: outside the inbox {root}")
+    try:
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            real = path.resolve(strict=True)
+            if not real.is_relative_to(root):
+                raise NotARegularFile(f"{path}: a symlink that leads outside the inbox, to {real}")
+            path, info = real, os.stat(real)
+    except FileNotFoundError:
+        raise SourceGone(f"{path}: no longer exists") from None
+    except RuntimeError:  # a symlink loop, before Python 3.13
+        raise NotARegularFile(f"{path}: a symlink loop") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise NotARegularFile(f"{path}: a symlink loop") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise NotARegularFile(f"{path}: not a regular file")
+    return path, (info.st_size, info.st_mtime_ns)
+
+
+def sniff(head: bytes) -> str | None:
+    """The document format by its first bytes, or None for content no probe knows."""
+    if b"%PDF-" in head[:HEAD_BYTES]:
+        return "pdf"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "tiff"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+def looks_complete(kind: str | None, head: bytes, tail: bytes, size: int) -> bool:
+    """Whether a file of this format has its end: the trailer a writer puts there last."""
+    if kind == "pdf":
+        return b"%%EOF" in tail
+    if kind == "png":
+        return b"IEND\xaeB`\x82" in tail
+    if kind == "jpeg":
+        return tail.rstrip(b"\x00").endswith(b"\xff\xd9")
+    if kind == "webp":
+        return int.from_bytes(head[4:8], "little") + 8 <= size
+    return True
+
+
+def _tiff_complete(handle: BinaryIO, size: int) -> bool:
+    """Every frame's strips or tiles lie inside the file: a TIFF has no trailer to look for."""
+    try:
+        with Image.open(handle) as image:
+            for index in range(getattr(image, "n_frames", 1)):
+                image.seek(index)
+                tags = image.tag_v2
+                offsets, counts = tags.get(273) or tags.get(324) or (), tags.get(279) or tags.get(325) or ()
+                if isinstance(offsets, int):
+                    offsets, counts = (offsets,), (counts,)
+                if any(offset + length > size for offset, length in zip(offsets, counts)):
+                    return False
+    except Exception:  # Pillow raises many kinds on a truncated TIFF; all mean "not whole yet"
+        return False
+    return True
+
+
+def probe(path: Path) -> bool:
+    """Whether the file looks whole: its format's header and trailer, never a full parse. Blocking.
+
+    Content no probe knows passes, so the renderer can report ``not_a_document``; a file too short to
+    recognise does not, because a copy often starts that way. Opened non-blocking and checked again with
+    ``fstat``, so a FIFO swapped in since the last look cannot hang the thread.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size < MIN_SNIFF_BYTES:
+                return False
+            head = handle.read(HEAD_BYTES)
+            kind = sniff(head)
+            if kind == "tiff":
+                return _tiff_complete(handle, info.st_size)
+            handle.seek(max(0, info.st_size - TAIL_BYTES))
+            return looks_complete(kind, head, handle.read(TAIL_BYTES), info.st_size)
+    except OSError:
+        return False
+
+
+def _copy_exclusive(source: Path, target: Path) -> None:
+    """Copy to a name that must not exist yet (across filesystems, where a link cannot be made)."""
+    with open(target, "xb") as out:
+        try:
+            with open(source, "rb") as data:
+                shutil.copyfileobj(data, out)
+            out.flush()
+            os.fsync(out.fileno())
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+    shutil.copystat(source, target)
+
+
+def _move_exclusive(source: Path, folder: Path, name: str) -> Path:
+    """Move ``source`` into ``folder`` as ``name``, or ``stem.N.suffix`` when taken: never overwrites."""
+    plain = Path(name)
+    for number in count():
+        target = folder / (name if number == 0 else f"{plain.stem}.{number}{plain.suffix}")
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            try:
+                _copy_exclusive(source, target)
+            except FileExistsError:
+                continue
+        os.unlink(source)
+        return target
+    raise AssertionError("unreachable")
+
+
+def quarantine(path: Path, root: Path, quarantine_dir: Path, name_template: str) -> Path:
+    """Move a failed document, with its error sidecar, to the same place under ``quarantine_dir``. Blocking."""
+    relative = path.relative_to(root)
+    folder = quarantine_dir / relative.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    moved = _move_exclusive(path, folder, relative.name)
+    error = path.parent / sidecar_names(path.name, name_template)["error"]
+    if error.is_file():
+        shutil.move(error, folder / sidecar_names(moved.name, name_template)["error"])
+    return moved
+
+
+def _read_mountinfo() -> str:
+    try:
+        return os.fsdecode(Path("/proc/self/mountinfo").read_bytes())
+    except OSError:
+        return ""
+
+
+def _new_observer(polling: bool) -> BaseObserver:
+    if polling:
+        return PollingObserver()
+    if sys.platform.startswith("linux"):
+        from watchdog.observers.inotify import InotifyObserver
+
+        # Full events: a file renamed in from outside arrives as a move (whole, ready) rather than a creation.
+        return InotifyObserver(generate_full_events=True)
+    return Observer()
+
+
+def _run_observer(polling: bool, root: Path, recursive: bool, handler: FileSystemEventHandler) -> BaseObserver:
+    observer = _new_observer(polling)
+    try:
+        observer.schedule(handler, str(root), recursive=recursive, event_filter=OBSERVED_EVENTS)
+        observer.start()
+    except BaseException:
+        observer.stop()
+        raise
+    return observer
+
+
+def _start_observer(
+    root: Path, recursive: bool, setting: Literal["auto"] | bool, handler: FileSystemEventHandler
+) -> tuple[BaseObserver, bool, str]:
+    """Start the observer that suits the inbox's filesystem. Blocking (inotify walks the tree to add watches)."""
+    polling, reason = choose_polling(setting, filesystem_type(root, _read_mountinfo()))
+    try:
+        return _run_observer(polling, root, recursive, handler), polling, reason
+    except OSError as exc:
+        if polling or exc.errno not in (errno.ENOSPC, errno.EMFILE):
+            raise
+        reason = f"inotify limit reached ({exc.strerror})"
+    return _run_observer(True, root, recursive, handler), True, reason
+
+
+def _stop_observer(observer: BaseObserver) -> None:
+    observer.stop()
+    observer.join(timeout=10)
+
+
+# --- per inbox ---------------------------------------------------------------------------------------------
+
+
+class _EventBridge(FileSystemEventHandler):
+    """Runs on watchdog's thread: hands each event to the event loop and returns at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[FileSystemEvent], None]) -> None:
+        self._loop = loop
+        self._deliver = deliver
+
+    def dispatch(self, event: FileSystemEvent) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            self._loop.call_soon_threadsafe(self._deliver, event)
+
+
+class _Inbox:
+    """One watched folder: its config, its observer, files settling, and what was already submitted."""
+
+    def __init__(self, root: Path, config: InboxConfig, ignored_suffixes: tuple[str, ...]) -> None:
+        self.root = root
+        self.ignored_suffixes = ignored_suffixes
+        self.observer: BaseObserver | None = None
+        self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder the observer watches
+        self.pending: dict[Path, _Pending] = {}
+        # path -> signature it was submitted with, or why it was refused: nothing is taken or logged twice.
+        self.settled: dict[Path, Signature | str] = {}
+        self.configure(config)
+
+    def configure(self, config: InboxConfig) -> None:
+        self.config = config
+        self.patterns = tuple(pattern.lower() for pattern in config.patterns)
+        self.quarantine = config.quarantine_dir.expanduser().resolve() if config.quarantine_dir else None
+
+    def covers(self, folder: Path) -> bool:
+        """Whether documents directly in ``folder`` belong to this inbox: inside it, not hidden, not quarantined."""
+        if not folder.is_relative_to(self.root):
+            return False
+        parts = folder.relative_to(self.root).parts
+        if (parts and not self.config.recursive) or any(part.startswith(".") for part in parts):
+            return False
+        return self.quarantine is None or not folder.is_relative_to(self.quarantine)
+
+    def accepts(self, path: Path) -> bool:
+        """Whether ``path`` names a document of this inbox, by name alone (the file is looked at later)."""
+        name = path.name.lower()
+        if name.startswith((".", "~$")) or name.endswith(self.ignored_suffixes):
+            return False
+        return self.covers(path.parent) and any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns)
+
+    def prepare(self) -> tuple[int, int]:
+        """The folder's identity, creating it first where configured. Blocking; OSError when it is not there."""
+        if self.config.create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        info = os.stat(self.root)
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.root))
+        return info.st_dev, info.st_ino
+
+    def scan(self, top: Path) -> dict[Path, Signature | str]:
+        """Documents under ``top`` now: canonical path -> signature, or -> why refused. Blocking.
+
+        Raises OSError when ``top`` itself cannot be listed, so an unreachable inbox never reads as empty.
+        """
+
+        def fail(exc: OSError) -> None:
+            if exc.filename is None or Path(exc.filename) == top:
+                raise exc
+
+        found: dict[Path, Signature | str] = {}
+        for folder, dirnames, filenames in os.walk(top, onerror=fail):
+            here = Path(folder)
+            dirnames[:] = [name for name in dirnames if self.covers(here / name)]
+            for name in filenames:
+                path = here / name
+                if not self.accepts(path):
+                    continue
+                try:
+                    real, signature = inspect_file(path, self.root)
+                except SourceGone:
+                    continue
+                except NotARegularFile as exc:
+                    found[path] = exc.message
+                    continue
+                if real == path or self.accepts(real):
+                    found[real] = signature
+        return found
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A file seen but not yet submitted, followed by one task until it is whole."""
+
+    path: Path
+    inbox: _Inbox
+    detected_at: float = field(default_factory=time.time)
+    closed: bool = False  # a close-after-write or move-in was seen, and no write since
+    generation: int = 0  # bumped by every event: a decision taken on an older look is looked at again
+    nudge: asyncio.Event = field(default_factory=asyncio.Event)
+    signature: Signature | None = None
+    stable_since: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+
+# --- the source ---------------------------------------------------------------------------------------------
+
+
+class LocalSource:
+    """Watches local inbox folders and submits each document once it is completely written."""
+
+    name = "local"
+
+    def __init__(self, inboxes: Sequence[InboxConfig], *, reconcile_seconds: float, name_template: str) -> None:
+        self._reconcile_seconds = reconcile_seconds
+        self._name_template = name_template
+        # Every sidecar ends like one of these, whatever the template: a sidecar is never taken for a document.
+        self._ignored = TEMPORARY_SUFFIXES + tuple(
+            "." + name.rsplit(".", 1)[-1] for name in sidecar_names("x", name_template).values()
+        )
+        self._inboxes = {root: _Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()}
+        self._submit: Submit | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reconciler: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+        self._io = asyncio.Semaphore(BLOCKING_CALLS)
+
+    async def start(self, submit: Submit) -> None:
+        """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically."""
+        self._submit, self._loop = submit, asyncio.get_running_loop()
+        async with self._lock:
+            for inbox in self._inboxes.values():
+                await self._refresh(inbox)
+        self._reconciler = asyncio.create_task(self._reconcile_forever(), name="local-reconcile")
+
+    async def stop(self) -> None:
+        """Stop observers and drop files still settling: the scan at the next start finds them again."""
+        self._submit = None
+        tasks = [*self._background, *(p.task for i in self._inboxes.values() for p in i.pending.values() if p.task)]
+        if self._reconciler is not None:
+            tasks.append(self._reconciler)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(self._unwatch(inbox) for inbox in self._inboxes.values()))
+
+    async def update_inboxes(self, inboxes: Sequence[InboxConfig]) -> None:
+        """Apply a reloaded config: watch new inboxes, forget removed ones, re-watch changed ones.
+
+        Files settling in an inbox that stays are kept. Raises ``ConfigError`` before changing anything when
+        two inboxes name the same folder.
+        """
+        wanted = _by_root(inboxes)
+        async with self._lock:
+            for root in self._inboxes.keys() - wanted.keys():
+                retired = self._inboxes.pop(root)
+                for pending in retired.pending.values():
+                    if pending.task is not None:
+                        pending.task.cancel()
+                await self._unwatch(retired)
+                log.info("inbox_removed", path=str(root))
+            for root, config in wanted.items():
+                inbox = self._inboxes.get(root)
+                if inbox is None:
+                    inbox = self._inboxes[root] = _Inbox(root, config, self._ignored)
+                elif inbox.config != config:
+                    inbox.configure(config)
+                    await self._unwatch(inbox)
+                else:
+                    continue
+                if self._submit is not None:
+                    await self._refresh(inbox)
+
+    async def fetch(self, job: Job, spool_dir: Path) -> Path:
+        """The document is read in place, once it is checked to be still a regular file inside its inbox."""
+        origin = job.origin
+        if not isinstance(origin, LocalFile):
+            raise TypeError(f"LocalSource cannot fetch {origin!r}")
+        await asyncio.to_thread(inspect_file, origin.path, origin.inbox)
+        return origin.path
+
+    async def finish(self, job: Job, outcome: Outcome) -> None:
+        """Move a failed document to its inbox's ``quarantine_dir``, where one is set; the source is otherwise untouched."""
+        origin = job.origin
+        inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
+        if outcome != "failed" or inbox is None or inbox.quarantine is None:
+            return
+        assert isinstance(origin, LocalFile)
+        try:
+            moved = await asyncio.to_thread(quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template)
+        except OSError as exc:
+            log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
+            return
+        log.warning("local_quarantined", path=str(origin.path), to=str(moved))
+
+    # --- watching ------------------------------------------------------------------------------------------
+
+    async def _refresh(self, inbox: _Inbox) -> None:
+        """Make sure the inbox is watched (again, if its folder was replaced or remounted), then scan it."""
+        try:
+            identity = await asyncio.to_thread(inbox.prepare)
+            if inbox.observer is None or identity != inbox.identity:
+                await self._unwatch(inbox)
+                await self._watch(inbox)
+                inbox.identity = identity
+            found = await asyncio.to_thread(inbox.scan, inbox.root)
+        except OSError as exc:
+            log.warning("inbox_unavailable", path=str(inbox.root), error=str(exc))
+            await self._unwatch(inbox)
+            return
+        self._take(inbox, found, closed=False)
+        for path in inbox.settled.keys() - found.keys():
+            del inbox.settled[path]
+
+    async def _watch(self, inbox: _Inbox) -> None:
+        assert self._loop is not None
+        bridge = _EventBridge(self._loop, partial(self._on_event, inbox))
+        inbox.observer, polling, reason = await asyncio.to_thread(
+            _start_observer, inbox.root, inbox.config.recursive, inbox.config.polling, bridge
+        )
+        log.info(
+            "inbox_watching",
+            path=str(inbox.root),
+            observer="polling" if polling else "native",
+            reason=reason,
+            recursive=inbox.config.recursive,
+        )
+
+    async def _unwatch(self, inbox: _Inbox) -> None:
+        observer, inbox.observer, inbox.identity = inbox.observer, None, None
+        if observer is not None:
+            await asyncio.to_thread(_stop_observer, observer)
+
+    async def _reconcile_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._reconcile_seconds)
+            async with self._lock:
+                for inbox in list(self._inboxes.values()):
+                    try:
+                        await self._refresh(inbox)
+                    except Exception:
+                        log.exception("inbox_reconcile_failed", path=str(inbox.root))
+
+    def _on_event(self, inbox: _Inbox, event: FileSystemEvent) -> None:
+        """On the loop: turn one watchdog event into a file to look at (or a folder to scan)."""
+        source = Path(os.fsdecode(event.src_path)) if event.src_path else None
+        target = Path(os.fsdecode(event.dest_path)) if event.dest_path else None
+        if isinstance(event, DirCreatedEvent) and source is not None:
+            self._spawn(self._scan_into(inbox, source, closed=False))
+        elif isinstance(event, DirMovedEvent) and target is not None:
+            # Files inside a moved-in folder emit no events of their own; they were whole when moved.
+            self._spawn(self._scan_into(inbox, target, closed=True))
+        elif isinstance(event, (FileMovedEvent, FileDeletedEvent)):
+            if source is not None:
+                inbox.settled.pop(source, None)
+            if target is not None:
+                self._consider(inbox, target, closed=True)
+        elif source is not None and not event.is_directory:
+            self._consider(
+                inbox,
+                source,
+                closed=isinstance(event, FileClosedEvent),
+                wrote=isinstance(event, FileModifiedEvent),
+            )
+
+    async def _scan_into(self, inbox: _Inbox, folder: Path, *, closed: bool) -> None:
+        if not inbox.covers(folder):
+            return
+        try:
+            found = await asyncio.to_thread(inbox.scan, folder)
+        except OSError:
+            return  # gone again; a later event or the reconciliation scan covers whatever is there
+        self._take(inbox, found, closed=closed)
+
+    def _take(self, inbox: _Inbox, found: dict[Path, Signature | str], *, closed: bool) -> None:
+        for path, seen in found.items():
+            if inbox.settled.get(path) == seen:
+                continue
+            if isinstance(seen, str):
+                self._refuse(inbox, path, seen)
+            else:
+                self._consider(inbox, path, closed=closed)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- readiness -----------------------------------------------------------------------------------------
+
+    def _consider(self, inbox: _Inbox, path: Path, *, closed: bool = False, wrote: bool = False) -> None:
+        """Follow ``path`` until it is whole; an event for a file already followed only updates what is known."""
+        if self._submit is None or self._inboxes.get(inbox.root) is not inbox or not inbox.accepts(path):
+            return
+        pending = inbox.pending.get(path)
+        if pending is None:
+            pending = inbox.pending[path] = _Pending(path, inbox)
+            pending.task = asyncio.create_task(self._settle(pending), name=f"settle {path}")
+        pending.generation += 1
+        if wrote:
+            pending.closed = False
+        if closed:
+            pending.closed = True
+            pending.nudge.set()
+
+    async def _settle(self, pending: _Pending) -> None:
+        """Look at one file until it is whole, then submit it. A file still being written is never given up.
+
+        Whole means: closed after writing (or moved in), or size and mtime unchanged for ``settle_seconds``;
+        and then the probe passes. A file stable for long that still fails the probe is submitted anyway, so
+        the renderer reports what is wrong with it. Writes do not wake this task (a busy writer would make it
+        spin); the next look at the settle deadline sees them.
+        """
+        inbox = pending.inbox
+        try:
+            while True:
+                generation = pending.generation
+                pending.nudge.clear()
+                try:
+                    path, signature = await self._blocking(inspect_file, pending.path, inbox.root)
+                except SourceGone:
+                    signature = None
+                except NotARegularFile as exc:
+                    self._refuse(inbox, pending.path, exc.message)
+                    signature = None
+                if signature is None or inbox.settled.get(path) == signature:
+                    if pending.generation == generation:
+                        return
+                    continue
+                if path != pending.path:  # a symlink within the inbox: the target is the document
+                    self._consider(inbox, path, closed=pending.closed)
+                    return
+                delay = await self._look(pending, signature)
+                if delay is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(pending.nudge.wait(), delay)
+        except OSError as exc:
+            log.warning("local_inspect_failed", path=str(pending.path), error=str(exc))
+        except Exception:  # submit failed: the reconciliation scan offers the file again
+            log.exception("local_submit_failed", path=str(pending.path))
+        finally:
+            if inbox.pending.get(pending.path) is pending:
+                del inbox.pending[pending.path]
+
+    async def _look(self, pending: _Pending, signature: Signature) -> float | None:
+        """One readiness decision: submit now (None: look once more) or how long to wait before the next look."""
+        inbox, settle = pending.inbox, pending.inbox.config.settle_seconds
+        now = time.monotonic()
+        if signature != pending.signature:
+            pending.signature, pending.stable_since = signature, now
+        quiet = now - pending.stable_since
+        if not pending.closed and quiet < settle:
+            return settle - quiet
+        complete = await self._blocking(probe, pending.path)
+        if not complete and quiet < max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS):
+            return max(settle, RECHECK_MIN_SECONDS)
+        _, after = await self._blocking(inspect_file, pending.path, inbox.root)
+        if after != signature:
+            return 0.0  # it changed while being probed
+        job = Job(
+            origin=LocalFile(pending.path, inbox.root),
+            source=self.name,
+            priority=inbox.config.priority,
+            prompt=inbox.config.prompt,
+            max_bytes=inbox.config.max_bytes,
+            max_pages=inbox.config.max_pages,
+            detected_at=pending.detected_at,
+        )
+        assert self._submit is not None
+        await self._submit(job)
+        inbox.settled[pending.path] = signature
+        log.info(
+            "local_submitted",
+            path=str(pending.path),
+            inbox=str(inbox.root),
+            bytes=signature[0],
+            waited=round(time.time() - pending.detected_at, 3),
+            probe="ok" if complete else "failed",
+        )
+        return None
+
+    def _refuse(self, inbox: _Inbox, path: Path, reason: str) -> None:
+        if inbox.settled.get(path) != reason:
+            inbox.settled[path] = reason
+            log.warning("local_refused", path=str(path), reason=reason)
+
+    async def _blocking(self, function: Callable[..., T], *args: Any) -> T:
+        async with self._io:
+            return await asyncio.to_thread(function, *args)
+
+
+def _by_root(inboxes: Sequence[InboxConfig]) -> dict[Path, InboxConfig]:
+    """Inbox configs by resolved folder; two sections for one folder is a configuration error."""
+    by_root: dict[Path, InboxConfig] = {}
+    for index, config in enumerate(inboxes):
+        root = config.path.expanduser().resolve()
+        if root in by_root:
+            raise ConfigError(f"inbox[{index}].path: {root} is already watched by another [[inbox]]")
+        by_root[root] = config
+    return by_root

@@ -1,0 +1,153 @@
+"""Run ``ocrwatch run`` as a real subprocess on temporary folders, with the real Tesseract engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class DaemonProcess:
+    """One ``ocrwatch run`` subprocess with its folders, config and log."""
+
+    def __init__(self, root: Path, inboxes: list[dict[str, Any]] | None = None, **overrides: Any) -> None:
+        self.root = root
+        self.inbox = root / "inbox"
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.state = root / "state"
+        self.port = free_port()
+        self.log_path = root / f"daemon-{int(time.time() * 1000)}.log"
+        config: dict[str, Any] = {
+            "state_dir": str(self.state),
+            "engine": {"kind": "tesseract", "tesseract": {"dpi": 150, "workers": 2}},
+            "log": {"format": "json", "level": "debug"},
+            "metrics": {"listen": f"127.0.0.1:{self.port}"},
+            "daemon": {"reconcile_seconds": 60.0, "shutdown_timeout": 20.0, "health_interval_seconds": 0.5},
+            "retry": {"attempts": 3, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 1.0},
+            "inbox": inboxes or [{"path": str(self.inbox), "settle_seconds": 0.3}],
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key] = {**config[key], **value}
+            else:
+                config[key] = value
+        self.config_path = root / "ocrwatch.toml"
+        self.config_path.write_text(tomli_w.dumps(config))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_handle: Any = None
+
+    def start(self, env: dict[str, str] | None = None, wait_ready: bool = True) -> DaemonProcess:
+        self.log_path = self.root / f"daemon-{int(time.time() * 1000)}.log"
+        self._log_handle = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)],
+            stdout=self._log_handle, stderr=subprocess.STDOUT, cwd=self.root,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        if wait_ready:
+            wait_until(self.ready, 60, f"daemon ready (log {self.log_path}):\n{self.log_text()}")
+        return self
+
+    def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
+            return response.read().decode()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self._log_handle is not None:
+                self._log_handle.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        if self._log_handle is not None:
+            self._log_handle.close()
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    made: list[DaemonProcess] = []
+
+    def factory(**kwargs: Any) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, **kwargs)
+        made.append(daemon)
+        return daemon
+
+    yield factory
+    for daemon in made:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.kill()
+
+
+def sidecars_done(path: Path) -> dict[str, Any] | None:
+    """The parsed JSON sidecar once it exists (it is written last, so the Markdown is complete too)."""
+    sidecar = path.with_name(path.name + ".json")
+    if not sidecar.exists():
+        return None
+    return json.loads(sidecar.read_text())
+
+
+def error_sidecar(path: Path) -> dict[str, Any] | None:
+    sidecar = path.with_name(path.name + ".error.json")
+    return json.loads(sidecar.read_text()) if sidecar.exists() else None

@@ -1,0 +1,214 @@
+"""``ocrwatch run`` as a real process: real inotify/polling watchers, real pdftoppm, real Tesseract."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
+from tests import docs
+from tests.integration.conftest import error_sidecar, sidecars_done, wait_until
+
+pytestmark = pytest.mark.integration
+
+WORDS = ["Quarterly", "report", "invoice", "number", "forty", "two"]
+
+
+def page_lines(tag: str) -> list[str]:
+    return [f"Document {tag}", "Quarterly report invoice", "number forty two"]
+
+
+def assert_complete(path: Path, expect_text: str | None = None) -> dict:
+    data = sidecars_done(path)
+    assert data is not None, f"no JSON sidecar for {path}"
+    jsonschema.validate(data, JSON_SCHEMA)
+    markdown = path.with_name(path.name + ".md").read_text()
+    assert markdown.startswith("<!-- page 1 -->")
+    assert data["source"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    if expect_text:
+        assert expect_text.lower() in markdown.lower(), markdown
+    return data
+
+
+def no_torn_files(folder: Path) -> None:
+    for sidecar in folder.rglob("*.json"):
+        json.loads(sidecar.read_text())
+    leftovers = [p for p in folder.rglob(".*ocrwatch-tmp-*")]
+    assert not leftovers or all(p.name.startswith(".") for p in leftovers)
+
+
+def test_drop_to_sidecar_and_the_many_ways_files_arrive(make_daemon, tmp_path: Path) -> None:
+    daemon = make_daemon()
+    inbox = daemon.inbox
+    before = docs.write_png(inbox / "present before start.png", page_lines("before"))
+    daemon.start()
+    t0 = time.monotonic()
+    one = docs.write_png(inbox / "one.png", page_lines("one"))
+    wait_until(lambda: sidecars_done(one), 60, "one-page sidecar")
+    drop_to_sidecar = time.monotonic() - t0
+    print(f"drop-to-sidecar one page: {drop_to_sidecar:.2f}s")
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    moved_src = docs.write_pdf(outside / "moved.pdf", [page_lines("moved"), page_lines("moved two")])
+    os.rename(moved_src, inbox / "moved.pdf")
+
+    (inbox / "a" / "b").mkdir(parents=True)
+    nested = docs.write_jpeg(inbox / "a" / "b" / "Übersicht März 2026.jpg", page_lines("nested"))
+
+    slow_bytes = (docs.write_pdf(outside / "slow.pdf", [page_lines("slow")])).read_bytes()
+    slow = inbox / "slow copy.pdf"
+
+    def slow_writer() -> None:
+        with open(slow, "wb") as handle:
+            handle.write(slow_bytes[: len(slow_bytes) // 2])
+            handle.flush()
+            time.sleep(2.5)
+            handle.write(slow_bytes[len(slow_bytes) // 2 :])
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    bad = inbox / "not really.pdf"
+    bad.write_bytes(b"MZ\x90\x00" + os.urandom(2000))
+    empty = inbox / "empty.pdf"
+    empty.write_bytes(b"")
+    writer.join()
+
+    for path in (before, moved_src.with_name("x"), nested, slow):
+        if path.name == "x":
+            path = inbox / "moved.pdf"
+        wait_until(lambda p=path: sidecars_done(p), 120, f"sidecar for {path.name}")
+    assert_complete(before, "before")
+    assert_complete(one, "one")
+    assert len(assert_complete(inbox / "moved.pdf")["pages"]) == 2
+    assert_complete(nested, "nested")
+    assert_complete(slow, "slow")
+    for path, kind in ((bad, "not_a_document"), (empty, "empty_file")):
+        error = wait_until(lambda p=path: error_sidecar(p), 60, f"error sidecar for {path.name}")
+        jsonschema.validate(error, ERROR_SCHEMA)
+        assert error["error"]["kind"] == kind
+        assert not sidecars_done(path)
+    assert bad.exists() and empty.exists()
+    failed = [e for e in daemon.events() if e.get("event") == "job_failed"]
+    assert {e["kind"] for e in failed} == {"not_a_document", "empty_file"}
+    assert all(e.get("job_id") for e in failed)
+    metrics = daemon.metrics()
+    assert 'ocrwatch_documents_total{status="ok"}' in metrics
+    assert daemon.stop() == 0
+
+
+def test_kill_9_mid_batch_then_restart_completes_every_document(make_daemon) -> None:
+    daemon = make_daemon(scheduler={"render_ahead": 4, "max_active_documents": 4})
+    daemon.start()
+    paths = []
+    for index in range(12):
+        pages = [page_lines(f"k{index} p{p}") for p in range(1 + index % 3)]
+        paths.append(docs.write_pdf(daemon.inbox / f"batch {index:02d}.pdf", pages))
+    wait_until(lambda: sum(1 for p in paths if sidecars_done(p)) >= 2, 120, "first documents done")
+    daemon.kill()
+    done_before = {p for p in paths if sidecars_done(p)}
+    assert len(done_before) < len(paths), "the kill came too late to test anything"
+    daemon.start()
+    wait_until(lambda: all(sidecars_done(p) for p in paths), 240, "every document after restart")
+    for path in paths:
+        assert_complete(path)
+        assert not error_sidecar(path)
+    no_torn_files(daemon.inbox)
+    assert daemon.stop() == 0
+    resumed = [e for e in daemon.events() if e.get("event") == "daemon_ready"]
+    assert resumed and resumed[-1]["resumed"] + len(done_before) >= 1
+    with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
+        states = dict(db.execute("select state, count(*) from jobs group by state").fetchall())
+    assert states == {"done": len(paths)}
+
+
+def test_sigterm_drains_and_exits_zero_with_a_consistent_ledger(make_daemon) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    paths = [docs.write_pdf(daemon.inbox / f"t{i}.pdf", [page_lines(f"t{i}")] * 2) for i in range(4)]
+    wait_until(lambda: any(e.get("event") == "job_started" for e in daemon.events()), 30, "a job to start")
+    t0 = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(40) == 0
+    assert time.monotonic() - t0 < 30
+    with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
+        assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
+        rows = dict(db.execute("select key, state from jobs").fetchall())
+    for path in paths:
+        state = rows.get(path.resolve().as_uri())
+        if sidecars_done(path):
+            assert state == "done"
+        else:
+            assert state in (None, "queued", "rendering", "recognizing", "writing")
+    daemon.start()
+    wait_until(lambda: all(sidecars_done(p) for p in paths), 120, "remaining documents after restart")
+    assert daemon.stop() == 0
+
+
+def test_polling_inbox_and_sighup_adds_an_inbox(make_daemon, tmp_path: Path) -> None:
+    polled = tmp_path / "polled"
+    daemon = make_daemon(inboxes=[{"path": str(polled), "polling": True, "settle_seconds": 0.3}])
+    daemon.start()
+    first = docs.write_png(polled / "polled.png", page_lines("polled"))
+    wait_until(lambda: sidecars_done(first), 60, "sidecar in the polled inbox")
+    assert any(e.get("event") == "inbox_watching" and "olling" in json.dumps(e) for e in daemon.events())
+
+    second_inbox = tmp_path / "added"
+    text = daemon.config_path.read_text()
+    daemon.config_path.write_text(text + f'\n[[inbox]]\npath = "{second_inbox}"\nsettle_seconds = 0.3\n')
+    daemon.signal(signal.SIGHUP)
+    wait_until(lambda: any(e.get("event") == "config_reloaded" for e in daemon.events()), 20, "reload")
+    wait_until(second_inbox.exists, 10, "new inbox created")
+    added = docs.write_png(second_inbox / "added.png", page_lines("added"))
+    wait_until(lambda: sidecars_done(added), 60, "sidecar in the added inbox")
+    assert daemon.stop() == 0
+
+
+def test_systemd_notifications(make_daemon, tmp_path: Path) -> None:
+    address = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(address)
+    sock.settimeout(0.2)
+    messages: list[str] = []
+    daemon = make_daemon()
+    daemon.start(env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})
+
+    def drain() -> list[str]:
+        try:
+            while True:
+                messages.append(sock.recv(4096).decode())
+        except (socket.timeout, BlockingIOError):
+            pass
+        return messages
+
+    wait_until(lambda: "READY=1" in drain() and "WATCHDOG=1" in messages, 20, "READY=1 and WATCHDOG=1")
+    assert daemon.stop() == 0
+    drain()
+    assert "STOPPING=1" in messages
+    sock.close()
+
+
+def test_restart_skips_done_files_and_reprocesses_changed_ones(make_daemon) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    path = docs.write_png(daemon.inbox / "same.png", page_lines("same"))
+    first = wait_until(lambda: sidecars_done(path), 60, "first sidecar")
+    assert daemon.stop() == 0
+    shutil.rmtree(daemon.state)
+    daemon.start()
+    time.sleep(2)
+    assert sidecars_done(path)["timing"] == first["timing"], "unchanged file was processed again"
+    docs.write_png(path, page_lines("changed"))
+    wait_until(lambda: "changed" in path.with_name(path.name + ".md").read_text().lower(), 60, "reprocessed")
+    assert daemon.stop() == 0

@@ -1,0 +1,318 @@
+"""The Tesseract engine end to end: the real binary on pages drawn here, and on a corpus PDF.
+
+Children are observed through /proc (parent pid, command name, environment), not through mocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import os
+import shutil
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from ocrwatch.config import TesseractConfig
+from ocrwatch.engines.base import Engine, PageRequest
+from ocrwatch.engines.tesseract import TesseractEngine, parse_tsv
+from ocrwatch.errors import ConfigError, EngineFailed
+
+pytestmark = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
+
+T = TypeVar("T")
+PAGE = (1700, 2200)
+LINES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Invoice 4711 was paid on 12 March 2024.",
+    "Sphinx of black quartz, judge my vow.",
+]
+LINE_TOPS = [200, 500, 800]
+LEFT = 150
+
+
+def draw_page(lines: list[str], tops: list[int], mode: str = "L") -> Image.Image:
+    """A white letter-size page at 200 dpi with black text in Pillow's bundled font."""
+    image = Image.new(mode, PAGE, "white" if mode != "RGBA" else (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=48)
+    for text, top in zip(lines, tops):
+        draw.text((LEFT, top), text, font=font, fill="black")
+    return image
+
+
+def dense_page() -> Image.Image:
+    """A page full of text, slow enough (seconds) to catch its child running."""
+    lines = [f"Line {i}: the committee reviewed the budget of the library and the river station." for i in range(34)]
+    return draw_page(lines, [60 + 62 * i for i in range(len(lines))])
+
+
+def run(main: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(main())  # type: ignore[arg-type]
+
+
+def tesseract_children() -> dict[int, dict[str, str]]:
+    """This process's tesseract children: pid -> their environment."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if parent != os.getpid() or name != "tesseract":
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        children[int(entry.name)] = dict(item.decode().partition("=")[::2] for item in environ if item)
+    return children
+
+
+async def wait_for_child(timeout: float = 10.0) -> int:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        children = tesseract_children()
+        if children:
+            return next(iter(children))
+        await asyncio.sleep(0.005)
+    raise AssertionError("no tesseract child appeared")
+
+
+def char_error_rate(got: str, want: str) -> float:
+    """Levenshtein distance over the expected length."""
+    previous = list(range(len(got) + 1))
+    for i, w in enumerate(want, 1):
+        current = [i]
+        for j, g in enumerate(got, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (w != g)))
+        previous = current
+    return previous[-1] / max(1, len(want))
+
+
+async def started(**overrides: Any) -> TesseractEngine:
+    engine = TesseractEngine(TesseractConfig(**overrides))
+    await engine.start()
+    return engine
+
+
+def test_recognizes_drawn_text_with_line_boxes() -> None:
+    async def main() -> Any:
+        engine = await started()
+        assert isinstance(engine, Engine)
+        return await engine.recognize(PageRequest("page-1", draw_page(LINES, LINE_TOPS), prompt=""))
+
+    result = run(main)
+    assert char_error_rate(result.markdown, "\n\n".join(LINES)) < 0.03, result.markdown
+    assert "\n\n" in result.markdown and "\n\n\n" not in result.markdown
+    assert result.finish_reason == "stop" and result.prompt_tokens is None and result.completion_tokens is None
+    assert result.seconds > 0 and set(result.timings) == {"queue", "encode", "ocr"}
+    assert len(result.blocks) == len(LINES)
+    for block, text, top in zip(result.blocks, LINES, LINE_TOPS):
+        left, upper, right, lower = block["bbox"]
+        assert block["type"] == "line" and char_error_rate(block["text"], text) < 0.05
+        assert 0 <= left < right <= PAGE[0] and 0 <= upper < lower <= PAGE[1]
+        assert abs(left - LEFT) < 15 and top <= upper < top + 30 and 30 < lower - upper < 80
+        assert 0 <= block["conf"] <= 100
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "1"])
+def test_image_modes(mode: str) -> None:
+    async def main() -> Any:
+        engine = await started(workers=1)
+        return await engine.recognize(PageRequest("page-1", draw_page(LINES[:1], LINE_TOPS[:1], mode), prompt=""))
+
+    assert char_error_rate(run(main).markdown, LINES[0]) < 0.05
+
+
+def test_blank_page_gives_empty_markdown() -> None:
+    async def main() -> Any:
+        engine = await started()
+        return await engine.recognize(PageRequest("blank", Image.new("L", PAGE, 255), prompt=""))
+
+    result = run(main)
+    assert result.markdown == "" and result.blocks == []
+
+
+def test_describe_and_hints() -> None:
+    async def main() -> TesseractEngine:
+        return await started(workers=3, dpi=250, psm=6)
+
+    engine = run(main)
+    description = engine.describe()
+    assert description["name"] == "tesseract" and description["version"][0].isdigit()
+    assert description | {"version": None} == {
+        "name": "tesseract", "version": None, "lang": "eng", "psm": 6, "dpi": 250, "workers": 3,
+    }  # fmt: skip
+    assert engine.render_hint.dpi == 250 and engine.max_concurrency == 3
+    assert TesseractEngine(TesseractConfig(workers=0)).max_concurrency == os.cpu_count()
+    engine.release()
+
+
+def test_concurrency_is_bounded_by_workers_and_threads_by_omp_limit() -> None:
+    seen: dict[int, dict[str, str]] = {}
+    most = 0
+
+    async def sample(stop: asyncio.Event) -> None:
+        nonlocal most
+        while not stop.is_set():
+            children = tesseract_children()
+            seen.update(children)
+            most = max(most, len(children))
+            await asyncio.sleep(0.002)
+
+    async def main() -> list[Any]:
+        engine = await started(workers=2)
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample(stop))
+        pages = [engine.recognize(PageRequest(f"p{i}", draw_page(LINES, LINE_TOPS), prompt="")) for i in range(6)]
+        results = await asyncio.gather(*pages)
+        stop.set()
+        await sampler
+        return results
+
+    results = run(main)
+    assert all("quick brown fox" in result.markdown for result in results)
+    assert most == 2, f"at most {most} children at once"
+    assert len(seen) == 6
+    assert all(environ.get("OMP_THREAD_LIMIT") == "1" for environ in seen.values())
+
+
+def test_abort_kills_the_child_and_frees_its_slot() -> None:
+    async def main() -> Any:
+        engine = await started(workers=1)
+        task = asyncio.create_task(engine.recognize(PageRequest("slow", dense_page(), prompt="")))
+        pid = await wait_for_child()
+        await engine.abort("slow")
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=2)
+        assert not Path(f"/proc/{pid}").exists(), "the aborted child is still there (or a zombie)"
+        await engine.abort("slow")  # finished by now: a no-op
+        await engine.abort("never-seen")
+        # the single slot is free again
+        return await engine.recognize(PageRequest("next", draw_page(LINES[:1], LINE_TOPS[:1]), prompt=""))
+
+    assert "quick brown fox" in run(main).markdown
+    assert tesseract_children() == {}
+
+
+def test_abort_of_a_queued_page_never_starts_it() -> None:
+    async def main() -> set[int]:
+        engine = await started(workers=1)
+        first = asyncio.create_task(engine.recognize(PageRequest("first", dense_page(), prompt="")))
+        pid = await wait_for_child()
+        queued = asyncio.create_task(engine.recognize(PageRequest("queued", dense_page(), prompt="")))
+        await asyncio.sleep(0.05)
+        await engine.abort("queued")
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(queued, timeout=1)
+        children = set(tesseract_children())
+        assert not first.done()
+        await engine.abort("first")
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert children == {pid}
+        return set(tesseract_children())
+
+    assert run(main) == set()
+
+
+def test_cancelled_recognize_leaves_no_tesseract_process() -> None:
+    async def main() -> None:
+        engine = await started(workers=2)
+        tasks = [asyncio.create_task(engine.recognize(PageRequest(f"p{i}", dense_page(), prompt=""))) for i in range(3)]
+        await wait_for_child()
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(result, asyncio.CancelledError) for result in results)
+        assert tesseract_children() == {}
+
+    run(main)
+
+
+def test_close_kills_pages_in_flight() -> None:
+    async def main() -> None:
+        engine = await started(workers=1)
+        task = asyncio.create_task(engine.recognize(PageRequest("slow", dense_page(), prompt="")))
+        await wait_for_child()
+        await engine.close()
+        assert tesseract_children() == {}
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main)
+
+
+def test_tesseract_failure_raises_engine_failed_with_its_stderr() -> None:
+    async def main() -> None:
+        engine = TesseractEngine(TesseractConfig(lang="xyz"))  # not started: start() would refuse the language
+        await engine.recognize(PageRequest("p", draw_page(LINES[:1], LINE_TOPS[:1]), prompt=""))
+
+    with pytest.raises(EngineFailed) as failure:
+        run(main)
+    assert "status 1" in failure.value.message and "Failed loading language 'xyz'" in failure.value.message
+    assert failure.value.retryable
+
+
+def test_start_names_a_missing_binary_and_its_package(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as failure:
+        run(lambda: started(binary=str(tmp_path / "tesseract")))
+    assert str(tmp_path / "tesseract") in failure.value.message
+    assert "tesseract-ocr" in failure.value.hint
+
+
+def test_start_names_missing_language_data_and_its_package() -> None:
+    with pytest.raises(ConfigError) as failure:
+        run(lambda: started(lang="eng+chi_sim"))
+    assert "chi_sim" in failure.value.message and "eng" in failure.value.message
+    assert "tesseract-ocr-chi-sim" in failure.value.hint
+
+
+def test_parse_tsv_groups_words_into_lines_and_paragraphs() -> None:
+    header = "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext"
+    rows = [
+        "1\t1\t0\t0\t0\t0\t0\t0\t1700\t2200\t-1\t",
+        "4\t1\t1\t1\t1\t0\t150\t200\t400\t40\t-1\t",
+        "5\t1\t1\t1\t1\t1\t150\t200\t100\t40\t96.5\tHello",
+        "5\t1\t1\t1\t1\t2\t260\t205\t290\t30\t93.5\tworld,",
+        "5\t1\t1\t1\t2\t1\t150\t250\t120\t40\t90\tagain",
+        "5\t1\t1\t1\t2\t2\t280\t250\t10\t40\t10\t ",
+        "5\t1\t2\t1\t1\t1\t150\t900\t200\t40\t80\tAnother",
+        "5\t1\t2\t1\t1\t2\t360\t900\t200\t45\t70\tparagraph.",
+    ]
+    markdown, blocks = parse_tsv("\n".join([header, *rows]) + "\n")
+    assert markdown == "Hello world,\nagain\n\nAnother paragraph."
+    assert blocks == [
+        {"type": "line", "text": "Hello world,", "bbox": [150, 200, 550, 240], "conf": 95.0},
+        {"type": "line", "text": "again", "bbox": [150, 250, 270, 290], "conf": 90.0},
+        {"type": "line", "text": "Another paragraph.", "bbox": [150, 900, 560, 945], "conf": 75.0},
+    ]
+    assert parse_tsv("") == ("", [])
+
+
+def test_corpus_linn_first_page(corpus_dir: Path, tmp_path: Path) -> None:
+    if shutil.which("pdftoppm") is None:
+        pytest.skip("pdftoppm (poppler-utils) is not installed")
+    subprocess.run(
+        ["pdftoppm", "-r", "300", "-f", "1", "-l", "1", "-png", str(corpus_dir / "linn.pdf"), str(tmp_path / "page")],
+        check=True,
+        timeout=120,
+    )
+    (rendered,) = tmp_path.glob("page*.png")
+
+    async def main() -> Any:
+        engine = await started()
+        with Image.open(rendered) as image:
+            return await engine.recognize(PageRequest("linn-1", image, prompt=""))
+
+    words = run(main).markdown.split()
+    reference = (corpus_dir / "linn.pdf.ref.txt").read_text().split()
+    similarity = difflib.SequenceMatcher(None, words, reference, autojunk=False).ratio()
+    assert similarity >= 0.9, similarity

@@ -1,0 +1,131 @@
+"""Engine selection (``auto`` and its reason), building each kind, plugins, and the fault engines' contract."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines import factory
+from ocrwatch.engines.base import Engine
+from ocrwatch.errors import ConfigError
+from tests import fault_engines
+
+
+def fake_module(name: str, **attributes: object) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attributes)
+    return module
+
+
+def fake_torch(devices: int) -> types.ModuleType:
+    cuda = types.SimpleNamespace(is_available=lambda: devices > 0, device_count=lambda: devices)
+    return fake_module("torch", cuda=cuda)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_auto_without_vllm_is_tesseract_and_says_why() -> None:
+    kind, reason = factory.choose(EngineConfig())
+    assert kind == "tesseract"
+    assert "vllm is not installed" in reason and "Tesseract" in reason
+
+
+def test_auto_with_vllm_and_a_cuda_device_is_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", fake_module("vllm", __version__="0.26.0"))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(2))
+    kind, reason = factory.choose(EngineConfig())
+    assert kind == "vllm"
+    assert "vllm 0.26.0" in reason and "2 CUDA device(s)" in reason
+
+
+def test_auto_with_vllm_but_no_cuda_device_is_tesseract(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", fake_module("vllm", __version__="0.33.0"))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(0))
+    kind, reason = factory.choose(EngineConfig())
+    assert kind == "tesseract"
+    assert "no CUDA device is visible" in reason
+
+
+def test_auto_with_a_broken_vllm_is_tesseract(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('driver too old')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    kind, reason = factory.choose(EngineConfig())
+    assert kind == "tesseract"
+    assert "vllm does not import: RuntimeError: driver too old" in reason
+
+
+def test_an_explicit_kind_is_taken_as_configured() -> None:
+    assert factory.choose(EngineConfig(kind="vllm")) == ("vllm", "[engine] kind = 'vllm' in the configuration")
+    assert factory.choose(EngineConfig(kind="tesseract"))[0] == "tesseract"
+
+
+def test_build_vllm_needs_no_vllm_until_started() -> None:
+    engine = factory.build(EngineConfig(), "drop", kind="vllm")
+    from ocrwatch.engines.vllm import VllmEngine
+
+    assert isinstance(engine, VllmEngine) and isinstance(engine, Engine)
+    assert engine.images == "drop"
+    assert engine.max_concurrency == 128
+
+
+def test_build_tesseract() -> None:
+    engine = factory.build(EngineConfig(kind="tesseract"))
+    assert engine.name == "tesseract" and isinstance(engine, Engine)
+
+
+def test_build_refuses_an_unknown_kind() -> None:
+    with pytest.raises(ConfigError, match="unknown engine"):
+        factory.build(EngineConfig(), kind="quantum")
+
+
+def test_load_plugin_builds_a_fault_engine_from_keyword_arguments() -> None:
+    engine = factory.load_plugin("tests.fault_engines:CrashingEngine", {"every": 5, "delay": 0.1})
+    assert isinstance(engine, fault_engines.CrashingEngine)
+    assert (engine.every, engine.delay) == (5, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("spec", "args", "message"),
+    [
+        ("tests.fault_engines", {}, "module:attribute"),
+        ("tests.no_such_module:Engine", {}, "cannot load"),
+        ("tests.fault_engines:NoSuchEngine", {}, "cannot load"),
+        ("tests.fault_engines:EchoEngine", {"colour": "blue"}, "rejects"),
+        ("tests.fault_engines:reset_crash_count", {}, "did not build an engine"),
+    ],
+)
+def test_load_plugin_explains_what_is_wrong(spec: str, args: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        factory.load_plugin(spec, args)
+
+
+@pytest.mark.skipif("plugin" not in EngineConfig.model_fields, reason="EngineConfig has no plugin fields yet")
+def test_build_plugin_from_the_config() -> None:
+    cfg = EngineConfig.model_validate(
+        {"kind": "plugin", "plugin": "tests.fault_engines:LoopingEngine", "plugin_args": {"mode": "always"}}
+    )
+    assert factory.choose(cfg)[0] == "plugin"
+    engine = factory.build(cfg)
+    assert isinstance(engine, fault_engines.LoopingEngine) and engine.mode == "always"
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        fault_engines.EchoEngine(),
+        fault_engines.CrashingEngine(),
+        fault_engines.HangingEngine(),
+        fault_engines.LoopingEngine(),
+    ],
+    ids=lambda engine: engine.name,
+)
+def test_fault_engines_honour_the_engine_protocol(engine: Engine) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.max_concurrency >= 1 and engine.render_hint.dpi > 0
+    assert engine.describe()["name"] == engine.name

@@ -1,0 +1,425 @@
+"""render.py against real files: the corpus where present, and documents made by tests/docs.py everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+from pypdf import PdfReader, PdfWriter
+from pypdf.generic import RectangleObject
+
+from ocrwatch import errors
+from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
+from ocrwatch.engines.base import RenderHint
+from ocrwatch.render import (
+    DocumentInfo,
+    Limits,
+    RenderedPage,
+    iter_pages,
+    page_dpi,
+    probe,
+    render_page,
+    render_spec,
+)
+from tests import docs
+from tests.conftest import REPO, corpus_path
+
+LIMITS = Limits.from_config(LimitsConfig())
+SPEC = render_spec(RenderConfig())
+
+
+def render_first(path: Path, spec=SPEC, limits: Limits = LIMITS) -> tuple[DocumentInfo, RenderedPage]:
+    info = probe(path, limits)
+    return info, render_page(path, info, 0, spec)
+
+
+def within(page: RenderedPage, max_side: int, max_pixels: int) -> bool:
+    return max(page.image.size) <= max_side and page.width * page.height <= max_pixels
+
+
+# --- the corpus -------------------------------------------------------------------------------------------
+
+# The manifest's "expected" is prose; its tags say which kind of failure each bad file is.
+ERROR_KIND_BY_TAG = {
+    "zero_byte": "empty_file",
+    "encrypted": "encrypted_pdf",
+    "not_pdf": "not_a_document",
+    "zero_pages": "no_pages",  # poppler finds no page at all; see render._pdf_error for why not corrupt_pdf
+    "truncated": "corrupt_pdf",
+    "corrupt": "corrupt_pdf",
+}
+
+
+def expected_error(entry: dict[str, Any]) -> str:
+    return next(ERROR_KIND_BY_TAG[tag] for tag in ERROR_KIND_BY_TAG if tag in entry["tags"])
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "entry" in metafunc.fixturenames:
+        root = corpus_path()
+        entries = json.loads((root / "manifest.json").read_text()) if root else []
+        metafunc.parametrize("entry", entries, ids=[entry["file"] for entry in entries])
+
+
+def test_corpus_entry_gets_its_expected_outcome(corpus_dir: Path, entry: dict[str, Any]) -> None:
+    path = corpus_dir / entry["file"]
+    if entry["expected"] == "ok":
+        info, page = render_first(path)
+        assert (info.kind, info.pages) == (entry["kind"], entry["pages"])
+        assert page.image.mode in ("L", "RGB") and within(page, SPEC.max_side, SPEC.max_pixels)
+    else:
+        with pytest.raises(errors.PermanentError) as caught:
+            render_first(path)
+        assert caught.value.kind == expected_error(entry)
+
+
+def test_corpus_bad_files_map_to_the_kinds_the_issue_names(manifest: list[dict[str, Any]]) -> None:
+    kinds = {entry["file"]: expected_error(entry) for entry in manifest if entry["expected"] != "ok"}
+    assert kinds == {
+        "invalid.pdf": "corrupt_pdf",
+        "tagged_odt_named.pdf": "not_a_document",
+        "libreoffice-writer-password.pdf": "encrypted_pdf",
+        "issue15590_zero_pages.pdf": "no_pages",
+        "empty.pdf": "empty_file",
+        "multi_page_truncated.pdf": "corrupt_pdf",
+    }
+
+
+# --- PDFs -------------------------------------------------------------------------------------------------
+
+
+def test_pdf_pages_render_lazily_in_order(tmp_path: Path) -> None:
+    pdf = docs.write_pdf(tmp_path / "three.pdf", [["one"], ["two"], ["three"]])
+    info = probe(pdf, LIMITS)
+    assert (info.kind, info.mime, info.pages, info.size_bytes) == ("pdf", "application/pdf", 3, pdf.stat().st_size)
+    pages = iter_pages(pdf, info, SPEC)
+    first = next(pages)
+    assert (first.index, first.dpi, first.image.mode) == (0, 200.0, "RGB")
+    assert first.image.size == (first.width, first.height) == (1654, 2339)  # A4 at 200 dpi
+    assert [page.index for page in pages] == [1, 2]
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
+def test_rendered_text_is_readable_by_tesseract(tmp_path: Path) -> None:
+    pdf = docs.write_pdf(tmp_path / "invoice.pdf", [["Invoice 4711", "Total 17.50 EUR"]])
+    _, page = render_first(pdf)
+    page.image.save(tmp_path / "page.png")
+    text = subprocess.run(["tesseract", str(tmp_path / "page.png"), "-"], capture_output=True, check=True).stdout
+    assert "Invoice 4711" in text.decode() and "17.50 EUR" in text.decode()
+
+
+def test_text_layer_pdf_has_extractable_text(tmp_path: Path) -> None:
+    pdf = docs.write_pdf(tmp_path / "layer.pdf", [["Hello layer", "(second) line"]], text_layer=True)
+    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, check=True).stdout.decode()
+    assert "Hello layer" in text and "(second) line" in text
+    assert render_first(pdf)[1].width == 1654
+
+
+def test_each_page_uses_its_own_size_and_rotation(tmp_path: Path) -> None:
+    pdf = docs.write_sized_pdf(tmp_path / "mixed.pdf", [(612, 792), (300, 200), (300, 200)], rotate=[0, 90, 180])
+    info = probe(pdf, LIMITS)
+    assert info.page_sizes == ((612, 792), (200, 300), (300, 200))
+    spec = render_spec(RenderConfig(dpi=72))
+    assert [page.image.size for page in iter_pages(pdf, info, spec)] == [(612, 792), (200, 300), (300, 200)]
+
+
+def test_the_crop_box_is_what_is_rendered(tmp_path: Path) -> None:
+    writer = PdfWriter(clone_from=PdfReader(docs.write_sized_pdf(tmp_path / "full.pdf", [(612, 792)])))
+    writer.pages[0].cropbox = RectangleObject([100, 100, 400.5, 500])
+    writer.write(tmp_path / "cropped.pdf")
+    info, page = render_first(tmp_path / "cropped.pdf", render_spec(RenderConfig(dpi=144)))
+    assert info.page_sizes == ((300.5, 400),)
+    assert page.image.size == (601, 800)
+
+
+@pytest.mark.parametrize(
+    ("size_pt", "max_side", "max_pixels"),
+    [((595.2, 841.92), 1000, 40_000_000), ((612, 792), 4096, 1_000_003), ((2160, 1190.7), 2999, 3_000_000)],
+)
+def test_lowered_dpi_fills_the_caps_without_exceeding_them(
+    tmp_path: Path, size_pt: tuple[float, float], max_side: int, max_pixels: int
+) -> None:
+    pdf = docs.write_sized_pdf(tmp_path / "page.pdf", [size_pt])
+    spec = render_spec(RenderConfig(dpi=600, max_side=max_side, max_pixels=max_pixels))
+    _, page = render_first(pdf, spec)
+    assert within(page, max_side, max_pixels) and page.dpi < 600
+    assert max(page.image.size) > 0.99 * max_side or page.width * page.height > 0.99 * max_pixels
+
+
+def test_a_200_inch_page_is_rendered_at_a_lower_dpi_within_the_caps(tmp_path: Path) -> None:
+    pdf = docs.write_huge_page_pdf(tmp_path / "poster.pdf", inches=200)
+    spec = render_spec(RenderConfig())
+    _, page = render_first(pdf, spec)
+    assert within(page, spec.max_side, spec.max_pixels)
+    assert page.image.size == (4096, 4096) and page.dpi == pytest.approx(20.48)
+
+
+def test_a_page_the_caps_cannot_hold_at_min_dpi_is_refused(tmp_path: Path) -> None:
+    pdf = docs.write_huge_page_pdf(tmp_path / "poster.pdf", inches=200)
+    with pytest.raises(errors.TooManyPixels, match="below min_dpi=36"):
+        render_first(pdf, render_spec(RenderConfig(min_dpi=36)))  # 200 in x 36 dpi = 7200 px > max_side 4096
+
+
+def test_the_engine_hint_sets_dpi_and_tightens_caps_without_refusing(tmp_path: Path) -> None:
+    spec = render_spec(RenderConfig(min_dpi=20), RenderHint(dpi=300, max_side=1024, max_pixels=1_000_000))
+    assert (spec.dpi, spec.max_side, spec.max_pixels, spec.limit_side) == (300.0, 1024, 1_000_000, 4096)
+    _, a4 = render_first(docs.write_pdf(tmp_path / "a4.pdf", [["A4"]]), spec)
+    assert within(a4, 1024, 1_000_000) and a4.dpi < 300
+    _, poster = render_first(docs.write_huge_page_pdf(tmp_path / "poster.pdf"), spec)
+    assert poster.image.size == (1000, 1000) and poster.dpi < 20  # below min_dpi: the engine wants it this small
+    assert render_spec(RenderConfig(max_side=2000), RenderHint(dpi=100, max_side=9000)).max_side == 2000
+
+
+def test_page_dpi_keeps_the_wanted_dpi_when_the_page_fits() -> None:
+    assert page_dpi(612, 792, SPEC) == 200.0
+    assert page_dpi(2160, 2160, SPEC) == pytest.approx(136.53)
+
+
+def test_empty_user_password_pdf_opens_and_renders(tmp_path: Path) -> None:
+    info, page = render_first(docs.write_encrypted_pdf(tmp_path / "open.pdf", user_password=""))
+    assert info.pages == 1 and page.width == 1654
+
+
+def test_password_pdf_is_encrypted_pdf(tmp_path: Path) -> None:
+    with pytest.raises(errors.EncryptedPdf):
+        probe(docs.write_encrypted_pdf(tmp_path / "locked.pdf", user_password="secret"), LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (docs.write_zero_page_pdf, errors.NoPages),
+        (docs.write_truncated_pdf, errors.CorruptPdf),
+        (docs.write_corrupt_pdf, errors.CorruptPdf),
+        (docs.write_executable, errors.NotADocument),
+    ],
+    ids=["zero-pages", "truncated", "corrupt", "executable"],
+)
+def test_bad_pdfs_raise_their_kind(tmp_path: Path, make, error: type[errors.PermanentError]) -> None:
+    path = tmp_path / "bad.pdf"
+    make(path)
+    with pytest.raises(error):
+        probe(path, LIMITS)
+
+
+def test_zero_byte_file_is_empty_file(tmp_path: Path) -> None:
+    (tmp_path / "empty.pdf").write_bytes(b"")
+    with pytest.raises(errors.EmptyFile):
+        probe(tmp_path / "empty.pdf", LIMITS)
+
+
+def test_type_is_decided_by_content_not_name(tmp_path: Path) -> None:
+    info, page = render_first(docs.write_pdf(tmp_path / "actually-a-pdf.png", [["PDF in disguise"]]))
+    assert (info.kind, page.dpi) == ("pdf", 200.0)
+    info = probe(docs.write_png(tmp_path / "actually-a-png.pdf", ["PNG in disguise"]), LIMITS)
+    assert (info.kind, info.mime) == ("image", "image/png")
+
+
+def test_names_with_dashes_spaces_and_non_ascii_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("-f 1 --help.pdf", "-ünïcödé 文字 ünd spaces.pdf", "--.tiff"):
+        path = Path(name)
+        if name.endswith(".pdf"):
+            docs.write_pdf(path, [["odd name"]])
+        else:
+            docs.write_tiff(path, [["odd name"]])
+        info, page = render_first(path)
+        assert info.pages == 1 and page.width > 0
+
+
+def test_render_timeout_is_render_timeout(tmp_path: Path) -> None:
+    pdf = docs.write_pdf(tmp_path / "slow.pdf", [["slow"]])
+    info = probe(pdf, LIMITS)
+    with pytest.raises(errors.RenderTimeout):
+        render_page(pdf, info, 0, render_spec(RenderConfig(timeout_seconds=0.001)))
+    with pytest.raises(errors.RenderTimeout):
+        probe(pdf, LIMITS, timeout_seconds=0.0001)
+
+
+# --- limits -----------------------------------------------------------------------------------------------
+
+
+def test_max_pages_is_checked_before_rendering(tmp_path: Path) -> None:
+    pdf = docs.write_pdf(tmp_path / "three.pdf", [["1"], ["2"], ["3"]])
+    tif = docs.write_tiff(tmp_path / "three.tif", [["1"], ["2"], ["3"]])
+    assert probe(pdf, Limits(max_bytes=10**9, max_pages=3)).pages == 3
+    for path in (pdf, tif):
+        with pytest.raises(errors.TooManyPages):
+            probe(path, Limits(max_bytes=10**9, max_pages=2))
+
+
+def test_max_bytes_is_checked_from_stat(tmp_path: Path) -> None:
+    pdf = docs.write_pdf(tmp_path / "one.pdf", [["1"]])
+    assert probe(pdf, Limits(max_bytes=pdf.stat().st_size, max_pages=1)).pages == 1
+    with pytest.raises(errors.FileTooLarge):
+        probe(pdf, Limits(max_bytes=pdf.stat().st_size - 1, max_pages=1))
+    sparse = tmp_path / "sparse.pdf"
+    with open(sparse, "wb") as handle:
+        handle.truncate(2**31)
+    with pytest.raises(errors.FileTooLarge):
+        probe(sparse, LIMITS)
+
+
+def test_limits_take_inbox_overrides() -> None:
+    assert Limits.from_config(LimitsConfig(max_bytes=10, max_pages=5)) == Limits(10, 5)
+    assert Limits.from_config(LimitsConfig(max_bytes=10, max_pages=5), InboxConfig(max_pages=2)) == Limits(10, 2)
+
+
+def test_non_regular_and_missing_files(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo.pdf")
+    with pytest.raises(errors.NotARegularFile):
+        probe(tmp_path / "fifo.pdf", LIMITS)
+    with pytest.raises(errors.SourceGone):
+        probe(tmp_path / "missing.pdf", LIMITS)
+
+
+# --- images -----------------------------------------------------------------------------------------------
+
+
+def test_multi_frame_tiff_gives_every_frame(tmp_path: Path) -> None:
+    frames = [
+        docs.text_image(["first"], size=(600, 800)),
+        docs.text_image(["second"], size=(800, 600)).convert("RGB"),
+        docs.text_image(["third"], size=(500, 500)).convert("1"),
+    ]
+    tif = docs.write_tiff(tmp_path / "scan.tif", frames)
+    info = probe(tif, LIMITS)
+    assert (info.kind, info.mime, info.pages) == ("image", "image/tiff", 3)
+    assert info.page_sizes == ((600, 800), (800, 600), (500, 500))
+    pages = list(iter_pages(tif, info, SPEC))
+    assert [(p.index, p.image.size, p.image.mode) for p in pages] == [
+        (0, (600, 800), "L"),
+        (1, (800, 600), "RGB"),
+        (2, (500, 500), "L"),
+    ]
+    assert [p.dpi for p in pages] == [150.0, 150.0, 150.0]
+
+
+def test_group4_tiff_renders_as_grey(tmp_path: Path) -> None:
+    tif = docs.write_tiff(tmp_path / "g4.tif", [docs.text_image(["fax"]).convert("1")], compression="group4")
+    _, page = render_first(tif)
+    assert page.image.mode == "L" and page.image.getextrema() == (0, 255)
+
+
+def _marked(size: tuple[int, int]) -> Image.Image:
+    """White, with a black square in the top-left corner, so orientation is visible."""
+    image = Image.new("RGB", size, "white")
+    image.paste((0, 0, 0), (0, 0, 100, 100))
+    return image
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_exif_orientation_is_applied(tmp_path: Path, orientation: int) -> None:
+    jpeg = docs.write_jpeg(tmp_path / "photo.jpg", _marked((600, 300)), orientation=orientation)
+    info, page = render_first(jpeg)
+    assert info.page_sizes[0] == ((600, 300) if orientation == 3 else (300, 600))  # as stored
+    assert page.image.size == (600, 300)
+    assert page.image.getpixel((50, 50))[0] < 40 and page.image.getpixel((550, 250))[0] > 215
+
+
+def test_webp_renders(tmp_path: Path) -> None:
+    info, page = render_first(docs.write_webp(tmp_path / "page.webp", _marked((640, 480))))
+    assert (info.mime, page.image.mode, page.image.size) == ("image/webp", "RGB", (640, 480))
+    assert page.image.getpixel((10, 10)) == (0, 0, 0)
+
+
+def test_alpha_is_flattened_onto_white(tmp_path: Path) -> None:
+    rgba = Image.new("RGBA", (300, 200), (0, 0, 0, 0))
+    rgba.paste((200, 0, 0, 255), (0, 0, 100, 100))
+    _, page = render_first(docs.write_png(tmp_path / "rgba.png", rgba))
+    assert page.image.mode == "RGB"
+    assert page.image.getpixel((250, 150)) == (255, 255, 255) and page.image.getpixel((50, 50)) == (200, 0, 0)
+    grey_alpha = Image.new("LA", (300, 200), (0, 0))
+    _, page = render_first(docs.write_png(tmp_path / "la.png", grey_alpha))
+    assert page.image.mode == "L" and page.image.getpixel((10, 10)) == 255
+
+
+def test_palette_with_transparency_is_flattened(tmp_path: Path) -> None:
+    palette = _marked((200, 200)).convert("P")
+    palette.info["transparency"] = palette.getpixel((150, 150))
+    _, page = render_first(docs.write_png(tmp_path / "p.png", palette))
+    assert page.image.mode in ("RGB", "L") and page.image.getpixel((150, 150)) in ((255, 255, 255), 255)
+
+
+def test_sixteen_bit_grey_is_scaled_not_clipped(tmp_path: Path) -> None:
+    _, page = render_first(docs.write_png(tmp_path / "16.png", Image.new("I;16", (64, 64), 32896)))
+    assert page.image.mode == "L" and page.image.getpixel((0, 0)) == 128
+
+
+def test_cmyk_jpeg_becomes_rgb(tmp_path: Path) -> None:
+    Image.new("CMYK", (120, 80), (0, 0, 0, 0)).save(tmp_path / "cmyk.jpg", format="JPEG")
+    _, page = render_first(tmp_path / "cmyk.jpg")
+    assert page.image.mode == "RGB"
+
+
+def test_large_images_are_downscaled_to_the_caps(tmp_path: Path) -> None:
+    png = docs.write_png(tmp_path / "wide.png", docs.text_image(["wide"], size=(5000, 1000)), dpi=300)
+    _, page = render_first(png, render_spec(RenderConfig(max_side=2000)))
+    assert page.image.size == (2000, 400) and page.dpi == pytest.approx(120)
+    jpeg = docs.write_jpeg(tmp_path / "big.jpg", Image.new("RGB", (6000, 4000), "white"))
+    _, page = render_first(jpeg, render_spec(RenderConfig(max_pixels=1_000_000)))
+    assert page.width * page.height <= 1_000_000 and page.image.size[0] == pytest.approx(1224, abs=2)
+
+
+def test_broken_image_data_is_corrupt_image(tmp_path: Path) -> None:
+    png = docs.write_truncated_png(tmp_path / "cut.png")
+    info = probe(png, LIMITS)  # the header is intact
+    with pytest.raises(errors.CorruptImage):
+        render_page(png, info, 0, SPEC)
+    (tmp_path / "junk.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x13" * 200)
+    with pytest.raises(errors.CorruptImage):
+        render_first(tmp_path / "junk.jpg")
+
+
+def test_page_index_out_of_range(tmp_path: Path) -> None:
+    png = docs.write_png(tmp_path / "one.png", ["one"])
+    with pytest.raises(IndexError):
+        render_page(png, probe(png, LIMITS), 1, SPEC)
+
+
+_BOMB_CHILD = """
+import resource, sys, warnings
+from pathlib import Path
+from ocrwatch import errors
+from ocrwatch.config import RenderConfig
+from ocrwatch.render import Limits, probe, render_page, render_spec
+warnings.simplefilter("ignore")  # Pillow's DecompressionBombWarning
+spec = render_spec(RenderConfig(max_pixels=10_000_000))
+vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 64 * 2**20, resource.RLIM_INFINITY))
+for name in sys.argv[1:]:
+    try:
+        info = probe(Path(name), Limits(max_bytes=10**9, max_pages=10))
+        render_page(Path(name), info, 0, spec)
+        print("rendered")
+    except errors.OcrwatchError as exc:
+        print(exc.kind)
+    except MemoryError:
+        print("MemoryError")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from Linux /proc")
+def test_huge_declared_dimensions_are_refused_without_allocating(tmp_path: Path) -> None:
+    """A child with 64 MiB of address space to spare: decoding either image would need 144 MB or more.
+
+    (Resident memory would prove nothing: Pillow's untouched pages never become resident.)
+    """
+    beyond_pillow = docs.write_png_bomb(tmp_path / "bomb.png", 100_000, 100_000)  # Pillow's bomb error
+    beyond_cap = docs.write_png_bomb(tmp_path / "big.png", 12_000, 12_000)  # 144 Mpx > 4 x max_pixels
+    child = subprocess.run(
+        [sys.executable, "-c", _BOMB_CHILD, str(beyond_pillow), str(beyond_cap)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["too_many_pixels", "too_many_pixels"]

@@ -1,0 +1,479 @@
+"""LocalSource on real folders, watched by real watchdog observers, driven by a real asyncio loop.
+
+Waits are polling loops with deadlines. A claim that something is *not* taken waits for a sentinel written
+after it to be taken, then a short grace period: the only fixed sleeps are those grace periods and the pauses
+of deliberately slow writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from PIL import Image
+
+from ocrwatch.config import InboxConfig
+from ocrwatch.errors import ConfigError, NotARegularFile, SourceGone
+from ocrwatch.sources import local
+from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.sources.local import LocalSource, choose_polling, filesystem_type, probe
+
+SETTLE = 0.2
+PAUSE = 6 * SETTLE  # a writer's pause: long enough for the file to look settled, though incomplete
+GRACE = 3 * SETTLE  # how long to wait, after a sentinel is taken, before saying something else was not
+
+
+def pdf_bytes(pages: int = 3) -> bytes:
+    buffer = io.BytesIO()
+    first, *rest = (Image.new("RGB", (300, 200), shade) for shade in ("white", "gray", "black")[:pages])
+    first.save(buffer, "PDF", save_all=True, append_images=rest)
+    return buffer.getvalue()
+
+
+def image_bytes(kind: str, frames: int = 1) -> bytes:
+    buffer = io.BytesIO()
+    first, *rest = (Image.new("RGB", (200, 120), (40 * index, 90, 200)) for index in range(frames))
+    options: dict[str, Any] = {"save_all": True, "append_images": rest} if frames > 1 else {}
+    first.save(buffer, kind, **options)
+    return buffer.getvalue()
+
+
+PDF = pdf_bytes()
+
+
+def inbox(path: Path, **overrides: Any) -> InboxConfig:
+    return InboxConfig(path=path, settle_seconds=SETTLE, **overrides)
+
+
+class Collector:
+    """The daemon's ``submit``: records each job with the file's size at the moment it was submitted."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.sizes: list[int] = []
+
+    async def __call__(self, job: Job) -> None:
+        self.jobs.append(job)
+        self.sizes.append(os.stat(job.origin.path).st_size)
+
+    def paths(self) -> list[Path]:
+        return [job.origin.path for job in self.jobs if isinstance(job.origin, LocalFile)]
+
+    def names(self) -> set[str]:
+        return {path.name for path in self.paths()}
+
+
+async def until(predicate: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def watching(*inboxes: InboxConfig, reconcile_seconds: float = 60.0) -> AsyncIterator[tuple[LocalSource, Collector]]:
+    collector = Collector()
+    source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}")
+    await source.start(collector)
+    try:
+        yield source, collector
+    finally:
+        await source.stop()
+
+
+def run(scenario: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(asyncio.wait_for(scenario, 30))
+
+
+def resolved(path: Path) -> Path:
+    return path.resolve()
+
+
+# --- readiness ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
+@pytest.mark.parametrize("writer", ["pauses", "closes-and-reopens"])
+def test_slow_writer_is_taken_once_and_only_when_complete(tmp_path: Path, writer: str, polling: bool) -> None:
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in", polling=polling)) as (_, got):
+            target = resolved(tmp_path / "in") / "slow.pdf"
+            handle = open(target, "wb")
+            handle.write(PDF[: len(PDF) // 2])
+            handle.flush()
+            if writer == "closes-and-reopens":
+                handle.close()  # a close is no proof: the writer comes back
+            await asyncio.sleep(PAUSE)
+            assert got.jobs == [], "taken while half written"
+            if writer == "closes-and-reopens":
+                handle = open(target, "ab")
+            handle.write(PDF[len(PDF) // 2 :])
+            handle.close()
+            await until(lambda: got.jobs, "the completed file")
+            await asyncio.sleep(GRACE)
+            assert got.paths() == [target]
+            assert got.sizes == [len(PDF)]
+
+    run(scenario())
+
+
+def test_stable_file_that_never_passes_the_probe_is_submitted_in_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local, "PROBE_GIVE_UP_SETTLES", 2)
+    monkeypatch.setattr(local, "PROBE_GIVE_UP_MIN_SECONDS", 1.0)
+
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in")) as (_, got):
+            loop = asyncio.get_running_loop()
+            written = loop.time()
+            (tmp_path / "in" / "truncated.pdf").write_bytes(PDF[:-200])
+            await until(lambda: got.jobs, "the truncated file")
+            assert loop.time() - written >= 1.0, "a truncated PDF must wait for the give-up delay"
+            assert got.names() == {"truncated.pdf"}  # the renderer reports corrupt_pdf
+
+    run(scenario())
+
+
+def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_is(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3) as (_, got):
+            target = tmp_path / "in" / "doc.pdf"
+            target.write_bytes(PDF)
+            await until(lambda: got.jobs, "the file")
+            await asyncio.sleep(1.0)  # three reconciliation scans
+            assert len(got.jobs) == 1
+            target.write_bytes(pdf_bytes(pages=1))
+            await until(lambda: len(got.jobs) == 2, "the changed file")
+            assert got.sizes[1] == target.stat().st_size
+
+    run(scenario())
+
+
+def test_probe_knows_whole_files_from_partial_ones(tmp_path: Path) -> None:
+    samples = {
+        "pdf": PDF,
+        "png": image_bytes("PNG"),
+        "jpeg": image_bytes("JPEG"),
+        "tiff": image_bytes("TIFF", frames=3),
+        "webp": image_bytes("WEBP"),
+    }
+    for kind, data in samples.items():
+        whole, partial = tmp_path / f"whole.{kind}", tmp_path / f"partial.{kind}"
+        whole.write_bytes(data)
+        partial.write_bytes(data[: len(data) * 2 // 3])
+        assert probe(whole), kind
+        assert not probe(partial), kind
+    (tmp_path / "notes.pdf").write_bytes(b"plain text that merely ends in .pdf\n")
+    assert probe(tmp_path / "notes.pdf"), "unknown content is submitted so the renderer says not_a_document"
+    (tmp_path / "empty.pdf").write_bytes(b"")
+    (tmp_path / "tiny.pdf").write_bytes(b"%PD")
+    assert not probe(tmp_path / "empty.pdf") and not probe(tmp_path / "tiny.pdf")
+    os.mkfifo(tmp_path / "fifo.pdf")
+    assert not probe(tmp_path / "fifo.pdf")  # returns at once: never blocks on a FIFO
+
+
+# --- arrival -----------------------------------------------------------------------------------------------
+
+
+def test_files_and_folders_moved_in_are_taken(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "batch" / "deeper").mkdir(parents=True)
+    (outside / "moved.pdf").write_bytes(PDF)
+    (outside / "batch" / "one.pdf").write_bytes(PDF)
+    (outside / "batch" / "deeper" / "two.png").write_bytes(image_bytes("PNG"))
+
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in")) as (_, got):
+            root = resolved(tmp_path / "in")
+            os.rename(outside / "moved.pdf", root / "moved.pdf")
+            os.rename(outside / "batch", root / "batch")
+            await until(lambda: len(got.jobs) == 3, "three moved-in files")
+            await asyncio.sleep(GRACE)
+            assert sorted(got.paths()) == sorted(
+                [root / "moved.pdf", root / "batch" / "one.pdf", root / "batch" / "deeper" / "two.png"]
+            )
+
+    run(scenario())
+
+
+def test_recursive_inbox_takes_nested_folders_and_flat_inbox_ignores_them(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        deep, flat = tmp_path / "deep", tmp_path / "flat"
+        async with watching(inbox(deep), inbox(flat, recursive=False)) as (_, got):
+            (deep / "a" / "b").mkdir(parents=True)
+            (deep / "a" / "b" / "nested.pdf").write_bytes(PDF)
+            (flat / "sub").mkdir()
+            (flat / "sub" / "ignored.pdf").write_bytes(PDF)
+            (flat / "top.pdf").write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 2, "nested.pdf and top.pdf")
+            await asyncio.sleep(GRACE)
+            assert sorted(got.paths()) == [resolved(deep) / "a" / "b" / "nested.pdf", resolved(flat) / "top.pdf"]
+            assert got.jobs[0].origin.inbox in (resolved(deep), resolved(flat))
+
+    run(scenario())
+
+
+def test_names_with_spaces_non_ascii_and_upper_case(tmp_path: Path) -> None:
+    names = ["rapport annuel été 2024.pdf", "日本語 スキャン.png", "SCAN 0001.PDF"]
+
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in", priority=80, prompt="free", max_pages=7)) as (_, got):
+            for name in names:
+                data = image_bytes("PNG") if name.endswith(".png") else PDF
+                (tmp_path / "in" / name).write_bytes(data)
+            await until(lambda: len(got.jobs) == 3, "three files")
+            assert got.names() == set(names)
+            job = got.jobs[0]
+            assert (job.source, job.priority, job.prompt, job.max_pages, job.max_bytes) == ("local", 80, "free", 7, None)
+            assert job.key == job.origin.path.as_uri()
+
+    run(scenario())
+
+
+def test_files_present_before_start_are_found_by_the_startup_scan(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    (root / "old" / "er").mkdir(parents=True)
+    (root / "before.pdf").write_bytes(PDF)
+    (root / "old" / "er" / "image.png").write_bytes(image_bytes("PNG"))
+    (root / "before.pdf.md").write_text("# a sidecar from an earlier run\n")
+
+    async def scenario() -> None:
+        async with watching(inbox(root)) as (_, got):
+            await until(lambda: len(got.jobs) == 2, "both files")
+            await asyncio.sleep(GRACE)
+            assert got.names() == {"before.pdf", "image.png"}
+
+    run(scenario())
+
+
+# --- what is refused ---------------------------------------------------------------------------------------
+
+
+def test_temporaries_sidecars_and_hidden_files_are_ignored(tmp_path: Path) -> None:
+    ignored = [
+        "copy.pdf.part", "copy.pdf.tmp", "copy.pdf.crdownload", "UPPER.PDF.PART", "~$locked.pdf", ".hidden.pdf",
+        "report.pdf.md", "report.pdf.json", "report.pdf.error.json", ".report.pdf.json.ocrwatch-tmp-1a2b",
+    ]  # fmt: skip
+
+    async def scenario() -> None:
+        root = tmp_path / "in"
+        async with watching(inbox(root, patterns=("*",))) as (_, got):
+            (root / ".sync").mkdir()
+            (root / ".sync" / "inside-dot-dir.pdf").write_bytes(PDF)
+            for name in ignored:
+                (root / name).write_bytes(PDF)
+            (root / "report.pdf").write_bytes(PDF)
+            with open(root / "renamed.pdf.part", "wb") as part:
+                part.write(PDF)
+            os.rename(root / "renamed.pdf.part", root / "renamed.pdf")
+            await until(lambda: len(got.jobs) == 2, "report.pdf and renamed.pdf")
+            await asyncio.sleep(GRACE)
+            assert got.names() == {"report.pdf", "renamed.pdf"}
+
+    run(scenario())
+
+
+def test_directories_and_fifos_named_like_documents_are_ignored_without_blocking(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    os.mkfifo(root / "early-fifo.pdf")
+
+    async def scenario() -> None:
+        async with watching(inbox(root)) as (source, got):
+            (root / "folder.pdf").mkdir()
+            os.mkfifo(root / "late-fifo.pdf")
+            (root / "folder.pdf" / "inside.pdf").write_bytes(PDF)
+            (root / "good.pdf").write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 2, "good.pdf and folder.pdf/inside.pdf")
+            await asyncio.sleep(GRACE)
+            assert got.names() == {"good.pdf", "inside.pdf"}
+            fifo_job = Job(origin=LocalFile(resolved(root) / "late-fifo.pdf", resolved(root)), source="local")
+            with pytest.raises(NotARegularFile):
+                await source.fetch(fifo_job, tmp_path)
+
+    run(scenario())
+
+
+def test_symlinks_leaving_the_inbox_are_refused_and_links_inside_stand_for_their_target(tmp_path: Path) -> None:
+    """Choice: a link inside the inbox is not a document of its own. It stands for its target, which is
+    processed once under its real name (``LocalFile.uri`` resolves links, so the two would share one ledger
+    row anyway), and only where the target is itself a document of the inbox."""
+    root = tmp_path / "in"
+    (root / ".private").mkdir(parents=True)
+    (tmp_path / "elsewhere.pdf").write_bytes(PDF)
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            async with watching(inbox(root)) as (_, got):
+                (root / "passwd.pdf").symlink_to("/etc/passwd")
+                (root / "escape.pdf").symlink_to(tmp_path / "elsewhere.pdf")
+                (root / ".private" / "secret.pdf").write_bytes(PDF)
+                (root / "peek.pdf").symlink_to(root / ".private" / "secret.pdf")
+                (root / "real.pdf").write_bytes(PDF)
+                (root / "alias.pdf").symlink_to("real.pdf")
+                (root / "sentinel.pdf").write_bytes(PDF)
+                await until(lambda: len(got.jobs) == 2, "real.pdf and sentinel.pdf")
+                await asyncio.sleep(GRACE)
+                assert got.names() == {"real.pdf", "sentinel.pdf"}
+        refused = {Path(entry["path"]).name for entry in logs if entry["event"] == "local_refused"}
+        assert refused == {"passwd.pdf", "escape.pdf"}
+
+    run(scenario())
+
+
+# --- observers, scans, reloads -----------------------------------------------------------------------------
+
+
+def test_filesystem_type_from_mountinfo() -> None:
+    mountinfo = "\n".join(
+        [
+            "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw",
+            "40 22 0:35 / /srv/nfs rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2",
+            "42 40 0:37 / /srv/nfs/local rw - tmpfs tmpfs rw",
+            r"41 22 0:36 / /mnt/my\040share rw master:3 - cifs //host/share rw",
+            "43 22 0:38 / /home/u/remote rw,nosuid,nodev shared:9 master:2 - fuse.sshfs u@h:/ rw",
+            "44 22 0:39 / /data rw - xfs /dev/sdb rw",
+            "45 22 0:40 / /data rw - nfs nas:/data rw",
+            "garbage line",
+        ]
+    )
+    assert filesystem_type(Path("/srv/nfs/inbox/a"), mountinfo) == "nfs4"
+    assert filesystem_type(Path("/srv/nfs/local/inbox"), mountinfo) == "tmpfs"
+    assert filesystem_type(Path("/srv/nfsish/inbox"), mountinfo) == "ext4"  # whole components only
+    assert filesystem_type(Path("/mnt/my share/inbox"), mountinfo) == "cifs"
+    assert filesystem_type(Path("/home/u/remote/scans"), mountinfo) == "fuse.sshfs"
+    assert filesystem_type(Path("/data"), mountinfo) == "nfs"  # mounted over xfs: the last mount wins
+    assert filesystem_type(Path("/anything"), "") is None
+
+    assert choose_polling("auto", "nfs4")[0] and choose_polling("auto", "fuse.sshfs")[0]
+    assert choose_polling("auto", "cifs") == (True, "cifs cannot push events")
+    assert choose_polling("auto", "ext4") == (False, "ext4 pushes events")
+    assert choose_polling("auto", None) == (False, "mount type unknown")
+    assert choose_polling(True, "ext4") == (True, "configured polling = true")
+    assert choose_polling(False, "nfs") == (False, "configured polling = false")
+    real = Path("/proc/self/mountinfo")
+    if real.exists():
+        assert filesystem_type(Path.cwd().resolve(), real.read_text()) is not None
+
+
+def test_observer_choice_is_logged_and_polling_mode_takes_files(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            async with watching(inbox(tmp_path / "polled", polling=True), inbox(tmp_path / "native")) as (_, got):
+                (tmp_path / "polled" / "a.pdf").write_bytes(PDF)
+                (tmp_path / "native" / "b.pdf").write_bytes(PDF)
+                await until(lambda: len(got.jobs) == 2, "a file in each inbox")
+        watching_logs = {Path(e["path"]).name: e for e in logs if e["event"] == "inbox_watching"}
+        assert watching_logs["polled"]["observer"] == "polling"
+        assert watching_logs["polled"]["reason"] == "configured polling = true"
+        fstype = filesystem_type(resolved(tmp_path), Path("/proc/self/mountinfo").read_text())
+        polling, reason = choose_polling("auto", fstype)
+        assert watching_logs["native"]["observer"] == ("polling" if polling else "native")
+        assert watching_logs["native"]["reason"] == reason
+
+    run(scenario())
+
+
+def test_reconciliation_finds_a_file_whose_events_were_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection at the one seam events pass through: every event about ``lost.pdf`` is dropped, as an
+    inotify queue overflow or a restart of the observer would; only the periodic scan can find it."""
+    dropped: list[object] = []
+
+    class LosingBridge(local._EventBridge):
+        def dispatch(self, event: Any) -> None:
+            if "lost" in os.fsdecode(event.src_path) + os.fsdecode(event.dest_path):
+                dropped.append(event)
+            else:
+                super().dispatch(event)
+
+    monkeypatch.setattr(local, "_EventBridge", LosingBridge)
+
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in"), reconcile_seconds=1.5) as (_, got):
+            (tmp_path / "in" / "lost.pdf").write_bytes(PDF)
+            (tmp_path / "in" / "seen.pdf").write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 2, "both files")
+            assert dropped, "the fault was not injected"
+            assert [path.name for path in got.paths()] == ["seen.pdf", "lost.pdf"]
+
+    run(scenario())
+
+
+def test_update_inboxes_adds_and_removes_without_dropping_pending_work(tmp_path: Path) -> None:
+    first, second = inbox(tmp_path / "first"), inbox(tmp_path / "second", priority=90)
+
+    async def scenario() -> None:
+        async with watching(first) as (source, got):
+            slow = open(tmp_path / "first" / "slow.pdf", "wb")
+            slow.write(PDF[:1000])
+            slow.flush()
+            await asyncio.sleep(SETTLE)
+            await source.update_inboxes([first, second])  # second is created: create = true
+            (tmp_path / "second" / "new.pdf").write_bytes(PDF)
+            await until(lambda: got.names() == {"new.pdf"}, "new.pdf in the added inbox")
+            assert got.jobs[0].priority == 90
+            slow.write(PDF[1000:])
+            slow.close()
+            await until(lambda: len(got.jobs) == 2, "slow.pdf, which was settling during the reload")
+            with pytest.raises(ConfigError):
+                await source.update_inboxes([second, inbox(tmp_path / "second")])
+            await source.update_inboxes([second])
+            (tmp_path / "first" / "after-removal.pdf").write_bytes(PDF)
+            (tmp_path / "second" / "sentinel.pdf").write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 3, "sentinel.pdf")
+            await asyncio.sleep(GRACE)
+            assert [path.name for path in got.paths()] == ["new.pdf", "slow.pdf", "sentinel.pdf"]
+
+    run(scenario())
+
+
+# --- fetch and finish ----------------------------------------------------------------------------------------
+
+
+def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    quarantine = root / "failed"
+
+    async def scenario() -> None:
+        async with watching(inbox(root, quarantine_dir=quarantine)) as (source, got):
+            (root / "sub").mkdir()
+            (root / "sub" / "bad.pdf").write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 1, "bad.pdf")
+            job = got.jobs[0]
+            assert await source.fetch(job, tmp_path / "spool") == job.origin.path
+            (root / "sub" / "bad.pdf.error.json").write_text('{"kind": "corrupt_pdf"}')
+            await source.finish(job, "done")
+            assert (root / "sub" / "bad.pdf").exists()
+
+            await source.finish(job, "failed")
+            assert not (root / "sub" / "bad.pdf").exists()
+            assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF
+            assert (quarantine / "sub" / "bad.pdf.error.json").exists()
+            assert not (root / "sub" / "bad.pdf.error.json").exists()
+            with pytest.raises(SourceGone):
+                await source.fetch(job, tmp_path / "spool")
+
+            (root / "sub" / "bad.pdf").write_bytes(PDF[:-5])
+            await until(lambda: len(got.jobs) == 2, "the second bad.pdf")
+            await source.finish(got.jobs[1], "failed")
+            assert (quarantine / "sub" / "bad.1.pdf").read_bytes() == PDF[:-5]
+            assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF  # not overwritten
+
+            (root / "sub" / "bad.pdf").mkdir()
+            with pytest.raises(NotARegularFile):
+                await source.fetch(job, tmp_path / "spool")
+            (root / "sentinel.pdf").write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 3, "sentinel.pdf")
+            await asyncio.sleep(GRACE)
+            assert got.names() == {"bad.pdf", "sentinel.pdf"}, "quarantined files are not taken again"
+
+    run(scenario())
