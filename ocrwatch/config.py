@@ -205,6 +205,16 @@ class Config(_Model):
     source_file: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
+    def _inboxes_distinct(self) -> "Config":
+        seen: dict[Path, int] = {}
+        for index, inbox in enumerate(self.inbox):
+            resolved = inbox.path.expanduser().resolve()
+            if resolved in seen:
+                raise ValueError(f"inbox[{index}].path: same folder as inbox[{seen[resolved]}] ({resolved})")
+            seen[resolved] = index
+        return self
+
+    @model_validator(mode="after")
     def _prompts_exist(self) -> "Config":
         known = set(PROMPT_PRESETS) | set(self.engine.vllm.prompts)
         for index, inbox in enumerate(self.inbox):

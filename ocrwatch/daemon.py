@@ -520,7 +520,12 @@ class Daemon:
             log.error("reload_failed", kind=exc.kind, error=exc.message)
             sd_notify("READY=1")
             return
-        await self.local.update_inboxes(new.inbox)
+        try:
+            await self.local.update_inboxes(new.inbox)
+        except OcrwatchError as exc:
+            log.error("reload_failed", kind=exc.kind, error=exc.message)
+            sd_notify("READY=1")
+            return
         changed = [
             name for name in type(new).model_fields if name != "inbox" and getattr(new, name) != getattr(self.cfg, name)
         ]

@@ -117,11 +117,15 @@ class RgwServer:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.conf = self.dir / "ceph.conf"
 
-    def _run(self, *argv: str, timeout: float = 60) -> None:
-        result = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): "
-                               f"{result.stderr.decode(errors='replace')[-2000:]}")
+    def _run(self, *argv: str, timeout: float = 60, attempts: int = 1) -> None:
+        """Run a Ceph tool; ``attempts`` > 1 where a young monitor may refuse (it briefly answers 'wrong fsid')."""
+        for attempt in range(attempts):
+            result = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+            if result.returncode == 0:
+                return
+            time.sleep(0.5 * (attempt + 1))
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): "
+                           f"{result.stderr.decode(errors='replace')[-2000:]}")
 
     def start(self) -> RgwServer:
         d, fsid = self.dir, str(uuid.uuid4())
@@ -164,9 +168,9 @@ rgw data = {d}/rgw.a
         self._run("monmaptool", "--create", "--fsid", fsid, "--add", "a", mon, f"{d}/monmap")
         self._run("ceph-mon", *c, "--mkfs", "-i", "a", "--monmap", f"{d}/monmap", "--keyring", f"{d}/keyring")
         self._run("ceph-mon", *c, "-i", "a", "--pid-file", f"{d}/run/mon.pid")  # daemonizes
-        self._run("ceph", *c, "osd", "create", timeout=30)
+        self._run("ceph", *c, "osd", "create", timeout=30, attempts=5)
         self._run("ceph-osd", *c, "-i", "0", "--mkfs")
-        self._run("ceph-osd", *c, "-i", "0", "--pid-file", f"{d}/run/osd.pid")
+        self._run("ceph-osd", *c, "-i", "0", "--pid-file", f"{d}/run/osd.pid", attempts=5)
         self.start_gateway()
         self._run("radosgw-admin", *c, "user", "create", "--uid=test", "--display-name=test",
                   f"--access-key={self.access_key}", f"--secret={self.secret_key}")
@@ -181,10 +185,10 @@ rgw data = {d}/rgw.a
         self._kill(["rgw"])
 
     def stop(self) -> None:
-        self._kill(["rgw", "osd", "mon"])
+        self._kill(["rgw", "osd", "mon"], signal.SIGKILL)  # a throwaway cluster: nothing to flush
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def _kill(self, daemons: list[str]) -> None:
+    def _kill(self, daemons: list[str], how: signal.Signals = signal.SIGTERM) -> None:
         pids = []
         for daemon in daemons:
             pid_file = self.dir / "run" / f"{daemon}.pid"
@@ -193,7 +197,7 @@ rgw data = {d}/rgw.a
                 pid_file.unlink()
         for pid in pids:
             with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, how)
         deadline = time.monotonic() + 20
         while pids and time.monotonic() < deadline:
             pids = [pid for pid in pids if _alive(pid)]

@@ -45,10 +45,16 @@ def draw_page(lines: list[str], tops: list[int], mode: str = "L") -> Image.Image
     return image
 
 
-def dense_page() -> Image.Image:
-    """A page full of text, slow enough (seconds) to catch its child running."""
-    lines = [f"Line {i}: the committee reviewed the budget of the library and the river station." for i in range(34)]
-    return draw_page(lines, [60 + 62 * i for i in range(len(lines))])
+def slow_page() -> Image.Image:
+    """A 400 dpi letter page full of text: about six seconds of OCR, so a child killed early is seen as
+    killed (its page cannot have finished) rather than as done."""
+    image = Image.new("L", (3400, 4400), 255)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=48)
+    for i in range(68):
+        text = f"Line {i}: the committee reviewed the budget of the library and the river station, then met again."
+        draw.text((60, 40 + 63 * i), text, font=font, fill="black")
+    return image
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:
@@ -187,11 +193,11 @@ def test_concurrency_is_bounded_by_workers_and_threads_by_omp_limit() -> None:
 def test_abort_kills_the_child_and_frees_its_slot() -> None:
     async def main() -> Any:
         engine = await started(workers=1)
-        task = asyncio.create_task(engine.recognize(PageRequest("slow", dense_page(), prompt="")))
+        task = asyncio.create_task(engine.recognize(PageRequest("slow", slow_page(), prompt="")))
         pid = await wait_for_child()
         await engine.abort("slow")
         with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=2)
+            await asyncio.wait_for(task, timeout=1)
         assert not Path(f"/proc/{pid}").exists(), "the aborted child is still there (or a zombie)"
         await engine.abort("slow")  # finished by now: a no-op
         await engine.abort("never-seen")
@@ -205,9 +211,9 @@ def test_abort_kills_the_child_and_frees_its_slot() -> None:
 def test_abort_of_a_queued_page_never_starts_it() -> None:
     async def main() -> set[int]:
         engine = await started(workers=1)
-        first = asyncio.create_task(engine.recognize(PageRequest("first", dense_page(), prompt="")))
+        first = asyncio.create_task(engine.recognize(PageRequest("first", slow_page(), prompt="")))
         pid = await wait_for_child()
-        queued = asyncio.create_task(engine.recognize(PageRequest("queued", dense_page(), prompt="")))
+        queued = asyncio.create_task(engine.recognize(PageRequest("queued", slow_page(), prompt="")))
         await asyncio.sleep(0.05)
         await engine.abort("queued")
         with pytest.raises(asyncio.CancelledError):
@@ -226,11 +232,11 @@ def test_abort_of_a_queued_page_never_starts_it() -> None:
 def test_cancelled_recognize_leaves_no_tesseract_process() -> None:
     async def main() -> None:
         engine = await started(workers=2)
-        tasks = [asyncio.create_task(engine.recognize(PageRequest(f"p{i}", dense_page(), prompt=""))) for i in range(3)]
+        tasks = [asyncio.create_task(engine.recognize(PageRequest(f"p{i}", slow_page(), prompt=""))) for i in range(3)]
         await wait_for_child()
         for task in tasks:
             task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=2)
         assert all(isinstance(result, asyncio.CancelledError) for result in results)
         assert tesseract_children() == {}
 
@@ -240,9 +246,9 @@ def test_cancelled_recognize_leaves_no_tesseract_process() -> None:
 def test_close_kills_pages_in_flight() -> None:
     async def main() -> None:
         engine = await started(workers=1)
-        task = asyncio.create_task(engine.recognize(PageRequest("slow", dense_page(), prompt="")))
+        task = asyncio.create_task(engine.recognize(PageRequest("slow", slow_page(), prompt="")))
         await wait_for_child()
-        await engine.close()
+        await asyncio.wait_for(engine.close(), timeout=2)
         assert tesseract_children() == {}
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -79,7 +79,9 @@ async def until(predicate: Callable[[], object], what: str, timeout: float = 10.
 
 
 @contextlib.asynccontextmanager
-async def watching(*inboxes: InboxConfig, reconcile_seconds: float = 60.0) -> AsyncIterator[tuple[LocalSource, Collector]]:
+async def watching(
+    *inboxes: InboxConfig, reconcile_seconds: float = 60.0
+) -> AsyncIterator[tuple[LocalSource, Collector]]:
     collector = Collector()
     source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}")
     await source.start(collector)
@@ -93,10 +95,6 @@ def run(scenario: Coroutine[Any, Any, None]) -> None:
     asyncio.run(asyncio.wait_for(scenario, 30))
 
 
-def resolved(path: Path) -> Path:
-    return path.resolve()
-
-
 # --- readiness ---------------------------------------------------------------------------------------------
 
 
@@ -105,7 +103,7 @@ def resolved(path: Path) -> Path:
 def test_slow_writer_is_taken_once_and_only_when_complete(tmp_path: Path, writer: str, polling: bool) -> None:
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in", polling=polling)) as (_, got):
-            target = resolved(tmp_path / "in") / "slow.pdf"
+            target = (tmp_path / "in").resolve() / "slow.pdf"
             handle = open(target, "wb")
             handle.write(PDF[: len(PDF) // 2])
             handle.flush()
@@ -158,6 +156,7 @@ def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_i
     run(scenario())
 
 
+@pytest.mark.filterwarnings("ignore:Corrupt EXIF data")  # Pillow, reading the partial TIFF
 def test_probe_knows_whole_files_from_partial_ones(tmp_path: Path) -> None:
     samples = {
         "pdf": PDF,
@@ -193,7 +192,7 @@ def test_files_and_folders_moved_in_are_taken(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in")) as (_, got):
-            root = resolved(tmp_path / "in")
+            root = (tmp_path / "in").resolve()
             os.rename(outside / "moved.pdf", root / "moved.pdf")
             os.rename(outside / "batch", root / "batch")
             await until(lambda: len(got.jobs) == 3, "three moved-in files")
@@ -216,8 +215,8 @@ def test_recursive_inbox_takes_nested_folders_and_flat_inbox_ignores_them(tmp_pa
             (flat / "top.pdf").write_bytes(PDF)
             await until(lambda: len(got.jobs) == 2, "nested.pdf and top.pdf")
             await asyncio.sleep(GRACE)
-            assert sorted(got.paths()) == [resolved(deep) / "a" / "b" / "nested.pdf", resolved(flat) / "top.pdf"]
-            assert got.jobs[0].origin.inbox in (resolved(deep), resolved(flat))
+            assert sorted(got.paths()) == [deep.resolve() / "a" / "b" / "nested.pdf", flat.resolve() / "top.pdf"]
+            assert got.jobs[0].origin.inbox in (deep.resolve(), flat.resolve())
 
     run(scenario())
 
@@ -233,7 +232,8 @@ def test_names_with_spaces_non_ascii_and_upper_case(tmp_path: Path) -> None:
             await until(lambda: len(got.jobs) == 3, "three files")
             assert got.names() == set(names)
             job = got.jobs[0]
-            assert (job.source, job.priority, job.prompt, job.max_pages, job.max_bytes) == ("local", 80, "free", 7, None)
+            settings = (job.source, job.priority, job.prompt, job.max_pages, job.max_bytes)
+            assert settings == ("local", 80, "free", 7, None)
             assert job.key == job.origin.path.as_uri()
 
     run(scenario())
@@ -296,7 +296,7 @@ def test_directories_and_fifos_named_like_documents_are_ignored_without_blocking
             await until(lambda: len(got.jobs) == 2, "good.pdf and folder.pdf/inside.pdf")
             await asyncio.sleep(GRACE)
             assert got.names() == {"good.pdf", "inside.pdf"}
-            fifo_job = Job(origin=LocalFile(resolved(root) / "late-fifo.pdf", resolved(root)), source="local")
+            fifo_job = Job(origin=LocalFile(root.resolve() / "late-fifo.pdf", root.resolve()), source="local")
             with pytest.raises(NotARegularFile):
                 await source.fetch(fifo_job, tmp_path)
 
@@ -375,7 +375,7 @@ def test_observer_choice_is_logged_and_polling_mode_takes_files(tmp_path: Path) 
         watching_logs = {Path(e["path"]).name: e for e in logs if e["event"] == "inbox_watching"}
         assert watching_logs["polled"]["observer"] == "polling"
         assert watching_logs["polled"]["reason"] == "configured polling = true"
-        fstype = filesystem_type(resolved(tmp_path), Path("/proc/self/mountinfo").read_text())
+        fstype = filesystem_type(tmp_path.resolve(), Path("/proc/self/mountinfo").read_text())
         polling, reason = choose_polling("auto", fstype)
         assert watching_logs["native"]["observer"] == ("polling" if polling else "native")
         assert watching_logs["native"]["reason"] == reason
@@ -462,17 +462,28 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             with pytest.raises(SourceGone):
                 await source.fetch(job, tmp_path / "spool")
 
-            (root / "sub" / "bad.pdf").write_bytes(PDF[:-5])
+            other = pdf_bytes(pages=1)
+            (root / "sub" / "bad.pdf").write_bytes(other)
             await until(lambda: len(got.jobs) == 2, "the second bad.pdf")
             await source.finish(got.jobs[1], "failed")
-            assert (quarantine / "sub" / "bad.1.pdf").read_bytes() == PDF[:-5]
+            assert (quarantine / "sub" / "bad.1.pdf").read_bytes() == other
             assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF  # not overwritten
 
+            with open(root / "sub" / "bad.pdf", "wb") as fixed:  # a fixed version arrives meanwhile
+                fixed.write(PDF[:1000])
+                fixed.flush()
+                await asyncio.sleep(SETTLE)
+                await source.finish(got.jobs[1], "failed")  # late news about the old version
+                assert (root / "sub" / "bad.pdf").exists(), "a version being written is never quarantined"
+                fixed.write(PDF[1000:])
+            await until(lambda: len(got.jobs) == 3, "the fixed bad.pdf")
+
+            (root / "sub" / "bad.pdf").unlink()
             (root / "sub" / "bad.pdf").mkdir()
             with pytest.raises(NotARegularFile):
                 await source.fetch(job, tmp_path / "spool")
             (root / "sentinel.pdf").write_bytes(PDF)
-            await until(lambda: len(got.jobs) == 3, "sentinel.pdf")
+            await until(lambda: len(got.jobs) == 4, "sentinel.pdf")
             await asyncio.sleep(GRACE)
             assert got.names() == {"bad.pdf", "sentinel.pdf"}, "quarantined files are not taken again"
 

@@ -59,7 +59,7 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 
 
 def sqs_config(server: MotoServer, queue_url: str, **keys: Any) -> S3Config:
-    return S3Config(**server.s3_config(transport="sqs", queue_url=queue_url, wait_time_seconds=1, **keys))
+    return S3Config(**server.s3_config(**{"transport": "sqs", "queue_url": queue_url, "wait_time_seconds": 1, **keys}))
 
 
 def queue_counts(server: MotoServer, queue_url: str) -> tuple[int, int]:

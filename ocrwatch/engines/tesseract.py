@@ -169,7 +169,7 @@ class TesseractEngine:
             stdout, stderr = await process.communicate(payload)
         except BaseException:
             if process.returncode is None:
-                pass
+                process.kill()
                 await asyncio.shield(process.wait())
             raise
         assert process.returncode is not None

@@ -493,14 +493,20 @@ class LocalSource:
         return origin.path
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
-        """Move a failed document to its inbox's ``quarantine_dir``, where one is set; the source is otherwise untouched."""
+        """Move a failed document to its inbox's ``quarantine_dir`` where one is set; otherwise leave it be."""
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         if outcome != "failed" or inbox is None or inbox.quarantine is None:
             return
         assert isinstance(origin, LocalFile)
+        pending = inbox.pending.get(origin.path)
+        if pending is not None and pending.signature != inbox.settled.get(origin.path):
+            log.info("local_quarantine_skipped", path=str(origin.path), reason="a new version is being written")
+            return
         try:
-            moved = await asyncio.to_thread(quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template)
+            moved = await asyncio.to_thread(
+                quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template
+            )
         except OSError as exc:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
             return
@@ -556,6 +562,8 @@ class LocalSource:
 
     def _on_event(self, inbox: _Inbox, event: FileSystemEvent) -> None:
         """On the loop: turn one watchdog event into a file to look at (or a folder to scan)."""
+        if self._submit is None or self._inboxes.get(inbox.root) is not inbox:
+            return  # stopped, or from the observer of an inbox since removed
         source = Path(os.fsdecode(event.src_path)) if event.src_path else None
         target = Path(os.fsdecode(event.dest_path)) if event.dest_path else None
         if isinstance(event, DirCreatedEvent) and source is not None:
@@ -626,7 +634,7 @@ class LocalSource:
         """
         inbox = pending.inbox
         try:
-            while True:
+            while inbox.accepts(pending.path):  # a reload may have changed the patterns
                 generation = pending.generation
                 pending.nudge.clear()
                 try:
@@ -649,8 +657,8 @@ class LocalSource:
                         await asyncio.wait_for(pending.nudge.wait(), delay)
         except OSError as exc:
             log.warning("local_inspect_failed", path=str(pending.path), error=str(exc))
-        except Exception:  # submit failed: the reconciliation scan offers the file again
-            log.exception("local_submit_failed", path=str(pending.path))
+        except Exception:  # submit failed, most likely: the reconciliation scan offers the file again
+            log.exception("local_settle_failed", path=str(pending.path))
         finally:
             if inbox.pending.get(pending.path) is pending:
                 del inbox.pending[pending.path]
@@ -667,7 +675,10 @@ class LocalSource:
         complete = await self._blocking(probe, pending.path)
         if not complete and quiet < max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS):
             return max(settle, RECHECK_MIN_SECONDS)
-        _, after = await self._blocking(inspect_file, pending.path, inbox.root)
+        try:
+            _, after = await self._blocking(inspect_file, pending.path, inbox.root)
+        except (SourceGone, NotARegularFile):
+            return 0.0  # replaced while being probed: the next look says by what
         if after != signature:
             return 0.0  # it changed while being probed
         job = Job(

@@ -49,7 +49,8 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_never,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from ocrwatch.config import MiB, S3Config
@@ -123,7 +124,7 @@ def _log_retry(state: RetryCallState) -> None:
 def _retry_kwargs(attempts: int) -> dict[str, Any]:
     return {
         "retry": retry_if_exception(is_transient),
-        "wait": wait_exponential_jitter(initial=0.5, max=10.0),
+        "wait": wait_exponential(multiplier=0.5, max=10.0) + wait_random(0, 0.5),
         "stop": stop_after_attempt(attempts),
         "before_sleep": _log_retry,
         "reraise": True,
@@ -320,7 +321,7 @@ class S3Source:
                 accepted.append(obj)
             else:
                 log.debug("s3_event_ignored", source=self.name, reason=reason,
-                          uri=obj.uri if obj else None, event=record.get("eventName"))
+                          uri=obj.uri if obj else None, s3_event=record.get("eventName"))
         return accepted
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
@@ -425,7 +426,7 @@ class S3Source:
     async def _receive(self, count: int) -> list[dict[str, Any]]:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Exception),
-            wait=wait_exponential_jitter(initial=1.0, max=self.backoff_max_seconds),
+            wait=wait_exponential(multiplier=1.0, max=self.backoff_max_seconds) + wait_random(0, 1.0),
             stop=stop_never,
             before_sleep=self._log_outage,
         )

@@ -1,0 +1,390 @@
+"""The vLLM engine without a GPU: engine and sampling arguments, page geometry, error mapping, and the request
+flow over a stand-in for ``AsyncLLM``. Where vllm is installed, the arguments are checked against its classes."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from ocrwatch import ladder
+from ocrwatch.config import EngineConfig, VllmConfig
+from ocrwatch.engines import vllm as engine_module
+from ocrwatch.engines.base import Engine, PageRequest, Sampling
+from ocrwatch.engines.vllm import OCR1, OCR2, VllmEngine
+from ocrwatch.errors import EngineDead, EngineFailed
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+
+A4_300DPI = (2480, 3508)
+LETTER_300DPI = (2550, 3300)
+
+
+def fit(size: tuple[int, int], max_side: int) -> tuple[int, int]:
+    """What the renderer makes of a page whose long side exceeds the cap."""
+    scale = min(1.0, max_side / max(size))
+    return round(size[0] * scale), round(size[1] * scale)
+
+
+# --- geometry --------------------------------------------------------------------------------------------------
+
+
+def test_ocr2_renders_a4_and_letter_onto_the_2x3_tile_grid_without_upscaling() -> None:
+    hint = OCR2.render_hint()
+    assert hint.max_side == 2304 and hint.dpi == 210 and hint.max_pixels is None
+    for page in (A4_300DPI, LETTER_300DPI):
+        width, height = fit(page, hint.max_side)
+        assert height == 2304
+        assert OCR2.tile_grid(width, height) == (2, 3)
+        assert width >= 2 * 768 and height >= 3 * 768
+    assert OCR2.tile_grid(*fit(A4_300DPI[::-1], hint.max_side)) == (3, 2)
+    assert round(297 / 25.4 * hint.dpi) >= hint.max_side and round(11 * hint.dpi) >= hint.max_side
+
+
+def test_ocr1_uses_640_tiles_so_its_cap_is_1920() -> None:
+    hint = OCR1.render_hint()
+    assert hint.max_side == 1920 and hint.dpi == 175
+    assert OCR1.tile_grid(*fit(A4_300DPI, hint.max_side)) == (2, 3)
+
+
+def test_small_images_get_the_global_view_only() -> None:
+    assert OCR2.tile_grid(700, 500) == (1, 1)
+    assert OCR2.tile_grid(1600, 800) == (2, 1)
+
+
+def test_tile_grid_matches_vllm_where_its_processor_imports() -> None:
+    processors = pytest.importorskip("vllm.transformers_utils.processors.deepseek_ocr")
+    for size in [(1629, 2304), (2304, 1629), (1000, 1000), (800, 4000), (3000, 900), (769, 768)]:
+        expected = processors.count_tiles(*size, image_size=768)
+        assert OCR2.tile_grid(*size) == tuple(expected), size
+
+
+def test_architecture_from_a_local_config_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekOCRForCausalLM"]}))
+    assert engine_module.model_architecture(str(tmp_path)) == OCR1.architecture
+    engine = VllmEngine(VllmConfig(model=str(tmp_path)))
+    assert engine.render_hint.max_side == 1920
+
+
+@pytest.mark.parametrize(
+    ("model", "architecture"),
+    [
+        ("deepseek-ai/DeepSeek-OCR-2", OCR2.architecture),
+        ("deepseek-ai/DeepSeek-OCR", OCR1.architecture),
+        ("/models/deepseek_ocr2-bf16", OCR2.architecture),
+        ("/models/DeepSeek-OCR", OCR1.architecture),
+        ("/models/unknown", OCR2.architecture),
+    ],
+)
+def test_architecture_from_the_name(model: str, architecture: str) -> None:
+    assert engine_module.model_architecture(model) == architecture
+
+
+def test_unreadable_config_json_falls_back_to_the_name(tmp_path: Path) -> None:
+    model = tmp_path / "DeepSeek-OCR"
+    model.mkdir()
+    (model / "config.json").write_text("{not json")
+    assert engine_module.model_architecture(str(model)) == OCR1.architecture
+
+
+# --- engine arguments ------------------------------------------------------------------------------------------
+
+
+def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
+    kwargs = engine_module.engine_kwargs(VllmConfig())
+    assert kwargs["model"] == "deepseek-ai/DeepSeek-OCR-2"
+    assert kwargs["enable_prefix_caching"] is False
+    assert kwargs["mm_processor_cache_gb"] == 0
+    assert kwargs["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
+    assert kwargs["scheduling_policy"] == "priority"
+    assert kwargs["limit_mm_per_prompt"] == {"image": 1}
+    assert kwargs["renderer_num_workers"] >= 1
+    assert "trust_remote_code" not in kwargs
+    for absent in ("revision", "tokenizer", "max_num_batched_tokens", "block_size"):
+        assert absent not in kwargs
+
+
+def test_engine_kwargs_carry_the_config_and_engine_args_win() -> None:
+    cfg = VllmConfig(
+        model="/models/dsocr2",
+        revision="abc123",
+        max_num_batched_tokens=16384,
+        block_size=32,
+        tensor_parallel_size=2,
+        data_parallel_size=4,
+        seed=7,
+        load_format="dummy",
+        enforce_eager=True,
+        engine_args={"gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "kv_cache_dtype": "fp8"},
+    )
+    kwargs = engine_module.engine_kwargs(cfg)
+    assert kwargs["revision"] == "abc123" and kwargs["max_num_batched_tokens"] == 16384 and kwargs["block_size"] == 32
+    assert (kwargs["tensor_parallel_size"], kwargs["data_parallel_size"], kwargs["seed"]) == (2, 4, 7)
+    assert kwargs["load_format"] == "dummy" and kwargs["enforce_eager"] is True
+    assert kwargs["gpu_memory_utilization"] == 0.5 and kwargs["enable_prefix_caching"] is True
+    assert kwargs["kv_cache_dtype"] == "fp8"
+
+
+def test_a_processor_cache_turns_parallel_input_preparation_off() -> None:
+    kwargs = engine_module.engine_kwargs(VllmConfig(engine_args={"mm_processor_cache_gb": 4}))
+    assert kwargs["renderer_num_workers"] == 1
+    kwargs = engine_module.engine_kwargs(VllmConfig(engine_args={"mm_processor_cache_gb": 4, "renderer_num_workers": 3}))
+    assert kwargs["renderer_num_workers"] == 3
+
+
+def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
+    env = engine_module.engine_env(VllmConfig(), {})
+    assert env == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1"}
+    env = engine_module.engine_env(VllmConfig(compile_cache_dir=tmp_path), {"VLLM_WORKER_MULTIPROC_METHOD": "fork"})
+    assert env == {"VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(tmp_path)}
+
+
+# --- sampling --------------------------------------------------------------------------------------------------
+
+
+def test_sampling_kwargs_for_the_greedy_rung() -> None:
+    cfg = VllmConfig()
+    kwargs = engine_module.sampling_kwargs(cfg, ladder.rungs(EngineConfig())[0])
+    assert kwargs == {
+        "temperature": 0.0,
+        "max_tokens": 4096,
+        "skip_special_tokens": False,
+        "ignore_eos": False,
+        "extra_args": {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]},
+    }
+
+
+def test_sampling_kwargs_for_a_warmer_rung_seed_it() -> None:
+    kwargs = engine_module.sampling_kwargs(VllmConfig(seed=3), Sampling(temperature=0.2, ngram_size=12, window_size=120))
+    assert kwargs["temperature"] == 0.2 and kwargs["seed"] == 3
+    assert kwargs["max_tokens"] == 4096
+    assert kwargs["extra_args"]["ngram_size"] == 12 and kwargs["extra_args"]["window_size"] == 120
+
+
+@pytest.mark.parametrize("sampling", [Sampling(ngram_size=0), Sampling(window_size=0)])
+def test_a_zero_ngram_setting_turns_the_ngram_processor_off(sampling: Sampling) -> None:
+    assert "extra_args" not in engine_module.sampling_kwargs(VllmConfig(), sampling)
+
+
+def test_sampling_kwargs_pass_ignore_eos_and_a_rung_max_tokens() -> None:
+    kwargs = engine_module.sampling_kwargs(VllmConfig(ignore_eos=True), Sampling(max_tokens=1))
+    assert kwargs["ignore_eos"] is True and kwargs["max_tokens"] == 1
+
+
+@needs_vllm
+def test_engine_kwargs_construct_vllm_engine_args() -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args = AsyncEngineArgs(**engine_module.engine_kwargs(VllmConfig(load_format="dummy", seed=1)))
+    assert args.scheduling_policy == "priority" and args.enable_prefix_caching is False
+    assert args.mm_processor_cache_gb == 0 and args.limit_mm_per_prompt == {"image": 1}
+
+
+@needs_vllm
+def test_sampling_kwargs_construct_vllm_sampling_params_the_ngram_processor_accepts() -> None:
+    from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    cfg = VllmConfig()
+    for rung in ladder.rungs(EngineConfig(vllm=cfg)):
+        params = SamplingParams(**engine_module.sampling_kwargs(cfg, rung), output_kind=RequestOutputKind.FINAL_ONLY)
+        NGramPerReqLogitsProcessor.validate_params(params)
+        assert params.skip_special_tokens is False and params.temperature == rung.temperature
+
+
+# --- small pure helpers ----------------------------------------------------------------------------------------
+
+
+def test_priority_passes_unchanged_because_both_sides_run_the_lowest_first() -> None:
+    assert [engine_module.vllm_priority(p) for p in (0, 5, 10_050_000_000)] == [0, 5, 10_050_000_000]
+
+
+def test_a_prompt_without_an_image_tag_gets_one() -> None:
+    assert engine_module.model_prompt("<image>\nFree OCR.") == "<image>\nFree OCR."
+    assert engine_module.model_prompt("Describe the chart.") == "<image>\nDescribe the chart."
+
+
+def test_request_timings_from_vllm_metrics() -> None:
+    metrics = SimpleNamespace(queued_ts=10.0, scheduled_ts=10.5, first_token_ts=11.0, last_token_ts=13.0, first_token_latency=1.2)
+    assert engine_module.request_timings(metrics) == {"queue": 0.5, "first_token": 1.2, "decode": 2.0}
+    assert engine_module.request_timings(None) == {}
+    assert engine_module.request_timings(SimpleNamespace(queued_ts=0.0, scheduled_ts=0.0)) == {}
+
+
+class FakeDeadError(Exception):
+    """Stands in for vLLM's EngineDeadError."""
+
+
+def test_engine_error_mapping() -> None:
+    dead = (FakeDeadError,)
+    assert isinstance(engine_module.engine_error(FakeDeadError(), dead, errored=False), EngineDead)
+    assert isinstance(engine_module.engine_error(RuntimeError("CUDA error: an illegal memory access"), dead, errored=False), EngineDead)
+    wrapped = RuntimeError("generate failed")
+    wrapped.__cause__ = FakeDeadError("core gone")
+    assert isinstance(engine_module.engine_error(wrapped, dead, errored=False), EngineDead)
+    assert isinstance(engine_module.engine_error(ValueError("prompt too long"), dead, errored=True), EngineDead)
+    failed = engine_module.engine_error(ValueError("prompt too long"), dead, errored=False)
+    assert isinstance(failed, EngineFailed) and "prompt too long" in failed.message
+
+
+# --- the request flow over a stand-in AsyncLLM -----------------------------------------------------------------
+
+GROUNDED = "<|ref|>title<|/ref|><|det|>[[100, 50, 900, 120]]<|/det|>\n# Report\n\n<|ref|>text<|/ref|><|det|>[[100, 200, 900, 400]]<|/det|>\nBody text.<｜end▁of▁sentence｜>"
+
+
+def output(text: str = GROUNDED, finish_reason: str = "stop") -> SimpleNamespace:
+    metrics = SimpleNamespace(queued_ts=1.0, scheduled_ts=1.25, first_token_ts=2.0, last_token_ts=3.0, first_token_latency=0.9)
+    completion = SimpleNamespace(text=text, token_ids=list(range(12)), finish_reason=finish_reason)
+    return SimpleNamespace(outputs=[completion], prompt_token_ids=list(range(1130)), metrics=metrics, finished=True)
+
+
+class FakeLLM:
+    """The slice of ``AsyncLLM`` the engine uses: ``generate``, ``errored``, ``shutdown``."""
+
+    def __init__(self, result: Any = None, hold: bool = False) -> None:
+        self.result = result if result is not None else output()
+        self.hold = hold
+        self.calls: list[dict[str, Any]] = []
+        self.errored = False
+        self.shut_down = False
+        self.generating = asyncio.Event()
+
+    async def generate(self, engine_input: Any, params: Any, request_id: str, *, priority: int = 0) -> AsyncIterator[Any]:
+        self.calls.append({"input": engine_input, "params": params, "request_id": request_id, "priority": priority})
+        self.generating.set()
+        if self.hold:
+            await asyncio.Event().wait()
+        if isinstance(self.result, BaseException):
+            raise self.result
+        yield self.result
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+class FakeRuntime:
+    """The slice of ``_Runtime`` the engine uses."""
+
+    version = "0.0-test"
+    dead_errors = (FakeDeadError,)
+
+    def __init__(self) -> None:
+        self.prepared: list[tuple[str, str]] = []
+
+    def sampling_params(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs
+
+    async def prepare(self, llm: Any, prompt: str, image: Image.Image) -> dict[str, Any]:
+        self.prepared.append((prompt, image.mode))
+        return {"type": "multimodal", "prompt": prompt}
+
+
+def running_engine(llm: FakeLLM) -> tuple[VllmEngine, FakeRuntime]:
+    engine = VllmEngine(VllmConfig())
+    runtime = FakeRuntime()
+    engine._runtime = runtime  # type: ignore[assignment]
+    engine._llm = llm
+    return engine, runtime
+
+
+def request(request_id: str = "doc/p0/a0", priority: int = 42) -> PageRequest:
+    return PageRequest(
+        request_id=request_id,
+        image=Image.new("L", (1000, 1414), 255),
+        prompt="Convert the document to markdown.",
+        priority=priority,
+        sampling=Sampling(temperature=0.1, ngram_size=20, window_size=90),
+    )
+
+
+def test_recognize_submits_one_page_and_returns_parsed_output() -> None:
+    llm = FakeLLM()
+    engine, runtime = running_engine(llm)
+    rec = asyncio.run(engine.recognize(request()))
+    (call,) = llm.calls
+    assert call["request_id"] == "doc/p0/a0" and call["priority"] == 42
+    assert call["params"]["temperature"] == 0.1 and call["params"]["extra_args"]["ngram_size"] == 20
+    assert runtime.prepared == [("<image>\nConvert the document to markdown.", "RGB")]
+    assert rec.raw == GROUNDED
+    assert rec.markdown == "# Report\n\nBody text."
+    assert [block["type"] for block in rec.blocks] == ["title", "text"]
+    assert rec.blocks[0]["bbox"] == [100, 70, 900, 169]
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.finish_reason) == (1130, 12, "stop")
+    assert {"prepare", "total", "queue", "first_token", "decode"} <= set(rec.timings)
+    assert rec.seconds == rec.timings["total"]
+
+
+def test_abort_cancels_the_request_and_its_attempts() -> None:
+    llm = FakeLLM(hold=True)
+    engine, _ = running_engine(llm)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(engine.recognize(request("doc/p3/a1")))
+        await llm.generating.wait()
+        await engine.abort("doc/p3/a0")
+        await engine.abort("unknown")
+        assert not task.done()
+        await engine.abort("doc/p3")
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(scenario())
+    assert engine._inflight == {}
+
+
+def test_a_request_vllm_aborted_raises_cancelled() -> None:
+    engine, _ = running_engine(FakeLLM(output(finish_reason="abort")))
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(engine.recognize(request()))
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (FakeDeadError(), EngineDead),
+        (RuntimeError("CUDA error: out of memory"), EngineDead),
+        (ValueError("The decoder prompt is longer than the maximum model length"), EngineFailed),
+    ],
+)
+def test_engine_exceptions_become_ocrwatch_errors(error: Exception, expected: type[Exception]) -> None:
+    engine, _ = running_engine(FakeLLM(error))
+    with pytest.raises(expected):
+        asyncio.run(engine.recognize(request()))
+
+
+def test_recognize_before_start_is_engine_dead() -> None:
+    with pytest.raises(EngineDead):
+        asyncio.run(VllmEngine(VllmConfig()).recognize(request()))
+
+
+def test_close_cancels_pages_in_flight_and_shuts_vllm_down() -> None:
+    llm = FakeLLM(hold=True)
+    engine, _ = running_engine(llm)
+
+    async def scenario() -> asyncio.Task[Any]:
+        task = asyncio.create_task(engine.recognize(request()))
+        await llm.generating.wait()
+        await engine.close()
+        return task
+
+    task = asyncio.run(scenario())
+    assert task.cancelled() and llm.shut_down and engine._llm is None
+
+
+def test_engine_contract_without_vllm() -> None:
+    engine = VllmEngine(VllmConfig(max_num_seqs=64, data_parallel_size=2))
+    assert isinstance(engine, Engine)
+    assert engine.max_concurrency == 128
+    assert engine.render_hint.max_side == 2304
+    engine.release()
+    described = engine.describe()
+    assert described["name"] == "vllm" and described["architecture"] == "DeepseekOCR2ForCausalLM"
+    assert described["sampling"]["temperature"] == 0.0 and len(described["ladder"]) == 2
+    json.dumps(described)
