@@ -214,6 +214,7 @@ class LoopInfo:
 _LOOP_SKIP_RE = re.compile(
     rf"(?:{_SPECIAL}|<\|ref\|>[a-z_]{{1,32}}<\|/ref\|>|{_STRAY_TAG_RE.pattern}|\s)+"
 )
+_HEADER_MAX = 200  # a block header with a few boxes is well under this
 # The start of a tag cut off by the end of the output ("<|re", "<|ref|>te", "...<|det|>[[100, 2").
 _CUT_TAG_RE = re.compile(r"<(?:\|[a-z/]{0,4}\|?)?\Z")
 
@@ -252,10 +253,10 @@ def find_loop(
         first = n - length
         if not any(char.isalpha() for char in tail[first : first + period]):
             continue
-        # Begin the loop at a word boundary within its first period, so the unit reads naturally and
-        # text[:start] ends where the good output ended.
+        # Begin the loop at a word boundary within its first period, so the unit reads naturally, and
+        # with the whitespace and tags before it, so text[:start] ends where the good output ended.
         aligned = next((i for i in range(first, first + period) if i == 0 or tail[i - 1] == " "), first)
-        start = offsets[aligned]
+        start = offsets[aligned - 1] if aligned > 0 and tail[aligned - 1] == " " else offsets[aligned]
         return LoopInfo(
             unit=tail[aligned : aligned + period].strip(),
             repeats=round((n - aligned) / period, 2),
@@ -268,7 +269,7 @@ def find_loop(
 def _complete_end(text: str) -> int:
     """Where the text ends once a block header cut off by the end of the output is left out."""
     last_ref = text.rfind(_REF_OPEN)
-    if last_ref >= 0 and _DET_CLOSE not in text[last_ref:]:
+    if last_ref >= 0 and len(text) - last_ref < _HEADER_MAX and _DET_CLOSE not in text[last_ref:]:
         return last_ref
     cut = _CUT_TAG_RE.search(text)
     return cut.start() if cut else len(text)

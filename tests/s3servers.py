@@ -215,12 +215,16 @@ rgw data = {d}/rgw.a
         return {"endpoint_url": self.endpoint, "region": self.region, "access_key_id": self.access_key,
                 "secret_access_key": self.secret_key, "addressing_style": "path", **overrides}
 
-    def bucket_with_webhook(self, bucket: str, push_endpoint: str) -> None:
-        """Make ``bucket`` POST created-object events to ``push_endpoint`` (an SNS topic with a push endpoint)."""
+    def bucket_with_webhook(self, bucket: str, push_endpoint: str, *, persistent: bool = False) -> None:
+        """Make ``bucket`` POST created-object events to ``push_endpoint`` (an SNS topic with a push endpoint).
+
+        ``persistent``: RGW queues the events and resends until the endpoint answers 2xx; otherwise the upload
+        waits for the endpoint's answer and an event that fails is lost.
+        """
         s3 = self.client("s3")
         s3.create_bucket(Bucket=bucket)
-        topic = self.client("sns").create_topic(Name=f"{bucket}-events",
-                                                Attributes={"push-endpoint": push_endpoint})["TopicArn"]
+        attributes = {"push-endpoint": push_endpoint, "persistent": "true" if persistent else "false"}
+        topic = self.client("sns").create_topic(Name=f"{bucket}-events", Attributes=attributes)["TopicArn"]
         s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={
             "TopicConfigurations": [{"Id": "ocrwatch", "TopicArn": topic, "Events": ["s3:ObjectCreated:*"]}]})
 

@@ -80,12 +80,15 @@ def tesseract_children() -> dict[int, dict[str, str]]:
     return children
 
 
-async def wait_for_child(timeout: float = 10.0) -> int:
+async def busy_child(timeout: float = 10.0) -> int:
+    """The pid of this process's tesseract child, once it has had its image and is recognising: killed
+    earlier, a child dies of its cut-off input anyway, which would hide a missing kill."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
         children = tesseract_children()
         if children:
+            await asyncio.sleep(0.3)
             return next(iter(children))
         await asyncio.sleep(0.005)
     raise AssertionError("no tesseract child appeared")
@@ -194,7 +197,7 @@ def test_abort_kills_the_child_and_frees_its_slot() -> None:
     async def main() -> Any:
         engine = await started(workers=1)
         task = asyncio.create_task(engine.recognize(PageRequest("slow", slow_page(), prompt="")))
-        pid = await wait_for_child()
+        pid = await busy_child()
         await engine.abort("slow")
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=1)
@@ -212,7 +215,7 @@ def test_abort_of_a_queued_page_never_starts_it() -> None:
     async def main() -> set[int]:
         engine = await started(workers=1)
         first = asyncio.create_task(engine.recognize(PageRequest("first", slow_page(), prompt="")))
-        pid = await wait_for_child()
+        pid = await busy_child()
         queued = asyncio.create_task(engine.recognize(PageRequest("queued", slow_page(), prompt="")))
         await asyncio.sleep(0.05)
         await engine.abort("queued")
@@ -232,8 +235,9 @@ def test_abort_of_a_queued_page_never_starts_it() -> None:
 def test_cancelled_recognize_leaves_no_tesseract_process() -> None:
     async def main() -> None:
         engine = await started(workers=2)
-        tasks = [asyncio.create_task(engine.recognize(PageRequest(f"p{i}", slow_page(), prompt=""))) for i in range(3)]
-        await wait_for_child()
+        pages = [PageRequest(f"p{i}", slow_page(), prompt="") for i in range(3)]
+        tasks = [asyncio.create_task(engine.recognize(page)) for page in pages]
+        await busy_child()
         for task in tasks:
             task.cancel()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=2)
@@ -247,7 +251,7 @@ def test_close_kills_pages_in_flight() -> None:
     async def main() -> None:
         engine = await started(workers=1)
         task = asyncio.create_task(engine.recognize(PageRequest("slow", slow_page(), prompt="")))
-        await wait_for_child()
+        await busy_child()
         await asyncio.wait_for(engine.close(), timeout=2)
         assert tesseract_children() == {}
         with pytest.raises(asyncio.CancelledError):
@@ -306,11 +310,8 @@ def test_parse_tsv_groups_words_into_lines_and_paragraphs() -> None:
 def test_corpus_linn_first_page(corpus_dir: Path, tmp_path: Path) -> None:
     if shutil.which("pdftoppm") is None:
         pytest.skip("pdftoppm (poppler-utils) is not installed")
-    subprocess.run(
-        ["pdftoppm", "-r", "300", "-f", "1", "-l", "1", "-png", str(corpus_dir / "linn.pdf"), str(tmp_path / "page")],
-        check=True,
-        timeout=120,
-    )
+    pdf, prefix = str(corpus_dir / "linn.pdf"), str(tmp_path / "page")
+    subprocess.run(["pdftoppm", "-r", "300", "-f", "1", "-l", "1", "-png", pdf, prefix], check=True, timeout=120)
     (rendered,) = tmp_path.glob("page*.png")
 
     async def main() -> Any:

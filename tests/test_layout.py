@@ -209,7 +209,10 @@ def test_grounded_text_refs_become_text_blocks() -> None:
         "<|ref|>Total: 12.00 EUR<|/ref|><|det|>[[100, 150, 400, 180]]<|/det|>\n"
     )
     page = parse(raw, 999, 999)
-    assert [(b["type"], b["text"]) for b in page.blocks] == [("text", "Invoice No. 4711"), ("text", "Total: 12.00 EUR")]
+    assert [(b["type"], b["text"]) for b in page.blocks] == [
+        ("text", "Invoice No. 4711"),
+        ("text", "Total: 12.00 EUR"),
+    ]
     assert page.markdown == "Invoice No. 4711\n\nTotal: 12.00 EUR"
 
 
@@ -246,21 +249,25 @@ def test_loop_same_line_repeated_at_the_end() -> None:
     assert isinstance(loop, LoopInfo)
     assert loop.unit == "Item 4: see the appendix for details."
     assert loop.repeats == pytest.approx(60, abs=0.1)
-    assert text[: loop.start] == PROSE
-    assert loop.chars == len(text) - len(PROSE)
+    assert text[: loop.start] == PROSE.rstrip()
+    assert loop.chars == len(text) - loop.start
 
 
-def test_loop_paragraph_repeated_and_cut_off_mid_copy() -> None:
-    paragraph = (
-        "<|ref|>text<|/ref|><|det|>[[100, 200, 900, 260]]<|/det|>\n"
-        "The results in Table 2 show that the method is robust to noise in the input.\n\n"
-    )
-    text = PROSE + paragraph * 7 + paragraph[:50]
+PARAGRAPH = (
+    "<|ref|>text<|/ref|><|det|>[[100, 200, 900, 260]]<|/det|>\n"
+    "The results in Table 2 show that the method is robust to noise in the input.\n\n"
+)
+
+
+@pytest.mark.parametrize("cut", range(0, len(PARAGRAPH), 6))
+def test_loop_paragraph_repeated_and_cut_off_anywhere(cut: int) -> None:
+    """max_tokens ends the output anywhere, inside a tag too."""
+    text = PROSE + PARAGRAPH * 7 + PARAGRAPH[:cut]
     loop = find_loop(text)
     assert loop is not None
     assert loop.unit == "The results in Table 2 show that the method is robust to noise in the input."
-    assert 6.5 < loop.repeats < 8
-    assert PROSE.strip() in text[: loop.start]
+    assert 6.9 < loop.repeats < 8.1
+    assert text[: loop.start] == PROSE.rstrip()
 
 
 def test_loop_of_a_block_with_moving_coordinates() -> None:
@@ -298,7 +305,8 @@ def test_loop_before_trailing_special_tokens() -> None:
 
 def test_no_loop_in_table_rows_of_different_numbers() -> None:
     rows = "".join(
-        f"<tr><td>2024-{1 + i // 28:02d}-{1 + i % 28:02d}</td><td>{1000 + 17 * i}</td><td>0.00</td><td>OK</td></tr>"
+        f"<tr><td>2024-{1 + i // 28:02d}-{1 + i % 28:02d}</td><td>{1000 + 17 * i}</td>"
+        "<td>0.00</td><td>OK</td></tr>"
         for i in range(120)
     )
     assert find_loop(PROSE + "<table>" + rows + "</table>") is None
@@ -314,7 +322,8 @@ def test_no_loop_in_a_table_of_identical_empty_rows_that_is_closed() -> None:
 
 def test_no_loop_in_lists_of_short_items() -> None:
     assert find_loop(PROSE + "".join(f"- Item {i}\n" for i in range(1, 80))) is None
-    assert find_loop(PROSE + "".join(f"{chr(97 + i % 26)}) {w}\n" for i, w in enumerate(["yes", "no"] * 3))) is None
+    answers = "".join(f"{chr(97 + i)}) {answer}\n" for i, answer in enumerate(["yes", "no"] * 12))
+    assert find_loop(PROSE + answers) is None
 
 
 def test_no_loop_in_a_table_of_contents_with_dot_leaders() -> None:

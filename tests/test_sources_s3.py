@@ -360,6 +360,7 @@ def test_webhook_authentication_and_limits() -> None:
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg, S3Sink(cfg))
+        source.reject_delay_seconds = 0.05
         await source.start(submitted)
         address = source.address
 
@@ -399,8 +400,10 @@ def test_webhook_answers_only_after_submit_returned() -> None:
         failing = Submitted(fail=True)
         source = S3Source(cfg, S3Sink(cfg))
         await source.start(failing)
-        status, _, _ = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
-        assert status == 503  # not in the ledger: the sender must try again
+        started = time.monotonic()
+        status, _, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
+        assert status == 503  # not in the ledger: the sender must try again, but not at once
+        assert answered - started >= source.reject_delay_seconds
         await source.stop()
 
     run(scenario)
@@ -436,6 +439,27 @@ def test_rgw_pushes_raw_keys_to_the_webhook(rgw: RgwServer, tmp_path: Path) -> N
                                           size=head["ContentLength"])
         path = await source.fetch(jobs[1], tmp_path)
         assert path.read_bytes() == ODD_KEYS[1].encode()
+        await source.stop()
+
+    run(scenario)
+
+
+def test_rgw_persistent_topic_resends_what_the_webhook_refused(rgw: RgwServer) -> None:
+    cfg = S3Config(transport="webhook", listen="127.0.0.1:0", token=TOKEN, **rgw.s3_config())
+
+    async def scenario() -> None:
+        submitted = Submitted(fail=True)
+        source = S3Source(cfg, S3Sink(cfg))
+        with capture_logs() as logs:
+            await source.start(submitted)
+            host, port = source.address
+            await asyncio.to_thread(rgw.bucket_with_webhook, "persistent-docs",
+                                    f"http://{host}:{port}{cfg.path}?token={TOKEN}", persistent=True)
+            await asyncio.to_thread(rgw.client("s3").put_object, Bucket="persistent-docs", Key="again.pdf", Body=b"x")
+            await until(lambda: sum(e["event"] == "s3_webhook_rejected" for e in logs) >= 2, 40, "two refusals")
+            submitted.fail = False
+            [job] = await submitted.wait(1, timeout=40)
+        assert job.origin.key == "again.pdf"
         await source.stop()
 
     run(scenario)

@@ -73,11 +73,14 @@ class TesseractEngine:
         if missing:
             packages = " ".join(f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing)
             raise ConfigError(
-                f"tesseract has no language data for {', '.join(missing)}; installed: {', '.join(sorted(available))}",
+                f"tesseract has no language data for {', '.join(missing)}; "
+                f"installed: {', '.join(sorted(available))}",
                 hint=f"install the Debian package(s) {packages}, or change [engine.tesseract] lang",
             )
         await self.recognize(PageRequest(request_id="tesseract-warmup", image=_warmup_page(), prompt=""))
-        log.info("tesseract.started", version=self._version, lang=self._config.lang, workers=self.max_concurrency)
+        log.info(
+            "tesseract.started", version=self._version, lang=self._config.lang, workers=self.max_concurrency
+        )
 
     async def recognize(self, page: PageRequest) -> Recognition:
         """OCR one page in its own task, so ``abort`` can cancel exactly this page."""
@@ -172,8 +175,7 @@ class TesseractEngine:
                 process.kill()
                 await asyncio.shield(process.wait())
             raise
-        assert process.returncode is not None
-        return stdout, stderr, process.returncode
+        return stdout, stderr, await process.wait()
 
 
 def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
@@ -193,7 +195,7 @@ def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
             paragraphs.setdefault(tuple(fields[1:4]), []).append(line)
         line.words.append(fields[11].strip())
         line.confidences.append(float(fields[10]))
-        line.box = [min(line.box[0], box[0]), min(line.box[1], box[1]), max(line.box[2], box[2]), max(line.box[3], box[3])]
+        line.box = [*map(min, line.box[:2], box[:2]), *map(max, line.box[2:], box[2:])]
     markdown = "\n\n".join("\n".join(" ".join(line.words) for line in group) for group in paragraphs.values())
     blocks = [
         {
@@ -208,17 +210,21 @@ def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _encode(image: Image.Image, default_dpi: int) -> tuple[bytes, int]:
-    """PNM bytes Tesseract reads from stdin, and the image's DPI (the rendered one where it says so)."""
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        background = Image.new("RGB", image.size, "white")
-        background.paste(image.convert("RGBA"), mask=image.convert("RGBA").getchannel("A"))
-        image = background
-    elif image.mode not in ("1", "L", "RGB"):
-        image = image.convert("RGB" if image.mode in ("P", "CMYK", "YCbCr", "LAB", "HSV") else "L")
+    """PNM bytes Tesseract reads from stdin, and the image's DPI (the rendered one where it says so).
+    The renderer already hands over L or RGB; other modes are flattened here the same way."""
+    dpi = image.info.get("dpi")
+    resolution = round(dpi[0]) if isinstance(dpi, tuple) and dpi and dpi[0] >= 70 else default_dpi
+    mode = image.mode
+    if mode.startswith("I;16") or mode == "I":  # 16-bit grey: convert("L") would clip at 255
+        image = image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
+    elif mode in ("RGBA", "RGBa", "LA", "La", "PA") or (mode == "P" and "transparency" in image.info):
+        white = Image.new("RGBA", image.size, "white")
+        image = Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+    elif mode not in ("1", "L", "RGB"):
+        image = image.convert("RGB")
+    # Always an image Pillow just wrote: Tesseract reads stdin that is no image as a list of file names.
     buffer = io.BytesIO()
     image.save(buffer, format="PPM")
-    dpi = image.info.get("dpi")
-    resolution = round(dpi[0]) if isinstance(dpi, tuple) and dpi and dpi[0] and dpi[0] >= 70 else default_dpi
     return buffer.getvalue(), resolution
 
 

@@ -248,6 +248,8 @@ class S3Source:
     included (a message is deleted only when all its jobs are finished).
     """
 
+    reject_delay_seconds = 1.0
+
     def __init__(self, cfg: S3Config, sink: Sink, *, name: str = "s3", max_bytes: int = 512 * MiB,
                  max_inflight: int = 64, backoff_max_seconds: float = 30.0) -> None:
         self.cfg = cfg
@@ -261,6 +263,7 @@ class S3Source:
         self._submit: Submit | None = None
         self._poller: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
         self._heartbeats: set[asyncio.Task[None]] = set()
         self._deliveries: dict[str, _Delivery] = {}
         self._room = asyncio.Event()
@@ -286,6 +289,8 @@ class S3Source:
         """Stop taking events. Jobs in flight keep their heartbeat until ``finish``; nothing is deleted here."""
         if self._server is not None:
             self._server.close()
+            for writer in list(self._connections):  # a request being submitted still finishes; its answer is lost
+                writer.close()
             await self._server.wait_closed()
         if self._poller is not None:
             self._poller.cancel()
@@ -540,26 +545,31 @@ class S3Source:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One HTTP/1.1 exchange per connection (``Connection: close``): small, strict and bounded."""
-        peer = writer.get_extra_info("peername")
+        self._connections.add(writer)
+        try:
+            await self._answer(reader, writer)
+        finally:
+            self._connections.discard(writer)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             status, payload, headers = await self._exchange(reader, writer)
         except _HttpError as exc:
             status, payload, headers = exc.status, {"error": exc.reason}, exc.headers
+            peer = writer.get_extra_info("peername")
             log.warning("s3_webhook_rejected", source=self.name, status=status, reason=exc.reason,
                         peer=peer and peer[0])
+            # RGW resends a refused event at once, in a tight loop: answering slowly paces it (and guessers)
+            await asyncio.sleep(self.reject_delay_seconds)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
-            writer.close()
             return
-        try:
+        with contextlib.suppress(ConnectionError, TimeoutError):
             await _respond(writer, status, payload, headers)
             if status >= 400:
                 await _linger(reader, writer)
-        except (ConnectionError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
 
     async def _exchange(self, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> tuple[int, dict[str, Any], dict[str, str]]:

@@ -1,0 +1,300 @@
+"""Prove the fast DeepSeek-OCR-2 vision path equal to vLLM's own, then time both.
+
+Builds the vision tower exactly as vLLM's DeepseekOCR2ForCausalLM does (SAM ViT-B, the Qwen2
+decoder-as-encoder, the linear projector, the view separator), fills it with random weights of
+realistic scale (rel-pos tables included, so the bias matters), prepares real pages with vLLM's
+own DeepseekOCRProcessor (v2: 1024 global view + 768 tiles), and compares, per page:
+  stock bf16 vs an fp32 reference of the stock path  (what bf16 costs anyway),
+  fast bf16 (each attention kernel) vs the same reference, and fast vs stock.
+Then times the stock per-page loop against the batched path (median of --reps, CUDA-synchronised),
+and with --profile writes torch-profiler tables of both.
+
+  python3 bench/gpu/encoder_check.py --model .gpu/dsocr2 --pdfs .gpu/corpus/docs --pages 12
+  (CPU smoke test: --device cpu --dtype float32 --pages 1 --no-ref --impls sdpa,concat)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for ocrwatch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ocrwatch.engines import deepseek_ocr2_fast as fast  # noqa: E402
+
+PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
+
+
+def build_tower(model_dir: str, device: str, dtype: torch.dtype, seed: int):
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.models.deepencoder import ImageEncoderViT
+    from vllm.model_executor.models.deepencoder2 import build_qwen2_decoder_as_encoder
+    from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
+    from vllm.model_executor.models.deepseek_vl2 import MlpProjector
+    from vllm.transformers_utils.configs.deepseek_vl2 import DeepseekVLV2Config
+
+    cfg = DeepseekVLV2Config(**json.load(open(Path(model_dir) / "config.json")))
+
+    class Tower(torch.nn.Module):
+        # the stock class's own methods, bound to a module that holds only the vision tower
+        _encode_global_features = DeepseekOCR2ForCausalLM._encode_global_features
+        _encode_local_features = DeepseekOCR2ForCausalLM._encode_local_features
+        _pixel_values_to_embedding = DeepseekOCR2ForCausalLM._pixel_values_to_embedding
+
+        def __init__(self):
+            super().__init__()
+            self.sam_model = ImageEncoderViT(
+                depth=12, embed_dim=768, img_size=1024, mlp_ratio=4,
+                norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), num_heads=12, patch_size=16,
+                qkv_bias=True, use_rel_pos=True, global_attn_indexes=[2, 5, 8, 11], window_size=14,
+                out_chans=256, last_conv_output=896)
+            self.qwen2_model = build_qwen2_decoder_as_encoder()
+            self.projector = MlpProjector(cfg.projector_config)
+            n_embed = cfg.projector_config.n_embed
+            self.view_seperator = torch.nn.Parameter(torch.randn(n_embed) / math.sqrt(n_embed))
+
+    vcfg = VllmConfig(device_config=DeviceConfig(device=device))
+    ctx = set_current_vllm_config(vcfg)
+    ctx.__enter__()  # custom ops look the config up at forward time too: keep it set
+    torch.manual_seed(seed)
+    tower = Tower()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in tower.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if "rel_pos" in name:
+                p.copy_(r * 0.5)
+            elif name == "view_seperator" or "pos_embed" in name:
+                p.copy_(r * 0.02)
+            elif p.dim() == 1:
+                p.copy_(1 + 0.1 * r if name.endswith("weight") else 0.02 * r)
+            else:
+                p.copy_(r / math.sqrt(p[0].numel()))
+    return tower.to(device=device, dtype=dtype).eval()
+
+
+def prepare(model_dir: str, images, device: str, dtype: torch.dtype):
+    """vLLM's processor, as the engine runs it: pixel_values (n,3,1024,1024), images_crop (tiles),
+    images_spatial_crop (n,2)."""
+    from transformers import AutoTokenizer
+    from vllm.transformers_utils.processors.deepseek_ocr import DeepseekOCRProcessor
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    proc = DeepseekOCRProcessor(tok, image_size=768, base_size=1024, strategy="v2")
+    pv, crops, spatial, ntok = [], [], [], []
+    for img in images:
+        out = proc(prompt=PROMPT, images=[img])
+        pv.append(out["pixel_values"])
+        w, h = out["images_spatial_crop"][0].tolist()
+        spatial.append(out["images_spatial_crop"])
+        if w > 1 or h > 1:
+            crops.append(out["images_crop"].reshape(-1, 3, 768, 768))
+        ntok.append(int(len(out["input_ids"])))
+    pixel_values = torch.cat(pv).to(device=device, dtype=dtype)
+    images_crop = (torch.cat(crops) if crops else torch.zeros(0, 3, 768, 768)).to(device=device, dtype=dtype)
+    images_spatial_crop = torch.cat(spatial).to(device=device, dtype=torch.long)
+    return pixel_values, images_crop, images_spatial_crop, ntok
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, reps: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def flops_per_page(spatial) -> float:
+    """Matrix FLOPs of SAM + Qwen2 + projector for one page (global view + its tiles)."""
+    sam_layer = 4 * 768 * 768 + 2 * 768 * 3072  # qkv, proj, mlp weights
+    qwen_layer = 896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864  # q,o + k,v (GQA 2x64) + mlp
+
+    def view(tokens: int, side: int, n_query: int) -> float:
+        f = 2 * tokens * sam_layer * 12
+        f += 4 * 4 * tokens * tokens * 768  # 4 global-attention layers (QK and PV)
+        f += 8 * 4 * tokens * 196 * 768  # 8 windowed layers
+        f += 2 * (2 * n_query) * qwen_layer * 24 + 4 * 24 * (2 * n_query) ** 2 * 896
+        return f
+
+    w, h = spatial
+    f = view(4096, 64, 256)
+    if w > 1 or h > 1:
+        f += w * h * view(2304, 48, 144)
+    return f
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=".gpu/dsocr2")
+    ap.add_argument("--pdfs", default=".gpu/corpus/docs")
+    ap.add_argument("--pages", type=int, default=12)
+    ap.add_argument("--bench-pages", type=int, default=32)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--impls", default="sdpa,concat,flex")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-ref", action="store_true", help="skip the fp32 reference")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile'd SAM (sdpa)")
+    ap.add_argument("--profile", default=None, help="directory for torch-profiler tables")
+    ap.add_argument("--out", default=None, help="append a JSON result line here")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    dtype = getattr(torch, a.dtype)
+    impls = [i for i in a.impls.split(",") if i]
+    res: dict = dict(device=torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
+                     torch=torch.__version__, dtype=a.dtype)
+
+    import pages as pagelib
+
+    pdfs = pagelib.pdf_files([a.pdfs])
+    images = pagelib.render(pdfs, 144)
+    # a spread of real geometries: A4, letter, landscape, small, huge
+    by_size: dict = {}
+    for im in images:
+        by_size.setdefault(im.size, []).append(im)
+    pick = [v[0] for v in by_size.values()]
+    pick += [im for im in images if im not in pick]
+    check_imgs = pick[: a.pages]
+    res["check_sizes"] = [im.size for im in check_imgs]
+    print(f"pages for the check: {res['check_sizes']}", flush=True)
+
+    tower = build_tower(a.model, a.device, dtype, a.seed)
+    pv, crops, spatial, ntok = prepare(a.model, check_imgs, a.device, dtype)
+    res["prompt_tokens"] = ntok
+    res["tiles"] = spatial.tolist()
+
+    with torch.inference_mode():
+        stock = tower._pixel_values_to_embedding(pv, crops, spatial)
+        ref = None
+        if not a.no_ref:
+            tower32 = build_tower(a.model, a.device, torch.float32, a.seed)
+            ref = tower32._pixel_values_to_embedding(pv.float(), crops.float(), spatial)
+            del tower32
+            res["stock_vs_ref32"] = [round(rel(s, r), 5) for s, r in zip(stock, ref)]
+        checks = {}
+        for impl in impls:
+            try:
+                out = fast.pages_to_embeddings(tower, pv, crops, spatial, global_impl=impl, global_chunk=8, tile_chunk=24)
+            except Exception as exc:  # record and go on: one kernel failing must not hide the others
+                checks[impl] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
+                print(f"{impl}: FAILED {exc!r}"[:800], flush=True)
+                continue
+            assert [o.shape for o in out] == [s.shape for s in stock], (impl, [o.shape for o in out])
+            c = dict(vs_stock=[round(rel(o, s), 5) for o, s in zip(out, stock)],
+                     max_abs_vs_stock=round(max(float((o.float() - s.float()).abs().max()) for o, s in zip(out, stock)), 5),
+                     finite=all(bool(torch.isfinite(o).all()) for o in out))
+            if ref is not None:
+                c["vs_ref32"] = [round(rel(o, r), 5) for o, r in zip(out, ref)]
+                worst = max(x / max(y, 1e-6) for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"]))
+                c["worst_ratio_to_stock_error"] = round(worst, 3)
+                c["pass"] = c["finite"] and all(x <= 1.5 * y + 2e-3 for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"]))
+            else:
+                tol = 1e-4 if dtype == torch.float32 else 3e-2
+                c["pass"] = c["finite"] and max(c["vs_stock"]) < tol
+            checks[impl] = c
+            print(f"{impl}: pass={c['pass']} vs_stock max {max(c['vs_stock']):.2e}"
+                  + (f" vs_ref32 max {max(c['vs_ref32']):.2e} (stock {max(res['stock_vs_ref32']):.2e})" if ref is not None else ""),
+                  flush=True)
+        res["checks"] = checks
+        del stock, ref
+
+        if not a.no_bench:
+            bench_imgs = (images * (a.bench_pages // len(images) + 1))[: a.bench_pages]
+            pv, crops, spatial, _ = prepare(a.model, bench_imgs, a.device, dtype)
+            n = len(bench_imgs)
+            fl = sum(flops_per_page(s) for s in spatial.tolist()) / n
+            res["bench_pages"] = n
+            res["tflop_per_page"] = round(fl / 1e12, 3)
+            timing = {}
+
+            def run_stock():
+                return tower._pixel_values_to_embedding(pv, crops, spatial)
+
+            run_stock()  # warm-up
+            med, ts = timed(run_stock, a.device, a.reps)
+            timing["stock_loop"] = dict(ms_per_page=round(1000 * med / n, 2), pages_per_s=round(n / med, 1),
+                                        tflops=round(fl * n / med / 1e12, 1))
+            print(f"stock per-page loop: {1000 * med / n:.1f} ms/page", flush=True)
+            variants = [(i, dict(global_impl=i)) for i in impls if checks.get(i, {}).get("pass")]
+            if a.compile and "sdpa" in impls:
+                variants.append(("compiled_sam_sdpa", dict(global_impl="sdpa")))
+            for name, kw in variants:
+                if name.startswith("compiled"):
+                    orig = fast.sam_encode
+                    fast.sam_encode = torch.compile(orig, dynamic=True)
+                try:
+                    t0 = time.perf_counter()
+                    fast.pages_to_embeddings(tower, pv, crops, spatial, **kw)  # warm-up / compile
+                    sync(a.device)
+                    first = time.perf_counter() - t0
+                    med, ts = timed(lambda: fast.pages_to_embeddings(tower, pv, crops, spatial, **kw), a.device, a.reps)
+                    timing[name] = dict(ms_per_page=round(1000 * med / n, 2), pages_per_s=round(n / med, 1),
+                                        tflops=round(fl * n / med / 1e12, 1), first_call_s=round(first, 1),
+                                        spread_ms=[round(1000 * t / n, 2) for t in ts])
+                    print(f"{name}: {1000 * med / n:.2f} ms/page (first call {first:.1f} s)", flush=True)
+                except Exception as exc:
+                    timing[name] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
+                    print(f"{name}: FAILED {exc!r}"[:800], flush=True)
+                finally:
+                    if name.startswith("compiled"):
+                        fast.sam_encode = orig
+            res["timing"] = timing
+            if a.device.startswith("cuda"):
+                res["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+
+            if a.profile:
+                from torch.profiler import ProfilerActivity, profile
+
+                os.makedirs(a.profile, exist_ok=True)
+                best = min((k for k in timing if k in impls and "ms_per_page" in timing[k]),
+                           key=lambda k: timing[k]["ms_per_page"], default=None)
+                small = 4
+                pv4, crops4, sp4 = pv[:small], crops[: int(sum(w * h if (w > 1 or h > 1) else 0 for w, h in spatial[:small].tolist()))], spatial[:small]
+                runs = [("stock", lambda: tower._pixel_values_to_embedding(pv4, crops4, sp4))]
+                if best:
+                    runs.append((best, lambda: fast.pages_to_embeddings(tower, pv4, crops4, sp4, global_impl=best)))
+                prof_summary = {}
+                for name, fn in runs:
+                    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])
+                    with profile(activities=acts) as prof:
+                        fn()
+                        sync(a.device)
+                    ka = prof.key_averages()
+                    table = ka.table(sort_by="cuda_time_total" if a.device.startswith("cuda") else "cpu_time_total", row_limit=25)
+                    Path(a.profile, f"profile_{name}.txt").write_text(table)
+                    events = [e for e in prof.events() if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")]
+                    gpu_us = sum(e.device_time for e in events) if events else 0
+                    prof_summary[name] = dict(pages=small, kernels=len(events), gpu_ms=round(gpu_us / 1000, 1))
+                res["profile_4_pages"] = prof_summary
+    print("RESULT " + json.dumps(res), flush=True)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(json.dumps(res) + "\n")
+
+
+if __name__ == "__main__":
+    main()

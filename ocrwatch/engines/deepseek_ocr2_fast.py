@@ -1,0 +1,340 @@
+"""A faster DeepSeek-OCR-2 for vLLM: the same weights and outputs, a batched vision encoder.
+
+vLLM's own class (``vllm/model_executor/models/deepseek_ocr2.py``, 0.26.0) encodes the pages of a
+batch one at a time: per page, the 1024x1024 global view at batch 1, then that page's 768x768 tiles,
+a host sync (``torch.sum(...).item()``) per page, and, inside the Qwen2 "decoder as encoder", an
+attention mask built by a Python loop that issues two indexing kernels per query token (~1,400
+tiny kernels per page). The GPU sits mostly idle while Python launches kernels.
+
+This subclass keeps every module and weight of the stock class and replaces only the path from
+pixels to embeddings:
+
+- all global views of the batch go through SAM, Qwen2 and the projector together, and all tiles
+  together (in bounded chunks, so peak memory stays bounded);
+- one host sync per batch (the tile counts), none per page;
+- the Qwen2 mask (image tokens see each other, query tokens see all image tokens and the earlier
+  queries) is one cached tensor, built without a loop;
+- the SAM encoder's global-attention layers add the decomposed relative-position bias inside the
+  attention kernel instead of materialising a (heads x 4096 x 4096) bias for an explicit-mask SDPA:
+  ``flex`` (FlexAttention with a ``score_mod``) or ``concat`` (the bias folded into the dot product
+  by appending the rel-pos terms to q and one-hot key coordinates to k, so a flash kernel runs), or
+  ``sdpa`` (the stock arithmetic, batched).
+
+It is selected by ``ocrwatch.engines.vllm_plugin`` (``OCRWATCH_FAST_ENCODER=1``). Knobs, read when the
+model is built: ``OCRWATCH_SAM_ATTN`` (global layers: flex | concat | sdpa, default concat),
+``OCRWATCH_SAM_WINDOW_ATTN`` (windowed layers: stock | concat, default stock),
+``OCRWATCH_ENCODER_CHUNK`` (global views per chunk) and ``OCRWATCH_TILE_CHUNK`` (tiles per chunk),
+``OCRWATCH_ENCODER_STATS`` (a file to which per-process encoder timings are written; adds one sync
+per batch). bench/gpu/encoder_check.py proves it equal to the stock class on random weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLS = ("flex", "concat", "sdpa", "stock")
+DEFAULT_ATTN = "concat"
+
+
+# --------------------------------------------------------------------------- Qwen2 encoder mask
+_MASKS: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}
+
+
+def prefix_lm_mask(n_query: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive mask of vLLM's ``CustomQwen2Decoder`` for ``n_query`` image tokens followed by
+    ``n_query`` learned queries, as a (1, 1, 2n, 2n) tensor: 0 where key j is visible from query i
+    (j < n, or j <= i), the dtype's minimum elsewhere. Cached per (n, dtype, device)."""
+    key = (n_query, dtype, str(device))
+    mask = _MASKS.get(key)
+    if mask is None:
+        size = 2 * n_query
+        i = torch.arange(size, device=device)[:, None]
+        j = torch.arange(size, device=device)[None, :]
+        allowed = (j < n_query) | (j <= i)
+        mask = torch.full((size, size), torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask = mask.masked_fill(allowed, 0.0)[None, None]
+        _MASKS[key] = mask
+    return mask
+
+
+def qwen2_encode(qwen2_model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Same as vLLM's ``Qwen2Decoder2Encoder.forward`` for a whole batch, with the cached mask."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2Model
+
+    x = features.flatten(2).transpose(1, 2)
+    bs, n_query, _ = x.shape
+    if n_query == 144:
+        queries = qwen2_model.query_768.weight
+    elif n_query == 256:
+        queries = qwen2_model.query_1024.weight
+    else:
+        raise ValueError(f"unexpected number of SAM tokens per view: {n_query}")
+    x = torch.cat([x, queries.unsqueeze(0).expand(bs, -1, -1)], dim=1)
+    mask = prefix_lm_mask(n_query, x.dtype, x.device).expand(bs, 1, 2 * n_query, 2 * n_query)
+    inner = qwen2_model.model.model  # CustomQwen2Decoder -> its transformers Qwen2Model subclass
+    out = Qwen2Model.forward(inner, inputs_embeds=x, attention_mask={"full_attention": mask}, use_cache=False)
+    return out[0][:, n_query:, :]
+
+
+# --------------------------------------------------------------------------- SAM attention
+def _rel_pos_terms(attn: torch.nn.Module, q: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decomposed relative-position terms of the stock ``add_decomposed_rel_pos``:
+    rel_h (B, heads, N, H) and rel_w (B, heads, N, W), from the unscaled q (B, heads, N, C)."""
+    from vllm.model_executor.models.deepencoder import get_rel_pos
+
+    rh = get_rel_pos(height, height, attn.rel_pos_h)
+    rw = get_rel_pos(width, width, attn.rel_pos_w)
+    b, nh, n, c = q.shape
+    r_q = q.reshape(b * nh, height, width, c)
+    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, rh).reshape(b, nh, n, height)
+    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, rw).reshape(b, nh, n, width)
+    return rel_h, rel_w
+
+
+_ONE_HOT: dict[tuple[int, int, torch.dtype, str], torch.Tensor] = {}
+
+
+def _key_coords(height: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(N, H + W): one-hot row and one-hot column of every key position."""
+    key = (height, width, dtype, str(device))
+    t = _ONE_HOT.get(key)
+    if t is None:
+        idx = torch.arange(height * width, device=device)
+        t = torch.cat([F.one_hot(idx // width, height), F.one_hot(idx % width, width)], dim=-1).to(dtype)
+        _ONE_HOT[key] = t
+    return t
+
+
+def _attn_sdpa(attn, q, k, v, height, width):
+    rel_h, rel_w = _rel_pos_terms(attn, q, height, width)
+    b, nh, n, _ = q.shape
+    bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(b, nh, n, height * width)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def _attn_concat(attn, q, k, v, height, width):
+    """softmax(q.k*s + rel_h[kh] + rel_w[kw]) as one plain attention:
+    [q*s, rel_h, rel_w] . [k, onehot(kh), onehot(kw)] = q.k*s + rel_h[kh] + rel_w[kw]."""
+    rel_h, rel_w = _rel_pos_terms(attn, q, height, width)
+    b, nh, n, c = q.shape
+    coords = _key_coords(height, width, q.dtype, q.device).expand(b, nh, n, height + width)
+    qa = torch.cat([q * attn.scale, rel_h, rel_w], dim=-1)
+    ka = torch.cat([k, coords], dim=-1)
+    d = qa.shape[-1]
+    pad = (-d) % 8
+    if pad:
+        qa = F.pad(qa, (0, pad))
+        ka = F.pad(ka, (0, pad))
+    va = F.pad(v, (0, d + pad - c))  # equal head dims let SDPA pick a flash kernel
+    return F.scaled_dot_product_attention(qa, ka, va, scale=1.0)[..., :c]
+
+
+_FLEX: Callable[..., torch.Tensor] | None = None
+
+
+def _flex_fn() -> Callable[..., torch.Tensor]:
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=True)
+    return _FLEX
+
+
+def _attn_flex(attn, q, k, v, height, width):
+    rel_h, rel_w = _rel_pos_terms(attn, q, height, width)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + rel_h[b, h, q_idx, kv_idx // width] + rel_w[b, h, q_idx, kv_idx % width]
+
+    return _flex_fn()(q.contiguous(), k.contiguous(), v.contiguous(), score_mod=score_mod)
+
+
+_IMPLS = {"sdpa": _attn_sdpa, "concat": _attn_concat, "flex": _attn_flex}
+
+
+def rel_pos_attention(attn: torch.nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:
+    """vLLM's ``RelPosAttention.forward`` with a choice of attention kernel; x is (B, H, W, C)."""
+    if impl == "stock" or not attn.use_rel_pos:
+        return attn(x)
+    b, height, width, _ = x.shape
+    nh = attn.num_heads
+    qkv = attn.qkv(x).reshape(b, height * width, 3, nh, -1).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # (B, heads, N, C)
+    out = _IMPLS[impl](attn, q, k, v, height, width)
+    out = out.reshape(b, nh, height, width, -1).permute(0, 2, 3, 1, 4).reshape(b, height, width, -1)
+    return attn.proj(out)
+
+
+def sam_encode(sam: torch.nn.Module, x: torch.Tensor, global_impl: str, window_impl: str = "stock") -> torch.Tensor:
+    """vLLM's ``ImageEncoderViT.forward`` with the attention kernel chosen per layer kind."""
+    from vllm.model_executor.models.deepencoder import window_partition, window_unpartition
+
+    x = sam.patch_embed(x)
+    if sam.pos_embed is not None:
+        x = x + sam.get_abs_pos(sam.pos_embed, x.size(1))
+    for blk in sam.blocks:
+        shortcut = x
+        y = blk.norm1(x)
+        if blk.window_size > 0:
+            height, width = y.shape[1], y.shape[2]
+            y, pad_hw = window_partition(y, blk.window_size)
+            y = rel_pos_attention(blk.attn, y, window_impl)
+            y = window_unpartition(y, blk.window_size, pad_hw, (height, width))
+        else:
+            y = rel_pos_attention(blk.attn, y, global_impl)
+        x = shortcut + y
+        x = x + blk.mlp(blk.norm2(x))
+    neck = sam.neck(x.permute(0, 3, 1, 2))
+    return sam.net_3(sam.net_2(neck))
+
+
+# --------------------------------------------------------------------------- whole vision path
+def encode_views(model: Any, views: torch.Tensor, chunk: int, global_impl: str, window_impl: str) -> torch.Tensor:
+    """SAM -> Qwen2 -> projector for a stack of same-size views, ``chunk`` views at a time.
+    Returns (views, tokens_per_view, n_embed)."""
+    outs = []
+    for start in range(0, views.shape[0], chunk):
+        part = views[start : start + chunk]
+        feats = sam_encode(model.sam_model, part, global_impl, window_impl)
+        feats = qwen2_encode(model.qwen2_model, feats)
+        outs.append(model.projector(feats))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def pages_to_embeddings(
+    model: Any,
+    pixel_values: torch.Tensor,
+    images_crop: torch.Tensor | None,
+    images_spatial_crop: torch.Tensor,
+    *,
+    global_impl: str = DEFAULT_ATTN,
+    window_impl: str = "stock",
+    global_chunk: int = 16,
+    tile_chunk: int = 48,
+) -> list[torch.Tensor]:
+    """Batched equivalent of ``DeepseekOCR2ForCausalLM._pixel_values_to_embedding``: per page,
+    [tile tokens..., global-view tokens, view separator]."""
+    crops = images_spatial_crop.tolist()  # the one host sync of the batch
+    tiles = [w * h if (w > 1 or h > 1) else 0 for w, h in crops]
+    n_pages = len(crops)
+    glob = encode_views(model, pixel_values[:n_pages], global_chunk, global_impl, window_impl)
+    n_tiles = sum(tiles)
+    local = None
+    if n_tiles:
+        local = encode_views(model, images_crop[:n_tiles], tile_chunk, global_impl, window_impl)
+    dim = glob.shape[-1]
+    sep = model.view_seperator[None, :]
+    out, pos = [], 0
+    for page, count in enumerate(tiles):
+        if count:
+            out.append(torch.cat([local[pos : pos + count].reshape(-1, dim), glob[page], sep], dim=0))
+            pos += count
+        else:
+            out.append(torch.cat([glob[page], sep], dim=0))
+    return out
+
+
+class EncoderStats:
+    """Per-process encoder timings (GPU time via CUDA events, one sync per batch), written as JSON."""
+
+    def __init__(self, path: str):
+        self.path = f"{path}.{os.getpid()}"
+        self.calls = self.pages = self.tiles = 0
+        self.gpu_s = self.wall_s = 0.0
+        self.batch_sizes: dict[int, int] = {}
+
+    def record(self, pages: int, tiles: int, gpu_s: float, wall_s: float) -> None:
+        self.calls += 1
+        self.pages += pages
+        self.tiles += tiles
+        self.gpu_s += gpu_s
+        self.wall_s += wall_s
+        self.batch_sizes[pages] = self.batch_sizes.get(pages, 0) + 1
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(self.__dict__ | {"batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}, handle)
+        os.replace(tmp, self.path)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def _make_class():
+    from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ForCausalLM
+    from vllm.logger import init_logger
+    from vllm.model_executor.models.deepseek_ocr import DeepseekOCRImagePixelInputs
+
+    class FastDeepseekOCR2ForCausalLM(DeepseekOCR2ForCausalLM):
+        """DeepSeek-OCR-2 with a batched vision encoder; weights and outputs as the stock class."""
+
+        def __init__(self, *, vllm_config, prefix: str = ""):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+            self.ocw_global_impl = os.environ.get("OCRWATCH_SAM_ATTN", DEFAULT_ATTN)
+            self.ocw_window_impl = os.environ.get("OCRWATCH_SAM_WINDOW_ATTN", "stock")
+            for name, impl in (("OCRWATCH_SAM_ATTN", self.ocw_global_impl), ("OCRWATCH_SAM_WINDOW_ATTN", self.ocw_window_impl)):
+                if impl not in ATTN_IMPLS:
+                    raise ValueError(f"{name}={impl!r}: expected one of {ATTN_IMPLS}")
+            sdpa_like = self.ocw_global_impl in ("sdpa", "stock")
+            self.ocw_global_chunk = _env_int("OCRWATCH_ENCODER_CHUNK", 4 if sdpa_like else 16)
+            self.ocw_tile_chunk = _env_int("OCRWATCH_TILE_CHUNK", 12 if sdpa_like else 48)
+            stats = os.environ.get("OCRWATCH_ENCODER_STATS")
+            self.ocw_stats = EncoderStats(stats) if stats else None
+            init_logger("vllm.ocrwatch.deepseek_ocr2_fast").info(
+                "ocrwatch: fast DeepSeek-OCR-2 vision encoder active (global attention %s, windowed %s, chunks %d/%d)",
+                self.ocw_global_impl, self.ocw_window_impl, self.ocw_global_chunk, self.ocw_tile_chunk,
+            )
+
+        def _parse_and_validate_image_input(self, **kwargs: object):
+            pixel_values = kwargs.pop("pixel_values", None)
+            images_spatial_crop = kwargs.pop("images_spatial_crop", None)
+            images_crop = kwargs.pop("images_crop", None)
+            if pixel_values is None:  # the stock class also syncs on torch.sum(pixel_values) here
+                return None
+            return DeepseekOCRImagePixelInputs(
+                type="pixel_values",
+                data=pixel_values,
+                images_crop=images_crop,
+                images_spatial_crop=images_spatial_crop,
+                resolve_bindings={"base_size": self.vision_config.image_size},
+            )
+
+        def _pixel_values_to_embedding(self, pixel_values, images_crop, images_spatial_crop):
+            stats = self.ocw_stats
+            if stats is not None:
+                t0 = time.perf_counter()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            out = pages_to_embeddings(
+                self, pixel_values, images_crop, images_spatial_crop,
+                global_impl=self.ocw_global_impl, window_impl=self.ocw_window_impl,
+                global_chunk=self.ocw_global_chunk, tile_chunk=self.ocw_tile_chunk,
+            )
+            if stats is not None:
+                end.record()
+                end.synchronize()
+                n_tiles = int(images_crop.shape[0]) if images_crop is not None else 0
+                stats.record(len(out), n_tiles, start.elapsed_time(end) / 1000, time.perf_counter() - t0)
+            return out
+
+    FastDeepseekOCR2ForCausalLM.__module__ = __name__
+    FastDeepseekOCR2ForCausalLM.__qualname__ = "FastDeepseekOCR2ForCausalLM"
+    return FastDeepseekOCR2ForCausalLM
+
+
+def __getattr__(name: str):
+    # The class is built on first access, so importing this module (or ocrwatch) needs no vLLM.
+    if name == "FastDeepseekOCR2ForCausalLM":
+        cls = _make_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)

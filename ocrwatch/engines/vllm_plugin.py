@@ -1,0 +1,32 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins``: ``ocrwatch_deepseek_ocr2``).
+
+vLLM calls ``register()`` in every process it starts (the front end, the engine core, the workers),
+so the switch is an environment variable, which those processes inherit: ``OCRWATCH_FAST_ENCODER=1``
+(set by the vllm engine from ``[engine.vllm] fast_encoder = true``) makes vLLM build
+``ocrwatch.engines.deepseek_ocr2_fast.FastDeepseekOCR2ForCausalLM`` wherever a model config names
+``DeepseekOCR2ForCausalLM``. Unset, ``0``, ``false`` or ``no``: nothing is registered and vLLM runs
+its own class. The class is registered by name (``module:Class``), so this import stays cheap and
+initialises no CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "OCRWATCH_FAST_ENCODER"
+ARCH = "DeepseekOCR2ForCausalLM"
+FAST_CLASS = "ocrwatch.engines.deepseek_ocr2_fast:FastDeepseekOCR2ForCausalLM"
+
+
+def enabled(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
+    value = (environ if environ is not None else os.environ).get(ENV, "")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def register() -> None:
+    """Register the fast DeepSeek-OCR-2 class with vLLM's model registry when enabled; idempotent."""
+    if not enabled():
+        return
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(ARCH, FAST_CLASS)
