@@ -129,7 +129,9 @@ class VllmConfig(_Model):
 
 
 class EngineConfig(_Model):
-    kind: Literal["auto", "vllm", "tesseract"] = "auto"
+    kind: Literal["auto", "vllm", "tesseract", "plugin"] = "auto"
+    plugin: str | None = None
+    plugin_args: dict[str, Any] = Field(default_factory=dict)
     page_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
     page_attempts: Annotated[int, Field(ge=1, le=20)] = 3
     vllm: VllmConfig = VllmConfig()

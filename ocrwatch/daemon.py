@@ -63,11 +63,13 @@ class EngineSupervisor:
         self._cfg = cfg
         self._metrics = metrics
         self.engine: Engine | None = None
+        self.kind = cfg.engine.kind
         self.scheduler: PageScheduler | None = None
         self._rebuild: asyncio.Task[None] | None = None
 
     async def start(self) -> Engine:
         kind, reason = factory.choose(self._cfg.engine)
+        self.kind = kind
         loud = kind == "tesseract" and self._cfg.engine.kind == "auto"
         (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
         engine = factory.build(self._cfg.engine, self._cfg.output.images, kind=kind)
@@ -101,7 +103,10 @@ class EngineSupervisor:
         engine = self.engine
         if engine is None:
             raise EngineDead("engine is being rebuilt")
-        return await ladder.recognize_page(engine, request, ladder.rungs(self._cfg.engine), self._cfg.engine.page_timeout_seconds)
+        return await ladder.recognize_page(
+            engine, request, ladder.rungs(self._cfg.engine, self.kind), self._cfg.engine.page_timeout_seconds,
+            judge=ladder.judge_for(self.kind),
+        )
 
     async def close(self) -> None:
         if self._rebuild is not None:

@@ -100,7 +100,15 @@ class NotARegularFile(PermanentError):
 
 class OutputNotWritable(PermanentError):
     kind = "output_not_writable"
-    hint = "ocrwatch cannot write sidecars beside the source; make the folder writable or set [output] dir"
+    hint = (
+        "ocrwatch cannot write sidecars beside the source; make the folder writable or set [output] dir, "
+        "then `ocrwatch retry`"
+    )
+
+
+class NameTooLong(PermanentError):
+    kind = "name_too_long"
+    hint = "a sidecar's name would exceed the filesystem's limit (255 bytes); give the file a shorter name"
 
 
 class PageFailed(PermanentError):
@@ -116,6 +124,11 @@ class PageFailed(PermanentError):
 class RenderTimeout(TransientError):
     kind = "render_timeout"
     hint = "rendering took longer than [render] timeout_seconds; raise it or lower [render] dpi"
+
+
+class RenderFailed(TransientError):
+    kind = "render_failed"
+    hint = "the renderer (pdftoppm) was killed while rendering a page, e.g. for memory; retried, then the document fails"
 
 
 class EngineFailed(TransientError):
@@ -164,5 +177,7 @@ def classify(exc: BaseException) -> OcrwatchError:
             return DiskFull(str(exc))
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return OutputNotWritable(str(exc))
+        if exc.errno == errno.ENAMETOOLONG:
+            return NameTooLong(str(exc))
         return TransientError(f"{type(exc).__name__}: {exc}")
     return OcrwatchError(f"{type(exc).__name__}: {exc}")

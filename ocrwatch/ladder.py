@@ -100,7 +100,9 @@ async def recognize_page(
             rec = await _attempt(engine, page, timeout_s)
         except (EngineFailed, PageTimeout) as exc:
             attempt.update(outcome=exc.kind, seconds=round(time.monotonic() - started, 4), error=exc.as_dict())
-            log.warning("page_attempt_failed", request_id=page.request_id, rung=number, kind=exc.kind, error=exc.message)
+            log.warning(
+                "page_attempt_failed", request_id=page.request_id, rung=number, kind=exc.kind, error=exc.message
+            )
             continue
         reason = await asyncio.to_thread(judge, rec)
         attempt.update(
@@ -113,7 +115,10 @@ async def recognize_page(
         last = rec
         if reason is None:
             return PageResult("ok", rec, attempts)
-        log.warning("page_retry", request_id=page.request_id, rung=number, reason=reason, temperature=sampling.temperature)
+        if number + 1 < len(rungs):
+            log.warning(
+                "page_retry", request_id=page.request_id, rung=number, reason=reason, next=asdict(rungs[number + 1])
+            )
     outcomes = ", ".join(str(attempt.get("outcome")) for attempt in attempts) or "no rungs"
     error = PageFailed(f"{request.request_id}: every rung of the retry ladder failed ({outcomes})")
     log.warning("page_failed", request_id=request.request_id, attempts=len(attempts), outcomes=outcomes)

@@ -2,7 +2,7 @@
 
 ``probe`` decides what a file is from its content (magic bytes, then a parse probe: ``pdfinfo`` for PDFs, the
 Pillow header for images), counts its pages and applies the size and page limits before anything is rendered.
-``render_page`` rasterises one page: PDFs through ``pdftoppm`` (``pdf2image``) at a DPI lowered where a page is
+``render_page`` rasterises one page: PDFs through one ``pdftoppm`` run per page at a DPI lowered where a page is
 too large for the caps, images through Pillow (every TIFF frame, EXIF orientation applied, alpha flattened onto
 white, downscaled to the caps). Both are blocking and meant for a worker thread; the heavy PDF work happens in a
 subprocess with a deadline, and image decoding is bounded because oversized images are refused before decoding.
@@ -13,6 +13,7 @@ reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are pla
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -25,8 +26,6 @@ from pathlib import Path
 from typing import Literal
 
 import structlog
-from pdf2image import convert_from_path
-from pdf2image.exceptions import PDFInfoNotInstalledError, PDFPageCountError, PDFPopplerTimeoutError
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
@@ -42,6 +41,7 @@ from ocrwatch.errors import (
     NotARegularFile,
     OcrwatchError,
     PermanentError,
+    RenderFailed,
     RenderTimeout,
     SourceGone,
     TooManyPages,
@@ -290,6 +290,8 @@ def _probe_pdf(path: Path, limits: Limits, timeout: float) -> tuple[int, tuple[t
     page_sizes = []
     for number in range(1, pages + 1):
         width, height = sizes[number]
+        if width <= 0 or height <= 0:  # poppler's stand-in for a page it could not find (a looping page tree)
+            raise CorruptPdf(f"{path}: page {number} has no size ({width:g} x {height:g} pts)")
         page_sizes.append((height, width) if rotations.get(number, 0) in (90, 270) else (width, height))
     return pages, tuple(page_sizes)
 
@@ -323,30 +325,26 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
     dpi = page_dpi(width_pt, height_pt, spec)
     if dpi < spec.dpi:
         log.info("page_dpi_lowered", page=index, wanted=spec.dpi, dpi=dpi, width_pt=width_pt, height_pt=height_pt)
+    # One pdftoppm per page, PPM on stdout: as fast as a temporary file and nothing to clean up. Called directly
+    # (not through pdf2image, which runs pdfinfo and `pdftoppm -v` before every page and ignores the exit
+    # status), so a pdftoppm killed midway is told apart from a document poppler cannot read.
+    number = str(index + 1)
+    argv = ["pdftoppm", "-r", str(dpi), "-f", number, "-l", number, "-cropbox", os.path.abspath(path)]
     try:
-        # PPM on stdout: as fast as a temporary file, and nothing to clean up (PNG is 4-6x slower to encode).
-        images = convert_from_path(
-            os.path.abspath(path),
-            dpi=dpi,
-            first_page=index + 1,
-            last_page=index + 1,
-            fmt="ppm",
-            use_cropbox=True,
-            use_pdftocairo=False,
-            grayscale=False,
-            timeout=spec.timeout_seconds,
-        )
-    except PDFPopplerTimeoutError:
-        raise RenderTimeout(f"{path}: page {index + 1} took longer than {spec.timeout_seconds:g}s") from None
-    except PDFPageCountError as exc:
-        raise _pdf_error(path, str(exc)) from None
-    except PDFInfoNotInstalledError:
+        done = subprocess.run(argv, capture_output=True, timeout=spec.timeout_seconds, check=False)
+    except subprocess.TimeoutExpired:
+        raise RenderTimeout(f"{path}: page {number} took longer than {spec.timeout_seconds:g}s") from None
+    except FileNotFoundError:
         raise _poppler_missing() from None
-    except (UnidentifiedImageError, OSError, ValueError) as exc:  # a crashed pdftoppm leaves a partial PPM
-        raise CorruptPdf(f"{path}: page {index + 1} could not be rendered: {exc}") from None
-    if not images:
-        raise CorruptPdf(f"{path}: pdftoppm produced no image for page {index + 1}")
-    image = images[0]
+    if done.returncode < 0:
+        raise RenderFailed(f"{path}: pdftoppm was killed by signal {-done.returncode} while rendering page {number}")
+    if done.returncode != 0:
+        raise _pdf_error(path, done.stderr.decode("utf-8", "replace"))
+    try:
+        image = Image.open(io.BytesIO(done.stdout), formats=["PPM"])
+        image.load()  # decode now: a short image must fail here, not later inside the engine
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
     if not _fits(image.size, spec.max_side, spec.max_pixels):  # only if poppler's geometry disagrees with pdfinfo
         image, scale = _downscale(image, spec.max_side, spec.max_pixels)
         dpi *= scale

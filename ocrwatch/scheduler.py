@@ -256,6 +256,7 @@ class PageScheduler:
             prompt=doc.prompt,
             priority=doc.order.engine_priority(self._epoch),
             sampling=Sampling(),
+            page_index=page.index,
         )
         self.budget.inflight += 1
         task = self._spawn(self._run_page(doc, page, request), f"recognize:{request.request_id}")

@@ -47,7 +47,11 @@ def _digest(image: Image.Image) -> str:
 
 async def _echo(page: PageRequest, text: str | None = None) -> Recognition:
     width, height = page.image.size
-    raw = text if text is not None else f"Echo of a {width}x{height} page, pixels {await asyncio.to_thread(_digest, page.image)}."
+    raw = (
+        text
+        if text is not None
+        else f"Echo of a {width}x{height} page, pixels {await asyncio.to_thread(_digest, page.image)}."
+    )
     return Recognition(
         markdown=raw,
         raw=raw,
@@ -97,7 +101,9 @@ class EchoEngine:
 
     name = "echo"
 
-    def __init__(self, *, delay: float = 0.0, max_concurrency: int = 8, dpi: int = 100, text: str | None = None) -> None:
+    def __init__(
+        self, *, delay: float = 0.0, max_concurrency: int = 8, dpi: int = 100, text: str | None = None
+    ) -> None:
         self.delay = delay
         self.text = text
         self.max_concurrency = max_concurrency

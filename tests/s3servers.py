@@ -8,7 +8,8 @@
 
 Fixtures: ``moto_server`` (session), ``moto`` (that server, wiped before the test), ``rgw`` (session; skipped
 with the reason where ``radosgw`` is not installed: ``bash tests/install_s3_servers.sh`` installs it).
-Import them into a test module with ``from tests.s3servers import moto, moto_server, rgw``.
+A test module uses them with ``pytest_plugins = ["tests.s3servers"]``. PYTEST_DONT_REWRITE (no asserts here,
+and test modules import it before pytest registers it as a plugin).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -42,9 +44,8 @@ def free_port() -> int:
 def _wait_http(url: str, timeout: float, what: str, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1):
-                return
+        with suppress(OSError), urllib.request.urlopen(url, timeout=1):
+            return
         time.sleep(0.1)
     tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
     raise RuntimeError(f"{what} not ready at {url} within {timeout} s\n{tail}")
@@ -182,7 +183,8 @@ rgw data = {d}/rgw.a
         _wait_http(f"{self.endpoint}/", 60, "radosgw", self.dir / "log" / "client.rgw.a.log")
 
     def stop_gateway(self) -> None:
-        self._kill(["rgw"])
+        """Kill radosgw (as a crash would); the monitor and OSD keep the data for ``start_gateway``."""
+        self._kill(["rgw"], signal.SIGKILL)
 
     def stop(self) -> None:
         self._kill(["rgw", "osd", "mon"], signal.SIGKILL)  # a throwaway cluster: nothing to flush
@@ -240,32 +242,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-_session_servers: dict[str, Any] = {}
-
-
 @pytest.fixture(scope="session")
-def moto_server(request: pytest.FixtureRequest) -> MotoServer:
-    """One moto_server for the session (shared by every module that imports this fixture)."""
-    if "moto" not in _session_servers:
-        server = _session_servers["moto"] = MotoServer().start()
-        request.addfinalizer(server.stop)
-    return _session_servers["moto"]
+def moto_server() -> Iterator[MotoServer]:
+    server = MotoServer().start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
 def moto(moto_server: MotoServer) -> MotoServer:
+    """The session's moto_server, wiped before the test."""
     moto_server.reset()
     return moto_server
 
 
 @pytest.fixture(scope="session")
-def rgw(request: pytest.FixtureRequest) -> RgwServer:
+def rgw() -> Iterator[RgwServer]:
     """One Ceph RGW for the session; skipped where radosgw is not installed."""
     missing = [tool for tool in ("radosgw", "ceph-mon", "ceph-osd", "ceph") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"Ceph RGW not installed ({', '.join(missing)} missing): run bash tests/install_s3_servers.sh")
-    if "rgw" not in _session_servers:
-        server = RgwServer()
-        request.addfinalizer(server.stop)
-        _session_servers["rgw"] = server.start()
-    return _session_servers["rgw"]
+    server = RgwServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()

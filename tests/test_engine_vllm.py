@@ -4,6 +4,7 @@ flow over a stand-in for ``AsyncLLM``. Where vllm is installed, the arguments ar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from ocrwatch.config import EngineConfig, VllmConfig
 from ocrwatch.engines import vllm as engine_module
 from ocrwatch.engines.base import Engine, PageRequest, Sampling
 from ocrwatch.engines.vllm import OCR1, OCR2, VllmEngine
-from ocrwatch.errors import EngineDead, EngineFailed
+from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 
@@ -135,15 +136,24 @@ def test_engine_kwargs_carry_the_config_and_engine_args_win() -> None:
 def test_a_processor_cache_turns_parallel_input_preparation_off() -> None:
     kwargs = engine_module.engine_kwargs(VllmConfig(engine_args={"mm_processor_cache_gb": 4}))
     assert kwargs["renderer_num_workers"] == 1
-    kwargs = engine_module.engine_kwargs(VllmConfig(engine_args={"mm_processor_cache_gb": 4, "renderer_num_workers": 3}))
+    kwargs = engine_module.engine_kwargs(
+        VllmConfig(engine_args={"mm_processor_cache_gb": 4, "renderer_num_workers": 3})
+    )
     assert kwargs["renderer_num_workers"] == 3
 
 
 def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
     env = engine_module.engine_env(VllmConfig(), {})
-    assert env == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1"}
-    env = engine_module.engine_env(VllmConfig(compile_cache_dir=tmp_path), {"VLLM_WORKER_MULTIPROC_METHOD": "fork"})
-    assert env == {"VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(tmp_path)}
+    assert env == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1", "OCRWATCH_FAST_ENCODER": "0"}
+    cfg = VllmConfig(compile_cache_dir=tmp_path, fast_encoder=True)
+    env = engine_module.engine_env(cfg, {"VLLM_WORKER_MULTIPROC_METHOD": "fork", "OCRWATCH_FAST_ENCODER": "0"})
+    assert env == {"VLLM_NO_USAGE_STATS": "1", "OCRWATCH_FAST_ENCODER": "1", "VLLM_CACHE_ROOT": str(tmp_path)}
+
+
+def test_engine_args_this_vllm_lacks_are_a_config_error() -> None:
+    engine_module.check_engine_args({"model": "m", "seed": 0}, {"model", "seed", "dtype"}, "0.33.0")
+    with pytest.raises(ConfigError, match="vLLM 0.33.0 has no engine argument 'calculate_kv_scales'"):
+        engine_module.check_engine_args({"model": "m", "calculate_kv_scales": True}, {"model"}, "0.33.0")
 
 
 # --- sampling --------------------------------------------------------------------------------------------------
@@ -162,7 +172,9 @@ def test_sampling_kwargs_for_the_greedy_rung() -> None:
 
 
 def test_sampling_kwargs_for_a_warmer_rung_seed_it() -> None:
-    kwargs = engine_module.sampling_kwargs(VllmConfig(seed=3), Sampling(temperature=0.2, ngram_size=12, window_size=120))
+    kwargs = engine_module.sampling_kwargs(
+        VllmConfig(seed=3), Sampling(temperature=0.2, ngram_size=12, window_size=120)
+    )
     assert kwargs["temperature"] == 0.2 and kwargs["seed"] == 3
     assert kwargs["max_tokens"] == 4096
     assert kwargs["extra_args"]["ngram_size"] == 12 and kwargs["extra_args"]["window_size"] == 120
@@ -182,7 +194,10 @@ def test_sampling_kwargs_pass_ignore_eos_and_a_rung_max_tokens() -> None:
 def test_engine_kwargs_construct_vllm_engine_args() -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    args = AsyncEngineArgs(**engine_module.engine_kwargs(VllmConfig(load_format="dummy", seed=1)))
+    kwargs = engine_module.engine_kwargs(VllmConfig(load_format="dummy", seed=1))
+    known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    engine_module.check_engine_args(kwargs, known, "installed")
+    args = AsyncEngineArgs(**kwargs)
     assert args.scheduling_policy == "priority" and args.enable_prefix_caching is False
     assert args.mm_processor_cache_gb == 0 and args.limit_mm_per_prompt == {"image": 1}
 
@@ -212,7 +227,9 @@ def test_a_prompt_without_an_image_tag_gets_one() -> None:
 
 
 def test_request_timings_from_vllm_metrics() -> None:
-    metrics = SimpleNamespace(queued_ts=10.0, scheduled_ts=10.5, first_token_ts=11.0, last_token_ts=13.0, first_token_latency=1.2)
+    metrics = SimpleNamespace(
+        queued_ts=10.0, scheduled_ts=10.5, first_token_ts=11.0, last_token_ts=13.0, first_token_latency=1.2
+    )
     assert engine_module.request_timings(metrics) == {"queue": 0.5, "first_token": 1.2, "decode": 2.0}
     assert engine_module.request_timings(None) == {}
     assert engine_module.request_timings(SimpleNamespace(queued_ts=0.0, scheduled_ts=0.0)) == {}
@@ -225,7 +242,10 @@ class FakeDeadError(Exception):
 def test_engine_error_mapping() -> None:
     dead = (FakeDeadError,)
     assert isinstance(engine_module.engine_error(FakeDeadError(), dead, errored=False), EngineDead)
-    assert isinstance(engine_module.engine_error(RuntimeError("CUDA error: an illegal memory access"), dead, errored=False), EngineDead)
+    assert isinstance(
+        engine_module.engine_error(RuntimeError("CUDA error: an illegal memory access"), dead, errored=False),
+        EngineDead,
+    )
     wrapped = RuntimeError("generate failed")
     wrapped.__cause__ = FakeDeadError("core gone")
     assert isinstance(engine_module.engine_error(wrapped, dead, errored=False), EngineDead)
@@ -236,11 +256,17 @@ def test_engine_error_mapping() -> None:
 
 # --- the request flow over a stand-in AsyncLLM -----------------------------------------------------------------
 
-GROUNDED = "<|ref|>title<|/ref|><|det|>[[100, 50, 900, 120]]<|/det|>\n# Report\n\n<|ref|>text<|/ref|><|det|>[[100, 200, 900, 400]]<|/det|>\nBody text.<｜end▁of▁sentence｜>"
+GROUNDED = (
+    "<|ref|>title<|/ref|><|det|>[[100, 50, 900, 120]]<|/det|>\n# Report\n\n"
+    "<|ref|>text<|/ref|><|det|>[[100, 200, 900, 400]]<|/det|>\nBody text.\n\n"
+    "<|ref|>image<|/ref|><|det|>[[100, 500, 900, 900]]<|/det|><｜end▁of▁sentence｜>"
+)
 
 
 def output(text: str = GROUNDED, finish_reason: str = "stop") -> SimpleNamespace:
-    metrics = SimpleNamespace(queued_ts=1.0, scheduled_ts=1.25, first_token_ts=2.0, last_token_ts=3.0, first_token_latency=0.9)
+    metrics = SimpleNamespace(
+        queued_ts=1.0, scheduled_ts=1.25, first_token_ts=2.0, last_token_ts=3.0, first_token_latency=0.9
+    )
     completion = SimpleNamespace(text=text, token_ids=list(range(12)), finish_reason=finish_reason)
     return SimpleNamespace(outputs=[completion], prompt_token_ids=list(range(1130)), metrics=metrics, finished=True)
 
@@ -256,7 +282,9 @@ class FakeLLM:
         self.shut_down = False
         self.generating = asyncio.Event()
 
-    async def generate(self, engine_input: Any, params: Any, request_id: str, *, priority: int = 0) -> AsyncIterator[Any]:
+    async def generate(
+        self, engine_input: Any, params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]:
         self.calls.append({"input": engine_input, "params": params, "request_id": request_id, "priority": priority})
         self.generating.set()
         if self.hold:
@@ -270,13 +298,20 @@ class FakeLLM:
 
 
 class FakeRuntime:
-    """The slice of ``_Runtime`` the engine uses."""
+    """The slice of ``_Runtime`` the engine uses; ``llm`` is what ``engine()`` builds."""
 
     version = "0.0-test"
     dead_errors = (FakeDeadError,)
+    llm: FakeLLM | None = None
 
     def __init__(self) -> None:
         self.prepared: list[tuple[str, str]] = []
+        self.engine_kwargs: dict[str, Any] = {}
+
+    def engine(self, kwargs: dict[str, Any]) -> FakeLLM:
+        self.engine_kwargs = kwargs
+        assert self.llm is not None
+        return self.llm
 
     def sampling_params(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
@@ -301,6 +336,7 @@ def request(request_id: str = "doc/p0/a0", priority: int = 42) -> PageRequest:
         prompt="Convert the document to markdown.",
         priority=priority,
         sampling=Sampling(temperature=0.1, ngram_size=20, window_size=90),
+        page_index=2,
     )
 
 
@@ -313,8 +349,8 @@ def test_recognize_submits_one_page_and_returns_parsed_output() -> None:
     assert call["params"]["temperature"] == 0.1 and call["params"]["extra_args"]["ngram_size"] == 20
     assert runtime.prepared == [("<image>\nConvert the document to markdown.", "RGB")]
     assert rec.raw == GROUNDED
-    assert rec.markdown == "# Report\n\nBody text."
-    assert [block["type"] for block in rec.blocks] == ["title", "text"]
+    assert rec.markdown == "# Report\n\nBody text.\n\n![](page-3-figure-1)"
+    assert [block["type"] for block in rec.blocks] == ["title", "text", "image"]
     assert rec.blocks[0]["bbox"] == [100, 70, 900, 169]
     assert (rec.prompt_tokens, rec.completion_tokens, rec.finish_reason) == (1130, 12, "stop")
     assert {"prepare", "total", "queue", "first_token", "decode"} <= set(rec.timings)
@@ -388,3 +424,59 @@ def test_engine_contract_without_vllm() -> None:
     assert described["name"] == "vllm" and described["architecture"] == "DeepseekOCR2ForCausalLM"
     assert described["sampling"]["temperature"] == 0.0 and len(described["ladder"]) == 2
     json.dumps(described)
+
+
+@pytest.fixture
+def vllm_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in engine_module.engine_env(VllmConfig(), {}).items():
+        monkeypatch.setenv(name, value)
+
+
+def test_start_builds_the_engine_and_sends_one_warmup_page(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
+    llm = FakeLLM(output("Free", "length"))
+    monkeypatch.setattr(FakeRuntime, "llm", llm)
+    monkeypatch.setattr(engine_module, "_Runtime", FakeRuntime)
+    engine = VllmEngine(VllmConfig(load_format="dummy"))
+    asyncio.run(engine.start())
+    runtime = engine._runtime
+    assert isinstance(runtime, FakeRuntime) and runtime.engine_kwargs["load_format"] == "dummy"
+    (call,) = llm.calls
+    assert call["request_id"] == "ocrwatch-warmup"
+    assert call["params"]["max_tokens"] == 1 and "extra_args" not in call["params"]
+    assert runtime.prepared == [("<image>\nFree OCR.", "RGB")]
+    assert engine.describe()["vllm"] == "0.0-test"
+
+
+def test_a_failed_warmup_shuts_the_engine_down_and_is_engine_dead(
+    monkeypatch: pytest.MonkeyPatch, vllm_env: None
+) -> None:
+    llm = FakeLLM(ValueError("bad processor"))
+    monkeypatch.setattr(FakeRuntime, "llm", llm)
+    monkeypatch.setattr(engine_module, "_Runtime", FakeRuntime)
+    engine = VllmEngine(VllmConfig())
+    with pytest.raises(EngineDead, match="warm-up"):
+        asyncio.run(engine.start())
+    assert llm.shut_down and engine._llm is None
+
+
+def test_a_missing_vllm_at_start_is_engine_dead_with_a_hint(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
+    def no_vllm() -> None:
+        raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
+
+    monkeypatch.setattr(engine_module, "_Runtime", no_vllm)
+    with pytest.raises(EngineDead, match="could not start") as caught:
+        asyncio.run(VllmEngine(VllmConfig()).start())
+    assert "vLLM install" in caught.value.hint
+
+
+def test_an_engine_argument_vllm_lacks_stops_start_as_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, vllm_env: None
+) -> None:
+    class OldRuntime(FakeRuntime):
+        def engine(self, kwargs: dict[str, Any]) -> FakeLLM:
+            engine_module.check_engine_args(kwargs, {"model"}, self.version)
+            return FakeLLM()
+
+    monkeypatch.setattr(engine_module, "_Runtime", OldRuntime)
+    with pytest.raises(ConfigError, match="has no engine argument"):
+        asyncio.run(VllmEngine(VllmConfig()).start())

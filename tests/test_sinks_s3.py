@@ -12,9 +12,10 @@ from ocrwatch.errors import OutputNotWritable
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.sources.s3 import check
-from tests.s3servers import MotoServer, RgwServer, free_port, moto, moto_server, rgw  # noqa: F401 (fixtures)
+from tests.s3servers import MotoServer, RgwServer, free_port
 
 pytestmark = pytest.mark.s3
+pytest_plugins = ["tests.s3servers"]
 
 KEY = "scans/2024/Report é+1.pdf"
 DOCUMENT = {"schema": "ocrwatch/1", "status": "ok", "source": {"uri": f"s3://docs/{KEY}", "etag": "abc123"},

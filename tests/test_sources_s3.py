@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from ocrwatch.config import S3Config
+from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import FileTooLarge, SourceGone
-from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.sources.s3 import S3Source, created_object, event_records, refusal
-from tests.s3servers import MotoServer, RgwServer, moto, moto_server, rgw  # noqa: F401 (fixtures)
+from tests.s3servers import MotoServer, RgwServer
 
 pytestmark = pytest.mark.s3
+pytest_plugins = ["tests.s3servers"]
 
 ODD_KEYS = ["inbox/My Scan é+1.pdf", "inbox/a+b.pdf", "inbox/déjà vu/ü 100%.png"]
 
@@ -120,7 +120,7 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg), name="s3-test")
+        source = S3Source(cfg, name="s3-test")
         await source.start(submitted)
         jobs = await submitted.wait(len(ODD_KEYS))
         await asyncio.sleep(1.5)  # time for anything wrongly accepted to show up
@@ -153,14 +153,14 @@ def test_multipart_upload_announced_twice_is_one_ledger_key(moto: MotoServer) ->
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         await source.start(submitted)
         jobs = await submitted.wait(2)
         assert {job.key for job in jobs} == {f"s3://docs/{key}"}
         assert jobs[-1].origin.etag == s3.head_object(Bucket="docs", Key=key)["ETag"].strip('"')
-        for job in jobs:
-            await source.finish(job, "done")
+        await source.finish(jobs[-1], "done")  # the daemon folds the duplicate into one job: one finish
         assert queue_counts(moto, queue) == (0, 0)
+        await source.finish(jobs[0], "done")  # a second finish is harmless
         await source.stop()
 
     run(scenario)
@@ -173,7 +173,7 @@ def test_heartbeat_keeps_the_message_invisible_until_finish(moto: MotoServer) ->
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         await source.start(submitted)
         [job] = await submitted.wait(1)
         await asyncio.sleep(14)  # past the 10 s visibility timeout
@@ -194,7 +194,7 @@ def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: 
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         await source.start(submitted)
         sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(body))
         first, second = await submitted.wait(2)  # one job per record (the test event is none)
@@ -208,6 +208,13 @@ def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: 
         [*_, third] = await submitted.wait(3)
         await source.finish(third, "retry")
         assert queue_counts(moto, queue) == (0, 1)  # left to reappear when its visibility lapses
+
+        for etag in ("old", "new"):  # the key overwritten while its first version is processed
+            sqs.send_message(QueueUrl=queue, MessageBody=json.dumps({"Records": [record("d.pdf", eTag=etag)]}))
+        [*_, old, new] = await submitted.wait(5)
+        assert (old.origin.etag, new.origin.etag) == ("old", "new") and old.key == new.key
+        await source.finish(old, "done")
+        assert queue_counts(moto, queue) == (0, 2)  # the new version's message is not deleted with the old one
         await source.stop()
 
     run(scenario)
@@ -223,7 +230,7 @@ def test_max_receives_writes_the_error_sidecar_and_deletes(moto: MotoServer) -> 
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         await source.start(submitted)
         await until(lambda: queue_counts(moto, queue) == (0, 0), 15, "the poison message deleted")
         await source.stop()
@@ -244,7 +251,7 @@ def test_max_receives_left_to_the_dead_letter_queue(moto: MotoServer) -> None:
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         with capture_logs() as logs:
             await source.start(submitted)
             await until(lambda: any(e["event"] == "s3_max_receives" for e in logs), 15, "s3_max_receives")
@@ -263,7 +270,7 @@ def test_polling_survives_an_outage_of_the_server() -> None:
 
         async def scenario() -> None:
             submitted = Submitted()
-            source = S3Source(cfg, S3Sink(cfg), backoff_max_seconds=3)
+            source = S3Source(cfg, backoff_max_seconds=3)
             with capture_logs() as logs:
                 await source.start(submitted)
                 await asyncio.sleep(1)
@@ -295,7 +302,7 @@ def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path)
     cfg = sqs_config(moto, "unused")
 
     async def scenario() -> None:
-        source = S3Source(cfg, S3Sink(cfg), max_bytes=len(data))
+        source = S3Source(cfg, limits=LimitsConfig(max_bytes=len(data)))
         await source.start(Submitted())
         path = await source.fetch(Job(S3Object("docs", "a b+é.pdf", etag=etag, size=len(data)), "s3"), tmp_path)
         assert path.parent == tmp_path and path.suffix == ".pdf" and path.read_bytes() == data
@@ -314,7 +321,7 @@ def test_fetch_refuses_oversize_before_downloading_and_reports_gone(moto: MotoSe
     cfg = sqs_config(moto, "unused")
 
     async def scenario() -> None:
-        source = S3Source(cfg, S3Sink(cfg), max_bytes=4096)
+        source = S3Source(cfg, limits=LimitsConfig(max_bytes=4096))
         await source.start(Submitted())
         with pytest.raises(FileTooLarge):  # decided from the event: the key need not even exist
             await source.fetch(Job(S3Object("docs", "never-uploaded.pdf", size=4097), "s3"), tmp_path)
@@ -359,7 +366,7 @@ def test_webhook_authentication_and_limits() -> None:
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         source.reject_delay_seconds = 0.05
         await source.start(submitted)
         address = source.address
@@ -391,14 +398,14 @@ def test_webhook_answers_only_after_submit_returned() -> None:
 
     async def scenario() -> None:
         slow = Submitted(delay=0.5)
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         await source.start(slow)
         status, payload, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
         assert (status, payload) == (200, {"accepted": 1}) and answered > slow.returned_at[0]
         await source.stop()
 
         failing = Submitted(fail=True)
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         await source.start(failing)
         started = time.monotonic()
         status, _, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
@@ -415,7 +422,7 @@ def test_rgw_pushes_raw_keys_to_the_webhook(rgw: RgwServer, tmp_path: Path) -> N
 
     async def scenario() -> None:
         submitted = Submitted()
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         await source.start(submitted)
         host, port = source.address
         await asyncio.to_thread(rgw.bucket_with_webhook, "webhook-docs",
@@ -449,7 +456,7 @@ def test_rgw_persistent_topic_resends_what_the_webhook_refused(rgw: RgwServer) -
 
     async def scenario() -> None:
         submitted = Submitted(fail=True)
-        source = S3Source(cfg, S3Sink(cfg))
+        source = S3Source(cfg)
         with capture_logs() as logs:
             await source.start(submitted)
             host, port = source.address

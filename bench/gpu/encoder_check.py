@@ -99,7 +99,7 @@ def prepare(model_dir: str, images, device: str, dtype: torch.dtype):
         spatial.append(out["images_spatial_crop"])
         if w > 1 or h > 1:
             crops.append(out["images_crop"].reshape(-1, 3, 768, 768))
-        ntok.append(int(len(out["input_ids"])))
+        ntok.append(int(out["input_ids"].shape[-1]))
     pixel_values = torch.cat(pv).to(device=device, dtype=dtype)
     images_crop = (torch.cat(crops) if crops else torch.zeros(0, 3, 768, 768)).to(device=device, dtype=dtype)
     images_spatial_crop = torch.cat(spatial).to(device=device, dtype=torch.long)
@@ -194,7 +194,7 @@ def main() -> None:
             tower32 = build_tower(a.model, a.device, torch.float32, a.seed)
             ref = tower32._pixel_values_to_embedding(pv.float(), crops.float(), spatial)
             del tower32
-            res["stock_vs_ref32"] = [round(rel(s, r), 5) for s, r in zip(stock, ref)]
+            res["stock_vs_ref32"] = [float(f"{rel(s, r):.3g}") for s, r in zip(stock, ref)]
         checks = {}
         for impl in impls:
             try:
@@ -204,11 +204,11 @@ def main() -> None:
                 print(f"{impl}: FAILED {exc!r}"[:800], flush=True)
                 continue
             assert [o.shape for o in out] == [s.shape for s in stock], (impl, [o.shape for o in out])
-            c = dict(vs_stock=[round(rel(o, s), 5) for o, s in zip(out, stock)],
+            c = dict(vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock)],
                      max_abs_vs_stock=round(max(float((o.float() - s.float()).abs().max()) for o, s in zip(out, stock)), 5),
                      finite=all(bool(torch.isfinite(o).all()) for o in out))
             if ref is not None:
-                c["vs_ref32"] = [round(rel(o, r), 5) for o, r in zip(out, ref)]
+                c["vs_ref32"] = [float(f"{rel(o, r):.3g}") for o, r in zip(out, ref)]
                 worst = max(x / max(y, 1e-6) for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"]))
                 c["worst_ratio_to_stock_error"] = round(worst, 3)
                 c["pass"] = c["finite"] and all(x <= 1.5 * y + 2e-3 for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"]))

@@ -52,6 +52,7 @@ tar cf - -C "$STAGE" . | xz -T${XZ_THREADS:-0} -${XZ_LEVEL:-9} | split -b ${CHUN
 for f in .whl/chunk*; do i=${f##*chunk}; mkdir -p .whl/part$i; mv "$f" .whl/part$i/; done
 (cd "$W" && ls -l *.whl) | awk '{print $5, $9}' | sort -n -r > .whl/wheels.txt
 (cd .whl && cat part*/chunk* | sha256sum | cut -d' ' -f1 > stream.sha256)
+last=$(ls -d .whl/part* | sort -V | tail -1); cp .whl/stream.sha256 "$last"/
 
 # 2. model directory ---------------------------------------------------------
 PY=python3

@@ -41,11 +41,14 @@ class Sampling:
 
 @dataclass
 class PageRequest:
+    """One page for the engine; ``priority``: lower runs first; ``page_index`` is 0-based."""
+
     request_id: str
     image: Image.Image
     prompt: str
     priority: int = 0
     sampling: Sampling = field(default_factory=Sampling)
+    page_index: int = 0
 
 
 @dataclass

@@ -144,17 +144,32 @@ def _flex_fn() -> Callable[..., torch.Tensor]:
     if _FLEX is None:
         from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX = torch.compile(flex_attention, dynamic=True)
+        dynamic = {"1": True, "0": False}.get(os.environ.get("OCRWATCH_FLEX_DYNAMIC", ""), None)
+        _FLEX = torch.compile(flex_attention, dynamic=dynamic)
     return _FLEX
 
 
+_FLEX_BROKEN: list[str] = []
+
+
 def _attn_flex(attn, q, k, v, height, width):
+    """FlexAttention with the bias as a score_mod: nothing of size N x N is materialised. If the
+    compiled kernel cannot be built here, fall back to ``concat`` for the rest of the process."""
+    if _FLEX_BROKEN:
+        return _attn_concat(attn, q, k, v, height, width)
     rel_h, rel_w = _rel_pos_terms(attn, q, height, width)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + rel_h[b, h, q_idx, kv_idx // width] + rel_w[b, h, q_idx, kv_idx % width]
 
-    return _flex_fn()(q.contiguous(), k.contiguous(), v.contiguous(), score_mod=score_mod)
+    try:
+        return _flex_fn()(q.contiguous(), k.contiguous(), v.contiguous(), score_mod=score_mod)
+    except Exception as exc:  # noqa: BLE001 - any compile failure: keep serving with concat
+        _FLEX_BROKEN.append(f"{type(exc).__name__}: {exc}"[:300])
+        import warnings
+
+        warnings.warn(f"ocrwatch: FlexAttention unavailable, using concat: {_FLEX_BROKEN[0]}", stacklevel=1)
+        return _attn_concat(attn, q, k, v, height, width)
 
 
 _IMPLS = {"sdpa": _attn_sdpa, "concat": _attn_concat, "flex": _attn_flex}

@@ -8,7 +8,7 @@ vllm or torch never imports them.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Literal
 
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines.base import Engine
@@ -64,7 +64,9 @@ def load_plugin(spec: str, args: dict[str, Any]) -> Engine:
     return engine
 
 
-def build(cfg: EngineConfig, output_images: str = "placeholder", *, kind: str | None = None) -> Engine:
+def build(
+    cfg: EngineConfig, output_images: Literal["placeholder", "drop"] = "placeholder", *, kind: str | None = None
+) -> Engine:
     """The engine of ``kind`` (default: ``choose(cfg)``), built but not started."""
     kind = kind or choose(cfg)[0]
     if kind == "vllm":

@@ -13,6 +13,8 @@ in the loop, and the engine core runs in its own process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import gc
 import json
 import math
@@ -23,18 +25,21 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from PIL import Image
 
 from ocrwatch import layout
-from ocrwatch.ladder import base_sampling
 from ocrwatch.config import PROMPT_PRESETS, VllmConfig
+from ocrwatch.engines import vllm_plugin
 from ocrwatch.engines.base import PageRequest, Recognition, RenderHint, Sampling
-from ocrwatch.errors import EngineDead, EngineFailed, OcrwatchError
+from ocrwatch.errors import ConfigError, EngineDead, EngineFailed, OcrwatchError
+from ocrwatch.ladder import base_sampling
 
 log = structlog.get_logger()
+
+Images = Literal["placeholder", "drop"]
 
 NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
 IMAGE_TOKEN = "<image>"
@@ -119,9 +124,11 @@ def geometry(cfg: VllmConfig) -> VisionGeometry:
 
 def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """Environment for vLLM, given the current one: spawn (the daemon is multi-threaded, so forking the
-    engine core is unsafe), no usage reporting, and the compile cache where the config puts it."""
+    engine core is unsafe) and no usage reporting unless the user chose otherwise; the fast encoder switch
+    that ``vllm_plugin`` reads in every vLLM process; the compile cache where the config puts it."""
     defaults = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1"}
     env = {key: value for key, value in defaults.items() if key not in environ}
+    env[vllm_plugin.ENV] = "1" if cfg.fast_encoder else "0"
     if cfg.compile_cache_dir is not None:
         env["VLLM_CACHE_ROOT"] = str(cfg.compile_cache_dir.expanduser())
     return env
@@ -160,6 +167,17 @@ def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
     return kwargs
 
 
+def check_engine_args(kwargs: Mapping[str, Any], known: set[str], version: str) -> None:
+    """Engine arguments differ between vLLM releases (0.33 dropped ``max_num_partial_prefills``,
+    ``calculate_kv_scales`` and others): name the ones this vLLM lacks instead of a bare ``TypeError``."""
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ConfigError(
+            f"engine.vllm.engine_args: vLLM {version} has no engine argument {', '.join(map(repr, unknown))}",
+            hint="remove it from [engine.vllm.engine_args] or install the vLLM release it belongs to",
+        )
+
+
 def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
     """``SamplingParams`` keyword arguments for one rung; the n-gram settings travel in ``extra_args`` to
     DeepSeek-OCR's ``NGramPerReqLogitsProcessor`` (off when ``ngram_size`` or ``window_size`` is 0)."""
@@ -182,7 +200,8 @@ def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
 
 def vllm_priority(priority: int) -> int:
     """``PageRequest.priority`` is the scheduler's ``engine_priority``: lower runs first, as in vLLM's
-    priority scheduler, so it passes unchanged (ints of any size; vLLM compares them as Python ints)."""
+    priority scheduler (``Request.__lt__``: priority, then arrival), so it passes unchanged; its values
+    (up to about 10**10) fit the 64-bit integers of vLLM's msgpack transport."""
     return priority
 
 
@@ -237,11 +256,13 @@ def engine_error(exc: BaseException, dead_errors: tuple[type[BaseException], ...
     return EngineFailed(f"vLLM request failed: {type(exc).__name__}: {exc}")
 
 
-def recognition(output: Any, width: int, height: int, images: str, timings: dict[str, float]) -> Recognition:
+def recognition(
+    output: Any, width: int, height: int, *, images: Images, page_index: int, timings: dict[str, float]
+) -> Recognition:
     """A finished ``RequestOutput`` as a ``Recognition``; ``raw`` keeps the model's exact text."""
     completion = output.outputs[0]
     raw = completion.text
-    parsed = layout.parse(raw, width, height, images=images)  # type: ignore[arg-type]
+    parsed = layout.parse(raw, width, height, images=images, page_index=page_index)
     return Recognition(
         markdown=parsed.markdown,
         raw=raw,
@@ -274,6 +295,7 @@ class _Runtime:
         self.dead_errors: tuple[type[BaseException], ...] = (EngineDeadError,)
 
     def engine(self, kwargs: dict[str, Any]) -> Any:
+        check_engine_args(kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version)
         return self._async_llm.from_engine_args(self._engine_args(**kwargs))
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
@@ -292,7 +314,7 @@ class VllmEngine:
 
     name = "vllm"
 
-    def __init__(self, cfg: VllmConfig, *, images: str = "placeholder") -> None:
+    def __init__(self, cfg: VllmConfig, *, images: Images = "placeholder") -> None:
         self.cfg = cfg
         self.images = images
         self.geometry = geometry(cfg)
@@ -308,18 +330,20 @@ class VllmEngine:
         try:
             self._runtime = await asyncio.to_thread(_Runtime)
             self._llm = await asyncio.to_thread(self._runtime.engine, engine_kwargs(self.cfg))
+        except ConfigError:
+            raise
         except Exception as exc:
             raise EngineDead(
                 f"vLLM engine could not start: {type(exc).__name__}: {exc}",
                 hint="check [engine.vllm] model, GPU memory and the vLLM install; ocrwatch retries with backoff",
             ) from exc
-        warmup = PageRequest(
-            request_id=WARMUP_REQUEST_ID,
-            image=Image.new("RGB", (64, 64), "white"),
-            prompt=PROMPT_PRESETS["free"],
-            sampling=Sampling(max_tokens=1, ngram_size=0),
-        )
-        await self.recognize(warmup)
+        try:
+            await self.recognize(self._warmup_request())
+        except BaseException as exc:
+            await self.close()
+            if isinstance(exc, OcrwatchError):
+                raise EngineDead(f"vLLM engine failed its warm-up request: {exc.message}") from exc
+            raise
         log.info(
             "vllm_engine_ready",
             vllm=self._runtime.version,
@@ -327,6 +351,17 @@ class VllmEngine:
             architecture=self.geometry.architecture,
             max_concurrency=self.max_concurrency,
             seconds=round(time.monotonic() - started, 2),
+        )
+
+    def _warmup_request(self) -> PageRequest:
+        """One output token for a blank page at the tile geometry, so the first real page pays no
+        first-use costs (the tile path of the processor and the vision encoder)."""
+        size = (2 * self.geometry.tile_size, 3 * self.geometry.tile_size)
+        return PageRequest(
+            request_id=WARMUP_REQUEST_ID,
+            image=Image.new("RGB", size, "white"),
+            prompt=PROMPT_PRESETS["free"],
+            sampling=Sampling(max_tokens=1, ngram_size=0),
         )
 
     async def recognize(self, page: PageRequest) -> Recognition:
@@ -366,7 +401,12 @@ class VllmEngine:
             raise asyncio.CancelledError(f"{page.request_id} aborted")
         finished = time.monotonic()
         timings = {"prepare": prepared - started, "total": finished - started}
-        return await asyncio.to_thread(recognition, final, width, height, self.images, timings)
+        return await asyncio.to_thread(
+            functools.partial(recognition, images=self.images, page_index=page.page_index, timings=timings),
+            final,
+            width,
+            height,
+        )
 
     async def abort(self, request_id: str) -> None:
         """Cancel ``request_id`` and its ladder attempts (``request_id/aN``); cancelling the task makes vLLM's

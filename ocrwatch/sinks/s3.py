@@ -18,6 +18,7 @@ import structlog
 from ocrwatch.config import S3Config
 from ocrwatch.errors import OcrwatchError, OutputNotWritable
 from ocrwatch.sinks.base import sidecar_names
+from ocrwatch.sinks.local import dump_json
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.sources.s3 import call, error_code, new_client, storage_error
 
@@ -30,7 +31,7 @@ JSON = "application/json"
 class S3Sink:
     """A ``Sink`` for jobs whose origin is an ``S3Object``. Blocking; safe to call from several threads."""
 
-    def __init__(self, cfg: S3Config, *, name_template: str = "{name}", client: Any = None) -> None:
+    def __init__(self, cfg: S3Config, client: Any = None, name_template: str = "{name}") -> None:
         self.cfg = cfg
         self.name_template = name_template
         self._client = client if client is not None else new_client(cfg, "s3")
@@ -63,7 +64,7 @@ class S3Sink:
     def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
         self._put(job, bucket, keys["md"], markdown.encode("utf-8"), MARKDOWN)
-        self._put(job, bucket, keys["json"], _json(document), JSON)
+        self._put(job, bucket, keys["json"], dump_json(document), JSON)
         try:
             call(self._client.delete_object, Bucket=bucket, Key=keys["error"])
         except Exception as exc:  # a stale error sidecar beside a good result is untidy, not wrong
@@ -71,7 +72,7 @@ class S3Sink:
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
-        self._put(job, bucket, keys["error"], _json(error), JSON)
+        self._put(job, bucket, keys["error"], dump_json(error), JSON)
 
     def _put(self, job: Job, bucket: str, key: str, body: bytes, content_type: str) -> None:
         obj = _origin(job)
@@ -90,12 +91,8 @@ def _origin(job: Job) -> S3Object:
     return job.origin
 
 
-def _json(document: dict[str, Any]) -> bytes:
-    return json.dumps(document, ensure_ascii=False, indent=2).encode("utf-8")
-
-
 def _write_error(exc: BaseException, uri: str) -> OcrwatchError:
     if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("AccessDenied", "NoSuchBucket"):
-        return OutputNotWritable(f"cannot write {uri}: {error_code(exc)}",
-                                 hint="grant s3:PutObject and s3:DeleteObject on the sidecar keys, or set output_bucket")
+        hint = "grant s3:PutObject and s3:DeleteObject on the sidecar keys, or set output_bucket"
+        return OutputNotWritable(f"cannot write {uri}: {error_code(exc)}", hint=hint)
     return storage_error(exc, f"writing {uri}")

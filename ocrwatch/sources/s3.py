@@ -53,7 +53,8 @@ from tenacity import (
     wait_random,
 )
 
-from ocrwatch.config import MiB, S3Config
+from ocrwatch.assemble import error_document
+from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone, StorageUnavailable
 from ocrwatch.sinks.base import Sink, sidecar_names
 from ocrwatch.sources.base import Job, Outcome, S3Object, Submit
@@ -194,6 +195,12 @@ def created_object(record: dict[str, Any]) -> S3Object | None:
     )
 
 
+def same_version(a: Job, b: Job) -> bool:
+    """Whether two jobs name the same bytes of the same key: equal ETag and versionId."""
+    return (isinstance(a.origin, S3Object) and isinstance(b.origin, S3Object) and a.key == b.key
+            and (a.origin.etag, a.origin.version_id) == (b.origin.etag, b.origin.version_id))
+
+
 def is_sidecar(key: str) -> bool:
     """ocrwatch's own outputs end like ``sidecar_names`` makes them, whatever the naming template."""
     return key.endswith(_SIDECAR_TAILS)
@@ -233,7 +240,7 @@ class _Delivery:
 
     message_id: str
     receipt_handle: str
-    pending: set[str]
+    pending: dict[str, Job]
     heartbeat: asyncio.Task[None] | None = None
     retry: bool = False
 
@@ -241,30 +248,34 @@ class _Delivery:
 class S3Source:
     """A ``Source`` for one ``[[s3]]`` table.
 
-    ``sink`` writes the error sidecar of a message delivered more than ``max_receives`` times; ``max_bytes``
-    is the size limit checked against the event before downloading; at most ``max_inflight`` SQS messages are
-    held (invisible to other consumers) at once, so several daemons share a queue by their capacity.
-    Concurrency: every method is called from the event loop; ``finish`` once per submitted job, duplicates
-    included (a message is deleted only when all its jobs are finished).
+    ``client`` (the S3 client, made here, shared with the daemon's ``S3Sink``) downloads documents; ``sink``
+    writes the error sidecar of a message delivered more than ``max_receives`` times; ``limits.max_bytes`` is
+    checked against the event's size before downloading. At most ``max_inflight`` SQS messages are held
+    (invisible to other consumers) at once, so several daemons share a queue by their capacity.
+
+    Concurrency: every method is called from the event loop. A message is deleted once all its jobs are
+    finished; ``finish`` for a job also finishes the other jobs in flight here for the same ledger key and
+    content (a duplicate delivery the daemon folded into a running job gets no ``finish`` of its own).
     """
 
     reject_delay_seconds = 1.0
 
-    def __init__(self, cfg: S3Config, sink: Sink, *, name: str = "s3", max_bytes: int = 512 * MiB,
-                 max_inflight: int = 64, backoff_max_seconds: float = 30.0) -> None:
+    def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None,
+                 name_template: str = "{name}", max_inflight: int = 64, backoff_max_seconds: float = 30.0) -> None:
+        from ocrwatch.sinks.s3 import S3Sink  # the sink module uses this module's boto3 plumbing
+
         self.cfg = cfg
-        self.sink = sink
         self.name = name
-        self.max_bytes = max_bytes
+        self.max_bytes = (limits or LimitsConfig()).max_bytes
         self.max_inflight = max_inflight
         self.backoff_max_seconds = backoff_max_seconds
-        self._s3: Any = None
+        self.client = new_client(cfg, "s3")
+        self.sink: Sink = S3Sink(cfg, self.client, name_template)
         self._sqs: Any = None
         self._submit: Submit | None = None
         self._poller: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
-        self._heartbeats: set[asyncio.Task[None]] = set()
         self._deliveries: dict[str, _Delivery] = {}
         self._room = asyncio.Event()
         self._unreachable_since: float | None = None
@@ -273,7 +284,6 @@ class S3Source:
 
     async def start(self, submit: Submit) -> None:
         self._submit = submit
-        self._s3 = await asyncio.to_thread(new_client, self.cfg, "s3")
         if self.cfg.transport == "sqs":
             read_timeout = self.cfg.wait_time_seconds + READ_TIMEOUT
             self._sqs = await asyncio.to_thread(new_client, self.cfg, "sqs", read_timeout=read_timeout)
@@ -330,27 +340,29 @@ class S3Source:
         return accepted
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
-        """Delete the job's SQS message once all its jobs are done or failed; on ``retry`` let it reappear."""
-        if job.receipt is None:
-            return
-        delivery = self._deliveries.get(job.receipt.rpartition("#")[0])
-        if delivery is None or job.receipt not in delivery.pending:
-            log.debug("s3_finish_unknown", source=self.name, receipt=job.receipt)
-            return
-        delivery.pending.discard(job.receipt)
-        delivery.retry |= outcome == "retry"
-        if not delivery.pending:
-            await self._settle(delivery)
+        """Delete the messages announcing this job once all their jobs are done or failed; on ``retry`` (or for
+        a job of the same key whose content differs: it was never processed) let them reappear instead."""
+        for delivery in list(self._deliveries.values()):
+            for token, pending in list(delivery.pending.items()):
+                if token != job.receipt and pending.key != job.key:
+                    continue
+                del delivery.pending[token]
+                delivery.retry |= outcome == "retry" or not same_version(pending, job)
+            if not delivery.pending:
+                await self._settle(delivery)
 
     async def _settle(self, delivery: _Delivery) -> None:
-        self._deliveries.pop(delivery.message_id, None)
-        self._room.set()
-        if delivery.heartbeat is not None:
-            delivery.heartbeat.cancel()
+        self._forget(delivery)
         if delivery.retry:
             log.info("s3_message_left", source=self.name, message_id=delivery.message_id, reason="retry")
             return
         await self._delete(delivery.message_id, delivery.receipt_handle)
+
+    def _forget(self, delivery: _Delivery) -> None:
+        self._deliveries.pop(delivery.message_id, None)
+        self._room.set()
+        if delivery.heartbeat is not None:
+            delivery.heartbeat.cancel()
 
     async def _delete(self, message_id: str, receipt_handle: str) -> None:
         try:
@@ -401,7 +413,7 @@ class S3Source:
         return path
 
     def _download_once(self, request: dict[str, Any], path: Path, limit: int, uri: str) -> None:
-        response = self._s3.get_object(**request)
+        response = self.client.get_object(**request)
         body = response["Body"]
         with contextlib.closing(body), open(path, "wb") as out:
             if response.get("ContentLength", 0) > limit:
@@ -446,7 +458,8 @@ class S3Source:
                     MessageSystemAttributeNames=["ApproximateReceiveCount"],
                 )
         if self._unreachable_since is not None:
-            log.info("s3_reachable", source=self.name, outage_seconds=round(time.monotonic() - self._unreachable_since, 1))
+            outage = round(time.monotonic() - self._unreachable_since, 1)
+            log.info("s3_reachable", source=self.name, outage_seconds=outage)
             self._unreachable_since = None
         return list(response.get("Messages", []))
 
@@ -475,17 +488,18 @@ class S3Source:
         if receives > self.cfg.max_receives:
             await self._give_up(message_id, receipt, objects, receives)
             return
-        jobs = [self._job(obj, f"{message_id}#{index}") for index, obj in enumerate(objects)]
-        delivery = _Delivery(message_id, receipt, pending={job.receipt for job in jobs if job.receipt})
+        tokens = [f"{message_id}#{index}" for index in range(len(objects))]
+        jobs = {token: self._job(obj, token) for token, obj in zip(tokens, objects, strict=True)}
+        delivery = _Delivery(message_id, receipt, pending=dict(jobs))
         self._deliveries[message_id] = delivery
         delivery.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(delivery))
-        self._heartbeats.add(delivery.heartbeat)
-        delivery.heartbeat.add_done_callback(self._heartbeats.discard)
-        for job in jobs:
+        for token, job in jobs.items():
             try:
                 await self._submit_job(job)
-            except Exception:
-                await self.finish(job, "retry")
+            except Exception:  # not in the ledger: the message must come back
+                delivery.retry = True
+                if delivery.pending.pop(token, None) is not None and not delivery.pending:
+                    await self._settle(delivery)
 
     async def _submit_job(self, job: Job) -> None:
         assert self._submit is not None
@@ -507,7 +521,8 @@ class S3Source:
             except Exception as exc:
                 log.warning("s3_heartbeat_failed", source=self.name, message_id=delivery.message_id,
                             error=error_code(exc))
-                if not is_transient(exc):  # receipt invalid or 12 h limit reached: the message is no longer ours
+                if not is_transient(exc):  # receipt invalid or the 12 h limit reached: no longer ours to delete
+                    self._forget(delivery)
                     return
 
     async def _give_up(self, message_id: str, receipt: str, objects: list[S3Object], receives: int) -> None:
@@ -531,15 +546,9 @@ class S3Source:
         assert isinstance(obj, S3Object)
         if recorded and obj.etag and recorded.get("etag") == obj.etag:
             return  # processed after all (a duplicate whose finish never came): nothing to report
-        self.sink.write_error(job, {
-            "schema": "ocrwatch/1",
-            "status": "failed",
-            "source": {"uri": obj.uri, "name": obj.name, "bytes": obj.size, "etag": obj.etag,
-                       "version_id": obj.version_id},
-            "error": error.as_dict(),
-            "attempts": receives,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        })
+        source = {"uri": obj.uri, "name": obj.name, "bytes": obj.size or 0, "sha256": None, "etag": obj.etag,
+                  "version_id": obj.version_id}
+        self.sink.write_error(job, error_document(source, error.as_dict(), receives, time.time()))
 
     # -- webhook transport
 

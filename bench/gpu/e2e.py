@@ -1,0 +1,296 @@
+"""The daemon end to end on the lent H200: `ocrwatch run` with the vLLM engine (random weights,
+forced output length), files dropped into its inbox, sidecars awaited.  Run by run_daemon_e2e.sh.
+
+Phases, one daemon process, same engine settings throughout:
+  start   cold or warm start to /readyz (compile cache in --cache-dir)
+  solo    one one-page PDF alone: latency drop -> NAME.json       (the reference for d)
+  a       every corpus PDF, --repeat times (>= 300 pages) dropped at once: pages/s, output tokens/s
+  d       doc300.pdf (>= 300 pages) dropped; once --d-after pages of it are done, a one-page PDF is
+          dropped: its latency against `solo`; then doc300 is awaited to the end
+  e       GPU memory (NVML) and host RSS of the daemon's process tree at ready and at the end;
+          the daemon's /metrics (loop lag, tokens, stage latencies) saved at the end
+Writes e2e_<label>.json (and metrics_<label>.txt, daemon_<label>.log) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gib(x: float) -> float:
+    return round(x / 2**30, 2)
+
+
+class Probe:
+    def __init__(self):
+        import psutil
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml, self.h, self.ps = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0), psutil
+
+    def gpu(self) -> int:
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used
+
+    def rss(self, pid: int) -> int:
+        try:
+            p = self.ps.Process(pid)
+            return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+        except self.ps.Error:
+            return 0
+
+
+def http(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except OSError:
+        return 0, ""
+
+
+def drop(src: Path, inbox: Path, name: str) -> float:
+    """Copy under a dot-name (ignored by the watcher), then rename into place: one moved-in event."""
+    tmp = inbox / f".{name}.part"
+    shutil.copyfile(src, tmp)
+    os.rename(tmp, inbox / name)
+    return time.time()
+
+
+def sidecar(inbox: Path, name: str) -> Path | None:
+    ok, err = inbox / f"{name}.json", inbox / f"{name}.error.json"
+    return ok if ok.exists() else err if err.exists() else None
+
+
+def wait_for(inbox: Path, names: list[str], deadline: float, proc: subprocess.Popen) -> dict[str, float]:
+    done: dict[str, float] = {}
+    while len(done) < len(names) and time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}")
+        for n in names:
+            if n not in done and sidecar(inbox, n):
+                done[n] = time.time()
+        time.sleep(0.05)
+    return done
+
+
+def pages_done(inbox: Path, name: str) -> int:
+    p = sidecar(inbox, name)
+    return len(json.loads(p.read_text()).get("pages", [])) if p else 0
+
+
+def doc_stats(inbox: Path, names: list[str]) -> dict:
+    pages = tokens = failed = 0
+    status: dict[str, int] = {}
+    for n in names:
+        p = sidecar(inbox, n)
+        if p is None:
+            status["missing"] = status.get("missing", 0) + 1
+            continue
+        d = json.loads(p.read_text())
+        st = d.get("status", "error" if p.name.endswith(".error.json") else "?")
+        status[st] = status.get(st, 0) + 1
+        for pg in d.get("pages", []):
+            pages += 1
+            t = pg.get("tokens") or {}
+            tokens += (t.get("completion") or 0) if isinstance(t, dict) else int(t or 0)
+            failed += pg.get("status") not in (None, "ok")
+    return dict(pages=pages, completion_tokens=tokens, failed_pages=failed, status=status)
+
+
+def pdf_pages(path: Path) -> int:
+    try:
+        import pypdfium2 as pdfium
+
+        return len(pdfium.PdfDocument(str(path)))
+    except Exception:  # noqa: BLE001
+        out = subprocess.run(["pdfinfo", str(path)], capture_output=True, text=True).stdout
+        return int(next(line.split()[1] for line in out.splitlines() if line.startswith("Pages:")))
+
+
+def write_config(path: Path, work: Path, a) -> None:
+    renderer = "pdftoppm" if shutil.which("pdftoppm") else "pdfium"
+    extra = json.loads(a.engine_args)
+    engine_args = "".join(f"{k} = {json.dumps(v)}\n" for k, v in extra.items())
+    path.write_text(f"""\
+state_dir = "{work}/state"
+
+[engine]
+kind = "vllm"
+
+[engine.vllm]
+model = "{a.model}"
+load_format = "dummy"
+ignore_eos = true
+max_tokens = {a.max_tokens}
+max_num_seqs = {a.max_num_seqs}
+fast_encoder = {"true" if a.fast else "false"}
+compile_cache_dir = "{a.cache_dir}"
+{f"max_num_batched_tokens = {a.max_num_batched_tokens}" if a.max_num_batched_tokens else ""}
+
+[engine.vllm.engine_args]
+{engine_args}
+[render]
+dpi = {a.dpi}
+renderer = "{renderer}"
+
+[log]
+format = "json"
+level = "info"
+
+[metrics]
+listen = "127.0.0.1:{a.port}"
+
+[[inbox]]
+path = "{work}/inbox"
+settle_seconds = 0.2
+""")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--label", default="fast")
+    ap.add_argument("--fast", action="store_true")
+    ap.add_argument("--model", default=str(REPO / ".gpu/dsocr2"))
+    ap.add_argument("--corpus", default=str(REPO / ".gpu/corpus"))
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--dpi", type=int, default=144)
+    ap.add_argument("--max-tokens", type=int, default=1000)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--engine-args", default="{}", help="[engine.vllm.engine_args] as JSON")
+    ap.add_argument("--cache-dir", default="/tmp/ocw-e2e-cache")
+    ap.add_argument("--work", default="/tmp/ocw-e2e")
+    ap.add_argument("--port", type=int, default=9464)
+    ap.add_argument("--phases", default="solo,a,d")
+    ap.add_argument("--d-after", type=int, default=30, help="doc300 pages done before the urgent page drops")
+    ap.add_argument("--timeout", type=float, default=420, help="seconds for each phase")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    phases = set(a.phases.split(","))
+
+    work = Path(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "inbox").mkdir(parents=True)
+    cfg = work / "ocrwatch.toml"
+    write_config(cfg, work, a)
+    corpus = Path(a.corpus)
+    docs = sorted((corpus / "docs").glob("*.pdf"))
+    res: dict = dict(label=a.label, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), fast=a.fast,
+                     config=cfg.read_text(), cache_warm=Path(a.cache_dir).exists() and any(Path(a.cache_dir).iterdir()))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["OCRWATCH_FAST_ENCODER"] = "1" if a.fast else "0"
+    if a.fast:
+        env.setdefault("OCRWATCH_ENCODER_STATS", f"/tmp/ocw-e2e-encstats-{a.label}")
+    probe = Probe()
+    res["gpu_mem_before_gib"] = gib(probe.gpu())
+    log = open(out / f"daemon_{a.label}.log", "w")
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "ocrwatch", "run", "--config", str(cfg)], cwd=str(REPO),
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{a.port}"
+    inbox = work / "inbox"
+    try:
+        while http(base + "/readyz")[0] != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {proc.returncode} before ready")
+            if time.time() - t0 > 600:
+                raise RuntimeError("daemon not ready after 600 s")
+            time.sleep(0.5)
+        res["start_to_ready_s"] = round(time.time() - t0, 1)
+        res["gpu_mem_ready_gib"] = gib(probe.gpu())
+        res["rss_ready_gib"] = gib(probe.rss(proc.pid))
+        print(f"[{a.label}] ready in {res['start_to_ready_s']} s", flush=True)
+
+        one = corpus / "one.pdf"
+        if "solo" in phases:
+            t = drop(one, inbox, "solo.pdf")
+            done = wait_for(inbox, ["solo.pdf"], t + a.timeout, proc)
+            res["solo_latency_s"] = round(done["solo.pdf"] - t, 2) if done else None
+            print(f"[{a.label}] one page alone: {res['solo_latency_s']} s", flush=True)
+
+        if "a" in phases:
+            names = []
+            w0 = time.time()
+            for r in range(a.repeat):
+                for d in docs:
+                    names.append(f"a{r}-{d.name}")
+                    drop(d, inbox, names[-1])
+            done = wait_for(inbox, names, w0 + a.timeout, proc)
+            w1 = max(done.values()) if done else time.time()
+            st = doc_stats(inbox, names)
+            el = w1 - w0
+            res["a"] = dict(documents=len(names), finished=len(done), t_start=round(w0, 2), t_end=round(w1, 2),
+                            elapsed_s=round(el, 1), pages_per_s=round(st["pages"] / el, 3),
+                            out_tok_per_s=round(st["completion_tokens"] / el, 1), **st)
+            print(f"[{a.label}] a: {res['a']['pages']} pages in {el:.1f} s = {res['a']['pages_per_s']} pages/s, "
+                  f"{res['a']['out_tok_per_s']} tok/s", flush=True)
+
+        if "d" in phases:
+            big = corpus / "doc300.pdf"
+            n_big = pdf_pages(big)
+            w0 = drop(big, inbox, "doc300.pdf")
+            # wait until the big document is well under way: --d-after of its pages finished (metrics), at most 30 s
+            t_urgent = None
+            while time.time() - w0 < a.timeout:
+                _, m = http(base + "/metrics")
+                ok = sum(float(line.split()[-1]) for line in m.splitlines()
+                         if line.startswith("ocrwatch_pages_total") and 'status="ok"' in line)
+                base_ok = res.get("a", {}).get("pages", 0) + (1 if "solo" in phases else 0)
+                if ok - base_ok >= a.d_after or time.time() - w0 > 30:
+                    break
+                time.sleep(0.2)
+            t_urgent = drop(one, inbox, "urgent.pdf")
+            done = wait_for(inbox, ["urgent.pdf"], t_urgent + a.timeout, proc)
+            urgent = round(done["urgent.pdf"] - t_urgent, 2) if done else None
+            big_done = wait_for(inbox, ["doc300.pdf"], w0 + a.timeout, proc)
+            res["d"] = dict(doc_pages=n_big, urgent_dropped_after_s=round(t_urgent - w0, 1),
+                            urgent_latency_s=urgent, solo_latency_s=res.get("solo_latency_s"),
+                            doc300_s=round(big_done["doc300.pdf"] - w0, 1) if big_done else None,
+                            doc300=doc_stats(inbox, ["doc300.pdf"]), t_start=round(w0, 2), t_end=round(time.time(), 2))
+            if big_done:
+                res["d"]["doc300_pages_per_s"] = round(n_big / (big_done["doc300.pdf"] - w0), 3)
+            print(f"[{a.label}] d: urgent page {urgent} s while doc300 ran (alone {res.get('solo_latency_s')} s); "
+                  f"doc300 {res['d']['doc300_s']} s", flush=True)
+
+        res["gpu_mem_end_gib"] = gib(probe.gpu())
+        res["rss_end_gib"] = gib(probe.rss(proc.pid))
+        code, metrics = http(base + "/metrics")
+        (out / f"metrics_{a.label}.txt").write_text(metrics)
+        res["loop_lag_s"] = next((float(line.split()[-1]) for line in metrics.splitlines()
+                                  if line.startswith("ocrwatch_event_loop_lag_seconds")), None)
+    finally:
+        t_stop = time.time()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        res["shutdown_s"] = round(time.time() - t_stop, 1)
+        res["exit_code"] = proc.returncode
+        stats = [json.load(open(f)) for f in Path("/tmp").glob(f"ocw-e2e-encstats-{a.label}.*") if not f.name.endswith(".tmp")]
+        if stats:
+            res["encoder"] = max(stats, key=lambda s: s.get("pages", 0))
+        print("RESULT " + json.dumps(res), flush=True)
+        (out / f"e2e_{a.label}.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

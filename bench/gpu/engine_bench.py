@@ -1,0 +1,216 @@
+"""The official DeepSeek-OCR-2 script's shape on the lent H200: render every page first (144 DPI),
+then one ``LLM.generate()`` over all of them; stock vLLM class or ocrwatch's fast encoder (--fast).
+
+One engine per process; one generate() per --max-tokens value on the same engine (e.g. 1000 then 1:
+with one output token a page the run is input preparation + vision encoder + prefill only).
+Random weights (load_format="dummy"), so the output length is forced: ignore_eos=True.
+
+  python3 bench/gpu/engine_bench.py --label stock --pdfs .gpu/corpus/docs --repeat 2 --max-tokens 1000,1
+  OCRWATCH_FAST_ENCODER=1 python3 bench/gpu/engine_bench.py --label fast --fast ...
+
+Prints one ``RESULT {json}`` line (and appends it to --out): pages/s, output tokens/s, prompt tokens,
+engine start, GPU memory (NVML) and host RSS at start and end, wall-clock phase bounds (to line up with
+nvidia-smi dmon), and, with --fast, the encoder's own GPU time from OCRWATCH_ENCODER_STATS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+
+PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
+
+
+class Monitor(threading.Thread):
+    """GPU memory peak (NVML) and host RSS of this process and its children (psutil)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        import psutil
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml, self.h, self.ps = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0), psutil
+        self.peak, self.stop = 0, False
+
+    def gpu_used(self) -> int:
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used
+
+    def rss(self) -> int:
+        me = self.ps.Process()
+        total = me.memory_info().rss
+        for child in me.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except self.ps.Error:
+                pass
+        return total
+
+    def run(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.gpu_used())
+            time.sleep(0.2)
+
+
+def gib(x: float) -> float:
+    return round(x / 2**30, 2)
+
+
+def read_encoder_stats(path: str | None) -> dict | None:
+    if not path:
+        return None
+    out = None
+    for f in glob.glob(path + ".*"):
+        if f.endswith(".tmp"):
+            continue
+        try:
+            d = json.load(open(f))
+        except (OSError, ValueError):
+            continue
+        if out is None or d.get("pages", 0) > out.get("pages", 0):
+            out = d
+    return out
+
+
+def measure_input_prep(model: str, images, n: int = 24) -> dict:
+    """vLLM's DeepSeek-OCR processor alone, one thread: the CPU cost of turning a page into model input."""
+    from transformers import AutoTokenizer
+    from vllm.transformers_utils.processors.deepseek_ocr import DeepseekOCRProcessor
+
+    proc = DeepseekOCRProcessor(AutoTokenizer.from_pretrained(model), image_size=768, base_size=1024, strategy="v2")
+    proc(prompt=PROMPT, images=[images[0]])
+    t0 = time.perf_counter()
+    for im in images[:n]:
+        proc(prompt=PROMPT, images=[im])
+    return dict(pages=min(n, len(images)), ms_per_page=round(1000 * (time.perf_counter() - t0) / min(n, len(images)), 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--model", default=str(HERE.parents[1] / ".gpu/dsocr2"))
+    ap.add_argument("--pdfs", default=str(HERE.parents[1] / ".gpu/corpus/docs"))
+    ap.add_argument("--repeat", type=int, default=2, help="use every page this many times (>= 300 pages)")
+    ap.add_argument("--dpi", type=int, default=144)
+    ap.add_argument("--max-tokens", default="1000,1")
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--no-ngram", action="store_true")
+    ap.add_argument("--fast", action="store_true", help="ocrwatch's fast encoder (sets OCRWATCH_FAST_ENCODER=1)")
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--keep-tokens", type=int, default=8, help="pages whose first 64 output ids are kept")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tokens-out", default=None)
+    ap.add_argument("--engine-args", default="{}", help="extra LLM(...) kwargs as JSON")
+    a = ap.parse_args()
+
+    if a.fast:
+        os.environ["OCRWATCH_FAST_ENCODER"] = "1"
+    else:
+        os.environ.pop("OCRWATCH_FAST_ENCODER", None)
+    if a.fast and not os.environ.get("OCRWATCH_ENCODER_STATS"):
+        os.environ["OCRWATCH_ENCODER_STATS"] = f"/tmp/ocw-encstats-{a.label}"
+    stats_path = os.environ.get("OCRWATCH_ENCODER_STATS") if a.fast else None
+
+    mon = Monitor()
+    mon.start()
+    res: dict = dict(label=a.label, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     fast=a.fast, fast_env={k: v for k, v in os.environ.items() if k.startswith("OCRWATCH_")},
+                     max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                     ngram=not a.no_ngram, dpi=a.dpi,
+                     gpu_mem_start_gib=gib(mon.gpu_used()), rss_start_gib=gib(mon.rss()))
+
+    import pages as pagelib
+
+    t0 = time.perf_counter()
+    images = pagelib.render(pagelib.pdf_files([a.pdfs]), a.dpi)
+    res.update(renderer=pagelib.renderer_name(), render_s=round(time.perf_counter() - t0, 1),
+               unique_pages=len(images))
+    images = images * a.repeat
+    res["pages"] = len(images)
+    print(f"[{a.label}] {len(images)} pages rendered in {res['render_s']} s via {res['renderer']}", flush=True)
+
+    import torch
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
+
+    if a.fast:
+        from ocrwatch.engines import vllm_plugin
+
+        vllm_plugin.register()  # this process; the engine core loads it through the entry point
+    res.update(vllm=vllm.__version__, torch=torch.__version__)
+    res["input_prep"] = measure_input_prep(a.model, images)
+
+    kw = dict(model=a.model, load_format="dummy", enable_prefix_caching=False, mm_processor_cache_gb=0,
+              max_model_len=8192, max_num_seqs=a.max_num_seqs, gpu_memory_utilization=0.9, seed=0)
+    if a.max_num_batched_tokens:
+        kw["max_num_batched_tokens"] = a.max_num_batched_tokens
+    if not a.no_ngram:
+        kw["logits_processors"] = [NGramPerReqLogitsProcessor]
+    kw.update(json.loads(a.engine_args))
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    res["init_s"] = round(time.perf_counter() - t0, 1)
+    res["gpu_mem_after_init_gib"] = gib(mon.gpu_used())
+    print(f"[{a.label}] engine ready in {res['init_s']} s", flush=True)
+
+    def sampling(max_tokens: int) -> SamplingParams:
+        extra = None if a.no_ngram else dict(ngram_size=30, window_size=90, whitelist_token_ids={128821, 128822})
+        return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                              skip_special_tokens=False, extra_args=extra)
+
+    reqs = [{"prompt": PROMPT, "multi_modal_data": {"image": im}} for im in images]
+    t0 = time.perf_counter()
+    llm.generate(reqs[: a.warmup], sampling(16), use_tqdm=False)
+    res["warmup_s"] = round(time.perf_counter() - t0, 1)
+
+    phases = []
+    for mt in [int(x) for x in a.max_tokens.split(",")]:
+        before = read_encoder_stats(stats_path) or {}
+        w0, t0 = time.time(), time.perf_counter()
+        outs = llm.generate(reqs, sampling(mt), use_tqdm=False)
+        dt = time.perf_counter() - t0
+        after = read_encoder_stats(stats_path) or {}
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        n_prompt = [len(o.prompt_token_ids) for o in outs]
+        ph = dict(max_tokens=mt, t_start=round(w0, 2), t_end=round(time.time(), 2), gen_s=round(dt, 2),
+                  pages_per_s=round(len(outs) / dt, 3), out_tok_per_s=round(n_out / dt, 1), out_tokens=n_out,
+                  prompt_tokens_mean=round(sum(n_prompt) / len(n_prompt), 1),
+                  prompt_tokens_min_max=[min(n_prompt), max(n_prompt)])
+        if after:
+            ph["encoder"] = {k: round(after.get(k, 0) - before.get(k, 0), 3) for k in ("calls", "pages", "tiles", "gpu_s", "wall_s")}
+            if ph["encoder"]["pages"]:
+                ph["encoder"]["gpu_ms_per_page"] = round(1000 * ph["encoder"]["gpu_s"] / ph["encoder"]["pages"], 2)
+                ph["encoder"]["pages_per_call"] = round(ph["encoder"]["pages"] / max(ph["encoder"]["calls"], 1), 1)
+                ph["encoder"]["share_of_gen"] = round(ph["encoder"]["gpu_s"] / dt, 3)
+            ph["encoder_batch_sizes"] = after.get("batch_sizes")
+        phases.append(ph)
+        print(f"[{a.label}] max_tokens={mt}: {ph['pages_per_s']} pages/s, {ph['out_tok_per_s']} tok/s"
+              + (f", encoder {ph['encoder'].get('gpu_ms_per_page')} ms/page GPU" if after else ""), flush=True)
+        if a.tokens_out and mt == max(int(x) for x in a.max_tokens.split(",")):
+            with open(a.tokens_out, "w") as f:
+                json.dump([list(o.outputs[0].token_ids[:64]) for o in outs[: a.keep_tokens]], f)
+        del outs
+    res["phases"] = phases
+    mon.stop = True
+    res.update(gpu_mem_peak_gib=gib(mon.peak), gpu_mem_end_gib=gib(mon.gpu_used()), rss_end_gib=gib(mon.rss()))
+    print("RESULT " + json.dumps(res), flush=True)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(json.dumps(res) + "\n")
+    os._exit(0)  # skip the slow teardown of the engine's threads
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+# Environment for every device-side script (source it from the repository root on the device).
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/ocw-vllm-cache}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ocw-inductor-cache}
+mkdir -p /tmp/ocw-results

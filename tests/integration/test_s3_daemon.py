@@ -1,0 +1,152 @@
+"""``ocrwatch run`` as a real process with S3 sources: moto_server (SQS) and Ceph RGW (webhook), real Tesseract."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import docs
+from tests.integration.conftest import DaemonProcess, free_port, wait_until
+from tests.s3servers import MotoServer, RgwServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.s3]
+pytest_plugins = ["tests.s3servers"]
+
+TOKEN = "integration-token"
+
+
+def sidecar(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except client.exceptions.NoSuchKey:
+        return None
+
+
+def text(client: Any, bucket: str, key: str) -> str:
+    return client.get_object(Bucket=bucket, Key=key)["Body"].read().decode("utf-8")
+
+
+def queue_empty(server: MotoServer, queue: str) -> bool:
+    attributes = server.client("sqs").get_queue_attributes(QueueUrl=queue, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    return attributes == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
+
+
+def sqs_daemon(root: Path, server: MotoServer, queue: str, **overrides: Any) -> DaemonProcess:
+    s3 = server.s3_config(transport="sqs", queue_url=queue, wait_time_seconds=2, visibility_timeout_seconds=30)
+    return DaemonProcess(root, s3=[s3], **overrides)
+
+
+def started(daemon: DaemonProcess, uri: str) -> int:
+    return sum(1 for event in daemon.events() if event.get("event") == "job_started" and event.get("uri") == uri)
+
+
+def test_upload_to_sidecars_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
+    queue = moto.bucket_with_queue("docs", "events")
+    daemon = sqs_daemon(tmp_path, moto, queue).start()
+    try:
+        s3, key = moto.client("s3"), "scans/Report é+1.png"
+        body = docs.write_png(tmp_path / "page.png", ["Document S3", "Quarterly report invoice"]).read_bytes()
+        uploaded = time.monotonic()
+        etag = s3.put_object(Bucket="docs", Key=key, Body=body)["ETag"].strip('"')
+        document = wait_until(lambda: sidecar(s3, "docs", f"{key}.json"), 60, "the JSON sidecar")
+        print(f"moto SQS upload-to-sidecar, one page: {time.monotonic() - uploaded:.2f}s")
+        assert document["source"]["uri"] == f"s3://docs/{key}" and document["source"]["etag"] == etag
+        assert "quarterly report" in text(s3, "docs", f"{key}.md").lower()
+        head = s3.head_object(Bucket="docs", Key=f"{key}.md")
+        assert head["ContentType"] == "text/markdown; charset=utf-8"
+        assert head["Metadata"]["ocrwatch-source-etag"] == etag
+        wait_until(lambda: queue_empty(moto, queue), 10, "every message deleted")
+
+        s3.put_object(Bucket="docs", Key=key, Body=body)  # the same bytes again: recognised as done
+        wait_until(lambda: any(e.get("event") == "job_already_done" for e in daemon.events()), 30, "dedup")
+        wait_until(lambda: queue_empty(moto, queue), 10, "the duplicate's message deleted")
+        assert started(daemon, f"s3://docs/{key}") == 1
+    finally:
+        daemon.stop()
+
+
+def test_poison_object_gets_an_error_sidecar_and_is_not_redelivered(moto: MotoServer, tmp_path: Path) -> None:
+    queue = moto.bucket_with_queue("docs", "events")
+    daemon = sqs_daemon(tmp_path, moto, queue).start()
+    try:
+        s3, key = moto.client("s3"), "in/locked.pdf"
+        s3.put_object(Bucket="docs", Key=key, Body=docs.write_encrypted_pdf(tmp_path / "locked.pdf").read_bytes())
+        error = wait_until(lambda: sidecar(s3, "docs", f"{key}.error.json"), 60, "the error sidecar")
+        assert error["error"]["kind"] == "encrypted_pdf"
+        wait_until(lambda: queue_empty(moto, queue), 10, "the poison message deleted")
+        assert sidecar(s3, "docs", f"{key}.json") is None and started(daemon, f"s3://docs/{key}") == 1
+    finally:
+        daemon.stop()
+
+
+def test_two_daemons_on_one_queue_process_each_document_once(moto: MotoServer, tmp_path: Path) -> None:
+    queue = moto.bucket_with_queue("docs", "events")
+    daemons = [sqs_daemon(tmp_path / name, moto, queue) for name in ("a", "b")]
+    try:
+        for daemon in daemons:
+            daemon.start()
+        s3 = moto.client("s3")
+        keys = [f"batch/doc {n}+.png" for n in range(8)]
+        for n, key in enumerate(keys):
+            page = docs.write_png(tmp_path / f"{n}.png", [f"Document {n}", "Quarterly report"])
+            s3.put_object(Bucket="docs", Key=key, Body=page.read_bytes())
+        for key in keys:
+            wait_until(lambda key=key: sidecar(s3, "docs", f"{key}.json"), 120, f"sidecars of {key}")
+        wait_until(lambda: queue_empty(moto, queue), 10, "every message deleted")
+        done = Counter(e["uri"] for d in daemons for e in d.events() if e.get("event") == "job_done")
+        assert done == Counter({f"s3://docs/{key}": 1 for key in keys})
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+
+def webhook_daemon(root: Path, rgw: RgwServer, bucket: str, **overrides: Any) -> DaemonProcess:
+    port = free_port()
+    s3 = rgw.s3_config(transport="webhook", listen=f"127.0.0.1:{port}", token=TOKEN)
+    daemon = DaemonProcess(root, s3=[s3], **overrides).start()
+    rgw.bucket_with_webhook(bucket, f"http://127.0.0.1:{port}/s3/events?token={TOKEN}")
+    return daemon
+
+
+def test_rgw_webhook_upload_to_sidecars(rgw: RgwServer, tmp_path: Path) -> None:
+    daemon = webhook_daemon(tmp_path, rgw, "daemon-docs")
+    try:
+        s3 = rgw.client("s3")
+        body = docs.write_png(tmp_path / "page.png", ["Document RGW", "Quarterly report invoice"]).read_bytes()
+        for key in ("inbox/first.png", "inbox/a+b c é.png"):  # RGW's first write to a bucket takes ~2 s
+            uploaded = time.monotonic()
+            s3.put_object(Bucket="daemon-docs", Key=key, Body=body)
+            document = wait_until(lambda key=key: sidecar(s3, "daemon-docs", f"{key}.json"), 60, "the sidecar")
+            print(f"Ceph RGW webhook upload-to-sidecar, one page: {time.monotonic() - uploaded:.2f}s ({key})")
+            assert document["source"]["uri"] == f"s3://daemon-docs/{key}"
+            assert "quarterly report" in text(s3, "daemon-docs", f"{key}.md").lower()
+    finally:
+        daemon.stop()
+
+
+def test_daemon_finishes_through_an_s3_outage(rgw: RgwServer, tmp_path: Path) -> None:
+    retry = {"attempts": 8, "backoff_initial_seconds": 1.0, "backoff_max_seconds": 5.0}
+    daemon = webhook_daemon(tmp_path, rgw, "outage-docs", retry=retry)
+    try:
+        s3, key = rgw.client("s3"), "long report.pdf"
+        pages = [[f"Page {n} of the long report", "Quarterly report invoice"] for n in range(10)]
+        s3.put_object(Bucket="outage-docs", Key=key, Body=docs.write_pdf(tmp_path / "long.pdf", pages).read_bytes())
+        wait_until(lambda: started(daemon, f"s3://outage-docs/{key}"), 30, "the job started")
+        rgw.stop_gateway()  # mid-job: the sidecar writes (or the download) meet a dead endpoint
+        try:
+            time.sleep(20)
+        finally:
+            rgw.start_gateway()
+        document = wait_until(lambda: sidecar(s3, "outage-docs", f"{key}.json"), 120, "the JSON sidecar")
+        assert len(document["pages"]) == 10
+        events = {e.get("event") for e in daemon.events()}
+        assert events & {"s3_call_retry", "job_retry"}, "the outage was never noticed"
+        assert daemon.proc is not None and daemon.proc.poll() is None
+    finally:
+        daemon.stop()
