@@ -8,14 +8,17 @@ notification, the health tick and config reload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +28,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from ocrwatch import assemble, config as config_module, ladder, render
 from ocrwatch.config import Config
 from ocrwatch.engines import factory
-from ocrwatch.engines.base import Engine
-from ocrwatch.errors import EngineDead, OcrwatchError, PermanentError, TransientError, classify
+from ocrwatch.engines.base import Engine, PageRequest
+from ocrwatch.errors import ConfigError, EngineDead, OcrwatchError, PermanentError, SourceGone, TransientError, classify
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
-from ocrwatch.metrics import HealthServer, Metrics
+from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics
 from ocrwatch.scheduler import PageScheduler
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
@@ -79,6 +82,11 @@ class EngineSupervisor:
 
     def dead(self) -> None:
         if self._rebuild is None or self._rebuild.done():
+            # Pause now, not when the rebuild task first runs: the page that reported the death is requeued
+            # right after this returns, and a page dispatched in between would be cancelled before its task
+            # ever ran, which loses the page and its in-flight slot.
+            if self.scheduler is not None:
+                self.scheduler.pause_engine()
             self._rebuild = asyncio.create_task(self._rebuild_engine())
 
     async def _rebuild_engine(self) -> None:
@@ -86,6 +94,7 @@ class EngineSupervisor:
         self.scheduler.pause_engine()
         requeued = self.scheduler.requeue_inflight()
         self._metrics.engine_restarts.inc()
+        self._metrics.retries.labels(stage="engine").inc(requeued)
         log.error("engine_dead", requeued_pages=requeued)
         old, self.engine = self.engine, None
         if old is not None:
@@ -128,13 +137,15 @@ class Pipeline:
         self.scheduler: PageScheduler | None = None
         self._slots = asyncio.Semaphore(cfg.scheduler.max_active_documents)
         self._tasks: dict[str, asyncio.Task[str]] = {}
+        self._detected: dict[str, float] = {}
+        self._running = 0
         self.results: dict[str, str] = {}
 
     async def start(self) -> None:
         engine = await self.supervisor.start()
         sched = self.cfg.scheduler
         self.scheduler = PageScheduler(
-            lambda doc, request: self.supervisor.recognize(request),
+            lambda doc, request: self._recognize(request),
             max_inflight=sched.max_inflight_pages or engine.max_concurrency,
             render_ahead=sched.render_ahead,
             render_workers=sched.render_workers,
@@ -174,8 +185,8 @@ class Pipeline:
             return
         if self.ledger is not None and not await self._ledger("admit", job, fingerprint):
             row = await self._ledger("known", job.key)
-            if row is not None and row.state == "done":
-                await self.sources[job.source].finish(job, "done")
+            if row is not None and row.state in ("done", "failed"):
+                await self.sources[job.source].finish(job, row.state)
             return
         self.start_job(job)
 
@@ -208,8 +219,26 @@ class Pipeline:
             return existing
         task = asyncio.create_task(self._run(job), name=f"job:{job_id(job)}")
         self._tasks[job.key] = task
-        task.add_done_callback(lambda t, key=job.key: self._tasks.pop(key, None))
+        self._detected[job.key] = job.detected_at
+        task.add_done_callback(functools.partial(self._forget, job.key))
         return task
+
+    def _forget(self, key: str, task: asyncio.Task[str]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+            del self._detected[key]
+
+    def update_gauges(self) -> None:
+        """Queue depths, documents admitted and the oldest unfinished job: cheap enough for every scrape."""
+        metrics = self.metrics
+        if self.scheduler is not None:
+            for stage, depth in self.scheduler.depth.items():
+                metrics.queue_depth.labels(stage=stage).set(depth)
+            metrics.inflight_pages.set(self.scheduler.budget.inflight)
+        metrics.active_documents.labels(state="running").set(self._running)
+        metrics.active_documents.labels(state="waiting").set(max(len(self._tasks) - self._running, 0))
+        oldest = min(self._detected.values(), default=None)
+        metrics.oldest_waiting.set(0.0 if oldest is None else max(time.time() - oldest, 0.0))
 
     async def drain(self, timeout: float) -> int:
         """Wait for running jobs up to ``timeout``; cancel the rest (they stay unfinished in the ledger)."""
@@ -231,7 +260,7 @@ class Pipeline:
     async def _run(self, job: Job) -> str:
         jid = job_id(job)
         structlog.contextvars.bind_contextvars(job_id=jid)
-        async with self._slots:
+        async with self._slot():
             log.info("job_started", uri=job.origin.uri, source=job.source)
             attempts = 0
 
@@ -265,6 +294,40 @@ class Pipeline:
                 return "failed"
         self.results[job.key] = status
         return status
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of ``max_active_documents`` slots, counted for the active-documents gauge."""
+        async with self._slots:
+            self._running += 1
+            try:
+                yield
+            finally:
+                self._running -= 1
+
+    async def _recognize(self, request: PageRequest) -> ladder.PageResult:
+        """One page through the engine, recorded as it finishes, so a long document's progress shows live."""
+        started = time.monotonic()
+        try:
+            result: ladder.PageResult = await self.supervisor.recognize(request)
+        except EngineDead:
+            self.metrics.retries.labels(stage="engine").inc()  # the scheduler requeues the page
+            raise
+        metrics = self.metrics
+        metrics.stage_seconds.labels(stage="recognize").observe(time.monotonic() - started)
+        metrics.pages.labels(status=result.status).inc()
+        metrics.retries.labels(stage="page").inc(max(len(result.attempts) - 1, 0))
+        for kind in ("prompt", "completion"):
+            metrics.tokens.labels(kind=kind).inc(sum(attempt.get(f"{kind}_tokens") or 0 for attempt in result.attempts))
+        return result
+
+    def _render_page(
+        self, path: Path, info: render.DocumentInfo, spec: render.RenderSpec, index: int
+    ) -> render.RenderedPage:
+        """Runs in a render worker thread (prometheus_client is thread-safe); records each page as it is made."""
+        page = render.render_page(path, info, index, spec=spec)
+        self.metrics.stage_seconds.labels(stage="render").observe(page.seconds)
+        return page
 
     async def _start_attempt(self, job: Job) -> int:
         """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
@@ -303,9 +366,14 @@ class Pipeline:
                 detected_at=job.detected_at,
                 pages=info.pages,
                 prompt=cfg.prompt_text(job.prompt),
-                render=functools.partial(render.render_page, path, info, spec=spec),
+                render=functools.partial(self._render_page, path, info, spec),
             )
-            pages = await session.document.future
+            try:
+                pages = await session.document.future
+            except PermanentError as exc:  # a page of the replacement, rendered with the old one's page count
+                if await asyncio.to_thread(_changed, path, before):
+                    raise SourceChanged(f"{job.origin.uri} changed while it was processed ({exc.kind})") from exc
+                raise
             stages["pages"] = time.monotonic() - t0
             if await asyncio.to_thread(_stat_key, path) != before:
                 raise SourceChanged(f"{job.origin.uri} changed while it was processed")
@@ -325,7 +393,7 @@ class Pipeline:
             stages["write"] = time.monotonic() - t0
         await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
         await self._ledger("mark_done", job.key)
-        self._record_success(job, document)
+        self._record_success(job, document["status"], stages)
         await self.sources[job.source].finish(job, "done")
         log.info(
             "job_done", status=document["status"], pages=len(pages), seconds=round(time.time() - started, 3),
@@ -333,15 +401,11 @@ class Pipeline:
         )
         return str(document["status"])
 
-    def _record_success(self, job: Job, document: dict[str, Any]) -> None:
-        self.metrics.documents.labels(status=document["status"]).inc()
-        for page in document["pages"]:
-            self.metrics.pages.labels(status=page["status"]).inc()
-            tokens = page["tokens"]
-            self.metrics.tokens.labels(kind="prompt").inc(tokens["prompt"] or 0)
-            self.metrics.tokens.labels(kind="completion").inc(tokens["completion"] or 0)
+    def _record_success(self, job: Job, status: str, stages: dict[str, float]) -> None:
+        """Document-level figures; pages and tokens were recorded as each page finished."""
+        self.metrics.documents.labels(status=status).inc()
         self.metrics.stage_seconds.labels(stage="end_to_end").observe(time.time() - job.detected_at)
-        for stage, seconds in document["timing"]["stages"].items():
+        for stage, seconds in stages.items():  # not the sidecar's copy: it was taken before the write
             self.metrics.stage_seconds.labels(stage=stage).observe(seconds)
 
     async def _fail(self, job: Job, error: OcrwatchError, attempts: int) -> None:
@@ -353,7 +417,8 @@ class Pipeline:
         await self._ledger("mark_failed", job.key, error.as_dict())
         body = assemble.error_document(_source_section(job, None, None, None), error.as_dict(), attempts, time.time())
         try:
-            await asyncio.to_thread(self.sinks[job.source].write_error, job, body)
+            if not isinstance(error, SourceGone):  # nothing to sit beside; the ledger re-admits it if it returns
+                await asyncio.to_thread(self.sinks[job.source].write_error, job, body)
         except Exception as exc:
             log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
         await self.sources[job.source].finish(job, "failed")
@@ -367,6 +432,20 @@ class Pipeline:
 def _stat_key(path: Path) -> tuple[int, int]:
     stat = path.stat()
     return stat.st_size, stat.st_mtime_ns
+
+
+def _changed(path: Path, before: tuple[int, int]) -> bool:
+    try:
+        return _stat_key(path) != before
+    except OSError:
+        return True
+
+
+def _reset_private_dir(path: Path) -> None:
+    """Empty ``path`` and (re)create it with mode 0700, whatever mode it had."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
 
 
 def _recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:
@@ -427,6 +506,7 @@ class Daemon:
         self.cfg = cfg
         self.config_path = config_path
         self.metrics = Metrics()
+        self.lag_probe = LoopLagProbe(self.metrics)
         self.ledger: Ledger | None = None
         self.pipeline: Pipeline | None = None
         self.health: HealthServer | None = None
@@ -450,10 +530,13 @@ class Daemon:
     async def startup(self) -> None:
         cfg = self.cfg
         self._install_signals()
+        self._background.append(asyncio.create_task(self.lag_probe.run(), name="loop-lag-probe"))
         cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock_state_dir()
+        _reset_private_dir(cfg.state_dir / "tmp")  # what sessions killed with the last process left behind
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
         if cfg.metrics.enabled:
-            self.health = HealthServer(self.metrics, cfg.metrics.listen, lambda: self._ready)
+            self.health = HealthServer(self.metrics, cfg.metrics.listen, lambda: self._ready, self._update_gauges)
             await self.health.start()
         self.pipeline = Pipeline(cfg, self.ledger, self.metrics)
         await self.pipeline.start()
@@ -478,17 +561,43 @@ class Daemon:
             from ocrwatch.sources.s3 import S3Source
 
             for index, s3cfg in enumerate(cfg.s3):
-                source = S3Source(s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=cfg.output.name_template)
+                source = S3Source(
+                    s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=cfg.output.name_template,
+                    max_inflight=cfg.scheduler.max_active_documents,
+                )
                 self.pipeline.add_source(source, S3Sink(s3cfg, source.client, cfg.output.name_template))
+
+    def _lock_state_dir(self) -> None:
+        """One daemon per state directory: a second would process every document twice. Released by the kernel
+        whenever this process ends, ``kill -9`` included."""
+        path = self.cfg.state_dir / "daemon.lock"
+        self._state_lock = open(path, "a")  # noqa: SIM115 - held for the life of the process
+        try:
+            fcntl.flock(self._state_lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._state_lock.close()
+            raise ConfigError(
+                f"state_dir: {self.cfg.state_dir} is in use by another running ocrwatch",
+                hint="stop the other daemon, or give this one its own state_dir",
+            ) from None
 
     def _resume(self) -> int:
         assert self.ledger is not None and self.pipeline is not None
         count = 0
         for row in self.ledger.unfinished():
-            if row.job.source in self.pipeline.sources:
-                self.pipeline.start_job(row.job)
-                count += 1
+            if row.job.source not in self.pipeline.sources:
+                continue
+            if row.state == "writing" and self._already_written(row.job, row.fingerprint):
+                self.ledger.mark_done(row.key)  # killed between the sidecars and the ledger: nothing to redo
+                continue
+            self.pipeline.start_job(row.job)
+            count += 1
         return count
+
+    def _already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
+        assert self.pipeline is not None
+        recorded = self.pipeline.sinks[job.source].recorded(job)
+        return recorded is not None and same_content(_recorded_fingerprint(recorded), fingerprint)
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -549,18 +658,14 @@ class Daemon:
             start = time.monotonic()
             await asyncio.sleep(interval)
             lag = time.monotonic() - start - interval
-            self.metrics.loop_lag.set(max(lag, 0.0))
+            self.metrics.loop_lag.set(max(self.lag_probe.take_worst(), lag, 0.0))
             self._update_gauges()
             if lag < max(interval, 1.0):
                 sd_notify("WATCHDOG=1")
 
     def _update_gauges(self) -> None:
-        assert self.pipeline is not None and self.ledger is not None
-        scheduler = self.pipeline.scheduler
-        if scheduler is not None:
-            for stage, depth in scheduler.depth.items():
-                self.metrics.queue_depth.labels(stage=stage).set(depth)
-            self.metrics.inflight_pages.set(scheduler.budget.inflight)
+        if self.pipeline is not None:  # None while the engine warms up: /metrics already answers then
+            self.pipeline.update_gauges()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
             self.metrics.gpu_memory.set(torch.cuda.memory_allocated())

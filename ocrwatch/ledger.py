@@ -163,7 +163,8 @@ class Ledger:
 
         A new key, or a known key whose content changed (whatever its state), is queued afresh with its
         attempts reset. A job still ``queued`` with the same content is True as well, so a job put back by
-        ``ocrwatch retry`` starts when a scan sees it again (the caller ignores jobs it is already running).
+        ``ocrwatch retry`` starts when a scan sees it again (the caller ignores jobs it is already running),
+        and so is a job that failed only because its source had vanished (``source_gone``) and is seen again.
         Otherwise (done, failed or mid-stage with the same content) the answer is False. A stat change with
         identical content refreshes the stored fingerprint, so the next cheap ``known()`` +
         ``same_content()`` check hits without hashing.
@@ -202,6 +203,13 @@ class Ledger:
                     " WHERE key = ?",
                     (*_fp_columns(merged), job.key),
                 )
+            if row["state"] == "failed" and _error_kind(row["last_error"]) == "source_gone":
+                conn.execute(
+                    "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, next_attempt_at = NULL,"
+                    " updated_at = ? WHERE key = ?",
+                    (now, job.key),
+                )
+                return True
             return row["state"] == "queued"
 
         return self._transact(tx, write=True)
@@ -378,6 +386,14 @@ class Ledger:
                     f"{exc.last_attempt.exception()}",
                     hint="another process holds the ledger's write lock; stop it (e.g. a stuck sqlite3 shell)",
                 ) from exc.last_attempt.exception()
+
+
+def _error_kind(last_error: str | None) -> str | None:
+    try:
+        error = json.loads(last_error) if last_error else None
+    except ValueError:
+        return None
+    return error.get("kind") if isinstance(error, dict) else None
 
 
 def _is_busy(exc: BaseException) -> bool:

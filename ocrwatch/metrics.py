@@ -18,38 +18,103 @@ log = structlog.get_logger()
 
 _STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600)
 
+STAGES = ("waiting", "fetch_probe", "render", "recognize", "pages", "write", "end_to_end")
+"""Latency stages: detected → started (``waiting``), the document's fetch and probe, each page's render and
+recognition, all of a document's pages, writing the sidecars, and detected → sidecars (``end_to_end``)."""
+
+QUEUES = ("render_queue", "rendering", "ready", "inflight")
+"""Pages not yet rendered, being rendered, rendered and waiting for the engine, inside the engine."""
+
 
 class Metrics:
+    """Every series is created here with its labels, so a scrape shows zeros before the first document."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.documents = Counter("ocrwatch_documents", "Documents finished, by status", ["status"], registry=r)
-        self.pages = Counter("ocrwatch_pages", "Pages finished, by status", ["status"], registry=r)
+        self.pages = Counter("ocrwatch_pages", "Pages recognised, by status", ["status"], registry=r)
         self.stage_seconds = Histogram(
             "ocrwatch_stage_seconds", "Latency per stage", ["stage"], buckets=_STAGE_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("ocrwatch_queue_depth", "Pages waiting per stage", ["stage"], registry=r)
-        self.oldest_waiting = Gauge("ocrwatch_oldest_waiting_seconds", "Age of the oldest waiting job", registry=r)
+        self.active_documents = Gauge(
+            "ocrwatch_active_documents", "Documents admitted: waiting for a slot, or running", ["state"], registry=r
+        )
+        self.oldest_waiting = Gauge(
+            "ocrwatch_oldest_waiting_seconds", "Age of the oldest unfinished job, since it was detected", registry=r
+        )
         self.inflight_pages = Gauge("ocrwatch_inflight_pages", "Pages inside the engine", registry=r)
         self.tokens = Counter("ocrwatch_tokens", "Tokens processed", ["kind"], registry=r)
         self.retries = Counter("ocrwatch_retries", "Retries, by stage", ["stage"], registry=r)
-        self.loop_lag = Gauge("ocrwatch_event_loop_lag_seconds", "Event-loop lag at the last health tick", registry=r)
+        self.loop_lag = Gauge(
+            "ocrwatch_event_loop_lag_seconds", "Worst event-loop lag during the last health interval", registry=r
+        )
+        self.loop_lag_max = Gauge(
+            "ocrwatch_event_loop_max_lag_seconds", "Worst event-loop lag since start", registry=r
+        )
         self.gpu_memory = Gauge("ocrwatch_gpu_memory_bytes", "GPU memory allocated by this process", registry=r)
         self.engine_restarts = Counter("ocrwatch_engine_restarts", "Engine rebuilds after a death", registry=r)
+        for status in ("ok", "partial", "failed"):
+            self.documents.labels(status=status)
+        for status in ("ok", "failed"):
+            self.pages.labels(status=status)
+        for stage in STAGES:
+            self.stage_seconds.labels(stage=stage)
+        for stage in QUEUES:
+            self.queue_depth.labels(stage=stage)
+        for state in ("waiting", "running"):
+            self.active_documents.labels(state=state)
+        for kind in ("prompt", "completion"):
+            self.tokens.labels(kind=kind)
+        for stage in ("document", "page", "engine"):
+            self.retries.labels(stage=stage)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class HealthServer:
-    """A deliberately tiny HTTP/1.0 server: three GET paths, nothing else, so it needs no dependency."""
+class LoopLagProbe:
+    """Wakes every ``interval`` and measures how late it woke: a blocking call anywhere on the loop shows up,
+    even one far shorter than the health interval."""
 
-    def __init__(self, metrics: Metrics, listen: str, ready: Callable[[], bool]) -> None:
+    def __init__(self, metrics: Metrics, interval: float = 0.1) -> None:
+        self._metrics = metrics
+        self._interval = interval
+        self._worst = 0.0
+        self._max = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self._interval)
+            lag = max(loop.time() - start - self._interval, 0.0)
+            self._worst = max(self._worst, lag)
+            if lag > self._max:
+                self._max = lag
+                self._metrics.loop_lag_max.set(lag)
+
+    def take_worst(self) -> float:
+        """The worst lag since the previous call (the health tick's interval)."""
+        worst, self._worst = self._worst, 0.0
+        return worst
+
+
+class HealthServer:
+    """A deliberately tiny HTTP/1.0 server: three GET paths, nothing else, so it needs no dependency.
+
+    ``refresh`` runs before each /metrics answer, on the loop, so it must be cheap."""
+
+    def __init__(
+        self, metrics: Metrics, listen: str, ready: Callable[[], bool], refresh: Callable[[], None] | None = None
+    ) -> None:
         host, _, port = listen.rpartition(":")
         self._host = host.strip("[]") or "127.0.0.1"
         self._port = int(port)
         self._metrics = metrics
         self._ready = ready
+        self._refresh = refresh
         self._server: asyncio.Server | None = None
 
     @property
@@ -72,6 +137,8 @@ class HealthServer:
             parts = request.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 and parts[0] == "GET" else ""
             if path == "/metrics":
+                if self._refresh is not None:  # gauges read at scrape time are exact, not a tick old
+                    self._refresh()
                 status, body, ctype = 200, self._metrics.render(), CONTENT_TYPE_LATEST
             elif path == "/healthz":
                 status, body, ctype = 200, b"ok\n", "text/plain"

@@ -185,7 +185,7 @@ class PageScheduler:
     @property
     def depth(self) -> dict[str, int]:
         return {
-            "render_queue": sum(1 for _, doc in self._render_queue if doc.unrendered),
+            "render_queue": sum(doc.pages - doc.next_page for _, doc in self._render_queue if doc.unrendered),
             "rendering": self.budget.rendering,
             "ready": self.budget.ready,
             "inflight": self.budget.inflight,

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.s3servers"]
+
 REPO = Path(__file__).resolve().parent.parent
 
 

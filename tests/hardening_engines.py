@@ -170,10 +170,10 @@ def _make_plugin_daemon_class() -> Any:
         """``DaemonProcess`` whose engine is a test engine (see the module docstring)."""
 
         def __init__(
-            self, root: Path, engine: str, engine_args: dict[str, Any] | None = None,
+            self, root: Path, spec: str, engine_args: dict[str, Any] | None = None,
             inboxes: list[dict[str, Any]] | None = None, **overrides: Any,
         ) -> None:  # fmt: skip
-            settings, self.engine_env = engine_settings(engine, engine_args or {})
+            settings, self.engine_env = engine_settings(spec, engine_args or {})
             overrides["engine"] = {**settings, **overrides.get("engine", {})}
             super().__init__(root, inboxes, **overrides)
 

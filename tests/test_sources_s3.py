@@ -21,7 +21,6 @@ from ocrwatch.sources.s3 import S3Source, created_object, event_records, refusal
 from tests.s3servers import MotoServer, RgwServer
 
 pytestmark = pytest.mark.s3
-pytest_plugins = ["tests.s3servers"]
 
 ODD_KEYS = ["inbox/My Scan é+1.pdf", "inbox/a+b.pdf", "inbox/déjà vu/ü 100%.png"]
 

@@ -67,11 +67,17 @@ def build_tower(model_dir: str, device: str, dtype: torch.dtype, seed: int):
     ctx = set_current_vllm_config(vcfg)
     ctx.__enter__()  # custom ops look the config up at forward time too: keep it set
     torch.manual_seed(seed)
-    tower = Tower()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # as vLLM builds models: default dtype + target device, no .to()
+    try:
+        with torch.device(device):
+            tower = Tower()
+    finally:
+        torch.set_default_dtype(default)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in tower.named_parameters():
-            r = torch.randn(p.shape, generator=g)
+            r = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if "rel_pos" in name:
                 p.copy_(r * 0.5)
             elif name == "view_seperator" or "pos_embed" in name:
@@ -80,7 +86,7 @@ def build_tower(model_dir: str, device: str, dtype: torch.dtype, seed: int):
                 p.copy_(1 + 0.1 * r if name.endswith("weight") else 0.02 * r)
             else:
                 p.copy_(r / math.sqrt(p[0].numel()))
-    return tower.to(device=device, dtype=dtype).eval()
+    return tower.eval()
 
 
 def prepare(model_dir: str, images, device: str, dtype: torch.dtype):
@@ -281,14 +287,17 @@ def main() -> None:
                 for name, fn in runs:
                     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])
                     with profile(activities=acts) as prof:
+                        t0 = time.perf_counter()
                         fn()
                         sync(a.device)
+                        wall = time.perf_counter() - t0
                     ka = prof.key_averages()
-                    table = ka.table(sort_by="cuda_time_total" if a.device.startswith("cuda") else "cpu_time_total", row_limit=25)
+                    table = ka.table(sort_by="self_device_time_total" if a.device.startswith("cuda") else "cpu_time_total", row_limit=30)
                     Path(a.profile, f"profile_{name}.txt").write_text(table)
-                    events = [e for e in prof.events() if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")]
-                    gpu_us = sum(e.device_time for e in events) if events else 0
-                    prof_summary[name] = dict(pages=small, kernels=len(events), gpu_ms=round(gpu_us / 1000, 1))
+                    gpu_us = sum(e.self_device_time_total for e in ka)
+                    kernels = sum(e.count for e in ka if str(e.device_type).endswith("CUDA"))
+                    prof_summary[name] = dict(pages=small, kernels=kernels, gpu_busy_ms=round(gpu_us / 1000, 1),
+                                              wall_ms=round(1000 * wall, 1))
                 res["profile_4_pages"] = prof_summary
     print("RESULT " + json.dumps(res), flush=True)
     if a.out:

@@ -16,7 +16,7 @@ import botocore.exceptions
 import structlog
 
 from ocrwatch.config import S3Config
-from ocrwatch.errors import OcrwatchError, OutputNotWritable
+from ocrwatch.errors import NameTooLong, OcrwatchError, OutputNotWritable
 from ocrwatch.sinks.base import sidecar_names
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.sources.base import Job, S3Object
@@ -92,6 +92,9 @@ def _origin(job: Job) -> S3Object:
 
 
 def _write_error(exc: BaseException, uri: str) -> OcrwatchError:
+    if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("KeyTooLongError", "InvalidObjectName"):
+        return NameTooLong(f"cannot write {uri}: the key is longer than S3's 1024 bytes",
+                           hint="give the object a shorter key, or a shorter [output] name_template")
     if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("AccessDenied", "NoSuchBucket"):
         hint = "grant s3:PutObject and s3:DeleteObject on the sidecar keys, or set output_bucket"
         return OutputNotWritable(f"cannot write {uri}: {error_code(exc)}", hint=hint)

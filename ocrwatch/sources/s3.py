@@ -8,6 +8,10 @@ Transports (``[[s3]] transport``):
   SQS is a distributed work queue: several daemons may consume one queue, each message goes to one of them.
 - ``webhook``: an HTTP endpoint that RGW or MinIO POSTs ``{"Records": [...]}`` to, guarded by a shared token.
   It answers 2xx only after every job of the request is in the ledger, so the sender retries what a crash lost.
+  With RGW that needs a persistent topic (``persistent=true``): a plain topic makes the upload wait for the
+  answer and drops the event when it fails. RGW resends a refused event at once, in a tight loop, so refusals
+  are answered after ``reject_delay_seconds``. The HTTP/1.1 server is the stdlib's asyncio streams (no new
+  dependency): one request per connection, bounded head and body, strict header parsing.
 
 Key encoding, decided per record by ``eventSource`` (``eventVersion`` cannot tell them apart: AWS itself sends
 2.1, 2.2 and 2.3): ``ceph:s3`` (RGW) sends keys raw, so ``unquote_plus`` would corrupt a ``+``; ``aws:s3`` (AWS,
@@ -17,7 +21,10 @@ Delivery is at least once, and a multipart upload may be announced twice (moto s
 ``CompleteMultipartUpload``): each job carries the event's ETag, versionId and size, so the daemon's ledger
 (keyed by bucket/key/versionId) and the sink's ``recorded`` (same ETag means done) make a duplicate a no-op.
 
-Boto3 clients are made in ``start`` (never at import) and their blocking calls run off the event loop.
+Boto3 clients are made when the source is built (the S3 client, shared with the sink) or started (SQS), never
+at import; their blocking calls run in worker threads, the SQS long poll in a daemon thread so that a pending
+poll never delays shutdown. Transient failures are retried by botocore (standard mode), then with backoff by
+tenacity; the polling loop itself never gives up (``s3_unreachable``, then ``s3_reachable``).
 """
 
 from __future__ import annotations

@@ -187,8 +187,8 @@ def plugin_daemon(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
     made: list[Any] = []
 
-    def factory(engine: str = ECHO, engine_args: dict[str, Any] | None = None, root: Path | None = None, **kwargs: Any) -> Any:
-        daemon = PluginDaemon(root or tmp_path, engine, engine_args, **kwargs)
+    def factory(spec: str = ECHO, engine_args: dict[str, Any] | None = None, root: Path | None = None, **kwargs: Any) -> Any:
+        daemon = PluginDaemon(root or tmp_path, spec, engine_args, **kwargs)
         made.append(daemon)
         return daemon
 
@@ -453,11 +453,10 @@ def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(plugin_daemon, 
     doc = small_pdf(small / "doc.pdf", "full disk", pages=2)
     source_hash = hashes([doc])
     filler = small / ".filler"
-    with open(filler, "wb") as handle:
-        with contextlib.suppress(OSError):
-            while True:
-                handle.write(b"\0" * 4096)
-                handle.flush()
+    with contextlib.suppress(OSError), open(filler, "wb") as handle:
+        while True:
+            handle.write(b"\0" * 4096)
+            handle.flush()
     daemon = plugin_daemon(
         inboxes=[{"path": str(small), "settle_seconds": 0.3}],
         retry={"attempts": 8, "backoff_initial_seconds": 0.5, "backoff_max_seconds": 1.0},

@@ -15,7 +15,6 @@ from tests.integration.conftest import DaemonProcess, free_port, wait_until
 from tests.s3servers import MotoServer, RgwServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
-pytest_plugins = ["tests.s3servers"]
 
 TOKEN = "integration-token"
 
