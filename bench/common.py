@@ -90,6 +90,7 @@ def machine() -> dict[str, Any]:
         "cpu_model": model,
         "python": platform.python_version(),
         "tesseract": tesseract.split("\n", 1)[0],
+        "loadavg_1_5_15": [round(load, 2) for load in os.getloadavg()],  # other work on the machine, at the end
     }
 
 

@@ -139,7 +139,6 @@ class Pipeline:
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._detected: dict[str, float] = {}
         self._running = 0
-        self.results: dict[str, str] = {}
 
     async def start(self) -> None:
         engine = await self.supervisor.start()
@@ -290,9 +289,7 @@ class Pipeline:
             except Exception as exc:
                 error = classify(exc)
                 await self._fail(job, error, attempts)
-                self.results[job.key] = "failed"
                 return "failed"
-        self.results[job.key] = status
         return status
 
     @contextlib.asynccontextmanager
@@ -703,12 +700,13 @@ async def ocr_files(cfg: Config, paths: Iterable[Path], *, on_done: Callable[[Jo
     await pipeline.start()
     source = GivenFiles(list(paths))
     pipeline.add_source(source, LocalSink(cfg.output.name_template, cfg.output.dir))
+    results: dict[str, str] = {}  # here, not in the pipeline: a daemon's pipeline would keep every job forever
     try:
         tasks = [(job, pipeline.start_job(job)) for job in source.jobs()]
         for job, task in tasks:
-            status = await task
+            results[job.key] = status = await task
             if on_done is not None:
                 on_done(job, status)
-        return dict(pipeline.results)
+        return results
     finally:
         await pipeline.close()

@@ -341,7 +341,7 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
     if done.returncode != 0:
         raise _pdf_error(path, done.stderr.decode("utf-8", "replace"))
     try:
-        image = Image.open(io.BytesIO(done.stdout), formats=["PPM"])
+        image: Image.Image = Image.open(io.BytesIO(done.stdout), formats=["PPM"])
         image.load()  # decode now: a short image must fail here, not later inside the engine
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None

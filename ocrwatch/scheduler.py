@@ -1,8 +1,10 @@
 """The page scheduler: one priority queue of pages across every active document.
 
 It keeps the engine full without flooding it. Two bounds hold whatever arrives: at most ``max_inflight`` pages
-inside the engine, and at most ``render_ahead`` pages rendered (or rendering) but not yet handed to the engine,
-so memory is bounded by ``render_ahead`` page images. Rendering overlaps recognition.
+inside the engine, and at most ``render_ahead`` pages rendered (or rendering) but not yet handed to the engine.
+A document that outranks every rendered page may overdraw that by up to ``render_workers`` pages, so a one-page
+document arriving behind a large one waits for one engine slot, not for one to free its render slot and then
+another; memory is bounded by ``render_ahead + render_workers`` page images. Rendering overlaps recognition.
 
 Order: the inbox's priority lane first (higher lane wins outright), then the earliest *virtual deadline*:
 ``detected_at + ageing_seconds * log2(1 + pages)``. Small documents get early deadlines, so they overtake a
@@ -71,6 +73,11 @@ class Budget:
 
     def may_render(self) -> bool:
         return self.rendering < self.render_workers and self.rendering + self.ready < self.render_ahead
+
+    def may_overdraw(self) -> bool:
+        """Room for a page that outranks every rendered one, beyond ``render_ahead``."""
+        buffered = self.rendering + self.ready
+        return self.rendering < self.render_workers and buffered < self.render_ahead + self.render_workers
 
 
 @dataclass
@@ -204,10 +211,8 @@ class PageScheduler:
             _, _, ready = heapq.heappop(self._ready)
             self.budget.ready -= 1
             self._dispatch(ready)
-        while self.budget.may_render():
-            doc = self._next_to_render()
-            if doc is None:
-                break
+        while (doc := self._next_to_render()) is not None and self._may_render(doc):
+            heapq.heappop(self._render_queue)
             index = doc.next_page
             doc.next_page += 1
             if doc.unrendered:
@@ -216,11 +221,15 @@ class PageScheduler:
             self._spawn(self._render(doc, index), f"render:{doc.doc_id}:{index}")
 
     def _next_to_render(self) -> Document | None:
-        while self._render_queue:
-            _, doc = heapq.heappop(self._render_queue)
-            if doc.unrendered:
-                return doc
-        return None
+        """The best document with pages left to render, left on its heap (finished and closed ones are dropped)."""
+        while self._render_queue and not self._render_queue[0][1].unrendered:
+            heapq.heappop(self._render_queue)
+        return self._render_queue[0][1] if self._render_queue else None
+
+    def _may_render(self, doc: Document) -> bool:
+        if self.budget.may_render():
+            return True
+        return self.budget.may_overdraw() and (not self._ready or doc.order < self._ready[0][0])
 
     def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)

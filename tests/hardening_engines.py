@@ -8,9 +8,7 @@
   valid UTF-8 JSON and Markdown.
 
 ``PluginDaemon`` runs ``ocrwatch run`` as a real process with one of these (or ``tests.fault_engines``) as its
-engine: through ``[engine] kind = "plugin"`` where the config has it, else through this module's launcher
-(``python -m tests.hardening_engines run ...``), which patches ``factory.build`` from two environment
-variables and then runs the real CLI. Either way the daemon is the real one; only the engine differs.
+engine, through ``[engine] kind = "plugin"``: the daemon is the real one; only the engine differs.
 """
 
 from __future__ import annotations
@@ -26,13 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ocrwatch.config import EngineConfig
 from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
 
 REPO = Path(__file__).resolve().parent.parent
-ENV_SPEC = "OCRWATCH_TEST_ENGINE"
-ENV_ARGS = "OCRWATCH_TEST_ENGINE_ARGS"
-HAS_PLUGIN_CONFIG = "plugin" in EngineConfig.model_fields
 
 
 def job_id_of(path: Path) -> str:
@@ -147,19 +141,8 @@ class GarbageEngine(_Base):
 
 
 def engine_settings(spec: str, args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``[engine]`` overrides and environment that make the daemon run ``spec`` built with ``args``.
-
-    Without plugin keys in the config, ``kind = "vllm"`` is written (so the page ladder has the same rungs as
-    for a plugin) and the launcher replaces the engine before the daemon builds it.
-    """
-    if HAS_PLUGIN_CONFIG:
-        return {"kind": "plugin", "plugin": spec, "plugin_args": args}, {}
-    return {"kind": "vllm"}, {ENV_SPEC: spec, ENV_ARGS: json.dumps(args)}
-
-
-def daemon_argv(config_path: Path) -> list[str]:
-    module = "ocrwatch" if HAS_PLUGIN_CONFIG else "tests.hardening_engines"
-    return [sys.executable, "-m", module, "run", "--config", str(config_path)]
+    """``[engine]`` overrides and extra environment that make the daemon run ``spec`` built with ``args``."""
+    return {"kind": "plugin", "plugin": spec, "plugin_args": args}, {}
 
 
 @functools.cache
@@ -182,7 +165,7 @@ def _make_plugin_daemon_class() -> Any:
             self._log_handle = open(self.log_path, "wb")
             pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
             self.proc = subprocess.Popen(
-                daemon_argv(self.config_path), stdout=self._log_handle, stderr=subprocess.STDOUT, cwd=self.root,
+                [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)], stdout=self._log_handle, stderr=subprocess.STDOUT, cwd=self.root,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **self.engine_env, **(env or {})},
             )  # fmt: skip
             if wait_ready:
@@ -203,26 +186,7 @@ def _make_plugin_daemon_class() -> Any:
     return PluginDaemon
 
 
-def _launch() -> int:
-    spec = os.environ.pop(ENV_SPEC, None)
-    if spec:
-        args = json.loads(os.environ.pop(ENV_ARGS, "{}"))
-        from ocrwatch.engines import factory
-
-        def build(cfg: Any, output_images: Any = "placeholder", *, kind: str | None = None) -> Any:
-            return factory.load_plugin(spec, args)
-
-        factory.build = build  # type: ignore[assignment]
-    from ocrwatch.cli import main
-
-    return main(sys.argv[1:])
-
-
 def __getattr__(name: str) -> Any:
     if name == "PluginDaemon":  # built lazily: the integration conftest imports pytest
         return _make_plugin_daemon_class()
     raise AttributeError(name)
-
-
-if __name__ == "__main__":
-    sys.exit(_launch())

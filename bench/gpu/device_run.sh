@@ -5,6 +5,9 @@
 #   bash bench/gpu/device_run.sh stock        engine bench, vLLM's own class (b), nvidia-smi dmon alongside
 #   bash bench/gpu/device_run.sh fast [V...]  engine bench with the fast encoder; variants: base seqs256 nongram
 # Everything worth keeping goes to $OUT (and /tmp/ocw-results, which later calls on the same machine read).
+# Never wrap this script in `timeout`: set STEP_TIMEOUT (seconds, default 540) and each python step is
+# stopped with SIGINT in time for the results to be bundled.  Console lines go through grep --line-buffered
+# (a plain grep into a pipe holds its output back and loses it when killed: run 1 lost a whole step so).
 set -uo pipefail
 step=${1:?step}; shift
 OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
@@ -29,17 +32,17 @@ case $step in
     bash $HERE/install_on_device.sh 2>&1 | tee $R/install.txt || exit 1
     echo "install: $(( $(date +%s) - t0 )) s" | tee -a $R/install.txt
     source $HERE/env.sh
-    python3 $HERE/encoder_check.py --pages ${CHECK_PAGES:-10} --bench-pages ${BENCH_PAGES:-32} \
+    timeout -s INT -k 20 ${STEP_TIMEOUT:-540} python3 $HERE/encoder_check.py --pages ${CHECK_PAGES:-10} --bench-pages ${BENCH_PAGES:-32} \
       --impls ${IMPLS:-sdpa,concat,flex} ${CHECK_ARGS:---compile} --profile $R \
-      --out $R/encoder_check.jsonl 2>&1 | grep -v -E "incorrect regex|fix_mistral_regex|instantiate a model of type" \
+      --out $R/encoder_check.jsonl 2>&1 | grep --line-buffered -v -E "incorrect regex|fix_mistral_regex|instantiate a model of type" \
       | tee $R/encoder_check.txt
     echo "check step: $(( $(date +%s) - t0 )) s" ;;
   stock)
     source $HERE/env.sh
     dmon_start stock
-    python3 $HERE/engine_bench.py --label stock --repeat ${REPEAT:-2} --max-tokens ${MAX_TOKENS:-1000,1} \
+    timeout -s INT -k 20 ${STEP_TIMEOUT:-540} python3 $HERE/engine_bench.py --label stock --repeat ${REPEAT:-2} --max-tokens ${MAX_TOKENS:-1000,1} \
       --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log \
-      | grep -E "^\[stock\]|RESULT|Error|error|Traceback|init engine|compiled graph|Compiling a graph|torch.compile take|Model loading took|KV cache" | cut -c1-400
+      | grep --line-buffered -E "^\[stock\]|RESULT|Error|error|Traceback|init engine|compiled graph|Compiling a graph|torch.compile take|Model loading took|KV cache" | cut -c1-400
     dmon_stop ;;
   fast)
     source $HERE/env.sh
@@ -64,9 +67,9 @@ PY
         *) echo "unknown variant $v"; continue ;;
       esac
       dmon_start fast_$v
-      python3 $HERE/engine_bench.py --label fast_$v --fast --repeat ${REPEAT:-2} $args \
+      timeout -s INT -k 20 ${STEP_TIMEOUT:-540} python3 $HERE/engine_bench.py --label fast_$v --fast --repeat ${REPEAT:-2} $args \
         --out $R/engine.jsonl --tokens-out $R/tokens_fast_$v.json 2>&1 | tee $R/engine_fast_$v.log \
-        | grep -E "^\[fast|RESULT|Error|error|Traceback|init engine|compiled graph|Compiling a graph|torch.compile take|Model loading took|KV cache|ocrwatch" | cut -c1-400
+        | grep --line-buffered -E "^\[fast|RESULT|Error|error|Traceback|init engine|compiled graph|Compiling a graph|torch.compile take|Model loading took|KV cache|ocrwatch" | cut -c1-400
       dmon_stop
     done
     python3 $HERE/summarize.py $R > $R/summary.md 2>&1; cat $R/summary.md ;;

@@ -33,17 +33,29 @@ def gib(x: float) -> float:
 
 
 class Probe:
-    def __init__(self):
-        import psutil
-        import pynvml
+    """GPU memory (NVML) and RSS of a process tree (psutil); zeros where either is missing (a CPU dry run)."""
 
-        pynvml.nvmlInit()
-        self.nvml, self.h, self.ps = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0), psutil
+    def __init__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001
+            self.nvml = None
+        try:
+            import psutil
+
+            self.ps = psutil
+        except ImportError:
+            self.ps = None
 
     def gpu(self) -> int:
-        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used if self.nvml else 0
 
     def rss(self, pid: int) -> int:
+        if self.ps is None:
+            return 0
         try:
             p = self.ps.Process(pid)
             return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
@@ -128,7 +140,7 @@ def write_config(path: Path, work: Path, a) -> None:
 state_dir = "{work}/state"
 
 [engine]
-kind = "vllm"
+kind = "{a.engine}"
 
 [engine.vllm]
 model = "{a.model}"
@@ -162,6 +174,7 @@ settle_seconds = 0.2
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", default="fast")
+    ap.add_argument("--engine", default="vllm", help="engine kind; tesseract for a dry run of this harness without a GPU")
     ap.add_argument("--fast", action="store_true")
     ap.add_argument("--model", default=str(REPO / ".gpu/dsocr2"))
     ap.add_argument("--corpus", default=str(REPO / ".gpu/corpus"))

@@ -225,6 +225,23 @@ def main() -> None:
             print(f"{impl}: pass={c['pass']} vs_stock max {max(c['vs_stock']):.2e}"
                   + (f" vs_ref32 max {max(c['vs_ref32']):.2e} (stock {max(res['stock_vs_ref32']):.2e})" if ref is not None else ""),
                   flush=True)
+        # The registered class's own entry point (parse -> process -> batched path), bound to this tower.
+        try:
+            cls = fast.FastDeepseekOCR2ForCausalLM
+            tower.vision_config = type("VC", (), {"image_size": 1024})()
+            tower.ocw_global_impl, tower.ocw_window_impl = fast.DEFAULT_ATTN, "stock"
+            tower.ocw_global_chunk, tower.ocw_tile_chunk, tower.ocw_stats = 16, 48, None
+            for m in ("_parse_and_validate_image_input", "_process_image_input", "_pixel_values_to_embedding"):
+                setattr(type(tower), m, getattr(cls, m))
+            inp = tower._parse_and_validate_image_input(pixel_values=pv, images_crop=crops, images_spatial_crop=spatial)
+            out = tower._process_image_input(inp)
+            c = dict(vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock)])
+            c["pass"] = [o.shape for o in out] == [s.shape for s in stock] and max(c["vs_stock"]) < (1e-4 if dtype == torch.float32 else 3e-2)
+            checks["class_" + fast.DEFAULT_ATTN] = c
+            print(f"class path ({fast.DEFAULT_ATTN}): pass={c['pass']} vs_stock max {max(c['vs_stock']):.2e}", flush=True)
+        except Exception as exc:
+            checks["class"] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
+            print(f"class path: FAILED {exc!r}"[:800], flush=True)
         res["checks"] = checks
         del stock, ref
 
@@ -257,7 +274,7 @@ def main() -> None:
                     fast.pages_to_embeddings(tower, pv, crops, spatial, **kw)  # warm-up / compile
                     sync(a.device)
                     first = time.perf_counter() - t0
-                    med, ts = timed(lambda: fast.pages_to_embeddings(tower, pv, crops, spatial, **kw), a.device, a.reps)
+                    med, ts = timed(lambda kw=kw: fast.pages_to_embeddings(tower, pv, crops, spatial, **kw), a.device, a.reps)
                     timing[name] = dict(ms_per_page=round(1000 * med / n, 2), pages_per_s=round(n / med, 1),
                                         tflops=round(fl * n / med / 1e12, 1), first_call_s=round(first, 1),
                                         spread_ms=[round(1000 * t / n, 2) for t in ts])
@@ -294,7 +311,7 @@ def main() -> None:
                     ka = prof.key_averages()
                     table = ka.table(sort_by="self_device_time_total" if a.device.startswith("cuda") else "cpu_time_total", row_limit=30)
                     Path(a.profile, f"profile_{name}.txt").write_text(table)
-                    gpu_us = sum(e.self_device_time_total for e in ka)
+                    gpu_us = sum(e.self_device_time_total for e in ka if str(e.device_type).endswith("CUDA"))
                     kernels = sum(e.count for e in ka if str(e.device_type).endswith("CUDA"))
                     prof_summary[name] = dict(pages=small, kernels=kernels, gpu_busy_ms=round(gpu_us / 1000, 1),
                                               wall_ms=round(1000 * wall, 1))

@@ -176,6 +176,21 @@ def main() -> None:
     res["warmup_s"] = round(time.perf_counter() - t0, 1)
 
     phases = []
+    res["phases"] = phases
+    try:
+        run_phases(a, llm, reqs, sampling, stats_path, phases)
+    except KeyboardInterrupt:  # STEP_TIMEOUT: keep what was measured
+        res["interrupted"] = True
+    mon.stop = True
+    res.update(gpu_mem_peak_gib=gib(mon.peak), gpu_mem_end_gib=gib(mon.gpu_used()), rss_end_gib=gib(mon.rss()))
+    print("RESULT " + json.dumps(res), flush=True)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(json.dumps(res) + "\n")
+    os._exit(0)  # skip the slow teardown of the engine's threads
+
+
+def run_phases(a, llm, reqs, sampling, stats_path, phases) -> None:
     for mt in [int(x) for x in a.max_tokens.split(",")]:
         before = read_encoder_stats(stats_path) or {}
         w0, t0 = time.time(), time.perf_counter()
@@ -202,14 +217,6 @@ def main() -> None:
             with open(a.tokens_out, "w") as f:
                 json.dump([list(o.outputs[0].token_ids[:64]) for o in outs[: a.keep_tokens]], f)
         del outs
-    res["phases"] = phases
-    mon.stop = True
-    res.update(gpu_mem_peak_gib=gib(mon.peak), gpu_mem_end_gib=gib(mon.gpu_used()), rss_end_gib=gib(mon.rss()))
-    print("RESULT " + json.dumps(res), flush=True)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(json.dumps(res) + "\n")
-    os._exit(0)  # skip the slow teardown of the engine's threads
 
 
 if __name__ == "__main__":

@@ -5,3 +5,7 @@ export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFO
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/ocw-vllm-cache}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ocw-inductor-cache}
 mkdir -p /tmp/ocw-results
+# The device image has no poppler-utils: use the bundle prepare.sh made (bench/gpu/bundle_poppler.sh).
+if ! command -v pdftoppm >/dev/null && [ -x "$PWD/.gpu/poppler/bin/pdftoppm" ]; then
+  export PATH=$PWD/.gpu/poppler/bin:$PATH
+fi

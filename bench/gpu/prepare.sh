@@ -77,5 +77,12 @@ cp "$SHARED/corpus/google-doc-document.pdf" .gpu/corpus/one.pdf
 for f in .gpu/corpus/docs/*.pdf .gpu/corpus/doc300.pdf; do
   echo "$(pdfinfo "$f" | awk '/^Pages:/{print $2}') $(basename "$f")"; done > .gpu/corpus/pages.txt
 
-du -sh .whl/part* .gpu/dsocr2 .gpu/corpus
+# 4. poppler for the device ------------------------------------------------------
+# The device image has no pdftoppm/pdfinfo (seen 2026-11-29), and ocrwatch renders PDFs with them.
+# Carry this machine's (Debian 12, poppler 22.12) binaries with the libraries they load, minus the C/C++
+# runtime the device has newer versions of, behind wrappers that set LD_LIBRARY_PATH for them alone;
+# plus DejaVu fonts and a fonts.conf for text in non-embedded fonts.  env.sh puts .gpu/poppler/bin on PATH.
+bash $HERE/bundle_poppler.sh .gpu/poppler
+
+du -sh .whl/part* .gpu/dsocr2 .gpu/corpus .gpu/poppler
 awk '{s+=$1} END {print "docs pages:", s}' <(grep -v doc300 .gpu/corpus/pages.txt)

@@ -4,6 +4,7 @@
 #   bash bench/gpu/run_daemon_e2e.sh [RUN...]      RUN: fast (default) | stock | fastwarm | stockwarm
 #     fast / stock:          cold start (empty compile cache), then phases solo, a, d (see e2e.py)
 #     fastwarm / stockwarm:  a second start on the now-warm compile cache, then one page (start-up only)
+#   Never wrap this script in `timeout`: set STEP_TIMEOUT (s, default 560 per run) so results still come back.
 #   E2E_ARGS="--repeat 2 --d-after 30 ..." passes options to e2e.py; OCRWATCH_SAM_ATTN picks the kernel.
 # Results: $OUT/results_e2e.tgz (everything) and the summary on stdout.
 set -uo pipefail
@@ -22,8 +23,8 @@ for run in "${@:-fast}"; do
     *) echo "unknown run $run"; continue ;;
   esac
   nvidia-smi dmon -s um -o DT -d 1 > $R/dmon_e2e_$run.txt 2>&1 & DMON=$!
-  python3 bench/gpu/e2e.py --label $run $args --cache-dir /tmp/ocw-e2e-cache-${run%warm} --out $R ${E2E_ARGS:-} 2>&1 \
-    | tee $R/e2e_$run.log | grep -E "^\[|Traceback|Error" | cut -c1-300
+  timeout -s INT -k 30 ${STEP_TIMEOUT:-560} python3 bench/gpu/e2e.py --label $run $args --cache-dir /tmp/ocw-e2e-cache-${run%warm} --out $R ${E2E_ARGS:-} 2>&1 \
+    | tee $R/e2e_$run.log | grep --line-buffered -E "^\[|Traceback|Error" | cut -c1-300
   kill $DMON 2>/dev/null
   tail -5 $R/daemon_$run.log 2>/dev/null | cut -c1-300
 done

@@ -9,6 +9,7 @@ probing, the ledger, the scheduler and the sinks are the real ones.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import hashlib
@@ -88,8 +89,8 @@ def reference_cycle_pdf() -> bytes:
             b" /Contents 4 0 R >>")  # fmt: skip
     return raw_pdf([
         CATALOG, ONE_KID, page, b"<< /Length 5 0 R >>\nstream\n/X Do 0 0 m 10 10 l S\nendstream", b"6 0 R", b"5 0 R",
-        b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /XObject << /X 7 0 R >> >>"
-        b" /Length 6 >>\nstream\n/X Do\n\nendstream",
+        (b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /XObject << /X 7 0 R >> >>"
+         b" /Length 6 >>\nstream\n/X Do\n\nendstream"),
     ])  # fmt: skip
 
 
@@ -207,7 +208,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
         point = tmp_path / name
         point.mkdir()
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
-                              capture_output=True, text=True)  # fmt: skip
+                              capture_output=True, text=True, check=False)  # fmt: skip
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
         mounted.append(point)
@@ -215,8 +216,8 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
 
     yield mount
     for point in reversed(mounted):
-        if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)], capture_output=True)
+        if subprocess.run(["umount", str(point)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
 
 
 # --- adversarial inputs ----------------------------------------------------------------------------------------
@@ -436,7 +437,8 @@ def test_read_only_inbox_is_a_clear_error_and_output_dir_the_remedy(plugin_daemo
     config = daemon.config_path.read_text() + f'\n[output]\ndir = "{out}"\n'
     daemon.config_path.write_text(config)
     retried = subprocess.run([sys.executable, "-m", "ocrwatch", "retry", "--config", str(daemon.config_path)],
-                             capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **daemon.engine_env})  # fmt: skip
+                             capture_output=True, text=True, check=False, cwd=tmp_path,
+                             env={**os.environ, **daemon.engine_env})  # fmt: skip
     assert retried.returncode == 0, retried.stderr
     daemon.start()
     wait_until(lambda: (out / "scan.pdf.json").exists() and (out / "sub" / "photo.png.json").exists(), 30,
@@ -632,3 +634,85 @@ def test_ledger_locked_by_another_process_delays_but_loses_nothing(plugin_daemon
     assert any(e.get("event") == "ledger_locked" for e in daemon.events())
     assert not failures(daemon)
     assert daemon.stop() == 0
+
+
+def test_s3_errors_and_slowness_are_retried_not_failed() -> None:
+    """S3 answering 500/503/SlowDown or timing out: each call is retried with backoff, and what survives
+    the retries is ``storage_unavailable`` (transient: the document is retried, never failed for it).
+    The source's outage handling end to end is ``tests/test_sources_s3.py::test_polling_survives_an_outage...``."""
+    botocore = pytest.importorskip("botocore.exceptions")
+    from ocrwatch.sources import s3
+
+    def client_error(status: int, code: str) -> Exception:
+        return botocore.ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+    for exc in (client_error(500, "InternalError"), client_error(503, "ServiceUnavailable"),
+                client_error(503, "SlowDown"), botocore.ReadTimeoutError(endpoint_url="http://s3"),
+                botocore.EndpointConnectionError(endpoint_url="http://s3")):  # fmt: skip
+        assert s3.is_transient(exc), exc
+        assert s3.storage_error(exc, "downloading").retryable
+    assert not s3.is_transient(client_error(404, "NoSuchKey"))
+    answers = [client_error(503, "SlowDown"), client_error(500, "InternalError"), "body"]
+
+    def flaky() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert s3.call(flaky, attempts=3) == "body" and not answers
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="scheduler.py: a recognize task cancelled before its first step never runs _run_page's finally, so its "
+    "engine slot (budget.inflight) and, on requeue, its page are lost; this also makes "
+    "tests/test_scheduler.py::test_cancel_aborts_inflight_and_drops_queue flaky under load. Fix: do the "
+    "bookkeeping in a done-callback of the task; then drop this marker",
+)
+def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> None:
+    """The exact interleaving behind the stall the crashing-engine test found (and that a document failing
+    on one page while another was just dispatched can still hit): dispatch, then cancel in the same step."""
+    from PIL import Image
+
+    from ocrwatch.render import RenderedPage
+    from ocrwatch.scheduler import PageScheduler
+
+    async def scenario() -> tuple[int, int]:
+        async def recognize(doc: Any, request: Any) -> str:
+            await asyncio.sleep(10)
+            return "never"
+
+        scheduler = PageScheduler(recognize, max_inflight=2, render_ahead=2, render_workers=1, ageing_seconds=30,
+                                  on_engine_dead=lambda: None)  # fmt: skip
+        scheduler.pause_engine()
+        page = RenderedPage(index=0, image=Image.new("L", (8, 8)), dpi=72.0, width=8, height=8, seconds=0.0)
+        doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=1, prompt="p", render=lambda i: page)
+        while scheduler.budget.ready < 1:
+            await asyncio.sleep(0.01)
+        scheduler.resume_engine()  # dispatches: the page's task is created, not yet run
+        await scheduler.cancel(doc)  # ...and cancelled in the same step
+        await asyncio.sleep(0.05)
+        inflight = scheduler.budget.inflight
+        await scheduler.close()
+        return inflight, len(doc.inflight)
+
+    assert asyncio.run(scenario()) == (0, 0)
+
+
+def test_a_flate_bomb_page_is_cut_off_by_the_render_deadline(tmp_path: Path) -> None:
+    """A 140 kB PDF whose page holds 144 MB of pixels: pdftoppm stays small in memory (poppler streams the
+    image) but takes its time; past ``[render] timeout_seconds`` it is killed and the page is
+    ``render_timeout`` (transient: retried, then the document fails with that kind). No pdftoppm outlives it."""
+    from ocrwatch.config import RenderConfig
+    from ocrwatch.errors import RenderTimeout
+    from ocrwatch.render import Limits, probe, render_page, render_spec
+
+    bomb = tmp_path / "bomb.pdf"
+    bomb.write_bytes(flate_image_pdf(12_000))
+    info = probe(bomb, Limits(max_bytes=10**9, max_pages=10))
+    t0 = time.monotonic()
+    with pytest.raises(RenderTimeout):
+        render_page(bomb, info, 0, render_spec(RenderConfig(dpi=100, timeout_seconds=0.1)))
+    assert time.monotonic() - t0 < 2
+    assert not _children_named(os.getpid(), "pdftoppm")

@@ -1,0 +1,168 @@
+"""PDF pages/s per core: pdftoppm through pdf2image (what ``render.render_page`` does) against pypdfium2.
+
+Every page is rendered at the DPI the daemon would use for the Tesseract engine (its render hint, lowered per
+page by the caps exactly as ``render.page_dpi`` does), one page at a time on one thread, so wall-clock pages/s
+is pages/s per core; CPU seconds (this process plus its pdftoppm children) are reported too. Methods:
+
+- ``pdftoppm``: ``render.render_page``, one ``pdftoppm`` subprocess per page, PPM piped back (the default).
+- ``pdfium``: pypdfium2 in-process, the document opened for each page (as a per-page render call would).
+- ``pdfium_open``: pypdfium2 with the document kept open across its pages (the best case for pdfium).
+
+Runs rotate the method order each round. A check pass compares each page's geometry and pixels between the two
+renderers. pypdfium2 is not a dependency of ocrwatch: ``pip install pypdfium2`` to run this.
+
+    python bench/render.py [--rounds 3] [--max-per-doc 14] [--dpi N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pypdfium2 as pdfium
+from common import corpus_documents, emit, machine, median
+from PIL import Image, ImageChops, ImageStat
+
+from ocrwatch import render
+from ocrwatch.config import Config, TesseractConfig
+from ocrwatch.engines.base import RenderHint
+
+Page = tuple[Path, render.DocumentInfo, int]
+
+
+def pdfium_image(document: pdfium.PdfDocument, info: render.DocumentInfo, index: int, spec: render.RenderSpec) -> Image.Image:
+    width_pt, height_pt = info.page_sizes[index]
+    dpi = render.page_dpi(width_pt, height_pt, spec)
+    page = document[index]
+    try:
+        return page.render(scale=dpi / 72).to_pil()
+    finally:
+        page.close()
+
+
+def method_pdftoppm(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
+    path, info, index = page
+    return render.render_page(path, info, index, spec).image
+
+
+def method_pdfium(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
+    path, info, index = page
+    document = pdfium.PdfDocument(path)
+    try:
+        return pdfium_image(document, info, index, spec)
+    finally:
+        document.close()
+
+
+def method_pdfium_open(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
+    path, info, index = page
+    if path not in cache:
+        cache[path] = pdfium.PdfDocument(path)
+    return pdfium_image(cache[path], info, index, spec)
+
+
+METHODS: dict[str, Callable[[Page, render.RenderSpec, dict[Path, Any]], Image.Image]] = {
+    "pdftoppm": method_pdftoppm,
+    "pdfium": method_pdfium,
+    "pdfium_open": method_pdfium_open,
+}
+
+
+def cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def timed(method: str, pages: list[Page], spec: render.RenderSpec) -> dict[str, float]:
+    cache: dict[Path, Any] = {}
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    pixels = 0
+    for page in pages:
+        image = METHODS[method](page, spec, cache)
+        pixels += image.width * image.height
+        image.close()
+    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+    for document in cache.values():
+        document.close()
+    return {"seconds": wall, "cpu_seconds": cpu, "megapixels": pixels / 1e6}
+
+
+def compare(pages: list[Page], spec: render.RenderSpec) -> dict[str, Any]:
+    """Same size? And how far apart are the pixels (mean absolute grey difference, 0-255)?"""
+    size_mismatch, differences = [], []
+    for page in pages:
+        a = method_pdftoppm(page, spec, {})
+        b = method_pdfium(page, spec, {})
+        if a.size != b.size:
+            size_mismatch.append(f"{page[0].name} p{page[2] + 1}: {a.size} vs {b.size}")
+            b = b.resize(a.size)
+        differences.append(ImageStat.Stat(ImageChops.difference(a.convert("L"), b.convert("L"))).mean[0])
+    return {
+        "size_mismatches": size_mismatch,
+        "mean_abs_grey_difference_median": round(median(differences), 2),
+        "mean_abs_grey_difference_max": round(max(differences), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-per-doc", type=int, default=14, help="pages taken from each PDF")
+    parser.add_argument("--dpi", type=int, default=TesseractConfig().dpi, help="default: the Tesseract engine's")
+    args = parser.parse_args()
+    spec = render.render_spec(Config().render, RenderHint(dpi=args.dpi))
+    limits = render.Limits(Config().limits.max_bytes, Config().limits.max_pages)
+    with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
+        docs, origin = corpus_documents(10_000, Path(tmp) / "generated")
+        pages: list[Page] = []
+        for doc in docs:
+            if doc.path.suffix.lower() != ".pdf":
+                continue
+            info = render.probe(doc.path, limits)
+            pages += [(doc.path, info, index) for index in range(min(info.pages, args.max_per_doc))]
+        print(f"{len(pages)} PDF pages from {origin} at {spec.dpi:g} dpi (caps {spec.max_side} px, {spec.max_pixels} px)")
+        check = compare(pages, spec)
+        print(f"check: {check}", flush=True)
+        runs: dict[str, list[dict[str, float]]] = {method: [] for method in METHODS}
+        names = list(METHODS)
+        for number in range(args.rounds):
+            for method in names[number % len(names) :] + names[: number % len(names)]:
+                runs[method].append(timed(method, pages, spec))
+                run = runs[method][-1]
+                print(
+                    f"round {number} {method:12} {len(pages) / run['seconds']:6.2f} pages/s, "
+                    f"{len(pages) / run['cpu_seconds']:6.2f} pages/CPU-s",
+                    flush=True,
+                )
+    figures: dict[str, Any] = {}
+    for method, method_runs in runs.items():
+        figures[method] = {
+            "pages_per_s": round(median(len(pages) / run["seconds"] for run in method_runs), 2),
+            "pages_per_cpu_s": round(median(len(pages) / run["cpu_seconds"] for run in method_runs), 2),
+            "megapixels": round(method_runs[0]["megapixels"], 1),
+        }
+    speedup = figures["pdfium"]["pages_per_s"] / figures["pdftoppm"]["pages_per_s"]
+    print(f"pdftoppm {figures['pdftoppm']['pages_per_s']} pages/s, pdfium {figures['pdfium']['pages_per_s']} pages/s "
+          f"(x{speedup:.2f}), pdfium with the document open {figures['pdfium_open']['pages_per_s']} pages/s")
+    emit(
+        {
+            "bench": "render",
+            "corpus": origin,
+            "pages": len(pages),
+            "dpi": spec.dpi,
+            "pypdfium2": f"{pdfium.PYPDFIUM_INFO} (pdfium {pdfium.PDFIUM_INFO})",
+            "pdfium_over_pdftoppm": round(speedup, 3),
+            **figures,
+            "check": check,
+            "machine": machine(),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
