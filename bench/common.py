@@ -70,7 +70,7 @@ def generated_documents(max_pages: int, scratch: Path) -> list[Doc]:
     made = []
     for number in range(0, max_pages, 2):
         pages = min(2, max_pages - number)
-        lines = [[f"Document {number} page {page}", "Quarterly report invoice", "number forty two"] for page in range(pages)]
+        lines = [[f"Document {number} page {page}", "Quarterly report", "number forty two"] for page in range(pages)]
         made.append(Doc(docs.write_pdf(scratch / f"generated-{number:04d}.pdf", lines), pages))
     return made
 

@@ -1,15 +1,19 @@
-"""PDF pages/s per core: pdftoppm through pdf2image (what ``render.render_page`` does) against pypdfium2.
+"""PDF pages/s per core: pdftoppm through pdf2image, as the daemon calls pdftoppm, and pypdfium2.
 
 Every page is rendered at the DPI the daemon would use for the Tesseract engine (its render hint, lowered per
 page by the caps exactly as ``render.page_dpi`` does), one page at a time on one thread, so wall-clock pages/s
 is pages/s per core; CPU seconds (this process plus its pdftoppm children) are reported too. Methods:
 
-- ``pdftoppm``: ``render.render_page``, one ``pdftoppm`` subprocess per page, PPM piped back (the default).
-- ``pdfium``: pypdfium2 in-process, the document opened for each page (as a per-page render call would).
-- ``pdfium_open``: pypdfium2 with the document kept open across its pages (the best case for pdfium).
+- ``pdf2image``: ``pdf2image.convert_from_path`` for one page (it runs pdfinfo and ``pdftoppm -v`` first).
+- ``pdftoppm``: ``render.render_page`` as configured by default: one ``pdftoppm`` per page, PPM on stdout.
+- ``pdfium``: ``render.render_page`` with ``[render] renderer = "pdfium"``: pypdfium2 in-process, the document
+  opened for each page.
+- ``pdfium_open``: pypdfium2 with each document kept open across its pages (the best case for pdfium).
 
-Runs rotate the method order each round. A check pass compares each page's geometry and pixels between the two
-renderers. pypdfium2 is not a dependency of ocrwatch: ``pip install pypdfium2`` to run this.
+Runs rotate the method order each round. Then the daemon's way, ``render_workers`` (2) threads, for the two
+renderers the daemon can use: pdftoppm runs in parallel subprocesses, PDFium is serialised by a lock because it
+is not thread-safe. A check pass compares each page's geometry and pixels between the two renderers.
+pypdfium2 is an optional extra: ``pip install 'ocrwatch[pdfium]'`` to run this.
 
     python bench/render.py [--rounds 3] [--max-per-doc 14] [--dpi N]
 """
@@ -17,56 +21,61 @@ renderers. pypdfium2 is not a dependency of ocrwatch: ``pip install pypdfium2`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pypdfium2 as pdfium
 from common import corpus_documents, emit, machine, median
+from pdf2image import convert_from_path
 from PIL import Image, ImageChops, ImageStat
 
 from ocrwatch import render
-from ocrwatch.config import Config, TesseractConfig
+from ocrwatch.config import Config, SchedulerConfig, TesseractConfig
 from ocrwatch.engines.base import RenderHint
 
 Page = tuple[Path, render.DocumentInfo, int]
+Method = Callable[[Page, render.RenderSpec, dict[Path, Any]], Image.Image]
 
 
-def pdfium_image(document: pdfium.PdfDocument, info: render.DocumentInfo, index: int, spec: render.RenderSpec) -> Image.Image:
-    width_pt, height_pt = info.page_sizes[index]
-    dpi = render.page_dpi(width_pt, height_pt, spec)
-    page = document[index]
-    try:
-        return page.render(scale=dpi / 72).to_pil()
-    finally:
-        page.close()
+def method_pdf2image(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
+    path, info, index = page
+    dpi = render.page_dpi(*info.page_sizes[index], spec)
+    (image,) = convert_from_path(
+        path, dpi=dpi, first_page=index + 1, last_page=index + 1, fmt="ppm", use_cropbox=True,
+        timeout=spec.timeout_seconds,
+    )  # fmt: skip
+    return image
 
 
 def method_pdftoppm(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
     path, info, index = page
-    return render.render_page(path, info, index, spec).image
+    return render.render_page(path, info, index, dataclasses.replace(spec, renderer="pdftoppm")).image
 
 
 def method_pdfium(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
     path, info, index = page
-    document = pdfium.PdfDocument(path)
-    try:
-        return pdfium_image(document, info, index, spec)
-    finally:
-        document.close()
+    return render.render_page(path, info, index, dataclasses.replace(spec, renderer="pdfium")).image
 
 
 def method_pdfium_open(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
     path, info, index = page
     if path not in cache:
         cache[path] = pdfium.PdfDocument(path)
-    return pdfium_image(cache[path], info, index, spec)
+    pdf_page = cache[path][index]
+    try:
+        return pdf_page.render(scale=render.page_dpi(*info.page_sizes[index], spec) / 72).to_pil()
+    finally:
+        pdf_page.close()
 
 
-METHODS: dict[str, Callable[[Page, render.RenderSpec, dict[Path, Any]], Image.Image]] = {
+METHODS: dict[str, Method] = {
+    "pdf2image": method_pdf2image,
     "pdftoppm": method_pdftoppm,
     "pdfium": method_pdfium,
     "pdfium_open": method_pdfium_open,
@@ -109,6 +118,15 @@ def compare(pages: list[Page], spec: render.RenderSpec) -> dict[str, Any]:
     }
 
 
+def threaded(method: str, pages: list[Page], spec: render.RenderSpec, workers: int) -> float:
+    """Wall-clock pages/s with ``workers`` threads, as the scheduler's render pool runs them."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        for image in pool.map(lambda page: METHODS[method](page, spec, {}), pages):
+            image.close()
+    return len(pages) / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -117,6 +135,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = render.render_spec(Config().render, RenderHint(dpi=args.dpi))
     limits = render.Limits(Config().limits.max_bytes, Config().limits.max_pages)
+    workers = SchedulerConfig().render_workers
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         docs, origin = corpus_documents(10_000, Path(tmp) / "generated")
         pages: list[Page] = []
@@ -125,10 +144,11 @@ def main() -> None:
                 continue
             info = render.probe(doc.path, limits)
             pages += [(doc.path, info, index) for index in range(min(info.pages, args.max_per_doc))]
-        print(f"{len(pages)} PDF pages from {origin} at {spec.dpi:g} dpi (caps {spec.max_side} px, {spec.max_pixels} px)")
+        print(f"{len(pages)} PDF pages from {origin} at {spec.dpi:g} dpi (caps {spec.max_side}, {spec.max_pixels} px)")
         check = compare(pages, spec)
         print(f"check: {check}", flush=True)
         runs: dict[str, list[dict[str, float]]] = {method: [] for method in METHODS}
+        parallel: dict[str, list[float]] = {"pdftoppm": [], "pdfium": []}
         names = list(METHODS)
         for number in range(args.rounds):
             for method in names[number % len(names) :] + names[: number % len(names)]:
@@ -139,6 +159,9 @@ def main() -> None:
                     f"{len(pages) / run['cpu_seconds']:6.2f} pages/CPU-s",
                     flush=True,
                 )
+            for method, rates in parallel.items():
+                rates.append(threaded(method, pages, spec, workers))
+                print(f"round {number} {method:12} {rates[-1]:6.2f} pages/s with {workers} render workers", flush=True)
     figures: dict[str, Any] = {}
     for method, method_runs in runs.items():
         figures[method] = {
@@ -146,9 +169,13 @@ def main() -> None:
             "pages_per_cpu_s": round(median(len(pages) / run["cpu_seconds"] for run in method_runs), 2),
             "megapixels": round(method_runs[0]["megapixels"], 1),
         }
+    for method, rates in parallel.items():
+        figures[method][f"pages_per_s_{workers}_workers"] = round(median(rates), 2)
     speedup = figures["pdfium"]["pages_per_s"] / figures["pdftoppm"]["pages_per_s"]
-    print(f"pdftoppm {figures['pdftoppm']['pages_per_s']} pages/s, pdfium {figures['pdfium']['pages_per_s']} pages/s "
-          f"(x{speedup:.2f}), pdfium with the document open {figures['pdfium_open']['pages_per_s']} pages/s")
+    print(
+        f"per core: pdf2image {figures['pdf2image']['pages_per_s']}, pdftoppm {figures['pdftoppm']['pages_per_s']}, "
+        f"pdfium {figures['pdfium']['pages_per_s']} pages/s (pdfium/pdftoppm x{speedup:.2f})"
+    )
     emit(
         {
             "bench": "render",
@@ -157,6 +184,7 @@ def main() -> None:
             "dpi": spec.dpi,
             "pypdfium2": f"{pdfium.PYPDFIUM_INFO} (pdfium {pdfium.PDFIUM_INFO})",
             "pdfium_over_pdftoppm": round(speedup, 3),
+            "pdfium_over_pdf2image": round(figures["pdfium"]["pages_per_s"] / figures["pdf2image"]["pages_per_s"], 3),
             **figures,
             "check": check,
             "machine": machine(),

@@ -7,6 +7,7 @@ Every key has a default that works on a fresh machine, so ``ocrwatch run`` with 
 from __future__ import annotations
 
 import os
+import string
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -52,7 +53,14 @@ class OutputConfig(_Model):
     @field_validator("name_template")
     @classmethod
     def _template_stays_in_folder(cls, value: str) -> str:
-        if "{name}" not in value and "{stem}" not in value:
+        fields = set()
+        for _, field, spec, conversion in string.Formatter().parse(value):
+            if field is None:
+                continue
+            if field not in ("name", "stem", "suffix") or spec or conversion:
+                raise ValueError("only the plain fields {name}, {stem} and {suffix} may appear")
+            fields.add(field)
+        if not fields & {"name", "stem"}:
             raise ValueError("must contain {name} or {stem}")
         rendered = value.format(name="x", stem="x", suffix=".pdf")
         if "/" in rendered or "\\" in rendered or rendered in (".", "..") or "\0" in rendered:

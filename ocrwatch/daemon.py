@@ -114,7 +114,7 @@ class EngineSupervisor:
             raise EngineDead("engine is being rebuilt")
         return await ladder.recognize_page(
             engine, request, ladder.rungs(self._cfg.engine, self.kind), self._cfg.engine.page_timeout_seconds,
-            judge=ladder.judge_for(self.kind),
+            judge=ladder.judge_for(self.kind, self._cfg.engine),
         )
 
     async def close(self) -> None:
@@ -141,6 +141,7 @@ class Pipeline:
         self._running = 0
 
     async def start(self) -> None:
+        render.check_renderer(self.cfg.render)
         engine = await self.supervisor.start()
         sched = self.cfg.scheduler
         self.scheduler = PageScheduler(

@@ -76,8 +76,11 @@ def accept(rec: Recognition) -> str | None:
     return None
 
 
-def judge_for(kind: str) -> Judge:
-    return accept if kind == "tesseract" else needs_retry
+def judge_for(kind: str, cfg: EngineConfig | None = None) -> Judge:
+    """Tesseract cannot loop; under ``ignore_eos`` (benchmarks) every page ends at max_tokens by design."""
+    if kind == "tesseract" or (kind == "vllm" and cfg is not None and cfg.vllm.ignore_eos):
+        return accept
+    return needs_retry
 
 
 async def recognize_page(

@@ -13,12 +13,14 @@ reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are pla
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
 import os
 import re
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
 from ocrwatch.engines.base import RenderHint
 from ocrwatch.errors import (
+    ConfigError,
     CorruptImage,
     CorruptPdf,
     EmptyFile,
@@ -108,6 +111,7 @@ class RenderSpec:
     limit_side: int
     limit_pixels: int
     timeout_seconds: float
+    renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ def render_spec(cfg: RenderConfig, hint: RenderHint | None = None) -> RenderSpec
         limit_side=cfg.max_side,
         limit_pixels=cfg.max_pixels,
         timeout_seconds=cfg.timeout_seconds,
+        renderer=cfg.renderer,
     )
 
 
@@ -199,7 +204,8 @@ def render_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) ->
         raise IndexError(f"page {index} of a {info.pages}-page document")
     started = time.perf_counter()
     if info.kind == "pdf":
-        image, dpi = _render_pdf_page(path, info, index, spec)
+        render_pdf = _render_pdf_page_pdfium if spec.renderer == "pdfium" else _render_pdf_page
+        image, dpi = render_pdf(path, info, index, spec)
     else:
         image, dpi = _render_image_page(path, info, index, spec)
     seconds = time.perf_counter() - started
@@ -348,6 +354,55 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
     if not _fits(image.size, spec.max_side, spec.max_pixels):  # only if poppler's geometry disagrees with pdfinfo
         image, scale = _downscale(image, spec.max_side, spec.max_pixels)
         dpi *= scale
+    return image, dpi
+
+
+_PDFIUM_LOCK = threading.Lock()
+"""PDFium is not thread-safe: one call at a time in this process, whatever the number of render workers."""
+
+
+def check_renderer(cfg: RenderConfig) -> None:
+    """Fail at start, not on every document, when the configured renderer is not installed."""
+    if cfg.renderer == "pdfium" and importlib.util.find_spec("pypdfium2") is None:
+        raise ConfigError(
+            'render.renderer = "pdfium" needs pypdfium2', hint="pip install 'ocrwatch[pdfium]', or remove the key"
+        )
+
+
+def _render_pdf_page_pdfium(
+    path: Path, info: DocumentInfo, index: int, spec: RenderSpec
+) -> tuple[Image.Image, float]:
+    """The optional renderer (``[render] renderer = "pdfium"``): about 3.7x pdftoppm's pages per core
+    (bench/render.py), but inside this process, so it has no timeout and no isolation from a hostile PDF;
+    pdftoppm stays the default for that reason."""
+    import pypdfium2 as pdfium
+
+    width_pt, height_pt = info.page_sizes[index]
+    dpi = page_dpi(width_pt, height_pt, spec)
+    if dpi < spec.dpi:
+        log.info("page_dpi_lowered", page=index, wanted=spec.dpi, dpi=dpi, width_pt=width_pt, height_pt=height_pt)
+    # PDFium sizes the bitmap as ceil(points * scale) with its boxes stored as float32 (470.88 pt reads back as
+    # 470.8800049), so an exact 1962.0 px becomes 1963. Shaving a millionth off the scale, far more than float32's
+    # error and far less than a pixel, gives pdftoppm's ceil(points * dpi / 72) geometry.
+    scale = dpi / 72 * (1 - 1e-6)
+    with _PDFIUM_LOCK:
+        try:
+            document = pdfium.PdfDocument(os.path.abspath(path))
+        except pdfium.PdfiumError as exc:
+            raise CorruptPdf(f"{path}: pdfium could not open it: {exc}") from None
+        try:
+            page = document[index]
+            try:
+                image: Image.Image = page.render(scale=scale).to_pil()  # BGR to RGB: a copy, not the bitmap
+            finally:
+                page.close()
+        except pdfium.PdfiumError as exc:
+            raise CorruptPdf(f"{path}: page {index + 1} could not be rendered: {exc}") from None
+        finally:
+            document.close()
+    if not _fits(image.size, spec.max_side, spec.max_pixels):
+        image, factor = _downscale(image, spec.max_side, spec.max_pixels)
+        dpi *= factor
     return image, dpi
 
 

@@ -15,6 +15,7 @@ queue behind it and it is never starved. The decision logic (``DocumentOrder``, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import math
@@ -231,7 +232,7 @@ class PageScheduler:
             return True
         return self.budget.may_overdraw() and (not self._ready or doc.order < self._ready[0][0])
 
-    def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
+    def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         task.set_name(name)
         self._tasks.add(task)
@@ -268,38 +269,35 @@ class PageScheduler:
             page_index=page.index,
         )
         self.budget.inflight += 1
-        task = self._spawn(self._run_page(doc, page, request), f"recognize:{request.request_id}")
+        task = self._spawn(self._recognize(doc, request), f"recognize:{request.request_id}")
         doc.inflight[request.request_id] = task
+        task.add_done_callback(functools.partial(self._page_done, doc, page, request))
 
-    async def _run_page(self, doc: Document, page: "RenderedPage", request: PageRequest) -> None:
+    def _page_done(self, doc: Document, page: RenderedPage, request: PageRequest, task: asyncio.Task[Any]) -> None:
+        """Bookkeeping in a done-callback, so it also runs for a task cancelled before its first step."""
+        self.budget.inflight -= 1
+        doc.inflight.pop(request.request_id, None)
         requeue = False
-        try:
-            result = await self._recognize(doc, request)
-        except EngineDead as exc:
-            requeue = True
-            log.warning("page_requeued", doc_id=doc.doc_id, page=page.index, kind=exc.kind, error=exc.message)
-            self._on_engine_dead()
-            return
-        except asyncio.CancelledError:
+        if task.cancelled():
             requeue = not doc.closed
-            if not requeue:
-                raise
-            return
-        except Exception as exc:
-            self._fail(doc, classify(exc))
-            return
-        finally:
-            self.budget.inflight -= 1
-            doc.inflight.pop(request.request_id, None)
-            if requeue and not doc.closed:
-                heapq.heappush(self._ready, (doc.order, page.index, _Ready(doc, page)))
-                self.budget.ready += 1
-            self._pump()
-        doc.outcomes[page.index] = PageOutcome(page.index, page.width, page.height, page.dpi, page.seconds, result)
-        request.image = None
-        if len(doc.outcomes) == doc.pages and not doc.future.done():
-            doc.closed = True
-            doc.future.set_result([doc.outcomes[i] for i in range(doc.pages)])
+        elif isinstance(error := task.exception(), EngineDead):
+            requeue = True
+            log.warning("page_requeued", doc_id=doc.doc_id, page=page.index, kind=error.kind, error=error.message)
+            self._on_engine_dead()
+        elif error is not None:
+            self._fail(doc, classify(error))
+        else:
+            doc.outcomes[page.index] = PageOutcome(
+                page.index, page.width, page.height, page.dpi, page.seconds, task.result()
+            )
+            request.image = None
+            if len(doc.outcomes) == doc.pages and not doc.future.done():
+                doc.closed = True
+                doc.future.set_result([doc.outcomes[i] for i in range(doc.pages)])
+        if requeue and not doc.closed:
+            heapq.heappush(self._ready, (doc.order, page.index, _Ready(doc, page)))
+            self.budget.ready += 1
+        self._pump()
 
     def _fail(self, doc: Document, error: OcrwatchError) -> None:
         if doc.future.done():

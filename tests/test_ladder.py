@@ -55,6 +55,9 @@ def test_tesseract_gets_one_rung_and_accepts_repetition() -> None:
     looping = rec("intro " + LOOP_UNIT * 40)
     assert ladder.judge_for("tesseract")(looping) is None
     assert ladder.judge_for("vllm")(looping) == "loop"
+    benchmark = EngineConfig(vllm=VllmConfig(ignore_eos=True))
+    assert ladder.judge_for("vllm", benchmark)(looping) is None
+    assert ladder.judge_for("vllm", EngineConfig())(looping) == "loop"
 
 
 def test_needs_retry_names_the_reason() -> None:

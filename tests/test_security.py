@@ -106,12 +106,6 @@ def test_templates_with_path_separators_are_refused_at_load(template: str) -> No
         _with_template(template)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config.py validates a template by formatting it, so attribute and index lookups pass and an unknown "
-    "field escapes as KeyError/IndexError instead of ConfigError; fix: accept only {name}, {stem}, {suffix} "
-    "(string.Formatter().parse), then drop this marker",
-)
 @pytest.mark.parametrize("template", FIELD_TRICKS)
 def test_templates_may_use_only_the_three_plain_fields(template: str) -> None:
     with pytest.raises(ConfigError, match="output.name_template"):

@@ -663,13 +663,6 @@ def test_s3_errors_and_slowness_are_retried_not_failed() -> None:
     assert s3.call(flaky, attempts=3) == "body" and not answers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler.py: a recognize task cancelled before its first step never runs _run_page's finally, so its "
-    "engine slot (budget.inflight) and, on requeue, its page are lost; this also makes "
-    "tests/test_scheduler.py::test_cancel_aborts_inflight_and_drops_queue flaky under load. Fix: do the "
-    "bookkeeping in a done-callback of the task; then drop this marker",
-)
 def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> None:
     """The exact interleaving behind the stall the crashing-engine test found (and that a document failing
     on one page while another was just dispatched can still hit): dispatch, then cancel in the same step."""
