@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -23,19 +24,27 @@ from typing import Any
 
 from common import Daemon, Doc, corpus_documents, drop, emit, machine, median, sidecar, wait_for
 
-from ocrwatch import render
-from ocrwatch.config import Config
+from ocrwatch import logging, render
+from ocrwatch.config import Config, LogConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 
 
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_daemon(docs: list[Doc], scratch: Path) -> dict[str, Any]:
+    """CPU: the daemon and its children, counted once it has exited (its engine warm-up included)."""
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
     with Daemon(scratch) as daemon:
         started = time.monotonic()
         dropped = [drop(doc.path, daemon.inbox) for doc in docs]
         wait_for(lambda: all(sidecar(path).exists() for path in dropped), 1800, "every sidecar", interval=0.05)
         seconds = time.monotonic() - started
         metrics = daemon.metrics()
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
     pages = sum(doc.pages for doc in docs)
     workers = os.cpu_count() or 1  # [engine.tesseract] workers = 0: one per core
     recognize = metrics.get('ocrwatch_stage_seconds_sum{stage="recognize"}', 0.0)
@@ -45,7 +54,8 @@ def run_daemon(docs: list[Doc], scratch: Path) -> dict[str, Any]:
         "render_seconds": round(metrics.get('ocrwatch_stage_seconds_sum{stage="render"}', 0.0), 2),
         "recognize_seconds": round(recognize, 2),
         "engine_busy": round(recognize / (seconds * workers), 3),
-        "max_loop_lag_s": metrics.get("ocrwatch_event_loop_lag_max_seconds"),
+        "cpu_s_per_page": round(cpu / pages, 3),
+        "max_loop_lag_s": round(metrics["ocrwatch_event_loop_max_lag_seconds"], 4),
     }
 
 
@@ -73,10 +83,17 @@ async def _naive(docs: list[Doc], out: Path) -> None:
 
 def run_naive(docs: list[Doc], scratch: Path) -> dict[str, Any]:
     scratch.mkdir(parents=True, exist_ok=True)
+    cpu = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     asyncio.run(_naive(docs, scratch))
     seconds = time.monotonic() - started
-    return {"seconds": round(seconds, 2), "pages_per_s": round(sum(doc.pages for doc in docs) / seconds, 3)}
+    cpu = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
+    pages = sum(doc.pages for doc in docs)
+    return {
+        "seconds": round(seconds, 2),
+        "pages_per_s": round(pages / seconds, 3),
+        "cpu_s_per_page": round(cpu / pages, 3),
+    }
 
 
 def main() -> None:
@@ -84,6 +101,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=40, help="corpus pages (whole documents, up to this many)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side, interleaved")
     args = parser.parse_args()
+    logging.configure(LogConfig(level="warning"))  # the naive loop's engine logs like the daemon's, quietly
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         scratch = Path(tmp)
         docs, origin = corpus_documents(args.pages, scratch / "generated")
