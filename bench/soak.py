@@ -84,12 +84,15 @@ def main() -> None:
             time.sleep(3.0)  # let the last sessions close and the loop go idle
             end = sample(daemon, done, started)
             metrics = daemon.metrics()
+            ledger_bytes = sum(path.stat().st_size for path in (daemon.root / "state").glob("ledger.sqlite3*"))
     assert warm is not None
     growth = (end["rss_mib"] - warm["rss_mib"]) / warm["rss_mib"]
+    half = next(s for s in samples if s["documents"] >= done // 2)
+    second_half = (end["rss_mib"] - half["rss_mib"]) / half["rss_mib"]
     print(
         f"{done} documents in {seconds:.0f} s ({done / seconds:.1f}/s); RSS {samples[0]['rss_mib']} MiB at start, "
         f"{warm['rss_mib']} after {args.warmup}, {end['rss_mib']} at the end ({growth:+.1%}); "
-        f"fds {samples[0]['fds']} / {warm['fds']} / {end['fds']}"
+        f"fds {samples[0]['fds']} / {warm['fds']} / {end['fds']}; second half {second_half:+.1%}"
     )
     emit(
         {
@@ -101,6 +104,7 @@ def main() -> None:
             "rss_warm_mib": warm["rss_mib"],
             "rss_end_mib": end["rss_mib"],
             "rss_growth_after_warmup": round(growth, 4),
+            "rss_growth_second_half": round(second_half, 4),
             "target_rss_growth": 0.05,
             "fds_start": samples[0]["fds"],
             "fds_warm": warm["fds"],
@@ -108,6 +112,7 @@ def main() -> None:
             "documents_ok": metrics['ocrwatch_documents_total{status="ok"}'],
             "documents_failed": metrics['ocrwatch_documents_total{status="failed"}'],
             "max_loop_lag_s": round(metrics["ocrwatch_event_loop_max_lag_seconds"], 4),
+            "ledger_bytes_end": ledger_bytes,
             "samples": samples + [end],
             "machine": machine(),
         }

@@ -15,6 +15,7 @@ from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure
+from ocrwatch.sinks.local import LocalSink
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -93,10 +94,20 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     results = asyncio.run(ocr_files(cfg, args.files, on_done=on_done))
     if bar is not None:
         bar.close()
-    failed = [key for key, status in results.items() if status == "failed"]
-    for key in failed:
-        print(f"ocrwatch: failed: {key} (see its .error.json sidecar for the kind and a hint)", file=sys.stderr)
+    sink = LocalSink(cfg.output.name_template, cfg.output.dir)
+    failed = [job for job, status in results if status == "failed"]
+    for job in failed:
+        print(f"ocrwatch: {job.origin.name}: {_failure(sink.paths(job)['error'])}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _failure(error_sidecar: Path) -> str:
+    """The kind, message and hint of a failure, as its error sidecar records them."""
+    try:
+        error = json.loads(error_sidecar.read_text())["error"]
+    except (OSError, ValueError, KeyError):
+        return "failed (the file disappeared or no error sidecar could be written; see the log)"
+    return f"{error['kind']}: {error['message']} (hint: {error['hint']})"
 
 
 def _progress(total: int) -> object | None:

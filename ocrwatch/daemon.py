@@ -693,7 +693,9 @@ class Daemon:
         log.info("daemon_stopped")
 
 
-async def ocr_files(cfg: Config, paths: Iterable[Path], *, on_done: Callable[[Job, str], None] | None = None) -> dict[str, str]:
+async def ocr_files(
+    cfg: Config, paths: Iterable[Path], *, on_done: Callable[[Job, str], None] | None = None
+) -> list[tuple[Job, str]]:
     """One-shot OCR of the given files (``ocrwatch ocr``): the same pipeline, no ledger and no watching."""
     from ocrwatch.sources.files import GivenFiles
 
@@ -701,11 +703,12 @@ async def ocr_files(cfg: Config, paths: Iterable[Path], *, on_done: Callable[[Jo
     await pipeline.start()
     source = GivenFiles(list(paths))
     pipeline.add_source(source, LocalSink(cfg.output.name_template, cfg.output.dir))
-    results: dict[str, str] = {}  # here, not in the pipeline: a daemon's pipeline would keep every job forever
+    results: list[tuple[Job, str]] = []  # here, not in the pipeline: a daemon's pipeline would keep every job
     try:
         tasks = [(job, pipeline.start_job(job)) for job in source.jobs()]
         for job, task in tasks:
-            results[job.key] = status = await task
+            status = await task
+            results.append((job, status))
             if on_done is not None:
                 on_done(job, status)
         return results
