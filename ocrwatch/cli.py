@@ -137,9 +137,9 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
         print(f"{state:12} {count}")
     oldest = summary.get("oldest_waiting")
     if oldest:
-        print(f"oldest waiting: {oldest}")
+        print(f"oldest waiting: {oldest['key']} ({oldest['age']:.0f} s)")
     for error in summary.get("last_errors", []):
-        print(f"error: {error}")
+        print(f"error: {error['kind']}: {error['message']} [{error['state']}] {error['key']}")
     return EXIT_OK
 
 

@@ -140,3 +140,27 @@ def test_tesseract_character_error_rate_on_born_digital_pages(corpus_dir: Path, 
     assert median <= 0.15
     clean = {e["file"] for e in chosen if not {"rotated", "rotated_text", "drawing", "academic_paper"} & set(e["tags"])}
     assert clean and all(rates[name] <= 0.10 for name in clean), rates
+
+
+def test_status_and_retry(tmp_path: Path) -> None:
+    from ocrwatch.ledger import Fingerprint, Ledger
+    from ocrwatch.sources.base import Job, LocalFile
+
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[[inbox]]\npath = "{tmp_path / "in"}"\n')
+    bad, waiting = tmp_path / "in" / "bad.pdf", tmp_path / "in" / "waiting.pdf"
+    with Ledger(tmp_path / "state" / "ledger.sqlite3") as ledger:
+        for path in (bad, waiting):
+            ledger.admit(Job(origin=LocalFile(path, path.parent), source="local"), Fingerprint(1, 1, "0" * 64))
+        ledger.mark_failed(bad.as_uri(), {"kind": "corrupt_pdf", "message": "xref broken", "retryable": False})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ocrwatch", *args, "--config", str(config)], capture_output=True, text=True)
+
+    status = cli("status")
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^failed\s+1$", status.stdout, re.M) and re.search(r"^queued\s+1$", status.stdout, re.M)
+    assert "oldest waiting: " + waiting.as_uri() in status.stdout
+    assert "error: corrupt_pdf: xref broken [failed] " + bad.as_uri() in status.stdout
+    assert "1 job(s) queued again" in cli("retry", str(bad)).stdout
+    assert json.loads(cli("status", "--json").stdout)["counts"]["queued"] == 2
