@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import tomli_w
 from prometheus_client.parser import text_string_to_metric_families
@@ -162,13 +162,13 @@ class Daemon:
         self.config_path.write_text(tomli_w.dumps(config))
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Daemon:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> Daemon:
+    def start(self) -> Self:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)],
@@ -213,11 +213,17 @@ class Daemon:
         assert self.proc is not None
         return self.proc.pid
 
-    def rss_bytes(self) -> int:
+    def _status(self, field: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+        raise RuntimeError(f"no {field} in /proc/{self.pid}/status")
+
+    def rss_bytes(self) -> int:
+        return self._status("VmRSS") * 1024
+
+    def threads(self) -> int:
+        return self._status("Threads")
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))

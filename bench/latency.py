@@ -9,7 +9,7 @@ The 100-page document is pages 1-100 of the corpus's GeoTopo-komprimiert.pdf (bo
 Tesseract per page here); the small one is linn.pdf (a scanned two-column page, about 3 s). Without the corpus,
 generated text pages stand in for both.
 
-    python bench/latency.py [--trials 5]
+    python bench/latency.py [--trials 7]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def trial(daemon: Daemon, small: Path, name: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         scratch = Path(tmp)

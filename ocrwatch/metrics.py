@@ -151,7 +151,7 @@ class HealthServer:
             head = f"HTTP/1.0 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
             writer.write(head.encode("latin-1") + body)
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()
