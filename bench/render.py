@@ -13,7 +13,7 @@ is pages/s per core; CPU seconds (this process plus its pdftoppm children) are r
 Runs rotate the method order each round. Then the daemon's way, ``render_workers`` (2) threads, for the two
 renderers the daemon can use: pdftoppm runs in parallel subprocesses, PDFium is serialised by a lock because it
 is not thread-safe. A check pass compares each page's geometry and pixels between the two renderers.
-pypdfium2 is an optional extra: ``pip install 'ocrwatch[pdfium]'`` to run this.
+pdf2image and pypdfium2 come with the bench extra: ``pip install -e '.[bench]'`` to run this.
 
     python bench/render.py [--rounds 3] [--max-per-doc 14] [--dpi N]
 """
