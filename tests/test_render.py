@@ -15,7 +15,9 @@ from PIL import Image
 from pypdf import PdfReader, PdfWriter
 from pypdf.generic import RectangleObject
 
-from ocrwatch import errors
+import dataclasses
+
+from ocrwatch import errors, render as render_module
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
 from ocrwatch.engines.base import RenderHint
 from ocrwatch.render import (
@@ -423,3 +425,23 @@ def test_huge_declared_dimensions_are_refused_without_allocating(tmp_path: Path)
     )
     assert child.returncode == 0, child.stderr
     assert child.stdout.split() == ["too_many_pixels", "too_many_pixels"]
+
+
+def test_pdfium_renderer_gives_pdftoppm_geometry(tmp_path: Path) -> None:
+    pytest.importorskip("pypdfium2")
+    pdf = docs.write_sized_pdf(tmp_path / "sizes.pdf", [(612, 792), (384, 470.88), (841.92, 595.32)], rotate=[0, 0, 90])
+    info = render_module.probe(pdf, render_module.Limits(max_bytes=10**8, max_pages=10))
+    pdfium = render_module.render_spec(RenderConfig(renderer="pdfium"), RenderHint(dpi=300))
+    pdftoppm = dataclasses.replace(pdfium, renderer="pdftoppm")
+    for index in range(info.pages):
+        a = render_module.render_page(pdf, info, index, pdftoppm)
+        b = render_module.render_page(pdf, info, index, pdfium)
+        assert abs(a.width - b.width) <= 1 and abs(a.height - b.height) <= 1, (index, a.image.size, b.image.size)
+        assert b.image.mode == "RGB" and b.dpi == a.dpi
+
+
+def test_pdfium_renderer_missing_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(errors.ConfigError):
+        render_module.check_renderer(RenderConfig(renderer="pdfium"))
+    render_module.check_renderer(RenderConfig())

@@ -197,3 +197,30 @@ async def test_cancel_aborts_inflight_and_drops_queue() -> None:
     assert scheduler.budget.inflight == 0 and scheduler.budget.ready == 0
     assert doc.future.cancelled()
     await scheduler.close()
+
+
+def test_budget_overdraw_stays_within_render_workers() -> None:
+    budget = Budget(max_inflight=2, render_ahead=3, render_workers=2)
+    budget.ready = 3
+    assert not budget.may_render() and budget.may_overdraw()
+    budget.rendering, budget.ready = 1, 4
+    assert not budget.may_overdraw()  # render_ahead + render_workers buffered
+    budget.rendering, budget.ready = 2, 0
+    assert not budget.may_overdraw()  # every render worker busy
+
+
+async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
+    ref: list[PageScheduler] = []
+    recorder = Recorder(ref, delay=1.0)  # long enough that the small page is rendered while big/p0 is in flight
+    scheduler = make(recorder, ref, inflight=1, ahead=2)
+    now = time.time()
+    big = scheduler.add("big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer())
+    deadline = time.monotonic() + 5
+    while not (scheduler.budget.ready == 2 and scheduler.budget.inflight == 1):
+        assert time.monotonic() < deadline, scheduler.budget
+        await asyncio.sleep(0.005)
+    small = scheduler.add("small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer())
+    await asyncio.wait_for(small.future, 10)
+    assert recorder.order == ["big/p0", "small/p0"]  # behind the page in flight only, not one more
+    await scheduler.cancel(big)
+    await scheduler.close()
