@@ -383,7 +383,6 @@ class Pipeline:
                 render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
             )
             finished = time.time()
-            stages["write"] = 0.0
             document = assemble.document(
                 provenance, pages, detected=job.detected_at, started=started, finished=finished, stages=stages
             )
