@@ -29,7 +29,9 @@ from ocrwatch import assemble, config as config_module, ladder, render
 from ocrwatch.config import Config
 from ocrwatch.engines import factory
 from ocrwatch.engines.base import Engine, PageRequest
-from ocrwatch.errors import ConfigError, EngineDead, OcrwatchError, PermanentError, SourceGone, TransientError, classify
+from ocrwatch.errors import (
+    ConfigError, CrashLoop, EngineDead, OcrwatchError, PermanentError, SourceChanged, SourceGone, classify,
+)
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics
 from ocrwatch.scheduler import PageScheduler
@@ -39,16 +41,6 @@ from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
 
 log = structlog.get_logger()
-
-
-class CrashLoop(PermanentError):
-    kind = "crash_loop"
-    hint = "the daemon died repeatedly while processing this document; check the log, then `ocrwatch retry`"
-
-
-class SourceChanged(TransientError):
-    kind = "source_changed"
-    hint = "the file changed while it was processed; it is processed again"
 
 
 def job_id(job: Job) -> str:

@@ -156,6 +156,16 @@ class SourceGone(PermanentError):
     hint = "the file disappeared before it could be processed"
 
 
+class CrashLoop(PermanentError):
+    kind = "crash_loop"
+    hint = "the daemon died repeatedly while processing this document; check the log, then `ocrwatch retry`"
+
+
+class SourceChanged(TransientError):
+    kind = "source_changed"
+    hint = "the file changed while it was processed; it is processed again"
+
+
 class DiskFull(TransientError):
     kind = "disk_full"
     hint = "no space left for sidecars or temporary files; free space, ocrwatch retries"

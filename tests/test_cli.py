@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 from rapidfuzz.distance import Levenshtein
 
 from ocrwatch import __version__, render

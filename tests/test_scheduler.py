@@ -158,7 +158,6 @@ async def test_render_failure_fails_only_its_document() -> None:
 
 
 async def test_engine_death_requeues_pages() -> None:
-    ref: list[PageScheduler] = []
     deaths: list[float] = []
     state = {"dead_left": 2}
 
