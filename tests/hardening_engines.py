@@ -7,26 +7,19 @@
   fake page markers, half layout tags, a megabyte of text, nothing at all): the sidecars must still be
   valid UTF-8 JSON and Markdown.
 
-``PluginDaemon`` runs ``ocrwatch run`` as a real process with one of these (or ``tests.fault_engines``) as its
-engine, through ``[engine] kind = "plugin"``: the daemon is the real one; only the engine differs.
+``tests.integration.conftest.PluginDaemon`` runs ``ocrwatch run`` as a real process with one of these as its engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
-import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def job_id_of(path: Path) -> str:
@@ -135,58 +128,3 @@ class GarbageEngine(_Base):
             markdown=text, raw=text, blocks=[{"type": "text\x00", "text": text, "bbox": [-1, 0, 10**12, 2]}],
             prompt_tokens=None, completion_tokens=None, finish_reason="stop",
         )  # fmt: skip
-
-
-# --- running the real daemon with a test engine ---------------------------------------------------------
-
-
-def engine_settings(spec: str, args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``[engine]`` overrides and extra environment that make the daemon run ``spec`` built with ``args``."""
-    return {"kind": "plugin", "plugin": spec, "plugin_args": args}, {}
-
-
-@functools.cache
-def _make_plugin_daemon_class() -> Any:
-    from tests.integration.conftest import DaemonProcess, wait_until
-
-    class PluginDaemon(DaemonProcess):
-        """``DaemonProcess`` whose engine is a test engine (see the module docstring)."""
-
-        def __init__(
-            self, root: Path, spec: str, engine_args: dict[str, Any] | None = None,
-            inboxes: list[dict[str, Any]] | None = None, **overrides: Any,
-        ) -> None:  # fmt: skip
-            settings, self.engine_env = engine_settings(spec, engine_args or {})
-            overrides["engine"] = {**settings, **overrides.get("engine", {})}
-            super().__init__(root, inboxes, **overrides)
-
-        def start(self, env: dict[str, str] | None = None, wait_ready: bool = True) -> PluginDaemon:
-            self.log_path = self.root / f"daemon-{time.time_ns()}.log"
-            self._log_handle = open(self.log_path, "wb")
-            pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)], stdout=self._log_handle, stderr=subprocess.STDOUT, cwd=self.root,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **self.engine_env, **(env or {})},
-            )  # fmt: skip
-            if wait_ready:
-                wait_until(self.ready, 60, f"daemon ready (log {self.log_path}):\n{self.log_text()}")
-            return self
-
-        def all_events(self) -> list[dict[str, Any]]:
-            """Events of every run of this daemon (each start writes a new log), oldest run first."""
-            out = []
-            for log in sorted(self.root.glob("daemon-*.log")):
-                for line in log.read_text(errors="replace").splitlines():
-                    try:
-                        out.append(json.loads(line))
-                    except ValueError:
-                        continue
-            return out
-
-    return PluginDaemon
-
-
-def __getattr__(name: str) -> Any:
-    if name == "PluginDaemon":  # built lazily: the integration conftest imports pytest
-        return _make_plugin_daemon_class()
-    raise AttributeError(name)

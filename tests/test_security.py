@@ -249,7 +249,7 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 @pytest.mark.integration
 def test_a_running_daemon_listens_on_loopback_only_and_keeps_its_state_private(tmp_path: Path) -> None:
-    from tests.hardening_engines import PluginDaemon
+    from tests.integration.conftest import PluginDaemon
 
     daemon = PluginDaemon(tmp_path, "tests.fault_engines:EchoEngine")
     try:

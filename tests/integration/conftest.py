@@ -66,7 +66,7 @@ class DaemonProcess:
         self._log_handle: Any = None
 
     def start(self, env: dict[str, str] | None = None, wait_ready: bool = True) -> DaemonProcess:
-        self.log_path = self.root / f"daemon-{int(time.time() * 1000)}.log"
+        self.log_path = self.root / f"daemon-{time.time_ns()}.log"
         self._log_handle = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)],
@@ -125,19 +125,64 @@ class DaemonProcess:
             self._log_handle.close()
 
 
+class PluginDaemon(DaemonProcess):
+    """``DaemonProcess`` whose engine is a test engine (``tests.fault_engines``, ``tests.hardening_engines``),
+    loaded through ``[engine] kind = "plugin"``: the daemon is the real one; only the engine differs."""
+
+    def __init__(
+        self, root: Path, spec: str, engine_args: dict[str, Any] | None = None,
+        inboxes: list[dict[str, Any]] | None = None, **overrides: Any,
+    ) -> None:  # fmt: skip
+        plugin = {"kind": "plugin", "plugin": spec, "plugin_args": engine_args or {}}
+        overrides["engine"] = {**plugin, **overrides.get("engine", {})}
+        super().__init__(root, inboxes, **overrides)
+
+    def start(self, env: dict[str, str] | None = None, wait_ready: bool = True) -> DaemonProcess:
+        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        return super().start({"PYTHONPATH": pythonpath, **(env or {})}, wait_ready)
+
+    def all_events(self) -> list[dict[str, Any]]:
+        """Events of every run of this daemon (each start writes a new log), oldest run first."""
+        out = []
+        for log in sorted(self.root.glob("daemon-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+
 @pytest.fixture
-def make_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+def spawned() -> Iterator[list[DaemonProcess]]:
+    """Daemons a test made; any still running at the end is killed."""
     made: list[DaemonProcess] = []
-
-    def factory(**kwargs: Any) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, **kwargs)
-        made.append(daemon)
-        return daemon
-
-    yield factory
+    yield made
     for daemon in made:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.kill()
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path, spawned: list[DaemonProcess]) -> Callable[..., DaemonProcess]:
+    def factory(**kwargs: Any) -> DaemonProcess:
+        spawned.append(DaemonProcess(tmp_path, **kwargs))
+        return spawned[-1]
+
+    return factory
+
+
+@pytest.fixture
+def plugin_daemon(tmp_path: Path, spawned: list[DaemonProcess]) -> Callable[..., PluginDaemon]:
+    def factory(
+        spec: str = "tests.fault_engines:EchoEngine", engine_args: dict[str, Any] | None = None,
+        root: Path | None = None, **kwargs: Any,
+    ) -> PluginDaemon:  # fmt: skip
+        daemon = PluginDaemon(root or tmp_path, spec, engine_args, **kwargs)
+        spawned.append(daemon)
+        return daemon
+
+    return factory
 
 
 def sidecars_done(path: Path) -> dict[str, Any] | None:

@@ -16,7 +16,6 @@ import sqlite3
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
@@ -32,23 +31,6 @@ pytestmark = pytest.mark.integration
 COUNTING = "tests.hardening_engines:CountingEngine"
 DOCUMENTS = 200
 KILLS = 10
-
-
-@pytest.fixture
-def plugin_daemon(tmp_path: Path):
-    from tests.hardening_engines import PluginDaemon
-
-    made: list[Any] = []
-
-    def factory(spec: str, engine_args: dict[str, Any], **kwargs: Any) -> Any:
-        daemon = PluginDaemon(tmp_path, spec, engine_args, **kwargs)
-        made.append(daemon)
-        return daemon
-
-    yield factory
-    for daemon in made:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.kill()
 
 
 def make_documents(inbox: Path) -> dict[Path, int]:

@@ -183,23 +183,6 @@ def events_for(daemon: Any, path: Path, event: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def plugin_daemon(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    from tests.hardening_engines import PluginDaemon
-
-    made: list[Any] = []
-
-    def factory(spec: str = ECHO, engine_args: dict[str, Any] | None = None, root: Path | None = None, **kwargs: Any) -> Any:
-        daemon = PluginDaemon(root or tmp_path, spec, engine_args, **kwargs)
-        made.append(daemon)
-        return daemon
-
-    yield factory
-    for daemon in made:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.kill()
-
-
-@pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
     """Mount a tmpfs of the given size (``mount -t tmpfs``); skips where mounting is not permitted."""
     mounted: list[Path] = []
@@ -437,8 +420,7 @@ def test_read_only_inbox_is_a_clear_error_and_output_dir_the_remedy(plugin_daemo
     config = daemon.config_path.read_text() + f'\n[output]\ndir = "{out}"\n'
     daemon.config_path.write_text(config)
     retried = subprocess.run([sys.executable, "-m", "ocrwatch", "retry", "--config", str(daemon.config_path)],
-                             capture_output=True, text=True, check=False, cwd=tmp_path,
-                             env={**os.environ, **daemon.engine_env})  # fmt: skip
+                             capture_output=True, text=True, check=False, cwd=tmp_path)  # fmt: skip
     assert retried.returncode == 0, retried.stderr
     daemon.start()
     wait_until(lambda: (out / "scan.pdf.json").exists() and (out / "sub" / "photo.png.json").exists(), 30,
