@@ -103,7 +103,9 @@ def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
     assert kwargs["model"] == "deepseek-ai/DeepSeek-OCR-2"
     assert kwargs["enable_prefix_caching"] is False
     assert kwargs["mm_processor_cache_gb"] == 0
-    assert kwargs["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
+    assert kwargs["logits_processors"] == ["ocrwatch.engines.vllm_ngram:BatchedNoRepeatNGram"]
+    per_request = engine_module.engine_kwargs(VllmConfig(ngram_processor="per_request"))
+    assert per_request["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
     assert kwargs["scheduling_policy"] == "priority"
     assert kwargs["limit_mm_per_prompt"] == {"image": 1}
     assert kwargs["renderer_num_workers"] >= 1

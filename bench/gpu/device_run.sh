@@ -63,7 +63,7 @@ PY
       case $v in
         base)    args="--max-tokens ${MAX_TOKENS:-1000,1}" ;;
         seqs256) args="--max-tokens 1000,1 --max-num-seqs 256 --max-num-batched-tokens 32768" ;;
-        nongram) args="--max-tokens 1000 --no-ngram" ;;
+        nongram) args="--max-tokens 1000 --ngram none" ;;
         *) echo "unknown variant $v"; continue ;;
       esac
       dmon_start fast_$v

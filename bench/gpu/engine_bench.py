@@ -105,10 +105,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", default="1000,1")
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
-    ap.add_argument("--no-ngram", action="store_true")
+    ap.add_argument("--ngram", choices=("batched", "per_request", "none"), default="per_request",
+                    help="n-gram guard: ocrwatch's batched processor, vLLM's per-request one (the official script's), or none")
     ap.add_argument("--fast", action="store_true", help="ocrwatch's fast encoder (sets OCRWATCH_FAST_ENCODER=1)")
     ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--keep-tokens", type=int, default=8, help="pages whose first 64 output ids are kept")
+    ap.add_argument("--keep-tokens", type=int, default=16, help="pages whose output ids are kept (--tokens-out)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tokens-out", default=None)
     ap.add_argument("--engine-args", default="{}", help="extra LLM(...) kwargs as JSON")
@@ -127,7 +128,7 @@ def main() -> None:
     res: dict = dict(label=a.label, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      fast=a.fast, fast_env={k: v for k, v in os.environ.items() if k.startswith("OCRWATCH_")},
                      max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                     ngram=not a.no_ngram, dpi=a.dpi,
+                     ngram=a.ngram, dpi=a.dpi,
                      gpu_mem_start_gib=gib(mon.gpu_used()), rss_start_gib=gib(mon.rss()))
 
     import pages as pagelib
@@ -143,8 +144,8 @@ def main() -> None:
     import torch
     import vllm
     from vllm import LLM, SamplingParams
-    from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
 
+    from ocrwatch.engines.vllm import NGRAM_PROCESSORS
     if a.fast:
         from ocrwatch.engines import vllm_plugin
 
@@ -156,8 +157,8 @@ def main() -> None:
               max_model_len=8192, max_num_seqs=a.max_num_seqs, gpu_memory_utilization=0.9, seed=0)
     if a.max_num_batched_tokens:
         kw["max_num_batched_tokens"] = a.max_num_batched_tokens
-    if not a.no_ngram:
-        kw["logits_processors"] = [NGramPerReqLogitsProcessor]
+    if a.ngram != "none":
+        kw["logits_processors"] = [NGRAM_PROCESSORS[a.ngram]]
     kw.update(json.loads(a.engine_args))
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -166,7 +167,7 @@ def main() -> None:
     print(f"[{a.label}] engine ready in {res['init_s']} s", flush=True)
 
     def sampling(max_tokens: int) -> SamplingParams:
-        extra = None if a.no_ngram else dict(ngram_size=30, window_size=90, whitelist_token_ids={128821, 128822})
+        extra = None if a.ngram == "none" else dict(ngram_size=30, window_size=90, whitelist_token_ids={128821, 128822})
         return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
                               skip_special_tokens=False, extra_args=extra)
 
@@ -215,7 +216,7 @@ def run_phases(a, llm, reqs, sampling, stats_path, phases) -> None:
               + (f", encoder {ph['encoder'].get('gpu_ms_per_page')} ms/page GPU" if after else ""), flush=True)
         if a.tokens_out and mt == max(int(x) for x in a.max_tokens.split(",")):
             with open(a.tokens_out, "w") as f:
-                json.dump([list(o.outputs[0].token_ids[:64]) for o in outs[: a.keep_tokens]], f)
+                json.dump([list(o.outputs[0].token_ids) for o in outs[: a.keep_tokens]], f)
         del outs
 
 

@@ -41,7 +41,10 @@ log = structlog.get_logger()
 
 Images = Literal["placeholder", "drop"]
 
-NGRAM_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+NGRAM_PROCESSORS = {
+    "batched": "ocrwatch.engines.vllm_ngram:BatchedNoRepeatNGram",
+    "per_request": "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor",
+}
 IMAGE_TOKEN = "<image>"
 WARMUP_REQUEST_ID = "ocrwatch-warmup"
 LETTER_LONG_SIDE_INCHES = 11.0
@@ -149,7 +152,7 @@ def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
         "load_format": cfg.load_format,
         "enable_prefix_caching": False,
         "mm_processor_cache_gb": 0,
-        "logits_processors": [NGRAM_PROCESSOR],
+        "logits_processors": [NGRAM_PROCESSORS[cfg.ngram_processor]],
         "scheduling_policy": "priority",
         "limit_mm_per_prompt": {"image": 1},
         "renderer_num_workers": RENDERER_WORKERS,

@@ -1,0 +1,138 @@
+"""DeepSeek-OCR's no-repeat-n-gram rule for a whole decode batch at once (NumPy, no vLLM).
+
+vLLM's ``NGramPerReqLogitsProcessor`` runs, for every request on every decode step, a Python loop over
+each window position and then one indexing kernel per request that bans something. At 128-256 sequences
+that is milliseconds of host time per step while the GPU waits. ``NGramBans`` keeps a copy of each
+request's output tokens (only the new ones are copied on each step), matches all requests that share
+``(ngram_size, window_size, whitelist)`` in one vectorised comparison and returns every ban as two index
+arrays, so the caller touches the logits once.
+
+The rule is vLLM's, exactly: with ``L`` output tokens, ``L >= n``, every n-gram that starts at
+``max(0, L - window) <= i <= L - n`` and whose first ``n - 1`` tokens equal the last ``n - 1`` output
+tokens bans its last token, unless that token is whitelisted. For ``n == 1`` vLLM compares against the
+whole output (``ids[-0:]``) and so never bans; ``n < 2`` bans nothing here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableSequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+PLACEHOLDER = -1  # vLLM's async scheduler appends -1 until the sampled token reaches the host
+
+
+@dataclass(frozen=True)
+class NGramRule:
+    ngram_size: int
+    window_size: int
+    whitelist: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_extra_args(cls, extra: dict | None) -> NGramRule | None:
+        """vLLM's reading of ``SamplingParams.extra_args``: no ``ngram_size``, no rule; window default 100."""
+        if not extra or extra.get("ngram_size") is None:
+            return None
+        return cls(
+            ngram_size=int(extra["ngram_size"]),
+            window_size=int(extra.get("window_size", 100)),
+            whitelist=frozenset(int(t) for t in extra.get("whitelist_token_ids") or ()),
+        )
+
+
+class NGramBans:
+    """Per batch row: the rule, a reference to the live output list, and a copy of its tokens so far."""
+
+    def __init__(self, rows: int, max_len: int) -> None:
+        self._hist = np.zeros((max(rows, 1), max(max_len, 1)), dtype=np.int64)
+        self._lens = np.zeros(max(rows, 1), dtype=np.int64)
+        self._rows: dict[int, tuple[NGramRule, MutableSequence[int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, row: int, rule: NGramRule | None, output_ids: MutableSequence[int]) -> None:
+        if rule is None or rule.ngram_size < 2 or rule.window_size < rule.ngram_size:
+            self._rows.pop(row, None)
+            return
+        self._grow(rows=row + 1)
+        self._rows[row] = (rule, output_ids)
+        self._lens[row] = 0
+
+    def remove(self, row: int) -> None:
+        self._rows.pop(row, None)
+
+    def move(self, src: int, dst: int, swap: bool) -> None:
+        """vLLM's persistent batch moves a request to another row (``swap``: exchanges two rows)."""
+        a, b = self._rows.pop(src, None), self._rows.pop(dst, None)
+        self._grow(rows=max(src, dst) + 1)
+        if a is not None:
+            self._rows[dst] = a
+        if swap and b is not None:
+            self._rows[src] = b
+        hist_a, len_a = self._hist[src].copy(), self._lens[src]
+        if swap:
+            self._hist[src], self._lens[src] = self._hist[dst], self._lens[dst]
+        self._hist[dst], self._lens[dst] = hist_a, len_a
+
+    def bans(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, tokens)`` to set to ``-inf``: one entry per banned token (duplicates possible)."""
+        self._sync()
+        groups: dict[NGramRule, list[int]] = {}
+        for row, (rule, _) in self._rows.items():
+            if self._lens[row] >= rule.ngram_size:
+                groups.setdefault(rule, []).append(row)
+        found_rows: list[np.ndarray] = []
+        found_tokens: list[np.ndarray] = []
+        for rule, rows in groups.items():
+            r, t = self._group_bans(rule, np.asarray(rows, dtype=np.int64))
+            found_rows.append(r)
+            found_tokens.append(t)
+        if not found_rows:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        return np.concatenate(found_rows), np.concatenate(found_tokens)
+
+    def _group_bans(self, rule: NGramRule, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n, w = rule.ngram_size, rule.window_size
+        lens = self._lens[rows]
+        pos = lens[:, None] - w + np.arange(w)
+        valid = pos >= 0
+        window = self._hist[rows[:, None], np.maximum(pos, 0)]
+        prefix = window[:, w - n + 1 :]
+        starts = sliding_window_view(window, n - 1, axis=1)[:, : w - n + 1]
+        following = window[:, n - 1 :]
+        match = (starts == prefix[:, None, :]).all(axis=2) & valid[:, : w - n + 1]
+        if rule.whitelist:
+            match &= ~np.isin(following, np.fromiter(rule.whitelist, dtype=np.int64))
+        hit_row, hit_col = np.nonzero(match)
+        return rows[hit_row], following[hit_row, hit_col]
+
+    def _sync(self) -> None:
+        """Copy the tokens each output list gained since the last step; stop at a placeholder (it is
+        re-read once vLLM fills it in), start over if the list got shorter."""
+        for row, (_, ids) in self._rows.items():
+            have, now = int(self._lens[row]), len(ids)
+            if now == have:
+                continue
+            if now < have:
+                have = 0
+            new = ids[have:now]
+            if PLACEHOLDER in new:
+                new = new[: list(new).index(PLACEHOLDER)]
+            self._grow(cols=have + len(new))
+            self._hist[row, have : have + len(new)] = new
+            self._lens[row] = have + len(new)
+
+    def _grow(self, rows: int = 0, cols: int = 0) -> None:
+        r, c = self._hist.shape
+        if rows <= r and cols <= c:
+            return
+        hist = np.zeros((max(r, rows, 2 * r if rows > r else r), max(c, cols)), dtype=np.int64)
+        hist[:r, :c] = self._hist
+        lens = np.zeros(hist.shape[0], dtype=np.int64)
+        lens[:r] = self._lens
+        self._hist, self._lens = hist, lens
+
