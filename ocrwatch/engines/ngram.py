@@ -42,62 +42,75 @@ class NGramRule:
         )
 
 
+class _Row:
+    __slots__ = ("rule", "ids", "have")
+
+    def __init__(self, rule: NGramRule, ids: MutableSequence[int]) -> None:
+        self.rule, self.ids, self.have = rule, ids, 0
+
+
 class NGramBans:
-    """Per batch row: the rule, a reference to the live output list, and a copy of its tokens so far."""
+    """Per batch row: the rule, a reference to the live output list, and a copy of its tokens so far
+    (``_hist``, one row per batch row, so a request's copy moves with it)."""
 
     def __init__(self, rows: int, max_len: int) -> None:
         self._hist = np.zeros((max(rows, 1), max(max_len, 1)), dtype=np.int64)
-        self._lens = np.zeros(max(rows, 1), dtype=np.int64)
-        self._rows: dict[int, tuple[NGramRule, MutableSequence[int]]] = {}
+        self._rows: dict[int, _Row] = {}
+        self._groups: dict[NGramRule, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def add(self, row: int, rule: NGramRule | None, output_ids: MutableSequence[int]) -> None:
+        self._groups = None
         if rule is None or rule.ngram_size < 2 or rule.window_size < rule.ngram_size:
             self._rows.pop(row, None)
             return
         self._grow(rows=row + 1)
-        self._rows[row] = (rule, output_ids)
-        self._lens[row] = 0
+        self._rows[row] = _Row(rule, output_ids)
 
     def remove(self, row: int) -> None:
+        self._groups = None
         self._rows.pop(row, None)
 
     def move(self, src: int, dst: int, swap: bool) -> None:
         """vLLM's persistent batch moves a request to another row (``swap``: exchanges two rows)."""
+        self._groups = None
         a, b = self._rows.pop(src, None), self._rows.pop(dst, None)
         self._grow(rows=max(src, dst) + 1)
         if a is not None:
             self._rows[dst] = a
         if swap and b is not None:
             self._rows[src] = b
-        hist_a, len_a = self._hist[src].copy(), self._lens[src]
         if swap:
-            self._hist[src], self._lens[src] = self._hist[dst], self._lens[dst]
-        self._hist[dst], self._lens[dst] = hist_a, len_a
+            self._hist[[src, dst]] = self._hist[[dst, src]]
+        else:
+            self._hist[dst] = self._hist[src]
 
     def bans(self) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, tokens)`` to set to ``-inf``: one entry per banned token (duplicates possible)."""
         self._sync()
-        groups: dict[NGramRule, list[int]] = {}
-        for row, (rule, _) in self._rows.items():
-            if self._lens[row] >= rule.ngram_size:
-                groups.setdefault(rule, []).append(row)
+        if self._groups is None:
+            groups: dict[NGramRule, list[int]] = {}
+            for index, row in self._rows.items():
+                groups.setdefault(row.rule, []).append(index)
+            self._groups = {rule: np.asarray(rows, dtype=np.int64) for rule, rows in groups.items()}
         found_rows: list[np.ndarray] = []
         found_tokens: list[np.ndarray] = []
-        for rule, rows in groups.items():
-            r, t = self._group_bans(rule, np.asarray(rows, dtype=np.int64))
-            found_rows.append(r)
-            found_tokens.append(t)
+        for rule, rows in self._groups.items():
+            lens = np.fromiter((self._rows[r].have for r in rows.tolist()), dtype=np.int64, count=len(rows))
+            ready = lens >= rule.ngram_size
+            if ready.any():
+                r, t = self._group_bans(rule, rows[ready], lens[ready])
+                found_rows.append(r)
+                found_tokens.append(t)
         if not found_rows:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty
         return np.concatenate(found_rows), np.concatenate(found_tokens)
 
-    def _group_bans(self, rule: NGramRule, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _group_bans(self, rule: NGramRule, rows: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n, w = rule.ngram_size, rule.window_size
-        lens = self._lens[rows]
         pos = lens[:, None] - w + np.arange(w)
         valid = pos >= 0
         window = self._hist[rows[:, None], np.maximum(pos, 0)]
@@ -111,28 +124,35 @@ class NGramBans:
         return rows[hit_row], following[hit_row, hit_col]
 
     def _sync(self) -> None:
-        """Copy the tokens each output list gained since the last step; stop at a placeholder (it is
-        re-read once vLLM fills it in), start over if the list got shorter."""
-        for row, (_, ids) in self._rows.items():
-            have, now = int(self._lens[row]), len(ids)
+        """Copy the tokens each output list gained since the last step (usually one); stop at a
+        placeholder (re-read once vLLM fills it in); start over if the list got shorter."""
+        hist = self._hist
+        for index, row in self._rows.items():
+            ids, have = row.ids, row.have
+            now = len(ids)
+            if now == have + 1 and have < hist.shape[1]:
+                token = ids[have]
+                if token != PLACEHOLDER:
+                    hist[index, have] = token
+                    row.have = now
+                continue
             if now == have:
                 continue
             if now < have:
                 have = 0
-            new = ids[have:now]
+            new = list(ids[have:now])
             if PLACEHOLDER in new:
-                new = new[: list(new).index(PLACEHOLDER)]
-            self._grow(cols=have + len(new))
-            self._hist[row, have : have + len(new)] = new
-            self._lens[row] = have + len(new)
+                new = new[: new.index(PLACEHOLDER)]
+            if have + len(new) > hist.shape[1]:
+                self._grow(cols=have + len(new))
+                hist = self._hist
+            hist[index, have : have + len(new)] = new
+            row.have = have + len(new)
 
     def _grow(self, rows: int = 0, cols: int = 0) -> None:
         r, c = self._hist.shape
         if rows <= r and cols <= c:
             return
-        hist = np.zeros((max(r, rows, 2 * r if rows > r else r), max(c, cols)), dtype=np.int64)
+        hist = np.zeros((max(r, rows), max(c, cols, 2 * c if cols > c else c)), dtype=np.int64)
         hist[:r, :c] = self._hist
-        lens = np.zeros(hist.shape[0], dtype=np.int64)
-        lens[:r] = self._lens
-        self._hist, self._lens = hist, lens
-
+        self._hist = hist
