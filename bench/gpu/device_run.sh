@@ -23,7 +23,7 @@ case $step in
     mkdir -p /tmp/parts && cp .whl/part$n/* /tmp/parts/ && ls -l /tmp/parts
     if [ "$n" = 0 ]; then
       { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv;
-        python3 --version; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())';
+        python3 --version; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available(), "gpus", torch.cuda.device_count())'; nvidia-smi topo -m;
         for b in pdftoppm pdfinfo xz zstd nvcc gcc; do printf '%s: %s\n' $b "$(command -v $b || echo MISSING)"; done;
         nproc; free -g | head -2; df -h /tmp | tail -1; } 2>&1 | tee $R/probe.txt
     fi ;;

@@ -32,15 +32,23 @@ def gib(x: float) -> float:
     return round(x / 2**30, 2)
 
 
+def visible_gpus() -> list[int]:
+    """NVML indices of the GPUs this run may use (NVML ignores CUDA_VISIBLE_DEVICES)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [int(x) for x in env.split(",") if x.strip().isdigit()] if env else []
+
+
 class Probe:
-    """GPU memory (NVML) and RSS of a process tree (psutil); zeros where either is missing (a CPU dry run)."""
+    """GPU memory (NVML, summed over the visible GPUs) and RSS of a process tree (psutil); zeros where
+    either is missing (a CPU dry run)."""
 
     def __init__(self):
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+            ids = visible_gpus() or list(range(pynvml.nvmlDeviceGetCount()))
+            self.nvml, self.hs = pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
         except Exception:  # noqa: BLE001
             self.nvml = None
         try:
@@ -51,16 +59,28 @@ class Probe:
             self.ps = None
 
     def gpu(self) -> int:
-        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used if self.nvml else 0
+        return sum(self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.hs) if self.nvml else 0
 
     def rss(self, pid: int) -> int:
+        return sum(self.tree(pid).values())
+
+    def tree(self, pid: int) -> dict[str, int]:
+        """RSS of each process of the tree, named by its title (vLLM names its processes, e.g. EngineCore_DP0)."""
         if self.ps is None:
-            return 0
+            return {}
+        out: dict[str, int] = {}
         try:
-            p = self.ps.Process(pid)
-            return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+            root = self.ps.Process(pid)
+            procs = [root, *root.children(recursive=True)]
         except self.ps.Error:
-            return 0
+            return {}
+        for p in procs:
+            try:
+                name = f"{p.pid}:{p.name()}"
+                out[name] = p.memory_info().rss
+            except self.ps.Error:
+                pass
+        return out
 
 
 def http(url: str, timeout: float = 2.0) -> tuple[int, str]:
@@ -151,9 +171,13 @@ max_num_seqs = {a.max_num_seqs}
 fast_encoder = {"true" if a.fast else "false"}
 compile_cache_dir = "{a.cache_dir}"
 {f"max_num_batched_tokens = {a.max_num_batched_tokens}" if a.max_num_batched_tokens else ""}
+data_parallel_size = {a.dp}
+tensor_parallel_size = {a.tp}
+ngram_processor = "{a.ngram_processor}"
 
 [engine.vllm.engine_args]
 {engine_args}
+{f"[scheduler]{chr(10)}max_inflight_pages = {a.max_inflight}{chr(10)}" if a.max_inflight else ""}
 [render]
 dpi = {a.dpi}
 renderer = "{renderer}"
@@ -184,6 +208,10 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--engine-args", default="{}", help="[engine.vllm.engine_args] as JSON")
+    ap.add_argument("--dp", type=int, default=1, help="[engine.vllm] data_parallel_size")
+    ap.add_argument("--tp", type=int, default=1, help="[engine.vllm] tensor_parallel_size")
+    ap.add_argument("--ngram-processor", choices=("batched", "per_request"), default="batched")
+    ap.add_argument("--max-inflight", type=int, default=None, help="[scheduler] max_inflight_pages")
     ap.add_argument("--cache-dir", default="/tmp/ocw-e2e-cache")
     ap.add_argument("--work", default="/tmp/ocw-e2e")
     ap.add_argument("--port", type=int, default=9464)
@@ -228,6 +256,7 @@ def main() -> None:
         res["start_to_ready_s"] = round(time.time() - t0, 1)
         res["gpu_mem_ready_gib"] = gib(probe.gpu())
         res["rss_ready_gib"] = gib(probe.rss(proc.pid))
+        res["rss_tree"] = {"ready": {k: gib(v) for k, v in probe.tree(proc.pid).items()}}
         print(f"[{a.label}] ready in {res['start_to_ready_s']} s", flush=True)
 
         one = corpus / "one.pdf"
@@ -251,6 +280,7 @@ def main() -> None:
             res["a"] = dict(documents=len(names), finished=len(done), t_start=round(w0, 2), t_end=round(w1, 2),
                             elapsed_s=round(el, 1), pages_per_s=round(st["pages"] / el, 3),
                             out_tok_per_s=round(st["completion_tokens"] / el, 1), **st)
+            res["rss_tree"]["after_a"] = {k: gib(v) for k, v in probe.tree(proc.pid).items()}
             print(f"[{a.label}] a: {res['a']['pages']} pages in {el:.1f} s = {res['a']['pages_per_s']} pages/s, "
                   f"{res['a']['out_tok_per_s']} tok/s", flush=True)
 
@@ -283,6 +313,7 @@ def main() -> None:
 
         res["gpu_mem_end_gib"] = gib(probe.gpu())
         res["rss_end_gib"] = gib(probe.rss(proc.pid))
+        res["rss_tree"]["end"] = {k: gib(v) for k, v in probe.tree(proc.pid).items()}
         code, metrics = http(base + "/metrics")
         (out / f"metrics_{a.label}.txt").write_text(metrics)
         res["loop_lag_s"] = next((float(line.split()[-1]) for line in metrics.splitlines()

@@ -40,7 +40,8 @@ class Monitor(threading.Thread):
         import pynvml
 
         pynvml.nvmlInit()
-        self.nvml, self.h, self.ps = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0), psutil
+        first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]  # NVML ignores that variable
+        self.nvml, self.h, self.ps = pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(first)), psutil
         self.peak, self.stop = 0, False
 
     def gpu_used(self) -> int:

@@ -9,3 +9,5 @@ mkdir -p /tmp/ocw-results
 if ! command -v pdftoppm >/dev/null && [ -x "$PWD/.gpu/poppler/bin/pdftoppm" ]; then
   export PATH=$PWD/.gpu/poppler/bin:$PATH
 fi
+# Several GPUs (nvidia-h200-x2 and up): NVLink multicast stays off, as the device tool's KINDS.md requires.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

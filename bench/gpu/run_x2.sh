@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Device: issue 5's same-run comparison and issue 9's data/tensor parallelism, on nvidia-h200-x2.
+# From the repository root, after `bash bench/gpu/device_run.sh parts 0|1|2` (one call each), carrying .gpu
+# (and .whl/part3 in the first of these calls):
+#   bash bench/gpu/run_x2.sh one     GPU 0: the daemon end to end (solo, a, d) with the fast encoder and the
+#                                    batched n-gram processor; GPU 1 at the same time: the official script's
+#                                    shape with vLLM's own class and processor (b), then the n-gram processors
+#                                    side by side, then the fast class at max_tokens 1 while time remains
+#   bash bench/gpu/run_x2.sh multi   a warm restart on GPU 0 (compile cache from `one`), then phase a with
+#                                    data_parallel_size = 2, then with tensor_parallel_size = 2 (both GPUs)
+# Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
+# tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (4) times.  Results: $OUT/results_<step>.tgz.
+# Never wrap this script in `timeout`: BUDGET (s, default 560) bounds the step and each python step gets SIGINT
+# in time for its results to be written.
+set -uo pipefail
+step=${1:?step}
+OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
+trap 'tar czf "$OUT/results_$step.tgz" -C $R .' EXIT
+t0=$(date +%s); BUDGET=${BUDGET:-560}
+left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
+SEQS=${SEQS:-256}; BATCHED=${BATCHED:-32768}; REPEAT=${REPEAT:-4}
+common="--max-num-seqs $SEQS --max-num-batched-tokens $BATCHED --repeat $REPEAT"
+bash bench/gpu/install_on_device.sh > $R/install_$step.txt 2>&1 || { tail -20 $R/install_$step.txt; exit 1; }
+echo "install: $(( $(date +%s) - t0 )) s"
+source bench/gpu/env.sh
+export OCRWATCH_SAM_ATTN=${OCRWATCH_SAM_ATTN:-concat}
+show() { grep --line-buffered -E "^\[|RESULT|Traceback|Error" | cut -c1-400; }
+e2e() {  # label, seconds, e2e.py arguments...
+  local label=$1 secs=$2; shift 2
+  nvidia-smi dmon -s um -o DT -d 1 > $R/dmon_e2e_$label.txt 2>&1 & local dmon=$!
+  timeout -s INT -k 30 "$secs" python3 bench/gpu/e2e.py --label "$label" --out $R "$@" 2>&1 | tee $R/e2e_$label.log | show
+  kill $dmon 2>/dev/null
+  tail -3 $R/daemon_$label.log 2>/dev/null | cut -c1-300
+}
+case $step in
+  one)
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e fast $(( $(left) - 10 )) --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-1gpu \
+        --port 9464 --work /tmp/ocw-e2e-0 ) &
+    gpu0=$!
+    ( export CUDA_VISIBLE_DEVICES=1
+      nvidia-smi dmon -i 1 -s um -o DT -d 1 > $R/dmon_stock.txt 2>&1 & dmon=$!
+      timeout -s INT -k 20 420 python3 bench/gpu/engine_bench.py --label stock --ngram per_request --max-tokens 1000 $common \
+        --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log | show
+      kill $dmon
+      timeout -s INT -k 10 60 python3 bench/gpu/ngram_bench.py --rows 128,256 --steps 200 2>&1 | tee $R/ngram.log | show
+      if [ "$(left)" -gt 150 ]; then
+        timeout -s INT -k 15 $(( $(left) - 20 )) python3 bench/gpu/engine_bench.py --label fast_prefill --fast --ngram batched \
+          --max-tokens 1 $common --out $R/engine.jsonl 2>&1 | tee $R/engine_fast_prefill.log | show
+      fi ) &
+    gpu1=$!
+    wait $gpu0 $gpu1 ;;
+  multi)
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e fastwarm 150 --fast --ngram-processor batched $common --phases solo --cache-dir /tmp/ocw-e2e-cache-1gpu --port 9464 )
+    export CUDA_VISIBLE_DEVICES=0,1
+    e2e dp2 $(( ($(left) - 20) / 2 )) --fast --ngram-processor batched $common --dp 2 --phases a \
+      --cache-dir /tmp/ocw-e2e-cache-dp2 --port 9465 --timeout 300
+    e2e tp2 $(( $(left) - 15 )) --fast --ngram-processor batched $common --tp 2 --phases a \
+      --cache-dir /tmp/ocw-e2e-cache-tp2 --port 9466 --timeout 300 ;;
+  *) echo "unknown step $step"; exit 2 ;;
+esac
+python3 bench/gpu/summarize.py $R > $R/summary.md 2>&1; tail -40 $R/summary.md
+echo "step $step: $(( $(date +%s) - t0 )) s"
