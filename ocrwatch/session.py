@@ -2,12 +2,16 @@
 
 Success, failure, cancellation and shutdown all leave through ``__aexit__``, which cancels the document's
 pages in the scheduler (aborting their engine requests), deletes its private temporary folder (spooled
-downloads, rendered files), drops its images and asks the engine to ``release()`` what it can. This is what
-keeps memory flat over tens of thousands of documents.
+downloads, rendered files), drops its images, asks the engine to ``release()`` what it can and hands the
+C heap's free memory back to the system (``malloc_trim``). This is what keeps memory flat over tens of
+thousands of documents.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import ctypes.util
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,6 +26,23 @@ if TYPE_CHECKING:
     from ocrwatch.scheduler import Document, PageScheduler
 
 log = structlog.get_logger()
+
+
+def _find_malloc_trim() -> ctypes._CFuncPtr | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
+_MALLOC_TRIM = _find_malloc_trim()
+
+
+def trim_heap() -> None:
+    """glibc keeps the memory of freed page buffers in its arenas instead of returning it (on the H200 the
+    daemon's RSS grew from 2.4 to 13.2 GiB over 636 pages with nothing held); ``malloc_trim(0)`` returns it."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class DocumentSession:
@@ -51,5 +72,6 @@ class DocumentSession:
             shutil.rmtree(self.spool_dir, ignore_errors=True)
             self.spool_dir = None
         self._engine.release()
+        await asyncio.to_thread(trim_heap)
         if aborted:
             log.info("session_aborted_requests", job_id=self.job_id, requests=len(aborted))
