@@ -6,8 +6,9 @@
 #                                    batched n-gram processor; GPU 1 at the same time: the official script's
 #                                    shape with vLLM's own class and processor (b), then the n-gram processors
 #                                    side by side, then the fast class at max_tokens 1 while time remains
-#   bash bench/gpu/run_x2.sh multi   a warm restart on GPU 0 (compile cache from `one`), then phase a with
-#                                    data_parallel_size = 2, then with tensor_parallel_size = 2 (both GPUs)
+#   bash bench/gpu/run_x2.sh dp      phase a on both GPUs with data_parallel_size = 2 (twice the pages)
+#   bash bench/gpu/run_x2.sh tp      phase a on both GPUs with tensor_parallel_size = 2
+#   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
 # tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (4) times.  Results: $OUT/results_<step>.tgz.
 # Never wrap this script in `timeout`: BUDGET (s, default 560) bounds the step and each python step gets SIGINT
@@ -50,14 +51,17 @@ case $step in
       fi ) &
     gpu1=$!
     wait $gpu0 $gpu1 ;;
-  multi)
-    ( export CUDA_VISIBLE_DEVICES=0
-      e2e fastwarm 150 --fast --ngram-processor batched $common --phases solo --cache-dir /tmp/ocw-e2e-cache-1gpu --port 9464 )
+  dp|tp)  # twice the pages for two data-parallel engines, so each GPU sees the same load as the one GPU of `one`
     export CUDA_VISIBLE_DEVICES=0,1
-    e2e dp2 $(( ($(left) - 20) / 2 )) --fast --ngram-processor batched $common --dp 2 --phases a \
-      --cache-dir /tmp/ocw-e2e-cache-dp2 --port 9465 --timeout 300
-    e2e tp2 $(( $(left) - 15 )) --fast --ngram-processor batched $common --tp 2 --phases a \
-      --cache-dir /tmp/ocw-e2e-cache-tp2 --port 9466 --timeout 300 ;;
+    if [ $step = dp ]; then pages="--repeat $(( REPEAT * 2 )) --dp 2"; else pages="--repeat $REPEAT --tp 2"; fi
+    e2e $step $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
+      $pages --phases a --cache-dir /tmp/ocw-e2e-cache-$step --port 9465 --timeout $(( $(left) - 40 )) ;;
+  b)  # the official script's shape with vLLM's own class and n-gram processor, alone on GPU 0
+    export CUDA_VISIBLE_DEVICES=0
+    nvidia-smi dmon -i 0 -s um -o DT -d 1 > $R/dmon_stock.txt 2>&1 & dmon=$!
+    timeout -s INT -k 20 $(( $(left) - 25 )) python3 bench/gpu/engine_bench.py --label stock --ngram per_request --max-tokens 1000 $common \
+      --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log | show
+    kill $dmon ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
 python3 bench/gpu/summarize.py $R > $R/summary.md 2>&1; tail -40 $R/summary.md
