@@ -34,7 +34,7 @@ from ocrwatch.errors import (
 )
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics
-from ocrwatch.scheduler import PageScheduler
+from ocrwatch.scheduler import PageScheduler, auto_render_workers
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sinks.local import LocalSink
@@ -140,7 +140,7 @@ class Pipeline:
             lambda doc, request: self._recognize(request),
             max_inflight=sched.max_inflight_pages or engine.max_concurrency,
             render_ahead=sched.render_ahead,
-            render_workers=sched.render_workers,
+            render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
             ageing_seconds=sched.ageing_seconds,
             on_engine_dead=self.supervisor.dead,
         )

@@ -11,7 +11,7 @@ from PIL import Image
 
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.errors import CorruptPdf, EngineDead
-from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, virtual_deadline
+from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, auto_render_workers, virtual_deadline
 
 
 @dataclass
@@ -223,3 +223,8 @@ async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
     assert recorder.order == ["big/p0", "small/p0"]  # behind the page in flight only, not one more
     await scheduler.cancel(big)
     await scheduler.close()
+
+
+@pytest.mark.parametrize(("cpus", "workers"), [(1, 2), (2, 2), (8, 4), (32, 16), (128, 16)])
+def test_automatic_render_workers_scale_with_the_cpus_within_bounds(cpus: int, workers: int) -> None:
+    assert auto_render_workers(cpus) == workers

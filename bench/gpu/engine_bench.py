@@ -116,6 +116,9 @@ def main() -> None:
     ap.add_argument("--engine-args", default="{}", help="extra LLM(...) kwargs as JSON")
     a = ap.parse_args()
 
+    # Spawn, as the daemon does: this process runs threads (the NVML monitor, tokenizers) before LLM() starts the
+    # engine core, and a forked engine core hung at "Starting to load model" twice on 2026-11-29 (run 3).
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     if a.fast:
         os.environ["OCRWATCH_FAST_ENCODER"] = "1"
     else:
