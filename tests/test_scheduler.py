@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -81,9 +82,10 @@ def test_budget_bounds() -> None:
 class Recorder:
     """Records concurrency while pretending to recognise pages."""
 
-    def __init__(self, scheduler_ref: list[PageScheduler], delay: float = 0.01) -> None:
+    def __init__(self, scheduler_ref: list[PageScheduler], delay: float = 0.01, gate: asyncio.Event | None = None) -> None:
         self.ref = scheduler_ref
         self.delay = delay
+        self.gate = gate
         self.inflight = 0
         self.max_inflight = 0
         self.max_buffered = 0
@@ -95,6 +97,8 @@ class Recorder:
         budget = self.ref[0].budget
         self.max_buffered = max(self.max_buffered, budget.ready + budget.rendering)
         try:
+            if self.gate is not None:
+                await self.gate.wait()
             await asyncio.sleep(self.delay)
         finally:
             self.inflight -= 1
@@ -210,15 +214,22 @@ def test_budget_overdraw_stays_within_render_workers() -> None:
 
 async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
     ref: list[PageScheduler] = []
-    recorder = Recorder(ref, delay=1.0)  # long enough that the small page is rendered while big/p0 is in flight
+    gate = asyncio.Event()  # big/p0 stays in flight until the small page is rendered, however slow the machine
+    recorder = Recorder(ref, gate=gate)
     scheduler = make(recorder, ref, inflight=1, ahead=2)
     now = time.time()
     big = scheduler.add("big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer())
-    deadline = time.monotonic() + 5
-    while not (scheduler.budget.ready == 2 and scheduler.budget.inflight == 1):
-        assert time.monotonic() < deadline, scheduler.budget
-        await asyncio.sleep(0.005)
+
+    async def until(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, scheduler.budget
+            await asyncio.sleep(0.005)
+
+    await until(lambda: scheduler.budget.ready == 2 and scheduler.budget.inflight == 1)
     small = scheduler.add("small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer())
+    await until(lambda: scheduler.budget.ready == 3)  # rendered beyond render_ahead (the overdraft)
+    gate.set()
     await asyncio.wait_for(small.future, 10)
     assert recorder.order == ["big/p0", "small/p0"]  # behind the page in flight only, not one more
     await scheduler.cancel(big)
