@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from ocrwatch import ladder
-from ocrwatch.config import EngineConfig, VllmConfig
+from ocrwatch.config import EngineConfig, SamplingRung, VllmConfig
 from ocrwatch.engines import vllm as engine_module
 from ocrwatch.engines.base import Engine, PageRequest, Sampling
 from ocrwatch.engines.vllm import OCR1, OCR2, VllmEngine
@@ -106,6 +106,10 @@ def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
     assert kwargs["logits_processors"] == ["ocrwatch.engines.vllm_ngram:BatchedNoRepeatNGram"]
     per_request = engine_module.engine_kwargs(VllmConfig(ngram_processor="per_request"))
     assert per_request["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
+    unguarded = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=0),))
+    assert "logits_processors" not in engine_module.engine_kwargs(unguarded)
+    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),))
+    assert "logits_processors" in engine_module.engine_kwargs(rung_only)
     assert kwargs["scheduling_policy"] == "priority"
     assert kwargs["limit_mm_per_prompt"] == {"image": 1}
     assert kwargs["renderer_num_workers"] >= 1

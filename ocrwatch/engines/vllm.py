@@ -152,7 +152,6 @@ def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
         "load_format": cfg.load_format,
         "enable_prefix_caching": False,
         "mm_processor_cache_gb": 0,
-        "logits_processors": [NGRAM_PROCESSORS[cfg.ngram_processor]],
         "scheduling_policy": "priority",
         "limit_mm_per_prompt": {"image": 1},
         "renderer_num_workers": RENDERER_WORKERS,
@@ -164,10 +163,19 @@ def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
         "block_size": cfg.block_size,
     }
     kwargs.update({key: value for key, value in optional.items() if value is not None})
+    if uses_ngram_guard(cfg):
+        kwargs["logits_processors"] = [NGRAM_PROCESSORS[cfg.ngram_processor]]
     kwargs.update(cfg.engine_args)
     if kwargs["mm_processor_cache_gb"] and "renderer_num_workers" not in cfg.engine_args:
         kwargs["renderer_num_workers"] = 1
     return kwargs
+
+
+def uses_ngram_guard(cfg: VllmConfig) -> bool:
+    """Any custom logits processor makes vLLM copy every step's sampled tokens to the host before sampling
+    the next (no overlap of host and GPU work), so none is registered when no rung can use the guard."""
+    rungs = [(cfg.ngram_size, cfg.window_size), *((r.ngram_size, r.window_size) for r in cfg.ladder)]
+    return any(n > 0 and w > 0 for n, w in rungs)
 
 
 def check_engine_args(kwargs: Mapping[str, Any], known: set[str], version: str) -> None:
