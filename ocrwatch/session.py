@@ -39,8 +39,8 @@ _MALLOC_TRIM = _find_malloc_trim()
 
 
 def trim_heap() -> None:
-    """glibc keeps the memory of freed page buffers in its arenas instead of returning it (on the H200 the
-    daemon's RSS grew from 2.4 to 13.2 GiB over 636 pages with nothing held); ``malloc_trim(0)`` returns it."""
+    """glibc may keep freed memory in its arenas instead of returning it: on the H200 the daemon's RSS grew
+    from 2.4 to 13.2 GiB over 636 pages and stayed there with nothing in flight (bench/README.md, run 3)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 

@@ -153,6 +153,6 @@ class NGramBans:
         r, c = self._hist.shape
         if rows <= r and cols <= c:
             return
-        hist = np.zeros((max(r, rows), max(c, cols, 2 * c if cols > c else c)), dtype=np.int64)
+        hist = np.zeros((max(r, rows), max(2 * c, cols) if cols > c else c), dtype=np.int64)
         hist[:r, :c] = self._hist
         self._hist = hist
