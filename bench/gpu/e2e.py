@@ -319,6 +319,8 @@ def main() -> None:
         res["loop_lag_s"] = next((float(line.split()[-1]) for line in metrics.splitlines()
                                   if line.startswith("ocrwatch_event_loop_lag_seconds")), None)
     finally:
+        # written now as well: a slow stop under `timeout -k` must not lose what was measured (run 3, DP 2)
+        (out / f"e2e_{a.label}.json").write_text(json.dumps(res, indent=1))
         t_stop = time.time()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
