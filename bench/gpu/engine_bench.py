@@ -40,8 +40,10 @@ class Monitor(threading.Thread):
         import pynvml
 
         pynvml.nvmlInit()
-        first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]  # NVML ignores that variable
-        self.nvml, self.h, self.ps = pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(first)), psutil
+        from e2e import visible_gpus
+
+        first = (visible_gpus() or [0])[0]
+        self.nvml, self.h, self.ps = pynvml, pynvml.nvmlDeviceGetHandleByIndex(first), psutil
         self.peak, self.stop = 0, False
 
     def gpu_used(self) -> int:

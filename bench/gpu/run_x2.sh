@@ -33,6 +33,12 @@ e2e() {  # label, seconds, e2e.py arguments...
   kill $dmon 2>/dev/null
   tail -3 $R/daemon_$label.log 2>/dev/null | cut -c1-300
 }
+stock() {  # (b) on the visible GPU within $1 seconds: vLLM's own class and n-gram processor, LLM.generate()
+  nvidia-smi dmon -i $CUDA_VISIBLE_DEVICES -s um -o DT -d 1 > $R/dmon_stock.txt 2>&1 & local dmon=$!
+  timeout -s INT -k 20 "$1" python3 bench/gpu/engine_bench.py --label stock --ngram per_request --max-tokens 1000 $common \
+    --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log | show
+  kill $dmon
+}
 case $step in
   one)
     ( export CUDA_VISIBLE_DEVICES=0
@@ -40,10 +46,7 @@ case $step in
         --port 9464 --work /tmp/ocw-e2e-0 ) &
     gpu0=$!
     ( export CUDA_VISIBLE_DEVICES=1
-      nvidia-smi dmon -i 1 -s um -o DT -d 1 > $R/dmon_stock.txt 2>&1 & dmon=$!
-      timeout -s INT -k 20 420 python3 bench/gpu/engine_bench.py --label stock --ngram per_request --max-tokens 1000 $common \
-        --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log | show
-      kill $dmon
+      stock 420
       timeout -s INT -k 10 60 python3 bench/gpu/ngram_bench.py --rows 128,256 --steps 200 2>&1 | tee $R/ngram.log | show
       if [ "$(left)" -gt 150 ]; then
         timeout -s INT -k 15 $(( $(left) - 20 )) python3 bench/gpu/engine_bench.py --label fast_prefill --fast --ngram batched \
@@ -58,10 +61,7 @@ case $step in
       $pages --phases a --cache-dir /tmp/ocw-e2e-cache-$step --port 9465 --timeout $(( $(left) - 40 )) ;;
   b)  # the official script's shape with vLLM's own class and n-gram processor, alone on GPU 0
     export CUDA_VISIBLE_DEVICES=0
-    nvidia-smi dmon -i 0 -s um -o DT -d 1 > $R/dmon_stock.txt 2>&1 & dmon=$!
-    timeout -s INT -k 20 $(( $(left) - 25 )) python3 bench/gpu/engine_bench.py --label stock --ngram per_request --max-tokens 1000 $common \
-      --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log | show
-    kill $dmon ;;
+    stock $(( $(left) - 25 )) ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
 python3 bench/gpu/summarize.py $R > $R/summary.md 2>&1; tail -40 $R/summary.md
