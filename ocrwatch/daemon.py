@@ -33,7 +33,7 @@ from ocrwatch.errors import (
     ConfigError, CrashLoop, EngineDead, OcrwatchError, PermanentError, SourceChanged, SourceGone, classify,
 )
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
-from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics
+from ocrwatch.metrics import ENGINE_PHASES, HealthServer, LoopLagProbe, Metrics
 from ocrwatch.scheduler import PageScheduler, auto_render_workers
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
@@ -309,6 +309,10 @@ class Pipeline:
         metrics.retries.labels(stage="page").inc(max(len(result.attempts) - 1, 0))
         for kind in ("prompt", "completion"):
             metrics.tokens.labels(kind=kind).inc(sum(attempt.get(f"{kind}_tokens") or 0 for attempt in result.attempts))
+        if result.recognition is not None:
+            for phase, seconds in result.recognition.timings.items():
+                if phase in ENGINE_PHASES:
+                    metrics.engine_seconds.labels(phase=phase).observe(seconds)
         return result
 
     def _render_page(

@@ -19,6 +19,9 @@ log = structlog.get_logger()
 _STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600)
 
 STAGES = ("waiting", "fetch_probe", "render", "recognize", "pages", "write", "end_to_end")
+ENGINE_PHASES = ("prepare", "queue", "first_token", "decode", "total", "encode", "ocr")
+"""Where a recognition's time went, as the engine reports it (``Recognition.timings``): vLLM prepare (input
+processing), queue (waiting for a batch slot), first_token, decode, total; Tesseract queue, encode, ocr."""
 """Latency stages: detected → started (``waiting``), the document's fetch and probe, each page's render and
 recognition, all of a document's pages, writing the sidecars, and detected → sidecars (``end_to_end``)."""
 
@@ -36,6 +39,10 @@ class Metrics:
         self.pages = Counter("ocrwatch_pages", "Pages recognised, by status", ["status"], registry=r)
         self.stage_seconds = Histogram(
             "ocrwatch_stage_seconds", "Latency per stage", ["stage"], buckets=_STAGE_BUCKETS, registry=r
+        )
+        self.engine_seconds = Histogram(
+            "ocrwatch_engine_seconds", "Time inside the engine per recognition, by phase", ["phase"],
+            buckets=_STAGE_BUCKETS, registry=r,
         )
         self.queue_depth = Gauge("ocrwatch_queue_depth", "Pages waiting per stage", ["stage"], registry=r)
         self.active_documents = Gauge(
@@ -61,6 +68,8 @@ class Metrics:
             self.pages.labels(status=status)
         for stage in STAGES:
             self.stage_seconds.labels(stage=stage)
+        for phase in ENGINE_PHASES:
+            self.engine_seconds.labels(phase=phase)
         for stage in QUEUES:
             self.queue_depth.labels(stage=stage)
         for state in ("waiting", "running"):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ocrwatch.metrics import QUEUES, STAGES, HealthServer, LoopLagProbe, Metrics
+from ocrwatch.metrics import ENGINE_PHASES, QUEUES, STAGES, HealthServer, LoopLagProbe, Metrics
 from tests import docs
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
 
@@ -149,6 +149,10 @@ def test_daemon_metrics_follow_a_document_through_every_stage(tmp_path: Path) ->
         assert done['ocrwatch_active_documents{state="waiting"}'] == 0
         assert done["ocrwatch_oldest_waiting_seconds"] == 0
         assert done['ocrwatch_tokens_total{kind="prompt"}'] == 0  # Tesseract reports no tokens
+        for phase in ("queue", "encode", "ocr"):  # Tesseract's phases, one observation per page
+            assert done[f'ocrwatch_engine_seconds_count{{phase="{phase}"}}'] == 8
+        assert done['ocrwatch_engine_seconds_sum{phase="ocr"}'] > 0
+        assert done['ocrwatch_engine_seconds_count{phase="decode"}'] == 0
         for stage in ("document", "page", "engine"):
             assert done[f'ocrwatch_retries_total{{stage="{stage}"}}'] == 0
         assert done["ocrwatch_event_loop_max_lag_seconds"] >= 0

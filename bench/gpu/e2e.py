@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -91,6 +92,92 @@ def http(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return e.code, ""
     except OSError:
         return 0, ""
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+SERIES = {
+    "ok": 'ocrwatch_pages_total{status="ok"}',
+    "inflight": "ocrwatch_inflight_pages",
+    "ready": 'ocrwatch_queue_depth{stage="ready"}',
+    "rendering": 'ocrwatch_queue_depth{stage="rendering"}',
+    "render_queue": 'ocrwatch_queue_depth{stage="render_queue"}',
+    "docs_running": 'ocrwatch_active_documents{state="running"}',
+    "docs_waiting": 'ocrwatch_active_documents{state="waiting"}',
+    "completion_tokens": 'ocrwatch_tokens_total{kind="completion"}',
+    "loop_lag": "ocrwatch_event_loop_lag_seconds",
+}
+
+
+class Series(threading.Thread):
+    """/metrics once a second while the phases run: pages done, pages inside the engine, the ready and render
+    queues, so the steady-state rate and how full the engine was can be read off (run 3 had only totals)."""
+
+    def __init__(self, base: str, path: Path):
+        super().__init__(daemon=True)
+        self.base, self.path, self.rows, self.stop = base, path, [], threading.Event()
+
+    def run(self) -> None:
+        with open(self.path, "w") as handle:
+            while not self.stop.wait(1.0):
+                code, text = http(self.base + "/metrics")
+                if code != 200:
+                    continue
+                m = samples(text)
+                row = {"t": round(time.time(), 2), **{k: m.get(v) for k, v in SERIES.items()}}
+                self.rows.append(row)
+                handle.write(json.dumps(row) + "\n")
+                handle.flush()
+
+    def steady(self, t_start: float, base_ok: float, pages: int) -> dict:
+        """Pages/s between 25 % and 75 % of the phase's pages, and the mean pages in the engine meanwhile: the
+        rate without the ramp-up and the last, part-empty wave."""
+        rows = [r for r in self.rows if r["t"] >= t_start and r["ok"] is not None]
+        lo = next((r for r in rows if r["ok"] - base_ok >= 0.25 * pages), None)
+        hi = next((r for r in rows if r["ok"] - base_ok >= 0.75 * pages), None)
+        if lo is None or hi is None or hi["t"] <= lo["t"]:
+            return {}
+        window = [r for r in rows if lo["t"] <= r["t"] <= hi["t"]]
+        mean = lambda k: round(sum(r[k] or 0 for r in window) / len(window), 1)  # noqa: E731
+        return dict(pages_per_s=round((hi["ok"] - lo["ok"]) / (hi["t"] - lo["t"]), 3), window_s=round(hi["t"] - lo["t"], 1),
+                    mean_inflight=mean("inflight"), mean_ready=mean("ready"), mean_rendering=mean("rendering"),
+                    mean_render_queue=mean("render_queue"))
+
+
+def engine_phases(text: str) -> dict:
+    """Mean seconds per recognition in each engine phase (``ocrwatch_engine_seconds``)."""
+    m = samples(text)
+    out = {}
+    for key, total in m.items():
+        if key.startswith("ocrwatch_engine_seconds_sum{"):
+            count = m.get(key.replace("_sum{", "_count{"), 0)
+            if count:
+                out[key.split('"')[1]] = round(total / count, 3)
+    return out
+
+
+def profile(prof: Path, start_after: float, seconds: float, pids: list[int]) -> None:
+    """Switch the sampler (prof/sitecustomize.py) of every benchmark process on for `seconds`; meanwhile one
+    `py-spy dump --native` of each process where .gpu/tools/py-spy exists and the sandbox lets it read them."""
+    time.sleep(start_after)
+    (prof / "go").touch()
+    spy = REPO / ".gpu/tools/py-spy"
+    if spy.exists():
+        for pid in pids:
+            r = subprocess.run([str(spy), "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+            (prof / f"pyspy_{pid}.txt").write_text(r.stdout + r.stderr)
+    time.sleep(seconds)
+    (prof / "go").unlink()
 
 
 def drop(src: Path, inbox: Path, name: str) -> float:
@@ -219,6 +306,9 @@ def main() -> None:
     ap.add_argument("--d-after", type=int, default=30, help="doc300 pages done before the urgent page drops")
     ap.add_argument("--timeout", type=float, default=420, help="seconds for each phase")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--profile-at", type=float, default=None,
+                    help="seconds into phase a at which every process samples its stacks (prof/sitecustomize.py)")
+    ap.add_argument("--profile-seconds", type=float, default=20)
     a = ap.parse_args()
     phases = set(a.phases.split(","))
 
@@ -238,6 +328,11 @@ def main() -> None:
     env["OCRWATCH_FAST_ENCODER"] = "1" if a.fast else "0"
     if a.fast:
         env.setdefault("OCRWATCH_ENCODER_STATS", f"/tmp/ocw-e2e-encstats-{a.label}")
+    prof = out / f"prof_{a.label}"
+    if a.profile_at is not None:
+        prof.mkdir(exist_ok=True)
+        env["OCW_PROF_DIR"] = str(prof)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent / "prof"), env.get("PYTHONPATH")) if p)
     probe = Probe()
     res["gpu_mem_before_gib"] = gib(probe.gpu())
     log = open(out / f"daemon_{a.label}.log", "w")
@@ -258,6 +353,8 @@ def main() -> None:
         res["rss_ready_gib"] = gib(probe.rss(proc.pid))
         res["rss_tree"] = {"ready": {k: gib(v) for k, v in probe.tree(proc.pid).items()}}
         print(f"[{a.label}] ready in {res['start_to_ready_s']} s", flush=True)
+        series = Series(base, out / f"series_{a.label}.jsonl")
+        series.start()
 
         one = corpus / "one.pdf"
         if "solo" in phases:
@@ -268,6 +365,11 @@ def main() -> None:
 
         if "a" in phases:
             names = []
+            base_ok = samples(http(base + "/metrics")[1]).get(SERIES["ok"], 0)
+            if a.profile_at is not None:
+                pids = [proc.pid, *(int(k.split(":")[0]) for k in probe.tree(proc.pid))]
+                threading.Thread(target=profile, args=(prof, a.profile_at, a.profile_seconds, sorted(set(pids))),
+                                 daemon=True).start()
             w0 = time.time()
             for r in range(a.repeat):
                 for d in docs:
@@ -280,9 +382,10 @@ def main() -> None:
             res["a"] = dict(documents=len(names), finished=len(done), t_start=round(w0, 2), t_end=round(w1, 2),
                             elapsed_s=round(el, 1), pages_per_s=round(st["pages"] / el, 3),
                             out_tok_per_s=round(st["completion_tokens"] / el, 1), **st)
+            res["a"]["steady"] = series.steady(w0, base_ok, st["pages"])
             res["rss_tree"]["after_a"] = {k: gib(v) for k, v in probe.tree(proc.pid).items()}
             print(f"[{a.label}] a: {res['a']['pages']} pages in {el:.1f} s = {res['a']['pages_per_s']} pages/s, "
-                  f"{res['a']['out_tok_per_s']} tok/s", flush=True)
+                  f"{res['a']['out_tok_per_s']} tok/s; steady {res['a']['steady']}", flush=True)
 
         if "d" in phases:
             big = corpus / "doc300.pdf"
@@ -316,6 +419,8 @@ def main() -> None:
         res["rss_tree"]["end"] = {k: gib(v) for k, v in probe.tree(proc.pid).items()}
         code, metrics = http(base + "/metrics")
         (out / f"metrics_{a.label}.txt").write_text(metrics)
+        res["engine_phases_s"] = engine_phases(metrics)
+        series.stop.set()
         res["loop_lag_s"] = next((float(line.split()[-1]) for line in metrics.splitlines()
                                   if line.startswith("ocrwatch_event_loop_lag_seconds")), None)
     finally:

@@ -211,7 +211,7 @@ def run_phases(a, llm, reqs, sampling, stats_path, phases) -> None:
                   prompt_tokens_mean=round(sum(n_prompt) / len(n_prompt), 1),
                   prompt_tokens_min_max=[min(n_prompt), max(n_prompt)])
         if after:
-            ph["encoder"] = {k: round(after.get(k, 0) - before.get(k, 0), 3) for k in ("calls", "pages", "tiles", "gpu_s", "wall_s")}
+            ph["encoder"] = {k: round(after.get(k, 0) - before.get(k, 0), 3) for k in ("calls", "pages", "tiles", "gpu_s", "launch_s")}
             if ph["encoder"]["pages"]:
                 ph["encoder"]["gpu_ms_per_page"] = round(1000 * ph["encoder"]["gpu_s"] / ph["encoder"]["pages"], 2)
                 ph["encoder"]["pages_per_call"] = round(ph["encoder"]["pages"] / max(ph["encoder"]["calls"], 1), 1)

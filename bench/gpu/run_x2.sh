@@ -3,14 +3,14 @@
 # From the repository root, after `bash bench/gpu/device_run.sh parts 0|1|2` (one call each), carrying .gpu
 # (and .whl/part3 in the first of these calls):
 #   bash bench/gpu/run_x2.sh one     GPU 0: the daemon end to end (solo, a, d) with the fast encoder and the
-#                                    batched n-gram processor; GPU 1 at the same time: the official script's
-#                                    shape with vLLM's own class and processor (b), then the n-gram processors
-#                                    side by side, then the fast class at max_tokens 1 while time remains
+#                                    batched n-gram processor, every process's stacks sampled PROFILE_AT s into
+#                                    (a) for 15 s, then a warm restart; GPU 1 at the same time: the official
+#                                    script's shape with vLLM's own class and processor (b)
 #   bash bench/gpu/run_x2.sh dp      phase a on both GPUs with data_parallel_size = 2 (twice the pages)
 #   bash bench/gpu/run_x2.sh tp      phase a on both GPUs with tensor_parallel_size = 2
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
-# tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (4) times.  Results: $OUT/results_<step>.tgz.
+# tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (6) times.  Results: $OUT/results_<step>.tgz.
 # Never wrap this script in `timeout`: BUDGET (s, default 560) bounds the step and each python step gets SIGINT
 # in time for its results to be written.
 set -uo pipefail
@@ -19,7 +19,7 @@ OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
 trap 'tar czf "$OUT/results_$step.tgz" -C $R .' EXIT
 t0=$(date +%s); BUDGET=${BUDGET:-560}
 left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
-SEQS=${SEQS:-256}; BATCHED=${BATCHED:-32768}; REPEAT=${REPEAT:-4}
+SEQS=${SEQS:-256}; BATCHED=${BATCHED:-32768}; REPEAT=${REPEAT:-6}
 common="--max-num-seqs $SEQS --max-num-batched-tokens $BATCHED --repeat $REPEAT"
 bash bench/gpu/install_on_device.sh > $R/install_$step.txt 2>&1 || { tail -20 $R/install_$step.txt; exit 1; }
 echo "install: $(( $(date +%s) - t0 )) s"
@@ -42,16 +42,14 @@ stock() {  # (b) on the visible GPU within $1 seconds: vLLM's own class and n-gr
 case $step in
   one)
     ( export CUDA_VISIBLE_DEVICES=0
-      e2e fast $(( $(left) - 10 )) --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-1gpu \
-        --port 9464 --work /tmp/ocw-e2e-0 ) &
+      e2e fast $(( $(left) - 100 )) --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-1gpu \
+        --port 9464 --work /tmp/ocw-e2e-0 --profile-at ${PROFILE_AT:-60} --profile-seconds 15 --timeout 300
+      # the same daemon again with the compile cache it just filled: warm start to ready, one page
+      [ "$(left)" -gt 70 ] && e2e warm $(( $(left) - 10 )) --fast --ngram-processor batched $common \
+        --cache-dir /tmp/ocw-e2e-cache-1gpu --port 9464 --work /tmp/ocw-e2e-0 --phases solo ) &
     gpu0=$!
     ( export CUDA_VISIBLE_DEVICES=1
-      stock 420
-      timeout -s INT -k 10 60 python3 bench/gpu/ngram_bench.py --rows 128,256 --steps 200 2>&1 | tee $R/ngram.log | show
-      if [ "$(left)" -gt 150 ]; then
-        timeout -s INT -k 15 $(( $(left) - 20 )) python3 bench/gpu/engine_bench.py --label fast_prefill --fast --ngram batched \
-          --max-tokens 1 $common --out $R/engine.jsonl 2>&1 | tee $R/engine_fast_prefill.log | show
-      fi ) &
+      stock $(( $(left) - 15 )) ) &
     gpu1=$!
     wait $gpu0 $gpu1 ;;
   dp|tp)  # twice the pages for two data-parallel engines, so each GPU sees the same load as the one GPU of `one`
@@ -64,5 +62,6 @@ case $step in
     stock $(( $(left) - 25 )) ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
+for d in $R/prof_*/; do [ -d "$d" ] && python3 bench/gpu/profsum.py "$d" --top 15 > "${d%/}.txt" 2>&1; done
 python3 bench/gpu/summarize.py $R > $R/summary.md 2>&1; tail -40 $R/summary.md
 echo "step $step: $(( $(date +%s) - t0 )) s"

@@ -29,8 +29,8 @@ model is built: ``OCRWATCH_SAM_ATTN`` (global layers: flex | concat | sdpa, defa
 ``OCRWATCH_SAM_WINDOW_ATTN`` (windowed layers: stock | concat, default stock; concat there is checked
 equal in fp32 on a CPU, not yet timed on a GPU),
 ``OCRWATCH_ENCODER_CHUNK`` (global views per chunk) and ``OCRWATCH_TILE_CHUNK`` (tiles per chunk),
-``OCRWATCH_ENCODER_STATS`` (a file to which per-process encoder timings are written; adds one sync
-per batch). bench/gpu/encoder_check.py proves it equal to the stock class on random weights.
+``OCRWATCH_ENCODER_STATS`` (a file to which per-process encoder timings are written, from CUDA events
+read without a sync). bench/gpu/encoder_check.py proves it equal to the stock class on random weights.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -266,24 +267,37 @@ def pages_to_embeddings(
 
 
 class EncoderStats:
-    """Per-process encoder timings (GPU time via CUDA events, one sync per batch), written as JSON."""
+    """Per-process encoder timings from CUDA events, read once the GPU has passed them: a sync per call would
+    stall vLLM's overlap of the next step's host work with this one's GPU work.  Written as JSON."""
 
     def __init__(self, path: str):
         self.path = f"{path}.{os.getpid()}"
         self.calls = self.pages = self.tiles = 0
-        self.gpu_s = self.wall_s = 0.0
+        self.gpu_s = self.launch_s = 0.0
         self.batch_sizes: dict[int, int] = {}
+        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int, int, float]] = deque()
 
-    def record(self, pages: int, tiles: int, gpu_s: float, wall_s: float) -> None:
-        self.calls += 1
-        self.pages += pages
-        self.tiles += tiles
-        self.gpu_s += gpu_s
-        self.wall_s += wall_s
-        self.batch_sizes[pages] = self.batch_sizes.get(pages, 0) + 1
+    def record(self, start: torch.cuda.Event, end: torch.cuda.Event, pages: int, tiles: int, launch_s: float) -> None:
+        self._pending.append((start, end, pages, tiles, launch_s))
+        done = 0
+        while self._pending and self._pending[0][1].query():
+            first, last, pages, tiles, launch_s = self._pending.popleft()
+            self.calls += 1
+            self.pages += pages
+            self.tiles += tiles
+            self.gpu_s += first.elapsed_time(last) / 1000
+            self.launch_s += launch_s
+            self.batch_sizes[pages] = self.batch_sizes.get(pages, 0) + 1
+            done += 1
+        if done:
+            self._write()
+
+    def _write(self) -> None:
+        fields = {key: value for key, value in self.__dict__.items() if not key.startswith("_")}
+        fields["batch_sizes"] = {str(k): v for k, v in sorted(self.batch_sizes.items())}
         tmp = self.path + ".tmp"
         with open(tmp, "w") as handle:
-            json.dump(self.__dict__ | {"batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}, handle)
+            json.dump(fields, handle)
         os.replace(tmp, self.path)
 
 
@@ -344,9 +358,8 @@ def _make_class():
             )
             if stats is not None:
                 end.record()
-                end.synchronize()
                 n_tiles = int(images_crop.shape[0]) if images_crop is not None else 0
-                stats.record(len(out), n_tiles, start.elapsed_time(end) / 1000, time.perf_counter() - t0)
+                stats.record(start, end, len(out), n_tiles, time.perf_counter() - t0)
             return out
 
     FastDeepseekOCR2ForCausalLM.__module__ = __name__
