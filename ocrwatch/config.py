@@ -119,6 +119,7 @@ class VllmConfig(_Model):
     enforce_eager: bool = False
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    replicas: Annotated[int, Field(ge=1, le=64)] = 1
     seed: int = 0
     load_format: str = "auto"
     fast_encoder: bool = False

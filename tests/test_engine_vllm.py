@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -331,7 +332,7 @@ def running_engine(llm: FakeLLM) -> tuple[VllmEngine, FakeRuntime]:
     engine = VllmEngine(VllmConfig())
     runtime = FakeRuntime()
     engine._runtime = runtime  # type: ignore[assignment]
-    engine._llm = llm
+    engine._llms, engine._load = [llm], [0]
     return engine, runtime
 
 
@@ -417,13 +418,13 @@ def test_close_cancels_pages_in_flight_and_shuts_vllm_down() -> None:
         return task
 
     task = asyncio.run(scenario())
-    assert task.cancelled() and llm.shut_down and engine._llm is None
+    assert task.cancelled() and llm.shut_down and engine._llms == []
 
 
 def test_engine_contract_without_vllm() -> None:
-    engine = VllmEngine(VllmConfig(max_num_seqs=64, data_parallel_size=2))
+    engine = VllmEngine(VllmConfig(max_num_seqs=64, data_parallel_size=2, replicas=3))
     assert isinstance(engine, Engine)
-    assert engine.max_concurrency == 128
+    assert engine.max_concurrency == 64 * 2 * 3
     assert engine.render_hint.max_side == 2304
     engine.release()
     described = engine.describe()
@@ -462,7 +463,7 @@ def test_a_failed_warmup_shuts_the_engine_down_and_is_engine_dead(
     engine = VllmEngine(VllmConfig())
     with pytest.raises(EngineDead, match="warm-up"):
         asyncio.run(engine.start())
-    assert llm.shut_down and engine._llm is None
+    assert llm.shut_down and engine._llms == []
 
 
 def test_a_missing_vllm_at_start_is_engine_dead_with_a_hint(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
@@ -486,3 +487,76 @@ def test_an_engine_argument_vllm_lacks_stops_start_as_a_config_error(
     monkeypatch.setattr(engine_module, "_Runtime", OldRuntime)
     with pytest.raises(ConfigError, match="has no engine argument"):
         asyncio.run(VllmEngine(VllmConfig()).start())
+
+
+@pytest.mark.parametrize(
+    ("settings", "visible", "count", "expected"),
+    [
+        ({}, None, 8, [None]),
+        ({"replicas": 2}, None, 2, ["0", "1"]),
+        ({"replicas": 2}, "3,5", 8, ["3", "5"]),
+        ({"replicas": 2, "tensor_parallel_size": 2}, None, 4, ["0,1", "2,3"]),
+        ({"replicas": 2, "data_parallel_size": 2}, "GPU-a, GPU-b,GPU-c,GPU-d", 4, ["GPU-a,GPU-b", "GPU-c,GPU-d"]),
+        ({"replicas": 3}, None, 4, ["0", "1", "2"]),
+    ],
+)
+def test_each_replica_gets_its_own_gpus(
+    settings: dict[str, int], visible: str | None, count: int, expected: list[str | None]
+) -> None:
+    assert engine_module.replica_devices(VllmConfig(**settings), visible, count) == expected
+
+
+def test_more_replicas_than_gpus_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"engine.vllm.replicas: 2 replicas of 2 GPU\(s\) need 4 GPUs, 3 visible"):
+        engine_module.replica_devices(VllmConfig(replicas=2, tensor_parallel_size=2), "0,1,2", 8)
+
+
+def test_pinning_a_replica_restores_the_users_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    with engine_module.visible_devices("3"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+class ReplicaRuntime(FakeRuntime):
+    """Builds one held ``FakeLLM`` per replica and records the GPUs each engine core would have seen."""
+
+    built: list[tuple[str | None, FakeLLM]] = []
+
+    def device_count(self) -> int:
+        return 2
+
+    def engine(self, kwargs: dict[str, Any]) -> FakeLLM:
+        llm = FakeLLM(output("Free", "length"))
+        self.built.append((os.environ.get("CUDA_VISIBLE_DEVICES"), llm))
+        return llm
+
+
+def test_replicas_start_pinned_warm_up_each_and_share_the_pages(
+    monkeypatch: pytest.MonkeyPatch, vllm_env: None
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(ReplicaRuntime, "built", [])
+    monkeypatch.setattr(engine_module, "_Runtime", ReplicaRuntime)
+    engine = VllmEngine(VllmConfig(replicas=2))
+
+    async def scenario() -> None:
+        await engine.start()
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ  # restored after each build
+        (_, first), (_, second) = ReplicaRuntime.built
+        assert [c["request_id"] for c in first.calls] == [c["request_id"] for c in second.calls] == ["ocrwatch-warmup"]
+        for llm in (first, second):
+            llm.hold, llm.generating = True, asyncio.Event()
+        tasks = [asyncio.create_task(engine.recognize(request(f"doc/p{n}/a0"))) for n in range(5)]
+        await asyncio.wait_for(asyncio.gather(first.generating.wait(), second.generating.wait()), 5)
+        await asyncio.sleep(0.05)
+        assert sorted([len(first.calls) - 1, len(second.calls) - 1]) == [2, 3]  # least loaded first
+        await engine.abort("doc/p0")
+        await asyncio.wait(tasks[:1], timeout=5)
+        assert tasks[0].cancelled()
+        assert sum(engine._load) == 4
+        await engine.close()
+        assert all(t.cancelled() for t in tasks) and first.shut_down and second.shut_down
+
+    asyncio.run(scenario())
+    assert [devices for devices, _ in ReplicaRuntime.built] == ["0", "1"]

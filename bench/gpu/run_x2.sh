@@ -8,6 +8,8 @@
 #                                    script's shape with vLLM's own class and processor (b)
 #   bash bench/gpu/run_x2.sh dp      phase a on both GPUs with data_parallel_size = 2 (twice the pages)
 #   bash bench/gpu/run_x2.sh tp      phase a on both GPUs with tensor_parallel_size = 2
+#   bash bench/gpu/run_x2.sh rep     phase a on both GPUs with replicas = 2 (ocrwatch's own, no lockstep)
+#                                    (dp takes DP_ENGINE_ARGS, e.g. '{"enable_expert_parallel":true}')
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
 # tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (6) times.  Results: $OUT/results_<step>.tgz.
@@ -52,9 +54,13 @@ case $step in
       stock $(( $(left) - 15 )) ) &
     gpu1=$!
     wait $gpu0 $gpu1 ;;
-  dp|tp)  # twice the pages for two data-parallel engines, so each GPU sees the same load as the one GPU of `one`
+  dp|tp|rep)  # twice the pages for two data-parallel ranks or replicas: each GPU sees the load of `one`'s GPU
     export CUDA_VISIBLE_DEVICES=0,1
-    if [ $step = dp ]; then pages="--repeat $(( REPEAT * 2 )) --dp 2"; else pages="--repeat $REPEAT --tp 2"; fi
+    case $step in
+      dp) pages="--repeat $(( REPEAT * 2 )) --dp 2 --engine-args ${DP_ENGINE_ARGS:-{\}}" ;;
+      rep) pages="--repeat $(( REPEAT * 2 )) --replicas 2" ;;
+      tp) pages="--repeat $REPEAT --tp 2" ;;
+    esac
     e2e $step $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
       $pages --phases a --cache-dir /tmp/ocw-e2e-cache-$step --port 9465 --timeout $(( $(left) - 40 )) ;;
   b)  # the official script's shape with vLLM's own class and n-gram processor, alone on GPU 0

@@ -8,6 +8,10 @@ vLLM 0.26.0 and 0.33.0.
 Throughput needs many pages in flight (continuous batching does the batching) and a free event loop: each
 page's multimodal input is prepared by vLLM's renderer in its worker threads (``render_cmpl_async``), never
 in the loop, and the engine core runs in its own process.
+
+``replicas`` runs that many independent engines, each on its own GPUs, and sends each page to the one with
+the fewest pages in flight: unlike vLLM's data parallelism, whose ranks step in lockstep for a
+mixture-of-experts decoder such as DeepSeek-OCR's, replicas never wait for each other.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -171,6 +176,41 @@ def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
     return kwargs
 
 
+def replica_devices(cfg: VllmConfig, visible: str | None, count: int) -> list[str | None]:
+    """``CUDA_VISIBLE_DEVICES`` for each replica: consecutive groups of ``tensor_parallel_size ×
+    data_parallel_size`` of the GPUs this process may use (its own ``CUDA_VISIBLE_DEVICES``, else all
+    ``count``); one replica inherits the environment unchanged."""
+    if cfg.replicas == 1:
+        return [None]
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(count)]
+    per = cfg.tensor_parallel_size * cfg.data_parallel_size
+    if cfg.replicas * per > len(ids):
+        raise ConfigError(
+            f"engine.vllm.replicas: {cfg.replicas} replicas of {per} GPU(s) need {cfg.replicas * per} GPUs, "
+            f"{len(ids)} visible",
+            hint="lower replicas (or tensor_parallel_size × data_parallel_size), or make more GPUs visible",
+        )
+    return [",".join(ids[i * per : (i + 1) * per]) for i in range(cfg.replicas)]
+
+
+@contextmanager
+def visible_devices(devices: str | None) -> Iterator[None]:
+    """vLLM's engine core is a spawned process that reads ``CUDA_VISIBLE_DEVICES`` when it starts (vLLM pins
+    its own data-parallel ranks the same way), so a replica is pinned by the variable while it is built."""
+    if devices is None:
+        yield
+        return
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
 def uses_ngram_guard(cfg: VllmConfig) -> bool:
     """Any custom logits processor makes vLLM copy every step's sampled tokens to the host before sampling
     the next (no overlap of host and GPU work), so none is registered when no rung can use the guard."""
@@ -309,6 +349,11 @@ class _Runtime:
         check_engine_args(kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version)
         return self._async_llm.from_engine_args(self._engine_args(**kwargs))
 
+    def device_count(self) -> int:
+        import torch
+
+        return torch.cuda.device_count()
+
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
         return self._sampling_params(**kwargs, output_kind=self._final_only)
 
@@ -330,26 +375,37 @@ class VllmEngine:
         self.images = images
         self.geometry = geometry(cfg)
         self.render_hint = self.geometry.render_hint()
-        self.max_concurrency = cfg.max_num_seqs * cfg.data_parallel_size
+        self.max_concurrency = cfg.max_num_seqs * cfg.data_parallel_size * cfg.replicas
         self._runtime: _Runtime | None = None
-        self._llm: Any = None
+        self._llms: list[Any] = []
+        self._load: list[int] = []
         self._inflight: dict[str, asyncio.Task[Recognition]] = {}
 
     async def start(self) -> None:
         started = time.monotonic()
         os.environ.update(engine_env(self.cfg, os.environ))
         try:
-            self._runtime = await asyncio.to_thread(_Runtime)
-            self._llm = await asyncio.to_thread(self._runtime.engine, engine_kwargs(self.cfg))
+            self._runtime = runtime = await asyncio.to_thread(_Runtime)
+            devices = replica_devices(
+                self.cfg,
+                os.environ.get("CUDA_VISIBLE_DEVICES"),
+                await asyncio.to_thread(runtime.device_count) if self.cfg.replicas > 1 else 0,
+            )
+            for replica in devices:  # one after the other: the second start finds the first's compile cache
+                self._llms.append(await asyncio.to_thread(self._build, runtime, replica))
+                self._load.append(0)
         except ConfigError:
+            await self.close()
             raise
         except Exception as exc:
+            await self.close()
             raise EngineDead(
                 f"vLLM engine could not start: {type(exc).__name__}: {exc}",
                 hint="check [engine.vllm] model, GPU memory and the vLLM install; ocrwatch retries with backoff",
             ) from exc
         try:
-            await self.recognize(self._warmup_request())
+            for index in range(len(self._llms)):
+                await self._track(index, self._warmup_request())
         except BaseException as exc:
             await self.close()
             if isinstance(exc, OcrwatchError):
@@ -357,12 +413,18 @@ class VllmEngine:
             raise
         log.info(
             "vllm_engine_ready",
-            vllm=self._runtime.version,
+            vllm=runtime.version,
             model=self.cfg.model,
             architecture=self.geometry.architecture,
             max_concurrency=self.max_concurrency,
+            replicas=len(self._llms),
+            devices=",".join(d for d in devices if d) or None,
             seconds=round(time.monotonic() - started, 2),
         )
+
+    def _build(self, runtime: _Runtime, devices: str | None) -> Any:
+        with visible_devices(devices):
+            return runtime.engine(engine_kwargs(self.cfg))
 
     def _warmup_request(self) -> PageRequest:
         """One output token for a blank page at the tile geometry, so the first real page pays no
@@ -376,17 +438,25 @@ class VllmEngine:
         )
 
     async def recognize(self, page: PageRequest) -> Recognition:
-        task = asyncio.ensure_future(self._recognize(page))
+        if not self._llms:
+            raise EngineDead("vLLM engine is not running")
+        return await self._track(min(range(len(self._load)), key=self._load.__getitem__), page)
+
+    async def _track(self, index: int, page: PageRequest) -> Recognition:
+        """``page`` on replica ``index``, counted in its load and kept where ``abort`` and ``close`` find it."""
+        task = asyncio.ensure_future(self._recognize(self._llms[index], page))
         self._inflight[page.request_id] = task
+        self._load[index] += 1
         try:
             return await task
         finally:
+            self._load[index] -= 1
             if self._inflight.get(page.request_id) is task:
                 del self._inflight[page.request_id]
 
-    async def _recognize(self, page: PageRequest) -> Recognition:
-        runtime, llm = self._runtime, self._llm
-        if runtime is None or llm is None:
+    async def _recognize(self, llm: Any, page: PageRequest) -> Recognition:
+        runtime = self._runtime
+        if runtime is None:
             raise EngineDead("vLLM engine is not running")
         started = time.monotonic()
         width, height = page.image.size
@@ -438,8 +508,8 @@ class VllmEngine:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        llm, self._llm = self._llm, None
-        if llm is not None:
+        llms, self._llms, self._load = self._llms, [], []
+        for llm in llms:
             await asyncio.to_thread(llm.shutdown)
         self.release()
 
@@ -453,6 +523,9 @@ class VllmEngine:
             "dtype": self.cfg.dtype,
             "max_model_len": self.cfg.max_model_len,
             "load_format": self.cfg.load_format,
+            "replicas": self.cfg.replicas,
+            "tensor_parallel_size": self.cfg.tensor_parallel_size,
+            "data_parallel_size": self.cfg.data_parallel_size,
             "sampling": asdict(base_sampling(self.cfg)),
             "ladder": [rung.model_dump() for rung in self.cfg.ladder],
             "render_hint": asdict(self.render_hint),
