@@ -9,7 +9,7 @@
 #   bash bench/gpu/run_x2.sh dp      phase a on both GPUs with data_parallel_size = 2 (twice the pages)
 #   bash bench/gpu/run_x2.sh tp      phase a on both GPUs with tensor_parallel_size = 2
 #   bash bench/gpu/run_x2.sh rep     phase a on both GPUs with replicas = 2 (ocrwatch's own, no lockstep)
-#                                    (dp takes DP_ENGINE_ARGS, e.g. '{"enable_expert_parallel":true}')
+#                                    (CACHE=1gpu reuses the compile cache of `one`; dp takes DP_ENGINE_ARGS, e.g. '{"enable_expert_parallel":true}')
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
 # tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (6) times.  Results: $OUT/results_<step>.tgz.
@@ -62,7 +62,7 @@ case $step in
       tp) pages="--repeat $REPEAT --tp 2" ;;
     esac
     e2e $step $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
-      $pages --phases a --cache-dir /tmp/ocw-e2e-cache-$step --port 9465 --timeout $(( $(left) - 40 )) ;;
+      $pages --phases a --cache-dir /tmp/ocw-e2e-cache-${CACHE:-$step} --port 9465 --timeout $(( $(left) - 40 )) ;;
   b)  # the official script's shape with vLLM's own class and n-gram processor, alone on GPU 0
     export CUDA_VISIBLE_DEVICES=0
     stock $(( $(left) - 25 )) ;;
