@@ -123,6 +123,7 @@ class VllmConfig(_Model):
     seed: int = 0
     load_format: str = "auto"
     fast_encoder: bool = False
+    encoder_cuda_graphs: bool = False
     max_tokens: Annotated[int, Field(ge=1)] = 4096
     ngram_size: Annotated[int, Field(ge=0, le=200)] = 30
     window_size: Annotated[int, Field(ge=0, le=4096)] = 90

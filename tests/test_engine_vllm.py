@@ -151,10 +151,23 @@ def test_a_processor_cache_turns_parallel_input_preparation_off() -> None:
 
 def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
     env = engine_module.engine_env(VllmConfig(), {})
-    assert env == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1", "OCRWATCH_FAST_ENCODER": "0"}
-    cfg = VllmConfig(compile_cache_dir=tmp_path, fast_encoder=True)
-    env = engine_module.engine_env(cfg, {"VLLM_WORKER_MULTIPROC_METHOD": "fork", "OCRWATCH_FAST_ENCODER": "0"})
-    assert env == {"VLLM_NO_USAGE_STATS": "1", "OCRWATCH_FAST_ENCODER": "1", "VLLM_CACHE_ROOT": str(tmp_path)}
+    assert env == {
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_NO_USAGE_STATS": "1",
+        "OMP_NUM_THREADS": "1",
+        "OCRWATCH_FAST_ENCODER": "0",
+        "OCRWATCH_ENCODER_GRAPHS": "0",
+    }
+    cfg = VllmConfig(compile_cache_dir=tmp_path, fast_encoder=True, encoder_cuda_graphs=True)
+    user = {"VLLM_WORKER_MULTIPROC_METHOD": "fork", "OCRWATCH_FAST_ENCODER": "0", "OMP_NUM_THREADS": "8"}
+    env = engine_module.engine_env(cfg, user)
+    assert env == {
+        "VLLM_NO_USAGE_STATS": "1",
+        "OCRWATCH_FAST_ENCODER": "1",
+        "OCRWATCH_ENCODER_GRAPHS": "1",
+        "VLLM_CACHE_ROOT": str(tmp_path),
+    }
+    assert engine_module.engine_env(VllmConfig(encoder_cuda_graphs=True), {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
 
 
 def test_engine_args_this_vllm_lacks_are_a_config_error() -> None:

@@ -256,6 +256,7 @@ ignore_eos = true
 max_tokens = {a.max_tokens}
 max_num_seqs = {a.max_num_seqs}
 fast_encoder = {"true" if a.fast else "false"}
+encoder_cuda_graphs = {"true" if a.encoder_graphs else "false"}
 compile_cache_dir = "{a.cache_dir}"
 {f"max_num_batched_tokens = {a.max_num_batched_tokens}" if a.max_num_batched_tokens else ""}
 data_parallel_size = {a.dp}
@@ -287,6 +288,7 @@ def main() -> None:
     ap.add_argument("--label", default="fast")
     ap.add_argument("--engine", default="vllm", help="engine kind; tesseract for a dry run of this harness without a GPU")
     ap.add_argument("--fast", action="store_true")
+    ap.add_argument("--encoder-graphs", action="store_true", help="[engine.vllm] encoder_cuda_graphs (with --fast)")
     ap.add_argument("--model", default=str(REPO / ".gpu/dsocr2"))
     ap.add_argument("--corpus", default=str(REPO / ".gpu/corpus"))
     ap.add_argument("--repeat", type=int, default=2)
@@ -327,7 +329,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["OCRWATCH_FAST_ENCODER"] = "1" if a.fast else "0"
     if a.fast:
         env.setdefault("OCRWATCH_ENCODER_STATS", f"/tmp/ocw-e2e-encstats-{a.label}")
     prof = out / f"prof_{a.label}"

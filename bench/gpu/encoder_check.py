@@ -168,6 +168,7 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="directory for torch-profiler tables")
     ap.add_argument("--out", default=None, help="append a JSON result line here")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--graphs", action="store_true", help="also check and time each impl replayed as CUDA graphs")
     a = ap.parse_args()
     dtype = getattr(torch, a.dtype)
     impls = [i for i in a.impls.split(",") if i]
@@ -202,9 +203,13 @@ def main() -> None:
             del tower32
             res["stock_vs_ref32"] = [float(f"{rel(s, r):.3g}") for s, r in zip(stock, ref)]
         checks = {}
-        for impl in impls:
+        variants = [(impl, dict(global_impl=impl)) for impl in impls]
+        if a.graphs:  # the same kernels replayed as CUDA graphs, batches padded to the graphs' sizes
+            variants += [(f"{impl}+graphs", dict(global_impl=impl, graphs=fast.ViewGraphs(tower, impl, "stock"))) for impl in impls]
+        for impl, kw in variants:
             try:
-                out = fast.pages_to_embeddings(tower, pv, crops, spatial, global_impl=impl, global_chunk=8, tile_chunk=24)
+                chunks = {} if "graphs" in kw else dict(global_chunk=8, tile_chunk=24)
+                out = fast.pages_to_embeddings(tower, pv, crops, spatial, **kw, **chunks)
             except Exception as exc:  # record and go on: one kernel failing must not hide the others
                 checks[impl] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
                 print(f"{impl}: FAILED {exc!r}"[:800], flush=True)
@@ -230,7 +235,7 @@ def main() -> None:
             cls = fast.FastDeepseekOCR2ForCausalLM
             tower.vision_config = type("VC", (), {"image_size": 1024})()
             tower.ocw_global_impl, tower.ocw_window_impl = fast.DEFAULT_ATTN, "stock"
-            tower.ocw_global_chunk, tower.ocw_tile_chunk, tower.ocw_stats = 16, 48, None
+            tower.ocw_global_chunk, tower.ocw_tile_chunk, tower.ocw_stats, tower.ocw_graphs = 16, 48, None, None
             for m in ("_parse_and_validate_image_input", "_process_image_input", "_pixel_values_to_embedding"):
                 setattr(type(tower), m, getattr(cls, m))
             inp = tower._parse_and_validate_image_input(pixel_values=pv, images_crop=crops, images_spatial_crop=spatial)
@@ -262,7 +267,7 @@ def main() -> None:
             timing["stock_loop"] = dict(ms_per_page=round(1000 * med / n, 2), pages_per_s=round(n / med, 1),
                                         tflops=round(fl * n / med / 1e12, 1))
             print(f"stock per-page loop: {1000 * med / n:.1f} ms/page", flush=True)
-            variants = [(i, dict(global_impl=i)) for i in impls if checks.get(i, {}).get("pass")]
+            variants = [(name, kw) for name, kw in variants if checks.get(name, {}).get("pass")]
             if a.compile and "sdpa" in impls:
                 variants.append(("compiled_sam_sdpa", dict(global_impl="sdpa")))
             for name, kw in variants:

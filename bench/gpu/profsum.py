@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 IDLE = ("wait (threading.py", "_worker (thread.py", "select (selectors.py", "_check_inotify_fd", "get (queue.py",
-        "poll (", "recv_multipart (", "sleep (", "_do_waitpid (")
+        "poll (", "recv_multipart (", "sleep (", "_do_waitpid (", "run (garbage.py")
 """Innermost frames of a thread that waits for work; a thread that does nothing else is not printed."""
 
 

@@ -10,6 +10,8 @@
 #   bash bench/gpu/run_x2.sh tp      phase a on both GPUs with tensor_parallel_size = 2
 #   bash bench/gpu/run_x2.sh rep     phase a on both GPUs with replicas = 2 (ocrwatch's own, no lockstep)
 #                                    (CACHE=1gpu reuses the compile cache of `one`; dp takes DP_ENGINE_ARGS, e.g. '{"enable_expert_parallel":true}')
+#   bash bench/gpu/run_x2.sh g       run 5: the encoder's CUDA graphs (daemon on GPU 0 + equality on GPU 1), then
+#                                    replicas = 2 on both GPUs
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
 # tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (6) times.  Results: $OUT/results_<step>.tgz.
@@ -63,6 +65,24 @@ case $step in
     esac
     e2e $step $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
       $pages --phases a --cache-dir /tmp/ocw-e2e-cache-${CACHE:-$step} --port 9465 --timeout $(( $(left) - 40 )) ;;
+  g)  # run 5, one call: GPU 0 the daemon with the encoder's CUDA graphs (profiled), GPU 1 their equality check;
+      # then both GPUs as two replicas (twice the pages)
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e graphs 235 --fast --encoder-graphs --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-g \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --profile-at ${PROFILE_AT:-30} --profile-seconds 10 --timeout 200 ) &
+    gpu0=$!
+    ( export CUDA_VISIBLE_DEVICES=1
+      timeout -s INT -k 20 200 python3 bench/gpu/encoder_check.py --pages 3 --bench-pages 12 --reps 2 --impls concat --graphs \
+        --out $R/encoder_check.jsonl 2>&1 | grep --line-buffered -v -E "incorrect regex|fix_mistral_regex|instantiate a model" \
+        | tee $R/encoder_check.txt | cut -c1-300 ) &
+    gpu1=$!
+    wait $gpu0 $gpu1
+    graphs=--encoder-graphs
+    python3 -c "import json,sys; sys.exit(0 if json.load(open('$R/e2e_graphs.json')).get('a', {}).get('pages') else 1)" \
+      || { graphs=; echo "graphs run gave no pages: replicas without graphs"; }
+    export CUDA_VISIBLE_DEVICES=0,1
+    e2e rep $(( $(left) - 20 )) --fast $graphs --ngram-processor batched $common --repeat $(( REPEAT * 2 )) --replicas 2 \
+      --phases a --cache-dir /tmp/ocw-e2e-cache-g --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) ;;
   b)  # the official script's shape with vLLM's own class and n-gram processor, alone on GPU 0
     export CUDA_VISIBLE_DEVICES=0
     stock $(( $(left) - 25 )) ;;

@@ -29,6 +29,8 @@ model is built: ``OCRWATCH_SAM_ATTN`` (global layers: flex | concat | sdpa, defa
 ``OCRWATCH_SAM_WINDOW_ATTN`` (windowed layers: stock | concat, default stock; concat there is checked
 equal in fp32 on a CPU, not yet timed on a GPU),
 ``OCRWATCH_ENCODER_CHUNK`` (global views per chunk) and ``OCRWATCH_TILE_CHUNK`` (tiles per chunk),
+``OCRWATCH_ENCODER_GRAPHS`` (1: replay the encoder as CUDA graphs, ``ViewGraphs``; the chunks are then the
+graphs' batch sizes),
 ``OCRWATCH_ENCODER_STATS`` (a file to which per-process encoder timings are written, from CUDA events
 read without a sync). bench/gpu/encoder_check.py proves it equal to the stock class on random weights.
 """
@@ -44,6 +46,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from ocrwatch.engines import vllm_plugin
 
 ATTN_IMPLS = ("flex", "concat", "sdpa", "stock")
 DEFAULT_ATTN = "concat"
@@ -221,15 +225,75 @@ def sam_encode(sam: torch.nn.Module, x: torch.Tensor, global_impl: str, window_i
 
 
 # --------------------------------------------------------------------------- whole vision path
-def encode_views(model: Any, views: torch.Tensor, chunk: int, global_impl: str, window_impl: str) -> torch.Tensor:
-    """SAM -> Qwen2 -> projector for a stack of same-size views, ``chunk`` views at a time.
+def encode_chunk(model: Any, views: torch.Tensor, global_impl: str, window_impl: str) -> torch.Tensor:
+    """SAM -> Qwen2 -> projector for a stack of same-size views: (views, tokens_per_view, n_embed)."""
+    feats = sam_encode(model.sam_model, views, global_impl, window_impl)
+    return model.projector(qwen2_encode(model.qwen2_model, feats))
+
+
+GRAPH_SIZES = {1024: (1, 2, 3, 4, 6, 8, 12, 16), 768: (6, 12, 18, 24, 36, 48)}
+"""Batch sizes captured per view side: global views come one per page, 768 tiles six per A4/Letter page."""
+
+
+class ViewGraphs:
+    """CUDA graphs of ``encode_chunk`` for each view side and batch size of ``GRAPH_SIZES``; a batch is padded
+    with blank views up to the next size, and a larger one runs as several graphs.
+
+    Why: run eagerly, the encoder launches thousands of small kernels from Python, one at a time. On the
+    H200 host the engine core's only thread spent 48 % of its time there (34 % in Qwen2's layers alone) while
+    the GPU idled (bench/README.md, run 4). A replay launches them all at once. Views never interact inside
+    the encoder, so padding changes no view's output beyond the kernels' bf16 rounding (checked by
+    bench/gpu/encoder_check.py). All sizes of a side are captured the first time that side is seen, which
+    is vLLM's memory-profiling run, so the graphs' memory is counted before the KV cache is sized."""
+
+    def __init__(self, model: Any, global_impl: str, window_impl: str, sizes: dict[int, tuple[int, ...]] | None = None):
+        self.model, self.global_impl, self.window_impl = model, global_impl, window_impl
+        self.sizes = sizes or GRAPH_SIZES
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.pool: Any = None
+
+    def __call__(self, views: torch.Tensor) -> torch.Tensor:
+        side = views.shape[-1]
+        sizes = self.sizes.get(side)
+        if sizes is None:  # a view size no graph was made for: eager, as before
+            return encode_chunk(self.model, views, self.global_impl, self.window_impl)
+        if (side, sizes[0]) not in self.graphs:
+            self._capture_side(side, sizes, views.dtype, views.device)
+        outs = []
+        for start in range(0, views.shape[0], sizes[-1]):
+            part = views[start : start + sizes[-1]]
+            n = part.shape[0]
+            graph, static_in, static_out = self.graphs[(side, next(size for size in sizes if size >= n))]
+            static_in[:n].copy_(part)
+            static_in[n:].zero_()
+            graph.replay()
+            outs.append(static_out[:n].clone())  # the next replay overwrites static_out
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+    def _capture_side(self, side: int, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        for size in sorted(sizes, reverse=True):  # the largest first, so the smaller reuse its pool memory
+            static_in = torch.zeros((size, 3, side, side), dtype=dtype, device=device)
+            stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):  # warm-up outside the graph: lazy inits, caches, kernel choice
+                for _ in range(2):
+                    encode_chunk(self.model, static_in, self.global_impl, self.window_impl)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                static_out = encode_chunk(self.model, static_in, self.global_impl, self.window_impl)
+            self.pool = graph.pool()
+            self.graphs[(side, size)] = (graph, static_in, static_out)
+
+
+def encode_views(
+    model: Any, views: torch.Tensor, chunk: int, global_impl: str, window_impl: str, graphs: ViewGraphs | None = None
+) -> torch.Tensor:
+    """``encode_chunk`` for a stack of same-size views, ``chunk`` views at a time, or through ``graphs``.
     Returns (views, tokens_per_view, n_embed)."""
-    outs = []
-    for start in range(0, views.shape[0], chunk):
-        part = views[start : start + chunk]
-        feats = sam_encode(model.sam_model, part, global_impl, window_impl)
-        feats = qwen2_encode(model.qwen2_model, feats)
-        outs.append(model.projector(feats))
+    if graphs is not None:
+        return graphs(views)
+    outs = [encode_chunk(model, views[start : start + chunk], global_impl, window_impl) for start in range(0, views.shape[0], chunk)]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
@@ -243,17 +307,18 @@ def pages_to_embeddings(
     window_impl: str = "stock",
     global_chunk: int = 16,
     tile_chunk: int = 48,
+    graphs: ViewGraphs | None = None,
 ) -> list[torch.Tensor]:
     """Batched equivalent of ``DeepseekOCR2ForCausalLM._pixel_values_to_embedding``: per page,
     [tile tokens..., global-view tokens, view separator]."""
     crops = images_spatial_crop.tolist()  # the one host sync of the batch
     tiles = [w * h if (w > 1 or h > 1) else 0 for w, h in crops]
     n_pages = len(crops)
-    glob = encode_views(model, pixel_values[:n_pages], global_chunk, global_impl, window_impl)
+    glob = encode_views(model, pixel_values[:n_pages], global_chunk, global_impl, window_impl, graphs)
     n_tiles = sum(tiles)
     local = None
     if n_tiles:
-        local = encode_views(model, images_crop[:n_tiles], tile_chunk, global_impl, window_impl)
+        local = encode_views(model, images_crop[:n_tiles], tile_chunk, global_impl, window_impl, graphs)
     dim = glob.shape[-1]
     sep = model.view_seperator[None, :]
     out, pos = [], 0
@@ -326,9 +391,13 @@ def _make_class():
             self.ocw_tile_chunk = _env_int("OCRWATCH_TILE_CHUNK", 12 if sdpa_like else 48)
             stats = os.environ.get("OCRWATCH_ENCODER_STATS")
             self.ocw_stats = EncoderStats(stats) if stats else None
+            graphs = os.environ.get(vllm_plugin.GRAPHS_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+            self.ocw_graphs = ViewGraphs(self, self.ocw_global_impl, self.ocw_window_impl) if graphs else None
             init_logger("vllm.ocrwatch.deepseek_ocr2_fast").info(
-                "ocrwatch: fast DeepSeek-OCR-2 vision encoder active (global attention %s, windowed %s, chunks %d/%d)",
+                "ocrwatch: fast DeepSeek-OCR-2 vision encoder active (global attention %s, windowed %s, chunks %d/%d, "
+                "CUDA graphs %s)",
                 self.ocw_global_impl, self.ocw_window_impl, self.ocw_global_chunk, self.ocw_tile_chunk,
+                "on" if graphs else "off",
             )
 
         def _parse_and_validate_image_input(self, **kwargs: object):
@@ -354,7 +423,7 @@ def _make_class():
             out = pages_to_embeddings(
                 self, pixel_values, images_crop, images_spatial_crop,
                 global_impl=self.ocw_global_impl, window_impl=self.ocw_window_impl,
-                global_chunk=self.ocw_global_chunk, tile_chunk=self.ocw_tile_chunk,
+                global_chunk=self.ocw_global_chunk, tile_chunk=self.ocw_tile_chunk, graphs=self.ocw_graphs,
             )
             if stats is not None:
                 end.record()

@@ -132,11 +132,17 @@ def geometry(cfg: VllmConfig) -> VisionGeometry:
 
 def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """Environment for vLLM, given the current one: spawn (the daemon is multi-threaded, so forking the
-    engine core is unsafe) and no usage reporting unless the user chose otherwise; the fast encoder switch
-    that ``vllm_plugin`` reads in every vLLM process; the compile cache where the config puts it."""
-    defaults = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1"}
+    engine core is unsafe), one OpenMP thread per torch call and no usage reporting unless the user chose
+    otherwise; the fast encoder's switches, which ``vllm_plugin`` and the fast class read in every vLLM
+    process; the compile cache where the config puts it.
+
+    One OpenMP thread: vLLM does so for its multi-GPU workers but not for a one-GPU engine core, and the
+    daemon's input-preparation threads each ran torch ops over every core at once. On the 32-core H200 host
+    that made input preparation 460 ms a page and capped the daemon at 5.4 pages/s (bench/README.md, run 4)."""
+    defaults = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
     env = {key: value for key, value in defaults.items() if key not in environ}
     env[vllm_plugin.ENV] = "1" if cfg.fast_encoder else "0"
+    env[vllm_plugin.GRAPHS_ENV] = "1" if cfg.fast_encoder and cfg.encoder_cuda_graphs else "0"
     if cfg.compile_cache_dir is not None:
         env["VLLM_CACHE_ROOT"] = str(cfg.compile_cache_dir.expanduser())
     return env
@@ -330,6 +336,7 @@ class _Runtime:
     """The installed vLLM: the only code that calls its API (identical in 0.26 and 0.33 where used here)."""
 
     def __init__(self) -> None:
+        import torch
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.renderers.inputs.preprocess import parse_model_prompt
@@ -337,6 +344,7 @@ class _Runtime:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))  # torch read it before engine_env
         self.version: str = vllm.__version__
         self._engine_args = AsyncEngineArgs
         self._async_llm = AsyncLLM

@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 
 ENV = "OCRWATCH_FAST_ENCODER"
+GRAPHS_ENV = "OCRWATCH_ENCODER_GRAPHS"
+"""Read by the fast class (``deepseek_ocr2_fast``), which imports torch; named here so the daemon sets it
+without importing torch."""
 ARCH = "DeepseekOCR2ForCausalLM"
 FAST_CLASS = "ocrwatch.engines.deepseek_ocr2_fast:FastDeepseekOCR2ForCausalLM"
 
