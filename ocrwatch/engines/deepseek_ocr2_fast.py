@@ -257,17 +257,18 @@ class ViewGraphs:
         sizes = self.sizes.get(side)
         if sizes is None:  # a view size no graph was made for: eager, as before
             return encode_chunk(self.model, views, self.global_impl, self.window_impl)
-        if (side, sizes[0]) not in self.graphs:
-            self._capture_side(side, sizes, views.dtype, views.device)
-        outs = []
-        for start in range(0, views.shape[0], sizes[-1]):
-            part = views[start : start + sizes[-1]]
-            n = part.shape[0]
-            graph, static_in, static_out = self.graphs[(side, next(size for size in sizes if size >= n))]
-            static_in[:n].copy_(part)
-            static_in[n:].zero_()
-            graph.replay()
-            outs.append(static_out[:n].clone())  # the next replay overwrites static_out
+        with torch.inference_mode():  # the static buffers are inference tensors (made in vLLM's profiling run)
+            if (side, sizes[0]) not in self.graphs:
+                self._capture_side(side, sizes, views.dtype, views.device)
+            outs = []
+            for start in range(0, views.shape[0], sizes[-1]):
+                part = views[start : start + sizes[-1]]
+                n = part.shape[0]
+                graph, static_in, static_out = self.graphs[(side, next(size for size in sizes if size >= n))]
+                static_in[:n].copy_(part)
+                static_in[n:].zero_()
+                graph.replay()
+                outs.append(static_out[:n].clone())  # the next replay overwrites static_out
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
     def _capture_side(self, side: int, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
