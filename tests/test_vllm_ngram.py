@@ -16,7 +16,7 @@ from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor  
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
 from ocrwatch.engines.vllm_ngram import BatchedNoRepeatNGram  # noqa: E402
-from test_ngram import looping_tokens  # noqa: E402
+from tests.test_ngram import looping_tokens  # noqa: E402
 
 VOCAB = 64
 
