@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import importlib.util
 import json
 import os
@@ -522,6 +523,15 @@ def test_each_replica_gets_its_own_gpus(
 def test_more_replicas_than_gpus_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"engine.vllm.replicas: 2 replicas of 2 GPU\(s\) need 4 GPUs, 3 visible"):
         engine_module.replica_devices(VllmConfig(replicas=2, tensor_parallel_size=2), "0,1,2", 8)
+
+
+def test_release_after_a_document_never_runs_a_full_collection() -> None:
+    """A full collection walks the front end's whole heap and ran on the event loop after every document."""
+    engine = VllmEngine(VllmConfig())
+    full, young = gc.get_stats()[2]["collections"], gc.get_stats()[1]["collections"]
+    engine.release()
+    assert gc.get_stats()[2]["collections"] == full
+    assert gc.get_stats()[1]["collections"] > young
 
 
 def test_pinning_a_replica_restores_the_users_devices(monkeypatch: pytest.MonkeyPatch) -> None:

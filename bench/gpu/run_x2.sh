@@ -10,6 +10,9 @@
 #   bash bench/gpu/run_x2.sh tp      phase a on both GPUs with tensor_parallel_size = 2
 #   bash bench/gpu/run_x2.sh rep     phase a on both GPUs with replicas = 2 (ocrwatch's own, no lockstep)
 #                                    (CACHE=1gpu reuses the compile cache of `one`; dp takes DP_ENGINE_ARGS, e.g. '{"enable_expert_parallel":true}')
+#   bash bench/gpu/run_x2.sh all     (a) on GPU 0 (profiled) beside (b) on GPU 1, then replicas = 2 on both
+#                                    GPUs on twice the pages (REPEAT=4 fits one 600 s call); GRAPHS=1 for the
+#                                    encoder's CUDA graphs
 #   bash bench/gpu/run_x2.sh g       run 5: the encoder's CUDA graphs (daemon on GPU 0 + equality on GPU 1), then
 #                                    replicas = 2 on both GPUs
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
@@ -65,8 +68,22 @@ case $step in
     esac
     e2e $step $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
       $pages --phases a --cache-dir /tmp/ocw-e2e-cache-${CACHE:-$step} --port 9465 --timeout $(( $(left) - 40 )) ;;
-  g)  # run 5, one call: GPU 0 the daemon with the encoder's CUDA graphs (profiled), GPU 1 their equality check;
-      # then both GPUs as two replicas (twice the pages)
+  all)  # one call for both issues: GPU 0 the daemon (a) with its processes' stacks sampled, GPU 1 (b) on the
+        # same pages; then both GPUs as two replicas on twice the pages. GRAPHS=1: the encoder's CUDA graphs.
+    graphs=${GRAPHS:+--encoder-graphs}
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e one 300 --fast $graphs --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-all \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --profile-at ${PROFILE_AT:-60} --profile-seconds 10 --timeout 250 ) &
+    gpu0=$!
+    ( export CUDA_VISIBLE_DEVICES=1
+      stock 300 ) &
+    gpu1=$!
+    wait $gpu0 $gpu1
+    export CUDA_VISIBLE_DEVICES=0,1
+    e2e rep $(( $(left) - 20 )) --fast $graphs --ngram-processor batched $common --repeat $(( REPEAT * 2 )) --replicas 2 \
+      --phases a --cache-dir /tmp/ocw-e2e-cache-all --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) ;;
+  g)  # run 5 (2026-11-29): GPU 0 the daemon with the encoder's CUDA graphs (profiled), GPU 1 their equality
+      # check; then both GPUs as two replicas
     ( export CUDA_VISIBLE_DEVICES=0
       e2e graphs 235 --fast --encoder-graphs --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-g \
         --port 9464 --work /tmp/ocw-e2e-0 --phases a --profile-at ${PROFILE_AT:-30} --profile-seconds 10 --timeout 200 ) &
