@@ -9,7 +9,7 @@ import gc
 import importlib.util
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -447,6 +447,13 @@ def test_engine_contract_without_vllm() -> None:
     json.dumps(described)
 
 
+@pytest.fixture(autouse=True)
+def unfrozen_heap() -> Iterator[None]:
+    """A started engine freezes the process's heap; the next test starts from a heap the collector sees."""
+    yield
+    gc.unfreeze()
+
+
 @pytest.fixture
 def vllm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in engine_module.engine_env(VllmConfig(), {}).items():
@@ -532,6 +539,21 @@ def test_release_after_a_document_never_runs_a_full_collection() -> None:
     engine.release()
     assert gc.get_stats()[2]["collections"] == full
     assert gc.get_stats()[1]["collections"] > young
+
+
+def test_the_start_up_heap_is_frozen_while_the_engine_runs(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
+    monkeypatch.setattr(FakeRuntime, "llm", FakeLLM(output("Free", "length")))
+    monkeypatch.setattr(engine_module, "_Runtime", FakeRuntime)
+    engine = VllmEngine(VllmConfig())
+
+    async def scenario() -> tuple[int, int]:
+        await engine.start()
+        frozen = gc.get_freeze_count()
+        await engine.close()
+        return frozen, gc.get_freeze_count()
+
+    frozen, after = asyncio.run(scenario())
+    assert frozen > 1000 and after == 0
 
 
 def test_pinning_a_replica_restores_the_users_devices(monkeypatch: pytest.MonkeyPatch) -> None:

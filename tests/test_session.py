@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ocrwatch import session
-from ocrwatch.session import DocumentSession, trim_heap
+from ocrwatch.session import DocumentSession, HeapTrimmer, trim_heap
 
 
 class ReleasingEngine:
@@ -53,3 +53,16 @@ def test_trim_heap_returns_the_holes_freed_buffers_leave() -> None:
     after = rss_bytes()
     assert before - after > 64 * 2**20, (before, after)
     assert len(kept) == 2000
+
+
+def test_the_heap_is_trimmed_at_most_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[float] = []
+    now = [100.0]
+    monkeypatch.setattr(session, "trim_heap", lambda: trims.append(now[0]))
+    trimmer = HeapTrimmer(interval=10.0, clock=lambda: now[0])
+    assert trimmer() is True
+    now[0] = 109.9
+    assert trimmer() is False
+    now[0] = 110.0
+    assert trimmer() is True
+    assert trims == [100.0, 110.0]
