@@ -10,8 +10,9 @@
 #   bash bench/gpu/run_x2.sh tp      phase a on both GPUs with tensor_parallel_size = 2
 #   bash bench/gpu/run_x2.sh rep     phase a on both GPUs with replicas = 2 (ocrwatch's own, no lockstep)
 #                                    (CACHE=1gpu reuses the compile cache of `one`; dp takes DP_ENGINE_ARGS, e.g. '{"enable_expert_parallel":true}')
-#   bash bench/gpu/run_x2.sh all     (a) on GPU 0 (profiled) beside (b) on GPU 1, then replicas = 2 on both
-#                                    GPUs on twice the pages (REPEAT=4 fits one 600 s call); GRAPHS=1 for the
+#   bash bench/gpu/run_x2.sh all     (a) on GPU 0 (profiled) beside (b) on GPU 1, LANE_S (280) s each, then
+#                                    replicas = 2 on both GPUs on twice the pages (REPEAT=3 fits one 600 s call:
+#                                    a cold start is 120-140 s, b's engine start 90 s); GRAPHS=1 for the
 #                                    encoder's CUDA graphs
 #   bash bench/gpu/run_x2.sh g       run 5: the encoder's CUDA graphs (daemon on GPU 0 + equality on GPU 1), then
 #                                    replicas = 2 on both GPUs
@@ -72,11 +73,11 @@ case $step in
         # same pages; then both GPUs as two replicas on twice the pages. GRAPHS=1: the encoder's CUDA graphs.
     graphs=${GRAPHS:+--encoder-graphs}
     ( export CUDA_VISIBLE_DEVICES=0
-      e2e one 300 --fast $graphs --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-all \
-        --port 9464 --work /tmp/ocw-e2e-0 --phases a --profile-at ${PROFILE_AT:-60} --profile-seconds 10 --timeout 250 ) &
+      e2e one ${LANE_S:-280} --fast $graphs --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-all \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --profile-at ${PROFILE_AT:-60} --profile-seconds 10 --timeout 230 ) &
     gpu0=$!
     ( export CUDA_VISIBLE_DEVICES=1
-      stock 300 ) &
+      stock ${LANE_S:-280} ) &
     gpu1=$!
     wait $gpu0 $gpu1
     export CUDA_VISIBLE_DEVICES=0,1
