@@ -20,6 +20,7 @@ from PIL import Image
 from ocrwatch import ladder
 from ocrwatch.config import EngineConfig, SamplingRung, VllmConfig
 from ocrwatch.engines import vllm as engine_module
+from ocrwatch.engines import vllm_plugin
 from ocrwatch.engines.base import Engine, PageRequest, Sampling
 from ocrwatch.engines.vllm import OCR1, OCR2, VllmEngine
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
@@ -169,6 +170,13 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "VLLM_CACHE_ROOT": str(tmp_path),
     }
     assert engine_module.engine_env(VllmConfig(encoder_cuda_graphs=True), {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("yes", True), ("0", False), ("off", False), (" ", False)])
+def test_the_plugin_switches_read_their_own_variable(value: str, on: bool) -> None:
+    env = {vllm_plugin.GRAPHS_ENV: value}
+    assert vllm_plugin.enabled(env, name=vllm_plugin.GRAPHS_ENV) is on
+    assert vllm_plugin.enabled(env) is False  # the fast-encoder switch is another variable
 
 
 def test_engine_args_this_vllm_lacks_are_a_config_error() -> None:

@@ -344,16 +344,17 @@ class EncoderStats:
         self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int, int, float]] = deque()
 
     def record(self, start: torch.cuda.Event, end: torch.cuda.Event, pages: int, tiles: int, launch_s: float) -> None:
+        """Queue this call; count every earlier call whose end event the GPU has passed."""
         self._pending.append((start, end, pages, tiles, launch_s))
         done = 0
         while self._pending and self._pending[0][1].query():
-            first, last, pages, tiles, launch_s = self._pending.popleft()
+            began, ended, n_pages, n_tiles, launched = self._pending.popleft()
             self.calls += 1
-            self.pages += pages
-            self.tiles += tiles
-            self.gpu_s += first.elapsed_time(last) / 1000
-            self.launch_s += launch_s
-            self.batch_sizes[pages] = self.batch_sizes.get(pages, 0) + 1
+            self.pages += n_pages
+            self.tiles += n_tiles
+            self.gpu_s += began.elapsed_time(ended) / 1000
+            self.launch_s += launched
+            self.batch_sizes[n_pages] = self.batch_sizes.get(n_pages, 0) + 1
             done += 1
         if done:
             self._write()
@@ -392,7 +393,7 @@ def _make_class():
             self.ocw_tile_chunk = _env_int("OCRWATCH_TILE_CHUNK", 12 if sdpa_like else 48)
             stats = os.environ.get("OCRWATCH_ENCODER_STATS")
             self.ocw_stats = EncoderStats(stats) if stats else None
-            graphs = os.environ.get(vllm_plugin.GRAPHS_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+            graphs = vllm_plugin.enabled(name=vllm_plugin.GRAPHS_ENV)
             self.ocw_graphs = ViewGraphs(self, self.ocw_global_impl, self.ocw_window_impl) if graphs else None
             init_logger("vllm.ocrwatch.deepseek_ocr2_fast").info(
                 "ocrwatch: fast DeepSeek-OCR-2 vision encoder active (global attention %s, windowed %s, chunks %d/%d, "

@@ -21,8 +21,8 @@ ARCH = "DeepseekOCR2ForCausalLM"
 FAST_CLASS = "ocrwatch.engines.deepseek_ocr2_fast:FastDeepseekOCR2ForCausalLM"
 
 
-def enabled(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
-    value = (environ if environ is not None else os.environ).get(ENV, "")
+def enabled(environ: os._Environ[str] | dict[str, str] | None = None, name: str = ENV) -> bool:
+    value = (environ if environ is not None else os.environ).get(name, "")
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
