@@ -378,7 +378,11 @@ def main() -> None:
                 for d in docs:
                     names.append(f"a{r}-{d.name}")
                     drop(d, inbox, names[-1])
-            done = wait_for(inbox, names, w0 + a.timeout, proc)
+            try:
+                done = wait_for(inbox, names, w0 + a.timeout, proc)
+            except KeyboardInterrupt:  # the step's time limit (timeout -s INT): keep what (a) got done
+                res["a"] = dict(cut=True, t_start=round(w0, 2), elapsed_s=round(time.time() - w0, 1), **doc_stats(inbox, names))
+                raise
             w1 = max(done.values()) if done else time.time()
             st = doc_stats(inbox, names)
             el = w1 - w0
