@@ -16,6 +16,7 @@
 #                                    encoder's CUDA graphs
 #   bash bench/gpu/run_x2.sh g       run 5: the encoder's CUDA graphs (daemon on GPU 0 + equality on GPU 1), then
 #                                    replicas = 2 on both GPUs
+#   bash bench/gpu/run_x2.sh moe     tune the fused-MoE tiles for DeepSeek-OCR's experts (bench/gpu/tune_moe.py)
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
 # tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (6) times.  Results: $OUT/results_<step>.tgz.
@@ -101,6 +102,10 @@ case $step in
     export CUDA_VISIBLE_DEVICES=0,1
     e2e rep $(( $(left) - 20 )) --fast $graphs --ngram-processor batched $common --repeat $(( REPEAT * 2 )) --replicas 2 \
       --phases a --cache-dir /tmp/ocw-e2e-cache-g --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) ;;
+  moe)  # the fused-MoE kernel's tiles for DeepSeek-OCR's experts on this GPU (bench/gpu/tune_moe.py), GPU 0
+    export CUDA_VISIBLE_DEVICES=0
+    timeout -s INT -k 20 $(( $(left) - 20 )) python3 bench/gpu/tune_moe.py --out $R/moe-configs \
+      --budget-s $(( $(left) - 60 )) 2>&1 | tee $R/tune_moe.log | grep --line-buffered -E "^M=|wrote|shape|Error" ;;
   b)  # the official script's shape with vLLM's own class and n-gram processor, alone on GPU 0
     export CUDA_VISIBLE_DEVICES=0
     stock $(( $(left) - 25 )) ;;
