@@ -122,9 +122,15 @@ def main(d: str) -> None:
         w = window(rows, a["t_start"], a["t_end"]) if a and rows else {}
         print(f"## Daemon end to end: {r['label']}\n")
         print(f"- start to ready: {r.get('start_to_ready_s')} s (compile cache warm before: {r.get('cache_warm')})")
-        if a:
+        if a.get("cut"):
+            print(f"- a: **cut by the time limit** after {a['elapsed_s']} s with {a['pages']} pages done, status {a['status']}")
+        elif a:
             print(f"- a: {a['pages']} pages, {a['documents']} documents, {a['elapsed_s']} s: **{a['pages_per_s']} pages/s**, "
                   f"{a['out_tok_per_s']} output tok/s, status {a['status']}, SM {w.get('sm_mean') if w else '?'} %")
+            if a.get("steady"):
+                print(f"- a, 25 %–75 % of the pages: {a['steady']}")
+        if r.get("engine_phases_s"):
+            print(f"- engine seconds per page, by phase (means): {r['engine_phases_s']}")
         if r.get("d"):
             dd = r["d"]
             print(f"- d: one page alone {dd.get('solo_latency_s')} s; dropped {dd['urgent_dropped_after_s']} s into doc300 "
