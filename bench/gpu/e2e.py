@@ -428,8 +428,9 @@ def main() -> None:
         (out / f"metrics_{a.label}.txt").write_text(metrics)
         res["engine_phases_s"] = engine_phases(metrics)
         series.stop.set()
-        res["loop_lag_s"] = next((float(line.split()[-1]) for line in metrics.splitlines()
-                                  if line.startswith("ocrwatch_event_loop_lag_seconds")), None)
+        m = samples(metrics)
+        res["loop_lag_s"] = m.get("ocrwatch_event_loop_lag_seconds")
+        res["loop_max_lag_s"] = m.get("ocrwatch_event_loop_max_lag_seconds")
     finally:
         # written now as well: a slow stop under `timeout -k` must not lose what was measured (run 3, DP 2)
         (out / f"e2e_{a.label}.json").write_text(json.dumps(res, indent=1))

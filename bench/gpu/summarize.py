@@ -136,7 +136,8 @@ def main(d: str) -> None:
             print(f"- d: one page alone {dd.get('solo_latency_s')} s; dropped {dd['urgent_dropped_after_s']} s into doc300 "
                   f"({dd['doc_pages']} pages): {dd['urgent_latency_s']} s; doc300 took {dd['doc300_s']} s")
         print(f"- e: GPU mem ready {r.get('gpu_mem_ready_gib')} / end {r.get('gpu_mem_end_gib')} GiB; RSS ready "
-              f"{r.get('rss_ready_gib')} / end {r.get('rss_end_gib')} GiB; loop lag {r.get('loop_lag_s')} s; "
+              f"{r.get('rss_ready_gib')} / end {r.get('rss_end_gib')} GiB; loop lag {r.get('loop_lag_s')} s "
+              f"(worst {r.get('loop_max_lag_s')} s); "
               f"shutdown {r.get('shutdown_s')} s, exit {r.get('exit_code')}")
         if r.get("encoder"):
             e = r["encoder"]
