@@ -95,14 +95,15 @@ def http(url: str, timeout: float = 2.0) -> tuple[int, str]:
 
 
 def samples(text: str) -> dict[str, float]:
+    """Every sample of /metrics as ``name{label="v",...}`` → value, keyed as bench/common.py's
+    ``Daemon.metrics`` keys them (that module needs tomli_w, which the device lacks)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            try:
-                out[key] = float(value)
-            except ValueError:
-                pass
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return out
 
 
@@ -401,9 +402,7 @@ def main() -> None:
             # wait until the big document is well under way: --d-after of its pages finished (metrics), at most 30 s
             t_urgent = None
             while time.time() - w0 < a.timeout:
-                _, m = http(base + "/metrics")
-                ok = sum(float(line.split()[-1]) for line in m.splitlines()
-                         if line.startswith("ocrwatch_pages_total") and 'status="ok"' in line)
+                ok = samples(http(base + "/metrics")[1]).get(SERIES["ok"], 0)
                 base_ok = res.get("a", {}).get("pages", 0) + (1 if "solo" in phases else 0)
                 if ok - base_ok >= a.d_after or time.time() - w0 > 30:
                     break
