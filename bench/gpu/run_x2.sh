@@ -48,6 +48,11 @@ stock() {  # (b) on the visible GPU within $1 seconds: vLLM's own class and n-gr
     --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log | show
   kill $dmon
 }
+replicas() {  # replicas = 2 on both GPUs, twice the pages, the compile cache $1, further e2e.py arguments after it
+  local cache=$1; shift
+  CUDA_VISIBLE_DEVICES=0,1 e2e rep $(( $(left) - 20 )) --fast --ngram-processor batched $common --repeat $(( REPEAT * 2 )) \
+    --replicas 2 --phases a --cache-dir "$cache" --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) "$@"
+}
 case $step in
   one)
     ( export CUDA_VISIBLE_DEVICES=0
@@ -61,11 +66,12 @@ case $step in
       stock $(( $(left) - 15 )) ) &
     gpu1=$!
     wait $gpu0 $gpu1 ;;
-  dp|tp|rep)  # twice the pages for two data-parallel ranks or replicas: each GPU sees the load of `one`'s GPU
+  rep)  # twice the pages for two replicas: each GPU sees the load of `one`'s GPU
+    replicas /tmp/ocw-e2e-cache-${CACHE:-rep} ;;
+  dp|tp)  # twice the pages for two data-parallel ranks; tensor parallelism splits `one`'s load over both GPUs
     export CUDA_VISIBLE_DEVICES=0,1
     case $step in
       dp) pages="--repeat $(( REPEAT * 2 )) --dp 2 --engine-args ${DP_ENGINE_ARGS:-{\}}" ;;
-      rep) pages="--repeat $(( REPEAT * 2 )) --replicas 2" ;;
       tp) pages="--repeat $REPEAT --tp 2" ;;
     esac
     e2e $step $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
@@ -81,9 +87,7 @@ case $step in
       stock ${LANE_S:-280} ) &
     gpu1=$!
     wait $gpu0 $gpu1
-    export CUDA_VISIBLE_DEVICES=0,1
-    e2e rep $(( $(left) - 20 )) --fast $graphs --ngram-processor batched $common --repeat $(( REPEAT * 2 )) --replicas 2 \
-      --phases a --cache-dir /tmp/ocw-e2e-cache-all --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) ;;
+    replicas /tmp/ocw-e2e-cache-all $graphs ;;
   g)  # run 5 (2026-11-29): GPU 0 the daemon with the encoder's CUDA graphs (profiled), GPU 1 their equality
       # check; then both GPUs as two replicas
     ( export CUDA_VISIBLE_DEVICES=0
@@ -99,9 +103,7 @@ case $step in
     graphs=--encoder-graphs
     python3 -c "import json,sys; sys.exit(0 if json.load(open('$R/e2e_graphs.json')).get('a', {}).get('pages') else 1)" \
       || { graphs=; echo "graphs run gave no pages: replicas without graphs"; }
-    export CUDA_VISIBLE_DEVICES=0,1
-    e2e rep $(( $(left) - 20 )) --fast $graphs --ngram-processor batched $common --repeat $(( REPEAT * 2 )) --replicas 2 \
-      --phases a --cache-dir /tmp/ocw-e2e-cache-g --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) ;;
+    replicas /tmp/ocw-e2e-cache-g $graphs ;;
   moe)  # the fused-MoE kernel's tiles for DeepSeek-OCR's experts on this GPU (bench/gpu/tune_moe.py), GPU 0
     export CUDA_VISIBLE_DEVICES=0
     timeout -s INT -k 20 $(( $(left) - 20 )) python3 bench/gpu/tune_moe.py --out $R/moe-configs \
