@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-DECODE_AND_PREFILL_M = (1, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# Decode sizes first (the benchmarks keep ~220-256 sequences in flight), then prefill chunks: a budget that runs
+# out leaves vLLM's default in place for the token counts that matter least.
+DECODE_AND_PREFILL_M = (256, 192, 128, 384, 64, 512, 32768, 16384, 8192, 1024, 2048, 4096, 96, 32, 16, 8, 1)
 
 
 def expert_shape(model_dir: str) -> dict[str, int]:
