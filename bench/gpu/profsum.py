@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--min-share", type=float, default=0.05, help="threads busy less than this share of their samples are skipped")
     a = ap.parse_args()
-    for path in sorted(Path(a.dir).glob("*.txt")):
+    for path in sorted(p for p in Path(a.dir).glob("*.txt") if not p.name.startswith("pyspy_")):  # dumps: read as-is
         header, self_, incl, totals = read(path)
         print(f"## {path.name} {header}")
         busy = {t: total - sum(n for f, n in self_[t].items() if f.startswith(IDLE)) for t, total in totals.items()}

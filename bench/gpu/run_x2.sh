@@ -14,6 +14,8 @@
 #                                    replicas = 2 on both GPUs on twice the pages (REPEAT=3 fits one 600 s call:
 #                                    a cold start is 120-140 s, b's engine start 90 s); GRAPHS=1 for the
 #                                    encoder's CUDA graphs
+#   bash bench/gpu/run_x2.sh six     run 6: MoE tiles tuned, then (a) with them (profiled) and (a) without the n-gram
+#                                    processor on GPU 0; (b) on GPU 1 with the time it needs
 #   bash bench/gpu/run_x2.sh g       run 5: the encoder's CUDA graphs (daemon on GPU 0 + equality on GPU 1), then
 #                                    replicas = 2 on both GPUs
 #   bash bench/gpu/run_x2.sh moe     tune the fused-MoE tiles for DeepSeek-OCR's experts (bench/gpu/tune_moe.py)
@@ -88,6 +90,22 @@ case $step in
     gpu1=$!
     wait $gpu0 $gpu1
     replicas /tmp/ocw-e2e-cache-all $graphs ;;
+  six)  # run 6 (2026-11-29): GPU 0 tunes the fused-MoE tiles (quick space), then the daemon (a) with that file,
+        # profiled inside its first wave, then (a) without the n-gram logits processor; GPU 1 (b) with the time
+        # it needs (render 40 s + engine 105 s + 477 pages at ~3.7 pages/s)
+    ( export CUDA_VISIBLE_DEVICES=0
+      timeout -s INT -k 20 ${TUNE_S:-110} python3 bench/gpu/tune_moe.py --quick --reps 10 --out $R/moe-configs \
+        --budget-s $(( ${TUNE_S:-110} - 25 )) 2>&1 | tee $R/tune_moe.log | grep --line-buffered -E "^M=[0-9]+:|wrote|shape"
+      ls $R/moe-configs/E=*.json >/dev/null 2>&1 && export VLLM_TUNED_CONFIG_FOLDER=$R/moe-configs
+      e2e one 215 --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-all \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --profile-at ${PROFILE_AT:-12} --profile-seconds 10 --timeout 200
+      e2e nongram $(( $(left) - 15 )) --fast --ngram-processor none $common --cache-dir /tmp/ocw-e2e-cache-all \
+        --port 9464 --work /tmp/ocw-e2e-1 --phases a --timeout $(( $(left) - 40 )) ) &
+    gpu0=$!
+    ( export CUDA_VISIBLE_DEVICES=1
+      stock ${B_LANE_S:-470} ) &
+    gpu1=$!
+    wait $gpu0 $gpu1 ;;
   g)  # run 5 (2026-11-29): GPU 0 the daemon with the encoder's CUDA graphs (profiled), GPU 1 their equality
       # check; then both GPUs as two replicas
     ( export CUDA_VISIBLE_DEVICES=0

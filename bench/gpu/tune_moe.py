@@ -98,12 +98,12 @@ def main() -> None:
                 break
             if config["BLOCK_SIZE_M"] > max(16, 4 * m * topk // E):  # tiles taller than any expert's rows
                 continue
-            try:
-                with override_config(config):
+            with override_config(config):  # vLLM's context manager has no `finally`: never raise through it
+                try:
                     us = time_call(call, a.reps)
-            except Exception as exc:  # noqa: BLE001 - a configuration that does not fit (shared memory, registers)
-                print(f"M={m} {config}: {type(exc).__name__}", flush=True)
-                continue
+                except Exception as exc:  # noqa: BLE001 - a configuration that does not fit (shared memory, registers)
+                    print(f"M={m} {config}: {type(exc).__name__}", flush=True)
+                    continue
             if us < best[m][0]:
                 best[m] = (us, config)
         print(f"M={m}: default {default_us[m]:.1f} us {defaults[m]}; best {best[m][0]:.1f} us {best[m][1]} "
