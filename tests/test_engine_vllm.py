@@ -157,11 +157,17 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_NO_USAGE_STATS": "1",
         "OMP_NUM_THREADS": "1",
+        "VLLM_TUNED_CONFIG_FOLDER": str(engine_module.MOE_CONFIGS),
         "OCRWATCH_FAST_ENCODER": "0",
         "OCRWATCH_ENCODER_GRAPHS": "0",
     }
     cfg = VllmConfig(compile_cache_dir=tmp_path, fast_encoder=True, encoder_cuda_graphs=True)
-    user = {"VLLM_WORKER_MULTIPROC_METHOD": "fork", "OCRWATCH_FAST_ENCODER": "0", "OMP_NUM_THREADS": "8"}
+    user = {
+        "VLLM_WORKER_MULTIPROC_METHOD": "fork",
+        "OCRWATCH_FAST_ENCODER": "0",
+        "OMP_NUM_THREADS": "8",
+        "VLLM_TUNED_CONFIG_FOLDER": str(tmp_path),
+    }
     env = engine_module.engine_env(cfg, user)
     assert env == {
         "VLLM_NO_USAGE_STATS": "1",
@@ -170,6 +176,18 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "VLLM_CACHE_ROOT": str(tmp_path),
     }
     assert engine_module.engine_env(VllmConfig(encoder_cuda_graphs=True), {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
+
+
+def test_the_shipped_moe_tiles_are_in_vllms_format() -> None:
+    """vLLM reads ``E=..,N=..,device_name=...json`` from ``VLLM_TUNED_CONFIG_FOLDER``: token counts as keys,
+    each with the Triton kernel's tile parameters; a file it cannot parse would fail every MoE layer."""
+    files = sorted(engine_module.MOE_CONFIGS.glob("*.json"))
+    assert [f.name for f in files] == ["E=64,N=896,device_name=NVIDIA_H200.json"]
+    tiles = json.loads(files[0].read_text())
+    assert 256 in {int(m) for m in tiles} and 1 in {int(m) for m in tiles}
+    keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
+    for config in tiles.values():
+        assert set(config) == keys and all(isinstance(v, int) and v > 0 for v in config.values())
 
 
 @pytest.mark.parametrize(("value", "on"), [("1", True), ("yes", True), ("0", False), ("off", False), (" ", False)])

@@ -16,6 +16,7 @@
 #                                    encoder's CUDA graphs
 #   bash bench/gpu/run_x2.sh six     run 6: MoE tiles tuned, then (a) with them (profiled) and (a) without the n-gram
 #                                    processor on GPU 0; (b) on GPU 1 with the time it needs
+#   bash bench/gpu/run_x2.sh gr      run 7: (a) with the encoder's CUDA graphs on GPU 0 beside (a) eager on GPU 1
 #   bash bench/gpu/run_x2.sh g       run 5: the encoder's CUDA graphs (daemon on GPU 0 + equality on GPU 1), then
 #                                    replicas = 2 on both GPUs
 #   bash bench/gpu/run_x2.sh moe     tune the fused-MoE tiles for DeepSeek-OCR's experts (bench/gpu/tune_moe.py)
@@ -104,6 +105,17 @@ case $step in
     gpu0=$!
     ( export CUDA_VISIBLE_DEVICES=1
       stock ${B_LANE_S:-470} ) &
+    gpu1=$!
+    wait $gpu0 $gpu1 ;;
+  gr)  # run 7 (2026-11-29): the encoder's CUDA graphs against eager, both (a) at once on the same pages, one per
+       # GPU, so both see the same host load; the MoE tiles come from the package (engine_env)
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e graphs $(( $(left) - 10 )) --fast --encoder-graphs --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-g \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( $(left) - 30 )) ) &
+    gpu0=$!
+    ( export CUDA_VISIBLE_DEVICES=1
+      e2e eager $(( $(left) - 10 )) --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-e \
+        --port 9465 --work /tmp/ocw-e2e-1 --phases a --timeout $(( $(left) - 30 )) ) &
     gpu1=$!
     wait $gpu0 $gpu1 ;;
   g)  # run 5 (2026-11-29): GPU 0 the daemon with the encoder's CUDA graphs (profiled), GPU 1 their equality

@@ -54,6 +54,7 @@ IMAGE_TOKEN = "<image>"
 WARMUP_REQUEST_ID = "ocrwatch-warmup"
 LETTER_LONG_SIDE_INCHES = 11.0
 RENDERER_WORKERS = 4
+MOE_CONFIGS = Path(__file__).with_name("moe_configs")
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,16 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
 
     One OpenMP thread: vLLM does so for its multi-GPU workers but not for a one-GPU engine core, and the
     daemon's input-preparation threads each ran torch ops over every core at once. On the 32-core H200 host
-    that made input preparation 460 ms a page and capped the daemon at 5.4 pages/s (bench/README.md, run 4)."""
-    defaults = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "1"}
+    that made input preparation 460 ms a page and capped the daemon at 5.4 pages/s (bench/README.md, run 4).
+
+    ``VLLM_TUNED_CONFIG_FOLDER``: the fused-MoE tiles tuned for DeepSeek-OCR's experts (``MOE_CONFIGS``);
+    vLLM has none for that shape and falls back to generic tiles."""
+    defaults = {
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_NO_USAGE_STATS": "1",
+        "OMP_NUM_THREADS": "1",
+        "VLLM_TUNED_CONFIG_FOLDER": str(MOE_CONFIGS),
+    }
     env = {key: value for key, value in defaults.items() if key not in environ}
     env[vllm_plugin.ENV] = "1" if cfg.fast_encoder else "0"
     env[vllm_plugin.GRAPHS_ENV] = "1" if cfg.fast_encoder and cfg.encoder_cuda_graphs else "0"
