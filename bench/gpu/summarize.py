@@ -119,7 +119,8 @@ def main(d: str) -> None:
         if os.path.exists(dm):
             rows = dmon(dm)
         a = r.get("a", {})
-        w = window(rows, a["t_start"], a["t_end"]) if a and rows else {}
+        end = a.get("t_end", a.get("t_start", 0) + a.get("elapsed_s", 0))  # a cut phase a has no end stamp
+        w = window(rows, a["t_start"], end) if a and rows else {}
         print(f"## Daemon end to end: {r['label']}\n")
         print(f"- start to ready: {r.get('start_to_ready_s')} s (compile cache warm before: {r.get('cache_warm')})")
         if a.get("cut"):
