@@ -231,7 +231,10 @@ async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
     await until(lambda: scheduler.budget.ready == 3)  # rendered beyond render_ahead (the overdraft)
     gate.set()
     await asyncio.wait_for(small.future, 10)
-    assert recorder.order == ["big/p0", "small/p0"]  # behind the page in flight only, not one more
+    # Behind the page in flight only, not one more. Which big page that is depends on which of the two render
+    # threads finished first (CI once saw big/p1 go ahead of big/p0).
+    first, *rest = recorder.order
+    assert first.startswith("big/p") and rest == ["small/p0"]
     await scheduler.cancel(big)
     await scheduler.close()
 
