@@ -21,12 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-import tomli_w
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # ``tests.docs`` makes the fallback documents when the corpus is absent
     sys.path.insert(0, str(REPO))
+
+def metric_samples(text: str) -> dict[str, float]:
+    """Every sample of a /metrics text as ``name{label="v",...}`` (labels sorted) → value."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
 
 BIG_DOCUMENTS = ("GeoTopo-komprimiert.pdf",)
 """Left out of page selections: one 117-page document would be the whole sample."""
@@ -159,6 +168,8 @@ class Daemon:
         for key, value in overrides.items():
             config[key] = {**config[key], **value} if isinstance(value, dict) and key in config else value
         self.config_path = root / "ocrwatch.toml"
+        import tomli_w  # here, not at the top: bench/gpu/e2e.py imports this module on the device, which lacks it
+
         self.config_path.write_text(tomli_w.dumps(config))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -200,13 +211,7 @@ class Daemon:
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics as ``name{label="v",...}`` → value."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return samples
+            return metric_samples(response.read().decode())
 
     @property
     def pid(self) -> int:

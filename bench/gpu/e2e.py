@@ -27,6 +27,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+from common import metric_samples as samples  # noqa: E402 - bench/ is not a package
 
 
 def gib(x: float) -> float:
@@ -92,19 +94,6 @@ def http(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return e.code, ""
     except OSError:
         return 0, ""
-
-
-def samples(text: str) -> dict[str, float]:
-    """Every sample of /metrics as ``name{label="v",...}`` → value, keyed as bench/common.py's
-    ``Daemon.metrics`` keys them (that module needs tomli_w, which the device lacks)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
 
 
 SERIES = {
