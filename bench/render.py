@@ -5,25 +5,31 @@ page by the caps exactly as ``render.page_dpi`` does), one page at a time on one
 is pages/s per core; CPU seconds (this process plus its pdftoppm children) are reported too. Methods:
 
 - ``pdf2image``: ``pdf2image.convert_from_path`` for one page (it runs pdfinfo and ``pdftoppm -v`` first).
-- ``pdftoppm``: ``render.render_page`` as configured by default: one ``pdftoppm`` per page, PPM on stdout.
+- ``pdftoppm``: ``render.render_page`` as configured by default: one ``pdftoppm`` per page, PPM in a file.
+- ``pdftoppm_stdout``: the daemon's way until 2026-11-29: the PPM read from a pipe and decoded by Pillow.
 - ``pdfium``: ``render.render_page`` with ``[render] renderer = "pdfium"``: pypdfium2 in-process, the document
   opened for each page.
 - ``pdfium_open``: pypdfium2 with each document kept open across its pages (the best case for pdfium).
 
-Runs rotate the method order each round. Then the daemon's way, ``render_workers`` (2) threads, for the two
+Runs rotate the method order each round. Then the daemon's way, ``render_workers`` threads (auto: 2 here), for the two
 renderers the daemon can use: pdftoppm runs in parallel subprocesses, PDFium is serialised by a lock because it
-is not thread-safe. A check pass compares each page's geometry and pixels between the two renderers.
+is not thread-safe. Each is timed idle and beside ``--busy-threads`` pure-Python threads, the GIL load of a vLLM
+front end (its processor and output threads) in the daemon's process. A check pass compares each page's geometry
+and pixels between the two renderers.
 pdf2image and pypdfium2 come with the bench extra: ``pip install -e '.[bench]'`` to run this.
 
-    python bench/render.py [--rounds 3] [--max-per-doc 14] [--dpi N]
+    python bench/render.py [--rounds 3] [--max-per-doc 14] [--dpi N] [--busy-threads 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +44,7 @@ from PIL import Image, ImageChops, ImageStat
 from ocrwatch import render
 from ocrwatch.config import Config, SchedulerConfig, TesseractConfig
 from ocrwatch.engines.base import RenderHint
+from ocrwatch.scheduler import auto_render_workers
 
 Page = tuple[Path, render.DocumentInfo, int]
 Method = Callable[[Page, render.RenderSpec, dict[Path, Any]], Image.Image]
@@ -56,6 +63,16 @@ def method_pdf2image(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]
 def method_pdftoppm(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
     path, info, index = page
     return render.render_page(path, info, index, dataclasses.replace(spec, renderer="pdftoppm")).image
+
+
+def method_pdftoppm_stdout(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
+    path, info, index = page
+    number = str(index + 1)
+    dpi = render.page_dpi(*info.page_sizes[index], spec)
+    argv = ["pdftoppm", "-r", str(dpi), "-f", number, "-l", number, "-cropbox", str(path.absolute())]
+    image = Image.open(io.BytesIO(subprocess.run(argv, capture_output=True, check=True).stdout), formats=["PPM"])
+    image.load()
+    return image
 
 
 def method_pdfium(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
@@ -77,6 +94,7 @@ def method_pdfium_open(page: Page, spec: render.RenderSpec, cache: dict[Path, An
 METHODS: dict[str, Method] = {
     "pdf2image": method_pdf2image,
     "pdftoppm": method_pdftoppm,
+    "pdftoppm_stdout": method_pdftoppm_stdout,
     "pdfium": method_pdfium,
     "pdfium_open": method_pdfium_open,
 }
@@ -118,13 +136,28 @@ def compare(pages: list[Page], spec: render.RenderSpec) -> dict[str, Any]:
     }
 
 
-def threaded(method: str, pages: list[Page], spec: render.RenderSpec, workers: int) -> float:
-    """Wall-clock pages/s with ``workers`` threads, as the scheduler's render pool runs them."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
-        for image in pool.map(lambda page: METHODS[method](page, spec, {}), pages):
-            image.close()
-    return len(pages) / (time.perf_counter() - started)
+def threaded(method: str, pages: list[Page], spec: render.RenderSpec, workers: int, busy: int = 0) -> float:
+    """Wall-clock pages/s with ``workers`` threads, as the scheduler's render pool runs them, while ``busy``
+    threads run Python bytecode without pause."""
+    done = threading.Event()
+
+    def spin() -> None:
+        while not done.is_set():
+            sum(range(1000))
+
+    spinners = [threading.Thread(target=spin) for _ in range(busy)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            for image in pool.map(lambda page: METHODS[method](page, spec, {}), pages):
+                image.close()
+        return len(pages) / (time.perf_counter() - started)
+    finally:
+        done.set()
+        for spinner in spinners:
+            spinner.join()
 
 
 def main() -> None:
@@ -132,10 +165,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-per-doc", type=int, default=14, help="pages taken from each PDF")
     parser.add_argument("--dpi", type=int, default=TesseractConfig().dpi, help="default: the Tesseract engine's")
+    parser.add_argument("--busy-threads", type=int, default=4, help="GIL-bound threads beside the render workers")
     args = parser.parse_args()
     spec = render.render_spec(Config().render, RenderHint(dpi=args.dpi))
     limits = render.Limits(Config().limits.max_bytes, Config().limits.max_pages)
-    workers = SchedulerConfig().render_workers
+    workers = SchedulerConfig().render_workers or auto_render_workers(len(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         docs, origin = corpus_documents(10_000, Path(tmp) / "generated")
         pages: list[Page] = []
@@ -148,7 +182,9 @@ def main() -> None:
         check = compare(pages, spec)
         print(f"check: {check}", flush=True)
         runs: dict[str, list[dict[str, float]]] = {method: [] for method in METHODS}
-        parallel: dict[str, list[float]] = {"pdftoppm": [], "pdfium": []}
+        parallel: dict[tuple[str, int], list[float]] = {
+            (method, busy): [] for method in ("pdftoppm", "pdftoppm_stdout", "pdfium") for busy in (0, args.busy_threads)
+        }
         names = list(METHODS)
         for number in range(args.rounds):
             for method in names[number % len(names) :] + names[: number % len(names)]:
@@ -159,9 +195,12 @@ def main() -> None:
                     f"{len(pages) / run['cpu_seconds']:6.2f} pages/CPU-s",
                     flush=True,
                 )
-            for method, rates in parallel.items():
-                rates.append(threaded(method, pages, spec, workers))
-                print(f"round {number} {method:12} {rates[-1]:6.2f} pages/s with {workers} render workers", flush=True)
+            for (method, busy), rates in parallel.items():
+                rates.append(threaded(method, pages, spec, workers, busy))
+                print(
+                    f"round {number} {method:15} {rates[-1]:6.2f} pages/s with {workers} render workers, {busy} busy",
+                    flush=True,
+                )
     figures: dict[str, Any] = {}
     for method, method_runs in runs.items():
         figures[method] = {
@@ -169,8 +208,8 @@ def main() -> None:
             "pages_per_cpu_s": round(median(len(pages) / run["cpu_seconds"] for run in method_runs), 2),
             "megapixels": round(method_runs[0]["megapixels"], 1),
         }
-    for method, rates in parallel.items():
-        figures[method][f"pages_per_s_{workers}_workers"] = round(median(rates), 2)
+    for (method, busy), rates in parallel.items():
+        figures[method][f"pages_per_s_{workers}_workers_{busy}_busy"] = round(median(rates), 2)
     speedup = figures["pdfium"]["pages_per_s"] / figures["pdftoppm"]["pages_per_s"]
     print(
         f"per core: pdf2image {figures['pdf2image']['pages_per_s']}, pdftoppm {figures['pdftoppm']['pages_per_s']}, "

@@ -80,7 +80,7 @@ class MetricsConfig(_Model):
 
 class SchedulerConfig(_Model):
     max_inflight_pages: Annotated[int, Field(ge=1, le=4096)] | None = None
-    render_ahead: Annotated[int, Field(ge=1, le=4096)] = 16
+    render_ahead: Annotated[int, Field(ge=0, le=4096)] = 0
     render_workers: Annotated[int, Field(ge=0, le=256)] = 0
     ageing_seconds: Annotated[float, Field(gt=0)] = 30.0
     max_active_documents: Annotated[int, Field(ge=1, le=4096)] = 64

@@ -34,7 +34,7 @@ from ocrwatch.errors import (
 )
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
 from ocrwatch.metrics import ENGINE_PHASES, HealthServer, LoopLagProbe, Metrics
-from ocrwatch.scheduler import PageScheduler, auto_render_workers
+from ocrwatch.scheduler import PageScheduler, auto_render_ahead, auto_render_workers
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sinks.local import LocalSink
@@ -136,15 +136,23 @@ class Pipeline:
         render.check_renderer(self.cfg.render)
         engine = await self.supervisor.start()
         sched = self.cfg.scheduler
+        max_inflight = sched.max_inflight_pages or engine.max_concurrency
         self.scheduler = PageScheduler(
             lambda doc, request: self._recognize(request),
-            max_inflight=sched.max_inflight_pages or engine.max_concurrency,
-            render_ahead=sched.render_ahead,
+            max_inflight=max_inflight,
+            render_ahead=sched.render_ahead or auto_render_ahead(max_inflight),
             render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
             ageing_seconds=sched.ageing_seconds,
             on_engine_dead=self.supervisor.dead,
         )
         self.supervisor.scheduler = self.scheduler
+        budget = self.scheduler.budget
+        log.info(
+            "scheduler_ready",
+            max_inflight=budget.max_inflight,
+            render_ahead=budget.render_ahead,
+            render_workers=budget.render_workers,
+        )
 
     async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
         """Ledger calls run in a thread: another process holding the database lock must not stall the loop."""

@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -331,30 +332,49 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
     dpi = page_dpi(width_pt, height_pt, spec)
     if dpi < spec.dpi:
         log.info("page_dpi_lowered", page=index, wanted=spec.dpi, dpi=dpi, width_pt=width_pt, height_pt=height_pt)
-    # One pdftoppm per page, PPM on stdout: as fast as a temporary file and nothing to clean up. Called directly
-    # (not through pdf2image, which runs pdfinfo and `pdftoppm -v` before every page and ignores the exit
-    # status), so a pdftoppm killed midway is told apart from a document poppler cannot read.
+    # One pdftoppm per page, called directly (not through pdf2image, which runs pdfinfo and `pdftoppm -v` before
+    # every page and ignores the exit status), so a pdftoppm killed midway is told apart from a document poppler
+    # cannot read. The PPM goes to a private file, not a pipe: a pipe is read 32 KiB at a time, and each read
+    # gives up the GIL and waits for it again, which made a page 3x slower while the vLLM front end held the
+    # GIL in the same process (bench/render.py --busy-threads).
     number = str(index + 1)
-    argv = ["pdftoppm", "-r", str(dpi), "-f", number, "-l", number, "-cropbox", os.path.abspath(path)]
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=spec.timeout_seconds, check=False)
-    except subprocess.TimeoutExpired:
-        raise RenderTimeout(f"{path}: page {number} took longer than {spec.timeout_seconds:g}s") from None
-    except FileNotFoundError:
-        raise _poppler_missing() from None
-    if done.returncode < 0:
-        raise RenderFailed(f"{path}: pdftoppm was killed by signal {-done.returncode} while rendering page {number}")
-    if done.returncode != 0:
-        raise _pdf_error(path, done.stderr.decode("utf-8", "replace"))
-    try:
-        image: Image.Image = Image.open(io.BytesIO(done.stdout), formats=["PPM"])
-        image.load()  # decode now: a short image must fail here, not later inside the engine
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="ocrwatch-page-") as tmp:
+        root = os.path.join(tmp, "page")
+        argv = ["pdftoppm", "-r", str(dpi), "-f", number, "-l", number, "-cropbox", "-singlefile"]
+        argv += [os.path.abspath(path), root]
+        try:
+            done = subprocess.run(
+                argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=spec.timeout_seconds, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise RenderTimeout(f"{path}: page {number} took longer than {spec.timeout_seconds:g}s") from None
+        except FileNotFoundError:
+            raise _poppler_missing() from None
+        if done.returncode < 0:
+            raise RenderFailed(f"{path}: pdftoppm was killed by signal {-done.returncode} while rendering page {number}")
+        if done.returncode != 0:
+            raise _pdf_error(path, done.stderr.decode("utf-8", "replace"))
+        try:
+            image = ppm_image(Path(root + ".ppm").read_bytes())
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
     if not _fits(image.size, spec.max_side, spec.max_pixels):  # only if poppler's geometry disagrees with pdfinfo
         image, scale = _downscale(image, spec.max_side, spec.max_pixels)
         dpi *= scale
     return image, dpi
+
+
+def ppm_image(data: bytes) -> Image.Image:
+    """A PPM decoded in one call. ``Image.open(...).load()`` decodes in 64 KiB steps and gives up the GIL at
+    each, so a render thread queued for the GIL ~90 times a page. Other flavours (16-bit, bitmaps) and short
+    data take that path, which reads them or raises."""
+    image = Image.open(io.BytesIO(data), formats=["PPM"])
+    codec, _, offset, rawmode = image.tile[0]
+    size = image.width * image.height * len(image.getbands())
+    if image.mode not in ("RGB", "L") or len(image.tile) != 1 or codec != "raw" or len(data) < offset + size:
+        image.load()
+        return image
+    return Image.frombytes(image.mode, image.size, memoryview(data)[offset : offset + size], "raw", rawmode)
 
 
 _PDFIUM_LOCK = threading.Lock()

@@ -65,6 +65,13 @@ def auto_render_workers(cpus: int) -> int:
     return max(2, min(16, cpus // 2))
 
 
+def auto_render_ahead(max_inflight: int) -> int:
+    """``render_ahead = 0``: half the engine's pages in flight, at least 16. Pages of the same length finish
+    together; with 16 rendered ahead, two replicas (512 in flight) waited 12-18 s for each refill at the
+    render rate (bench/README.md, run 6). Costs one page image each (~6 MB at 144 dpi)."""
+    return max(16, max_inflight // 2)
+
+
 @dataclass
 class Budget:
     """The two bounds; pure counters so the decisions can be tested without I/O."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -243,6 +244,41 @@ def test_render_timeout_is_render_timeout(tmp_path: Path) -> None:
         render_page(pdf, info, 0, render_spec(RenderConfig(timeout_seconds=0.001)))
     with pytest.raises(errors.RenderTimeout):
         probe(pdf, LIMITS, timeout_seconds=0.0001)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "I;16", "1"])
+def test_ppm_image_reads_what_pillow_reads(mode: str) -> None:
+    original = Image.linear_gradient("L").resize((301, 77)).convert("RGB" if mode == "RGB" else "L")
+    if mode == "I;16":
+        original = Image.frombytes("I;16", original.size, bytes(b for v in original.tobytes() for b in (v, v)))
+    elif mode == "1":
+        original = original.convert("1")
+    buffer = io.BytesIO()
+    original.save(buffer, format="PPM")
+    image = render_module.ppm_image(buffer.getvalue())
+    reference = Image.open(io.BytesIO(buffer.getvalue()))
+    assert (image.mode, image.size) == (reference.mode, reference.size)
+    assert image.tobytes() == reference.tobytes()
+
+
+def test_ppm_image_refuses_short_data() -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(buffer, format="PPM")
+    with pytest.raises(OSError):
+        render_module.ppm_image(buffer.getvalue()[:-100])
+
+
+def test_pdf_pages_leave_no_files_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(render_module.tempfile, "tempdir", str(scratch))
+    pdf = docs.write_pdf(tmp_path / "one.pdf", [["one"]])
+    info = probe(pdf, LIMITS)
+    assert render_page(pdf, info, 0, SPEC).image.size == (1654, 2339)
+    pdf.write_bytes(pdf.read_bytes()[:400])
+    with pytest.raises(errors.PermanentError):
+        render_page(pdf, info, 0, SPEC)
+    assert list(scratch.iterdir()) == []
 
 
 # --- limits -----------------------------------------------------------------------------------------------

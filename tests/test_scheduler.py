@@ -12,7 +12,14 @@ from PIL import Image
 
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.errors import CorruptPdf, EngineDead
-from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, auto_render_workers, virtual_deadline
+from ocrwatch.scheduler import (
+    Budget,
+    DocumentOrder,
+    PageScheduler,
+    auto_render_ahead,
+    auto_render_workers,
+    virtual_deadline,
+)
 
 
 @dataclass
@@ -242,3 +249,8 @@ async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
 @pytest.mark.parametrize(("cpus", "workers"), [(1, 2), (2, 2), (8, 4), (32, 16), (128, 16)])
 def test_automatic_render_workers_scale_with_the_cpus_within_bounds(cpus: int, workers: int) -> None:
     assert auto_render_workers(cpus) == workers
+
+
+@pytest.mark.parametrize(("inflight", "ahead"), [(1, 16), (2, 16), (32, 16), (256, 128), (512, 256)])
+def test_automatic_render_ahead_follows_the_pages_in_flight(inflight: int, ahead: int) -> None:
+    assert auto_render_ahead(inflight) == ahead
