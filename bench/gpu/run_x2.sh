@@ -21,6 +21,9 @@
 #                                    replicas = 2 on both GPUs
 #   bash bench/gpu/run_x2.sh moe     tune the fused-MoE tiles for DeepSeek-OCR's experts (bench/gpu/tune_moe.py)
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
+#   bash bench/gpu/run_x2.sh nine    run 8 (issue 9): (a) on GPU 0 alone, then replicas = 2 alone on twice the pages
+#   bash bench/gpu/run_x2.sh ninedp  run 8: (a) on GPU 0 alone (the compile cache of `nine` when the machine is the
+#                                    same), then data_parallel_size = 2 alone on twice the pages
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
 # tokens a page (random weights), 144 dpi, every corpus PDF REPEAT (6) times.  Results: $OUT/results_<step>.tgz.
 # Never wrap this script in `timeout`: BUDGET (s, default 560) bounds the step and each python step gets SIGINT
@@ -56,6 +59,16 @@ replicas() {  # replicas = 2 on both GPUs, twice the pages, the compile cache $1
   CUDA_VISIBLE_DEVICES=0,1 e2e rep $(( $(left) - 20 )) --fast --ngram-processor batched $common --repeat $(( REPEAT * 2 )) \
     --replicas 2 --phases a --cache-dir "$cache" --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) "$@"
 }
+parallel() {  # dp | tp: one engine over both GPUs, vLLM's data or tensor parallelism
+  export CUDA_VISIBLE_DEVICES=0,1
+  local pages
+  case $1 in
+    dp) pages="--repeat $(( REPEAT * 2 )) --dp 2 --engine-args ${DP_ENGINE_ARGS:-{\}}" ;;
+    tp) pages="--repeat $REPEAT --tp 2" ;;
+  esac
+  e2e $1 $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
+    $pages --phases a --cache-dir /tmp/ocw-e2e-cache-${CACHE:-$1} --port 9465 --timeout $(( $(left) - 40 ))
+}
 case $step in
   one)
     ( export CUDA_VISIBLE_DEVICES=0
@@ -72,13 +85,15 @@ case $step in
   rep)  # twice the pages for two replicas: each GPU sees the load of `one`'s GPU
     replicas /tmp/ocw-e2e-cache-${CACHE:-rep} ;;
   dp|tp)  # twice the pages for two data-parallel ranks; tensor parallelism splits `one`'s load over both GPUs
-    export CUDA_VISIBLE_DEVICES=0,1
+    parallel $step ;;
+  nine|ninedp)  # run 8 (2026-11-29): one GPU alone, then both GPUs alone, same settings, in one call
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e one ${ONE_S:-220} --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-9 \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( ${ONE_S:-220} - 30 )) )
     case $step in
-      dp) pages="--repeat $(( REPEAT * 2 )) --dp 2 --engine-args ${DP_ENGINE_ARGS:-{\}}" ;;
-      tp) pages="--repeat $REPEAT --tp 2" ;;
-    esac
-    e2e $step $(( $(left) - 15 )) --fast --ngram-processor batched --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED \
-      $pages --phases a --cache-dir /tmp/ocw-e2e-cache-${CACHE:-$step} --port 9465 --timeout $(( $(left) - 40 )) ;;
+      nine) replicas /tmp/ocw-e2e-cache-9 ;;
+      ninedp) parallel dp ;;
+    esac ;;
   all)  # one call for both issues: GPU 0 the daemon (a) with its processes' stacks sampled, GPU 1 (b) on the
         # same pages; then both GPUs as two replicas on twice the pages. GRAPHS=1: the encoder's CUDA graphs.
     graphs=${GRAPHS:+--encoder-graphs}
