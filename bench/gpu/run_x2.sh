@@ -59,6 +59,10 @@ replicas() {  # replicas = 2 on both GPUs, twice the pages, the compile cache $1
   CUDA_VISIBLE_DEVICES=0,1 e2e rep $(( $(left) - 20 )) --fast --ngram-processor batched $common --repeat $(( REPEAT * 2 )) \
     --replicas 2 --phases a --cache-dir "$cache" --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) "$@"
 }
+reap() {  # a lane cut by its time limit can leave its daemon's engine cores holding a GPU (run 8a did)
+  pkill -9 -f "ocrwatch run --config /tmp/ocw-e2e" 2>/dev/null; pkill -9 -f "VLLM::EngineCore" 2>/dev/null; sleep 3
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' '; echo
+}
 parallel() {  # dp | tp: one engine over both GPUs, vLLM's data or tensor parallelism
   export CUDA_VISIBLE_DEVICES=0,1
   local pages
@@ -88,8 +92,9 @@ case $step in
     parallel $step ;;
   nine|ninedp)  # run 8 (2026-11-29): one GPU alone, then both GPUs alone, same settings, in one call
     ( export CUDA_VISIBLE_DEVICES=0
-      e2e one ${ONE_S:-220} --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-9 \
-        --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( ${ONE_S:-220} - 30 )) )
+      e2e one ${ONE_S:-250} --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-9 \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( ${ONE_S:-250} - 30 )) )
+    reap
     case $step in
       nine) replicas /tmp/ocw-e2e-cache-9 ;;
       ninedp) parallel dp ;;
