@@ -83,7 +83,7 @@ class SchedulerConfig(_Model):
     render_ahead: Annotated[int, Field(ge=0, le=4096)] = 0
     render_workers: Annotated[int, Field(ge=0, le=256)] = 0
     ageing_seconds: Annotated[float, Field(gt=0)] = 30.0
-    max_active_documents: Annotated[int, Field(ge=1, le=4096)] = 64
+    max_active_documents: Annotated[int, Field(ge=0, le=4096)] = 0
 
 
 class RetryConfig(_Model):

@@ -34,7 +34,7 @@ from ocrwatch.errors import (
 )
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
 from ocrwatch.metrics import ENGINE_PHASES, HealthServer, LoopLagProbe, Metrics
-from ocrwatch.scheduler import PageScheduler, auto_render_ahead, auto_render_workers
+from ocrwatch.scheduler import PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sinks.local import LocalSink
@@ -127,7 +127,8 @@ class Pipeline:
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
         self.scheduler: PageScheduler | None = None
-        self._slots = asyncio.Semaphore(cfg.scheduler.max_active_documents)
+        self.active_documents = 0
+        self._slots: asyncio.Semaphore | None = None
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._detected: dict[str, float] = {}
         self._running = 0
@@ -146,12 +147,15 @@ class Pipeline:
             on_engine_dead=self.supervisor.dead,
         )
         self.supervisor.scheduler = self.scheduler
+        self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
+        self._slots = asyncio.Semaphore(self.active_documents)
         budget = self.scheduler.budget
         log.info(
             "scheduler_ready",
             max_inflight=budget.max_inflight,
             render_ahead=budget.render_ahead,
             render_workers=budget.render_workers,
+            max_active_documents=self.active_documents,
         )
 
     async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
@@ -296,6 +300,7 @@ class Pipeline:
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
         """One of ``max_active_documents`` slots, counted for the active-documents gauge."""
+        assert self._slots is not None, "Pipeline.start() first"
         async with self._slots:
             self._running += 1
             try:
@@ -564,7 +569,7 @@ class Daemon:
             for index, s3cfg in enumerate(cfg.s3):
                 source = S3Source(
                     s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=cfg.output.name_template,
-                    max_inflight=cfg.scheduler.max_active_documents,
+                    max_inflight=self.pipeline.active_documents,
                 )
                 self.pipeline.add_source(source, S3Sink(s3cfg, source.client, cfg.output.name_template))
 

@@ -72,6 +72,12 @@ def auto_render_ahead(max_inflight: int) -> int:
     return max(16, max_inflight // 2)
 
 
+def auto_active_documents(max_inflight: int) -> int:
+    """``max_active_documents = 0``: as many documents as pages in flight, at least 64, so one-page documents
+    can fill the engine (64 open documents held two replicas at 478 of their 512 pages, run 8)."""
+    return max(64, max_inflight)
+
+
 @dataclass
 class Budget:
     """The two bounds; pure counters so the decisions can be tested without I/O."""

@@ -16,6 +16,7 @@ from ocrwatch.scheduler import (
     Budget,
     DocumentOrder,
     PageScheduler,
+    auto_active_documents,
     auto_render_ahead,
     auto_render_workers,
     virtual_deadline,
@@ -254,3 +255,8 @@ def test_automatic_render_workers_scale_with_the_cpus_within_bounds(cpus: int, w
 @pytest.mark.parametrize(("inflight", "ahead"), [(1, 16), (2, 16), (32, 16), (256, 128), (512, 256)])
 def test_automatic_render_ahead_follows_the_pages_in_flight(inflight: int, ahead: int) -> None:
     assert auto_render_ahead(inflight) == ahead
+
+
+@pytest.mark.parametrize(("inflight", "documents"), [(2, 64), (64, 64), (256, 256), (512, 512)])
+def test_automatic_active_documents_can_fill_the_engine_with_one_page_documents(inflight: int, documents: int) -> None:
+    assert auto_active_documents(inflight) == documents

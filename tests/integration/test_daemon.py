@@ -212,3 +212,24 @@ def test_restart_skips_done_files_and_reprocesses_changed_ones(make_daemon) -> N
     docs.write_png(path, page_lines("changed"))
     wait_until(lambda: "changed" in path.with_name(path.name + ".md").read_text().lower(), 60, "reprocessed")
     assert daemon.stop() == 0
+
+
+def test_one_page_documents_fill_the_pages_in_flight_beyond_64_open_documents(make_daemon) -> None:
+    """``max_active_documents = 0`` follows the pages in flight: 70 one-page documents are all open at once
+    when the engine takes 80 pages, where the old fixed 64 held the rest back."""
+    daemon = make_daemon(scheduler={"max_inflight_pages": 80})
+    daemon.start()
+    (ready,) = [e for e in daemon.events() if e.get("event") == "scheduler_ready"]
+    assert (ready["max_inflight"], ready["max_active_documents"], ready["render_ahead"]) == (80, 80, 40)
+    paths = [
+        docs.write_png(daemon.inbox / f"card {index:02d}.png", docs.text_image([f"card {index}"], size=(600, 120)))
+        for index in range(70)
+    ]
+
+    def running() -> float:
+        line = next(x for x in daemon.metrics().splitlines() if x.startswith('ocrwatch_active_documents{state="running"}'))
+        return float(line.split()[-1])
+
+    wait_until(lambda: running() > 64, 60, "more than 64 documents open at once")
+    wait_until(lambda: all(sidecars_done(p) for p in paths), 120, "every one-page document")
+    assert daemon.stop() == 0
