@@ -18,6 +18,7 @@ import io
 import math
 import os
 import re
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -37,6 +38,7 @@ from ocrwatch.errors import (
     ConfigError,
     CorruptImage,
     CorruptPdf,
+    DiskFull,
     EmptyFile,
     EncryptedPdf,
     FileTooLarge,
@@ -352,16 +354,30 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
             raise _poppler_missing() from None
         if done.returncode < 0:
             raise RenderFailed(f"{path}: pdftoppm was killed by signal {-done.returncode} while rendering page {number}")
+        width, height = _pdftoppm_size(width_pt, height_pt, dpi)
+        need = width * height * 3 + 64
         if done.returncode != 0:
-            raise _pdf_error(path, done.stderr.decode("utf-8", "replace"))
+            stderr = done.stderr.decode("utf-8", "replace")
+            if "could not write image" in stderr.lower():
+                raise _scratch_error(tmp, need, f"{path}: pdftoppm could not write page {number}: {stderr.strip()}")
+            raise _pdf_error(path, stderr)
         try:
             image = ppm_image(Path(root + ".ppm").read_bytes())
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            if shutil.disk_usage(tmp).free < need:  # pdftoppm exits 0 when its write ran out of room
+                raise _scratch_error(tmp, need, f"{path}: page {number}'s image was cut short: {exc}") from None
             raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
     if not _fits(image.size, spec.max_side, spec.max_pixels):  # only if poppler's geometry disagrees with pdfinfo
         image, scale = _downscale(image, spec.max_side, spec.max_pixels)
         dpi *= scale
     return image, dpi
+
+
+def _scratch_error(folder: str, need: int, message: str) -> OcrwatchError:
+    """The temporary folder failed a page, not the document: retried, never a permanent error."""
+    if shutil.disk_usage(folder).free < need:
+        return DiskFull(f"{message} (temporary folder {os.path.dirname(folder)} has less than {need} bytes free)")
+    return RenderFailed(message, hint="check that the temporary folder (TMPDIR) is writable; ocrwatch retries")
 
 
 def ppm_image(data: bytes) -> Image.Image:

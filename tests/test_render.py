@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -279,6 +280,54 @@ def test_pdf_pages_leave_no_files_behind(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(errors.PermanentError):
         render_page(pdf, info, 0, SPEC)
     assert list(scratch.iterdir()) == []
+
+
+def fake_pdftoppm(folder: Path, script: str) -> Path:
+    """A pdftoppm that fails the way a full or unwritable temporary folder makes the real one fail."""
+    folder.mkdir()
+    tool = folder / "pdftoppm"
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    return folder
+
+
+SHORT_WRITE = 'for last; do :; done; printf "P6\\n100 100\\n255\\nabc" > "$last.ppm"\n'
+NO_WRITE = 'for last; do :; done; echo "Could not write image to $last.ppm; exiting" >&2; exit 1\n'
+
+
+@pytest.mark.parametrize(("script", "free", "error"), [
+    (SHORT_WRITE, 0, errors.DiskFull),
+    (SHORT_WRITE, 10**12, errors.CorruptPdf),
+    (NO_WRITE, 0, errors.DiskFull),
+    (NO_WRITE, 10**12, errors.RenderFailed),
+])  # fmt: skip
+def test_a_temporary_folder_that_fails_the_page_is_retried_not_blamed_on_the_pdf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, free: int, error: type[errors.OcrwatchError]
+) -> None:
+    pdf = docs.write_pdf(tmp_path / "one.pdf", [["one"]])
+    info = probe(pdf, LIMITS)
+    monkeypatch.setenv("PATH", f"{fake_pdftoppm(tmp_path / 'bin', script)}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(render_module.shutil, "disk_usage", lambda folder: SimpleNamespace(total=free, used=0, free=free))
+    with pytest.raises(errors.OcrwatchError) as caught:
+        render_page(pdf, info, 0, SPEC)
+    assert type(caught.value) is error
+    assert caught.value.retryable == (error is not errors.CorruptPdf)
+
+
+def test_a_really_full_temporary_folder_is_disk_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        monkeypatch.setattr(render_module.tempfile, "tempdir", str(small))
+        pdf = docs.write_pdf(tmp_path / "one.pdf", [["one"]])
+        with pytest.raises(errors.DiskFull):
+            render_page(pdf, probe(pdf, LIMITS), 0, SPEC)
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
 
 
 # --- limits -----------------------------------------------------------------------------------------------
