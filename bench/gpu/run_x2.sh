@@ -22,6 +22,8 @@
 #   bash bench/gpu/run_x2.sh moe     tune the fused-MoE tiles for DeepSeek-OCR's experts (bench/gpu/tune_moe.py)
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 #   bash bench/gpu/run_x2.sh nine    run 8 (issue 9): (a) on GPU 0 alone, then replicas = 2 alone on twice the pages
+#                                    (NGRAM=none: both without the n-gram logits processor, on vLLM's V2 runner;
+#                                    REPEAT=3 is what a 560 s call holds, the default 6 is not)
 #   bash bench/gpu/run_x2.sh ninedp  run 8: (a) on GPU 0 alone (the compile cache of `nine` when the machine is the
 #                                    same), then data_parallel_size = 2 alone on twice the pages
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
@@ -34,7 +36,7 @@ OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
 trap 'tar czf "$OUT/results_$step.tgz" -C $R .' EXIT
 t0=$(date +%s); BUDGET=${BUDGET:-560}
 left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
-SEQS=${SEQS:-256}; BATCHED=${BATCHED:-32768}; REPEAT=${REPEAT:-6}
+SEQS=${SEQS:-256}; BATCHED=${BATCHED:-32768}; REPEAT=${REPEAT:-6}; NGRAM=${NGRAM:-batched}
 common="--max-num-seqs $SEQS --max-num-batched-tokens $BATCHED --repeat $REPEAT"
 bash bench/gpu/install_on_device.sh > $R/install_$step.txt 2>&1 || { tail -20 $R/install_$step.txt; exit 1; }
 echo "install: $(( $(date +%s) - t0 )) s"
@@ -92,11 +94,11 @@ case $step in
     parallel $step ;;
   nine|ninedp)  # run 8 (2026-11-29): one GPU alone, then both GPUs alone, same settings, in one call
     ( export CUDA_VISIBLE_DEVICES=0
-      e2e one ${ONE_S:-250} --fast --ngram-processor batched $common --cache-dir /tmp/ocw-e2e-cache-9 \
+      e2e one ${ONE_S:-250} --fast --ngram-processor $NGRAM $common --cache-dir /tmp/ocw-e2e-cache-9 \
         --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( ${ONE_S:-250} - 30 )) )
     reap
     case $step in
-      nine) replicas /tmp/ocw-e2e-cache-9 ;;
+      nine) replicas /tmp/ocw-e2e-cache-9 --ngram-processor $NGRAM ;;
       ninedp) parallel dp ;;
     esac ;;
   all)  # one call for both issues: GPU 0 the daemon (a) with its processes' stacks sampled, GPU 1 (b) on the
