@@ -337,8 +337,8 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
     # One pdftoppm per page, called directly (not through pdf2image, which runs pdfinfo and `pdftoppm -v` before
     # every page and ignores the exit status), so a pdftoppm killed midway is told apart from a document poppler
     # cannot read. The PPM goes to a private file, not a pipe: a pipe is read 32 KiB at a time, and each read
-    # gives up the GIL and waits for it again, which made a page 3x slower while the vLLM front end held the
-    # GIL in the same process (bench/render.py --busy-threads).
+    # gives up the GIL and waits for it again; beside four GIL-bound threads (the vLLM front end's share of this
+    # process) that rendered 1.05 pages/s against 4.75 from the file (bench/render.py --busy-threads).
     number = str(index + 1)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-page-") as tmp:
         root = os.path.join(tmp, "page")
