@@ -120,6 +120,7 @@ class VllmConfig(_Model):
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
+    replica_processes: bool = False
     seed: int = 0
     load_format: str = "auto"
     fast_encoder: bool = False

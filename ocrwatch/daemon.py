@@ -67,7 +67,7 @@ class EngineSupervisor:
         self.kind = kind
         loud = kind == "tesseract" and self._cfg.engine.kind == "auto"
         (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
-        engine = factory.build(self._cfg.engine, self._cfg.output.images, kind=kind)
+        engine = factory.build(self._cfg.engine, self._cfg.output.images, kind=kind, log=self._cfg.log)
         await engine.start()
         self.engine = engine
         return engine

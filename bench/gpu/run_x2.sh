@@ -23,7 +23,8 @@
 #   bash bench/gpu/run_x2.sh b       (b) alone on GPU 0 (two engines starting at once hung in `one`)
 #   bash bench/gpu/run_x2.sh nine    run 8 (issue 9): (a) on GPU 0 alone, then replicas = 2 alone on twice the pages
 #                                    (NGRAM=none: both without the n-gram logits processor, on vLLM's V2 runner;
-#                                    REPEAT=3 is what a 560 s call holds, the default 6 is not)
+#                                    REPEAT=3 is what a 560 s call holds, the default 6 is not;
+#                                    REPLICA_PROCESSES=1: replica_processes = true)
 #   bash bench/gpu/run_x2.sh ninedp  run 8: (a) on GPU 0 alone (the compile cache of `nine` when the machine is the
 #                                    same), then data_parallel_size = 2 alone on twice the pages
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
@@ -62,7 +63,8 @@ replicas() {  # replicas = 2 on both GPUs, twice the pages, the compile cache $1
     --replicas 2 --phases a --cache-dir "$cache" --port 9465 --work /tmp/ocw-e2e-r --timeout $(( $(left) - 40 )) "$@"
 }
 reap() {  # a lane cut by its time limit can leave its daemon's engine cores holding a GPU (run 8a did)
-  pkill -9 -f "ocrwatch run --config /tmp/ocw-e2e" 2>/dev/null; pkill -9 -f "VLLM::EngineCore" 2>/dev/null; sleep 3
+  pkill -9 -f "ocrwatch run --config /tmp/ocw-e2e" 2>/dev/null; pkill -9 -f "ocrwatch.engines.process" 2>/dev/null
+  pkill -9 -f "VLLM::EngineCore" 2>/dev/null; sleep 3
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' '; echo
 }
 parallel() {  # dp | tp: one engine over both GPUs, vLLM's data or tensor parallelism
@@ -98,7 +100,7 @@ case $step in
         --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( ${ONE_S:-250} - 30 )) )
     reap
     case $step in
-      nine) replicas /tmp/ocw-e2e-cache-9 --ngram-processor $NGRAM ;;
+      nine) replicas /tmp/ocw-e2e-cache-9 --ngram-processor $NGRAM ${REPLICA_PROCESSES:+--replica-processes} ;;
       ninedp) parallel dp ;;
     esac ;;
   all)  # one call for both issues: GPU 0 the daemon (a) with its processes' stacks sampled, GPU 1 (b) on the

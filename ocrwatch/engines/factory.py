@@ -8,9 +8,10 @@ vllm or torch never imports them.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Literal
 
-from ocrwatch.config import EngineConfig
+from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines.base import Engine
 from ocrwatch.errors import ConfigError
 
@@ -64,11 +65,36 @@ def load_plugin(spec: str, args: dict[str, Any]) -> Engine:
     return engine
 
 
+def gpu_count() -> int:
+    """GPUs the NVIDIA driver lists, read without importing torch (which would stall the event loop)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
 def build(
-    cfg: EngineConfig, output_images: Literal["placeholder", "drop"] = "placeholder", *, kind: str | None = None
+    cfg: EngineConfig,
+    output_images: Literal["placeholder", "drop"] = "placeholder",
+    *,
+    kind: str | None = None,
+    log: LogConfig | None = None,
 ) -> Engine:
-    """The engine of ``kind`` (default: ``choose(cfg)``), built but not started."""
+    """The engine of ``kind`` (default: ``choose(cfg)``), built but not started; ``log`` is passed to engines
+    that run in processes of their own."""
     kind = kind or choose(cfg)[0]
+    if kind == "vllm" and cfg.vllm.replicas > 1 and cfg.vllm.replica_processes:
+        from ocrwatch.engines.process import EngineSet, ProcessEngine
+        from ocrwatch.engines.vllm import replica_devices
+
+        single = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"replicas": 1, "replica_processes": False})})
+        devices = replica_devices(cfg.vllm, os.environ.get("CUDA_VISIBLE_DEVICES"), gpu_count())
+        return EngineSet(
+            [
+                ProcessEngine("vllm", single, output_images, env={"CUDA_VISIBLE_DEVICES": group or ""}, log_config=log)
+                for group in devices
+            ]
+        )
     if kind == "vllm":
         from ocrwatch.engines.vllm import VllmEngine
 

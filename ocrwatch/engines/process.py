@@ -1,0 +1,300 @@
+"""An engine in a child process of its own, and a set of them behind one engine.
+
+Why: every vLLM replica's front end (input preparation in its processor threads, output handling on the event
+loop) runs in the process that built it. With ``replicas`` in the daemon's process they all share its GIL with
+rendering and the scheduler; with ``replica_processes = true`` each replica's front end gets a process (and a
+GIL) of its own, and the daemon only routes pages.
+
+The wire is a Unix socket pair (vLLM logs to stdout, so stdout cannot be it): length-prefixed pickles of small
+messages. A page's pixels do not cross the socket: the daemon writes them to a file in a private folder in one
+call and the child reads them in one call (a socket is written and read in pieces, each a wait for the GIL).
+The child inherits the daemon's environment plus its own (``CUDA_VISIBLE_DEVICES`` for a replica), logs to the
+same stderr, and exits when the daemon closes it or the socket, so it never outlives the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from PIL import Image
+
+from ocrwatch import errors
+from ocrwatch.config import EngineConfig, LogConfig
+from ocrwatch.engines.base import Engine, PageRequest, Recognition, RenderHint
+from ocrwatch.errors import EngineDead, EngineFailed, OcrwatchError
+
+log = structlog.get_logger()
+
+_HEADER = struct.Struct("!I")
+CLOSE_SECONDS = 120.0
+"""How long ``close`` waits for a child to stop its engine (vLLM's shutdown) before it is killed."""
+
+
+async def _send(writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_HEADER.pack(len(data)) + data)
+    await writer.drain()
+
+
+async def _receive(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
+    """The next message, or None when the other side has gone."""
+    try:
+        (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+        message: tuple[Any, ...] = pickle.loads(await reader.readexactly(size))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    return message
+
+
+def _error(name: str, message: str, hint: str | None) -> OcrwatchError:
+    """The child's error as the same class here; anything unknown is a page-level engine failure."""
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, OcrwatchError):
+        return cls(message, hint=hint)
+    return EngineFailed(message, hint=hint)
+
+
+class ProcessEngine:
+    """One engine built and run by ``python -m ocrwatch.engines.process`` in a child process."""
+
+    def __init__(
+        self, kind: str, cfg: EngineConfig, images: str = "placeholder", *, env: dict[str, str] | None = None,
+        log_config: LogConfig | None = None,
+    ) -> None:  # fmt: skip
+        self.name = kind
+        self.render_hint = RenderHint(dpi=144)
+        self.max_concurrency = 1
+        self._spec = {"kind": kind, "engine": cfg.model_dump(mode="json"), "images": images,
+                      "logging": (log_config or LogConfig()).model_dump(mode="json")}  # fmt: skip
+        self._env = env or {}
+        self._describe: dict[str, Any] = {"name": kind}
+        self._proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._pending: dict[str, asyncio.Future[Recognition]] = {}
+        self._ready: asyncio.Future[tuple[Any, ...]] | None = None
+        self._scratch: Path | None = None
+        self._dead: str | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        parent, child = socket.socketpair()
+        self._scratch = Path(tempfile.mkdtemp(prefix="ocrwatch-engine-"))
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ocrwatch.engines.process", str(child.fileno()),
+                pass_fds=(child.fileno(),), env={**os.environ, **self._env}, stdin=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            child.close()
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        self._ready = asyncio.get_running_loop().create_future()
+        self._reader_task = asyncio.create_task(self._read(reader))
+        await _send(self._writer, ("start", self._spec))
+        message = await self._ready
+        if message[0] != "ready":
+            await self.close()
+            raise _error(*message[1:])
+        _, hint, self.max_concurrency, self._describe = message
+        self.render_hint = RenderHint(**hint)
+        self.name = self._describe.get("name", self.name)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        """Resolve each page's future from the child's replies; on EOF every waiting page fails as dead."""
+        while (message := await _receive(reader)) is not None:
+            kind, *rest = message
+            if kind in ("ready", "start_failed"):
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_result(message)
+                continue
+            future = self._pending.pop(rest[0], None)
+            if future is None or future.done():
+                continue
+            if kind == "result":
+                future.set_result(rest[1])
+            elif kind == "cancelled":
+                future.cancel()
+            else:
+                future.set_exception(_error(*rest[1:]))
+        code = await self._proc.wait() if self._proc is not None else None
+        self._dead = f"engine process exited with status {code}"
+        (log.info if self._closing else log.warning)(
+            "engine_process_exited", engine=self.name, status=code, pages_lost=len(self._pending)
+        )
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(("start_failed", "EngineDead", f"{self._dead} before it was ready", None))
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(EngineDead(f"{self.name}: {self._dead}"))
+        self._pending.clear()
+
+    async def recognize(self, page: PageRequest) -> Recognition:
+        if self._dead is not None or self._writer is None or self._scratch is None:
+            raise EngineDead(f"{self.name}: {self._dead or 'engine process is not running'}")
+        image = page.image if page.image.mode not in ("P", "PA") else page.image.convert("RGBA")
+        pixels = self._scratch / f"{len(self._pending)}-{time.monotonic_ns()}.raw"
+        await asyncio.to_thread(pixels.write_bytes, image.tobytes())
+        future: asyncio.Future[Recognition] = asyncio.get_running_loop().create_future()
+        self._pending[page.request_id] = future
+        try:
+            await _send(self._writer, ("page", page.request_id, str(pixels), image.mode, image.size, page.prompt,
+                                       page.priority, page.sampling, page.page_index))  # fmt: skip
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(page.request_id, None) is future:  # cancelled here, not aborted by the child
+                future.cancel()
+                await self.abort(page.request_id)
+            raise
+        finally:
+            pixels.unlink(missing_ok=True)
+
+    async def abort(self, request_id: str) -> None:
+        if self._writer is not None and self._dead is None:
+            with contextlib.suppress(ConnectionError):
+                await _send(self._writer, ("abort", request_id))
+
+    def release(self) -> None:
+        if self._writer is not None and self._dead is None:
+            data = pickle.dumps(("release",))
+            self._writer.write(_HEADER.pack(len(data)) + data)
+
+    async def close(self) -> None:
+        proc = self._proc
+        self._closing = True
+        if self._writer is not None and self._dead is None:
+            with contextlib.suppress(ConnectionError):
+                await _send(self._writer, ("close",))
+        if proc is not None and proc.returncode is None:
+            try:
+                await asyncio.wait_for(proc.wait(), CLOSE_SECONDS)
+            except TimeoutError:
+                log.warning("engine_process_killed", engine=self.name, after_seconds=CLOSE_SECONDS)
+                proc.kill()
+                await proc.wait()
+        if self._reader_task is not None:
+            await self._reader_task
+        if self._writer is not None:
+            self._writer.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        self._dead = self._dead or "engine process closed"
+
+    def describe(self) -> dict[str, Any]:
+        return self._describe
+
+
+class EngineSet:
+    """Several engines behind one: each page goes to the one with the fewest pages in flight."""
+
+    def __init__(self, engines: list[Engine]) -> None:
+        self.engines = engines
+        self.name = engines[0].name
+        self.render_hint = engines[0].render_hint
+        self.max_concurrency = sum(engine.max_concurrency for engine in engines)
+        self._load = [0] * len(engines)
+
+    async def start(self) -> None:
+        try:
+            for engine in self.engines:  # one after the other: a vLLM engine finds the first one's compile cache
+                await engine.start()
+        except BaseException:
+            await self.close()
+            raise
+        self.name = self.engines[0].name
+        self.render_hint = self.engines[0].render_hint
+        self.max_concurrency = sum(engine.max_concurrency for engine in self.engines)
+
+    async def recognize(self, page: PageRequest) -> Recognition:
+        index = min(range(len(self.engines)), key=self._load.__getitem__)
+        self._load[index] += 1
+        try:
+            return await self.engines[index].recognize(page)
+        finally:
+            self._load[index] -= 1
+
+    async def abort(self, request_id: str) -> None:
+        for engine in self.engines:
+            await engine.abort(request_id)
+
+    def release(self) -> None:
+        for engine in self.engines:
+            engine.release()
+
+    async def close(self) -> None:
+        for engine in self.engines:
+            await engine.close()
+
+    def describe(self) -> dict[str, Any]:
+        return self.engines[0].describe() | {"processes": len(self.engines)}
+
+
+async def _serve(sock: socket.socket) -> None:
+    """The child: build the engine the daemon asked for, then serve its pages until told to stop."""
+    from ocrwatch import logging as ocw_logging
+    from ocrwatch.engines import factory
+
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    message = await _receive(reader)
+    if message is None or message[0] != "start":
+        return
+    spec = message[1]
+    ocw_logging.configure(LogConfig.model_validate(spec["logging"]))
+    try:
+        engine = factory.build(EngineConfig.model_validate(spec["engine"]), spec["images"], kind=spec["kind"])
+        await engine.start()
+    except Exception as exc:
+        error = errors.classify(exc)
+        await _send(writer, ("start_failed", type(error).__name__, error.message, error.hint))
+        return
+    hint = engine.render_hint
+    await _send(writer, ("ready", {"dpi": hint.dpi, "max_side": hint.max_side, "max_pixels": hint.max_pixels},
+                         engine.max_concurrency, engine.describe()))  # fmt: skip
+    tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def page(request_id: str, path: str, mode: str, size: tuple[int, int], *fields: Any) -> None:
+        try:
+            image = Image.frombytes(mode, size, await asyncio.to_thread(Path(path).read_bytes))
+            request = PageRequest(request_id, image, *fields[:2], sampling=fields[2], page_index=fields[3])
+            result = await engine.recognize(request)
+        except asyncio.CancelledError:
+            await _send(writer, ("cancelled", request_id))
+        except Exception as exc:
+            error = errors.classify(exc)
+            await _send(writer, ("error", request_id, type(error).__name__, error.message, error.hint))
+        else:
+            await _send(writer, ("result", request_id, result))
+        finally:
+            tasks.pop(request_id, None)
+
+    try:
+        while (message := await _receive(reader)) is not None and message[0] != "close":
+            if message[0] == "page":
+                tasks[message[1]] = asyncio.create_task(page(*message[1:]))
+            elif message[0] == "abort":
+                await engine.abort(message[1])
+            elif message[0] == "release":
+                engine.release()
+    finally:
+        for task in list(tasks.values()):
+            task.cancel()
+        await engine.close()
+
+
+def main() -> None:
+    asyncio.run(_serve(socket.socket(fileno=int(sys.argv[1]))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""An engine in a child process: the real Tesseract engine served by ``python -m ocrwatch.engines.process``,
+observed through its replies and /proc; the router's choice and the vLLM replicas' arguments on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from ocrwatch.config import EngineConfig, TesseractConfig, VllmConfig
+from ocrwatch.engines import factory
+from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
+from ocrwatch.engines.process import EngineSet, ProcessEngine
+from ocrwatch.errors import ConfigError, EngineDead
+
+needs_tesseract = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
+
+
+def text_page(lines: list[str], size: tuple[int, int] = (1400, 400)) -> Image.Image:
+    image = Image.new("L", size, 255)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=48)
+    for number, line in enumerate(lines):
+        draw.text((60, 60 + 80 * number), line, font=font, fill=0)
+    return image
+
+
+def slow_page() -> Image.Image:
+    return text_page([f"Line {i}: the committee reviewed the budget of the library again." for i in range(60)],
+                     size=(3400, 5000))  # fmt: skip
+
+
+def tesseract(workers: int = 2, binary: str = "tesseract") -> ProcessEngine:
+    cfg = EngineConfig(kind="tesseract", tesseract=TesseractConfig(dpi=150, workers=workers, binary=binary))
+    return ProcessEngine("tesseract", cfg)
+
+
+def children() -> list[int]:
+    """This process's children, from /proc."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                found.append(int(entry))
+    return found
+
+
+@needs_tesseract
+async def test_a_page_is_read_by_tesseract_in_a_child_process() -> None:
+    before = set(children())
+    engine = tesseract()
+    await engine.start()
+    try:
+        (child,) = set(children()) - before
+        assert engine.name == "tesseract" and engine.max_concurrency == 2 and engine.render_hint.dpi == 150
+        pages = [PageRequest(f"p{i}", text_page([f"Invoice {4711 + i} paid"]), "markdown") for i in range(3)]
+        results = await asyncio.gather(*(engine.recognize(page) for page in pages))
+        for index, result in enumerate(results):
+            assert isinstance(result, Recognition)
+            assert f"Invoice {4711 + index} paid" in result.markdown
+        rgb = await engine.recognize(PageRequest("rgb", text_page(["Colour page"]).convert("RGB"), "markdown"))
+        assert "Colour page" in rgb.markdown
+        assert engine.describe()["name"] == "tesseract"
+    finally:
+        await engine.close()
+    assert child not in children()
+    assert engine._scratch is not None and not engine._scratch.exists()
+
+
+@needs_tesseract
+async def test_abort_and_cancel_stop_a_page_and_the_child_serves_on() -> None:
+    engine = tesseract()
+    await engine.start()
+    try:
+        slow = asyncio.create_task(engine.recognize(PageRequest("slow", slow_page(), "markdown")))
+        await asyncio.sleep(1.0)
+        await engine.abort("slow")
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(slow, 10)
+        caller = asyncio.create_task(engine.recognize(PageRequest("slow2", slow_page(), "markdown")))
+        await asyncio.sleep(1.0)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        after = await engine.recognize(PageRequest("after", text_page(["Still serving"]), "markdown"))
+        assert "Still serving" in after.markdown
+    finally:
+        await engine.close()
+
+
+@needs_tesseract
+async def test_a_killed_child_fails_its_pages_as_engine_dead() -> None:
+    before = set(children())
+    engine = tesseract()
+    await engine.start()
+    (child,) = set(children()) - before
+    try:
+        slow = asyncio.create_task(engine.recognize(PageRequest("slow", slow_page(), "markdown")))
+        await asyncio.sleep(1.0)
+        os.kill(child, signal.SIGKILL)
+        with pytest.raises(EngineDead, match="exited with status -9"):
+            await asyncio.wait_for(slow, 10)
+        with pytest.raises(EngineDead):
+            await engine.recognize(PageRequest("next", text_page(["x"]), "markdown"))
+    finally:
+        await engine.close()
+
+
+async def test_a_child_that_cannot_start_raises_the_engines_own_error() -> None:
+    engine = tesseract(binary="/nonexistent/tesseract")
+    with pytest.raises(ConfigError, match="nonexistent"):
+        await engine.start()
+    assert engine._scratch is not None and not engine._scratch.exists()
+
+
+class Counting:
+    """A stand-in engine for the router's choice alone: it counts the pages in it."""
+
+    def __init__(self, name: str, gate: asyncio.Event) -> None:
+        self.name = name
+        self.render_hint = RenderHint(dpi=144)
+        self.max_concurrency = 4
+        self.gate = gate
+        self.seen: list[str] = []
+        self.aborted: list[str] = []
+
+    async def start(self) -> None: ...
+
+    async def recognize(self, page: PageRequest) -> Recognition:
+        self.seen.append(page.request_id)
+        await self.gate.wait()
+        return Recognition(markdown=self.name, raw=self.name)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def release(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+async def test_the_set_sends_each_page_to_the_least_loaded_engine() -> None:
+    gate = asyncio.Event()
+    a, b = Counting("a", gate), Counting("b", gate)
+    engines = EngineSet([a, b])
+    await engines.start()
+    assert engines.max_concurrency == 8 and engines.describe() == {"name": "a", "processes": 2}
+    tasks = [asyncio.create_task(engines.recognize(PageRequest(f"p{i}", Image.new("L", (8, 8)), ""))) for i in range(6)]
+    await asyncio.sleep(0)
+    assert (len(a.seen), len(b.seen)) == (3, 3)
+    await engines.abort("p1")
+    assert a.aborted == b.aborted == ["p1"]
+    gate.set()
+    assert sorted(r.markdown for r in await asyncio.gather(*tasks)) == ["a", "a", "a", "b", "b", "b"]
+
+
+def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7")
+    cfg = EngineConfig(kind="vllm", vllm=VllmConfig(replicas=2, tensor_parallel_size=2, replica_processes=True))
+    engine = factory.build(cfg, kind="vllm")
+    assert isinstance(engine, EngineSet)
+    envs = [child._env for child in engine.engines]  # type: ignore[attr-defined]
+    assert envs == [{"CUDA_VISIBLE_DEVICES": "2,3"}, {"CUDA_VISIBLE_DEVICES": "5,7"}]
+    for child in engine.engines:
+        spec = child._spec  # type: ignore[attr-defined]
+        inner = EngineConfig.model_validate(spec["engine"]).vllm
+        assert (spec["kind"], inner.replicas, inner.replica_processes, inner.tensor_parallel_size) == ("vllm", 1, False, 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(ConfigError, match="need 4 GPUs, 2 visible"):
+        factory.build(cfg, kind="vllm")
