@@ -69,6 +69,7 @@ async def test_a_page_is_read_by_tesseract_in_a_child_process() -> None:
         for index, result in enumerate(results):
             assert isinstance(result, Recognition)
             assert f"Invoice {4711 + index} paid" in result.markdown
+        os.kill(child, signal.SIGINT)  # Ctrl-C reaches the process group; the daemon alone acts on it
         rgb = await engine.recognize(PageRequest("rgb", text_page(["Colour page"]).convert("RGB"), "markdown"))
         assert "Colour page" in rgb.markdown
         assert engine.describe()["name"] == "tesseract"

@@ -19,6 +19,7 @@ import contextlib
 import os
 import pickle
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -293,6 +294,8 @@ async def _serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
+    # Ctrl-C in a terminal reaches the whole process group: the daemon stops this child through the socket.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_serve(socket.socket(fileno=int(sys.argv[1]))))
 
 
