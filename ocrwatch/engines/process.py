@@ -33,7 +33,7 @@ from PIL import Image
 
 from ocrwatch import errors
 from ocrwatch.config import EngineConfig, LogConfig
-from ocrwatch.engines.base import Engine, PageRequest, Recognition, RenderHint
+from ocrwatch.engines.base import Engine, PageRequest, Recognition, RenderHint, Sampling
 from ocrwatch.errors import EngineDead, EngineFailed, OcrwatchError
 
 log = structlog.get_logger()
@@ -255,7 +255,7 @@ async def _serve(sock: socket.socket) -> None:
     try:
         engine = factory.build(EngineConfig.model_validate(spec["engine"]), spec["images"], kind=spec["kind"])
         await engine.start()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever stopped the start is the daemon's to report
         error = errors.classify(exc)
         await _send(writer, ("start_failed", type(error).__name__, error.message, error.hint))
         return
@@ -264,14 +264,17 @@ async def _serve(sock: socket.socket) -> None:
                          engine.max_concurrency, engine.describe()))  # fmt: skip
     tasks: dict[str, asyncio.Task[None]] = {}
 
-    async def page(request_id: str, path: str, mode: str, size: tuple[int, int], *fields: Any) -> None:
+    async def page(
+        request_id: str, path: str, mode: str, size: tuple[int, int], prompt: str, priority: int,
+        sampling: Sampling, page_index: int,
+    ) -> None:  # fmt: skip
         try:
             image = Image.frombytes(mode, size, await asyncio.to_thread(Path(path).read_bytes))
-            request = PageRequest(request_id, image, *fields[:2], sampling=fields[2], page_index=fields[3])
+            request = PageRequest(request_id, image, prompt, priority, sampling=sampling, page_index=page_index)
             result = await engine.recognize(request)
         except asyncio.CancelledError:
             await _send(writer, ("cancelled", request_id))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a page's failure goes back to the daemon, never ends the child
             error = errors.classify(exc)
             await _send(writer, ("error", request_id, type(error).__name__, error.message, error.hint))
         else:
