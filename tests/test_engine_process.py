@@ -183,3 +183,15 @@ def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(ConfigError, match="need 4 GPUs, 2 visible"):
         factory.build(cfg, kind="vllm")
+
+
+async def test_a_vllm_replica_process_that_cannot_start_says_why() -> None:
+    """The real vLLM engine in the child: without vllm installed (or without a GPU, or without the model), its
+    start fails there and the daemon gets the engine's own error, retryable, with the child gone."""
+    before = set(children())
+    cfg = EngineConfig(kind="vllm", vllm=VllmConfig(model="/nonexistent/DeepSeek-OCR-2", enforce_eager=True))
+    engine = ProcessEngine("vllm", cfg, env={"CUDA_VISIBLE_DEVICES": ""})
+    with pytest.raises(EngineDead, match="vLLM engine could not start") as caught:
+        await engine.start()
+    assert caught.value.retryable
+    assert set(children()) - before == set()
