@@ -43,9 +43,13 @@ CLOSE_SECONDS = 120.0
 """How long ``close`` waits for a child to stop its engine (vLLM's shutdown) before it is killed."""
 
 
-async def _send(writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
+def _frame(message: tuple[Any, ...]) -> bytes:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(_HEADER.pack(len(data)) + data)
+    return _HEADER.pack(len(data)) + data
+
+
+async def _send(writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
+    writer.write(_frame(message))
     await writer.drain()
 
 
@@ -150,15 +154,21 @@ class ProcessEngine:
         future: asyncio.Future[Recognition] = asyncio.get_running_loop().create_future()
         self._pending[page.request_id] = future
         try:
+            if self._dead is not None:  # the child went while the pixels were written: nobody would answer
+                raise EngineDead(f"{self.name}: {self._dead}")
             await _send(self._writer, ("page", page.request_id, str(pixels), image.mode, image.size, page.prompt,
                                        page.priority, page.sampling, page.page_index))  # fmt: skip
             return await future
+        except ConnectionError as exc:
+            raise EngineDead(f"{self.name}: the engine process's socket failed: {exc}") from exc
         except asyncio.CancelledError:
             if self._pending.pop(page.request_id, None) is future:  # cancelled here, not aborted by the child
                 future.cancel()
                 await self.abort(page.request_id)
             raise
         finally:
+            if self._pending.get(page.request_id) is future:
+                del self._pending[page.request_id]
             pixels.unlink(missing_ok=True)
 
     async def abort(self, request_id: str) -> None:
@@ -168,8 +178,7 @@ class ProcessEngine:
 
     def release(self) -> None:
         if self._writer is not None and self._dead is None:
-            data = pickle.dumps(("release",))
-            self._writer.write(_HEADER.pack(len(data)) + data)
+            self._writer.write(_frame(("release",)))
 
     async def close(self) -> None:
         proc = self._proc
