@@ -210,10 +210,14 @@ class EngineSet:
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
-        self.name = engines[0].name
-        self.render_hint = engines[0].render_hint
-        self.max_concurrency = sum(engine.max_concurrency for engine in engines)
         self._load = [0] * len(engines)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Name, geometry and capacity from the engines; a ``ProcessEngine`` learns its own only at start."""
+        self.name = self.engines[0].name
+        self.render_hint = self.engines[0].render_hint
+        self.max_concurrency = sum(engine.max_concurrency for engine in self.engines)
 
     async def start(self) -> None:
         try:
@@ -222,9 +226,7 @@ class EngineSet:
         except BaseException:
             await self.close()
             raise
-        self.name = self.engines[0].name
-        self.render_hint = self.engines[0].render_hint
-        self.max_concurrency = sum(engine.max_concurrency for engine in self.engines)
+        self._adopt()
 
     async def recognize(self, page: PageRequest) -> Recognition:
         index = min(range(len(self.engines)), key=self._load.__getitem__)
