@@ -129,3 +129,16 @@ def test_fault_engines_honour_the_engine_protocol(engine: Engine) -> None:
     assert isinstance(engine, Engine)
     assert engine.max_concurrency >= 1 and engine.render_hint.dpi > 0
     assert engine.describe()["name"] == engine.name
+
+
+def test_gpu_count_reads_the_driver_folder_or_the_device_nodes(tmp_path: Path) -> None:
+    proc, dev = tmp_path / "gpus", tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
+        (dev / name).touch()
+    assert factory.gpu_count(str(proc), str(dev)) == 2  # a container: nodes, no /proc/driver/nvidia
+    proc.mkdir()
+    for bus in ("0000:17:00.0", "0000:3d:00.0", "0000:63:00.0"):
+        (proc / bus).mkdir()
+    assert factory.gpu_count(str(proc), str(dev)) == 3
+    assert factory.gpu_count(str(tmp_path / "none"), str(tmp_path / "none")) == 0

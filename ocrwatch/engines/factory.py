@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from typing import Any, Literal
 
 from ocrwatch.config import EngineConfig, LogConfig
@@ -65,12 +66,18 @@ def load_plugin(spec: str, args: dict[str, Any]) -> Engine:
     return engine
 
 
-def gpu_count() -> int:
-    """GPUs the NVIDIA driver lists, read without importing torch (which would stall the event loop)."""
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
+def gpu_count(proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> int:
+    """GPUs the NVIDIA driver lists, read without importing torch (which would stall the event loop).
+
+    A container often has the device nodes (``/dev/nvidia0`` …) but not the driver's ``/proc`` folder, so the
+    nodes count too."""
+    counts = []
+    for folder, keep in ((proc, lambda name: True), (dev, lambda name: re.fullmatch(r"nvidia\d+", name) is not None)):
+        try:
+            counts.append(sum(1 for name in os.listdir(folder) if keep(name)))
+        except OSError:
+            continue
+    return max(counts, default=0)
 
 
 def build(
