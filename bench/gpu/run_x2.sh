@@ -25,6 +25,8 @@
 #                                    (NGRAM=none: both without the n-gram logits processor, on vLLM's V2 runner;
 #                                    REPEAT=3 is what a 560 s call holds, the default 6 is not;
 #                                    REPLICA_PROCESSES=1: replica_processes = true)
+#   bash bench/gpu/run_x2.sh solo    run 9: (a) on GPU 0 with the engine in a child process, then (a) in the daemon's
+#                                    process, one after the other (REPEAT=3; BUDGET 440 holds both from cold)
 #   bash bench/gpu/run_x2.sh ninedp  run 8: (a) on GPU 0 alone (the compile cache of `nine` when the machine is the
 #                                    same), then data_parallel_size = 2 alone on twice the pages
 # Same engine settings throughout: SEQS (256) sequences, BATCHED (32768) batched tokens, 1,000 forced output
@@ -103,6 +105,15 @@ case $step in
       nine) replicas /tmp/ocw-e2e-cache-9 --ngram-processor $NGRAM ${REPLICA_PROCESSES:+--replica-processes} ;;
       ninedp) parallel dp ;;
     esac ;;
+  solo)  # run 9: one GPU with its engine in a child process (replica_processes = true, cold compile cache), then
+         # the same in the daemon's process (warm cache), one after the other on GPU 0, in one call
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e onep ${ONE_S:-250} --fast --ngram-processor $NGRAM $common --cache-dir /tmp/ocw-e2e-cache-9 --replica-processes \
+        --port 9464 --work /tmp/ocw-e2e-p --phases a --timeout $(( ${ONE_S:-250} - 30 )) )
+    reap
+    ( export CUDA_VISIBLE_DEVICES=0
+      e2e one $(( $(left) - 10 )) --fast --ngram-processor $NGRAM $common --cache-dir /tmp/ocw-e2e-cache-9 \
+        --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( $(left) - 40 )) ) ;;
   all)  # one call for both issues: GPU 0 the daemon (a) with its processes' stacks sampled, GPU 1 (b) on the
         # same pages; then both GPUs as two replicas on twice the pages. GRAPHS=1: the encoder's CUDA graphs.
     graphs=${GRAPHS:+--encoder-graphs}

@@ -80,6 +80,11 @@ def gpu_count(proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> int:
     return max(counts, default=0)
 
 
+def _visible(devices: str | None) -> dict[str, str]:
+    """A replica process's GPUs; one replica (``None``) inherits the daemon's."""
+    return {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
+
+
 def build(
     cfg: EngineConfig,
     output_images: Literal["placeholder", "drop"] = "placeholder",
@@ -90,7 +95,7 @@ def build(
     """The engine of ``kind`` (default: ``choose(cfg)``), built but not started; ``log`` is passed to engines
     that run in processes of their own."""
     kind = kind or choose(cfg)[0]
-    if kind == "vllm" and cfg.vllm.replicas > 1 and cfg.vllm.replica_processes:
+    if kind == "vllm" and cfg.vllm.replica_processes:
         from ocrwatch.engines.process import EngineSet, ProcessEngine
         from ocrwatch.engines.vllm import replica_devices
 
@@ -98,7 +103,7 @@ def build(
         devices = replica_devices(cfg.vllm, os.environ.get("CUDA_VISIBLE_DEVICES"), gpu_count())
         return EngineSet(
             [
-                ProcessEngine("vllm", single, output_images, env={"CUDA_VISIBLE_DEVICES": group or ""}, log_config=log)
+                ProcessEngine("vllm", single, output_images, env=_visible(group), log_config=log)
                 for group in devices
             ]
         )
