@@ -120,7 +120,7 @@ class VllmConfig(_Model):
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
-    replica_processes: bool = False
+    replica_processes: bool | Literal["auto"] = "auto"
     seed: int = 0
     load_format: str = "auto"
     fast_encoder: bool = False
@@ -138,6 +138,12 @@ class VllmConfig(_Model):
     prompts: dict[str, str] = Field(default_factory=dict)
     compile_cache_dir: Path | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def in_processes(self) -> bool:
+        """Whether each replica's engine runs in a process of its own: ``auto`` does when there are several, where
+        it was measured faster (bench/README.md, run 9); one engine gained nothing from it."""
+        return self.replicas > 1 if self.replica_processes == "auto" else self.replica_processes
 
 
 class EngineConfig(_Model):

@@ -57,6 +57,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ("[output]\nname_template = '../{name}'\n", "output.name_template"),
         ("[[s3]]\ntransport = 'webhook'\n", "s3.0"),
         ("[limits]\nmax_pages = -1\n", "limits.max_pages"),
+        ("[engine.vllm]\nreplica_processes = 'sometimes'\n", "engine.vllm.replica_processes"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
@@ -93,3 +94,18 @@ def test_cli_exit_code_2_on_invalid_config(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "render.dpi" in proc.stderr and str(path) in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", False),
+        ("replicas = 2", True),
+        ("replicas = 2\nreplica_processes = false", False),
+        ("replica_processes = true", True),
+        ("replicas = 1\nreplica_processes = 'auto'", False),
+    ],
+)
+def test_replica_processes_auto_means_several_replicas(tmp_path: Path, text: str, expected: bool) -> None:
+    cfg = config.load(write(tmp_path, f"[engine.vllm]\n{text}\n"))
+    assert cfg.engine.vllm.in_processes is expected

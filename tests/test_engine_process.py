@@ -184,6 +184,13 @@ def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(ConfigError, match="need 4 GPUs, 2 visible"):
         factory.build(cfg, kind="vllm")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(factory, "gpu_count", lambda: 2)
+    by_default = factory.build(EngineConfig(kind="vllm", vllm=VllmConfig(replicas=2)), kind="vllm")
+    assert isinstance(by_default, EngineSet)
+    assert [child._env for child in by_default.engines] == [  # type: ignore[attr-defined]
+        {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}
+    ]
     one = factory.build(EngineConfig(kind="vllm", vllm=VllmConfig(replica_processes=True)), kind="vllm")
     assert isinstance(one, EngineSet) and len(one.engines) == 1
     assert one.engines[0]._env == {}  # type: ignore[attr-defined]  # one replica sees the daemon's GPUs

@@ -252,7 +252,7 @@ compile_cache_dir = "{a.cache_dir}"
 data_parallel_size = {a.dp}
 tensor_parallel_size = {a.tp}
 replicas = {a.replicas}
-replica_processes = {"true" if a.replica_processes else "false"}
+replica_processes = {'"auto"' if a.replica_processes == "auto" else a.replica_processes}
 {'ngram_size = 0{0}window_size = 0{0}ladder = []{0}'.format(chr(10)) if a.ngram_processor == "none" else f'ngram_processor = "{a.ngram_processor}"{chr(10)}'}
 [engine.vllm.engine_args]
 {engine_args}
@@ -291,7 +291,8 @@ def main() -> None:
     ap.add_argument("--dp", type=int, default=1, help="[engine.vllm] data_parallel_size")
     ap.add_argument("--tp", type=int, default=1, help="[engine.vllm] tensor_parallel_size")
     ap.add_argument("--replicas", type=int, default=1, help="[engine.vllm] replicas")
-    ap.add_argument("--replica-processes", action="store_true", help="[engine.vllm] replica_processes = true")
+    ap.add_argument("--replica-processes", nargs="?", const="true", default="auto", choices=["auto", "true", "false"],
+                    help="[engine.vllm] replica_processes (alone: true; default: auto, the daemon's own default)")
     ap.add_argument("--ngram-processor", choices=("batched", "per_request", "none"), default="batched",
                     help="none: the guard off in every rung, so no logits processor is registered")
     ap.add_argument("--max-inflight", type=int, default=None, help="[scheduler] max_inflight_pages")

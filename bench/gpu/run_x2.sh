@@ -24,7 +24,8 @@
 #   bash bench/gpu/run_x2.sh nine    run 8 (issue 9): (a) on GPU 0 alone, then replicas = 2 alone on twice the pages
 #                                    (NGRAM=none: both without the n-gram logits processor, on vLLM's V2 runner;
 #                                    REPEAT=3 is what a 560 s call holds, the default 6 is not;
-#                                    REPLICA_PROCESSES=1: replica_processes = true)
+#                                    REPLICA_PROCESSES=true|false: replica_processes, else the daemon's
+#                                    default "auto", which is true for replicas = 2 since run 9)
 #   bash bench/gpu/run_x2.sh solo    run 9: (a) on GPU 0 with the engine in a child process, then (a) in the daemon's
 #                                    process, one after the other (REPEAT=3; BUDGET 440 holds both from cold)
 #   bash bench/gpu/run_x2.sh ninedp  run 8: (a) on GPU 0 alone (the compile cache of `nine` when the machine is the
@@ -102,7 +103,7 @@ case $step in
         --port 9464 --work /tmp/ocw-e2e-0 --phases a --timeout $(( ${ONE_S:-250} - 30 )) )
     reap
     case $step in
-      nine) replicas /tmp/ocw-e2e-cache-9 --ngram-processor $NGRAM ${REPLICA_PROCESSES:+--replica-processes} ;;
+      nine) replicas /tmp/ocw-e2e-cache-9 --ngram-processor $NGRAM ${REPLICA_PROCESSES:+--replica-processes $REPLICA_PROCESSES} ;;
       ninedp) parallel dp ;;
     esac ;;
   solo)  # run 9: one GPU with its engine in a child process (replica_processes = true, cold compile cache), then

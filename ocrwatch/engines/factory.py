@@ -95,7 +95,7 @@ def build(
     """The engine of ``kind`` (default: ``choose(cfg)``), built but not started; ``log`` is passed to engines
     that run in processes of their own."""
     kind = kind or choose(cfg)[0]
-    if kind == "vllm" and cfg.vllm.replica_processes:
+    if kind == "vllm" and cfg.vllm.in_processes:
         from ocrwatch.engines.process import EngineSet, ProcessEngine
         from ocrwatch.engines.vllm import replica_devices
 

@@ -2,8 +2,9 @@
 
 Why: every vLLM replica's front end (input preparation in its processor threads, output handling on the event
 loop) runs in the process that built it. With ``replicas`` in the daemon's process they all share its GIL with
-rendering and the scheduler; with ``replica_processes = true`` each replica's front end gets a process (and a
-GIL) of its own, and the daemon only routes pages.
+rendering and the scheduler; with ``replica_processes`` (by default when ``replicas`` > 1) each replica's front
+end gets a process (and a GIL) of its own, and the daemon only routes pages: on two H200s, 1.80-2.11x one GPU
+instead of 1.62x (bench/README.md, run 9).
 
 The wire is a Unix socket pair (vLLM logs to stdout, so stdout cannot be it): length-prefixed pickles of small
 messages. A page's pixels do not cross the socket: the daemon writes them to a file in a private folder in one
