@@ -119,6 +119,55 @@ async def test_a_killed_child_fails_its_pages_as_engine_dead() -> None:
         await engine.close()
 
 
+async def wait_until(condition: Any, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+@needs_tesseract
+async def test_a_dead_replica_is_restarted_alone_and_its_page_finished_by_another() -> None:
+    before = set(children())
+    engines = EngineSet([tesseract(workers=1), tesseract(workers=1)])
+    await engines.start()
+    try:
+        first, second = (engine._proc.pid for engine in engines.engines)  # type: ignore[attr-defined]
+        assert set(children()) - before == {first, second}
+        slow = [asyncio.create_task(engines.recognize(PageRequest(f"slow{i}", slow_page(), "markdown")))
+                for i in range(2)]  # fmt: skip
+        await asyncio.sleep(1.0)  # one page in each child
+        os.kill(first, signal.SIGKILL)
+        for page in await asyncio.wait_for(asyncio.gather(*slow), 120):
+            assert "the committee reviewed the budget" in page.markdown  # the killed child's page too
+        await wait_until(lambda: not engines._down)
+        restarted = engines.engines[0]._proc.pid  # type: ignore[attr-defined]
+        assert restarted != first and set(children()) - before == {restarted, second}
+        alone = await engines.engines[0].recognize(PageRequest("alone", text_page(["Restarted child"]), "markdown"))
+        assert "Restarted child" in alone.markdown
+        pages = [PageRequest(f"p{i}", text_page([f"Receipt {100 + i}"]), "markdown") for i in range(4)]
+        for index, page in enumerate(await asyncio.gather(*(engines.recognize(p) for p in pages))):
+            assert f"Receipt {100 + index}" in page.markdown
+    finally:
+        await engines.close()
+    assert set(children()) - before == set()
+
+
+@needs_tesseract
+async def test_a_set_with_every_replica_down_fails_the_page_as_engine_dead() -> None:
+    engines = EngineSet([tesseract(workers=1), tesseract(workers=1)])
+    await engines.start()
+    try:
+        for engine in engines.engines:
+            os.kill(engine._proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        await wait_until(lambda: all(engine._dead for engine in engines.engines))  # type: ignore[attr-defined]
+        with pytest.raises(EngineDead):
+            await engines.recognize(PageRequest("late", text_page(["Nobody reads this"]), "markdown"))
+        assert engines._down == {0, 1}
+    finally:
+        await engines.close()
+
+
 async def test_a_child_that_cannot_start_raises_the_engines_own_error() -> None:
     engine = tesseract(binary="/nonexistent/tesseract")
     with pytest.raises(ConfigError, match="nonexistent"):

@@ -31,6 +31,9 @@ from typing import Any
 
 import structlog
 from PIL import Image
+from tenacity import (
+    AsyncRetrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter,
+)
 
 from ocrwatch import errors
 from ocrwatch.config import EngineConfig, LogConfig
@@ -97,6 +100,7 @@ class ProcessEngine:
         self._closing = False
 
     async def start(self) -> None:
+        self._dead, self._closing, self._pending = None, False, {}  # a restart after close() starts afresh
         parent, child = socket.socketpair()
         self._scratch = Path(tempfile.mkdtemp(prefix="ocrwatch-engine-"))
         try:
@@ -208,11 +212,18 @@ class ProcessEngine:
 
 
 class EngineSet:
-    """Several engines behind one: each page goes to the one with the fewest pages in flight."""
+    """Several engines behind one: each page goes to the one with the fewest pages in flight.
+
+    A member that dies is restarted on its own while the others go on, and its pages go to them: one replica's
+    death must not stop every GPU for a rebuild (a vLLM start is 1-2 minutes). Only when every member is down
+    does the page fail as ``EngineDead``, and the daemon's supervisor rebuilds the whole set."""
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
         self._load = [0] * len(engines)
+        self._down: set[int] = set()
+        self._restarts: dict[int, asyncio.Task[None]] = {}
+        self._closing = False
         self._adopt()
 
     def _adopt(self) -> None:
@@ -231,12 +242,56 @@ class EngineSet:
         self._adopt()
 
     async def recognize(self, page: PageRequest) -> Recognition:
-        index = min(range(len(self.engines)), key=self._load.__getitem__)
+        result: Recognition | None = None
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(EngineDead), stop=stop_after_attempt(len(self.engines)), reraise=True
+        ):
+            with attempt:
+                result = await self._recognize_on_one(page)
+        assert result is not None
+        return result
+
+    async def _recognize_on_one(self, page: PageRequest) -> Recognition:
+        up = [index for index in range(len(self.engines)) if index not in self._down]
+        if not up:
+            raise EngineDead(f"{self.name}: all {len(self.engines)} replicas are down")
+        index = min(up, key=self._load.__getitem__)
         self._load[index] += 1
         try:
             return await self.engines[index].recognize(page)
+        except EngineDead as exc:
+            self._member_died(index, exc)
+            raise
         finally:
             self._load[index] -= 1
+
+    def _member_died(self, index: int, exc: EngineDead) -> None:
+        if index in self._down or self._closing:
+            return
+        self._down.add(index)
+        log.error("engine_replica_dead", engine=self.name, replica=index, error=exc.message,
+                  replicas_up=len(self.engines) - len(self._down))  # fmt: skip
+        self._restarts[index] = asyncio.create_task(self._restart(index), name=f"restart-replica-{index}")
+
+    async def _restart(self, index: int) -> None:
+        """Close what is left of the member, then start it again with backoff until it runs or cannot."""
+        engine = self.engines[index]
+        try:
+            await asyncio.wait_for(engine.close(), CLOSE_SECONDS)
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(lambda exc: errors.classify(exc).retryable),
+                wait=wait_exponential_jitter(initial=1, max=60),
+                reraise=True,
+            ):
+                with attempt:
+                    await engine.start()
+        except Exception as exc:  # noqa: BLE001 - a member that cannot start stays down; the others go on
+            error = errors.classify(exc)
+            log.error("engine_replica_failed", engine=self.name, replica=index, kind=error.kind, error=error.message)
+            return
+        self._down.discard(index)
+        up = len(self.engines) - len(self._down)
+        log.info("engine_replica_restarted", engine=self.name, replica=index, replicas_up=up)
 
     async def abort(self, request_id: str) -> None:
         for engine in self.engines:
@@ -247,6 +302,11 @@ class EngineSet:
             engine.release()
 
     async def close(self) -> None:
+        self._closing = True
+        restarts = list(self._restarts.values())
+        for task in restarts:
+            task.cancel()
+        await asyncio.gather(*restarts, return_exceptions=True)
         for engine in self.engines:
             await engine.close()
 
