@@ -8,7 +8,9 @@ arguments only, so a configuration can name it::
     plugin = "tests.fault_engines:CrashingEngine"
     plugin_args = { every = 3 }
 
-- ``EchoEngine``: deterministic text from the page's pixels, quickly (scheduler and daemon tests).
+- ``EchoEngine``: deterministic text from the page's pixels, quickly (scheduler and daemon tests); ``start_delay``
+  stands for an engine that takes long to start, ``start_command`` for one that starts a process of its own
+  (vLLM's engine core).
 - ``CrashingEngine``: ``EngineDead`` on every Nth page, counted across the process, so a rebuilt engine
   carries on counting and a requeued page succeeds; a dead engine fails its in-flight pages too. With
   ``error = "failed"`` it raises ``EngineFailed`` for that page instead and lives on.
@@ -22,6 +24,7 @@ import asyncio
 import hashlib
 import itertools
 import re
+import subprocess
 from collections.abc import Coroutine
 from typing import Any, Literal
 
@@ -102,9 +105,13 @@ class EchoEngine:
     name = "echo"
 
     def __init__(
-        self, *, delay: float = 0.0, max_concurrency: int = 8, dpi: int = 100, text: str | None = None
-    ) -> None:
+        self, *, delay: float = 0.0, max_concurrency: int = 8, dpi: int = 100, text: str | None = None,
+        start_delay: float = 0.0, start_command: list[str] | None = None,
+    ) -> None:  # fmt: skip
         self.delay = delay
+        self.start_delay = start_delay
+        self.start_command = start_command
+        self.helper: subprocess.Popen[bytes] | None = None
         self.text = text
         self.max_concurrency = max_concurrency
         self.render_hint = RenderHint(dpi=dpi)
@@ -113,6 +120,9 @@ class EchoEngine:
         self.releases = 0
 
     async def start(self) -> None:
+        if self.start_command:
+            self.helper = subprocess.Popen(self.start_command)
+        await asyncio.sleep(self.start_delay)
         self.started = True
 
     async def recognize(self, page: PageRequest) -> Recognition:
@@ -130,6 +140,9 @@ class EchoEngine:
 
     async def close(self) -> None:
         await self.requests.cancel_all()
+        if self.helper is not None:
+            self.helper.terminate()
+            self.helper.wait()
         self.closed = True
 
     def describe(self) -> dict[str, Any]:

@@ -7,6 +7,8 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,9 +44,9 @@ def tesseract(workers: int = 2, binary: str = "tesseract") -> ProcessEngine:
     return ProcessEngine("tesseract", cfg)
 
 
-def children() -> list[int]:
-    """This process's children, from /proc."""
-    me = os.getpid()
+def children(of: int | None = None) -> list[int]:
+    """The children of ``of`` (this process), from /proc."""
+    parent = of or os.getpid()
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -52,9 +54,28 @@ def children() -> list[int]:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
                 found.append(int(entry))
     return found
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may wait for a reaper that a container lacks)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+DAEMON = """
+import asyncio
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines.process import ProcessEngine
+
+cfg = EngineConfig(kind="plugin", plugin="tests.fault_engines:EchoEngine",
+                   plugin_args={"start_delay": 600, "start_command": ["sleep", "600"]})
+asyncio.run(ProcessEngine("plugin", cfg).start())
+"""
 
 
 @needs_tesseract
@@ -166,6 +187,38 @@ async def test_a_set_with_every_replica_down_fails_the_page_as_engine_dead() -> 
         assert engines._down == {0, 1}
     finally:
         await engines.close()
+
+
+async def test_a_start_cancelled_while_the_child_starts_leaves_no_child() -> None:
+    """The daemon stopping while a replica restarts cancels its start: the child must go at once, not wait for
+    an engine start (minutes for vLLM) to finish."""
+    before = set(children())
+    cfg = EngineConfig(kind="plugin", plugin="tests.fault_engines:EchoEngine", plugin_args={"start_delay": 60})
+    engine = ProcessEngine("plugin", cfg)
+    starting = asyncio.create_task(engine.start())
+    await wait_until(lambda: bool(set(children()) - before) and engine._ready is not None, 30)
+    started = time.monotonic()
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert time.monotonic() - started < 10
+    assert set(children()) - before == set()
+    assert engine._scratch is not None and not engine._scratch.exists()
+
+
+async def test_a_daemon_killed_outright_takes_its_engine_process_and_the_engines_own_along() -> None:
+    """Killed while its engine starts (the child reads no socket then), the daemon must not leave the child or
+    the engine's own process (vLLM's engine core, here ``sleep``) holding a GPU."""
+    daemon = subprocess.Popen([sys.executable, "-c", DAEMON], cwd=Path(__file__).parents[1])
+    try:
+        await wait_until(lambda: len(children(daemon.pid)) == 1 and len(children(children(daemon.pid)[0])) == 1, 30)
+        (child,) = children(daemon.pid)
+        (engine_process,) = children(child)
+        assert os.getpgid(child) == os.getpgid(engine_process) == child != os.getpgid(daemon.pid)
+    finally:
+        daemon.kill()
+        daemon.wait()
+    await wait_until(lambda: not running(child) and not running(engine_process), 15)
 
 
 async def test_a_child_that_cannot_start_raises_the_engines_own_error() -> None:

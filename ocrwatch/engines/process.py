@@ -10,13 +10,16 @@ The wire is a Unix socket pair (vLLM logs to stdout, so stdout cannot be it): le
 messages. A page's pixels do not cross the socket: the daemon writes them to a file in a private folder in one
 call and the child reads them in one call (a socket is written and read in pieces, each a wait for the GIL).
 The child inherits the daemon's environment plus its own (``CUDA_VISIBLE_DEVICES`` for a replica), logs to the
-same stderr, and exits when the daemon closes it or the socket, so it never outlives the daemon.
+same stderr, leads a process group of its own (with its engine's processes: Ctrl-C and signals to the daemon's
+group are the daemon's to act on), and exits when the daemon closes it or the socket; on Linux also when the
+daemon dies outright, taking its group along, so neither it nor a vLLM engine core outlives the daemon.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import pickle
 import shutil
@@ -107,6 +110,7 @@ class ProcessEngine:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "ocrwatch.engines.process", str(child.fileno()),
                 pass_fds=(child.fileno(),), env={**os.environ, **self._env}, stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # its own process group, with its engine's processes: see main()
             )  # fmt: skip
         finally:
             child.close()
@@ -114,7 +118,12 @@ class ProcessEngine:
         self._ready = asyncio.get_running_loop().create_future()
         self._reader_task = asyncio.create_task(self._read(reader))
         await _send(self._writer, ("start", self._spec))
-        message = await self._ready
+        try:
+            message = await self._ready
+        except asyncio.CancelledError:  # a daemon stopping while a replica restarts: no child may stay behind
+            self._kill()
+            await self.close()
+            raise
         if message[0] != "ready":
             await self.close()
             raise _error(*message[1:])
@@ -197,7 +206,7 @@ class ProcessEngine:
                 await asyncio.wait_for(proc.wait(), CLOSE_SECONDS)
             except TimeoutError:
                 log.warning("engine_process_killed", engine=self.name, after_seconds=CLOSE_SECONDS)
-                proc.kill()
+                self._kill()
                 await proc.wait()
         if self._reader_task is not None:
             await self._reader_task
@@ -206,6 +215,12 @@ class ProcessEngine:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
         self._dead = self._dead or "engine process closed"
+
+    def _kill(self) -> None:
+        """The child and its process group: a vLLM engine core killed with its front end would hold its GPU."""
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
 
     def describe(self) -> dict[str, Any]:
         return self._describe
@@ -375,9 +390,32 @@ async def _serve(sock: socket.socket) -> None:
         await engine.close()
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_daemon() -> None:
+    """The child notices the daemon's end on its socket only between pages, not during an engine start (minutes
+    for vLLM): a daemon killed outright would leave it, and its engine core, holding a GPU. So Linux sends it
+    SIGTERM when the daemon goes, and SIGTERM takes down its whole process group (it leads one of its own)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: _end())
+    daemon = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):  # not Linux or not glibc: the socket alone tells
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != daemon:  # gone before the request was made
+        _end()
+
+
+def _end() -> None:
+    """This process and its group when it leads one (as ``ProcessEngine`` starts it), else this process alone."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(128 + signal.SIGTERM)
+
+
 def main() -> None:
-    # Ctrl-C in a terminal reaches the whole process group: the daemon stops this child through the socket.
+    # Ctrl-C is the daemon's to act on: it stops this child through the socket.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_the_daemon()
     asyncio.run(_serve(socket.socket(fileno=int(sys.argv[1]))))
 
 
