@@ -335,11 +335,7 @@ async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(monk
         assert ready is not None and ready[0] == "ready"
         await process._send(writer, ("release",))
         await process._send(writer, ("release",))
-        for _ in range(200):
-            if len(trims) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert len(trims) == 2
+        await wait_until(lambda: len(trims) == 2, 2)
         await process._send(writer, ("close",))
         await asyncio.wait_for(server, 30)
     finally:

@@ -7,6 +7,7 @@ vllm or torch never imports them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -72,11 +73,10 @@ def gpu_count(proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> int:
     A container often has the device nodes (``/dev/nvidia0`` …) but not the driver's ``/proc`` folder, so the
     nodes count too."""
     counts = []
-    for folder, keep in ((proc, lambda name: True), (dev, lambda name: re.fullmatch(r"nvidia\d+", name) is not None)):
-        try:
-            counts.append(sum(1 for name in os.listdir(folder) if keep(name)))
-        except OSError:
-            continue
+    with contextlib.suppress(OSError):
+        counts.append(len(os.listdir(proc)))
+    with contextlib.suppress(OSError):
+        counts.append(sum(1 for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name)))
     return max(counts, default=0)
 
 

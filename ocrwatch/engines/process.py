@@ -108,7 +108,7 @@ class ProcessEngine:
         self._scratch = Path(tempfile.mkdtemp(prefix="ocrwatch-engine-"))
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ocrwatch.engines.process", str(child.fileno()),
+                sys.executable, "-m", "ocrwatch.engines.process", str(child.fileno()), str(os.getpid()),
                 pass_fds=(child.fileno(),), env={**os.environ, **self._env}, stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,  # its own process group, with its engine's processes: see main()
             )  # fmt: skip
@@ -292,7 +292,7 @@ class EngineSet:
         """Close what is left of the member, then start it again with backoff until it runs or cannot."""
         engine = self.engines[index]
         try:
-            await asyncio.wait_for(engine.close(), CLOSE_SECONDS)
+            await engine.close()  # bounded: a ProcessEngine kills a child that does not stop in CLOSE_SECONDS
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(lambda exc: errors.classify(exc).retryable),
                 wait=wait_exponential_jitter(initial=1, max=60),
@@ -393,12 +393,11 @@ async def _serve(sock: socket.socket) -> None:
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_the_daemon() -> None:
+def _die_with_the_daemon(daemon: int) -> None:
     """The child notices the daemon's end on its socket only between pages, not during an engine start (minutes
     for vLLM): a daemon killed outright would leave it, and its engine core, holding a GPU. So Linux sends it
     SIGTERM when the daemon goes, and SIGTERM takes down its whole process group (it leads one of its own)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: _end())
-    daemon = os.getppid()
     with contextlib.suppress(OSError, AttributeError):  # not Linux or not glibc: the socket alone tells
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != daemon:  # gone before the request was made
@@ -415,7 +414,7 @@ def _end() -> None:
 def main() -> None:
     # Ctrl-C is the daemon's to act on: it stops this child through the socket.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_the_daemon()
+    _die_with_the_daemon(int(sys.argv[2]))
     asyncio.run(_serve(socket.socket(fileno=int(sys.argv[1]))))
 
 
