@@ -63,8 +63,8 @@ async def _naive(docs: list[Doc], out: Path) -> None:
     cfg = Config()
     engine = TesseractEngine(cfg.engine.tesseract)
     await engine.start()
-    spec = render.render_spec(cfg.render, engine.render_hint)
-    limits = render.Limits(cfg.limits.max_bytes, cfg.limits.max_pages)
+    spec = render.render_spec(cfg.render, engine.geometry)
+    limits = render.Limits.from_config(cfg.limits)
     try:
         for doc in docs:
             info = render.probe(doc.path, limits)

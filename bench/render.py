@@ -1,12 +1,11 @@
 """PDF pages/s per core: pdftoppm through pdf2image, as the daemon calls pdftoppm, and pypdfium2.
 
-Every page is rendered at the DPI the daemon would use for the Tesseract engine (its render hint, lowered per
+Every page is rendered at the DPI the daemon would use for the Tesseract engine (its geometry, lowered per
 page by the caps exactly as ``render.page_dpi`` does), one page at a time on one thread, so wall-clock pages/s
 is pages/s per core; CPU seconds (this process plus its pdftoppm children) are reported too. Methods:
 
 - ``pdf2image``: ``pdf2image.convert_from_path`` for one page (it runs pdfinfo and ``pdftoppm -v`` first).
 - ``pdftoppm``: ``render.render_page`` as configured by default: one ``pdftoppm`` per page, PPM in a file.
-- ``pdftoppm_stdout``: the daemon's way until 2026-11-29: the PPM read from a pipe and decoded by Pillow.
 - ``pdfium``: ``render.render_page`` with ``[render] renderer = "pdfium"``: pypdfium2 in-process, the document
   opened for each page.
 - ``pdfium_open``: pypdfium2 with each document kept open across its pages (the best case for pdfium).
@@ -25,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -41,9 +38,8 @@ from common import corpus_documents, emit, machine, median
 from pdf2image import convert_from_path
 from PIL import Image, ImageChops, ImageStat
 
-from ocrwatch import render
-from ocrwatch.config import Config, SchedulerConfig, TesseractConfig
-from ocrwatch.engines.base import RenderHint
+from ocrwatch import logging, render
+from ocrwatch.config import Config, LogConfig, SchedulerConfig, TesseractConfig
 from ocrwatch.scheduler import auto_render_workers
 
 Page = tuple[Path, render.DocumentInfo, int]
@@ -65,16 +61,6 @@ def method_pdftoppm(page: Page, spec: render.RenderSpec, cache: dict[Path, Any])
     return render.render_page(path, info, index, dataclasses.replace(spec, renderer="pdftoppm")).image
 
 
-def method_pdftoppm_stdout(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
-    path, info, index = page
-    number = str(index + 1)
-    dpi = render.page_dpi(*info.page_sizes[index], spec)
-    argv = ["pdftoppm", "-r", str(dpi), "-f", number, "-l", number, "-cropbox", str(path.absolute())]
-    image = Image.open(io.BytesIO(subprocess.run(argv, capture_output=True, check=True).stdout), formats=["PPM"])
-    image.load()
-    return image
-
-
 def method_pdfium(page: Page, spec: render.RenderSpec, cache: dict[Path, Any]) -> Image.Image:
     path, info, index = page
     return render.render_page(path, info, index, dataclasses.replace(spec, renderer="pdfium")).image
@@ -94,7 +80,6 @@ def method_pdfium_open(page: Page, spec: render.RenderSpec, cache: dict[Path, An
 METHODS: dict[str, Method] = {
     "pdf2image": method_pdf2image,
     "pdftoppm": method_pdftoppm,
-    "pdftoppm_stdout": method_pdftoppm_stdout,
     "pdfium": method_pdfium,
     "pdfium_open": method_pdfium_open,
 }
@@ -167,8 +152,9 @@ def main() -> None:
     parser.add_argument("--dpi", type=int, default=TesseractConfig().dpi, help="default: the Tesseract engine's")
     parser.add_argument("--busy-threads", type=int, default=4, help="GIL-bound threads beside the render workers")
     args = parser.parse_args()
-    spec = render.render_spec(Config().render, RenderHint(dpi=args.dpi))
-    limits = render.Limits(Config().limits.max_bytes, Config().limits.max_pages)
+    logging.configure(LogConfig(level="warning"))  # the renderer logs every page at debug level
+    spec = render.render_spec(Config().render, render.Geometry(dpi=args.dpi))
+    limits = render.Limits.from_config(Config().limits)
     workers = SchedulerConfig().render_workers or auto_render_workers(len(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         docs, origin = corpus_documents(10_000, Path(tmp) / "generated")
@@ -183,7 +169,7 @@ def main() -> None:
         print(f"check: {check}", flush=True)
         runs: dict[str, list[dict[str, float]]] = {method: [] for method in METHODS}
         parallel: dict[tuple[str, int], list[float]] = {
-            (method, busy): [] for method in ("pdftoppm", "pdftoppm_stdout", "pdfium") for busy in (0, args.busy_threads)
+            (method, busy): [] for method in ("pdftoppm", "pdfium") for busy in (0, args.busy_threads)
         }
         names = list(METHODS)
         for number in range(args.rounds):

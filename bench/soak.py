@@ -7,7 +7,7 @@ that collects results would) and the next is dropped. RSS and open descriptors o
 Tesseract children) are read at start, after the warm-up documents, every ``--every`` documents, and at the end
 after a short idle. Target: RSS growth ≤ 5 % from warm-up to end, no descriptor growth. The default 6000
 documents take about 5 minutes on 2 cores; the second half's growth is printed too, since the ledger's SQLite
-page cache (2 MiB) keeps filling for the first few thousand documents.
+page cache (512 KiB) keeps filling for the first thousand documents or so.
 
     python bench/soak.py [--count 6000] [--warmup 1000] [--window 16] [--every 500]
 """

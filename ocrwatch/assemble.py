@@ -6,10 +6,12 @@ import datetime as dt
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ocrwatch import __version__
 from ocrwatch.scheduler import PageOutcome
+from ocrwatch.sources.base import Job, LocalFile, S3Object
 
 SCHEMA_ID = "ocrwatch/1"
 
@@ -100,6 +102,34 @@ class Provenance:
     source: dict[str, Any]
     engine: dict[str, Any]
     render: dict[str, Any]
+
+
+def source_section(job: Job, path: Path | None, digest: str | None, mime: str | None) -> dict[str, Any]:
+    """The sidecar's ``source``: what was read, so a later look can tell whether the source still matches.
+
+    ``path`` is the fetched file when there is one (a failure may come before the fetch); its size is what was
+    processed. Without it, a local file's size is read where it lies, and an S3 object's size is the event's.
+    """
+    origin = job.origin
+    section: dict[str, Any] = {"uri": origin.uri, "name": origin.name, "bytes": 0, "sha256": digest}
+    if isinstance(origin, S3Object):
+        section |= {"bytes": origin.size or 0, "etag": origin.etag, "version_id": origin.version_id}
+    if path is not None:
+        try:
+            stat = path.stat()
+            section["bytes"] = stat.st_size
+            if isinstance(origin, LocalFile):
+                section["mtime"] = iso(stat.st_mtime)
+        except OSError:
+            pass
+    elif isinstance(origin, LocalFile):
+        try:
+            section["bytes"] = origin.path.lstat().st_size
+        except OSError:
+            pass
+    if mime:
+        section["mime"] = mime
+    return section
 
 
 def page_markdown(outcome: PageOutcome) -> str:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import structlog
@@ -16,6 +17,7 @@ from ocrwatch.engines.base import Engine
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure
 from ocrwatch.sinks.local import LocalSink
+from ocrwatch.sources.base import Job
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -78,8 +80,6 @@ def _run(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _ocr(cfg: Config, args: argparse.Namespace) -> int:
-    from ocrwatch.daemon import ocr_files
-
     missing = [path for path in args.files if not path.exists()]
     if missing:
         for path in missing:
@@ -87,7 +87,7 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     bar = _progress(len(args.files))
 
-    def on_done(job: object, status: str) -> None:
+    def on_done(job: Job, status: str) -> None:
         if bar is not None:
             bar.update(1)
 
@@ -99,6 +99,31 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     for job in failed:
         print(f"ocrwatch: {job.origin.name}: {_failure(sink.paths(job)['error'])}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+async def ocr_files(
+    cfg: Config, paths: Iterable[Path], *, on_done: Callable[[Job, str], None] | None = None
+) -> list[tuple[Job, str]]:
+    """One-shot OCR of the given files (``ocrwatch ocr``): the daemon's pipeline, without ledger or watching."""
+    from ocrwatch.metrics import Metrics
+    from ocrwatch.pipeline import Pipeline
+    from ocrwatch.sources.files import GivenFiles
+
+    pipeline = Pipeline(cfg, None, Metrics())
+    await pipeline.start()
+    source = GivenFiles(list(paths))
+    pipeline.add_source(source, LocalSink(cfg.output.name_template, cfg.output.dir))
+    results: list[tuple[Job, str]] = []  # here, not in the pipeline: a daemon's pipeline would keep every job
+    try:
+        tasks = [(job, pipeline.start_job(job)) for job in source.jobs()]
+        for job, task in tasks:
+            status = await task
+            results.append((job, status))
+            if on_done is not None:
+                on_done(job, status)
+        return results
+    finally:
+        await pipeline.close()
 
 
 def _failure(error_sidecar: Path) -> str:
@@ -157,13 +182,13 @@ def _retry(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _check(cfg: Config, args: argparse.Namespace) -> int:
-    from ocrwatch.engines import factory
+    from ocrwatch.engines import registry
 
     problems: list[str] = []
-    kind, reason = factory.choose(cfg.engine)
+    kind, reason = registry.choose(cfg.engine)
     print(f"engine: {kind} ({reason})")
     try:
-        engine = factory.build(cfg.engine, cfg.output.images, kind=kind)
+        engine = registry.build(cfg.engine, cfg.output.images, kind=kind)
         asyncio.run(_probe_engine(engine))
         print(f"engine: ok {engine.describe()}")
     except OcrwatchError as exc:
@@ -174,10 +199,10 @@ def _check(cfg: Config, args: argparse.Namespace) -> int:
         else:
             print(f"inbox: {inbox.path}")
     if cfg.s3:
-        from ocrwatch.sources import s3
+        from ocrwatch import s3client
 
         for s3cfg in cfg.s3:
-            problems.extend(s3.check(s3cfg))
+            problems.extend(s3client.check(s3cfg))
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     return EXIT_FAILED if problems else EXIT_OK

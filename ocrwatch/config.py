@@ -1,7 +1,9 @@
 """One frozen configuration, loaded from TOML and validated once at start.
 
 Every key has a default that works on a fresh machine, so ``ocrwatch run`` with no file at all watches
-``./inbox`` and keeps state in ``./.ocrwatch``. Errors name the file and the dotted key.
+``./inbox`` and keeps state in ``./.ocrwatch``. Errors name the file and the dotted key. Each engine owns the
+model of its own ``[engine.NAME]`` table (``engines.deepseek.options``, ``engines.tesseract_options``); this
+module composes them.
 """
 
 from __future__ import annotations
@@ -9,20 +11,23 @@ from __future__ import annotations
 import os
 import string
 import tomllib
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
 
 DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml"))
 
-PROMPT_PRESETS: dict[str, str] = {
-    "markdown": "<image>\n<|grounding|>Convert the document to markdown.",
-    "free": "<image>\nFree OCR.",
-    "figure": "<image>\nParse the figure.",
-}
+ENGINE_ENTRY_POINTS = "ocrwatch.engines"
+"""The entry-point group through which engines, the built-in ones too, are found by ``[engine] kind``."""
+
+DEFAULT_PRIORITY = 50
+"""A source's lane when its configuration names none: the middle of 0..100."""
 
 MiB = 1024 * 1024
 
@@ -32,7 +37,7 @@ class _Model(BaseModel):
 
 
 class RenderConfig(_Model):
-    dpi: Annotated[int, Field(ge=50, le=1200)] = 200
+    dpi: Annotated[int, Field(ge=50, le=1200)] | None = None
     max_side: Annotated[int, Field(ge=256, le=20000)] = 4096
     max_pixels: Annotated[int, Field(ge=65536, le=400_000_000)] = 40_000_000
     min_dpi: Annotated[int, Field(ge=10, le=600)] = 20
@@ -92,62 +97,8 @@ class RetryConfig(_Model):
     backoff_max_seconds: Annotated[float, Field(ge=0)] = 300.0
 
 
-class TesseractConfig(_Model):
-    lang: str = "eng"
-    dpi: Annotated[int, Field(ge=70, le=600)] = 300
-    psm: Annotated[int, Field(ge=0, le=13)] = 3
-    workers: Annotated[int, Field(ge=0, le=256)] = 0
-    binary: str = "tesseract"
-
-
-class SamplingRung(_Model):
-    temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
-    ngram_size: Annotated[int, Field(ge=0, le=200)] = 30
-    window_size: Annotated[int, Field(ge=0, le=4096)] = 90
-
-
-class VllmConfig(_Model):
-    model: str = "deepseek-ai/DeepSeek-OCR-2"
-    revision: str | None = None
-    tokenizer: str | None = None
-    dtype: Literal["auto", "bfloat16", "float16"] = "bfloat16"
-    max_model_len: Annotated[int, Field(ge=256)] = 8192
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    max_num_seqs: Annotated[int, Field(ge=1)] = 128
-    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
-    block_size: Annotated[int, Field(ge=1)] | None = None
-    enforce_eager: bool = False
-    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
-    data_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
-    replicas: Annotated[int, Field(ge=1, le=64)] = 1
-    replica_processes: bool | Literal["auto"] = "auto"
-    seed: int = 0
-    load_format: str = "auto"
-    fast_encoder: bool = False
-    encoder_cuda_graphs: bool = False
-    max_tokens: Annotated[int, Field(ge=1)] = 4096
-    ngram_size: Annotated[int, Field(ge=0, le=200)] = 30
-    window_size: Annotated[int, Field(ge=0, le=4096)] = 90
-    whitelist_token_ids: tuple[int, ...] = (128821, 128822)
-    ngram_processor: Literal["batched", "per_request"] = "batched"
-    ladder: tuple[SamplingRung, ...] = (
-        SamplingRung(temperature=0.1, ngram_size=20, window_size=90),
-        SamplingRung(temperature=0.2, ngram_size=12, window_size=120),
-    )
-    ignore_eos: bool = False
-    prompts: dict[str, str] = Field(default_factory=dict)
-    compile_cache_dir: Path | None = None
-    engine_args: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def in_processes(self) -> bool:
-        """Whether each replica's engine runs in a process of its own: ``auto`` does when there are several, where
-        it was measured faster (bench/README.md, run 9); one engine gained nothing from it."""
-        return self.replicas > 1 if self.replica_processes == "auto" else self.replica_processes
-
-
 class EngineConfig(_Model):
-    kind: Literal["auto", "vllm", "tesseract", "plugin"] = "auto"
+    kind: str = "auto"
     plugin: str | None = None
     plugin_args: dict[str, Any] = Field(default_factory=dict)
     page_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
@@ -155,12 +106,21 @@ class EngineConfig(_Model):
     vllm: VllmConfig = VllmConfig()
     tesseract: TesseractConfig = TesseractConfig()
 
+    @field_validator("kind")
+    @classmethod
+    def _kind_is_installed(cls, value: str) -> str:
+        """``auto`` or an engine of the entry-point group, so a typo stops the start, not the first page."""
+        known = {"auto", *entry_points(group=ENGINE_ENTRY_POINTS).names}
+        if value not in known:
+            raise ValueError(f"unknown engine {value!r} (installed: {', '.join(sorted(known))})")
+        return value
+
 
 class InboxConfig(_Model):
     path: Path = Path("inbox")
     recursive: bool = True
     patterns: tuple[str, ...] = ("*.pdf", "*.png", "*.jpg", "*.jpeg", "*.tif", "*.tiff", "*.webp")
-    priority: Annotated[int, Field(ge=0, le=100)] = 50
+    priority: Annotated[int, Field(ge=0, le=100)] = DEFAULT_PRIORITY
     prompt: str = "markdown"
     polling: Literal["auto"] | bool = "auto"
     settle_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
@@ -188,7 +148,7 @@ class S3Config(_Model):
     wait_time_seconds: Annotated[int, Field(ge=0, le=20)] = 20
     max_receives: Annotated[int, Field(ge=1)] = 5
     on_max_receives: Literal["error_sidecar", "dead_letter"] = "error_sidecar"
-    priority: Annotated[int, Field(ge=0, le=100)] = 50
+    priority: Annotated[int, Field(ge=0, le=100)] = DEFAULT_PRIORITY
     prompt: str = "markdown"
     access_key_id: str | None = None
     secret_access_key: str | None = Field(default=None, repr=False)

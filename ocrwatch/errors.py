@@ -146,11 +146,6 @@ class PageTimeout(TransientError):
     hint = "the engine did not answer within [engine] page_timeout_seconds"
 
 
-class FileNotReady(TransientError):
-    kind = "file_not_ready"
-    hint = "the file is still being written; it is looked at again later"
-
-
 class SourceGone(PermanentError):
     kind = "source_gone"
     hint = "the file disappeared before it could be processed"

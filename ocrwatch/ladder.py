@@ -1,9 +1,10 @@
 """The page retry ladder: a page whose output loops or runs out of tokens is tried again on the next rung.
 
-This is the content-retry layer of DESIGN §3, engine-agnostic. Each rung is a ``Sampling`` (greedy first,
-then the configured ``[engine.vllm] ladder``: higher temperature, tighter n-gram block). An attempt that
-fails on its own (``EngineFailed``, or no answer within the page timeout, which aborts the request) counts
-as a failed rung too. ``EngineDead`` is not handled here: it propagates so the daemon rebuilds the engine
+This is the content-retry layer, engine-agnostic, and the only place that sets per-attempt sampling: each
+rung is a ``Sampling`` (greedy first, then the configured ``[engine.vllm] ladder``: higher temperature,
+tighter n-gram block); an engine uses the one it is given. An attempt that fails on its own
+(``EngineFailed``, or no answer within the page timeout, which aborts the request) counts as a failed rung
+too. ``EngineDead`` is not handled here: it propagates so the daemon rebuilds the engine
 and requeues the page. A page that fails every rung is ``failed``; its document becomes ``partial``.
 """
 
@@ -17,9 +18,11 @@ from typing import Any, Literal
 
 import structlog
 
-from ocrwatch import layout
-from ocrwatch.config import EngineConfig, VllmConfig
-from ocrwatch.engines.base import Engine, PageRequest, Recognition, Sampling
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines.base import Engine, PageRequest, Recognition
+from ocrwatch.engines.deepseek import grounding
+from ocrwatch.engines.deepseek.options import VllmConfig
+from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import EngineFailed, PageFailed, PageTimeout
 
 log = structlog.get_logger()
@@ -38,8 +41,9 @@ class PageResult:
 
 
 def base_sampling(cfg: VllmConfig) -> Sampling:
-    """Rung 0: greedy decoding with the configured n-gram block, as vLLM's DeepSeek-OCR recipe does."""
-    return Sampling(temperature=0.0, ngram_size=cfg.ngram_size, window_size=cfg.window_size, max_tokens=cfg.max_tokens)
+    """Rung 0: greedy decoding (``Sampling``'s default) with the configured n-gram block, as vLLM's DeepSeek-OCR
+    recipe does."""
+    return Sampling(ngram_size=cfg.ngram_size, window_size=cfg.window_size, max_tokens=cfg.max_tokens)
 
 
 def rungs(cfg: EngineConfig, kind: str | None = None) -> list[Sampling]:
@@ -64,7 +68,7 @@ def rungs(cfg: EngineConfig, kind: str | None = None) -> list[Sampling]:
 
 def needs_retry(rec: Recognition) -> str | None:
     """Why this output should be tried again (``"loop"``, ``"length"``), or None when it is good."""
-    if layout.find_loop(rec.raw) is not None:
+    if grounding.find_loop(rec.raw) is not None:
         return "loop"
     if rec.finish_reason == "length":
         return "length"

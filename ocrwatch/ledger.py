@@ -60,10 +60,37 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_by_state ON jobs (state, created_at);
     CREATE INDEX jobs_by_error ON jobs (error_at) WHERE error_at IS NOT NULL;
     """,
+    # next_attempt_at was never used. The table is rebuilt because ALTER TABLE ... DROP COLUMN needs SQLite 3.35.
+    """
+    CREATE TABLE jobs_new (
+        key TEXT PRIMARY KEY,
+        state TEXT NOT NULL CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        error_at REAL,
+        job TEXT NOT NULL,
+        fp_size INTEGER NOT NULL,
+        fp_mtime_ns INTEGER,
+        fp_sha256 TEXT,
+        fp_etag TEXT,
+        fp_version_id TEXT,
+        pages_total INTEGER,
+        pages_done INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finished_at REAL
+    ) WITHOUT ROWID;
+    INSERT INTO jobs_new SELECT key, state, attempts, last_error, error_at, job, fp_size, fp_mtime_ns, fp_sha256,
+        fp_etag, fp_version_id, pages_total, pages_done, created_at, updated_at, finished_at FROM jobs;
+    DROP TABLE jobs;
+    ALTER TABLE jobs_new RENAME TO jobs;
+    CREATE INDEX jobs_by_state ON jobs (state, created_at);
+    CREATE INDEX jobs_by_error ON jobs (error_at) WHERE error_at IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
-_SETTABLE = frozenset({"pages_total", "pages_done", "next_attempt_at"})
+_SETTABLE = frozenset({"pages_total", "pages_done"})
 
 
 @dataclass(frozen=True)
@@ -96,7 +123,6 @@ class JobRow:
     created_at: float
     updated_at: float
     finished_at: float | None
-    next_attempt_at: float | None
 
 
 def same_content(a: Fingerprint, b: Fingerprint) -> bool:
@@ -185,8 +211,8 @@ class Ledger:
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', attempts = 0, last_error = NULL, error_at = NULL, job = ?,"
                     " fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?,"
-                    " pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?, finished_at = NULL,"
-                    " next_attempt_at = NULL WHERE key = ?",
+                    " pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?, finished_at = NULL"
+                    " WHERE key = ?",
                     (_dump_job(job), *_fp_columns(fp), now, now, job.key),
                 )
                 return True
@@ -205,8 +231,7 @@ class Ledger:
                 )
             if row["state"] == "failed" and _error_kind(row["last_error"]) == "source_gone":
                 conn.execute(
-                    "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, next_attempt_at = NULL,"
-                    " updated_at = ? WHERE key = ?",
+                    "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = ? WHERE key = ?",
                     (now, job.key),
                 )
                 return True
@@ -218,7 +243,7 @@ class Ledger:
         return self._transact(lambda conn: _maybe_row(conn.execute("SELECT * FROM jobs WHERE key = ?", (key,))))
 
     def set_state(self, key: str, state: State, **fields: Any) -> None:
-        """Move a job to another stage; ``fields`` may set pages_total, pages_done and next_attempt_at."""
+        """Move a job to another stage; ``fields`` may set pages_total and pages_done."""
         if state not in STATES:
             raise ValueError(f"unknown ledger state {state!r}")
         if unknown := set(fields) - _SETTABLE:
@@ -249,13 +274,13 @@ class Ledger:
         return self._transact(tx, write=True)
 
     def mark_done(self, key: str) -> None:
-        self.set_state(key, "done", next_attempt_at=None)
+        self.set_state(key, "done")
 
     def mark_failed(self, key: str, error: dict[str, Any]) -> None:
         now = time.time()
         self._update(
             key,
-            "state = 'failed', last_error = ?, error_at = ?, finished_at = ?, next_attempt_at = NULL",
+            "state = 'failed', last_error = ?, error_at = ?, finished_at = ?",
             (json.dumps(error), now, now),
         )
 
@@ -283,8 +308,7 @@ class Ledger:
             now = time.time()
             chosen = [(now, k) for k in keys if wanted is None or any(_matches(k, w) for w in wanted)]
             conn.executemany(
-                "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, next_attempt_at = NULL,"
-                " updated_at = ? WHERE key = ?",
+                "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = ? WHERE key = ?",
                 chosen,
             )
             return len(chosen)
@@ -444,7 +468,6 @@ def _job_row(row: sqlite3.Row) -> JobRow:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
-        next_attempt_at=row["next_attempt_at"],
     )
 
 

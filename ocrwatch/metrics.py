@@ -11,8 +11,11 @@ import asyncio
 from collections.abc import Callable
 
 import structlog
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
+
+from ocrwatch.http import Listener
 
 log = structlog.get_logger()
 
@@ -112,56 +115,49 @@ class LoopLagProbe:
 
 
 class HealthServer:
-    """A deliberately tiny HTTP/1.0 server: three GET paths, nothing else, so it needs no dependency.
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``listen``, through ``ocrwatch.http``.
 
-    ``refresh`` runs before each /metrics answer, on the loop, so it must be cheap."""
+    ``/metrics`` speaks whatever format the scraper's ``Accept`` asks for (Prometheus text or OpenMetrics),
+    through prometheus_client's own exposition. ``update_gauges`` runs before each /metrics answer, on the loop,
+    so gauges read at scrape time are exact rather than a tick old; it must be cheap.
+    """
 
-    def __init__(
-        self, metrics: Metrics, listen: str, ready: Callable[[], bool], refresh: Callable[[], None] | None = None
-    ) -> None:
-        host, _, port = listen.rpartition(":")
-        self._host = host.strip("[]") or "127.0.0.1"
-        self._port = int(port)
+    def __init__(self, metrics: Metrics, listen: str, ready: Callable[[], bool],
+                 update_gauges: Callable[[], None] | None = None) -> None:
         self._metrics = metrics
         self._ready = ready
-        self._refresh = refresh
-        self._server: asyncio.Server | None = None
+        self._update_gauges = update_gauges
+        app = web.Application()
+        app.router.add_get("/metrics", self._scrape)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._listener = Listener(app, listen, name="metrics", max_connections=32, idle_timeout=10.0)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._listener.port
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._listener.address
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
-        log.info("metrics_listening", host=self._host, port=self.port)
+        await self._listener.start()
+        log.info("metrics_listening", host=self.address[0], port=self.port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        await self._listener.stop()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readline(), 5)
-            parts = request.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 and parts[0] == "GET" else ""
-            if path == "/metrics":
-                if self._refresh is not None:  # gauges read at scrape time are exact, not a tick old
-                    self._refresh()
-                status, body, ctype = 200, self._metrics.render(), CONTENT_TYPE_LATEST
-            elif path == "/healthz":
-                status, body, ctype = 200, b"ok\n", "text/plain"
-            elif path == "/readyz":
-                ready = self._ready()
-                status, body, ctype = (200, b"ready\n", "text/plain") if ready else (503, b"not ready\n", "text/plain")
-            else:
-                status, body, ctype = 404, b"not found\n", "text/plain"
-            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
-            head = f"HTTP/1.0 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
-            writer.write(head.encode("latin-1") + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def _scrape(self, request: web.Request) -> web.Response:
+        if self._update_gauges is not None:
+            self._update_gauges()
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(self._metrics.registry), headers={"Content-Type": content_type})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")  # answering at all proves the event loop turns
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n")

@@ -33,7 +33,6 @@ import structlog
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
-from ocrwatch.engines.base import RenderHint
 from ocrwatch.errors import (
     ConfigError,
     CorruptImage,
@@ -53,6 +52,8 @@ from ocrwatch.errors import (
     TooManyPages,
     TooManyPixels,
 )
+from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
+from ocrwatch.sources.base import Job
 
 log = structlog.get_logger()
 
@@ -65,16 +66,10 @@ PROBE_TIMEOUT_SECONDS = 60.0
 # Pillow's own decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS) applies on top and is never raised here.
 IMAGE_DECODE_FACTOR = 4
 
-_HEAD_BYTES = 1024  # a PDF header may follow up to 1 KiB of junk; poppler and Acrobat accept that
+DEFAULT_DPI = 200
+"""The DPI when neither ``[render] dpi`` nor an engine's geometry names one (a caller without an engine):
+enough for print-size text, and an A4 page stays near 4 megapixels."""
 
-_IMAGE_MAGIC: tuple[tuple[bytes, str, str], ...] = (
-    (b"\x89PNG\r\n\x1a\n", "PNG", "image/png"),
-    (b"\xff\xd8\xff", "JPEG", "image/jpeg"),
-    (b"II*\x00", "TIFF", "image/tiff"),
-    (b"MM\x00*", "TIFF", "image/tiff"),
-    (b"II+\x00", "TIFF", "image/tiff"),  # BigTIFF
-    (b"MM\x00+", "TIFF", "image/tiff"),
-)
 _PILLOW_FORMAT = {"image/png": "PNG", "image/jpeg": "JPEG", "image/tiff": "TIFF", "image/webp": "WEBP"}
 
 _PDFINFO_PAGES = re.compile(r"^Pages:\s+(\d+)\s*$", re.MULTILINE)
@@ -83,17 +78,37 @@ _PDFINFO_ROT = re.compile(r"^Page\s+(\d+) rot:\s+(-?\d+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
+class Geometry:
+    """The page size an engine reads best: its DPI, and the largest page it can use (None: no bound of its
+    own). An engine declares it; ``render_spec`` turns it and ``[render]`` into a ``RenderSpec``."""
+
+    dpi: int
+    max_side: int | None = None
+    max_pixels: int | None = None
+
+
+@dataclass(frozen=True)
 class Limits:
-    """What a document may weigh before anything is rendered; an inbox may override the global limits."""
+    """What a document may weigh before anything is rendered; an inbox (or its job) may override the global
+    limits. Built here only, so the override rule is written once."""
 
     max_bytes: int
     max_pages: int
 
     @classmethod
     def from_config(cls, limits: LimitsConfig, inbox: InboxConfig | None = None) -> Limits:
+        return cls._overridden(limits, inbox.max_bytes if inbox else None, inbox.max_pages if inbox else None)
+
+    @classmethod
+    def for_job(cls, limits: LimitsConfig, job: Job) -> Limits:
+        """The job carries its inbox's overrides (a source copies them in), so the pipeline needs no inbox."""
+        return cls._overridden(limits, job.max_bytes, job.max_pages)
+
+    @classmethod
+    def _overridden(cls, limits: LimitsConfig, max_bytes: int | None, max_pages: int | None) -> Limits:
         return cls(
-            max_bytes=inbox.max_bytes if inbox and inbox.max_bytes is not None else limits.max_bytes,
-            max_pages=inbox.max_pages if inbox and inbox.max_pages is not None else limits.max_pages,
+            max_bytes=max_bytes if max_bytes is not None else limits.max_bytes,
+            max_pages=max_pages if max_pages is not None else limits.max_pages,
         )
 
 
@@ -101,7 +116,7 @@ class Limits:
 class RenderSpec:
     """How pages are rasterised.
 
-    ``max_side``/``max_pixels`` bound the output (the config tightened by the engine's hint). The refusal rule
+    ``max_side``/``max_pixels`` bound the output (the config tightened by the engine's geometry). The refusal rule
     uses only the config's own caps (``limit_side``/``limit_pixels``): they protect memory, so a page is refused
     only when even ``min_dpi`` would exceed them. The engine's tighter caps are a geometry target, not a safety
     limit, so meeting them may take a PDF page below ``min_dpi`` (the model would have shrunk it anyway).
@@ -145,14 +160,19 @@ class RenderedPage:
     seconds: float
 
 
-def render_spec(cfg: RenderConfig, hint: RenderHint | None = None) -> RenderSpec:
-    """The engine's hint replaces the DPI and may only tighten the caps."""
+def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSpec:
+    """``[render] dpi`` when set, else the engine's DPI, else ``DEFAULT_DPI``; the engine's geometry may only
+    tighten the caps, so a page is never larger than the engine can use, whoever chose the DPI."""
     max_side, max_pixels = cfg.max_side, cfg.max_pixels
-    if hint is not None:
-        max_side = min(max_side, hint.max_side or max_side)
-        max_pixels = min(max_pixels, hint.max_pixels or max_pixels)
+    dpi = DEFAULT_DPI
+    if geometry is not None:
+        max_side = min(max_side, geometry.max_side or max_side)
+        max_pixels = min(max_pixels, geometry.max_pixels or max_pixels)
+        dpi = geometry.dpi
+    if cfg.dpi is not None:
+        dpi = cfg.dpi
     return RenderSpec(
-        dpi=float(hint.dpi if hint is not None else cfg.dpi),
+        dpi=float(dpi),
         max_side=max_side,
         max_pixels=max_pixels,
         min_dpi=float(cfg.min_dpi),
@@ -182,18 +202,19 @@ def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_
         raise FileTooLarge(f"{path}: {st.st_size} bytes, more than max_bytes={limits.max_bytes}")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # had it become a FIFO since stat, no block
     try:
-        head = os.read(fd, _HEAD_BYTES)
+        head = os.read(fd, HEAD_BYTES)
     finally:
         os.close(fd)
-    mime = _sniff(head)
-    if mime is None:
+    kind = sniff(head)
+    if kind is None:
         raise NotADocument(f"{path}: neither a PDF nor a PNG, JPEG, TIFF or WebP image (by content)")
-    if mime == "application/pdf":
+    mime = MIME[kind]
+    if kind == "pdf":
         pages, sizes = _probe_pdf(path, limits, timeout_seconds)
     else:
         pages, sizes = _probe_image(path, mime, limits)
     return DocumentInfo(
-        kind="pdf" if mime == "application/pdf" else "image",
+        kind="pdf" if kind == "pdf" else "image",
         mime=mime,
         pages=pages,
         size_bytes=st.st_size,
@@ -253,18 +274,6 @@ def _pdftoppm_size(width_pt: float, height_pt: float, dpi: float) -> tuple[int, 
 
 def _fits(size: tuple[int, int], max_side: int, max_pixels: int) -> bool:
     return max(size) <= max_side and size[0] * size[1] <= max_pixels
-
-
-def _sniff(head: bytes) -> str | None:
-    """The MIME type from magic bytes; images are checked at offset 0 before the looser PDF header search."""
-    for magic, _, mime in _IMAGE_MAGIC:
-        if head.startswith(magic):
-            return mime
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image/webp"
-    if b"%PDF-" in head:
-        return "application/pdf"
-    return None
 
 
 # --- PDF ----------------------------------------------------------------------------------------------------
@@ -337,8 +346,8 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
     # One pdftoppm per page, called directly (not through pdf2image, which runs pdfinfo and `pdftoppm -v` before
     # every page and ignores the exit status), so a pdftoppm killed midway is told apart from a document poppler
     # cannot read. The PPM goes to a private file, not a pipe: a pipe is read 32 KiB at a time, and each read
-    # gives up the GIL and waits for it again; beside four GIL-bound threads (the vLLM front end's share of this
-    # process) that rendered 1.05 pages/s against 4.75 from the file (bench/render.py --busy-threads).
+    # gives up the GIL and waits for it again; beside GIL-bound threads (the vLLM front end's share of this
+    # process) a pipe gives several times fewer pages a second than the finished file.
     number = str(index + 1)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-page-") as tmp:
         root = os.path.join(tmp, "page")
@@ -408,9 +417,9 @@ def check_renderer(cfg: RenderConfig) -> None:
 def _render_pdf_page_pdfium(
     path: Path, info: DocumentInfo, index: int, spec: RenderSpec
 ) -> tuple[Image.Image, float]:
-    """The optional renderer (``[render] renderer = "pdfium"``): about 3.7x pdftoppm's pages per core
-    (bench/render.py), but inside this process, so it has no timeout and no isolation from a hostile PDF;
-    pdftoppm stays the default for that reason."""
+    """The optional renderer (``[render] renderer = "pdfium"``): several times pdftoppm's pages per core, but
+    inside this process, so it has no timeout and no isolation from a hostile PDF; pdftoppm stays the default
+    for that reason."""
     import pypdfium2 as pdfium
 
     width_pt, height_pt = info.page_sizes[index]

@@ -1,7 +1,7 @@
 """Tiny fault-injecting engines for the daemon's tests, after OCRmyPDF's ``tesseract_crash.py``.
 
-Each class implements the ``Engine`` protocol on its own (no base class) and is built from keyword
-arguments only, so a configuration can name it::
+Each class is a ``tests.engines_base.StubEngine`` (the protocol's plumbing) with a page's work of its own, and
+is built from keyword arguments only, so a configuration can name it::
 
     [engine]
     kind = "plugin"
@@ -25,13 +25,13 @@ import hashlib
 import itertools
 import re
 import subprocess
-from collections.abc import Coroutine
 from typing import Any, Literal
 
 from PIL import Image
 
-from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
+from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.errors import EngineDead, EngineFailed
+from tests.engines_base import StubEngine
 
 _crash_calls = itertools.count(1)
 
@@ -65,41 +65,7 @@ async def _echo(page: PageRequest, text: str | None = None) -> Recognition:
     )
 
 
-class _Requests:
-    """In-flight recognitions by request id, so ``abort`` cancels a request and its ladder attempts."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, asyncio.Task[Recognition]] = {}
-        self.seen: list[str] = []
-        self.aborted: list[str] = []
-
-    async def run(self, request_id: str, work: Coroutine[Any, Any, Recognition]) -> Recognition:
-        self.seen.append(request_id)
-        task = asyncio.ensure_future(work)
-        self._tasks[request_id] = task
-        try:
-            return await task
-        finally:
-            self._tasks.pop(request_id, None)
-
-    def abort(self, request_id: str) -> None:
-        for key, task in list(self._tasks.items()):
-            if key == request_id or key.startswith(f"{request_id}/"):
-                self.aborted.append(key)
-                task.cancel()
-
-    async def cancel_all(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    @property
-    def inflight(self) -> int:
-        return len(self._tasks)
-
-
-class EchoEngine:
+class EchoEngine(StubEngine):
     """Answers every page after ``delay`` seconds with text derived from its pixels (or ``text``)."""
 
     name = "echo"
@@ -108,15 +74,13 @@ class EchoEngine:
         self, *, delay: float = 0.0, max_concurrency: int = 8, dpi: int = 100, text: str | None = None,
         start_delay: float = 0.0, start_command: list[str] | None = None,
     ) -> None:  # fmt: skip
+        super().__init__(max_concurrency=max_concurrency, dpi=dpi)
         self.delay = delay
         self.start_delay = start_delay
         self.start_command = start_command
         self.helper: subprocess.Popen[bytes] | None = None
         self.text = text
-        self.max_concurrency = max_concurrency
-        self.render_hint = RenderHint(dpi=dpi)
-        self.requests = _Requests()
-        self.started = self.closed = False
+        self.started = False
         self.releases = 0
 
     async def start(self) -> None:
@@ -125,31 +89,24 @@ class EchoEngine:
         await asyncio.sleep(self.start_delay)
         self.started = True
 
-    async def recognize(self, page: PageRequest) -> Recognition:
-        return await self.requests.run(page.request_id, self._work(page))
-
     async def _work(self, page: PageRequest) -> Recognition:
         await asyncio.sleep(self.delay)
         return await _echo(page, self.text)
-
-    async def abort(self, request_id: str) -> None:
-        self.requests.abort(request_id)
 
     def release(self) -> None:
         self.releases += 1
 
     async def close(self) -> None:
-        await self.requests.cancel_all()
+        await super().close()
         if self.helper is not None:
             self.helper.terminate()
             self.helper.wait()
-        self.closed = True
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "delay": self.delay}
 
 
-class CrashingEngine:
+class CrashingEngine(StubEngine):
     """Dies (``EngineDead``) on every ``every``-th page of the process; then fails everything until closed.
     With ``error="failed"`` only that page fails (``EngineFailed``)."""
 
@@ -168,21 +125,15 @@ class CrashingEngine:
             raise ValueError("every must be at least 1")
         if error not in ("dead", "failed"):
             raise ValueError("error must be 'dead' or 'failed'")
+        super().__init__(max_concurrency=max_concurrency, dpi=dpi)
         self.every = every
         self.error = error
         self.delay = delay
-        self.max_concurrency = max_concurrency
-        self.render_hint = RenderHint(dpi=dpi)
-        self.requests = _Requests()
         self.dead = False
         self._died = asyncio.Event()
-        self.closed = False
 
     async def start(self) -> None:
         self._died = asyncio.Event()
-
-    async def recognize(self, page: PageRequest) -> Recognition:
-        return await self.requests.run(page.request_id, self._work(page))
 
     async def _work(self, page: PageRequest) -> Recognition:
         if self.dead:
@@ -200,21 +151,11 @@ class CrashingEngine:
             return await _echo(page)
         raise EngineDead(f"simulated engine died while {page.request_id} was in flight")
 
-    async def abort(self, request_id: str) -> None:
-        self.requests.abort(request_id)
-
-    def release(self) -> None:
-        """Nothing cached."""
-
-    async def close(self) -> None:
-        await self.requests.cancel_all()
-        self.closed = True
-
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "every": self.every, "error": self.error}
 
 
-class HangingEngine:
+class HangingEngine(StubEngine):
     """Never answers pages whose request id matches ``match`` (a regex; every ``every``-th such page when
     ``every`` > 0); the rest are echoed after ``delay``. Only ``abort`` or cancellation ends a hung page."""
 
@@ -223,21 +164,12 @@ class HangingEngine:
     def __init__(
         self, *, match: str = "", every: int = 0, delay: float = 0.0, max_concurrency: int = 4, dpi: int = 100
     ) -> None:
+        super().__init__(max_concurrency=max_concurrency, dpi=dpi)
         self.match = re.compile(match)
         self.every = every
         self.delay = delay
-        self.max_concurrency = max_concurrency
-        self.render_hint = RenderHint(dpi=dpi)
-        self.requests = _Requests()
         self._matches = itertools.count(1)
         self.hung: list[str] = []
-        self.closed = False
-
-    async def start(self) -> None:
-        """Nothing to load."""
-
-    async def recognize(self, page: PageRequest) -> Recognition:
-        return await self.requests.run(page.request_id, self._work(page))
 
     def _hangs(self, request_id: str) -> bool:
         if self.match.search(request_id) is None:
@@ -251,21 +183,11 @@ class HangingEngine:
         await asyncio.sleep(self.delay)
         return await _echo(page)
 
-    async def abort(self, request_id: str) -> None:
-        self.requests.abort(request_id)
-
-    def release(self) -> None:
-        """Nothing cached."""
-
-    async def close(self) -> None:
-        await self.requests.cancel_all()
-        self.closed = True
-
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "match": self.match.pattern, "every": self.every}
 
 
-class LoopingEngine:
+class LoopingEngine(StubEngine):
     """Returns a repetition loop for pages matching ``match``: at temperature 0 only (``mode="greedy"``, so
     the ladder's next rung recovers) or on every rung (``mode="always"``, so the page fails)."""
 
@@ -284,22 +206,13 @@ class LoopingEngine:
     ) -> None:
         if mode not in ("greedy", "always"):
             raise ValueError("mode must be 'greedy' or 'always'")
+        super().__init__(max_concurrency=max_concurrency, dpi=dpi)
         self.mode = mode
         self.match = re.compile(match)
         self.finish_reason = finish_reason
         self.repeats = repeats
         self.delay = delay
-        self.max_concurrency = max_concurrency
-        self.render_hint = RenderHint(dpi=dpi)
-        self.requests = _Requests()
         self.temperatures: list[float] = []
-        self.closed = False
-
-    async def start(self) -> None:
-        """Nothing to load."""
-
-    async def recognize(self, page: PageRequest) -> Recognition:
-        return await self.requests.run(page.request_id, self._work(page))
 
     def _loops(self, page: PageRequest) -> bool:
         if self.match.search(page.request_id) is None:
@@ -320,16 +233,6 @@ class LoopingEngine:
             completion_tokens=len(raw.split()),
             finish_reason=self.finish_reason,
         )
-
-    async def abort(self, request_id: str) -> None:
-        self.requests.abort(request_id)
-
-    def release(self) -> None:
-        """Nothing cached."""
-
-    async def close(self) -> None:
-        await self.requests.cancel_all()
-        self.closed = True
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "mode": self.mode, "match": self.match.pattern}

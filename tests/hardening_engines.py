@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
-
+from ocrwatch.engines.base import PageRequest, Recognition
+from tests.engines_base import StubEngine
 
 
 def job_id_of(path: Path) -> str:
@@ -37,46 +37,7 @@ def _echo(page: PageRequest, text: str | None = None) -> Recognition:
     )  # fmt: skip
 
 
-class _Base:
-    name = "base"
-
-    def __init__(self, *, max_concurrency: int = 4, dpi: int = 100) -> None:
-        self.max_concurrency = max_concurrency
-        self.render_hint = RenderHint(dpi=dpi)
-        self._tasks: dict[str, asyncio.Task[Recognition]] = {}
-
-    async def start(self) -> None:
-        """Nothing to load."""
-
-    async def recognize(self, page: PageRequest) -> Recognition:
-        task = asyncio.ensure_future(self._work(page))
-        self._tasks[page.request_id] = task
-        try:
-            return await task
-        finally:
-            self._tasks.pop(page.request_id, None)
-
-    async def _work(self, page: PageRequest) -> Recognition:
-        raise NotImplementedError
-
-    async def abort(self, request_id: str) -> None:
-        task = self._tasks.get(request_id)
-        if task is not None:
-            task.cancel()
-
-    def release(self) -> None:
-        """Nothing cached."""
-
-    async def close(self) -> None:
-        for task in list(self._tasks.values()):
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name}
-
-
-class CountingEngine(_Base):
+class CountingEngine(StubEngine):
     """Echoes each page after ``delay`` seconds and appends ``start``/``done PID REQUEST_ID`` lines to ``log``.
 
     Each line is one ``write`` on an ``O_APPEND`` descriptor, so lines from concurrent pages never interleave
@@ -117,7 +78,7 @@ GARBAGE: tuple[str, ...] = (
 )
 
 
-class GarbageEngine(_Base):
+class GarbageEngine(StubEngine):
     """Answers page *n* with ``GARBAGE[n % len(GARBAGE)]``, with a block whose bbox is hostile too."""
 
     name = "garbage"

@@ -119,7 +119,7 @@ def test_tesseract_character_error_rate_on_born_digital_pages(corpus_dir: Path, 
     async def measure() -> dict[str, float]:
         engine = TesseractEngine(TesseractConfig())
         await engine.start()
-        spec = render.render_spec(RenderConfig(), engine.render_hint)
+        spec = render.render_spec(RenderConfig(), engine.geometry)
         rates = {}
         try:
             for entry in chosen:

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from ocrwatch import config
+from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
+from ocrwatch.engines.sampling import Sampling
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +34,7 @@ def test_example_file_is_valid_and_documents_every_key() -> None:
         ("render", config.RenderConfig), ("limits", config.LimitsConfig), ("output", config.OutputConfig),
         ("log", config.LogConfig), ("metrics", config.MetricsConfig), ("scheduler", config.SchedulerConfig),
         ("retry", config.RetryConfig), ("daemon", config.DaemonConfig), ("engine", config.EngineConfig),
-        ("engine.tesseract", config.TesseractConfig), ("engine.vllm", config.VllmConfig),
+        ("engine.tesseract", TesseractConfig), ("engine.vllm", VllmConfig),
         ("inbox", config.InboxConfig), ("s3", config.S3Config),
     ):
         for key in model.model_fields:
@@ -39,6 +42,34 @@ def test_example_file_is_valid_and_documents_every_key() -> None:
                 continue
             assert f"{key} =" in text or f"# {key} =" in text, f"config.example.toml does not document {section}.{key}"
     assert cfg.engine.kind == "auto"
+
+
+def test_the_sampling_defaults_are_the_engine_contracts() -> None:
+    default, vllm, rung = Sampling(), VllmConfig(), SamplingRung()
+    assert (vllm.max_tokens, vllm.ngram_size, vllm.window_size) == (4096, 30, 90)
+    assert (vllm.max_tokens, vllm.ngram_size, vllm.window_size) == (default.max_tokens, default.ngram_size,
+                                                                    default.window_size)  # fmt: skip
+    assert (rung.temperature, rung.ngram_size, rung.window_size) == (0.0, 30, 90) == (
+        default.temperature, default.ngram_size, default.window_size
+    )
+
+
+def test_render_dpi_unset_means_the_engines_own(tmp_path: Path) -> None:
+    assert config.Config().render.dpi is None
+    assert config.load(write(tmp_path, "[render]\ndpi = 300\n")).render.dpi == 300
+
+
+def test_a_source_without_a_priority_gets_the_default_lane() -> None:
+    assert config.DEFAULT_PRIORITY == 50 and config.InboxConfig().priority == config.DEFAULT_PRIORITY
+    s3 = config.S3Config(queue_url="https://sqs.example/q")
+    assert s3.priority == config.DEFAULT_PRIORITY
+
+
+def test_the_engine_kind_is_auto_or_an_installed_engine(tmp_path: Path) -> None:
+    for kind in ("auto", "vllm", "tesseract", "plugin"):
+        assert config.load(write(tmp_path, f"[engine]\nkind = '{kind}'\n")).engine.kind == kind
+    with pytest.raises(ConfigError, match="unknown engine 'gpu'.*installed: auto, plugin, tesseract, vllm"):
+        config.load(write(tmp_path, "[engine]\nkind = 'gpu'\n"))
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -1,5 +1,6 @@
 """An engine in a child process: the real Tesseract engine served by ``python -m ocrwatch.engines.process``,
-observed through its replies and /proc; the router's choice and the vLLM replicas' arguments on their own."""
+observed through its replies and /proc; the replica router (``EngineSet``) over those children and on its own,
+and the vLLM replica processes' arguments."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from ocrwatch.config import EngineConfig, TesseractConfig, VllmConfig
-from ocrwatch.engines import factory
-from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
-from ocrwatch.engines.process import EngineSet, ProcessEngine
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines import registry
+from ocrwatch.engines.base import PageRequest, Recognition
+from ocrwatch.engines.deepseek.options import VllmConfig
+from ocrwatch.engines.process import ProcessEngine
+from ocrwatch.engines.replicas import EngineSet
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineDead
+from tests.engines_base import StubEngine
 
 needs_tesseract = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
 
@@ -85,7 +90,7 @@ async def test_a_page_is_read_by_tesseract_in_a_child_process() -> None:
     await engine.start()
     try:
         (child,) = set(children()) - before
-        assert engine.name == "tesseract" and engine.max_concurrency == 2 and engine.render_hint.dpi == 150
+        assert engine.name == "tesseract" and engine.max_concurrency == 2 and engine.geometry.dpi == 150
         pages = [PageRequest(f"p{i}", text_page([f"Invoice {4711 + i} paid"]), "markdown") for i in range(3)]
         results = await asyncio.gather(*(engine.recognize(page) for page in pages))
         for index, result in enumerate(results):
@@ -228,33 +233,21 @@ async def test_a_child_that_cannot_start_raises_the_engines_own_error() -> None:
     assert engine._scratch is not None and not engine._scratch.exists()
 
 
-class Counting:
-    """A stand-in engine for the router's choice alone: it counts the pages in it."""
+class Counting(StubEngine):
+    """A stand-in engine for the router's choice alone: it counts the pages in it and the aborts it is sent."""
 
     def __init__(self, name: str, gate: asyncio.Event) -> None:
+        super().__init__(max_concurrency=4, dpi=144)
         self.name = name
-        self.render_hint = RenderHint(dpi=144)
-        self.max_concurrency = 4
         self.gate = gate
-        self.seen: list[str] = []
         self.aborted: list[str] = []
 
-    async def start(self) -> None: ...
-
-    async def recognize(self, page: PageRequest) -> Recognition:
-        self.seen.append(page.request_id)
+    async def _work(self, page: PageRequest) -> Recognition:
         await self.gate.wait()
         return Recognition(markdown=self.name, raw=self.name)
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
-
-    def release(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name}
 
 
 async def test_the_set_sends_each_page_to_the_least_loaded_engine() -> None:
@@ -265,7 +258,7 @@ async def test_the_set_sends_each_page_to_the_least_loaded_engine() -> None:
     assert engines.max_concurrency == 8 and engines.describe() == {"name": "a", "processes": 2}
     tasks = [asyncio.create_task(engines.recognize(PageRequest(f"p{i}", Image.new("L", (8, 8)), ""))) for i in range(6)]
     await asyncio.sleep(0)
-    assert (len(a.seen), len(b.seen)) == (3, 3)
+    assert (len(a.requests.seen), len(b.requests.seen)) == (3, 3)
     await engines.abort("p1")
     assert a.aborted == b.aborted == ["p1"]
     gate.set()
@@ -275,7 +268,7 @@ async def test_the_set_sends_each_page_to_the_least_loaded_engine() -> None:
 def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7")
     cfg = EngineConfig(kind="vllm", vllm=VllmConfig(replicas=2, tensor_parallel_size=2, replica_processes=True))
-    engine = factory.build(cfg, kind="vllm")
+    engine = registry.build(cfg, kind="vllm")
     assert isinstance(engine, EngineSet)
     envs = [child._env for child in engine.engines]  # type: ignore[attr-defined]
     assert envs == [{"CUDA_VISIBLE_DEVICES": "2,3"}, {"CUDA_VISIBLE_DEVICES": "5,7"}]
@@ -285,15 +278,15 @@ def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest
         assert (spec["kind"], inner.replicas, inner.replica_processes, inner.tensor_parallel_size) == ("vllm", 1, False, 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(ConfigError, match="need 4 GPUs, 2 visible"):
-        factory.build(cfg, kind="vllm")
+        registry.build(cfg, kind="vllm")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(factory, "gpu_count", lambda: 2)
-    by_default = factory.build(EngineConfig(kind="vllm", vllm=VllmConfig(replicas=2)), kind="vllm")
+    monkeypatch.setattr(registry, "gpu_count", lambda: 2)
+    by_default = registry.build(EngineConfig(kind="vllm", vllm=VllmConfig(replicas=2)), kind="vllm")
     assert isinstance(by_default, EngineSet)
     assert [child._env for child in by_default.engines] == [  # type: ignore[attr-defined]
         {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}
     ]
-    one = factory.build(EngineConfig(kind="vllm", vllm=VllmConfig(replica_processes=True)), kind="vllm")
+    one = registry.build(EngineConfig(kind="vllm", vllm=VllmConfig(replica_processes=True)), kind="vllm")
     assert isinstance(one, EngineSet) and len(one.engines) == 1
     assert one.engines[0]._env == {}  # type: ignore[attr-defined]  # one replica sees the daemon's GPUs
 
@@ -312,8 +305,8 @@ async def test_a_vllm_replica_process_that_cannot_start_says_why() -> None:
 
 @needs_tesseract
 async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The child's front end must hand freed memory back like the daemon does (run 9: 13 GiB a vLLM replica
-    process after 477 pages when only the daemon trimmed)."""
+    """The child's front end must hand freed memory back like the daemon does (a vLLM replica process grew by
+    gigabytes over a few hundred pages when only the daemon trimmed)."""
     from ocrwatch import logging as ocw_logging
     from ocrwatch.engines import process
 

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from ocrwatch.config import TesseractConfig
 from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine, parse_tsv
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineFailed
 
 pytestmark = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
@@ -159,7 +159,7 @@ def test_describe_and_hints() -> None:
     assert description | {"version": None} == {
         "name": "tesseract", "version": None, "lang": "eng", "psm": 6, "dpi": 250, "workers": 3,
     }  # fmt: skip
-    assert engine.render_hint.dpi == 250 and engine.max_concurrency == 3
+    assert engine.geometry.dpi == 250 and engine.max_concurrency == 3
     assert TesseractEngine(TesseractConfig(workers=0)).max_concurrency == os.cpu_count()
     engine.release()
 

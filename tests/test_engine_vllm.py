@@ -1,5 +1,6 @@
-"""The vLLM engine without a GPU: engine and sampling arguments, page geometry, error mapping, and the request
-flow over a stand-in for ``AsyncLLM``. Where vllm is installed, the arguments are checked against its classes."""
+"""The vLLM engine without a GPU: engine and sampling arguments, page geometry, error mapping, the request
+flow over a stand-in for ``AsyncLLM``, and replicas as the registry builds them. Where vllm is installed, the
+arguments are checked against its classes."""
 
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ import pytest
 from PIL import Image
 
 from ocrwatch import ladder
-from ocrwatch.config import EngineConfig, SamplingRung, VllmConfig
-from ocrwatch.engines import vllm as engine_module
-from ocrwatch.engines import vllm_plugin
-from ocrwatch.engines.base import Engine, PageRequest, Sampling
-from ocrwatch.engines.vllm import OCR1, OCR2, VllmEngine
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines import registry
+from ocrwatch.engines.base import Engine, PageRequest
+from ocrwatch.engines.deepseek import engine as engine_module
+from ocrwatch.engines.deepseek import plugin, spec
+from ocrwatch.engines.deepseek.engine import OCR1, OCR2, VllmEngine
+from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
+from ocrwatch.engines.replicas import EngineSet
+from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
@@ -41,7 +46,7 @@ def fit(size: tuple[int, int], max_side: int) -> tuple[int, int]:
 
 
 def test_ocr2_renders_a4_and_letter_onto_the_2x3_tile_grid_without_upscaling() -> None:
-    hint = OCR2.render_hint()
+    hint = OCR2.page_geometry()
     assert hint.max_side == 2304 and hint.dpi == 210 and hint.max_pixels is None
     for page in (A4_300DPI, LETTER_300DPI):
         width, height = fit(page, hint.max_side)
@@ -53,7 +58,7 @@ def test_ocr2_renders_a4_and_letter_onto_the_2x3_tile_grid_without_upscaling() -
 
 
 def test_ocr1_uses_640_tiles_so_its_cap_is_1920() -> None:
-    hint = OCR1.render_hint()
+    hint = OCR1.page_geometry()
     assert hint.max_side == 1920 and hint.dpi == 175
     assert OCR1.tile_grid(*fit(A4_300DPI, hint.max_side)) == (2, 3)
 
@@ -74,7 +79,7 @@ def test_architecture_from_a_local_config_json(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekOCRForCausalLM"]}))
     assert engine_module.model_architecture(str(tmp_path)) == OCR1.architecture
     engine = VllmEngine(VllmConfig(model=str(tmp_path)))
-    assert engine.render_hint.max_side == 1920
+    assert engine.geometry.max_side == 1920
 
 
 @pytest.mark.parametrize(
@@ -106,7 +111,7 @@ def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
     assert kwargs["model"] == "deepseek-ai/DeepSeek-OCR-2"
     assert kwargs["enable_prefix_caching"] is False
     assert kwargs["mm_processor_cache_gb"] == 0
-    assert kwargs["logits_processors"] == ["ocrwatch.engines.vllm_ngram:BatchedNoRepeatNGram"]
+    assert kwargs["logits_processors"] == ["ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"]
     per_request = engine_module.engine_kwargs(VllmConfig(ngram_processor="per_request"))
     assert per_request["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
     unguarded = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=0),))
@@ -192,9 +197,9 @@ def test_the_shipped_moe_tiles_are_in_vllms_format() -> None:
 
 @pytest.mark.parametrize(("value", "on"), [("1", True), ("yes", True), ("0", False), ("off", False), (" ", False)])
 def test_the_plugin_switches_read_their_own_variable(value: str, on: bool) -> None:
-    env = {vllm_plugin.GRAPHS_ENV: value}
-    assert vllm_plugin.enabled(env, name=vllm_plugin.GRAPHS_ENV) is on
-    assert vllm_plugin.enabled(env) is False  # the fast-encoder switch is another variable
+    env = {plugin.GRAPHS_ENV: value}
+    assert plugin.enabled(env, name=plugin.GRAPHS_ENV) is on
+    assert plugin.enabled(env) is False  # the fast-encoder switch is another variable
 
 
 def test_engine_args_this_vllm_lacks_are_a_config_error() -> None:
@@ -372,7 +377,7 @@ def running_engine(llm: FakeLLM) -> tuple[VllmEngine, FakeRuntime]:
     engine = VllmEngine(VllmConfig())
     runtime = FakeRuntime()
     engine._runtime = runtime  # type: ignore[assignment]
-    engine._llms, engine._load = [llm], [0]
+    engine._llm = llm
     return engine, runtime
 
 
@@ -458,18 +463,22 @@ def test_close_cancels_pages_in_flight_and_shuts_vllm_down() -> None:
         return task
 
     task = asyncio.run(scenario())
-    assert task.cancelled() and llm.shut_down and engine._llms == []
+    assert task.cancelled() and llm.shut_down and engine._llm is None
 
 
-def test_engine_contract_without_vllm() -> None:
-    engine = VllmEngine(VllmConfig(max_num_seqs=64, data_parallel_size=2, replicas=3))
+def test_engine_contract_without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(registry, "gpu_count", lambda: 6)
+    cfg = VllmConfig(max_num_seqs=64, data_parallel_size=2, replicas=3, replica_processes=False)
+    engine = registry.build(EngineConfig(vllm=cfg), kind="vllm")
     assert isinstance(engine, Engine)
     assert engine.max_concurrency == 64 * 2 * 3
-    assert engine.render_hint.max_side == 2304
+    assert engine.geometry.max_side == 2304
     engine.release()
     described = engine.describe()
     assert described["name"] == "vllm" and described["architecture"] == "DeepseekOCR2ForCausalLM"
     assert described["sampling"]["temperature"] == 0.0 and len(described["ladder"]) == 2
+    assert described["replicas"] == 3 and "processes" not in described
     json.dumps(described)
 
 
@@ -510,7 +519,7 @@ def test_a_failed_warmup_shuts_the_engine_down_and_is_engine_dead(
     engine = VllmEngine(VllmConfig())
     with pytest.raises(EngineDead, match="warm-up"):
         asyncio.run(engine.start())
-    assert llm.shut_down and engine._llms == []
+    assert llm.shut_down and engine._llm is None
 
 
 def test_a_missing_vllm_at_start_is_engine_dead_with_a_hint(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
@@ -550,12 +559,12 @@ def test_an_engine_argument_vllm_lacks_stops_start_as_a_config_error(
 def test_each_replica_gets_its_own_gpus(
     settings: dict[str, int], visible: str | None, count: int, expected: list[str | None]
 ) -> None:
-    assert engine_module.replica_devices(VllmConfig(**settings), visible, count) == expected
+    assert spec.replica_devices(VllmConfig(**settings), visible, count) == expected
 
 
 def test_more_replicas_than_gpus_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"engine.vllm.replicas: 2 replicas of 2 GPU\(s\) need 4 GPUs, 3 visible"):
-        engine_module.replica_devices(VllmConfig(replicas=2, tensor_parallel_size=2), "0,1,2", 8)
+        spec.replica_devices(VllmConfig(replicas=2, tensor_parallel_size=2), "0,1,2", 8)
 
 
 def test_release_after_a_document_never_runs_a_full_collection() -> None:
@@ -594,9 +603,6 @@ class ReplicaRuntime(FakeRuntime):
 
     built: list[tuple[str | None, FakeLLM]] = []
 
-    def device_count(self) -> int:
-        return 2
-
     def engine(self, kwargs: dict[str, Any]) -> FakeLLM:
         llm = FakeLLM(output("Free", "length"))
         self.built.append((os.environ.get("CUDA_VISIBLE_DEVICES"), llm))
@@ -609,7 +615,9 @@ def test_replicas_start_pinned_warm_up_each_and_share_the_pages(
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(ReplicaRuntime, "built", [])
     monkeypatch.setattr(engine_module, "_Runtime", ReplicaRuntime)
-    engine = VllmEngine(VllmConfig(replicas=2))
+    monkeypatch.setattr(registry, "gpu_count", lambda: 2)
+    engine = registry.build(EngineConfig(vllm=VllmConfig(replicas=2, replica_processes=False)), kind="vllm")
+    assert isinstance(engine, EngineSet) and all(isinstance(member, VllmEngine) for member in engine.engines)
 
     async def scenario() -> None:
         await engine.start()

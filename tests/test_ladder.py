@@ -8,8 +8,10 @@ import pytest
 from PIL import Image
 
 from ocrwatch import ladder
-from ocrwatch.config import EngineConfig, SamplingRung, VllmConfig
-from ocrwatch.engines.base import PageRequest, Recognition, Sampling
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines.base import PageRequest, Recognition
+from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
+from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import EngineDead
 from tests.fault_engines import LOOP_UNIT, CrashingEngine, EchoEngine, HangingEngine, LoopingEngine, reset_crash_count
 

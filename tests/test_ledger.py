@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ocrwatch import ledger as ledger_module
 from ocrwatch.errors import OcrwatchError, TransientError
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
 from ocrwatch.sources.base import Job, LocalFile, S3Object
@@ -135,20 +137,22 @@ def test_state_transitions_and_attempts(tmp_path: Path, ledger: Ledger) -> None:
 
     transient = {"kind": "engine_dead", "message": "CUDA error", "retryable": True}
     assert ledger.record_attempt(job.key, transient) == 2
-    ledger.set_state(job.key, "queued", next_attempt_at=123.0)
+    ledger.set_state(job.key, "queued")
     assert ledger.record_attempt(job.key, None) == 3  # counting a start keeps the last error
     row = ledger.known(job.key)
-    assert row is not None and row.last_error == transient and row.next_attempt_at == 123.0
+    assert row is not None and row.last_error == transient and row.state == "queued"
 
     ledger.set_state(job.key, "writing")
     ledger.mark_done(job.key)
     row = ledger.known(job.key)
-    assert row is not None and row.state == "done" and row.finished_at is not None and row.next_attempt_at is None
+    assert row is not None and row.state == "done" and row.finished_at is not None
 
     with pytest.raises(ValueError):
         ledger.set_state(job.key, "lost")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         ledger.set_state(job.key, "queued", attempts=0)
+    with pytest.raises(TypeError):
+        ledger.set_state(job.key, "queued", next_attempt_at=123.0)
     with pytest.raises(KeyError):
         ledger.mark_done("file:///nowhere")
     with pytest.raises(KeyError):
@@ -227,6 +231,33 @@ def test_newer_schema_is_refused(db: Path) -> None:
         conn.execute("PRAGMA user_version = 99")
     with pytest.raises(OcrwatchError, match="schema version 99"):
         Ledger(db)
+
+
+def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: Path) -> None:
+    """Ledgers written before next_attempt_at was dropped open in place, with their rows and errors intact."""
+    job = local_job(tmp_path, "old.pdf")
+    db.parent.mkdir(mode=0o700)
+    with closing(sqlite3.connect(db)) as conn:
+        conn.executescript(ledger_module._MIGRATIONS[0])
+        conn.execute(
+            "INSERT INTO jobs (key, state, attempts, last_error, error_at, job, fp_size, fp_sha256, created_at,"
+            " updated_at, finished_at, next_attempt_at) VALUES (?, 'failed', 2, ?, 5.0, ?, 100, 'aa', 1.0, 2.0, 3.0,"
+            " 4.0)",
+            (job.key, json.dumps(ERROR), ledger_module._dump_job(job)),
+        )
+        conn.execute("PRAGMA user_version = 1")
+        conn.commit()
+    with Ledger(db) as ledger:
+        row = ledger.known(job.key)
+        assert row is not None and (row.state, row.attempts, row.last_error) == ("failed", 2, ERROR)
+        assert row.job == job and row.fingerprint == fp(mtime_ns=None)
+        assert ledger.retry() == 1 and [r.key for r in ledger.unfinished()] == [job.key]
+    with closing(sqlite3.connect(db)) as conn:
+        columns = [column[1] for column in conn.execute("PRAGMA table_info(jobs)")]
+        assert "next_attempt_at" not in columns and "finished_at" in columns
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == ledger_module.SCHEMA_VERSION == 2
+        indexes = {index[1] for index in conn.execute("PRAGMA index_list(jobs)")}
+        assert {"jobs_by_state", "jobs_by_error"} <= indexes
 
 
 def test_threads_share_one_ledger(tmp_path: Path, ledger: Ledger) -> None:

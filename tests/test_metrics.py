@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ocrwatch.metrics import ENGINE_PHASES, QUEUES, STAGES, HealthServer, LoopLagProbe, Metrics
+from ocrwatch.metrics import QUEUES, STAGES, HealthServer, LoopLagProbe, Metrics
 from tests import docs
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
 
@@ -62,6 +62,26 @@ async def test_health_server_paths_and_refresh_before_each_scrape() -> None:
         for expected in (1, 2):
             body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"{base}/metrics", timeout=5).read())
             assert parse(body.decode())["ocrwatch_inflight_pages"] == expected
+    finally:
+        await server.stop()
+
+
+async def test_metrics_speak_openmetrics_when_asked_and_answer_head() -> None:
+    server = HealthServer(Metrics(), "127.0.0.1:0", lambda: True)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}/metrics"
+
+    def fetch(method: str = "GET", accept: str | None = None) -> tuple[str, bytes]:
+        request = urllib.request.Request(url, method=method, headers={"Accept": accept} if accept else {})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.headers["Content-Type"], response.read()
+
+    try:
+        plain_type, plain = await asyncio.to_thread(fetch)
+        assert plain_type.startswith("text/plain") and b"ocrwatch_documents_total" in plain
+        open_type, openmetrics = await asyncio.to_thread(fetch, accept="application/openmetrics-text; version=1.0.0")
+        assert open_type.startswith("application/openmetrics-text") and openmetrics.endswith(b"# EOF\n")
+        assert await asyncio.to_thread(fetch, "HEAD") == (plain_type, b"")
     finally:
         await server.stop()
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from ocrwatch.engines.ngram import PLACEHOLDER, NGramBans, NGramRule
+from ocrwatch.engines.deepseek.ngram import PLACEHOLDER, NGramBans, NGramRule
 
 
 def reference_bans(ids: list[int], n: int, window: int, whitelist: frozenset[int]) -> set[int]:

@@ -21,9 +21,11 @@ import dataclasses
 
 from ocrwatch import errors, render as render_module
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
-from ocrwatch.engines.base import RenderHint
+from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.render import (
+    DEFAULT_DPI,
     DocumentInfo,
+    Geometry,
     Limits,
     RenderedPage,
     iter_pages,
@@ -171,14 +173,37 @@ def test_a_page_the_caps_cannot_hold_at_min_dpi_is_refused(tmp_path: Path) -> No
         render_first(pdf, render_spec(RenderConfig(min_dpi=36)))  # 200 in x 36 dpi = 7200 px > max_side 4096
 
 
-def test_the_engine_hint_sets_dpi_and_tightens_caps_without_refusing(tmp_path: Path) -> None:
-    spec = render_spec(RenderConfig(min_dpi=20), RenderHint(dpi=300, max_side=1024, max_pixels=1_000_000))
+def test_the_engine_geometry_sets_dpi_and_tightens_caps_without_refusing(tmp_path: Path) -> None:
+    spec = render_spec(RenderConfig(min_dpi=20), Geometry(dpi=300, max_side=1024, max_pixels=1_000_000))
     assert (spec.dpi, spec.max_side, spec.max_pixels, spec.limit_side) == (300.0, 1024, 1_000_000, 4096)
     _, a4 = render_first(docs.write_pdf(tmp_path / "a4.pdf", [["A4"]]), spec)
     assert within(a4, 1024, 1_000_000) and a4.dpi < 300
     _, poster = render_first(docs.write_huge_page_pdf(tmp_path / "poster.pdf"), spec)
     assert poster.image.size == (1000, 1000) and poster.dpi < 20  # below min_dpi: the engine wants it this small
-    assert render_spec(RenderConfig(max_side=2000), RenderHint(dpi=100, max_side=9000)).max_side == 2000
+    assert render_spec(RenderConfig(max_side=2000), Geometry(dpi=100, max_side=9000)).max_side == 2000
+
+
+def test_render_dpi_unset_is_the_engine_dpi_or_the_default() -> None:
+    assert RenderConfig().dpi is None
+    assert render_spec(RenderConfig(), Geometry(dpi=144)).dpi == 144.0
+    assert render_spec(RenderConfig()).dpi == float(DEFAULT_DPI) == 200.0
+
+
+def test_render_dpi_set_applies_over_the_engine_dpi(tmp_path: Path) -> None:
+    spec = render_spec(RenderConfig(dpi=100), Geometry(dpi=144))
+    assert spec.dpi == 100.0
+    _, letter = render_first(docs.write_sized_pdf(tmp_path / "letter.pdf", [(612, 792)]), spec)
+    assert letter.image.size == (850, 1100) and letter.dpi == 100.0  # ceil(points * 100 / 72)
+    assert render_spec(RenderConfig(dpi=300)).dpi == 300.0
+
+
+def test_render_dpi_set_is_still_bounded_by_the_engine_geometry(tmp_path: Path) -> None:
+    spec = render_spec(RenderConfig(dpi=300), Geometry(dpi=144, max_side=1000, max_pixels=600_000))
+    assert (spec.dpi, spec.max_side, spec.max_pixels) == (300.0, 1000, 600_000)
+    _, letter = render_first(docs.write_sized_pdf(tmp_path / "letter.pdf", [(612, 792)]), spec)
+    assert within(letter, 1000, 600_000) and letter.dpi < 144  # the engine's bound wins over both DPIs
+    unbounded = render_spec(RenderConfig(dpi=300), Geometry(dpi=144))
+    assert (unbounded.max_side, unbounded.max_pixels) == (RenderConfig().max_side, RenderConfig().max_pixels)
 
 
 def test_page_dpi_keeps_the_wanted_dpi_when_the_page_fits() -> None:
@@ -359,6 +384,16 @@ def test_limits_take_inbox_overrides() -> None:
     assert Limits.from_config(LimitsConfig(max_bytes=10, max_pages=5), InboxConfig(max_pages=2)) == Limits(10, 2)
 
 
+def test_limits_take_the_job_overrides(tmp_path: Path) -> None:
+    config = LimitsConfig(max_bytes=10, max_pages=5)
+    job = Job(origin=LocalFile(tmp_path / "a.pdf", tmp_path), source="local")
+    assert Limits.for_job(config, job) == Limits(10, 5)
+    job.max_pages = 2
+    assert Limits.for_job(config, job) == Limits(10, 2)
+    job.max_bytes = 7
+    assert Limits.for_job(config, job) == Limits(7, 2)
+
+
 def test_non_regular_and_missing_files(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo.pdf")
     with pytest.raises(errors.NotARegularFile):
@@ -516,7 +551,7 @@ def test_pdfium_renderer_gives_pdftoppm_geometry(tmp_path: Path) -> None:
     pytest.importorskip("pypdfium2")
     pdf = docs.write_sized_pdf(tmp_path / "sizes.pdf", [(612, 792), (384, 470.88), (841.92, 595.32)], rotate=[0, 0, 90])
     info = render_module.probe(pdf, render_module.Limits(max_bytes=10**8, max_pages=10))
-    pdfium = render_module.render_spec(RenderConfig(renderer="pdfium"), RenderHint(dpi=300))
+    pdfium = render_module.render_spec(RenderConfig(renderer="pdfium"), Geometry(dpi=300))
     pdftoppm = dataclasses.replace(pdfium, renderer="pdftoppm")
     for index in range(info.pages):
         a = render_module.render_page(pdf, info, index, pdftoppm)

@@ -156,7 +156,7 @@ def test_a_listen_address_without_a_host_binds_loopback() -> None:
         server = HealthServer(Metrics(), ":0", lambda: True)
         await server.start()
         try:
-            return str(server._server.sockets[0].getsockname()[0])  # type: ignore[union-attr]
+            return server.address[0]  # the bound socket's address
         finally:
             await server.stop()
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ocrwatch.naming import sidecar_names
 from ocrwatch.sinks import local as local_sink
-from ocrwatch.sinks.base import sidecar_names
 from ocrwatch.sinks.local import LocalSink, atomic_write
 from ocrwatch.sources.base import Job, LocalFile
 

@@ -1,4 +1,4 @@
-"""S3Sink and the S3 check against real servers on 127.0.0.1 (moto_server; Ceph RGW where installed)."""
+"""S3Sink against real servers on 127.0.0.1 (moto_server; Ceph RGW where installed)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OutputNotWritable
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
-from ocrwatch.sources.s3 import check
-from tests.s3servers import MotoServer, RgwServer, free_port
+from tests.s3servers import MotoServer, RgwServer
 
 pytestmark = pytest.mark.s3
 
@@ -87,19 +86,3 @@ def test_writing_to_a_missing_bucket_is_permanent(moto: MotoServer) -> None:
     sink = S3Sink(S3Config(queue_url="q", **moto.s3_config()))
     with pytest.raises(OutputNotWritable):
         sink.write(job(bucket="no-such-bucket"), "x", DOCUMENT)
-
-
-def test_check_reports_queue_bucket_and_endpoint_problems(moto: MotoServer) -> None:
-    queue = moto.bucket_with_queue("docs", "events")
-    assert check(S3Config(queue_url=queue, bucket="docs", **moto.s3_config())) == []
-
-    problems = check(S3Config(queue_url=queue.replace("events", "nope"), bucket="missing", **moto.s3_config()))
-    assert len(problems) == 2 and "queue" in problems[0] and "bucket missing" in problems[1]
-
-    dead_letter = check(S3Config(queue_url=queue, on_max_receives="dead_letter", **moto.s3_config()))
-    assert len(dead_letter) == 1 and "RedrivePolicy" in dead_letter[0]
-
-    unreachable = S3Config(transport="webhook", token="t", bucket="docs",
-                           **moto.s3_config(endpoint_url=f"http://127.0.0.1:{free_port()}"))
-    [problem] = check(unreachable)
-    assert "bucket docs" in problem and "testing" not in problem  # credentials never shown

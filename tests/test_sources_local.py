@@ -20,10 +20,12 @@ import structlog
 from PIL import Image
 
 from ocrwatch.config import InboxConfig
-from ocrwatch.errors import ConfigError, NotARegularFile, SourceGone
-from ocrwatch.sources import local
+from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
+from ocrwatch.sources import local, watch
 from ocrwatch.sources.base import Job, LocalFile
-from ocrwatch.sources.local import LocalSource, choose_polling, filesystem_type, probe
+from ocrwatch.sources.local import LocalSource
+from ocrwatch.sources.settle import probe
+from ocrwatch.sources.watch import choose_polling, filesystem_type
 
 SETTLE = 0.2
 PAUSE = 6 * SETTLE  # a writer's pause: long enough for the file to look settled, though incomplete
@@ -70,6 +72,10 @@ class Collector:
         return {path.name for path in self.paths()}
 
 
+async def never_reject(job: Job, error: OcrwatchError, attempts: int) -> None:
+    raise AssertionError(f"the local source gave up {job.key} unprocessed: {error}")
+
+
 async def until(predicate: Callable[[], object], what: str, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
@@ -84,7 +90,7 @@ async def watching(
 ) -> AsyncIterator[tuple[LocalSource, Collector]]:
     collector = Collector()
     source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}")
-    await source.start(collector)
+    await source.start(collector, never_reject)
     try:
         yield source, collector
     finally:
@@ -388,14 +394,14 @@ def test_reconciliation_finds_a_file_whose_events_were_lost(tmp_path: Path, monk
     inotify queue overflow or a restart of the observer would; only the periodic scan can find it."""
     dropped: list[object] = []
 
-    class LosingBridge(local._EventBridge):
+    class LosingBridge(watch.EventBridge):
         def dispatch(self, event: Any) -> None:
             if "lost" in os.fsdecode(event.src_path) + os.fsdecode(event.dest_path):
                 dropped.append(event)
             else:
                 super().dispatch(event)
 
-    monkeypatch.setattr(local, "_EventBridge", LosingBridge)
+    monkeypatch.setattr(local, "EventBridge", LosingBridge)
 
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in"), reconcile_seconds=1.5) as (_, got):

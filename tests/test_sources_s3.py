@@ -1,9 +1,8 @@
-"""S3Source against real servers on 127.0.0.1: moto_server (S3 + SQS, AWS event shape) and Ceph RGW (webhook)."""
+"""S3 events, and S3Source (SQS) against moto_server on 127.0.0.1 (S3 + SQS, the AWS event shape)."""
 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import stat
 import time
@@ -14,11 +13,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from ocrwatch.assemble import error_document
 from ocrwatch.config import LimitsConfig, S3Config
-from ocrwatch.errors import FileTooLarge, SourceGone
+from ocrwatch.errors import FileTooLarge, OcrwatchError, SourceGone
+from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
-from ocrwatch.sources.s3 import S3Source, created_object, event_records, refusal
-from tests.s3servers import MotoServer, RgwServer
+from ocrwatch.sources.s3 import S3Source
+from ocrwatch.sources.s3events import created_object, event_records, refusal
+from tests.s3servers import MotoServer
 
 pytestmark = pytest.mark.s3
 
@@ -26,10 +28,12 @@ ODD_KEYS = ["inbox/My Scan é+1.pdf", "inbox/a+b.pdf", "inbox/déjà vu/ü 100%.
 
 
 class Submitted:
-    """A ``submit`` that records jobs, optionally slowly or failing, so tests can observe the source."""
+    """A ``submit`` that records jobs, optionally slowly or failing, so tests can observe the source; its
+    ``reject`` records the jobs a source gives up."""
 
     def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
         self.jobs: list[Job] = []
+        self.rejected: list[tuple[Job, OcrwatchError, int]] = []
         self.returned_at: list[float] = []
         self.delay, self.fail = delay, fail
 
@@ -39,6 +43,9 @@ class Submitted:
             raise RuntimeError("ledger unavailable")
         self.jobs.append(job)
         self.returned_at.append(time.monotonic())
+
+    async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
+        self.rejected.append((job, error, attempts))
 
     async def wait(self, count: int, timeout: float = 20.0) -> list[Job]:
         await until(lambda: len(self.jobs) >= count, timeout, f"{count} jobs (have {len(self.jobs)})")
@@ -120,7 +127,7 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg, name="s3-test")
-        await source.start(submitted)
+        await source.start(submitted, submitted.reject)
         jobs = await submitted.wait(len(ODD_KEYS))
         await asyncio.sleep(1.5)  # time for anything wrongly accepted to show up
         assert sorted(job.origin.key for job in jobs) == sorted(ODD_KEYS)
@@ -153,7 +160,7 @@ def test_multipart_upload_announced_twice_is_one_ledger_key(moto: MotoServer) ->
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg)
-        await source.start(submitted)
+        await source.start(submitted, submitted.reject)
         jobs = await submitted.wait(2)
         assert {job.key for job in jobs} == {f"s3://docs/{key}"}
         assert jobs[-1].origin.etag == s3.head_object(Bucket="docs", Key=key)["ETag"].strip('"')
@@ -173,7 +180,7 @@ def test_heartbeat_keeps_the_message_invisible_until_finish(moto: MotoServer) ->
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg)
-        await source.start(submitted)
+        await source.start(submitted, submitted.reject)
         [job] = await submitted.wait(1)
         await asyncio.sleep(14)  # past the 10 s visibility timeout
         peek = moto.client("sqs").receive_message(QueueUrl=queue, WaitTimeSeconds=0)
@@ -194,7 +201,7 @@ def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: 
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg)
-        await source.start(submitted)
+        await source.start(submitted, submitted.reject)
         sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(body))
         first, second = await submitted.wait(2)  # one job per record (the test event is none)
         assert [first.origin.key, second.origin.key] == ["two/a.pdf", "two/b.pdf"]
@@ -219,7 +226,25 @@ def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: 
     run(scenario)
 
 
-def test_max_receives_writes_the_error_sidecar_and_deletes(moto: MotoServer) -> None:
+class RejectedLikeThePipeline(Submitted):
+    """``reject`` as the pipeline does it: the error sidecar through the job's sink, then ``finish(failed)``."""
+
+    def __init__(self, source: S3Source) -> None:
+        super().__init__()
+        self.source, self.sink = source, S3Sink(source.cfg, source.client)
+
+    async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
+        await super().reject(job, error, attempts)
+        obj = job.origin
+        assert isinstance(obj, S3Object)
+        source = {"uri": obj.uri, "name": obj.name, "bytes": obj.size or 0, "sha256": None, "etag": obj.etag,
+                  "version_id": obj.version_id}
+        document = error_document(source, error.as_dict(), attempts, time.time())
+        await asyncio.to_thread(self.sink.write_error, job, document)
+        await self.source.finish(job, "failed")
+
+
+def test_max_receives_rejects_the_job_and_deletes_once_it_is_finished(moto: MotoServer) -> None:
     queue = moto.bucket_with_queue("docs", "events")
     moto.client("s3").put_object(Bucket="docs", Key="in/poison.pdf", Body=b"%PDF-1.4 bad")
     sqs = moto.client("sqs")
@@ -228,17 +253,40 @@ def test_max_receives_writes_the_error_sidecar_and_deletes(moto: MotoServer) -> 
     cfg = sqs_config(moto, queue, max_receives=3)
 
     async def scenario() -> None:
-        submitted = Submitted()
         source = S3Source(cfg)
-        await source.start(submitted)
+        pipeline = RejectedLikeThePipeline(source)
+        await source.start(pipeline, pipeline.reject)
         await until(lambda: queue_counts(moto, queue) == (0, 0), 15, "the poison message deleted")
         await source.stop()
-        assert submitted.jobs == []
+        assert pipeline.jobs == []
+        [(job, error, attempts)] = pipeline.rejected
+        assert (job.origin.uri, error.kind, attempts) == ("s3://docs/in/poison.pdf", "too_many_deliveries", 4)
 
     run(scenario)
     sidecar = json.loads(moto.client("s3").get_object(Bucket="docs", Key="in/poison.pdf.error.json")["Body"].read())
     assert sidecar["error"]["kind"] == "too_many_deliveries" and sidecar["attempts"] == 4
     assert sidecar["source"]["uri"] == "s3://docs/in/poison.pdf"
+
+
+def test_a_failed_reject_leaves_the_message_to_come_back(moto: MotoServer) -> None:
+    queue = moto.bucket_with_queue("docs", "events")
+    moto.client("s3").put_object(Bucket="docs", Key="poison.pdf", Body=b"%PDF-1.4 bad")
+    moto.client("sqs").receive_message(QueueUrl=queue, MaxNumberOfMessages=10, VisibilityTimeout=0)
+    cfg = sqs_config(moto, queue, max_receives=1)
+
+    async def scenario() -> None:
+        source = S3Source(cfg)
+
+        async def failing(job: Job, error: OcrwatchError, attempts: int) -> None:
+            raise RuntimeError("ledger unavailable")
+
+        with capture_logs() as logs:
+            await source.start(Submitted(), failing)
+            await until(lambda: any(e["event"] == "s3_message_left" for e in logs), 15, "the message left")
+        await source.stop()
+        assert queue_counts(moto, queue) == (0, 1)  # reappears when its visibility lapses
+
+    run(scenario)
 
 
 def test_max_receives_left_to_the_dead_letter_queue(moto: MotoServer) -> None:
@@ -252,7 +300,7 @@ def test_max_receives_left_to_the_dead_letter_queue(moto: MotoServer) -> None:
         submitted = Submitted()
         source = S3Source(cfg)
         with capture_logs() as logs:
-            await source.start(submitted)
+            await source.start(submitted, submitted.reject)
             await until(lambda: any(e["event"] == "s3_max_receives" for e in logs), 15, "s3_max_receives")
         await source.stop()
         assert submitted.jobs == [] and queue_counts(moto, queue) == (0, 1)
@@ -271,7 +319,7 @@ def test_polling_survives_an_outage_of_the_server() -> None:
             submitted = Submitted()
             source = S3Source(cfg, backoff_max_seconds=3)
             with capture_logs() as logs:
-                await source.start(submitted)
+                await source.start(submitted, submitted.reject)
                 await asyncio.sleep(1)
                 await asyncio.to_thread(server.stop)
                 await asyncio.sleep(20)
@@ -302,7 +350,8 @@ def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path)
 
     async def scenario() -> None:
         source = S3Source(cfg, limits=LimitsConfig(max_bytes=len(data)))
-        await source.start(Submitted())
+        submitted = Submitted()
+        await source.start(submitted, submitted.reject)
         path = await source.fetch(Job(S3Object("docs", "a b+é.pdf", etag=etag, size=len(data)), "s3"), tmp_path)
         assert path.parent == tmp_path and path.suffix == ".pdf" and path.read_bytes() == data
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -321,7 +370,8 @@ def test_fetch_refuses_oversize_before_downloading_and_reports_gone(moto: MotoSe
 
     async def scenario() -> None:
         source = S3Source(cfg, limits=LimitsConfig(max_bytes=4096))
-        await source.start(Submitted())
+        submitted = Submitted()
+        await source.start(submitted, submitted.reject)
         with pytest.raises(FileTooLarge):  # decided from the event: the key need not even exist
             await source.fetch(Job(S3Object("docs", "never-uploaded.pdf", size=4097), "s3"), tmp_path)
         with pytest.raises(FileTooLarge):  # no size in the event: decided from Content-Length
@@ -331,141 +381,6 @@ def test_fetch_refuses_oversize_before_downloading_and_reports_gone(moto: MotoSe
         with pytest.raises(SourceGone):  # overwritten since the event: If-Match fails
             await source.fetch(Job(S3Object("docs", "big.pdf", etag="0" * 32), "s3"), tmp_path)
         assert list(tmp_path.iterdir()) == []
-        await source.stop()
-
-    run(scenario)
-
-
-# --- webhook ---------------------------------------------------------------------------------------------------
-
-TOKEN = "s3cret-token"
-
-
-def webhook_config(**keys: Any) -> S3Config:
-    return S3Config(transport="webhook", listen="127.0.0.1:0", token=TOKEN, region="default",
-                    access_key_id="testing", secret_access_key="testing", **keys)
-
-
-def post(address: tuple[str, int], target: str, body: bytes, headers: dict[str, str] | None = None,
-         method: str = "POST") -> tuple[int, dict[str, Any], float]:
-    connection = http.client.HTTPConnection(*address, timeout=10)
-    try:
-        connection.request(method, target, body=body, headers=headers or {})
-        response = connection.getresponse()
-        payload = json.loads(response.read() or b"{}")
-        return response.status, payload, time.monotonic()
-    finally:
-        connection.close()
-
-
-def test_webhook_authentication_and_limits() -> None:
-    cfg = webhook_config(max_body_bytes=2048)
-    event = json.dumps({"Records": [record("in/x+y.pdf", "ceph:s3", size=5)]}).encode()
-    bearer = {"Authorization": f"Bearer {TOKEN}"}
-
-    async def scenario() -> None:
-        submitted = Submitted()
-        source = S3Source(cfg)
-        source.reject_delay_seconds = 0.05
-        await source.start(submitted)
-        address = source.address
-
-        async def status(target: str, body: bytes = event, headers: dict[str, str] | None = None,
-                         method: str = "POST") -> int:
-            return (await asyncio.to_thread(post, address, target, body, headers, method))[0]
-
-        assert await status("/s3/events") == 401
-        assert await status("/s3/events?token=wrong") == 403
-        assert await status("/s3/events", headers={"Authorization": "Bearer wrong"}) == 403
-        assert await status("/s3/events", headers={"Authorization": f"Basic {TOKEN}"}) == 401
-        assert await status("/elsewhere?token=" + TOKEN) == 404
-        assert await status("/s3/events", b"", bearer, method="GET") == 405
-        assert await status("/s3/events", b"x" * 4096, bearer) == 413
-        assert await status("/s3/events", b"not json", bearer) == 400
-        assert submitted.jobs == []
-        assert await status("/s3/events", headers=bearer) == 200
-        assert await status(f"/s3/events?token={TOKEN}") == 200
-        assert [job.origin.key for job in submitted.jobs] == ["in/x+y.pdf", "in/x+y.pdf"]
-        await source.stop()
-
-    run(scenario)
-
-
-def test_webhook_answers_only_after_submit_returned() -> None:
-    cfg = webhook_config()
-    event = json.dumps({"Records": [record("slow.pdf", "ceph:s3")]}).encode()
-
-    async def scenario() -> None:
-        slow = Submitted(delay=0.5)
-        source = S3Source(cfg)
-        await source.start(slow)
-        status, payload, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
-        assert (status, payload) == (200, {"accepted": 1}) and answered > slow.returned_at[0]
-        await source.stop()
-
-        failing = Submitted(fail=True)
-        source = S3Source(cfg)
-        await source.start(failing)
-        started = time.monotonic()
-        status, _, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
-        assert status == 503  # not in the ledger: the sender must try again, but not at once
-        assert answered - started >= source.reject_delay_seconds
-        await source.stop()
-
-    run(scenario)
-
-
-def test_rgw_pushes_raw_keys_to_the_webhook(rgw: RgwServer, tmp_path: Path) -> None:
-    cfg = S3Config(transport="webhook", listen="127.0.0.1:0", token=TOKEN, **rgw.s3_config())
-    s3 = rgw.client("s3")
-
-    async def scenario() -> None:
-        submitted = Submitted()
-        source = S3Source(cfg)
-        await source.start(submitted)
-        host, port = source.address
-        await asyncio.to_thread(rgw.bucket_with_webhook, "webhook-docs",
-                                f"http://{host}:{port}{cfg.path}?token={TOKEN}")
-        for key in ODD_KEYS:
-            await asyncio.to_thread(s3.put_object, Bucket="webhook-docs", Key=key, Body=key.encode())
-        await asyncio.to_thread(s3.put_object, Bucket="webhook-docs", Key="inbox/a.pdf.json", Body=b"{}")
-        key = "inbox/multi part+.pdf"
-        upload = s3.create_multipart_upload(Bucket="webhook-docs", Key=key)["UploadId"]
-        parts = [{"PartNumber": n, "ETag": s3.upload_part(Bucket="webhook-docs", Key=key, UploadId=upload,
-                                                           PartNumber=n, Body=body)["ETag"]}
-                 for n, body in ((1, b"a" * 5 * 1024 * 1024), (2, b"b" * 10))]
-        await asyncio.to_thread(s3.complete_multipart_upload, Bucket="webhook-docs", Key=key, UploadId=upload,
-                                MultipartUpload={"Parts": parts})
-        jobs = await submitted.wait(len(ODD_KEYS) + 1)
-        await asyncio.sleep(0.5)
-        assert [job.origin.key for job in submitted.jobs] == [*ODD_KEYS, key]  # one event per multipart upload
-        for job in jobs:
-            head = s3.head_object(Bucket="webhook-docs", Key=job.origin.key)
-            assert job.origin == S3Object("webhook-docs", job.origin.key, etag=head["ETag"].strip('"'),
-                                          size=head["ContentLength"])
-        path = await source.fetch(jobs[1], tmp_path)
-        assert path.read_bytes() == ODD_KEYS[1].encode()
-        await source.stop()
-
-    run(scenario)
-
-
-def test_rgw_persistent_topic_resends_what_the_webhook_refused(rgw: RgwServer) -> None:
-    cfg = S3Config(transport="webhook", listen="127.0.0.1:0", token=TOKEN, **rgw.s3_config())
-
-    async def scenario() -> None:
-        submitted = Submitted(fail=True)
-        source = S3Source(cfg)
-        with capture_logs() as logs:
-            await source.start(submitted)
-            host, port = source.address
-            await asyncio.to_thread(rgw.bucket_with_webhook, "persistent-docs",
-                                    f"http://{host}:{port}{cfg.path}?token={TOKEN}", persistent=True)
-            await asyncio.to_thread(rgw.client("s3").put_object, Bucket="persistent-docs", Key="again.pdf", Body=b"x")
-            await until(lambda: sum(e["event"] == "s3_webhook_rejected" for e in logs) >= 2, 40, "two refusals")
-            submitted.fail = False
-            [job] = await submitted.wait(1, timeout=40)
-        assert job.origin.key == "again.pdf"
         await source.stop()
 
     run(scenario)

@@ -15,7 +15,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
-from ocrwatch.engines.vllm_ngram import BatchedNoRepeatNGram  # noqa: E402
+from ocrwatch.engines.deepseek.ngram_vllm import BatchedNoRepeatNGram  # noqa: E402
 from tests.test_ngram import looping_tokens  # noqa: E402
 
 VOCAB = 64

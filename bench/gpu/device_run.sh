@@ -1,77 +1,88 @@
 #!/usr/bin/env bash
-# Device-side driver for the GPU benchmark (run 1 of issue 5).  One step per `run` call, from the repo root:
-#   bash bench/gpu/device_run.sh parts N      copy .whl/partN to /tmp/parts (+ a probe of the machine with N=0)
-#   bash bench/gpu/device_run.sh check        install, then the fast-vs-stock equality check + encoder timings
-#   bash bench/gpu/device_run.sh stock        engine bench, vLLM's own class (b), nvidia-smi dmon alongside
-#   bash bench/gpu/device_run.sh fast [V...]  engine bench with the fast encoder; variants: base seqs256 nongram
-# Everything worth keeping goes to $OUT (and /tmp/ocw-results, which later calls on the same machine read).
-# Never wrap this script in `timeout`: set STEP_TIMEOUT (seconds, default 540) and each python step is
-# stopped with SIGINT in time for the results to be bundled.  Console lines go through grep --line-buffered
-# (a plain grep into a pipe holds its output back and loses it when killed: run 1 lost a whole step so).
+# The GPU benchmarks on one GPU, run on the GPU machine from the repository root, one step per call:
+#   bash bench/gpu/device_run.sh parts N     copy .whl/partN to /tmp/parts (N=0 also probes the machine)
+#   bash bench/gpu/device_run.sh check       the vision encoder: ocrwatch's against vLLM's, equality then timing
+#   bash bench/gpu/device_run.sh script      the official script's shape: render every page, one LLM.generate(),
+#                                            vLLM's own model class and n-gram processor (engine_bench.py)
+#   bash bench/gpu/device_run.sh engine      the same with ocrwatch's batched encoder and n-gram processor
+#   bash bench/gpu/device_run.sh daemon      the daemon end to end (e2e.py): cold start, one page alone, the corpus,
+#                                            an urgent page behind doc300.pdf; then a warm restart
+#   bash bench/gpu/device_run.sh moe         tune the fused-MoE tiles for this GPU (tune_moe.py)
+#   bash bench/gpu/device_run.sh ngram       the n-gram guard's host cost per decode step (ngram_bench.py)
+# Every step after `parts` installs the unpacked wheels first (install_on_device.sh, once per machine) and needs
+# .gpu (prepare.sh) beside the repository.  Knobs: REPEAT (corpus copies, 3), MAX_TOKENS (forced output tokens
+# a page, 1000), SEQS and BATCHED (max_num_seqs and max_num_batched_tokens; unset: each tool's default),
+# E2E_ARGS / BENCH_ARGS (more options for e2e.py / engine_bench.py), BUDGET (seconds for the whole step, 560).
+# Results: every file under /tmp/ocw-results, packed as $OUT/results_<step>.tgz; summarize.py's tables on stdout.
+# A python step still running 20 s before BUDGET ends gets SIGINT and writes what it measured; a `timeout` around
+# this whole script would kill it before the results are packed.
 set -uo pipefail
 step=${1:?step}; shift
 OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
+T0=$(date +%s); BUDGET=${BUDGET:-560}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 HERE=bench/gpu
-# $OUT brings back at most 8 files: logs go to $R, and each step ends with $OUT/results_<step>.tgz of all of $R.
-dmon_start() { nvidia-smi dmon -s um -o DT -d 1 > "$R/dmon_$1.txt" 2>&1 & DMON=$!; }
-dmon_stop() { kill $DMON 2>/dev/null; }
+REPEAT=${REPEAT:-3}; MAX_TOKENS=${MAX_TOKENS:-1000}
+sizes="${SEQS:+--max-num-seqs $SEQS} ${BATCHED:+--max-num-batched-tokens $BATCHED}"
 bundle() { tar czf "$OUT/results_$step.tgz" -C $R . ; }
 trap bundle EXIT
+# grep --line-buffered: a plain grep into a pipe holds its output back, and loses it when the step is killed.
+show() { grep --line-buffered -v -E "incorrect regex|fix_mistral_regex|instantiate a model of type" | cut -c1-400; }
+bounded() { timeout -s INT -k 15 $(( $(left) - 20 )) "$@"; }
+dmon() { nvidia-smi dmon -s um -o DT -d 1 > "$R/dmon_$1.txt" 2>&1 & DMON=$!; }
+install() {
+  local t0; t0=$(date +%s)
+  bash $HERE/install_on_device.sh > $R/install.txt 2>&1 || { tail -20 $R/install.txt; exit 1; }
+  echo "install: $(( $(date +%s) - t0 )) s"
+  source $HERE/env.sh
+}
+summary() { python3 $HERE/summarize.py $R > $R/summary.md 2>&1; cat $R/summary.md; }
+e2e() {  # label, e2e.py arguments...
+  local label=$1; shift
+  dmon e2e_$label
+  bounded python3 $HERE/e2e.py --label "$label" --out $R --repeat $REPEAT --max-tokens $MAX_TOKENS $sizes \
+    "$@" ${E2E_ARGS:-} 2>&1 | tee $R/e2e_$label.log | grep --line-buffered -E "^\[|Traceback|Error" | cut -c1-300
+  kill $DMON 2>/dev/null
+  tail -3 $R/daemon_$label.log 2>/dev/null | cut -c1-300
+}
+engine_bench() {  # label, engine_bench.py arguments...
+  local label=$1; shift
+  dmon $label
+  bounded python3 $HERE/engine_bench.py --label "$label" --repeat $REPEAT --max-tokens $MAX_TOKENS $sizes "$@" \
+    ${BENCH_ARGS:-} --out $R/engine.jsonl --tokens-out $R/tokens_$label.json 2>&1 | tee $R/engine_$label.log | grep --line-buffered -E "^\[|RESULT|Traceback|Error" \
+    | cut -c1-400
+  kill $DMON 2>/dev/null
+}
 case $step in
   parts)
     n=${1:?part number}
     mkdir -p /tmp/parts && cp .whl/part$n/* /tmp/parts/ && ls -l /tmp/parts
     if [ "$n" = 0 ]; then
-      { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv;
-        python3 --version; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available(), "gpus", torch.cuda.device_count())'; nvidia-smi topo -m;
-        for b in pdftoppm pdfinfo xz zstd nvcc gcc; do printf '%s: %s\n' $b "$(command -v $b || echo MISSING)"; done;
+      { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 --version
+        python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available(), "gpus", torch.cuda.device_count())'
+        for b in pdftoppm pdfinfo xz nvcc gcc; do printf '%s: %s\n' $b "$(command -v $b || echo MISSING)"; done
         nproc; free -g | head -2; df -h /tmp | tail -1; } 2>&1 | tee $R/probe.txt
     fi ;;
   check)
-    t0=$(date +%s)
-    bash $HERE/install_on_device.sh 2>&1 | tee $R/install.txt || exit 1
-    echo "install: $(( $(date +%s) - t0 )) s" | tee -a $R/install.txt
-    source $HERE/env.sh
-    timeout -s INT -k 20 ${STEP_TIMEOUT:-540} python3 $HERE/encoder_check.py --pages ${CHECK_PAGES:-10} --bench-pages ${BENCH_PAGES:-32} \
-      --impls ${IMPLS:-sdpa,concat,flex} ${CHECK_ARGS:---compile} --profile $R \
-      --out $R/encoder_check.jsonl 2>&1 | grep --line-buffered -v -E "incorrect regex|fix_mistral_regex|instantiate a model of type" \
-      | tee $R/encoder_check.txt
-    echo "check step: $(( $(date +%s) - t0 )) s" ;;
-  stock)
-    source $HERE/env.sh
-    dmon_start stock
-    timeout -s INT -k 20 ${STEP_TIMEOUT:-540} python3 $HERE/engine_bench.py --label stock --repeat ${REPEAT:-2} --max-tokens ${MAX_TOKENS:-1000,1} \
-      --out $R/engine.jsonl --tokens-out $R/tokens_stock.json 2>&1 | tee $R/engine_stock.log \
-      | grep --line-buffered -E "^\[stock\]|RESULT|Error|error|Traceback|init engine|compiled graph|Compiling a graph|torch.compile take|Model loading took|KV cache" | cut -c1-400
-    dmon_stop ;;
-  fast)
-    source $HERE/env.sh
-    best=$(python3 - <<'PY'
-import json
-try:
-    lines = [json.loads(l) for l in open("/tmp/ocw-results/encoder_check.jsonl")]
-    t = lines[-1]["timing"]; c = lines[-1]["checks"]
-    ok = [k for k in ("flex", "concat", "sdpa") if c.get(k, {}).get("pass") and "ms_per_page" in t.get(k, {})]
-    print(min(ok, key=lambda k: t[k]["ms_per_page"]) if ok else "concat")
-except Exception:
-    print("concat")
-PY
-)
-    export OCRWATCH_SAM_ATTN=${OCRWATCH_SAM_ATTN:-$best}
-    echo "fast encoder: global attention $OCRWATCH_SAM_ATTN" | tee $R/fast_choice.txt
-    for v in "${@:-base}"; do
-      case $v in
-        base)    args="--max-tokens ${MAX_TOKENS:-1000,1}" ;;
-        seqs256) args="--max-tokens 1000,1 --max-num-seqs 256 --max-num-batched-tokens 32768" ;;
-        nongram) args="--max-tokens 1000 --ngram none" ;;
-        *) echo "unknown variant $v"; continue ;;
-      esac
-      dmon_start fast_$v
-      timeout -s INT -k 20 ${STEP_TIMEOUT:-540} python3 $HERE/engine_bench.py --label fast_$v --fast --repeat ${REPEAT:-2} $args \
-        --out $R/engine.jsonl --tokens-out $R/tokens_fast_$v.json 2>&1 | tee $R/engine_fast_$v.log \
-        | grep --line-buffered -E "^\[fast|RESULT|Error|error|Traceback|init engine|compiled graph|Compiling a graph|torch.compile take|Model loading took|KV cache|ocrwatch" | cut -c1-400
-      dmon_stop
-    done
-    python3 $HERE/summarize.py $R > $R/summary.md 2>&1; cat $R/summary.md ;;
+    install
+    bounded python3 $HERE/encoder_check.py --pages ${CHECK_PAGES:-10} --bench-pages ${BENCH_PAGES:-32} ${CHECK_ARGS:-} \
+      --out $R/encoder_check.jsonl 2>&1 | tee $R/encoder_check.txt | show
+    summary ;;
+  script)
+    install; engine_bench script --ngram per_request; summary ;;
+  engine)
+    install; engine_bench engine --fast --ngram batched; summary ;;
+  daemon)
+    install
+    e2e cold --cache-dir /tmp/ocw-e2e-cache
+    [ "$(left)" -gt 120 ] && e2e warm --cache-dir /tmp/ocw-e2e-cache --phases solo
+    summary ;;
+  moe)
+    install
+    bounded python3 $HERE/tune_moe.py --out $R/moe-configs --budget-s $(( $(left) - 60 )) "$@" 2>&1 \
+      | tee $R/tune_moe.log | grep --line-buffered -E "^M=|wrote|shape|Error" ;;
+  ngram)
+    install
+    bounded python3 $HERE/ngram_bench.py "$@" 2>&1 | tee $R/ngram.log | grep --line-buffered -E "rows|RESULT|Error" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

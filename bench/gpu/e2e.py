@@ -1,15 +1,18 @@
-"""The daemon end to end on the lent H200: `ocrwatch run` with the vLLM engine (random weights,
-forced output length), files dropped into its inbox, sidecars awaited.  Run by run_daemon_e2e.sh.
+"""The daemon end to end on a GPU machine: `ocrwatch run` with the vLLM engine (random weights,
+forced output length), files dropped into its inbox, sidecars awaited.  Run by device_run.sh and run_x2.sh.
 
 Phases, one daemon process, same engine settings throughout:
   start   cold or warm start to /readyz (compile cache in --cache-dir)
   solo    one one-page PDF alone: latency drop -> NAME.json       (the reference for d)
-  a       every corpus PDF, --repeat times (>= 300 pages) dropped at once: pages/s, output tokens/s
+  a       every corpus PDF, --repeat times, dropped at once: pages/s, output tokens/s
   d       doc300.pdf (>= 300 pages) dropped; once --d-after pages of it are done, a one-page PDF is
           dropped: its latency against `solo`; then doc300 is awaited to the end
   e       GPU memory (NVML) and host RSS of the daemon's process tree at ready and at the end;
           the daemon's /metrics (loop lag, tokens, stage latencies) saved at the end
-Writes e2e_<label>.json (and metrics_<label>.txt, daemon_<label>.log) under --out.
+The config names the model, the forced output length and only the keys given as options, so a run without
+options measures the shipped defaults.  Prints one line per phase and ends with ``RESULT {json}``; writes
+e2e_<label>.json, series_<label>.jsonl (/metrics once a second), metrics_<label>.txt and daemon_<label>.log
+under --out.  ``--engine tesseract`` is a dry run of the harness on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ SERIES = {
 
 class Series(threading.Thread):
     """/metrics once a second while the phases run: pages done, pages inside the engine, the ready and render
-    queues, so the steady-state rate and how full the engine was can be read off (run 3 had only totals)."""
+    queues, so the steady-state rate and how full the engine was can be read off, not only the totals."""
 
     def __init__(self, base: str, path: Path):
         super().__init__(daemon=True)
@@ -154,20 +157,6 @@ def engine_phases(text: str) -> dict:
             if count:
                 out[key.split('"')[1]] = round(total / count, 3)
     return out
-
-
-def profile(prof: Path, start_after: float, seconds: float, pids: list[int]) -> None:
-    """Switch the sampler (prof/sitecustomize.py) of every benchmark process on for `seconds`; meanwhile one
-    `py-spy dump --native` of each process where .gpu/tools/py-spy exists and the sandbox lets it read them."""
-    time.sleep(start_after)
-    (prof / "go").touch()
-    spy = REPO / ".gpu/tools/py-spy"
-    if spy.exists():
-        for pid in pids:
-            r = subprocess.run([str(spy), "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
-            (prof / f"pyspy_{pid}.txt").write_text(r.stdout + r.stderr)
-    time.sleep(seconds)
-    (prof / "go").unlink()
 
 
 def drop(src: Path, inbox: Path, name: str) -> float:
@@ -229,10 +218,32 @@ def pdf_pages(path: Path) -> int:
         return int(next(line.split()[1] for line in out.splitlines() if line.startswith("Pages:")))
 
 
+def vllm_keys(a) -> dict:
+    """The [engine.vllm] keys this run sets; an option left out keeps the daemon's own default."""
+    keys: dict = dict(model=a.model, load_format="dummy", ignore_eos=True, max_tokens=a.max_tokens,
+                      compile_cache_dir=a.cache_dir)
+    given = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                 data_parallel_size=a.dp, tensor_parallel_size=a.tp, replicas=a.replicas)
+    keys.update({k: v for k, v in given.items() if v is not None})
+    if a.fast:
+        keys["fast_encoder"] = True
+    if a.encoder_graphs:
+        keys["encoder_cuda_graphs"] = True
+    if a.replica_processes is not None:
+        keys["replica_processes"] = a.replica_processes if a.replica_processes == "auto" else a.replica_processes == "true"
+    if a.ngram_processor == "none":  # the guard off in every rung: no logits processor is registered
+        keys.update(ngram_size=0, window_size=0, ladder=[])
+    elif a.ngram_processor is not None:
+        keys["ngram_processor"] = a.ngram_processor
+    return keys
+
+
 def write_config(path: Path, work: Path, a) -> None:
     renderer = "pdftoppm" if shutil.which("pdftoppm") else "pdfium"
-    extra = json.loads(a.engine_args)
-    engine_args = "".join(f"{k} = {json.dumps(v)}\n" for k, v in extra.items())
+    vllm = "".join(f"{k} = {json.dumps(v)}\n" for k, v in vllm_keys(a).items())
+    engine_args = "".join(f"{k} = {json.dumps(v)}\n" for k, v in json.loads(a.engine_args).items())
+    scheduler = f"[scheduler]\nmax_inflight_pages = {a.max_inflight}\n" if a.max_inflight else ""
+    dpi = f"dpi = {a.dpi}\n" if a.dpi else ""
     path.write_text(f"""\
 state_dir = "{work}/state"
 
@@ -240,26 +251,12 @@ state_dir = "{work}/state"
 kind = "{a.engine}"
 
 [engine.vllm]
-model = "{a.model}"
-load_format = "dummy"
-ignore_eos = true
-max_tokens = {a.max_tokens}
-max_num_seqs = {a.max_num_seqs}
-fast_encoder = {"true" if a.fast else "false"}
-encoder_cuda_graphs = {"true" if a.encoder_graphs else "false"}
-compile_cache_dir = "{a.cache_dir}"
-{f"max_num_batched_tokens = {a.max_num_batched_tokens}" if a.max_num_batched_tokens else ""}
-data_parallel_size = {a.dp}
-tensor_parallel_size = {a.tp}
-replicas = {a.replicas}
-replica_processes = {'"auto"' if a.replica_processes == "auto" else a.replica_processes}
-{'ngram_size = 0{0}window_size = 0{0}ladder = []{0}'.format(chr(10)) if a.ngram_processor == "none" else f'ngram_processor = "{a.ngram_processor}"{chr(10)}'}
+{vllm}
 [engine.vllm.engine_args]
 {engine_args}
-{f"[scheduler]{chr(10)}max_inflight_pages = {a.max_inflight}{chr(10)}" if a.max_inflight else ""}
+{scheduler}
 [render]
-dpi = {a.dpi}
-renderer = "{renderer}"
+{dpi}renderer = "{renderer}"
 
 [log]
 format = "json"
@@ -276,24 +273,24 @@ settle_seconds = 0.2
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--label", default="fast")
+    ap.add_argument("--label", default="daemon")
     ap.add_argument("--engine", default="vllm", help="engine kind; tesseract for a dry run of this harness without a GPU")
-    ap.add_argument("--fast", action="store_true")
+    ap.add_argument("--fast", action="store_true", help="[engine.vllm] fast_encoder = true")
     ap.add_argument("--encoder-graphs", action="store_true", help="[engine.vllm] encoder_cuda_graphs (with --fast)")
     ap.add_argument("--model", default=str(REPO / ".gpu/dsocr2"))
     ap.add_argument("--corpus", default=str(REPO / ".gpu/corpus"))
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--dpi", type=int, default=144)
+    ap.add_argument("--repeat", type=int, default=3, help="drops of every corpus PDF in phase a")
+    ap.add_argument("--dpi", type=int, default=None, help="[render] dpi (default: the engine's own)")
     ap.add_argument("--max-tokens", type=int, default=1000)
-    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=None)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--engine-args", default="{}", help="[engine.vllm.engine_args] as JSON")
-    ap.add_argument("--dp", type=int, default=1, help="[engine.vllm] data_parallel_size")
-    ap.add_argument("--tp", type=int, default=1, help="[engine.vllm] tensor_parallel_size")
-    ap.add_argument("--replicas", type=int, default=1, help="[engine.vllm] replicas")
-    ap.add_argument("--replica-processes", nargs="?", const="true", default="auto", choices=["auto", "true", "false"],
-                    help="[engine.vllm] replica_processes (alone: true; default: auto, the daemon's own default)")
-    ap.add_argument("--ngram-processor", choices=("batched", "per_request", "none"), default="batched",
+    ap.add_argument("--dp", type=int, default=None, help="[engine.vllm] data_parallel_size")
+    ap.add_argument("--tp", type=int, default=None, help="[engine.vllm] tensor_parallel_size")
+    ap.add_argument("--replicas", type=int, default=None, help="[engine.vllm] replicas")
+    ap.add_argument("--replica-processes", nargs="?", const="true", default=None, choices=["auto", "true", "false"],
+                    help="[engine.vllm] replica_processes (the option alone: true)")
+    ap.add_argument("--ngram-processor", choices=("batched", "per_request", "none"), default=None,
                     help="none: the guard off in every rung, so no logits processor is registered")
     ap.add_argument("--max-inflight", type=int, default=None, help="[scheduler] max_inflight_pages")
     ap.add_argument("--cache-dir", default="/tmp/ocw-e2e-cache")
@@ -303,9 +300,6 @@ def main() -> None:
     ap.add_argument("--d-after", type=int, default=30, help="doc300 pages done before the urgent page drops")
     ap.add_argument("--timeout", type=float, default=420, help="seconds for each phase")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--profile-at", type=float, default=None,
-                    help="seconds into phase a at which every process samples its stacks (prof/sitecustomize.py)")
-    ap.add_argument("--profile-seconds", type=float, default=20)
     a = ap.parse_args()
     phases = set(a.phases.split(","))
 
@@ -322,13 +316,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if a.fast:
-        env.setdefault("OCRWATCH_ENCODER_STATS", f"/tmp/ocw-e2e-encstats-{a.label}")
-    prof = out / f"prof_{a.label}"
-    if a.profile_at is not None:
-        prof.mkdir(exist_ok=True)
-        env["OCW_PROF_DIR"] = str(prof)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent / "prof"), env.get("PYTHONPATH")) if p)
     probe = Probe()
     res["gpu_mem_before_gib"] = gib(probe.gpu())
     log = open(out / f"daemon_{a.label}.log", "w")
@@ -362,10 +349,6 @@ def main() -> None:
         if "a" in phases:
             names = []
             base_ok = samples(http(base + "/metrics")[1]).get(SERIES["ok"], 0)
-            if a.profile_at is not None:
-                pids = [proc.pid, *(int(k.split(":")[0]) for k in probe.tree(proc.pid))]
-                threading.Thread(target=profile, args=(prof, a.profile_at, a.profile_seconds, sorted(set(pids))),
-                                 daemon=True).start()
             w0 = time.time()
             for r in range(a.repeat):
                 for d in docs:
@@ -423,7 +406,7 @@ def main() -> None:
         res["loop_lag_s"] = m.get("ocrwatch_event_loop_lag_seconds")
         res["loop_max_lag_s"] = m.get("ocrwatch_event_loop_max_lag_seconds")
     finally:
-        # written now as well: a slow stop under `timeout -k` must not lose what was measured (run 3, DP 2)
+        # written before the stop too: a daemon slow to stop under `timeout -k` must not lose what was measured
         (out / f"e2e_{a.label}.json").write_text(json.dumps(res, indent=1))
         t_stop = time.time()
         if proc.poll() is None:
@@ -435,9 +418,6 @@ def main() -> None:
                 proc.wait()
         res["shutdown_s"] = round(time.time() - t_stop, 1)
         res["exit_code"] = proc.returncode
-        stats = [json.load(open(f)) for f in Path("/tmp").glob(f"ocw-e2e-encstats-{a.label}.*") if not f.name.endswith(".tmp")]
-        if stats:
-            res["encoder"] = max(stats, key=lambda s: s.get("pages", 0))
         print("RESULT " + json.dumps(res), flush=True)
         (out / f"e2e_{a.label}.json").write_text(json.dumps(res, indent=1))
 

@@ -1,22 +1,22 @@
-"""The official DeepSeek-OCR-2 script's shape on the lent H200: render every page first (144 DPI),
+"""The official DeepSeek-OCR-2 script's shape on one GPU: render every page first (144 DPI),
 then one ``LLM.generate()`` over all of them; stock vLLM class or ocrwatch's fast encoder (--fast).
 
 One engine per process; one generate() per --max-tokens value on the same engine (e.g. 1000 then 1:
 with one output token a page the run is input preparation + vision encoder + prefill only).
 Random weights (load_format="dummy"), so the output length is forced: ignore_eos=True.
 
-  python3 bench/gpu/engine_bench.py --label stock --pdfs .gpu/corpus/docs --repeat 2 --max-tokens 1000,1
-  OCRWATCH_FAST_ENCODER=1 python3 bench/gpu/engine_bench.py --label fast --fast ...
+  python3 bench/gpu/engine_bench.py --label script --pdfs .gpu/corpus/docs --repeat 3 --max-tokens 1000,1
+  python3 bench/gpu/engine_bench.py --label engine --fast --ngram batched ...
 
-Prints one ``RESULT {json}`` line (and appends it to --out): pages/s, output tokens/s, prompt tokens,
-engine start, GPU memory (NVML) and host RSS at start and end, wall-clock phase bounds (to line up with
-nvidia-smi dmon), and, with --fast, the encoder's own GPU time from OCRWATCH_ENCODER_STATS.
+Prints one line per generate() call and one ``RESULT {json}`` line (also appended to --out): pages/s and
+output tokens/s of each call (rendering not counted), prompt tokens, engine start, one thread's input
+preparation per page, GPU memory (NVML) and host RSS at start and end, and wall-clock phase bounds (to line up
+with nvidia-smi dmon).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -69,22 +69,6 @@ def gib(x: float) -> float:
     return round(x / 2**30, 2)
 
 
-def read_encoder_stats(path: str | None) -> dict | None:
-    if not path:
-        return None
-    out = None
-    for f in glob.glob(path + ".*"):
-        if f.endswith(".tmp"):
-            continue
-        try:
-            d = json.load(open(f))
-        except (OSError, ValueError):
-            continue
-        if out is None or d.get("pages", 0) > out.get("pages", 0):
-            out = d
-    return out
-
-
 def measure_input_prep(model: str, images, n: int = 24) -> dict:
     """vLLM's DeepSeek-OCR processor alone, one thread: the CPU cost of turning a page into model input."""
     from transformers import AutoTokenizer
@@ -103,14 +87,14 @@ def main() -> None:
     ap.add_argument("--label", required=True)
     ap.add_argument("--model", default=str(HERE.parents[1] / ".gpu/dsocr2"))
     ap.add_argument("--pdfs", default=str(HERE.parents[1] / ".gpu/corpus/docs"))
-    ap.add_argument("--repeat", type=int, default=2, help="use every page this many times (>= 300 pages)")
+    ap.add_argument("--repeat", type=int, default=3, help="use every page this many times")
     ap.add_argument("--dpi", type=int, default=144)
     ap.add_argument("--max-tokens", default="1000,1")
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--ngram", choices=("batched", "per_request", "none"), default="per_request",
                     help="n-gram guard: ocrwatch's batched processor, vLLM's per-request one (the official script's), or none")
-    ap.add_argument("--fast", action="store_true", help="ocrwatch's fast encoder (sets OCRWATCH_FAST_ENCODER=1)")
+    ap.add_argument("--fast", action="store_true", help="ocrwatch's batched vision encoder instead of vLLM's")
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--keep-tokens", type=int, default=16, help="pages whose output ids are kept (--tokens-out)")
     ap.add_argument("--out", default=None)
@@ -119,21 +103,16 @@ def main() -> None:
     a = ap.parse_args()
 
     # Spawn, as the daemon does: this process runs threads (the NVML monitor, tokenizers) before LLM() starts the
-    # engine core, and a forked engine core hung at "Starting to load model" twice on 2026-11-29 (run 3).
+    # engine core, and a child forked while another thread holds a lock can hang at "Starting to load model".
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    if a.fast:
-        os.environ["OCRWATCH_FAST_ENCODER"] = "1"
-    else:
-        os.environ.pop("OCRWATCH_FAST_ENCODER", None)
-    if a.fast and not os.environ.get("OCRWATCH_ENCODER_STATS"):
-        os.environ["OCRWATCH_ENCODER_STATS"] = f"/tmp/ocw-encstats-{a.label}"
-    stats_path = os.environ.get("OCRWATCH_ENCODER_STATS") if a.fast else None
+    from ocrwatch.engines.deepseek import plugin
+
+    os.environ[plugin.ENV] = "1" if a.fast else "0"  # read by the plugin in every process vLLM starts
 
     mon = Monitor()
     mon.start()
     res: dict = dict(label=a.label, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     fast=a.fast, fast_env={k: v for k, v in os.environ.items() if k.startswith("OCRWATCH_")},
-                     max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                     fast=a.fast, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                      ngram=a.ngram, dpi=a.dpi,
                      gpu_mem_start_gib=gib(mon.gpu_used()), rss_start_gib=gib(mon.rss()))
 
@@ -151,11 +130,9 @@ def main() -> None:
     import vllm
     from vllm import LLM, SamplingParams
 
-    from ocrwatch.engines.vllm import NGRAM_PROCESSORS
-    if a.fast:
-        from ocrwatch.engines import vllm_plugin
+    from ocrwatch.engines.deepseek.engine import NGRAM_PROCESSORS
 
-        vllm_plugin.register()  # this process; the engine core loads it through the entry point
+    plugin.register()  # this process; the engine core loads it through the entry point
     res.update(vllm=vllm.__version__, torch=torch.__version__)
     res["input_prep"] = measure_input_prep(a.model, images)
 
@@ -185,7 +162,7 @@ def main() -> None:
     phases = []
     res["phases"] = phases
     try:
-        run_phases(a, llm, reqs, sampling, stats_path, phases)
+        run_phases(a, llm, reqs, sampling, phases)
     except KeyboardInterrupt:  # STEP_TIMEOUT: keep what was measured
         res["interrupted"] = True
     mon.stop = True
@@ -197,29 +174,19 @@ def main() -> None:
     os._exit(0)  # skip the slow teardown of the engine's threads
 
 
-def run_phases(a, llm, reqs, sampling, stats_path, phases) -> None:
+def run_phases(a, llm, reqs, sampling, phases) -> None:
     for mt in [int(x) for x in a.max_tokens.split(",")]:
-        before = read_encoder_stats(stats_path) or {}
         w0, t0 = time.time(), time.perf_counter()
         outs = llm.generate(reqs, sampling(mt), use_tqdm=False)
         dt = time.perf_counter() - t0
-        after = read_encoder_stats(stats_path) or {}
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         n_prompt = [len(o.prompt_token_ids) for o in outs]
         ph = dict(max_tokens=mt, t_start=round(w0, 2), t_end=round(time.time(), 2), gen_s=round(dt, 2),
                   pages_per_s=round(len(outs) / dt, 3), out_tok_per_s=round(n_out / dt, 1), out_tokens=n_out,
                   prompt_tokens_mean=round(sum(n_prompt) / len(n_prompt), 1),
                   prompt_tokens_min_max=[min(n_prompt), max(n_prompt)])
-        if after:
-            ph["encoder"] = {k: round(after.get(k, 0) - before.get(k, 0), 3) for k in ("calls", "pages", "tiles", "gpu_s", "launch_s")}
-            if ph["encoder"]["pages"]:
-                ph["encoder"]["gpu_ms_per_page"] = round(1000 * ph["encoder"]["gpu_s"] / ph["encoder"]["pages"], 2)
-                ph["encoder"]["pages_per_call"] = round(ph["encoder"]["pages"] / max(ph["encoder"]["calls"], 1), 1)
-                ph["encoder"]["share_of_gen"] = round(ph["encoder"]["gpu_s"] / dt, 3)
-            ph["encoder_batch_sizes"] = after.get("batch_sizes")
         phases.append(ph)
-        print(f"[{a.label}] max_tokens={mt}: {ph['pages_per_s']} pages/s, {ph['out_tok_per_s']} tok/s"
-              + (f", encoder {ph['encoder'].get('gpu_ms_per_page')} ms/page GPU" if after else ""), flush=True)
+        print(f"[{a.label}] max_tokens={mt}: {ph['pages_per_s']} pages/s, {ph['out_tok_per_s']} tok/s", flush=True)
         if a.tokens_out and mt == max(int(x) for x in a.max_tokens.split(",")):
             with open(a.tokens_out, "w") as f:
                 json.dump([list(o.outputs[0].token_ids) for o in outs[: a.keep_tokens]], f)

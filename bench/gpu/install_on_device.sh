@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device, in the repository root, after the earlier calls copied .whl/partN/chunk* to /tmp/parts:
-# unpack the site tree (pip --target layout, made by prepare.sh) into /tmp/site and make ocrwatch's vLLM
-# plugin discoverable (entry point).  Idempotent.  Then: source bench/gpu/env.sh
+# unpack the site tree (pip --target layout, made by prepare.sh) into /tmp/site and make ocrwatch's engines and
+# vLLM plugin discoverable (entry points).  Idempotent.  Then: source bench/gpu/env.sh
 set -euo pipefail
 if [ ! -f /tmp/site/.done ]; then
   mkdir -p /tmp/parts; for f in .whl/part*/*; do [ -f "$f" ] && cp -n "$f" /tmp/parts/; done
@@ -20,14 +20,22 @@ if [ ! -f /tmp/site/.done ]; then
   echo "unpacked in $(( $(date +%s) - t0 )) s"
   touch /tmp/site/.done
 fi
-# ocrwatch itself: the vLLM plugin is found through its entry point, so ocrwatch needs dist-info.
+# ocrwatch itself: its engines and the vLLM plugin are found through entry points, so ocrwatch needs dist-info.
 if ! PYTHONPATH=/tmp/site python3 -c "from importlib.metadata import entry_points as e; import sys; sys.exit(0 if any(p.name=='ocrwatch_deepseek_ocr2' for p in e(group='vllm.general_plugins')) else 1)" 2>/dev/null; then
   if ! PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/ocw-pip.log 2>&1; then
-    echo "pip install -e . failed (see /tmp/ocw-pip.log); writing ocrwatch dist-info by hand" >&2
+    echo "pip install -e . failed (see /tmp/ocw-pip.log); writing ocrwatch dist-info from pyproject.toml" >&2
     tail -5 /tmp/ocw-pip.log >&2
-    d=/tmp/site/ocrwatch-0.1.0.dist-info; mkdir -p $d
-    printf 'Metadata-Version: 2.1\nName: ocrwatch\nVersion: 0.1.0\n' > $d/METADATA
-    printf '[vllm.general_plugins]\nocrwatch_deepseek_ocr2 = ocrwatch.engines.vllm_plugin:register\n\n[console_scripts]\nocrwatch = ocrwatch.cli:main\n' > $d/entry_points.txt
+    python3 - <<'PY'
+import pathlib, tomllib
+project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+d = pathlib.Path(f"/tmp/site/ocrwatch-{project['version']}.dist-info")
+d.mkdir(parents=True, exist_ok=True)
+(d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: ocrwatch\nVersion: {project['version']}\n")
+(d / "entry_points.txt").write_text("".join(
+    f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items()) + "\n"
+    for group, points in groups.items()))
+PY
   fi
 fi
 source "$(dirname "$0")/env.sh"
@@ -35,6 +43,7 @@ python3 - <<'PY'
 import importlib.metadata as md, torch, vllm
 eps = [p.value for p in md.entry_points(group="vllm.general_plugins")]
 print("vllm", vllm.__version__, "| torch", torch.__version__, "| plugins", eps)
-import ocrwatch, structlog, pydantic, tenacity, watchdog
-print("ocrwatch", getattr(ocrwatch, "__version__", "?"), "from", ocrwatch.__file__)
+import ocrwatch, structlog, pydantic, tenacity, watchdog, aiohttp
+print("ocrwatch", getattr(ocrwatch, "__version__", "?"), "from", ocrwatch.__file__,
+      "| engines", sorted(md.entry_points(group="ocrwatch.engines").names))
 PY

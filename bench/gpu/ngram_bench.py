@@ -23,7 +23,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from ocrwatch.engines.vllm_ngram import BatchedNoRepeatNGram  # noqa: E402
+from ocrwatch.engines.deepseek.ngram_vllm import BatchedNoRepeatNGram  # noqa: E402
 from test_ngram import looping_tokens  # noqa: E402
 
 VOCAB = 129280

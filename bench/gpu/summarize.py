@@ -66,7 +66,7 @@ def main(d: str) -> None:
     for r in jsonl(os.path.join(d, "encoder_check.jsonl"))[-1:]:
         print(f"## Vision encoder: fast vs stock ({r.get('device')}, torch {r.get('torch')})\n")
         print(f"pages checked: {r.get('check_sizes')}  \nstock bf16 vs fp32 reference (rel. L2, per page): {r.get('stock_vs_ref32')}\n")
-        print("| kernel | pass | max rel vs stock | max rel vs fp32 ref | worst / stock error |\n|---|---|---|---|---|")
+        print("| variant | pass | max rel vs stock | max rel vs fp32 ref | worst / stock error |\n|---|---|---|---|---|")
         for k, c in r.get("checks", {}).items():
             if "error" in c:
                 print(f"| {k} | error: {c['error'][:120]} | | | |")
@@ -87,30 +87,28 @@ def main(d: str) -> None:
     eng = jsonl(os.path.join(d, "engine.jsonl"))
     if eng:
         print("## Engine: render at 144 DPI first, then one LLM.generate() over all pages\n")
-        print("| run | max_tokens | pages | pages/s | out tok/s | prompt tok | start s | encoder GPU ms/page | pages/encoder call | encoder share | SM % | mem % |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| run | max_tokens | pages | pages/s | out tok/s | prompt tok | start s | SM % | mem % |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in eng:
             dm = os.path.join(d, f"dmon_{r['label']}.txt")
             rows = dmon(dm) if os.path.exists(dm) else []
             for ph in r.get("phases", []):
                 w = window(rows, ph["t_start"], ph["t_end"]) or {}
-                e = ph.get("encoder") or {}
                 print(f"| {r['label']} | {ph['max_tokens']} | {r['pages']} | {ph['pages_per_s']} | {ph['out_tok_per_s']} | "
-                      f"{ph['prompt_tokens_mean']} | {r['init_s']} | {e.get('gpu_ms_per_page', '')} | {e.get('pages_per_call', '')} | "
-                      f"{e.get('share_of_gen', '')} | {w.get('sm_mean', '')} | {w.get('mem_mean', '')} |")
+                      f"{ph['prompt_tokens_mean']} | {r['init_s']} | {w.get('sm_mean', '')} | {w.get('mem_mean', '')} |")
         print("\n| run | GPU mem start / after init / peak / end GiB | host RSS start / end GiB | input prep ms/page (1 thread) | renderer |")
         print("|---|---|---|---|---|")
         for r in eng:
             print(f"| {r['label']} | {r['gpu_mem_start_gib']} / {r.get('gpu_mem_after_init_gib')} / {r['gpu_mem_peak_gib']} / {r['gpu_mem_end_gib']} | "
                   f"{r['rss_start_gib']} / {r['rss_end_gib']} | {r['input_prep']['ms_per_page']} | {r['renderer']} |")
         toks = {os.path.basename(f)[7:-5]: json.load(open(f)) for f in glob.glob(os.path.join(d, "tokens_*.json"))}
-        if "stock" in toks:
+        if "script" in toks:
             for k, v in toks.items():
-                if k == "stock":
+                if k == "script":
                     continue
-                same = sum(a == b for x, y in zip(toks["stock"], v) for a, b in zip(x, y))
-                total = sum(min(len(x), len(y)) for x, y in zip(toks["stock"], v))
-                print(f"\noutput ids, first 64 of {len(v)} pages, {k} vs stock: {same}/{total} equal (random weights: near-ties flip)")
+                same = sum(a == b for x, y in zip(toks["script"], v) for a, b in zip(x, y))
+                total = sum(min(len(x), len(y)) for x, y in zip(toks["script"], v))
+                print(f"\noutput ids of the first {len(v)} pages, {k} vs script: {same}/{total} equal (random weights: near-ties flip)")
         print()
     for f in sorted(glob.glob(os.path.join(d, "e2e_*.json"))):
         r = json.load(open(f))
@@ -140,9 +138,6 @@ def main(d: str) -> None:
               f"{r.get('rss_ready_gib')} / end {r.get('rss_end_gib')} GiB; loop lag {r.get('loop_lag_s')} s "
               f"(worst {r.get('loop_max_lag_s')} s); "
               f"shutdown {r.get('shutdown_s')} s, exit {r.get('exit_code')}")
-        if r.get("encoder"):
-            e = r["encoder"]
-            print(f"- encoder: {e.get('pages')} pages in {e.get('calls')} calls, {round(1000 * e.get('gpu_s', 0) / max(e.get('pages', 1), 1), 2)} ms/page GPU")
         print()
 
 

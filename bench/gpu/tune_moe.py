@@ -91,7 +91,7 @@ def main() -> None:
 
         default = try_get_optimal_moe_config(w1.shape, w2.shape, topk, None, m)
         defaults[m] = {key: value for key, value in default.items() if key != "SPLIT_K"}
-        time_call(call, a.reps)  # discarded: the first timing of a run read 2.2x high (run 6: 504 against 234 us)
+        time_call(call, a.reps)  # discarded: the first timing at each token count reads high (about 2x)
         default_us[m] = time_call(call, a.reps)
         best[m] = (default_us[m], defaults[m])  # a token count the budget leaves untried keeps vLLM's default
         for config in configs:

@@ -10,33 +10,25 @@ Concurrency contract (every engine must honour it):
 - ``release`` is called after each document; it frees caches it can (gc, CUDA cache) and must be cheap.
 - Errors: ``EngineFailed`` for a page-level failure, ``EngineDead`` when the engine must be rebuilt
   (the daemon then calls ``close`` and builds a new one), ``PageTimeout`` is raised by the caller.
+
+An engine is found by name through the ``ocrwatch.engines`` entry-point group (``engines.registry``): each
+entry point names an ``EngineSpec``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from PIL import Image
 
+from ocrwatch.config import EngineConfig, LogConfig
+from ocrwatch.engines.sampling import Sampling
+from ocrwatch.render import Geometry
 
-@dataclass(frozen=True)
-class RenderHint:
-    """The page geometry an engine consumes, so the renderer produces no pixels the model throws away."""
-
-    dpi: int
-    max_side: int | None = None
-    max_pixels: int | None = None
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """One rung of the page retry ladder."""
-
-    temperature: float = 0.0
-    ngram_size: int = 30
-    window_size: int = 90
-    max_tokens: int | None = None
+Images = Literal["placeholder", "drop"]
+"""What becomes of figures in the Markdown (``[output] images``)."""
 
 
 @dataclass
@@ -68,7 +60,7 @@ class Recognition:
 @runtime_checkable
 class Engine(Protocol):
     name: str
-    render_hint: RenderHint
+    geometry: Geometry
     max_concurrency: int
 
     async def start(self) -> None:
@@ -88,3 +80,18 @@ class Engine(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Name, model, revision and settings, recorded in every JSON sidecar."""
+
+
+Build = Callable[[EngineConfig, Images, LogConfig | None], Engine]
+"""Builds (does not start) an engine from ``[engine]``; the log settings reach engines that run processes
+of their own."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an ``ocrwatch.engines`` entry point names: the engine's ``[engine] kind`` and how to build it.
+    A built-in engine's options are its own table under ``[engine]`` (``[engine.vllm]``), modelled in its
+    package's options module; a third-party engine reads ``plugin_args``."""
+
+    name: str
+    build: Build

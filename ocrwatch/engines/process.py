@@ -1,10 +1,9 @@
-"""An engine in a child process of its own, and a set of them behind one engine.
+"""An engine in a child process of its own (``engines.replicas.EngineSet`` puts several behind one).
 
 Why: every vLLM replica's front end (input preparation in its processor threads, output handling on the event
 loop) runs in the process that built it. With ``replicas`` in the daemon's process they all share its GIL with
 rendering and the scheduler; with ``replica_processes`` (by default when ``replicas`` > 1) each replica's front
-end gets a process (and a GIL) of its own, and the daemon only routes pages: on two H200s, 1.80-2.11x one GPU
-instead of 1.62x (bench/README.md, run 9).
+end gets a process (and a GIL) of its own, and the daemon only routes pages, which scales better with the GPUs.
 
 The wire is a Unix socket pair (vLLM logs to stdout, so stdout cannot be it): length-prefixed pickles of small
 messages. A page's pixels do not cross the socket: the daemon writes them to a file in a private folder in one
@@ -13,6 +12,9 @@ The child inherits the daemon's environment plus its own (``CUDA_VISIBLE_DEVICES
 same stderr, leads a process group of its own (with its engine's processes: Ctrl-C and signals to the daemon's
 group are the daemon's to act on), and exits when the daemon closes it or the socket; on Linux also when the
 daemon dies outright, taking its group along, so neither it nor a vLLM engine core outlives the daemon.
+
+The child builds its engine through ``engines.registry`` (the kind names the engine's entry point); the
+registry never imports this module, so the two form no circle.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import os
 import pickle
 import shutil
@@ -34,15 +37,16 @@ from typing import Any
 
 import structlog
 from PIL import Image
-from tenacity import (
-    AsyncRetrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter,
-)
 
 from ocrwatch import errors
+from ocrwatch import logging as ocw_logging
 from ocrwatch.config import EngineConfig, LogConfig
-from ocrwatch.engines.base import Engine, PageRequest, Recognition, RenderHint, Sampling
+from ocrwatch.engines import registry
+from ocrwatch.engines.base import Images, PageRequest, Recognition
+from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import EngineDead, EngineFailed, OcrwatchError
-from ocrwatch.session import HeapTrimmer
+from ocrwatch.memory import HeapTrimmer
+from ocrwatch.render import Geometry
 
 log = structlog.get_logger()
 
@@ -83,11 +87,11 @@ class ProcessEngine:
     """One engine built and run by ``python -m ocrwatch.engines.process`` in a child process."""
 
     def __init__(
-        self, kind: str, cfg: EngineConfig, images: str = "placeholder", *, env: dict[str, str] | None = None,
+        self, kind: str, cfg: EngineConfig, images: Images = "placeholder", *, env: dict[str, str] | None = None,
         log_config: LogConfig | None = None,
     ) -> None:  # fmt: skip
         self.name = kind
-        self.render_hint = RenderHint(dpi=144)
+        self.geometry = Geometry(dpi=144)  # until the child says its engine's
         self.max_concurrency = 1
         self._spec = {"kind": kind, "engine": cfg.model_dump(mode="json"), "images": images,
                       "logging": (log_config or LogConfig()).model_dump(mode="json")}  # fmt: skip
@@ -127,8 +131,8 @@ class ProcessEngine:
         if message[0] != "ready":
             await self.close()
             raise _error(*message[1:])
-        _, hint, self.max_concurrency, self._describe = message
-        self.render_hint = RenderHint(**hint)
+        _, geometry, self.max_concurrency, self._describe = message
+        self.geometry = Geometry(**geometry)
         self.name = self._describe.get("name", self.name)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -226,114 +230,8 @@ class ProcessEngine:
         return self._describe
 
 
-class EngineSet:
-    """Several engines behind one: each page goes to the one with the fewest pages in flight.
-
-    A member that dies is restarted on its own while the others go on, and its pages go to them: one replica's
-    death must not stop every GPU for a rebuild (a vLLM start is 1-2 minutes). Only when every member is down
-    does the page fail as ``EngineDead``, and the daemon's supervisor rebuilds the whole set."""
-
-    def __init__(self, engines: list[Engine]) -> None:
-        self.engines = engines
-        self._load = [0] * len(engines)
-        self._down: set[int] = set()
-        self._restarts: dict[int, asyncio.Task[None]] = {}
-        self._closing = False
-        self._adopt()
-
-    def _adopt(self) -> None:
-        """Name, geometry and capacity from the engines; a ``ProcessEngine`` learns its own only at start."""
-        self.name = self.engines[0].name
-        self.render_hint = self.engines[0].render_hint
-        self.max_concurrency = sum(engine.max_concurrency for engine in self.engines)
-
-    async def start(self) -> None:
-        try:
-            for engine in self.engines:  # one after the other: a vLLM engine finds the first one's compile cache
-                await engine.start()
-        except BaseException:
-            await self.close()
-            raise
-        self._adopt()
-
-    async def recognize(self, page: PageRequest) -> Recognition:
-        result: Recognition | None = None
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(EngineDead), stop=stop_after_attempt(len(self.engines)), reraise=True
-        ):
-            with attempt:
-                result = await self._recognize_on_one(page)
-        assert result is not None
-        return result
-
-    async def _recognize_on_one(self, page: PageRequest) -> Recognition:
-        up = [index for index in range(len(self.engines)) if index not in self._down]
-        if not up:
-            raise EngineDead(f"{self.name}: all {len(self.engines)} replicas are down")
-        index = min(up, key=self._load.__getitem__)
-        self._load[index] += 1
-        try:
-            return await self.engines[index].recognize(page)
-        except EngineDead as exc:
-            self._member_died(index, exc)
-            raise
-        finally:
-            self._load[index] -= 1
-
-    def _member_died(self, index: int, exc: EngineDead) -> None:
-        if index in self._down or self._closing:
-            return
-        self._down.add(index)
-        log.error("engine_replica_dead", engine=self.name, replica=index, error=exc.message,
-                  replicas_up=len(self.engines) - len(self._down))  # fmt: skip
-        self._restarts[index] = asyncio.create_task(self._restart(index), name=f"restart-replica-{index}")
-
-    async def _restart(self, index: int) -> None:
-        """Close what is left of the member, then start it again with backoff until it runs or cannot."""
-        engine = self.engines[index]
-        try:
-            await engine.close()  # bounded: a ProcessEngine kills a child that does not stop in CLOSE_SECONDS
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(lambda exc: errors.classify(exc).retryable),
-                wait=wait_exponential_jitter(initial=1, max=60),
-                reraise=True,
-            ):
-                with attempt:
-                    await engine.start()
-        except Exception as exc:  # noqa: BLE001 - a member that cannot start stays down; the others go on
-            error = errors.classify(exc)
-            log.error("engine_replica_failed", engine=self.name, replica=index, kind=error.kind, error=error.message)
-            return
-        self._down.discard(index)
-        up = len(self.engines) - len(self._down)
-        log.info("engine_replica_restarted", engine=self.name, replica=index, replicas_up=up)
-
-    async def abort(self, request_id: str) -> None:
-        for engine in self.engines:
-            await engine.abort(request_id)
-
-    def release(self) -> None:
-        for engine in self.engines:
-            engine.release()
-
-    async def close(self) -> None:
-        self._closing = True
-        restarts = list(self._restarts.values())
-        for task in restarts:
-            task.cancel()
-        await asyncio.gather(*restarts, return_exceptions=True)
-        for engine in self.engines:
-            await engine.close()
-
-    def describe(self) -> dict[str, Any]:
-        return self.engines[0].describe() | {"processes": len(self.engines)}
-
-
 async def _serve(sock: socket.socket) -> None:
     """The child: build the engine the daemon asked for, then serve its pages until told to stop."""
-    from ocrwatch import logging as ocw_logging
-    from ocrwatch.engines import factory
-
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     message = await _receive(reader)
     if message is None or message[0] != "start":
@@ -341,18 +239,17 @@ async def _serve(sock: socket.socket) -> None:
     spec = message[1]
     ocw_logging.configure(LogConfig.model_validate(spec["logging"]))
     try:
-        engine = factory.build(EngineConfig.model_validate(spec["engine"]), spec["images"], kind=spec["kind"])
+        engine = registry.build(EngineConfig.model_validate(spec["engine"]), spec["images"], kind=spec["kind"])
         await engine.start()
     except Exception as exc:  # noqa: BLE001 - whatever stopped the start is the daemon's to report
         error = errors.classify(exc)
         await _send(writer, ("start_failed", type(error).__name__, error.message, error.hint))
         return
-    hint = engine.render_hint
-    await _send(writer, ("ready", {"dpi": hint.dpi, "max_side": hint.max_side, "max_pixels": hint.max_pixels},
-                         engine.max_concurrency, engine.describe()))  # fmt: skip
+    await _send(writer, ("ready", dataclasses.asdict(engine.geometry), engine.max_concurrency, engine.describe()))
     tasks: dict[str, asyncio.Task[None]] = {}
-    # The daemon trims its own heap after each document (session.py); the child's front end allocates each
-    # page's inputs and outputs and needs the same (run 9: 13 GiB a replica process after 477 pages without it).
+    # The daemon trims its own heap after each document; the child's front end allocates each page's inputs
+    # and outputs and needs the same (without it a vLLM replica process grew by gigabytes over a few hundred
+    # pages).
     trimmer = HeapTrimmer()
     trims: set[asyncio.Task[bool]] = set()
 

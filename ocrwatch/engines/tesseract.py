@@ -23,9 +23,11 @@ from typing import Any
 import structlog
 from PIL import Image, ImageDraw
 
-from ocrwatch.config import TesseractConfig
-from ocrwatch.engines.base import PageRequest, Recognition, RenderHint
+from ocrwatch.config import EngineConfig, LogConfig
+from ocrwatch.engines.base import Engine, EngineSpec, Images, PageRequest, Recognition
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
+from ocrwatch.render import Geometry
 
 log = structlog.get_logger()
 
@@ -48,7 +50,7 @@ class TesseractEngine:
     def __init__(self, config: TesseractConfig) -> None:
         self._config = config
         self.max_concurrency = config.workers or os.cpu_count() or 1
-        self.render_hint = RenderHint(dpi=config.dpi)
+        self.geometry = Geometry(dpi=config.dpi)
         self._slots = asyncio.Semaphore(self.max_concurrency)
         self._pages: dict[str, asyncio.Task[Recognition]] = {}
         self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
@@ -232,3 +234,11 @@ def _warmup_page() -> Image.Image:
     image = Image.new("L", (240, 80), 255)
     ImageDraw.Draw(image).text((20, 30), "ocrwatch", fill=0)
     return image
+
+
+def _build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
+    return TesseractEngine(cfg.tesseract)
+
+
+SPEC = EngineSpec("tesseract", _build)
+"""Entry point ``ocrwatch.engines: tesseract``."""

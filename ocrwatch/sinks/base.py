@@ -4,6 +4,7 @@ Sink contract: methods are blocking and called from worker threads, one job at a
 ``write`` writes the Markdown first and the JSON last (the JSON is the commit marker); each object appears
 whole or not at all. ``write`` also removes a stale error sidecar. ``recorded`` returns the ``source`` section
 of the existing JSON sidecar, so a job whose content is unchanged is recognised as done without a ledger.
+Sidecars are named by ``ocrwatch.naming.sidecar_names``, which sources share to ignore them.
 """
 
 from __future__ import annotations
@@ -24,9 +25,3 @@ class Sink(Protocol):
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         """Write ``NAME.error.json`` atomically."""
 
-
-def sidecar_names(name: str, template: str) -> dict[str, str]:
-    """File names of the three sidecars for a source called ``name`` (template validated in config)."""
-    stem, dot, suffix = name.rpartition(".")
-    base = template.format(name=name, stem=stem if dot else name, suffix=f".{suffix}" if dot else "")
-    return {"md": f"{base}.md", "json": f"{base}.json", "error": f"{base}.error.json"}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ocrwatch.errors import NameTooLong, OutputNotWritable
-from ocrwatch.sinks.base import sidecar_names
+from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Job, LocalFile
 
 TMP_MARKER = ".ocrwatch-tmp-"

@@ -17,10 +17,10 @@ import structlog
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputNotWritable
-from ocrwatch.sinks.base import sidecar_names
+from ocrwatch.naming import sidecar_names
+from ocrwatch.s3client import call, error_code, new_client, storage_error
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.sources.base import Job, S3Object
-from ocrwatch.sources.s3 import call, error_code, new_client, storage_error
 
 log = structlog.get_logger()
 

@@ -1,10 +1,13 @@
 """What a source hands the daemon: a ``Job`` naming one document and how to acknowledge it.
 
-Source contract: ``start(submit)`` begins watching and calls ``await submit(job)`` for every document that is
-ready; ``submit`` returns only once the job is durably in the ledger, so a source may acknowledge its event
-(answer a webhook, keep an SQS message) after it returns. ``stop`` stops watching; it is called once, from
-the event loop. ``fetch`` makes the document available as a local file inside ``spool_dir`` (a local source
-returns the file itself); ``finish`` is told the final outcome, once, after the sidecars are written.
+Source contract: ``start(submit, reject)`` begins watching and calls ``await submit(job)`` for every document
+that is ready; ``submit`` returns only once the job is durably in the ledger, so a source may acknowledge its
+event (answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
+processing it (an SQS message delivered too often) calls ``await reject(job, error, attempts)`` instead: the
+pipeline writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
+calls ``finish(job, "failed")``. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
+makes the document available as a local file inside ``spool_dir`` (a local source returns the file itself);
+``finish`` is told the final outcome, once, after the sidecars are written.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
+
+from ocrwatch.config import DEFAULT_PRIORITY
+from ocrwatch.errors import OcrwatchError
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ Outcome = Literal["done", "failed", "retry"]
 class Job:
     origin: Origin
     source: str
-    priority: int = 50
+    priority: int = DEFAULT_PRIORITY
     prompt: str = "markdown"
     max_bytes: int | None = None
     max_pages: int | None = None
@@ -71,14 +77,16 @@ class Job:
 
 
 Submit = Callable[[Job], Awaitable[None]]
+Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
+"""``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts`` tries."""
 
 
 @runtime_checkable
 class Source(Protocol):
     name: str
 
-    async def start(self, submit: Submit) -> None:
-        """Begin watching; call ``submit`` for each ready document."""
+    async def start(self, submit: Submit, reject: Reject) -> None:
+        """Begin watching; call ``submit`` for each ready document, ``reject`` for one given up unprocessed."""
 
     async def stop(self) -> None:
         """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ocrwatch.sources.base import Job, LocalFile, Outcome, Submit
+from ocrwatch.config import DEFAULT_PRIORITY
+from ocrwatch.sources.base import Job, LocalFile, Outcome, Reject, Submit
 
 
 class GivenFiles:
+    """A ``Source`` over a fixed list of files; ``ocrwatch ocr`` starts its jobs itself, from ``jobs()``."""
+
     name = "cli"
 
-    def __init__(self, paths: list[Path], *, prompt: str = "markdown", priority: int = 50) -> None:
+    def __init__(self, paths: list[Path], *, prompt: str = "markdown", priority: int = DEFAULT_PRIORITY) -> None:
         self._paths = [path.absolute() for path in paths]
         self._prompt = prompt
         self._priority = priority
@@ -21,7 +24,7 @@ class GivenFiles:
             for path in self._paths
         ]
 
-    async def start(self, submit: Submit) -> None:
+    async def start(self, submit: Submit, reject: Reject) -> None:
         for job in self.jobs():
             await submit(job)
 

@@ -1,12 +1,10 @@
 """Local inbox folders as a source: watchdog events plus scans, and a file is submitted only once it is whole.
 
-Each ``[[inbox]]`` gets its own observer: inotify where the kernel sees every change, polling where the
-filesystem cannot push events (network and FUSE mounts, read from /proc/self/mountinfo) or where configured.
-Events only say *where to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and
-every candidate passes the same readiness check (closed or stable, then a cheap parse probe) before ``submit``.
-Watchdog's threads hand events to the loop with ``call_soon_threadsafe``; every stat, probe and scan runs in a
-worker thread, so the loop never blocks on a slow filesystem, and nothing is opened before ``lstat`` says it
-is a regular file, so a FIFO cannot hang a reader.
+Each ``[[inbox]]`` gets its own observer (``watch`` chooses inotify or polling). Events only say *where to
+look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and every candidate passes the
+same readiness check (closed or stable, then the cheap probe of ``settle``) before ``submit``. Every stat,
+probe and scan runs in a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened
+before ``lstat`` says it is a regular file, so a FIFO cannot hang a reader.
 
 Concurrency: all methods are called from the event loop; ``stop`` once, after ``start``.
 """
@@ -18,203 +16,49 @@ import contextlib
 import errno
 import fnmatch
 import os
-import re
 import shutil
 import stat
-import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import count
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Any, TypeVar
 
 import structlog
-from PIL import Image
 from watchdog.events import (
     DirCreatedEvent,
     DirMovedEvent,
-    FileAttribEvent,
     FileClosedEvent,
-    FileCreatedEvent,
     FileDeletedEvent,
     FileModifiedEvent,
     FileMovedEvent,
     FileSystemEvent,
-    FileSystemEventHandler,
 )
-from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
-from watchdog.observers.polling import PollingObserver
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, SourceGone
-from ocrwatch.sinks.base import sidecar_names
-from ocrwatch.sources.base import Job, LocalFile, Outcome, Submit
+from ocrwatch.naming import sidecar_names
+from ocrwatch.sources.base import Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.sources.settle import Signature, inspect_file, probe
+from ocrwatch.sources.watch import EventBridge, start_observer, stop_observer
 
 log = structlog.get_logger()
-
-Signature = tuple[int, int]
-"""(size, mtime_ns): what "unchanged" means for a file."""
 
 T = TypeVar("T")
 
 TEMPORARY_SUFFIXES = (".part", ".tmp", ".crdownload")
-POLLING_FSTYPES = frozenset(
-    {
-        "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "sshfs", "davfs", "ceph", "glusterfs", "vboxsf",
-        "virtiofs", "fuse", "afs", "lustre", "gpfs", "beegfs", "ocfs2", "gfs2", "ncpfs", "coda", "vmhgfs",
-    }
-)  # fmt: skip
-OBSERVED_EVENTS = [
-    FileCreatedEvent, FileModifiedEvent, FileAttribEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent,
-    DirCreatedEvent, DirMovedEvent,
-]  # fmt: skip
 PROBE_GIVE_UP_SETTLES = 10
 PROBE_GIVE_UP_MIN_SECONDS = 30.0
 """A file stable this long that still fails the probe is submitted, so the renderer names its real defect."""
 RECHECK_MIN_SECONDS = 0.25
 BLOCKING_CALLS = 8
 """Stats and probes in flight at once, so a scan of a big inbox leaves worker threads for the rest of the daemon."""
-HEAD_BYTES = 1024
-TAIL_BYTES = 2048
-MIN_SNIFF_BYTES = 12
 
 
-# --- pure: mounts and observers ----------------------------------------------------------------------------
-
-
-def parse_mountinfo(text: str) -> list[tuple[Path, str]]:
-    """(mount point, filesystem type) for each line of /proc/self/mountinfo, in mount order."""
-    mounts = []
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if "-" not in fields[6:-1]:
-            continue
-        separator = fields.index("-", 6)
-        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), fields[4])
-        mounts.append((Path(point), fields[separator + 1]))
-    return mounts
-
-
-def filesystem_type(path: Path, mountinfo: str) -> str | None:
-    """Type of the mount holding the absolute ``path``: the deepest mount point, the last one mounted on a tie."""
-    found, depth = None, -1
-    for point, fstype in parse_mountinfo(mountinfo):
-        if (point == path or point in path.parents) and len(point.parts) >= depth:
-            found, depth = fstype, len(point.parts)
-    return found
-
-
-def choose_polling(setting: Literal["auto"] | bool, fstype: str | None) -> tuple[bool, str]:
-    """Whether to poll, and why: inotify only sees changes made through this kernel, not by a file server."""
-    if isinstance(setting, bool):
-        return setting, f"configured polling = {str(setting).lower()}"
-    if fstype is None:
-        return False, "mount type unknown"
-    if fstype in POLLING_FSTYPES or fstype.startswith("fuse."):
-        return True, f"{fstype} cannot push events"
-    return False, f"{fstype} pushes events"
-
-
-# --- blocking: files ---------------------------------------------------------------------------------------
-
-
-def inspect_file(path: Path, root: Path) -> tuple[Path, Signature]:
-    """The regular file ``path`` stands for, and its signature. Blocking; opens nothing.
-
-    A symlink stands for its target when that stays inside ``root`` (the resolved inbox). Raises
-    ``SourceGone`` when nothing is there and ``NotARegularFile`` for anything else.
-    """
-    if not path.is_relative_to(root):
-        raise NotARegularFile(f"{path}: outside the inbox {root}")
-    try:
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
-            real = path.resolve(strict=True)
-            if not real.is_relative_to(root):
-                raise NotARegularFile(f"{path}: a symlink that leads outside the inbox, to {real}")
-            path, info = real, os.stat(real)
-    except FileNotFoundError:
-        raise SourceGone(f"{path}: no longer exists") from None
-    except RuntimeError:  # a symlink loop, before Python 3.13
-        raise NotARegularFile(f"{path}: a symlink loop") from None
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise NotARegularFile(f"{path}: a symlink loop") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise NotARegularFile(f"{path}: not a regular file")
-    return path, (info.st_size, info.st_mtime_ns)
-
-
-def sniff(head: bytes) -> str | None:
-    """The document format by its first bytes, or None for content no probe knows."""
-    if b"%PDF-" in head[:HEAD_BYTES]:
-        return "pdf"
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if head.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
-        return "tiff"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    return None
-
-
-def looks_complete(kind: str | None, head: bytes, tail: bytes, size: int) -> bool:
-    """Whether a file of this format has its end: the trailer a writer puts there last."""
-    if kind == "pdf":
-        return b"%%EOF" in tail
-    if kind == "png":
-        return b"IEND\xaeB`\x82" in tail
-    if kind == "jpeg":
-        return tail.rstrip(b"\x00").endswith(b"\xff\xd9")
-    if kind == "webp":
-        return int.from_bytes(head[4:8], "little") + 8 <= size
-    return True
-
-
-def _tiff_complete(handle: BinaryIO, size: int) -> bool:
-    """Every frame's strips or tiles lie inside the file: a TIFF has no trailer to look for."""
-    try:
-        with Image.open(handle) as image:
-            for index in range(getattr(image, "n_frames", 1)):
-                image.seek(index)
-                tags = image.tag_v2
-                offsets, counts = tags.get(273) or tags.get(324) or (), tags.get(279) or tags.get(325) or ()
-                if isinstance(offsets, int):
-                    offsets, counts = (offsets,), (counts,)
-                if any(offset + length > size for offset, length in zip(offsets, counts)):
-                    return False
-    except Exception:  # Pillow raises many kinds on a truncated TIFF; all mean "not whole yet"
-        return False
-    return True
-
-
-def probe(path: Path) -> bool:
-    """Whether the file looks whole: its format's header and trailer, never a full parse. Blocking.
-
-    Content no probe knows passes, so the renderer can report ``not_a_document``; a file too short to
-    recognise does not, because a copy often starts that way. Opened non-blocking and checked again with
-    ``fstat``, so a FIFO swapped in since the last look cannot hang the thread.
-    """
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        with os.fdopen(descriptor, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size < MIN_SNIFF_BYTES:
-                return False
-            head = handle.read(HEAD_BYTES)
-            kind = sniff(head)
-            if kind == "tiff":
-                return _tiff_complete(handle, info.st_size)
-            handle.seek(max(0, info.st_size - TAIL_BYTES))
-            return looks_complete(kind, head, handle.read(TAIL_BYTES), info.st_size)
-    except OSError:
-        return False
+# --- blocking: quarantine ----------------------------------------------------------------------------------
 
 
 def _copy_exclusive(source: Path, target: Path) -> None:
@@ -264,67 +108,7 @@ def quarantine(path: Path, root: Path, quarantine_dir: Path, name_template: str)
     return moved
 
 
-def _read_mountinfo() -> str:
-    try:
-        return os.fsdecode(Path("/proc/self/mountinfo").read_bytes())
-    except OSError:
-        return ""
-
-
-def _new_observer(polling: bool) -> BaseObserver:
-    if polling:
-        return PollingObserver()
-    if sys.platform.startswith("linux"):
-        from watchdog.observers.inotify import InotifyObserver
-
-        # Full events: a file renamed in from outside arrives as a move (whole, ready) rather than a creation.
-        return InotifyObserver(generate_full_events=True)
-    return Observer()
-
-
-def _run_observer(polling: bool, root: Path, recursive: bool, handler: FileSystemEventHandler) -> BaseObserver:
-    observer = _new_observer(polling)
-    try:
-        observer.schedule(handler, str(root), recursive=recursive, event_filter=OBSERVED_EVENTS)
-        observer.start()
-    except BaseException:
-        observer.stop()
-        raise
-    return observer
-
-
-def _start_observer(
-    root: Path, recursive: bool, setting: Literal["auto"] | bool, handler: FileSystemEventHandler
-) -> tuple[BaseObserver, bool, str]:
-    """Start the observer that suits the inbox's filesystem. Blocking (inotify walks the tree to add watches)."""
-    polling, reason = choose_polling(setting, filesystem_type(root, _read_mountinfo()))
-    try:
-        return _run_observer(polling, root, recursive, handler), polling, reason
-    except OSError as exc:
-        if polling or exc.errno not in (errno.ENOSPC, errno.EMFILE):
-            raise
-        reason = f"inotify limit reached ({exc.strerror})"
-    return _run_observer(True, root, recursive, handler), True, reason
-
-
-def _stop_observer(observer: BaseObserver) -> None:
-    observer.stop()
-    observer.join(timeout=10)
-
-
 # --- per inbox ---------------------------------------------------------------------------------------------
-
-
-class _EventBridge(FileSystemEventHandler):
-    """Runs on watchdog's thread: hands each event to the event loop and returns at once."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[FileSystemEvent], None]) -> None:
-        self._loop = loop
-        self._deliver = deliver
-
-    def dispatch(self, event: FileSystemEvent) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
-            self._loop.call_soon_threadsafe(self._deliver, event)
 
 
 class _Inbox:
@@ -438,8 +222,12 @@ class LocalSource:
         self._lock = asyncio.Lock()
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
 
-    async def start(self, submit: Submit) -> None:
-        """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically."""
+    async def start(self, submit: Submit, reject: Reject) -> None:
+        """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically.
+
+        ``reject`` is never called: a file is only ever submitted, even one that never passes the probe, so that
+        the pipeline names its defect.
+        """
         self._submit, self._loop = submit, asyncio.get_running_loop()
         async with self._lock:
             for inbox in self._inboxes.values():
@@ -533,9 +321,9 @@ class LocalSource:
 
     async def _watch(self, inbox: _Inbox) -> None:
         assert self._loop is not None
-        bridge = _EventBridge(self._loop, partial(self._on_event, inbox))
+        bridge = EventBridge(self._loop, partial(self._on_event, inbox))
         inbox.observer, polling, reason = await asyncio.to_thread(
-            _start_observer, inbox.root, inbox.config.recursive, inbox.config.polling, bridge
+            start_observer, inbox.root, inbox.config.recursive, inbox.config.polling, bridge
         )
         log.info(
             "inbox_watching",
@@ -548,7 +336,7 @@ class LocalSource:
     async def _unwatch(self, inbox: _Inbox) -> None:
         observer, inbox.observer, inbox.identity = inbox.observer, None, None
         if observer is not None:
-            await asyncio.to_thread(_stop_observer, observer)
+            await asyncio.to_thread(stop_observer, observer)
 
     async def _reconcile_forever(self) -> None:
         while True:

@@ -156,6 +156,22 @@ def test_sigterm_drains_and_exits_zero_with_a_consistent_ledger(make_daemon) -> 
     assert daemon.stop() == 0
 
 
+def test_a_second_ctrl_c_while_draining_exits_at_once(plugin_daemon) -> None:
+    """The first SIGINT drains (up to shutdown_timeout, 20 s here); a second one does not wait for it."""
+    daemon = plugin_daemon(engine_args={"delay": 120.0})
+    daemon.start()
+    docs.write_png(daemon.inbox / "slow.png", page_lines("slow"))
+    wait_until(lambda: any(e.get("event") == "job_started" for e in daemon.events()), 30, "a job to start")
+    daemon.signal(signal.SIGINT)
+    wait_until(lambda: any(e.get("event") == "daemon_stopping" for e in daemon.events()), 10, "draining")
+    t0 = time.monotonic()
+    daemon.signal(signal.SIGINT)
+    assert daemon.proc.wait(10) == 130
+    assert time.monotonic() - t0 < 5
+    assert any(e.get("event") == "forced_exit" for e in daemon.events())
+    assert not any(e.get("event") == "daemon_stopped" for e in daemon.events())
+
+
 def test_polling_inbox_and_sighup_adds_an_inbox(make_daemon, tmp_path: Path) -> None:
     polled = tmp_path / "polled"
     daemon = make_daemon(inboxes=[{"path": str(polled), "polling": True, "settle_seconds": 0.3}])

@@ -36,8 +36,10 @@ def queue_empty(server: MotoServer, queue: str) -> bool:
     return attributes == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
 
 
-def sqs_daemon(root: Path, server: MotoServer, queue: str, **overrides: Any) -> DaemonProcess:
-    s3 = server.s3_config(transport="sqs", queue_url=queue, wait_time_seconds=2, visibility_timeout_seconds=30)
+def sqs_daemon(root: Path, server: MotoServer, queue: str, s3_keys: dict[str, Any] | None = None,
+               **overrides: Any) -> DaemonProcess:
+    s3 = server.s3_config(transport="sqs", queue_url=queue, wait_time_seconds=2, visibility_timeout_seconds=30,
+                          **(s3_keys or {}))
     return DaemonProcess(root, s3=[s3], **overrides)
 
 
@@ -80,6 +82,25 @@ def test_poison_object_gets_an_error_sidecar_and_is_not_redelivered(moto: MotoSe
         assert error["error"]["kind"] == "encrypted_pdf"
         wait_until(lambda: queue_empty(moto, queue), 10, "the poison message deleted")
         assert sidecar(s3, "docs", f"{key}.json") is None and started(daemon, f"s3://docs/{key}") == 1
+    finally:
+        daemon.stop()
+
+
+def test_a_message_delivered_too_often_is_given_up_through_the_pipeline(moto: MotoServer, tmp_path: Path) -> None:
+    """Past ``max_receives`` the source rejects the job unprocessed; the pipeline writes its error sidecar and
+    the message is deleted once that job is finished."""
+    queue = moto.bucket_with_queue("docs", "events")
+    s3, key = moto.client("s3"), "in/crashed on.png"
+    s3.put_object(Bucket="docs", Key=key, Body=docs.write_png(tmp_path / "p.png", ["Poison"]).read_bytes())
+    for _ in range(2):  # two deliveries that never finished, as if two daemons had crashed on it
+        moto.client("sqs").receive_message(QueueUrl=queue, MaxNumberOfMessages=10, VisibilityTimeout=0)
+    daemon = sqs_daemon(tmp_path, moto, queue, s3_keys={"max_receives": 2}).start()
+    try:
+        error = wait_until(lambda: sidecar(s3, "docs", f"{key}.error.json"), 60, "the error sidecar")
+        assert error["error"]["kind"] == "too_many_deliveries" and error["attempts"] == 3
+        assert error["source"]["uri"] == f"s3://docs/{key}"
+        wait_until(lambda: queue_empty(moto, queue), 10, "the poison message deleted")
+        assert sidecar(s3, "docs", f"{key}.json") is None and started(daemon, f"s3://docs/{key}") == 0
     finally:
         daemon.stop()
 

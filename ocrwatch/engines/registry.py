@@ -1,0 +1,122 @@
+"""Which engine runs, and why: ``[engine] kind`` resolved into a built (not yet started) engine.
+
+Engines are found by name in the ``ocrwatch.engines`` entry-point group, as OCRmyPDF finds its plugins and
+gunicorn its workers; the built-in ones (``tesseract``, ``vllm``, ``plugin``) are registered there too, in
+pyproject.toml. Each entry point names an ``EngineSpec`` whose ``build`` makes the engine, so an engine is
+imported only when chosen and a machine without vllm or torch never imports them.
+
+``auto`` picks vLLM only when vllm imports and torch sees a CUDA device, otherwise Tesseract; the reason is
+returned so the daemon can say it loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+from importlib.metadata import entry_points
+from typing import Any
+
+from ocrwatch.config import ENGINE_ENTRY_POINTS, EngineConfig, LogConfig
+from ocrwatch.engines.base import Engine, EngineSpec, Images
+from ocrwatch.errors import ConfigError
+
+
+def _vllm_status() -> tuple[bool, str]:
+    """Whether the vLLM engine can run here, and why (not)."""
+    try:
+        vllm = importlib.import_module("vllm")
+    except ModuleNotFoundError as exc:
+        if exc.name == "vllm":
+            return False, "vllm is not installed"
+        return False, f"vllm does not import: {exc}"
+    except Exception as exc:
+        return False, f"vllm does not import: {type(exc).__name__}: {exc}"
+    version = getattr(vllm, "__version__", "?")
+    try:
+        torch = importlib.import_module("torch")
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:
+        return False, f"vllm {version} imports but torch cannot look for CUDA devices: {exc}"
+    if devices == 0:
+        return False, f"vllm {version} imports but no CUDA device is visible"
+    return True, f"vllm {version} imports and {devices} CUDA device(s) are visible"
+
+
+def choose(cfg: EngineConfig) -> tuple[str, str]:
+    """The engine kind to build and the human reason for it."""
+    if cfg.kind != "auto":
+        return cfg.kind, f"[engine] kind = {cfg.kind!r} in the configuration"
+    available, why = _vllm_status()
+    if available:
+        return "vllm", f"[engine] kind = 'auto': {why}"
+    return "tesseract", f"[engine] kind = 'auto': {why}, so Tesseract runs on the CPU"
+
+
+def find(kind: str) -> EngineSpec:
+    """The ``EngineSpec`` the entry point ``kind`` names."""
+    found = entry_points(group=ENGINE_ENTRY_POINTS, name=kind)
+    if not found:
+        installed = ", ".join(sorted(entry_points(group=ENGINE_ENTRY_POINTS).names)) or "none"
+        raise ConfigError(
+            f"engine.kind: unknown engine {kind!r} (installed: {installed})",
+            hint="install the package that provides it, or reinstall ocrwatch (pip install -e .) if none is",
+        )
+    entry = next(iter(found))
+    try:
+        loaded = entry.load()
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"engine.kind: cannot load engine {kind!r} ({entry.value}): {exc}") from None
+    if not isinstance(loaded, EngineSpec):
+        raise ConfigError(f"engine.kind: entry point {kind!r} ({entry.value}) does not name an EngineSpec")
+    return loaded
+
+
+def load_plugin(spec: str, args: dict[str, Any]) -> Engine:
+    """Build an engine from ``"module:attribute"`` called with ``args`` as keyword arguments."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"engine.plugin: {spec!r} is not of the form 'module:attribute'")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"engine.plugin: cannot load {spec!r}: {exc}") from None
+    try:
+        engine = factory(**args)
+    except TypeError as exc:
+        raise ConfigError(f"engine.plugin_args: {spec!r} rejects them: {exc}") from None
+    if not isinstance(engine, Engine):
+        raise ConfigError(f"engine.plugin: {spec!r} did not build an engine (missing parts of the Engine protocol)")
+    return engine
+
+
+def _build_plugin(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
+    if not cfg.plugin:
+        raise ConfigError("engine.plugin: kind = 'plugin' needs plugin = 'module:attribute'")
+    return load_plugin(cfg.plugin, dict(cfg.plugin_args))
+
+
+PLUGIN = EngineSpec("plugin", _build_plugin)
+"""``kind = "plugin"``: an engine named by ``[engine] plugin`` without an entry point of its own."""
+
+
+def gpu_count(proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> int:
+    """GPUs the NVIDIA driver lists, read without importing torch (which would stall the event loop).
+
+    A container often has the device nodes (``/dev/nvidia0`` …) but not the driver's ``/proc`` folder, so the
+    nodes count too."""
+    counts = []
+    with contextlib.suppress(OSError):
+        counts.append(len(os.listdir(proc)))
+    with contextlib.suppress(OSError):
+        counts.append(sum(1 for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name)))
+    return max(counts, default=0)
+
+
+def build(
+    cfg: EngineConfig, output_images: Images = "placeholder", *, kind: str | None = None, log: LogConfig | None = None
+) -> Engine:
+    """The engine of ``kind`` (default: ``choose(cfg)``), built but not started; ``log`` is passed to engines
+    that run in processes of their own."""
+    return find(kind or choose(cfg)[0]).build(cfg, output_images, log)

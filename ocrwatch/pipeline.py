@@ -1,0 +1,446 @@
+"""A document's way from its source to its sidecars, one named step after another.
+
+``Pipeline._process`` reads like the recipe it is: fetch and probe, render and recognise (the shared scheduler
+renders pages ahead in worker threads and feeds the engine), assemble, write. Around it sit admission
+(``submit``: the ledger and the sidecars decide whether a job runs at all), the retry loop (a transient failure
+is tried again with backoff) and ``reject``, the one place where a job is given up and its error sidecar
+written, whether the pipeline failed it or its source did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ocrwatch import assemble, ladder, render
+from ocrwatch.config import Config
+from ocrwatch.engines.base import Engine, PageRequest
+from ocrwatch.errors import CrashLoop, EngineDead, OcrwatchError, PermanentError, SourceChanged, SourceGone, classify
+from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
+from ocrwatch.metrics import ENGINE_PHASES, Metrics
+from ocrwatch.scheduler import PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers
+from ocrwatch.session import DocumentSession
+from ocrwatch.sinks.base import Sink
+from ocrwatch.sources.base import Job, S3Object, Source
+from ocrwatch.supervisor import EngineSupervisor
+
+log = structlog.get_logger()
+
+
+def job_id(job: Job) -> str:
+    """A short stable id for logs and temporary folders (the ledger key may be long, or a path)."""
+    return hashlib.sha1(job.key.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Probed:
+    """A fetched document, measured: what the later steps need to know before any page is rendered."""
+
+    path: Path
+    stat: tuple[int, int]  # size and mtime at fetch: any change later means the pages could mix two versions
+    info: render.DocumentInfo
+    spec: render.RenderSpec
+    sha256: str
+
+
+class Pipeline:
+    """source → ledger → render → scheduler → engine → sink, each job in a task of its own."""
+
+    def __init__(self, cfg: Config, ledger: Ledger | None, metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.ledger = ledger
+        self.metrics = metrics
+        self.supervisor = EngineSupervisor(cfg, metrics)
+        self.sources: dict[str, Source] = {}
+        self.sinks: dict[str, Sink] = {}
+        self.scheduler: PageScheduler | None = None
+        self.active_documents = 0
+        self._slots: asyncio.Semaphore | None = None
+        self._tasks: dict[str, asyncio.Task[str]] = {}
+        self._detected: dict[str, float] = {}
+        self._running = 0
+
+    async def start(self) -> None:
+        """Start the engine, then size the scheduler and the document slots from what it can take."""
+        render.check_renderer(self.cfg.render)
+        engine = await self.supervisor.start()
+        sched = self.cfg.scheduler
+        max_inflight = sched.max_inflight_pages or engine.max_concurrency
+        self.scheduler = PageScheduler(
+            lambda doc, request: self._recognize(request),
+            max_inflight=max_inflight,
+            render_ahead=sched.render_ahead or auto_render_ahead(max_inflight),
+            render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
+            ageing_seconds=sched.ageing_seconds,
+            on_engine_dead=self.supervisor.dead,
+        )
+        self.supervisor.scheduler = self.scheduler
+        self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
+        self._slots = asyncio.Semaphore(self.active_documents)
+        budget = self.scheduler.budget
+        log.info(
+            "scheduler_ready",
+            max_inflight=budget.max_inflight,
+            render_ahead=budget.render_ahead,
+            render_workers=budget.render_workers,
+            max_active_documents=self.active_documents,
+        )
+
+    def add_source(self, source: Source, sink: Sink) -> None:
+        self.sources[source.name] = source
+        self.sinks[source.name] = sink
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        await self.supervisor.close()
+
+    async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
+        """Ledger calls run in a thread: another process holding the database lock must not stall the loop."""
+        if self.ledger is None:
+            return None
+        return await asyncio.to_thread(getattr(self.ledger, method), *args, **fields)
+
+    # --- admission ----------------------------------------------------------------------------------------
+
+    async def submit(self, job: Job) -> None:
+        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be done."""
+        fingerprint = await asyncio.to_thread(self._fingerprint, job)
+        if fingerprint is None:
+            return
+        if await self._done_already(job, fingerprint):
+            return
+        if self.ledger is not None and not await self._ledger("admit", job, fingerprint):
+            row = await self._ledger("known", job.key)
+            if row is not None and row.state in ("done", "failed"):
+                await self.sources[job.source].finish(job, row.state)
+            return
+        self.start_job(job)
+
+    def _fingerprint(self, job: Job) -> Fingerprint | None:
+        """The job's content as the ledger compares it (blocking); None when a local file is gone."""
+        origin = job.origin
+        if isinstance(origin, S3Object):
+            return Fingerprint(size=origin.size or 0, mtime_ns=None, sha256=None, etag=origin.etag, version_id=origin.version_id)
+        try:
+            stat = origin.path.stat()
+        except OSError:
+            return None
+        if self.ledger is not None:
+            row = self.ledger.known(job.key)
+            if (
+                row is not None
+                and row.fingerprint is not None
+                and row.state == "done"
+                and (row.fingerprint.size, row.fingerprint.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+            ):
+                return row.fingerprint  # unchanged since it was done: no need to hash it again
+        try:
+            digest = sha256_file(origin.path) if os.path.isfile(origin.path) else None
+        except OSError:
+            digest = None
+        return Fingerprint(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=digest)
+
+    def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
+        """Whether the job's sidecars already describe this very content (blocking: the sink reads them)."""
+        recorded = self.sinks[job.source].recorded(job)
+        return recorded is not None and same_content(_recorded_fingerprint(recorded), fingerprint)
+
+    async def _done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
+        """A job whose sidecars describe its content is done without a run: recorded so and acknowledged."""
+        if not await asyncio.to_thread(self.already_written, job, fingerprint):
+            return False
+        await self._ledger("admit", job, fingerprint)
+        await self._ledger("mark_done", job.key)
+        log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
+        await self.sources[job.source].finish(job, "done")
+        return True
+
+    def start_job(self, job: Job) -> asyncio.Task[str]:
+        """Run the job in a task of its own, unless it already runs; the task's result is its final status."""
+        existing = self._tasks.get(job.key)
+        if existing is not None and not existing.done():
+            return existing
+        task = asyncio.create_task(self._run(job), name=f"job:{job_id(job)}")
+        self._tasks[job.key] = task
+        self._detected[job.key] = job.detected_at
+        task.add_done_callback(functools.partial(self._forget, job.key))
+        return task
+
+    def _forget(self, key: str, task: asyncio.Task[str]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+            del self._detected[key]
+
+    def update_gauges(self) -> None:
+        """Queue depths, documents admitted and the oldest unfinished job: cheap enough for every scrape."""
+        metrics = self.metrics
+        if self.scheduler is not None:
+            for stage, depth in self.scheduler.depth.items():
+                metrics.queue_depth.labels(stage=stage).set(depth)
+            metrics.inflight_pages.set(self.scheduler.budget.inflight)
+        metrics.active_documents.labels(state="running").set(self._running)
+        metrics.active_documents.labels(state="waiting").set(max(len(self._tasks) - self._running, 0))
+        oldest = min(self._detected.values(), default=None)
+        metrics.oldest_waiting.set(0.0 if oldest is None else max(time.time() - oldest, 0.0))
+
+    async def drain(self, timeout: float) -> int:
+        """Wait for running jobs up to ``timeout``; cancel the rest (they stay unfinished in the ledger)."""
+        tasks = list(self._tasks.values())
+        if not tasks:
+            return 0
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return len(pending)
+
+    # --- one job: attempts ------------------------------------------------------------------------------------
+
+    async def _run(self, job: Job) -> str:
+        """The job's attempts, in one of the ``max_active_documents`` slots; its final status."""
+        structlog.contextvars.bind_contextvars(job_id=job_id(job))
+        async with self._slot():
+            log.info("job_started", uri=job.origin.uri, source=job.source)
+            attempts = 0
+            try:
+                async for attempt in self._retrying():
+                    with attempt:
+                        attempts = await self._start_attempt(job)
+                        status = await self._process(job)
+            except asyncio.CancelledError:
+                log.info("job_interrupted")
+                raise
+            except Exception as exc:
+                await self.reject(job, classify(exc), attempts)
+                return "failed"
+        return status
+
+    def _retrying(self) -> AsyncRetrying:
+        """Transient failures are tried again with backoff; an engine death is not one (its pages are requeued)."""
+        retry = self.cfg.retry
+
+        def before_sleep(state: RetryCallState) -> None:
+            error = classify(state.outcome.exception()) if state.outcome else None
+            self.metrics.retries.labels(stage="document").inc()
+            log.warning(
+                "job_retry", attempt=state.attempt_number, kind=error.kind if error else None,
+                error=error.message if error else None, wait=round(state.upcoming_sleep, 2),
+            )
+
+        return AsyncRetrying(
+            stop=stop_after_attempt(retry.attempts),
+            wait=wait_exponential_jitter(initial=retry.backoff_initial_seconds, max=retry.backoff_max_seconds),
+            retry=retry_if_exception(_is_transient),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of ``max_active_documents`` slots, counted for the active-documents gauge."""
+        assert self._slots is not None, "Pipeline.start() first"
+        async with self._slots:
+            self._running += 1
+            try:
+                yield
+            finally:
+                self._running -= 1
+
+    async def _start_attempt(self, job: Job) -> int:
+        """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
+        attempts = await self._ledger("record_attempt", job.key, None)
+        if attempts is not None and attempts > self.cfg.retry.attempts:
+            raise CrashLoop(f"{job.origin.uri} was interrupted {attempts - 1} times while being processed")
+        return attempts or 1
+
+    # --- one job: the steps -----------------------------------------------------------------------------------
+
+    async def _process(self, job: Job) -> str:
+        """One attempt at a document: the steps in order, each timed into the sidecar's stages."""
+        engine = self.supervisor.engine
+        assert self.scheduler is not None and engine is not None
+        started = time.time()
+        stages: dict[str, float] = {"waiting": started - job.detected_at}
+        async with DocumentSession(job_id(job), self.cfg.state_dir / "tmp", engine, self.scheduler) as session:
+            assert session.spool_dir is not None
+            await self._ledger("set_state", job.key, "rendering")
+            with _timed(stages, "fetch_probe"):
+                probed = await self.fetch_and_probe(job, session.spool_dir, engine)
+            await self._ledger("set_state", job.key, "recognizing", pages_total=probed.info.pages)
+            with _timed(stages, "pages"):
+                pages = await self.render_and_recognize(job, session, probed)
+            await self._ledger("set_state", job.key, "writing")
+            with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
+                document = self.assemble_document(job, engine, probed, pages, started, stages)
+                await self.write_sidecars(job, pages, document)
+        await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
+        await self._ledger("mark_done", job.key)
+        self._record_success(job, document["status"], stages)
+        await self.sources[job.source].finish(job, "done")
+        log.info(
+            "job_done", status=document["status"], pages=len(pages), seconds=round(time.time() - started, 3),
+            uri=job.origin.uri,
+        )
+        return str(document["status"])
+
+    async def fetch_and_probe(self, job: Job, spool_dir: Path, engine: Engine) -> Probed:
+        """The document as a local file, held to the limits and measured, so a document that cannot be done
+        fails before its first page is rendered."""
+        path = await self.sources[job.source].fetch(job, spool_dir)
+        stat = await asyncio.to_thread(_stat_key, path)
+        info = await asyncio.to_thread(render.probe, path, render.Limits.for_job(self.cfg.limits, job))
+        spec = render.render_spec(self.cfg.render, engine.geometry)
+        if info.kind == "pdf":
+            for width, height in info.page_sizes:
+                render.page_dpi(width, height, spec)  # raises for a page too large at any usable resolution
+        digest = await asyncio.to_thread(sha256_file, path)
+        return Probed(path, stat, info, spec, digest)
+
+    async def render_and_recognize(self, job: Job, session: DocumentSession, probed: Probed) -> list[PageOutcome]:
+        """Every page through the shared scheduler, in order. A source rewritten meanwhile is tried again
+        whole rather than given pages of two versions."""
+        assert self.scheduler is not None
+        session.document = self.scheduler.add(
+            session.job_id,
+            priority=job.priority,
+            detected_at=job.detected_at,
+            pages=probed.info.pages,
+            prompt=self.cfg.prompt_text(job.prompt),
+            render=functools.partial(self._render_page, probed.path, probed.info, probed.spec),
+        )
+        try:
+            pages = await session.document.future
+        except PermanentError as exc:  # a page of the replacement, rendered with the old one's page count
+            if await asyncio.to_thread(_changed, probed.path, probed.stat):
+                raise SourceChanged(f"{job.origin.uri} changed while it was processed ({exc.kind})") from exc
+            raise
+        if await asyncio.to_thread(_stat_key, probed.path) != probed.stat:
+            raise SourceChanged(f"{job.origin.uri} changed while it was processed")
+        return pages
+
+    def assemble_document(
+        self, job: Job, engine: Engine, probed: Probed, pages: list[PageOutcome], started: float,
+        stages: dict[str, float],
+    ) -> dict[str, Any]:  # fmt: skip
+        """The JSON sidecar: the pages with where they came from, what read them and how long it took."""
+        spec = probed.spec
+        provenance = assemble.Provenance(
+            source=assemble.source_section(job, probed.path, probed.sha256, probed.info.mime),
+            engine=engine.describe() | {"prompt": self.cfg.prompt_text(job.prompt)},
+            render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
+        )
+        return assemble.document(
+            provenance, pages, detected=job.detected_at, started=started, finished=time.time(), stages=stages
+        )
+
+    async def write_sidecars(self, job: Job, pages: list[PageOutcome], document: dict[str, Any]) -> None:
+        """The Markdown, then the JSON (the commit marker), through the job's sink."""
+        await asyncio.to_thread(self.sinks[job.source].write, job, assemble.markdown(pages), document)
+
+    def _render_page(
+        self, path: Path, info: render.DocumentInfo, spec: render.RenderSpec, index: int
+    ) -> render.RenderedPage:
+        """Runs in a render worker thread (prometheus_client is thread-safe); records each page as it is made."""
+        page = render.render_page(path, info, index, spec=spec)
+        self.metrics.stage_seconds.labels(stage="render").observe(page.seconds)
+        return page
+
+    async def _recognize(self, request: PageRequest) -> ladder.PageResult:
+        """One page through the engine, recorded as it finishes, so a long document's progress shows live."""
+        started = time.monotonic()
+        try:
+            result = await self.supervisor.recognize(request)
+        except EngineDead:
+            self.metrics.retries.labels(stage="engine").inc()  # the scheduler requeues the page
+            raise
+        metrics = self.metrics
+        metrics.stage_seconds.labels(stage="recognize").observe(time.monotonic() - started)
+        metrics.pages.labels(status=result.status).inc()
+        metrics.retries.labels(stage="page").inc(max(len(result.attempts) - 1, 0))
+        for kind in ("prompt", "completion"):
+            metrics.tokens.labels(kind=kind).inc(sum(attempt.get(f"{kind}_tokens") or 0 for attempt in result.attempts))
+        if result.recognition is not None:
+            for phase, seconds in result.recognition.timings.items():
+                if phase in ENGINE_PHASES:
+                    metrics.engine_seconds.labels(phase=phase).observe(seconds)
+        return result
+
+    def _record_success(self, job: Job, status: str, stages: dict[str, float]) -> None:
+        """Document-level figures; pages and tokens were recorded as each page finished."""
+        self.metrics.documents.labels(status=status).inc()
+        self.metrics.stage_seconds.labels(stage="end_to_end").observe(time.time() - job.detected_at)
+        for stage, seconds in stages.items():  # not the sidecar's copy: it was taken before the write
+            self.metrics.stage_seconds.labels(stage=stage).observe(seconds)
+
+    # --- giving up --------------------------------------------------------------------------------------------
+
+    async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
+        """Give a job up: logged, counted, recorded in the ledger, its error sidecar written beside the source
+        (none for a vanished source: nothing to sit beside, and the ledger re-admits it if it returns), and
+        its source told. The pipeline calls it when a job's attempts are spent; a source calls it (it is
+        handed to ``Source.start``) for a job it must give up unprocessed, such as an S3 poison message."""
+        if job.key not in self._tasks:  # from a source: the job never ran here
+            fingerprint = await asyncio.to_thread(self._fingerprint, job)
+            if fingerprint is not None:
+                if await self._done_already(job, fingerprint):  # a duplicate whose acknowledgement was lost
+                    return
+                await self._ledger("admit", job, fingerprint)  # so the failure has a row to be recorded in
+        log.error(
+            "job_failed", uri=job.origin.uri, kind=error.kind, error=error.message, hint=error.hint,
+            retryable=error.retryable, attempts=attempts,
+        )
+        self.metrics.documents.labels(status="failed").inc()
+        await self._ledger("mark_failed", job.key, error.as_dict())
+        if not isinstance(error, SourceGone):
+            body = assemble.error_document(
+                assemble.source_section(job, None, None, None), error.as_dict(), attempts, time.time()
+            )
+            try:
+                await asyncio.to_thread(self.sinks[job.source].write_error, job, body)
+            except Exception as exc:
+                log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
+        await self.sources[job.source].finish(job, "failed")
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, Exception) and classify(exc).retryable and not isinstance(exc, EngineDead)
+
+
+@contextlib.contextmanager
+def _timed(stages: dict[str, float], stage: str) -> Iterator[None]:
+    """Record the block's duration as ``stages[stage]`` when it succeeds."""
+    started = time.monotonic()
+    yield
+    stages[stage] = time.monotonic() - started
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _changed(path: Path, before: tuple[int, int]) -> bool:
+    try:
+        return _stat_key(path) != before
+    except OSError:
+        return True
+
+
+def _recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:
+    """The fingerprint a JSON sidecar's ``source`` section records."""
+    return Fingerprint(
+        size=int(recorded.get("bytes") or 0), mtime_ns=None, sha256=recorded.get("sha256"),
+        etag=recorded.get("etag"), version_id=recorded.get("version_id"),
+    )

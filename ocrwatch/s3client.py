@@ -1,0 +1,158 @@
+"""The one S3 client module: boto3 clients, retries, error mapping, and the probe ``ocrwatch check`` runs.
+
+Sources and sinks share it, so a transient failure means the same thing everywhere. Clients are made on demand,
+never at import. Transient failures are retried by botocore (standard mode), then with backoff by tenacity;
+what survives the retries is mapped onto the error hierarchy without ever carrying credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import boto3
+import botocore.exceptions
+import structlog
+from botocore.config import Config as BotoConfig
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from ocrwatch.config import S3Config
+from ocrwatch.errors import OcrwatchError, StorageUnavailable
+from ocrwatch.http import host_port
+
+log = structlog.get_logger()
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 60.0
+CALL_ATTEMPTS = 5
+_THROTTLING = frozenset(
+    {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestThrottledException",
+     "SlowDown", "RequestLimitExceeded", "TooManyRequestsException", "RequestTimeout", "RequestTimeoutException",
+     "ServiceUnavailable", "InternalError", "InternalFailure", "ServiceUnavailableException"}
+)
+
+
+def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOUT) -> Any:
+    """A boto3 client for ``service`` configured from ``cfg``; credentials from the config or the standard chain."""
+    session = boto3.session.Session(
+        aws_access_key_id=cfg.access_key_id, aws_secret_access_key=cfg.secret_access_key, region_name=cfg.region
+    )
+    config = BotoConfig(
+        retries={"mode": "standard"},
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=read_timeout,
+        s3={"addressing_style": cfg.addressing_style},
+    )
+    return session.client(service, endpoint_url=cfg.endpoint_url, config=config)
+
+
+def error_code(exc: BaseException) -> str:
+    """S3's error code for a ``ClientError``, else the exception's class name: short enough to log."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return type(exc).__name__
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures of the world (connection refused, timeouts, 5xx, throttling) that a retry may cure."""
+    if isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError,
+                        botocore.exceptions.IncompleteReadError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, botocore.exceptions.ClientError):
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return status >= 500 or status == 429 or error_code(exc) in _THROTTLING
+    return False
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning("s3_call_retry", attempt=state.attempt_number, error=error_code(exc) if exc else None,
+                delay=round(state.upcoming_sleep, 2))
+
+
+def _retry_kwargs(attempts: int) -> dict[str, Any]:
+    return {
+        "retry": retry_if_exception(is_transient),
+        "wait": wait_exponential(multiplier=0.5, max=10.0) + wait_random(0, 0.5),
+        "stop": stop_after_attempt(attempts),
+        "before_sleep": _log_retry,
+        "reraise": True,
+    }
+
+
+def call(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, **kwargs: Any) -> T:
+    """One blocking boto3 call, retried with backoff while its failure is transient (for worker threads)."""
+    for attempt in Retrying(**_retry_kwargs(attempts)):
+        with attempt:
+            return fn(**kwargs)
+    raise AssertionError("unreachable: tenacity reraises")
+
+
+async def acall(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, **kwargs: Any) -> T:
+    """``call`` for the event loop: each attempt runs in a worker thread, the backoff sleeps on the loop."""
+    async for attempt in AsyncRetrying(**_retry_kwargs(attempts)):
+        with attempt:
+            return await asyncio.to_thread(fn, **kwargs)
+    raise AssertionError("unreachable: tenacity reraises")
+
+
+def storage_error(exc: BaseException, what: str) -> OcrwatchError:
+    """Map a boto3 failure that survived the retries onto the hierarchy (never carrying credentials)."""
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return StorageUnavailable(f"{what}: no credentials", hint="set access_key_id/secret_access_key in [[s3]] "
+                                  "or provide credentials through the AWS standard chain")
+    if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("AccessDenied", "403", "Forbidden"):
+        return StorageUnavailable(f"{what}: access denied", hint="grant the credentials access to the bucket")
+    return StorageUnavailable(f"{what}: {error_code(exc)}: {exc}")
+
+
+def check(cfg: S3Config) -> list[str]:
+    """Problems with one ``[[s3]]`` table: credentials, queue, listen address and bucket access. Empty when all
+    is well."""
+    problems: list[str] = []
+    try:
+        session = boto3.session.Session(aws_access_key_id=cfg.access_key_id,
+                                        aws_secret_access_key=cfg.secret_access_key, region_name=cfg.region)
+        if session.get_credentials() is None:
+            return ["no credentials: set access_key_id and secret_access_key, or use the AWS standard chain"]
+        s3 = new_client(cfg, "s3", read_timeout=10.0)
+        sqs = new_client(cfg, "sqs", read_timeout=10.0) if cfg.transport == "sqs" else None
+    except botocore.exceptions.BotoCoreError as exc:
+        return [f"cannot make an S3 client: {exc}"]
+    if sqs is not None:
+        try:
+            attributes = sqs.get_queue_attributes(QueueUrl=cfg.queue_url, AttributeNames=["All"])["Attributes"]
+        except Exception as exc:
+            problems.append(f"queue {cfg.queue_url}: {_describe(exc)}")
+        else:
+            if cfg.on_max_receives == "dead_letter" and "RedrivePolicy" not in attributes:
+                problems.append(f"queue {cfg.queue_url} has no RedrivePolicy, but on_max_receives = 'dead_letter': "
+                                "a poison message would be delivered forever")
+    if cfg.transport == "webhook":
+        try:
+            host_port(cfg.listen)
+        except ValueError as exc:
+            problems.append(str(exc))
+    for bucket in dict.fromkeys(b for b in (cfg.bucket, cfg.output_bucket) if b):
+        try:
+            s3.head_bucket(Bucket=bucket)
+        except Exception as exc:
+            problems.append(f"bucket {bucket}: {_describe(exc)}")
+    return problems
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return f"{error_code(exc)} ({exc.response.get('Error', {}).get('Message') or 'no message'})"
+    return f"{type(exc).__name__}: {exc}"

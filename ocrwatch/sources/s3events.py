@@ -1,0 +1,200 @@
+"""What both S3 transports share: parsing object-created events, and fetching the object an event announced.
+
+Key encoding, decided per record by ``eventSource`` (``eventVersion`` cannot tell them apart: AWS itself sends
+2.1, 2.2 and 2.3): ``ceph:s3`` (RGW) sends keys raw, so ``unquote_plus`` would corrupt a ``+``; ``aws:s3`` (AWS,
+moto) and ``minio:s3`` (MinIO) URL-encode keys with ``+`` for a space; anything else is treated like AWS.
+
+Delivery is at least once, and a multipart upload may be announced twice (moto sends ``Put`` and
+``CompleteMultipartUpload``): each job carries the event's ETag, versionId and size, so the daemon's ledger
+(keyed by bucket/key/versionId) and the sink's ``recorded`` (same ETag means done) make a duplicate a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote_plus
+
+import botocore.exceptions
+import structlog
+
+from ocrwatch.config import LimitsConfig, MiB, S3Config
+from ocrwatch.errors import FileTooLarge, OcrwatchError, SourceGone
+from ocrwatch.naming import sidecar_names
+from ocrwatch.s3client import call, error_code, new_client, storage_error
+from ocrwatch.sources.base import Job, S3Object, Submit
+
+log = structlog.get_logger()
+
+_GONE = frozenset({"NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "NotFound"})
+_SIDECAR_TAILS = tuple(sorted({n.removeprefix("x") for n in sidecar_names("x", "{name}").values()}))
+
+
+# --- events: pure functions ---------------------------------------------------------------------------------
+
+
+def event_records(body: Any) -> list[dict[str, Any]]:
+    """The records of an S3 notification body (plain, or inside an SNS envelope); [] for ``s3:TestEvent``."""
+    if isinstance(body, dict) and body.get("Type") == "Notification" and isinstance(body.get("Message"), str):
+        body = json.loads(body["Message"])
+    if isinstance(body, dict) and body.get("Event") == "s3:TestEvent":
+        return []
+    if isinstance(body, dict) and isinstance(body.get("Records"), list):
+        return [record for record in body["Records"] if isinstance(record, dict)]
+    raise ValueError("not an S3 event notification")
+
+
+def created_object(record: dict[str, Any]) -> S3Object | None:
+    """The object an ``ObjectCreated:*`` record announces, its key decoded as its producer encoded it."""
+    if not str(record.get("eventName", "")).removeprefix("s3:").startswith("ObjectCreated:"):
+        return None
+    try:
+        bucket = record["s3"]["bucket"]["name"]
+        obj = record["s3"]["object"]
+        raw_key = obj["key"]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"record without s3.bucket.name or s3.object.key: {exc}") from None
+    if not isinstance(bucket, str) or not isinstance(raw_key, str):
+        raise ValueError("bucket name and key must be strings")
+    key = raw_key if record.get("eventSource") == "ceph:s3" else unquote_plus(raw_key)
+    size = obj.get("size")
+    return S3Object(
+        bucket=bucket,
+        key=key,
+        etag=str(obj.get("eTag") or "").strip('"') or None,
+        version_id=str(obj.get("versionId") or "") or None,
+        size=size if isinstance(size, int) and size >= 0 else None,
+    )
+
+
+def same_version(a: Job, b: Job) -> bool:
+    """Whether two jobs name the same bytes of the same key: equal ETag and versionId."""
+    return (isinstance(a.origin, S3Object) and isinstance(b.origin, S3Object) and a.key == b.key
+            and (a.origin.etag, a.origin.version_id) == (b.origin.etag, b.origin.version_id))
+
+
+def is_sidecar(key: str) -> bool:
+    """ocrwatch's own outputs end like ``sidecar_names`` makes them, whatever the naming template."""
+    return key.endswith(_SIDECAR_TAILS)
+
+
+def refusal(cfg: S3Config, obj: S3Object) -> str | None:
+    """Why ``obj`` is not a document for this source, or None when it is."""
+    if cfg.bucket and obj.bucket != cfg.bucket:
+        return "other_bucket"
+    if not obj.key or obj.key.endswith("/"):
+        return "folder"
+    if is_sidecar(obj.key):
+        return "own_sidecar"
+    if cfg.output_prefix and obj.bucket == (cfg.output_bucket or obj.bucket) and obj.key.startswith(cfg.output_prefix):
+        return "output_prefix"
+    if not obj.key.startswith(cfg.prefix):
+        return "prefix"
+    if cfg.suffixes and not obj.key.lower().endswith(tuple(s.lower() for s in cfg.suffixes)):
+        return "suffix"
+    return None
+
+
+# --- the part of a source both transports share -------------------------------------------------------------
+
+
+class S3EventSource:
+    """The base of the SQS and webhook sources: turns notification bodies into jobs and fetches their objects.
+
+    ``client`` (the S3 client, made here, shared with the daemon's ``S3Sink``) downloads documents;
+    ``limits.max_bytes`` is checked against the event's size before downloading.
+    """
+
+    def __init__(self, cfg: S3Config, *, name: str, limits: LimitsConfig | None) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.max_bytes = (limits or LimitsConfig()).max_bytes
+        self.client = new_client(cfg, "s3")
+        self._submit: Submit | None = None
+
+    def _job(self, obj: S3Object, receipt: str | None = None) -> Job:
+        return Job(origin=obj, source=self.name, priority=self.cfg.priority, prompt=self.cfg.prompt,
+                   max_bytes=self.max_bytes, receipt=receipt)
+
+    def _accepted(self, body: Any) -> list[S3Object]:
+        """The documents a notification body announces; everything else is logged and dropped."""
+        accepted = []
+        for record in event_records(body):
+            try:
+                obj = created_object(record)
+            except ValueError as exc:
+                log.warning("s3_event_ignored", source=self.name, reason="malformed", error=str(exc))
+                continue
+            reason = "not_created" if obj is None else refusal(self.cfg, obj)
+            if reason is None and obj is not None:
+                accepted.append(obj)
+            else:
+                log.debug("s3_event_ignored", source=self.name, reason=reason,
+                          uri=obj.uri if obj else None, s3_event=record.get("eventName"))
+        return accepted
+
+    async def _submit_job(self, job: Job) -> None:
+        assert self._submit is not None
+        try:
+            await self._submit(job)
+        except Exception as exc:
+            log.exception("s3_submit_failed", source=self.name, uri=job.origin.uri, error=error_code(exc))
+            raise
+        log.info("s3_job_submitted", source=self.name, uri=job.origin.uri, key=job.key)
+
+    # -- fetch
+
+    async def fetch(self, job: Job, spool_dir: Path) -> Path:
+        """Stream the object the event announced into a 0600 spool file, refusing oversize before downloading."""
+        obj = job.origin
+        if not isinstance(obj, S3Object):
+            raise TypeError(f"{self.name} cannot fetch {obj!r}")
+        limit = job.max_bytes or self.max_bytes
+        if obj.size is not None and obj.size > limit:
+            raise FileTooLarge(f"{obj.uri} has {obj.size} bytes, more than the limit of {limit}")
+        return await asyncio.to_thread(self._download, obj, spool_dir, limit)
+
+    def _download(self, obj: S3Object, spool_dir: Path, limit: int) -> Path:
+        suffix = PurePosixPath(obj.key).suffix
+        fd, name = tempfile.mkstemp(prefix="s3-", suffix=suffix if re.fullmatch(r"\.\w{1,8}", suffix) else "",
+                                    dir=spool_dir)
+        os.close(fd)
+        path = Path(name)
+        request: dict[str, Any] = {"Bucket": obj.bucket, "Key": obj.key}
+        if obj.etag:
+            request["IfMatch"] = f'"{obj.etag}"'
+        if obj.version_id:
+            request["VersionId"] = obj.version_id
+        try:
+            call(self._download_once, request=request, path=path, limit=limit, uri=obj.uri)
+        except botocore.exceptions.ClientError as exc:
+            path.unlink(missing_ok=True)
+            if error_code(exc) in _GONE:
+                raise SourceGone(f"{obj.uri} no longer exists") from None
+            if error_code(exc) in ("PreconditionFailed", "412"):
+                raise SourceGone(f"{obj.uri} changed since the event (its new version has its own event)") from None
+            raise storage_error(exc, f"downloading {obj.uri}") from None
+        except OcrwatchError:
+            path.unlink(missing_ok=True)
+            raise
+        except Exception as exc:
+            path.unlink(missing_ok=True)
+            raise storage_error(exc, f"downloading {obj.uri}") from None
+        return path
+
+    def _download_once(self, request: dict[str, Any], path: Path, limit: int, uri: str) -> None:
+        response = self.client.get_object(**request)
+        body = response["Body"]
+        with contextlib.closing(body), open(path, "wb") as out:
+            if response.get("ContentLength", 0) > limit:
+                raise FileTooLarge(f"{uri} has {response['ContentLength']} bytes, more than the limit of {limit}")
+            for chunk in body.iter_chunks(MiB):
+                out.write(chunk)
+                if out.tell() > limit:
+                    raise FileTooLarge(f"{uri} has more than the limit of {limit} bytes")

@@ -1,0 +1,156 @@
+"""S3 as a source, webhook transport: Ceph RGW or MinIO POST ``{"Records": [...]}`` to an HTTP endpoint.
+
+The endpoint is guarded by a shared token (``Authorization: Bearer`` or ``?token=``, since RGW's push endpoint
+is a bare URL) and answers 2xx only after every job of the request is in the ledger, so the sender resends what
+a crash lost. With RGW that needs a persistent topic (``persistent=true``): a plain topic makes the upload wait
+for the answer and drops the event when it fails. RGW resends a refused event at once, in a tight loop, so
+refusals are answered after ``reject_delay_seconds``, which also paces token guessers.
+
+HTTP is ``ocrwatch.http`` (aiohttp, with a connection limit and idle timeout); the body is bounded by
+``max_body_bytes`` and must arrive within ``READ_TIMEOUT`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+
+import structlog
+from aiohttp import web
+
+from ocrwatch.config import LimitsConfig, S3Config
+from ocrwatch.http import Listener
+from ocrwatch.sources.base import Job, Outcome, Reject, Submit
+from ocrwatch.sources.s3events import S3EventSource
+
+log = structlog.get_logger()
+
+READ_TIMEOUT = 30.0
+MAX_CONNECTIONS = 64
+
+
+class _Refused(Exception):
+    """An answer other than 200: its status, a reason for the JSON body and the log, and extra headers."""
+
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers or {}
+
+
+class WebhookSource(S3EventSource):
+    """A ``Source`` for one ``[[s3]]`` table with ``transport = "webhook"``.
+
+    ``max_inflight`` and ``name_template`` are accepted like every source's: a webhook holds no messages (the
+    sender keeps what is not answered 2xx), and S3 sidecars are recognised by their endings whatever the
+    template. Nothing is given up here (a refused event is the sender's to resend), so ``reject`` goes unused.
+    """
+
+    reject_delay_seconds = 1.0
+
+    def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None,
+                 name_template: str = "{name}", max_inflight: int = 64) -> None:
+        super().__init__(cfg, name=name, limits=limits)
+        self._listener: Listener | None = None
+
+    async def start(self, submit: Submit, reject: Reject) -> None:
+        self._submit = submit
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self._handle, expect_handler=self._expect)
+        self._listener = Listener(app, self.cfg.listen, name=self.name, max_connections=MAX_CONNECTIONS,
+                                  idle_timeout=READ_TIMEOUT)
+        await self._listener.start()
+        log.info("s3_source_started", source=self.name, transport="webhook", listen=self.address,
+                 path=self.cfg.path)
+
+    async def stop(self) -> None:
+        """Stop listening. A request being submitted still finishes (shielded); its answer may be lost."""
+        if self._listener is not None:
+            await self._listener.stop()
+        log.info("s3_source_stopped", source=self.name)
+
+    async def finish(self, job: Job, outcome: Outcome) -> None:
+        """Nothing to acknowledge: the event was answered once its job was in the ledger."""
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where the webhook listens (the real port when ``listen`` asked for port 0)."""
+        if self._listener is None:
+            raise RuntimeError("the webhook is not listening")
+        return self._listener.address
+
+    # -- HTTP
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: refuse before the body is sent, or invite it."""
+        try:
+            self._check(request)
+        except _Refused as exc:
+            return await self._refuse(request, exc)
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            self._check(request)
+            body = await self._body(request)
+            try:
+                objects = self._accepted(json.loads(body))
+            except ValueError as exc:
+                raise _Refused(400, f"not an S3 event notification: {exc}") from None
+            for obj in objects:
+                try:  # shielded: stopping the listener must not cut a submit halfway
+                    await asyncio.shield(self._submit_job(self._job(obj)))
+                except Exception:
+                    raise _Refused(503, "not recorded, send again", {"Retry-After": "5"}) from None
+        except _Refused as exc:
+            return await self._refuse(request, exc)
+        return web.json_response({"accepted": len(objects)})
+
+    def _check(self, request: web.Request) -> None:
+        """Path, token, method and declared length, in that order: what can be refused before the body."""
+        if request.rel_url.raw_path != self.cfg.path:  # as sent: no percent-decoding games
+            raise _Refused(404, "not found")
+        self._authorize(request.headers.get("Authorization"), request.query.getall("token", None))
+        if request.method != "POST":
+            raise _Refused(405, "method not allowed", {"Allow": "POST"})
+        if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
+            raise _Refused(413, f"body larger than max_body_bytes = {self.cfg.max_body_bytes}")
+
+    def _authorize(self, authorization: str | None, query_tokens: list[str] | None) -> None:
+        """The shared token, as ``Authorization: Bearer`` or ``?token=`` (RGW's push endpoint is a bare URL)."""
+        presented: str | None = None
+        if authorization is not None:
+            scheme, _, credentials = authorization.partition(" ")
+            if scheme.lower() == "bearer":
+                presented = credentials.strip()
+        elif query_tokens is not None:
+            if len(query_tokens) != 1:
+                raise _Refused(400, "more than one token")
+            presented = query_tokens[0]
+        if not presented:
+            raise _Refused(401, "token required", {"WWW-Authenticate": 'Bearer realm="ocrwatch"'})
+        assert self.cfg.token is not None
+        if not hmac.compare_digest(presented.encode(), self.cfg.token.encode()):
+            raise _Refused(403, "wrong token")
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, at most ``max_body_bytes`` (a chunked body is cut off there too), within ``READ_TIMEOUT``."""
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _Refused(413, f"body larger than max_body_bytes = {self.cfg.max_body_bytes}") from None
+        except TimeoutError:
+            raise _Refused(408, "request body too slow") from None
+
+    async def _refuse(self, request: web.Request, refused: _Refused) -> web.StreamResponse:
+        log.warning("s3_webhook_rejected", source=self.name, status=refused.status, reason=refused.reason,
+                    peer=request.remote)
+        # RGW resends a refused event at once, in a tight loop: answering slowly paces it (and guessers)
+        await asyncio.sleep(self.reject_delay_seconds)
+        response: web.StreamResponse = web.json_response({"error": refused.reason}, status=refused.status,
+                                                         headers=refused.headers)
+        response.force_close()
+        return response

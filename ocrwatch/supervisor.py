@@ -1,0 +1,92 @@
+"""The engine's supervision: which engine runs, and a new one built (with backoff) when it dies.
+
+The scheduler reports a death through ``dead()``; the supervisor pauses dispatch, requeues the pages that were
+in flight and rebuilds the engine in the background, so no page is lost and documents simply wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from tenacity import AsyncRetrying, wait_exponential_jitter
+
+from ocrwatch import ladder
+from ocrwatch.config import Config
+from ocrwatch.engines import registry
+from ocrwatch.engines.base import Engine, PageRequest
+from ocrwatch.errors import EngineDead
+from ocrwatch.metrics import Metrics
+from ocrwatch.scheduler import PageScheduler
+
+log = structlog.get_logger()
+
+CLOSE_TIMEOUT_SECONDS = 60.0
+
+
+class EngineSupervisor:
+    """Owns the current engine; rebuilds it with backoff after a death and requeues the pages in flight."""
+
+    def __init__(self, cfg: Config, metrics: Metrics) -> None:
+        self._cfg = cfg
+        self._metrics = metrics
+        self.engine: Engine | None = None
+        self.kind = cfg.engine.kind
+        self.scheduler: PageScheduler | None = None
+        self._rebuild: asyncio.Task[None] | None = None
+
+    async def start(self) -> Engine:
+        """Choose, build and start the engine; ``auto`` falling back to Tesseract is said loudly."""
+        kind, reason = registry.choose(self._cfg.engine)
+        self.kind = kind
+        loud = kind == "tesseract" and self._cfg.engine.kind == "auto"
+        (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
+        engine = registry.build(self._cfg.engine, self._cfg.output.images, kind=kind, log=self._cfg.log)
+        await engine.start()
+        self.engine = engine
+        return engine
+
+    def dead(self) -> None:
+        """The scheduler's ``on_engine_dead``: start one rebuild, however many pages report the death."""
+        if self._rebuild is None or self._rebuild.done():
+            # Pause now, not when the rebuild task first runs: the page that reported the death is requeued
+            # right after this returns, and a page dispatched in between would be cancelled before its task
+            # ever ran, which loses the page and its in-flight slot.
+            if self.scheduler is not None:
+                self.scheduler.pause_engine()
+            self._rebuild = asyncio.create_task(self._rebuild_engine())
+
+    async def _rebuild_engine(self) -> None:
+        assert self.scheduler is not None
+        self.scheduler.pause_engine()
+        requeued = self.scheduler.requeue_inflight()
+        self._metrics.engine_restarts.inc()
+        self._metrics.retries.labels(stage="engine").inc(requeued)
+        log.error("engine_dead", requeued_pages=requeued)
+        old, self.engine = self.engine, None
+        if old is not None:
+            try:
+                await asyncio.wait_for(old.close(), CLOSE_TIMEOUT_SECONDS)
+            except Exception as exc:
+                log.warning("engine_close_failed", error=str(exc))
+        async for attempt in AsyncRetrying(wait=wait_exponential_jitter(initial=1, max=60), reraise=True):
+            with attempt:
+                self.engine = await self.start()
+        log.info("engine_rebuilt")
+        self.scheduler.resume_engine()
+
+    async def recognize(self, request: PageRequest) -> ladder.PageResult:
+        """One page through the retry ladder of the engine now running."""
+        engine = self.engine
+        if engine is None:
+            raise EngineDead("engine is being rebuilt")
+        return await ladder.recognize_page(
+            engine, request, ladder.rungs(self._cfg.engine, self.kind), self._cfg.engine.page_timeout_seconds,
+            judge=ladder.judge_for(self.kind, self._cfg.engine),
+        )
+
+    async def close(self) -> None:
+        if self._rebuild is not None:
+            self._rebuild.cancel()
+        if self.engine is not None:
+            await self.engine.close()

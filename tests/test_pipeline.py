@@ -1,0 +1,110 @@
+"""``Pipeline.reject``, the one error-sidecar writer, as a source sees it: a job given up without being run is
+logged, recorded in the ledger, reported beside its source and acknowledged; a duplicate of a job already done
+is acknowledged as done instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from ocrwatch.config import Config
+from ocrwatch.errors import PermanentError, SourceGone
+from ocrwatch.ledger import Ledger
+from ocrwatch.metrics import Metrics
+from ocrwatch.pipeline import Pipeline
+from ocrwatch.sources.base import Job, Outcome, S3Object
+
+
+class Poison(PermanentError):
+    kind = "too_many_deliveries"
+
+
+class RecordingSource:
+    name = "s3:0"
+
+    def __init__(self) -> None:
+        self.finished: list[tuple[str, Outcome]] = []
+
+    async def start(self, submit: Any, reject: Any) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def fetch(self, job: Job, spool_dir: Path) -> Path:
+        raise AssertionError("a rejected job is never fetched")
+
+    async def finish(self, job: Job, outcome: Outcome) -> None:
+        self.finished.append((job.key, outcome))
+
+
+class MemorySink:
+    def __init__(self, recorded: dict[str, Any] | None = None) -> None:
+        self.errors: list[dict[str, Any]] = []
+        self._recorded = recorded
+
+    def recorded(self, job: Job) -> dict[str, Any] | None:
+        return self._recorded
+
+    def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
+        raise AssertionError("a rejected job has no result")
+
+    def write_error(self, job: Job, error: dict[str, Any]) -> None:
+        self.errors.append(error)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Any:
+    with Ledger(tmp_path / "state" / "ledger.sqlite3") as ledger:
+        yield ledger
+
+
+def pipeline(tmp_path: Path, ledger: Ledger, sink: MemorySink) -> tuple[Pipeline, RecordingSource]:
+    source = RecordingSource()
+    made = Pipeline(Config(state_dir=tmp_path / "state"), ledger, Metrics())
+    made.add_source(source, sink)
+    return made, source
+
+
+def job(etag: str = '"e1"') -> Job:
+    return Job(origin=S3Object(bucket="docs", key="in/poison.pdf", etag=etag, size=12), source="s3:0")
+
+
+async def test_a_source_rejection_is_logged_recorded_reported_and_acknowledged(tmp_path: Path, ledger: Ledger) -> None:
+    sink = MemorySink()
+    made, source = pipeline(tmp_path, ledger, sink)
+    with capture_logs() as logs:
+        await made.reject(job(), Poison("delivered 4 times"), 4)
+    assert [e["event"] for e in logs] == ["job_failed"] and logs[0]["kind"] == "too_many_deliveries"
+    row = ledger.known(job().key)
+    assert row is not None and row.state == "failed" and row.last_error is not None
+    assert row.last_error["kind"] == "too_many_deliveries"
+    [error] = sink.errors
+    assert (error["status"], error["attempts"], error["error"]["kind"]) == ("failed", 4, "too_many_deliveries")
+    assert error["source"] | {"uri": "s3://docs/in/poison.pdf", "etag": '"e1"', "bytes": 12} == error["source"]
+    assert source.finished == [(job().key, "failed")]
+    assert made.metrics.documents.labels(status="failed")._value.get() == 1
+
+
+async def test_a_rejected_duplicate_of_a_done_job_is_acknowledged_as_done(tmp_path: Path, ledger: Ledger) -> None:
+    sink = MemorySink(recorded={"uri": "s3://docs/in/poison.pdf", "bytes": 12, "etag": '"e1"'})
+    made, source = pipeline(tmp_path, ledger, sink)
+    await made.reject(job(), Poison("delivered 4 times"), 4)
+    assert sink.errors == [] and source.finished == [(job().key, "done")]
+    row = ledger.known(job().key)
+    assert row is not None and row.state == "done"
+
+    await made.reject(job(etag='"e2"'), Poison("delivered 4 times"), 4)  # another version: not done
+    assert len(sink.errors) == 1 and source.finished[-1] == (job().key, "failed")
+
+
+async def test_a_vanished_source_gets_no_error_sidecar(tmp_path: Path, ledger: Ledger) -> None:
+    sink = MemorySink()
+    made, source = pipeline(tmp_path, ledger, sink)
+    await made.reject(job(), SourceGone("s3://docs/in/poison.pdf is gone"), 1)
+    assert sink.errors == [] and source.finished == [(job().key, "failed")]
+    row = ledger.known(job().key)
+    assert row is not None and row.state == "failed"

@@ -1,0 +1,160 @@
+"""Engine selection (``auto`` and its reason), the ``ocrwatch.engines`` entry points, building each kind,
+plugins, and the fault engines' contract."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from ocrwatch.config import EngineConfig
+from ocrwatch.engines import registry
+from ocrwatch.engines.base import Engine, EngineSpec
+from ocrwatch.errors import ConfigError
+from tests import fault_engines
+
+
+def fake_module(name: str, **attributes: object) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attributes)
+    return module
+
+
+def fake_torch(devices: int) -> types.ModuleType:
+    cuda = types.SimpleNamespace(is_available=lambda: devices > 0, device_count=lambda: devices)
+    return fake_module("torch", cuda=cuda)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_auto_without_vllm_is_tesseract_and_says_why() -> None:
+    kind, reason = registry.choose(EngineConfig())
+    assert kind == "tesseract"
+    assert "vllm is not installed" in reason and "Tesseract" in reason
+
+
+def test_auto_with_vllm_and_a_cuda_device_is_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", fake_module("vllm", __version__="0.26.0"))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(2))
+    kind, reason = registry.choose(EngineConfig())
+    assert kind == "vllm"
+    assert "vllm 0.26.0" in reason and "2 CUDA device(s)" in reason
+
+
+def test_auto_with_vllm_but_no_cuda_device_is_tesseract(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", fake_module("vllm", __version__="0.33.0"))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(0))
+    kind, reason = registry.choose(EngineConfig())
+    assert kind == "tesseract"
+    assert "no CUDA device is visible" in reason
+
+
+def test_auto_with_a_broken_vllm_is_tesseract(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('driver too old')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    kind, reason = registry.choose(EngineConfig())
+    assert kind == "tesseract"
+    assert "vllm does not import: RuntimeError: driver too old" in reason
+
+
+def test_an_explicit_kind_is_taken_as_configured() -> None:
+    assert registry.choose(EngineConfig(kind="vllm")) == ("vllm", "[engine] kind = 'vllm' in the configuration")
+    assert registry.choose(EngineConfig(kind="tesseract"))[0] == "tesseract"
+
+
+def test_build_vllm_needs_no_vllm_until_started() -> None:
+    engine = registry.build(EngineConfig(), "drop", kind="vllm")
+    from ocrwatch.engines.deepseek.engine import VllmEngine
+
+    assert isinstance(engine, VllmEngine) and isinstance(engine, Engine)
+    assert engine.images == "drop"
+    assert engine.max_concurrency == 128
+
+
+def test_build_tesseract() -> None:
+    engine = registry.build(EngineConfig(kind="tesseract"))
+    assert engine.name == "tesseract" and isinstance(engine, Engine)
+
+
+def test_build_refuses_an_unknown_kind() -> None:
+    with pytest.raises(ConfigError, match="unknown engine"):
+        registry.build(EngineConfig(), kind="quantum")
+
+
+def test_load_plugin_builds_a_fault_engine_from_keyword_arguments() -> None:
+    engine = registry.load_plugin("tests.fault_engines:CrashingEngine", {"every": 5, "delay": 0.1})
+    assert isinstance(engine, fault_engines.CrashingEngine)
+    assert (engine.every, engine.delay) == (5, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("spec", "args", "message"),
+    [
+        ("tests.fault_engines", {}, "module:attribute"),
+        ("tests.no_such_module:Engine", {}, "cannot load"),
+        ("tests.fault_engines:NoSuchEngine", {}, "cannot load"),
+        ("tests.fault_engines:EchoEngine", {"colour": "blue"}, "rejects"),
+        ("tests.fault_engines:reset_crash_count", {}, "did not build an engine"),
+    ],
+)
+def test_load_plugin_explains_what_is_wrong(spec: str, args: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        registry.load_plugin(spec, args)
+
+
+@pytest.mark.skipif("plugin" not in EngineConfig.model_fields, reason="EngineConfig has no plugin fields yet")
+def test_build_plugin_from_the_config() -> None:
+    cfg = EngineConfig.model_validate(
+        {"kind": "plugin", "plugin": "tests.fault_engines:LoopingEngine", "plugin_args": {"mode": "always"}}
+    )
+    assert registry.choose(cfg)[0] == "plugin"
+    engine = registry.build(cfg)
+    assert isinstance(engine, fault_engines.LoopingEngine) and engine.mode == "always"
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        fault_engines.EchoEngine(),
+        fault_engines.CrashingEngine(),
+        fault_engines.HangingEngine(),
+        fault_engines.LoopingEngine(),
+    ],
+    ids=lambda engine: engine.name,
+)
+def test_fault_engines_honour_the_engine_protocol(engine: Engine) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.max_concurrency >= 1 and engine.geometry.dpi > 0
+    assert engine.describe()["name"] == engine.name
+
+
+def test_gpu_count_reads_the_driver_folder_or_the_device_nodes(tmp_path: Path) -> None:
+    proc, dev = tmp_path / "gpus", tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
+        (dev / name).touch()
+    assert registry.gpu_count(str(proc), str(dev)) == 2  # a container: nodes, no /proc/driver/nvidia
+    proc.mkdir()
+    for bus in ("0000:17:00.0", "0000:3d:00.0", "0000:63:00.0"):
+        (proc / bus).mkdir()
+    assert registry.gpu_count(str(proc), str(dev)) == 3
+    assert registry.gpu_count(str(tmp_path / "none"), str(tmp_path / "none")) == 0
+
+
+def test_the_built_in_engines_are_entry_points_like_any_other() -> None:
+    for kind in ("tesseract", "vllm", "plugin"):
+        spec = registry.find(kind)
+        assert isinstance(spec, EngineSpec) and spec.name == kind
+
+
+def test_an_entry_point_that_names_no_engine_spec_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    bogus = EntryPoint(name="bogus", value="tests.fault_engines:EchoEngine", group="ocrwatch.engines")
+    monkeypatch.setattr(registry, "entry_points", lambda **select: [bogus] if select.get("name") == "bogus" else [])
+    with pytest.raises(ConfigError, match="does not name an EngineSpec"):
+        registry.build(EngineConfig(), kind="bogus")

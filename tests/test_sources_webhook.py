@@ -1,0 +1,187 @@
+"""WebhookSource on 127.0.0.1: its HTTP answers, and Ceph RGW pushing real events to it."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from ocrwatch.config import S3Config
+from ocrwatch.sources.base import S3Object
+from ocrwatch.sources.webhook import WebhookSource
+from tests.s3servers import RgwServer
+from tests.test_sources_s3 import ODD_KEYS, Submitted, record, run, until
+
+pytestmark = pytest.mark.s3
+
+TOKEN = "s3cret-token"
+
+
+def webhook_config(**keys: Any) -> S3Config:
+    return S3Config(transport="webhook", listen="127.0.0.1:0", token=TOKEN, region="default",
+                    access_key_id="testing", secret_access_key="testing", **keys)
+
+
+def post(address: tuple[str, int], target: str, body: bytes, headers: dict[str, str] | None = None,
+         method: str = "POST") -> tuple[int, dict[str, Any], float]:
+    connection = http.client.HTTPConnection(*address, timeout=10)
+    try:
+        connection.request(method, target, body=body, headers=headers or {})
+        response = connection.getresponse()
+        payload = json.loads(response.read() or b"{}")
+        return response.status, payload, time.monotonic()
+    finally:
+        connection.close()
+
+
+def test_webhook_authentication_and_limits() -> None:
+    cfg = webhook_config(max_body_bytes=2048)
+    event = json.dumps({"Records": [record("in/x+y.pdf", "ceph:s3", size=5)]}).encode()
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def scenario() -> None:
+        submitted = Submitted()
+        source = WebhookSource(cfg)
+        source.reject_delay_seconds = 0.05
+        await source.start(submitted, submitted.reject)
+        address = source.address
+
+        async def status(target: str, body: bytes = event, headers: dict[str, str] | None = None,
+                         method: str = "POST") -> int:
+            return (await asyncio.to_thread(post, address, target, body, headers, method))[0]
+
+        assert await status("/s3/events") == 401
+        assert await status("/s3/events?token=wrong") == 403
+        assert await status("/s3/events", headers={"Authorization": "Bearer wrong"}) == 403
+        assert await status("/s3/events", headers={"Authorization": f"Basic {TOKEN}"}) == 401
+        assert await status("/elsewhere?token=" + TOKEN) == 404
+        assert await status("/s3/events", b"", bearer, method="GET") == 405
+        assert await status("/s3/events", b"x" * 4096, bearer) == 413
+        assert await status("/s3/events", b"not json", bearer) == 400
+        assert submitted.jobs == []
+        assert await status("/s3/events", headers=bearer) == 200
+        assert await status(f"/s3/events?token={TOKEN}") == 200
+        assert [job.origin.key for job in submitted.jobs] == ["in/x+y.pdf", "in/x+y.pdf"]
+        await source.stop()
+
+    run(scenario)
+
+
+def test_webhook_answers_only_after_submit_returned() -> None:
+    cfg = webhook_config()
+    event = json.dumps({"Records": [record("slow.pdf", "ceph:s3")]}).encode()
+
+    async def scenario() -> None:
+        slow = Submitted(delay=0.5)
+        source = WebhookSource(cfg)
+        await source.start(slow, slow.reject)
+        status, payload, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
+        assert (status, payload) == (200, {"accepted": 1}) and answered > slow.returned_at[0]
+        await source.stop()
+
+        failing = Submitted(fail=True)
+        source = WebhookSource(cfg)
+        await source.start(failing, failing.reject)
+        started = time.monotonic()
+        status, _, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
+        assert status == 503  # not in the ledger: the sender must try again, but not at once
+        assert answered - started >= source.reject_delay_seconds
+        await source.stop()
+
+    run(scenario)
+
+
+def test_webhook_answers_expect_100_continue_before_the_body() -> None:
+    """A sender that waits for ``100 Continue`` learns of a refusal (too large) without sending the body."""
+    cfg = webhook_config(max_body_bytes=2048)
+    event = json.dumps({"Records": [record("in/expect.pdf", "ceph:s3")]}).encode()
+
+    def exchange(address: tuple[str, int], length: int, body: bytes) -> tuple[bytes, bytes]:
+        with socket.create_connection(address, timeout=10) as sock:
+            sock.sendall(f"POST /s3/events?token={TOKEN} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n"
+                         "Expect: 100-continue\r\nConnection: close\r\n\r\n".encode())
+            first = sock.recv(65536)
+            if not first.startswith(b"HTTP/1.1 100"):
+                return first, b""
+            sock.sendall(body)
+            rest = b""
+            while chunk := sock.recv(65536):
+                rest += chunk
+            return first, rest
+
+    async def scenario() -> None:
+        submitted = Submitted()
+        source = WebhookSource(cfg)
+        source.reject_delay_seconds = 0.05
+        await source.start(submitted, submitted.reject)
+        refused, _ = await asyncio.to_thread(exchange, source.address, 4096, b"")
+        assert refused.startswith(b"HTTP/1.1 413")
+        invited, answer = await asyncio.to_thread(exchange, source.address, len(event), event)
+        assert invited.startswith(b"HTTP/1.1 100") and answer.startswith(b"HTTP/1.1 200")
+        assert [job.origin.key for job in submitted.jobs] == ["in/expect.pdf"]
+        await source.stop()
+
+    run(scenario)
+
+
+def test_rgw_pushes_raw_keys_to_the_webhook(rgw: RgwServer, tmp_path: Path) -> None:
+    cfg = S3Config(transport="webhook", listen="127.0.0.1:0", token=TOKEN, **rgw.s3_config())
+    s3 = rgw.client("s3")
+
+    async def scenario() -> None:
+        submitted = Submitted()
+        source = WebhookSource(cfg)
+        await source.start(submitted, submitted.reject)
+        host, port = source.address
+        await asyncio.to_thread(rgw.bucket_with_webhook, "webhook-docs",
+                                f"http://{host}:{port}{cfg.path}?token={TOKEN}")
+        for key in ODD_KEYS:
+            await asyncio.to_thread(s3.put_object, Bucket="webhook-docs", Key=key, Body=key.encode())
+        await asyncio.to_thread(s3.put_object, Bucket="webhook-docs", Key="inbox/a.pdf.json", Body=b"{}")
+        key = "inbox/multi part+.pdf"
+        upload = s3.create_multipart_upload(Bucket="webhook-docs", Key=key)["UploadId"]
+        parts = [{"PartNumber": n, "ETag": s3.upload_part(Bucket="webhook-docs", Key=key, UploadId=upload,
+                                                           PartNumber=n, Body=body)["ETag"]}
+                 for n, body in ((1, b"a" * 5 * 1024 * 1024), (2, b"b" * 10))]
+        await asyncio.to_thread(s3.complete_multipart_upload, Bucket="webhook-docs", Key=key, UploadId=upload,
+                                MultipartUpload={"Parts": parts})
+        jobs = await submitted.wait(len(ODD_KEYS) + 1)
+        await asyncio.sleep(0.5)
+        assert [job.origin.key for job in submitted.jobs] == [*ODD_KEYS, key]  # one event per multipart upload
+        for job in jobs:
+            head = s3.head_object(Bucket="webhook-docs", Key=job.origin.key)
+            assert job.origin == S3Object("webhook-docs", job.origin.key, etag=head["ETag"].strip('"'),
+                                          size=head["ContentLength"])
+        path = await source.fetch(jobs[1], tmp_path)
+        assert path.read_bytes() == ODD_KEYS[1].encode()
+        await source.stop()
+
+    run(scenario)
+
+
+def test_rgw_persistent_topic_resends_what_the_webhook_refused(rgw: RgwServer) -> None:
+    cfg = S3Config(transport="webhook", listen="127.0.0.1:0", token=TOKEN, **rgw.s3_config())
+
+    async def scenario() -> None:
+        submitted = Submitted(fail=True)
+        source = WebhookSource(cfg)
+        with capture_logs() as logs:
+            await source.start(submitted, submitted.reject)
+            host, port = source.address
+            await asyncio.to_thread(rgw.bucket_with_webhook, "persistent-docs",
+                                    f"http://{host}:{port}{cfg.path}?token={TOKEN}", persistent=True)
+            await asyncio.to_thread(rgw.client("s3").put_object, Bucket="persistent-docs", Key="again.pdf", Body=b"x")
+            await until(lambda: sum(e["event"] == "s3_webhook_rejected" for e in logs) >= 2, 40, "two refusals")
+            submitted.fail = False
+            [job] = await submitted.wait(1, timeout=40)
+        assert job.origin.key == "again.pdf"
+        await source.stop()
+
+    run(scenario)
