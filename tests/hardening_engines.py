@@ -23,7 +23,7 @@ from tests.engines_base import StubEngine
 
 
 def job_id_of(path: Path) -> str:
-    """The daemon's job id for a local file (``daemon.job_id``): the prefix of every request id of its pages."""
+    """The daemon's job id for a local file (``pipeline.job_id``): the prefix of every request id of its pages."""
     return hashlib.sha1(path.resolve().as_uri().encode()).hexdigest()[:12]
 
 

@@ -30,6 +30,7 @@ RANKS: dict[str, int] = {
     "s3client": 0,
     "engines.deepseek.options": 0,
     "engines.tesseract_options": 0,
+    "engines.sampling": 0,
     "sources": 1,
     "ledger": 2,
     "render": 3,

@@ -623,7 +623,7 @@ def test_s3_errors_and_slowness_are_retried_not_failed() -> None:
     the retries is ``storage_unavailable`` (transient: the document is retried, never failed for it).
     The source's outage handling end to end is ``tests/test_sources_s3.py::test_polling_survives_an_outage...``."""
     botocore = pytest.importorskip("botocore.exceptions")
-    from ocrwatch.sources import s3
+    from ocrwatch import s3client as s3
 
     def client_error(status: int, code: str) -> Exception:
         return botocore.ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
