@@ -14,6 +14,9 @@ from ocrwatch.scheduler import PageOutcome
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 
 SCHEMA_ID = "ocrwatch/1"
+"""Always the JSON sidecar's first member: sinks tell their own files from a user's by it."""
+PAGE_MARK = "<!-- page "
+"""Opens every page of the Markdown sidecar, so the file always begins with it: sinks tell their own by it."""
 
 _BLOCK = {
     "type": "object",
@@ -141,7 +144,7 @@ def markdown(pages: Sequence[PageOutcome]) -> str:
     parts = []
     for outcome in pages:
         body = page_markdown(outcome) if outcome.result.status == "ok" else "<!-- page failed -->"
-        parts.append(f"<!-- page {outcome.index + 1} -->\n\n{body}\n")
+        parts.append(f"{PAGE_MARK}{outcome.index + 1} -->\n\n{body}\n")
     return "\n".join(parts)
 
 

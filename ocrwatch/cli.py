@@ -1,13 +1,19 @@
-"""Command line: ``run``, ``ocr``, ``status``, ``retry``, ``check``. Exit codes: 0 ok, 1 a document failed, 2 usage."""
+"""Command line: ``run``, ``ocr``, ``status``, ``retry``, ``check``.
+
+Exit codes: 0 ok; 1 a document failed, or a fault that may pass (the ledger stayed locked); 2 what the user
+must fix first: the configuration, or a state_dir or ledger that cannot be used. Each error is one line.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -18,6 +24,9 @@ from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job
+
+if TYPE_CHECKING:
+    from ocrwatch.ledger import Ledger
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -66,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     command = {"run": _run, "ocr": _ocr, "status": _status, "retry": _retry, "check": _check}[args.command]
     try:
         return command(cfg, args)
-    except ConfigError as exc:
-        print(f"ocrwatch: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
+    except OcrwatchError as exc:
+        print(f"ocrwatch: {exc.message} (hint: {exc.hint})", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 
@@ -143,14 +152,28 @@ def _progress(total: int) -> object | None:
     return tqdm(total=total, unit="doc", file=sys.stderr)
 
 
-def _status(cfg: Config, args: argparse.Namespace) -> int:
+def _existing_ledger(cfg: Config) -> Ledger | None:
+    """The ledger; None (and said so) where no daemon has run with this state_dir: nothing is created here."""
     from ocrwatch.ledger import Ledger
 
     path = cfg.state_dir / "ledger.sqlite3"
-    if not path.exists():
+    try:
+        os.stat(path)
+    except FileNotFoundError:
         print(f"no ledger at {path}: the daemon has not run with this state_dir")
+        return None
+    except OSError as exc:
+        raise ConfigError(
+            f"state_dir: {path} cannot be read: {exc.strerror}",
+            hint=f"run as the user ocrwatch runs as, or make {cfg.state_dir} readable",
+        ) from None
+    return Ledger(path)
+
+
+def _status(cfg: Config, args: argparse.Namespace) -> int:
+    ledger = _existing_ledger(cfg)
+    if ledger is None:
         return EXIT_OK
-    ledger = Ledger(path)
     try:
         summary = ledger.summary()
     finally:
@@ -169,9 +192,9 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _retry(cfg: Config, args: argparse.Namespace) -> int:
-    from ocrwatch.ledger import Ledger
-
-    ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
+    ledger = _existing_ledger(cfg)
+    if ledger is None:
+        return EXIT_OK
     try:
         selectors = [str(Path(p).absolute()) if Path(p).exists() else p for p in args.paths] or None
         count = ledger.retry(selectors)

@@ -43,6 +43,7 @@ class RenderConfig(_Model):
     min_dpi: Annotated[int, Field(ge=10, le=600)] = 20
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
     renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
+    decode_budget_mb: Annotated[int, Field(ge=64, le=1_048_576)] = 1024
 
 
 class LimitsConfig(_Model):

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -24,7 +25,7 @@ import structlog
 from ocrwatch import config as config_module
 from ocrwatch.config import Config
 from ocrwatch.errors import ConfigError, OcrwatchError
-from ocrwatch.ledger import Ledger
+from ocrwatch.ledger import Ledger, StateUnusable
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics
 from ocrwatch.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
@@ -34,6 +35,9 @@ from ocrwatch.systemd import sd_notify, watchdog_interval
 log = structlog.get_logger()
 
 FORCED_EXIT_CODE = 130  # as a shell reports a process ended by SIGINT
+# What the user must fix before a start can succeed (a broken ledger, a read-only state_dir, a second daemon):
+# the unit's RestartPreventExitStatus names it, so systemd does not restart into the same error.
+USAGE_EXIT_CODE = 2
 
 
 class Daemon:
@@ -56,8 +60,14 @@ class Daemon:
         self._background: list[asyncio.Task[None]] = []
 
     async def serve(self) -> int:
+        """Run until stopped; 0 after a clean stop, 2 when start-up found something only the user can fix and 1
+        for a start-up fault that a later start may not meet again, each said in one log line."""
         try:
-            await self.startup()
+            try:
+                await self.startup()
+            except OcrwatchError as exc:
+                log.error("startup_failed", kind=exc.kind, error=exc.message, hint=exc.hint)
+                return USAGE_EXIT_CODE if isinstance(exc, ConfigError) else 1
             await self.main_loop()
         finally:
             await self.shutdown()
@@ -70,9 +80,7 @@ class Daemon:
         self._install_signals()
         self._spawn(self._exit_when_forced(), "forced-exit")
         self._spawn(self.lag_probe.run(), "loop-lag-probe")
-        cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lock_state_dir()
-        _reset_private_dir(cfg.state_dir / "tmp")  # what sessions killed with the last process left behind
+        self._prepare_state_dir()
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
         if cfg.metrics.enabled:
             self.health = HealthServer(self.metrics, cfg.metrics.listen, lambda: self._ready, self._update_gauges)
@@ -113,6 +121,23 @@ class Daemon:
             )
             pipeline.add_source(source, S3Sink(s3cfg, source.client, template))
 
+    def _prepare_state_dir(self) -> None:
+        """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the start with its
+        name rather than failing every document later."""
+        state = self.cfg.state_dir
+        try:
+            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._lock_state_dir()
+            _reset_private_dir(state / "tmp")  # what sessions killed with the last process left behind
+            for folder in (state, state / "tmp"):
+                tempfile.TemporaryFile(dir=folder).close()
+        except OSError as exc:
+            raise StateUnusable(
+                f"state_dir: {exc.filename or state} cannot be written: {exc.strerror or exc}",
+                hint=f"make {state} writable by the user ocrwatch runs as (on a writable filesystem), "
+                "or point state_dir at another folder",
+            ) from None
+
     def _lock_state_dir(self) -> None:
         """One daemon per state directory: a second would process every document twice. Released by the kernel
         whenever this process ends, ``kill -9`` included."""
@@ -122,7 +147,7 @@ class Daemon:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise ConfigError(
+            raise StateUnusable(
                 f"state_dir: {self.cfg.state_dir} is in use by another running ocrwatch",
                 hint="stop the other daemon, or give this one its own state_dir",
             ) from None

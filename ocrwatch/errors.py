@@ -1,5 +1,8 @@
 """The error hierarchy: every failure is either transient (retry later) or permanent (write an error sidecar).
 
+A ``PlaceFault`` is the transient kind that is not the document's doing (a full disk, a folder that cannot be
+written): it is waited out however long it lasts and never becomes a failure of the document.
+
 Each class carries a stable ``kind`` used in logs, the ledger and sidecars, and a ``hint`` that tells the
 user what to do about it. ``classify`` is the one place that maps an arbitrary exception onto this hierarchy.
 """
@@ -7,6 +10,7 @@ user what to do about it. ``classify`` is the one place that maps an arbitrary e
 from __future__ import annotations
 
 import errno
+import sqlite3
 
 
 class OcrwatchError(Exception):
@@ -98,17 +102,16 @@ class NotARegularFile(PermanentError):
     hint = "only regular files inside the inbox are processed (no FIFOs, devices or escaping symlinks)"
 
 
-class OutputNotWritable(PermanentError):
-    kind = "output_not_writable"
-    hint = (
-        "ocrwatch cannot write sidecars beside the source; make the folder writable or set [output] dir, "
-        "then `ocrwatch retry`"
-    )
-
-
 class NameTooLong(PermanentError):
     kind = "name_too_long"
-    hint = "a sidecar's name would exceed the filesystem's limit (255 bytes); give the file a shorter name"
+    hint = "a sidecar's name would exceed the folder's file-name limit (255 bytes on most filesystems); give the file a shorter name"
+
+
+class OutputConflict(PermanentError):
+    """Something ocrwatch did not write holds a sidecar's name: only the user can say what becomes of it."""
+
+    kind = "output_conflict"
+    hint = "a file or folder that ocrwatch did not write holds a sidecar's name; move it away, then `ocrwatch retry`"
 
 
 class PageFailed(PermanentError):
@@ -161,9 +164,24 @@ class SourceChanged(TransientError):
     hint = "the file changed while it was processed; it is processed again"
 
 
-class DiskFull(TransientError):
+class PlaceFault(TransientError):
+    """The place is at fault, not the document (a full disk, a folder that cannot be written): retried for as
+    long as it lasts, without using up the document's attempts."""
+
+    kind = "place_fault"
+
+
+class DiskFull(PlaceFault):
     kind = "disk_full"
-    hint = "no space left for sidecars or temporary files; free space, ocrwatch retries"
+    hint = "no space left for sidecars or temporary files; free space, ocrwatch retries until it can write"
+
+
+class OutputNotWritable(PlaceFault):
+    kind = "output_not_writable"
+    hint = (
+        "ocrwatch cannot write there (sidecars beside the source, or state_dir/tmp); make the folder writable "
+        "or set [output] dir; ocrwatch retries until it can write"
+    )
 
 
 class StorageUnavailable(TransientError):
@@ -177,6 +195,12 @@ def classify(exc: BaseException) -> OcrwatchError:
         return exc
     if isinstance(exc, FileNotFoundError):
         return SourceGone(str(exc))
+    if isinstance(exc, sqlite3.Error):  # the ledger's folder full or read-only is the place's fault too
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL:
+            return DiskFull(f"the ledger cannot grow: {exc}")
+        if code == sqlite3.SQLITE_READONLY:
+            return OutputNotWritable(f"the ledger cannot be written: {exc}", hint="make state_dir writable")
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return DiskFull(str(exc))

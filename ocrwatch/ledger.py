@@ -11,6 +11,7 @@ for up to ``lock_budget`` seconds, then raises ``TransientError``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 import tenacity
 
-from ocrwatch.errors import OcrwatchError, TransientError
+from ocrwatch.errors import ConfigError, DiskFull, OcrwatchError, TransientError
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
 
 State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
@@ -87,27 +88,43 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_by_state ON jobs (state, created_at);
     CREATE INDEX jobs_by_error ON jobs (error_at) WHERE error_at IS NOT NULL;
     """,
+    # A local file's inode and ctime: a replacement may keep size and mtime, never these.
+    """
+    ALTER TABLE jobs ADD COLUMN fp_inode INTEGER;
+    ALTER TABLE jobs ADD COLUMN fp_ctime_ns INTEGER;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _SETTABLE = frozenset({"pages_total", "pages_done"})
+_PATH_FAULTS = frozenset({"source_gone", "not_a_regular_file", "source_changed"})
+
+
+class StateUnusable(ConfigError):
+    """The ledger or its folder cannot be used as it is: restarting cannot help, the user must act (exit 2)."""
+
+    kind = "state_unusable"
 
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What identifies a source's content: stat fields are cheap, sha256 (or S3's ETag) is authoritative."""
+    """What identifies a source's content: stat fields are cheap, sha256 (or S3's ETag) is authoritative.
+    ``inode`` and ``ctime_ns`` (local files) only tell whether the stat fields may be trusted to skip hashing."""
 
     size: int
     mtime_ns: int | None
     sha256: str | None
     etag: str | None = None
     version_id: str | None = None
+    inode: int | None = None
+    ctime_ns: int | None = None
 
     @classmethod
     def of_path(cls, path: Path, *, digest: bool = False) -> Fingerprint:
         """Stat a local file, and hash it when ``digest`` (blocking: call it from a thread)."""
         st = path.stat()
-        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256_file(path) if digest else None)
+        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256_file(path) if digest else None,
+                   inode=st.st_ino, ctime_ns=st.st_ctime_ns)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -154,12 +171,15 @@ class Ledger:
 
     def __init__(self, path: Path, *, lock_budget: float = 30.0) -> None:
         self.path = path
-        _make_private_dirs(path.parent)
-        # SQLite's own busy wait is the first line; tenacity retries the whole transaction around it, which
-        # also covers the busy cases that bypass the handler (e.g. WAL recovery by another process).
-        self._conn = sqlite3.connect(
-            path, timeout=min(1.0, lock_budget), isolation_level=None, check_same_thread=False
-        )
+        try:
+            _make_private_dirs(path.parent)
+            # SQLite's own busy wait is the first line; tenacity retries the whole transaction around it, which
+            # also covers the busy cases that bypass the handler (e.g. WAL recovery by another process).
+            self._conn = sqlite3.connect(
+                path, timeout=min(1.0, lock_budget), isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.DatabaseError) as exc:
+            raise _unusable(path, exc) from None
         self._lock = threading.Lock()
         self._retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(_is_busy),
@@ -170,6 +190,9 @@ class Ledger:
         self._lock_budget = lock_budget
         try:
             self._open()
+        except (OSError, sqlite3.DatabaseError) as exc:
+            self._conn.close()
+            raise _unusable(path, exc) from None
         except BaseException:
             self._conn.close()
             raise
@@ -190,7 +213,8 @@ class Ledger:
         A new key, or a known key whose content changed (whatever its state), is queued afresh with its
         attempts reset. A job still ``queued`` with the same content is True as well, so a job put back by
         ``ocrwatch retry`` starts when a scan sees it again (the caller ignores jobs it is already running),
-        and so is a job that failed only because its source had vanished (``source_gone``) and is seen again.
+        and so is a job that failed only for what its path was at the time (``source_gone``, ``not_a_regular_file``,
+        ``source_changed``: vanished, a link, rewritten throughout) and is seen again as a settled regular file.
         Otherwise (done, failed or mid-stage with the same content) the answer is False. A stat change with
         identical content refreshes the stored fingerprint, so the next cheap ``known()`` +
         ``same_content()`` check hits without hashing.
@@ -202,7 +226,7 @@ class Ledger:
             if row is None:
                 conn.execute(
                     "INSERT INTO jobs (key, state, job, fp_size, fp_mtime_ns, fp_sha256, fp_etag, fp_version_id,"
-                    " created_at, updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " fp_inode, fp_ctime_ns, created_at, updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job.key, _dump_job(job), *_fp_columns(fp), now, now),
                 )
                 return True
@@ -210,8 +234,8 @@ class Ledger:
             if not same_content(old, fp):
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', attempts = 0, last_error = NULL, error_at = NULL, job = ?,"
-                    " fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?,"
-                    " pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?, finished_at = NULL"
+                    " fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?, fp_inode = ?,"
+                    " fp_ctime_ns = ?, pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?, finished_at = NULL"
                     " WHERE key = ?",
                     (_dump_job(job), *_fp_columns(fp), now, now, job.key),
                 )
@@ -222,14 +246,16 @@ class Ledger:
                 sha256=fp.sha256 or old.sha256,
                 etag=fp.etag or old.etag,
                 version_id=fp.version_id or old.version_id,
+                inode=fp.inode if fp.inode is not None else old.inode,
+                ctime_ns=fp.ctime_ns if fp.ctime_ns is not None else old.ctime_ns,
             )
             if merged != old:
                 conn.execute(
-                    "UPDATE jobs SET fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?"
-                    " WHERE key = ?",
+                    "UPDATE jobs SET fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?,"
+                    " fp_inode = ?, fp_ctime_ns = ? WHERE key = ?",
                     (*_fp_columns(merged), job.key),
                 )
-            if row["state"] == "failed" and _error_kind(row["last_error"]) == "source_gone":
+            if row["state"] == "failed" and _error_kind(row["last_error"]) in _PATH_FAULTS:
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = ? WHERE key = ?",
                     (now, job.key),
@@ -268,6 +294,29 @@ class Ledger:
             else:
                 sql, params = "attempts = attempts + 1, last_error = ?, error_at = ?", (json.dumps(error), now)
             if conn.execute(f"UPDATE jobs SET {sql}, updated_at = ? WHERE key = ?", (*params, now, key)).rowcount == 0:
+                raise KeyError(key)
+            return int(conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0])
+
+        return self._transact(tx, write=True)
+
+    def release_attempt(self, key: str) -> None:
+        """Give back the attempt counted at the start of a run that a clean shutdown interrupted: only an
+        unclean end (``kill -9``, power loss) counts toward the crash-loop bound. The row stays unfinished."""
+        self._update(key, "attempts = max(attempts - 1, 0)", ())
+
+    def park(self, key: str, error: dict[str, Any]) -> int:
+        """A fault of the place (disk full, folder unwritable) ended the run: its attempt given back as by
+        ``release_attempt`` (the document is not at fault), the job queued again with ``error`` as its last
+        error, so ``ocrwatch status`` shows what it waits for; returns the attempts."""
+
+        def tx(conn: sqlite3.Connection) -> int:
+            now = time.time()
+            cur = conn.execute(
+                "UPDATE jobs SET state = 'queued', attempts = max(attempts - 1, 0), last_error = ?, error_at = ?,"
+                " updated_at = ? WHERE key = ?",
+                (json.dumps(error), now, now, key),
+            )
+            if cur.rowcount == 0:
                 raise KeyError(key)
             return int(conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0])
 
@@ -354,19 +403,25 @@ class Ledger:
         self._conn.row_factory = sqlite3.Row
         mode = self._with_retries(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
         if mode != "wal":
-            raise OcrwatchError(
+            raise StateUnusable(
                 f"the ledger {self.path} cannot use WAL mode (got {mode!r})",
                 hint="put state_dir on a local filesystem (WAL needs shared memory; NFS and SMB cannot do it)",
             )
         self._conn.execute("PRAGMA synchronous = NORMAL")
         # Lookups are by single key: a 512 KiB page cache serves them, and RSS stays flat as the ledger grows.
         self._conn.execute("PRAGMA cache_size = -512")
+        # A page damaged in the middle only shows when a query reaches it: checked whole, once, before any use,
+        # or lookups would miss rows and documents would be skipped or redone without a word.
+        problems = self._transact(lambda conn: [row[0] for row in conn.execute("PRAGMA quick_check(3)")])
+        if problems != ["ok"]:
+            said = " ".join(" ".join(problems).replace("*** in database main ***", "").split())  # one line
+            raise StateUnusable(f"the ledger {self.path} is damaged: {said}", hint=_MOVE_ASIDE.format(self.path))
         self._transact(self._migrate, write=True)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise OcrwatchError(
+            raise StateUnusable(
                 f"the ledger {self.path} has schema version {version}, newer than this ocrwatch ({SCHEMA_VERSION})",
                 hint="upgrade ocrwatch, or point state_dir at another folder",
             )
@@ -422,6 +477,27 @@ def _error_kind(last_error: str | None) -> str | None:
     return error.get("kind") if isinstance(error, dict) else None
 
 
+_MOVE_ASIDE = (
+    "stop ocrwatch, move the ledger aside (mv {0} {0}.broken) and start again: documents whose sidecars "
+    "exist are not processed again"
+)
+
+
+def _unusable(path: Path, exc: OSError | sqlite3.DatabaseError) -> OcrwatchError:
+    """What stops the ledger from opening, said in one line with what to do about it. A full disk is the one
+    fault that heals by itself, so it stays transient (a restart later may succeed)."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return StateUnusable(f"the ledger {path} is damaged: {exc}", hint=_MOVE_ASIDE.format(path))
+    if code == sqlite3.SQLITE_FULL or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"the ledger {path} cannot be opened: {exc}", hint=f"free space on {path.parent}")
+    return StateUnusable(
+        f"the ledger {path} cannot be opened for writing: {exc}",
+        hint=f"make {path.parent} and the files in it writable by the user ocrwatch runs as "
+        "(on a local, writable filesystem), or point state_dir at another folder",
+    )
+
+
 def _is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
         sqlite3.SQLITE_BUSY,
@@ -437,7 +513,7 @@ def _make_private_dirs(path: Path) -> None:
 
 
 def _fp_columns(fp: Fingerprint) -> tuple[Any, ...]:
-    return (fp.size, fp.mtime_ns, fp.sha256, fp.etag, fp.version_id)
+    return (fp.size, fp.mtime_ns, fp.sha256, fp.etag, fp.version_id, fp.inode, fp.ctime_ns)
 
 
 def _fingerprint(row: sqlite3.Row) -> Fingerprint:
@@ -447,6 +523,8 @@ def _fingerprint(row: sqlite3.Row) -> Fingerprint:
         sha256=row["fp_sha256"],
         etag=row["fp_etag"],
         version_id=row["fp_version_id"],
+        inode=row["fp_inode"],
+        ctime_ns=row["fp_ctime_ns"],
     )
 
 

@@ -1,20 +1,52 @@
-"""structlog set-up: JSON lines when not on a terminal (systemd, pipes), key=value on a terminal."""
+"""structlog set-up: JSON lines when not on a terminal (systemd, pipes), key=value on a terminal.
+
+Under systemd, each line also carries its level as sd-daemon(3)'s ``<N>`` prefix, so journald records the
+priority and ``journalctl -p err`` shows the failures alone; elsewhere the output is left as it is.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import structlog
 
 from ocrwatch.config import LogConfig
+
+SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+"""structlog level → syslog priority, as journald reads it from the ``<N>`` prefix."""
 
 
 def use_json(cfg: LogConfig, stream: TextIO) -> bool:
     if cfg.format == "auto":
         return not stream.isatty()
     return cfg.format == "json"
+
+
+def writes_to_journal(stream: TextIO) -> bool:
+    """Whether ``stream`` is the journal's own connection: ``JOURNAL_STREAM`` names its device and inode
+    (systemd.exec(5)), and a stream that was redirected since (a pipe, a file) no longer matches them."""
+    device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        stat = os.fstat(stream.fileno())
+        return (stat.st_dev, stat.st_ino) == (int(device), int(inode))
+    except (OSError, ValueError):  # no such descriptor, not a real file (io.UnsupportedOperation), malformed
+        return False
+
+
+class JournalPrefix:
+    """Wraps the final renderer and puts ``<N>`` before every line it renders (a console traceback spans
+    several, and journald reads the prefix of each)."""
+
+    def __init__(self, renderer: structlog.typing.Processor) -> None:
+        self._renderer = renderer
+
+    def __call__(self, logger: Any, method_name: str, event_dict: structlog.typing.EventDict) -> str:
+        prefix = f"<{SYSLOG_PRIORITY.get(event_dict.get('level', method_name), 6)}>"
+        rendered = self._renderer(logger, method_name, event_dict)
+        return "\n".join(prefix + line for line in str(rendered).split("\n"))
 
 
 def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
@@ -25,6 +57,8 @@ def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
         if use_json(cfg, stream)
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
+    if writes_to_journal(stream):
+        renderer = JournalPrefix(renderer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -11,28 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ocrwatch import assemble, ladder, render
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine, PageRequest
-from ocrwatch.errors import CrashLoop, EngineDead, OcrwatchError, PermanentError, SourceChanged, SourceGone, classify
+from ocrwatch.errors import (
+    CrashLoop, EngineDead, OcrwatchError, PermanentError, PlaceFault, SourceChanged, SourceGone, classify,
+)
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
+from ocrwatch.memory import DecodeBudget
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
 from ocrwatch.scheduler import PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
-from ocrwatch.sources.base import Job, S3Object, Source
+from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object, Source
+from ocrwatch.sources.beneath import Signature, inspect, measure
 from ocrwatch.supervisor import EngineSupervisor
 
 log = structlog.get_logger()
@@ -47,8 +52,8 @@ def job_id(job: Job) -> str:
 class Probed:
     """A fetched document, measured: what the later steps need to know before any page is rendered."""
 
-    path: Path
-    stat: tuple[int, int]  # size and mtime at fetch: any change later means the pages could mix two versions
+    path: Path  # the job's private copy (or download): what is rendered, and what ``sha256`` was taken of
+    changed: Callable[[], bool]  # blocking: whether the source no longer holds the version that was fetched
     info: render.DocumentInfo
     spec: render.RenderSpec
     sha256: str
@@ -62,6 +67,7 @@ class Pipeline:
         self.ledger = ledger
         self.metrics = metrics
         self.supervisor = EngineSupervisor(cfg, metrics)
+        self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)  # one for every render worker
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
         self.scheduler: PageScheduler | None = None
@@ -70,6 +76,7 @@ class Pipeline:
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._detected: dict[str, float] = {}
         self._running = 0
+        self._draining = asyncio.Event()
 
     async def start(self) -> None:
         """Start the engine, then size the scheduler and the document slots from what it can take."""
@@ -133,24 +140,19 @@ class Pipeline:
         origin = job.origin
         if isinstance(origin, S3Object):
             return Fingerprint(size=origin.size or 0, mtime_ns=None, sha256=None, etag=origin.etag, version_id=origin.version_id)
-        try:
-            stat = origin.path.stat()
-        except OSError:
+        try:  # beneath the inbox, no link followed: nothing outside it is ever hashed into the ledger
+            signature = inspect(origin.path, origin.inbox)
+            if self.ledger is not None:
+                row = self.ledger.known(job.key)
+                if row is not None and row.state == "done" and _same_stat(row.fingerprint, signature):
+                    return row.fingerprint  # unchanged since it was done: no need to hash it again
+            signature, digest = measure(origin.path, origin.inbox)
+        except (OcrwatchError, OSError):  # gone, or no longer a regular file: nothing to admit
             return None
-        if self.ledger is not None:
-            row = self.ledger.known(job.key)
-            if (
-                row is not None
-                and row.fingerprint is not None
-                and row.state == "done"
-                and (row.fingerprint.size, row.fingerprint.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
-            ):
-                return row.fingerprint  # unchanged since it was done: no need to hash it again
-        try:
-            digest = sha256_file(origin.path) if os.path.isfile(origin.path) else None
-        except OSError:
-            digest = None
-        return Fingerprint(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=digest)
+        return Fingerprint(
+            size=signature.size, mtime_ns=signature.mtime_ns, sha256=digest, inode=signature.inode,
+            ctime_ns=signature.ctime_ns,
+        )
 
     def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
         """Whether the job's sidecars already describe this very content (blocking: the sink reads them)."""
@@ -197,6 +199,7 @@ class Pipeline:
 
     async def drain(self, timeout: float) -> int:
         """Wait for running jobs up to ``timeout``; cancel the rest (they stay unfinished in the ledger)."""
+        self._draining.set()  # a job waiting out its backoff ends at once (see _backoff)
         tasks = list(self._tasks.values())
         if not tasks:
             return 0
@@ -209,43 +212,75 @@ class Pipeline:
     # --- one job: attempts ------------------------------------------------------------------------------------
 
     async def _run(self, job: Job) -> str:
-        """The job's attempts, in one of the ``max_active_documents`` slots; its final status."""
+        """The job's attempts, each in one of the ``max_active_documents`` slots (a job waiting out its backoff
+        holds none, so the others go on); its final status."""
         structlog.contextvars.bind_contextvars(job_id=job_id(job))
-        async with self._slot():
-            log.info("job_started", uri=job.origin.uri, source=job.source)
-            attempts = 0
-            try:
-                async for attempt in self._retrying():
-                    with attempt:
+        attempts = 0
+        try:
+            async for attempt in self._retrying():
+                with attempt:
+                    async with self._slot():
+                        if attempt.retry_state.attempt_number == 1:
+                            log.info("job_started", uri=job.origin.uri, source=job.source)
                         attempts = await self._start_attempt(job)
-                        status = await self._process(job)
-            except asyncio.CancelledError:
-                log.info("job_interrupted")
-                raise
-            except Exception as exc:
-                await self.reject(job, classify(exc), attempts)
-                return "failed"
+                        try:
+                            status = await self._process(job)
+                        except asyncio.CancelledError:
+                            await self._release_attempt(job)
+                            raise
+                        except Exception as exc:
+                            if _is_place_fault(exc):  # not the document's fault: queued again, attempt given back
+                                attempts = await self._ledger("park", job.key, classify(exc).as_dict()) or 0
+                            raise
+        except asyncio.CancelledError:
+            log.info("job_interrupted")
+            raise
+        except Exception as exc:
+            await self.reject(job, classify(exc), attempts)
+            return "failed"
         return status
 
     def _retrying(self) -> AsyncRetrying:
-        """Transient failures are tried again with backoff; an engine death is not one (its pages are requeued)."""
+        """Transient failures are tried again with backoff: up to ``[retry] attempts`` times for a fault of the
+        document, and for as long as it lasts for a fault of the place (disk full, a folder that cannot be
+        written), which uses none of them and is tried again at most ``backoff_max_seconds`` apart. An engine
+        death is neither (its pages are requeued)."""
         retry = self.cfg.retry
+        spent = 0
+
+        def stop(state: RetryCallState) -> bool:
+            nonlocal spent
+            if state.outcome is None or not _is_place_fault(state.outcome.exception()):
+                spent += 1
+            return spent >= retry.attempts
 
         def before_sleep(state: RetryCallState) -> None:
-            error = classify(state.outcome.exception()) if state.outcome else None
-            self.metrics.retries.labels(stage="document").inc()
+            exc = state.outcome.exception() if state.outcome else None
+            error = classify(exc) if exc is not None else None
+            place = exc is not None and _is_place_fault(exc)
+            self.metrics.retries.labels(stage="place" if place else "document").inc()
             log.warning(
                 "job_retry", attempt=state.attempt_number, kind=error.kind if error else None,
-                error=error.message if error else None, wait=round(state.upcoming_sleep, 2),
+                error=error.message if error else None, hint=error.hint if place and error else None,
+                counts=not place, wait=round(state.upcoming_sleep, 2),
             )
 
         return AsyncRetrying(
-            stop=stop_after_attempt(retry.attempts),
+            stop=stop,
             wait=wait_exponential_jitter(initial=retry.backoff_initial_seconds, max=retry.backoff_max_seconds),
             retry=retry_if_exception(_is_transient),
             before_sleep=before_sleep,
+            sleep=self._backoff,
             reraise=True,
         )
+
+    async def _backoff(self, seconds: float) -> None:
+        """The pause between attempts, cut short by ``drain``: the job has nothing in progress, stays
+        unfinished in the ledger and resumes at the next start."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._draining.wait(), seconds)
+        if self._draining.is_set():
+            raise asyncio.CancelledError
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
@@ -264,6 +299,14 @@ class Pipeline:
         if attempts is not None and attempts > self.cfg.retry.attempts:
             raise CrashLoop(f"{job.origin.uri} was interrupted {attempts - 1} times while being processed")
         return attempts or 1
+
+    async def _release_attempt(self, job: Job) -> None:
+        """A clean shutdown interrupted the attempt (the job task is cancelled only while draining): it is
+        given back, so only an unclean end (``kill -9``, power loss) counts toward ``crash_loop``."""
+        try:
+            await self._ledger("release_attempt", job.key)
+        except OcrwatchError as exc:  # the attempt stays counted: one restart closer to crash_loop, no more
+            log.warning("attempt_not_released", kind=exc.kind, error=exc.message)
 
     # --- one job: the steps -----------------------------------------------------------------------------------
 
@@ -296,17 +339,20 @@ class Pipeline:
         return str(document["status"])
 
     async def fetch_and_probe(self, job: Job, spool_dir: Path, engine: Engine) -> Probed:
-        """The document as a local file, held to the limits and measured, so a document that cannot be done
-        fails before its first page is rendered."""
-        path = await self.sources[job.source].fetch(job, spool_dir)
-        stat = await asyncio.to_thread(_stat_key, path)
-        info = await asyncio.to_thread(render.probe, path, render.Limits.for_job(self.cfg.limits, job))
-        spec = render.render_spec(self.cfg.render, engine.geometry)
-        if info.kind == "pdf":
-            for width, height in info.page_sizes:
-                render.page_dpi(width, height, spec)  # raises for a page too large at any usable resolution
-        digest = await asyncio.to_thread(sha256_file, path)
-        return Probed(path, stat, info, spec, digest)
+        """The document as a file private to the job, held to the limits and measured, so a document that
+        cannot be done fails before its first page is rendered. Every later step reads that one copy, and the
+        sidecar's sha256 is the one the source took of it while copying."""
+        limits = render.Limits.for_job(self.cfg.limits, job)
+        fetched = await self.sources[job.source].fetch(dataclasses.replace(job, max_bytes=limits.max_bytes), spool_dir)
+        path = fetched.path
+        with _naming(path, job.origin):
+            info = await asyncio.to_thread(render.probe, path, limits)
+            spec = render.render_spec(self.cfg.render, engine.geometry)
+            if info.kind == "pdf":
+                for width, height in info.page_sizes:
+                    render.page_dpi(width, height, spec)  # raises for a page too large at any usable resolution
+        digest = fetched.sha256 or await asyncio.to_thread(sha256_file, path)
+        return Probed(path, fetched.changed, info, spec, digest)
 
     async def render_and_recognize(self, job: Job, session: DocumentSession, probed: Probed) -> list[PageOutcome]:
         """Every page through the shared scheduler, in order. A source rewritten meanwhile is tried again
@@ -321,12 +367,15 @@ class Pipeline:
             render=functools.partial(self._render_page, probed.path, probed.info, probed.spec),
         )
         try:
-            pages = await session.document.future
+            with _naming(probed.path, job.origin):
+                pages = await session.document.future
         except PermanentError as exc:  # a page of the replacement, rendered with the old one's page count
-            if await asyncio.to_thread(_changed, probed.path, probed.stat):
+            if await asyncio.to_thread(probed.changed):
                 raise SourceChanged(f"{job.origin.uri} changed while it was processed ({exc.kind})") from exc
             raise
-        if await asyncio.to_thread(_stat_key, probed.path) != probed.stat:
+        # Checked after recognition, before anything is written: sidecars never describe a version that was
+        # replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and mtime).
+        if await asyncio.to_thread(probed.changed):
             raise SourceChanged(f"{job.origin.uri} changed while it was processed")
         return pages
 
@@ -353,7 +402,7 @@ class Pipeline:
         self, path: Path, info: render.DocumentInfo, spec: render.RenderSpec, index: int
     ) -> render.RenderedPage:
         """Runs in a render worker thread (prometheus_client is thread-safe); records each page as it is made."""
-        page = render.render_page(path, info, index, spec=spec)
+        page = render.render_page(path, info, index, spec=spec, budget=self.decode_budget)
         self.metrics.stage_seconds.labels(stage="render").observe(page.seconds)
         return page
 
@@ -418,6 +467,10 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and classify(exc).retryable and not isinstance(exc, EngineDead)
 
 
+def _is_place_fault(exc: BaseException | None) -> bool:
+    return isinstance(exc, Exception) and isinstance(classify(exc), PlaceFault)
+
+
 @contextlib.contextmanager
 def _timed(stages: dict[str, float], stage: str) -> Iterator[None]:
     """Record the block's duration as ``stages[stage]`` when it succeeds."""
@@ -426,16 +479,23 @@ def _timed(stages: dict[str, float], stage: str) -> Iterator[None]:
     stages[stage] = time.monotonic() - started
 
 
-def _stat_key(path: Path) -> tuple[int, int]:
-    stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns
-
-
-def _changed(path: Path, before: tuple[int, int]) -> bool:
+@contextlib.contextmanager
+def _naming(spool: Path, origin: Origin) -> Iterator[None]:
+    """An error about the job's private copy names the document the user knows, not the spool file."""
     try:
-        return _stat_key(path) != before
-    except OSError:
-        return True
+        yield
+    except OcrwatchError as exc:
+        exc.message = exc.message.replace(str(spool), str(origin.path) if isinstance(origin, LocalFile) else origin.uri)
+        exc.args = (exc.message,)
+        raise
+
+
+def _same_stat(recorded: Fingerprint, now: Signature) -> bool:
+    """Whether a file's stat still matches the one recorded with its fingerprint: inode and ctime too, since
+    a replacement can keep size and mtime (``touch -r``); an old row without them never matches."""
+    return recorded.inode is not None and (recorded.size, recorded.mtime_ns, recorded.inode, recorded.ctime_ns) == (
+        now.size, now.mtime_ns, now.inode, now.ctime_ns
+    )
 
 
 def _recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:

@@ -5,7 +5,8 @@ Pillow header for images), counts its pages and applies the size and page limits
 ``render_page`` rasterises one page: PDFs through one ``pdftoppm`` run per page at a DPI lowered where a page is
 too large for the caps, images through Pillow (every TIFF frame, EXIF orientation applied, alpha flattened onto
 white, downscaled to the caps). Both are blocking and meant for a worker thread; the heavy PDF work happens in a
-subprocess with a deadline, and image decoding is bounded because oversized images are refused before decoding.
+subprocess with a deadline. Decoding is bounded twice: oversized images are refused before decoding, and the
+full-size images that workers hold at once are bounded by one shared ``DecodeBudget``.
 
 Every failure is one of the specific errors in ``ocrwatch.errors``; no shell is ever involved, and file names
 reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are plain file names.
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import structlog
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, UnidentifiedImageError
 
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
 from ocrwatch.errors import (
@@ -52,6 +53,7 @@ from ocrwatch.errors import (
     TooManyPages,
     TooManyPixels,
 )
+from ocrwatch.memory import UNBOUNDED, DecodeBudget, image_bytes
 from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
 from ocrwatch.sources.base import Job
 
@@ -65,6 +67,15 @@ PROBE_TIMEOUT_SECONDS = 60.0
 # the configured max_pixels is accepted (a 1200-dpi A4 scan passes the default), anything larger is refused.
 # Pillow's own decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS) applies on top and is never raised here.
 IMAGE_DECODE_FACTOR = 4
+
+# A PDF page in this process while it is read: the PPM's bytes (3 a pixel) and Pillow's RGB image (4: Pillow
+# stores RGB as 32 bits); PDFium's bitmap and its copy weigh the same.
+PDF_BYTES_PER_PIXEL = 7
+BAND_BYTES = 8 * 1024 * 1024  # of the decoded image, when a large one is brought to its page size band by band
+
+_T = Image.Transpose  # EXIF orientation to the transposition that undoes it, as ImageOps.exif_transpose does
+_ORIENTATION = {2: _T.FLIP_LEFT_RIGHT, 3: _T.ROTATE_180, 4: _T.FLIP_TOP_BOTTOM, 5: _T.TRANSPOSE, 6: _T.ROTATE_270,
+                7: _T.TRANSVERSE, 8: _T.ROTATE_90}  # fmt: skip
 
 DEFAULT_DPI = 200
 """The DPI when neither ``[render] dpi`` nor an engine's geometry names one (a caller without an engine):
@@ -206,32 +217,38 @@ def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_
     finally:
         os.close(fd)
     kind = sniff(head)
-    if kind is None:
-        raise NotADocument(f"{path}: neither a PDF nor a PNG, JPEG, TIFF or WebP image (by content)")
-    mime = MIME[kind]
-    if kind == "pdf":
+    if kind is None:  # a PDF if poppler reads pages from it, as tolerant readers do: a header after more than
+        try:  # 1 KiB of junk, or none at all (poppler rebuilds the cross-reference table)
+            pages, sizes = _probe_pdf(path, limits, timeout_seconds)
+        except (CorruptPdf, NoPages):  # stray PDF keywords in a text give no pages
+            raise NotADocument(f"{path}: neither a PDF nor a PNG, JPEG, TIFF or WebP image (by content)") from None
+        kind = "pdf"
+    elif kind == "pdf":
         pages, sizes = _probe_pdf(path, limits, timeout_seconds)
     else:
-        pages, sizes = _probe_image(path, mime, limits)
+        pages, sizes = _probe_image(path, MIME[kind], limits)
     return DocumentInfo(
         kind="pdf" if kind == "pdf" else "image",
-        mime=mime,
+        mime=MIME[kind],
         pages=pages,
         size_bytes=st.st_size,
         page_sizes=sizes,
     )
 
 
-def render_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) -> RenderedPage:
-    """Render page ``index`` (0-based). Blocking: call it from a worker thread."""
+def render_page(
+    path: Path, info: DocumentInfo, index: int, spec: RenderSpec, *, budget: DecodeBudget = UNBOUNDED
+) -> RenderedPage:
+    """Render page ``index`` (0-based). Blocking: call it from a worker thread. The page's full-size image is
+    decoded only within ``budget``, which every render worker of the process must share."""
     if not 0 <= index < info.pages:
         raise IndexError(f"page {index} of a {info.pages}-page document")
     started = time.perf_counter()
     if info.kind == "pdf":
         render_pdf = _render_pdf_page_pdfium if spec.renderer == "pdfium" else _render_pdf_page
-        image, dpi = render_pdf(path, info, index, spec)
+        image, dpi = render_pdf(path, info, index, spec, budget)
     else:
-        image, dpi = _render_image_page(path, info, index, spec)
+        image, dpi = _render_image_page(path, info, index, spec, budget)
     seconds = time.perf_counter() - started
     log.debug("page_rendered", page=index, width=image.width, height=image.height, dpi=dpi, seconds=seconds)
     return RenderedPage(index=index, image=image, dpi=dpi, width=image.width, height=image.height, seconds=seconds)
@@ -338,7 +355,9 @@ def _poppler_missing() -> OcrwatchError:
     return OcrwatchError("pdfinfo/pdftoppm not found", hint="install poppler-utils; `ocrwatch check` verifies it")
 
 
-def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpec) -> tuple[Image.Image, float]:
+def _render_pdf_page(
+    path: Path, info: DocumentInfo, index: int, spec: RenderSpec, budget: DecodeBudget
+) -> tuple[Image.Image, float]:
     width_pt, height_pt = info.page_sizes[index]
     dpi = page_dpi(width_pt, height_pt, spec)
     if dpi < spec.dpi:
@@ -370,15 +389,16 @@ def _render_pdf_page(path: Path, info: DocumentInfo, index: int, spec: RenderSpe
             if "could not write image" in stderr.lower():
                 raise _scratch_error(tmp, need, f"{path}: pdftoppm could not write page {number}: {stderr.strip()}")
             raise _pdf_error(path, stderr)
-        try:
-            image = ppm_image(Path(root + ".ppm").read_bytes())
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-            if shutil.disk_usage(tmp).free < need:  # pdftoppm exits 0 when its write ran out of room
-                raise _scratch_error(tmp, need, f"{path}: page {number}'s image was cut short: {exc}") from None
-            raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
-    if not _fits(image.size, spec.max_side, spec.max_pixels):  # only if poppler's geometry disagrees with pdfinfo
-        image, scale = _downscale(image, spec.max_side, spec.max_pixels)
-        dpi *= scale
+        with budget.hold(width * height * PDF_BYTES_PER_PIXEL):
+            try:
+                image = ppm_image(Path(root + ".ppm").read_bytes())
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+                if shutil.disk_usage(tmp).free < need:  # pdftoppm exits 0 when its write ran out of room
+                    raise _scratch_error(tmp, need, f"{path}: page {number}'s image was cut short: {exc}") from None
+                raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
+            size = _fit_size(image.size, spec.max_side, spec.max_pixels)
+            if size != image.size:  # only if poppler's geometry disagrees with pdfinfo
+                dpi, image = dpi * size[0] / image.width, _shrink(image, size)
     return image, dpi
 
 
@@ -415,7 +435,7 @@ def check_renderer(cfg: RenderConfig) -> None:
 
 
 def _render_pdf_page_pdfium(
-    path: Path, info: DocumentInfo, index: int, spec: RenderSpec
+    path: Path, info: DocumentInfo, index: int, spec: RenderSpec, budget: DecodeBudget
 ) -> tuple[Image.Image, float]:
     """The optional renderer (``[render] renderer = "pdfium"``): several times pdftoppm's pages per core, but
     inside this process, so it has no timeout and no isolation from a hostile PDF; pdftoppm stays the default
@@ -430,7 +450,8 @@ def _render_pdf_page_pdfium(
     # 470.8800049), so an exact 1962.0 px becomes 1963. Shaving a millionth off the scale, far more than float32's
     # error and far less than a pixel, gives pdftoppm's ceil(points * dpi / 72) geometry.
     scale = dpi / 72 * (1 - 1e-6)
-    with _PDFIUM_LOCK:
+    width, height = _pdftoppm_size(width_pt, height_pt, dpi)
+    with budget.hold(width * height * PDF_BYTES_PER_PIXEL), _PDFIUM_LOCK:
         try:
             document = pdfium.PdfDocument(os.path.abspath(path))
         except pdfium.PdfiumError as exc:
@@ -445,9 +466,9 @@ def _render_pdf_page_pdfium(
             raise CorruptPdf(f"{path}: page {index + 1} could not be rendered: {exc}") from None
         finally:
             document.close()
-    if not _fits(image.size, spec.max_side, spec.max_pixels):
-        image, factor = _downscale(image, spec.max_side, spec.max_pixels)
-        dpi *= factor
+        size = _fit_size(image.size, spec.max_side, spec.max_pixels)
+        if size != image.size:
+            dpi, image = dpi * size[0] / image.width, _shrink(image, size)
     return image, dpi
 
 
@@ -480,7 +501,7 @@ def _probe_image(path: Path, mime: str, limits: Limits) -> tuple[int, tuple[tupl
 
 
 def _render_image_page(
-    path: Path, info: DocumentInfo, index: int, spec: RenderSpec
+    path: Path, info: DocumentInfo, index: int, spec: RenderSpec, budget: DecodeBudget
 ) -> tuple[Image.Image, float | None]:
     with _open_image(path, info.mime) as source:
         try:
@@ -496,19 +517,48 @@ def _render_image_page(
                     f"{path}: page {index + 1} would decode to {width} x {height} pixels, more than "
                     f"{IMAGE_DECODE_FACTOR} x max_pixels={spec.limit_pixels}"
                 )
-            source.load()
-            ImageOps.exif_transpose(source, in_place=True)
-            image = _ocr_mode(source)
+            size = _fit_size(source.size, spec.max_side, spec.max_pixels)
+            with budget.hold(image_bytes(source.mode, width, height) + image_bytes("RGB", *size)):
+                source.load()
+                method = _ORIENTATION.get(source.getexif().get(ExifTags.Base.Orientation, 1))
+                image = _shrink(source, size)
+                source.close()  # the full-size image goes before the heap is trimmed
         except Image.DecompressionBombError as exc:
             raise TooManyPixels(f"{path}: {exc}") from None
         except (OSError, SyntaxError, ValueError, EOFError) as exc:
             raise CorruptImage(f"{path}: page {index + 1}: {exc}") from None
         declared_dpi = source.info.get("dpi")
-    image, _ = _downscale(image, spec.max_side, spec.max_pixels)
+    if method is not None:  # on the page-sized image: the caps are the same either way round
+        image = image.transpose(method)
     dpi = None
     if declared_dpi and declared_dpi[0] and float(declared_dpi[0]) > 1:
         dpi = round(float(declared_dpi[0]) * max(image.size) / max(declared), 2)  # PNG stores dots per metre
     return image, dpi
+
+
+def _shrink(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """``image`` in its OCR mode at ``size``, made a band of rows at a time: besides the decoded image only the
+    result and one band are held, where flattening and converting it whole would hold three more copies. Each
+    band has the rows Lanczos reads beyond it (3 per output row), so the result is the whole-image resize."""
+    width, height = image.size
+    scale_y = height / size[1]
+    margin = math.ceil(3 * scale_y) + 2 if size != image.size else 0
+    rows = max(1, math.floor(BAND_BYTES / (width * 4 * scale_y)))
+    result: Image.Image | None = None
+    for y0 in range(0, size[1], rows):
+        y1 = min(size[1], y0 + rows)
+        top, bottom = max(0, math.floor(y0 * scale_y) - margin), min(height, math.ceil(y1 * scale_y) + margin)
+        band = _ocr_mode(image if (top, bottom) == (0, height) else image.crop((0, top, width, bottom)))
+        if size != image.size:
+            box = (0, y0 * scale_y - top, width, min(y1 * scale_y, bottom) - top)
+            band = band.resize((size[0], y1 - y0), Image.Resampling.LANCZOS, box=box)
+        if y1 - y0 == size[1]:
+            return band
+        if result is None:
+            result = Image.new(band.mode, size)
+        result.paste(band, (0, y0))
+    assert result is not None
+    return result
 
 
 def _ocr_mode(image: Image.Image) -> Image.Image:
@@ -540,12 +590,11 @@ def _fit_scale(size: tuple[int, int], max_side: int, max_pixels: int) -> float:
     return min(1.0, max_side / max(width, height), math.sqrt(max_pixels / (width * height)))
 
 
-def _downscale(image: Image.Image, max_side: int, max_pixels: int) -> tuple[Image.Image, float]:
-    scale = _fit_scale(image.size, max_side, max_pixels)
+def _fit_size(size: tuple[int, int], max_side: int, max_pixels: int) -> tuple[int, int]:
+    scale = _fit_scale(size, max_side, max_pixels)
     if scale >= 1:
-        return image, 1.0
-    size = (max(1, math.floor(image.width * scale)), max(1, math.floor(image.height * scale)))
-    while not _fits(size, max_side, max_pixels):  # floor can still leave one pixel too many on the product
-        size = (max(1, size[0] - 1), max(1, size[1] - 1))
-    resized = image.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
-    return resized, resized.width / image.width
+        return size
+    fitted = (max(1, math.floor(size[0] * scale)), max(1, math.floor(size[1] * scale)))
+    while not _fits(fitted, max_side, max_pixels):  # floor can still leave one pixel too many on the product
+        fitted = (max(1, fitted[0] - 1), max(1, fitted[1] - 1))
+    return fitted

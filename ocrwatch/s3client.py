@@ -8,7 +8,9 @@ what survives the retries is mapped onto the error hierarchy without ever carryi
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import boto3
@@ -36,6 +38,7 @@ T = TypeVar("T")
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 60.0
 CALL_ATTEMPTS = 5
+THREADS = 8
 _THROTTLING = frozenset(
     {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestThrottledException",
      "SlowDown", "RequestLimitExceeded", "TooManyRequestsException", "RequestTimeout", "RequestTimeoutException",
@@ -55,6 +58,13 @@ def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOU
         s3={"addressing_style": cfg.addressing_style},
     )
     return session.client(service, endpoint_url=cfg.endpoint_url, config=config)
+
+
+def new_executor(name: str) -> ThreadPoolExecutor:
+    """A bounded pool of threads of its own for one bucket's blocking calls (``THREADS`` at most): an unreachable
+    endpoint, each call retried with backoff, ties up these threads and never the default pool that the
+    ledger, the inbox and every other source use."""
+    return ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix=f"ocrwatch-{name}")
 
 
 def error_code(exc: BaseException) -> str:
@@ -99,11 +109,14 @@ def call(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, **kwargs: An
     raise AssertionError("unreachable: tenacity reraises")
 
 
-async def acall(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, **kwargs: Any) -> T:
-    """``call`` for the event loop: each attempt runs in a worker thread, the backoff sleeps on the loop."""
+async def acall(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, executor: Executor | None = None,
+                **kwargs: Any) -> T:
+    """``call`` for the event loop: each attempt runs in a thread of ``executor`` (the source's own; None: the
+    default pool), the backoff sleeps on the loop."""
+    loop = asyncio.get_running_loop()
     async for attempt in AsyncRetrying(**_retry_kwargs(attempts)):
         with attempt:
-            return await asyncio.to_thread(fn, **kwargs)
+            return await loop.run_in_executor(executor, functools.partial(fn, **kwargs))
     raise AssertionError("unreachable: tenacity reraises")
 
 

@@ -10,6 +10,13 @@ Order: the inbox's priority lane first (higher lane wins outright), then the ear
 ``detected_at + ageing_seconds * log2(1 + pages)``. Small documents get early deadlines, so they overtake a
 large one in progress; but a large document's deadline is fixed at arrival, so later arrivals eventually
 queue behind it and it is never starved. The decision logic (``DocumentOrder``, ``Budget``) is pure.
+
+Urgent work ahead of a backlog: order alone cannot make a page of a higher lane fast, because an engine's step
+time grows with the pages inside it. While a document of a better lane is open, pages of worse lanes are
+admitted only while fewer than ``backlog_cap`` (an eighth of ``max_inflight``) of them are in flight, and pages
+of the better lane go to the engine even when worse lanes fill it; the engine makes room and leaves the
+backlog beyond the cap out of its steps (``engines.deepseek.lanes``, which reads the lane back from the
+priority with ``lane_of``). Up to ``max_inflight`` pages of the best lane may so join the backlog's.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import functools
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +43,22 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 RenderFn = Callable[[int], "RenderedPage"]
+
+LANE_STRIDE = 10**8
+"""``engine_priority`` is ``(lane + 100) * LANE_STRIDE`` plus a deadline below the stride."""
+BACKLOG_SHARE = 8
+"""While a better lane has work, worse lanes keep at most 1/BACKLOG_SHARE of the engine's pages in flight."""
+
+
+def lane_of(engine_priority: int) -> int:
+    """The lane an ``engine_priority`` encodes; lower is more urgent, as the priority itself."""
+    return engine_priority // LANE_STRIDE
+
+
+def backlog_cap(max_inflight: int) -> int:
+    """Pages of worse lanes kept in flight while a better lane has work: few enough that the engine's step,
+    which grows with its batch, stays short for the urgent pages, enough that the backlog keeps moving."""
+    return max(1, max_inflight // BACKLOG_SHARE)
 
 
 def virtual_deadline(detected_at: float, pages: int, ageing_seconds: float) -> float:
@@ -55,7 +79,7 @@ class DocumentOrder:
 
     def engine_priority(self, epoch: float) -> int:
         """An integer for the engine where lower runs first, preserving this order (lane, then deadline)."""
-        return (self.lane + 100) * 10**8 + max(0, min(10**8 - 1, int((self.deadline - epoch) * 10)))
+        return (self.lane + 100) * LANE_STRIDE + max(0, min(LANE_STRIDE - 1, int((self.deadline - epoch) * 10)))
 
 
 def auto_render_workers(cpus: int) -> int:
@@ -80,7 +104,7 @@ def auto_active_documents(max_inflight: int) -> int:
 
 @dataclass
 class Budget:
-    """The two bounds; pure counters so the decisions can be tested without I/O."""
+    """The two bounds and the backlog's share; pure counters so the decisions can be tested without I/O."""
 
     max_inflight: int
     render_ahead: int
@@ -88,9 +112,25 @@ class Budget:
     inflight: int = 0
     rendering: int = 0
     ready: int = 0
+    inflight_lanes: Counter[int] = field(default_factory=Counter)
 
-    def may_dispatch(self) -> bool:
-        return self.ready > 0 and self.inflight < self.max_inflight
+    @property
+    def backlog_cap(self) -> int:
+        return backlog_cap(self.max_inflight)
+
+    def may_dispatch(self, lane: int = 0, best_lane: int | None = None) -> bool:
+        """Room for a page of ``lane`` while ``best_lane`` is the best lane with an open document. A page of the
+        best lane counts only its own lane's pages against ``max_inflight``: pages of worse lanes fill the
+        engine, which makes room for it (``engines.deepseek.lanes``). A page of a worse lane also needs fewer
+        than ``backlog_cap`` pages of worse lanes in flight."""
+        if self.ready <= 0:
+            return False
+        if best_lane is None:
+            return self.inflight < self.max_inflight
+        if lane <= best_lane:
+            return self.inflight_lanes[lane] < self.max_inflight
+        backlog = self.inflight - self.inflight_lanes[best_lane]
+        return self.inflight < self.max_inflight and backlog < self.backlog_cap
 
     def may_render(self) -> bool:
         return self.rendering < self.render_workers and self.rendering + self.ready < self.render_ahead
@@ -127,6 +167,7 @@ class Document:
     outcomes: dict[int, PageOutcome] = field(default_factory=dict)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     closed: bool = False
+    retired: bool = False
 
     @property
     def unrendered(self) -> bool:
@@ -164,6 +205,7 @@ class PageScheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._engine_ready = asyncio.Event()
         self._engine_ready.set()
+        self._open_lanes: Counter[int] = Counter()
 
     # --- public surface -----------------------------------------------------------------------------------
 
@@ -172,6 +214,7 @@ class PageScheduler:
             self._epoch = detected_at
         order = DocumentOrder.of(priority, detected_at, pages, self.ageing_seconds, next(self._seq))
         doc = Document(doc_id, order, pages, prompt, render, asyncio.get_running_loop().create_future())
+        self._open_lanes[order.lane] += 1
         heapq.heappush(self._render_queue, (order, doc))
         self._pump()
         return doc
@@ -179,6 +222,7 @@ class PageScheduler:
     async def cancel(self, doc: Document) -> list[str]:
         """Stop a document: drop its queued pages and cancel its in-flight requests; returns their ids."""
         doc.closed = True
+        self._retire(doc)
         dropped = [entry for entry in self._ready if entry[2].doc is doc]
         if dropped:
             self._ready = [entry for entry in self._ready if entry[2].doc is not doc]
@@ -228,7 +272,12 @@ class PageScheduler:
     # --- the pump: every state change ends here -------------------------------------------------------------
 
     def _pump(self) -> None:
-        while self._engine_ready.is_set() and self.budget.may_dispatch():
+        best = self._best_lane()
+        while (
+            self._engine_ready.is_set()
+            and self._ready
+            and self.budget.may_dispatch(self._ready[0][0].lane, best)
+        ):
             _, _, ready = heapq.heappop(self._ready)
             self.budget.ready -= 1
             self._dispatch(ready)
@@ -240,6 +289,16 @@ class PageScheduler:
                 heapq.heappush(self._render_queue, (doc.order, doc))
             self.budget.rendering += 1
             self._spawn(self._render(doc, index), f"render:{doc.doc_id}:{index}")
+
+    def _best_lane(self) -> int | None:
+        """The best lane with an open document (work waiting, rendering or in flight)."""
+        return min((lane for lane, count in self._open_lanes.items() if count > 0), default=None)
+
+    def _retire(self, doc: Document) -> None:
+        """A document leaves its lane once, whichever way it closes."""
+        if not doc.retired:
+            doc.retired = True
+            self._open_lanes[doc.order.lane] -= 1
 
     def _next_to_render(self) -> Document | None:
         """The best document with pages left to render, left on its heap (finished and closed ones are dropped)."""
@@ -289,6 +348,7 @@ class PageScheduler:
             page_index=page.index,
         )
         self.budget.inflight += 1
+        self.budget.inflight_lanes[doc.order.lane] += 1
         task = self._spawn(self._recognize(doc, request), f"recognize:{request.request_id}")
         doc.inflight[request.request_id] = task
         task.add_done_callback(functools.partial(self._page_done, doc, page, request))
@@ -296,6 +356,7 @@ class PageScheduler:
     def _page_done(self, doc: Document, page: RenderedPage, request: PageRequest, task: asyncio.Task[Any]) -> None:
         """Bookkeeping in a done-callback, so it also runs for a task cancelled before its first step."""
         self.budget.inflight -= 1
+        self.budget.inflight_lanes[doc.order.lane] -= 1
         doc.inflight.pop(request.request_id, None)
         requeue = False
         if task.cancelled():
@@ -313,6 +374,7 @@ class PageScheduler:
             request.image = None
             if len(doc.outcomes) == doc.pages and not doc.future.done():
                 doc.closed = True
+                self._retire(doc)
                 doc.future.set_result([doc.outcomes[i] for i in range(doc.pages)])
         if requeue and not doc.closed:
             heapq.heappush(self._ready, (doc.order, page.index, _Ready(doc, page)))
@@ -323,6 +385,7 @@ class PageScheduler:
         if doc.future.done():
             return
         doc.closed = True
+        self._retire(doc)
         doc.future.set_exception(error)
         for task in list(doc.inflight.values()):
             task.cancel()

@@ -129,6 +129,12 @@ def test_recognizes_drawn_text_with_line_boxes() -> None:
         assert 0 <= left < right <= PAGE[0] and 0 <= upper < lower <= PAGE[1]
         assert abs(left - LEFT) < 15 and top <= upper < top + 30 and 30 < lower - upper < 80
         assert 0 <= block["conf"] <= 100
+        words = block["words"]
+        assert " ".join(word["text"] for word in words) == block["text"] and len(words) == len(text.split())
+        for word, following in zip(words, words[1:] + [None]):
+            assert left <= word["bbox"][0] < word["bbox"][2] <= right and upper <= word["bbox"][1] < lower
+            assert following is None or word["bbox"][2] < following["bbox"][0]
+    assert [block["paragraph"] for block in result.blocks] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "1"])
@@ -300,10 +306,25 @@ def test_parse_tsv_groups_words_into_lines_and_paragraphs() -> None:
     markdown, blocks = parse_tsv("\n".join([header, *rows]) + "\n")
     assert markdown == "Hello world,\nagain\n\nAnother paragraph."
     assert blocks == [
-        {"type": "line", "text": "Hello world,", "bbox": [150, 200, 550, 240], "conf": 95.0},
-        {"type": "line", "text": "again", "bbox": [150, 250, 270, 290], "conf": 90.0},
-        {"type": "line", "text": "Another paragraph.", "bbox": [150, 900, 560, 945], "conf": 75.0},
-    ]
+        {
+            "type": "line", "text": "Hello world,", "bbox": [150, 200, 550, 240], "conf": 95.0, "paragraph": 1,
+            "words": [
+                {"text": "Hello", "bbox": [150, 200, 250, 240], "conf": 96.5},
+                {"text": "world,", "bbox": [260, 205, 550, 235], "conf": 93.5},
+            ],
+        },
+        {
+            "type": "line", "text": "again", "bbox": [150, 250, 270, 290], "conf": 90.0, "paragraph": 1,
+            "words": [{"text": "again", "bbox": [150, 250, 270, 290], "conf": 90.0}],
+        },
+        {
+            "type": "line", "text": "Another paragraph.", "bbox": [150, 900, 560, 945], "conf": 75.0, "paragraph": 2,
+            "words": [
+                {"text": "Another", "bbox": [150, 900, 350, 940], "conf": 80.0},
+                {"text": "paragraph.", "bbox": [360, 900, 560, 945], "conf": 70.0},
+            ],
+        },
+    ]  # fmt: skip
     assert parse_tsv("") == ("", [])
 
 

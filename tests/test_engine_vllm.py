@@ -111,18 +111,23 @@ def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
     assert kwargs["model"] == "deepseek-ai/DeepSeek-OCR-2"
     assert kwargs["enable_prefix_caching"] is False
     assert kwargs["mm_processor_cache_gb"] == 0
-    assert kwargs["logits_processors"] == ["ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"]
+    assert "logits_processors" not in kwargs  # the guard runs inside vLLM's V2 sampler (ngram_gpu)
+    assert kwargs["max_num_seqs"] == 128 and kwargs["max_num_batched_tokens"] == 16384  # GPU memory unknown
+    batched = engine_module.engine_kwargs(VllmConfig(ngram_processor="batched"))
+    assert batched["logits_processors"] == ["ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"]
+    fallback = engine_module.engine_kwargs(VllmConfig(), processor="batched")
+    assert fallback["logits_processors"] == batched["logits_processors"]
     per_request = engine_module.engine_kwargs(VllmConfig(ngram_processor="per_request"))
     assert per_request["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
     unguarded = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=0),))
     assert "logits_processors" not in engine_module.engine_kwargs(unguarded)
-    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),))
+    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),), ngram_processor="batched")
     assert "logits_processors" in engine_module.engine_kwargs(rung_only)
     assert kwargs["scheduling_policy"] == "priority"
     assert kwargs["limit_mm_per_prompt"] == {"image": 1}
     assert kwargs["renderer_num_workers"] >= 1
     assert "trust_remote_code" not in kwargs
-    for absent in ("revision", "tokenizer", "max_num_batched_tokens", "block_size"):
+    for absent in ("revision", "tokenizer", "block_size"):
         assert absent not in kwargs
 
 
@@ -163,10 +168,12 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "VLLM_NO_USAGE_STATS": "1",
         "OMP_NUM_THREADS": "1",
         "VLLM_TUNED_CONFIG_FOLDER": str(engine_module.MOE_CONFIGS),
-        "OCRWATCH_FAST_ENCODER": "0",
+        "OCRWATCH_FAST_ENCODER": "1",
         "OCRWATCH_ENCODER_GRAPHS": "0",
+        "OCRWATCH_NGRAM_GPU": "1",
+        "OCRWATCH_LANES": "1",
     }
-    cfg = VllmConfig(compile_cache_dir=tmp_path, fast_encoder=True, encoder_cuda_graphs=True)
+    cfg = VllmConfig(compile_cache_dir=tmp_path, encoder_cuda_graphs=True, ngram_processor="batched")
     user = {
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
         "OCRWATCH_FAST_ENCODER": "0",
@@ -178,9 +185,15 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "VLLM_NO_USAGE_STATS": "1",
         "OCRWATCH_FAST_ENCODER": "1",
         "OCRWATCH_ENCODER_GRAPHS": "1",
+        "OCRWATCH_NGRAM_GPU": "0",
+        "OCRWATCH_LANES": "1",
         "VLLM_CACHE_ROOT": str(tmp_path),
     }
-    assert engine_module.engine_env(VllmConfig(encoder_cuda_graphs=True), {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
+    off = VllmConfig(fast_encoder=False, encoder_cuda_graphs=True)
+    assert engine_module.engine_env(off, {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
+    assert engine_module.engine_env(off, {})["OCRWATCH_FAST_ENCODER"] == "0"
+    unguarded = VllmConfig(ngram_size=0, ladder=())
+    assert engine_module.engine_env(unguarded, {})["OCRWATCH_NGRAM_GPU"] == "0"
 
 
 def test_the_shipped_moe_tiles_are_in_vllms_format() -> None:
@@ -360,10 +373,13 @@ class FakeRuntime:
         self.prepared: list[tuple[str, str]] = []
         self.engine_kwargs: dict[str, Any] = {}
 
-    def engine(self, kwargs: dict[str, Any]) -> FakeLLM:
-        self.engine_kwargs = kwargs
+    def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> FakeLLM:
+        self.engine_kwargs, self.fallback = kwargs, fallback
         assert self.llm is not None
         return self.llm
+
+    def gpu_memory(self) -> int | None:
+        return 143771 * 2**20  # an H200
 
     def sampling_params(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
@@ -503,6 +519,13 @@ def test_start_builds_the_engine_and_sends_one_warmup_page(monkeypatch: pytest.M
     asyncio.run(engine.start())
     runtime = engine._runtime
     assert isinstance(runtime, FakeRuntime) and runtime.engine_kwargs["load_format"] == "dummy"
+    # sized for the GPU it found; the host guard is the fallback where vLLM would not run its V2 runner
+    assert runtime.engine_kwargs["max_num_seqs"] == 256 == engine.max_concurrency
+    assert runtime.engine_kwargs["max_num_batched_tokens"] == 32768
+    assert "logits_processors" not in runtime.engine_kwargs
+    assert runtime.fallback is not None and runtime.fallback["logits_processors"] == [
+        engine_module.NGRAM_PROCESSORS["batched"]
+    ]
     (call,) = llm.calls
     assert call["request_id"] == "ocrwatch-warmup"
     assert call["params"]["max_tokens"] == 1 and "extra_args" not in call["params"]
@@ -536,7 +559,7 @@ def test_an_engine_argument_vllm_lacks_stops_start_as_a_config_error(
     monkeypatch: pytest.MonkeyPatch, vllm_env: None
 ) -> None:
     class OldRuntime(FakeRuntime):
-        def engine(self, kwargs: dict[str, Any]) -> FakeLLM:
+        def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> FakeLLM:
             engine_module.check_engine_args(kwargs, {"model"}, self.version)
             return FakeLLM()
 
@@ -603,7 +626,7 @@ class ReplicaRuntime(FakeRuntime):
 
     built: list[tuple[str | None, FakeLLM]] = []
 
-    def engine(self, kwargs: dict[str, Any]) -> FakeLLM:
+    def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> FakeLLM:
         llm = FakeLLM(output("Free", "length"))
         self.built.append((os.environ.get("CUDA_VISIBLE_DEVICES"), llm))
         return llm

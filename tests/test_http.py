@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import resource
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
-from ocrwatch.http import Listener, host_port
+from ocrwatch.http import Listener, connection_cap, host_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_host_port() -> None:
@@ -74,23 +82,127 @@ async def test_port_zero_binds_a_free_port_on_the_given_host() -> None:
         listener.address  # noqa: B018 - stopped: no address
 
 
-async def test_connections_beyond_the_limit_are_closed_at_once_and_room_comes_back() -> None:
+async def test_a_full_listener_closes_its_least_recently_active_idle_connection_for_a_newcomer() -> None:
+    """Idle connections cannot lock a real request out: the one quiet the longest makes room."""
     listener = Listener(app(), "127.0.0.1:0", name="test", max_connections=3, idle_timeout=30)
     await listener.start()
-    held = []
+    held: list[socket.socket] = []
     try:
-        held = [await asyncio.to_thread(connect, listener) for _ in range(3)]
-        await asyncio.sleep(0.1)
-        assert listener.open_connections == 3
-        assert await asyncio.to_thread(get, listener) == b""  # refused: closed without an answer
-        assert listener.open_connections == 3
-        held.pop().close()
-        await asyncio.sleep(0.1)
-        assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
+        with capture_logs() as logs:
+            for _ in range(3):
+                held.append(await asyncio.to_thread(connect, listener))
+                await asyncio.sleep(0.05)
+            held[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # the oldest stirs: the second is now the quietest
+            await asyncio.sleep(0.1)
+            assert listener.open_connections == 3
+            for _ in range(5):
+                assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
+            assert await asyncio.to_thread(closed_within, held[1], 5) < 1
+            assert listener.open_connections <= 3
+        full = [entry for entry in logs if entry["event"] == "http_connections_full"]
+        assert len(full) == 1 and full[0]["max_connections"] == 3  # once per episode, not per connection
     finally:
         for sock in held:
             sock.close()
         await listener.stop()
+
+
+async def test_a_full_listener_of_busy_connections_refuses_a_newcomer_until_one_ends() -> None:
+    listener = Listener(app(delay=1.5), "127.0.0.1:0", name="test", max_connections=3, idle_timeout=30)
+    await listener.start()
+    try:
+        busy = [asyncio.create_task(asyncio.to_thread(get, listener)) for _ in range(3)]
+        await asyncio.sleep(0.5)
+        assert listener.open_connections == 3
+        assert await asyncio.to_thread(get, listener) == b""  # every connection is answering: refused at once
+        assert all(answer.endswith(b"hello") for answer in await asyncio.gather(*busy))
+        await asyncio.sleep(0.1)
+        assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
+    finally:
+        await listener.stop()
+
+
+def test_the_connection_cap_follows_the_descriptor_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        assert (connection_cap(64), connection_cap(32), connection_cap(3)) == (64, 32, 3)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        assert Listener(app(), "127.0.0.1:0", name="test", max_connections=64).max_connections == 16
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+EXHAUSTED_CHILD = """
+import asyncio, os, resource, sys
+from aiohttp import web
+from ocrwatch import logging as ocrlog
+from ocrwatch.config import LogConfig
+from ocrwatch.http import Listener
+
+async def main():
+    ocrlog.configure(LogConfig(format="json"), sys.stdout)
+    application = web.Application()
+    application.router.add_get("/", lambda request: web.Response(text="hello"))
+    listener = Listener(application, "127.0.0.1:0", name="test")
+    await listener.start()
+    await asyncio.get_running_loop().run_in_executor(None, int)  # its thread exists before descriptors run out
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    hogs = []
+    try:
+        while True:
+            hogs.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    print("PORT", listener.port, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "free" from the parent
+    for fd in hogs:
+        os.close(fd)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "stop"
+    await listener.stop()
+
+asyncio.run(main())
+"""
+
+
+def test_accept_out_of_descriptors_is_logged_once_and_recovers() -> None:
+    """asyncio logs a traceback at every accept retry when descriptors run out; the listener logs one line."""
+    child = subprocess.Popen([sys.executable, "-c", EXHAUSTED_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        port = int(child.stdout.readline().split()[1])
+        deadline = time.monotonic() + 3.5  # three retries or more
+        attempts = []
+        while time.monotonic() < deadline:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                sock.settimeout(0.5)
+                with contextlib.suppress(OSError):
+                    attempts.append(sock.recv(100))
+        child.stdin.write("free\n")
+        child.stdin.flush()
+        answered = b""
+        for _ in range(50):  # asyncio tries again a second after the failure
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                sock.settimeout(5)
+                answered = read_all(sock)
+            if answered:
+                break
+            time.sleep(0.1)
+        assert answered.endswith(b"hello")
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        output = child.communicate(timeout=30)[0]
+    finally:
+        child.kill()
+        child.wait()
+    lines = output.splitlines()
+    assert "Traceback" not in output, output
+    assert sum('"http_accept_exhausted"' in line for line in lines) == 1, output
+    assert sum('"http_accept_recovered"' in line for line in lines) == 1, output
+    assert not any(b"hello" in answer for answer in attempts)  # it really was out of descriptors
 
 
 async def test_idle_connections_are_closed_but_a_slow_answer_is_not_cut() -> None:

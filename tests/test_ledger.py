@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from ocrwatch import ledger as ledger_module
-from ocrwatch.errors import OcrwatchError, TransientError
-from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
+from ocrwatch.errors import ConfigError, TransientError
+from ocrwatch.ledger import Fingerprint, Ledger, StateUnusable, same_content, sha256_file
 from ocrwatch.sources.base import Job, LocalFile, S3Object
+from tests import ledgers
 
 REPO = Path(__file__).resolve().parent.parent
 ERROR = {"kind": "corrupt_pdf", "message": "trailer missing", "retryable": False}
@@ -159,6 +160,20 @@ def test_state_transitions_and_attempts(tmp_path: Path, ledger: Ledger) -> None:
         ledger.record_attempt("file:///nowhere", None)
 
 
+def test_an_attempt_a_clean_shutdown_interrupted_is_given_back(tmp_path: Path, ledger: Ledger) -> None:
+    job = local_job(tmp_path, "long.pdf")
+    ledger.admit(job, fp())
+    assert ledger.record_attempt(job.key, None) == 1
+    ledger.set_state(job.key, "recognizing", pages_total=300)
+    ledger.release_attempt(job.key)
+    row = ledger.known(job.key)
+    assert row is not None and (row.attempts, row.state) == (0, "recognizing")  # still unfinished: it resumes
+    ledger.release_attempt(job.key)
+    assert ledger.record_attempt(job.key, None) == 1  # never below zero
+    with pytest.raises(KeyError):
+        ledger.release_attempt("file:///nowhere")
+
+
 def test_unfinished_jobs_resume_after_reopen(tmp_path: Path, db: Path) -> None:
     s3 = Job(
         origin=S3Object(bucket="b", key="in/x y.pdf", etag='"e"', version_id="v7", size=10),
@@ -229,7 +244,35 @@ def test_newer_schema_is_refused(db: Path) -> None:
     Ledger(db).close()
     with closing(sqlite3.connect(db)) as conn:
         conn.execute("PRAGMA user_version = 99")
-    with pytest.raises(OcrwatchError, match="schema version 99"):
+    with pytest.raises(StateUnusable, match="schema version 99"):
+        Ledger(db)
+
+
+@pytest.mark.parametrize("breaker", list(ledgers.BREAKERS))
+def test_a_broken_ledger_is_refused_at_open_and_left_as_it_is(tmp_path: Path, db: Path, breaker: str) -> None:
+    """Garbage, a copy cut short, a page damaged in the middle, a newer schema: each stops the open with the
+    file's name and what to do (a ``ConfigError``: exit 2), and the file is not touched, so it can be examined."""
+    ledgers.make_ledger(db, tmp_path / "inbox")
+    ledgers.BREAKERS[breaker](db)
+    before = db.read_bytes()
+    with pytest.raises(StateUnusable) as caught:
+        Ledger(db)
+    assert isinstance(caught.value, ConfigError) and str(db) in caught.value.message
+    assert str(db) in caught.value.hint or "upgrade" in caught.value.hint
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in db.parent.iterdir()) == [db.name]
+
+
+def test_rows_hidden_by_a_damaged_page_are_caught_by_the_check_at_open(tmp_path: Path, db: Path) -> None:
+    """The damage that no query reports: rows are silently missing (a done document would be processed again,
+    a queued one never resumed). Only the whole-file check at open sees it."""
+    jobs = ledgers.make_ledger(db, tmp_path / "inbox")
+    ledgers.hide_rows_in_the_middle(db)
+    with closing(sqlite3.connect(db)) as conn:
+        found = {row[0] for row in conn.execute("SELECT key, job FROM jobs")}
+    missing = [job for job in jobs if job.key not in found]
+    assert len(missing) == 4  # and no error from SQLite
+    with pytest.raises(StateUnusable, match="is damaged"):
         Ledger(db)
 
 
@@ -255,7 +298,7 @@ def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: 
     with closing(sqlite3.connect(db)) as conn:
         columns = [column[1] for column in conn.execute("PRAGMA table_info(jobs)")]
         assert "next_attempt_at" not in columns and "finished_at" in columns
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == ledger_module.SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == ledger_module.SCHEMA_VERSION == 3
         indexes = {index[1] for index in conn.execute("PRAGMA index_list(jobs)")}
         assert {"jobs_by_state", "jobs_by_error"} <= indexes
 

@@ -5,22 +5,26 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageChops
 from pypdf import PdfReader, PdfWriter
 from pypdf.generic import RectangleObject
 
 import dataclasses
 
-from ocrwatch import errors, render as render_module
+from ocrwatch import errors, memory, render as render_module
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
+from ocrwatch.memory import DecodeBudget, image_bytes
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.render import (
     DEFAULT_DPI,
@@ -34,6 +38,7 @@ from ocrwatch.render import (
     render_page,
     render_spec,
 )
+from ocrwatch.sniff import sniff
 from tests import docs
 from tests.conftest import REPO, corpus_path
 
@@ -565,3 +570,100 @@ def test_pdfium_renderer_missing_is_a_config_error(monkeypatch: pytest.MonkeyPat
     with pytest.raises(errors.ConfigError):
         render_module.check_renderer(RenderConfig(renderer="pdfium"))
     render_module.check_renderer(RenderConfig())
+
+
+# --- memory: one decode budget, band-by-band shrinking --------------------------------------------------------
+
+
+def _transparent_page(size: tuple[int, int]) -> Image.Image:
+    """RGBA, transparent but for black text and a half-transparent red block: the flattening shows."""
+    image = Image.new("RGBA", size, (0, 0, 0, 0))
+    text = docs.text_image(["Memory of one image", "band by band"], size=size)
+    image.paste((0, 0, 0, 255), mask=text.point(lambda value: 255 - value))
+    image.paste((200, 0, 0, 128), (size[0] // 4, size[1] // 2, size[0] // 2, size[1] * 3 // 4))
+    return image
+
+
+@pytest.mark.parametrize("max_side", [700, 4096])
+def test_a_large_image_is_flattened_and_downscaled_band_by_band(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_side: int
+) -> None:
+    """Bands of 256 KiB cut a 1600 x 1200 RGBA image into about thirty; the result is the whole-image
+    flattening and Lanczos resize, within one level of rounding (exact where nothing is resized)."""
+    monkeypatch.setattr(render_module, "BAND_BYTES", 256 * 1024)
+    rgba = _transparent_page((1600, 1200))
+    _, page = render_first(docs.write_png(tmp_path / "rgba.png", rgba), render_spec(RenderConfig(max_side=max_side)))
+    expected = render_module._ocr_mode(rgba)
+    if max_side < 1600:
+        expected = expected.resize((700, 525), Image.Resampling.LANCZOS)
+    assert (page.image.mode, page.image.size) == ("RGB", expected.size)
+    worst = max(high for _, high in ImageChops.difference(page.image, expected).getextrema())
+    assert worst <= (1 if max_side < 1600 else 0)
+
+
+def test_one_budget_keeps_two_large_pages_from_decoding_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers start a large page each at the same moment; the budget has room for one. Its own counters
+    show that they never held it together, that each was charged its decoded image and its result, and that the
+    heap was trimmed after each."""
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "trim_heap", lambda: trims.append(1))
+    png = docs.write_png(tmp_path / "big.png", _transparent_page((3000, 3000)))
+    info = probe(png, LIMITS)
+    charge = image_bytes("RGBA", 3000, 3000) + image_bytes("RGB", 3000, 3000)  # 72 MB: a large page
+    budget = DecodeBudget(charge * 3 // 2)
+    start = threading.Barrier(2)
+
+    def work(_: int) -> RenderedPage:
+        start.wait(30)
+        return render_page(png, info, 0, SPEC, budget=budget)
+
+    with ThreadPoolExecutor(2) as pool:
+        pages = list(pool.map(work, range(2)))
+    assert [page.image.size for page in pages] == [(3000, 3000)] * 2
+    assert (budget.granted, budget.peak_holders, budget.peak, budget.held) == (2, 1, charge, 0)
+    assert len(trims) == 2
+
+
+def test_pdf_pages_are_decoded_within_the_budget(tmp_path: Path) -> None:
+    pdf = docs.write_pdf(tmp_path / "a.pdf", [["one"]])
+    info = probe(pdf, LIMITS)
+    budget = DecodeBudget(2**30)
+    page = render_page(pdf, info, 0, SPEC, budget=budget)
+    assert budget.granted == 1 and budget.peak == page.width * page.height * render_module.PDF_BYTES_PER_PIXEL
+
+
+# --- PDFs without their header ------------------------------------------------------------------------------
+
+
+def _junk(size: int) -> bytes:
+    junk = random.Random(18).randbytes(size)
+    assert sniff(junk) is None
+    return junk
+
+
+def test_a_pdf_whose_header_is_buried_or_missing_is_read_as_poppler_reads_it(tmp_path: Path) -> None:
+    """2 KiB of junk before ``%PDF-`` (beyond the sniffer's 1 KiB), or no header line at all: poppler rebuilds
+    the cross-reference table and renders the page, so the file is a PDF, not ``not_a_document``."""
+    pdf = docs.write_pdf(tmp_path / "a.pdf", [["Invoice 42"]]).read_bytes()
+    buried, bare = tmp_path / "buried.pdf", tmp_path / "bare.pdf"
+    buried.write_bytes(_junk(2048) + pdf)
+    bare.write_bytes(pdf[pdf.index(b"\n") + 1 :])
+    for path in (buried, bare):
+        info, page = render_first(path)
+        assert (info.kind, info.mime, info.pages) == ("pdf", "application/pdf", 1)
+        assert page.image.size == (1654, 2339)  # an A4 page at the default 200 dpi
+
+
+def test_content_that_poppler_cannot_read_is_still_not_a_document(tmp_path: Path) -> None:
+    """Random bytes, and a text holding stray PDF keywords (poppler finds a trailer, a catalog, but no page)."""
+    keywords = b"1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj 2 0 obj << /Type /Pages /Kids [] /Count 0 >> endobj"
+    for name, content in [
+        ("random.pdf", _junk(50_000)),
+        ("trailer.pdf", b"trailer\n<< /Root 1 0 R >>\n"),
+        ("keywords.pdf", keywords + b" trailer << /Root 1 0 R >>"),
+    ]:
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(errors.NotADocument):
+            probe(tmp_path / name, LIMITS)

@@ -1,4 +1,4 @@
-"""Sidecars beside the source: names, atomicity, stale error removal."""
+"""Sidecars beside the source: names, atomicity, stale sidecars, and what else may lie at their names."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ocrwatch.assemble import SCHEMA_ID
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sinks import local as local_sink
 from ocrwatch.sinks.local import LocalSink, atomic_write
@@ -31,10 +32,10 @@ def test_write_then_error_then_success_removes_error(tmp_path: Path) -> None:
     source.write_bytes(b"%PDF-1.4")
     sink = LocalSink()
     job = job_for(source)
-    sink.write_error(job, {"status": "failed"})
+    sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
     assert (tmp_path / "a b é.pdf.error.json").exists()
-    sink.write(job, "# hello\n", {"source": {"sha256": "0" * 64}})
-    assert (tmp_path / "a b é.pdf.md").read_text() == "# hello\n"
+    sink.write(job, "<!-- page 1 -->\n\nhello\n", {"schema": SCHEMA_ID, "source": {"sha256": "0" * 64}})
+    assert (tmp_path / "a b é.pdf.md").read_text() == "<!-- page 1 -->\n\nhello\n"
     assert sink.recorded(job) == {"sha256": "0" * 64}
     assert not (tmp_path / "a b é.pdf.error.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a b é.pdf", "a b é.pdf.json", "a b é.pdf.md"]
@@ -105,3 +106,118 @@ def test_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
             LocalSink().write(job_for(source), "m", {})
     finally:
         source.parent.chmod(0o755)
+
+
+# --- what else may lie at a sidecar's name ---------------------------------------------------------------------
+
+OURS = {"schema": SCHEMA_ID, "status": "ok", "source": {"sha256": "1" * 64, "bytes": 3}}
+PAGES = "<!-- page 1 -->\n\nnew text\n"
+
+
+def _source(tmp_path: Path, name: str = "x.pdf") -> tuple[Path, Job]:
+    source = tmp_path / name
+    source.write_bytes(b"%PDF-1.4")
+    return source, job_for(source)
+
+
+def _plant(path: Path, what: str) -> None:
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "dev-zero-link":
+        path.symlink_to("/dev/zero")
+    elif what == "folder":
+        path.mkdir()
+    elif what == "user-file":
+        path.write_text('{"mine": "a user\'s notes"}')
+
+
+def _recorded_in_thread(sink: LocalSink, job: Job) -> object:
+    """``recorded`` in a daemon thread, so a blocking read (a FIFO) fails the test instead of hanging it."""
+    import threading
+
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(sink.recorded(job)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "recorded() blocked"
+    return result[0]
+
+
+@pytest.mark.parametrize("what", ["fifo", "dev-zero-link", "folder", "user-file"])
+@pytest.mark.parametrize("kind", ["json", "md"])
+def test_a_foreign_occupant_is_refused_before_anything_is_written(tmp_path: Path, what: str, kind: str) -> None:
+    """A FIFO, a link to /dev/zero, a folder or a user's file at NAME.json or NAME.md: ``recorded`` neither
+    blocks nor reads it, ``write`` refuses with ``output_conflict`` naming it, and nothing is written."""
+    from ocrwatch.errors import OutputConflict
+
+    _, job = _source(tmp_path)
+    sink = LocalSink()
+    planted = tmp_path / f"x.pdf.{kind}"
+    _plant(planted, what)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert _recorded_in_thread(sink, job) is None
+    with pytest.raises(OutputConflict) as refused:
+        sink.write(job, PAGES, OURS)
+    assert str(planted) in refused.value.message and str(planted) in refused.value.hint
+    assert "ocrwatch retry" in refused.value.hint and not refused.value.retryable
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    if what == "user-file":
+        assert planted.read_text() == '{"mine": "a user\'s notes"}'
+
+
+def test_a_user_file_at_the_error_name_is_neither_overwritten_nor_removed(tmp_path: Path) -> None:
+    from ocrwatch.errors import OutputConflict
+
+    _, job = _source(tmp_path)
+    theirs = tmp_path / "x.pdf.error.json"
+    theirs.write_text("{}")
+    sink = LocalSink()
+    with pytest.raises(OutputConflict):
+        sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
+    sink.write(job, PAGES, OURS)  # a result may be written; only ocrwatch's own error sidecar is removed
+    assert theirs.read_text() == "{}" and sink.recorded(job) == OURS["source"]
+
+
+def test_own_sidecars_are_replaced_and_a_leftover_markdown_too(tmp_path: Path) -> None:
+    """ocrwatch's own JSON (schema first) and Markdown (page marker first) are replaced, also a Markdown left
+    alone by a write killed before its JSON."""
+    _, job = _source(tmp_path)
+    sink = LocalSink()
+    (tmp_path / "x.pdf.md").write_text("<!-- page 1 -->\n\nkilled before the JSON\n")
+    sink.write(job, PAGES, OURS)
+    sink.write(job, PAGES.replace("new", "newer"), OURS | {"status": "partial"})
+    assert "newer" in (tmp_path / "x.pdf.md").read_text()
+    assert json.loads((tmp_path / "x.pdf.json").read_text())["status"] == "partial"
+
+
+def test_recorded_reads_a_bounded_head_of_a_large_sidecar(tmp_path: Path) -> None:
+    """The source section comes first; a 40 MB JSON sidecar (a long document) is recognised from its head."""
+    _, job = _source(tmp_path)
+    big = OURS | {"pages": [{"markdown": "y" * 1000}] * 40_000}
+    (tmp_path / "x.pdf.json").write_bytes(local_sink.dump_json(big))
+    assert (tmp_path / "x.pdf.json").stat().st_size > 40_000_000
+    assert LocalSink().recorded(job) == OURS["source"]
+    (tmp_path / "x.pdf.json").write_text(json.dumps({"status": "ok", "source": OURS["source"]}))
+    assert LocalSink().recorded(job) is None  # not ocrwatch's: no schema first
+
+
+def test_a_failure_removes_the_previous_versions_result_but_not_a_users_file(tmp_path: Path) -> None:
+    _, job = _source(tmp_path)
+    sink = LocalSink()
+    sink.write(job, PAGES, OURS)
+    sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.pdf", "x.pdf.error.json"]
+    (tmp_path / "x.pdf.md").write_text("my own notes about x.pdf\n")
+    sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
+    assert (tmp_path / "x.pdf.md").read_text() == "my own notes about x.pdf\n"
+
+
+def test_a_name_whose_error_sidecar_cannot_exist_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """250 bytes: NAME.md and NAME.json would fit in 255, NAME.error.json would not."""
+    from ocrwatch.errors import NameTooLong
+
+    _, job = _source(tmp_path, "n" * 246 + ".pdf")
+    with pytest.raises(NameTooLong) as refused:
+        LocalSink().write(job, PAGES, OURS)
+    assert "255" in refused.value.message and "shorter" in refused.value.hint
+    assert [p.name for p in tmp_path.iterdir()] == ["n" * 246 + ".pdf"]

@@ -63,6 +63,6 @@ def test_the_inbox_and_the_renderer_agree_on_a_png_holding_a_pdf_header(tmp_path
     whole, partial = tmp_path / "whole.png", tmp_path / "partial.png"
     whole.write_bytes(data)
     partial.write_bytes(data[:-12])  # without IEND; a PDF's %%EOF was never the test
-    assert settle.probe(whole) and not settle.probe(partial)
+    assert settle.probe(whole, tmp_path) and not settle.probe(partial, tmp_path)
     info = render.probe(whole, render.Limits.from_config(LimitsConfig()))
     assert (info.kind, info.mime) == ("image", "image/png")

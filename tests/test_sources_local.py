@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -175,15 +176,17 @@ def test_probe_knows_whole_files_from_partial_ones(tmp_path: Path) -> None:
         whole, partial = tmp_path / f"whole.{kind}", tmp_path / f"partial.{kind}"
         whole.write_bytes(data)
         partial.write_bytes(data[: len(data) * 2 // 3])
-        assert probe(whole), kind
-        assert not probe(partial), kind
+        assert probe(whole, tmp_path), kind
+        assert not probe(partial, tmp_path), kind
     (tmp_path / "notes.pdf").write_bytes(b"plain text that merely ends in .pdf\n")
-    assert probe(tmp_path / "notes.pdf"), "unknown content is submitted so the renderer says not_a_document"
+    assert probe(tmp_path / "notes.pdf", tmp_path), "unknown content is submitted so the renderer says not_a_document"
     (tmp_path / "empty.pdf").write_bytes(b"")
     (tmp_path / "tiny.pdf").write_bytes(b"%PD")
-    assert not probe(tmp_path / "empty.pdf") and not probe(tmp_path / "tiny.pdf")
+    assert not probe(tmp_path / "empty.pdf", tmp_path) and not probe(tmp_path / "tiny.pdf", tmp_path)
     os.mkfifo(tmp_path / "fifo.pdf")
-    assert not probe(tmp_path / "fifo.pdf")  # returns at once: never blocks on a FIFO
+    assert not probe(tmp_path / "fifo.pdf", tmp_path)  # returns at once: never blocks on a FIFO
+    (tmp_path / "link.pdf").symlink_to(whole.with_suffix(".pdf"))
+    assert not probe(tmp_path / "link.pdf", tmp_path), "a link is never opened, even to a whole file"
 
 
 # --- arrival -----------------------------------------------------------------------------------------------
@@ -309,29 +312,49 @@ def test_directories_and_fifos_named_like_documents_are_ignored_without_blocking
     run(scenario())
 
 
-def test_symlinks_leaving_the_inbox_are_refused_and_links_inside_stand_for_their_target(tmp_path: Path) -> None:
-    """Choice: a link inside the inbox is not a document of its own. It stands for its target, which is
-    processed once under its real name (``LocalFile.uri`` resolves links, so the two would share one ledger
-    row anyway), and only where the target is itself a document of the inbox."""
+@pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
+@pytest.mark.parametrize("when", ["before start", "while watching"])
+def test_no_link_is_followed_and_each_is_refused_once(tmp_path: Path, polling: bool, when: str) -> None:
+    """Choice: a link is never a document and never a way in, whether it leads out of the inbox or within it,
+    to a file or to a folder (``ln -s . a; ln -s .. b`` must not make either watcher walk for ever). The
+    native and the polling watcher treat them alike: one ``local_refused`` line each."""
     root = tmp_path / "in"
     (root / ".private").mkdir(parents=True)
     (tmp_path / "elsewhere.pdf").write_bytes(PDF)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "beyond.pdf").write_bytes(PDF)
+    links = {
+        "passwd.pdf": Path("/etc/passwd"), "escape.pdf": tmp_path / "elsewhere.pdf",
+        "peek.pdf": root / ".private" / "secret.pdf", "alias.pdf": Path("real.pdf"), "a": Path("."),
+        "b": Path(".."), "out": tmp_path / "folder",
+    }  # fmt: skip
+
+    def make_links() -> None:
+        (root / ".private" / "secret.pdf").write_bytes(PDF)
+        (root / "real.pdf").write_bytes(PDF)
+        for name, target in links.items():
+            (root / name).symlink_to(target)
+
+    if when == "before start":
+        make_links()
 
     async def scenario() -> None:
         with structlog.testing.capture_logs() as logs:
-            async with watching(inbox(root)) as (_, got):
-                (root / "passwd.pdf").symlink_to("/etc/passwd")
-                (root / "escape.pdf").symlink_to(tmp_path / "elsewhere.pdf")
-                (root / ".private" / "secret.pdf").write_bytes(PDF)
-                (root / "peek.pdf").symlink_to(root / ".private" / "secret.pdf")
-                (root / "real.pdf").write_bytes(PDF)
-                (root / "alias.pdf").symlink_to("real.pdf")
+            async with watching(inbox(root, polling=polling)) as (_, got):
+                if when == "while watching":
+                    make_links()
+                await until(lambda: got.names() == {"real.pdf"}, "real.pdf")
+                await until(lambda: {Path(e["path"]).name for e in logs if e["event"] == "local_refused"} >= set(links),
+                            "every link refused")  # fmt: skip
                 (root / "sentinel.pdf").write_bytes(PDF)
-                await until(lambda: len(got.jobs) == 2, "real.pdf and sentinel.pdf")
+                await until(lambda: len(got.jobs) == 2, "sentinel.pdf")
                 await asyncio.sleep(GRACE)
-                assert got.names() == {"real.pdf", "sentinel.pdf"}
-        refused = {Path(entry["path"]).name for entry in logs if entry["event"] == "local_refused"}
-        assert refused == {"passwd.pdf", "escape.pdf"}
+                assert sorted(got.paths()) == [root.resolve() / "real.pdf", root.resolve() / "sentinel.pdf"]
+        refused = [entry for entry in logs if entry["event"] == "local_refused"]
+        assert sorted(Path(entry["path"]).name for entry in refused) == sorted(links), "one line per link"
+        reasons = {Path(entry["path"]).name: entry["reason"] for entry in refused}
+        assert "outside the inbox" in reasons["passwd.pdf"] and "outside the inbox" in reasons["b"]
+        assert all("links are not followed" in reason for reason in reasons.values())
 
     run(scenario())
 
@@ -448,6 +471,8 @@ def test_update_inboxes_adds_and_removes_without_dropping_pending_work(tmp_path:
 def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(tmp_path: Path) -> None:
     root = tmp_path / "in"
     quarantine = root / "failed"
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
 
     async def scenario() -> None:
         async with watching(inbox(root, quarantine_dir=quarantine)) as (source, got):
@@ -455,7 +480,10 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             (root / "sub" / "bad.pdf").write_bytes(PDF)
             await until(lambda: len(got.jobs) == 1, "bad.pdf")
             job = got.jobs[0]
-            assert await source.fetch(job, tmp_path / "spool") == job.origin.path
+            fetched = await source.fetch(job, spool)
+            assert fetched.path.parent == spool and fetched.path.read_bytes() == PDF
+            assert fetched.sha256 == hashlib.sha256(PDF).hexdigest() and not fetched.changed()
+            fetched.path.unlink()
             (root / "sub" / "bad.pdf.error.json").write_text('{"kind": "corrupt_pdf"}')
             await source.finish(job, "done")
             assert (root / "sub" / "bad.pdf").exists()
@@ -466,7 +494,7 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             assert (quarantine / "sub" / "bad.pdf.error.json").exists()
             assert not (root / "sub" / "bad.pdf.error.json").exists()
             with pytest.raises(SourceGone):
-                await source.fetch(job, tmp_path / "spool")
+                await source.fetch(job, spool)
 
             other = pdf_bytes(pages=1)
             (root / "sub" / "bad.pdf").write_bytes(other)
@@ -487,7 +515,7 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             (root / "sub" / "bad.pdf").unlink()
             (root / "sub" / "bad.pdf").mkdir()
             with pytest.raises(NotARegularFile):
-                await source.fetch(job, tmp_path / "spool")
+                await source.fetch(job, spool)
             (root / "sentinel.pdf").write_bytes(PDF)
             await until(lambda: len(got.jobs) == 4, "sentinel.pdf")
             await asyncio.sleep(GRACE)

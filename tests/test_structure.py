@@ -40,6 +40,7 @@ RANKS: dict[str, int] = {
     "engines": 5,
     "ladder": 6,
     "assemble": 6,
+    "textlayer": 6,
     "sinks": 7,
     "pipeline": 8,
     "supervisor": 8,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ocrwatch.cli import EXIT_USAGE
+from ocrwatch.daemon import USAGE_EXIT_CODE
 from ocrwatch.systemd import sd_notify, watchdog_interval
 
 UNIT = Path(__file__).resolve().parent.parent / "systemd" / "ocrwatch.service"
@@ -23,6 +25,15 @@ def test_unit_declares_notify_and_watchdog() -> None:
         assert line in text
     assert re.search(r"^WatchdogSec=\d+", text, re.M)
     assert re.search(r"^ReadWritePaths=", text, re.M)
+
+
+def test_the_unit_restarts_on_failure_but_not_into_an_error_only_the_user_can_fix() -> None:
+    """Exit 2 (configuration, state_dir, ledger) would fail the same way every RestartSec; exit 1 (a crash, a
+    fault that may pass) and a death by signal (the watchdog's SIGABRT, the OOM killer) are restarted."""
+    settings = dict(re.findall(r"^(Restart\w*)=(.*)$", UNIT.read_text(), re.M))
+    assert settings["Restart"] == "on-failure"
+    assert settings["RestartPreventExitStatus"].split() == [str(USAGE_EXIT_CODE)]
+    assert USAGE_EXIT_CODE == EXIT_USAGE == 2
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

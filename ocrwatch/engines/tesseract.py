@@ -1,8 +1,9 @@
 """The Tesseract engine: CPU OCR through the ``tesseract`` command, one subprocess per page.
 
 Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on stdin, and
-the TSV answer gives both the Markdown (paragraphs separated by blank lines) and line blocks with boxes,
-from one run. No temporary files, so nothing to clean up after a kill.
+the TSV answer gives both the Markdown (paragraphs separated by blank lines) and line blocks with boxes, each
+with its words and their boxes (what a searchable PDF places), from one run. No temporary files, so nothing
+to clean up after a kill.
 
 Concurrency: at most ``max_concurrency`` children run at once (``[engine.tesseract] workers``, 0 = one per
 core), each with ``OMP_THREAD_LIMIT=1`` so the cores are not oversubscribed by Tesseract's own threads.
@@ -37,8 +38,8 @@ _TSV_COLUMNS = 12
 
 @dataclass
 class _Line:
-    words: list[str]
-    confidences: list[float]
+    paragraph: int
+    words: list[dict[str, Any]]
     box: list[int]
 
 
@@ -182,7 +183,9 @@ class TesseractEngine:
 
 def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
     """Markdown and line blocks from Tesseract's TSV: words joined into lines, lines into paragraphs,
-    paragraphs separated by a blank line; each line's box is the union of its words' boxes."""
+    paragraphs separated by a blank line. Each line block keeps its words (text, box, confidence), the
+    finest level Tesseract gives, and its paragraph's number on the page (1-based); a line's box is the
+    union of its words' boxes."""
     paragraphs: dict[tuple[str, ...], list[_Line]] = {}
     lines: dict[tuple[str, ...], _Line] = {}
     for row in tsv.splitlines()[1:]:
@@ -193,18 +196,23 @@ def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
         box = [left, top, left + width, top + height]
         line = lines.get(tuple(fields[1:5]))
         if line is None:
-            line = lines[tuple(fields[1:5])] = _Line([], [], box)
-            paragraphs.setdefault(tuple(fields[1:4]), []).append(line)
-        line.words.append(fields[11].strip())
-        line.confidences.append(float(fields[10]))
+            group = paragraphs.setdefault(tuple(fields[1:4]), [])
+            # The TSV walks its tree in order, so a new line belongs to the paragraph seen last.
+            line = lines[tuple(fields[1:5])] = _Line(len(paragraphs), [], box)
+            group.append(line)
+        line.words.append({"text": fields[11].strip(), "bbox": box, "conf": round(float(fields[10]), 1)})
         line.box = [*map(min, line.box[:2], box[:2]), *map(max, line.box[2:], box[2:])]
-    markdown = "\n\n".join("\n".join(" ".join(line.words) for line in group) for group in paragraphs.values())
+    markdown = "\n\n".join(
+        "\n".join(" ".join(word["text"] for word in line.words) for line in group) for group in paragraphs.values()
+    )
     blocks = [
         {
             "type": "line",
-            "text": " ".join(line.words),
+            "text": " ".join(word["text"] for word in line.words),
             "bbox": line.box,
-            "conf": round(sum(line.confidences) / len(line.confidences), 1),
+            "conf": round(sum(word["conf"] for word in line.words) / len(line.words), 1),
+            "paragraph": line.paragraph,
+            "words": line.words,
         }
         for line in lines.values()
     ]

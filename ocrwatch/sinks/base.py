@@ -1,17 +1,40 @@
 """Where sidecars go: beside a local file, or beside an S3 key.
 
 Sink contract: methods are blocking and called from worker threads, one job at a time per document.
-``write`` writes the Markdown first and the JSON last (the JSON is the commit marker); each object appears
-whole or not at all. ``write`` also removes a stale error sidecar. ``recorded`` returns the ``source`` section
-of the existing JSON sidecar, so a job whose content is unchanged is recognised as done without a ledger.
+
+- ``write`` writes the Markdown first and the JSON last (the JSON is the commit marker); each object appears
+  whole or not at all. It checks everything it can before writing anything (every sidecar's name fits, the
+  place is writable, no foreign file holds a name it writes), so a known fault never leaves half a result;
+  once the JSON is written, removing a stale error sidecar never fails the document.
+- ``write_error`` writes the error sidecar, and once it is durable removes the ``md`` and ``json`` sidecars a
+  previous version of the source left: a failed document never keeps an "ok" result for content that is no
+  longer there.
+- Only what ocrwatch wrote is ever replaced or removed. A JSON sidecar is ocrwatch's when its first member is
+  ``"schema": "ocrwatch/1"``; a Markdown sidecar when it begins with ``<!-- page`` or its JSON sidecar is
+  ocrwatch's. Anything else at a sidecar's name (a user's file, a folder, a FIFO, a link) is refused as
+  ``output_conflict``, naming it.
+- ``recorded`` returns the ``source`` section of the existing JSON sidecar, so a job whose content is unchanged
+  is recognised as done without a ledger; it reads a bounded head (``HEAD_BYTES``, through ``json_member``)
+  and never blocks on, or reads without limit from, whatever lies at the name.
+
 Sidecars are named by ``ocrwatch.naming.sidecar_names``, which sources share to ignore them.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
 from ocrwatch.sources.base import Job
+
+HEAD_BYTES = 256 * 1024
+"""How much of a JSON sidecar is read to learn whose it is and what it describes: ``schema`` and ``source`` come
+first and take a few kB at most, while the whole file grows with the pages (tens of MB for a long document)."""
+
+_SPACE = re.compile(r"\s*")
 
 
 @runtime_checkable
@@ -23,5 +46,51 @@ class Sink(Protocol):
         """Write ``NAME.md`` then ``NAME.json`` atomically, and remove ``NAME.error.json``."""
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
-        """Write ``NAME.error.json`` atomically."""
+        """Write ``NAME.error.json`` atomically, then remove the ``NAME.md`` and ``NAME.json`` ocrwatch wrote."""
 
+
+def json_member(head: bytes, name: str) -> Any:
+    """The value of the top-level member ``name`` of the JSON object whose first bytes are ``head``, or None
+    when ``head`` does not hold it whole (the rest of the file is never needed)."""
+    for key, value in _members(head.decode("utf-8", "replace")):
+        if key == name:
+            return value
+    return None
+
+
+def owns_json(head: bytes) -> bool:
+    """Whether a JSON file beginning with ``head`` is one ocrwatch wrote (a result or an error sidecar)."""
+    return json_member(head, "schema") == SCHEMA_ID
+
+
+def owns_markdown(head: bytes) -> bool:
+    """Whether a Markdown file beginning with ``head`` is one ocrwatch wrote (it always opens with page 1)."""
+    return head.startswith(PAGE_MARK.encode())
+
+
+def _members(text: str) -> Iterator[tuple[str, Any]]:
+    """The top-level members of the JSON object ``text`` begins with, in order, as far as ``text`` holds them."""
+    decoder = json.JSONDecoder()
+    at = _skip(text, 0)
+    if not text.startswith("{", at):
+        return
+    at += 1
+    while True:
+        try:
+            key, at = decoder.raw_decode(text, _skip(text, at))
+            at = _skip(text, at)
+            if not isinstance(key, str) or not text.startswith(":", at):
+                return
+            value, at = decoder.raw_decode(text, _skip(text, at + 1))
+        except ValueError:  # cut off by the head's end, or not JSON at all
+            return
+        yield key, value
+        at = _skip(text, at)
+        if not text.startswith(",", at):
+            return
+        at += 1
+
+
+def _skip(text: str, at: int) -> int:
+    match = _SPACE.match(text, at)
+    return match.end() if match else at

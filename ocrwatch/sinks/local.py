@@ -5,6 +5,10 @@ the final name, then the folder is fsynced: a reader sees the old file or the ne
 even across ``kill -9`` or a full disk. The JSON goes last, so its presence means the Markdown is complete.
 The temporary name is fixed per sidecar (created exclusively, never through a symlink), so a temporary left
 by ``kill -9`` is replaced by the next write of that sidecar instead of piling up.
+
+Whatever already lies at a sidecar's name is looked at with ``look``: ``lstat`` first, then a non-blocking open
+that never follows a link, checked again with ``fstat``, and a bounded read. A FIFO, a device, a folder or a
+link there is never opened for reading; with a user's file, they are ``output_conflict`` (``sinks.base``).
 """
 
 from __future__ import annotations
@@ -14,15 +18,25 @@ import errno
 import hashlib
 import json
 import os
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ocrwatch.errors import NameTooLong, OutputNotWritable
+import structlog
+
+from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
 from ocrwatch.naming import sidecar_names
+from ocrwatch.sinks.base import HEAD_BYTES, json_member, owns_json, owns_markdown
 from ocrwatch.sources.base import Job, LocalFile
+
+log = structlog.get_logger()
 
 TMP_MARKER = ".ocrwatch-tmp-"
 NAME_MAX = 255
+"""File-name limit where the folder's own (``pathconf``) cannot be learnt."""
+PROBE_BYTES = 4096
+"""Read of a file at a sidecar's name to tell whose it is: its first member, or its first line, is enough."""
 
 
 def temporary_path(path: Path) -> Path:
@@ -76,6 +90,72 @@ def _encode_markdown(markdown: str) -> bytes:
     return markdown.encode("utf-8", "replace")  # a lone surrogate from a model becomes "?", not a failure
 
 
+@dataclass(frozen=True)
+class Occupant:
+    """What lies at a sidecar's name: a regular file and its first bytes, or what it is instead."""
+
+    path: Path
+    other: str | None = None  # "a folder", "a FIFO", ... for anything but a regular file
+    head: bytes = b""
+
+
+def look(path: Path, limit: int) -> Occupant | None:
+    """What lies at ``path`` (None: nothing, or a name too long to exist), reading at most ``limit`` bytes.
+
+    Never follows a link, never blocks (a FIFO opened without a writer), never reads a device: the type is
+    checked with ``lstat``, and again with ``fstat`` on a descriptor opened with ``O_NOFOLLOW|O_NONBLOCK``, so
+    a swap between the two is caught too."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
+            return None
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        return Occupant(path, _describe(info.st_mode))
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        return Occupant(path, "a file ocrwatch cannot read")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return Occupant(path, "a symbolic link")
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return Occupant(path, _describe(info.st_mode))
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return Occupant(path, None, b"".join(chunks))
+    finally:
+        os.close(fd)
+
+
+def _describe(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _name_max(folder: Path) -> int:
+    """The file-name limit of the filesystem ``folder`` is (or will be created) on."""
+    for candidate in (folder, *folder.parents):
+        try:
+            return int(os.pathconf(candidate, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            continue
+    return NAME_MAX
+
+
 class LocalSink:
     """Writes ``NAME.md`` / ``NAME.json`` / ``NAME.error.json`` beside the source file."""
 
@@ -102,32 +182,41 @@ class LocalSink:
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.paths(job)["json"].read_bytes())
-        except (OSError, ValueError):
+            found = look(self.paths(job)["json"], HEAD_BYTES)
+        except OSError:
             return None
-        source = data.get("source") if isinstance(data, dict) else None
+        if found is None or found.other is not None or not owns_json(found.head):
+            return None
+        source = json_member(found.head, "source")
         return source if isinstance(source, dict) else None
 
     def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
         paths = self.paths(job)
-        self._prepare(paths["json"].parent, paths["md"], paths["json"])
+        self._prepare(paths, "md", "json")
         atomic_write(paths["md"], _encode_markdown(markdown))
         atomic_write(paths["json"], dump_json(document))
-        try:
-            paths["error"].unlink()
-        except FileNotFoundError:
-            pass
+        self._remove_own(paths, "error")  # the result stands: a stale error sidecar left behind is only untidy
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
-        path = self.paths(job)["error"]
-        self._prepare(path.parent, path)
-        atomic_write(path, dump_json(error))
+        paths = self.paths(job)
+        self._prepare(paths, "error")
+        atomic_write(paths["error"], dump_json(error))
+        self._remove_own(paths, "json", "md")  # a previous version's result must not stand for this one
 
-    def _prepare(self, folder: Path, *targets: Path) -> None:
-        """Check before writing anything, so a document never gets half of its sidecars for a known reason."""
-        for target in targets:
-            if len(os.fsencode(target.name)) > NAME_MAX:
-                raise NameTooLong(f"the sidecar name for {target.name[:40]}... would be longer than {NAME_MAX} bytes")
+    def _prepare(self, paths: dict[str, Path], *kinds: str) -> None:
+        """Check before writing anything, so a document never gets half of its sidecars for a known reason:
+        every sidecar's name fits the folder (all three: a result whose error sidecar cannot exist is refused
+        too), the folder is writable, and nothing but ocrwatch's own files holds the names about to be written."""
+        folder = paths["json"].parent
+        limit = _name_max(folder)
+        for path in paths.values():
+            if len(os.fsencode(path.name)) > limit:
+                raise NameTooLong(
+                    f"the sidecar {path.name[:40]}... would be {len(os.fsencode(path.name))} bytes long; "
+                    f"{folder}'s filesystem allows {limit}",
+                    hint=f"rename the file {len(os.fsencode(path.name)) - limit} or more bytes shorter, "
+                    "or set a shorter [output] name_template",
+                )
         if self._out_dir is not None:
             folder.mkdir(parents=True, exist_ok=True)
         if not os.access(folder, os.W_OK | os.X_OK):
@@ -136,3 +225,47 @@ class LocalSink:
                 read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
             reason = "the filesystem is read-only" if read_only else os.strerror(errno.EACCES).lower()
             raise OutputNotWritable(f"cannot write sidecars in {folder}: {reason}")
+        owned = _owned(paths)
+        for kind in kinds:
+            if owned[kind] is not None:
+                raise _conflict(paths[kind], owned[kind])
+
+    def _remove_own(self, paths: dict[str, Path], *kinds: str) -> None:
+        """Remove the named sidecars where ocrwatch wrote them (in order), never a user's file; a failure is
+        logged, never raised: what was just written stands."""
+        owned = _owned(paths)
+        removed = False
+        for kind in kinds:
+            if owned[kind] is not None:
+                continue
+            try:
+                os.unlink(paths[kind])
+                removed = True
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENAMETOOLONG):  # a name too long to exist holds nothing
+                    continue
+                log.warning("stale_sidecar_not_removed", path=str(paths[kind]), error=str(exc))
+        if removed:
+            with contextlib.suppress(OSError):
+                _fsync_dir(paths["json"].parent)
+
+
+def _owned(paths: dict[str, Path]) -> dict[str, str | None]:
+    """Per sidecar: None when its name is free or holds ocrwatch's own file, else what holds it instead."""
+    found = {kind: look(path, PROBE_BYTES) for kind, path in paths.items()}
+    json_ours = found["json"] is not None and found["json"].other is None and owns_json(found["json"].head)
+    owned: dict[str, str | None] = {}
+    for kind, occupant in found.items():
+        if occupant is None or occupant.other is not None:
+            owned[kind] = None if occupant is None else occupant.other
+            continue
+        ours = (json_ours or owns_markdown(occupant.head)) if kind == "md" else owns_json(occupant.head)
+        owned[kind] = None if ours else "a file ocrwatch did not write"
+    return owned
+
+
+def _conflict(path: Path, what: str) -> OutputConflict:
+    return OutputConflict(
+        f"{path} is {what}; ocrwatch writes a sidecar there and replaces only its own",
+        hint=f"move {path} away (or set [output] dir or a different [output] name_template), then `ocrwatch retry`",
+    )

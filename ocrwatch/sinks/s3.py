@@ -5,20 +5,25 @@
 (an object appears whole or not at all), so no temporary names are needed; the JSON goes last and is the
 commit marker. Every sidecar carries ``ocrwatch-source-etag`` (and ``ocrwatch-source-version-id``) metadata,
 linking it to the exact source it describes. The source never takes these keys for documents.
+
+The sink contract (``sinks.base``) holds here as for local files: every sidecar's key must fit S3's 1024 bytes
+before anything is written (a key that cannot exist holds nothing, so ``recorded`` is None for it rather than
+an error the sender would be asked to retry for ever); only ocrwatch's own objects are replaced or removed,
+recognised by a bounded ranged read of their head; a failure removes the previous version's result.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import botocore.exceptions
 import structlog
 
 from ocrwatch.config import S3Config
-from ocrwatch.errors import NameTooLong, OcrwatchError, OutputNotWritable
+from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
 from ocrwatch.naming import sidecar_names
-from ocrwatch.s3client import call, error_code, new_client, storage_error
+from ocrwatch.s3client import call, error_code, is_invalid_name, new_client, storage_error
+from ocrwatch.sinks.base import HEAD_BYTES, json_member, owns_json, owns_markdown
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.sources.base import Job, S3Object
 
@@ -26,6 +31,9 @@ log = structlog.get_logger()
 
 MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
+MAX_KEY_BYTES = 1024
+PROBE_BYTES = 4096
+_ABSENT = frozenset({"NoSuchKey", "404", "NotFound", "InvalidRange"})
 
 
 class S3Sink:
@@ -46,33 +54,93 @@ class S3Sink:
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
         bucket, keys = self.location(job)
-        try:
-            response = call(self._client.get_object, Bucket=bucket, Key=keys["json"])
-            document = json.loads(response["Body"].read())
-        except botocore.exceptions.ClientError as exc:
-            if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise storage_error(exc, f"reading s3://{bucket}/{keys['json']}") from None
-        except ValueError:
-            log.warning("s3_sidecar_unparseable", uri=f"s3://{bucket}/{keys['json']}")
+        if not _fits(keys["json"]):
+            return None  # no such object can exist; ``write`` says why, once the document is processed
+        head = self._head(bucket, keys["json"], HEAD_BYTES)
+        if head is None or not owns_json(head):
             return None
-        except Exception as exc:
-            raise storage_error(exc, f"reading s3://{bucket}/{keys['json']}") from None
-        source = document.get("source") if isinstance(document, dict) else None
+        source = json_member(head, "source")
         return source if isinstance(source, dict) else None
 
     def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
+        self._prepare(bucket, keys, "md", "json")
         self._put(job, bucket, keys["md"], markdown.encode("utf-8"), MARKDOWN)
         self._put(job, bucket, keys["json"], dump_json(document), JSON)
-        try:
-            call(self._client.delete_object, Bucket=bucket, Key=keys["error"])
-        except Exception as exc:  # a stale error sidecar beside a good result is untidy, not wrong
-            log.warning("s3_error_sidecar_not_removed", uri=f"s3://{bucket}/{keys['error']}", error=error_code(exc))
+        self._remove_own(bucket, keys, "error")  # the result stands: a stale error sidecar left is only untidy
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
+        self._prepare(bucket, keys, "error")
         self._put(job, bucket, keys["error"], dump_json(error), JSON)
+        self._remove_own(bucket, keys, "json", "md")  # a previous version's result must not stand for this one
+
+    # -- checks before writing, and removal of what ocrwatch wrote
+
+    def _prepare(self, bucket: str, keys: dict[str, str], *kinds: str) -> None:
+        """Every sidecar's key fits (all three: a result whose error sidecar cannot exist is refused too), and
+        nothing but ocrwatch's own objects holds the keys about to be written."""
+        for key in keys.values():
+            if not _fits(key):
+                size = len(key.encode())
+                raise NameTooLong(
+                    f"the sidecar key s3://{bucket}/{key[:40]}... would be {size} bytes long; S3 allows "
+                    f"{MAX_KEY_BYTES}",
+                    hint=f"give the object a key {size - MAX_KEY_BYTES} or more bytes shorter, or set a shorter "
+                    "[output] name_template",
+                )
+        owned = self._owned(bucket, keys)
+        for kind in kinds:
+            if owned[kind] is False:
+                raise OutputConflict(
+                    f"s3://{bucket}/{keys[kind]} is an object ocrwatch did not write; ocrwatch writes a sidecar "
+                    "there and replaces only its own",
+                    hint="move that object away (or set output_bucket/output_prefix or a different [output] "
+                    "name_template), then `ocrwatch retry`",
+                )
+
+    def _remove_own(self, bucket: str, keys: dict[str, str], *kinds: str) -> None:
+        """Delete the named sidecars where ocrwatch wrote them (in order); a failure is logged, never raised:
+        what was just written stands."""
+        owned = self._owned(bucket, keys)
+        for kind in kinds:
+            if owned[kind] is not True:
+                continue
+            try:
+                call(self._client.delete_object, Bucket=bucket, Key=keys[kind])
+            except Exception as exc:
+                log.warning("stale_sidecar_not_removed", uri=f"s3://{bucket}/{keys[kind]}", error=error_code(exc))
+
+    def _owned(self, bucket: str, keys: dict[str, str]) -> dict[str, bool | None]:
+        """Per sidecar: None when no object holds its key, True when ocrwatch wrote the one there, else False.
+        A Markdown object is ocrwatch's when it opens with page 1 or its JSON sidecar is ocrwatch's."""
+        heads = {kind: self._head(bucket, key, PROBE_BYTES) if _fits(key) else None for kind, key in keys.items()}
+        json_ours = heads["json"] is not None and owns_json(heads["json"])
+        owned: dict[str, bool | None] = {}
+        for kind, head in heads.items():
+            if head is None:
+                owned[kind] = None
+            else:
+                owned[kind] = (json_ours or owns_markdown(head)) if kind == "md" else owns_json(head)
+        return owned
+
+    def _head(self, bucket: str, key: str, size: int) -> bytes | None:
+        """The first ``size`` bytes of an object (a ranged read: whatever lies there is never read whole), or
+        None when there is none."""
+        uri = f"s3://{bucket}/{key}"
+        try:
+            response = call(self._client.get_object, Bucket=bucket, Key=key, Range=f"bytes=0-{size - 1}")
+            body = response["Body"]
+            try:
+                return bytes(body.read(size))
+            finally:
+                body.close()
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) in _ABSENT or is_invalid_name(exc):
+                return None  # a key S3 refuses as a name holds nothing
+            raise storage_error(exc, f"reading {uri}") from None
+        except Exception as exc:
+            raise storage_error(exc, f"reading {uri}") from None
 
     def _put(self, job: Job, bucket: str, key: str, body: bytes, content_type: str) -> None:
         obj = _origin(job)
@@ -85,6 +153,10 @@ class S3Sink:
         log.debug("s3_sidecar_written", uri=f"s3://{bucket}/{key}", bytes=len(body))
 
 
+def _fits(key: str) -> bool:
+    return len(key.encode("utf-8", "surrogateescape")) <= MAX_KEY_BYTES
+
+
 def _origin(job: Job) -> S3Object:
     if not isinstance(job.origin, S3Object):
         raise TypeError(f"S3Sink cannot write sidecars for {job.origin!r}")
@@ -92,8 +164,8 @@ def _origin(job: Job) -> S3Object:
 
 
 def _write_error(exc: BaseException, uri: str) -> OcrwatchError:
-    if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("KeyTooLongError", "InvalidObjectName"):
-        return NameTooLong(f"cannot write {uri}: the key is longer than S3's 1024 bytes",
+    if isinstance(exc, botocore.exceptions.ClientError) and is_invalid_name(exc):
+        return NameTooLong(f"cannot write {uri}: S3 refuses the key ({error_code(exc)})",
                            hint="give the object a shorter key, or a shorter [output] name_template")
     if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("AccessDenied", "NoSuchBucket"):
         hint = "grant s3:PutObject and s3:DeleteObject on the sidecar keys, or set output_bucket"

@@ -6,8 +6,10 @@ event (answer a webhook, keep an SQS message) after it returns. A source that mu
 processing it (an SQS message delivered too often) calls ``await reject(job, error, attempts)`` instead: the
 pipeline writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
 calls ``finish(job, "failed")``. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
-makes the document available as a local file inside ``spool_dir`` (a local source returns the file itself);
-``finish`` is told the final outcome, once, after the sidecars are written.
+puts the document's bytes in a file inside ``spool_dir``, private to the job (a local source copies its file
+through one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
+calls it with ``job.max_bytes`` set to the limit in force, so a source can refuse before copying. ``finish``
+is told the final outcome, once, after the sidecars are written.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ class LocalFile:
 
     @property
     def uri(self) -> str:
-        return self.path.resolve().as_uri()
+        """Not resolved: a job's ledger key must not move when a link appears on its path (a folder swapped
+        for a symlink while the job waits). ``path`` is absolute and, from an inbox, free of links."""
+        return self.path.as_uri()
 
     @property
     def name(self) -> str:
@@ -76,6 +80,24 @@ class Job:
         return self.origin.uri
 
 
+def _unchanged() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A document's bytes as the pipeline renders them: a file private to the job, and what was measured.
+
+    ``sha256`` is the digest of exactly those bytes when the source took it while copying them (None: the
+    pipeline hashes ``path``). ``changed`` (blocking) says whether the source no longer holds the version that
+    was fetched, so that sidecars are never published for a version replaced while it was processed.
+    """
+
+    path: Path
+    sha256: str | None = None
+    changed: Callable[[], bool] = _unchanged
+
+
 Submit = Callable[[Job], Awaitable[None]]
 Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 """``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts`` tries."""
@@ -91,8 +113,8 @@ class Source(Protocol):
     async def stop(self) -> None:
         """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Path:
-        """Return a local path holding the document's bytes."""
+    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+        """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading them."""
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
         """Acknowledge the job's event now that its sidecars are written (or it is given up)."""

@@ -1,11 +1,23 @@
-"""The files named on the command line (``ocrwatch ocr FILE...``) as a source: no watching, no settling."""
+"""The files named on the command line (``ocrwatch ocr FILE...``) as a source: no watching, no settling.
+
+A file named by the user is theirs to name through a link, so the name is followed; it is still opened once
+(non-blocking, a regular file only) and copied through that descriptor while hashed, so the bytes rendered are
+the bytes hashed even when the name is swapped meanwhile.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import stat
+import sys
+from functools import partial
 from pathlib import Path
 
 from ocrwatch.config import DEFAULT_PRIORITY
-from ocrwatch.sources.base import Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.errors import NotARegularFile, SourceGone
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.sources.beneath import Signature, copy_out, spool_name
 
 
 class GivenFiles:
@@ -14,7 +26,7 @@ class GivenFiles:
     name = "cli"
 
     def __init__(self, paths: list[Path], *, prompt: str = "markdown", priority: int = DEFAULT_PRIORITY) -> None:
-        self._paths = [path.absolute() for path in paths]
+        self._paths = [Path(os.path.abspath(path)) for path in paths]
         self._prompt = prompt
         self._priority = priority
 
@@ -31,9 +43,32 @@ class GivenFiles:
     async def stop(self) -> None:
         return None
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Path:
+    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
         assert isinstance(job.origin, LocalFile)
-        return job.origin.path
+        return await asyncio.to_thread(_fetch_named, job.origin.path, spool_dir, job.max_bytes)
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
         return None
+
+
+def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
+    """Open ``path`` once (links followed: the user named it) and copy it into ``spool_dir`` while hashing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SourceGone(f"{path}: no such file") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(f"{path}: not a regular file")
+        target = spool_dir / spool_name(path)
+        sha256, signature = copy_out(fd, path, target, sys.maxsize if max_bytes is None else max_bytes)
+    finally:
+        os.close(fd)
+    return Fetched(target, sha256, partial(_changed, path, signature))
+
+
+def _changed(path: Path, before: Signature) -> bool:
+    try:
+        return Signature.of(os.stat(path)) != before
+    except OSError:
+        return True

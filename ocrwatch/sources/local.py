@@ -4,7 +4,8 @@ Each ``[[inbox]]`` gets its own observer (``watch`` chooses inotify or polling).
 look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and every candidate passes the
 same readiness check (closed or stable, then the cheap probe of ``settle``) before ``submit``. Every stat,
 probe and scan runs in a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened
-before ``lstat`` says it is a regular file, so a FIFO cannot hang a reader.
+before ``lstat`` says it is a regular file, so a FIFO cannot hang a reader. No link is followed, to a file or
+to a folder, inside the inbox or out of it: each is refused with one log line (``beneath``).
 
 Concurrency: all methods are called from the event loop; ``stop`` once, after ``start``.
 """
@@ -31,6 +32,7 @@ from watchdog.events import (
     DirCreatedEvent,
     DirMovedEvent,
     FileClosedEvent,
+    FileCreatedEvent,
     FileDeletedEvent,
     FileModifiedEvent,
     FileMovedEvent,
@@ -41,8 +43,9 @@ from watchdog.observers.api import BaseObserver
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, SourceGone
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.base import Job, LocalFile, Outcome, Reject, Submit
-from ocrwatch.sources.settle import Signature, inspect_file, probe
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.sources.beneath import Signature, fetch_copy
+from ocrwatch.sources.settle import inspect_file, probe
 from ocrwatch.sources.watch import EventBridge, start_observer, stop_observer
 
 log = structlog.get_logger()
@@ -165,22 +168,28 @@ class _Inbox:
                 raise exc
 
         found: dict[Path, Signature | str] = {}
+        if top != self.root and os.path.islink(top):
+            return found  # os.walk would follow it; the scan of its parent refuses it
         for folder, dirnames, filenames in os.walk(top, onerror=fail):
             here = Path(folder)
             dirnames[:] = [name for name in dirnames if self.covers(here / name)]
+            for name in [name for name in dirnames if os.path.islink(here / name)]:
+                dirnames.remove(name)  # os.walk does not go in either; said here so that the refusal is logged
+                with contextlib.suppress(SourceGone, OSError):
+                    try:
+                        inspect_file(here / name, self.root)
+                    except NotARegularFile as exc:
+                        found[here / name] = exc.message
             for name in filenames:
                 path = here / name
                 if not self.accepts(path):
                     continue
                 try:
-                    real, signature = inspect_file(path, self.root)
+                    found[path] = inspect_file(path, self.root)
                 except SourceGone:
                     continue
                 except NotARegularFile as exc:
                     found[path] = exc.message
-                    continue
-                if real == path or self.accepts(real):
-                    found[real] = signature
         return found
 
 
@@ -192,6 +201,7 @@ class _Pending:
     inbox: _Inbox
     detected_at: float = field(default_factory=time.time)
     closed: bool = False  # a close-after-write or move-in was seen, and no write since
+    reopened: bool = False  # written again after a close: its writer comes back, so a close proves nothing
     generation: int = 0  # bumped by every event: a decision taken on an older look is looked at again
     nudge: asyncio.Event = field(default_factory=asyncio.Event)
     signature: Signature | None = None
@@ -272,13 +282,13 @@ class LocalSource:
                 if self._submit is not None:
                     await self._refresh(inbox)
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Path:
-        """The document is read in place, once it is checked to be still a regular file inside its inbox."""
+    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+        """Open the file once, beneath its inbox and without following links, and copy it through that
+        descriptor into the spool folder while hashing it: what is rendered is what was checked and hashed."""
         origin = job.origin
         if not isinstance(origin, LocalFile):
             raise TypeError(f"LocalSource cannot fetch {origin!r}")
-        await asyncio.to_thread(inspect_file, origin.path, origin.inbox)
-        return origin.path
+        return await asyncio.to_thread(fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes)
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
         """Move a failed document to its inbox's ``quarantine_dir`` where one is set; otherwise leave it be."""
@@ -364,6 +374,9 @@ class LocalSource:
                 inbox.settled.pop(source, None)
             if target is not None:
                 self._consider(inbox, target, closed=True)
+        elif isinstance(event, FileCreatedEvent) and source is not None and not inbox.accepts(source):
+            if inbox.covers(source.parent):
+                self._spawn(self._refuse_folder_link(inbox, source))
         elif source is not None and not event.is_directory:
             self._consider(
                 inbox,
@@ -390,6 +403,17 @@ class LocalSource:
             else:
                 self._consider(inbox, path, closed=closed)
 
+    async def _refuse_folder_link(self, inbox: _Inbox, path: Path) -> None:
+        """A link to a folder is refused as it appears, as the scan would refuse it (both watchers report a
+        new link as a file: neither follows it)."""
+        if not await self._blocking(lambda: os.path.islink(path) and os.path.isdir(path)):
+            return
+        with contextlib.suppress(SourceGone, OSError):
+            try:
+                await self._blocking(inspect_file, path, inbox.root)
+            except NotARegularFile as exc:
+                self._refuse(inbox, path, exc.message)
+
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
@@ -407,6 +431,7 @@ class LocalSource:
             pending.task = asyncio.create_task(self._settle(pending), name=f"settle {path}")
         pending.generation += 1
         if wrote:
+            pending.reopened |= pending.closed
             pending.closed = False
         if closed:
             pending.closed = True
@@ -415,8 +440,10 @@ class LocalSource:
     async def _settle(self, pending: _Pending) -> None:
         """Look at one file until it is whole, then submit it. A file still being written is never given up.
 
-        Whole means: closed after writing (or moved in), or size and mtime unchanged for ``settle_seconds``;
-        and then the probe passes. A file stable for long that still fails the probe is submitted anyway, so
+        Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime, inode) unchanged
+        for ``settle_seconds``; and then the probe passes. A close counts only for a new file whose writer never
+        came back: a file rewritten, or appended by one open-write-close after another (an incremental PDF
+        save), must be quiet for ``settle_seconds``, else each piece that ends in a valid trailer is taken. A file stable for long that still fails the probe is submitted anyway, so
         the renderer reports what is wrong with it. Writes do not wake this task (a busy writer would make it
         spin); the next look at the settle deadline sees them.
         """
@@ -425,20 +452,17 @@ class LocalSource:
             while inbox.accepts(pending.path):  # a reload may have changed the patterns
                 generation = pending.generation
                 pending.nudge.clear()
+                signature: Signature | None = None
                 try:
-                    path, signature = await self._blocking(inspect_file, pending.path, inbox.root)
+                    signature = await self._blocking(inspect_file, pending.path, inbox.root)
                 except SourceGone:
-                    signature = None
+                    pass
                 except NotARegularFile as exc:
                     self._refuse(inbox, pending.path, exc.message)
-                    signature = None
-                if signature is None or inbox.settled.get(path) == signature:
+                if signature is None or inbox.settled.get(pending.path) == signature:
                     if pending.generation == generation:
                         return
                     continue
-                if path != pending.path:  # a symlink within the inbox: the target is the document
-                    self._consider(inbox, path, closed=pending.closed)
-                    return
                 delay = await self._look(pending, signature)
                 if delay is not None:
                     with contextlib.suppress(TimeoutError):
@@ -458,13 +482,14 @@ class LocalSource:
         if signature != pending.signature:
             pending.signature, pending.stable_since = signature, now
         quiet = now - pending.stable_since
-        if not pending.closed and quiet < settle:
+        rewritten = pending.reopened or isinstance(inbox.settled.get(pending.path), Signature)
+        if (rewritten or not pending.closed) and quiet < settle:
             return settle - quiet
-        complete = await self._blocking(probe, pending.path)
+        complete = await self._blocking(probe, pending.path, inbox.root)
         if not complete and quiet < max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS):
             return max(settle, RECHECK_MIN_SECONDS)
         try:
-            _, after = await self._blocking(inspect_file, pending.path, inbox.root)
+            after = await self._blocking(inspect_file, pending.path, inbox.root)
         except (SourceGone, NotARegularFile):
             return 0.0  # replaced while being probed: the next look says by what
         if after != signature:
@@ -485,7 +510,7 @@ class LocalSource:
             "local_submitted",
             path=str(pending.path),
             inbox=str(inbox.root),
-            bytes=signature[0],
+            bytes=signature.size,
             waited=round(time.time() - pending.detected_at, 3),
             probe="ok" if complete else "failed",
         )

@@ -125,7 +125,7 @@ class S3Source(S3EventSource):
 
     async def _delete(self, message_id: str, receipt_handle: str) -> None:
         try:
-            await acall(self._sqs.delete_message, QueueUrl=self.cfg.queue_url, ReceiptHandle=receipt_handle)
+            await acall(self._sqs.delete_message, executor=self.executor, QueueUrl=self.cfg.queue_url, ReceiptHandle=receipt_handle)
         except Exception as exc:  # a later redelivery is recognised as done by the sidecar's ETag
             log.error("s3_delete_failed", source=self.name, message_id=message_id, error=error_code(exc))
         else:
@@ -233,7 +233,8 @@ class S3Source(S3EventSource):
         while True:
             await asyncio.sleep(max(1.0, timeout / 3))
             try:
-                await acall(self._sqs.change_message_visibility, attempts=2, QueueUrl=self.cfg.queue_url,
+                await acall(self._sqs.change_message_visibility, attempts=2, executor=self.executor,
+                            QueueUrl=self.cfg.queue_url,
                             ReceiptHandle=delivery.receipt_handle, VisibilityTimeout=timeout)
             except Exception as exc:
                 log.warning("s3_heartbeat_failed", source=self.name, message_id=delivery.message_id,

@@ -27,8 +27,8 @@ import structlog
 from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, SourceGone
 from ocrwatch.naming import sidecar_names
-from ocrwatch.s3client import call, error_code, new_client, storage_error
-from ocrwatch.sources.base import Job, S3Object, Submit
+from ocrwatch.s3client import call, error_code, new_client, new_executor, storage_error
+from ocrwatch.sources.base import Fetched, Job, S3Object, Submit
 
 log = structlog.get_logger()
 
@@ -108,7 +108,9 @@ class S3EventSource:
     """The base of the SQS and webhook sources: turns notification bodies into jobs and fetches their objects.
 
     ``client`` (the S3 client, made here, shared with the daemon's ``S3Sink``) downloads documents;
-    ``limits.max_bytes`` is checked against the event's size before downloading.
+    ``limits.max_bytes`` is checked against the event's size before downloading. ``executor`` runs this
+    source's blocking S3 calls, and the pipeline runs its sink's on it too, so a bucket that does not answer
+    holds back only its own work.
     """
 
     def __init__(self, cfg: S3Config, *, name: str, limits: LimitsConfig | None) -> None:
@@ -116,6 +118,7 @@ class S3EventSource:
         self.name = name
         self.max_bytes = (limits or LimitsConfig()).max_bytes
         self.client = new_client(cfg, "s3")
+        self.executor = new_executor(name)
         self._submit: Submit | None = None
 
     def _job(self, obj: S3Object, receipt: str | None = None) -> Job:
@@ -150,7 +153,7 @@ class S3EventSource:
 
     # -- fetch
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Path:
+    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
         """Stream the object the event announced into a 0600 spool file, refusing oversize before downloading."""
         obj = job.origin
         if not isinstance(obj, S3Object):
@@ -158,7 +161,7 @@ class S3EventSource:
         limit = job.max_bytes or self.max_bytes
         if obj.size is not None and obj.size > limit:
             raise FileTooLarge(f"{obj.uri} has {obj.size} bytes, more than the limit of {limit}")
-        return await asyncio.to_thread(self._download, obj, spool_dir, limit)
+        return Fetched(await asyncio.to_thread(self._download, obj, spool_dir, limit))
 
     def _download(self, obj: S3Object, spool_dir: Path, limit: int) -> Path:
         suffix = PurePosixPath(obj.key).suffix

@@ -1,16 +1,14 @@
-"""What settling looks at: which regular file a name stands for, and whether that file is whole yet.
+"""What settling looks at: the signature of the file a name stands for, and whether that file is whole yet.
 
-Both are blocking and cheap (an ``lstat``, a header and a trailer, never a full parse), and both refuse to
-open anything that is not a regular file, so a FIFO dropped in an inbox cannot hang a worker thread. The
-format comes from ``ocrwatch.sniff``, the renderer's own sniffer, so a file is waited on as the format it will
-be rendered as.
+Both are blocking and cheap (a ``stat``, a header and a trailer, never a full parse), and both go through
+``beneath``: no link is followed, on the way or at the end, and nothing but a regular file is opened, so a
+FIFO dropped in an inbox cannot hang a worker thread. The format comes from ``ocrwatch.sniff``, the
+renderer's own sniffer, so a file is waited on as the format it will be rendered as.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,40 +16,19 @@ from PIL import Image
 
 from ocrwatch.errors import NotARegularFile, SourceGone
 from ocrwatch.sniff import HEAD_BYTES, sniff
-
-Signature = tuple[int, int]
-"""(size, mtime_ns): what "unchanged" means for a file."""
+from ocrwatch.sources.beneath import Signature, inspect, open_file
 
 TAIL_BYTES = 2048
 MIN_SNIFF_BYTES = 12
 
 
-def inspect_file(path: Path, root: Path) -> tuple[Path, Signature]:
-    """The regular file ``path`` stands for, and its signature. Blocking; opens nothing.
+def inspect_file(path: Path, root: Path) -> Signature:
+    """The signature of the regular file ``path`` in the inbox ``root`` (resolved). Blocking; opens nothing.
 
-    A symlink stands for its target when that stays inside ``root`` (the resolved inbox). Raises
-    ``SourceGone`` when nothing is there and ``NotARegularFile`` for anything else.
+    Raises ``SourceGone`` when nothing is there and ``NotARegularFile`` for anything else, a symlink included:
+    a link is never followed, whether it leads into the inbox or out of it.
     """
-    if not path.is_relative_to(root):
-        raise NotARegularFile(f"{path}: outside the inbox {root}")
-    try:
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
-            real = path.resolve(strict=True)
-            if not real.is_relative_to(root):
-                raise NotARegularFile(f"{path}: a symlink that leads outside the inbox, to {real}")
-            path, info = real, os.stat(real)
-    except FileNotFoundError:
-        raise SourceGone(f"{path}: no longer exists") from None
-    except RuntimeError:  # a symlink loop, before Python 3.13
-        raise NotARegularFile(f"{path}: a symlink loop") from None
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise NotARegularFile(f"{path}: a symlink loop") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise NotARegularFile(f"{path}: not a regular file")
-    return path, (info.st_size, info.st_mtime_ns)
+    return inspect(path, root)
 
 
 def looks_complete(kind: str | None, head: bytes, tail: bytes, size: int) -> bool:
@@ -84,24 +61,23 @@ def _tiff_complete(handle: BinaryIO, size: int) -> bool:
     return True
 
 
-def probe(path: Path) -> bool:
+def probe(path: Path, root: Path) -> bool:
     """Whether the file looks whole: its format's header and trailer, never a full parse. Blocking.
 
     Content no probe knows passes, so the renderer can report ``not_a_document``; a file too short to
-    recognise does not, because a copy often starts that way. Opened non-blocking and checked again with
-    ``fstat``, so a FIFO swapped in since the last look cannot hang the thread.
+    recognise does not, because a copy often starts that way. Opened as ``beneath`` opens (no link, only a
+    regular file, non-blocking), so a FIFO or link swapped in since the last look is merely "not whole".
     """
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        descriptor, signature = open_file(path, root)
         with os.fdopen(descriptor, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size < MIN_SNIFF_BYTES:
+            if signature.size < MIN_SNIFF_BYTES:
                 return False
             head = handle.read(HEAD_BYTES)
             kind = sniff(head)
             if kind == "tiff":
-                return _tiff_complete(handle, info.st_size)
-            handle.seek(max(0, info.st_size - TAIL_BYTES))
-            return looks_complete(kind, head, handle.read(TAIL_BYTES), info.st_size)
-    except OSError:
+                return _tiff_complete(handle, signature.size)
+            handle.seek(max(0, signature.size - TAIL_BYTES))
+            return looks_complete(kind, head, handle.read(TAIL_BYTES), signature.size)
+    except (OSError, SourceGone, NotARegularFile):
         return False

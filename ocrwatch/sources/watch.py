@@ -1,8 +1,10 @@
 """How an inbox folder is watched: inotify where the kernel sees every change, polling where it cannot.
 
 A file on a network or FUSE mount (told from /proc/self/mountinfo) can change without this kernel seeing it, so
-inotify would miss what the file server writes; such inboxes are polled. Watchdog's threads hand events to the
-event loop through ``EventBridge`` and never run the source's code themselves. Kept apart from ``local``
+inotify would miss what the file server writes; such inboxes are polled. Neither watcher follows a link: inotify
+never adds a watch through one, and the poller looks with ``lstat``, so a link to a folder (``ln -s .. b``) is
+listed as the link it is rather than walked into for ever. Watchdog's threads hand events to the event loop
+through ``EventBridge`` and never run the source's code themselves. Kept apart from ``local``
 because none of it knows about documents.
 """
 
@@ -32,7 +34,7 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
-from watchdog.observers.polling import PollingObserver
+from watchdog.observers.polling import PollingObserverVFS
 
 POLLING_FSTYPES = frozenset(
     {
@@ -40,6 +42,7 @@ POLLING_FSTYPES = frozenset(
         "virtiofs", "fuse", "afs", "lustre", "gpfs", "beegfs", "ocfs2", "gfs2", "ncpfs", "coda", "vmhgfs",
     }
 )  # fmt: skip
+POLL_SECONDS = 1.0
 OBSERVED_EVENTS = [
     FileCreatedEvent, FileModifiedEvent, FileAttribEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent,
     DirCreatedEvent, DirMovedEvent,
@@ -94,7 +97,7 @@ def _read_mountinfo() -> str:
 
 def _new_observer(polling: bool) -> BaseObserver:
     if polling:
-        return PollingObserver()
+        return PollingObserverVFS(stat=os.lstat, listdir=os.scandir, polling_interval=POLL_SECONDS)
     if sys.platform.startswith("linux"):
         from watchdog.observers.inotify import InotifyObserver
 

@@ -181,3 +181,71 @@ def test_a_second_daemon_on_the_same_state_dir_refuses_to_start(plugin_daemon, t
     second.start()
     assert not (second.state / "tmp" / "job-keep").exists()
     assert second.stop() == 0
+
+
+# --- the crash-loop bound counts unclean ends only ---------------------------------------------------------------
+
+SLOW_PAGES = 12
+
+
+def slow_document_daemon(plugin_daemon):
+    """One 12-page PDF at half a second a page, one page at a time: about 6 s of work, so a stop a second after
+    its recognition began always interrupts it. Three attempts, so a fourth interruption would exceed them."""
+    daemon = plugin_daemon(
+        engine_args={"delay": 0.5, "max_concurrency": 1},
+        daemon={"shutdown_timeout": 0.5},
+        retry={"attempts": 3, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 1.0},
+    )  # fmt: skip
+    pages = [docs.text_image([f"long page {n + 1}"], size=(360, 120), font_px=28) for n in range(SLOW_PAGES)]
+    return daemon, docs.write_pdf(daemon.inbox / "long.pdf", pages)
+
+
+def ledger_row(daemon, path: Path) -> tuple[str, int] | None:
+    with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
+        return db.execute("select state, attempts from jobs where key = ?", (path.resolve().as_uri(),)).fetchone()
+
+
+def interrupt_while_recognizing(daemon, path: Path, how: str) -> int:
+    """Start the daemon, wait until the document's pages are being recognised, end the daemon: ``term`` (a
+    clean stop, as systemctl restart does) or ``kill`` (kill -9). -> the attempts the ledger held meanwhile"""
+    daemon.start()
+    state, attempts = wait_until(
+        lambda: (row := ledger_row(daemon, path)) and row[0] in ("recognizing", "failed") and row,
+        60, "the document's recognition to begin",
+    )  # fmt: skip
+    assert state == "recognizing", f"the document failed at restart: {error_sidecar(path)}"
+    if how == "term":
+        assert daemon.stop() == 0
+        assert any(e.get("event") == "job_interrupted" for e in daemon.events())
+    else:
+        daemon.kill()
+    return attempts
+
+
+def test_graceful_restarts_are_not_crashes(plugin_daemon) -> None:
+    """Five clean stops in the middle of a long document (more than ``[retry] attempts``): each gives its
+    attempt back, and the document still ends ``ok`` on the next start."""
+    daemon, path = slow_document_daemon(plugin_daemon)
+    seen = [interrupt_while_recognizing(daemon, path, "term") for _ in range(5)]
+    assert seen == [1] * 5, seen
+    assert ledger_row(daemon, path) == ("recognizing", 0)  # unfinished, no attempt spent
+    daemon.start()
+    data = wait_until(lambda: sidecars_done(path), 60, "the long document after five clean restarts")
+    assert data["status"] == "ok" and len(data["pages"]) == SLOW_PAGES
+    assert not error_sidecar(path)
+    assert ledger_row(daemon, path) == ("done", 1)
+    assert daemon.stop() == 0
+
+
+def test_kill_9_past_the_attempts_ends_in_crash_loop_and_clean_stops_do_not_count(plugin_daemon) -> None:
+    """Clean stops between the kills change nothing: the third kill -9 spends the third attempt, and the next
+    start fails the document as ``crash_loop`` rather than taking the daemon down once more."""
+    daemon, path = slow_document_daemon(plugin_daemon)
+    seen = [interrupt_while_recognizing(daemon, path, how) for how in ("term", "kill") * 3]
+    assert seen == [1, 1, 2, 2, 3, 3], seen
+    daemon.start()
+    error = wait_until(lambda: error_sidecar(path), 60, "the crash-loop error sidecar")["error"]
+    assert error["kind"] == "crash_loop" and "3 times" in error["message"]
+    assert not sidecars_done(path)
+    assert ledger_row(daemon, path)[0] == "failed"
+    assert daemon.stop() == 0

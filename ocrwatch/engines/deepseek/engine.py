@@ -19,15 +19,12 @@ import asyncio
 import dataclasses
 import functools
 import gc
-import json
-import math
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +32,18 @@ import structlog
 from PIL import Image
 
 from ocrwatch.engines.base import Images, PageRequest, Recognition
-from ocrwatch.engines.deepseek import grounding, plugin
+from ocrwatch.engines.deepseek import grounding, plugin, sizing
+from ocrwatch.engines.deepseek.geometry import (  # noqa: F401 - re-exported: the engine's geometry
+    OCR1,
+    OCR2,
+    VISIONS,
+    VisionGeometry,
+    model_architecture,
+    model_config,
+)
 from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed, OcrwatchError
-from ocrwatch.render import Geometry
 
 log = structlog.get_logger()
 
@@ -49,85 +53,28 @@ NGRAM_PROCESSORS = {
 }
 IMAGE_TOKEN = "<image>"
 WARMUP_REQUEST_ID = "ocrwatch-warmup"
-LETTER_LONG_SIDE_INCHES = 11.0
 RENDERER_WORKERS = 4
 MOE_CONFIGS = Path(__file__).with_name("moe_configs")
-
-
-@dataclass(frozen=True)
-class VisionGeometry:
-    """How a DeepSeek-OCR model sees a page: a square global view plus a grid of up to ``max_tiles`` tiles.
-
-    vLLM's ``DeepseekOCRProcessor`` picks the grid (2 to ``max_tiles`` tiles) whose aspect ratio is closest
-    to the page's and resizes the page onto it, so a portrait A4 or Letter page becomes a 2×3 grid whose
-    long side is three tiles. Rendering with that long side as the cap gives the model every pixel it
-    consumes and no more; ``dpi`` is the lowest at which both A4 and Letter reach the cap, so common pages
-    are never upscaled by the processor.
-    """
-
-    architecture: str
-    base_size: int
-    tile_size: int
-    max_tiles: int = 6
-    min_tiles: int = 2
-
-    @property
-    def max_side(self) -> int:
-        return 3 * self.tile_size
-
-    def page_geometry(self) -> Geometry:
-        """What the engine states to the renderer: the grid's long side as the cap, at ``dpi`` (see above)."""
-        return Geometry(dpi=math.ceil(self.max_side / LETTER_LONG_SIDE_INCHES), max_side=self.max_side)
-
-    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
-        """(columns, rows) the processor cuts a ``width``×``height`` image into; (1, 1) is the global view only."""
-        if width <= self.tile_size and height <= self.tile_size:
-            return (1, 1)
-        ratios = sorted(
-            {
-                (columns, rows)
-                for columns in range(1, self.max_tiles + 1)
-                for rows in range(1, self.max_tiles + 1)
-                if self.min_tiles <= columns * rows <= self.max_tiles
-            },
-            key=lambda grid: grid[0] * grid[1],
-        )
-        aspect = width / height
-        best, best_diff = (1, 1), float("inf")
-        for grid in ratios:
-            diff = abs(aspect - grid[0] / grid[1])
-            if diff < best_diff:
-                best, best_diff = grid, diff
-            elif diff == best_diff and width * height > 0.5 * self.tile_size**2 * grid[0] * grid[1]:
-                best = grid
-        return best
-
-
-OCR2 = VisionGeometry("DeepseekOCR2ForCausalLM", base_size=1024, tile_size=768)
-OCR1 = VisionGeometry("DeepseekOCRForCausalLM", base_size=1024, tile_size=640)
-VISIONS = {vision.architecture: vision for vision in (OCR2, OCR1)}
-
-
-def model_architecture(model: str) -> str:
-    """The model class: from a local model's ``config.json``, else from the name (``…OCR-2`` vs ``…OCR``)."""
-    config = Path(model).expanduser() / "config.json"
-    if config.is_file():
-        try:
-            architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-        except (OSError, ValueError, AttributeError):
-            architectures = []
-        for architecture in architectures:
-            if architecture in VISIONS:
-                return architecture
-    name = model.lower()
-    if re.search(r"ocr[-_ .]?2", name) is None and "ocr" in name:
-        return OCR1.architecture
-    return OCR2.architecture
-
-
 def vision(cfg: VllmConfig) -> VisionGeometry:
     """How the configured model sees a page."""
     return VISIONS[model_architecture(cfg.model)]
+
+
+def engine_sizing(cfg: VllmConfig, gpu_bytes: int | None) -> sizing.Sizing:
+    """``max_num_seqs`` and ``max_num_batched_tokens``: the config's, else the rule of ``sizing`` for this
+    model on a GPU of ``gpu_bytes``."""
+    language = model_config(cfg.model).get("language_config")
+    facts = sizing.model_facts(language if isinstance(language, dict) else None, vision(cfg).max_image_tokens())
+    return sizing.resolve(
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        gpu_bytes=gpu_bytes,
+        utilization=cfg.gpu_memory_utilization,
+        facts=facts,
+        max_tokens=cfg.max_tokens,
+        max_model_len=cfg.max_model_len,
+        tensor_parallel=cfg.tensor_parallel_size,
+    )
 
 
 def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
@@ -142,7 +89,8 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     preparation several times slower on a many-core host and capped the daemon's throughput.
 
     ``VLLM_TUNED_CONFIG_FOLDER``: the fused-MoE tiles tuned for DeepSeek-OCR's experts (``MOE_CONFIGS``);
-    vLLM has none for that shape and falls back to generic tiles."""
+    vLLM has none for that shape and falls back to generic tiles. The n-gram guard on the GPU
+    (``ngram_processor = "gpu"``) and the priority lanes (``lanes``) are switched on the same way."""
     defaults = {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_NO_USAGE_STATS": "1",
@@ -152,19 +100,26 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     env = {key: value for key, value in defaults.items() if key not in environ}
     env[plugin.ENV] = "1" if cfg.fast_encoder else "0"
     env[plugin.GRAPHS_ENV] = "1" if cfg.fast_encoder and cfg.encoder_cuda_graphs else "0"
+    env[plugin.NGRAM_ENV] = "1" if uses_ngram_guard(cfg) and cfg.ngram_processor == "gpu" else "0"
+    env[plugin.LANES_ENV] = "1"
     if cfg.compile_cache_dir is not None:
         env["VLLM_CACHE_ROOT"] = str(cfg.compile_cache_dir.expanduser())
     return env
 
 
-def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
-    """``AsyncEngineArgs`` keyword arguments: vLLM's DeepSeek-OCR recipe, then ``[engine.vllm.engine_args]``."""
+def engine_kwargs(cfg: VllmConfig, sizes: sizing.Sizing | None = None, *, processor: str | None = None) -> dict[str, Any]:
+    """``AsyncEngineArgs`` keyword arguments: vLLM's DeepSeek-OCR recipe, the sizes (default: the config's or
+    the fallback, for a GPU of unknown memory), then ``[engine.vllm.engine_args]``. ``processor``: the n-gram
+    guard's logits processor instead of the configured one (the engine falls back to ``batched`` where
+    vLLM does not choose its V2 runner, which ``gpu`` needs)."""
+    sizes = sizes or engine_sizing(cfg, None)
     kwargs: dict[str, Any] = {
         "model": cfg.model,
         "dtype": cfg.dtype,
         "max_model_len": cfg.max_model_len,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
-        "max_num_seqs": cfg.max_num_seqs,
+        "max_num_seqs": sizes.max_num_seqs,
+        "max_num_batched_tokens": sizes.max_num_batched_tokens,
         "enforce_eager": cfg.enforce_eager,
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "data_parallel_size": cfg.data_parallel_size,
@@ -179,12 +134,12 @@ def engine_kwargs(cfg: VllmConfig) -> dict[str, Any]:
     optional = {
         "revision": cfg.revision,
         "tokenizer": cfg.tokenizer,
-        "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "block_size": cfg.block_size,
     }
     kwargs.update({key: value for key, value in optional.items() if value is not None})
-    if uses_ngram_guard(cfg):
-        kwargs["logits_processors"] = [NGRAM_PROCESSORS[cfg.ngram_processor]]
+    processor = processor or cfg.ngram_processor
+    if uses_ngram_guard(cfg) and processor in NGRAM_PROCESSORS:
+        kwargs["logits_processors"] = [NGRAM_PROCESSORS[processor]]
     kwargs.update(cfg.engine_args)
     if kwargs["mm_processor_cache_gb"] and "renderer_num_workers" not in cfg.engine_args:
         kwargs["renderer_num_workers"] = 1
@@ -213,7 +168,7 @@ def visible_devices(devices: str | None) -> Iterator[None]:
 def uses_ngram_guard(cfg: VllmConfig) -> bool:
     """Any custom logits processor moves vLLM (0.26) from its V2 model runner to the older V1 one, whose host
     work per decode step makes a step half as long again on an H200, so none is registered when no rung can
-    use the guard."""
+    use the guard, nor for ``ngram_processor = "gpu"`` (``ngram_gpu``, inside the V2 runner)."""
     rungs = [(cfg.ngram_size, cfg.window_size), *((r.ngram_size, r.window_size) for r in cfg.ladder)]
     return any(n > 0 and w > 0 for n, w in rungs)
 
@@ -335,21 +290,44 @@ class _Runtime:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))  # torch read it before engine_env
         self.version: str = vllm.__version__
         self._engine_args = AsyncEngineArgs
+        self._usage = UsageContext.ENGINE_CONTEXT
         self._async_llm = AsyncLLM
         self._sampling_params = SamplingParams
         self._final_only = RequestOutputKind.FINAL_ONLY
         self._parse_prompt = parse_model_prompt
         self.dead_errors: tuple[type[BaseException], ...] = (EngineDeadError,)
 
-    def engine(self, kwargs: dict[str, Any]) -> Any:
+    def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> Any:
+        """``AsyncLLM.from_engine_args`` in its two steps; ``fallback``: the arguments to build with instead
+        where vLLM would not run its V2 model runner (which the GPU n-gram guard needs)."""
         check_engine_args(kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version)
-        return self._async_llm.from_engine_args(self._engine_args(**kwargs))
+        args = self._engine_args(**kwargs)
+        config = args.create_engine_config(self._usage)
+        if fallback is not None and not config.use_v2_model_runner:
+            log.warning("vllm_ngram_guard_on_the_host", reason="vLLM chose its V1 model runner", processor="batched")
+            return self.engine(fallback)
+        return self._async_llm.from_vllm_config(
+            config,
+            usage_context=self._usage,
+            enable_log_requests=args.enable_log_requests,
+            disable_log_stats=args.disable_log_stats,
+        )
+
+    def gpu_memory(self) -> int | None:
+        """Total memory of the first GPU this process sees (NVML, through vLLM's platform); None if unknown."""
+        try:
+            from vllm.platforms import current_platform
+
+            return int(current_platform.get_device_total_memory(0))
+        except Exception:  # noqa: BLE001 - no GPU or no NVML: the sizing rule falls back
+            return None
 
     def device_count(self) -> int:
         import torch
@@ -379,7 +357,8 @@ class VllmEngine:
         self.devices = devices
         self.vision = vision(cfg)
         self.geometry = self.vision.page_geometry()
-        self.max_concurrency = cfg.max_num_seqs * cfg.data_parallel_size
+        self.sizing = engine_sizing(cfg, None)  # the GPU's memory is read at start
+        self.max_concurrency = self.sizing.max_num_seqs * cfg.data_parallel_size
         self._runtime: _Runtime | None = None
         self._llm: Any = None
         self._inflight: dict[str, asyncio.Task[Recognition]] = {}
@@ -389,7 +368,9 @@ class VllmEngine:
         os.environ.update(engine_env(self.cfg, os.environ))
         try:
             self._runtime = runtime = await asyncio.to_thread(_Runtime)
+            imported = time.monotonic()
             self._llm = await asyncio.to_thread(self._build, runtime)
+            built = time.monotonic()
         except ConfigError:
             await self.close()
             raise
@@ -401,6 +382,7 @@ class VllmEngine:
             ) from exc
         try:
             await self.recognize(self._warmup_request())
+            warmed = time.monotonic()
         except BaseException as exc:
             await self.close()
             if isinstance(exc, OcrwatchError):
@@ -414,13 +396,25 @@ class VllmEngine:
             model=self.cfg.model,
             architecture=self.vision.architecture,
             max_concurrency=self.max_concurrency,
+            max_num_batched_tokens=self.sizing.max_num_batched_tokens,
+            sizing=self.sizing.source,
             devices=self.devices,
             seconds=round(time.monotonic() - started, 2),
+            seconds_import=round(imported - started, 2),
+            seconds_engine=round(built - imported, 2),
+            seconds_warmup=round(warmed - built, 2),
         )
 
     def _build(self, runtime: _Runtime) -> Any:
+        """Size the engine for the GPU it gets (``engine_sizing``), then build it."""
         with visible_devices(self.devices):
-            return runtime.engine(engine_kwargs(self.cfg))
+            self.sizing = engine_sizing(self.cfg, runtime.gpu_memory())
+            kwargs = engine_kwargs(self.cfg, self.sizing)
+            self.max_concurrency = int(kwargs["max_num_seqs"]) * self.cfg.data_parallel_size
+            fallback = None
+            if uses_ngram_guard(self.cfg) and self.cfg.ngram_processor == "gpu":
+                fallback = engine_kwargs(self.cfg, self.sizing, processor="batched")
+            return runtime.engine(kwargs, fallback)
 
     def _warmup_request(self) -> PageRequest:
         """One output token for a blank page at the tile geometry, so the first real page pays no

@@ -41,7 +41,7 @@ class VllmConfig(_Model):
     dtype: Literal["auto", "bfloat16", "float16"] = "bfloat16"
     max_model_len: Annotated[int, Field(ge=256)] = 8192
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    max_num_seqs: Annotated[int, Field(ge=1)] = 128
+    max_num_seqs: Annotated[int, Field(ge=1)] | None = None
     max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
     block_size: Annotated[int, Field(ge=1)] | None = None
     enforce_eager: bool = False
@@ -51,13 +51,13 @@ class VllmConfig(_Model):
     replica_processes: bool | Literal["auto"] = "auto"
     seed: int = 0
     load_format: str = "auto"
-    fast_encoder: bool = False
+    fast_encoder: bool = True
     encoder_cuda_graphs: bool = False
     max_tokens: Annotated[int, Field(ge=1)] = _DEFAULT.max_tokens
     ngram_size: Annotated[int, Field(ge=0, le=200)] = _DEFAULT.ngram_size
     window_size: Annotated[int, Field(ge=0, le=4096)] = _DEFAULT.window_size
     whitelist_token_ids: tuple[int, ...] = (128821, 128822)
-    ngram_processor: Literal["batched", "per_request"] = "batched"
+    ngram_processor: Literal["gpu", "batched", "per_request"] = "gpu"
     ladder: tuple[SamplingRung, ...] = (
         SamplingRung(temperature=0.1, ngram_size=20, window_size=90),
         SamplingRung(temperature=0.2, ngram_size=12, window_size=120),

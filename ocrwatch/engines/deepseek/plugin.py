@@ -6,7 +6,8 @@ engine's configuration reaches them as environment variables, which those proces
 ``OCRWATCH_FAST_ENCODER=1`` makes vLLM build ``ocrwatch.engines.deepseek.encoder.FastDeepseekOCR2ForCausalLM``
 wherever a model config names ``DeepseekOCR2ForCausalLM``; unset, ``0``, ``false`` or ``no``: nothing is
 registered and vLLM runs its own class. The class is registered by name (``module:Class``), so this import
-stays cheap and initialises no CUDA.
+stays cheap and initialises no CUDA. ``OCRWATCH_NGRAM_GPU=1`` adds the n-gram guard to vLLM's V2 sampler
+(``ngram_gpu``); ``OCRWATCH_LANES=1`` makes vLLM's scheduler give better priority lanes room (``lanes``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ ENV = "OCRWATCH_FAST_ENCODER"
 GRAPHS_ENV = "OCRWATCH_ENCODER_GRAPHS"
 """Read by the fast class (``encoder``), which imports torch; named here so the engine sets it without
 importing torch."""
+NGRAM_ENV = "OCRWATCH_NGRAM_GPU"
+LANES_ENV = "OCRWATCH_LANES"
 ARCH = "DeepseekOCR2ForCausalLM"
 FAST_CLASS = "ocrwatch.engines.deepseek.encoder:FastDeepseekOCR2ForCausalLM"
 
@@ -29,9 +32,17 @@ def enabled(environ: Mapping[str, str] | None = None, name: str = ENV) -> bool:
 
 
 def register() -> None:
-    """Register the fast DeepSeek-OCR-2 class with vLLM's model registry when enabled; idempotent."""
-    if not enabled():
-        return
-    from vllm import ModelRegistry
+    """Register the fast DeepSeek-OCR-2 class with vLLM's model registry, the GPU n-gram guard and the lanes,
+    each when enabled; idempotent."""
+    if enabled():
+        from vllm import ModelRegistry
 
-    ModelRegistry.register_model(ARCH, FAST_CLASS)
+        ModelRegistry.register_model(ARCH, FAST_CLASS)
+    if enabled(name=NGRAM_ENV):
+        from ocrwatch.engines.deepseek import ngram_gpu
+
+        ngram_gpu.install()
+    if enabled(name=LANES_ENV):
+        from ocrwatch.engines.deepseek import lanes
+
+        lanes.install()

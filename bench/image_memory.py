@@ -1,0 +1,175 @@
+"""Memory of huge images: five 12,600 x 12,600 RGBA PNGs at once, the daemon's peak and settled RSS.
+
+Such a PNG is about a megabyte on disk (mostly transparent, a few lines of text) and 635 MB once decoded; the
+daemon must not hold several of them, nor the copies that flattening the alpha makes. Two sides, each in a
+process of its own so that its peak (``VmHWM``) is its own:
+
+- ``daemon``: ``ocrwatch run`` with the default configuration except ``[engine] kind = "tesseract"``; the files
+  are dropped at once, and the figures are the daemon's peak RSS, its RSS once every sidecar is written and the
+  heap trimmer has run, and each sidecar's status and whether its text was read.
+- ``render``: the render step alone, in-process, as the pipeline runs it: ``render_workers`` threads (the
+  daemon's default for this machine) and the pipeline's one decode budget, no engine.
+
+    python3 bench/image_memory.py [--count 5] [--side 12600] [--sides daemon,render]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common import Daemon, drop, emit, machine, sidecar, wait_for
+
+MiB = 1024 * 1024
+WORD = "POSTER"
+
+
+def build_png(path: Path, side: int) -> Path:
+    """Transparent RGBA with a few lines of black text, large enough to be read after the downscale."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("RGBA", (side, side), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=max(40, side // 70))
+    for line in range(12):
+        where = (side // 30, side // 30 + line * side // 14)
+        draw.text(where, f"{WORD} line {line} number 42", fill="black", font=font)
+    image.save(path, compress_level=9)
+    return path
+
+
+def status_kib(pid: int | str, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+class Sampler(threading.Thread):
+    """The process's RSS every ``interval`` seconds: a curve to go with the kernel's own peak (VmHWM)."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval, self.peak_kib = pid, interval, 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                self.peak_kib = max(self.peak_kib, status_kib(self.pid, "VmRSS"))
+            except (OSError, RuntimeError):
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def run_daemon(files: list[Path], root: Path) -> dict[str, Any]:
+    with Daemon(root) as daemon:
+        ready_kib = status_kib(daemon.pid, "VmRSS")
+        sampler = Sampler(daemon.pid)
+        sampler.start()
+        started = time.monotonic()
+        dropped = [drop(path, daemon.inbox, f"big-{number}.png") for number, path in enumerate(files)]
+        for path in dropped:
+            error = path.with_name(path.name + ".error.json")
+            wait_for(lambda: sidecar(path).exists() or error.exists(), 1800, f"a sidecar for {path.name}", 0.2)
+        seconds = time.monotonic() - started
+        sampler.stop()
+        peak_kib = status_kib(daemon.pid, "VmHWM")
+        time.sleep(12)  # the session's heap trimmer runs at most every 10 s
+        settled_kib = status_kib(daemon.pid, "VmRSS")
+        statuses = []
+        for path in dropped:
+            document = json.loads(sidecar(path).read_text()) if sidecar(path).exists() else {"status": "error"}
+            markdown = path.with_name(path.name + ".md")
+            statuses.append(
+                {"status": document["status"], "text_read": markdown.exists() and WORD in markdown.read_text().upper()}
+            )
+    return {
+        "daemon_ready_mib": round(ready_kib / 1024),
+        "daemon_peak_rss_mib": round(peak_kib / 1024),
+        "daemon_sampled_peak_rss_mib": round(sampler.peak_kib / 1024),
+        "daemon_settled_rss_mib": round(settled_kib / 1024),
+        "daemon_seconds": round(seconds, 1),
+        "daemon_documents": statuses,
+    }
+
+
+def render_child(files: list[str]) -> None:
+    """The render step alone, as the pipeline runs it; prints its figures as JSON."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ocrwatch import render
+    from ocrwatch.config import Config
+    from ocrwatch.engines.tesseract import TesseractEngine
+    from ocrwatch.memory import DecodeBudget
+    from ocrwatch.scheduler import auto_render_workers
+
+    cfg = Config()
+    spec = render.render_spec(cfg.render, TesseractEngine(cfg.engine.tesseract).geometry)
+    limits = render.Limits.from_config(cfg.limits)
+    budget = DecodeBudget(cfg.render.decode_budget_mb * MiB)  # as the pipeline makes it
+    workers = auto_render_workers(len(os.sched_getaffinity(0)))
+
+    def one(name: str) -> tuple[int, int]:
+        path = Path(name)
+        page = render.render_page(path, render.probe(path, limits), 0, spec, budget=budget)
+        return page.image.size
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        sizes = list(pool.map(one, files))
+    print(json.dumps({
+        "render_workers": workers,
+        "render_peak_rss_mib": round(status_kib("self", "VmHWM") / 1024),
+        "render_rss_after_mib": round(status_kib("self", "VmRSS") / 1024),
+        "render_seconds": round(time.monotonic() - started, 1),
+        "render_budget_peak_mib": round(budget.peak / MiB),
+        "render_budget_waits": budget.waits,
+        "render_page_sizes": sizes,
+    }))  # fmt: skip
+
+
+def run_render(files: list[Path]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--render-child", *map(str, files)], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=5)
+    parser.add_argument("--side", type=int, default=12600)
+    parser.add_argument("--sides", default="daemon,render")
+    parser.add_argument("--render-child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.render_child:
+        render_child(args.render_child)
+        return
+    figures: dict[str, Any] = {"count": args.count, "side": args.side}
+    with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as scratch:
+        root = Path(scratch)
+        png = build_png(root / "big.png", args.side)
+        figures["png_bytes"] = png.stat().st_size
+        files = [png] * args.count
+        print(f"built {png.stat().st_size} bytes", flush=True)
+        for side in args.sides.split(","):
+            result = run_daemon(files, root / "daemon") if side == "daemon" else run_render(files)
+            print(side, result, flush=True)
+            figures |= result
+    emit(figures | {"machine": machine()})
+
+
+if __name__ == "__main__":
+    main()

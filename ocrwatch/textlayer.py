@@ -1,0 +1,399 @@
+"""The searchable PDF: the source's pages with an invisible text layer where the engine read the text.
+
+A PDF source keeps its page objects and content streams as they are (saved without decoding a stream); each
+page gains one Form XObject holding its text, drawn before the page's own content through one new content
+stream. An image source becomes one page per frame (TIFF) or one page, the image at its DPI: a JPEG's own
+bytes, other formats as lossless Flate pixels, its EXIF orientation applied by the image's placement.
+
+The text follows OCRmyPDF's text layer: each line sits on one baseline at the bottom of its box, with the
+box's height as font size, so extractors group its words into a line; each word is stretched (``Tz``) over
+its own box and a space over the gap to the next word, so word breaks survive extraction. The font is
+Tesseract's glyphless font (Type0, Identity-H, UTF-16 codes mapped to themselves by the ToUnicode CMap): any
+character of the Basic Multilingual Plane is searchable, and the text is invisible (render mode 3).
+
+Boxes come in the pixels of the rendered page; they map onto the page through its visible box (the CropBox
+within the MediaBox, wherever its origin lies) and its /Rotate, the way the renderer rasterised it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+import unicodedata
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import pikepdf
+from pikepdf import Array, Dictionary, Matrix, Name, Pdf
+from pikepdf.canvas import ContentStreamBuilder
+from PIL import Image
+
+from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
+from ocrwatch.errors import CorruptImage, CorruptPdf, EncryptedPdf
+
+Box = tuple[float, float, float, float]
+"""left, top, right, bottom in page pixels, as the engines' blocks give them."""
+
+DEFAULT_IMAGE_DPI = 96.0
+"""The DPI of an image that declares none (a screenshot, most often), as img2pdf assumes."""
+
+MAX_PAGE_POINTS = 14400.0
+"""The largest page side PDF viewers accept (200 inches); an image whose DPI would exceed it is shrunk."""
+
+_FONT = Name("/OcrGlyphless")
+_LAYER = "/OcrText"
+_CHAR_WIDTH = 0.5  # the glyphless font's advance, in text space units per unit of font size
+_SPACE = " ".encode("utf-16-be")
+
+# Tesseract's glyphless TrueType font (tessdata/pdf.ttf, Apache-2.0): one empty glyph, which every code maps to.
+_GLYPHLESS_TTF = base64.b64decode(
+    "AAEAAAAKAIAAAwAgT1MvMlbeyJQAAAEoAAAAYGNtYXAACgA0AAABkAAAAB5nbHlmFSJBJAAAAbgAAAAYaGVhZAt48WUAAACsAAAA"
+    "NmhoZWEMAgQCAAAA5AAAACRobXR4BAAAAAAAAYgAAAAIbG9jYQAMAAAAAAGwAAAABm1heHAABAAFAAABCAAAACBuYW1l8usW2gAA"
+    "AdAAAABLcG9zdAABAAEAAAIcAAAAIAABAAAAAQAAsJRxEF8PPPUEBwgAAAAAAM+a/G4AAAAA1MOn8gAAAAAEAAgAAAAAEAACAAAA"
+    "AAAAAAEAAAgA//8AAAQAAAAAAAQAAAEAAAAAAAAAAAAAAAAAAAACAAEAAAACAAQAAQAAAAAAAQAAAAAAAAAAAAAAAAAAAAAAAwAA"
+    "AZAABQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAUAAQABAAAAAAAAAAAAAAAAAAAAAAAAAAAAR09PRwBAAAAAAAAB//8AAAABAAGA"
+    "AAAAAAAAAAAAAAAAAAABAAAAAAAABAAAAAAAAAIAAQAAAAAAFAADAAAAAAAUAAYACgAAAAAAAAAAAAAAAAAMAAAAAQAAAAAEAAgA"
+    "AAMAADEhESEEAPwACAAAAAADACoAAAADAAAABQAWAAAAAQAAAAAABQALABYAAwABBAkABQAWAAAAVgBlAHIAcwBpAG8AbgAgADEA"
+    "LgAwVmVyc2lvbiAxLjAAAAEAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAA="
+)
+# Every two-byte code is its own UTF-16 unit: the text is written as UTF-16BE, so extraction reads it back.
+_TO_UNICODE = b"""/CIDInit /ProcSet findresource begin
+12 dict begin
+begincmap
+/CIDSystemInfo << /Registry (Adobe) /Ordering (UCS) /Supplement 0 >> def
+/CMapName /Adobe-Identity-UCS def
+/CMapType 2 def
+1 begincodespacerange
+<0000> <FFFF>
+endcodespacerange
+1 beginbfrange
+<0000> <FFFF> <0000>
+endbfrange
+endcmap
+CMapName currentdict /CMap defineresource pop
+end
+end
+"""
+_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9]*)[^<>]*>")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+")
+_SPACES = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Word:
+    """A piece of text and the box it spans; spaces inside it are kept (a DeepSeek line is one Word)."""
+
+    text: str
+    box: Box
+
+
+@dataclass(frozen=True)
+class Line:
+    """Words on one baseline: the bottom of ``box``, whose height is the font size."""
+
+    box: Box
+    words: tuple[Word, ...]
+
+
+@dataclass(frozen=True)
+class PageText:
+    """A page's text as recognised: the rendered page's size in pixels and its lines in reading order."""
+
+    width: int
+    height: int
+    lines: tuple[Line, ...]
+
+
+def page_text(width: int, height: int, blocks: Sequence[dict[str, Any]]) -> PageText:
+    """A page's text from its blocks as the engines give them (the JSON's ``pages[i].blocks``).
+
+    A block with ``words`` (Tesseract's lines) is a line of those words. Any other block with text (DeepSeek's
+    grounding blocks) has its lines spread evenly over its box, or over its ``boxes`` in order when it spans
+    several, each line stretched over the box's width; a block without a box spans the page. Figures carry no
+    text.
+    """
+    lines: list[Line] = []
+    for block in blocks:
+        words = [Word(word["text"], _box(word["bbox"])) for word in block.get("words") or () if word.get("bbox")]
+        if words:
+            lines.append(Line(_box(block.get("bbox")) if block.get("bbox") else _union(words), tuple(words)))
+        elif block.get("type") not in IMAGE_LABELS:
+            texts = _plain_lines(str(block.get("text") or ""))
+            boxes = [_box(box) for box in block.get("boxes") or [block.get("bbox") or (0, 0, width, height)]]
+            lines.extend(_spread(texts, boxes))
+    return PageText(width, height, tuple(lines))
+
+
+def searchable_pdf(
+    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageText | None], out: BinaryIO | Path
+) -> None:
+    """Write ``source`` with its text layer to ``out``; ``pages`` has one entry per page (None: the page
+    failed and gets no text). Raises CorruptPdf, EncryptedPdf or CorruptImage when the source cannot be read
+    again, and OSError when ``out`` cannot be written."""
+    if kind == "pdf":
+        pdf = _open_pdf(source)
+        with pdf:
+            if len(pdf.pages) != len(pages):
+                raise CorruptPdf(f"{source}: qpdf reads {len(pdf.pages)} pages, the renderer read {len(pages)}")
+            font = _glyphless_font(pdf)
+            for page, text in zip(pdf.pages, pages):
+                if text is not None and text.lines:
+                    _add_text(pdf, page, text, font)
+            # No stream is decoded, compressed or encoded again: the original pages keep their exact bytes. An
+            # encrypted source (one that opens without a password) keeps its encryption and permissions; its
+            # streams are encrypted again, which qpdf does only at its own decode level.
+            keep: dict[str, Any] = (
+                {"encryption": True} if pdf.is_encrypted else {"stream_decode_level": pikepdf.StreamDecodeLevel.none}
+            )
+            pdf.save(out, compress_streams=False, deterministic_id=True, **keep)
+        return
+    with Pdf.new() as pdf:
+        _image_pages(pdf, source, pages)
+        pdf.save(out, deterministic_id=True)
+
+
+def _open_pdf(source: Path) -> Pdf:
+    try:
+        return Pdf.open(source)
+    except pikepdf.PasswordError:
+        raise EncryptedPdf(f"{source}: the PDF needs a password to open") from None
+    except pikepdf.PdfError as exc:
+        raise CorruptPdf(f"{source}: qpdf cannot read it: {exc}") from None
+
+
+def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) -> None:
+    """Draw ``text`` as a Form XObject under the page's content, in the page's displayed orientation."""
+    left, bottom, right, top = _visible_box(page)
+    rotation = page.rotation if page.rotation in (0, 90, 180, 270) else 0
+    width, height = (top - bottom, right - left) if rotation in (90, 270) else (right - left, top - bottom)
+    form = pdf.make_stream(
+        zlib.compress(_text_stream(text, width / text.width, height / text.height, height)),
+        Filter=Name.FlateDecode, Type=Name.XObject, Subtype=Name.Form, BBox=[0, 0, width, height],
+        Matrix=_display_to_user((left, bottom, right, top), rotation),
+        Resources=Dictionary(Font=Dictionary({str(_FONT): font})),
+    )  # fmt: skip
+    # Pages often share one /Resources (and /XObject) dictionary: the page gets copies of its own, so the
+    # layer's name never reaches another page, whose own layer would then be drawn here.
+    shared = page.obj.get(Name.Resources)
+    resources = Dictionary(dict(shared.items())) if isinstance(shared, Dictionary) else Dictionary()
+    xobjects = resources.get(Name.XObject)
+    resources[Name.XObject] = Dictionary(dict(xobjects.items())) if isinstance(xobjects, Dictionary) else Dictionary()
+    name, number = Name(_LAYER), 1
+    while name in resources[Name.XObject]:
+        number += 1
+        name = Name(f"{_LAYER}{number}")
+    resources[Name.XObject][name] = form
+    page.obj[Name.Resources] = resources
+    page.contents_add(ContentStreamBuilder().push().draw_xobject(name).pop().build(), prepend=True)
+
+
+def _text_stream(text: PageText, scale_x: float, scale_y: float, height: float) -> bytes:
+    """The text operators in display space: points, origin at the bottom left of the page as displayed."""
+    stream = ContentStreamBuilder().begin_text().set_text_rendering(3)
+    for line in text.lines:
+        size = (line.box[3] - line.box[1]) * scale_y
+        if size <= 0:
+            continue
+        baseline = _round(height - line.box[3] * scale_y)
+        stream.set_text_font(_FONT, _round(size))
+        words = [(word.box, codes) for word in line.words if (codes := _codes(word.text))]
+        for (box, codes), following in zip(words, [*words[1:], None]):
+            left, right = box[0] * scale_x, box[2] * scale_x
+            _show(stream, codes, left, right, baseline, size)
+            if following is not None:  # the space is stretched over the gap, so no two words run together
+                _show(stream, _SPACE, right, max(following[0][0] * scale_x, right + 0.01), baseline, size)
+    return stream.end_text().build()
+
+
+def _show(stream: ContentStreamBuilder, codes: bytes, left: float, right: float, baseline: float, size: float) -> None:
+    natural = len(codes) // 2 * _CHAR_WIDTH * size
+    stream.set_text_matrix(Matrix(1, 0, 0, 1, _round(left), baseline))
+    stream.set_text_horizontal_scaling(_round(100 * max(right - left, 0.01) / natural))
+    stream.show_text(codes)
+
+
+def _visible_box(page: pikepdf.Page) -> Box:
+    """The CropBox clipped to the MediaBox, normalised (a box's corners may come in any order)."""
+    media, crop = (_normal(box) for box in (page.mediabox, page.cropbox))
+    box = (max(media[0], crop[0]), max(media[1], crop[1]), min(media[2], crop[2]), min(media[3], crop[3]))
+    return box if box[0] < box[2] and box[1] < box[3] else media
+
+
+def _display_to_user(box: Box, rotation: int) -> Array:
+    """The matrix from the displayed page's space (origin bottom left) to the page's user space, for a page
+    shown rotated ``rotation`` degrees clockwise."""
+    left, bottom, right, top = box
+    matrix = {
+        0: Matrix(1, 0, 0, 1, left, bottom),
+        90: Matrix(0, 1, -1, 0, right, bottom),
+        180: Matrix(-1, 0, 0, -1, right, top),
+        270: Matrix(0, -1, 1, 0, left, top),
+    }[rotation]
+    return Array(matrix.shorthand)
+
+
+# --- image sources ------------------------------------------------------------------------------------------
+
+
+def _image_pages(pdf: Pdf, source: Path, pages: Sequence[PageText | None]) -> None:
+    """One page per frame, as the renderer counts them: a TIFF's frames, any other image's first one."""
+    font = _glyphless_font(pdf)
+    try:
+        with Image.open(source) as image:
+            frames = getattr(image, "n_frames", 1) if image.format == "TIFF" else 1
+            if frames != len(pages):
+                raise CorruptImage(f"{source}: {frames} frames now, the renderer read {len(pages)}")
+            for index, text in enumerate(pages):
+                image.seek(index)
+                page = _image_page(pdf, image, source)
+                if text is not None and text.lines:
+                    _add_text(pdf, page, text, font)
+    except FileNotFoundError:  # the source is gone, not corrupt: classify() tells the two apart
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+        raise CorruptImage(f"{source}: {exc}") from None
+
+
+def _image_page(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Page:
+    """A page the size of the displayed image at its DPI, the image drawn over all of it."""
+    stored_w, stored_h = image.size
+    orientation = image.getexif().get(0x0112, 1)
+    orientation = orientation if orientation in range(1, 9) else 1
+    shown_w, shown_h = (stored_h, stored_w) if orientation >= 5 else (stored_w, stored_h)
+    declared = image.info.get("dpi")
+    dpi = float(declared[0]) if isinstance(declared, tuple) and declared and float(declared[0]) > 1 else DEFAULT_IMAGE_DPI
+    dpi = max(dpi, max(shown_w, shown_h) * 72 / MAX_PAGE_POINTS)
+    width, height = shown_w * 72 / dpi, shown_h * 72 / dpi
+    page = pdf.add_blank_page(page_size=(width, height))
+    name = page.add_resource(_image_xobject(pdf, image, source), Name.XObject, Name("/Im0"))
+
+    def place(u: float, v: float) -> tuple[float, float]:  # the image's unit square to the page
+        x, y = _orient(u * stored_w, (1 - v) * stored_h, stored_w, stored_h, orientation)
+        return x * width / shown_w, height - y * height / shown_h
+
+    e, f = place(0, 0)
+    (a, b), (c, d) = ((x - e, y - f) for x, y in (place(1, 0), place(0, 1)))
+    page.contents_add(
+        ContentStreamBuilder().push().cm(Matrix(a, b, c, d, e, f)).draw_xobject(name).pop().build(), prepend=False
+    )
+    return page
+
+
+def _orient(x: float, y: float, w: float, h: float, orientation: int) -> tuple[float, float]:
+    """A stored pixel position (y down) to where EXIF ``orientation`` shows it."""
+    return {
+        1: (x, y), 2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y),
+        5: (y, x), 6: (h - y, x), 7: (h - y, w - x), 8: (y, w - x),
+    }[orientation]  # fmt: skip
+
+
+def _image_xobject(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Stream:
+    """A JPEG's own bytes (not decoded and encoded again); other images' pixels, lossless."""
+    if image.format == "JPEG" and image.mode in ("L", "RGB"):
+        data, filter_, mode = source.read_bytes(), Name.DCTDecode, image.mode
+    else:
+        pixels = _pdf_pixels(image)
+        data, filter_, mode = zlib.compress(pixels.tobytes(), 6), Name.FlateDecode, pixels.mode
+    return pdf.make_stream(
+        data, Type=Name.XObject, Subtype=Name.Image, Width=image.width, Height=image.height, Filter=filter_,
+        ColorSpace=Name.DeviceRGB if mode == "RGB" else Name.DeviceGray, BitsPerComponent=1 if mode == "1" else 8,
+    )  # fmt: skip
+
+
+def _pdf_pixels(image: Image.Image) -> Image.Image:
+    """Bilevel, grey or RGB, as PDF takes them; 16-bit grey scaled down, transparency flattened onto white."""
+    image.load()
+    if image.mode in ("1", "L", "RGB"):
+        return image
+    if image.mode.startswith("I"):
+        return image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
+    if image.mode in ("RGBA", "RGBa", "LA", "La", "PA") or "transparency" in image.info:
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+    return image.convert("RGB")
+
+
+# --- text ---------------------------------------------------------------------------------------------------
+
+
+def _glyphless_font(pdf: Pdf) -> Dictionary:
+    """The Type0 font every page's text uses: two-byte codes, each drawn with the one empty glyph."""
+    descriptor = pdf.make_indirect(
+        Dictionary(
+            Type=Name.FontDescriptor, FontName=Name.GlyphLessFont, Flags=5, FontBBox=[0, 0, 500, 1000],
+            ItalicAngle=0, Ascent=1000, Descent=-1, CapHeight=1000, StemV=80,
+            FontFile2=pdf.make_stream(_GLYPHLESS_TTF),
+        )
+    )  # fmt: skip
+    cid_font = Dictionary(
+        Type=Name.Font, Subtype=Name.CIDFontType2, BaseFont=Name.GlyphLessFont, FontDescriptor=descriptor,
+        CIDSystemInfo=Dictionary(Registry="Adobe", Ordering="Identity", Supplement=0), DW=int(_CHAR_WIDTH * 1000),
+        CIDToGIDMap=pdf.make_stream(zlib.compress(b"\x00\x01" * 65536), Filter=Name.FlateDecode),
+    )  # fmt: skip
+    return pdf.make_indirect(
+        Dictionary(
+            Type=Name.Font, Subtype=Name.Type0, BaseFont=Name.GlyphLessFont, Encoding=Name("/Identity-H"),
+            DescendantFonts=[pdf.make_indirect(cid_font)], ToUnicode=pdf.make_stream(_TO_UNICODE),
+        )
+    )  # fmt: skip
+
+
+def _codes(text: str) -> bytes:
+    """UTF-16BE of the text, NFKC-normalised (ligatures split); characters beyond the Basic Multilingual Plane
+    become U+FFFD, since the identity CMap maps single two-byte units; control characters are dropped."""
+    text = unicodedata.normalize("NFKC", text)
+    kept = "".join("\ufffd" if ord(char) > 0xFFFF else char for char in text if unicodedata.category(char) != "Cc")
+    return kept.encode("utf-16-be")
+
+
+def _plain_lines(markdown: str) -> list[str]:
+    """A block's Markdown as the lines a reader sees: a table row per line, no tags, no heading marks."""
+    text = _TAG.sub(lambda m: "\n" if m.group(1) and m.group(2).lower() in ("tr", "p", "li") else " ", markdown)
+    text = html.unescape(text.replace("<br>", "\n"))
+    lines = (_SPACES.sub(" ", _HEADING.sub("", line)).strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def _spread(texts: list[str], boxes: list[Box]) -> list[Line]:
+    """Lines of equal height down the boxes taken as one column, each in the box that holds its middle."""
+    heights = [max(box[3] - box[1], 0.0) for box in boxes]
+    total = sum(heights)
+    if not texts or total <= 0:
+        return []
+    step, lines = total / len(texts), []
+    for number, text in enumerate(texts):
+        offset, middle = 0.0, (number + 0.5) * step
+        for box, box_height in zip(boxes, heights):
+            if middle < offset + box_height or box is boxes[-1]:
+                break
+            offset += box_height
+        top = box[1] + max(number * step - offset, 0.0)
+        bottom = box[1] + min((number + 1) * step - offset, box_height)
+        line_box = (box[0], top, box[2], bottom)
+        lines.append(Line(line_box, (Word(text, line_box),)))
+    return lines
+
+
+def _box(values: Sequence[float]) -> Box:
+    left, top, right, bottom = (float(value) for value in values)
+    return left, top, right, bottom
+
+
+def _normal(values: Sequence[Any]) -> Box:
+    x0, y0, x1, y1 = (float(value) for value in values)
+    return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
+
+
+def _union(words: Sequence[Word]) -> Box:
+    return (
+        min(w.box[0] for w in words), min(w.box[1] for w in words),
+        max(w.box[2] for w in words), max(w.box[3] for w in words),
+    )  # fmt: skip
+
+
+def _round(value: float) -> float:
+    return round(value, 2)

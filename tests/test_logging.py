@@ -1,0 +1,179 @@
+"""Log lines under systemd carry sd-daemon(3)'s ``<N>`` priority prefix, read from real processes' output.
+
+journald stores the prefix as the line's priority, so ``journalctl -u ocrwatch -p err`` shows what was logged
+at error level and nothing else. The process learns it writes to the journal from ``JOURNAL_STREAM``
+(device:inode of its stream); the tests set it to the pipe or file the process really writes to.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from ocrwatch.config import LogConfig
+from ocrwatch.logging import configure, writes_to_journal
+from tests import docs
+from tests.integration.conftest import DaemonProcess, wait_until
+
+PREFIXED = re.compile(r"^<([0-7])>(.*)$")
+PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+
+
+def journal_stream(fd: int) -> str:
+    """What systemd would put in ``JOURNAL_STREAM`` for this descriptor."""
+    stat = os.fstat(fd)
+    return f"{stat.st_dev}:{stat.st_ino}"
+
+
+def run_ocr(files: list[Path], journal: str | None) -> str:
+    """``ocrwatch ocr`` as a process writing to a pipe, with ``JOURNAL_STREAM`` as given (``"pipe"``: the
+    pipe's own device:inode); its stdout and stderr together."""
+    read_end, write_end = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"}
+    if journal is not None:
+        env["JOURNAL_STREAM"] = journal_stream(write_end) if journal == "pipe" else journal
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ocrwatch", "ocr", "--engine", "tesseract", *map(str, files)],
+        stdout=write_end, stderr=write_end, env=env, cwd=files[0].parent,
+    )
+    os.close(write_end)
+    with os.fdopen(read_end, errors="replace") as pipe:
+        output = pipe.read()
+    assert proc.wait(120) == 1, output  # one file fails
+    return output
+
+
+def records(output: str) -> list[tuple[int, dict[str, Any]]]:
+    """(priority, event) of every prefixed line whose payload is a JSON event."""
+    found = []
+    for line in output.splitlines():
+        match = PREFIXED.match(line)
+        if match:
+            found.append((int(match.group(1)), json.loads(match.group(2))))
+    return found
+
+
+@pytest.mark.integration
+def test_ocr_under_journal_prefixes_each_event_with_its_priority(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"not a document at all")
+    good = docs.write_png(tmp_path / "good.png", ["Journal page"])
+    output = run_ocr([bad, good], "pipe")
+    assert not [line for line in output.splitlines() if line.startswith("{")], output  # no event unprefixed
+    events = records(output)
+    assert events and all(priority == PRIORITY[event["level"]] for priority, event in events), output
+    failed = [event for priority, event in events if priority <= 3]
+    assert [(e["event"], e["kind"]) for e in failed] == [("job_failed", "not_a_document")], output
+    assert any(event["event"] == "job_done" for _, event in events)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("journal", [None, "elsewhere", "garbage"])
+def test_output_is_unchanged_when_not_writing_to_the_journal(tmp_path: Path, journal: str | None) -> None:
+    if journal == "elsewhere":  # systemd set it, but the process's output was redirected since
+        journal = f"{tmp_path.stat().st_dev}:{tmp_path.stat().st_ino}"
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"not a document at all")
+    output = run_ocr([bad], journal)
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert not re.search(r"^<\d>", output, re.M), output
+    assert any(event["event"] == "job_failed" and event["level"] == "error" for event in events)
+
+
+@pytest.mark.integration
+def test_daemon_under_journal_err_priority_holds_the_failed_jobs_and_nothing_else(tmp_path: Path) -> None:
+    """Every line the daemon writes, start to stop, carries a prefix; ``-p err`` would show only job_failed."""
+    daemon = DaemonProcess(tmp_path)  # its config: Tesseract, debug level, JSON
+    bad = daemon.inbox / "broken.pdf"
+    good_path = daemon.inbox / "fine.png"
+    daemon.log_path = tmp_path / "journal.log"
+    with open(daemon.log_path, "wb") as log:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JOURNAL_STREAM": journal_stream(log.fileno())}
+        daemon.proc = subprocess.Popen(
+            [sys.executable, "-m", "ocrwatch", "run", "--config", str(daemon.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
+        )
+        try:
+            wait_until(daemon.ready, 60, "daemon ready")
+            docs.write_corrupt_pdf(bad)
+            docs.write_png(good_path, ["Fine page"])
+            wait_until(lambda: {"job_failed", "job_done"} <= {e["event"] for _, e in records(daemon.log_text())},
+                       90, "both jobs finished")
+            daemon.proc.send_signal(signal.SIGTERM)
+            assert daemon.proc.wait(60) == 0
+        finally:
+            if daemon.proc.poll() is None:
+                daemon.proc.kill()
+                daemon.proc.wait(10)
+    lines = daemon.log_text().splitlines()
+    assert lines and all(PREFIXED.match(line) for line in lines), daemon.log_text()
+    events = records(daemon.log_text())
+    assert len(events) == len(lines)
+    assert all(priority == PRIORITY[event["level"]] for priority, event in events)
+    errors = [event for priority, event in events if priority <= 3]
+    assert [(e["event"], e["uri"]) for e in errors] == [("job_failed", bad.as_uri())], errors
+    assert {7, 6} <= {priority for priority, _ in events}  # debug and info lines were written and kept apart
+
+
+@pytest.fixture
+def restore_structlog() -> Iterator[None]:
+    yield
+    structlog.reset_defaults()
+
+
+def test_every_level_maps_to_its_syslog_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_structlog: None
+) -> None:
+    with open(tmp_path / "journal", "w") as stream:
+        monkeypatch.setenv("JOURNAL_STREAM", journal_stream(stream.fileno()))
+        configure(LogConfig(level="debug", format="json"), stream)
+        log = structlog.get_logger()
+        log.debug("d"), log.info("i"), log.warning("w"), log.warn("w2"), log.error("e"), log.critical("c")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("x")
+    got = [(int(m.group(1)), json.loads(m.group(2))["event"]) for m in map(PREFIXED.match,
+           (tmp_path / "journal").read_text().splitlines()) if m]
+    assert got == [(7, "d"), (6, "i"), (4, "w"), (4, "w2"), (3, "e"), (2, "c"), (3, "x")]
+
+
+def test_a_console_traceback_gets_the_prefix_on_every_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_structlog: None
+) -> None:
+    with open(tmp_path / "journal", "w") as stream:
+        monkeypatch.setenv("JOURNAL_STREAM", journal_stream(stream.fileno()))
+        configure(LogConfig(format="console"), stream)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            structlog.get_logger().exception("it_failed")
+    lines = (tmp_path / "journal").read_text().splitlines()
+    assert len(lines) > 3 and all(line.startswith("<3>") for line in lines), lines
+    assert any("ValueError" in line for line in lines)
+
+
+def test_writes_to_journal_only_for_the_named_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open(tmp_path / "a", "w") as a, open(tmp_path / "b", "w") as b:
+        monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+        assert not writes_to_journal(a)
+        monkeypatch.setenv("JOURNAL_STREAM", journal_stream(a.fileno()))
+        assert writes_to_journal(a) and not writes_to_journal(b)
+        for malformed in ("", "12", "x:y", "1:2:3"):
+            monkeypatch.setenv("JOURNAL_STREAM", malformed)
+            assert not writes_to_journal(a)
+    monkeypatch.setenv("JOURNAL_STREAM", "1:2")
+    assert not writes_to_journal(io.StringIO())  # no descriptor at all (pytest's capture, a test's buffer)
+
+

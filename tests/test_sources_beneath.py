@@ -1,0 +1,207 @@
+"""``sources.beneath`` and the fetch of local files on real folders: no link followed, one descriptor, one copy."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import hashlib
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone
+from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.sources.beneath import Signature, copy_out, fetch_copy, inspect, measure, open_file
+from ocrwatch.sources.files import GivenFiles
+
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    folder = tmp_path / "inbox"
+    (folder / "sub").mkdir(parents=True)
+    return folder
+
+
+def test_inspect_takes_regular_files_and_refuses_links_fifos_and_paths_through_links(root: Path, tmp_path: Path) -> None:
+    (root / "sub" / "doc.pdf").write_bytes(b"%PDF-1.7 body")
+    info = os.stat(root / "sub" / "doc.pdf")
+    assert inspect(root / "sub" / "doc.pdf", root) == Signature.of(info)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "doc.pdf").write_bytes(b"outside")
+    (root / "out").symlink_to(tmp_path / "outside")
+    (root / "alias.pdf").symlink_to("sub/doc.pdf")
+    (root / "escape.pdf").symlink_to(tmp_path / "outside" / "doc.pdf")
+    os.mkfifo(root / "pipe.pdf")
+
+    with pytest.raises(SourceGone, match="is now a symlink"):
+        inspect(root / "out" / "doc.pdf", root)
+    with pytest.raises(NotARegularFile, match="leads to .*links are not followed"):
+        inspect(root / "alias.pdf", root)
+    with pytest.raises(NotARegularFile, match="leads outside the inbox"):
+        inspect(root / "escape.pdf", root)
+    with pytest.raises(NotARegularFile, match="not a regular file"):
+        inspect(root / "pipe.pdf", root)
+    with pytest.raises(SourceGone):
+        inspect(root / "missing.pdf", root)
+    with pytest.raises(SourceGone):
+        inspect(root / "sub" / "doc.pdf" / "x.pdf", root)  # a file where a folder should be
+    with pytest.raises(NotARegularFile, match="outside the inbox"):
+        inspect(tmp_path / "outside" / "doc.pdf", root)
+    with pytest.raises(NotARegularFile, match="outside the inbox"):
+        inspect(root / ".." / "outside" / "doc.pdf", root)
+
+
+def test_open_file_never_blocks_on_a_fifo_and_never_opens_a_link(root: Path) -> None:
+    os.mkfifo(root / "pipe.pdf")
+    (root / "doc.pdf").write_bytes(b"data")
+    (root / "link.pdf").symlink_to("doc.pdf")
+    for name in ("pipe.pdf", "link.pdf"):
+        with pytest.raises(NotARegularFile):
+            open_file(root / name, root)
+    fd, signature = open_file(root / "doc.pdf", root)
+    try:
+        assert os.read(fd, 10) == b"data" and signature.size == 4
+    finally:
+        os.close(fd)
+    assert measure(root / "doc.pdf", root) == (signature, hashlib.sha256(b"data").hexdigest())
+
+
+def test_fetch_copies_privately_keeps_mtime_and_tells_a_replacement_with_the_same_size_and_mtime(
+    root: Path, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    source = root / "sub" / "scan.pdf"
+    source.write_bytes(b"%PDF first version")
+    before = source.stat()
+    fetched = fetch_copy(source, root, spool, 1000)
+    assert fetched.path.parent == spool and fetched.path.read_bytes() == source.read_bytes()
+    assert stat.S_IMODE(fetched.path.stat().st_mode) == 0o600
+    assert fetched.path.stat().st_mtime_ns == before.st_mtime_ns
+    assert fetched.sha256 == hashlib.sha256(b"%PDF first version").hexdigest()
+    assert not fetched.changed()
+
+    with open(source, "r+b") as handle:  # rewritten in place: same inode, same size, mtime put back
+        handle.write(b"%PDF other version")
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (source.stat().st_size, source.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert fetched.changed(), "ctime tells the rewrite"
+
+    fetched.path.unlink()
+    fetched = fetch_copy(source, root, spool, 1000)
+    replacement = root / "sub" / ".new"
+    replacement.write_bytes(b"%PDF third version")
+    os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.rename(replacement, source)
+    assert fetched.changed(), "the inode tells the replacement"
+
+    fetched.path.unlink()
+    with pytest.raises(FileTooLarge):
+        fetch_copy(source, root, spool, 10)
+    assert list(spool.iterdir()) == [], "refused before anything was copied"
+
+
+def test_a_file_written_while_it_is_copied_is_refused_as_changed(root: Path, tmp_path: Path) -> None:
+    source = root / "growing.pdf"
+    with open(source, "wb") as handle:
+        handle.truncate(256 << 20)  # sparse: reading it takes a while, writing it nothing
+    stop = threading.Event()
+
+    def append() -> None:
+        with open(source, "ab") as handle:
+            while not stop.is_set():
+                handle.write(b"x")
+                handle.flush()
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        fd, _ = open_file(source, root)
+        with pytest.raises(SourceChanged):
+            copy_out(fd, source, tmp_path / "copy", 1 << 40)
+        os.close(fd)
+    finally:
+        stop.set()
+        writer.join()
+    assert not (tmp_path / "copy").exists()
+
+
+def test_fetch_under_a_swap_race_only_ever_copies_the_inbox_file(root: Path, tmp_path: Path) -> None:
+    """``renameat2(RENAME_EXCHANGE)`` swaps the document with a link to a private file, as fast as it can, while
+    the document is fetched again and again: every fetch either copies the inbox's own bytes or refuses."""
+    secret = tmp_path / "secret.pdf"
+    secret.write_bytes(b"%PDF secret bytes")
+    secret.chmod(0o600)
+    document = root / "swap.pdf"
+    document.write_bytes(b"%PDF public bytes")
+    (root / ".h").mkdir()
+    (root / ".h" / "swap.pdf").symlink_to(secret)
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    stop = threading.Event()
+
+    def race() -> None:
+        a, b = os.fsencode(document), os.fsencode(root / ".h" / "swap.pdf")
+        while not stop.is_set():
+            assert libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0
+
+    racer = threading.Thread(target=race)
+    racer.start()
+    outcomes: dict[str, int] = {"copied": 0, "refused": 0}
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            spool = Path(os.path.join(tmp_path, f"spool-{sum(outcomes.values())}"))
+            spool.mkdir()
+            try:
+                fetched = fetch_copy(document, root, spool, 1 << 20)
+            except (NotARegularFile, SourceGone, SourceChanged):
+                outcomes["refused"] += 1
+                continue
+            assert fetched.path.read_bytes() == b"%PDF public bytes"
+            assert fetched.sha256 == hashlib.sha256(b"%PDF public bytes").hexdigest()
+            outcomes["copied"] += 1
+    finally:
+        stop.set()
+        racer.join()
+    assert outcomes["copied"] and outcomes["refused"], outcomes
+
+
+def test_given_files_follow_the_link_the_user_named_and_copy_through_one_descriptor(tmp_path: Path) -> None:
+    real = tmp_path / "real.png"
+    real.write_bytes(b"\x89PNG\r\n\x1a\n bytes")
+    (tmp_path / "named.png").symlink_to(real)
+    os.mkfifo(tmp_path / "pipe.png")
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    source = GivenFiles([tmp_path / "named.png", tmp_path / "pipe.png", tmp_path / "sub" / ".." / "gone.png"])
+    named, pipe, gone = source.jobs()
+    assert named.origin == LocalFile(tmp_path / "named.png", tmp_path)
+    assert gone.origin.uri == (tmp_path / "gone.png").as_uri()
+
+    async def scenario() -> None:
+        fetched = await source.fetch(named, spool)
+        assert fetched.path.read_bytes() == real.read_bytes()
+        assert fetched.sha256 == hashlib.sha256(real.read_bytes()).hexdigest() and not fetched.changed()
+        with pytest.raises(NotARegularFile):
+            await source.fetch(pipe, spool)  # returns at once: opened non-blocking
+        with pytest.raises(SourceGone):
+            await source.fetch(gone, spool)
+        with pytest.raises(FileTooLarge):
+            await source.fetch(Job(named.origin, "cli", max_bytes=3), spool)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_job_key_does_not_move_when_a_link_appears_on_its_path(root: Path, tmp_path: Path) -> None:
+    job = Job(origin=LocalFile(root / "sub" / "doc.pdf", root), source="local")
+    key = job.key
+    os.rename(root / "sub", tmp_path / "moved")
+    (root / "sub").symlink_to(tmp_path / "moved")
+    assert job.key == key == (root / "sub" / "doc.pdf").as_uri()
