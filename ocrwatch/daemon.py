@@ -101,7 +101,7 @@ class Daemon:
 
     def _add_sources(self, pipeline: Pipeline) -> None:
         """The inboxes as one local source writing beside each file; each ``[[s3]]`` as a source of its own
-        (SQS or webhook), whose sink shares its S3 client."""
+        (SQS or webhook), whose sink shares its S3 client and its threads."""
         cfg = self.cfg
         template = cfg.output.name_template
         self.local = LocalSource(cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template)
@@ -119,7 +119,7 @@ class Daemon:
                 s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=template,
                 max_inflight=pipeline.active_documents,
             )
-            pipeline.add_source(source, S3Sink(s3cfg, source.client, template))
+            pipeline.add_source(source, S3Sink(s3cfg, source.client, template), source.executor)
 
     def _prepare_state_dir(self) -> None:
         """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the start with its

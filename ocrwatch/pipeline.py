@@ -17,6 +17,7 @@ import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ class Pipeline:
         self._detected: dict[str, float] = {}
         self._running = 0
         self._draining = asyncio.Event()
+        self._executors: dict[str, Executor] = {}
+        self._read: dict[str, str] = {}  # job key → sha256 of the bytes fetched, for an error sidecar
 
     async def start(self) -> None:
         """Start the engine, then size the scheduler and the document slots from what it can take."""
@@ -104,14 +107,25 @@ class Pipeline:
             max_active_documents=self.active_documents,
         )
 
-    def add_source(self, source: Source, sink: Sink) -> None:
+    def add_source(self, source: Source, sink: Sink, executor: Executor | None = None) -> None:
+        """``executor``: where the sink's blocking calls run (an S3 source's own pool, so a bucket that does not
+        answer ties up no thread the ledger or another source needs); None for the default pool. The pipeline
+        shuts it down at ``close``."""
         self.sources[source.name] = source
         self.sinks[source.name] = sink
+        if executor is not None:
+            self._executors[source.name] = executor
 
     async def close(self) -> None:
         if self.scheduler is not None:
             await self.scheduler.close()
         await self.supervisor.close()
+        for executor in self._executors.values():
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking call about ``job``'s sidecars, in the thread pool of the job's source."""
+        return await asyncio.get_running_loop().run_in_executor(self._executors.get(job.source), fn, *args)
 
     async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
         """Ledger calls run in a thread: another process holding the database lock must not stall the loop."""
@@ -161,7 +175,7 @@ class Pipeline:
 
     async def _done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
         """A job whose sidecars describe its content is done without a run: recorded so and acknowledged."""
-        if not await asyncio.to_thread(self.already_written, job, fingerprint):
+        if not await self._offload(job, self.already_written, job, fingerprint):
             return False
         await self._ledger("admit", job, fingerprint)
         await self._ledger("mark_done", job.key)
@@ -184,6 +198,7 @@ class Pipeline:
         if self._tasks.get(key) is task:
             del self._tasks[key]
             del self._detected[key]
+            self._read.pop(key, None)
 
     def update_gauges(self) -> None:
         """Queue depths, documents admitted and the oldest unfinished job: cheap enough for every scrape."""
@@ -297,7 +312,10 @@ class Pipeline:
         """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
         attempts = await self._ledger("record_attempt", job.key, None)
         if attempts is not None and attempts > self.cfg.retry.attempts:
-            raise CrashLoop(f"{job.origin.uri} was interrupted {attempts - 1} times while being processed")
+            raise CrashLoop(
+                f"{job.origin.uri}: {attempts - 1} attempts used up in runs of the daemon that ended uncleanly"
+                " (killed, out of memory, power lost)"
+            )
         return attempts or 1
 
     async def _release_attempt(self, job: Job) -> None:
@@ -305,8 +323,8 @@ class Pipeline:
         given back, so only an unclean end (``kill -9``, power loss) counts toward ``crash_loop``."""
         try:
             await self._ledger("release_attempt", job.key)
-        except OcrwatchError as exc:  # the attempt stays counted: one restart closer to crash_loop, no more
-            log.warning("attempt_not_released", kind=exc.kind, error=exc.message)
+        except Exception as exc:  # never turns the stop into a failure: the attempt stays counted, no more
+            log.warning("attempt_not_released", kind=classify(exc).kind, error=str(exc))
 
     # --- one job: the steps -----------------------------------------------------------------------------------
 
@@ -345,13 +363,14 @@ class Pipeline:
         limits = render.Limits.for_job(self.cfg.limits, job)
         fetched = await self.sources[job.source].fetch(dataclasses.replace(job, max_bytes=limits.max_bytes), spool_dir)
         path = fetched.path
+        digest = fetched.sha256 or await asyncio.to_thread(sha256_file, path)
+        self._read[job.key] = digest  # an error sidecar names the bytes read, whatever fails next
         with _naming(path, job.origin):
             info = await asyncio.to_thread(render.probe, path, limits)
             spec = render.render_spec(self.cfg.render, engine.geometry)
             if info.kind == "pdf":
                 for width, height in info.page_sizes:
                     render.page_dpi(width, height, spec)  # raises for a page too large at any usable resolution
-        digest = fetched.sha256 or await asyncio.to_thread(sha256_file, path)
         return Probed(path, fetched.changed, info, spec, digest)
 
     async def render_and_recognize(self, job: Job, session: DocumentSession, probed: Probed) -> list[PageOutcome]:
@@ -396,7 +415,7 @@ class Pipeline:
 
     async def write_sidecars(self, job: Job, pages: list[PageOutcome], document: dict[str, Any]) -> None:
         """The Markdown, then the JSON (the commit marker), through the job's sink."""
-        await asyncio.to_thread(self.sinks[job.source].write, job, assemble.markdown(pages), document)
+        await self._offload(job, self.sinks[job.source].write, job, assemble.markdown(pages), document)
 
     def _render_page(
         self, path: Path, info: render.DocumentInfo, spec: render.RenderSpec, index: int
@@ -454,10 +473,11 @@ class Pipeline:
         await self._ledger("mark_failed", job.key, error.as_dict())
         if not isinstance(error, SourceGone):
             body = assemble.error_document(
-                assemble.source_section(job, None, None, None), error.as_dict(), attempts, time.time()
+                assemble.source_section(job, None, self._read.get(job.key), None), error.as_dict(), attempts,
+                time.time(),
             )
             try:
-                await asyncio.to_thread(self.sinks[job.source].write_error, job, body)
+                await self._offload(job, self.sinks[job.source].write_error, job, body)
             except Exception as exc:
                 log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
         await self.sources[job.source].finish(job, "failed")

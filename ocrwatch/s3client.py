@@ -28,7 +28,7 @@ from tenacity import (
 )
 
 from ocrwatch.config import S3Config
-from ocrwatch.errors import OcrwatchError, StorageUnavailable
+from ocrwatch.errors import OcrwatchError, PermanentError, StorageUnavailable
 from ocrwatch.http import host_port
 
 log = structlog.get_logger()
@@ -39,6 +39,8 @@ CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 60.0
 CALL_ATTEMPTS = 5
 THREADS = 8
+_INVALID_NAME = frozenset({"InvalidObjectName", "KeyTooLongError"})
+_INVALID_REQUEST = _INVALID_NAME | {"InvalidBucketName", "InvalidArgument", "InvalidURI"}
 _THROTTLING = frozenset(
     {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestThrottledException",
      "SlowDown", "RequestLimitExceeded", "TooManyRequestsException", "RequestTimeout", "RequestTimeoutException",
@@ -85,6 +87,18 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def is_invalid_name(exc: BaseException) -> bool:
+    """True when S3 refused a key as a name (over 1024 bytes, say): no object can exist under it."""
+    return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in _INVALID_NAME
+
+
+class InvalidRequest(PermanentError):
+    """S3 refused the request itself (an invalid bucket name or key): the same request fails every time."""
+
+    kind = "s3_request_invalid"
+    hint = "the event names a bucket or key S3 refuses; rename the object, or look for what sends such events"
+
+
 def _log_retry(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
     log.warning("s3_call_retry", attempt=state.attempt_number, error=error_code(exc) if exc else None,
@@ -121,12 +135,16 @@ async def acall(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, execu
 
 
 def storage_error(exc: BaseException, what: str) -> OcrwatchError:
-    """Map a boto3 failure that survived the retries onto the hierarchy (never carrying credentials)."""
+    """Map a boto3 failure that survived the retries onto the hierarchy (never carrying credentials): a request
+    S3 refuses as invalid is permanent, everything else (outage, throttling, access) transient."""
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return StorageUnavailable(f"{what}: no credentials", hint="set access_key_id/secret_access_key in [[s3]] "
                                   "or provide credentials through the AWS standard chain")
     if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("AccessDenied", "403", "Forbidden"):
         return StorageUnavailable(f"{what}: access denied", hint="grant the credentials access to the bucket")
+    if isinstance(exc, botocore.exceptions.ParamValidationError) or (
+            isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in _INVALID_REQUEST):
+        return InvalidRequest(f"{what}: {error_code(exc)}")
     return StorageUnavailable(f"{what}: {error_code(exc)}: {exc}")
 
 

@@ -33,7 +33,9 @@ _IMAGE_MAGIC: tuple[tuple[bytes, Kind], ...] = (
 
 
 def sniff(head: bytes) -> Kind | None:
-    """The format by magic bytes, or None for content no probe knows.
+    """The format by magic bytes, or None where there is none. None is not yet "not a document": the renderer
+    asks poppler whether it is a PDF whose header lies beyond ``HEAD_BYTES`` or is missing, as tolerant readers
+    accept; the inbox, with no trailer to wait for, takes it as whole.
 
     Images are checked at offset 0 before the looser PDF header search, which looks anywhere in the first
     ``HEAD_BYTES``: an image whose pixels happen to contain ``%PDF-`` is still an image.

@@ -44,7 +44,7 @@ DEFAULT_IMAGE_DPI = 96.0
 MAX_PAGE_POINTS = 14400.0
 """The largest page side PDF viewers accept (200 inches); an image whose DPI would exceed it is shrunk."""
 
-_FONT = Name("/OcrGlyphless")
+_FONT = "/OcrGlyphless"
 _LAYER = "/OcrText"
 _CHAR_WIDTH = 0.5  # the glyphless font's advance, in text space units per unit of font size
 _SPACE = " ".encode("utf-16-be")
@@ -144,12 +144,12 @@ def searchable_pdf(
                 if text is not None and text.lines:
                     _add_text(pdf, page, text, font)
             # No stream is decoded, compressed or encoded again: the original pages keep their exact bytes. An
-            # encrypted source (one that opens without a password) keeps its encryption and permissions; its
-            # streams are encrypted again, which qpdf does only at its own decode level.
-            keep: dict[str, Any] = (
-                {"encryption": True} if pdf.is_encrypted else {"stream_decode_level": pikepdf.StreamDecodeLevel.none}
-            )
-            pdf.save(out, compress_streams=False, deterministic_id=True, **keep)
+            # encrypted source (one that opens without a password) keeps its encryption and permissions; qpdf
+            # encrypts its streams again at its own decode level, under a new random ID.
+            keep: dict[str, Any] = {"encryption": True} if pdf.is_encrypted else {
+                "stream_decode_level": pikepdf.StreamDecodeLevel.none, "deterministic_id": True,
+            }  # fmt: skip
+            pdf.save(out, compress_streams=False, **keep)
         return
     with Pdf.new() as pdf:
         _image_pages(pdf, source, pages)
@@ -174,7 +174,7 @@ def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) ->
         zlib.compress(_text_stream(text, width / text.width, height / text.height, height)),
         Filter=Name.FlateDecode, Type=Name.XObject, Subtype=Name.Form, BBox=[0, 0, width, height],
         Matrix=_display_to_user((left, bottom, right, top), rotation),
-        Resources=Dictionary(Font=Dictionary({str(_FONT): font})),
+        Resources=Dictionary(Font=Dictionary({_FONT: font})),
     )  # fmt: skip
     # Pages often share one /Resources (and /XObject) dictionary: the page gets copies of its own, so the
     # layer's name never reaches another page, whose own layer would then be drawn here.
@@ -192,28 +192,31 @@ def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) ->
 
 
 def _text_stream(text: PageText, scale_x: float, scale_y: float, height: float) -> bytes:
-    """The text operators in display space: points, origin at the bottom left of the page as displayed."""
-    stream = ContentStreamBuilder().begin_text().set_text_rendering(3)
+    """The text operators in display space: points, origin at the bottom left of the page as displayed.
+    Written directly, not through pikepdf's builder, which costs ten times as much per word (the operators
+    are four, and the strings hexadecimal, so nothing needs escaping)."""
+    operators = [b"BT 3 Tr"]
     for line in text.lines:
         size = (line.box[3] - line.box[1]) * scale_y
         if size <= 0:
             continue
-        baseline = _round(height - line.box[3] * scale_y)
-        stream.set_text_font(_FONT, _round(size))
+        baseline = height - line.box[3] * scale_y
+        operators.append(b"%s %.2f Tf" % (_FONT.encode(), size))
         words = [(word.box, codes) for word in line.words if (codes := _codes(word.text))]
         for (box, codes), following in zip(words, [*words[1:], None]):
             left, right = box[0] * scale_x, box[2] * scale_x
-            _show(stream, codes, left, right, baseline, size)
+            operators.append(_show(codes, left, right, baseline, size))
             if following is not None:  # the space is stretched over the gap, so no two words run together
-                _show(stream, _SPACE, right, max(following[0][0] * scale_x, right + 0.01), baseline, size)
-    return stream.end_text().build()
+                operators.append(_show(_SPACE, right, max(following[0][0] * scale_x, right + 0.01), baseline, size))
+    operators.append(b"ET\n")
+    return b"\n".join(operators)
 
 
-def _show(stream: ContentStreamBuilder, codes: bytes, left: float, right: float, baseline: float, size: float) -> None:
+def _show(codes: bytes, left: float, right: float, baseline: float, size: float) -> bytes:
+    """Show ``codes`` from ``left`` on the baseline, stretched (Tz, in percent) to end at ``right``."""
     natural = len(codes) // 2 * _CHAR_WIDTH * size
-    stream.set_text_matrix(Matrix(1, 0, 0, 1, _round(left), baseline))
-    stream.set_text_horizontal_scaling(_round(100 * max(right - left, 0.01) / natural))
-    stream.show_text(codes)
+    stretch = 100 * max(right - left, 0.01) / natural
+    return b"1 0 0 1 %.2f %.2f Tm %.2f Tz <%s> Tj" % (left, baseline, stretch, codes.hex().encode())
 
 
 def _visible_box(page: pikepdf.Page) -> Box:
@@ -265,7 +268,8 @@ def _image_page(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Page:
     orientation = orientation if orientation in range(1, 9) else 1
     shown_w, shown_h = (stored_h, stored_w) if orientation >= 5 else (stored_w, stored_h)
     declared = image.info.get("dpi")
-    dpi = float(declared[0]) if isinstance(declared, tuple) and declared and float(declared[0]) > 1 else DEFAULT_IMAGE_DPI
+    # Rounded as the renderer rounds it: PNG stores dots per metre, so 200 dpi reads back as 199.9996.
+    dpi = round(float(declared[0]), 2) if isinstance(declared, tuple) and float(declared[0]) > 1 else DEFAULT_IMAGE_DPI
     dpi = max(dpi, max(shown_w, shown_h) * 72 / MAX_PAGE_POINTS)
     width, height = shown_w * 72 / dpi, shown_h * 72 / dpi
     page = pdf.add_blank_page(page_size=(width, height))
@@ -298,16 +302,21 @@ def _image_xobject(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Stream
     else:
         pixels = _pdf_pixels(image)
         data, filter_, mode = zlib.compress(pixels.tobytes(), 6), Name.FlateDecode, pixels.mode
+    space: Any = Name.DeviceRGB if mode == "RGB" else Name.DeviceGray
+    if mode == "P":  # one byte a pixel and the palette, a third of the RGB pixels
+        palette = bytes(pixels.getpalette("RGB") or []).ljust(768, b"\0")  # every index a colour
+        space = Array([Name.Indexed, Name.DeviceRGB, 255, pikepdf.String(palette)])
     return pdf.make_stream(
         data, Type=Name.XObject, Subtype=Name.Image, Width=image.width, Height=image.height, Filter=filter_,
-        ColorSpace=Name.DeviceRGB if mode == "RGB" else Name.DeviceGray, BitsPerComponent=1 if mode == "1" else 8,
+        ColorSpace=space, BitsPerComponent=1 if mode == "1" else 8,
     )  # fmt: skip
 
 
 def _pdf_pixels(image: Image.Image) -> Image.Image:
-    """Bilevel, grey or RGB, as PDF takes them; 16-bit grey scaled down, transparency flattened onto white."""
+    """Bilevel, grey, palette or RGB, as PDF takes them; 16-bit grey scaled down, transparency flattened onto
+    white."""
     image.load()
-    if image.mode in ("1", "L", "RGB"):
+    if image.mode in ("1", "L", "RGB") or (image.mode == "P" and "transparency" not in image.info):
         return image
     if image.mode.startswith("I"):
         return image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
@@ -393,7 +402,3 @@ def _union(words: Sequence[Word]) -> Box:
         min(w.box[0] for w in words), min(w.box[1] for w in words),
         max(w.box[2] for w in words), max(w.box[3] for w in words),
     )  # fmt: skip
-
-
-def _round(value: float) -> float:
-    return round(value, 2)

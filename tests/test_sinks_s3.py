@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ocrwatch.config import S3Config
-from ocrwatch.errors import NameTooLong, OutputNotWritable
+from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from tests.s3servers import MotoServer, RgwServer
@@ -18,6 +18,8 @@ pytestmark = pytest.mark.s3
 KEY = "scans/2024/Report é+1.pdf"
 DOCUMENT = {"schema": "ocrwatch/1", "status": "ok", "source": {"uri": f"s3://docs/{KEY}", "etag": "abc123"},
             "pages": [{"index": 1, "markdown": "Grüße"}]}
+ERROR = {"schema": "ocrwatch/1", "status": "failed", "source": {"uri": f"s3://docs/{KEY}"},
+         "error": {"kind": "corrupt_pdf"}}
 
 
 def job(key: str = KEY, bucket: str = "docs") -> Job:
@@ -33,7 +35,7 @@ def assert_round_trip(server: MotoServer | RgwServer, cfg: S3Config) -> None:
     s3, sink = server.client("s3"), S3Sink(cfg)
     s3.create_bucket(Bucket="docs")
     assert sink.recorded(job()) is None
-    sink.write_error(job(), {"error": {"kind": "transient"}})
+    sink.write_error(job(), ERROR)
     sink.write(job(), "<!-- page 1 -->\nGrüße\n", DOCUMENT)
 
     markdown, response = get(s3, "docs", f"{KEY}.md")
@@ -55,7 +57,55 @@ def test_sidecars_on_ceph_rgw(rgw: RgwServer) -> None:
     cfg = S3Config(transport="webhook", token="t", **rgw.s3_config())
     assert_round_trip(rgw, cfg)
     with pytest.raises(NameTooLong):  # the key fits S3's 1024 bytes, its sidecar's does not (moto does not check)
-        S3Sink(cfg).write_error(job("k" * 1020 + ".pdf"), {"error": {}})
+        S3Sink(cfg).write_error(job("k" * 1020 + ".pdf"), ERROR)
+
+
+@pytest.mark.parametrize("server_name", ["moto", "rgw"])
+def test_a_key_whose_sidecars_cannot_exist_is_recorded_as_nothing_and_refused_before_writing(
+        server_name: str, request: pytest.FixtureRequest) -> None:
+    """RGW refuses a read of a key over 1024 bytes (InvalidObjectName): that must mean "nothing recorded", not
+    "storage unavailable", or the sender is asked to resend the event for ever."""
+    server: MotoServer | RgwServer = request.getfixturevalue(server_name)
+    s3 = server.client("s3")
+    bucket = f"long-{server_name}"
+    s3.create_bucket(Bucket=bucket)
+    cfg = S3Config(transport="webhook", token="t", **server.s3_config())
+    sink, long_key = S3Sink(cfg), "long/" + "y" * 1013 + ".png"  # 1022 bytes: a legal key
+    s3.put_object(Bucket=bucket, Key=long_key, Body=b"png")
+    assert sink.recorded(job(long_key, bucket)) is None
+    with pytest.raises(NameTooLong, match="1025 bytes long; S3 allows 1024"):
+        sink.write(job(long_key, bucket), "<!-- page 1 -->\n", DOCUMENT)
+    with pytest.raises(NameTooLong):
+        sink.write_error(job(long_key, bucket), ERROR)
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [long_key]  # nothing written
+
+
+def test_a_failure_removes_the_previous_versions_result_but_never_a_users_object(moto: MotoServer) -> None:
+    s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
+    s3.create_bucket(Bucket="docs")
+    sink.write(job(), "<!-- page 1 -->\nold\n", DOCUMENT)
+    sink.write_error(job(), ERROR)  # the new version failed: the old "ok" must not stand for it
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="docs")["Contents"]}
+    assert keys == {f"{KEY}.error.json"}
+    assert sink.recorded(job()) is None
+
+    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"my own notes")  # a user's object at a sidecar's key
+    sink.write_error(job(), ERROR)
+    assert get(s3, "docs", f"{KEY}.md")[0] == b"my own notes"
+    with pytest.raises(OutputConflict, match="did not write"):
+        sink.write(job(), "<!-- page 1 -->\nnew\n", DOCUMENT)
+    assert get(s3, "docs", f"{KEY}.md")[0] == b"my own notes"
+    assert "Contents" not in s3.list_objects_v2(Bucket="docs", Prefix=f"{KEY}.json")  # nothing half-written
+
+
+def test_recorded_reads_only_the_head_of_a_large_sidecar(moto: MotoServer) -> None:
+    s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
+    s3.create_bucket(Bucket="docs")
+    large = DOCUMENT | {"pages": [{"index": n, "markdown": "x" * 1000} for n in range(3000)]}  # 3 MB
+    sink.write(job(), "<!-- page 1 -->\n", large)
+    assert sink.recorded(job()) == DOCUMENT["source"]
+    s3.put_object(Bucket="docs", Key=f"{KEY}.json", Body=b"[" * 5_000_000)  # not ours, and not JSON at all
+    assert sink.recorded(job()) is None
 
 
 def test_output_bucket_prefix_and_template(moto: MotoServer) -> None:
@@ -66,9 +116,9 @@ def test_output_bucket_prefix_and_template(moto: MotoServer) -> None:
     assert sink.location(job()) == ("ocr-out", {"md": "results/scans/2024/Report é+1.ocr.md",
                                                  "json": "results/scans/2024/Report é+1.ocr.json",
                                                  "error": "results/scans/2024/Report é+1.ocr.error.json"})
-    sink.write_error(job("top.png"), {"error": {"kind": "encrypted_pdf"}})
+    sink.write_error(job("top.png"), ERROR)
     error, response = get(s3, "ocr-out", "results/top.ocr.error.json")
-    assert json.loads(error) == {"error": {"kind": "encrypted_pdf"}}
+    assert json.loads(error) == ERROR
     assert response["ContentType"] == "application/json"
 
 
@@ -82,7 +132,8 @@ def test_recorded_is_none_for_an_unparseable_sidecar(moto: MotoServer) -> None:
     assert sink.recorded(job()) is None
 
 
-def test_writing_to_a_missing_bucket_is_permanent(moto: MotoServer) -> None:
+def test_writing_to_a_missing_bucket_is_a_fault_of_the_place(moto: MotoServer) -> None:
     sink = S3Sink(S3Config(queue_url="q", **moto.s3_config()))
-    with pytest.raises(OutputNotWritable):
+    with pytest.raises(OutputNotWritable) as raised:
         sink.write(job(bucket="no-such-bucket"), "x", DOCUMENT)
+    assert raised.value.retryable  # waited out until the bucket exists, never a failure of the document

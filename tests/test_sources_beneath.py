@@ -29,7 +29,9 @@ def root(tmp_path: Path) -> Path:
     return folder
 
 
-def test_inspect_takes_regular_files_and_refuses_links_fifos_and_paths_through_links(root: Path, tmp_path: Path) -> None:
+def test_inspect_takes_regular_files_and_refuses_links_fifos_and_paths_through_links(
+    root: Path, tmp_path: Path
+) -> None:
     (root / "sub" / "doc.pdf").write_bytes(b"%PDF-1.7 body")
     info = os.stat(root / "sub" / "doc.pdf")
     assert inspect(root / "sub" / "doc.pdf", root) == Signature.of(info)

@@ -522,3 +522,37 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             assert got.names() == {"bad.pdf", "sentinel.pdf"}, "quarantined files are not taken again"
 
     run(scenario())
+
+
+def test_quarantine_follows_no_link_on_either_side(tmp_path: Path) -> None:
+    """A folder of the quarantine made a link in advance, or the document's folder swapped for a link to a
+    folder outside with a file of the same name: the move is refused and nothing outside is touched."""
+    root, outside = tmp_path / "in", tmp_path / "outside"
+    quarantine = root / "failed"
+    (quarantine).mkdir(parents=True)
+    (outside / "trap").mkdir(parents=True)
+    (quarantine / "sub").symlink_to(outside / "trap")
+    (outside / "theirs").mkdir()
+    (outside / "theirs" / "doc.pdf").write_bytes(b"someone else's file")
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            async with watching(inbox(root, quarantine_dir=quarantine)) as (source, got):
+                (root / "sub").mkdir()
+                (root / "sub" / "bad.pdf").write_bytes(PDF)
+                (root / "other").mkdir()
+                (root / "other" / "doc.pdf").write_bytes(PDF)
+                await until(lambda: len(got.jobs) == 2, "both documents")
+                bad, doc = sorted(got.jobs, key=lambda job: job.origin.path.name)
+                await source.finish(bad, "failed")
+                assert (root / "sub" / "bad.pdf").read_bytes() == PDF, "moved through the quarantine's link"
+                os.rename(root / "other", tmp_path / "gone")
+                (root / "other").symlink_to(outside / "theirs")
+                await source.finish(doc, "failed")
+        assert list((outside / "trap").iterdir()) == []
+        assert (outside / "theirs" / "doc.pdf").read_bytes() == b"someone else's file"
+        assert not (quarantine / "other").exists()
+        failures = [entry for entry in logs if entry["event"] == "local_quarantine_failed"]
+        assert [Path(entry["path"]).name for entry in failures] == ["bad.pdf", "doc.pdf"]
+
+    run(scenario())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import stat
 import time
@@ -352,11 +353,13 @@ def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path)
         source = S3Source(cfg, limits=LimitsConfig(max_bytes=len(data)))
         submitted = Submitted()
         await source.start(submitted, submitted.reject)
-        path = await source.fetch(Job(S3Object("docs", "a b+é.pdf", etag=etag, size=len(data)), "s3"), tmp_path)
+        fetched = await source.fetch(Job(S3Object("docs", "a b+é.pdf", etag=etag, size=len(data)), "s3"), tmp_path)
+        path = fetched.path
         assert path.parent == tmp_path and path.suffix == ".pdf" and path.read_bytes() == data
+        assert fetched.sha256 == hashlib.sha256(data).hexdigest()  # taken of the very bytes downloaded
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         unknown_size = await source.fetch(Job(S3Object("docs", "a b+é.pdf"), "s3"), tmp_path)
-        assert unknown_size.read_bytes() == data
+        assert unknown_size.path.read_bytes() == data
         await source.stop()
 
     run(scenario)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 import socket
@@ -159,8 +160,8 @@ def test_rgw_pushes_raw_keys_to_the_webhook(rgw: RgwServer, tmp_path: Path) -> N
             head = s3.head_object(Bucket="webhook-docs", Key=job.origin.key)
             assert job.origin == S3Object("webhook-docs", job.origin.key, etag=head["ETag"].strip('"'),
                                           size=head["ContentLength"])
-        path = await source.fetch(jobs[1], tmp_path)
-        assert path.read_bytes() == ODD_KEYS[1].encode()
+        fetched = await source.fetch(jobs[1], tmp_path)
+        assert fetched.path.read_bytes() == ODD_KEYS[1].encode()
         await source.stop()
 
     run(scenario)
@@ -182,6 +183,70 @@ def test_rgw_persistent_topic_resends_what_the_webhook_refused(rgw: RgwServer) -
             submitted.fail = False
             [job] = await submitted.wait(1, timeout=40)
         assert job.origin.key == "again.pdf"
+        await source.stop()
+
+    run(scenario)
+
+
+def test_every_bad_request_gets_a_4xx_answer_and_the_listener_stays_healthy() -> None:
+    """Bodies built to break the parser or the event walk: each answered 4xx (or 200 with nothing accepted where
+    the body is an event with unusable records), never a dropped connection or a 5xx."""
+    cfg = webhook_config(max_body_bytes=1024 * 1024)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    good = record("in/good.pdf", "ceph:s3", size=5, eTag="abc")
+
+    def event(**s3: Any) -> bytes:
+        return json.dumps({"Records": [{"eventSource": "ceph:s3", "eventName": "ObjectCreated:Put", "s3": s3}]}).encode()
+
+    refused = {
+        "nested arrays": b"[" * 100_000 + b"]" * 100_000,
+        "nested objects": b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+        "nested inside the records": b'{"Records": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}",
+        "nested inside an SNS message": json.dumps({"Type": "Notification", "Message": "[" * 100_000}).encode(),
+        "not UTF-8": b'{"Records": [\xff\xfe\xfd]}',
+        "a number too long to convert": b'{"Records": [' + b"7" * 100_000 + b"]}",
+        "not an object": b"[]",
+        "records not a list": b'{"Records": {"0": {}}}',
+        "an SNS message that is not JSON": json.dumps({"Type": "Notification", "Message": "{no"}).encode(),
+    }
+    ignored = {
+        "records of every type": json.dumps({"Records": [1, "x", None, [], True, 1e308]}).encode(),
+        "s3 a list": event().replace(b'"s3": {}', b'"s3": []'),
+        "bucket a string": event(bucket="docs", object={"key": "a.pdf"}),
+        "bucket name a number": event(bucket={"name": 7}, object={"key": "a.pdf"}),
+        "object a list": event(bucket={"name": "docs"}, object=["a.pdf"]),
+        "key an object": event(bucket={"name": "docs"}, object={"key": {"a": 1}}),
+        "eTag an object": event(bucket={"name": "docs"}, object={"key": "a.pdf", "eTag": {"x": 1}}),
+        "versionId a list": event(bucket={"name": "docs"}, object={"key": "a.pdf", "versionId": [1]}),
+        "eventName an object": json.dumps({"Records": [{**good, "eventName": {"x": 1}}]}).encode(),
+        "a key longer than S3 allows": event(bucket={"name": "docs"}, object={"key": "k" * 1025 + ".pdf"}),
+    }
+
+    async def scenario() -> None:
+        submitted = Submitted()
+        source = WebhookSource(cfg)
+        source.reject_delay_seconds = 0.01
+        await source.start(submitted, submitted.reject)
+        target = f"/s3/events?token={TOKEN}"
+        for name, body in refused.items():
+            status, payload, _ = await asyncio.to_thread(post, source.address, target, body)
+            assert status == 400 and "not an S3 event" in payload["error"], name
+        with capture_logs() as logs:
+            for name, body in ignored.items():
+                status, payload, _ = await asyncio.to_thread(post, source.address, target, body)
+                assert (status, payload) == (200, {"accepted": 0}), name
+            many = json.dumps({"Records": [{**good, "s3": []}] * 5000}).encode()
+            assert (await asyncio.to_thread(post, source.address, target, many))[:2] == (200, {"accepted": 0})
+        assert sum(entry.get("reason") == "malformed" for entry in logs) <= len(ignored) + 1  # a line per body
+        strange = {"Authorization": "Bearer \udcff\udcfe".encode("utf-8", "surrogateescape").decode("latin-1")}
+        assert (await asyncio.to_thread(post, source.address, "/s3/events", b"{}", strange))[0] == 403
+        bomb = gzip.compress(b" " * (64 * 1024 * 1024))  # 64 kB that inflate to 64 MB
+        status, _, _ = await asyncio.to_thread(post, source.address, target, bomb, {"Content-Encoding": "gzip"})
+        assert status == 413
+        # still healthy: a good event is accepted
+        good_body = json.dumps({"Records": [good]}).encode()
+        assert (await asyncio.to_thread(post, source.address, target, good_body))[:2] == (200, {"accepted": 1})
+        assert [job.origin.key for job in submitted.jobs] == ["in/good.pdf"]
         await source.stop()
 
     run(scenario)

@@ -252,6 +252,9 @@ def test_pages_sharing_their_resources_each_get_their_own_text(tmp_path: Path) -
     qpdf_check(out)
     extracted = [" ".join(text.split()) for text in page_texts(out)]
     assert extracted == ["Alpha page", "Bravo page", "Charlie page"]
+    with pikepdf.open(out) as pdf:  # each page names its own layer, none of the other pages' layers
+        for page in pdf.pages:
+            assert sorted(page.obj.Resources.XObject.keys()) == ["/Im0", "/Im1", "/Im2", "/OcrText"]
 
 
 def test_encrypted_pdf_that_opens_without_a_password_stays_encrypted(tmp_path: Path) -> None:
@@ -331,7 +334,7 @@ def test_png_becomes_a_page_at_its_dpi_with_its_text(tmp_path: Path) -> None:
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
         assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx([0, 0, 1240 * 72 / 200, 1754 * 72 / 200])
-        (image,) = pdf.pages[0].images.values()
+        (image,) = pdf.pages[0].get_images().values()
         assert pikepdf.PdfImage(image).as_pil_image().tobytes() == Image.open(source).tobytes()  # lossless
     assert similarity(page_texts(out)[0], pages[0][1].markdown) >= 0.9
     assert_words_placed(out, pages)
@@ -346,7 +349,7 @@ def test_jpeg_keeps_its_bytes_and_its_orientation(tmp_path: Path, orientation: i
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
-        (image,) = pdf.pages[0].images.values()
+        (image,) = pdf.pages[0].get_images().values()
         assert image.Filter == "/DCTDecode" and image.read_raw_bytes() == source.read_bytes()
     assert similarity(page_texts(out)[0], pages[0][1].markdown) >= 0.9
     assert_words_placed(out, pages)
@@ -372,7 +375,7 @@ def test_tiff_frames_become_pages_and_a_failed_one_has_no_text(tmp_path: Path) -
     extracted = page_texts(out)
     assert "Invoice" in extracted[0] and extracted[1].strip() == "" and "Third frame" in extracted[2]
     with pikepdf.open(out) as pdf:
-        assert len(pdf.pages) == 3 and all(len(page.images) == 1 for page in pdf.pages)
+        assert len(pdf.pages) == 3 and all(len(page.get_images()) == 1 for page in pdf.pages)
 
 
 def test_image_without_dpi_and_bilevel_image(tmp_path: Path) -> None:
@@ -384,7 +387,7 @@ def test_image_without_dpi_and_bilevel_image(tmp_path: Path) -> None:
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
         assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx([0, 0, 800 * 0.75, 300 * 0.75])  # 96 dpi
-        (image,) = pdf.pages[0].images.values()
+        (image,) = pdf.pages[0].get_images().values()
         assert image.BitsPerComponent == 1 and pikepdf.PdfImage(image).as_pil_image().tobytes() == bilevel.tobytes()
     assert "Bilevel scan" in pdftotext(out)
 

@@ -8,7 +8,10 @@
 #   bash bench/gpu/device_run.sh daemon      the daemon end to end (e2e.py): cold start, one page alone, the corpus,
 #                                            an urgent page behind doc300.pdf; then a warm restart
 #   bash bench/gpu/device_run.sh moe         tune the fused-MoE tiles for this GPU (tune_moe.py)
-#   bash bench/gpu/device_run.sh ngram       the n-gram guard's host cost per decode step (ngram_bench.py)
+#   bash bench/gpu/device_run.sh ngram       the n-gram guard's cost per decode step and equality (ngram_bench.py)
+#   bash bench/gpu/device_run.sh smoke       the checks before compare.sh: encoder_check.py over the page geometries,
+#                                            the GPU n-gram kernel against the host rule, then DeepSeek-OCR
+#                                            (.gpu/dsocr1) through the daemon on its defaults (.gpu/mini pages)
 # Every step after `parts` installs the unpacked wheels first (install_on_device.sh, once per machine) and needs
 # .gpu (prepare.sh) beside the repository.  Knobs: REPEAT (corpus copies, 3), MAX_TOKENS (forced output tokens
 # a page, 1000), SEQS and BATCHED (max_num_seqs and max_num_batched_tokens; unset: each tool's default),
@@ -84,5 +87,14 @@ case $step in
   ngram)
     install
     bounded python3 $HERE/ngram_bench.py "$@" 2>&1 | tee $R/ngram.log | grep --line-buffered -E "rows|RESULT|Error" ;;
+  smoke)
+    install
+    timeout -s INT -k 15 150 python3 $HERE/encoder_check.py --pages 0 --bench-pages 16 --out $R/encoder_check.jsonl \
+      2>&1 | tee $R/encoder_check.txt | grep --line-buffered -v RESULT | show
+    timeout -s INT -k 15 90 python3 $HERE/ngram_bench.py --only gpu --rows 64,256 --steps 150 2>&1 | tee $R/ngram.log \
+      | grep --line-buffered -E "rows|Error|MISMATCH"
+    CORPUS_DIR=${CORPUS_DIR:-.gpu/mini}
+    e2e ocr1 --model .gpu/dsocr1 --corpus $CORPUS_DIR --repeat 1 --cache-dir /tmp/ocw-ocr1-cache --phases solo,a
+    python3 -c "import json,sys; r=json.load(open('$R/e2e_ocr1.json')); print('ocr1', json.dumps({k: r.get(k) for k in ('start_to_ready_s','solo_latency_s','restart')}), json.dumps({k: r.get('a',{}).get(k) for k in ('pages','pages_per_s','status','failed_pages')}))" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

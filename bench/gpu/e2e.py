@@ -3,14 +3,18 @@ forced output length), files dropped into its inbox, sidecars awaited.  Run by d
 
 Phases, one daemon process, same engine settings throughout:
   start   cold or warm start to /readyz (compile cache in --cache-dir)
-  solo    one one-page PDF alone: latency drop -> NAME.json       (the reference for d)
+  solo    one one-page PDF alone, into the urgent inbox: latency drop -> NAME.json   (the reference for d)
   a       every corpus PDF, --repeat times, dropped at once: pages/s, output tokens/s
-  d       doc300.pdf (>= 300 pages) dropped; once --d-after pages of it are done, a one-page PDF is
-          dropped: its latency against `solo`; then doc300 is awaited to the end
+  d0      doc300.pdf (>= 300 pages) alone: its pages/s (the reference for d)
+  d       doc300.pdf dropped; once --d-after pages of it are done, a one-page PDF is dropped into the
+          urgent inbox (priority 90, the main inbox has the default 50): its latency against `solo`; then
+          doc300 is awaited to the end: its pages/s against d0
   e       GPU memory (NVML) and host RSS of the daemon's process tree at ready and at the end;
           the daemon's /metrics (loop lag, tokens, stage latencies) saved at the end
 The config names the model, the forced output length and only the keys given as options, so a run without
-options measures the shipped defaults.  Prints one line per phase and ends with ``RESULT {json}``; writes
+options measures the shipped defaults.  Start to ready is broken down from the daemon's log (``restart``:
+ocrwatch's import, engine build and warm-up seconds, and vLLM's weights, compilation, graph capture and
+engine-core initialisation).  Prints one line per phase and ends with ``RESULT {json}``; writes
 e2e_<label>.json, series_<label>.jsonl (/metrics once a second), metrics_<label>.txt and daemon_<label>.log
 under --out.  ``--engine tesseract`` is a dry run of the harness on a machine without a GPU.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -218,6 +223,40 @@ def pdf_pages(path: Path) -> int:
         return int(next(line.split()[1] for line in out.splitlines() if line.startswith("Pages:")))
 
 
+RESTART = {  # what the daemon's log says about where start-up time went (vLLM 0.26's wording)
+    "weights_s": r"Loading weights took ([\d.]+) seconds",
+    "model_load_s": r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds",
+    "dynamo_s": r"Dynamo bytecode transform time: ([\d.]+) s",
+    "compile_total_s": r"torch.compile took ([\d.]+) s in total",
+    "compile_cache_load_s": r"from the cache, took ([\d.]+) s",
+    "graphs_s": r"Graph capturing finished in ([\d.]+) secs",
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",
+}
+
+
+def restart_breakdown(log_text: str) -> dict:
+    """Seconds of each start-up step from the daemon's log: vLLM's lines (RESTART, the first match each) and
+    ocrwatch's ``vllm_engine_ready`` event (import, engine build, warm-up page, sizing)."""
+    out: dict = {}
+    for key, pattern in RESTART.items():
+        m = re.search(pattern, log_text)
+        if m:
+            out[key] = float(m.group(1).replace(",", ""))
+    out["v2_sampler_guard"] = "n-gram guard in the V2 sampler" in log_text
+    out["guard_on_host_fallback"] = "vllm_ngram_guard_on_the_host" in log_text
+    for line in log_text.splitlines():
+        if '"vllm_engine_ready"' in line:
+            try:
+                ev = json.loads(line[line.index("{"):])
+            except ValueError:
+                continue
+            out.update({k: ev.get(k) for k in ("seconds", "seconds_import", "seconds_engine", "seconds_warmup",
+                                               "max_concurrency", "max_num_batched_tokens", "sizing", "vllm")})
+            break
+    return out
+
+
 def vllm_keys(a) -> dict:
     """The [engine.vllm] keys this run sets; an option left out keeps the daemon's own default."""
     keys: dict = dict(model=a.model, load_format="dummy", ignore_eos=True, max_tokens=a.max_tokens,
@@ -268,6 +307,11 @@ listen = "127.0.0.1:{a.port}"
 [[inbox]]
 path = "{work}/inbox"
 settle_seconds = 0.2
+
+[[inbox]]
+path = "{work}/urgent"
+settle_seconds = 0.2
+priority = 90
 """)
 
 
@@ -306,6 +350,7 @@ def main() -> None:
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
     (work / "inbox").mkdir(parents=True)
+    (work / "urgent").mkdir(parents=True)
     cfg = work / "ocrwatch.toml"
     write_config(cfg, work, a)
     corpus = Path(a.corpus)
@@ -323,7 +368,7 @@ def main() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "ocrwatch", "run", "--config", str(cfg)], cwd=str(REPO),
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{a.port}"
-    inbox = work / "inbox"
+    inbox, urgent_inbox = work / "inbox", work / "urgent"
     try:
         while http(base + "/readyz")[0] != 200:
             if proc.poll() is not None:
@@ -332,6 +377,8 @@ def main() -> None:
                 raise RuntimeError("daemon not ready after 600 s")
             time.sleep(0.5)
         res["start_to_ready_s"] = round(time.time() - t0, 1)
+        log.flush()
+        res["restart"] = restart_breakdown((out / f"daemon_{a.label}.log").read_text(errors="replace"))
         res["gpu_mem_ready_gib"] = gib(probe.gpu())
         res["rss_ready_gib"] = gib(probe.rss(proc.pid))
         res["rss_tree"] = {"ready": {k: gib(v) for k, v in probe.tree(proc.pid).items()}}
@@ -341,8 +388,8 @@ def main() -> None:
 
         one = corpus / "one.pdf"
         if "solo" in phases:
-            t = drop(one, inbox, "solo.pdf")
-            done = wait_for(inbox, ["solo.pdf"], t + a.timeout, proc)
+            t = drop(one, urgent_inbox, "solo.pdf")
+            done = wait_for(urgent_inbox, ["solo.pdf"], t + a.timeout, proc)
             res["solo_latency_s"] = round(done["solo.pdf"] - t, 2) if done else None
             print(f"[{a.label}] one page alone: {res['solo_latency_s']} s", flush=True)
 
@@ -370,20 +417,30 @@ def main() -> None:
             print(f"[{a.label}] a: {res['a']['pages']} pages in {el:.1f} s = {res['a']['pages_per_s']} pages/s, "
                   f"{res['a']['out_tok_per_s']} tok/s; steady {res['a']['steady']}", flush=True)
 
+        big = corpus / "doc300.pdf"
+        n_big = pdf_pages(big) if phases & {"d0", "d"} else 0
+        done_before = lambda: samples(http(base + "/metrics")[1]).get(SERIES["ok"], 0)  # noqa: E731
+        if "d0" in phases:
+            w0 = drop(big, inbox, "alone300.pdf")
+            big_done = wait_for(inbox, ["alone300.pdf"], w0 + a.timeout, proc)
+            el = big_done["alone300.pdf"] - w0 if big_done else None
+            res["d0"] = dict(doc_pages=n_big, doc300_s=round(el, 1) if el else None,
+                             doc300_pages_per_s=round(n_big / el, 3) if el else None, t_start=round(w0, 2))
+            print(f"[{a.label}] d0: doc300 alone {res['d0']['doc300_s']} s = {res['d0']['doc300_pages_per_s']} pages/s",
+                  flush=True)
+
         if "d" in phases:
-            big = corpus / "doc300.pdf"
-            n_big = pdf_pages(big)
+            ok_before = done_before()
             w0 = drop(big, inbox, "doc300.pdf")
             # wait until the big document is well under way: --d-after of its pages finished (metrics), at most 30 s
             t_urgent = None
             while time.time() - w0 < a.timeout:
-                ok = samples(http(base + "/metrics")[1]).get(SERIES["ok"], 0)
-                base_ok = res.get("a", {}).get("pages", 0) + (1 if "solo" in phases else 0)
-                if ok - base_ok >= a.d_after or time.time() - w0 > 30:
+                ok = done_before()
+                if ok - ok_before >= a.d_after or time.time() - w0 > 30:
                     break
                 time.sleep(0.2)
-            t_urgent = drop(one, inbox, "urgent.pdf")
-            done = wait_for(inbox, ["urgent.pdf"], t_urgent + a.timeout, proc)
+            t_urgent = drop(one, urgent_inbox, "urgent.pdf")
+            done = wait_for(urgent_inbox, ["urgent.pdf"], t_urgent + a.timeout, proc)
             urgent = round(done["urgent.pdf"] - t_urgent, 2) if done else None
             big_done = wait_for(inbox, ["doc300.pdf"], w0 + a.timeout, proc)
             res["d"] = dict(doc_pages=n_big, urgent_dropped_after_s=round(t_urgent - w0, 1),
@@ -392,6 +449,9 @@ def main() -> None:
                             doc300=doc_stats(inbox, ["doc300.pdf"]), t_start=round(w0, 2), t_end=round(time.time(), 2))
             if big_done:
                 res["d"]["doc300_pages_per_s"] = round(n_big / (big_done["doc300.pdf"] - w0), 3)
+                alone = res.get("d0", {}).get("doc300_pages_per_s")
+                if alone:
+                    res["d"]["doc300_vs_alone"] = round(res["d"]["doc300_pages_per_s"] / alone, 3)
             print(f"[{a.label}] d: urgent page {urgent} s while doc300 ran (alone {res.get('solo_latency_s')} s); "
                   f"doc300 {res['d']['doc300_s']} s", flush=True)
 

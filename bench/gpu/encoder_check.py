@@ -12,6 +12,11 @@ Then times the stock per-page loop against the batched path (median of --reps, C
 and with --profile writes torch-profiler tables of both.  Prints one line per check and timing, and ends
 with ``RESULT {json}`` (appended to --out as well).
 
+The checked pages are first the page geometries that take different paths through the encoder
+(``GEOMETRIES``: no tiles, the tile size itself, the fewest tiles, the most tiles, a landscape page, a page at
+the renderer's size limit; synthetic, seeded), then --pages corpus pages. Exits 1 if any page of any variant
+fails.
+
   python3 bench/gpu/encoder_check.py --model .gpu/dsocr2 --pdfs .gpu/corpus/docs --pages 12
   (CPU smoke test: --device cpu --dtype float32 --pages 1 --no-ref --no-bench)
 """
@@ -36,6 +41,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ocrwatch.engines.deepseek import encoder as fast  # noqa: E402
 
 PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
+GEOMETRIES = {  # (width, height) -> DeepSeek-OCR-2's tile grid (vLLM's processor, 768 tiles)
+    "small_no_tiles": (640, 480),  # global view only
+    "tile_size": (768, 768),  # the largest image without tiles
+    "fewest_tiles": (1600, 800),  # 2 x 1
+    "max_tiles_portrait": (1629, 2304),  # A4 at the render cap: 2 x 3 = 6 tiles, the most
+    "max_tiles_strip": (768, 4600),  # 1 x 6
+    "landscape": (2304, 1629),  # 3 x 2
+    "size_limit": (4096, 2896),  # [render] max_side = 4096, landscape A4
+}
+
+
+def synthetic_page(size: tuple[int, int], seed: int):
+    """A page of dark text-like strokes on white, seeded: real structure at every scale, never zeros."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    w, h = size
+    line = max(12, h // 60)
+    for y in range(line, h - line, int(line * 1.6)):
+        x = int(rng.integers(10, max(11, w // 10)))
+        while x < w - 20:
+            word = int(rng.integers(line, 6 * line))
+            shade = tuple(int(v) for v in rng.integers(0, 90, 3))
+            draw.rectangle([x, y, min(w - 10, x + word), y + line], fill=shade)
+            x += word + int(rng.integers(line // 2, 2 * line))
+    return img
 
 
 def build_tower(model_dir: str, device: str, dtype: torch.dtype, seed: int):
@@ -177,15 +211,18 @@ def main() -> None:
 
     import pages as pagelib
 
-    pdfs = pagelib.pdf_files([a.pdfs])
-    images = pagelib.render(pdfs, 144)
+    pdfs = pagelib.pdf_files([a.pdfs]) if Path(a.pdfs).exists() else []
+    images = pagelib.render(pdfs, 144) if pdfs else []
     # a spread of real geometries: A4, letter, landscape, small, huge
     by_size: dict = {}
     for im in images:
         by_size.setdefault(im.size, []).append(im)
     pick = [v[0] for v in by_size.values()]
     pick += [im for im in images if im not in pick]
-    check_imgs = pick[: a.pages]
+    synthetic = [synthetic_page(size, a.seed + i) for i, size in enumerate(GEOMETRIES.values())]
+    check_imgs = synthetic + pick[: a.pages]
+    images = images or synthetic
+    res["check_names"] = list(GEOMETRIES) + [f"corpus{i}" for i in range(len(check_imgs) - len(synthetic))]
     res["check_sizes"] = [im.size for im in check_imgs]
     print(f"pages for the check: {res['check_sizes']}", flush=True)
 
@@ -319,10 +356,20 @@ def main() -> None:
                     prof_summary[name] = dict(pages=small, kernels=kernels, gpu_busy_ms=round(gpu_us / 1000, 1),
                                               wall_ms=round(1000 * wall, 1))
                 res["profile_4_pages"] = prof_summary
+    failed = [name for name, c in res.get("checks", {}).items() if not c.get("pass")]
+    res["all_pass"] = not failed
+    if "fast" in res.get("checks", {}) and "vs_ref32" in res["checks"]["fast"]:
+        c = res["checks"]["fast"]
+        for name, size, grid, err, stock in zip(res["check_names"], res["check_sizes"], res["tiles"], c["vs_ref32"],
+                                                res["stock_vs_ref32"]):
+            print(f"  {name:20s} {size[0]}x{size[1]} grid {grid}: fast {err:.2e} vs fp32, stock {stock:.2e}", flush=True)
+    print(f"encoder check: {'PASS' if not failed else 'FAIL ' + ', '.join(failed)}", flush=True)
     print("RESULT " + json.dumps(res), flush=True)
     if a.out:
         with open(a.out, "a") as f:
             f.write(json.dumps(res) + "\n")
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #                       stream cut into <= ${CHUNK:-50M} parts; the last part also holds stream.sha256
 #   .whl/wheels.txt     every wheel with its size
 #   .gpu/dsocr2/        random-weight DeepSeek-OCR-2 replica (config + synthetic tokenizer, make_model.py)
+#   .gpu/dsocr1/        the same for DeepSeek-OCR (make_model.py --ocr1)
 #   .gpu/corpus/        docs/ (every readable PDF of $CORPUS), doc300.pdf (>= 300 pages), one.pdf (one page)
 #   .gpu/poppler/       this machine's pdftoppm, pdfinfo, pdfunite and their libraries (bundle_poppler.sh)
 # Knobs: VLLM (the vLLM version, 0.26.0), CORPUS (a folder of PDFs; default $OCRWATCH_CORPUS or ../shared/corpus),
@@ -68,7 +69,7 @@ model() {
       /tmp/ocrwatch-prep-venv/bin/pip install -q tokenizers==0.23.2; }
     py=/tmp/ocrwatch-prep-venv/bin/python
   fi
-  rm -rf .gpu/dsocr2; $py $HERE/make_model.py .gpu/dsocr2
+  rm -rf .gpu/dsocr2 .gpu/dsocr1; $py $HERE/make_model.py .gpu/dsocr2; $py $HERE/make_model.py .gpu/dsocr1 --ocr1
 }
 
 corpus() {

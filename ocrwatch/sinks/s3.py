@@ -22,7 +22,7 @@ import structlog
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
 from ocrwatch.naming import sidecar_names
-from ocrwatch.s3client import call, error_code, is_invalid_name, new_client, storage_error
+from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
 from ocrwatch.sinks.base import HEAD_BYTES, json_member, owns_json, owns_markdown
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.sources.base import Job, S3Object
@@ -33,7 +33,7 @@ MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
 MAX_KEY_BYTES = 1024
 PROBE_BYTES = 4096
-_ABSENT = frozenset({"NoSuchKey", "404", "NotFound", "InvalidRange"})
+_ABSENT = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 
 
 class S3Sink:
@@ -53,9 +53,8 @@ class S3Sink:
         return self.cfg.output_bucket or obj.bucket, {kind: prefix + value for kind, value in names.items()}
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
+        """A key too long to exist holds nothing: None, and ``write`` says why once the document is processed."""
         bucket, keys = self.location(job)
-        if not _fits(keys["json"]):
-            return None  # no such object can exist; ``write`` says why, once the document is processed
         head = self._head(bucket, keys["json"], HEAD_BYTES)
         if head is None or not owns_json(head):
             return None
@@ -89,7 +88,7 @@ class S3Sink:
                     hint=f"give the object a key {size - MAX_KEY_BYTES} or more bytes shorter, or set a shorter "
                     "[output] name_template",
                 )
-        owned = self._owned(bucket, keys)
+        owned = self._owned(bucket, keys, kinds)
         for kind in kinds:
             if owned[kind] is False:
                 raise OutputConflict(
@@ -102,7 +101,7 @@ class S3Sink:
     def _remove_own(self, bucket: str, keys: dict[str, str], *kinds: str) -> None:
         """Delete the named sidecars where ocrwatch wrote them (in order); a failure is logged, never raised:
         what was just written stands."""
-        owned = self._owned(bucket, keys)
+        owned = self._owned(bucket, keys, kinds)
         for kind in kinds:
             if owned[kind] is not True:
                 continue
@@ -111,13 +110,15 @@ class S3Sink:
             except Exception as exc:
                 log.warning("stale_sidecar_not_removed", uri=f"s3://{bucket}/{keys[kind]}", error=error_code(exc))
 
-    def _owned(self, bucket: str, keys: dict[str, str]) -> dict[str, bool | None]:
-        """Per sidecar: None when no object holds its key, True when ocrwatch wrote the one there, else False.
-        A Markdown object is ocrwatch's when it opens with page 1 or its JSON sidecar is ocrwatch's."""
-        heads = {kind: self._head(bucket, key, PROBE_BYTES) if _fits(key) else None for kind, key in keys.items()}
-        json_ours = heads["json"] is not None and owns_json(heads["json"])
+    def _owned(self, bucket: str, keys: dict[str, str], kinds: tuple[str, ...]) -> dict[str, bool | None]:
+        """Per sidecar of ``kinds``: None when no object holds its key, True when ocrwatch wrote the one there,
+        else False. A Markdown object is ocrwatch's when it opens with page 1 or its JSON sidecar is ocrwatch's."""
+        needed = set(kinds) | ({"json"} if "md" in kinds else set())
+        heads = {kind: self._head(bucket, keys[kind], PROBE_BYTES) for kind in needed}
+        json_ours = heads.get("json") is not None and owns_json(heads["json"] or b"")
         owned: dict[str, bool | None] = {}
-        for kind, head in heads.items():
+        for kind in kinds:
+            head = heads[kind]
             if head is None:
                 owned[kind] = None
             else:
@@ -128,6 +129,8 @@ class S3Sink:
         """The first ``size`` bytes of an object (a ranged read: whatever lies there is never read whole), or
         None when there is none."""
         uri = f"s3://{bucket}/{key}"
+        if not _fits(key):
+            return None
         try:
             response = call(self._client.get_object, Bucket=bucket, Key=key, Range=f"bytes=0-{size - 1}")
             body = response["Body"]
@@ -135,12 +138,15 @@ class S3Sink:
                 return bytes(body.read(size))
             finally:
                 body.close()
-        except botocore.exceptions.ClientError as exc:
-            if error_code(exc) in _ABSENT or is_invalid_name(exc):
-                return None  # a key S3 refuses as a name holds nothing
-            raise storage_error(exc, f"reading {uri}") from None
         except Exception as exc:
-            raise storage_error(exc, f"reading {uri}") from None
+            if error_code(exc) in _ABSENT:
+                return None
+            if error_code(exc) == "InvalidRange":  # an empty object: there, but not one ocrwatch wrote
+                return b""
+            error = storage_error(exc, f"reading {uri}")
+            if isinstance(error, InvalidRequest):
+                return None  # a bucket or key S3 refuses as a name holds nothing
+            raise error from None
 
     def _put(self, job: Job, bucket: str, key: str, body: bytes, content_type: str) -> None:
         obj = _origin(job)

@@ -66,7 +66,7 @@ def _symlink_refusal(path: Path, root: Path) -> NotARegularFile:
 
 
 @contextlib.contextmanager
-def _folder_of(path: Path, root: Path) -> Iterator[tuple[int, int]]:
+def folder_of(path: Path, root: Path) -> Iterator[tuple[int, int]]:
     """The descriptor of ``path``'s folder, reached from ``root`` without following any link, and the
     inbox's device. A folder on the way that is missing, a link or not a folder: ``SourceGone`` (what the name
     meant when it was found is no longer there; nothing is written through the link either)."""
@@ -111,7 +111,7 @@ def inspect(path: Path, root: Path) -> Signature:
     Raises ``SourceGone`` when nothing is there (or a folder on the way is no longer a folder), and
     ``NotARegularFile`` for a link, a FIFO, a device or a file on another filesystem.
     """
-    with _folder_of(path, root) as (folder, device):
+    with folder_of(path, root) as (folder, device):
         try:
             info = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:
@@ -123,7 +123,7 @@ def inspect(path: Path, root: Path) -> Signature:
 def open_file(path: Path, root: Path) -> tuple[int, Signature]:
     """A read-only descriptor of the regular file ``path`` inside ``root``, and its signature by ``fstat``.
     The caller closes it. Raises as ``inspect`` does; nothing but a regular file is ever opened."""
-    with _folder_of(path, root) as (folder, device):
+    with folder_of(path, root) as (folder, device):
         try:
             _check(path, root, os.stat(path.name, dir_fd=folder, follow_symlinks=False), device)
             fd = os.open(path.name, FILE_FLAGS, dir_fd=folder)

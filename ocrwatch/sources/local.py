@@ -17,13 +17,11 @@ import contextlib
 import errno
 import fnmatch
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import count
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +43,7 @@ from ocrwatch.errors import ConfigError, NotARegularFile, SourceGone
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
 from ocrwatch.sources.beneath import Signature, fetch_copy
+from ocrwatch.sources.quarantine import quarantine
 from ocrwatch.sources.settle import inspect_file, probe
 from ocrwatch.sources.watch import EventBridge, start_observer, stop_observer
 
@@ -61,56 +60,6 @@ BLOCKING_CALLS = 8
 """Stats and probes in flight at once, so a scan of a big inbox leaves worker threads for the rest of the daemon."""
 
 
-# --- blocking: quarantine ----------------------------------------------------------------------------------
-
-
-def _copy_exclusive(source: Path, target: Path) -> None:
-    """Copy to a name that must not exist yet (across filesystems, where a link cannot be made)."""
-    with open(target, "xb") as out:
-        try:
-            with open(source, "rb") as data:
-                shutil.copyfileobj(data, out)
-            out.flush()
-            os.fsync(out.fileno())
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
-    shutil.copystat(source, target)
-
-
-def _move_exclusive(source: Path, folder: Path, name: str) -> Path:
-    """Move ``source`` into ``folder`` as ``name``, or ``stem.N.suffix`` when taken: never overwrites."""
-    plain = Path(name)
-    for number in count():
-        target = folder / (name if number == 0 else f"{plain.stem}.{number}{plain.suffix}")
-        try:
-            os.link(source, target)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise
-            try:
-                _copy_exclusive(source, target)
-            except FileExistsError:
-                continue
-        os.unlink(source)
-        return target
-    raise AssertionError("unreachable")
-
-
-def quarantine(path: Path, root: Path, quarantine_dir: Path, name_template: str) -> Path:
-    """Move a failed document, with its error sidecar, to the same place under ``quarantine_dir``. Blocking."""
-    relative = path.relative_to(root)
-    folder = quarantine_dir / relative.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    moved = _move_exclusive(path, folder, relative.name)
-    error = path.parent / sidecar_names(path.name, name_template)["error"]
-    if error.is_file():
-        shutil.move(error, folder / sidecar_names(moved.name, name_template)["error"])
-    return moved
-
-
 # --- per inbox ---------------------------------------------------------------------------------------------
 
 
@@ -125,6 +74,9 @@ class _Inbox:
         self.pending: dict[Path, _Pending] = {}
         # path -> signature it was submitted with, or why it was refused: nothing is taken or logged twice.
         self.settled: dict[Path, Signature | str] = {}
+        # path -> the refusal last logged for it, kept until a scan no longer finds it refused: a name swapped
+        # back and forth between a file and a link is logged once, not at every swap.
+        self.refused: dict[Path, str] = {}
         self.configure(config)
 
     def configure(self, config: InboxConfig) -> None:
@@ -305,7 +257,7 @@ class LocalSource:
             moved = await asyncio.to_thread(
                 quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template
             )
-        except OSError as exc:
+        except (OSError, SourceGone, NotARegularFile) as exc:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
             return
         log.warning("local_quarantined", path=str(origin.path), to=str(moved))
@@ -328,6 +280,8 @@ class LocalSource:
         self._take(inbox, found, closed=False)
         for path in inbox.settled.keys() - found.keys():
             del inbox.settled[path]
+        for path in [path for path in inbox.refused if not isinstance(found.get(path), str)]:
+            del inbox.refused[path]
 
     async def _watch(self, inbox: _Inbox) -> None:
         assert self._loop is not None
@@ -443,8 +397,9 @@ class LocalSource:
         Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime, inode) unchanged
         for ``settle_seconds``; and then the probe passes. A close counts only for a new file whose writer never
         came back: a file rewritten, or appended by one open-write-close after another (an incremental PDF
-        save), must be quiet for ``settle_seconds``, else each piece that ends in a valid trailer is taken. A file stable for long that still fails the probe is submitted anyway, so
-        the renderer reports what is wrong with it. Writes do not wake this task (a busy writer would make it
+        save), must be quiet for ``settle_seconds``, else each piece that ends in a valid trailer is taken. A
+        file stable for long that still fails the probe is submitted anyway, so the renderer reports what is
+        wrong with it. Writes do not wake this task (a busy writer would make it
         spin); the next look at the settle deadline sees them.
         """
         inbox = pending.inbox
@@ -517,8 +472,9 @@ class LocalSource:
         return None
 
     def _refuse(self, inbox: _Inbox, path: Path, reason: str) -> None:
-        if inbox.settled.get(path) != reason:
-            inbox.settled[path] = reason
+        inbox.settled[path] = reason
+        if inbox.refused.get(path) != reason:
+            inbox.refused[path] = reason
             log.warning("local_refused", path=str(path), reason=reason)
 
     async def _blocking(self, function: Callable[..., T], *args: Any) -> T:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +29,7 @@ from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError
 from ocrwatch.s3client import READ_TIMEOUT, acall, error_code, is_transient, new_client
 from ocrwatch.sources.base import Job, Outcome, Reject, S3Object, Submit
-from ocrwatch.sources.s3events import S3EventSource, same_version
+from ocrwatch.sources.s3events import S3EventSource, parse, same_version
 
 log = structlog.get_logger()
 
@@ -125,7 +124,8 @@ class S3Source(S3EventSource):
 
     async def _delete(self, message_id: str, receipt_handle: str) -> None:
         try:
-            await acall(self._sqs.delete_message, executor=self.executor, QueueUrl=self.cfg.queue_url, ReceiptHandle=receipt_handle)
+            await acall(self._sqs.delete_message, executor=self.executor, QueueUrl=self.cfg.queue_url,
+                        ReceiptHandle=receipt_handle)
         except Exception as exc:  # a later redelivery is recognised as done by the sidecar's ETag
             log.error("s3_delete_failed", source=self.name, message_id=message_id, error=error_code(exc))
         else:
@@ -185,7 +185,7 @@ class S3Source(S3EventSource):
             self._deliveries[message_id].receipt_handle = receipt
             return
         try:
-            objects = self._accepted(json.loads(message["Body"]))
+            objects = self._accepted(parse(message["Body"]))
         except ValueError as exc:
             log.warning("s3_message_ignored", source=self.name, message_id=message_id, reason=str(exc))
             objects = []

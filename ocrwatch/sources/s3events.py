@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -25,13 +26,14 @@ import botocore.exceptions
 import structlog
 
 from ocrwatch.config import LimitsConfig, MiB, S3Config
-from ocrwatch.errors import FileTooLarge, OcrwatchError, SourceGone
+from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone
 from ocrwatch.naming import sidecar_names
 from ocrwatch.s3client import call, error_code, new_client, new_executor, storage_error
 from ocrwatch.sources.base import Fetched, Job, S3Object, Submit
 
 log = structlog.get_logger()
 
+MAX_KEY_BYTES = 1024
 _GONE = frozenset({"NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "NotFound"})
 _SIDECAR_TAILS = tuple(sorted({n.removeprefix("x") for n in sidecar_names("x", "{name}").values()}))
 
@@ -39,10 +41,19 @@ _SIDECAR_TAILS = tuple(sorted({n.removeprefix("x") for n in sidecar_names("x", "
 # --- events: pure functions ---------------------------------------------------------------------------------
 
 
+def parse(text: str | bytes) -> Any:
+    """JSON from a peer, every failure a ``ValueError``: nesting too deep for the parser (a RecursionError
+    otherwise), bytes that are not UTF-8, a number too long to convert."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def event_records(body: Any) -> list[dict[str, Any]]:
     """The records of an S3 notification body (plain, or inside an SNS envelope); [] for ``s3:TestEvent``."""
     if isinstance(body, dict) and body.get("Type") == "Notification" and isinstance(body.get("Message"), str):
-        body = json.loads(body["Message"])
+        body = parse(body["Message"])
     if isinstance(body, dict) and body.get("Event") == "s3:TestEvent":
         return []
     if isinstance(body, dict) and isinstance(body.get("Records"), list):
@@ -62,14 +73,16 @@ def created_object(record: dict[str, Any]) -> S3Object | None:
         raise ValueError(f"record without s3.bucket.name or s3.object.key: {exc}") from None
     if not isinstance(bucket, str) or not isinstance(raw_key, str):
         raise ValueError("bucket name and key must be strings")
+    etag, version_id, size = obj.get("eTag"), obj.get("versionId"), obj.get("size")
+    if not isinstance(etag, str | None) or not isinstance(version_id, str | None):
+        raise ValueError("eTag and versionId must be strings")
     key = raw_key if record.get("eventSource") == "ceph:s3" else unquote_plus(raw_key)
-    size = obj.get("size")
     return S3Object(
         bucket=bucket,
         key=key,
-        etag=str(obj.get("eTag") or "").strip('"') or None,
-        version_id=str(obj.get("versionId") or "") or None,
-        size=size if isinstance(size, int) and size >= 0 else None,
+        etag=(etag or "").strip('"') or None,
+        version_id=version_id or None,
+        size=size if type(size) is int and size >= 0 else None,  # not a bool
     )
 
 
@@ -90,6 +103,8 @@ def refusal(cfg: S3Config, obj: S3Object) -> str | None:
         return "other_bucket"
     if not obj.key or obj.key.endswith("/"):
         return "folder"
+    if len(obj.key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES or "\0" in obj.key:
+        return "invalid_key"
     if is_sidecar(obj.key):
         return "own_sidecar"
     if cfg.output_prefix and obj.bucket == (cfg.output_bucket or obj.bucket) and obj.key.startswith(cfg.output_prefix):
@@ -120,6 +135,7 @@ class S3EventSource:
         self.client = new_client(cfg, "s3")
         self.executor = new_executor(name)
         self._submit: Submit | None = None
+        self._reject: Reject | None = None
 
     def _job(self, obj: S3Object, receipt: str | None = None) -> Job:
         return Job(origin=obj, source=self.name, priority=self.cfg.priority, prompt=self.cfg.prompt,
@@ -127,25 +143,38 @@ class S3EventSource:
 
     def _accepted(self, body: Any) -> list[S3Object]:
         """The documents a notification body announces; everything else is logged and dropped."""
-        accepted = []
+        accepted, malformed = [], []
         for record in event_records(body):
             try:
                 obj = created_object(record)
             except ValueError as exc:
-                log.warning("s3_event_ignored", source=self.name, reason="malformed", error=str(exc))
+                malformed.append(str(exc))
                 continue
             reason = "not_created" if obj is None else refusal(self.cfg, obj)
             if reason is None and obj is not None:
                 accepted.append(obj)
             else:
                 log.debug("s3_event_ignored", source=self.name, reason=reason,
-                          uri=obj.uri if obj else None, s3_event=record.get("eventName"))
+                          uri=obj.uri if obj else None, s3_event=str(record.get("eventName"))[:100])
+        if malformed:  # one line per body, however many records it holds
+            log.warning("s3_event_ignored", source=self.name, reason="malformed", records=len(malformed),
+                        error=malformed[0])
         return accepted
 
     async def _submit_job(self, job: Job) -> None:
-        assert self._submit is not None
+        """Hand a job to the pipeline. A failure no retry can cure (S3 refuses the event's bucket or key) is given
+        up through ``reject`` (recorded, logged, counted) rather than raised: a sender told to retry would
+        resend it for ever, and with it every event behind it."""
+        assert self._submit is not None and self._reject is not None
         try:
             await self._submit(job)
+        except PermanentError as exc:
+            log.warning("s3_event_given_up", source=self.name, uri=job.origin.uri, kind=exc.kind, error=exc.message)
+            await self._reject(job, exc, 0)
+            return
+        except OcrwatchError as exc:
+            log.warning("s3_submit_failed", source=self.name, uri=job.origin.uri, kind=exc.kind, error=exc.message)
+            raise
         except Exception as exc:
             log.exception("s3_submit_failed", source=self.name, uri=job.origin.uri, error=error_code(exc))
             raise
@@ -154,16 +183,20 @@ class S3EventSource:
     # -- fetch
 
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
-        """Stream the object the event announced into a 0600 spool file, refusing oversize before downloading."""
+        """Stream the object the event announced into a 0600 spool file, refusing oversize before downloading,
+        and hash it on the way: the sidecars' sha256 is that of the very bytes processed. The download is pinned
+        to the event's ETag and versionId, so what is processed is the version announced."""
         obj = job.origin
         if not isinstance(obj, S3Object):
             raise TypeError(f"{self.name} cannot fetch {obj!r}")
         limit = job.max_bytes or self.max_bytes
         if obj.size is not None and obj.size > limit:
             raise FileTooLarge(f"{obj.uri} has {obj.size} bytes, more than the limit of {limit}")
-        return Fetched(await asyncio.to_thread(self._download, obj, spool_dir, limit))
+        loop = asyncio.get_running_loop()
+        path, digest = await loop.run_in_executor(self.executor, self._download, obj, spool_dir, limit)
+        return Fetched(path, sha256=digest)
 
-    def _download(self, obj: S3Object, spool_dir: Path, limit: int) -> Path:
+    def _download(self, obj: S3Object, spool_dir: Path, limit: int) -> tuple[Path, str]:
         suffix = PurePosixPath(obj.key).suffix
         fd, name = tempfile.mkstemp(prefix="s3-", suffix=suffix if re.fullmatch(r"\.\w{1,8}", suffix) else "",
                                     dir=spool_dir)
@@ -175,7 +208,7 @@ class S3EventSource:
         if obj.version_id:
             request["VersionId"] = obj.version_id
         try:
-            call(self._download_once, request=request, path=path, limit=limit, uri=obj.uri)
+            digest = call(self._download_once, request=request, path=path, limit=limit, uri=obj.uri)
         except botocore.exceptions.ClientError as exc:
             path.unlink(missing_ok=True)
             if error_code(exc) in _GONE:
@@ -189,15 +222,18 @@ class S3EventSource:
         except Exception as exc:
             path.unlink(missing_ok=True)
             raise storage_error(exc, f"downloading {obj.uri}") from None
-        return path
+        return path, digest
 
-    def _download_once(self, request: dict[str, Any], path: Path, limit: int, uri: str) -> None:
+    def _download_once(self, request: dict[str, Any], path: Path, limit: int, uri: str) -> str:
         response = self.client.get_object(**request)
         body = response["Body"]
+        digest = hashlib.sha256()
         with contextlib.closing(body), open(path, "wb") as out:
             if response.get("ContentLength", 0) > limit:
                 raise FileTooLarge(f"{uri} has {response['ContentLength']} bytes, more than the limit of {limit}")
             for chunk in body.iter_chunks(MiB):
                 out.write(chunk)
+                digest.update(chunk)
                 if out.tell() > limit:
                     raise FileTooLarge(f"{uri} has more than the limit of {limit} bytes")
+        return digest.hexdigest()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 
 import structlog
 from aiohttp import web
@@ -22,7 +21,7 @@ from aiohttp import web
 from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.http import Listener
 from ocrwatch.sources.base import Job, Outcome, Reject, Submit
-from ocrwatch.sources.s3events import S3EventSource
+from ocrwatch.sources.s3events import S3EventSource, parse
 
 log = structlog.get_logger()
 
@@ -43,7 +42,9 @@ class WebhookSource(S3EventSource):
 
     ``max_inflight`` and ``name_template`` are accepted like every source's: a webhook holds no messages (the
     sender keeps what is not answered 2xx), and S3 sidecars are recognised by their endings whatever the
-    template. Nothing is given up here (a refused event is the sender's to resend), so ``reject`` goes unused.
+    template. An event is refused (5xx, the sender resends it) only for a failure a retry may cure; one that no
+    retry can cure is given up through ``reject`` and answered 2xx, or the sender would resend it for ever,
+    holding back every event behind it. A request that is not an S3 event gets a 4xx answer, whatever it holds.
     """
 
     reject_delay_seconds = 1.0
@@ -54,7 +55,7 @@ class WebhookSource(S3EventSource):
         self._listener: Listener | None = None
 
     async def start(self, submit: Submit, reject: Reject) -> None:
-        self._submit = submit
+        self._submit, self._reject = submit, reject
         app = web.Application(client_max_size=self.cfg.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle, expect_handler=self._expect)
         self._listener = Listener(app, self.cfg.listen, name=self.name, max_connections=MAX_CONNECTIONS,
@@ -96,9 +97,9 @@ class WebhookSource(S3EventSource):
             self._check(request)
             body = await self._body(request)
             try:
-                objects = self._accepted(json.loads(body))
+                objects = self._accepted(parse(body))
             except ValueError as exc:
-                raise _Refused(400, f"not an S3 event notification: {exc}") from None
+                raise _Refused(400, f"not an S3 event notification: {str(exc)[:200]}") from None
             for obj in objects:
                 try:  # shielded: stopping the listener must not cut a submit halfway
                     await asyncio.shield(self._submit_job(self._job(obj)))
@@ -132,7 +133,7 @@ class WebhookSource(S3EventSource):
         if not presented:
             raise _Refused(401, "token required", {"WWW-Authenticate": 'Bearer realm="ocrwatch"'})
         assert self.cfg.token is not None
-        if not hmac.compare_digest(presented.encode(), self.cfg.token.encode()):
+        if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self.cfg.token.encode()):
             raise _Refused(403, "wrong token")
 
     async def _body(self, request: web.Request) -> bytes:

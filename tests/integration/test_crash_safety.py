@@ -245,7 +245,7 @@ def test_kill_9_past_the_attempts_ends_in_crash_loop_and_clean_stops_do_not_coun
     assert seen == [1, 1, 2, 2, 3, 3], seen
     daemon.start()
     error = wait_until(lambda: error_sidecar(path), 60, "the crash-loop error sidecar")["error"]
-    assert error["kind"] == "crash_loop" and "3 times" in error["message"]
+    assert error["kind"] == "crash_loop" and "3 attempts used up" in error["message"]
     assert not sidecars_done(path)
     assert ledger_row(daemon, path)[0] == "failed"
     assert daemon.stop() == 0

@@ -156,6 +156,51 @@ def test_sigterm_drains_and_exits_zero_with_a_consistent_ledger(make_daemon) -> 
     assert daemon.stop() == 0
 
 
+SHUTDOWN_TIMEOUT = 1.0
+
+
+@pytest.mark.parametrize("engine", ["tesseract", "hanging"])
+def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(make_daemon, plugin_daemon, engine) -> None:
+    """Documents rendering and in the engine (real Tesseract processes, or pages the engine never answers):
+    SIGTERM ends the process within ``shutdown_timeout`` + 5 s, with exit 0, and its output stays JSON lines
+    to the end: no traceback, no error, no stray line from a task cancelled on the way out. (A page a render
+    worker had begun is still finished and logged after ``daemon_stopped``.)"""
+    daemon_cfg = {"shutdown_timeout": SHUTDOWN_TIMEOUT}
+    if engine == "tesseract":
+        daemon = make_daemon(daemon=daemon_cfg)
+    else:
+        daemon = plugin_daemon("tests.fault_engines:HangingEngine", {"match": "", "max_concurrency": 4}, daemon=daemon_cfg)
+    daemon.start()
+    paths = [docs.write_pdf(daemon.inbox / f"busy {i}.pdf", [page_lines(f"busy {i} {n}") for n in range(6)])
+             for i in range(4)]  # fmt: skip
+
+    def recognizing() -> int:
+        with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
+            return db.execute("select count(*) from jobs where state = 'recognizing'").fetchone()[0]
+
+    wait_until(lambda: recognizing() >= 2, 60, "documents in the engine")
+    t0 = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(SHUTDOWN_TIMEOUT + 30) == 0
+    took = time.monotonic() - t0
+    print(f"{engine}: SIGTERM to exit {took:.2f} s (shutdown_timeout {SHUTDOWN_TIMEOUT} s)")
+    assert took <= SHUTDOWN_TIMEOUT + 5
+    text = daemon.log_text()
+    assert "Traceback" not in text
+    lines = text.splitlines()
+    not_json = [line for line in lines if not line.startswith("{")]
+    assert not not_json, not_json
+    events = [json.loads(line) for line in lines]
+    after = events[[e["event"] for e in events].index("daemon_stopped") + 1 :]
+    print(f"{engine}: after daemon_stopped: {[e['event'] for e in after]}")
+    assert {e["event"] for e in after} <= {"page_rendered"}
+    assert not [e for e in events if e["level"] in ("error", "critical")]
+    assert any(e["event"] == "jobs_requeued_at_shutdown" for e in events)
+    with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
+        assert all(state != "failed" for (state,) in db.execute("select state from jobs"))
+    assert not [p for p in paths if error_sidecar(p)]
+
+
 def test_a_second_ctrl_c_while_draining_exits_at_once(plugin_daemon) -> None:
     """The first SIGINT drains (up to shutdown_timeout, 20 s here); a second one does not wait for it."""
     daemon = plugin_daemon(engine_args={"delay": 120.0})

@@ -111,6 +111,8 @@ def test_a_file_swapped_for_a_symlink_never_brings_outside_bytes_into_a_sidecar(
     assert "public" in public.with_name("swap.pdf.md").read_text().lower()
     assert not leak(), leaked[0]
     assert daemon.proc is not None and daemon.proc.poll() is None
+    refusals = [e for e in daemon.events() if e.get("event") == "local_refused"]
+    assert 0 < len(refusals) <= 3, f"{len(refusals)} refusals logged: a name swapped back and forth is logged once"
     assert daemon.stop(timeout=30) == 0
     assert "Traceback" not in daemon.log_text()
 

@@ -162,9 +162,9 @@ def test_a_250_byte_name_gets_one_clear_error_and_no_result(make_daemon) -> None
     long = docs.write_png(daemon.inbox / ("n" * 246 + ".png"), lines("long name"))
     assert len(os.fsencode(long.name)) == 250
     failed = wait_until(lambda: events(daemon, "job_failed", long), 60, "the long name's failure")
+    assert sorted(p.name for p in daemon.inbox.iterdir()) == [long.name]  # no .md, no .json, no temporary
     assert len(failed) == 1 and failed[0]["kind"] == "name_too_long", failed
     assert "261 bytes" in failed[0]["error"] and "shorter" in failed[0]["hint"]
-    assert sorted(p.name for p in daemon.inbox.iterdir()) == [long.name]  # no .md, no .json, no temporary
     carries_on(daemon, daemon.inbox, "after a long name")
     assert len(events(daemon, "job_failed", long)) == 1
     stops_in_time(daemon)
@@ -191,8 +191,12 @@ def test_a_new_version_that_fails_removes_the_previous_result(make_daemon, tmp_p
 
 def _waits_without_using_attempts(daemon: DaemonProcess, document: Path, kind: str) -> None:
     """The document retries ``kind`` more often than its attempts allow, and never fails."""
-    wait_until(lambda: len([e for e in events(daemon, "job_retry") if e.get("kind") == kind]) >= 6, 120,
-               f"six {kind} retries (the document has 3 attempts)")  # fmt: skip
+
+    def six_retries() -> bool:
+        assert not events(daemon, "job_failed"), "a fault of the place failed the document"
+        return len([e for e in events(daemon, "job_retry") if e.get("kind") == kind]) >= 6
+
+    wait_until(six_retries, 120, f"six {kind} retries (the document has 3 attempts)")
     retries = [e for e in events(daemon, "job_retry") if e.get("kind") == kind]
     assert all(e["counts"] is False and e["hint"] for e in retries), retries
     assert not events(daemon, "job_failed")

@@ -155,6 +155,9 @@ def install() -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         self.ocrwatch_ngram = NGramGpuState(self.req_states)
+        from vllm.logger import init_logger
+
+        init_logger("vllm.ocrwatch.deepseek.ngram_gpu").info("ocrwatch: n-gram guard in the V2 sampler")
 
     @functools.wraps(add)
     def add_request(self: Any, req_idx: int, prompt_len: int, sampling_params: Any) -> None:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# What a user gets, in ONE call on one GPU, from the repository root (bench/gpu/README.md, "compare.sh"):
+#   1. the daemon with its shipped defaults (the config names the model, load_format = "dummy", ignore_eos and
+#      max_tokens = 1000: random weights need them), from cold caches: start to ready (broken down), one page
+#      alone into the urgent inbox, the corpus REPEAT times, doc300.pdf alone, doc300.pdf with a one-page
+#      document dropped into a higher-priority inbox once 30 of its pages are done;
+#   2. a warm restart of the same daemon (compile caches filled): start to ready, broken down;
+#   3. the official script's shape on the same pages (engine_bench.py: render all, one LLM.generate(), vLLM's
+#      own model class and n-gram processor, 256 sequences, 32,768 batched tokens).
+# Ends with one JSON line (compare_result.py), also written to $OUT/compare.json.  Needs the wheel parts carried
+# before (device_run.sh parts N), .gpu/dsocr2 and .gpu/corpus.  Knobs: REPEAT (2: 318 pages), BUDGET (575 s).
+set -uo pipefail
+OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
+T0=$(date +%s); BUDGET=${BUDGET:-575}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+HERE=bench/gpu
+REPEAT=${REPEAT:-2}
+trap 'tar czf "$OUT/results_compare.tgz" -C $R . 2>/dev/null' EXIT
+t0=$(date +%s)
+bash $HERE/install_on_device.sh > $R/install.txt 2>&1 || { tail -20 $R/install.txt; exit 1; }
+echo "install: $(( $(date +%s) - t0 )) s"
+source $HERE/env.sh
+bounded() { timeout -s INT -k 15 $(( $(left) - ${1} )) "${@:2}"; }
+filter() { grep --line-buffered -E "^\[|RESULT|Traceback|Error|error" | cut -c1-300; }
+# Cold: fresh compile caches for the daemon (vLLM's, inductor's, Triton's).
+rm -rf /tmp/ocw-cold; mkdir -p /tmp/ocw-cold
+export TORCHINDUCTOR_CACHE_DIR=/tmp/ocw-cold/inductor TRITON_CACHE_DIR=/tmp/ocw-cold/triton
+bounded 290 python3 $HERE/e2e.py --label cold --out $R --repeat $REPEAT --max-tokens 1000 \
+  --cache-dir /tmp/ocw-cold/vllm --phases solo,a,d0,d 2>&1 | tee $R/e2e_cold.log | filter
+bounded 215 python3 $HERE/e2e.py --label warm --out $R --max-tokens 1000 --cache-dir /tmp/ocw-cold/vllm \
+  --phases none 2>&1 | tee $R/e2e_warm.log | filter
+# The script's shape, its own fresh caches.
+export TORCHINDUCTOR_CACHE_DIR=/tmp/ocw-script/inductor TRITON_CACHE_DIR=/tmp/ocw-script/triton \
+  VLLM_CACHE_ROOT=/tmp/ocw-script/vllm
+bounded 15 python3 $HERE/engine_bench.py --label script --repeat $REPEAT --max-tokens 1000 --max-num-seqs 256 \
+  --max-num-batched-tokens 32768 --ngram per_request --out $R/engine.jsonl 2>&1 | tee $R/engine_script.log | filter
+python3 $HERE/compare_result.py $R | tee "$OUT/compare.json"

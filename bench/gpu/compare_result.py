@@ -1,0 +1,48 @@
+"""The one JSON line of compare.sh, from its results folder: e2e_cold.json, e2e_warm.json, engine.jsonl.
+
+  python3 bench/gpu/compare_result.py /tmp/ocw-results
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def result(folder: Path) -> dict:
+    cold, warm = load(folder / "e2e_cold.json"), load(folder / "e2e_warm.json")
+    scripts = [json.loads(line) for line in (folder / "engine.jsonl").read_text().splitlines() if line.strip()] \
+        if (folder / "engine.jsonl").exists() else []
+    script = next((s for s in reversed(scripts) if s.get("label") == "script"), {})
+    phase = next((p for p in script.get("phases", []) if p.get("max_tokens") == 1000), {})
+    daemon = cold.get("a", {}).get("pages_per_s")
+    script_rate = phase.get("pages_per_s")
+    d, d0 = cold.get("d", {}), cold.get("d0", {})
+    return {
+        "ratio": round(daemon / script_rate, 2) if daemon and script_rate else None,
+        "daemon_pages_per_s": daemon,
+        "script_pages_per_s": script_rate,
+        "urgent_s": d.get("urgent_latency_s"),
+        "urgent_alone_s": cold.get("solo_latency_s"),
+        "cold_ready_s": cold.get("start_to_ready_s"),
+        "warm_ready_s": warm.get("start_to_ready_s"),
+        "date": (cold.get("date") or script.get("date") or "")[:10],
+        "vllm": script.get("vllm") or cold.get("restart", {}).get("vllm"),
+        "pages": cold.get("a", {}).get("pages"),
+        "doc300_pages_per_s": d.get("doc300_pages_per_s"),
+        "doc300_alone_pages_per_s": d0.get("doc300_pages_per_s"),
+        "sizing": [cold.get("restart", {}).get(k) for k in ("max_concurrency", "max_num_batched_tokens", "sizing")],
+        "guard": "gpu" if cold.get("restart", {}).get("v2_sampler_guard") else "host",
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(result(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ocw-results"))), flush=True)

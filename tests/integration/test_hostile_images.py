@@ -1,0 +1,123 @@
+"""Hostile documents for the renderer, end to end: huge images that are small on disk, and PDFs whose header is
+buried under junk or missing.
+
+The PDFs go through ``ocrwatch run`` as a real process with Tesseract. The memory test runs the render step as
+the pipeline runs it (the daemon's default render workers and its one decode budget) in a child process of its
+own, so that the kernel's peak (``VmHWM``) is that of the render step alone; ``bench/image_memory.py`` measures
+the whole daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ocrwatch.sniff import sniff
+from tests import docs
+from tests.integration.conftest import REPO, DaemonProcess, error_sidecar, sidecars_done, wait_until
+
+pytestmark = pytest.mark.integration
+
+GiB = 1024**3
+
+
+def _junk(size: int) -> bytes:
+    junk = random.Random(18).randbytes(size)
+    assert sniff(junk) is None
+    return junk
+
+
+def test_pdfs_with_a_buried_or_missing_header_are_read_and_random_bytes_are_not(
+    make_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """2 KiB of junk before ``%PDF-``, and no header line at all: poppler renders both, so they end ``ok`` with
+    the page's text; random bytes named ``.pdf`` still end as ``not_a_document``."""
+    pdf = docs.write_pdf(tmp_path / "source.pdf", [["Invoice 42", "Total 17.50"]]).read_bytes()
+    contents = {
+        "buried.pdf": _junk(2048) + pdf,
+        "bare.pdf": pdf[pdf.index(b"\n") + 1 :],
+        "random.pdf": _junk(50_000),
+    }
+    daemon = make_daemon().start()
+    try:
+        for name, content in contents.items():
+            hidden = daemon.inbox / f".{name}.part"
+            hidden.write_bytes(content)
+            os.replace(hidden, daemon.inbox / name)
+        for name in ("buried.pdf", "bare.pdf"):
+            path = daemon.inbox / name
+            document = wait_until(lambda: sidecars_done(path) or error_sidecar(path), 120, f"a sidecar for {name}")
+            assert document.get("status") == "ok", document
+            markdown = path.with_name(name + ".md").read_text()
+            assert "Invoice 42" in markdown and "17.50" in markdown, markdown
+            assert document["source"]["mime"] == "application/pdf"
+        random_pdf = daemon.inbox / "random.pdf"
+        error = wait_until(lambda: error_sidecar(random_pdf), 120, "the error sidecar of random.pdf")
+        assert error["error"]["kind"] == "not_a_document", error
+        assert not random_pdf.with_name("random.pdf.md").exists()
+    finally:
+        assert daemon.stop() == 0
+
+
+_RENDER_FIVE = """
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from ocrwatch import render
+from ocrwatch.config import Config
+from ocrwatch.engines.tesseract import TesseractEngine
+from ocrwatch.memory import DecodeBudget
+from ocrwatch.scheduler import auto_render_workers
+cfg = Config()
+spec = render.render_spec(cfg.render, TesseractEngine(cfg.engine.tesseract).geometry)
+budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)
+def one(name):
+    path = Path(name)
+    page = render.render_page(path, render.probe(path, render.Limits.from_config(cfg.limits)), 0, spec, budget=budget)
+    return page.image.size, page.image.mode
+with ThreadPoolExecutor(auto_render_workers(len(os.sched_getaffinity(0)))) as pool:
+    pages = list(pool.map(one, sys.argv[1:]))
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) * 1024
+print(json.dumps({"peak": peak, "pages": pages, "peak_holders": budget.peak_holders}))
+"""
+
+_BUILD = """
+import sys
+from PIL import Image, ImageDraw, ImageFont
+image = Image.new("RGBA", (12600, 12600), (0, 0, 0, 0))
+draw = ImageDraw.Draw(image)
+for line in range(10):
+    draw.text((400, 400 + line * 1200), f"POSTER line {line}", fill="black", font=ImageFont.load_default(size=180))
+image.save(sys.argv[1], compress_level=1)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from Linux /proc")
+@pytest.mark.timeout(900)
+def test_five_huge_pngs_at_once_stay_far_below_five_decoded_images(tmp_path: Path) -> None:
+    """Five 12,600 x 12,600 RGBA PNGs (a megabyte or two each on disk, 635 MB each decoded) rendered at once:
+    every render worker used to decode, flatten and convert its own, 2.5 GB each, and five peaked at 5.1 GB.
+    With one budget they are decoded one after another, each a band at a time: 0.75 GiB on 2 cores. The bound,
+    2 GiB, leaves room for any allocator and still fails where either half is lost (the budget alone: 2.5 GB)."""
+    big = tmp_path / "big-0.png"
+    subprocess.run([sys.executable, "-c", _BUILD, str(big)], check=True, timeout=300)
+    files = [big]
+    for number in range(1, 5):
+        files.append(tmp_path / f"big-{number}.png")
+        os.link(big, files[-1])
+    child = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _RENDER_FIVE, *map(str, files)],
+        cwd=REPO, capture_output=True, text=True, timeout=800,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    figures = json.loads(child.stdout.strip().splitlines()[-1])
+    assert figures["pages"] == [[[4096, 4096], "RGB"]] * 5
+    assert figures["peak_holders"] == 1
+    assert figures["peak"] < 2 * GiB, f"peak RSS {figures['peak'] / GiB:.2f} GiB"
