@@ -72,7 +72,8 @@ def main() -> None:
             for name in (rounds if number % 2 == 0 else reversed(list(rounds))):
                 seconds, sizes[name] = write_all(prepared, scratch, with_text=name == "with_text")
                 rounds[name].append(seconds * 1000 / pages)
-            print(f"round {number + 1}: " + ", ".join(f"{k} {v[-1]:.2f} ms/page" for k, v in rounds.items()), flush=True)
+            figures = ", ".join(f"{name} {values[-1]:.2f} ms/page" for name, values in rounds.items())
+            print(f"round {number + 1}: {figures}", flush=True)
         emit(
             {
                 "bench": "textlayer",

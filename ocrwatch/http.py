@@ -140,7 +140,7 @@ class Listener:
 
     ``max_connections`` is what the caller wants; ``connection_cap`` bounds it by the descriptor limit.
     ``stop`` stops accepting, closes idle connections and gives requests in flight ``shutdown_timeout`` seconds
-    to answer before they are cancelled. aiohttp's access log stays off: a request line may carry a token in
+    in all to answer before they are cancelled. aiohttp's access log stays off: a request line may carry a token in
     its query.
     """
 
@@ -150,6 +150,8 @@ class Listener:
         self.name = name
         self.max_connections = connection_cap(max_connections)
         self.idle_timeout = idle_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self._handling: set[asyncio.Task[Any]] = set()  # requests being handled, for ``stop``
         self._connections: dict[asyncio.BaseTransport, _Connection] = {}
         self._episode: dict[str, int] | None = None  # while full: connections evicted and refused
         self._exhausted = False  # accept() failed for want of descriptors, not yet recovered
@@ -174,6 +176,10 @@ class Listener:
             return
         _AcceptErrors.install(asyncio.get_running_loop()).listeners.discard(self)
         self._server.close()
+        if self._handling:  # aiohttp would wait twice as long, and not cancel a handler awaiting a shield
+            await asyncio.wait(set(self._handling), timeout=self.shutdown_timeout)
+            for task in self._handling:
+                task.cancel()
         await self._runner.cleanup()
         await self._server.wait_closed()
         self._server = None
@@ -244,12 +250,16 @@ class Listener:
         """Mark the connection busy while a request is handled, so neither the idle timer nor a newcomer
         closes it."""
         connection = self._connections.get(request.transport) if request.transport is not None else None
+        task = asyncio.current_task()
+        if task is not None:
+            self._handling.add(task)
         if connection is not None:
             connection.request_started()
         try:
             response: web.StreamResponse = await handler(request)
             return response
         finally:
+            self._handling.discard(task)  # type: ignore[arg-type]
             if connection is not None:
                 connection.request_ended()
 

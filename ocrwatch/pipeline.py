@@ -29,7 +29,14 @@ from ocrwatch import assemble, ladder, render
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.errors import (
-    CrashLoop, EngineDead, OcrwatchError, PermanentError, PlaceFault, SourceChanged, SourceGone, classify,
+    CrashLoop,
+    EngineDead,
+    OcrwatchError,
+    PermanentError,
+    PlaceFault,
+    SourceChanged,
+    SourceGone,
+    classify,
 )
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
 from ocrwatch.memory import DecodeBudget

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
+    stop_when_event_set,
     wait_exponential,
     wait_random,
 )
@@ -62,11 +64,25 @@ def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOU
     return session.client(service, endpoint_url=cfg.endpoint_url, config=config)
 
 
-def new_executor(name: str) -> ThreadPoolExecutor:
+_thread = threading.local()  # ``stopping``: the event of the S3Threads pool the current thread belongs to
+
+
+class S3Threads(ThreadPoolExecutor):
     """A bounded pool of threads of its own for one bucket's blocking calls (``THREADS`` at most): an unreachable
     endpoint, each call retried with backoff, ties up these threads and never the default pool that the
-    ledger, the inbox and every other source use."""
-    return ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix=f"ocrwatch-{name}")
+    ledger, the inbox and every other source use. ``shutdown`` also cuts short the backoff of the calls still
+    running in it, so a stopping daemon does not wait out their retries."""
+
+    def __init__(self, name: str) -> None:
+        self.stopping = threading.Event()
+        super().__init__(max_workers=THREADS, thread_name_prefix=f"ocrwatch-{name}", initializer=self._enter)
+
+    def _enter(self) -> None:
+        _thread.stopping = self.stopping
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.stopping.set()
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 def error_code(exc: BaseException) -> str:
@@ -116,9 +132,15 @@ def _retry_kwargs(attempts: int) -> dict[str, Any]:
 
 
 def call(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, **kwargs: Any) -> T:
-    """One blocking boto3 call, retried with backoff while its failure is transient (for worker threads)."""
-    for attempt in Retrying(**_retry_kwargs(attempts)):
+    """One blocking boto3 call, retried with backoff while its failure is transient (for worker threads; in an
+    ``S3Threads`` pool that is shut down, no further attempt is made)."""
+    stopping: threading.Event = getattr(_thread, "stopping", None) or threading.Event()
+    retry = _retry_kwargs(attempts) | {"stop": stop_after_attempt(attempts) | stop_when_event_set(stopping),
+                                       "sleep": stopping.wait}
+    for attempt in Retrying(**retry):
         with attempt:
+            if stopping.is_set() and attempt.retry_state.attempt_number > 1:
+                raise StorageUnavailable("not tried again: the daemon is stopping")
             return fn(**kwargs)
     raise AssertionError("unreachable: tenacity reraises")
 

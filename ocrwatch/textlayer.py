@@ -60,6 +60,7 @@ _GLYPHLESS_TTF = base64.b64decode(
     "AAMAADEhESEEAPwACAAAAAADACoAAAADAAAABQAWAAAAAQAAAAAABQALABYAAwABBAkABQAWAAAAVgBlAHIAcwBpAG8AbgAgADEA"
     "LgAwVmVyc2lvbiAxLjAAAAEAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAA="
 )
+_CID_TO_GID = zlib.compress(b"\x00\x01" * 65536)  # every code to the one glyph
 # Every two-byte code is its own UTF-16 unit: the text is written as UTF-16BE, so extraction reads it back.
 _TO_UNICODE = b"""/CIDInit /ProcSet findresource begin
 12 dict begin
@@ -194,7 +195,7 @@ def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) ->
 def _text_stream(text: PageText, scale_x: float, scale_y: float, height: float) -> bytes:
     """The text operators in display space: points, origin at the bottom left of the page as displayed.
     Written directly, not through pikepdf's builder, which costs ten times as much per word (the operators
-    are four, and the strings hexadecimal, so nothing needs escaping)."""
+    are few, and the strings hexadecimal, so nothing needs escaping)."""
     operators = [b"BT 3 Tr"]
     for line in text.lines:
         size = (line.box[3] - line.box[1]) * scale_y
@@ -341,7 +342,7 @@ def _glyphless_font(pdf: Pdf) -> Dictionary:
     cid_font = Dictionary(
         Type=Name.Font, Subtype=Name.CIDFontType2, BaseFont=Name.GlyphLessFont, FontDescriptor=descriptor,
         CIDSystemInfo=Dictionary(Registry="Adobe", Ordering="Identity", Supplement=0), DW=int(_CHAR_WIDTH * 1000),
-        CIDToGIDMap=pdf.make_stream(zlib.compress(b"\x00\x01" * 65536), Filter=Name.FlateDecode),
+        CIDToGIDMap=pdf.make_stream(_CID_TO_GID, Filter=Name.FlateDecode),
     )  # fmt: skip
     return pdf.make_indirect(
         Dictionary(
@@ -361,10 +362,15 @@ def _codes(text: str) -> bytes:
 
 def _plain_lines(markdown: str) -> list[str]:
     """A block's Markdown as the lines a reader sees: a table row per line, no tags, no heading marks."""
-    text = _TAG.sub(lambda m: "\n" if m.group(1) and m.group(2).lower() in ("tr", "p", "li") else " ", markdown)
-    text = html.unescape(text.replace("<br>", "\n"))
+    text = html.unescape(_TAG.sub(lambda tag: "\n" if _breaks(tag) else " ", markdown))
     lines = (_SPACES.sub(" ", _HEADING.sub("", line)).strip() for line in text.splitlines())
     return [line for line in lines if line]
+
+
+def _breaks(tag: re.Match[str]) -> bool:
+    """Whether an HTML tag ends a line: a table row, paragraph or list item closing, or a line break."""
+    name = tag.group(2).lower()
+    return name == "br" or (tag.group(1) == "/" and name in ("tr", "p", "li", "div"))
 
 
 def _spread(texts: list[str], boxes: list[Box]) -> list[Line]:

@@ -239,3 +239,34 @@ async def test_stop_closes_held_connections() -> None:
     assert time.monotonic() - started < 2
     assert await asyncio.to_thread(closed_within, sock, 5) < 1
     sock.close()
+
+
+async def test_stop_cancels_a_request_still_in_flight_after_shutdown_timeout() -> None:
+    """A handler awaiting a shielded step (the webhook's ledger submit) is cancelled once ``shutdown_timeout``
+    has passed, within ``stop``: aiohttp alone would wait twice as long and leave it pending."""
+    outcome: list[str] = []
+
+    async def stuck(request: web.Request) -> web.Response:
+        outcome.append("started")
+        try:
+            await asyncio.shield(asyncio.sleep(30))
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        return web.Response(text="late")
+
+    application = web.Application()
+    application.router.add_get("/", stuck)
+    listener = Listener(application, "127.0.0.1:0", name="test", shutdown_timeout=2.0)
+    await listener.start()
+    answer = asyncio.create_task(asyncio.to_thread(get, listener))
+    for _ in range(100):
+        if outcome:
+            break
+        await asyncio.sleep(0.05)
+    started = time.monotonic()
+    await listener.stop()
+    stopped_in = time.monotonic() - started
+    assert outcome == ["started", "cancelled"]
+    assert stopped_in < 3.5, stopped_in  # aiohttp alone: 4 s
+    assert await answer == b""

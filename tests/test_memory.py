@@ -131,17 +131,16 @@ def test_requests_are_served_in_arrival_order() -> None:
 
 def test_an_interrupted_waiter_leaves_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     budget = memory.DecodeBudget(100)
+
+    def interrupted(predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        raise KeyboardInterrupt
+
     with budget.hold(100):
-        waiting = threading.Condition.wait_for
-
-        def interrupted(self: threading.Condition, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(threading.Condition, "wait_for", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            with budget.hold(10):
-                pass
-        monkeypatch.setattr(threading.Condition, "wait_for", waiting)
+        with monkeypatch.context() as patch:
+            patch.setattr(budget._cond, "wait_for", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                with budget.hold(10):
+                    pass
     with budget.hold(10):  # had the interrupted ticket stayed at the head, this would block for ever
         assert budget.holders == 1
 

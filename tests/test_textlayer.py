@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import re
 import shutil
 import subprocess
 import zlib
@@ -190,7 +189,8 @@ def test_pdf_gets_the_text_in_reading_order_and_keeps_its_pages(tmp_path: Path) 
             kept, added = content_streams(new)[1:], content_streams(new)[0]
             assert [s.read_raw_bytes() for s in kept] == [s.read_raw_bytes() for s in content_streams(old)]
             assert [dict(s.stream_dict) for s in kept] == [dict(s.stream_dict) for s in content_streams(old)]
-            assert [op for _, op in pikepdf.parse_content_stream(added)] == [pikepdf.Operator(o) for o in "q Do Q".split()]
+            drawn = [str(operator) for _, operator in pikepdf.parse_content_stream(added)]
+            assert drawn == ["q", "Do", "Q"]  # the new stream only draws the layer
             assert new.mediabox == old.mediabox and new.obj.Resources.XObject.Im0.read_raw_bytes() == (
                 old.obj.Resources.XObject.Im0.read_raw_bytes()
             )
@@ -378,17 +378,24 @@ def test_tiff_frames_become_pages_and_a_failed_one_has_no_text(tmp_path: Path) -
         assert len(pdf.pages) == 3 and all(len(page.get_images()) == 1 for page in pdf.pages)
 
 
-def test_image_without_dpi_and_bilevel_image(tmp_path: Path) -> None:
-    bilevel = docs.text_image(["Bilevel scan"], size=(800, 300)).convert("1")
-    source = docs.write_png(tmp_path / "bits.png", bilevel, dpi=None)
-    out = tmp_path / "bits.png.ocr.pdf"
+@pytest.mark.parametrize("mode", ["1", "P"])
+def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(tmp_path: Path, mode: str) -> None:
+    drawn = docs.text_image(["Bilevel scan"], size=(800, 300)).convert("RGB")
+    drawn.paste((200, 30, 30), (600, 200, 700, 280))
+    picture = drawn.convert("1") if mode == "1" else drawn.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    source = docs.write_png(tmp_path / "picture.png", picture, dpi=None)
+    out = tmp_path / "picture.png.ocr.pdf"
     textlayer.searchable_pdf(source, "image", texts(ocr(source)), out)
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
         assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx([0, 0, 800 * 0.75, 300 * 0.75])  # 96 dpi
         (image,) = pdf.pages[0].get_images().values()
-        assert image.BitsPerComponent == 1 and pikepdf.PdfImage(image).as_pil_image().tobytes() == bilevel.tobytes()
+        assert image.BitsPerComponent == (1 if mode == "1" else 8)
+        embedded = pikepdf.PdfImage(image).as_pil_image()
+        assert embedded.convert("RGB").tobytes() == picture.convert("RGB").tobytes()  # lossless
+        if mode == "P":  # one byte a pixel and its palette, not three
+            assert image.ColorSpace[0] == "/Indexed" and image.ColorSpace[1] == "/DeviceRGB"
     assert "Bilevel scan" in pdftotext(out)
 
 

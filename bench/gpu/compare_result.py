@@ -23,24 +23,25 @@ def result(folder: Path) -> dict:
         if (folder / "engine.jsonl").exists() else []
     script = next((s for s in reversed(scripts) if s.get("label") == "script"), {})
     phase = next((p for p in script.get("phases", []) if p.get("max_tokens") == 1000), {})
-    daemon = cold.get("a", {}).get("pages_per_s")
+    load_run = warm if "a" in warm or "d" in warm else cold  # the run that carried the load (the cold one)
+    daemon = load_run.get("a", {}).get("pages_per_s")
     script_rate = phase.get("pages_per_s")
-    d, d0 = cold.get("d", {}), cold.get("d0", {})
+    d, d0 = load_run.get("d", {}), load_run.get("d0", {})
     return {
         "ratio": round(daemon / script_rate, 2) if daemon and script_rate else None,
         "daemon_pages_per_s": daemon,
         "script_pages_per_s": script_rate,
         "urgent_s": d.get("urgent_latency_s"),
-        "urgent_alone_s": cold.get("solo_latency_s"),
+        "urgent_alone_s": load_run.get("solo_latency_s"),
         "cold_ready_s": cold.get("start_to_ready_s"),
         "warm_ready_s": warm.get("start_to_ready_s"),
-        "date": (cold.get("date") or script.get("date") or "")[:10],
+        "date": (load_run.get("date") or script.get("date") or "")[:10],
         "vllm": script.get("vllm") or cold.get("restart", {}).get("vllm"),
-        "pages": cold.get("a", {}).get("pages"),
+        "pages": load_run.get("a", {}).get("pages"),
         "doc300_pages_per_s": d.get("doc300_pages_per_s"),
         "doc300_alone_pages_per_s": d0.get("doc300_pages_per_s"),
-        "sizing": [cold.get("restart", {}).get(k) for k in ("max_concurrency", "max_num_batched_tokens", "sizing")],
-        "guard": "gpu" if cold.get("restart", {}).get("v2_sampler_guard") else "host",
+        "sizing": [load_run.get("restart", {}).get(k) for k in ("max_concurrency", "max_num_batched_tokens", "sizing")],
+        "guard": "gpu" if load_run.get("restart", {}).get("v2_sampler_guard") else "host",
     }
 
 

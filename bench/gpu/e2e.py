@@ -367,6 +367,7 @@ def main() -> None:
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "ocrwatch", "run", "--config", str(cfg)], cwd=str(REPO),
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    (out / f"daemon_{a.label}.pid").write_text(str(proc.pid))
     base = f"http://127.0.0.1:{a.port}"
     inbox, urgent_inbox = work / "inbox", work / "urgent"
     try:

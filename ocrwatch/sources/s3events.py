@@ -28,7 +28,7 @@ import structlog
 from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone
 from ocrwatch.naming import sidecar_names
-from ocrwatch.s3client import call, error_code, new_client, new_executor, storage_error
+from ocrwatch.s3client import S3Threads, call, error_code, new_client, storage_error
 from ocrwatch.sources.base import Fetched, Job, S3Object, Submit
 
 log = structlog.get_logger()
@@ -133,7 +133,7 @@ class S3EventSource:
         self.name = name
         self.max_bytes = (limits or LimitsConfig()).max_bytes
         self.client = new_client(cfg, "s3")
-        self.executor = new_executor(name)
+        self.executor = S3Threads(name)
         self._submit: Submit | None = None
         self._reject: Reject | None = None
 

@@ -247,3 +247,30 @@ def test_a_read_only_state_tmp_is_waited_out(make_daemon, tmpfs, tmp_path: Path)
     remount(scratch, "rw")
     assert wait_until(lambda: sidecars_done(document), 60, "the sidecars once writable")["status"] == "ok"
     stops_in_time(daemon)
+
+
+def test_a_read_only_inbox_waits_and_output_dir_is_the_remedy(make_daemon, tmpfs, tmp_path: Path) -> None:
+    """Sources on a mount that stays read-only: the documents wait (never ``failed``, so no ``ocrwatch retry``
+    is needed); with ``[output] dir`` set and a restart, the sidecars go there and the sources are untouched."""
+    folder = tmpfs(tmp_path / "ro-inbox", "4m")
+    scan = docs.write_png(folder / "scan.png", lines("read only"))
+    (folder / "sub").mkdir()
+    nested = docs.write_png(folder / "sub" / "photo.png", lines("nested"))
+    remount(folder, "ro")
+    sources = {path: path.read_bytes() for path in (scan, nested)}
+    daemon = make_daemon(inboxes=[{"path": str(folder), "settle_seconds": 0.3}],
+                         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})  # fmt: skip
+    daemon.start()
+    _waits_without_using_attempts(daemon, scan, "output_not_writable")
+    retry = next(e for e in events(daemon, "job_retry") if e.get("kind") == "output_not_writable")
+    assert "read-only" in retry["error"] and "[output] dir" in retry["hint"]
+    stops_in_time(daemon)
+
+    out = tmp_path / "out"
+    daemon.config_path.write_text(daemon.config_path.read_text() + f'\n[output]\ndir = "{out}"\n')
+    daemon.start()
+    wait_until(lambda: (out / "scan.png.json").exists() and (out / "sub" / "photo.png.json").exists(), 60,
+               "sidecars under [output] dir")  # fmt: skip
+    assert json.loads((out / "scan.png.json").read_text())["status"] == "ok"
+    assert {path: path.read_bytes() for path in sources} == sources
+    stops_in_time(daemon)
