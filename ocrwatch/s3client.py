@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 import boto3
@@ -67,22 +68,65 @@ def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOU
 _thread = threading.local()  # ``stopping``: the event of the S3Threads pool the current thread belongs to
 
 
-class S3Threads(ThreadPoolExecutor):
-    """A bounded pool of threads of its own for one bucket's blocking calls (``THREADS`` at most): an unreachable
-    endpoint, each call retried with backoff, ties up these threads and never the default pool that the
-    ledger, the inbox and every other source use. ``shutdown`` also cuts short the backoff of the calls still
-    running in it, so a stopping daemon does not wait out their retries."""
+class S3Threads(Executor):
+    """A bounded pool of threads of its own for one bucket's blocking calls (``THREADS`` at most, started on
+    demand): an unreachable endpoint, each call retried with backoff, ties up these threads and never the
+    default pool that the ledger, the inbox and every other source use.
+
+    ``shutdown`` cuts short the retries of the calls still running here, and the threads are daemon threads:
+    a call stuck on a bucket that accepts and never answers (60 s read timeout) does not hold the process's
+    exit, which ``ThreadPoolExecutor`` would, since the interpreter joins its threads at exit.
+    """
 
     def __init__(self, name: str) -> None:
+        self.name = name
         self.stopping = threading.Event()
-        super().__init__(max_workers=THREADS, thread_name_prefix=f"ocrwatch-{name}", initializer=self._enter)
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
-    def _enter(self) -> None:
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            if self.stopping.is_set():
+                raise RuntimeError(f"{self.name}: cannot schedule new calls after shutdown")
+            self._work.put((future, functools.partial(fn, *args, **kwargs)))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < THREADS:
+                thread = threading.Thread(target=self._serve, name=f"ocrwatch-{self.name}-{len(self._threads)}",
+                                          daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return future
+
+    def _serve(self) -> None:
         _thread.stopping = self.stopping
+        while (item := self._work.get()) is not None:
+            future, work = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(work())
+                except BaseException as exc:  # handed to whoever awaits the future
+                    future.set_exception(exc)
+            del item, future, work
+            self._idle.release()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self.stopping.set()
-        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        with self._lock:
+            self.stopping.set()
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        item[0].cancel()
+            for _ in self._threads:
+                self._work.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 def error_code(exc: BaseException) -> str:

@@ -227,13 +227,17 @@ class LocalSink:
             raise OutputNotWritable(f"cannot write sidecars in {folder}: {reason}")
         owned = _owned(paths)
         for kind in kinds:
-            if owned[kind] is not None:
-                raise _conflict(paths[kind], owned[kind])
+            if (what := owned[kind]) is not None:
+                raise _conflict(paths[kind], what)
 
     def _remove_own(self, paths: dict[str, Path], *kinds: str) -> None:
         """Remove the named sidecars where ocrwatch wrote them (in order), never a user's file; a failure is
         logged, never raised: what was just written stands."""
-        owned = _owned(paths)
+        try:
+            owned = _owned(paths)
+        except OSError as exc:
+            log.warning("stale_sidecar_not_removed", path=str(paths[kinds[0]]), error=str(exc))
+            return
         removed = False
         for kind in kinds:
             if owned[kind] is not None:

@@ -56,13 +56,13 @@ def _relative_parts(path: Path, root: Path) -> tuple[str, ...]:
 
 
 def _symlink_refusal(path: Path, root: Path) -> NotARegularFile:
-    """The refusal of a link: where it leads is only read (``readlink``), never opened."""
+    """The refusal of a link, saying where it points: its text is only read, never resolved or opened."""
     try:
-        real = Path(os.path.realpath(path))
+        target = Path(os.path.normpath(path.parent / os.readlink(path)))
     except OSError:  # no longer a link by now
         return NotARegularFile(f"{path}: a symlink; links are not followed")
-    where = "leads outside the inbox, to" if not real.is_relative_to(root) else "leads to"
-    return NotARegularFile(f"{path}: a symlink that {where} {real}; links are not followed")
+    where = "leads outside the inbox, to" if not target.is_relative_to(root) else "leads to"
+    return NotARegularFile(f"{path}: a symlink that {where} {target}; links are not followed")
 
 
 @contextlib.contextmanager

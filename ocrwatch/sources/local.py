@@ -74,9 +74,9 @@ class _Inbox:
         self.pending: dict[Path, _Pending] = {}
         # path -> signature it was submitted with, or why it was refused: nothing is taken or logged twice.
         self.settled: dict[Path, Signature | str] = {}
-        # path -> the refusal last logged for it, kept until a scan no longer finds it refused: a name swapped
-        # back and forth between a file and a link is logged once, not at every swap.
-        self.refused: dict[Path, str] = {}
+        # Paths whose refusal was logged, kept until a scan no longer finds them refused: a name swapped back
+        # and forth between a file and a link is logged once, not at every swap.
+        self.refused: set[Path] = set()
         self.configure(config)
 
     def configure(self, config: InboxConfig) -> None:
@@ -280,8 +280,7 @@ class LocalSource:
         self._take(inbox, found, closed=False)
         for path in inbox.settled.keys() - found.keys():
             del inbox.settled[path]
-        for path in [path for path in inbox.refused if not isinstance(found.get(path), str)]:
-            del inbox.refused[path]
+        inbox.refused = {path for path in inbox.refused if isinstance(found.get(path), str)}
 
     async def _watch(self, inbox: _Inbox) -> None:
         assert self._loop is not None
@@ -473,8 +472,8 @@ class LocalSource:
 
     def _refuse(self, inbox: _Inbox, path: Path, reason: str) -> None:
         inbox.settled[path] = reason
-        if inbox.refused.get(path) != reason:
-            inbox.refused[path] = reason
+        if path not in inbox.refused:
+            inbox.refused.add(path)
             log.warning("local_refused", path=str(path), reason=reason)
 
     async def _blocking(self, function: Callable[..., T], *args: Any) -> T:

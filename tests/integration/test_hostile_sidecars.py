@@ -251,7 +251,8 @@ def test_a_read_only_state_tmp_is_waited_out(make_daemon, tmpfs, tmp_path: Path)
 
 def test_a_read_only_inbox_waits_and_output_dir_is_the_remedy(make_daemon, tmpfs, tmp_path: Path) -> None:
     """Sources on a mount that stays read-only: the documents wait (never ``failed``, so no ``ocrwatch retry``
-    is needed); with ``[output] dir`` set and a restart, the sidecars go there and the sources are untouched."""
+    is needed), and SIGTERM ends their backoff at once instead of waiting ``shutdown_timeout`` for it; with
+    ``[output] dir`` set and a restart, the sidecars go there and the sources are untouched."""
     folder = tmpfs(tmp_path / "ro-inbox", "4m")
     scan = docs.write_png(folder / "scan.png", lines("read only"))
     (folder / "sub").mkdir()
@@ -259,12 +260,13 @@ def test_a_read_only_inbox_waits_and_output_dir_is_the_remedy(make_daemon, tmpfs
     remount(folder, "ro")
     sources = {path: path.read_bytes() for path in (scan, nested)}
     daemon = make_daemon(inboxes=[{"path": str(folder), "settle_seconds": 0.3}],
-                         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})  # fmt: skip
+                         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT}, retry={"backoff_max_seconds": 60.0})  # fmt: skip
     daemon.start()
     _waits_without_using_attempts(daemon, scan, "output_not_writable")
     retry = next(e for e in events(daemon, "job_retry") if e.get("kind") == "output_not_writable")
     assert "read-only" in retry["error"] and "[output] dir" in retry["hint"]
     stops_in_time(daemon)
+    assert not events(daemon, "jobs_requeued_at_shutdown"), "the shutdown waited for a backoff to end"
 
     out = tmp_path / "out"
     daemon.config_path.write_text(daemon.config_path.read_text() + f'\n[output]\ndir = "{out}"\n')
