@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -131,8 +132,10 @@ class Pipeline:
             executor.shutdown(wait=False, cancel_futures=True)
 
     async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
-        """A blocking call about ``job``'s sidecars, in the thread pool of the job's source."""
-        return await asyncio.get_running_loop().run_in_executor(self._executors.get(job.source), fn, *args)
+        """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with the caller's
+        context, as ``to_thread`` would: its log lines keep the job's id)."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executors.get(job.source), call)
 
     async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
         """Ledger calls run in a thread: another process holding the database lock must not stall the loop."""

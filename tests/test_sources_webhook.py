@@ -15,6 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from ocrwatch.config import S3Config
+from ocrwatch.s3client import InvalidRequest
 from ocrwatch.sources.base import S3Object
 from ocrwatch.sources.webhook import WebhookSource
 from tests.s3servers import RgwServer
@@ -247,6 +248,29 @@ def test_every_bad_request_gets_a_4xx_answer_and_the_listener_stays_healthy() ->
         good_body = json.dumps({"Records": [good]}).encode()
         assert (await asyncio.to_thread(post, source.address, target, good_body))[:2] == (200, {"accepted": 1})
         assert [job.origin.key for job in submitted.jobs] == ["in/good.pdf"]
+        await source.stop()
+
+    run(scenario)
+
+
+def test_a_failure_no_retry_can_cure_is_given_up_and_answered_2xx() -> None:
+    """A 5xx would make the sender resend the event for ever (RGW: every later event with it); an event whose
+    failure is permanent is handed to ``reject`` (recorded, logged, counted) and answered 200."""
+    cfg = webhook_config()
+    event = json.dumps({"Records": [record("in/poison.pdf", "ceph:s3")]}).encode()
+
+    class Poisoned(Submitted):
+        async def __call__(self, job: Any) -> None:
+            raise InvalidRequest("reading s3://bucket/in/poison.pdf.json: InvalidObjectName")
+
+    async def scenario() -> None:
+        poisoned = Poisoned()
+        source = WebhookSource(cfg)
+        await source.start(poisoned, poisoned.reject)
+        status, payload, _ = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
+        assert (status, payload) == (200, {"accepted": 1})
+        [(job, error, attempts)] = poisoned.rejected
+        assert job.origin.key == "in/poison.pdf" and error.kind == "s3_request_invalid" and attempts == 0
         await source.stop()
 
     run(scenario)

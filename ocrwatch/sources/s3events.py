@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import hashlib
 import json
 import os
@@ -193,7 +195,8 @@ class S3EventSource:
         if obj.size is not None and obj.size > limit:
             raise FileTooLarge(f"{obj.uri} has {obj.size} bytes, more than the limit of {limit}")
         loop = asyncio.get_running_loop()
-        path, digest = await loop.run_in_executor(self.executor, self._download, obj, spool_dir, limit)
+        download = functools.partial(contextvars.copy_context().run, self._download, obj, spool_dir, limit)
+        path, digest = await loop.run_in_executor(self.executor, download)
         return Fetched(path, sha256=digest)
 
     def _download(self, obj: S3Object, spool_dir: Path, limit: int) -> tuple[Path, str]:

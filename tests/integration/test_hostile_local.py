@@ -294,4 +294,12 @@ def test_a_replacement_with_the_same_size_and_mtime_is_processed_again(plugin_da
         return data is not None and data["source"]["sha256"] == second_sha
 
     wait_until(second_done, 30, f"the replacement's sidecars:\n{daemon.log_text()[-3000:]}")
+
+    # Every step reads the job's private copy; an error about it still names the document in the inbox.
+    notes = inbox / "notes.pdf"
+    notes.write_bytes(b"plain text that merely ends in .pdf\n" * 10)
+    wait_until(lambda: error_sidecar(notes), 30, "the error sidecar of notes.pdf")
+    error = error_sidecar(notes)["error"]
+    assert error["kind"] == "not_a_document" and error["message"].startswith(f"{notes}:"), error
+    assert str(daemon.state) not in error["message"]
     assert daemon.stop(timeout=30) == 0
