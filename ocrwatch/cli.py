@@ -1,73 +1,95 @@
 """Command line: ``run``, ``ocr``, ``status``, ``retry``, ``check``.
 
-Exit codes: 0 ok; 1 a document failed, or a fault that may pass (the ledger stayed locked); 2 what the user
-must fix first: the configuration, or a state_dir or ledger that cannot be used. Each error is one line.
+``ocr``, ``status`` and ``retry`` talk to the daemon that holds the state_dir, through its control socket
+(``control``): ``ocr`` hands its files to the daemon's engine, since a GPU cannot hold a second vLLM engine beside
+it, and ``retry`` starts the jobs at once. With no daemon running, ``ocr`` builds an engine of its own, and
+``status`` and ``retry`` read and write the ledger. The exit codes are ``EPILOG``'s, which ``--help`` prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fnmatch
 import json
 import os
+import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import structlog
+from typing import TYPE_CHECKING, Any
 
 from ocrwatch import __version__, config as config_module
-from ocrwatch.config import Config
+from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.engines.base import Engine
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure
-from ocrwatch.sinks.local import LocalSink
-from ocrwatch.sources.base import Job
+from ocrwatch.naming import sidecar_names
 
 if TYPE_CHECKING:
+    from ocrwatch.control import Client, OcrRequest
     from ocrwatch.ledger import Ledger
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-log = structlog.get_logger()
+EPILOG = """exit status:
+  0    success (run: stopped cleanly)
+  1    a document failed (ocr), a check failed (check), or a fault that may pass: a ledger that stayed
+       locked, a daemon that did not answer, a start-up fault of the machine
+  2    usage or configuration error, or a state_dir or ledger that cannot be used: fix it first
+       (the systemd unit does not restart on 2)
+  130  interrupted (Ctrl-C; run: a second Ctrl-C while it stops)"""
+
+CONFIG_HELP = "TOML configuration file (default: " + ", else ".join(
+    ["$OCRWATCH_CONFIG if set"]
+    + [str(path) if path.is_absolute() else f"./{path}" for path in DEFAULT_CONFIG_PATHS]
+    + ["the built-in defaults"]
+) + ")"
+"""The search order of ``config.load``, stated from the same constant."""
+
+DEFAULT_PATTERNS = InboxConfig.model_fields["patterns"].default
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ocrwatch", description="Watch folders and buckets; OCR every new document.")
+    common: dict[str, Any] = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    parser = argparse.ArgumentParser(
+        prog="ocrwatch", description="Watch folders and buckets; OCR every new document.", **common
+    )
     parser.add_argument("--version", action="version", version=f"ocrwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--config", "-c", type=Path, help="TOML configuration file (default: built-in defaults)")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text, **common)
+        p.add_argument("--config", "-c", type=Path, help=CONFIG_HELP)
         return p
 
-    with_config(sub.add_parser("run", help="run the daemon"))
-    ocr = with_config(sub.add_parser("ocr", help="OCR the given files once and write their sidecars"))
+    command("run", "run the daemon")
+    ocr = command(
+        "ocr", "OCR the given files, and the documents in the given folders, once; a running daemon does the work"
+    )
     ocr.add_argument("--engine", choices=["auto", "tesseract", "vllm"], help="override [engine] kind")
+    ocr.add_argument("--lang", help="Tesseract language(s) for this run, e.g. deu or eng+deu (selects Tesseract)")
     ocr.add_argument("--out", type=Path, help="write sidecars under this folder instead of beside each file")
-    ocr.add_argument("files", nargs="+", type=Path)
-    status = with_config(sub.add_parser("status", help="what the ledger holds"))
+    ocr.add_argument(
+        "--pattern", action="append", metavar="GLOB",
+        help="in a folder, take the files matching GLOB (repeatable; default: the patterns of the inbox the "
+        f"folder lies in, else {' '.join(DEFAULT_PATTERNS)})",
+    )  # fmt: skip
+    ocr.add_argument("--force", action="store_true", help="OCR again documents whose sidecars are current")
+    ocr.add_argument("paths", nargs="+", type=Path, metavar="FILE|DIR")
+    status = command("status", "the running documents, the queue by inbox and what the ledger holds")
     status.add_argument("--json", action="store_true", help="print JSON")
-    retry = with_config(sub.add_parser("retry", help="put failed jobs back in the queue"))
+    retry = command("retry", "put failed jobs back in the queue; a running daemon starts them at once")
     retry.add_argument("paths", nargs="*", help="only these files or keys (default: every failed job)")
-    with_config(sub.add_parser("check", help="validate the configuration and probe engine, folders and S3"))
+    command("check", "validate the configuration and probe engine, folders and S3")
     return parser
-
-
-def _load(args: argparse.Namespace) -> Config:
-    cfg = config_module.load(args.config)
-    if getattr(args, "engine", None):
-        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": args.engine})})
-    if getattr(args, "out", None):
-        cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": args.out.absolute()})})
-    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        cfg = _load(args)
+        cfg = config_module.load(args.config)
     except ConfigError as exc:
         print(f"ocrwatch: invalid configuration:\n{exc.message}", file=sys.stderr)
         return EXIT_USAGE
@@ -79,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ocrwatch: {exc.message} (hint: {exc.hint})", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _run(cfg: Config, args: argparse.Namespace) -> int:
@@ -88,68 +110,196 @@ def _run(cfg: Config, args: argparse.Namespace) -> int:
     return asyncio.run(Daemon(cfg, args.config).serve())
 
 
+# --- ocr ------------------------------------------------------------------------------------------------------
+
+
 def _ocr(cfg: Config, args: argparse.Namespace) -> int:
-    missing = [path for path in args.files if not path.exists()]
+    from ocrwatch.control import Client, OcrRequest
+
+    missing = [path for path in args.paths if not path.exists()]
     if missing:
         for path in missing:
             print(f"ocrwatch: no such file: {path}", file=sys.stderr)
         return EXIT_USAGE
-    bar = _progress(len(args.files))
-
-    def on_done(job: Job, status: str) -> None:
-        if bar is not None:
-            bar.update(1)
-
-    results = asyncio.run(ocr_files(cfg, args.files, on_done=on_done))
-    if bar is not None:
-        bar.close()
-    sink = LocalSink(cfg.output.name_template, cfg.output.dir)
-    failed = [job for job, status in results if status == "failed"]
-    for job in failed:
-        print(f"ocrwatch: {job.origin.name}: {_failure(sink.paths(job)['error'])}", file=sys.stderr)
-    return EXIT_FAILED if failed else EXIT_OK
+    if args.lang is not None:
+        _check_lang(cfg, args.lang, args.engine)
+    cfg = _ocr_config(cfg, args)
+    files = _collect(cfg, args.paths, args.pattern)
+    engine = "tesseract" if args.lang else None if args.engine in (None, "auto") else args.engine
+    order = OcrRequest(files, cfg.output.dir if args.out else None, args.force, engine, args.lang)
+    report = _Report()
+    client = Client.connect(cfg.state_dir) if files else None
+    if client is None or not _hand_over(client, order, report):
+        asyncio.run(_ocr_here(cfg, order, report))
+    return report.finish()
 
 
-async def ocr_files(
-    cfg: Config, paths: Iterable[Path], *, on_done: Callable[[Job, str], None] | None = None
-) -> list[tuple[Job, str]]:
-    """One-shot OCR of the given files (``ocrwatch ocr``): the daemon's pipeline, without ledger or watching."""
+def _ocr_config(cfg: Config, args: argparse.Namespace) -> Config:
+    """The configuration with this run's ``--engine``, ``--lang`` and ``--out``."""
+    engine = cfg.engine
+    if args.lang is not None:
+        engine = engine.model_copy(
+            update={"kind": "tesseract", "tesseract": engine.tesseract.model_copy(update={"lang": args.lang})}
+        )
+    elif args.engine:
+        engine = engine.model_copy(update={"kind": args.engine})
+    output = cfg.output.model_copy(update={"dir": args.out.absolute()}) if args.out else cfg.output
+    return cfg.model_copy(update={"engine": engine, "output": output})
+
+
+def _check_lang(cfg: Config, lang: str, engine: str | None) -> None:
+    """``--lang``: Tesseract's, and only languages whose data is installed (``tesseract --list-langs``)."""
+    if engine == "vllm":
+        raise ConfigError("--lang sets Tesseract's language; --engine vllm reads every language itself",
+                          hint="leave out --engine, or give --engine tesseract")  # fmt: skip
+    binary = cfg.engine.tesseract.binary
+    try:
+        listed = subprocess.run([binary, "--list-langs"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(
+            f"--lang needs Tesseract, and {binary!r} cannot run: {exc}",
+            hint="install the Debian package tesseract-ocr, or set [engine.tesseract] binary",
+        ) from None
+    available = {line.strip() for line in listed.stdout.splitlines()[1:] if line.strip()}  # after a heading line
+    missing = [name for name in lang.split("+") if name not in available]
+    if missing:
+        packages = " ".join(f"tesseract-ocr-{name.lower().replace('_', '-')}" for name in missing if name)
+        raise ConfigError(
+            f"--lang {lang}: Tesseract has no language data for {', '.join(map(repr, missing))}; "
+            f"installed: {', '.join(sorted(available - {'osd'}))}",
+            hint=f"install the Debian package(s) {packages}" if packages else "name languages as eng or eng+deu",
+        )
+
+
+def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list[tuple[Path, Path]]:
+    """Each file to OCR with the folder it was found under: a named file's own folder, or the named folder it
+    lies below (its sidecars are mirrored below ``--out`` from there). Each file once, in the order given."""
+    found: dict[Path, Path] = {}
+    for given in paths:
+        path = Path(os.path.abspath(given))
+        if path.is_dir():
+            wanted = tuple(patterns) if patterns else _inbox_patterns(cfg, path)
+            documents = list(_walk(path, wanted, cfg.output.name_template))
+            if not documents:
+                print(f"ocrwatch: {given}: no documents matching {' '.join(wanted)}", file=sys.stderr)
+            for document in documents:
+                found.setdefault(document, path)
+        else:
+            found.setdefault(path, path.parent)
+    return list(found.items())
+
+
+def _inbox_patterns(cfg: Config, folder: Path) -> tuple[str, ...]:
+    """The patterns of the configured inbox ``folder`` lies in; the inbox default elsewhere."""
+    resolved = folder.resolve()
+    for inbox in cfg.inbox:
+        if resolved.is_relative_to(inbox.path.expanduser().resolve()):
+            return inbox.patterns
+    return DEFAULT_PATTERNS
+
+
+def _walk(root: Path, patterns: tuple[str, ...], name_template: str) -> Iterator[Path]:
+    """The documents below ``root``, in name order, as an inbox's scan takes them: matching ``patterns`` (case
+    does not matter), neither hidden nor a sidecar nor a temporary, and no link followed, to a file or a folder."""
+    from ocrwatch.sources.local import TEMPORARY_SUFFIXES
+
+    lowered = tuple(pattern.lower() for pattern in patterns)
+    sidecars = sidecar_names("x", name_template).values()
+    ignored = TEMPORARY_SUFFIXES + tuple("." + name.rsplit(".", 1)[-1] for name in sidecars)
+
+    def refuse(error: OSError) -> None:
+        print(f"ocrwatch: {error.filename}: cannot be listed: {error.strerror}", file=sys.stderr)
+
+    for folder, dirnames, filenames in os.walk(root, onerror=refuse):
+        here = Path(folder)
+        for name in [name for name in dirnames if name.startswith(".") or os.path.islink(here / name)]:
+            dirnames.remove(name)
+            if not name.startswith("."):
+                print(f"ocrwatch: {here / name}: a symbolic link, not followed", file=sys.stderr)
+        dirnames.sort()
+        for name in sorted(filenames):
+            lower = name.lower()
+            if lower.startswith((".", "~$")) or lower.endswith(ignored):
+                continue
+            if not any(fnmatch.fnmatchcase(lower, pattern) for pattern in lowered):
+                continue
+            if os.path.islink(here / name):
+                print(f"ocrwatch: {here / name}: a symbolic link, not followed", file=sys.stderr)
+                continue
+            yield here / name
+
+
+def _hand_over(client: Client, order: OcrRequest, report: _Report) -> bool:
+    """The files OCRed by the running daemon, its events shown as they come; False when the daemon declines
+    (another engine or language asked for): they are then read here."""
+    for event in client.request(order.as_json()):
+        kind = event.get("event")
+        if kind == "waiting":
+            print(f"ocrwatch: the daemon (pid {event.get('pid')}) is starting its engine; waiting", file=sys.stderr)
+        elif kind == "declined":
+            print(f"ocrwatch: {event.get('reason')}: reading here, with an engine of this run's own", file=sys.stderr)
+            return False
+        elif kind == "accepted":
+            print(
+                f"ocrwatch: handed {len(order.files)} file(s) to the running daemon (pid {event.get('pid')}, "
+                f"engine {event.get('engine')})", file=sys.stderr,
+            )  # fmt: skip
+        else:
+            report.show(event)
+    return True
+
+
+async def _ocr_here(cfg: Config, order: OcrRequest, report: _Report) -> None:
+    """No daemon runs (or it declined): this process builds the engine, only once a file needs it."""
+    from ocrwatch.control import run_ocr
     from ocrwatch.metrics import Metrics
     from ocrwatch.pipeline import Pipeline
-    from ocrwatch.sources.files import GivenFiles
+    from ocrwatch.sinks.local import LocalSink
 
     pipeline = Pipeline(cfg, None, Metrics())
-    await pipeline.start()
-    source = GivenFiles(list(paths))
-    pipeline.add_source(source, LocalSink(cfg.output.name_template, cfg.output.dir))
-    results: list[tuple[Job, str]] = []  # here, not in the pipeline: a daemon's pipeline would keep every job
     try:
-        tasks = [(job, pipeline.start_job(job)) for job in source.jobs()]
-        for job, task in tasks:
-            status = await task
-            results.append((job, status))
-            if on_done is not None:
-                on_done(job, status)
-        return results
+        await run_ocr(
+            pipeline, LocalSink(cfg.output.name_template, cfg.output.dir), order.files, force=order.force,
+            emit=report.emit, before_first=pipeline.start,
+        )  # fmt: skip
     finally:
         await pipeline.close()
 
 
-def _failure(error_sidecar: Path) -> str:
-    """The kind, message and hint of a failure, as its error sidecar records them."""
-    try:
-        error = json.loads(error_sidecar.read_text())["error"]
-    except (OSError, ValueError, KeyError):
-        return "failed (the file disappeared or no error sidecar could be written; see the log)"
-    return f"{error['kind']}: {error['message']} (hint: {error['hint']})"
+class _Report:
+    """What ``ocr`` prints: each file's page progress and failure on stderr, then a summary on stdout."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        self.show(event)
+
+    def show(self, event: dict[str, Any]) -> None:
+        name = _shown(str(event.get("file")))
+        if event.get("event") == "progress":
+            print(f"ocrwatch: {name}: {event['pages_done']}/{event['pages_total']} pages", file=sys.stderr)
+        elif event.get("event") == "result":
+            self.counts[event["status"]] += 1
+            if error := event.get("error"):
+                print(f"ocrwatch: {name}: {error['kind']}: {error['message']} (hint: {error['hint']})", file=sys.stderr)
+
+    def finish(self) -> int:
+        """Print the summary; the exit code: 1 when any file failed or was left unfinished."""
+        counts = self.counts
+        partial = f" ({counts['partial']} partial)" if counts["partial"] else ""
+        failed = counts["failed"] + counts["interrupted"]
+        print(f"{counts['ok'] + counts['partial']} done{partial}, {counts['skipped']} skipped, {failed} failed")
+        return EXIT_FAILED if failed else EXIT_OK
 
 
-def _progress(total: int) -> object | None:
-    if not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
+def _shown(path: str) -> str:
+    """A path as the user would type it here: relative below the working directory, else absolute."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
-    return tqdm(total=total, unit="doc", file=sys.stderr)
+
+# --- status and retry -----------------------------------------------------------------------------------------
 
 
 def _existing_ledger(cfg: Config) -> Ledger | None:
@@ -170,37 +320,80 @@ def _existing_ledger(cfg: Config) -> Ledger | None:
     return Ledger(path)
 
 
-def _status(cfg: Config, args: argparse.Namespace) -> int:
-    ledger = _existing_ledger(cfg)
-    if ledger is None:
-        return EXIT_OK
+def _ask_daemon(cfg: Config, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The running daemon's one answer to ``payload``; None when no daemon holds the state_dir, or when one
+    holds it but does not answer (said so: the ledger is used instead)."""
+    from ocrwatch.control import Client, ControlError
+
     try:
-        summary = ledger.summary()
-    finally:
-        ledger.close()
+        client = Client.connect(cfg.state_dir)
+        if client is None:
+            return None
+        for answer in client.request(payload):
+            return answer
+    except ControlError as exc:
+        print(f"ocrwatch: {exc.message}; using the ledger", file=sys.stderr)
+    return None
+
+
+def _status(cfg: Config, args: argparse.Namespace) -> int:
+    from ocrwatch.control import ledger_status
+
+    status = _ask_daemon(cfg, {"op": "status"})
+    if status is None:
+        ledger = _existing_ledger(cfg)
+        if ledger is None:
+            return EXIT_OK
+        try:
+            status = ledger_status(ledger)
+        finally:
+            ledger.close()
+    status.pop("event", None)
     if args.json:
-        print(json.dumps(summary, indent=2, default=str))
+        print(json.dumps(status, indent=2, default=str))
         return EXIT_OK
-    for state, count in sorted(summary.get("counts", {}).items()):
+    daemon = status.get("daemon")
+    if daemon is None:
+        print("daemon: not running")
+    else:
+        print(f"daemon: {daemon['state']} (pid {daemon['pid']}, engine {daemon['engine'] or 'not started'})")
+    for document in status.get("documents", []):
+        total = document["pages_total"]
+        pages = f"{document['pages_done']}/{total} pages" if total is not None else "preparing"
+        print(f"running: {document['uri']} {pages}")
+    for where, counts in sorted(status.get("queue", {}).items()):
+        running = f"{counts['running']} running, " if daemon is not None else ""
+        print(f"queue: {where}: {running}{counts['waiting']} waiting")
+    for state, count in sorted(status.get("counts", {}).items()):
         print(f"{state:12} {count}")
-    oldest = summary.get("oldest_waiting")
+    oldest = status.get("oldest_waiting")
     if oldest:
         print(f"oldest waiting: {oldest['key']} ({oldest['age']:.0f} s)")
-    for error in summary.get("last_errors", []):
+    for error in status.get("last_errors", []):
         print(f"error: {error['kind']}: {error['message']} [{error['state']}] {error['key']}")
     return EXIT_OK
 
 
 def _retry(cfg: Config, args: argparse.Namespace) -> int:
+    # Absolute here: the daemon resolves them in a working directory of its own.
+    selectors = [p if "://" in p else str(Path(p).expanduser().absolute()) for p in args.paths] or None
+    answer = _ask_daemon(cfg, {"op": "retry", "selectors": selectors})
+    if answer is not None:
+        count, pid = answer["count"], answer["pid"]
+        said = {
+            "running": f"the running daemon (pid {pid}) started them",
+            "starting": f"the daemon (pid {pid}) starts them once it is ready",
+        }.get(answer["state"], f"the daemon (pid {pid}) is stopping: its next start picks them up")
+        print(f"{count} job(s) queued again; {said}")
+        return EXIT_OK
     ledger = _existing_ledger(cfg)
     if ledger is None:
         return EXIT_OK
     try:
-        selectors = [str(Path(p).absolute()) if Path(p).exists() else p for p in args.paths] or None
         count = ledger.retry(selectors)
     finally:
         ledger.close()
-    print(f"{count} job(s) queued again; a running daemon picks them up at its next reconciliation or restart")
+    print(f"{count} job(s) queued again; no daemon is running: the next `ocrwatch run` starts them")
     return EXIT_OK
 
 

@@ -9,11 +9,13 @@ module composes them.
 from __future__ import annotations
 
 import os
+import shutil
 import string
 import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -164,6 +166,57 @@ class S3Config(_Model):
         return self
 
 
+HookStatus = Literal["ok", "partial", "failed"]
+
+
+class HookConfig(_Model):
+    """One ``[[hook]]``: a program run, or a URL posted to, once a document's final status is known."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    on: tuple[HookStatus, ...] = ("ok", "partial", "failed")
+    command: tuple[str, ...] | None = None
+    url: str | None = None
+    token: str | None = Field(default=None, repr=False)
+    timeout_seconds: Annotated[float, Field(gt=0, le=86400)] = 60.0
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
+    backoff_initial_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
+    backoff_max_seconds: Annotated[float, Field(ge=0, le=86400)] = 300.0
+    concurrency: Annotated[int, Field(ge=1, le=64)] = 4
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        """A hook's name keys its deliveries in the ledger and its metrics: by default the program's file name
+        or the URL's host, so reordering the hooks never hands one hook's pending deliveries to another."""
+        if isinstance(data, dict) and "name" not in data:
+            command, url, name = data.get("command"), data.get("url"), ""
+            if isinstance(command, (list, tuple)) and command and isinstance(command[0], str):
+                name = Path(command[0]).name
+            elif isinstance(url, str):
+                name = urlsplit(url).netloc.rpartition("@")[2]
+            data = {**data, "name": name or "hook"}  # "hook": the checks below say what is missing
+        return data
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "HookConfig":
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (argv) and url")
+        if not self.on or len(set(self.on)) != len(self.on):
+            raise ValueError("on: name each of ok, partial, failed at most once, at least one")
+        if self.command is not None:
+            if not self.command or not self.command[0] or any("\0" in arg for arg in self.command):
+                raise ValueError("command: a non-empty argv list, the program first (no shell is used)")
+            if shutil.which(self.command[0]) is None:
+                raise ValueError(f"command: {self.command[0]!r} is not an executable file (nor one on PATH)")
+            if self.token is not None:
+                raise ValueError("token: only for a url hook (sent as Authorization: Bearer)")
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("url: an http:// or https:// URL with a host")
+        return self
+
+
 class DaemonConfig(_Model):
     reconcile_seconds: Annotated[float, Field(gt=0)] = 300.0
     shutdown_timeout: Annotated[float, Field(gt=0)] = 30.0
@@ -183,6 +236,7 @@ class Config(_Model):
     daemon: DaemonConfig = DaemonConfig()
     inbox: tuple[InboxConfig, ...] = (InboxConfig(),)
     s3: tuple[S3Config, ...] = ()
+    hook: tuple[HookConfig, ...] = ()
     source_file: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -201,6 +255,14 @@ class Config(_Model):
         for index, inbox in enumerate(self.inbox):
             if inbox.prompt not in known:
                 raise ValueError(f"inbox[{index}].prompt: unknown preset {inbox.prompt!r} (known: {sorted(known)})")
+        return self
+
+    @model_validator(mode="after")
+    def _hook_names_distinct(self) -> "Config":
+        names = [hook.name for hook in self.hook]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise ValueError(f"hook[{index}].name: {name!r} is taken by hook[{names.index(name)}]; give each a name")
         return self
 
     def prompt_text(self, preset: str) -> str:
@@ -225,6 +287,10 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> None:
             for key in ("path", "quarantine_dir"):
                 if isinstance(inbox.get(key), str):
                     inbox[key] = str(base / Path(inbox[key]).expanduser())
+    for hook in data.get("hook", []) or []:  # a program named by a path, not a bare name looked up on PATH
+        command = hook.get("command") if isinstance(hook, dict) else None
+        if isinstance(command, list) and command and isinstance(command[0], str) and "/" in command[0]:
+            hook["command"] = [str(base / Path(command[0]).expanduser()), *command[1:]]
 
 
 def from_mapping(data: dict[str, Any], source: Path | None = None) -> Config:

@@ -1,6 +1,7 @@
 """The daemon's life cycle: ``startup`` → ``main_loop`` → ``shutdown``, as gunicorn's arbiter runs its own.
 
-Start-up locks the state directory, resumes what the ledger left unfinished, composes the sources with their
+Start-up locks the state directory, opens the control socket (``control``: ``ocrwatch status``, ``retry`` and
+``ocr`` talk to the daemon through it), resumes what the ledger left unfinished, composes the sources with their
 sinks and tells systemd it is ready. Signal handlers only set events; the main loop and the shutdown act on
 them: SIGTERM or SIGINT drains and stops, SIGHUP reloads the inboxes, and a second SIGINT exits at once.
 A document's own steps live in ``pipeline``; the engine's supervision in ``supervisor``.
@@ -21,9 +22,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import structlog
+import tenacity
 
 from ocrwatch import config as config_module
 from ocrwatch.config import Config
+from ocrwatch.control import LOCK_NAME, ControlServer
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.ledger import Ledger, StateUnusable
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics
@@ -52,6 +55,8 @@ class Daemon:
         self.pipeline: Pipeline | None = None
         self.health: HealthServer | None = None
         self.local: LocalSource | None = None
+        self.control: ControlServer | None = None
+        self._taking_work = asyncio.Event()  # set once the ledger's jobs are being resumed
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._force = asyncio.Event()
@@ -82,13 +87,16 @@ class Daemon:
         self._spawn(self.lag_probe.run(), "loop-lag-probe")
         self._prepare_state_dir()
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
+        await self._open_control()
         if cfg.metrics.enabled:
             self.health = HealthServer(self.metrics, cfg.metrics.listen, lambda: self._ready, self._update_gauges)
             await self.health.start()
         self.pipeline = Pipeline(cfg, self.ledger, self.metrics)
         await self.pipeline.start()
         self._add_sources(self.pipeline)
-        resumed = self._resume(self.ledger, self.pipeline)
+        self._taking_work.set()  # before the ledger is read: a retry meanwhile starts its jobs itself
+        resumed = await self.resume()
+        await self.pipeline.hooks.start()  # after resume: it marks done the jobs whose sidecars were written
         for source in self.pipeline.sources.values():
             await source.start(self.pipeline.submit, self.pipeline.reject)
         self._ready = True
@@ -140,11 +148,17 @@ class Daemon:
 
     def _lock_state_dir(self) -> None:
         """One daemon per state directory: a second would process every document twice. Released by the kernel
-        whenever this process ends, ``kill -9`` included."""
-        path = self.cfg.state_dir / "daemon.lock"
+        whenever this process ends, ``kill -9`` included. Tried for a second: a client probing whether a daemon
+        runs (``control.daemon_holds``) holds it for an instant."""
+        path = self.cfg.state_dir / LOCK_NAME
         lock = open(path, "a")  # noqa: SIM115 - held for the life of the process
         try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for attempt in tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(BlockingIOError), stop=tenacity.stop_after_delay(1.0),
+                wait=tenacity.wait_fixed(0.05), reraise=True,
+            ):  # fmt: skip
+                with attempt:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
             raise StateUnusable(
@@ -153,20 +167,51 @@ class Daemon:
             ) from None
         self._state_lock = lock
 
-    @staticmethod
-    def _resume(ledger: Ledger, pipeline: Pipeline) -> int:
-        """Restart what the last process left unfinished; a job killed after its sidecars were written is
-        only marked done."""
+    async def _open_control(self) -> None:
+        """The control socket, right after the lock: a client that finds the lock held finds the socket too."""
+        self.control = ControlServer(self.cfg.state_dir, self)
+        try:
+            await self.control.start()
+        except OSError as exc:
+            raise StateUnusable(
+                f"state_dir: the control socket {self.control.path} cannot be created: {exc.strerror or exc}",
+                hint="put state_dir on a local filesystem that can hold Unix sockets",
+            ) from None
+
+    async def resume(self) -> int:
+        """Start every unfinished job of the ledger that does not run yet (at start, and after ``ocrwatch
+        retry``); a job killed after its sidecars were written is only marked done."""
+        ledger, pipeline = self.ledger, self.pipeline
+        assert ledger is not None and pipeline is not None
         count = 0
-        for row in ledger.unfinished():
+        for row in await asyncio.to_thread(ledger.unfinished):
             if row.job.source not in pipeline.sources:
                 continue
-            if row.state == "writing" and pipeline.already_written(row.job, row.fingerprint):
-                ledger.mark_done(row.key)
+            if row.state == "writing" and await asyncio.to_thread(pipeline.already_written, row.job, row.fingerprint):
+                await asyncio.to_thread(ledger.mark_done, row.key)
                 continue
             pipeline.start_job(row.job)
             count += 1
         return count
+
+    # --- what the control channel asks (``control.Host``) -----------------------------------------------------
+
+    def state(self) -> str:
+        if self._stop.is_set():
+            return "stopping"
+        return "running" if self._taking_work.is_set() else "starting"
+
+    def taking_work(self) -> Pipeline | None:
+        return self.pipeline if self.state() == "running" else None
+
+    async def wait_taking_work(self) -> Pipeline | None:
+        waits = [asyncio.create_task(self._taking_work.wait()), asyncio.create_task(self._stop.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        return self.taking_work()
 
     # --- signals: handlers only set events --------------------------------------------------------------------
 
@@ -259,6 +304,8 @@ class Daemon:
             if interrupted:
                 log.warning("jobs_requeued_at_shutdown", jobs=interrupted)
             await self.pipeline.close()
+        if self.control is not None:  # after the drain: ``status`` answers while documents finish
+            await self.control.stop()
         for task in self._background:
             task.cancel()
         if self.health is not None:

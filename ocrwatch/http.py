@@ -219,9 +219,6 @@ class Listener:
             episode["evicted"] += 1
             victim.close()
             self._release(victim.transport)
-        elif self._episode is not None and len(self._connections) <= self.max_connections // 2:
-            log.info("http_connections_relieved", listener=self.name, **self._episode)
-            self._episode = None
         self._connections[transport] = connection
         return server()
 
@@ -233,7 +230,11 @@ class Listener:
         return self._episode
 
     def _release(self, transport: asyncio.BaseTransport | None) -> None:
-        self._connections.pop(transport, None)  # type: ignore[arg-type]
+        if transport is not None:
+            self._connections.pop(transport, None)
+        if self._episode is not None and len(self._connections) <= self.max_connections // 2:
+            log.info("http_connections_relieved", listener=self.name, **self._episode)
+            self._episode = None
 
     def _owns(self, sock: Any) -> bool:
         return self._server is not None and any(own.fileno() == sock.fileno() for own in self._server.sockets)
@@ -259,7 +260,8 @@ class Listener:
             response: web.StreamResponse = await handler(request)
             return response
         finally:
-            self._handling.discard(task)  # type: ignore[arg-type]
+            if task is not None:
+                self._handling.discard(task)
             if connection is not None:
                 connection.request_ended()
 

@@ -226,7 +226,8 @@ class Ledger:
             if row is None:
                 conn.execute(
                     "INSERT INTO jobs (key, state, job, fp_size, fp_mtime_ns, fp_sha256, fp_etag, fp_version_id,"
-                    " fp_inode, fp_ctime_ns, created_at, updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " fp_inode, fp_ctime_ns, created_at, updated_at)"
+                    " VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job.key, _dump_job(job), *_fp_columns(fp), now, now),
                 )
                 return True
@@ -235,8 +236,8 @@ class Ledger:
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', attempts = 0, last_error = NULL, error_at = NULL, job = ?,"
                     " fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?, fp_inode = ?,"
-                    " fp_ctime_ns = ?, pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?, finished_at = NULL"
-                    " WHERE key = ?",
+                    " fp_ctime_ns = ?, pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?,"
+                    " finished_at = NULL WHERE key = ?",
                     (_dump_job(job), *_fp_columns(fp), now, now, job.key),
                 )
                 return True

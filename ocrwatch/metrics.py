@@ -66,6 +66,15 @@ class Metrics:
         )
         self.gpu_memory = Gauge("ocrwatch_gpu_memory_bytes", "GPU memory allocated by this process", registry=r)
         self.engine_restarts = Counter("ocrwatch_engine_restarts", "Engine rebuilds after a death", registry=r)
+        # Completion hooks: labelled by the [[hook]] names, which ``hooks.HookRunner`` creates.
+        self.hook_deliveries = Counter(
+            "ocrwatch_hook_deliveries", "Hook deliveries finished, by hook and outcome (delivered, failed)",
+            ["hook", "outcome"], registry=r,
+        )
+        self.hook_attempts = Counter(
+            "ocrwatch_hook_attempts", "Hook attempts, by hook and result (ok, error)", ["hook", "result"], registry=r
+        )
+        self.hook_pending = Gauge("ocrwatch_hook_pending", "Hook deliveries waiting or running", ["hook"], registry=r)
         for status in ("ok", "partial", "failed"):
             self.documents.labels(status=status)
         for status in ("ok", "failed"):

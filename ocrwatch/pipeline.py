@@ -39,10 +39,13 @@ from ocrwatch.errors import (
     SourceGone,
     classify,
 )
+from ocrwatch.hooks import HookRunner
 from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
 from ocrwatch.memory import DecodeBudget
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
-from ocrwatch.scheduler import PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers
+from ocrwatch.scheduler import (
+    Document, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
+)
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object, Source
@@ -55,6 +58,16 @@ log = structlog.get_logger()
 def job_id(job: Job) -> str:
     """A short stable id for logs and temporary folders (the ledger key may be long, or a path)."""
     return hashlib.sha1(job.key.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A job the pipeline holds: whether it has a slot now, and its pages once they are being recognised."""
+
+    job: Job
+    running: bool
+    pages_done: int
+    pages_total: int | None  # None until its pages are in the scheduler (fetching, probing, writing, waiting)
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ class Pipeline:
         self.ledger = ledger
         self.metrics = metrics
         self.supervisor = EngineSupervisor(cfg, metrics)
+        self.hooks = HookRunner(cfg.hook, ledger, metrics)  # started by the daemon, after it resumes the ledger
         self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)  # one for every render worker
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
@@ -83,8 +97,10 @@ class Pipeline:
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
         self._tasks: dict[str, asyncio.Task[str]] = {}
-        self._detected: dict[str, float] = {}
-        self._running = 0
+        self._jobs: dict[str, Job] = {}  # key → the job its task runs
+        self._holding: set[str] = set()  # keys of the jobs in a slot now
+        self._documents: dict[str, Document] = {}  # key → its pages in the scheduler, while they are recognised
+        self._unrecorded: set[str] = set()  # keys of jobs run without the ledger (``ocrwatch ocr`` handed over)
         self._draining = asyncio.Event()
         self._executors: dict[str, Executor] = {}
         self._read: dict[str, str] = {}  # job key → sha256 of the bytes fetched, for an error sidecar
@@ -125,6 +141,7 @@ class Pipeline:
             self._executors[source.name] = executor
 
     async def close(self) -> None:
+        await self.hooks.stop()
         if self.scheduler is not None:
             await self.scheduler.close()
         await self.supervisor.close()
@@ -139,7 +156,7 @@ class Pipeline:
 
     async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
         """Ledger calls run in a thread: another process holding the database lock must not stall the loop."""
-        if self.ledger is None:
+        if self.ledger is None or (args and isinstance(args[0], str) and args[0] in self._unrecorded):
             return None
         return await asyncio.to_thread(getattr(self.ledger, method), *args, **fields)
 
@@ -193,22 +210,40 @@ class Pipeline:
         await self.sources[job.source].finish(job, "done")
         return True
 
-    def start_job(self, job: Job) -> asyncio.Task[str]:
-        """Run the job in a task of its own, unless it already runs; the task's result is its final status."""
+    def start_job(self, job: Job, *, record: bool = True) -> asyncio.Task[str]:
+        """Run the job in a task of its own, unless it already runs; the task's result is its final status.
+        ``record=False``: the ledger never hears of it, as when ``ocrwatch ocr`` runs without a daemon."""
         existing = self._tasks.get(job.key)
         if existing is not None and not existing.done():
             return existing
         task = asyncio.create_task(self._run(job), name=f"job:{job_id(job)}")
         self._tasks[job.key] = task
-        self._detected[job.key] = job.detected_at
+        self._jobs[job.key] = job
+        if not record:
+            self._unrecorded.add(job.key)
         task.add_done_callback(functools.partial(self._forget, job.key))
         return task
 
     def _forget(self, key: str, task: asyncio.Task[str]) -> None:
         if self._tasks.get(key) is task:
             del self._tasks[key]
-            del self._detected[key]
+            del self._jobs[key]
+            self._unrecorded.discard(key)
             self._read.pop(key, None)
+
+    def progress(self) -> list[Progress]:
+        """Every job this pipeline runs or holds, and how far its pages are (``ocrwatch status``, ``ocr``)."""
+        out = []
+        for key, job in self._jobs.items():
+            document = self._documents.get(key)
+            done, total = (len(document.outcomes), document.pages) if document is not None else (0, None)
+            out.append(Progress(job, key in self._holding, done, total))
+        return out
+
+    def remove_source(self, name: str) -> None:
+        """Forget a source added for one request, once none of its jobs runs any more."""
+        self.sources.pop(name, None)
+        self.sinks.pop(name, None)
 
     def update_gauges(self) -> None:
         """Queue depths, documents admitted and the oldest unfinished job: cheap enough for every scrape."""
@@ -217,9 +252,9 @@ class Pipeline:
             for stage, depth in self.scheduler.depth.items():
                 metrics.queue_depth.labels(stage=stage).set(depth)
             metrics.inflight_pages.set(self.scheduler.budget.inflight)
-        metrics.active_documents.labels(state="running").set(self._running)
-        metrics.active_documents.labels(state="waiting").set(max(len(self._tasks) - self._running, 0))
-        oldest = min(self._detected.values(), default=None)
+        metrics.active_documents.labels(state="running").set(len(self._holding))
+        metrics.active_documents.labels(state="waiting").set(max(len(self._tasks) - len(self._holding), 0))
+        oldest = min((job.detected_at for job in self._jobs.values()), default=None)
         metrics.oldest_waiting.set(0.0 if oldest is None else max(time.time() - oldest, 0.0))
 
     async def drain(self, timeout: float) -> int:
@@ -244,7 +279,7 @@ class Pipeline:
         try:
             async for attempt in self._retrying():
                 with attempt:
-                    async with self._slot():
+                    async with self._slot(job.key):
                         if attempt.retry_state.attempt_number == 1:
                             log.info("job_started", uri=job.origin.uri, source=job.source)
                         attempts = await self._start_attempt(job)
@@ -308,15 +343,15 @@ class Pipeline:
             raise asyncio.CancelledError
 
     @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        """One of ``max_active_documents`` slots, counted for the active-documents gauge."""
+    async def _slot(self, key: str) -> AsyncIterator[None]:
+        """One of ``max_active_documents`` slots, held by the job ``key`` (the gauges and ``progress`` read it)."""
         assert self._slots is not None, "Pipeline.start() first"
         async with self._slots:
-            self._running += 1
+            self._holding.add(key)
             try:
                 yield
             finally:
-                self._running -= 1
+                self._holding.discard(key)
 
     async def _start_attempt(self, job: Job) -> int:
         """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
@@ -355,9 +390,11 @@ class Pipeline:
             await self._ledger("set_state", job.key, "writing")
             with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 document = self.assemble_document(job, engine, probed, pages, started, stages)
+                event = await self.hooks.hold(job, document, self.sinks[job.source])  # before it is published
                 await self.write_sidecars(job, pages, document)
         await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
         await self._ledger("mark_done", job.key)
+        await self.hooks.release(event)
         self._record_success(job, document["status"], stages)
         await self.sources[job.source].finish(job, "done")
         log.info(
@@ -395,6 +432,7 @@ class Pipeline:
             prompt=self.cfg.prompt_text(job.prompt),
             render=functools.partial(self._render_page, probed.path, probed.info, probed.spec),
         )
+        self._documents[job.key] = session.document
         try:
             with _naming(probed.path, job.origin):
                 pages = await session.document.future
@@ -402,6 +440,8 @@ class Pipeline:
             if await asyncio.to_thread(probed.changed):
                 raise SourceChanged(f"{job.origin.uri} changed while it was processed ({exc.kind})") from exc
             raise
+        finally:
+            self._documents.pop(job.key, None)
         # Checked after recognition, before anything is written: sidecars never describe a version that was
         # replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and mtime).
         if await asyncio.to_thread(probed.changed):
@@ -480,17 +520,18 @@ class Pipeline:
             retryable=error.retryable, attempts=attempts,
         )
         self.metrics.documents.labels(status="failed").inc()
+        body = assemble.error_document(
+            assemble.source_section(job, None, self._read.get(job.key), None), error.as_dict(), attempts, time.time()
+        )
+        event = await self.hooks.hold(job, body, self.sinks[job.source])  # before the failure is recorded
         await self._ledger("mark_failed", job.key, error.as_dict())
         if not isinstance(error, SourceGone):
-            body = assemble.error_document(
-                assemble.source_section(job, None, self._read.get(job.key), None), error.as_dict(), attempts,
-                time.time(),
-            )
             try:
                 await self._offload(job, self.sinks[job.source].write_error, job, body)
             except Exception as exc:
                 log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
         await self.sources[job.source].finish(job, "failed")
+        await self.hooks.release(event)
 
 
 def _is_transient(exc: BaseException) -> bool:

@@ -111,17 +111,17 @@ def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
     assert kwargs["model"] == "deepseek-ai/DeepSeek-OCR-2"
     assert kwargs["enable_prefix_caching"] is False
     assert kwargs["mm_processor_cache_gb"] == 0
-    assert "logits_processors" not in kwargs  # the guard runs inside vLLM's V2 sampler (ngram_gpu)
+    assert kwargs["logits_processors"] == ["ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"]
     assert kwargs["max_num_seqs"] == 128 and kwargs["max_num_batched_tokens"] == 16384  # GPU memory unknown
-    batched = engine_module.engine_kwargs(VllmConfig(ngram_processor="batched"))
-    assert batched["logits_processors"] == ["ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"]
-    fallback = engine_module.engine_kwargs(VllmConfig(), processor="batched")
-    assert fallback["logits_processors"] == batched["logits_processors"]
+    gpu = engine_module.engine_kwargs(VllmConfig(ngram_processor="gpu"))
+    assert "logits_processors" not in gpu  # the guard runs inside vLLM's V2 sampler (ngram_gpu)
+    fallback = engine_module.engine_kwargs(VllmConfig(ngram_processor="gpu"), processor="batched")
+    assert fallback["logits_processors"] == kwargs["logits_processors"]
     per_request = engine_module.engine_kwargs(VllmConfig(ngram_processor="per_request"))
     assert per_request["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
     unguarded = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=0),))
     assert "logits_processors" not in engine_module.engine_kwargs(unguarded)
-    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),), ngram_processor="batched")
+    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),))
     assert "logits_processors" in engine_module.engine_kwargs(rung_only)
     assert kwargs["scheduling_policy"] == "priority"
     assert kwargs["limit_mm_per_prompt"] == {"image": 1}
@@ -170,10 +170,11 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "VLLM_TUNED_CONFIG_FOLDER": str(engine_module.MOE_CONFIGS),
         "OCRWATCH_FAST_ENCODER": "1",
         "OCRWATCH_ENCODER_GRAPHS": "0",
-        "OCRWATCH_NGRAM_GPU": "1",
+        "OCRWATCH_NGRAM_GPU": "0",
         "OCRWATCH_LANES": "1",
     }
-    cfg = VllmConfig(compile_cache_dir=tmp_path, encoder_cuda_graphs=True, ngram_processor="batched")
+    assert engine_module.engine_env(VllmConfig(ngram_processor="gpu"), {})["OCRWATCH_NGRAM_GPU"] == "1"
+    cfg = VllmConfig(compile_cache_dir=tmp_path, encoder_cuda_graphs=True)
     user = {
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
         "OCRWATCH_FAST_ENCODER": "0",
@@ -192,7 +193,7 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
     off = VllmConfig(fast_encoder=False, encoder_cuda_graphs=True)
     assert engine_module.engine_env(off, {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
     assert engine_module.engine_env(off, {})["OCRWATCH_FAST_ENCODER"] == "0"
-    unguarded = VllmConfig(ngram_size=0, ladder=())
+    unguarded = VllmConfig(ngram_size=0, ladder=(), ngram_processor="gpu")
     assert engine_module.engine_env(unguarded, {})["OCRWATCH_NGRAM_GPU"] == "0"
 
 
@@ -519,13 +520,24 @@ def test_start_builds_the_engine_and_sends_one_warmup_page(monkeypatch: pytest.M
     asyncio.run(engine.start())
     runtime = engine._runtime
     assert isinstance(runtime, FakeRuntime) and runtime.engine_kwargs["load_format"] == "dummy"
-    # sized for the GPU it found; the host guard is the fallback where vLLM would not run its V2 runner
+    # sized for the GPU it found
     assert runtime.engine_kwargs["max_num_seqs"] == 256 == engine.max_concurrency
     assert runtime.engine_kwargs["max_num_batched_tokens"] == 32768
-    assert "logits_processors" not in runtime.engine_kwargs
-    assert runtime.fallback is not None and runtime.fallback["logits_processors"] == [
-        engine_module.NGRAM_PROCESSORS["batched"]
-    ]
+    assert runtime.fallback is None
+
+
+def test_the_gpu_guard_falls_back_to_the_host_processor_where_vllm_runs_its_v1_runner(
+    monkeypatch: pytest.MonkeyPatch, vllm_env: None
+) -> None:
+    llm = FakeLLM(output("Free", "length"))
+    monkeypatch.setattr(FakeRuntime, "llm", llm)
+    monkeypatch.setattr(engine_module, "_Runtime", FakeRuntime)
+    engine = VllmEngine(VllmConfig(ngram_processor="gpu"))
+    asyncio.run(engine.start())
+    runtime = engine._runtime
+    assert isinstance(runtime, FakeRuntime) and "logits_processors" not in runtime.engine_kwargs
+    assert runtime.fallback is not None
+    assert runtime.fallback["logits_processors"] == [engine_module.NGRAM_PROCESSORS["batched"]]
     (call,) = llm.calls
     assert call["request_id"] == "ocrwatch-warmup"
     assert call["params"]["max_tokens"] == 1 and "extra_args" not in call["params"]

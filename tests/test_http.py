@@ -99,8 +99,16 @@ async def test_a_full_listener_closes_its_least_recently_active_idle_connection_
                 assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
             assert await asyncio.to_thread(closed_within, held[1], 5) < 1
             assert listener.open_connections <= 3
+            for sock in held:
+                sock.close()
+            for _ in range(100):
+                if listener.open_connections == 0:
+                    break
+                await asyncio.sleep(0.05)
         full = [entry for entry in logs if entry["event"] == "http_connections_full"]
         assert len(full) == 1 and full[0]["max_connections"] == 3  # once per episode, not per connection
+        relieved = [entry for entry in logs if entry["event"] == "http_connections_relieved"]
+        assert len(relieved) == 1 and relieved[0]["evicted"] >= 1 and relieved[0]["refused"] == 0
     finally:
         for sock in held:
             sock.close()

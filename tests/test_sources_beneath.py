@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone
+from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.beneath import Signature, copy_out, fetch_copy, inspect, measure, open_file
 from ocrwatch.sources.files import GivenFiles
@@ -207,3 +208,17 @@ def test_a_job_key_does_not_move_when_a_link_appears_on_its_path(root: Path, tmp
     os.rename(root / "sub", tmp_path / "moved")
     (root / "sub").symlink_to(tmp_path / "moved")
     assert job.key == key == (root / "sub" / "doc.pdf").as_uri()
+
+
+def test_the_ledger_keeps_inode_and_ctime_and_restarts_a_job_failed_for_what_its_path_was(tmp_path: Path) -> None:
+    job = Job(origin=LocalFile(tmp_path / "in" / "doc.pdf", tmp_path / "in"), source="local")
+    first = Fingerprint(size=10, mtime_ns=5, sha256="a" * 64, inode=42, ctime_ns=7)
+    with Ledger(tmp_path / "state" / "ledger.sqlite3") as ledger:
+        assert ledger.admit(job, first)
+        assert ledger.known(job.key).fingerprint == first
+        ledger.mark_failed(job.key, NotARegularFile("a symlink").as_dict())
+        seen_again = Fingerprint(size=10, mtime_ns=5, sha256="a" * 64, inode=43, ctime_ns=9)
+        assert ledger.admit(job, seen_again), "failed for what the path was: taken again once it is a file"
+        assert ledger.known(job.key).fingerprint == seen_again
+        ledger.mark_failed(job.key, {"kind": "corrupt_pdf", "message": "bad", "retryable": False, "hint": ""})
+        assert not ledger.admit(job, seen_again), "a fault of the document stays failed"

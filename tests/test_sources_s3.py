@@ -148,6 +148,27 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
     run(scenario)
 
 
+def test_a_message_the_parser_cannot_take_is_deleted_not_redelivered_for_ever(moto: MotoServer) -> None:
+    """A body nested too deeply for the JSON parser (a RecursionError, not a ValueError) is a message like any
+    unreadable one: deleted with a log line, never left to come back."""
+    sqs = moto.client("sqs")
+    queue = sqs.create_queue(QueueName="poison", Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
+    sqs.send_message(QueueUrl=queue, MessageBody="[" * 100_000 + "]" * 100_000)
+
+    async def scenario() -> None:
+        submitted = Submitted()
+        source = S3Source(sqs_config(moto, queue), name="s3-test")
+        with capture_logs() as logs:
+            await source.start(submitted, submitted.reject)
+            await until(lambda: queue_counts(moto, queue) == (0, 0), 20, "the message deleted")
+            await source.stop()
+        assert [entry["reason"] for entry in logs if entry["event"] == "s3_message_ignored"] == [
+            "JSON nested too deeply"]
+        assert not [entry for entry in logs if entry["event"] == "s3_message_failed"]
+
+    run(scenario)
+
+
 def test_multipart_upload_announced_twice_is_one_ledger_key(moto: MotoServer) -> None:
     queue = moto.bucket_with_queue("docs", "events")
     cfg = sqs_config(moto, queue)

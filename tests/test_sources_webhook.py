@@ -221,6 +221,8 @@ def test_every_bad_request_gets_a_4xx_answer_and_the_listener_stays_healthy() ->
         "versionId a list": event(bucket={"name": "docs"}, object={"key": "a.pdf", "versionId": [1]}),
         "eventName an object": json.dumps({"Records": [{**good, "eventName": {"x": 1}}]}).encode(),
         "a key longer than S3 allows": event(bucket={"name": "docs"}, object={"key": "k" * 1025 + ".pdf"}),
+        "a key with a lone surrogate": event(bucket={"name": "docs"}, object={"key": "a\ud800.pdf"}),
+        "a key with a NUL": event(bucket={"name": "docs"}, object={"key": "a\u0000.pdf"}),
     }
 
     async def scenario() -> None:

@@ -81,7 +81,7 @@ class S3Sink:
         nothing but ocrwatch's own objects holds the keys about to be written."""
         for key in keys.values():
             if not _fits(key):
-                size = len(key.encode())
+                size = len(key.encode("utf-8", "surrogatepass"))
                 raise NameTooLong(
                     f"the sidecar key s3://{bucket}/{key[:40]}... would be {size} bytes long; S3 allows "
                     f"{MAX_KEY_BYTES}",
@@ -160,7 +160,7 @@ class S3Sink:
 
 
 def _fits(key: str) -> bool:
-    return len(key.encode("utf-8", "surrogateescape")) <= MAX_KEY_BYTES
+    return len(key.encode("utf-8", "surrogatepass")) <= MAX_KEY_BYTES
 
 
 def _origin(job: Job) -> S3Object:

@@ -105,7 +105,7 @@ def refusal(cfg: S3Config, obj: S3Object) -> str | None:
         return "other_bucket"
     if not obj.key or obj.key.endswith("/"):
         return "folder"
-    if len(obj.key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES or "\0" in obj.key:
+    if not _valid_key(obj.key):
         return "invalid_key"
     if is_sidecar(obj.key):
         return "own_sidecar"
@@ -116,6 +116,14 @@ def refusal(cfg: S3Config, obj: S3Object) -> str | None:
     if cfg.suffixes and not obj.key.lower().endswith(tuple(s.lower() for s in cfg.suffixes)):
         return "suffix"
     return None
+
+
+def _valid_key(key: str) -> bool:
+    """What S3 can hold as a key: UTF-8 (no lone surrogate from a JSON escape), at most 1024 bytes, no NUL."""
+    try:
+        return len(key.encode()) <= MAX_KEY_BYTES and "\0" not in key
+    except UnicodeEncodeError:
+        return False
 
 
 # --- the part of a source both transports share -------------------------------------------------------------

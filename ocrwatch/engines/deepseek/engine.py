@@ -305,12 +305,15 @@ class _Runtime:
         self.dead_errors: tuple[type[BaseException], ...] = (EngineDeadError,)
 
     def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> Any:
-        """``AsyncLLM.from_engine_args`` in its two steps; ``fallback``: the arguments to build with instead
-        where vLLM would not run its V2 model runner (which the GPU n-gram guard needs)."""
+        """The engine. ``fallback``: the arguments to build with instead where vLLM would not run its V2 model
+        runner, which the GPU n-gram guard needs (``AsyncLLM.from_engine_args`` in its two steps, to see the
+        runner vLLM chose before starting it)."""
         check_engine_args(kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version)
         args = self._engine_args(**kwargs)
+        if fallback is None:
+            return self._async_llm.from_engine_args(args)
         config = args.create_engine_config(self._usage)
-        if fallback is not None and not config.use_v2_model_runner:
+        if not getattr(config, "use_v2_model_runner", False):
             log.warning("vllm_ngram_guard_on_the_host", reason="vLLM chose its V1 model runner", processor="batched")
             return self.engine(fallback)
         return self._async_llm.from_vllm_config(

@@ -1,8 +1,9 @@
 """DeepSeek-OCR's no-repeat-n-gram rule inside vLLM's V2 model runner, as one kernel on the GPU
 (``[engine.vllm] ngram_processor = "gpu"``).
 
-vLLM 0.26-0.30 run a model on their older V1 runner as soon as any custom logits processor is registered, and
-the V1 runner's host work per decode step cost about 30 % of the daemon's pages/s on an H200. The V2 runner
+vLLM 0.26-0.30 refuse custom logits processors on their V2 model runner (a model then runs on the V1 runner),
+so a guard for V2 must live inside its sampler. (vLLM 0.26 runs DeepSeek-OCR and DeepSeek-OCR-2 on V1 anyway,
+unless ``VLLM_USE_V2_MODEL_RUNNER=1``: they are mixtures of experts outside its default-V2 list.) The V2 runner
 keeps every request's tokens on the GPU (``RequestState.all_token_ids``: the prompt, then the output, with
 ``prompt_len`` and ``total_len``) for its own bad-words kernel; this module adds a kernel that reads the same
 tensors and, for each row of the logits, sets to ``-inf`` every token that would repeat an n-gram of the

@@ -57,7 +57,7 @@ class VllmConfig(_Model):
     ngram_size: Annotated[int, Field(ge=0, le=200)] = _DEFAULT.ngram_size
     window_size: Annotated[int, Field(ge=0, le=4096)] = _DEFAULT.window_size
     whitelist_token_ids: tuple[int, ...] = (128821, 128822)
-    ngram_processor: Literal["gpu", "batched", "per_request"] = "gpu"
+    ngram_processor: Literal["batched", "gpu", "per_request"] = "batched"
     ladder: tuple[SamplingRung, ...] = (
         SamplingRung(temperature=0.1, ngram_size=20, window_size=90),
         SamplingRung(temperature=0.2, ngram_size=12, window_size=120),

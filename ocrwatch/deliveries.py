@@ -1,0 +1,290 @@
+"""Hook deliveries, durable: one row per finished document × hook, in the ledger's own SQLite file.
+
+A document's result is recorded here as an *event* (its status, where its sidecars are, the JSON sent to the
+hooks) with one *delivery* per hook that wants that status. The pipeline records the event **held**, by a
+token of its process, before it writes the sidecars, and releases it once the ledger knows the document is
+finished; only released deliveries run. A process killed between the two leaves the event held: the next
+start releases it when the ledger's row reached the event's final state (the sidecars were written), and
+drops it otherwise (the document runs again and records a new one). So a hook runs at least once for every
+result that was published, and never for one that was not.
+
+The tables sit beside the ledger's ``jobs`` but have their own schema version (table ``hook_schema``), so the
+ledger's ``user_version`` stays the ledger's. Same concurrency contract as ``Ledger``: blocking, thread-safe
+methods, each one transaction, retried whole while another connection holds the write lock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import tenacity
+
+from ocrwatch.errors import TransientError
+from ocrwatch.ledger import StateUnusable
+
+T = TypeVar("T")
+
+# Each entry upgrades hook_schema's version from i to i + 1; append, never edit.
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE hook_events (
+        id INTEGER PRIMARY KEY,
+        key TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('ok', 'partial', 'failed')),
+        source TEXT NOT NULL,
+        json TEXT NOT NULL,
+        md TEXT NOT NULL,
+        payload BLOB,
+        held_by TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX hook_events_by_key ON hook_events (key);
+    CREATE INDEX hook_events_held ON hook_events (held_by) WHERE held_by IS NOT NULL;
+    CREATE TABLE hook_deliveries (
+        event INTEGER NOT NULL,
+        hook TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (event, hook)
+    ) WITHOUT ROWID;
+    CREATE INDEX hook_deliveries_pending ON hook_deliveries (event) WHERE state = 'pending';
+    """,
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One hook's delivery of one event, with what the hook is given."""
+
+    event: int
+    hook: str
+    key: str
+    status: str
+    source: str
+    json: str
+    md: str
+    payload: bytes
+    state: str
+    attempts: int
+
+
+class Deliveries:
+    """The hook-delivery tables of the ledger file at ``path`` (created by ``Ledger`` first)."""
+
+    def __init__(self, path: Path, *, lock_budget: float = 30.0) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._lock_budget = lock_budget
+        self._retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_is_busy),
+            stop=tenacity.stop_after_delay(lock_budget),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
+        )
+        try:
+            self._conn = sqlite3.connect(
+                path, timeout=min(1.0, lock_budget), isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StateUnusable(f"the ledger {path} cannot hold hook deliveries: {exc}") from None
+        try:
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._transact(self._migrate)
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StateUnusable(f"the ledger {path} cannot hold hook deliveries: {exc}") from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def hold(
+        self, token: str, key: str, status: str, source: str, json: str, md: str, payload: bytes,
+        hooks: Sequence[str],
+    ) -> int:  # fmt: skip
+        """Record a result not yet published, with a pending delivery per hook; its id. An event of the same
+        document that this process still holds is superseded (that attempt failed before publishing), and the
+        document's finished events are forgotten: only its latest result's deliveries are kept."""
+
+        def tx(conn: sqlite3.Connection) -> int:
+            stale = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT e.id FROM hook_events e WHERE e.key = ? AND (e.held_by = ? OR (e.held_by IS NULL AND NOT"
+                    " EXISTS (SELECT 1 FROM hook_deliveries d WHERE d.event = e.id AND d.state = 'pending')))",
+                    (key, token),
+                )
+            ]
+            _delete(conn, stale)
+            now = time.time()
+            event = conn.execute(
+                "INSERT INTO hook_events (key, status, source, json, md, payload, held_by, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, status, source, json, md, payload, token, now),
+            ).lastrowid
+            assert event is not None
+            conn.executemany(
+                "INSERT INTO hook_deliveries (event, hook, state, updated_at) VALUES (?, ?, 'pending', ?)",
+                [(event, hook, now) for hook in hooks],
+            )
+            return event
+
+        return self._transact(tx)
+
+    def release(self, event: int) -> list[str]:
+        """Publish a held event: its deliveries may run. The hooks with a pending delivery of it."""
+
+        def tx(conn: sqlite3.Connection) -> list[str]:
+            conn.execute("UPDATE hook_events SET held_by = NULL WHERE id = ?", (event,))
+            return [
+                row[0]
+                for row in conn.execute(
+                    "SELECT hook FROM hook_deliveries WHERE event = ? AND state = 'pending' ORDER BY hook", (event,)
+                )
+            ]
+
+        return self._transact(tx)
+
+    def drop(self, event: int) -> None:
+        """Forget an event whose result was never published."""
+        self._transact(lambda conn: _delete(conn, [event]))
+
+    def held_elsewhere(self, token: str) -> list[tuple[int, str, str]]:
+        """Events held by other processes (ended before releasing them): id, document key, status."""
+        return self._transact(
+            lambda conn: [
+                (row["id"], row["key"], row["status"])
+                for row in conn.execute(
+                    "SELECT id, key, status FROM hook_events WHERE held_by IS NOT NULL AND held_by != ? ORDER BY id",
+                    (token,),
+                )
+            ]
+        )
+
+    def pending(self) -> list[tuple[str, int]]:
+        """Deliveries of released events still to run, oldest first: hook, event."""
+        return self._transact(
+            lambda conn: [
+                (row[0], row[1])
+                for row in conn.execute(
+                    "SELECT d.hook, d.event FROM hook_deliveries d JOIN hook_events e ON e.id = d.event"
+                    " WHERE d.state = 'pending' AND e.held_by IS NULL ORDER BY d.event, d.hook"
+                )
+            ]
+        )
+
+    def load(self, event: int, hook: str) -> Delivery | None:
+        def tx(conn: sqlite3.Connection) -> Delivery | None:
+            row = conn.execute(
+                "SELECT e.key, e.status, e.source, e.json, e.md, e.payload, d.state, d.attempts FROM hook_deliveries d"
+                " JOIN hook_events e ON e.id = d.event WHERE d.event = ? AND d.hook = ?",
+                (event, hook),
+            ).fetchone()
+            if row is None:
+                return None
+            return Delivery(event, hook, row["key"], row["status"], row["source"], row["json"], row["md"],
+                            bytes(row["payload"] or b""), row["state"], row["attempts"])  # fmt: skip
+
+        return self._transact(tx)
+
+    def start_attempt(self, event: int, hook: str) -> int:
+        """Count an attempt before it runs (a daemon killed meanwhile has used it); the total."""
+
+        def tx(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "UPDATE hook_deliveries SET attempts = attempts + 1, updated_at = ? WHERE event = ? AND hook = ?",
+                (time.time(), event, hook),
+            )
+            row = conn.execute("SELECT attempts FROM hook_deliveries WHERE event = ? AND hook = ?", (event, hook))
+            return int(row.fetchone()[0])
+
+        return self._transact(tx)
+
+    def give_back(self, event: int, hook: str) -> None:
+        """A clean stop interrupted the attempt: it does not count."""
+        self._transact(
+            lambda conn: conn.execute(
+                "UPDATE hook_deliveries SET attempts = max(attempts - 1, 0) WHERE event = ? AND hook = ?",
+                (event, hook),
+            )
+        )
+
+    def finish(self, event: int, hook: str, state: str, error: str | None) -> None:
+        """``done`` or ``failed`` (attempts spent); the payload goes once no delivery of the event waits."""
+
+        def tx(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE hook_deliveries SET state = ?, last_error = ?, updated_at = ? WHERE event = ? AND hook = ?",
+                (state, error, time.time(), event, hook),
+            )
+            conn.execute(
+                "UPDATE hook_events SET payload = NULL WHERE id = ? AND NOT EXISTS"
+                " (SELECT 1 FROM hook_deliveries WHERE event = ? AND state = 'pending')",
+                (event, event),
+            )
+
+        self._transact(tx)
+
+    # --- plumbing ---------------------------------------------------------------------------------------------
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS hook_schema (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT version FROM hook_schema").fetchone()
+        version = 0 if row is None else int(row[0])
+        if version > SCHEMA_VERSION:
+            raise StateUnusable(
+                f"the ledger {self.path} has hook schema version {version}, newer than this ocrwatch ({SCHEMA_VERSION})",
+                hint="upgrade ocrwatch, or point state_dir at another folder",
+            )
+        for script in _MIGRATIONS[version:]:
+            for statement in filter(str.strip, script.split(";")):
+                conn.execute(statement)
+        conn.execute("DELETE FROM hook_schema")
+        conn.execute("INSERT INTO hook_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+
+    def _transact(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``body`` in one write transaction, retried whole while the database is locked."""
+
+        def attempt() -> T:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = body(self._conn)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            return result
+
+        with self._lock:
+            try:
+                return self._retrying(attempt)
+            except tenacity.RetryError as exc:
+                raise TransientError(
+                    f"the ledger {self.path} stayed locked for {self._lock_budget:g}s: {exc.last_attempt.exception()}",
+                    hint="another process holds the ledger's write lock; stop it (e.g. a stuck sqlite3 shell)",
+                ) from exc.last_attempt.exception()
+
+
+def _delete(conn: sqlite3.Connection, events: list[int]) -> None:
+    conn.executemany("DELETE FROM hook_deliveries WHERE event = ?", [(event,) for event in events])
+    conn.executemany("DELETE FROM hook_events WHERE id = ?", [(event,) for event in events])
+
+
+def _is_busy(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+    )

@@ -1,0 +1,339 @@
+"""Completion hooks: a program run, or a URL posted to, once a document's final status is known.
+
+Each ``[[hook]]`` gets the document's result JSON (the JSON sidecar for ``ok`` and ``partial``, the error document
+for ``failed``): a ``command`` on its stdin, never through a shell, with ``OCRWATCH_STATUS``, ``OCRWATCH_SOURCE``,
+``OCRWATCH_JSON`` and ``OCRWATCH_MD`` in its environment; a ``url`` as the body of a POST. A zero exit or a 2xx
+answer delivers it; anything else is tried again with backoff (tenacity) up to ``max_attempts``. A hook runs after
+the document is finished, so it never changes the document's status: it has its own log events, counters and
+attempts.
+
+Delivery is at least once: the pipeline records each result (``deliveries``) before its sidecars are written and
+releases it once the ledger knows the document is finished; every hook's worker takes released deliveries from
+an in-memory queue, filled from the ledger at start, so what a stop or a crash interrupted runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from ocrwatch.config import HookConfig
+from ocrwatch.deliveries import Deliveries, Delivery
+from ocrwatch.errors import OcrwatchError, TransientError, classify
+from ocrwatch.ledger import Ledger
+from ocrwatch.metrics import Metrics
+from ocrwatch.sinks.base import Sink
+from ocrwatch.sinks.local import dump_json
+from ocrwatch.sources.base import Job, S3Object
+
+log = structlog.get_logger()
+
+OUTPUT_TAIL = 2048
+"""Bytes of a command's output (stdout and stderr together) or of a URL's answer kept for the log."""
+OUTPUT_GRACE = 0.5
+"""Seconds a command's output is still read after it exits, for a child of it that holds the pipe open."""
+_NOT_INHERITED = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+"""systemd's hand-over to the daemon itself: a hook must not speak for it."""
+
+
+class HookFailed(TransientError):
+    kind = "hook_failed"
+    hint = "the hook is tried again with backoff up to its max_attempts; its output is in the log"
+
+
+def sidecar_locations(sink: Sink, job: Job) -> dict[str, str]:
+    """Where the job's sidecars are (``md``, ``json``, ``error``): local paths, or s3:// URIs."""
+    if isinstance(job.origin, S3Object):
+        bucket, keys = getattr(sink, "location")(job)
+        return {kind: f"s3://{bucket}/{key}" for kind, key in keys.items()}
+    return {kind: str(path) for kind, path in getattr(sink, "paths")(job).items()}
+
+
+class HookRunner:
+    """The configured hooks, their durable deliveries and one worker pool per hook (``concurrency`` each).
+
+    With no hook or no ledger (``ocrwatch ocr``) it does nothing: ``hold`` answers None."""
+
+    def __init__(self, hooks: Sequence[HookConfig], ledger: Ledger | None, metrics: Metrics) -> None:
+        self.hooks = {hook.name: hook for hook in hooks} if ledger is not None else {}
+        self._ledger = ledger
+        self._store = Deliveries(ledger.path) if ledger is not None and self.hooks else None
+        self._token = secrets.token_hex(8)  # marks the events this process holds
+        self._metrics = metrics
+        self._queues: dict[str, asyncio.Queue[int]] = {name: asyncio.Queue() for name in self.hooks}
+        self._queued: dict[str, set[int]] = {name: set() for name in self.hooks}  # waiting or running
+        self._workers: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        for name in self.hooks:
+            for outcome in ("delivered", "failed"):
+                metrics.hook_deliveries.labels(hook=name, outcome=outcome)
+            for result in ("ok", "error"):
+                metrics.hook_attempts.labels(hook=name, result=result)
+            metrics.hook_pending.labels(hook=name).set_function(lambda name=name: len(self._queued[name]))
+
+    async def start(self) -> None:
+        """Settle what earlier processes left held, queue every pending delivery and start the workers. Call it
+        after the ledger's unfinished jobs were resumed: a job killed after its sidecars were written is marked
+        done then, which is what tells its held result was published."""
+        if self._store is None:
+            return
+        self._session = aiohttp.ClientSession()
+        recovered = await asyncio.to_thread(self._settle_held)
+        orphans: dict[str, int] = {}
+        for hook, event in await asyncio.to_thread(self._store.pending):
+            if hook in self.hooks:
+                self._enqueue(hook, event)
+            else:
+                orphans[hook] = orphans.get(hook, 0) + 1
+        if orphans:  # kept, so that configuring the hook again delivers them
+            log.warning("hook_deliveries_orphaned", hooks=orphans, hint="no [[hook]] has these names any more")
+        for hook in self.hooks.values():
+            for index in range(hook.concurrency):
+                self._workers.append(asyncio.create_task(self._work(hook), name=f"hook:{hook.name}:{index}"))
+        log.info("hooks_ready", hooks=list(self.hooks), pending=sum(map(len, self._queued.values())),
+                 recovered=recovered)  # fmt: skip
+
+    async def stop(self) -> None:
+        """Interrupt what runs (each command's process group killed, its attempt given back) and close; what
+        was pending stays so in the ledger and runs at the next start."""
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+        if self._session is not None:
+            await self._session.close()
+        if self._store is not None:
+            self._store.close()
+
+    async def hold(self, job: Job, document: dict[str, Any], sink: Sink) -> int | None:
+        """Record ``document`` (a result or an error document) before it is published, with a delivery for each
+        hook that wants its status; the event's id, or None when no hook does."""
+        status = str(document["status"])
+        wanted = [hook.name for hook in self.hooks.values() if status in hook.on]
+        if self._store is None or not wanted:
+            return None
+        where = sidecar_locations(sink, job)
+        json, md = (where["error"], "") if status == "failed" else (where["json"], where["md"])
+        payload = await asyncio.to_thread(dump_json, document)  # the very bytes of the sidecar
+        return await asyncio.to_thread(
+            self._store.hold, self._token, job.key, status, job.origin.uri, json, md, payload, wanted
+        )
+
+    async def release(self, event: int | None) -> None:
+        """The event's result is published and its document finished: its deliveries may run. Never raises:
+        an event left held is released by the next start."""
+        if event is None or self._store is None:
+            return
+        try:
+            hooks = await asyncio.to_thread(self._store.release, event)
+        except Exception as exc:
+            error = classify(exc)
+            log.error("hook_release_failed", kind=error.kind, error=error.message, hint="released at the next start")
+            return
+        for hook in hooks:
+            if hook in self.hooks:
+                self._enqueue(hook, event)
+
+    # --- the workers ------------------------------------------------------------------------------------------
+
+    def _settle_held(self) -> int:
+        """Events held by a process that ended before releasing them (blocking): released when the ledger says
+        the document reached the event's final state, dropped otherwise (it runs again)."""
+        assert self._store is not None and self._ledger is not None
+        released = 0
+        for event, key, status in self._store.held_elsewhere(self._token):
+            row = self._ledger.known(key)
+            if row is not None and row.state == ("failed" if status == "failed" else "done"):
+                self._store.release(event)
+                released += 1
+            else:
+                self._store.drop(event)
+        return released
+
+    def _enqueue(self, hook: str, event: int) -> None:
+        if event not in self._queued[hook]:
+            self._queued[hook].add(event)
+            self._queues[hook].put_nowait(event)
+
+    async def _work(self, hook: HookConfig) -> None:
+        queue = self._queues[hook.name]
+        while True:
+            event = await queue.get()
+            try:
+                await self._deliver(hook, event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the ledger, not the hook: the delivery stays pending and is tried later
+                error = classify(exc)
+                log.error("hook_delivery_stalled", hook=hook.name, kind=error.kind, error=error.message)
+                await asyncio.sleep(max(hook.backoff_initial_seconds, 1.0))
+                queue.put_nowait(event)
+                continue
+            self._queued[hook.name].discard(event)
+
+    async def _deliver(self, hook: HookConfig, event: int) -> None:
+        """One delivery's attempts, each counted in the ledger before it runs."""
+        assert self._store is not None
+        delivery = await asyncio.to_thread(self._store.load, event, hook.name)
+        if delivery is None or delivery.state != "pending":
+            return
+        fields = {"hook": hook.name, "uri": delivery.source, "status": delivery.status}
+        left = hook.max_attempts - delivery.attempts
+        if left <= 0:  # spent by runs of the daemon that ended while the hook ran
+            await self._give_up(hook, delivery, delivery.attempts, HookFailed(
+                f"hook {hook.name}: {delivery.attempts} attempts used up in runs of the daemon that ended uncleanly"
+            ))  # fmt: skip
+            return
+        started = time.monotonic()
+        attempts = delivery.attempts
+        try:
+            async for attempt in self._retrying(hook, left, fields):
+                with attempt:
+                    attempts = await asyncio.to_thread(self._store.start_attempt, event, hook.name)
+                    try:
+                        await self._attempt(hook, delivery)
+                    except asyncio.CancelledError:
+                        await asyncio.to_thread(self._store.give_back, event, hook.name)
+                        raise
+                    except HookFailed:
+                        self._metrics.hook_attempts.labels(hook=hook.name, result="error").inc()
+                        raise
+        except HookFailed as exc:
+            await self._give_up(hook, delivery, attempts, exc)
+            return
+        self._metrics.hook_attempts.labels(hook=hook.name, result="ok").inc()
+        await asyncio.to_thread(self._store.finish, event, hook.name, "done", None)
+        self._metrics.hook_deliveries.labels(hook=hook.name, outcome="delivered").inc()
+        log.info("hook_delivered", **fields, attempts=attempts, seconds=round(time.monotonic() - started, 3))
+
+    def _retrying(self, hook: HookConfig, attempts: int, fields: Mapping[str, str]) -> AsyncRetrying:
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("hook_retry", **fields, attempt=state.attempt_number, error=str(exc),
+                        wait=round(state.upcoming_sleep, 2))  # fmt: skip
+
+        return AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential_jitter(initial=hook.backoff_initial_seconds, max=hook.backoff_max_seconds),
+            retry=retry_if_exception_type(HookFailed),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    async def _give_up(self, hook: HookConfig, delivery: Delivery, attempts: int, exc: OcrwatchError) -> None:
+        assert self._store is not None
+        await asyncio.to_thread(self._store.finish, delivery.event, hook.name, "failed", exc.message)
+        self._metrics.hook_deliveries.labels(hook=hook.name, outcome="failed").inc()
+        log.error("hook_failed", hook=hook.name, uri=delivery.source, status=delivery.status, attempts=attempts,
+                  kind=exc.kind, error=exc.message, hint=exc.hint)  # fmt: skip
+
+    async def _attempt(self, hook: HookConfig, delivery: Delivery) -> None:
+        if hook.command is not None:
+            env = {key: value for key, value in os.environ.items() if key not in _NOT_INHERITED}
+            env.update(OCRWATCH_STATUS=delivery.status, OCRWATCH_SOURCE=delivery.source, OCRWATCH_JSON=delivery.json,
+                       OCRWATCH_MD=delivery.md)  # fmt: skip
+            await run_command(hook.name, hook.command, delivery.payload, env, hook.timeout_seconds)
+        else:
+            assert hook.url is not None and self._session is not None
+            await post(self._session, hook.name, hook.url, hook.token, delivery.payload, hook.timeout_seconds)
+
+
+async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mapping[str, str], timeout: float) -> None:
+    """Run ``argv`` (no shell) with ``payload`` on stdin, in a process group of its own, killed whole when
+    ``timeout`` passes or the caller is cancelled; HookFailed unless it exits 0.
+
+    stdin is an in-memory file rather than a pipe, so a hook that never reads it cannot block the daemon, and
+    one that does may seek it. Output goes to a pipe of ours, not asyncio's: asyncio's ``wait`` would wait for
+    every pipe to close, which a background child of the hook may never do."""
+    stdin = os.memfd_create("ocrwatch-hook", os.MFD_CLOEXEC)
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.to_thread(_fill, stdin, payload)
+        output = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(output), os.fdopen(read_end, "rb", buffering=0)
+        )
+        read_end = -1  # the transport owns it now
+        try:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=stdin, stdout=write_end, stderr=write_end, env=dict(env), start_new_session=True
+                )
+            except OSError as exc:
+                raise HookFailed(f"hook {name}: cannot start {argv[0]}: {exc.strerror or exc}") from None
+            finally:
+                os.close(write_end)
+                write_end = -1
+            tail = asyncio.create_task(_tail(output))
+            try:
+                async with asyncio.timeout(timeout):
+                    code = await proc.wait()
+            except TimeoutError:
+                raise HookFailed(f"hook {name}: still running after {timeout:g}s: its process group was killed") from None
+            finally:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    await proc.wait()
+                await asyncio.wait([tail], timeout=OUTPUT_GRACE)
+                tail.cancel()
+            if code != 0:
+                said = tail.result() if tail.done() and not tail.cancelled() and tail.exception() is None else b""
+                reason = f"exit status {code}" if code > 0 else f"killed by signal {-code}"
+                raise HookFailed(f"hook {name}: {reason}: {_printable(said)}")
+        finally:
+            transport.close()
+    finally:
+        os.close(stdin)
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+
+
+async def post(
+    session: aiohttp.ClientSession, name: str, url: str, token: str | None, payload: bytes, timeout: float
+) -> None:
+    """POST ``payload`` as JSON to ``url``; HookFailed unless the answer is 2xx. Redirects are not followed,
+    so the token goes nowhere but ``url``."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        async with session.post(
+            url, data=payload, headers=headers, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as response:
+            said = await response.content.read(OUTPUT_TAIL)
+            if not 200 <= response.status < 300:
+                raise HookFailed(f"hook {name}: {url} answered {response.status}: {_printable(said)}")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise HookFailed(f"hook {name}: {url}: {type(exc).__name__}: {exc}") from None
+
+
+def _fill(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+
+
+async def _tail(stream: asyncio.StreamReader) -> bytes:
+    """The last ``OUTPUT_TAIL`` bytes of ``stream``; the rest is read and let go."""
+    kept = b""
+    while chunk := await stream.read(65536):
+        kept = (kept + chunk)[-OUTPUT_TAIL:]
+    return kept
+
+
+def _printable(said: bytes) -> str:
+    return " ".join(said.decode("utf-8", "replace").split())[-OUTPUT_TAIL:] or "(no output)"
