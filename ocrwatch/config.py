@@ -262,7 +262,8 @@ class Config(_Model):
         names = [hook.name for hook in self.hook]
         for index, name in enumerate(names):
             if name in names[:index]:
-                raise ValueError(f"hook[{index}].name: {name!r} is taken by hook[{names.index(name)}]; give each a name")
+                first = names.index(name)
+                raise ValueError(f"hook[{index}].name: {name!r} is taken by hook[{first}]; give each a name")
         return self
 
     def prompt_text(self, preset: str) -> str:

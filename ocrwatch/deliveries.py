@@ -245,7 +245,8 @@ class Deliveries:
         version = 0 if row is None else int(row[0])
         if version > SCHEMA_VERSION:
             raise StateUnusable(
-                f"the ledger {self.path} has hook schema version {version}, newer than this ocrwatch ({SCHEMA_VERSION})",
+                f"the ledger {self.path} has hook schema version {version}, newer than this ocrwatch's"
+                f" ({SCHEMA_VERSION})",
                 hint="upgrade ocrwatch, or point state_dir at another folder",
             )
         for script in _MIGRATIONS[version:]:

@@ -21,7 +21,7 @@ import secrets
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import aiohttp
 import structlog
@@ -33,8 +33,8 @@ from ocrwatch.errors import OcrwatchError, TransientError, classify
 from ocrwatch.ledger import Ledger
 from ocrwatch.metrics import Metrics
 from ocrwatch.sinks.base import Sink
-from ocrwatch.sinks.local import dump_json
-from ocrwatch.sources.base import Job, S3Object
+from ocrwatch.sinks.local import LocalSink, dump_json
+from ocrwatch.sources.base import Job
 
 log = structlog.get_logger()
 
@@ -51,12 +51,18 @@ class HookFailed(TransientError):
     hint = "the hook is tried again with backoff up to its max_attempts; its output is in the log"
 
 
+class _Located(Protocol):
+    """``sinks.s3.S3Sink``, not imported here: it brings botocore in, which a folder watcher does without."""
+
+    def location(self, job: Job) -> tuple[str, dict[str, str]]: ...
+
+
 def sidecar_locations(sink: Sink, job: Job) -> dict[str, str]:
     """Where the job's sidecars are (``md``, ``json``, ``error``): local paths, or s3:// URIs."""
-    if isinstance(job.origin, S3Object):
-        bucket, keys = getattr(sink, "location")(job)
-        return {kind: f"s3://{bucket}/{key}" for kind, key in keys.items()}
-    return {kind: str(path) for kind, path in getattr(sink, "paths")(job).items()}
+    if isinstance(sink, LocalSink):
+        return {kind: str(path) for kind, path in sink.paths(job).items()}
+    bucket, keys = cast(_Located, sink).location(job)
+    return {kind: f"s3://{bucket}/{key}" for kind, key in keys.items()}
 
 
 class HookRunner:
@@ -257,14 +263,13 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
     every pipe to close, which a background child of the hook may never do."""
     stdin = os.memfd_create("ocrwatch-hook", os.MFD_CLOEXEC)
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    loop = asyncio.get_running_loop()
+    reading = os.fdopen(read_end, "rb", buffering=0)  # closed here and by the transport: a second close is a no-op
     try:
         await asyncio.to_thread(_fill, stdin, payload)
         output = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(output), os.fdopen(read_end, "rb", buffering=0)
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(output), reading
         )
-        read_end = -1  # the transport owns it now
         try:
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -280,7 +285,7 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
                 async with asyncio.timeout(timeout):
                     code = await proc.wait()
             except TimeoutError:
-                raise HookFailed(f"hook {name}: still running after {timeout:g}s: its process group was killed") from None
+                raise HookFailed(f"hook {name}: still running after {timeout:g}s: its process group killed") from None
             finally:
                 if proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
@@ -296,9 +301,9 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
             transport.close()
     finally:
         os.close(stdin)
-        for fd in (read_end, write_end):
-            if fd >= 0:
-                os.close(fd)
+        reading.close()
+        if write_end >= 0:
+            os.close(write_end)
 
 
 async def post(

@@ -390,7 +390,7 @@ class Pipeline:
             await self._ledger("set_state", job.key, "writing")
             with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 document = self.assemble_document(job, engine, probed, pages, started, stages)
-                event = await self.hooks.hold(job, document, self.sinks[job.source])  # before it is published
+                event = await self._hold(job, document)  # before it is published
                 await self.write_sidecars(job, pages, document)
         await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
         await self._ledger("mark_done", job.key)
@@ -402,6 +402,13 @@ class Pipeline:
             uri=job.origin.uri,
         )
         return str(document["status"])
+
+    async def _hold(self, job: Job, document: dict[str, Any]) -> int | None:
+        """The result recorded for the hooks before it is published; none for a job the ledger never hears of
+        (``ocrwatch ocr``, which runs no hooks without a daemon either)."""
+        if job.key in self._unrecorded:
+            return None
+        return await self.hooks.hold(job, document, self.sinks[job.source])
 
     async def fetch_and_probe(self, job: Job, spool_dir: Path, engine: Engine) -> Probed:
         """The document as a file private to the job, held to the limits and measured, so a document that
@@ -523,7 +530,7 @@ class Pipeline:
         body = assemble.error_document(
             assemble.source_section(job, None, self._read.get(job.key), None), error.as_dict(), attempts, time.time()
         )
-        event = await self.hooks.hold(job, body, self.sinks[job.source])  # before the failure is recorded
+        event = await self._hold(job, body)  # before the failure is recorded
         await self._ledger("mark_failed", job.key, error.as_dict())
         if not isinstance(error, SourceGone):
             try:

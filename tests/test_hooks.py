@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sqlite3
 import sys
 import time
@@ -50,6 +52,12 @@ child = subprocess.Popen(["sleep", "300"])
 with open(sys.argv[1], "w") as f:
     f.write(f"{os.getpid()} {child.pid}")
 time.sleep(300)
+"""
+
+BACKGROUND = """
+import subprocess, sys
+child = subprocess.Popen(["sleep", "300"])  # inherits stdout and stderr, and outlives the hook
+open(sys.argv[1], "w").write(str(child.pid))
 """
 
 FAILER = """
@@ -188,7 +196,23 @@ async def test_a_hook_still_running_at_its_timeout_is_killed_with_its_process_gr
     await eventually(lambda: not alive(hook_pid) and not alive(child_pid), 10, "the hook and its child killed")
     (failed,) = [entry for entry in logs if entry["event"] == "hook_failed"]
     assert "still running after 1s" in failed["error"] and failed["hook"] == "slow"
-    assert metrics.registry.get_sample_value("ocrwatch_hook_deliveries_total", {"hook": "slow", "outcome": "failed"}) == 1
+    failures = metrics.registry.get_sample_value("ocrwatch_hook_deliveries_total", {"hook": "slow", "outcome": "failed"})
+    assert failures == 1
+
+
+async def test_a_hook_that_leaves_a_child_holding_its_output_is_delivered_when_it_exits(
+    tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
+) -> None:  # fmt: skip
+    pid = tmp_path / "child"
+    command = [sys.executable, script(tmp_path, "background.py", BACKGROUND), str(pid)]
+    runner = await started(runners, [hook(command=command, timeout_seconds=120)], ledger, Metrics())
+    try:
+        await finish(runner, ledger, job, result(job))
+        await eventually(lambda: rows(ledger)[0]["state"] == "done", 60, "the delivery done, not the child's end")
+        assert rows(ledger)[0]["attempts"] == 1 and alive(int(pid.read_text()))
+    finally:
+        if pid.exists():
+            os.kill(int(pid.read_text()), signal.SIGKILL)
 
 
 async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_attempts(
@@ -352,7 +376,7 @@ def test_the_hook_keys_are_validated(tmp_path: Path) -> None:
         ('[[hook]]\ncommand = ["/bin/true"]\ntoken = "t"\n', "only for a url hook"),
         ('[[hook]]\ncommand = ["/bin/true"]\non = ["done"]\n', "hook.0.on.0"),
         ('[[hook]]\ncommand = ["/bin/true"]\non = []\n', "at least one"),
-        ('[[hook]]\ncommand = ["/bin/true"]\n[[hook]]\ncommand = ["/bin/true", "x"]\n', "hook[1].name: 'true' is taken"),
+        ('[[hook]]\ncommand = ["/bin/true"]\n[[hook]]\ncommand = ["/bin/true", "x"]\n', "hook[1].name: 'true' is"),
         ('[[hook]]\ncommand = ["/bin/true"]\nmax_attempts = 0\n', "hook.0.max_attempts"),
         ('[[hook]]\ncommand = ["/bin/true"]\nshell = true\n', "hook.0.shell"),
     ):

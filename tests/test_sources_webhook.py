@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import gzip
 import http.client
 import json
@@ -274,5 +276,29 @@ def test_a_failure_no_retry_can_cure_is_given_up_and_answered_2xx() -> None:
         [(job, error, attempts)] = poisoned.rejected
         assert job.origin.key == "in/poison.pdf" and error.kind == "s3_request_invalid" and attempts == 0
         await source.stop()
+
+    run(scenario)
+
+
+def test_a_submit_outliving_its_request_at_stop_leaves_nothing_unretrieved() -> None:
+    """Stopping cancels a request whose submit is still running (shielded); that submit must not fail later
+    with nobody to take its exception, which asyncio prints as a traceback outside the JSON log."""
+    cfg = webhook_config()
+    event = json.dumps({"Records": [record("in/slow.pdf", "ceph:s3")]}).encode()
+
+    async def scenario() -> None:
+        reported: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+        slow = Submitted(delay=3.0, fail=True)  # fails after the listener's 2 s of shutdown time
+        source = WebhookSource(cfg)
+        await source.start(slow, slow.reject)
+        answer = asyncio.create_task(asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event))
+        await asyncio.sleep(0.5)
+        await source.stop()
+        with contextlib.suppress(Exception):  # the request was cut: no answer
+            await answer
+        await asyncio.sleep(3.0)  # past the moment the submit would have failed
+        gc.collect()
+        assert reported == []
 
     run(scenario)

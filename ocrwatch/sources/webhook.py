@@ -53,6 +53,7 @@ class WebhookSource(S3EventSource):
                  name_template: str = "{name}", max_inflight: int = 64) -> None:
         super().__init__(cfg, name=name, limits=limits)
         self._listener: Listener | None = None
+        self._submits: set[asyncio.Task[None]] = set()
 
     async def start(self, submit: Submit, reject: Reject) -> None:
         self._submit, self._reject = submit, reject
@@ -65,10 +66,26 @@ class WebhookSource(S3EventSource):
                  path=self.cfg.path)
 
     async def stop(self) -> None:
-        """Stop listening. A request being submitted still finishes (shielded); its answer may be lost."""
+        """Stop listening. A request being submitted has the listener's shutdown time to finish (its submit is
+        shielded from the request's cancellation); then it is cancelled, and the sender resends the event."""
         if self._listener is not None:
             await self._listener.stop()
+        for submit in list(self._submits):
+            submit.cancel()
         log.info("s3_source_stopped", source=self.name)
+
+    def _submitting(self, job: Job) -> asyncio.Task[None]:
+        """The job's submit as a task of its own, held here: it outlives a request cancelled at stop, and its
+        failure (already logged by ``_submit_job``) is taken even when no request is left to answer."""
+        submit = asyncio.get_running_loop().create_task(self._submit_job(job))
+        self._submits.add(submit)
+        submit.add_done_callback(self._submitted)
+        return submit
+
+    def _submitted(self, submit: asyncio.Task[None]) -> None:
+        self._submits.discard(submit)
+        if not submit.cancelled():
+            submit.exception()  # retrieved: no "Task exception was never retrieved" on the way out
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
         """Nothing to acknowledge: the event was answered once its job was in the ledger."""
@@ -102,7 +119,7 @@ class WebhookSource(S3EventSource):
                 raise _Refused(400, f"not an S3 event notification: {str(exc)[:200]}") from None
             for obj in objects:
                 try:  # shielded: stopping the listener must not cut a submit halfway
-                    await asyncio.shield(self._submit_job(self._job(obj)))
+                    await asyncio.shield(self._submitting(self._job(obj)))
                 except Exception:
                     raise _Refused(503, "not recorded, send again", {"Retry-After": "5"}) from None
         except _Refused as exc:

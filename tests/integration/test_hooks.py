@@ -4,7 +4,9 @@ on 127.0.0.1 that fails twice, a daemon killed with SIGKILL while its hook runs,
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests import docs
-from tests.integration.conftest import DaemonProcess, wait_until
+from tests.integration.conftest import REPO, DaemonProcess, wait_until
 from tests.test_hooks import FAILER, RECORDER, records, script
 
 pytestmark = pytest.mark.integration
@@ -219,5 +221,31 @@ def test_a_hook_runs_for_an_s3_document_with_s3_uris(moto: Any, tmp_path: Path) 
             "OCRWATCH_JSON": f"s3://docs/{key}.json", "OCRWATCH_MD": f"s3://docs/{key}.md",
         }  # fmt: skip
         assert json.loads(received["stdin"]) == sidecar(s3, "docs", f"{key}.json")
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_files_handed_over_by_ocrwatch_ocr_run_no_hooks_as_without_a_daemon(
+    plugin_daemon: Any, tmp_path: Path
+) -> None:  # fmt: skip
+    out = tmp_path / "received"
+    command = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
+    daemon = plugin_daemon(hook=[{"name": "record", "command": command}]).start()
+    try:
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        given = docs.write_png(elsewhere / "given.png", ["Handed over"])
+        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        ran = subprocess.run(
+            [sys.executable, "-m", "ocrwatch", "ocr", "--config", str(daemon.config_path), str(given)],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": pythonpath},
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert given.with_name("given.png.json").exists()
+        watched = docs.write_png(daemon.inbox / "watched.png", ["Dropped in the inbox"])
+        (received,) = wait_until(lambda: records(out), 60, "the inbox document's hook")
+        assert received["env"]["OCRWATCH_SOURCE"] == watched.as_uri()
+        assert [row["key"] for row in deliveries(daemon)] == [watched.as_uri()]
+        assert any(e.get("uri") == given.as_uri() for e in daemon.events())  # the daemon did process it
     finally:
         assert daemon.stop() == 0

@@ -1,0 +1,172 @@
+"""The CLI as a client of the running daemon (``ocrwatch.control``): real daemon processes, real CLI processes.
+
+``retry`` starts the jobs at once, ``ocr`` hands its files to the daemon's engine (none is built in the CLI) and
+shows their pages, ``status`` shows the running documents' pages and the queue by inbox.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import docs
+from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def cli(daemon: DaemonProcess, *args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ocrwatch", *map(str, args), "--config", str(daemon.config_path)],
+        capture_output=True, text=True, timeout=timeout, cwd=daemon.root,
+    )
+
+
+def events_named(daemon: DaemonProcess, name: str, **fields: Any) -> list[dict[str, Any]]:
+    return [e for e in daemon.events() if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())]
+
+
+def test_retry_starts_a_fixed_document_within_seconds(make_daemon) -> None:
+    """A document failed for a reason outside it (a user's file at its sidecar's name); once that is moved away,
+    ``ocrwatch retry`` has the running daemon do it at once, not at its next scan or restart."""
+    daemon = make_daemon(daemon={"reconcile_seconds": 600.0}).start()
+    theirs = daemon.inbox / "scan.png.json"
+    theirs.write_text('{"mine": true}\n')
+    source = docs.write_png(daemon.inbox / "scan.png", ["Retried at once"])
+    error = wait_until(lambda: error_sidecar(source), 60, "the output_conflict failure")
+    assert error["error"]["kind"] == "output_conflict"
+    theirs.unlink()
+    proc = cli(daemon, "retry", source)
+    assert proc.returncode == 0, proc.stderr
+    assert f"1 job(s) queued again; the running daemon (pid {daemon.proc.pid}) started them" in proc.stdout
+    data = wait_until(lambda: sidecars_done(source), 10, "the retried document done, without a restart")
+    assert data["status"] == "ok" and not error_sidecar(source)
+    assert daemon.proc.poll() is None and len(events_named(daemon, "daemon_ready")) == 1
+
+
+def test_ocr_hands_its_files_to_the_running_daemon(make_daemon, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(state / "control.sock"))  # what a killed daemon leaves: nobody listens on it
+    stale.close()
+    daemon = make_daemon().start()
+    sock = state / "control.sock"
+    info = os.stat(sock)
+    assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    report = docs.write_pdf(elsewhere / "report.pdf", [[f"Page {n} of the report"] for n in range(1, 7)])
+    locked = docs.write_encrypted_pdf(elsewhere / "locked.pdf")
+    proc = cli(daemon, "ocr", report, locked)
+    assert proc.returncode == 1, proc.stderr  # exit codes as without a daemon: a document failed
+    assert f"handed 2 file(s) to the running daemon (pid {daemon.proc.pid}, engine tesseract)" in proc.stderr
+    assert re.search(r"report\.pdf: [1-6]/6 pages", proc.stderr), proc.stderr
+    assert "locked.pdf: encrypted_pdf:" in proc.stderr and "hint:" in proc.stderr
+    assert "1 done, 0 skipped, 1 failed" in proc.stdout
+    assert "engine_selected" not in proc.stderr and "tesseract.started" not in proc.stderr  # no engine here
+    started = events_named(daemon, "job_started", uri=report.as_uri())
+    assert len(started) == 1 and started[0]["source"].startswith("cli:")
+    assert sidecars_done(report)["status"] == "ok" and error_sidecar(locked)["error"]["kind"] == "encrypted_pdf"
+    assert "file://" not in cli(daemon, "status").stdout  # handed-over files never enter the ledger
+
+    again = cli(daemon, "ocr", report)
+    assert again.returncode == 0 and "0 done, 1 skipped, 0 failed" in again.stdout, again.stderr
+    forced = cli(daemon, "ocr", "--force", report)
+    assert forced.returncode == 0 and "1 done, 0 skipped, 0 failed" in forced.stdout, forced.stderr
+    assert len(events_named(daemon, "job_started", uri=report.as_uri())) == 2
+
+    # Another Tesseract language than the daemon's: read here, by an engine of this run's own.
+    german = docs.write_png(elsewhere / "brief.png", ["Sehr geehrte Damen und Herren"])
+    declined = cli(daemon, "ocr", "--lang", "deu", german)
+    assert declined.returncode == 0, declined.stderr
+    assert "the running daemon's Tesseract reads 'eng', not 'deu'" in declined.stderr
+    assert "tesseract.started" in declined.stderr and not events_named(daemon, "job_started", uri=german.as_uri())
+    assert sidecars_done(german)["engine"]["lang"] == "deu"
+    same = cli(daemon, "ocr", "--lang", "eng", "--force", german)
+    assert "handed 1 file(s)" in same.stderr and sidecars_done(german)["engine"]["lang"] == "eng"
+
+    assert daemon.stop() == 0
+    assert not sock.exists()
+
+
+def test_status_shows_the_pages_of_running_documents_and_the_queue_by_inbox(plugin_daemon, tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    daemon = plugin_daemon(
+        engine_args={"delay": 1.5, "max_concurrency": 1},
+        inboxes=[{"path": str(first), "settle_seconds": 0.3}, {"path": str(second), "settle_seconds": 0.3}],
+        scheduler={"max_active_documents": 1},
+    ).start()
+    big = docs.write_pdf(first / "big.pdf", [[f"Page {n}"] for n in range(1, 13)], dpi=72)
+    midway = re.compile(rf"^running: {re.escape(big.as_uri())} ([1-9]|1[01])/12 pages$", re.M)
+    wait_until(lambda: midway.search(cli(daemon, "status").stdout), 60, "the big document's pages in status")
+    for n in range(2):
+        docs.write_png(second / f"small{n}.png", [f"Small {n}"])
+
+    def both() -> str | None:
+        out = cli(daemon, "status").stdout
+        return out if f"queue: {second}: 0 running, 2 waiting" in out else None
+
+    out = wait_until(both, 30, "the second inbox's documents waiting")
+    assert f"daemon: running (pid {daemon.proc.pid}, engine plugin)" in out
+    assert f"queue: {first}: 1 running, 0 waiting" in out
+    assert midway.search(out), out
+
+
+def test_an_interrupted_ocr_stops_its_documents_in_the_daemon(plugin_daemon, tmp_path: Path) -> None:
+    daemon = plugin_daemon(engine_args={"delay": 1.0, "max_concurrency": 1}).start()
+    slow = docs.write_pdf(tmp_path / "slow.pdf", [[f"Page {n}"] for n in range(1, 31)], dpi=72)
+    client = subprocess.Popen(
+        [sys.executable, "-m", "ocrwatch", "ocr", str(slow), "--config", str(daemon.config_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        pages = re.compile(rf"running: {re.escape(slow.as_uri())} [1-9]\d*/30 pages")
+        wait_until(lambda: pages.search(cli(daemon, "status").stdout), 60, "the handed-over document running")
+        client.send_signal(signal.SIGINT)
+        assert client.wait(30) == 130
+    finally:
+        if client.poll() is None:
+            client.kill()
+    wait_until(lambda: events_named(daemon, "control_ocr_abandoned"), 30, "the daemon noticing the client left")
+    wait_until(lambda: "running: " not in cli(daemon, "status").stdout, 30, "the document stopped in the daemon")
+    assert sidecars_done(slow) is None and error_sidecar(slow) is None
+    assert daemon.proc.poll() is None
+
+
+def test_a_client_probing_the_lock_does_not_stop_a_daemon_starting(make_daemon, tmp_path: Path) -> None:
+    """A client tells whether a daemon runs by a shared lock held for an instant; a daemon starting meanwhile
+    waits that instant out instead of refusing to start as if another daemon held the state."""
+    daemon = make_daemon()
+    daemon.state.mkdir(mode=0o700)
+    probe = open(daemon.state / "daemon.lock", "a")  # noqa: SIM115
+    fcntl.flock(probe.fileno(), fcntl.LOCK_SH)
+    release = threading.Timer(0.3, probe.close)
+    daemon.start(wait_ready=False)
+    release.start()
+    wait_until(daemon.ready, 60, "the daemon ready once the probe let go")
+    assert "daemon: running" in cli(daemon, "status").stdout
+
+
+def test_a_deep_state_dir_still_has_a_control_socket(make_daemon, tmp_path: Path) -> None:
+    """``sun_path`` holds 107 bytes: a state_dir deeper than that is reached through its folder's descriptor."""
+    deep = tmp_path.joinpath(*(["a-rather-long-folder-name"] * 5), "state")
+    assert len(os.fsencode(deep / "control.sock")) > 108
+    daemon = make_daemon(state_dir=str(deep)).start()
+    picture = docs.write_png(tmp_path / "deep.png", ["Deep state"])
+    proc = cli(daemon, "ocr", picture)
+    assert proc.returncode == 0 and "handed 1 file(s)" in proc.stderr, proc.stderr
+    assert f"daemon: running (pid {daemon.proc.pid}" in cli(daemon, "status").stdout
+    assert daemon.stop() == 0 and not (deep / "control.sock").exists()
