@@ -171,10 +171,10 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "OCRWATCH_FAST_ENCODER": "1",
         "OCRWATCH_ENCODER_GRAPHS": "0",
         "OCRWATCH_NGRAM_GPU": "0",
-        "OCRWATCH_LANES": "1",
+        "OCRWATCH_LANES": "0",
     }
     assert engine_module.engine_env(VllmConfig(ngram_processor="gpu"), {})["OCRWATCH_NGRAM_GPU"] == "1"
-    cfg = VllmConfig(compile_cache_dir=tmp_path, encoder_cuda_graphs=True)
+    cfg = VllmConfig(compile_cache_dir=tmp_path, encoder_cuda_graphs=True, priority_lanes=True)
     user = {
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
         "OCRWATCH_FAST_ENCODER": "0",

@@ -90,7 +90,7 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
 
     ``VLLM_TUNED_CONFIG_FOLDER``: the fused-MoE tiles tuned for DeepSeek-OCR's experts (``MOE_CONFIGS``);
     vLLM has none for that shape and falls back to generic tiles. The n-gram guard on the GPU
-    (``ngram_processor = "gpu"``) and the priority lanes (``lanes``) are switched on the same way."""
+    (``ngram_processor = "gpu"``) and the priority lanes (``lanes``, ``priority_lanes``) are switched on the same way."""
     defaults = {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_NO_USAGE_STATS": "1",
@@ -101,7 +101,7 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     env[plugin.ENV] = "1" if cfg.fast_encoder else "0"
     env[plugin.GRAPHS_ENV] = "1" if cfg.fast_encoder and cfg.encoder_cuda_graphs else "0"
     env[plugin.NGRAM_ENV] = "1" if uses_ngram_guard(cfg) and cfg.ngram_processor == "gpu" else "0"
-    env[plugin.LANES_ENV] = "1"
+    env[plugin.LANES_ENV] = "1" if cfg.priority_lanes else "0"
     if cfg.compile_cache_dir is not None:
         env["VLLM_CACHE_ROOT"] = str(cfg.compile_cache_dir.expanduser())
     return env

@@ -58,6 +58,7 @@ class VllmConfig(_Model):
     window_size: Annotated[int, Field(ge=0, le=4096)] = _DEFAULT.window_size
     whitelist_token_ids: tuple[int, ...] = (128821, 128822)
     ngram_processor: Literal["batched", "gpu", "per_request"] = "batched"
+    priority_lanes: bool = False
     ladder: tuple[SamplingRung, ...] = (
         SamplingRung(temperature=0.1, ngram_size=20, window_size=90),
         SamplingRung(temperature=0.2, ngram_size=12, window_size=120),
