@@ -6,6 +6,7 @@ shows their pages, ``status`` shows the running documents' pages and the queue b
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -151,11 +152,20 @@ def test_a_client_probing_the_lock_does_not_stop_a_daemon_starting(make_daemon, 
     waits that instant out instead of refusing to start as if another daemon held the state."""
     daemon = make_daemon()
     daemon.state.mkdir(mode=0o700)
-    probe = open(daemon.state / "daemon.lock", "a")  # noqa: SIM115
+    lock = daemon.state / "daemon.lock"
+    probe = open(lock, "a")  # noqa: SIM115
     fcntl.flock(probe.fileno(), fcntl.LOCK_SH)
-    release = threading.Timer(0.3, probe.close)
     daemon.start(wait_ready=False)
-    release.start()
+    assert daemon.proc is not None
+    fds = Path(f"/proc/{daemon.proc.pid}/fd")
+
+    def lock_opened() -> bool:  # it tries the lock right after opening the file
+        with contextlib.suppress(OSError):
+            return any(os.readlink(fd) == str(lock) for fd in fds.iterdir())
+        return False
+
+    wait_until(lock_opened, 60, "the daemon opening the lock file")
+    threading.Timer(0.2, probe.close).start()  # let go while its first try has failed
     wait_until(daemon.ready, 60, "the daemon ready once the probe let go")
     assert "daemon: running" in cli(daemon, "status").stdout
 
