@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ocrwatch import __version__
+from ocrwatch import __version__, figures
 from ocrwatch.scheduler import PageOutcome
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 
@@ -50,6 +50,11 @@ _PAGE = {
         "tries": {"type": "array"},
     },
 }
+_FILE = {  # a further output: its path relative to the JSON sidecar's folder (or key prefix)
+    "path": {"type": "string"},
+    "bytes": {"type": "integer", "minimum": 0},
+    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+}
 JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "ocrwatch sidecar",
@@ -77,6 +82,25 @@ JSON_SCHEMA: dict[str, Any] = {
         "pages": {"type": "array", "minItems": 1, "items": _PAGE},
         "timing": {"type": "object", "required": ["detected", "started", "finished", "stages"]},
         "ocrwatch": {"type": "object", "required": ["version", "host"]},
+        "searchable_pdf": {
+            "oneOf": [
+                {"type": "object", "required": ["path", "bytes", "sha256"], "properties": _FILE},
+                {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}},
+            ]
+        },
+        "figures": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["page", "name", "bbox", "path", "bytes", "sha256"],
+                "properties": {
+                    "page": {"type": "integer", "minimum": 1},
+                    "name": {"type": "string"},
+                    "bbox": {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 4},
+                    **_FILE,
+                },
+            },
+        },
     },
 }
 ERROR_SCHEMA: dict[str, Any] = {
@@ -135,20 +159,22 @@ def source_section(job: Job, path: Path | None, digest: str | None, mime: str | 
     return section
 
 
-def page_markdown(outcome: PageOutcome) -> str:
+def page_markdown(outcome: PageOutcome, assets: str | None = None) -> str:
+    """The page's Markdown; with ``assets`` (the figures' folder), its extracted figures linked to their files."""
     recognition = outcome.result.recognition
-    return recognition.markdown.strip() if recognition is not None else ""
+    text = recognition.markdown.strip() if recognition is not None else ""
+    return figures.link(text, outcome.figures, assets) if assets is not None else text
 
 
-def markdown(pages: Sequence[PageOutcome]) -> str:
+def markdown(pages: Sequence[PageOutcome], assets: str | None = None) -> str:
     parts = []
     for outcome in pages:
-        body = page_markdown(outcome) if outcome.result.status == "ok" else "<!-- page failed -->"
+        body = page_markdown(outcome, assets) if outcome.result.status == "ok" else "<!-- page failed -->"
         parts.append(f"{PAGE_MARK}{outcome.index + 1} -->\n\n{body}\n")
     return "\n".join(parts)
 
 
-def _page(outcome: PageOutcome) -> dict[str, Any]:
+def _page(outcome: PageOutcome, assets: str | None) -> dict[str, Any]:
     result = outcome.result
     recognition = result.recognition
     return {
@@ -158,7 +184,7 @@ def _page(outcome: PageOutcome) -> dict[str, Any]:
         "dpi": outcome.dpi,
         "status": result.status,
         "attempts": max(len(result.attempts), 1),
-        "markdown": page_markdown(outcome),
+        "markdown": page_markdown(outcome, assets),
         "raw": recognition.raw if recognition is not None else None,
         "blocks": recognition.blocks if recognition is not None else [],
         "tokens": {
@@ -177,8 +203,10 @@ def _page(outcome: PageOutcome) -> dict[str, Any]:
 
 def document(
     provenance: Provenance, pages: Sequence[PageOutcome], *, detected: float, started: float, finished: float,
-    stages: dict[str, float],
+    stages: dict[str, float], assets: str | None = None, outputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The JSON sidecar; ``assets``: the folder the figures were written to, ``outputs``: the members that
+    describe further outputs (``searchable_pdf``, ``figures``)."""
     status = "ok" if all(p.result.status == "ok" for p in pages) else "partial"
     return {
         "schema": SCHEMA_ID,
@@ -186,7 +214,7 @@ def document(
         "source": provenance.source,
         "engine": provenance.engine,
         "render": provenance.render,
-        "pages": [_page(p) for p in pages],
+        "pages": [_page(p, assets) for p in pages],
         "timing": {
             "detected": iso(detected),
             "started": iso(started),
@@ -194,6 +222,7 @@ def document(
             "stages": {name: round(value, 4) for name, value in stages.items()},
         },
         "ocrwatch": {"version": __version__, "host": socket.gethostname()},
+        **(outputs or {}),
     }
 
 

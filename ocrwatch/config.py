@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
-from ocrwatch.engines.tesseract_options import TesseractConfig
+from ocrwatch.engines.tesseract_options import Lang, TesseractConfig
 from ocrwatch.errors import ConfigError
 
 DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml"))
@@ -53,10 +53,17 @@ class LimitsConfig(_Model):
     max_pages: Annotated[int, Field(ge=1)] = 2000
 
 
+OnSuccess = Literal["keep", "move", "delete"]
+"""What becomes of a source once its document is ``ok`` (``[output] on_success``, per inbox and per bucket)."""
+
+
 class OutputConfig(_Model):
     name_template: str = "{name}"
     dir: Path | None = None
-    images: Literal["placeholder", "drop"] = "placeholder"
+    images: Literal["placeholder", "drop", "extract"] = "placeholder"
+    searchable_pdf: bool = False
+    on_success: OnSuccess = "keep"
+    archive_dir: Path | None = None
 
     @field_validator("name_template")
     @classmethod
@@ -131,6 +138,8 @@ class InboxConfig(_Model):
     max_pages: Annotated[int, Field(ge=1)] | None = None
     quarantine_dir: Path | None = None
     create: bool = True
+    lang: Lang | None = None  # Tesseract's languages for this inbox; None = [engine.tesseract] lang
+    on_success: OnSuccess | None = None  # None: [output] on_success
 
 
 class S3Config(_Model):
@@ -156,6 +165,8 @@ class S3Config(_Model):
     access_key_id: str | None = None
     secret_access_key: str | None = Field(default=None, repr=False)
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    on_success: OnSuccess | None = None  # None: [output] on_success
+    archive_prefix: str = ""
 
     @model_validator(mode="after")
     def _transport_needs(self) -> "S3Config":
@@ -258,6 +269,25 @@ class Config(_Model):
         return self
 
     @model_validator(mode="after")
+    def _archives_apart(self) -> "Config":
+        """A move needs a place to go that is no document's source: an archive inside an inbox (or a prefix a
+        bucket watches) would bring every archived file back as a new document."""
+        default = self.output.on_success
+        archive = self.output.archive_dir.expanduser().resolve() if self.output.archive_dir else None
+        for index, inbox in enumerate(self.inbox):
+            root = inbox.path.expanduser().resolve()
+            if archive is None:
+                if (inbox.on_success or default) == "move":
+                    raise ValueError(f"inbox[{index}].on_success: 'move' needs [output] archive_dir")
+            elif archive.is_relative_to(root) or root.is_relative_to(archive):
+                raise ValueError(f"output.archive_dir: {archive} and inbox[{index}].path {root} must not contain "
+                                 "one another")  # fmt: skip
+        for index, s3 in enumerate(self.s3):
+            if (s3.on_success or default) == "move" and not s3.archive_prefix:
+                raise ValueError(f"s3[{index}].on_success: 'move' needs archive_prefix")
+        return self
+
+    @model_validator(mode="after")
     def _hook_names_distinct(self) -> "Config":
         names = [hook.name for hook in self.hook]
         for index, name in enumerate(names):
@@ -283,6 +313,10 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file mean relative to that file, as users expect of /etc configs."""
     if "state_dir" in data:
         data["state_dir"] = str(base / Path(data["state_dir"]).expanduser())
+    output = data.get("output")
+    for key in ("dir", "archive_dir"):
+        if isinstance(output, dict) and isinstance(output.get(key), str):
+            output[key] = str(base / Path(output[key]).expanduser())
     for inbox in data.get("inbox", []) or []:
         if isinstance(inbox, dict):
             for key in ("path", "quarantine_dir"):

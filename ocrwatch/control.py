@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from ocrwatch.errors import ConfigError, TransientError
+from ocrwatch.errors import ConfigError, TransientError, classify
 from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.pipeline import Pipeline, Progress
 from ocrwatch.sinks.local import LocalSink
@@ -125,7 +125,7 @@ async def run_ocr(
         started = False
         for path, root in files:
             job = Job(origin=LocalFile(path, root), source=name)
-            if not force and await asyncio.to_thread(_current, pipeline, job):
+            if not force and await asyncio.to_thread(_current, pipeline, sink, job):
                 await emit({"event": "result", "file": str(path), "status": "skipped"})
                 continue
             if not started and before_first is not None:
@@ -159,10 +159,13 @@ async def run_ocr(
         pipeline.remove_source(name)
 
 
-def _current(pipeline: Pipeline, job: Job) -> bool:
-    """Whether the job's JSON sidecar records its content now (blocking: hashes the file). Anything that is not a
-    regular file is left to the pipeline, which names what it is; it is never read here (a FIFO would block)."""
+def _current(pipeline: Pipeline, sink: LocalSink, job: Job) -> bool:
+    """Whether the job's JSON sidecar records its content now (blocking: hashes the file, when a sidecar is
+    there to compare with). Anything that is not a regular file is left to the pipeline, which names what it is;
+    it is never read here (a FIFO would block)."""
     assert isinstance(job.origin, LocalFile)
+    if sink.recorded(job) is None:
+        return False
     try:
         fd = os.open(job.origin.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
@@ -332,19 +335,17 @@ class ControlServer:
                     raise ValueError("not a JSON object")
                 handler = {"status": self._status, "retry": self._retry, "ocr": self._ocr}[request.get("op")]
             except (ValueError, KeyError, TypeError) as exc:
-                await send({"event": "error", "message": f"not a request: {exc}", "hint": ControlError.hint})
-                return
-            try:
-                await handler(request, send, reader)
-            except ControlError as exc:
-                await send({"event": "error", "message": exc.message, "hint": exc.hint})
-                return
-            except ValueError as exc:
-                await send({"event": "error", "message": f"not a valid request: {exc}", "hint": ControlError.hint})
-                return
+                raise ControlError(f"not a request: {exc}") from None
+            await handler(request, send, reader)
             await send({"event": "end"})
-        except (ConnectionError, BrokenPipeError):
+        except ConnectionError:
             pass  # the client went away; what it started was stopped (``_ocr``)
+        except Exception as exc:  # said to the client, in one line, rather than a connection closed without a word
+            error = classify(exc)
+            if not isinstance(exc, ControlError):
+                log.error("control_request_failed", kind=error.kind, error=error.message)
+            with contextlib.suppress(ConnectionError):
+                await send({"event": "error", "message": error.message, "hint": error.hint})
         finally:
             self._clients.discard(task)
             writer.close()
@@ -363,7 +364,7 @@ class ControlServer:
         daemon is not taking work yet: the ledger was updated before it reads the queue."""
         selectors = request.get("selectors")
         if selectors is not None and not (isinstance(selectors, list) and all(isinstance(s, str) for s in selectors)):
-            raise ValueError("selectors: a list of strings or null")
+            raise ControlError("not a valid request: selectors must be a list of strings, or null")
         ledger = self._host.ledger
         if ledger is None:
             raise ControlError("the daemon has no ledger open")
@@ -374,7 +375,10 @@ class ControlServer:
         await send({"event": "retried", "count": count, "pid": os.getpid(), "state": self._host.state()})
 
     async def _ocr(self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader) -> None:
-        order = OcrRequest.from_json(request)
+        try:
+            order = OcrRequest.from_json(request)
+        except ValueError as exc:
+            raise ControlError(f"not a valid request: {exc}") from None
         pipeline = self._host.taking_work()
         if pipeline is None:
             if self._host.state() == "stopping":
@@ -394,7 +398,7 @@ class ControlServer:
             pipeline, sink, order.files, force=order.force, emit=send,
             accepting=lambda: self._host.taking_work() is not None,
         ))  # fmt: skip
-        gone = asyncio.create_task(reader.read(1))  # the client sends nothing more: this ends when it leaves
+        gone = asyncio.create_task(_closed(reader))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -405,6 +409,12 @@ class ControlServer:
             await asyncio.gather(work, gone, return_exceptions=True)
         if not work.cancelled():
             work.result()
+
+
+async def _closed(reader: asyncio.StreamReader) -> None:
+    """Returns when the client closes its end: a request is one line, whatever follows it is ignored."""
+    while await reader.read(65536):
+        pass
 
 
 def declines(pipeline: Pipeline, order: OcrRequest) -> str | None:
@@ -487,7 +497,10 @@ class Client:
             self._sock.sendall(json.dumps(payload).encode() + b"\n")
             with self._sock.makefile("rb") as lines:
                 for line in lines:
-                    event = json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        raise ControlError(f"the daemon answered something else than JSON: {line[:80]!r}") from None
                     if event.get("event") == "end":
                         return
                     if event.get("event") == "error":

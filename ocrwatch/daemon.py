@@ -154,7 +154,7 @@ class Daemon:
         lock = open(path, "a")  # noqa: SIM115 - held for the life of the process
         try:
             for attempt in tenacity.Retrying(
-                retry=tenacity.retry_if_exception_type(BlockingIOError), stop=tenacity.stop_after_delay(0.0),
+                retry=tenacity.retry_if_exception_type(BlockingIOError), stop=tenacity.stop_after_delay(1.0),
                 wait=tenacity.wait_fixed(0.05), reraise=True,
             ):  # fmt: skip
                 with attempt:

@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+import re
+
+SEARCHABLE_SUFFIX = ".ocr.pdf"
+"""``NAME.ocr.pdf``: the searchable PDF (``[output] searchable_pdf``)."""
+ASSETS_SUFFIX = ".assets"
+"""``NAME.assets/``: the figures cut out of the pages (``[output] images = "extract"``)."""
+FIGURE_FILE = re.compile(r"page-[1-9][0-9]*-figure-[1-9][0-9]*\.png")
+"""The only names ocrwatch writes inside ``NAME.assets/``, and the only ones it removes there."""
+
 
 def sidecar_names(name: str, template: str) -> dict[str, str]:
     """File names of the three sidecars for a source called ``name`` (template validated in config)."""
-    stem, dot, suffix = name.rpartition(".")
-    base = template.format(name=name, stem=stem if dot else name, suffix=f".{suffix}" if dot else "")
+    base = _base(name, template)
     return {"md": f"{base}.md", "json": f"{base}.json", "error": f"{base}.error.json"}
+
+
+def output_names(name: str, template: str) -> dict[str, str]:
+    """Names of the further outputs beside the sidecars: the searchable PDF (``pdf``) and the figures' folder
+    (``assets``)."""
+    base = _base(name, template)
+    return {"pdf": f"{base}{SEARCHABLE_SUFFIX}", "assets": f"{base}{ASSETS_SUFFIX}"}
+
+
+def is_output(path: str) -> bool:
+    """Whether a path or key (``/``-separated) names a searchable PDF or a figure ocrwatch writes, whatever the
+    template: such a file is never taken for a document, even with those outputs turned off since."""
+    folder, _, name = path.rpartition("/")
+    if name.lower().endswith(SEARCHABLE_SUFFIX):
+        return True
+    return folder.endswith(ASSETS_SUFFIX) and FIGURE_FILE.fullmatch(name) is not None
+
+
+def _base(name: str, template: str) -> str:
+    stem, dot, suffix = name.rpartition(".")
+    return template.format(name=name, stem=stem if dot else name, suffix=f".{suffix}" if dot else "")

@@ -143,7 +143,8 @@ class Budget:
 
 @dataclass
 class PageOutcome:
-    """A finished page: the rendered geometry and what the recognition layer returned."""
+    """A finished page: the rendered geometry, what the recognition layer returned, and what ``extract`` took
+    from the page image while it was still held (the figures cut out of it)."""
 
     index: int
     width: int
@@ -151,6 +152,12 @@ class PageOutcome:
     dpi: float | None
     render_seconds: float
     result: Any
+    figures: tuple[Any, ...] = ()
+
+
+Extract = Callable[[PageRequest, Any], Awaitable[tuple[Any, ...]]]
+"""``extract(request, result)``: what to keep of a recognised page's image (it is let go right after); never
+raises."""
 
 
 @dataclass(eq=False)
@@ -192,8 +199,10 @@ class PageScheduler:
         render_workers: int,
         ageing_seconds: float,
         on_engine_dead: Callable[[], None],
+        extract: Extract | None = None,
     ) -> None:
         self._recognize = recognize
+        self._extract = extract
         self._on_engine_dead = on_engine_dead
         self.budget = Budget(max_inflight, max(render_ahead, 1), render_workers)
         self.ageing_seconds = ageing_seconds
@@ -349,9 +358,13 @@ class PageScheduler:
         )
         self.budget.inflight += 1
         self.budget.inflight_lanes[doc.order.lane] += 1
-        task = self._spawn(self._recognize(doc, request), f"recognize:{request.request_id}")
+        task = self._spawn(self._recognize_page(doc, request), f"recognize:{request.request_id}")
         doc.inflight[request.request_id] = task
         task.add_done_callback(functools.partial(self._page_done, doc, page, request))
+
+    async def _recognize_page(self, doc: Document, request: PageRequest) -> tuple[Any, tuple[Any, ...]]:
+        result = await self._recognize(doc, request)
+        return result, (await self._extract(request, result) if self._extract is not None else ())
 
     def _page_done(self, doc: Document, page: RenderedPage, request: PageRequest, task: asyncio.Task[Any]) -> None:
         """Bookkeeping in a done-callback, so it also runs for a task cancelled before its first step."""
@@ -368,8 +381,9 @@ class PageScheduler:
         elif error is not None:
             self._fail(doc, classify(error))
         else:
+            result, figures = task.result()
             doc.outcomes[page.index] = PageOutcome(
-                page.index, page.width, page.height, page.dpi, page.seconds, task.result()
+                page.index, page.width, page.height, page.dpi, page.seconds, result, figures
             )
             request.image = None
             if len(doc.outcomes) == doc.pages and not doc.future.done():

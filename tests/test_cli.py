@@ -163,3 +163,69 @@ def test_status_and_retry(tmp_path: Path) -> None:
     assert "error: corrupt_pdf: xref broken [failed] " + bad.as_uri() in status.stdout
     assert "1 job(s) queued again" in cli("retry", str(bad)).stdout
     assert json.loads(cli("status", "--json").stdout)["counts"]["queued"] == 2
+
+
+def test_ocr_dir_recurses_skips_current_sidecars_and_force_redoes(tmp_path: Path) -> None:
+    """A folder is walked as an inbox is scanned (its patterns, nothing hidden, no link followed); a second run
+    skips every document whose sidecars record its content, ``--force`` does them again."""
+    folder = tmp_path / "scans"
+    (folder / "a").mkdir(parents=True)
+    (folder / "b" / "deeper").mkdir(parents=True)
+    (folder / ".hidden").mkdir()
+    first = docs.write_png(folder / "a" / "page.png", ["Alpha sheet"])
+    second = docs.write_png(folder / "b" / "page.png", ["Beta sheet"])
+    third = docs.write_pdf(folder / "b" / "deeper" / "two.pdf", [["One"], ["Two"]])
+    docs.write_png(folder / ".hidden" / "secret.png", ["Hidden"])
+    (folder / "notes.txt").write_text("not a document\n")
+    (folder / "b" / "link.png").symlink_to(first)
+    out = tmp_path / "out"
+
+    proc = ocr("--out", out, folder)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 done, 0 skipped, 0 failed" in proc.stdout
+    assert "link.png: a symbolic link, not followed" in proc.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.json")) == [
+        "a/page.png.json", "b/deeper/two.pdf.json", "b/page.png.json",
+    ]  # mirrored below --out: two documents of one name in two folders never share a sidecar
+    assert "Beta" in (out / "b" / "page.png.md").read_text()
+    stamp = (out / "a" / "page.png.json").stat().st_mtime_ns
+
+    again = ocr("--out", out, folder)
+    assert again.returncode == 0 and "0 done, 3 skipped, 0 failed" in again.stdout, again.stderr
+    assert (out / "a" / "page.png.json").stat().st_mtime_ns == stamp
+
+    docs.write_png(second, ["Beta sheet, second edition"])  # changed: no longer current
+    changed = ocr("--out", out, folder)
+    assert "1 done, 2 skipped, 0 failed" in changed.stdout, changed.stderr
+    assert "second edition" in (out / "b" / "page.png.md").read_text()
+
+    forced = ocr("--out", out, "--force", "--pattern", "*.PDF", folder)
+    assert forced.returncode == 0 and "1 done, 0 skipped, 0 failed" in forced.stdout, forced.stderr
+    assert sidecar(out / "b" / "deeper" / "two.pdf", ".json")["source"]["sha256"] == hashlib.sha256(
+        third.read_bytes()
+    ).hexdigest()
+
+    beside = ocr(folder / "a")  # without --out, beside each file
+    assert beside.returncode == 0 and (folder / "a" / "page.png.json").exists(), beside.stderr
+
+
+def test_ocr_lang_is_tesseracts_for_this_run_and_must_be_installed(tmp_path: Path) -> None:
+    page = docs.write_png(tmp_path / "brief.png", ["Sehr geehrte Damen und Herren"])
+    proc = ocr("--lang", "deu", page)
+    assert proc.returncode == 0, proc.stderr
+    assert sidecar(page, ".json")["engine"]["lang"] == "deu"
+    missing = ocr("--lang", "eng+xx_not_installed", page)
+    assert missing.returncode == 2
+    assert "no language data for 'xx_not_installed'" in missing.stderr and "installed: " in missing.stderr
+    wrong_engine = ocr("--lang", "deu", "--engine", "vllm", page)
+    assert wrong_engine.returncode == 2 and "--lang sets Tesseract's language" in wrong_engine.stderr
+
+
+def test_help_states_exit_codes_and_the_config_search_order() -> None:
+    top = subprocess.run([sys.executable, "-m", "ocrwatch", "--help"], capture_output=True, text=True)
+    assert top.returncode == 0
+    for code in ("0 ", "1 ", "2 ", "130 "):
+        assert re.search(rf"^  {code}\s*\S", top.stdout, re.M), top.stdout
+    run = subprocess.run([sys.executable, "-m", "ocrwatch", "run", "--help"], capture_output=True, text=True)
+    said = " ".join(run.stdout.split())
+    assert "$OCRWATCH_CONFIG if set, else ./ocrwatch.toml, else /etc/ocrwatch/config.toml" in said

@@ -46,6 +46,7 @@ RANKS: dict[str, int] = {
     "pipeline": 8,
     "hooks": 8,
     "supervisor": 8,
+    "control": 8,
     "daemon": 9,
     "cli": 9,
     "__main__": 9,

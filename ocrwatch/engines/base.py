@@ -27,13 +27,16 @@ from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.render import Geometry
 
-Images = Literal["placeholder", "drop"]
-"""What becomes of figures in the Markdown (``[output] images``)."""
+Images = Literal["placeholder", "drop", "extract"]
+"""What becomes of figures in the Markdown (``[output] images``); with ``extract`` an engine writes the
+placeholder, which the assembler turns into a link to the figure's file."""
 
 
 @dataclass
 class PageRequest:
-    """One page for the engine; ``priority``: lower runs first; ``page_index`` is 0-based."""
+    """One page for the engine; ``priority``: lower runs first; ``page_index`` is 0-based; ``lang``: the
+    Tesseract languages of the page's inbox (``deu+eng``), None for the engine's own; engines that take no
+    language (vLLM) ignore it."""
 
     request_id: str
     image: Image.Image
@@ -41,6 +44,7 @@ class PageRequest:
     priority: int = 0
     sampling: Sampling = field(default_factory=Sampling)
     page_index: int = 0
+    lang: str | None = None
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """The Tesseract engine: CPU OCR through the ``tesseract`` command, one subprocess per page.
 
-Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on stdin, and
-the TSV answer gives both the Markdown (paragraphs separated by blank lines) and line blocks with boxes, each
-with its words and their boxes (what a searchable PDF places), from one run. No temporary files, so nothing
-to clean up after a kill.
+Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on stdin, in the
+languages of its request (its inbox's ``lang``) or else ``[engine.tesseract] lang``, and the TSV answer gives
+both the Markdown (paragraphs separated by blank lines) and line blocks with boxes, each with its words and
+their boxes (what a searchable PDF places), from one run. No temporary files, so nothing to clean up after a
+kill.
 
 Concurrency: at most ``max_concurrency`` children run at once (``[engine.tesseract] workers``, 0 = one per
 core), each with ``OMP_THREAD_LIMIT=1`` so the cores are not oversubscribed by Tesseract's own threads.
@@ -76,7 +77,7 @@ class TesseractEngine:
         if missing:
             packages = " ".join(f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing)
             raise ConfigError(
-                f"tesseract has no language data for {', '.join(missing)}; "
+                f"[engine.tesseract] lang: tesseract has no language data for {', '.join(missing)}; "
                 f"installed: {', '.join(sorted(available))}",
                 hint=f"install the Debian package(s) {packages}, or change [engine.tesseract] lang",
             )
@@ -127,7 +128,7 @@ class TesseractEngine:
             started = time.monotonic()
             payload, dpi = await asyncio.to_thread(_encode, page.image, self._config.dpi)
             encoded = time.monotonic()
-            tsv = await self._run_page(page.request_id, payload, dpi)
+            tsv = await self._run_page(page.request_id, payload, dpi, page.lang or self._config.lang)
         finished = time.monotonic()
         markdown, blocks = parse_tsv(tsv)
         return Recognition(
@@ -139,9 +140,9 @@ class TesseractEngine:
             timings={"queue": started - queued, "encode": encoded - started, "ocr": finished - encoded},
         )
 
-    async def _run_page(self, request_id: str, payload: bytes, dpi: int) -> str:
+    async def _run_page(self, request_id: str, payload: bytes, dpi: int, lang: str) -> str:
         command = [
-            self._config.binary, "-", "-", "--dpi", str(dpi), "-l", self._config.lang,
+            self._config.binary, "-", "-", "--dpi", str(dpi), "-l", lang,
             "--psm", str(self._config.psm), "tsv",
         ]  # fmt: skip
         stdout, stderr, returncode = await self._communicate(command, payload)

@@ -2,17 +2,21 @@
 
 Sink contract: methods are blocking and called from worker threads, one job at a time per document.
 
-- ``write`` writes the Markdown first and the JSON last (the JSON is the commit marker); each object appears
-  whole or not at all. It checks everything it can before writing anything (every sidecar's name fits, the
-  place is writable, no foreign file holds a name it writes), so a known fault never leaves half a result;
-  once the JSON is written, removing a stale error sidecar never fails the document.
-- ``write_error`` writes the error sidecar, and once it is durable removes the ``md`` and ``json`` sidecars a
-  previous version of the source left: a failed document never keeps an "ok" result for content that is no
-  longer there.
+- ``write`` writes the Markdown first, then the further outputs (``extras``: the searchable PDF, the figures
+  under ``NAME.assets/``), and the JSON last (the JSON is the commit marker); each object appears whole or not
+  at all. It checks everything it can before writing anything (every sidecar's name fits, the place is
+  writable, no foreign file holds a name it writes), so a known fault never leaves half a result; once the JSON
+  is written, removing a stale error sidecar, or outputs a previous version wrote and this one does not, never
+  fails the document.
+- ``write_error`` writes the error sidecar, and once it is durable removes the ``md`` and ``json`` sidecars (and
+  the further outputs) a previous version of the source left: a failed document never keeps an "ok" result for
+  content that is no longer there.
 - Only what ocrwatch wrote is ever replaced or removed. A JSON sidecar is ocrwatch's when its first member is
   ``"schema": "ocrwatch/1"``; a Markdown sidecar when it begins with ``<!-- page`` or its JSON sidecar is
   ocrwatch's. Anything else at a sidecar's name (a user's file, a folder, a FIFO, a link) is refused as
-  ``output_conflict``, naming it.
+  ``output_conflict``, naming it. A further output is ocrwatch's when the JSON sidecar beside it is (a figure
+  also by its own mark, ``figures.is_ours``); only the names ``naming.FIGURE_FILE`` are touched in
+  ``NAME.assets/``.
 - ``recorded`` returns the ``source`` section of the existing JSON sidecar, so a job whose content is unchanged
   is recognised as done without a ledger; it reads a bounded head (``HEAD_BYTES``, through ``json_member``)
   and never blocks on, or reads without limit from, whatever lies at the name.
@@ -24,10 +28,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
+from ocrwatch.naming import FIGURE_FILE
 from ocrwatch.sources.base import Job
 
 HEAD_BYTES = 256 * 1024
@@ -36,14 +42,30 @@ first and take a few kB at most, while the whole file grows with the pages (tens
 
 _SPACE = re.compile(r"\s*")
 
+Extra = bytes | Path
+"""A further output's content: bytes, or a file (in the job's spool folder) copied as it is."""
+NO_EXTRAS: Mapping[str, Extra] = {}
+
+
+def extra_names(extras: Mapping[str, Extra], outputs: dict[str, str]) -> None:
+    """Check that every extra is named as ``naming.output_names`` says (``outputs``): the searchable PDF, or one
+    figure file right inside the assets folder; anything else is a bug, never a path to follow."""
+    for name in extras:
+        folder, _, file = name.rpartition("/")
+        if name != outputs["pdf"] and not (folder == outputs["assets"] and FIGURE_FILE.fullmatch(file)):
+            raise ValueError(f"{name!r} is not a name ocrwatch writes beside {outputs['pdf']!r}")
+
 
 @runtime_checkable
 class Sink(Protocol):
     def recorded(self, job: Job) -> dict[str, Any] | None:
         """The ``source`` section of the job's existing JSON sidecar, or None."""
 
-    def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
-        """Write ``NAME.md`` then ``NAME.json`` atomically, and remove ``NAME.error.json``."""
+    def write(self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS) -> None:
+        """Write ``NAME.md``, the ``extras``, then ``NAME.json`` atomically, and remove ``NAME.error.json``."""
+
+    def status(self, job: Job) -> str | None:
+        """The ``status`` of the job's existing JSON sidecar (``ok``, ``partial``), or None."""
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         """Write ``NAME.error.json`` atomically, then remove the ``NAME.md`` and ``NAME.json`` ocrwatch wrote."""

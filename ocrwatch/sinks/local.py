@@ -1,4 +1,5 @@
-"""Sidecars beside a local source (or mirrored under ``[output] dir``), written atomically.
+"""Sidecars beside a local source (or mirrored under ``[output] dir``, each inbox in a folder of its own),
+written atomically.
 
 Each file is written to a hidden temporary name in the destination folder, flushed, fsynced and renamed over
 the final name, then the folder is fsynced: a reader sees the old file or the new one, never half of one,
@@ -8,7 +9,9 @@ by ``kill -9`` is replaced by the next write of that sidecar instead of piling u
 
 Whatever already lies at a sidecar's name is looked at with ``look``: ``lstat`` first, then a non-blocking open
 that never follows a link, checked again with ``fstat``, and a bounded read. A FIFO, a device, a folder or a
-link there is never opened for reading; with a user's file, they are ``output_conflict`` (``sinks.base``).
+link there is never opened for reading; with a user's file, they are ``output_conflict`` (``sinks.base``), and
+so is the sidecar of another document beside the source that shares its sidecar's name (``{stem}`` makes
+``report.json`` of ``report.pdf`` and ``report.png``): the first keeps it, the other is told why.
 """
 
 from __future__ import annotations
@@ -19,16 +22,18 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sinks.base import HEAD_BYTES, json_member, owns_json, owns_markdown
-from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.sources.base import Job, LocalFile, Origin
 
 log = structlog.get_logger()
 
@@ -156,12 +161,31 @@ def _name_max(folder: Path) -> int:
     return NAME_MAX
 
 
-class LocalSink:
-    """Writes ``NAME.md`` / ``NAME.json`` / ``NAME.error.json`` beside the source file."""
+def inbox_folder(root: Path, roots: Collection[Path]) -> str:
+    """The folder under ``[output] dir`` that mirrors the inbox ``root``: the inbox folder's name, and where
+    several of ``roots`` (every configured inbox) share that name, ``-`` and 8 hex digits of the sha256 of its
+    path after it. Derived from paths alone: the same across restarts and whatever the order of the inboxes."""
+    name = root.name or "root"
+    if sum((other.name or "root") == name for other in roots) < 2:
+        return name
+    return f"{name}-{hashlib.sha256(os.fsencode(root)).hexdigest()[:8]}"
 
-    def __init__(self, name_template: str = "{name}", out_dir: Path | None = None) -> None:
+
+class LocalSink:
+    """Writes ``NAME.md`` / ``NAME.json`` / ``NAME.error.json`` beside the source file, or under ``out_dir``.
+
+    ``inboxes`` returns the configured inboxes as they are now (a reload changes them): with it, each inbox is
+    mirrored under ``out_dir`` in a folder of its own (``inbox_folder``), so two inboxes never share a sidecar;
+    without it (``ocrwatch ocr --out``), every file's sidecars go straight into ``out_dir``."""
+
+    def __init__(
+        self, name_template: str = "{name}", out_dir: Path | None = None,
+        inboxes: Callable[[], Sequence[InboxConfig]] | None = None,
+    ) -> None:  # fmt: skip
         self._template = name_template
         self._out_dir = out_dir
+        self._inboxes = inboxes
+        self._roots: tuple[Sequence[InboxConfig] | None, frozenset[Path]] = (None, frozenset())
 
     def paths(self, job: Job) -> dict[str, Path]:
         origin = job.origin
@@ -173,12 +197,22 @@ class LocalSink:
                 relative = origin.path.parent.relative_to(origin.inbox)
             except ValueError:
                 relative = Path()
-            folder = self._out_dir / relative
+            folder = self._mirror(origin.inbox) / relative
         names = sidecar_names(origin.path.name, self._template)
         for name in names.values():  # the config validates the template; this holds whatever it let through
             if "/" in name or "\0" in name or name in (".", ".."):
                 raise OutputNotWritable(f"the sidecar name {name!r} for {origin.path} would leave its folder")
         return {kind: folder / name for kind, name in names.items()}
+
+    def _mirror(self, inbox: Path) -> Path:
+        """Where the documents of ``inbox`` (a resolved inbox folder) are mirrored under ``out_dir``."""
+        assert self._out_dir is not None
+        if self._inboxes is None:
+            return self._out_dir
+        configs = self._inboxes()
+        if self._roots[0] is not configs:  # resolved once per configuration, not per document
+            self._roots = (configs, frozenset(config.path.expanduser().resolve() for config in configs))
+        return self._out_dir / inbox_folder(inbox, self._roots[1] | {inbox})
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
         try:
@@ -192,18 +226,18 @@ class LocalSink:
 
     def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
         paths = self.paths(job)
-        self._prepare(paths, "md", "json")
+        self._prepare(job, paths, "md", "json")
         atomic_write(paths["md"], _encode_markdown(markdown))
         atomic_write(paths["json"], dump_json(document))
-        self._remove_own(paths, "error")  # the result stands: a stale error sidecar left behind is only untidy
+        self._remove_own(job, paths, "error")  # the result stands: a stale error sidecar left behind is only untidy
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         paths = self.paths(job)
-        self._prepare(paths, "error")
+        self._prepare(job, paths, "error")
         atomic_write(paths["error"], dump_json(error))
-        self._remove_own(paths, "json", "md")  # a previous version's result must not stand for this one
+        self._remove_own(job, paths, "json", "md")  # a previous version's result must not stand for this one
 
-    def _prepare(self, paths: dict[str, Path], *kinds: str) -> None:
+    def _prepare(self, job: Job, paths: dict[str, Path], *kinds: str) -> None:
         """Check before writing anything, so a document never gets half of its sidecars for a known reason:
         every sidecar's name fits the folder (all three: a result whose error sidecar cannot exist is refused
         too), the folder is writable, and nothing but ocrwatch's own files holds the names about to be written."""
@@ -225,16 +259,16 @@ class LocalSink:
                 read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
             reason = "the filesystem is read-only" if read_only else os.strerror(errno.EACCES).lower()
             raise OutputNotWritable(f"cannot write sidecars in {folder}: {reason}")
-        owned = _owned(paths)
+        owned = _owned(paths, job.origin)
         for kind in kinds:
             if (what := owned[kind]) is not None:
                 raise _conflict(paths[kind], what)
 
-    def _remove_own(self, paths: dict[str, Path], *kinds: str) -> None:
-        """Remove the named sidecars where ocrwatch wrote them (in order), never a user's file; a failure is
-        logged, never raised: what was just written stands."""
+    def _remove_own(self, job: Job, paths: dict[str, Path], *kinds: str) -> None:
+        """Remove the named sidecars where ocrwatch wrote them for this document (in order), never a user's
+        file or another document's; a failure is logged, never raised: what was just written stands."""
         try:
-            owned = _owned(paths)
+            owned = _owned(paths, job.origin)
         except OSError as exc:
             log.warning("stale_sidecar_not_removed", path=str(paths[kinds[0]]), error=str(exc))
             return
@@ -254,18 +288,45 @@ class LocalSink:
                 _fsync_dir(paths["json"].parent)
 
 
-def _owned(paths: dict[str, Path]) -> dict[str, str | None]:
-    """Per sidecar: None when its name is free or holds ocrwatch's own file, else what holds it instead."""
+def _owned(paths: dict[str, Path], origin: Origin) -> dict[str, str | None]:
+    """Per sidecar: None when its name is free or holds ocrwatch's own file for ``origin``, else what holds it
+    instead. A Markdown goes with its JSON: ours when the JSON is, another document's when the JSON is."""
     found = {kind: look(path, PROBE_BYTES) for kind, path in paths.items()}
-    json_ours = found["json"] is not None and found["json"].other is None and owns_json(found["json"].head)
+    whose = {
+        kind: _whose(occupant.head, origin)
+        for kind, occupant in found.items()
+        if kind != "md" and occupant is not None and occupant.other is None
+    }
     owned: dict[str, str | None] = {}
     for kind, occupant in found.items():
         if occupant is None or occupant.other is not None:
             owned[kind] = None if occupant is None else occupant.other
-            continue
-        ours = (json_ours or owns_markdown(occupant.head)) if kind == "md" else owns_json(occupant.head)
-        owned[kind] = None if ours else "a file ocrwatch did not write"
+        elif kind != "md":
+            owned[kind] = whose[kind]
+        elif "json" in whose and whose["json"] is None:
+            owned[kind] = None
+        elif (other := whose.get("json")) is not None and other.startswith("the sidecar of"):
+            owned[kind] = other
+        else:
+            owned[kind] = None if owns_markdown(occupant.head) else FOREIGN
     return owned
+
+
+FOREIGN = "a file ocrwatch did not write"
+
+
+def _whose(head: bytes, origin: Origin) -> str | None:
+    """None when a JSON sidecar beginning with ``head`` is ocrwatch's for ``origin``; else whose it is: a user's,
+    or that of another document still beside ``origin`` (whose sidecar takes the same name)."""
+    if not owns_json(head):
+        return FOREIGN
+    source = json_member(head, "source")
+    other = source.get("name") if isinstance(source, dict) else None
+    if not isinstance(origin, LocalFile) or not isinstance(other, str) or other == origin.name:
+        return None
+    if "/" in other or other in ("", ".", "..") or not os.path.lexists(origin.path.parent / other):
+        return None  # its document is gone: a stale sidecar, ocrwatch's to replace
+    return f"the sidecar of {other}, which lies beside {origin.name}"
 
 
 def _conflict(path: Path, what: str) -> OutputConflict:

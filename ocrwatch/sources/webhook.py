@@ -150,7 +150,7 @@ class WebhookSource(S3EventSource):
         if not presented:
             raise _Refused(401, "token required", {"WWW-Authenticate": 'Bearer realm="ocrwatch"'})
         assert self.cfg.token is not None
-        if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self.cfg.token.encode()):
+        if not hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), self.cfg.token.encode()):
             raise _Refused(403, "wrong token")
 
     async def _body(self, request: web.Request) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import signal
@@ -160,6 +161,8 @@ def test_a_client_probing_the_lock_does_not_stop_a_daemon_starting(make_daemon, 
     fds = Path(f"/proc/{daemon.proc.pid}/fd")
 
     def lock_opened() -> bool:  # it tries the lock right after opening the file
+        if daemon.proc.poll() is not None:
+            raise AssertionError(f"the daemon exited with {daemon.proc.returncode}:\n{daemon.log_text()}")
         with contextlib.suppress(OSError):
             return any(os.readlink(fd) == str(lock) for fd in fds.iterdir())
         return False
@@ -180,3 +183,22 @@ def test_a_deep_state_dir_still_has_a_control_socket(make_daemon, tmp_path: Path
     assert proc.returncode == 0 and "handed 1 file(s)" in proc.stderr, proc.stderr
     assert f"daemon: running (pid {daemon.proc.pid}" in cli(daemon, "status").stdout
     assert daemon.stop() == 0 and not (deep / "control.sock").exists()
+
+
+def test_a_malformed_request_gets_an_error_line_and_the_daemon_goes_on(make_daemon) -> None:
+    daemon = make_daemon().start()
+
+    def ask(line: bytes) -> list[dict[str, Any]]:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(30)
+            sock.connect(str(daemon.state / "control.sock"))
+            sock.sendall(line)
+            with sock.makefile("rb") as answer:
+                return [json.loads(event) for event in answer]
+
+    for line in (b"not json\n", b"[1, 2]\n", b'{"op": "reboot"}\n', b'{"op": "ocr", "files": 3}\n'):
+        answer = ask(line)
+        assert len(answer) == 1 and answer[0]["event"] == "error", (line, answer)
+    status = ask(b'{"op": "status"}\n')
+    assert [event["event"] for event in status] == ["status", "end"]
+    assert status[0]["daemon"] == {"pid": daemon.proc.pid, "state": "running", "engine": "tesseract"}

@@ -65,7 +65,7 @@ def parse(
     width: int,
     height: int,
     *,
-    images: Literal["placeholder", "drop"] = "placeholder",
+    images: Literal["placeholder", "drop", "extract"] = "placeholder",
     page_index: int = 0,
 ) -> ParsedPage:
     """Turn one page of model output into blocks and Markdown; ``width``/``height`` are the page's pixels.
@@ -89,7 +89,7 @@ def parse(
         if kind in IMAGE_LABELS:
             figures += 1
             block["name"] = f"page-{page_index + 1}-figure-{figures}"
-            if images == "placeholder":
+            if images != "drop":  # "extract": the assembler links the placeholder to the figure's file
                 parts.append(f"![]({block['name']})")
         if kind == "text" and not body and not boxes:
             continue

@@ -1,0 +1,91 @@
+"""A document's further outputs, made before its sidecars are written: the searchable PDF and the figures.
+
+``prepare`` returns what the sink writes ahead of the JSON (``files``: names relative to the sidecars' folder or
+key prefix, as bytes or as a file in the job's spool folder), the JSON members that describe them
+(``searchable_pdf``, ``figures``: each file's path relative to the JSON, its size and sha256) and the folder the
+Markdown links the figures into. The searchable PDF is built from the job's private copy, the bytes that were
+rendered, in a worker thread. A source whose text layer cannot be built (a PDF qpdf cannot read, one that
+needs a password to change) still gets its Markdown and JSON: the JSON says why, and the log does too; only a
+fault of the place (the spool folder full) is raised, so the document is tried again once it passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+
+from ocrwatch import textlayer
+from ocrwatch.config import OutputConfig
+from ocrwatch.errors import PlaceFault, classify
+from ocrwatch.naming import output_names
+from ocrwatch.scheduler import PageOutcome
+
+log = structlog.get_logger()
+
+SPOOL_NAME = "searchable.pdf"
+
+
+@dataclass(frozen=True)
+class Outputs:
+    files: dict[str, bytes | Path] = field(default_factory=dict)
+    sections: dict[str, Any] = field(default_factory=dict)
+    assets: str | None = None
+
+
+async def prepare(
+    output: OutputConfig, name: str, source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome],
+    spool_dir: Path, stages: dict[str, float], shown: str,
+) -> Outputs:  # fmt: skip
+    """The outputs ``[output]`` asks for, for the source called ``name`` whose private copy is ``source``
+    (``shown``: how errors name it). The searchable PDF's build time goes into ``stages``."""
+    names = output_names(name, output.name_template)
+    result = Outputs()
+    if output.images == "extract":
+        result = Outputs(assets=names["assets"])
+        listed = []
+        for outcome in pages:
+            for figure in outcome.figures:
+                path = f"{names['assets']}/{figure.file}"
+                result.files[path] = figure.png
+                listed.append({"page": figure.page, "name": figure.name, "bbox": list(figure.bbox), "path": path,
+                               "bytes": len(figure.png), "sha256": hashlib.sha256(figure.png).hexdigest()})  # fmt: skip
+        result.sections["figures"] = listed
+    if output.searchable_pdf:
+        started = time.monotonic()
+        out = spool_dir / SPOOL_NAME
+        try:
+            digest, size = await asyncio.to_thread(_build, source, kind, pages, out)
+        except Exception as exc:
+            error = classify(exc)
+            if isinstance(error, PlaceFault):
+                raise
+            error.message = error.message.replace(str(source), shown)
+            log.warning("searchable_pdf_failed", kind=error.kind, error=error.message)
+            result.sections["searchable_pdf"] = {"error": error.as_dict()}
+        else:
+            result.files[names["pdf"]] = out
+            result.sections["searchable_pdf"] = {"path": names["pdf"], "bytes": size, "sha256": digest}
+        stages["searchable_pdf"] = time.monotonic() - started
+    return result
+
+
+def _build(source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome], out: Path) -> tuple[str, int]:
+    """Write the searchable PDF to ``out``; its sha256 and size. Failed pages keep their page and get no text."""
+    texts = [
+        textlayer.page_text(page.width, page.height, page.result.recognition.blocks)
+        if page.result.status == "ok" and page.result.recognition is not None else None
+        for page in pages
+    ]  # fmt: skip
+    textlayer.searchable_pdf(source, kind, texts, out)
+    digest = hashlib.sha256()
+    with open(out, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest(), out.stat().st_size
