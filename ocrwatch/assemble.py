@@ -214,6 +214,7 @@ def document(
         "source": provenance.source,
         "engine": provenance.engine,
         "render": provenance.render,
+        **(outputs or {}),  # before the pages: a sink finds ``searchable_pdf`` in the JSON's first bytes
         "pages": [_page(p, assets) for p in pages],
         "timing": {
             "detected": iso(detected),
@@ -222,7 +223,6 @@ def document(
             "stages": {name: round(value, 4) for name, value in stages.items()},
         },
         "ocrwatch": {"version": __version__, "host": socket.gethostname()},
-        **(outputs or {}),
     }
 
 

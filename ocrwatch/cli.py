@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from ocrwatch import __version__, config as config_module
 from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
-from ocrwatch.engines.base import Engine
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure
 from ocrwatch.naming import sidecar_names
@@ -260,7 +259,7 @@ async def _ocr_here(cfg: Config, order: OcrRequest, report: _Report) -> None:
     try:
         await run_ocr(
             pipeline, LocalSink(cfg.output.name_template, cfg.output.dir), order.files, force=order.force,
-            emit=report.emit, before_first=pipeline.start,
+            emit=report.emit, lang=order.lang, before_first=pipeline.start,
         )  # fmt: skip
     finally:
         await pipeline.close()
@@ -393,37 +392,21 @@ def _retry(cfg: Config, args: argparse.Namespace) -> int:
         count = ledger.retry(selectors)
     finally:
         ledger.close()
-    print(f"{count} job(s) queued again; no daemon is running: the next `ocrwatch run` starts them")
+    from ocrwatch.control import daemon_holds
+
+    if daemon_holds(cfg.state_dir):  # it did not answer (said above)
+        print(f"{count} job(s) queued again; the daemon starts them at its next start or scan")
+    else:
+        print(f"{count} job(s) queued again; no daemon is running: the next `ocrwatch run` starts them")
     return EXIT_OK
 
 
 def _check(cfg: Config, args: argparse.Namespace) -> int:
-    from ocrwatch.engines import registry
+    """One line per check, passed or failed, each as soon as it is known; exit 1 when any failed."""
+    from ocrwatch import checks
 
-    problems: list[str] = []
-    kind, reason = registry.choose(cfg.engine)
-    print(f"engine: {kind} ({reason})")
-    try:
-        engine = registry.build(cfg.engine, cfg.output.images, kind=kind)
-        asyncio.run(_probe_engine(engine))
-        print(f"engine: ok {engine.describe()}")
-    except OcrwatchError as exc:
-        problems.append(f"engine: {exc.kind}: {exc.message} ({exc.hint})")
-    for inbox in cfg.inbox:
-        if not inbox.path.is_dir() and not inbox.create:
-            problems.append(f"inbox {inbox.path}: not a folder")
-        else:
-            print(f"inbox: {inbox.path}")
-    if cfg.s3:
-        from ocrwatch import s3client
-
-        for s3cfg in cfg.s3:
-            problems.extend(s3client.check(s3cfg))
-    for problem in problems:
-        print(f"problem: {problem}", file=sys.stderr)
-    return EXIT_FAILED if problems else EXIT_OK
-
-
-async def _probe_engine(engine: Engine) -> None:
-    await engine.start()
-    await engine.close()
+    failed = False
+    for result in checks.run(cfg):
+        print(result.line(), flush=True)
+        failed = failed or not result.ok
+    return EXIT_FAILED if failed else EXIT_OK

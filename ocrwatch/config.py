@@ -299,6 +299,11 @@ class Config(_Model):
     def prompt_text(self, preset: str) -> str:
         return self.engine.vllm.prompts.get(preset) or PROMPT_PRESETS[preset]
 
+    def inbox_lang(self, root: Path) -> str | None:
+        """The ``lang`` of the inbox whose resolved folder is ``root``; None: ``[engine.tesseract] lang``."""
+        found = (inbox.lang for inbox in self.inbox if inbox.lang and inbox.path.expanduser().resolve() == root)
+        return next(found, None)
+
 
 def _format_error(path: Path | None, error: ValidationError) -> str:
     where = str(path) if path else "<defaults>"

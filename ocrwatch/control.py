@@ -53,7 +53,7 @@ SUN_PATH_MAX = 108
 REQUEST_LIMIT = 64 * 1024 * 1024
 """The longest request line: an ``ocr DIR`` request names every file found."""
 PROGRESS_SECONDS = 0.5
-CONNECT_SECONDS = 10.0
+CONNECT_SECONDS = 5.0
 """How long a client waits for a daemon that holds the lock to answer (it binds the socket right after locking)."""
 REQUEST_PREFIX = "cli:"
 """Source names of ``ocr`` requests: one source per request, so each has its own output folder."""
@@ -106,11 +106,13 @@ class OcrRequest:
 
 async def run_ocr(
     pipeline: Pipeline, sink: LocalSink, files: list[tuple[Path, Path]], *, force: bool, emit: Emit,
-    before_first: Callable[[], Awaitable[None]] | None = None, accepting: Callable[[], bool] = lambda: True,
+    lang: str | None = None, before_first: Callable[[], Awaitable[None]] | None = None,
+    accepting: Callable[[], bool] = lambda: True,
 ) -> None:  # fmt: skip
     """OCR ``files`` through ``pipeline`` without the ledger, emitting each file's page progress and result.
 
-    A file whose JSON sidecar records its very content is skipped unless ``force``. ``before_first`` runs once,
+    A file whose JSON sidecar records its very content is skipped unless ``force``; ``lang``: Tesseract's
+    languages for these files. ``before_first`` runs once,
     before the first job starts (a CLI's own engine is started only when something is left to do);
     ``accepting`` turns False when the daemon stops, and the files not started yet are reported interrupted.
     Cancelled (the client went away), it stops the jobs it started and returns once they have ended."""
@@ -134,7 +136,7 @@ async def run_ocr(
             if not accepting():
                 await emit(_interrupted(path))
                 continue
-            waiting[pipeline.start_job(job, record=False)] = job
+            waiting[pipeline.start_job(job, record=False, lang=lang)] = job
 
     admitting = asyncio.create_task(admit(), name=f"ocr-admit:{name}")
     try:
@@ -156,7 +158,7 @@ async def run_ocr(
         for task in stopping:
             task.cancel()
         await asyncio.gather(admitting, *stopping, return_exceptions=True)
-        pipeline.remove_source(name)
+        del pipeline.sources[name], pipeline.sinks[name]  # none of its jobs runs any more
 
 
 def _current(pipeline: Pipeline, sink: LocalSink, job: Job) -> bool:
@@ -395,7 +397,7 @@ class ControlServer:
         log.info("control_ocr", files=len(order.files), out=None if order.out is None else str(order.out))
         sink = LocalSink(pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir)
         work = asyncio.create_task(run_ocr(
-            pipeline, sink, order.files, force=order.force, emit=send,
+            pipeline, sink, order.files, force=order.force, emit=send, lang=order.lang,
             accepting=lambda: self._host.taking_work() is not None,
         ))  # fmt: skip
         gone = asyncio.create_task(_closed(reader))
@@ -418,15 +420,12 @@ async def _closed(reader: asyncio.StreamReader) -> None:
 
 
 def declines(pipeline: Pipeline, order: OcrRequest) -> str | None:
-    """Why the daemon's engine cannot serve a request (another engine or Tesseract language asked for); None
-    when it can. The client then reads the files with an engine of its own, which never means a second vLLM
-    engine beside the daemon's: it is declined only for an engine the daemon does not run."""
+    """Why the daemon's engine cannot serve a request (another engine asked for: ``--lang`` asks for
+    Tesseract); None when it can. The client then reads the files with an engine of its own, which never means
+    a second vLLM engine beside the daemon's: it is declined only for an engine the daemon does not run."""
     running = pipeline.supervisor.kind
     if order.engine is not None and order.engine != running:
         return f"the running daemon reads with {running}, not {order.engine}"
-    own = pipeline.cfg.engine.tesseract.lang
-    if order.lang is not None and order.lang != own:
-        return f"the running daemon's Tesseract reads {own!r}, not {order.lang!r}"
     return None
 
 
@@ -458,9 +457,8 @@ def daemon_holds(state_dir: Path) -> bool:
 class Client:
     """One connection to the running daemon, for one request."""
 
-    def __init__(self, sock: socket.socket, state_dir: Path) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._state_dir = state_dir
 
     @classmethod
     def connect(cls, state_dir: Path, *, wait: float = CONNECT_SECONDS) -> Client | None:
@@ -475,7 +473,7 @@ class Client:
             try:
                 with _address(path) as address:
                     sock.connect(address)
-                return cls(sock, state_dir)
+                return cls(sock)
             except OSError as exc:
                 sock.close()
                 if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN):

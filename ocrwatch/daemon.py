@@ -24,7 +24,7 @@ from typing import IO, Any
 import structlog
 import tenacity
 
-from ocrwatch import config as config_module
+from ocrwatch import checks, config as config_module
 from ocrwatch.config import Config
 from ocrwatch.control import LOCK_NAME, ControlServer
 from ocrwatch.errors import ConfigError, OcrwatchError
@@ -86,6 +86,7 @@ class Daemon:
         self._spawn(self._exit_when_forced(), "forced-exit")
         self._spawn(self.lag_probe.run(), "loop-lag-probe")
         self._prepare_state_dir()
+        await asyncio.to_thread(checks.preflight, cfg)  # what only the user can fix stops the start (exit 2)
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
         await self._open_control()
         if cfg.metrics.enabled:
@@ -113,7 +114,7 @@ class Daemon:
         cfg = self.cfg
         template = cfg.output.name_template
         self.local = LocalSource(cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template)
-        pipeline.add_source(self.local, LocalSink(template, cfg.output.dir))
+        pipeline.add_source(self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox))
         if not cfg.s3:
             return
         # Imported only when a bucket is configured: boto3 costs start-up time and memory a folder watcher lacks.
@@ -253,6 +254,7 @@ class Daemon:
         sd_notify("RELOADING=1")
         try:
             new = config_module.load(self.config_path)
+            await asyncio.to_thread(checks.require_languages, new)
             assert self.local is not None
             await self.local.update_inboxes(new.inbox)
         except OcrwatchError as exc:
@@ -263,6 +265,8 @@ class Daemon:
             name for name in type(new).model_fields if name != "inbox" and getattr(new, name) != getattr(self.cfg, name)
         ]
         self.cfg = self.cfg.model_copy(update={"inbox": new.inbox})
+        if self.pipeline is not None:
+            self.pipeline.cfg = self.cfg  # each inbox's lang
         if changed:
             log.warning("reload_needs_restart", keys=changed)
         log.info("config_reloaded", inboxes=[str(i.path) for i in new.inbox])

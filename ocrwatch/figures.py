@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -80,6 +80,11 @@ async def extract(request: PageRequest, result: Any) -> tuple[Figure, ...]:
     except Exception as exc:
         log.warning("figures_not_extracted", page=request.page_index + 1, kind=classify(exc).kind, error=str(exc))
         return ()
+
+
+def extractor(images: str) -> Callable[[PageRequest, Any], Awaitable[tuple[Figure, ...]]] | None:
+    """The scheduler's ``extract`` for ``[output] images``: ``extract`` only with ``images = "extract"``."""
+    return extract if images == "extract" else None
 
 
 def link(markdown: str, figures: Sequence[Figure], assets: str) -> str:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 
@@ -25,7 +25,9 @@ from ocrwatch import textlayer
 from ocrwatch.config import OutputConfig
 from ocrwatch.errors import PlaceFault, classify
 from ocrwatch.naming import output_names
+from ocrwatch.render import DocumentInfo
 from ocrwatch.scheduler import PageOutcome
+from ocrwatch.sources.base import LocalFile, Origin
 
 log = structlog.get_logger()
 
@@ -39,16 +41,47 @@ class Outputs:
     assets: str | None = None
 
 
+NONE = Outputs()
+
+
+class Copy(Protocol):
+    """The job's private copy as the pipeline measured it (``pipeline.Probed``)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def info(self) -> DocumentInfo: ...
+
+
 async def prepare(
-    output: OutputConfig, name: str, source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome],
-    spool_dir: Path, stages: dict[str, float], shown: str,
+    output: OutputConfig, origin: Origin, copy: Copy, pages: Sequence[PageOutcome], spool_dir: Path,
+    stages: dict[str, float],
 ) -> Outputs:  # fmt: skip
-    """The outputs ``[output]`` asks for, for the source called ``name`` whose private copy is ``source``
-    (``shown``: how errors name it). The searchable PDF's build time goes into ``stages``."""
-    names = output_names(name, output.name_template)
+    """The outputs ``[output]`` asks for, for the document ``origin`` whose private copy is ``copy``. The
+    searchable PDF's build time goes into ``stages``."""
+    names = output_names(origin.name, output.name_template)
+    source = copy.path
     result = Outputs()
+    if output.searchable_pdf:
+        started = time.monotonic()
+        out = spool_dir / SPOOL_NAME
+        try:
+            digest, size = await asyncio.to_thread(_build, source, copy.info.kind, pages, out)
+        except Exception as exc:
+            error = classify(exc)
+            if isinstance(error, PlaceFault):
+                raise
+            shown = str(origin.path) if isinstance(origin, LocalFile) else origin.uri
+            error.message = error.message.replace(str(source), shown)
+            log.warning("searchable_pdf_failed", kind=error.kind, error=error.message)
+            result.sections["searchable_pdf"] = {"error": error.as_dict()}
+        else:
+            result.files[names["pdf"]] = out
+            result.sections["searchable_pdf"] = {"path": names["pdf"], "bytes": size, "sha256": digest}
+        stages["searchable_pdf"] = time.monotonic() - started
     if output.images == "extract":
-        result = Outputs(assets=names["assets"])
+        result = Outputs(result.files, result.sections, names["assets"])
         listed = []
         for outcome in pages:
             for figure in outcome.figures:
@@ -57,22 +90,6 @@ async def prepare(
                 listed.append({"page": figure.page, "name": figure.name, "bbox": list(figure.bbox), "path": path,
                                "bytes": len(figure.png), "sha256": hashlib.sha256(figure.png).hexdigest()})  # fmt: skip
         result.sections["figures"] = listed
-    if output.searchable_pdf:
-        started = time.monotonic()
-        out = spool_dir / SPOOL_NAME
-        try:
-            digest, size = await asyncio.to_thread(_build, source, kind, pages, out)
-        except Exception as exc:
-            error = classify(exc)
-            if isinstance(error, PlaceFault):
-                raise
-            error.message = error.message.replace(str(source), shown)
-            log.warning("searchable_pdf_failed", kind=error.kind, error=error.message)
-            result.sections["searchable_pdf"] = {"error": error.as_dict()}
-        else:
-            result.files[names["pdf"]] = out
-            result.sections["searchable_pdf"] = {"path": names["pdf"], "bytes": size, "sha256": digest}
-        stages["searchable_pdf"] = time.monotonic() - started
     return result
 
 

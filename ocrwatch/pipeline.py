@@ -26,7 +26,8 @@ from typing import Any
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
-from ocrwatch import assemble, ladder, render
+from ocrwatch import assemble, figures, ladder, outputs, render
+from ocrwatch.archive import Archiver
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.errors import (
@@ -47,7 +48,7 @@ from ocrwatch.scheduler import (
     Document, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
-from ocrwatch.sinks.base import Sink
+from ocrwatch.sinks.base import Sink, recorded_fingerprint
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object, Source
 from ocrwatch.sources.beneath import Signature, inspect, measure
 from ocrwatch.supervisor import EngineSupervisor
@@ -93,6 +94,7 @@ class Pipeline:
         self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)  # one for every render worker
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
+        self.archive = Archiver(cfg.output, self.sources, self.sinks)  # what becomes of a source once it is done
         self.scheduler: PageScheduler | None = None
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
@@ -100,10 +102,12 @@ class Pipeline:
         self._jobs: dict[str, Job] = {}  # key → the job its task runs
         self._holding: set[str] = set()  # keys of the jobs in a slot now
         self._documents: dict[str, Document] = {}  # key → its pages in the scheduler, while they are recognised
-        self._unrecorded: set[str] = set()  # keys of jobs run without the ledger (``ocrwatch ocr`` handed over)
+        # Jobs run without the ledger (``ocrwatch ocr``): key → the Tesseract languages asked for (None: the inbox's)
+        self._unrecorded: dict[str, str | None] = {}
         self._draining = asyncio.Event()
         self._executors: dict[str, Executor] = {}
         self._read: dict[str, str] = {}  # job key → sha256 of the bytes fetched, for an error sidecar
+        self._langs: dict[str, str] = {}  # job id → its inbox's Tesseract languages, while its pages are recognised
 
     async def start(self) -> None:
         """Start the engine, then size the scheduler and the document slots from what it can take."""
@@ -112,12 +116,12 @@ class Pipeline:
         sched = self.cfg.scheduler
         max_inflight = sched.max_inflight_pages or engine.max_concurrency
         self.scheduler = PageScheduler(
-            lambda doc, request: self._recognize(request),
+            lambda doc, request: self._recognize(dataclasses.replace(request, lang=self._langs.get(doc.doc_id))),
             max_inflight=max_inflight,
             render_ahead=sched.render_ahead or auto_render_ahead(max_inflight),
             render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
             ageing_seconds=sched.ageing_seconds,
-            on_engine_dead=self.supervisor.dead,
+            on_engine_dead=self.supervisor.dead, extract=figures.extractor(self.cfg.output.images),
         )
         self.supervisor.scheduler = self.scheduler
         self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
@@ -171,9 +175,15 @@ class Pipeline:
             return
         if self.ledger is not None and not await self._ledger("admit", job, fingerprint):
             row = await self._ledger("known", job.key)
-            if row is not None and row.state in ("done", "failed"):
+            if row is None or row.state not in ("done", "failed"):
+                return
+            if row.state == "failed" or await self._offload(job, self.already_written, job, fingerprint):
                 await self.sources[job.source].finish(job, row.state)
-            return
+                return
+            # Done with this very content, yet no sidecar records it (deleted, or another's now): done again.
+            log.info("job_sidecars_missing", job_id=job_id(job), uri=job.origin.uri)
+            await self._ledger("set_state", job.key, "queued")
+            await self._ledger("release_attempt", job.key)  # the next run's attempt replaces the finished run's
         self.start_job(job)
 
     def _fingerprint(self, job: Job) -> Fingerprint | None:
@@ -198,7 +208,7 @@ class Pipeline:
     def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
         """Whether the job's sidecars already describe this very content (blocking: the sink reads them)."""
         recorded = self.sinks[job.source].recorded(job)
-        return recorded is not None and same_content(_recorded_fingerprint(recorded), fingerprint)
+        return recorded is not None and same_content(recorded_fingerprint(recorded), fingerprint)
 
     async def _done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
         """A job whose sidecars describe its content is done without a run: recorded so and acknowledged."""
@@ -207,12 +217,13 @@ class Pipeline:
         await self._ledger("admit", job, fingerprint)
         await self._ledger("mark_done", job.key)
         log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
+        await self._offload(job, self.archive.settle, job, None, fingerprint.sha256, None)  # if a stop came between
         await self.sources[job.source].finish(job, "done")
         return True
 
-    def start_job(self, job: Job, *, record: bool = True) -> asyncio.Task[str]:
+    def start_job(self, job: Job, *, record: bool = True, lang: str | None = None) -> asyncio.Task[str]:
         """Run the job in a task of its own, unless it already runs; the task's result is its final status.
-        ``record=False``: the ledger never hears of it, as when ``ocrwatch ocr`` runs without a daemon."""
+        ``record=False``: the ledger never hears of it (``ocrwatch ocr``), and ``lang`` overrides its inbox's."""
         existing = self._tasks.get(job.key)
         if existing is not None and not existing.done():
             return existing
@@ -220,7 +231,7 @@ class Pipeline:
         self._tasks[job.key] = task
         self._jobs[job.key] = job
         if not record:
-            self._unrecorded.add(job.key)
+            self._unrecorded[job.key] = lang
         task.add_done_callback(functools.partial(self._forget, job.key))
         return task
 
@@ -228,7 +239,7 @@ class Pipeline:
         if self._tasks.get(key) is task:
             del self._tasks[key]
             del self._jobs[key]
-            self._unrecorded.discard(key)
+            self._unrecorded.pop(key, None)
             self._read.pop(key, None)
 
     def progress(self) -> list[Progress]:
@@ -239,11 +250,6 @@ class Pipeline:
             done, total = (len(document.outcomes), document.pages) if document is not None else (0, None)
             out.append(Progress(job, key in self._holding, done, total))
         return out
-
-    def remove_source(self, name: str) -> None:
-        """Forget a source added for one request, once none of its jobs runs any more."""
-        self.sources.pop(name, None)
-        self.sinks.pop(name, None)
 
     def update_gauges(self) -> None:
         """Queue depths, documents admitted and the oldest unfinished job: cheap enough for every scrape."""
@@ -388,12 +394,14 @@ class Pipeline:
             with _timed(stages, "pages"):
                 pages = await self.render_and_recognize(job, session, probed)
             await self._ledger("set_state", job.key, "writing")
+            made = await outputs.prepare(self.cfg.output, job.origin, probed, pages, session.spool_dir, stages)
             with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
-                document = self.assemble_document(job, engine, probed, pages, started, stages)
+                document = self.assemble_document(job, engine, probed, pages, started, stages, made)
                 event = await self._hold(job, document)  # before it is published
-                await self.write_sidecars(job, pages, document)
+                await self.write_sidecars(job, assemble.markdown(pages, made.assets), document, made)
         await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
         await self._ledger("mark_done", job.key)
+        await self._offload(job, self.archive.settle, job, document["status"], probed.sha256, probed.changed)
         await self.hooks.release(event)
         self._record_success(job, document["status"], stages)
         await self.sources[job.source].finish(job, "done")
@@ -427,6 +435,13 @@ class Pipeline:
                     render.page_dpi(width, height, spec)  # raises for a page too large at any usable resolution
         return Probed(path, fetched.changed, info, spec, digest)
 
+    def _lang(self, job: Job) -> str | None:
+        """The Tesseract languages asked for the job (``ocrwatch ocr --lang``), else those of its inbox
+        (``[[inbox]] lang``); None: the engine's own."""
+        if (asked := self._unrecorded.get(job.key)) is not None:
+            return asked
+        return self.cfg.inbox_lang(job.origin.inbox) if isinstance(job.origin, LocalFile) else None
+
     async def render_and_recognize(self, job: Job, session: DocumentSession, probed: Probed) -> list[PageOutcome]:
         """Every page through the shared scheduler, in order. A source rewritten meanwhile is tried again
         whole rather than given pages of two versions."""
@@ -440,6 +455,8 @@ class Pipeline:
             render=functools.partial(self._render_page, probed.path, probed.info, probed.spec),
         )
         self._documents[job.key] = session.document
+        if (lang := self._lang(job)) is not None:
+            self._langs[session.job_id] = lang
         try:
             with _naming(probed.path, job.origin):
                 pages = await session.document.future
@@ -449,6 +466,7 @@ class Pipeline:
             raise
         finally:
             self._documents.pop(job.key, None)
+            self._langs.pop(session.job_id, None)
         # Checked after recognition, before anything is written: sidecars never describe a version that was
         # replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and mtime).
         if await asyncio.to_thread(probed.changed):
@@ -457,22 +475,21 @@ class Pipeline:
 
     def assemble_document(
         self, job: Job, engine: Engine, probed: Probed, pages: list[PageOutcome], started: float,
-        stages: dict[str, float],
+        stages: dict[str, float], made: outputs.Outputs = outputs.NONE,
     ) -> dict[str, Any]:  # fmt: skip
         """The JSON sidecar: the pages with where they came from, what read them and how long it took."""
         spec = probed.spec
         provenance = assemble.Provenance(
             source=assemble.source_section(job, probed.path, probed.sha256, probed.info.mime),
-            engine=engine.describe() | {"prompt": self.cfg.prompt_text(job.prompt)},
+            engine=_described(engine, self._lang(job)) | {"prompt": self.cfg.prompt_text(job.prompt)},
             render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
         )
-        return assemble.document(
-            provenance, pages, detected=job.detected_at, started=started, finished=time.time(), stages=stages
-        )
+        return assemble.document(provenance, pages, detected=job.detected_at, started=started, finished=time.time(),
+                                 stages=stages, assets=made.assets, outputs=made.sections)  # fmt: skip
 
-    async def write_sidecars(self, job: Job, pages: list[PageOutcome], document: dict[str, Any]) -> None:
-        """The Markdown, then the JSON (the commit marker), through the job's sink."""
-        await self._offload(job, self.sinks[job.source].write, job, assemble.markdown(pages), document)
+    async def write_sidecars(self, job: Job, markdown: str, document: dict[str, Any], made: outputs.Outputs) -> None:
+        """The Markdown, the further outputs, then the JSON (the commit marker), through the job's sink."""
+        await self._offload(job, self.sinks[job.source].write, job, markdown, document, made.files)
 
     def _render_page(
         self, path: Path, info: render.DocumentInfo, spec: render.RenderSpec, index: int
@@ -568,17 +585,15 @@ def _naming(spool: Path, origin: Origin) -> Iterator[None]:
         raise
 
 
+def _described(engine: Engine, lang: str | None) -> dict[str, Any]:
+    """What the sidecar records of the engine: an engine that states its languages states the page's."""
+    described = engine.describe()
+    return described | {"lang": lang} if lang is not None and "lang" in described else described
+
+
 def _same_stat(recorded: Fingerprint, now: Signature) -> bool:
     """Whether a file's stat still matches the one recorded with its fingerprint: inode and ctime too, since
     a replacement can keep size and mtime (``touch -r``); an old row without them never matches."""
     return recorded.inode is not None and (recorded.size, recorded.mtime_ns, recorded.inode, recorded.ctime_ns) == (
         now.size, now.mtime_ns, now.inode, now.ctime_ns
-    )
-
-
-def _recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:
-    """The fingerprint a JSON sidecar's ``source`` section records."""
-    return Fingerprint(
-        size=int(recorded.get("bytes") or 0), mtime_ns=None, sha256=recorded.get("sha256"),
-        etag=recorded.get("etag"), version_id=recorded.get("version_id"),
     )

@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-if ! command -v pdftoppm >/dev/null || ! command -v tesseract >/dev/null || ! command -v qpdf >/dev/null; then
+if ! command -v pdftoppm >/dev/null || ! command -v tesseract >/dev/null || ! command -v qpdf >/dev/null \
+    || ! tesseract --list-langs 2>/dev/null | grep -x deu >/dev/null; then
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends poppler-utils qpdf tesseract-ocr tesseract-ocr-eng >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends poppler-utils qpdf tesseract-ocr tesseract-ocr-eng tesseract-ocr-deu >/dev/null
 fi
 if [ -x tests/install_s3_servers.sh ] || [ -f tests/install_s3_servers.sh ]; then
   bash tests/install_s3_servers.sh

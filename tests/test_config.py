@@ -140,3 +140,22 @@ def test_cli_exit_code_2_on_invalid_config(tmp_path: Path) -> None:
 def test_replica_processes_auto_means_several_replicas(tmp_path: Path, text: str, expected: bool) -> None:
     cfg = config.load(write(tmp_path, f"[engine.vllm]\n{text}\n"))
     assert cfg.engine.vllm.in_processes is expected
+
+
+def test_a_relative_output_dir_is_relative_to_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)  # not the file's folder
+    cfg = config.load(write(folder, "[output]\ndir = 'out'\n"))
+    assert cfg.output.dir == folder / "out"
+    assert config.load(write(folder, "[output]\ndir = '/srv/out'\n")).output.dir == Path("/srv/out")
+
+
+def test_an_inbox_lang_is_tesseract_languages_found_by_its_folder(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path, "[[inbox]]\npath = 'de'\nlang = 'deu+eng'\n[[inbox]]\npath = 'en'\n"))
+    assert cfg.inbox_lang(tmp_path / "de") == "deu+eng"
+    assert cfg.inbox_lang(tmp_path / "en") is None  # [engine.tesseract] lang
+    assert cfg.inbox[0].lang == "deu+eng" and config.load(write(tmp_path, "[[inbox]]\nlang = 'script/Latin'\n"))
+    for bad in ("", "-psm 0", "eng+", "deu eng", "../eng"):
+        with pytest.raises(ConfigError, match="inbox.0.lang"):
+            config.load(write(tmp_path, f"[[inbox]]\nlang = '{bad}'\n"))

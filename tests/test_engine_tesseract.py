@@ -277,6 +277,38 @@ def test_tesseract_failure_raises_engine_failed_with_its_stderr() -> None:
     assert failure.value.retryable
 
 
+DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")  # Pillow's bundled font has no umlauts
+
+
+def german_page() -> Image.Image:
+    image = Image.new("L", (1240, 400), 255)
+    font = ImageFont.truetype(str(DEJAVU), 48)
+    ImageDraw.Draw(image).text((60, 60), "Die Größe der Straße", font=font, fill=0)
+    return image
+
+
+def test_a_request_s_lang_is_the_language_tesseract_reads() -> None:
+    """Each page is read in its request's languages (an inbox's ``lang``), else the engine's own."""
+
+    async def main() -> None:
+        engine = await started(lang="eng")
+        page = draw_page(LINES[:1], LINE_TOPS[:1])
+        try:
+            assert "quick brown fox" in (await engine.recognize(PageRequest("own", page, prompt=""))).markdown
+            with pytest.raises(EngineFailed, match="Failed loading language 'zzz'"):  # it reached tesseract's -l
+                await engine.recognize(PageRequest("other", page, prompt="", lang="zzz"))
+            if DEJAVU.exists() and "deu" in subprocess.run(["tesseract", "--list-langs"], capture_output=True,
+                                                           text=True).stdout.split():  # fmt: skip
+                german = german_page()
+                read = await engine.recognize(PageRequest("de", german, prompt="", lang="deu"))
+                assert "Größe der Straße" in read.markdown
+                assert "Größe" not in (await engine.recognize(PageRequest("en", german, prompt=""))).markdown
+        finally:
+            await engine.close()
+
+    run(main)
+
+
 def test_start_names_a_missing_binary_and_its_package(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as failure:
         run(lambda: started(binary=str(tmp_path / "tesseract")))

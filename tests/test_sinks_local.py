@@ -221,3 +221,48 @@ def test_a_name_whose_error_sidecar_cannot_exist_is_refused_before_anything_is_w
         LocalSink().write(job, PAGES, OURS)
     assert "255" in refused.value.message and "shorter" in refused.value.hint
     assert [p.name for p in tmp_path.iterdir()] == ["n" * 246 + ".pdf"]
+
+
+def test_each_inbox_is_mirrored_in_a_folder_of_its_own(tmp_path: Path) -> None:
+    """Two inboxes holding the same relative name never share a sidecar under ``[output] dir``; the folder is the
+    inbox's name, with a suffix from its path only where two inboxes share a name, whatever their order."""
+    from ocrwatch.config import InboxConfig
+
+    a, b, scans = tmp_path / "a", tmp_path / "b", tmp_path / "site" / "a"
+    configs = (InboxConfig(path=a), InboxConfig(path=b))
+    out = tmp_path / "out"
+    sink = LocalSink(out_dir=out, inboxes=lambda: configs)
+    jobs = {}
+    for inbox in (a, b):
+        (inbox / "sub").mkdir(parents=True)
+        (inbox / "sub" / "report.pdf").write_bytes(b"%PDF-1.4")
+        jobs[inbox] = Job(origin=LocalFile(inbox / "sub" / "report.pdf", inbox), source="local")
+        sink.write(jobs[inbox], PAGES, OURS | {"source": {"sha256": inbox.name * 64, "bytes": 8}})
+    assert sink.recorded(jobs[a])["sha256"] == "a" * 64 and sink.recorded(jobs[b])["sha256"] == "b" * 64
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.json")) == [
+        "a/sub/report.pdf.json", "b/sub/report.pdf.json",
+    ]
+    assert local_sink.inbox_folder(a, {a, b}) == "a"
+    named = local_sink.inbox_folder(a, {b, scans, a})
+    assert named.startswith("a-") and len(named) == 10 and named == local_sink.inbox_folder(a, {scans, a})
+    assert local_sink.inbox_folder(scans, {a, scans}) not in (named, "a")
+
+
+def test_a_sidecar_name_two_documents_share_is_a_conflict_not_an_overwrite(tmp_path: Path) -> None:
+    """``{stem}`` gives report.pdf and report.png one ``report.json``: the second is refused, naming the first,
+    whose sidecars its error sidecar leaves alone; once report.pdf is gone, its stale sidecar is replaced."""
+    from ocrwatch.errors import OutputConflict
+
+    sink = LocalSink("{stem}")
+    pdf, first = _source(tmp_path, "report.pdf")
+    _, second = _source(tmp_path, "report.png")
+    sink.write(first, PAGES, OURS | {"source": {"name": "report.pdf", "sha256": "1" * 64, "bytes": 8}})
+    with pytest.raises(OutputConflict, match="the sidecar of report.pdf"):
+        sink.write(second, PAGES.replace("new", "other"), OURS | {"source": {"name": "report.png"}})
+    assert sink.recorded(second) == sink.recorded(first) == {"name": "report.pdf", "sha256": "1" * 64, "bytes": 8}
+    sink.write_error(second, {"schema": SCHEMA_ID, "status": "failed", "source": {"name": "report.png"}})
+    assert (tmp_path / "report.json").exists() and "new text" in (tmp_path / "report.md").read_text()
+    pdf.unlink()
+    sink.write(second, PAGES.replace("new", "other"), OURS | {"source": {"name": "report.png"}})
+    assert "other text" in (tmp_path / "report.md").read_text()
+    assert sink.recorded(second) == {"name": "report.png"} and not (tmp_path / "report.error.json").exists()

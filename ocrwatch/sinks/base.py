@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
+from ocrwatch.ledger import Fingerprint
 from ocrwatch.naming import FIGURE_FILE
 from ocrwatch.sources.base import Job
 
@@ -78,6 +79,14 @@ def json_member(head: bytes, name: str) -> Any:
         if key == name:
             return value
     return None
+
+
+def recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:
+    """The fingerprint a JSON sidecar's ``source`` section (what ``recorded`` returns) records."""
+    return Fingerprint(
+        size=int(recorded.get("bytes") or 0), mtime_ns=None, sha256=recorded.get("sha256"),
+        etag=recorded.get("etag"), version_id=recorded.get("version_id"),
+    )
 
 
 def owns_json(head: bytes) -> bool:

@@ -21,8 +21,9 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ import structlog
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
-from ocrwatch.naming import sidecar_names
-from ocrwatch.sinks.base import HEAD_BYTES, json_member, owns_json, owns_markdown
+from ocrwatch.naming import output_names, sidecar_names
+from ocrwatch.sinks import extras as further
+from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
 from ocrwatch.sources.base import Job, LocalFile, Origin
 
 log = structlog.get_logger()
@@ -41,7 +43,8 @@ TMP_MARKER = ".ocrwatch-tmp-"
 NAME_MAX = 255
 """File-name limit where the folder's own (``pathconf``) cannot be learnt."""
 PROBE_BYTES = 4096
-"""Read of a file at a sidecar's name to tell whose it is: its first member, or its first line, is enough."""
+"""Read of a file at a sidecar's name to tell whose it is: its first members, or its first line, are enough."""
+FOREIGN = "a file ocrwatch did not write"
 
 
 def temporary_path(path: Path) -> Path:
@@ -51,15 +54,20 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(os.fsdecode(b"." + name[:80]) + TMP_MARKER + tag)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is always either absent, the old content or all of ``data``."""
+def atomic_write(path: Path, data: bytes | Path) -> None:
+    """Write ``data`` (bytes, or a file's content) to ``path`` so that ``path`` is always either absent, the old
+    content or all of ``data``."""
     tmp = temporary_path(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # a leftover of a killed write (unlinking a symlink never touches its target)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            if isinstance(data, Path):
+                with open(data, "rb") as content:
+                    shutil.copyfileobj(content, handle, 1 << 20)
+            else:
+                handle.write(data)
             handle.flush()
             os.fchmod(handle.fileno(), 0o644)  # by descriptor: a name swapped for a symlink cannot redirect it
             os.fsync(handle.fileno())
@@ -224,18 +232,45 @@ class LocalSink:
         source = json_member(found.head, "source")
         return source if isinstance(source, dict) else None
 
-    def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
-        paths = self.paths(job)
+    def write(self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS) -> None:
+        paths, outputs = self.paths(job), self.outputs(job)
+        extra_names(extras, {kind: path.name for kind, path in outputs.items()})
         self._prepare(job, paths, "md", "json")
+        pdf_ours = _records_pdf(paths["json"], job.origin)  # the previous result's, if ocrwatch wrote it
+        further.check(outputs, extras, pdf_ours, look, _conflict)
         atomic_write(paths["md"], _encode_markdown(markdown))
+        for name, content in extras.items():
+            target = paths["json"].parent / name
+            if target.parent == outputs["assets"]:
+                further.make_assets(target.parent, _fsync_dir)
+            atomic_write(target, content)
         atomic_write(paths["json"], dump_json(document))
         self._remove_own(job, paths, "error")  # the result stands: a stale error sidecar left behind is only untidy
+        further.remove_stale(outputs, set(extras), pdf=pdf_ours, look=look, fsync_dir=_fsync_dir)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         paths = self.paths(job)
         self._prepare(job, paths, "error")
+        pdf_ours = _records_pdf(paths["json"], job.origin)
         atomic_write(paths["error"], dump_json(error))
         self._remove_own(job, paths, "json", "md")  # a previous version's result must not stand for this one
+        further.remove_stale(self.outputs(job), (), pdf=pdf_ours, look=look, fsync_dir=_fsync_dir)
+
+    def outputs(self, job: Job) -> dict[str, Path]:
+        """Where the job's further outputs go, beside its JSON sidecar: ``pdf``, the searchable PDF, and
+        ``assets``, the figures' folder."""
+        folder = self.paths(job)["json"].parent
+        return {kind: folder / name for kind, name in output_names(job.origin.name, self._template).items()}
+
+    def status(self, job: Job) -> str | None:
+        try:
+            found = look(self.paths(job)["json"], PROBE_BYTES)
+        except OSError:
+            return None
+        if found is None or found.other is not None or _whose(found.head, job.origin) is not None:
+            return None
+        status = json_member(found.head, "status")
+        return status if isinstance(status, str) else None
 
     def _prepare(self, job: Job, paths: dict[str, Path], *kinds: str) -> None:
         """Check before writing anything, so a document never gets half of its sidecars for a known reason:
@@ -303,16 +338,11 @@ def _owned(paths: dict[str, Path], origin: Origin) -> dict[str, str | None]:
             owned[kind] = None if occupant is None else occupant.other
         elif kind != "md":
             owned[kind] = whose[kind]
-        elif "json" in whose and whose["json"] is None:
-            owned[kind] = None
-        elif (other := whose.get("json")) is not None and other.startswith("the sidecar of"):
-            owned[kind] = other
+        elif (json_whose := whose.get("json", FOREIGN)) != FOREIGN:
+            owned[kind] = json_whose  # None (ours) or another document's
         else:
             owned[kind] = None if owns_markdown(occupant.head) else FOREIGN
     return owned
-
-
-FOREIGN = "a file ocrwatch did not write"
 
 
 def _whose(head: bytes, origin: Origin) -> str | None:
@@ -324,9 +354,19 @@ def _whose(head: bytes, origin: Origin) -> str | None:
     other = source.get("name") if isinstance(source, dict) else None
     if not isinstance(origin, LocalFile) or not isinstance(other, str) or other == origin.name:
         return None
-    if "/" in other or other in ("", ".", "..") or not os.path.lexists(origin.path.parent / other):
+    if "/" in other or "\0" in other or other in ("", ".", "..") or not os.path.lexists(origin.path.parent / other):
         return None  # its document is gone: a stale sidecar, ocrwatch's to replace
     return f"the sidecar of {other}, which lies beside {origin.name}"
+
+
+def _records_pdf(path: Path, origin: Origin) -> bool:
+    """Whether the JSON sidecar at ``path`` is ocrwatch's for ``origin`` and records a searchable PDF, which is
+    then ocrwatch's to replace or remove."""
+    found = look(path, HEAD_BYTES)
+    if found is None or found.other is not None or _whose(found.head, origin) is not None:
+        return False
+    section = json_member(found.head, "searchable_pdf")
+    return isinstance(section, dict) and "path" in section
 
 
 def _conflict(path: Path, what: str) -> OutputConflict:

@@ -4,7 +4,9 @@
 ``report.pdf.error.json`` (``application/json``), named by ``sidecar_names`` like local sidecars. A PUT is atomic
 (an object appears whole or not at all), so no temporary names are needed; the JSON goes last and is the
 commit marker. Every sidecar carries ``ocrwatch-source-etag`` (and ``ocrwatch-source-version-id``) metadata,
-linking it to the exact source it describes. The source never takes these keys for documents.
+linking it to the exact source it describes. The source never takes these keys for documents. The further
+outputs go beside them, before the JSON: ``report.pdf.ocr.pdf`` (``application/pdf``) and the figures under
+``report.pdf.assets/`` (``image/png``); a previous version's figures are found by listing that prefix.
 
 The sink contract (``sinks.base``) holds here as for local files: every sidecar's key must fit S3's 1024 bytes
 before anything is written (a key that cannot exist holds nothing, so ``recorded`` is None for it rather than
@@ -14,6 +16,8 @@ recognised by a bounded ranged read of their head; a failure removes the previou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
@@ -21,9 +25,10 @@ import structlog
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
-from ocrwatch.naming import sidecar_names
+from ocrwatch import figures
+from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
-from ocrwatch.sinks.base import HEAD_BYTES, json_member, owns_json, owns_markdown
+from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.sources.base import Job, S3Object
 
@@ -31,6 +36,7 @@ log = structlog.get_logger()
 
 MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
+CONTENT_TYPES = {".pdf": "application/pdf", ".png": "image/png"}
 MAX_KEY_BYTES = 1024
 PROBE_BYTES = 4096
 _ABSENT = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
@@ -61,18 +67,80 @@ class S3Sink:
         source = json_member(head, "source")
         return source if isinstance(source, dict) else None
 
-    def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
+    def outputs(self, job: Job) -> dict[str, str]:
+        """The keys of the job's further outputs: ``pdf``, the searchable PDF, and ``assets``, the figures'
+        prefix (without its ``/``)."""
+        _, keys = self.location(job)
+        folder = keys["json"][: len(keys["json"]) - len(keys["json"].rpartition("/")[2])]
+        return {kind: folder + name for kind, name in output_names(_origin(job).name, self.name_template).items()}
+
+    def status(self, job: Job) -> str | None:
         bucket, keys = self.location(job)
-        self._prepare(bucket, keys, "md", "json")
+        head = self._head(bucket, keys["json"], PROBE_BYTES)
+        status = json_member(head, "status") if head is not None and owns_json(head) else None
+        return status if isinstance(status, str) else None
+
+    def write(self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS) -> None:
+        bucket, keys = self.location(job)
+        outputs = self.outputs(job)
+        extra_names(extras, {kind: key.rpartition("/")[2] for kind, key in outputs.items()})
+        folder = outputs["pdf"][: len(outputs["pdf"]) - len(outputs["pdf"].rpartition("/")[2])]
+        targets = {folder + name: content for name, content in extras.items()}
+        self._prepare(bucket, {**keys, **{name: name for name in targets}}, "md", "json")
+        pdf_ours = self._records_pdf(bucket, keys["json"])
+        self._check_extras(bucket, outputs, targets, pdf_ours)
         self._put(job, bucket, keys["md"], markdown.encode("utf-8"), MARKDOWN)
+        for key, content in targets.items():
+            self._put(job, bucket, key, content, CONTENT_TYPES[key[key.rfind("."):]])
         self._put(job, bucket, keys["json"], dump_json(document), JSON)
         self._remove_own(bucket, keys, "error")  # the result stands: a stale error sidecar left is only untidy
+        self._remove_stale(bucket, outputs, set(targets), pdf_ours)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
         self._prepare(bucket, keys, "error")
+        pdf_ours = self._records_pdf(bucket, keys["json"])
         self._put(job, bucket, keys["error"], dump_json(error), JSON)
         self._remove_own(bucket, keys, "json", "md")  # a previous version's result must not stand for this one
+        self._remove_stale(bucket, self.outputs(job), set(), pdf_ours)
+
+    # -- the further outputs: checked before writing, removed once no result describes them
+
+    def _records_pdf(self, bucket: str, key: str) -> bool:
+        """Whether the JSON sidecar at ``key`` is ocrwatch's and records a searchable PDF (then ocrwatch's)."""
+        head = self._head(bucket, key, HEAD_BYTES)
+        section = json_member(head, "searchable_pdf") if head is not None and owns_json(head) else None
+        return isinstance(section, dict) and "path" in section
+
+    def _check_extras(self, bucket: str, outputs: dict[str, str], targets: Mapping[str, Extra], pdf_ours: bool) -> None:
+        for key in targets:
+            head = self._head(bucket, key, PROBE_BYTES)
+            ours = pdf_ours if key == outputs["pdf"] else head is not None and figures.is_ours(head)
+            if head is not None and not ours:
+                raise OutputConflict(
+                    f"s3://{bucket}/{key} is an object ocrwatch did not write; ocrwatch writes an output there and "
+                    "replaces only its own",
+                    hint="move that object away (or set output_bucket/output_prefix), then `ocrwatch retry`",
+                )
+
+    def _remove_stale(self, bucket: str, outputs: dict[str, str], kept: set[str], pdf_ours: bool) -> None:
+        """Delete the outputs a previous version wrote that are not in ``kept``: the searchable PDF its JSON
+        recorded, and the figures under the assets prefix that carry ocrwatch's mark. Logged, never raised."""
+        doomed = [outputs["pdf"]] if pdf_ours and outputs["pdf"] not in kept else []
+        prefix = outputs["assets"] + "/"
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for page in pages:
+                for item in page.get("Contents", []):
+                    key = item["Key"]
+                    if key not in kept and FIGURE_FILE.fullmatch(key[len(prefix):]):
+                        head = self._head(bucket, key, PROBE_BYTES)
+                        if head is not None and figures.is_ours(head):
+                            doomed.append(key)
+            for key in doomed:
+                call(self._client.delete_object, Bucket=bucket, Key=key)
+        except Exception as exc:
+            log.warning("stale_output_not_removed", uri=f"s3://{bucket}/{prefix}", error=error_code(exc))
 
     # -- checks before writing, and removal of what ocrwatch wrote
 
@@ -148,15 +216,23 @@ class S3Sink:
                 return None  # a bucket or key S3 refuses as a name holds nothing
             raise error from None
 
-    def _put(self, job: Job, bucket: str, key: str, body: bytes, content_type: str) -> None:
+    def _put(self, job: Job, bucket: str, key: str, body: bytes | Path, content_type: str) -> None:
         obj = _origin(job)
         metadata = {"ocrwatch-source-etag": obj.etag or "", "ocrwatch-source-version-id": obj.version_id or ""}
         try:
-            call(self._client.put_object, Bucket=bucket, Key=key, Body=body, ContentType=content_type,
+            call(self._put_once, body=body, Bucket=bucket, Key=key, ContentType=content_type,
                  Metadata={name: value for name, value in metadata.items() if value})
         except Exception as exc:
             raise _write_error(exc, f"s3://{bucket}/{key}") from None
-        log.debug("s3_sidecar_written", uri=f"s3://{bucket}/{key}", bytes=len(body))
+        log.debug("s3_sidecar_written", uri=f"s3://{bucket}/{key}")
+
+    def _put_once(self, body: bytes | Path, **request: Any) -> None:
+        """One PUT; a file body is opened afresh for each attempt, so a retry sends it whole again."""
+        if isinstance(body, Path):
+            with open(body, "rb") as handle:
+                self._client.put_object(Body=handle, **request)
+        else:
+            self._client.put_object(Body=body, **request)
 
 
 def _fits(key: str) -> bool:

@@ -40,7 +40,7 @@ from watchdog.observers.api import BaseObserver
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, SourceGone
-from ocrwatch.naming import sidecar_names
+from ocrwatch.naming import is_output, sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
 from ocrwatch.sources.beneath import Signature, fetch_copy
 from ocrwatch.sources.quarantine import quarantine
@@ -96,7 +96,7 @@ class _Inbox:
     def accepts(self, path: Path) -> bool:
         """Whether ``path`` names a document of this inbox, by name alone (the file is looked at later)."""
         name = path.name.lower()
-        if name.startswith((".", "~$")) or name.endswith(self.ignored_suffixes):
+        if name.startswith((".", "~$")) or name.endswith(self.ignored_suffixes) or is_output(path.as_posix()):
             return False
         return self.covers(path.parent) and any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns)
 
@@ -233,6 +233,10 @@ class LocalSource:
                     continue
                 if self._submit is not None:
                     await self._refresh(inbox)
+
+    def inboxes(self) -> dict[Path, InboxConfig]:
+        """The inboxes watched now (a reload changes them), by resolved folder."""
+        return {root: inbox.config for root, inbox in self._inboxes.items()}
 
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
         """Open the file once, beneath its inbox and without following links, and copy it through that

@@ -29,7 +29,7 @@ import structlog
 
 from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone
-from ocrwatch.naming import sidecar_names
+from ocrwatch.naming import is_output, sidecar_names
 from ocrwatch.s3client import S3Threads, call, error_code, new_client, storage_error
 from ocrwatch.sources.base import Fetched, Job, S3Object, Submit
 
@@ -95,8 +95,9 @@ def same_version(a: Job, b: Job) -> bool:
 
 
 def is_sidecar(key: str) -> bool:
-    """ocrwatch's own outputs end like ``sidecar_names`` makes them, whatever the naming template."""
-    return key.endswith(_SIDECAR_TAILS)
+    """ocrwatch's own outputs end like ``sidecar_names`` makes them, whatever the naming template (the searchable
+    PDF and the figures too: ``naming.is_output``)."""
+    return key.endswith(_SIDECAR_TAILS) or is_output(key)
 
 
 def refusal(cfg: S3Config, obj: S3Object) -> str | None:
@@ -111,6 +112,8 @@ def refusal(cfg: S3Config, obj: S3Object) -> str | None:
         return "own_sidecar"
     if cfg.output_prefix and obj.bucket == (cfg.output_bucket or obj.bucket) and obj.key.startswith(cfg.output_prefix):
         return "output_prefix"
+    if cfg.archive_prefix and obj.key.startswith(cfg.archive_prefix):
+        return "archive_prefix"  # a moved object's copy
     if not obj.key.startswith(cfg.prefix):
         return "prefix"
     if cfg.suffixes and not obj.key.lower().endswith(tuple(s.lower() for s in cfg.suffixes)):

@@ -1,0 +1,141 @@
+"""``ocrwatch check`` as a process: one line per check, ``ok`` or ``FAIL`` with what to do, and a non-zero exit
+when anything a start needs is missing or wrong."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from tests.s3servers import MotoServer, free_port
+
+pytest_plugins = ["tests.s3servers"]
+
+REPO = Path(__file__).resolve().parent.parent
+# Root writes anywhere; without these capabilities it meets a folder's mode as any user would.
+AS_A_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+
+
+def write_config(tmp_path: Path, **changes: Any) -> Path:
+    settings: dict[str, Any] = {
+        "state_dir": "state",
+        "engine": {"kind": "tesseract", "tesseract": {"workers": 1}},
+        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+        "inbox": [{"path": "inbox"}],
+        **changes,
+    }
+    path = tmp_path / "ocrwatch.toml"
+    path.write_text(tomli_w.dumps(settings))
+    return path
+
+
+def check(config: Path, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> tuple[int, list[str]]:
+    """Exit status and stdout's lines of ``ocrwatch check``; each line must be an ``ok`` or a ``FAIL``."""
+    proc = subprocess.run(
+        [*(prefix or []), sys.executable, "-m", "ocrwatch", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, cwd=config.parent,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert lines and all(line.startswith(("ok   ", "FAIL ")) for line in lines), proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, lines
+
+
+def failures(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("FAIL")]
+
+
+def test_a_machine_with_everything_passes_with_a_line_per_check(tmp_path: Path) -> None:
+    code, lines = check(write_config(tmp_path, inbox=[{"path": "inbox", "lang": "eng"}], output={"dir": "out"}))
+    assert code == 0 and not failures(lines), lines
+    said = "\n".join(lines)
+    for expected in ("ok   pdfinfo ", "ok   pdftoppm ", "ok   tesseract ", "ok   [engine.tesseract] lang eng",
+                     "ok   inbox[0].lang eng", "ok   engine tesseract recognised a test page", "ok   inbox[0].path ",
+                     f"ok   [output] dir {tmp_path / 'out'}", "ok   state_dir ", "ok   [metrics] listen "):  # fmt: skip
+        assert expected in said, said
+    assert not (tmp_path / "inbox").exists() and not (tmp_path / "out").exists(), "check created a folder"
+
+
+def test_pdftoppm_missing_from_path(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("pdfinfo", "tesseract"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or tool)
+    code, lines = check(write_config(tmp_path), env={"PATH": str(bin_dir)})
+    assert code != 0
+    assert failures(lines) == ["FAIL pdftoppm: not found on PATH: install poppler-utils (apt-get install poppler-utils)"]
+
+
+def test_language_data_missing(tmp_path: Path) -> None:
+    code, lines = check(write_config(tmp_path, inbox=[{"path": "inbox", "lang": "deu+zzz"}]))
+    assert code != 0
+    [failed] = failures(lines)
+    assert failed.startswith("FAIL inbox[0].lang deu+zzz: tesseract has no language data for zzz")
+    assert failed.endswith(": install tesseract-ocr-zzz, or change inbox[0].lang")
+
+
+def test_a_busy_metrics_port(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, lines = check(write_config(tmp_path, metrics={"listen": f"127.0.0.1:{port}"}))
+    assert code != 0
+    [failed] = failures(lines)
+    assert failed.startswith(f"FAIL [metrics] listen 127.0.0.1:{port}: address already in use: ")
+
+
+@pytest.fixture
+def read_only_inbox(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: a folder's mode cannot stop this process")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir(mode=0o555)
+    (tmp_path / "state").mkdir()
+    yield inbox
+    inbox.chmod(0o755)
+
+
+def test_an_inbox_the_user_cannot_write(tmp_path: Path, read_only_inbox: Path) -> None:
+    """Sidecars go beside the documents, so the inbox must be writable; with ``[output] dir`` it need not be."""
+    code, lines = check(write_config(tmp_path), prefix=AS_A_USER)
+    assert code != 0
+    [failed] = failures(lines)
+    assert failed.startswith(f"FAIL inbox[0].path {read_only_inbox}: permission denied: create ")
+    code, lines = check(write_config(tmp_path, output={"dir": "out"}), prefix=AS_A_USER)
+    assert code == 0, lines
+    assert any(line.startswith(f"ok   inbox[0].path {read_only_inbox} is readable") for line in lines), lines
+    assert list(read_only_inbox.iterdir()) == []
+
+
+def test_s3_endpoints_probed_even_without_a_bucket(tmp_path: Path, moto: MotoServer) -> None:
+    """An endpoint that is down fails; one that answers gives an ``ok`` line per probe that ran, whether a
+    bucket is configured (webhook with none) or not."""
+    down = {"transport": "webhook", "token": "t", "listen": f"127.0.0.1:{free_port()}",
+            "endpoint_url": f"http://127.0.0.1:{free_port()}", "region": "us-east-1",
+            "access_key_id": "testing", "secret_access_key": "testing"}  # fmt: skip
+    code, lines = check(write_config(tmp_path, s3=[down]))
+    assert code != 0
+    [failed] = failures(lines)
+    assert failed.startswith(f"FAIL s3[0] endpoint {down['endpoint_url']}: cannot be reached: ")
+    assert "testing" not in failed
+
+    queue = moto.bucket_with_queue("scans", "events")
+    webhook = moto.s3_config(transport="webhook", token="t", listen=f"127.0.0.1:{free_port()}")
+    sqs = moto.s3_config(queue_url=queue, bucket="scans", output_bucket="ocr-out")
+    code, lines = check(write_config(tmp_path, s3=[webhook, sqs]))
+    said = "\n".join(lines)
+    assert f"ok   s3[0] endpoint {moto.endpoint} answered; credentials accepted (1 bucket(s) visible)" in said
+    assert f"ok   s3[0].listen {webhook['listen']} is free" in said
+    assert f"ok   s3[1] queue {queue} answered" in said and "ok   s3[1] bucket scans answered" in said
+    assert failures(lines) == ["FAIL s3[1] bucket ocr-out: 404 (Not Found): create the bucket, or correct its name"]
+    assert code != 0

@@ -1,0 +1,177 @@
+"""The further outputs through the real sinks (local folders, moto): the searchable PDF and the figures are written
+before the JSON, a previous version's are removed, and a user's file at their names is never replaced."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from ocrwatch.assemble import SCHEMA_ID
+from ocrwatch.config import S3Config
+from ocrwatch.errors import OutputConflict
+from ocrwatch.figures import crop
+from ocrwatch.sinks import local as local_sink
+from ocrwatch.sinks.local import LocalSink
+from ocrwatch.sinks.s3 import S3Sink
+from ocrwatch.sources.base import Job, LocalFile, S3Object
+from tests.s3servers import MotoServer
+
+MD = "<!-- page 1 -->\n\n![](report.pdf.assets/page-1-figure-1.png)\n"
+ERROR = {"schema": SCHEMA_ID, "status": "failed", "source": {}, "error": {"kind": "corrupt_pdf"}}
+
+
+def figure_png(number: int = 1) -> bytes:
+    image = Image.new("RGB", (300, 200), (number * 40, 90, 200))
+    return crop(image, [{"type": "image", "bbox": [10, 10, 110, 60], "name": f"page-1-figure-{number}"}], 1)[0].png
+
+
+def document(pdf: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {"schema": SCHEMA_ID, "status": "ok", "source": {"name": "report.pdf"}}
+    if pdf:
+        body["searchable_pdf"] = {"path": "report.pdf.ocr.pdf", "bytes": 8, "sha256": "0" * 64}
+    return body
+
+
+def extras(tmp_path: Path, *figures: int, pdf: bool = True) -> dict[str, bytes | Path]:
+    out: dict[str, bytes | Path] = {f"report.pdf.assets/page-1-figure-{n}.png": figure_png(n) for n in figures}
+    if pdf:
+        built = tmp_path / "spool-searchable.pdf"
+        built.write_bytes(b"%PDF-1.7 searchable")
+        out["report.pdf.ocr.pdf"] = built
+    return out
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    (tmp_path / "inbox").mkdir()
+    path = tmp_path / "inbox" / "report.pdf"
+    path.write_bytes(b"%PDF-1.4")
+    return path
+
+
+def job_for(path: Path) -> Job:
+    return Job(LocalFile(path, path.parent), "local")
+
+
+def test_outputs_are_written_before_the_json(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+    real = local_sink.atomic_write
+    monkeypatch.setattr(local_sink, "atomic_write", lambda path, data: (order.append(path.name), real(path, data)))
+    LocalSink().write(job_for(source), MD, document(), extras(tmp_path, 1, 2))
+
+    folder = source.parent
+    assert order[-1] == "report.pdf.json" and set(order[:-1]) == {
+        "report.pdf.md", "page-1-figure-1.png", "page-1-figure-2.png", "report.pdf.ocr.pdf",
+    }  # fmt: skip
+    assert (folder / "report.pdf.ocr.pdf").read_bytes() == b"%PDF-1.7 searchable"
+    assert (folder / "report.pdf.assets" / "page-1-figure-2.png").read_bytes() == figure_png(2)
+    assert LocalSink().status(job_for(source)) == "ok"
+
+
+def test_a_new_version_removes_what_the_old_one_had_and_keeps_a_users_file(source: Path, tmp_path: Path) -> None:
+    sink, folder = LocalSink(), source.parent
+    sink.write(job_for(source), MD, document(), extras(tmp_path, 1, 2))
+    (folder / "report.pdf.assets" / "notes.txt").write_text("mine")
+    sink.write(job_for(source), MD, document(pdf=False), extras(tmp_path, 1, pdf=False))
+    assert sorted(p.name for p in (folder / "report.pdf.assets").iterdir()) == ["notes.txt", "page-1-figure-1.png"]
+    assert not (folder / "report.pdf.ocr.pdf").exists()
+
+    (folder / "report.pdf.assets" / "notes.txt").unlink()
+    sink.write_error(job_for(source), ERROR)  # a failed version keeps no output of an earlier one
+    assert sorted(p.name for p in folder.iterdir()) == ["report.pdf", "report.pdf.error.json"]
+
+
+def test_a_users_files_at_the_output_names_are_refused_or_left(source: Path, tmp_path: Path) -> None:
+    sink, folder = LocalSink(), source.parent
+    (folder / "report.pdf.ocr.pdf").write_bytes(b"%PDF made by someone else")
+    with pytest.raises(OutputConflict, match="report.pdf.ocr.pdf"):
+        sink.write(job_for(source), MD, document(), extras(tmp_path))
+    assert sorted(p.name for p in folder.iterdir()) == ["report.pdf", "report.pdf.ocr.pdf"]  # nothing written
+
+    sink.write(job_for(source), MD, document(pdf=False), {})  # not writing one: the user's file is left alone
+    sink.write(job_for(source), MD, document(pdf=False), {})
+    assert (folder / "report.pdf.ocr.pdf").read_bytes() == b"%PDF made by someone else"
+
+    (folder / "report.pdf.assets").mkdir()
+    (folder / "report.pdf.assets" / "page-1-figure-1.png").write_bytes(plain_png())
+    with pytest.raises(OutputConflict, match="page-1-figure-1.png"):
+        sink.write(job_for(source), MD, document(pdf=False), extras(tmp_path, 1, pdf=False))
+
+
+def test_figures_left_by_a_write_that_never_reached_its_json_are_replaced(source: Path, tmp_path: Path) -> None:
+    assets = source.parent / "report.pdf.assets"
+    assets.mkdir()
+    (assets / "page-1-figure-1.png").write_bytes(figure_png(3))  # ocrwatch's mark, no JSON yet
+    LocalSink().write(job_for(source), MD, document(pdf=False), extras(tmp_path, 1, pdf=False))
+    assert (assets / "page-1-figure-1.png").read_bytes() == figure_png(1)
+
+
+def test_a_name_that_is_not_an_output_is_refused(source: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        LocalSink().write(job_for(source), MD, document(), {"../elsewhere.pdf": b"x"})
+    with pytest.raises(ValueError):
+        LocalSink().write(job_for(source), MD, document(), {"report.pdf.assets/../../x.png": b"x"})
+
+
+def plain_png() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(out, "PNG")
+    return out.getvalue()
+
+
+@pytest.mark.s3
+def test_s3_outputs_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
+    s3 = moto.client("s3")
+    s3.create_bucket(Bucket="docs")
+    sink = S3Sink(S3Config(queue_url="q", **moto.s3_config()), s3)
+    job = Job(S3Object("docs", "in/report.pdf", etag="abc", version_id=None, size=8), "s3")
+    sink.write(job, MD, document(), extras(tmp_path, 1, 2))
+
+    listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="docs")["Contents"])
+    assert listed == ["in/report.pdf.assets/page-1-figure-1.png", "in/report.pdf.assets/page-1-figure-2.png",
+                      "in/report.pdf.json", "in/report.pdf.md", "in/report.pdf.ocr.pdf"]  # fmt: skip
+    pdf = s3.get_object(Bucket="docs", Key="in/report.pdf.ocr.pdf")
+    assert pdf["ContentType"] == "application/pdf" and pdf["Body"].read() == b"%PDF-1.7 searchable"
+    assert s3.head_object(Bucket="docs", Key="in/report.pdf.assets/page-1-figure-1.png")["ContentType"] == "image/png"
+    assert sink.status(job) == "ok"
+
+    s3.put_object(Bucket="docs", Key="in/report.pdf.assets/readme.txt", Body=b"mine")
+    sink.write(job, MD, document(pdf=False), extras(tmp_path, 2, pdf=False))
+    listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="docs")["Contents"])
+    assert listed == ["in/report.pdf.assets/page-1-figure-2.png", "in/report.pdf.assets/readme.txt",
+                      "in/report.pdf.json", "in/report.pdf.md"]  # fmt: skip
+
+    sink.write_error(job, ERROR)
+    listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="docs")["Contents"])
+    assert listed == ["in/report.pdf.assets/readme.txt", "in/report.pdf.error.json"]
+
+    s3.put_object(Bucket="docs", Key="in/report.pdf.ocr.pdf", Body=b"someone else's")
+    with pytest.raises(OutputConflict):
+        sink.write(job, MD, document(), extras(tmp_path))
+
+
+def test_outputs_and_archived_copies_are_never_taken_for_documents(tmp_path: Path) -> None:
+    from ocrwatch.config import InboxConfig
+    from ocrwatch.naming import is_output
+    from ocrwatch.sources.local import LocalSource
+    from ocrwatch.sources.s3events import refusal
+
+    assert is_output("in/report.pdf.ocr.pdf") and is_output("report.OCR.PDF")
+    assert is_output("in/report.pdf.assets/page-12-figure-3.png")
+    assert not is_output("in/report.pdf.assets/cover.png") and not is_output("in/page-1-figure-1.png")
+    inbox = tmp_path / "inbox"
+    source = LocalSource([InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{stem}")
+    (watched,) = source._inboxes.values()
+    assert watched.accepts(inbox / "scan.pdf") and watched.accepts(inbox / "report.pdf.assets" / "cover.png")
+    assert not watched.accepts(inbox / "scan.ocr.pdf")
+    assert not watched.accepts(inbox / "sub" / "scan.assets" / "page-1-figure-1.png")
+
+    cfg = S3Config(queue_url="q", archive_prefix="done/")
+    assert refusal(cfg, S3Object("docs", "in/scan.pdf")) is None
+    assert refusal(cfg, S3Object("docs", "done/in/scan.pdf")) == "archive_prefix"
+    assert refusal(cfg, S3Object("docs", "in/scan.pdf.ocr.pdf")) == "own_sidecar"
+    assert refusal(cfg, S3Object("docs", "in/scan.pdf.assets/page-1-figure-1.png")) == "own_sidecar"
