@@ -69,8 +69,8 @@ def preflight(cfg: Config) -> None:
     """Raise ``ConfigError`` for the first problem a start would meet that only the user can fix: a missing
     poppler, a listen address that cannot be bound, an inbox that cannot be created, an ``[output] dir`` that
     cannot be written, missing language data or model folder. Creates the inboxes and ``[output] dir``."""
-    _raise_first(itertools.chain(_poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True)),
-                 cfg)  # fmt: skip  (folders last: a start refused for another reason creates none)
+    needs = itertools.chain(_poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True))
+    _raise_first(needs, cfg)  # folders last: a start refused for another reason creates none
 
 
 def require_languages(cfg: Config) -> None:
@@ -253,12 +253,13 @@ def _folders(cfg: Config, *, prepare: bool) -> Iterator[Result]:
             if inbox.create and (why := _made(inbox.path, write=False)) is not None:
                 yield Result(False, what, f"cannot be created: {why}", _FOLDER_HINT.format(inbox.path, user))
             continue
+        moves = inbox.quarantine_dir is not None or (inbox.on_success or cfg.output.on_success) != "keep"
         if not inbox.path.exists() and not inbox.create:
             yield Result(False, what, "does not exist (create = false)", f"create it, readable by {user}")
         elif out is None:
             yield _place(what, inbox.path, user, "(sidecars are written beside the documents)")
         else:
-            yield _place(what, inbox.path, user, "", write=False)
+            yield _place(what, inbox.path, user, "(documents are moved out of it)" if moves else "", write=moves)
         if inbox.quarantine_dir is not None:
             yield _place(f"inbox[{index}].quarantine_dir {inbox.quarantine_dir}", inbox.quarantine_dir, user, "")
     if out is not None:

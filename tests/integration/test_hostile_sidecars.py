@@ -271,6 +271,7 @@ def test_a_read_only_inbox_waits_and_output_dir_is_the_remedy(make_daemon, tmpfs
     out = tmp_path / "out"
     daemon.config_path.write_text(daemon.config_path.read_text() + f'\n[output]\ndir = "{out}"\n')
     daemon.start()
+    out = out / "ro-inbox"  # the inbox's own folder there
     wait_until(lambda: (out / "scan.png.json").exists() and (out / "sub" / "photo.png.json").exists(), 60,
                "sidecars under [output] dir")  # fmt: skip
     assert json.loads((out / "scan.png.json").read_text())["status"] == "ok"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,5 @@ def test_a_deleted_sidecar_is_noticed_at_the_next_start_and_redone(tmp_path: Pat
     ]
     assert kept.stat().st_mtime_ns == kept_before, "a document whose sidecar is there was done again"
     assert sum(e["event"] == "job_done" for e in events) == 1
+    with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:  # a redo never counts toward crash_loop
+        assert db.execute("SELECT state, attempts FROM jobs").fetchall() == [("done", 1), ("done", 1)]
