@@ -100,8 +100,8 @@ class Archiver:
             return
         except Exception as exc:
             error = classify(exc)
-            log.error("source_not_archived", **fields, kind=error.kind, error=error.message,
-                      hint="it is tried again when the daemon next starts")  # fmt: skip
+            again = "the next start tries again" if isinstance(job.origin, LocalFile) else "it stays; act on it by hand"
+            log.error("source_not_archived", **fields, kind=error.kind, error=error.message, hint=again)
             return
         log.info("source_archived" if action == "move" else "source_deleted", **fields, to=where)
 
@@ -142,6 +142,8 @@ class Archiver:
             except Exception as exc:
                 if error_code(exc) in ("PreconditionFailed", "412"):
                     raise SourceChanged(f"{obj.uri} was replaced since it was read") from None
+                if error_code(exc) in ("NoSuchKey", "NoSuchVersion", "404"):
+                    raise SourceGone(f"{obj.uri} no longer exists") from None
                 raise
         call(client.delete_object, Bucket=obj.bucket, Key=obj.key, **version)
         return None if target is None else f"s3://{obj.bucket}/{target}"
