@@ -14,7 +14,6 @@ import fcntl
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Coroutine
@@ -29,7 +28,7 @@ from ocrwatch.config import Config
 from ocrwatch.control import LOCK_NAME, ControlServer
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.ledger import Ledger, StateUnusable
-from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics
+from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.local import LocalSource
@@ -61,6 +60,7 @@ class Daemon:
         self._reload = asyncio.Event()
         self._force = asyncio.Event()
         self._ready = False
+        self._gpus: dict[str, int] = {}
         self._state_lock: IO[str] | None = None
         self._background: list[asyncio.Task[None]] = []
 
@@ -280,6 +280,7 @@ class Daemon:
             await asyncio.sleep(interval)
             lag = time.monotonic() - start - interval
             self.metrics.loop_lag.set(max(self.lag_probe.take_worst(), lag, 0.0))
+            self._gpus = await asyncio.to_thread(gpu_memory_used)  # NVML: blocking, and per tick is enough
             self._update_gauges()
             if lag < max(interval, 1.0):
                 sd_notify("WATCHDOG=1")
@@ -287,9 +288,8 @@ class Daemon:
     def _update_gauges(self) -> None:
         if self.pipeline is not None:  # None while the engine warms up: /metrics already answers then
             self.pipeline.update_gauges()
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
-            self.metrics.gpu_memory.set(torch.cuda.memory_allocated())
+        for gpu, used in self._gpus.items():
+            self.metrics.gpu_memory.labels(gpu=gpu).set(used)
 
     # --- shutdown ---------------------------------------------------------------------------------------------
 

@@ -8,13 +8,15 @@ warm and the sources are watching.
 from __future__ import annotations
 
 import asyncio
+import platform
 from collections.abc import Callable
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import choose_encoder
 
+from ocrwatch import __version__
 from ocrwatch.http import Listener
 
 log = structlog.get_logger()
@@ -64,7 +66,16 @@ class Metrics:
         self.loop_lag_max = Gauge(
             "ocrwatch_event_loop_max_lag_seconds", "Worst event-loop lag since start", registry=r
         )
-        self.gpu_memory = Gauge("ocrwatch_gpu_memory_bytes", "GPU memory allocated by this process", registry=r)
+        self.gpu_memory = Gauge(
+            "ocrwatch_gpu_memory_bytes", "GPU memory in use on each GPU (every process, the engine core's too)",
+            ["gpu"], registry=r,
+        )
+        self.ready = Gauge("ocrwatch_ready", "1 once the engine is warm and the sources watch, as /readyz", registry=r)
+        self.build_info = Gauge(
+            "ocrwatch_build_info", "Always 1; the labels say which ocrwatch runs", ["version", "python"], registry=r
+        )
+        self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
+        ProcessCollector(registry=r)  # process_*: resident memory, CPU, open descriptors, as exporters have
         self.engine_restarts = Counter("ocrwatch_engine_restarts", "Engine rebuilds after a death", registry=r)
         # Completion hooks: labelled by the [[hook]] names, which ``hooks.HookRunner`` creates.
         self.hook_deliveries = Counter(
@@ -136,6 +147,7 @@ class HealthServer:
         self._metrics = metrics
         self._ready = ready
         self._update_gauges = update_gauges
+        metrics.ready.set_function(lambda: float(ready()))
         app = web.Application()
         app.router.add_get("/metrics", self._scrape)
         app.router.add_get("/healthz", self._healthz)
@@ -170,3 +182,25 @@ class HealthServer:
         if self._ready():
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready\n")
+
+
+def gpu_memory_used() -> dict[str, int]:
+    """Bytes in use on each GPU the NVIDIA driver shows, read through NVML (``nvidia-ml-py``), which counts
+    every process on the device, so the engine core's own process is included; empty without NVML or a GPU."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return {}
+    try:
+        return {
+            str(index): int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
+            for index in range(pynvml.nvmlDeviceGetCount())
+        }
+    except pynvml.NVMLError:
+        return {}
+    finally:
+        pynvml.nvmlShutdown()
