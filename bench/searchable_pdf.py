@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from common import Daemon, Doc, corpus_dir, corpus_documents, drop, emit, machine, median, sidecar, wait_for
+import structlog
 from rapidfuzz import fuzz
 
 from ocrwatch import render
@@ -55,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=40)
     args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))  # the renderer's lines
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as folder:
         root = Path(folder)
         documents, origin = corpus_documents(args.pages, root / "generated")
