@@ -32,7 +32,6 @@ from tenacity import (
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError, StorageUnavailable
-from ocrwatch.http import host_port
 
 log = structlog.get_logger()
 
@@ -212,44 +211,3 @@ def storage_error(exc: BaseException, what: str) -> OcrwatchError:
             isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in _INVALID_REQUEST):
         return InvalidRequest(f"{what}: {error_code(exc)}")
     return StorageUnavailable(f"{what}: {error_code(exc)}: {exc}")
-
-
-def check(cfg: S3Config) -> list[str]:
-    """Problems with one ``[[s3]]`` table: credentials, queue, listen address and bucket access. Empty when all
-    is well."""
-    problems: list[str] = []
-    try:
-        session = boto3.session.Session(aws_access_key_id=cfg.access_key_id,
-                                        aws_secret_access_key=cfg.secret_access_key, region_name=cfg.region)
-        if session.get_credentials() is None:
-            return ["no credentials: set access_key_id and secret_access_key, or use the AWS standard chain"]
-        s3 = new_client(cfg, "s3", read_timeout=10.0)
-        sqs = new_client(cfg, "sqs", read_timeout=10.0) if cfg.transport == "sqs" else None
-    except botocore.exceptions.BotoCoreError as exc:
-        return [f"cannot make an S3 client: {exc}"]
-    if sqs is not None:
-        try:
-            attributes = sqs.get_queue_attributes(QueueUrl=cfg.queue_url, AttributeNames=["All"])["Attributes"]
-        except Exception as exc:
-            problems.append(f"queue {cfg.queue_url}: {_describe(exc)}")
-        else:
-            if cfg.on_max_receives == "dead_letter" and "RedrivePolicy" not in attributes:
-                problems.append(f"queue {cfg.queue_url} has no RedrivePolicy, but on_max_receives = 'dead_letter': "
-                                "a poison message would be delivered forever")
-    if cfg.transport == "webhook":
-        try:
-            host_port(cfg.listen)
-        except ValueError as exc:
-            problems.append(str(exc))
-    for bucket in dict.fromkeys(b for b in (cfg.bucket, cfg.output_bucket) if b):
-        try:
-            s3.head_bucket(Bucket=bucket)
-        except Exception as exc:
-            problems.append(f"bucket {bucket}: {_describe(exc)}")
-    return problems
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        return f"{error_code(exc)} ({exc.response.get('Error', {}).get('Message') or 'no message'})"
-    return f"{type(exc).__name__}: {exc}"

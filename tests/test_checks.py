@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import tomli_w
 
+from ocrwatch import checks
+from ocrwatch.config import S3Config
 from tests.s3servers import MotoServer, free_port
 
 pytest_plugins = ["tests.s3servers"]
@@ -139,3 +141,16 @@ def test_s3_endpoints_probed_even_without_a_bucket(tmp_path: Path, moto: MotoSer
     assert f"ok   s3[1] queue {queue} answered" in said and "ok   s3[1] bucket scans answered" in said
     assert failures(lines) == ["FAIL s3[1] bucket ocr-out: 404 (Not Found): create the bucket, or correct its name"]
     assert code != 0
+
+
+@pytest.mark.s3
+def test_s3_probes_name_a_missing_queue_a_missing_bucket_and_a_queue_without_dead_letters(moto: MotoServer) -> None:
+    """The probes of one ``[[s3]]`` table, each its own line: what answered, and what is wrong with what."""
+    queue = moto.bucket_with_queue("docs", "events")
+    good = list(checks._s3(0, S3Config(queue_url=queue, bucket="docs", **moto.s3_config())))
+    assert [r.ok for r in good] == [True, True, True], good
+    bad = list(checks._s3(0, S3Config(queue_url=queue.replace("events", "nope"), bucket="missing", **moto.s3_config())))
+    assert [(r.ok, "queue" in r.what, "missing" in r.what) for r in bad] == [
+        (True, False, False), (False, True, False), (False, False, True)], bad
+    [_, dead] = checks._s3(0, S3Config(queue_url=queue, on_max_receives="dead_letter", **moto.s3_config()))
+    assert not dead.ok and "RedrivePolicy" in dead.detail
