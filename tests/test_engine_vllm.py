@@ -24,7 +24,8 @@ from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.engines.deepseek import engine as engine_module
 from ocrwatch.engines.deepseek import plugin, spec
-from ocrwatch.engines.deepseek.engine import OCR1, OCR2, VllmEngine
+from ocrwatch.engines.deepseek.engine import VllmEngine
+from ocrwatch.engines.deepseek.geometry import OCR1, OCR2
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
 from ocrwatch.engines.replicas import EngineSet
 from ocrwatch.engines.sampling import Sampling

@@ -195,7 +195,6 @@ def test_every_bad_request_gets_a_4xx_answer_and_the_listener_stays_healthy() ->
     """Bodies built to break the parser or the event walk: each answered 4xx (or 200 with nothing accepted where
     the body is an event with unusable records), never a dropped connection or a 5xx."""
     cfg = webhook_config(max_body_bytes=1024 * 1024)
-    bearer = {"Authorization": f"Bearer {TOKEN}"}
     good = record("in/good.pdf", "ceph:s3", size=5, eTag="abc")
 
     def event(**s3: Any) -> bytes:

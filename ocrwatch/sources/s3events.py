@@ -31,7 +31,7 @@ from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone
 from ocrwatch.naming import is_output, sidecar_names
 from ocrwatch.s3client import S3Threads, call, error_code, new_client, storage_error
-from ocrwatch.sources.base import Fetched, Job, S3Object, Submit
+from ocrwatch.sources.base import Fetched, Job, Reject, S3Object, Submit
 
 log = structlog.get_logger()
 

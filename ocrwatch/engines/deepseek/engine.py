@@ -33,14 +33,7 @@ from PIL import Image
 
 from ocrwatch.engines.base import Images, PageRequest, Recognition
 from ocrwatch.engines.deepseek import grounding, plugin, sizing
-from ocrwatch.engines.deepseek.geometry import (  # noqa: F401 - re-exported: the engine's geometry
-    OCR1,
-    OCR2,
-    VISIONS,
-    VisionGeometry,
-    model_architecture,
-    model_config,
-)
+from ocrwatch.engines.deepseek.geometry import VISIONS, VisionGeometry, model_architecture, model_config
 from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed, OcrwatchError
