@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from ocrwatch.engines.deepseek import sizing
-from ocrwatch.engines.deepseek.engine import OCR1, OCR2, engine_sizing
+from ocrwatch.engines.deepseek.engine import engine_sizing
+from ocrwatch.engines.deepseek.geometry import OCR1, OCR2
 from ocrwatch.engines.deepseek.options import VllmConfig
 
 MIB = 2**20
