@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from itertools import count
 from pathlib import Path
 from urllib.parse import quote
@@ -43,7 +43,7 @@ from ocrwatch.s3client import call, error_code
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sinks.local import LocalSink, dump_json, inbox_folder
 from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
-from ocrwatch.sources.beneath import CHUNK, FILE_FLAGS, FOLDER_FLAGS, folder_of
+from ocrwatch.sources.beneath import CHUNK, FILE_FLAGS, FOLDER_FLAGS, folder_of, made_folders
 from ocrwatch.sources.local import LocalSource
 
 log = structlog.get_logger()
@@ -170,7 +170,7 @@ def move_local(path: Path, root: Path, sha256: str, archive: Path, template: str
     with folder_of(path, root) as (source, _):
         fd, info = _verified(source, path, sha256)
         try:
-            with _made_folders(archive, relative.parent.parts) as target:
+            with made_folders(archive, relative.parent.parts) as target:
                 name = _free_name(target, path.name, template, sidecars)
                 _move_source(source, path.name, target, name, fd, info)
                 if sidecars:
@@ -382,20 +382,3 @@ def _exists(folder: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-@contextlib.contextmanager
-def _made_folders(base: Path, parts: Sequence[str]) -> Iterator[int]:
-    """A descriptor of ``base/parts...``, each folder below ``base`` made where missing and never a link."""
-    base.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
-    fd = os.open(base, FOLDER_FLAGS)
-    try:
-        for part in parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-            inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)  # ELOOP or ENOTDIR on a link
-            os.close(fd)
-            fd = inner
-        yield fd
-    finally:
-        os.close(fd)

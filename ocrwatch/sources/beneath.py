@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
@@ -213,3 +213,20 @@ def measure(path: Path, root: Path) -> tuple[Signature, str]:
     finally:
         os.close(fd)
     return signature, hasher.hexdigest()
+
+
+@contextlib.contextmanager
+def made_folders(base: Path, parts: Sequence[str]) -> Iterator[int]:
+    """A descriptor of ``base/parts...``, each folder below ``base`` made where missing and never a link."""
+    base.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
+    fd = os.open(base, FOLDER_FLAGS)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)  # ELOOP or ENOTDIR on a link
+            os.close(fd)
+            fd = inner
+        yield fd
+    finally:
+        os.close(fd)

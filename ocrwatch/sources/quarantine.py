@@ -11,13 +11,12 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
 from itertools import count
 from pathlib import Path
 
 from ocrwatch.errors import NotARegularFile
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.beneath import CHUNK, FILE_FLAGS, FOLDER_FLAGS, folder_of
+from ocrwatch.sources.beneath import CHUNK, FILE_FLAGS, folder_of, made_folders
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 
@@ -29,7 +28,7 @@ def quarantine(path: Path, root: Path, quarantine_dir: Path, name_template: str)
     ``NotARegularFile`` when the document is no longer the regular file beneath its inbox.
     """
     relative = path.relative_to(root)
-    with folder_of(path, root) as (source, _), _made_folders(quarantine_dir, relative.parent.parts) as target:
+    with folder_of(path, root) as (source, _), made_folders(quarantine_dir, relative.parent.parts) as target:
         if not stat.S_ISREG(os.stat(path.name, dir_fd=source, follow_symlinks=False).st_mode):
             raise NotARegularFile(f"{path}: not a regular file")
         moved = _move_exclusive(source, path.name, target, path.name)
@@ -38,23 +37,6 @@ def quarantine(path: Path, root: Path, quarantine_dir: Path, name_template: str)
             if stat.S_ISREG(os.stat(error, dir_fd=source, follow_symlinks=False).st_mode):
                 _move_exclusive(source, error, target, sidecar_names(moved, name_template)["error"])
     return quarantine_dir / relative.parent / moved
-
-
-@contextlib.contextmanager
-def _made_folders(base: Path, parts: Sequence[str]) -> Iterator[int]:
-    """A descriptor of ``base/parts...``, each folder below ``base`` made where missing and never a link."""
-    base.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
-    fd = os.open(base, FOLDER_FLAGS)
-    try:
-        for part in parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-            inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)  # ELOOP or ENOTDIR on a link
-            os.close(fd)
-            fd = inner
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _move_exclusive(source: int, name: str, target: int, wanted: str) -> str:
