@@ -196,3 +196,23 @@ def sidecars_done(path: Path) -> dict[str, Any] | None:
 def error_sidecar(path: Path) -> dict[str, Any] | None:
     sidecar = path.with_name(path.name + ".error.json")
     return json.loads(sidecar.read_text()) if sidecar.exists() else None
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Callable[[Path, str], Path]]:
+    """Mount a tmpfs of the given size at the given folder; skips where mounting is not permitted."""
+    mounted: list[Path] = []
+
+    def mount(point: Path, size: str) -> Path:
+        point.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in reversed(mounted):
+        if subprocess.run(["umount", str(point)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)

@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.request
 import zlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,27 +178,6 @@ def events_for(daemon: Any, path: Path, event: str) -> list[dict[str, Any]]:
     uri = path.resolve().as_uri()
     jid = job_id_of(path)
     return [e for e in daemon.events() if e.get("event") == event and (e.get("uri") == uri or e.get("job_id") == jid)]
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
-    """Mount a tmpfs of the given size (``mount -t tmpfs``); skips where mounting is not permitted."""
-    mounted: list[Path] = []
-
-    def mount(name: str, size: str) -> Path:
-        point = tmp_path / name
-        point.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
-                              capture_output=True, text=True, check=False)  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in reversed(mounted):
-        if subprocess.run(["umount", str(point)], capture_output=True, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
 
 
 # --- adversarial inputs ----------------------------------------------------------------------------------------
@@ -394,7 +372,7 @@ def test_a_file_deleted_before_processing_and_one_replaced_during_it(plugin_daem
 def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(plugin_daemon, tmpfs, tmp_path: Path) -> None:
     """The inbox's filesystem is full: ``disk_full`` is retried with backoff, no partial or temporary file
     is left, and once space is freed the sidecars appear whole."""
-    small = tmpfs("small-inbox", "512k")
+    small = tmpfs(tmp_path / "small-inbox", "512k")
     doc = small_pdf(small / "doc.pdf", "full disk", pages=2)
     source_hash = hashes([doc])
     filler = small / ".filler"

@@ -15,7 +15,6 @@ import sqlite3
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,26 +33,6 @@ USER_JSON = '{"note": "my own file, not ocrwatch\'s"}\n'
 
 def lines(tag: str) -> list[str]:
     return [f"Document {tag}", "Quarterly report invoice"]
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[Path, str], Path]]:
-    """Mount a tmpfs of the given size at the given folder; skips where mounting is not permitted."""
-    mounted: list[Path] = []
-
-    def mount(point: Path, size: str) -> Path:
-        point.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
-                              capture_output=True, text=True, check=False)  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in reversed(mounted):
-        if subprocess.run(["umount", str(point)], capture_output=True, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
 
 
 def remount(point: Path, mode: str) -> None:
