@@ -17,22 +17,13 @@ from PIL import Image
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.deepseek.lanes import held_back, make_room
 from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, backlog_cap, lane_of
+from tests.test_scheduler import FakePage
 
 TOKENS = 40
 BASE = 1.0
 PER_PAGE = 0.3
 INFLIGHT = 32
 URGENT, BACKLOG = 90, 50
-
-
-@dataclass
-class FakePage:
-    index: int
-    image: Image.Image
-    width: int = 10
-    height: int = 10
-    dpi: float | None = 72.0
-    seconds: float = 0.0
 
 
 def render(index: int) -> FakePage:
