@@ -233,7 +233,7 @@ def test_graceful_restarts_are_not_crashes(plugin_daemon) -> None:
     data = wait_until(lambda: sidecars_done(path), 60, "the long document after five clean restarts")
     assert data["status"] == "ok" and len(data["pages"]) == SLOW_PAGES
     assert not error_sidecar(path)
-    assert ledger_row(daemon, path) == ("done", 1)
+    wait_until(lambda: ledger_row(daemon, path) == ("done", 1), 10, "the ledger row marked done, one attempt")
     assert daemon.stop() == 0
 
 
