@@ -117,10 +117,13 @@ class NGramBans:
         prefix = window[:, w - n + 1 :]
         starts = sliding_window_view(window, n - 1, axis=1)[:, : w - n + 1]
         following = window[:, n - 1 :]
-        match = (starts == prefix[:, None, :]).all(axis=2) & valid[:, : w - n + 1]
+        # Only n-grams whose (n-1)-th token equals the last output token can match: compare those alone.
+        maybe = (window[:, n - 2 : w - 1] == window[:, -1:]) & valid[:, : w - n + 1]
         if rule.whitelist:
-            match &= ~np.isin(following, np.fromiter(rule.whitelist, dtype=np.int64))
-        hit_row, hit_col = np.nonzero(match)
+            maybe &= ~np.isin(following, np.fromiter(rule.whitelist, dtype=np.int64))
+        hit_row, hit_col = np.nonzero(maybe)
+        full = (starts[hit_row, hit_col] == prefix[hit_row]).all(axis=1)
+        hit_row, hit_col = hit_row[full], hit_col[full]
         return rows[hit_row], following[hit_row, hit_col]
 
     def _sync(self) -> None:
