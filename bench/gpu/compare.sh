@@ -12,7 +12,7 @@
 # Knobs: REPEAT (1: 159 pages), PHASES (the cold daemon's load, default solo,a,d), BUDGET (540 s: the whole
 # script, results packed, inside a 600-s call; a step still running near its share gets SIGINT, then SIGKILL 10 s
 # later). On the lent H200 the two cold starts alone took about 310 s (daemon 176 s, script 134 s): the default
-# load only just fits, and doc300.pdf alone (d0) needs a call of its own.
+# load only just fits in one call; a longer one runs under bench/gpu/detached.sh.
 set -uo pipefail
 OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
 T0=$(date +%s); BUDGET=${BUDGET:-540}

@@ -334,8 +334,9 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=None, help="[engine.vllm] replicas")
     ap.add_argument("--replica-processes", nargs="?", const="true", default=None, choices=["auto", "true", "false"],
                     help="[engine.vllm] replica_processes (the option alone: true)")
-    ap.add_argument("--ngram-processor", choices=("batched", "per_request", "none"), default=None,
-                    help="none: the guard off in every rung, so no logits processor is registered")
+    ap.add_argument("--ngram-processor", choices=("batched", "per_request", "gpu", "none"), default=None,
+                    help="none: the guard off in every rung, so no logits processor is registered; gpu: the kernel "
+                    "in vLLM's V2 sampler (with VLLM_USE_V2_MODEL_RUNNER=1 in the environment)")
     ap.add_argument("--max-inflight", type=int, default=None, help="[scheduler] max_inflight_pages")
     ap.add_argument("--cache-dir", default="/tmp/ocw-e2e-cache")
     ap.add_argument("--work", default="/tmp/ocw-e2e")
