@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -173,13 +173,13 @@ class Daemon:
         self.config_path.write_text(tomli_w.dumps(config))
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Daemon:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> Self:
+    def start(self) -> Daemon:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)],

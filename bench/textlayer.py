@@ -51,7 +51,8 @@ def write_all(prepared: list[Prepared], scratch: Path, with_text: bool) -> tuple
     started, cpu, size = time.perf_counter(), time.process_time(), 0
     for number, (path, kind, pages) in enumerate(prepared):
         out = scratch / f"{number}.ocr.pdf"
-        textlayer.searchable_pdf(path, kind, pages if with_text else [None] * len(pages), out)  # type: ignore[arg-type]
+        texts = pages if with_text else [None] * len(pages)
+        textlayer.searchable_pdf(path, kind, texts, out, "0" * 64)  # type: ignore[arg-type]
         size += out.stat().st_size
     return time.perf_counter() - started, time.process_time() - cpu, size
 

@@ -38,6 +38,7 @@ import structlog
 
 from ocrwatch.config import OnSuccess, OutputConfig, S3Config
 from ocrwatch.errors import SourceChanged, SourceGone, classify
+from ocrwatch.metrics import Metrics
 from ocrwatch.naming import output_names, sidecar_names
 from ocrwatch.s3client import call, error_code
 from ocrwatch.sinks.base import Sink
@@ -57,10 +58,13 @@ _MEMBERS = ("md", "pdf", "assets", "json")
 class Archiver:
     """Applies each source's ``on_success`` to its finished jobs; ``sources`` and ``sinks`` are the pipeline's."""
 
-    def __init__(self, output: OutputConfig, sources: Mapping[str, Source], sinks: Mapping[str, Sink]) -> None:
+    def __init__(
+        self, output: OutputConfig, sources: Mapping[str, Source], sinks: Mapping[str, Sink], metrics: Metrics
+    ) -> None:
         self.output = output
         self._sources = sources
         self._sinks = sinks
+        self._metrics = metrics
 
     def action(self, job: Job) -> OnSuccess:
         """The job's ``on_success``: its bucket's or its inbox's, else ``[output]``'s; ``keep`` for a job of no
@@ -75,48 +79,63 @@ class Archiver:
                 return inbox.on_success or self.output.on_success
         return "keep"
 
-    def settle(self, job: Job, status: str | None, sha256: str | None, changed: Callable[[], bool] | None) -> None:
+    def settle(
+        self, job: Job, status: str | None, sha256: str | None, changed: Callable[[], bool] | None = None
+    ) -> dict[str, str] | None:
         """Act on the finished job's source as configured. ``status`` None: read from its JSON sidecar;
-        ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked first."""
+        ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked first. Where its ``json``
+        and ``md`` sidecars are when a move took them along, so its hooks are told where they are now; None
+        where they stayed (kept, deleted, an S3 object, sidecars under ``[output] dir``, a failure)."""
         action = self.action(job)
         if action == "keep":
-            return
+            return None
         fields = {"uri": job.origin.uri, "action": action}
         try:
             if status is None:
                 status = self._sinks[job.source].status(job)
             if status != "ok":
                 log.info("source_kept", **fields, reason=f"the document is {status or 'without a result'}")
-                return
+                return None
             if changed is not None and changed():
                 raise SourceChanged(f"{job.origin.uri} changed since it was read")
             if isinstance(job.origin, S3Object):
-                where = self._s3(job.origin, action, self._sources[job.source])
+                where, sidecars = self._s3(job.origin, action, self._sources[job.source]), None
             else:
                 assert isinstance(job.origin, LocalFile)
-                where = self._local(job, job.origin, action, sha256)
+                where, sidecars = self._local(job, job.origin, action, sha256)
         except (SourceChanged, SourceGone) as exc:
             log.warning("source_kept", **fields, reason=exc.message)
-            return
+            self._metrics.archive_failures.labels(action=action, reason="changed").inc()
+            return None
         except Exception as exc:
             error = classify(exc)
             again = "the next start tries again" if isinstance(job.origin, LocalFile) else "it stays; act on it by hand"
             log.error("source_not_archived", **fields, kind=error.kind, error=error.message, hint=again)
-            return
+            self._metrics.archive_failures.labels(action=action, reason="error").inc()
+            return None
         log.info("source_archived" if action == "move" else "source_deleted", **fields, to=where)
+        self._metrics.archived.labels(action=action).inc()
+        return sidecars
 
-    def _local(self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None) -> str | None:
+    def _local(
+        self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None
+    ) -> tuple[str | None, dict[str, str] | None]:
+        """Where the source went, and where its ``json`` and ``md`` sidecars did when they went along."""
         if sha256 is None:
             raise SourceChanged(f"{origin.path}: no digest of what was read to compare it with")
         if action == "delete":
             delete_local(origin.path, origin.inbox, sha256)
-            return None
+            return None, None
         source, sink = self._sources[job.source], self._sinks[job.source]
         assert self.output.archive_dir is not None and isinstance(source, LocalSource)
         beside = isinstance(sink, LocalSink) and sink.paths(job)["json"].parent == origin.path.parent
         roots = set(source.inboxes()) | {origin.inbox}
         target = self.output.archive_dir / inbox_folder(origin.inbox, roots)
-        return str(move_local(origin.path, origin.inbox, sha256, target, self.output.name_template, beside))
+        moved = move_local(origin.path, origin.inbox, sha256, target, self.output.name_template, beside)
+        if not beside:
+            return str(moved), None
+        names = _group(moved.name, self.output.name_template)
+        return str(moved), {kind: str(moved.parent / names[kind]) for kind in ("json", "md")}
 
     def _s3(self, obj: S3Object, action: OnSuccess, source: Source) -> str | None:
         client, cfg = getattr(source, "client"), getattr(source, "cfg")

@@ -84,7 +84,10 @@ JSON_SCHEMA: dict[str, Any] = {
         "ocrwatch": {"type": "object", "required": ["version", "host"]},
         "searchable_pdf": {
             "oneOf": [
-                {"type": "object", "required": ["path", "bytes", "sha256"], "properties": _FILE},
+                {
+                    "type": "object", "required": ["path", "bytes", "sha256"],
+                    "properties": {**_FILE, "text_layer": {"type": "array", "items": {"enum": ["own", "ocr", "none"]}}},
+                },  # fmt: skip
                 {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}},
             ]
         },

@@ -70,20 +70,23 @@ def preflight(cfg: Config) -> None:
     poppler, a listen address that cannot be bound, an inbox that cannot be created, an ``[output] dir`` that
     cannot be written, missing language data or model folder. Creates the inboxes and ``[output] dir``."""
     needs = itertools.chain(_poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True))
-    _raise_first(needs, cfg)  # folders last: a start refused for another reason creates none
+    _raise_first(needs, cfg.source_file)  # folders last: a start refused for another reason creates none
 
 
-def require_languages(cfg: Config) -> None:
+def require_languages(cfg: Config, lang: str | None = None) -> None:
     """Raise ``ConfigError`` when Tesseract runs and lacks the data of a configured language (a reload adding an
-    inbox whose ``lang`` is not installed is refused, not run page after failing page)."""
-    if registry.choose(cfg.engine)[0] == "tesseract":
-        _raise_first(_tesseract(cfg), cfg)
+    inbox whose ``lang`` is not installed is refused, not run page after failing page); with ``lang`` (``ocrwatch
+    ocr --lang``), when Tesseract cannot run or lacks the data of that one."""
+    if lang is not None:
+        _raise_first(_tesseract(cfg, [("--lang", lang)]), None)
+    elif registry.choose(cfg.engine)[0] == "tesseract":
+        _raise_first(_tesseract(cfg), cfg.source_file)
 
 
-def _raise_first(results: Iterator[Result], cfg: Config) -> None:
+def _raise_first(results: Iterator[Result], source_file: Path | None) -> None:
     for result in results:
         if not result.ok:
-            where = f"{cfg.source_file}: " if cfg.source_file else ""
+            where = f"{source_file}: " if source_file else ""
             raise ConfigError(f"{where}{result.what}: {result.detail}", hint=result.hint or ConfigError.hint)
 
 
@@ -144,8 +147,9 @@ def _engine(cfg: Config, *, probe: bool) -> Iterator[Result]:
         yield _started(cfg, kind, start=False)
 
 
-def _tesseract(cfg: Config) -> Iterator[Result]:
-    """The binary, and language data for ``[engine.tesseract] lang`` and every inbox's ``lang``."""
+def _tesseract(cfg: Config, wanted: list[tuple[str, str]] | None = None) -> Iterator[Result]:
+    """The binary, and language data for each (key, lang) of ``wanted``; by default ``[engine.tesseract] lang``
+    and every inbox's ``lang``."""
     options = cfg.engine.tesseract
     path = shutil.which(options.binary)
     if path is None:
@@ -160,15 +164,17 @@ def _tesseract(cfg: Config) -> Iterator[Result]:
     version = (_output([path, "--version"]) or "").split()
     yield Result(True, "tesseract", f"{version[1] if len(version) > 1 else '(version unknown)'} at {path}")
     installed = {line.strip() for line in listed.splitlines()[1:] if line.strip()}
-    wanted = [("[engine.tesseract] lang", options.lang)]
-    wanted += [(f"inbox[{index}].lang", inbox.lang) for index, inbox in enumerate(cfg.inbox) if inbox.lang]
+    if wanted is None:
+        wanted = [("[engine.tesseract] lang", options.lang)]
+        wanted += [(f"inbox[{index}].lang", inbox.lang) for index, inbox in enumerate(cfg.inbox) if inbox.lang]
     for key, lang in wanted:
         missing = [name for name in lang.split("+") if name not in installed]
         if missing:
             packages = " ".join(f"tesseract-ocr-{name.lower().replace('_', '-')}" for name in missing)
+            fix = f"install {packages}" if all(missing) else "name languages as eng or eng+deu"
             yield Result(False, f"{key} {lang}",
                          f"tesseract has no language data for {', '.join(missing)} (installed: "
-                         f"{', '.join(sorted(installed))})", f"install {packages}, or change {key.split()[0]}")  # fmt: skip
+                         f"{', '.join(sorted(installed))})", f"{fix}, or change {key.split()[0]}")  # fmt: skip
         else:
             yield Result(True, f"{key} {lang}", "is installed")
 

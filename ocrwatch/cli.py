@@ -13,8 +13,6 @@ import asyncio
 import fnmatch
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ocrwatch import __version__, config as config_module
 from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
-from ocrwatch.logging import configure
+from ocrwatch.logging import configure, say
 from ocrwatch.naming import sidecar_names
 
 if TYPE_CHECKING:
@@ -90,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_module.load(args.config)
     except ConfigError as exc:
-        print(f"ocrwatch: invalid configuration:\n{exc.message}", file=sys.stderr)
+        say(f"ocrwatch: invalid configuration:\n{exc.message}")
         return EXIT_USAGE
     configure(cfg.log)
     command = {"run": _run, "ocr": _ocr, "status": _status, "retry": _retry, "check": _check}[args.command]
     try:
         return command(cfg, args)
     except OcrwatchError as exc:
-        print(f"ocrwatch: {exc.message} (hint: {exc.hint})", file=sys.stderr)
+        say(f"ocrwatch: {exc.message} (hint: {exc.hint})")
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -118,7 +116,7 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     missing = [path for path in args.paths if not path.exists()]
     if missing:
         for path in missing:
-            print(f"ocrwatch: no such file: {path}", file=sys.stderr)
+            say(f"ocrwatch: no such file: {path}")
         return EXIT_USAGE
     if args.lang is not None:
         _check_lang(cfg, args.lang, args.engine)
@@ -147,27 +145,13 @@ def _ocr_config(cfg: Config, args: argparse.Namespace) -> Config:
 
 
 def _check_lang(cfg: Config, lang: str, engine: str | None) -> None:
-    """``--lang``: Tesseract's, and only languages whose data is installed (``tesseract --list-langs``)."""
+    """``--lang``: Tesseract's, and only languages whose data is installed."""
+    from ocrwatch import checks
+
     if engine == "vllm":
         raise ConfigError("--lang sets Tesseract's language; --engine vllm reads every language itself",
                           hint="leave out --engine, or give --engine tesseract")  # fmt: skip
-    binary = cfg.engine.tesseract.binary
-    try:
-        listed = subprocess.run([binary, "--list-langs"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(
-            f"--lang needs Tesseract, and {binary!r} cannot run: {exc}",
-            hint="install the Debian package tesseract-ocr, or set [engine.tesseract] binary",
-        ) from None
-    available = {line.strip() for line in listed.stdout.splitlines()[1:] if line.strip()}  # after a heading line
-    missing = [name for name in lang.split("+") if name not in available]
-    if missing:
-        packages = " ".join(f"tesseract-ocr-{name.lower().replace('_', '-')}" for name in missing if name)
-        raise ConfigError(
-            f"--lang {lang}: Tesseract has no language data for {', '.join(map(repr, missing))}; "
-            f"installed: {', '.join(sorted(available - {'osd'}))}",
-            hint=f"install the Debian package(s) {packages}" if packages else "name languages as eng or eng+deu",
-        )
+    checks.require_languages(cfg, lang)
 
 
 def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list[tuple[Path, Path]]:
@@ -180,7 +164,7 @@ def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list
             wanted = tuple(patterns) if patterns else _inbox_patterns(cfg, path)
             documents = list(_walk(path, wanted, cfg.output.name_template))
             if not documents:
-                print(f"ocrwatch: {given}: no documents matching {' '.join(wanted)}", file=sys.stderr)
+                say(f"ocrwatch: {given}: no documents matching {' '.join(wanted)}", "warning")
             for document in documents:
                 found.setdefault(document, path)
         else:
@@ -207,14 +191,14 @@ def _walk(root: Path, patterns: tuple[str, ...], name_template: str) -> Iterator
     ignored = TEMPORARY_SUFFIXES + tuple("." + name.rsplit(".", 1)[-1] for name in sidecars)
 
     def refuse(error: OSError) -> None:
-        print(f"ocrwatch: {error.filename}: cannot be listed: {error.strerror}", file=sys.stderr)
+        say(f"ocrwatch: {error.filename}: cannot be listed: {error.strerror}", "warning")
 
     for folder, dirnames, filenames in os.walk(root, onerror=refuse):
         here = Path(folder)
         for name in [name for name in dirnames if name.startswith(".") or os.path.islink(here / name)]:
             dirnames.remove(name)
             if not name.startswith("."):
-                print(f"ocrwatch: {here / name}: a symbolic link, not followed", file=sys.stderr)
+                say(f"ocrwatch: {here / name}: a symbolic link, not followed", "warning")
         dirnames.sort()
         for name in sorted(filenames):
             lower = name.lower()
@@ -223,7 +207,7 @@ def _walk(root: Path, patterns: tuple[str, ...], name_template: str) -> Iterator
             if not any(fnmatch.fnmatchcase(lower, pattern) for pattern in lowered):
                 continue
             if os.path.islink(here / name):
-                print(f"ocrwatch: {here / name}: a symbolic link, not followed", file=sys.stderr)
+                say(f"ocrwatch: {here / name}: a symbolic link, not followed", "warning")
                 continue
             yield here / name
 
@@ -234,14 +218,14 @@ def _hand_over(client: Client, order: OcrRequest, report: _Report) -> bool:
     for event in client.request(order.as_json()):
         kind = event.get("event")
         if kind == "waiting":
-            print(f"ocrwatch: the daemon (pid {event.get('pid')}) is starting its engine; waiting", file=sys.stderr)
+            say(f"ocrwatch: the daemon (pid {event.get('pid')}) is starting its engine; waiting", "info")
         elif kind == "declined":
-            print(f"ocrwatch: {event.get('reason')}: reading here, with an engine of this run's own", file=sys.stderr)
+            say(f"ocrwatch: {event.get('reason')}: reading here, with an engine of this run's own", "warning")
             return False
         elif kind == "accepted":
-            print(
+            say(
                 f"ocrwatch: handed {len(order.files)} file(s) to the running daemon (pid {event.get('pid')}, "
-                f"engine {event.get('engine')})", file=sys.stderr,
+                f"engine {event.get('engine')})", "info",
             )  # fmt: skip
         else:
             report.show(event)
@@ -256,13 +240,32 @@ async def _ocr_here(cfg: Config, order: OcrRequest, report: _Report) -> None:
     from ocrwatch.sinks.local import LocalSink
 
     pipeline = Pipeline(cfg, None, Metrics())
+
+    async def prepare() -> None:
+        await asyncio.to_thread(_make_state_dir, cfg.state_dir)  # the documents' spool folders go there
+        await pipeline.start()
+
     try:
         await run_ocr(
             pipeline, LocalSink(cfg.output.name_template, cfg.output.dir), order.files, force=order.force,
-            emit=report.emit, lang=order.lang, before_first=pipeline.start,
+            emit=report.emit, lang=order.lang, before_first=prepare,
         )  # fmt: skip
     finally:
         await pipeline.close()
+
+
+def _make_state_dir(state_dir: Path) -> None:
+    """Create state_dir as the daemon does, mode 0700 with any missing parents: a daemon started later keeps its
+    ledger and its control socket in the very folder this made."""
+    from ocrwatch.ledger import StateUnusable, make_private_dirs
+
+    try:
+        make_private_dirs(state_dir)
+    except OSError as exc:
+        raise StateUnusable(
+            f"state_dir: {exc.filename or state_dir} cannot be created: {exc.strerror or exc}",
+            hint="make its parent folder writable by this user, or point state_dir at another folder",
+        ) from None
 
 
 class _Report:
@@ -277,11 +280,11 @@ class _Report:
     def show(self, event: dict[str, Any]) -> None:
         name = _shown(str(event.get("file")))
         if event.get("event") == "progress":
-            print(f"ocrwatch: {name}: {event['pages_done']}/{event['pages_total']} pages", file=sys.stderr)
+            say(f"ocrwatch: {name}: {event['pages_done']}/{event['pages_total']} pages", "info")
         elif event.get("event") == "result":
             self.counts[event["status"]] += 1
             if error := event.get("error"):
-                print(f"ocrwatch: {name}: {error['kind']}: {error['message']} (hint: {error['hint']})", file=sys.stderr)
+                say(f"ocrwatch: {name}: {error['kind']}: {error['message']} (hint: {error['hint']})")
 
     def finish(self) -> int:
         """Print the summary; the exit code: 1 when any file failed or was left unfinished."""
@@ -331,7 +334,7 @@ def _ask_daemon(cfg: Config, payload: dict[str, Any]) -> dict[str, Any] | None:
         for answer in client.request(payload):
             return answer
     except ControlError as exc:
-        print(f"ocrwatch: {exc.message}; using the ledger", file=sys.stderr)
+        say(f"ocrwatch: {exc.message}; using the ledger", "warning")
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import string
-import tomllib
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,6 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
 from ocrwatch.engines.tesseract_options import Lang, TesseractConfig
 from ocrwatch.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
 
 DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml"))
 

@@ -27,10 +27,11 @@ from ocrwatch import checks, config as config_module
 from ocrwatch.config import Config
 from ocrwatch.control import LOCK_NAME, ControlServer
 from ocrwatch.errors import ConfigError, OcrwatchError
-from ocrwatch.ledger import Ledger, StateUnusable
+from ocrwatch.ledger import Ledger, StateUnusable, make_private_dirs
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
+from ocrwatch.sources.base import Job
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.systemd import sd_notify, watchdog_interval
 
@@ -113,7 +114,9 @@ class Daemon:
         (SQS or webhook), whose sink shares its S3 client and its threads."""
         cfg = self.cfg
         template = cfg.output.name_template
-        self.local = LocalSource(cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template)
+        self.local = LocalSource(
+            cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template, lapsed=self._lapsed
+        )
         pipeline.add_source(self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox))
         if not cfg.s3:
             return
@@ -130,12 +133,19 @@ class Daemon:
             )
             pipeline.add_source(source, S3Sink(s3cfg, source.client, template), source.executor)
 
+    def _lapsed(self, job: Job) -> bool:
+        """Whether a job the ledger holds as done has lost its sidecars since (deleted, or not its own now): the
+        local source then submits it again, and ``Pipeline.submit`` does it again. Blocking."""
+        assert self.ledger is not None and self.pipeline is not None
+        row = self.ledger.known(job.key)
+        return row is not None and row.state == "done" and not self.pipeline.already_written(job, row.fingerprint)
+
     def _prepare_state_dir(self) -> None:
         """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the start with its
         name rather than failing every document later."""
         state = self.cfg.state_dir
         try:
-            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_private_dirs(state)  # as `ocrwatch ocr` makes it: 0700, and any missing parents too
             self._lock_state_dir()
             _reset_private_dir(state / "tmp")  # what sessions killed with the last process left behind
             for folder in (state, state / "tmp"):

@@ -9,24 +9,20 @@ drops it otherwise (the document runs again and records a new one). So a hook ru
 result that was published, and never for one that was not.
 
 The tables sit beside the ledger's ``jobs`` but have their own schema version (table ``hook_schema``), so the
-ledger's ``user_version`` stays the ledger's. Same concurrency contract as ``Ledger``: blocking, thread-safe
-methods, each one transaction, retried whole while another connection holds the write lock.
+ledger's ``user_version`` stays the ledger's. They are read and written through the ``Ledger`` itself, on its
+connection and its one transaction helper: blocking, thread-safe methods, each one write transaction, retried
+whole while another connection holds the write lock.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
-import tenacity
-
-from ocrwatch.errors import TransientError
-from ocrwatch.ledger import StateUnusable
+from ocrwatch.ledger import Ledger, StateUnusable
 
 T = TypeVar("T")
 
@@ -78,37 +74,14 @@ class Delivery:
 
 
 class Deliveries:
-    """The hook-delivery tables of the ledger file at ``path`` (created by ``Ledger`` first)."""
+    """The hook-delivery tables of ``ledger``'s file, made or upgraded when first opened."""
 
-    def __init__(self, path: Path, *, lock_budget: float = 30.0) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._lock_budget = lock_budget
-        self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(_is_busy),
-            stop=tenacity.stop_after_delay(lock_budget),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
-        )
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
         try:
-            self._conn = sqlite3.connect(
-                path, timeout=min(1.0, lock_budget), isolation_level=None, check_same_thread=False
-            )
+            self.transact(self._migrate)
         except sqlite3.DatabaseError as exc:
-            raise StateUnusable(f"the ledger {path} cannot hold hook deliveries: {exc}") from None
-        try:
-            self._conn.row_factory = sqlite3.Row
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._transact(self._migrate)
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise StateUnusable(f"the ledger {path} cannot hold hook deliveries: {exc}") from None
-        except BaseException:
-            self._conn.close()
-            raise
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+            raise StateUnusable(f"the ledger {ledger.path} cannot hold hook deliveries: {exc}") from None
 
     def hold(
         self, token: str, key: str, status: str, source: str, json: str, md: str, payload: bytes,
@@ -141,12 +114,17 @@ class Deliveries:
             )
             return event
 
-        return self._transact(tx)
+        return self.transact(tx)
 
-    def release(self, event: int) -> list[str]:
-        """Publish a held event: its deliveries may run. The hooks with a pending delivery of it."""
+    def release(self, event: int, moved: Mapping[str, str] | None = None) -> list[str]:
+        """Publish a held event: its deliveries may run. ``moved``: where its ``json`` and ``md`` sidecars are
+        now (``on_success = "move"`` took them), recorded first. The hooks with a pending delivery of it."""
 
         def tx(conn: sqlite3.Connection) -> list[str]:
+            if moved is not None:
+                conn.execute(
+                    "UPDATE hook_events SET json = ?, md = ? WHERE id = ?", (moved["json"], moved["md"], event)
+                )
             conn.execute("UPDATE hook_events SET held_by = NULL WHERE id = ?", (event,))
             return [
                 row[0]
@@ -155,15 +133,26 @@ class Deliveries:
                 )
             ]
 
-        return self._transact(tx)
+        return self.transact(tx)
+
+    def relocate(self, key: str, moved: Mapping[str, str]) -> None:
+        """The ``ok`` events of the document ``key``, wherever they are held, name its sidecars where a move took
+        them (``json``, ``md``): a start that finds a document done moves it after the process that held them
+        ended."""
+        self.transact(
+            lambda conn: conn.execute(
+                "UPDATE hook_events SET json = ?, md = ? WHERE key = ? AND status = 'ok'",
+                (moved["json"], moved["md"], key),
+            )
+        )
 
     def drop(self, event: int) -> None:
         """Forget an event whose result was never published."""
-        self._transact(lambda conn: _delete(conn, [event]))
+        self.transact(lambda conn: _delete(conn, [event]))
 
     def held_elsewhere(self, token: str) -> list[tuple[int, str, str]]:
         """Events held by other processes (ended before releasing them): id, document key, status."""
-        return self._transact(
+        return self.transact(
             lambda conn: [
                 (row["id"], row["key"], row["status"])
                 for row in conn.execute(
@@ -175,7 +164,7 @@ class Deliveries:
 
     def pending(self) -> list[tuple[str, int]]:
         """Deliveries of released events still to run, oldest first: hook, event."""
-        return self._transact(
+        return self.transact(
             lambda conn: [
                 (row[0], row[1])
                 for row in conn.execute(
@@ -197,7 +186,7 @@ class Deliveries:
             return Delivery(event, hook, row["key"], row["status"], row["source"], row["json"], row["md"],
                             bytes(row["payload"] or b""), row["state"], row["attempts"])  # fmt: skip
 
-        return self._transact(tx)
+        return self.transact(tx)
 
     def start_attempt(self, event: int, hook: str) -> int:
         """Count an attempt before it runs (a daemon killed meanwhile has used it); the total."""
@@ -210,11 +199,11 @@ class Deliveries:
             row = conn.execute("SELECT attempts FROM hook_deliveries WHERE event = ? AND hook = ?", (event, hook))
             return int(row.fetchone()[0])
 
-        return self._transact(tx)
+        return self.transact(tx)
 
     def give_back(self, event: int, hook: str) -> None:
         """A clean stop interrupted the attempt: it does not count."""
-        self._transact(
+        self.transact(
             lambda conn: conn.execute(
                 "UPDATE hook_deliveries SET attempts = max(attempts - 1, 0) WHERE event = ? AND hook = ?",
                 (event, hook),
@@ -235,7 +224,7 @@ class Deliveries:
                 (event, event),
             )
 
-        self._transact(tx)
+        self.transact(tx)
 
     # --- plumbing ---------------------------------------------------------------------------------------------
 
@@ -245,7 +234,7 @@ class Deliveries:
         version = 0 if row is None else int(row[0])
         if version > SCHEMA_VERSION:
             raise StateUnusable(
-                f"the ledger {self.path} has hook schema version {version}, newer than this ocrwatch's"
+                f"the ledger {self._ledger.path} has hook schema version {version}, newer than this ocrwatch's"
                 f" ({SCHEMA_VERSION})",
                 hint="upgrade ocrwatch, or point state_dir at another folder",
             )
@@ -255,37 +244,11 @@ class Deliveries:
         conn.execute("DELETE FROM hook_schema")
         conn.execute("INSERT INTO hook_schema (version) VALUES (?)", (SCHEMA_VERSION,))
 
-    def _transact(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``body`` in one write transaction, retried whole while the database is locked."""
-
-        def attempt() -> T:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = body(self._conn)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-            return result
-
-        with self._lock:
-            try:
-                return self._retrying(attempt)
-            except tenacity.RetryError as exc:
-                raise TransientError(
-                    f"the ledger {self.path} stayed locked for {self._lock_budget:g}s: {exc.last_attempt.exception()}",
-                    hint="another process holds the ledger's write lock; stop it (e.g. a stuck sqlite3 shell)",
-                ) from exc.last_attempt.exception()
+    def transact(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        return self._ledger.transact(body, write=True)  # the ledger's lock, connection and retries
 
 
 def _delete(conn: sqlite3.Connection, events: list[int]) -> None:
     conn.executemany("DELETE FROM hook_deliveries WHERE event = ?", [(event,) for event in events])
     conn.executemany("DELETE FROM hook_events WHERE id = ?", [(event,) for event in events])
 
-
-def _is_busy(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-    )

@@ -9,6 +9,7 @@ user what to do about it. ``classify`` is the one place that maps an arbitrary e
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import sqlite3
 
@@ -189,6 +190,32 @@ class StorageUnavailable(TransientError):
     hint = "the object store or queue did not answer; ocrwatch retries with backoff"
 
 
+# SQLite's primary result codes that ocrwatch tells apart; the sqlite3 module names them from Python 3.11 on.
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_NOTADB = 5, 6, 8, 11, 13, 26
+
+# How each one's message begins (SQLite's own English, fixed): Python 3.10's exceptions carry no code.
+_SQLITE_MESSAGES = {
+    "database is locked": SQLITE_BUSY,
+    "database table is locked": SQLITE_LOCKED,
+    "database schema is locked": SQLITE_LOCKED,
+    "attempt to write a readonly database": SQLITE_READONLY,
+    "database disk image is malformed": SQLITE_CORRUPT,
+    "database or disk is full": SQLITE_FULL,
+    "file is not a database": SQLITE_NOTADB,
+}
+
+
+def sqlite_code(exc: BaseException) -> int:
+    """The primary SQLite result code behind ``exc`` (one of those above, or another), 0 when there is none."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF
+    if not isinstance(exc, sqlite3.Error):
+        return 0
+    message = str(exc)
+    return next((code for start, code in _SQLITE_MESSAGES.items() if message.startswith(start)), 0)
+
+
 def classify(exc: BaseException) -> OcrwatchError:
     """Map any exception onto the hierarchy, so the caller never has to guess retryability."""
     if isinstance(exc, OcrwatchError):
@@ -196,11 +223,13 @@ def classify(exc: BaseException) -> OcrwatchError:
     if isinstance(exc, FileNotFoundError):
         return SourceGone(str(exc))
     if isinstance(exc, sqlite3.Error):  # the ledger's folder full or read-only is the place's fault too
-        code = getattr(exc, "sqlite_errorcode", None)
-        if code == sqlite3.SQLITE_FULL:
+        code = sqlite_code(exc)
+        if code == SQLITE_FULL:
             return DiskFull(f"the ledger cannot grow: {exc}")
-        if code == sqlite3.SQLITE_READONLY:
+        if code == SQLITE_READONLY:
             return OutputNotWritable(f"the ledger cannot be written: {exc}", hint="make state_dir writable")
+    if isinstance(exc, asyncio.TimeoutError):  # an OSError from Python 3.11 on, taken by the branch below
+        return TransientError(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return DiskFull(str(exc))
@@ -210,3 +239,4 @@ def classify(exc: BaseException) -> OcrwatchError:
             return NameTooLong(str(exc))
         return TransientError(f"{type(exc).__name__}: {exc}")
     return OcrwatchError(f"{type(exc).__name__}: {exc}")
+

@@ -73,7 +73,7 @@ class HookRunner:
     def __init__(self, hooks: Sequence[HookConfig], ledger: Ledger | None, metrics: Metrics) -> None:
         self.hooks = {hook.name: hook for hook in hooks} if ledger is not None else {}
         self._ledger = ledger
-        self._store = Deliveries(ledger.path) if ledger is not None and self.hooks else None
+        self._store = Deliveries(ledger) if ledger is not None and self.hooks else None
         self._token = secrets.token_hex(8)  # marks the events this process holds
         self._metrics = metrics
         self._queues: dict[str, asyncio.Queue[int]] = {name: asyncio.Queue() for name in self.hooks}
@@ -110,16 +110,15 @@ class HookRunner:
                  recovered=recovered)  # fmt: skip
 
     async def stop(self) -> None:
-        """Interrupt what runs (each command's process group killed, its attempt given back) and close; what
-        was pending stays so in the ledger and runs at the next start."""
+        """Interrupt what runs (each command's process group killed, its attempt given back) and close the HTTP
+        session (the ledger is its owner's to close); what was pending stays so in it and runs at the next
+        start."""
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers.clear()
         if self._session is not None:
             await self._session.close()
-        if self._store is not None:
-            self._store.close()
 
     async def hold(self, job: Job, document: dict[str, Any], sink: Sink) -> int | None:
         """Record ``document`` (a result or an error document) before it is published, with a delivery for each
@@ -135,13 +134,14 @@ class HookRunner:
             self._store.hold, self._token, job.key, status, job.origin.uri, json, md, payload, wanted
         )
 
-    async def release(self, event: int | None) -> None:
-        """The event's result is published and its document finished: its deliveries may run. Never raises:
-        an event left held is released by the next start."""
+    async def release(self, event: int | None, moved: Mapping[str, str] | None = None) -> None:
+        """The event's result is published and its document finished: its deliveries may run. ``moved``: where
+        ``archive.settle`` took the ``json`` and ``md`` sidecars, if it did, so a hook never gets a path that no
+        longer exists. Never raises: an event left held is released by the next start."""
         if event is None or self._store is None:
             return
         try:
-            hooks = await asyncio.to_thread(self._store.release, event)
+            hooks = await asyncio.to_thread(self._store.release, event, moved)
         except Exception as exc:
             error = classify(exc)
             log.error("hook_release_failed", kind=error.kind, error=error.message, hint="released at the next start")
@@ -149,6 +149,17 @@ class HookRunner:
         for hook in hooks:
             if hook in self.hooks:
                 self._enqueue(hook, event)
+
+    async def relocate(self, key: str, moved: Mapping[str, str] | None) -> None:
+        """The document ``key``'s sidecars were moved (``archive.settle``, at a start that found it done): its
+        recorded results name where they are now. Never raises: a hook is then told the old place."""
+        if moved is None or self._store is None:
+            return
+        try:
+            await asyncio.to_thread(self._store.relocate, key, moved)
+        except Exception as exc:
+            error = classify(exc)
+            log.error("hook_relocate_failed", kind=error.kind, error=error.message, moved=dict(moved))
 
     # --- the workers ------------------------------------------------------------------------------------------
 
@@ -230,7 +241,7 @@ class HookRunner:
 
         return AsyncRetrying(
             stop=stop_after_attempt(attempts),
-            wait=wait_exponential_jitter(initial=hook.backoff_initial_seconds, max=hook.backoff_max_seconds),
+            wait=wait_exponential_jitter(multiplier=hook.backoff_initial_seconds, max=hook.backoff_max_seconds),
             retry=retry_if_exception_type(HookFailed),
             before_sleep=before_sleep,
             reraise=True,
@@ -282,9 +293,8 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
                 write_end = -1
             tail = asyncio.create_task(_tail(output))
             try:
-                async with asyncio.timeout(timeout):
-                    code = await proc.wait()
-            except TimeoutError:
+                code = await asyncio.wait_for(proc.wait(), timeout)
+            except asyncio.TimeoutError:
                 raise HookFailed(f"hook {name}: still running after {timeout:g}s: its process group killed") from None
             finally:
                 if proc.returncode is None:
@@ -321,7 +331,7 @@ async def post(
             said = await response.content.read(OUTPUT_TAIL)
             if not 200 <= response.status < 300:
                 raise HookFailed(f"hook {name}: {url} answered {response.status}: {_printable(said)}")
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise HookFailed(f"hook {name}: {url}: {type(exc).__name__}: {exc}") from None
 
 

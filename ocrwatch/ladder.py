@@ -135,10 +135,16 @@ async def recognize_page(
 async def _attempt(engine: Engine, page: PageRequest, timeout_s: float) -> Recognition:
     """One attempt under the page timeout; on expiry the engine request is aborted, then ``PageTimeout``."""
     try:
-        async with asyncio.timeout(timeout_s) as deadline:
-            return await engine.recognize(page)
-    except TimeoutError as exc:
-        if not deadline.expired():
-            raise EngineFailed(f"{page.request_id}: engine timed out internally: {exc}") from exc
+        return await asyncio.wait_for(_recognize(engine, page), timeout_s)
+    except asyncio.TimeoutError:
         await engine.abort(page.request_id)
         raise PageTimeout(f"{page.request_id}: no answer within {timeout_s:g} s") from None
+
+
+async def _recognize(engine: Engine, page: PageRequest) -> Recognition:
+    """The engine's own timeout, told apart from the page timeout before ``wait_for`` sees it (the two
+    ``TimeoutError``s are one class from Python 3.11 on, two before)."""
+    try:
+        return await engine.recognize(page)
+    except (TimeoutError, asyncio.TimeoutError) as exc:
+        raise EngineFailed(f"{page.request_id}: engine timed out internally: {exc}") from exc

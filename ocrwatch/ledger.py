@@ -26,7 +26,10 @@ from typing import Any, Literal, TypeVar
 import structlog
 import tenacity
 
-from ocrwatch.errors import ConfigError, DiskFull, OcrwatchError, TransientError
+from ocrwatch.errors import (
+    SQLITE_BUSY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_LOCKED, SQLITE_NOTADB, ConfigError, DiskFull, OcrwatchError,
+    TransientError, sqlite_code,
+)
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
 
 State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
@@ -172,7 +175,7 @@ class Ledger:
     def __init__(self, path: Path, *, lock_budget: float = 30.0) -> None:
         self.path = path
         try:
-            _make_private_dirs(path.parent)
+            make_private_dirs(path.parent)
             # SQLite's own busy wait is the first line; tenacity retries the whole transaction around it, which
             # also covers the busy cases that bypass the handler (e.g. WAL recovery by another process).
             self._conn = sqlite3.connect(
@@ -264,10 +267,10 @@ class Ledger:
                 return True
             return row["state"] == "queued"
 
-        return self._transact(tx, write=True)
+        return self.transact(tx, write=True)
 
     def known(self, key: str) -> JobRow | None:
-        return self._transact(lambda conn: _maybe_row(conn.execute("SELECT * FROM jobs WHERE key = ?", (key,))))
+        return self.transact(lambda conn: _maybe_row(conn.execute("SELECT * FROM jobs WHERE key = ?", (key,))))
 
     def set_state(self, key: str, state: State, **fields: Any) -> None:
         """Move a job to another stage; ``fields`` may set pages_total and pages_done."""
@@ -298,7 +301,7 @@ class Ledger:
                 raise KeyError(key)
             return int(conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0])
 
-        return self._transact(tx, write=True)
+        return self.transact(tx, write=True)
 
     def release_attempt(self, key: str) -> None:
         """Give back the attempt counted at the start of a run that a clean shutdown interrupted: only an
@@ -321,7 +324,7 @@ class Ledger:
                 raise KeyError(key)
             return int(conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0])
 
-        return self._transact(tx, write=True)
+        return self.transact(tx, write=True)
 
     def mark_done(self, key: str) -> None:
         self.set_state(key, "done")
@@ -337,7 +340,7 @@ class Ledger:
     def unfinished(self) -> list[JobRow]:
         """Jobs to resume at start (queued or interrupted mid-stage), oldest first."""
         marks = ", ".join("?" * len(UNFINISHED))
-        return self._transact(
+        return self.transact(
             lambda conn: [
                 _job_row(r)
                 for r in conn.execute(
@@ -363,7 +366,7 @@ class Ledger:
             )
             return len(chosen)
 
-        return self._transact(tx, write=True)
+        return self.transact(tx, write=True)
 
     def summary(self, errors: int = 10) -> dict[str, Any]:
         """What ``ocrwatch status`` shows: counts by state, the oldest unfinished job, the latest errors."""
@@ -396,7 +399,7 @@ class Ledger:
                 ],
             }
 
-        return self._transact(tx)
+        return self.transact(tx)
 
     # --- plumbing ---------------------------------------------------------------------------------------------
 
@@ -413,11 +416,11 @@ class Ledger:
         self._conn.execute("PRAGMA cache_size = -512")
         # A page damaged in the middle only shows when a query reaches it: checked whole, once, before any use,
         # or lookups would miss rows and documents would be skipped or redone without a word.
-        problems = self._transact(lambda conn: [row[0] for row in conn.execute("PRAGMA quick_check(3)")])
+        problems = self.transact(lambda conn: [row[0] for row in conn.execute("PRAGMA quick_check(3)")])
         if problems != ["ok"]:
             said = " ".join(" ".join(problems).replace("*** in database main ***", "").split())  # one line
             raise StateUnusable(f"the ledger {self.path} is damaged: {said}", hint=_MOVE_ASIDE.format(self.path))
-        self._transact(self._migrate, write=True)
+        self.transact(self._migrate, write=True)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -439,9 +442,9 @@ class Ledger:
             if cur.rowcount == 0:
                 raise KeyError(key)
 
-        self._transact(tx, write=True)
+        self.transact(tx, write=True)
 
-    def _transact(self, body: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
+    def transact(self, body: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
         """Run ``body`` in one transaction, retried whole while the database is locked."""
 
         def attempt() -> T:
@@ -487,10 +490,10 @@ _MOVE_ASIDE = (
 def _unusable(path: Path, exc: OSError | sqlite3.DatabaseError) -> OcrwatchError:
     """What stops the ledger from opening, said in one line with what to do about it. A full disk is the one
     fault that heals by itself, so it stays transient (a restart later may succeed)."""
-    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
-    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+    code = sqlite_code(exc)
+    if code in (SQLITE_NOTADB, SQLITE_CORRUPT):
         return StateUnusable(f"the ledger {path} is damaged: {exc}", hint=_MOVE_ASIDE.format(path))
-    if code == sqlite3.SQLITE_FULL or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+    if code == SQLITE_FULL or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
         return DiskFull(f"the ledger {path} cannot be opened: {exc}", hint=f"free space on {path.parent}")
     return StateUnusable(
         f"the ledger {path} cannot be opened for writing: {exc}",
@@ -500,13 +503,10 @@ def _unusable(path: Path, exc: OSError | sqlite3.DatabaseError) -> OcrwatchError
 
 
 def _is_busy(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-    )
+    return isinstance(exc, sqlite3.OperationalError) and sqlite_code(exc) in (SQLITE_BUSY, SQLITE_LOCKED)
 
 
-def _make_private_dirs(path: Path) -> None:
+def make_private_dirs(path: Path) -> None:
     """Create ``path`` and any missing parents with mode 0700: the ledger names every document seen."""
     missing = [p for p in (path, *path.parents) if not p.exists()]
     for p in reversed(missing):

@@ -1,7 +1,9 @@
 """structlog set-up: JSON lines when not on a terminal (systemd, pipes), key=value on a terminal.
 
 Under systemd, each line also carries its level as sd-daemon(3)'s ``<N>`` prefix, so journald records the
-priority and ``journalctl -p err`` shows the failures alone; elsewhere the output is left as it is.
+priority and ``journalctl -p err`` shows the failures alone; elsewhere the output is left as it is. The lines the
+command line writes itself (a configuration error before logging is set up, a progress line) go through ``say``,
+which prefixes them the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +38,19 @@ def writes_to_journal(stream: TextIO) -> bool:
         return False
 
 
+def prefixed(text: str, level: str) -> str:
+    """``text`` with ``<N>`` before each of its lines: journald reads the prefix of each line apart."""
+    prefix = f"<{SYSLOG_PRIORITY.get(level, 6)}>"
+    return "\n".join(prefix + line for line in text.split("\n"))
+
+
+def say(text: str, level: str = "error") -> None:
+    """Write ``text`` to stderr as the command line's own message at ``level``: prefixed where stderr is the
+    journal, unchanged on a terminal or a pipe."""
+    stream = sys.stderr
+    print(prefixed(text, level) if writes_to_journal(stream) else text, file=stream, flush=True)
+
+
 class JournalPrefix:
     """Wraps the final renderer and puts ``<N>`` before every line it renders (a console traceback spans
     several, and journald reads the prefix of each)."""
@@ -44,9 +59,8 @@ class JournalPrefix:
         self._renderer = renderer
 
     def __call__(self, logger: Any, method_name: str, event_dict: structlog.typing.EventDict) -> str:
-        prefix = f"<{SYSLOG_PRIORITY.get(event_dict.get('level', method_name), 6)}>"
         rendered = self._renderer(logger, method_name, event_dict)
-        return "\n".join(prefix + line for line in str(rendered).split("\n"))
+        return prefixed(str(rendered), event_dict.get("level", method_name))
 
 
 def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:

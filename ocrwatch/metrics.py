@@ -86,6 +86,16 @@ class Metrics:
             "ocrwatch_hook_attempts", "Hook attempts, by hook and result (ok, error)", ["hook", "result"], registry=r
         )
         self.hook_pending = Gauge("ocrwatch_hook_pending", "Hook deliveries waiting or running", ["hook"], registry=r)
+        # What became of sources once done (``[output] on_success``): a failure leaves the source where it was.
+        self.archived = Counter(
+            "ocrwatch_sources_archived", "Sources moved or deleted once ok, by action (move, delete)", ["action"],
+            registry=r,
+        )
+        self.archive_failures = Counter(
+            "ocrwatch_source_archive_failures", "Sources left in place although on_success asked otherwise, by "
+            "action and reason (changed: not the bytes read; error: the move or delete failed)", ["action", "reason"],
+            registry=r,
+        )  # fmt: skip
         for status in ("ok", "partial", "failed"):
             self.documents.labels(status=status)
         for status in ("ok", "failed"):
@@ -102,6 +112,10 @@ class Metrics:
             self.tokens.labels(kind=kind)
         for stage in ("document", "page", "engine"):
             self.retries.labels(stage=stage)
+        for action in ("move", "delete"):
+            self.archived.labels(action=action)
+            for reason in ("changed", "error"):
+                self.archive_failures.labels(action=action, reason=reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

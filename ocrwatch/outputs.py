@@ -2,7 +2,8 @@
 
 ``prepare`` returns what the sink writes ahead of the JSON (``files``: names relative to the sidecars' folder or
 key prefix, as bytes or as a file in the job's spool folder), the JSON members that describe them
-(``searchable_pdf``, ``figures``: each file's path relative to the JSON, its size and sha256) and the folder the
+(``searchable_pdf``, ``figures``: each file's path relative to the JSON, its size and sha256; the searchable
+PDF's ``text_layer``, one per page: ``own``, ``ocr`` or ``none``) and the folder the
 Markdown links the figures into. The searchable PDF is built from the job's private copy, the bytes that were
 rendered, in a worker thread. A source whose text layer cannot be built (a PDF qpdf cannot read, one that
 needs a password to change) still gets its Markdown and JSON: the JSON says why, and the log does too; only a
@@ -53,6 +54,9 @@ class Copy(Protocol):
     @property
     def info(self) -> DocumentInfo: ...
 
+    @property
+    def sha256(self) -> str: ...
+
 
 async def prepare(
     output: OutputConfig, origin: Origin, copy: Copy, pages: Sequence[PageOutcome], spool_dir: Path,
@@ -67,7 +71,7 @@ async def prepare(
         started = time.monotonic()
         out = spool_dir / SPOOL_NAME
         try:
-            digest, size = await asyncio.to_thread(_build, source, copy.info.kind, pages, out)
+            digest, size, layers = await asyncio.to_thread(_build, source, copy.info.kind, pages, out, copy.sha256)
         except Exception as exc:
             error = classify(exc)
             if isinstance(error, PlaceFault):
@@ -78,7 +82,9 @@ async def prepare(
             result.sections["searchable_pdf"] = {"error": error.as_dict()}
         else:
             result.files[names["pdf"]] = out
-            result.sections["searchable_pdf"] = {"path": names["pdf"], "bytes": size, "sha256": digest}
+            result.sections["searchable_pdf"] = {
+                "path": names["pdf"], "bytes": size, "sha256": digest, "text_layer": layers,
+            }  # fmt: skip
         stages["searchable_pdf"] = time.monotonic() - started
     if output.images == "extract":
         result = Outputs(result.files, result.sections, names["assets"])
@@ -93,16 +99,19 @@ async def prepare(
     return result
 
 
-def _build(source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome], out: Path) -> tuple[str, int]:
-    """Write the searchable PDF to ``out``; its sha256 and size. Failed pages keep their page and get no text."""
+def _build(
+    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome], out: Path, sha256: str
+) -> tuple[str, int, list[textlayer.TextLayer]]:
+    """Write the searchable PDF to ``out``; its sha256, size and each page's text layer. Failed pages keep their
+    page and get no text."""
     texts = [
         textlayer.page_text(page.width, page.height, page.result.recognition.blocks)
         if page.result.status == "ok" and page.result.recognition is not None else None
         for page in pages
     ]  # fmt: skip
-    textlayer.searchable_pdf(source, kind, texts, out)
+    layers = textlayer.searchable_pdf(source, kind, texts, out, sha256)
     digest = hashlib.sha256()
     with open(out, "rb") as handle:
         while block := handle.read(1 << 20):
             digest.update(block)
-    return digest.hexdigest(), out.stat().st_size
+    return digest.hexdigest(), out.stat().st_size, layers

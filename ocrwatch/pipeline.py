@@ -94,7 +94,7 @@ class Pipeline:
         self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)  # one for every render worker
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
-        self.archive = Archiver(cfg.output, self.sources, self.sinks)  # what becomes of a source once it is done
+        self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)  # a source's fate once it is done
         self.scheduler: PageScheduler | None = None
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
@@ -217,7 +217,7 @@ class Pipeline:
         await self._ledger("admit", job, fingerprint)
         await self._ledger("mark_done", job.key)
         log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
-        await self._offload(job, self.archive.settle, job, None, fingerprint.sha256, None)  # if a stop came between
+        await self.hooks.relocate(job.key, await self._offload(job, self.archive.settle, job, None, fingerprint.sha256))
         await self.sources[job.source].finish(job, "done")
         return True
 
@@ -333,7 +333,7 @@ class Pipeline:
 
         return AsyncRetrying(
             stop=stop,
-            wait=wait_exponential_jitter(initial=retry.backoff_initial_seconds, max=retry.backoff_max_seconds),
+            wait=wait_exponential_jitter(multiplier=retry.backoff_initial_seconds, max=retry.backoff_max_seconds),
             retry=retry_if_exception(_is_transient),
             before_sleep=before_sleep,
             sleep=self._backoff,
@@ -343,7 +343,7 @@ class Pipeline:
     async def _backoff(self, seconds: float) -> None:
         """The pause between attempts, cut short by ``drain``: the job has nothing in progress, stays
         unfinished in the ledger and resumes at the next start."""
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._draining.wait(), seconds)
         if self._draining.is_set():
             raise asyncio.CancelledError
@@ -401,8 +401,8 @@ class Pipeline:
                 await self.write_sidecars(job, assemble.markdown(pages, made.assets), document, made)
         await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
         await self._ledger("mark_done", job.key)
-        await self._offload(job, self.archive.settle, job, document["status"], probed.sha256, probed.changed)
-        await self.hooks.release(event)
+        moved = await self._offload(job, self.archive.settle, job, document["status"], probed.sha256, probed.changed)
+        await self.hooks.release(event, moved)  # the hooks are told where a move took the sidecars
         self._record_success(job, document["status"], stages)
         await self.sources[job.source].finish(job, "done")
         log.info(

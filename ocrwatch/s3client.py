@@ -138,7 +138,7 @@ def error_code(exc: BaseException) -> str:
 def is_transient(exc: BaseException) -> bool:
     """True for failures of the world (connection refused, timeouts, 5xx, throttling) that a retry may cure."""
     if isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError,
-                        botocore.exceptions.IncompleteReadError, ConnectionError, TimeoutError)):
+                        botocore.exceptions.IncompleteReadError, ConnectionError, TimeoutError, asyncio.TimeoutError)):
         return True
     if isinstance(exc, botocore.exceptions.ClientError):
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)

@@ -69,7 +69,7 @@ class EngineSupervisor:
                 await asyncio.wait_for(old.close(), CLOSE_TIMEOUT_SECONDS)
             except Exception as exc:
                 log.warning("engine_close_failed", error=str(exc))
-        async for attempt in AsyncRetrying(wait=wait_exponential_jitter(initial=1, max=60), reraise=True):
+        async for attempt in AsyncRetrying(wait=wait_exponential_jitter(multiplier=1, max=60), reraise=True):
             with attempt:
                 self.engine = await self.start()
         log.info("engine_rebuilt")

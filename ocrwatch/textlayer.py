@@ -44,6 +44,14 @@ DEFAULT_IMAGE_DPI = 96.0
 MAX_PAGE_POINTS = 14400.0
 """The largest page side PDF viewers accept (200 inches); an image whose DPI would exceed it is shrunk."""
 
+TextLayer = Literal["own", "ocr", "none"]
+"""A page's text in the searchable PDF: its own (left as it is), the engine's, or none (a failed page)."""
+
+MARK = "ocrwatch/1"
+"""How a searchable PDF ocrwatch wrote begins its ``/OcrwatchSource`` document information entry."""
+
+_MARK_KEY = Name("/OcrwatchSource")
+_SHOW_TEXT = "Tj TJ ' \""
 _FONT = "/OcrGlyphless"
 _LAYER = "/OcrText"
 _CHAR_WIDTH = 0.5  # the glyphless font's advance, in text space units per unit of font size
@@ -130,11 +138,15 @@ def page_text(width: int, height: int, blocks: Sequence[dict[str, Any]]) -> Page
 
 
 def searchable_pdf(
-    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageText | None], out: BinaryIO | Path
-) -> None:
-    """Write ``source`` with its text layer to ``out``; ``pages`` has one entry per page (None: the page
-    failed and gets no text). Raises CorruptPdf, EncryptedPdf or CorruptImage when the source cannot be read
-    again, and OSError when ``out`` cannot be written."""
+    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageText | None], out: BinaryIO | Path,
+    sha256: str,
+) -> list[TextLayer]:  # fmt: skip
+    """Write ``source`` with its text layer to ``out``, marked as ocrwatch's for the source of ``sha256``
+    (``is_ours``); ``pages`` has one entry per page (None: the page failed and gets no text). Each page's layer:
+    ``own`` (a PDF page that already carries text keeps it and gets none, as OCRmyPDF's ``--skip-text`` does, so
+    no extractor reads its lines twice), ``ocr`` or ``none``. Raises CorruptPdf, EncryptedPdf or CorruptImage
+    when the source cannot be read again, and OSError when ``out`` cannot be written."""
+    layers: list[TextLayer] = []
     if kind == "pdf":
         pdf = _open_pdf(source)
         with pdf:
@@ -142,8 +154,14 @@ def searchable_pdf(
                 raise CorruptPdf(f"{source}: qpdf reads {len(pdf.pages)} pages, the renderer read {len(pages)}")
             font = _glyphless_font(pdf)
             for page, text in zip(pdf.pages, pages):
-                if text is not None and text.lines:
+                if has_text(page):
+                    layers.append("own")
+                elif text is not None and text.lines:
                     _add_text(pdf, page, text, font)
+                    layers.append("ocr")
+                else:
+                    layers.append("none")
+            _mark(pdf, sha256)
             # No stream is decoded, compressed or encoded again: the original pages keep their exact bytes. An
             # encrypted source (one that opens without a password) keeps its encryption and permissions; qpdf
             # encrypts its streams again at its own decode level, under a new random ID.
@@ -151,10 +169,65 @@ def searchable_pdf(
                 "stream_decode_level": pikepdf.StreamDecodeLevel.none, "deterministic_id": True,
             }  # fmt: skip
             pdf.save(out, compress_streams=False, **keep)
-        return
+        return layers
     with Pdf.new() as pdf:
         _image_pages(pdf, source, pages)
+        _mark(pdf, sha256)
         pdf.save(out, deterministic_id=True)
+    return ["ocr" if text is not None and text.lines else "none" for text in pages]
+
+
+def has_text(page: pikepdf.Page) -> bool:
+    """Whether the page shows text of its own: a text-showing operator with a non-empty string in its content
+    or in a form it draws (a born-digital page, or one another tool already gave a text layer)."""
+    return _shows_text(page.obj, page.resources, set())
+
+
+def is_ours(content: BinaryIO) -> bool:
+    """Whether ``content`` (a seekable file) is a searchable PDF ocrwatch wrote (``_mark``): one that a write
+    killed before its JSON left is then ocrwatch's to replace, and anything else stays the user's. qpdf reads
+    only the cross-reference table and the document information, never the whole file."""
+    try:
+        with Pdf.open(content, attempt_recovery=False) as pdf:
+            info = pdf.trailer.get(Name.Info)
+            return isinstance(info, Dictionary) and str(info.get(_MARK_KEY, "")).startswith(f"{MARK} ")
+    except (pikepdf.PdfError, pikepdf.PasswordError, ValueError, OSError):
+        return False
+
+
+def _mark(pdf: Pdf, sha256: str) -> None:
+    """Sign the document information: ``MARK`` and the sha256 of the source it was made of."""
+    pdf.docinfo[_MARK_KEY] = f"{MARK} sha256:{sha256}"
+
+
+def _shows_text(holder: pikepdf.Object, resources: Any, seen: set[tuple[int, int]]) -> bool:
+    """``holder``'s content (a page or a form XObject), then the forms of its ``resources``, each looked at
+    once."""
+    if holder.is_indirect:
+        if holder.objgen in seen:
+            return False
+        seen.add(holder.objgen)
+    try:
+        for operands, _ in pikepdf.parse_content_stream(holder, _SHOW_TEXT):
+            if any(_non_empty(operand) for operand in operands):
+                return True
+    except pikepdf.PdfError:  # content qpdf cannot parse shows no text a reader could extract either
+        return False
+    xobjects = resources.get(Name.XObject) if isinstance(resources, Dictionary) else None
+    if not isinstance(xobjects, Dictionary):
+        return False
+    return any(
+        isinstance(form, pikepdf.Stream) and form.get(Name.Subtype) == Name.Form
+        and _shows_text(form, form.get(Name.Resources, resources), seen)  # a form without its own uses the page's
+        for _, form in xobjects.items()
+    )  # fmt: skip
+
+
+def _non_empty(operand: Any) -> bool:
+    """A shown string with bytes in it: ``TJ``'s array holds strings between its spacing numbers."""
+    if isinstance(operand, pikepdf.String):
+        return len(bytes(operand)) > 0
+    return isinstance(operand, Array) and any(_non_empty(item) for item in operand)
 
 
 def _open_pdf(source: Path) -> Pdf:

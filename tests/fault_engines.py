@@ -147,7 +147,7 @@ class CrashingEngine(StubEngine):
             raise EngineDead(f"simulated crash on page call {call} ({page.request_id})")
         try:
             await asyncio.wait_for(self._died.wait(), timeout=self.delay)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return await _echo(page)
         raise EngineDead(f"simulated engine died while {page.request_id} was in flight")
 

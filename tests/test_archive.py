@@ -18,6 +18,7 @@ import pytest
 from ocrwatch.archive import Archiver, delete_local, move_local
 from ocrwatch.config import InboxConfig, OutputConfig, S3Config
 from ocrwatch.errors import SourceChanged, SourceGone
+from ocrwatch.metrics import Metrics
 from ocrwatch.sinks.local import LocalSink, dump_json
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource
@@ -47,10 +48,10 @@ def document_files(folder: Path, name: str = "report.pdf", status: str = "ok") -
     return source
 
 
-def archiver(inbox: Path, archive: Path, on_success: str = "move", **output: Any) -> Archiver:
+def archiver(inbox: Path, archive: Path, on_success: str = "move", metrics: Metrics | None = None) -> Archiver:
     source = LocalSource([InboxConfig(path=inbox, on_success=on_success)], reconcile_seconds=60, name_template="{name}")
-    cfg = OutputConfig(archive_dir=archive, **output)
-    return Archiver(cfg, {"local": source}, {"local": LocalSink()})
+    cfg = OutputConfig(archive_dir=archive)
+    return Archiver(cfg, {"local": source}, {"local": LocalSink()}, metrics or Metrics())
 
 
 def local_job(path: Path, inbox: Path) -> Job:
@@ -60,9 +61,10 @@ def local_job(path: Path, inbox: Path) -> Job:
 def test_move_takes_the_sidecars_and_outputs_into_the_mirrored_folder(tmp_path: Path) -> None:
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     source = document_files(inbox / "2024" / "march")
-    archiver(inbox, archive).settle(local_job(source, inbox), "ok", sha(CONTENT), lambda: False)
+    moved = archiver(inbox, archive).settle(local_job(source, inbox), "ok", sha(CONTENT), lambda: False)
 
     folder = archive / "scans" / "2024" / "march"
+    assert moved == {"json": str(folder / "report.pdf.json"), "md": str(folder / "report.pdf.md")}
     assert sorted(p.name for p in folder.iterdir()) == [
         "report.pdf", "report.pdf.assets", "report.pdf.json", "report.pdf.md", "report.pdf.ocr.pdf",
     ]  # fmt: skip
@@ -76,9 +78,10 @@ def test_a_taken_name_moves_the_group_under_a_number_and_its_links_follow(tmp_pa
     first = document_files(inbox)
     archiver(inbox, archive).settle(local_job(first, inbox), "ok", sha(CONTENT), None)
     again = document_files(inbox)
-    archiver(inbox, archive).settle(local_job(again, inbox), "ok", sha(CONTENT), None)
+    moved = archiver(inbox, archive).settle(local_job(again, inbox), "ok", sha(CONTENT), None)
 
     folder = archive / "scans"
+    assert moved == {"json": str(folder / "report.1.pdf.json"), "md": str(folder / "report.1.pdf.md")}
     assert (folder / "report.pdf.md").read_text().endswith("![](report.pdf.assets/page-1-figure-1.png)\n")
     assert (folder / "report.1.pdf").read_bytes() == CONTENT
     assert "![](report.1.pdf.assets/page-1-figure-1.png)" in (folder / "report.1.pdf.md").read_text()
@@ -110,7 +113,10 @@ def test_move_across_filesystems_copies_what_was_verified(tmp_path: Path) -> Non
 def test_delete_removes_only_the_source(tmp_path: Path) -> None:
     inbox = tmp_path / "scans"
     source = document_files(inbox)
-    archiver(inbox, tmp_path / "archive", "delete").settle(local_job(source, inbox), "ok", sha(CONTENT), None)
+    metrics = Metrics()
+    deleter = archiver(inbox, tmp_path / "archive", "delete", metrics)
+    assert deleter.settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None  # the sidecars stay
+    assert metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": "delete"}) == 1
     assert sorted(p.name for p in inbox.iterdir()) == [
         "report.pdf.assets", "report.pdf.json", "report.pdf.md", "report.pdf.ocr.pdf",
     ]  # fmt: skip
@@ -132,7 +138,12 @@ def test_a_file_changed_since_it_was_read_stays(tmp_path: Path, action: str) -> 
     inbox = tmp_path / "scans"
     source = document_files(inbox)
     source.write_bytes(CONTENT + b"appended later")
-    archiver(inbox, tmp_path / "archive", action).settle(local_job(source, inbox), "ok", sha(CONTENT), None)
+    metrics = Metrics()
+    refused = archiver(inbox, tmp_path / "archive", action, metrics)
+    assert refused.settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None
+    failures = {"action": action, "reason": "changed"}
+    assert metrics.registry.get_sample_value("ocrwatch_source_archive_failures_total", failures) == 1
+    assert metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": action}) == 0
     assert source.read_bytes() == CONTENT + b"appended later"
     assert (inbox / "report.pdf.json").is_file() and not (tmp_path / "archive").exists()
 
@@ -162,8 +173,8 @@ def test_sidecars_under_an_output_dir_stay_there(tmp_path: Path) -> None:
     source = document_files(inbox)
     source_cfg = LocalSource([InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{name}")
     mover = Archiver(OutputConfig(archive_dir=archive, on_success="move"), {"local": source_cfg},
-                     {"local": LocalSink("{name}", tmp_path / "out")})  # fmt: skip
-    mover.settle(local_job(source, inbox), "ok", sha(CONTENT), None)
+                     {"local": LocalSink("{name}", tmp_path / "out")}, Metrics())  # fmt: skip
+    assert mover.settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None  # the hooks' paths stand
     assert sorted(p.name for p in (archive / "scans").iterdir()) == ["report.pdf"]
 
 
@@ -171,7 +182,7 @@ def test_keep_and_jobs_of_no_inbox_are_left_alone(tmp_path: Path) -> None:
     inbox = tmp_path / "scans"
     source = document_files(inbox)
     archiver(inbox, tmp_path / "archive", "keep").settle(local_job(source, inbox), "ok", sha(CONTENT), None)
-    cli = Archiver(OutputConfig(on_success="delete"), {}, {})
+    cli = Archiver(OutputConfig(on_success="delete"), {}, {}, Metrics())
     cli.settle(Job(LocalFile(source, inbox), "ocr-1"), "ok", sha(CONTENT), None)
     assert source.read_bytes() == CONTENT
 
@@ -188,7 +199,7 @@ class _S3Source:
 
 
 def s3_archiver(server: MotoServer, **cfg: Any) -> Archiver:
-    return Archiver(OutputConfig(), {"s3:0": _S3Source(server, **cfg)}, {})  # type: ignore[dict-item]
+    return Archiver(OutputConfig(), {"s3:0": _S3Source(server, **cfg)}, {}, Metrics())  # type: ignore[dict-item]
 
 
 def put(server: MotoServer, bucket: str, key: str, body: bytes = CONTENT) -> S3Object:
@@ -206,7 +217,8 @@ def test_s3_delete_and_move(moto: MotoServer) -> None:
     gone = put(moto, "docs", "in/a.pdf")
     s3_archiver(moto, on_success="delete").settle(Job(gone, "s3:0"), "ok", None, None)
     moved = put(moto, "docs", "in/b.pdf")
-    s3_archiver(moto, on_success="move", archive_prefix="done/").settle(Job(moved, "s3:0"), "ok", None, None)
+    mover = s3_archiver(moto, on_success="move", archive_prefix="done/")
+    assert mover.settle(Job(moved, "s3:0"), "ok", None, None) is None  # its sidecars stay at their keys
     assert keys(moto, "docs") == ["done/in/b.pdf"]
     assert s3.get_object(Bucket="docs", Key="done/in/b.pdf")["Body"].read() == CONTENT
 

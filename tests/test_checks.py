@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from ocrwatch import checks
+from ocrwatch import checks, config
 from ocrwatch.config import S3Config
+from ocrwatch.errors import ConfigError
 from tests.s3servers import MotoServer, free_port
 
 pytest_plugins = ["tests.s3servers"]
@@ -83,6 +84,19 @@ def test_language_data_missing(tmp_path: Path) -> None:
     [failed] = failures(lines)
     assert failed.startswith("FAIL inbox[0].lang deu+zzz: tesseract has no language data for zzz")
     assert failed.endswith(": install tesseract-ocr-zzz, or change inbox[0].lang")
+
+
+def test_a_lang_given_on_the_command_line_is_checked_by_the_same_rule(tmp_path: Path) -> None:
+    """``ocrwatch ocr --lang``: the language check of ``check`` and of a start, naming the option, not the file."""
+    cfg = config.load(write_config(tmp_path))
+    checks.require_languages(cfg, "eng")
+    with pytest.raises(ConfigError) as raised:
+        checks.require_languages(cfg, "eng+zzz")
+    assert raised.value.message.startswith("--lang eng+zzz: tesseract has no language data for zzz (installed: ")
+    assert raised.value.hint == "install tesseract-ocr-zzz, or change --lang"
+    with pytest.raises(ConfigError) as raised:
+        checks.require_languages(cfg, "eng+")
+    assert raised.value.hint == "name languages as eng or eng+deu, or change --lang"
 
 
 def test_a_busy_metrics_port(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import re
+import stat
 import statistics
 import subprocess
 import sys
@@ -78,10 +79,13 @@ def test_ocr_usage_errors_exit_2(tmp_path: Path) -> None:
 def test_corpus_outcomes_through_the_cli(corpus_dir: Path, manifest: list[dict[str, Any]], tmp_path: Path) -> None:
     """Every small corpus entry gets the outcome its manifest states, sidecars written under --out."""
     entries = [e for e in manifest if (e.get("pages") or 0) <= 2]
-    proc = ocr("--out", tmp_path, *(corpus_dir / e["file"] for e in entries))
+    config = tmp_path / "ocrwatch.toml"  # outcomes and page counts, not text: Tesseract's lowest resolution will do
+    config.write_text('[engine]\nkind = "tesseract"\n[engine.tesseract]\ndpi = 70\n')
+    out = tmp_path / "out"
+    proc = ocr("--config", config, "--out", out, *(corpus_dir / e["file"] for e in entries))
     assert proc.returncode == 1, proc.stderr  # the manifest has error entries
     for entry in entries:
-        target = tmp_path / entry["file"]
+        target = out / entry["file"]
         if entry["expected"] == "ok":
             data = sidecar(target, ".json")
             jsonschema.validate(data, JSON_SCHEMA)
@@ -216,9 +220,20 @@ def test_ocr_lang_is_tesseracts_for_this_run_and_must_be_installed(tmp_path: Pat
     assert sidecar(page, ".json")["engine"]["lang"] == "deu"
     missing = ocr("--lang", "eng+xx_not_installed", page)
     assert missing.returncode == 2
-    assert "no language data for 'xx_not_installed'" in missing.stderr and "installed: " in missing.stderr
+    assert "no language data for xx_not_installed (installed: " in missing.stderr
     wrong_engine = ocr("--lang", "deu", "--engine", "vllm", page)
     assert wrong_engine.returncode == 2 and "--lang sets Tesseract's language" in wrong_engine.stderr
+
+
+def test_ocr_makes_state_dir_private_as_the_daemon_does(tmp_path: Path) -> None:
+    """state_dir will hold the ledger and the control socket: 0700, with each parent it had to make."""
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text(f'state_dir = "{tmp_path / "var" / "state"}"\n')
+    page = docs.write_png(tmp_path / "page.png", ["State folder"])
+    proc = ocr("--config", config, page)
+    assert proc.returncode == 0, proc.stderr
+    modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("var", "var/state", "var/state/tmp")}
+    assert modes == {"var": 0o700, "var/state": 0o700, "var/state/tmp": 0o700}
 
 
 def test_help_states_exit_codes_and_the_config_search_order() -> None:

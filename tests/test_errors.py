@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -54,3 +56,55 @@ def test_a_read_only_ledger_is_not_writable(tmp_path: Path) -> None:
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db, pytest.raises(sqlite3.Error) as raised:
         db.execute("INSERT INTO t VALUES (1)")
     assert isinstance(classify(raised.value), errors.OutputNotWritable)
+
+
+def _locked(path: Path) -> None:
+    with closing(sqlite3.connect(path, isolation_level=None)) as holder:
+        holder.execute("CREATE TABLE t (x)")
+        holder.execute("BEGIN IMMEDIATE")
+        with closing(sqlite3.connect(path, timeout=0)) as db:
+            db.execute("INSERT INTO t VALUES (1)")
+
+
+def _read_only(path: Path) -> None:
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (x)")
+        db.commit()
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        db.execute("INSERT INTO t VALUES (1)")
+
+
+def _full(path: Path) -> None:
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (x BLOB)")
+        db.execute("PRAGMA max_page_count = 4")
+        for _ in range(100):
+            db.execute("INSERT INTO t VALUES (zeroblob(4096))")
+
+
+def _not_a_database(path: Path) -> None:
+    path.write_bytes(b"not SQLite at all" * 512)
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("SELECT * FROM sqlite_master")
+
+
+@pytest.mark.parametrize(
+    ("cause", "code"),
+    [(_locked, errors.SQLITE_BUSY), (_read_only, errors.SQLITE_READONLY), (_full, errors.SQLITE_FULL),
+     (_not_a_database, errors.SQLITE_NOTADB)],
+)  # fmt: skip
+def test_sqlite_code_reads_the_code_or_else_sqlites_message(
+    tmp_path: Path, cause: Callable[[Path], None], code: int
+) -> None:
+    """The code where Python gives it (3.11+), else SQLite's message (3.10): the same for real SQLite errors."""
+    with pytest.raises(sqlite3.Error) as raised:
+        cause(tmp_path / "l.sqlite3")
+    assert errors.sqlite_code(raised.value) == code
+    assert errors.sqlite_code(type(raised.value)(*raised.value.args)) == code  # no code attached: the message
+    assert errors.sqlite_code(sqlite3.OperationalError("no such table: t")) == 0
+    assert errors.sqlite_code(OSError(errno.ENOSPC, "x")) == 0
+
+
+def test_an_asyncio_timeout_is_transient_on_every_python() -> None:
+    """A class apart from the builtin ``TimeoutError`` (an ``OSError``) before 3.11; transient either way."""
+    assert classify(asyncio.TimeoutError()).retryable and classify(TimeoutError()).retryable

@@ -108,7 +108,7 @@ def test_searchable_pdf_section_and_a_source_it_cannot_be_made_of(tmp_path: Path
     result, _ = recognised(page, "Invoice 4711 was paid")
     pages = [outcome(page, result, ())]
     info = render.probe(pdf, render.Limits.from_config(LimitsConfig()))
-    copy = type("Copy", (), {"path": pdf, "info": info})()
+    copy = type("Copy", (), {"path": pdf, "info": info, "sha256": hashlib.sha256(pdf.read_bytes()).hexdigest()})()
     job = Job(LocalFile(tmp_path / "inbox" / "letter.pdf", tmp_path / "inbox"), "local")
     stages: dict[str, float] = {}
     made = asyncio.run(outputs.prepare(OutputConfig(searchable_pdf=True), job.origin, copy, pages, tmp_path, stages))
@@ -116,7 +116,7 @@ def test_searchable_pdf_section_and_a_source_it_cannot_be_made_of(tmp_path: Path
     assert isinstance(built, Path) and stages["searchable_pdf"] > 0
     assert made.sections["searchable_pdf"] == {
         "path": "letter.pdf.ocr.pdf", "bytes": built.stat().st_size,
-        "sha256": hashlib.sha256(built.read_bytes()).hexdigest(),
+        "sha256": hashlib.sha256(built.read_bytes()).hexdigest(), "text_layer": ["ocr"],
     }  # fmt: skip
     jsonschema.validate(_document(job, pages, made), assemble.JSON_SCHEMA)
 

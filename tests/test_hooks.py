@@ -5,6 +5,7 @@ up, and results held by a process that ended, settled by the next one."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -20,7 +21,8 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from ocrwatch import config
-from ocrwatch.config import HookConfig
+from ocrwatch.archive import Archiver
+from ocrwatch.config import HookConfig, InboxConfig, OutputConfig
 from ocrwatch.errors import ConfigError
 from ocrwatch.hooks import HookRunner, sidecar_locations
 from ocrwatch.ledger import Fingerprint, Ledger
@@ -28,6 +30,7 @@ from ocrwatch.metrics import Metrics
 from ocrwatch.sinks.local import LocalSink, dump_json
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
+from ocrwatch.sources.local import LocalSource
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -339,6 +342,63 @@ async def test_a_stop_kills_a_running_hook_gives_its_attempt_back_and_the_next_s
     await eventually(lambda: rows(ledger)[0]["state"] == "done", what="the delivery done after the restart")
     assert len(records(out)) == 1 and rows(ledger)[0]["attempts"] == 1
     assert metrics.registry.get_sample_value("ocrwatch_hook_pending", {"hook": "post"}) == 0
+
+
+def archived(tmp_path: Path, job: Job) -> tuple[Archiver, Path]:
+    """An archiver moving ``job``'s inbox into ``archive/``, the job's sidecars written beside it; the folder its
+    sidecars go to."""
+    assert isinstance(job.origin, LocalFile)
+    folder = job.origin.path.parent
+    (folder / "report.pdf.md").write_text("<!-- page 1 -->\n\nText\n")
+    (folder / "report.pdf.json").write_bytes(dump_json(result(job)))
+    inbox = LocalSource([InboxConfig(path=job.origin.inbox, on_success="move")], reconcile_seconds=60,
+                        name_template="{name}")  # fmt: skip
+    archive = OutputConfig(archive_dir=tmp_path / "archive")
+    return Archiver(archive, {"local": inbox}, {"local": LocalSink()}, Metrics()), tmp_path / "archive" / "inbox"
+
+
+def settle(archiver: Archiver, job: Job) -> dict[str, str] | None:
+    assert isinstance(job.origin, LocalFile)
+    return archiver.settle(job, "ok", hashlib.sha256(job.origin.path.read_bytes()).hexdigest())
+
+
+async def test_a_hook_after_a_move_is_given_the_sidecars_where_the_move_put_them(
+    tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
+) -> None:  # fmt: skip
+    out = tmp_path / "received"
+    runner = await started(runners, [hook(command=[sys.executable, script(tmp_path, "r.py", RECORDER), str(out)])],
+                           ledger, Metrics())  # fmt: skip
+    archiver, moved_to = archived(tmp_path, job)
+    event = await runner.hold(job, result(job), LocalSink())  # what the pipeline does, in its order
+    ledger.mark_done(job.key)
+    await runner.release(event, settle(archiver, job))
+
+    (received,) = await eventually(lambda: records(out), what="the hook's record")
+    assert received["env"]["OCRWATCH_JSON"] == str(moved_to / "report.pdf.json")
+    assert received["env"]["OCRWATCH_MD"] == str(moved_to / "report.pdf.md")
+    assert Path(received["env"]["OCRWATCH_JSON"]).is_file() and Path(received["env"]["OCRWATCH_MD"]).is_file()
+    assert (rows(ledger)[0]["json"], rows(ledger)[0]["md"]) == (received["env"]["OCRWATCH_JSON"],
+                                                                received["env"]["OCRWATCH_MD"])  # fmt: skip
+
+
+async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_moved_sidecars(
+    tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
+) -> None:  # fmt: skip
+    out = tmp_path / "received"
+    command = [sys.executable, script(tmp_path, "r.py", RECORDER), str(out)]
+    archiver, moved_to = archived(tmp_path, job)
+    ended = HookRunner([hook(command=command)], ledger, Metrics())  # holds, and "dies" before the move
+    await ended.hold(job, result(job), LocalSink())
+    await ended.stop()
+    ledger.mark_done(job.key)
+
+    runner = HookRunner([hook(command=command)], ledger, Metrics())
+    runners.append(runner)
+    await runner.relocate(job.key, settle(archiver, job))  # the next start finds the document done and moves it
+    await runner.start()
+    (received,) = await eventually(lambda: records(out), what="the hook's record")
+    assert received["env"]["OCRWATCH_JSON"] == str(moved_to / "report.pdf.json")
+    assert Path(received["env"]["OCRWATCH_MD"]).is_file()
 
 
 def test_s3_documents_name_their_sidecars_as_s3_uris() -> None:

@@ -143,6 +143,28 @@ def test_a_page_that_always_hangs_fails_after_every_rung_timed_out() -> None:
     assert engine.requests.inflight == 0
 
 
+class OwnTimeoutEngine(EchoEngine):
+    """Times out on its own (a client's timeout, say) on a page's first attempt, long before the page timeout."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        super().__init__()
+        self.error = error
+
+    async def _work(self, page: PageRequest) -> Recognition:
+        if page.request_id.endswith("/a0"):
+            raise self.error("the engine's own client timed out")
+        return await super()._work(page)
+
+
+@pytest.mark.parametrize("error", [TimeoutError, asyncio.TimeoutError])  # one class from 3.11 on, two before
+def test_the_engines_own_timeout_is_a_failed_attempt_not_the_page_timeout(error: type[Exception]) -> None:
+    engine = OwnTimeoutEngine(error)
+    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+    assert [a["outcome"] for a in result.attempts] == ["engine_failed", "ok"]
+    assert "timed out internally" in result.attempts[0]["error"]["message"]
+    assert engine.requests.aborted == []
+
+
 def test_engine_failed_counts_as_a_failed_attempt() -> None:
     engine = CrashingEngine(every=1, error="failed")
     result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import structlog
 
-from ocrwatch.config import LogConfig
+from ocrwatch.config import InboxConfig, LogConfig
 from ocrwatch.logging import configure, writes_to_journal
 from tests import docs
 from tests.integration.conftest import DaemonProcess, wait_until
@@ -59,7 +59,7 @@ def records(output: str) -> list[tuple[int, dict[str, Any]]]:
     found = []
     for line in output.splitlines():
         match = PREFIXED.match(line)
-        if match:
+        if match and match.group(2).startswith("{"):
             found.append((int(match.group(1)), json.loads(match.group(2))))
     return found
 
@@ -76,6 +76,11 @@ def test_ocr_under_journal_prefixes_each_event_with_its_priority(tmp_path: Path)
     failed = [event for priority, event in events if priority <= 3]
     assert [(e["event"], e["kind"]) for e in failed] == [("job_failed", "not_a_document")], output
     assert any(event["event"] == "job_done" for _, event in events)
+    said = [line for line in output.splitlines() if not re.sub(r"^<\d>", "", line).startswith("{")]
+    summary = "1 done, 0 skipped, 1 failed"  # on stdout, which the user reads: never prefixed
+    assert [line for line in said if not PREFIXED.match(line)] == [summary], output
+    [error] = [line for line in said if line.startswith("<3>")]  # the CLI's own line for the failed file
+    assert error.startswith("<3>ocrwatch: bad.pdf: not_a_document: "), output
 
 
 @pytest.mark.integration
@@ -177,3 +182,36 @@ def test_writes_to_journal_only_for_the_named_stream(tmp_path: Path, monkeypatch
     assert not writes_to_journal(io.StringIO())  # no descriptor at all (pytest's capture, a test's buffer)
 
 
+
+
+def run_cli(tmp_path: Path, *args: str, journal: bool) -> tuple[int, list[str], str]:
+    """``ocrwatch ARGS`` as a process whose stderr is a file, named by ``JOURNAL_STREAM`` when ``journal``: its
+    exit status, its stderr's lines and its stdout."""
+    env = {k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"}
+    with open(tmp_path / "stderr", "w") as stream:
+        if journal:
+            env["JOURNAL_STREAM"] = journal_stream(stream.fileno())
+        proc = subprocess.run([sys.executable, "-m", "ocrwatch", *args], stderr=stream, stdout=subprocess.PIPE,
+                              text=True, env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    return proc.returncode, (tmp_path / "stderr").read_text().splitlines(), proc.stdout
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "terminal-or-pipe"])
+def test_the_command_lines_own_lines_carry_their_priority_under_journal(tmp_path: Path, journal: bool) -> None:
+    """What the command line writes itself, before logging is set up or beside it, is prefixed too."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nreconcile_seconds = -1\n")
+    status, lines, _ = run_cli(tmp_path, "run", "--config", str(bad), journal=journal)
+    assert status == 2 and len(lines) >= 2, lines
+    assert lines[0] == ("<3>" if journal else "") + "ocrwatch: invalid configuration:"
+    assert all(line.startswith("<3>") == journal for line in lines), lines  # the error's every line
+    assert any("reconcile_seconds" in line for line in lines)
+
+    good = tmp_path / "good.toml"
+    good.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    (tmp_path / "empty").mkdir()
+    status, lines, stdout = run_cli(tmp_path, "ocr", "--config", str(good), str(tmp_path / "empty"), journal=journal)
+    assert status == 0 and stdout == "0 done, 0 skipped, 0 failed\n"  # stdout: for the user, never prefixed
+    assert lines == [("<4>" if journal else "") + f"ocrwatch: {tmp_path / 'empty'}: no documents matching "
+                     + " ".join(InboxConfig.model_fields["patterns"].default)]  # fmt: skip
+    assert not (tmp_path / "state").exists()  # nothing to do: no state_dir made

@@ -7,9 +7,11 @@ import io
 from pathlib import Path
 from typing import Any
 
+import pikepdf
 import pytest
 from PIL import Image
 
+from ocrwatch import textlayer
 from ocrwatch.assemble import SCHEMA_ID
 from ocrwatch.config import S3Config
 from ocrwatch.errors import OutputConflict
@@ -110,6 +112,35 @@ def test_figures_left_by_a_write_that_never_reached_its_json_are_replaced(source
     assert (assets / "page-1-figure-1.png").read_bytes() == figure_png(1)
 
 
+def marked_pdf(path: Path, sha256: str = "ab" * 32) -> Path:
+    """A searchable PDF as ocrwatch writes it (through ``textlayer``), of a one-page PDF with no text."""
+    blank = path.with_name("blank.pdf")
+    with pikepdf.new() as pdf:
+        pdf.add_blank_page()
+        pdf.save(blank)
+    textlayer.searchable_pdf(blank, "pdf", [None], path, sha256)
+    return path
+
+
+def test_a_searchable_pdf_left_by_a_write_that_never_reached_its_json_is_replaced(
+    source: Path, tmp_path: Path
+) -> None:  # fmt: skip
+    left = marked_pdf(source.parent / "report.pdf.ocr.pdf")  # the PDF renamed in place, killed before the JSON
+    LocalSink().write(job_for(source), MD, document(), extras(tmp_path))
+    assert left.read_bytes() == b"%PDF-1.7 searchable"
+
+    marked_pdf(left)  # and removed, like a marked figure, once a version without one is written
+    LocalSink().write(job_for(source), MD, document(pdf=False), {})
+    assert not left.exists()
+
+    with pikepdf.new() as pdf:  # a user's real PDF, not marked: refused as before
+        pdf.add_blank_page()
+        pdf.docinfo["/Producer"] = "ocrwatch/1 but not by ocrwatch"
+        pdf.save(left)
+    with pytest.raises(OutputConflict, match="report.pdf.ocr.pdf"):
+        LocalSink().write(job_for(source), MD, document(), extras(tmp_path))
+
+
 def test_a_name_that_is_not_an_output_is_refused(source: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         LocalSink().write(job_for(source), MD, document(), {"../elsewhere.pdf": b"x"})
@@ -152,6 +183,10 @@ def test_s3_outputs_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
     s3.put_object(Bucket="docs", Key="in/report.pdf.ocr.pdf", Body=b"someone else's")
     with pytest.raises(OutputConflict):
         sink.write(job, MD, document(), extras(tmp_path))
+
+    s3.put_object(Bucket="docs", Key="in/report.pdf.ocr.pdf", Body=marked_pdf(tmp_path / "left.pdf").read_bytes())
+    sink.write(job, MD, document(), extras(tmp_path))  # left by a write that never reached its JSON: ocrwatch's
+    assert s3.get_object(Bucket="docs", Key="in/report.pdf.ocr.pdf")["Body"].read() == b"%PDF-1.7 searchable"
 
 
 def test_outputs_and_archived_copies_are_never_taken_for_documents(tmp_path: Path) -> None:

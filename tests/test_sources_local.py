@@ -87,10 +87,10 @@ async def until(predicate: Callable[[], object], what: str, timeout: float = 10.
 
 @contextlib.asynccontextmanager
 async def watching(
-    *inboxes: InboxConfig, reconcile_seconds: float = 60.0
+    *inboxes: InboxConfig, reconcile_seconds: float = 60.0, lapsed: Callable[[Job], bool] = lambda job: False
 ) -> AsyncIterator[tuple[LocalSource, Collector]]:
     collector = Collector()
-    source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}")
+    source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}", lapsed=lapsed)
     await source.start(collector, never_reject)
     try:
         yield source, collector
@@ -159,6 +159,75 @@ def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_i
             target.write_bytes(pdf_bytes(pages=1))
             await until(lambda: len(got.jobs) == 2, "the changed file")
             assert got.sizes[1] == target.stat().st_size
+
+    run(scenario())
+
+
+class Lapsed:
+    """The daemon's ``lapsed``: a document is done once submitted, and its sidecars lapse when its JSON sidecar
+    (beside it, or in ``out``) is gone. Records what it was asked."""
+
+    def __init__(self, out: Path | None = None) -> None:
+        self.out = out
+        self.asked: list[str] = []
+
+    def __call__(self, job: Job) -> bool:
+        assert isinstance(job.origin, LocalFile)
+        self.asked.append(job.origin.name)
+        return not ((self.out or job.origin.path.parent) / f"{job.origin.name}.json").exists()
+
+
+def test_a_sidecar_deleted_or_moved_away_beside_its_document_has_it_submitted_again_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lapsed = Lapsed()
+        async with watching(inbox(tmp_path / "in"), lapsed=lapsed) as (_, got):  # no reconciliation meanwhile
+            folder = (tmp_path / "in").resolve()
+            for name in ("a.pdf", "b.pdf"):
+                (folder / name).write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 2, "both files")
+            for name in ("a.pdf", "b.pdf"):  # what the sink writes
+                (folder / f"{name}.md").write_text("<!-- page 1 -->\n")
+                (folder / f"{name}.json").write_text("{}")
+            await asyncio.sleep(GRACE)
+            assert len(got.jobs) == 2, "a sidecar written made its document be taken again"
+            (folder / "a.pdf.json").unlink()
+            await until(lambda: len(got.jobs) == 3, "the document whose sidecar was deleted")
+            (folder / "b.pdf.json").rename(tmp_path / "elsewhere.json")
+            await until(lambda: len(got.jobs) == 4, "the document whose sidecar was moved away")
+            (folder / "b.pdf.json").write_text("{}")  # written again
+            (folder / "b.pdf.md").unlink()  # asked, but its JSON is there: not lapsed
+            await asyncio.sleep(GRACE)
+            assert got.names() == {"a.pdf", "b.pdf"} and len(got.jobs) == 4
+            assert lapsed.asked.count("b.pdf") >= 3  # the JSON written, moved away, the Markdown deleted
+
+    run(scenario())
+
+
+def test_reconciliation_submits_again_only_documents_whose_sidecars_lapsed(tmp_path: Path) -> None:
+    """Sidecars under ``[output] dir`` raise no event in the inbox: the periodic scan asks for every document it
+    submitted before and finds unchanged, and submits again only those whose sidecars lapsed."""
+    out = tmp_path / "out"
+    out.mkdir()
+
+    async def scenario() -> None:
+        lapsed = Lapsed(out)
+        async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3, lapsed=lapsed) as (_, got):
+            for name in ("kept.pdf", "lost.pdf"):
+                (tmp_path / "in" / name).write_bytes(PDF)
+                (out / f"{name}.json").write_text("{}")
+            await until(lambda: len(got.jobs) == 2, "both files")
+            await until(lambda: lapsed.asked.count("kept.pdf") >= 2, "two scans asking for each document")
+            assert len(got.jobs) == 2
+            (out / "lost.pdf.json").unlink()
+            await until(lambda: len(got.jobs) == 3, "the document whose sidecar was deleted")
+            assert got.jobs[2].origin.name == "lost.pdf"
+            (out / "lost.pdf.json").write_text("{}")  # written again
+            asked = len(lapsed.asked)
+            await until(lambda: len(lapsed.asked) >= asked + 4, "two scans: one that asked before is over")
+            submitted, asked = len(got.jobs), len(lapsed.asked)
+            await until(lambda: len(lapsed.asked) >= asked + 4, "two more scans")
+            assert len(got.jobs) == submitted
+            assert [job.origin.name for job in got.jobs].count("kept.pdf") == 1
 
     run(scenario())
 

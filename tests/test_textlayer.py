@@ -44,6 +44,7 @@ pytestmark = pytest.mark.skipif(
 PAGE_ONE = ["Invoice 4711 was paid", "on the twelfth of March.", "", "Total amount 17.50 EUR", "Thank you kindly"]
 PAGE_TWO = ["Second page of the letter", "with two lines of text"]
 TOLERANCE_PT = 1.5
+SHA = "ab" * 32  # the sha256 of the source, as the mark records it
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
@@ -172,7 +173,7 @@ def test_pdf_gets_the_text_in_reading_order_and_keeps_its_pages(tmp_path: Path) 
     source = docs.write_pdf(tmp_path / "letter.pdf", [PAGE_ONE, PAGE_TWO])
     pages = ocr(source)
     out = tmp_path / "letter.pdf.ocr.pdf"
-    textlayer.searchable_pdf(source, "pdf", texts(pages), out)
+    textlayer.searchable_pdf(source, "pdf", texts(pages), out, SHA)
 
     qpdf_check(out)
     extracted = page_texts(out)
@@ -196,11 +197,34 @@ def test_pdf_gets_the_text_in_reading_order_and_keeps_its_pages(tmp_path: Path) 
             )
 
 
+def test_a_page_with_text_of_its_own_keeps_it_and_gets_no_second_layer(tmp_path: Path) -> None:
+    """OCRmyPDF's ``--skip-text``: pdftotext reads each line of a born-digital page once; a scanned page beside
+    it gets the engine's text. The file is marked as ocrwatch's; its source is not."""
+    born = docs.write_pdf(tmp_path / "born.pdf", [PAGE_ONE], text_layer=True)
+    scan = docs.write_pdf(tmp_path / "scan.pdf", [PAGE_TWO])
+    source = tmp_path / "mixed.pdf"
+    with pikepdf.open(born) as pdf, pikepdf.open(scan) as other:
+        pdf.pages.extend(other.pages)
+        pdf.save(source)
+    out = tmp_path / "mixed.pdf.ocr.pdf"
+    assert textlayer.searchable_pdf(source, "pdf", texts(ocr(source)), out, SHA) == ["own", "ocr"]
+
+    qpdf_check(out)
+    first, second = page_texts(out)
+    for line in filter(None, PAGE_ONE):
+        assert first.count(line) == 1, first
+    assert similarity(second, " ".join(PAGE_TWO)) >= 0.9
+    with open(out, "rb") as made, open(source, "rb") as original:
+        assert textlayer.is_ours(made) and not textlayer.is_ours(original)
+    with pikepdf.open(out) as pdf:
+        assert str(pdf.docinfo["/OcrwatchSource"]) == f"ocrwatch/1 sha256:{SHA}"
+
+
 def test_a_failed_page_keeps_its_page_and_gets_no_text(tmp_path: Path) -> None:
     source = docs.write_pdf(tmp_path / "two.pdf", [PAGE_ONE, PAGE_TWO])
     first, second = texts(ocr(source))
     out = tmp_path / "two.pdf.ocr.pdf"
-    textlayer.searchable_pdf(source, "pdf", [None, second], out)
+    textlayer.searchable_pdf(source, "pdf", [None, second], out, SHA)
 
     qpdf_check(out)
     extracted = page_texts(out)
@@ -222,7 +246,7 @@ def test_rotated_page_with_offset_boxes_places_words_where_they_are_shown(tmp_pa
     pages = ocr(source)
     assert similarity(pages[0][1].markdown, "Rotated page of text with a second line") >= 0.9
     out = tmp_path / "rotated.pdf.ocr.pdf"
-    textlayer.searchable_pdf(source, "pdf", texts(pages), out)
+    textlayer.searchable_pdf(source, "pdf", texts(pages), out, SHA)
 
     qpdf_check(out)
     assert similarity(page_texts(out)[0], pages[0][1].markdown) >= 0.9
@@ -247,7 +271,7 @@ def test_pages_sharing_their_resources_each_get_their_own_text(tmp_path: Path) -
     assert pdftotext(source).strip() == ""
     pages = texts(ocr(source))
     out = tmp_path / "shared.pdf.ocr.pdf"
-    textlayer.searchable_pdf(source, "pdf", pages, out)
+    textlayer.searchable_pdf(source, "pdf", pages, out, SHA)
 
     qpdf_check(out)
     extracted = [" ".join(text.split()) for text in page_texts(out)]
@@ -260,7 +284,7 @@ def test_pages_sharing_their_resources_each_get_their_own_text(tmp_path: Path) -
 def test_encrypted_pdf_that_opens_without_a_password_stays_encrypted(tmp_path: Path) -> None:
     source = docs.write_encrypted_pdf(tmp_path / "open.pdf", user_password="", pages=[["Locked but open"]])
     out = tmp_path / "open.pdf.ocr.pdf"
-    textlayer.searchable_pdf(source, "pdf", texts(ocr(source)), out)
+    textlayer.searchable_pdf(source, "pdf", texts(ocr(source)), out, SHA)
 
     qpdf_check(out)
     assert "Locked but open" in pdftotext(out)
@@ -277,7 +301,7 @@ def test_non_latin_text_is_extracted_as_written(tmp_path: Path) -> None:
     )
     source = docs.write_pdf(tmp_path / "blank.pdf", [Image.new("L", docs.A4_150DPI, 255)])
     out = tmp_path / "blank.pdf.ocr.pdf"
-    textlayer.searchable_pdf(source, "pdf", [PageText(*docs.A4_150DPI, lines)], out)
+    textlayer.searchable_pdf(source, "pdf", [PageText(*docs.A4_150DPI, lines)], out, SHA)
 
     expected = [*words[:-1], "final"]  # NFKC splits the ligature, so a search for "final" finds it
     assert pdftotext(out).split() == expected
@@ -291,7 +315,7 @@ def test_deepseek_blocks_spread_their_lines_over_their_boxes(tmp_path: Path) -> 
     text = textlayer.page_text(width, height, blocks)
     source = docs.write_pdf(tmp_path / "paper.pdf", [Image.new("L", docs.A4_150DPI, 255)])
     out = tmp_path / "paper.pdf.ocr.pdf"
-    textlayer.searchable_pdf(source, "pdf", [text], out)
+    textlayer.searchable_pdf(source, "pdf", [text], out, SHA)
 
     qpdf_check(out)
     extracted = [" ".join(line.split()) for line in pdftotext(out).splitlines() if line.strip()]
@@ -329,7 +353,7 @@ def test_png_becomes_a_page_at_its_dpi_with_its_text(tmp_path: Path) -> None:
     source = docs.write_png(tmp_path / "scan.png", PAGE_ONE, dpi=200)
     pages = ocr(source)
     out = tmp_path / "scan.png.ocr.pdf"
-    textlayer.searchable_pdf(source, "image", texts(pages), out)
+    textlayer.searchable_pdf(source, "image", texts(pages), out, SHA)
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
@@ -345,7 +369,7 @@ def test_jpeg_keeps_its_bytes_and_its_orientation(tmp_path: Path, orientation: i
     source = docs.write_jpeg(tmp_path / "photo.jpg", PAGE_TWO, orientation=orientation)
     pages = ocr(source)
     out = tmp_path / "photo.jpg.ocr.pdf"
-    textlayer.searchable_pdf(source, "image", texts(pages), out)
+    textlayer.searchable_pdf(source, "image", texts(pages), out, SHA)
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
@@ -369,7 +393,7 @@ def test_tiff_frames_become_pages_and_a_failed_one_has_no_text(tmp_path: Path) -
     source = docs.write_tiff(tmp_path / "scan.tif", [PAGE_ONE, PAGE_TWO, ["Third frame"]])
     pages = texts(ocr(source))
     out = tmp_path / "scan.tif.ocr.pdf"
-    textlayer.searchable_pdf(source, "image", [pages[0], None, pages[2]], out)
+    textlayer.searchable_pdf(source, "image", [pages[0], None, pages[2]], out, SHA)
 
     qpdf_check(out)
     extracted = page_texts(out)
@@ -385,7 +409,7 @@ def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(tmp_path: Path
     picture = drawn.convert("1") if mode == "1" else drawn.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
     source = docs.write_png(tmp_path / "picture.png", picture, dpi=None)
     out = tmp_path / "picture.png.ocr.pdf"
-    textlayer.searchable_pdf(source, "image", texts(ocr(source)), out)
+    textlayer.searchable_pdf(source, "image", texts(ocr(source)), out, SHA)
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
@@ -405,15 +429,15 @@ def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(tmp_path: Path
 def test_unreadable_sources_raise_the_document_errors(tmp_path: Path) -> None:
     corrupt = docs.write_corrupt_pdf(tmp_path / "bad.pdf")
     with pytest.raises(CorruptPdf):
-        textlayer.searchable_pdf(corrupt, "pdf", [None], io.BytesIO())
+        textlayer.searchable_pdf(corrupt, "pdf", [None], io.BytesIO(), SHA)
     two = docs.write_pdf(tmp_path / "two.pdf", [["a"], ["b"]])
     with pytest.raises(CorruptPdf, match="2 pages"):
-        textlayer.searchable_pdf(two, "pdf", [None], io.BytesIO())
+        textlayer.searchable_pdf(two, "pdf", [None], io.BytesIO(), SHA)
     truncated = docs.write_truncated_png(tmp_path / "cut.png")
     with pytest.raises(CorruptImage):
-        textlayer.searchable_pdf(truncated, "image", [None], io.BytesIO())
+        textlayer.searchable_pdf(truncated, "image", [None], io.BytesIO(), SHA)
     with pytest.raises(FileNotFoundError):
-        textlayer.searchable_pdf(tmp_path / "gone.png", "image", [None], io.BytesIO())
+        textlayer.searchable_pdf(tmp_path / "gone.png", "image", [None], io.BytesIO(), SHA)
 
 
 # --- the shared corpus: born-digital pages rendered as images ------------------------------------------------
@@ -434,7 +458,7 @@ def test_corpus_born_digital_pages(corpus_dir: Path, manifest: list[dict[str, An
         scan = page_pdf(tmp_path / f"scan-{name}", render.render_page(original, info, index, spec).image, dpi=spec.dpi)
         pages = ocr(scan)
         out = tmp_path / f"{name}.ocr.pdf"
-        textlayer.searchable_pdf(scan, "pdf", texts(pages), out)
+        textlayer.searchable_pdf(scan, "pdf", texts(pages), out, SHA)
         qpdf_check(out)
         layer, markdown = page_texts(out)[0], pages[0][1].markdown
         own = pdftotext(original, "-f", str(index + 1), "-l", str(index + 1))

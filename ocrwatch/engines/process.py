@@ -208,7 +208,7 @@ class ProcessEngine:
         if proc is not None and proc.returncode is None:
             try:
                 await asyncio.wait_for(proc.wait(), CLOSE_SECONDS)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 log.warning("engine_process_killed", engine=self.name, after_seconds=CLOSE_SECONDS)
                 self._kill()
                 await proc.wait()

@@ -97,7 +97,7 @@ class EngineSet:
             await engine.close()  # bounded: a ProcessEngine kills a child that does not stop in CLOSE_SECONDS
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(lambda exc: errors.classify(exc).retryable),
-                wait=wait_exponential_jitter(initial=1, max=60),
+                wait=wait_exponential_jitter(multiplier=1, max=60),
                 reraise=True,
             ):
                 with attempt:

@@ -1,9 +1,10 @@
 """Further outputs in a local folder (the searchable PDF, the figures under ``NAME.assets/``): the checks made
 before anything is written, the figures' folder, and the removal of what a previous version left.
 
-The rule of ``sinks.base`` holds: only ocrwatch's own files are replaced or removed. The searchable PDF is
-ocrwatch's when the JSON sidecar beside it is and records it (``searchable_pdf.path``); a figure by its own mark
-(``figures.is_ours``), so the figures of a write that never reached its JSON are known as ocrwatch's too. Inside
+The rule of ``sinks.base`` holds: only ocrwatch's own files are replaced or removed. A further output is
+ocrwatch's when the JSON sidecar beside it is and records it (``searchable_pdf.path``), or by its own mark (the
+searchable PDF's ``textlayer.is_ours``, a figure's ``figures.is_ours``), so the outputs of a write that never
+reached its JSON are known as ocrwatch's too. Inside
 the assets folder only the names ``naming.FIGURE_FILE`` are ever touched, and the folder is removed only once
 empty.
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from ocrwatch import figures
+from ocrwatch import figures, textlayer
 from ocrwatch.errors import OutputConflict
 from ocrwatch.naming import FIGURE_FILE
 from ocrwatch.sinks.base import Extra
@@ -52,6 +53,18 @@ def check(
         found = look(path, PROBE_BYTES)
         if found is not None and (found.other is not None or not figures.is_ours(found.head)):
             raise conflict(path, found.other or "a file ocrwatch did not write")
+
+
+def pdf_marked(path: Path) -> bool:
+    """Whether the regular file at ``path`` is a searchable PDF ocrwatch marked (``textlayer.is_ours``); opened
+    without following a link or blocking on a FIFO, and read by qpdf only where it needs to."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and textlayer.is_ours(handle)
 
 
 def make_assets(folder: Path, fsync_dir: Callable[[Path], None]) -> None:

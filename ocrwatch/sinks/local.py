@@ -236,7 +236,7 @@ class LocalSink:
         paths, outputs = self.paths(job), self.outputs(job)
         extra_names(extras, {kind: path.name for kind, path in outputs.items()})
         self._prepare(job, paths, "md", "json")
-        pdf_ours = _records_pdf(paths["json"], job.origin)  # the previous result's, if ocrwatch wrote it
+        pdf_ours = _pdf_ours(paths["json"], outputs["pdf"], job.origin)
         further.check(outputs, extras, pdf_ours, look, _conflict)
         atomic_write(paths["md"], _encode_markdown(markdown))
         for name, content in extras.items():
@@ -251,7 +251,7 @@ class LocalSink:
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         paths = self.paths(job)
         self._prepare(job, paths, "error")
-        pdf_ours = _records_pdf(paths["json"], job.origin)
+        pdf_ours = _pdf_ours(paths["json"], self.outputs(job)["pdf"], job.origin)
         atomic_write(paths["error"], dump_json(error))
         self._remove_own(job, paths, "json", "md")  # a previous version's result must not stand for this one
         further.remove_stale(self.outputs(job), (), pdf=pdf_ours, look=look, fsync_dir=_fsync_dir)
@@ -359,14 +359,16 @@ def _whose(head: bytes, origin: Origin) -> str | None:
     return f"the sidecar of {other}, which lies beside {origin.name}"
 
 
-def _records_pdf(path: Path, origin: Origin) -> bool:
-    """Whether the JSON sidecar at ``path`` is ocrwatch's for ``origin`` and records a searchable PDF, which is
-    then ocrwatch's to replace or remove."""
+def _pdf_ours(path: Path, pdf: Path, origin: Origin) -> bool:
+    """Whether the searchable PDF at ``pdf`` is ocrwatch's to replace or remove: the JSON sidecar at ``path``,
+    ocrwatch's for ``origin``, records one, or the file carries ocrwatch's mark (a write killed between the PDF
+    and its JSON left it), as a figure does."""
     found = look(path, HEAD_BYTES)
-    if found is None or found.other is not None or _whose(found.head, origin) is not None:
-        return False
-    section = json_member(found.head, "searchable_pdf")
-    return isinstance(section, dict) and "path" in section
+    if found is not None and found.other is None and _whose(found.head, origin) is None:
+        section = json_member(found.head, "searchable_pdf")
+        if isinstance(section, dict) and "path" in section:
+            return True
+    return further.pdf_marked(pdf)
 
 
 def _conflict(path: Path, what: str) -> OutputConflict:

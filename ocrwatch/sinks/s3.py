@@ -11,11 +11,13 @@ outputs go beside them, before the JSON: ``report.pdf.ocr.pdf`` (``application/p
 The sink contract (``sinks.base``) holds here as for local files: every sidecar's key must fit S3's 1024 bytes
 before anything is written (a key that cannot exist holds nothing, so ``recorded`` is None for it rather than
 an error the sender would be asked to retry for ever); only ocrwatch's own objects are replaced or removed,
-recognised by a bounded ranged read of their head; a failure removes the previous version's result.
+recognised by a bounded ranged read of their head (a searchable PDF no JSON records: by its mark, read whole);
+a failure removes the previous version's result.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ import structlog
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
-from ocrwatch import figures
+from ocrwatch import figures, textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
 from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
@@ -39,6 +41,8 @@ JSON = "application/json"
 CONTENT_TYPES = {".pdf": "application/pdf", ".png": "image/png"}
 MAX_KEY_BYTES = 1024
 PROBE_BYTES = 4096
+SPOOL_BYTES = 16 * 1024 * 1024
+"""An object read whole (a searchable PDF no JSON records) stays in memory up to this size, then on disk."""
 _ABSENT = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 
 
@@ -87,7 +91,7 @@ class S3Sink:
         folder = outputs["pdf"][: len(outputs["pdf"]) - len(outputs["pdf"].rpartition("/")[2])]
         targets = {folder + name: content for name, content in extras.items()}
         self._prepare(bucket, {**keys, **{name: name for name in targets}}, "md", "json")
-        pdf_ours = self._records_pdf(bucket, keys["json"])
+        pdf_ours = self._pdf_ours(bucket, keys["json"], outputs["pdf"])
         self._check_extras(bucket, outputs, targets, pdf_ours)
         self._put(job, bucket, keys["md"], markdown.encode("utf-8"), MARKDOWN)
         for key, content in targets.items():
@@ -99,18 +103,38 @@ class S3Sink:
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
         self._prepare(bucket, keys, "error")
-        pdf_ours = self._records_pdf(bucket, keys["json"])
+        pdf_ours = self._pdf_ours(bucket, keys["json"], self.outputs(job)["pdf"])
         self._put(job, bucket, keys["error"], dump_json(error), JSON)
         self._remove_own(bucket, keys, "json", "md")  # a previous version's result must not stand for this one
         self._remove_stale(bucket, self.outputs(job), set(), pdf_ours)
 
     # -- the further outputs: checked before writing, removed once no result describes them
 
-    def _records_pdf(self, bucket: str, key: str) -> bool:
-        """Whether the JSON sidecar at ``key`` is ocrwatch's and records a searchable PDF (then ocrwatch's)."""
+    def _pdf_ours(self, bucket: str, key: str, pdf: str) -> bool:
+        """Whether the searchable PDF at ``pdf`` is ocrwatch's: the JSON sidecar at ``key`` is ocrwatch's and
+        records one, or the object carries ocrwatch's mark (``textlayer.is_ours``: a write that never reached its
+        JSON left it). The object is read into a spooled file, as qpdf reads its end first."""
         head = self._head(bucket, key, HEAD_BYTES)
         section = json_member(head, "searchable_pdf") if head is not None and owns_json(head) else None
-        return isinstance(section, dict) and "path" in section
+        if isinstance(section, dict) and "path" in section:
+            return True
+        if self._head(bucket, pdf, 1) is None:
+            return False
+        with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as copy:
+
+            def fetch() -> None:  # each attempt from the start
+                copy.seek(0)
+                copy.truncate()
+                self._client.download_fileobj(bucket, pdf, copy)
+
+            try:
+                call(fetch)
+            except Exception as exc:
+                if error_code(exc) in _ABSENT:
+                    return False
+                raise storage_error(exc, f"reading s3://{bucket}/{pdf}") from None
+            copy.seek(0)
+            return textlayer.is_ours(copy)  # type: ignore[arg-type]
 
     def _check_extras(self, bucket: str, outputs: dict[str, str], targets: Mapping[str, Extra], pdf_ours: bool) -> None:
         for key in targets:

@@ -2,8 +2,11 @@
 
 Each ``[[inbox]]`` gets its own observer (``watch`` chooses inotify or polling). Events only say *where to
 look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and every candidate passes the
-same readiness check (closed or stable, then the cheap probe of ``settle``) before ``submit``. Every stat,
-probe and scan runs in a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened
+same readiness check (closed or stable, then the cheap probe of ``settle``) before ``submit``. A document
+submitted before is submitted again, and so redone, once its sidecars are gone or no longer its own while its
+ledger row says done (``lapsed``, the daemon's question): asked as soon as an event names one of its sidecars,
+and of every unchanged document at each scan, at the cost of a ledger read and a sidecar's head, never a hash.
+Every stat, probe and scan runs in a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened
 before ``lstat`` says it is a regular file, so a FIFO cannot hang a reader. No link is followed, to a file or
 to a folder, inside the inbox or out of it: each is refused with one log line (``beneath``).
 
@@ -19,7 +22,7 @@ import fnmatch
 import os
 import stat
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -169,9 +172,14 @@ class LocalSource:
 
     name = "local"
 
-    def __init__(self, inboxes: Sequence[InboxConfig], *, reconcile_seconds: float, name_template: str) -> None:
+    def __init__(
+        self, inboxes: Sequence[InboxConfig], *, reconcile_seconds: float, name_template: str,
+        lapsed: Callable[[Job], bool] = lambda job: False,
+    ) -> None:  # fmt: skip
+        """``lapsed``: whether a document submitted before was done and has lost its sidecars since (blocking)."""
         self._reconcile_seconds = reconcile_seconds
         self._name_template = name_template
+        self._lapsed = lapsed
         # Every sidecar ends like one of these, whatever the template: a sidecar is never taken for a document.
         self._ignored = TEMPORARY_SUFFIXES + tuple(
             "." + name.rsplit(".", 1)[-1] for name in sidecar_names("x", name_template).values()
@@ -285,6 +293,36 @@ class LocalSource:
         for path in inbox.settled.keys() - found.keys():
             del inbox.settled[path]
         inbox.refused = {path for path in inbox.refused if isinstance(found.get(path), str)}
+        await self._redo_lapsed(inbox, [path for path, seen in found.items() if inbox.settled.get(path) == seen])
+
+    async def _redo_lapsed(self, inbox: _Inbox, paths: Iterable[Path]) -> None:
+        """Submit again those of ``paths`` that were submitted, are not being looked at, and whose sidecars have
+        lapsed; one worker thread asks for them all."""
+        asked = [path for path in paths if isinstance(inbox.settled.get(path), Signature) and path not in inbox.pending]
+        if not asked:
+            return
+        try:
+            lapsed = await self._blocking(lambda: [path for path in asked if self._lapsed(self._job(inbox, path))])
+        except Exception:  # the ledger busy or closing: the next scan asks again
+            log.exception("local_lapsed_check_failed", inbox=str(inbox.root))
+            return
+        for path in lapsed:
+            if self._inboxes.get(inbox.root) is inbox and path in inbox.settled:
+                log.info("local_sidecars_lapsed", path=str(path), inbox=str(inbox.root))
+                del inbox.settled[path]
+                self._consider(inbox, path, closed=True)
+
+    def _sidecar_of(self, inbox: _Inbox, path: Path) -> Path | None:
+        """The submitted document whose Markdown or JSON sidecar ``path`` names, beside it; None for any other
+        file (looked for only when such a name goes away or is written over, which is rare)."""
+        if not path.name.endswith((".md", ".json")):
+            return None
+        for document, seen in inbox.settled.items():
+            if document.parent == path.parent and isinstance(seen, Signature):
+                names = sidecar_names(document.name, self._name_template)
+                if path.name in (names["md"], names["json"]):
+                    return document
+        return None
 
     async def _watch(self, inbox: _Inbox) -> None:
         assert self._loop is not None
@@ -329,18 +367,27 @@ class LocalSource:
         elif isinstance(event, (FileMovedEvent, FileDeletedEvent)):
             if source is not None:
                 inbox.settled.pop(source, None)
+                self._sidecar_changed(inbox, source)
             if target is not None:
                 self._consider(inbox, target, closed=True)
         elif isinstance(event, FileCreatedEvent) and source is not None and not inbox.accepts(source):
             if inbox.covers(source.parent):
                 self._spawn(self._refuse_folder_link(inbox, source))
         elif source is not None and not event.is_directory:
+            if isinstance(event, FileClosedEvent):  # the sink writes by rename: a close there is someone else's
+                self._sidecar_changed(inbox, source)
             self._consider(
                 inbox,
                 source,
                 closed=isinstance(event, FileClosedEvent),
                 wrote=isinstance(event, FileModifiedEvent),
             )
+
+    def _sidecar_changed(self, inbox: _Inbox, path: Path) -> None:
+        """A sidecar beside a submitted document was removed, moved away or written over: is it still done?"""
+        document = self._sidecar_of(inbox, path)
+        if document is not None:
+            self._spawn(self._redo_lapsed(inbox, [document]))
 
     async def _scan_into(self, inbox: _Inbox, folder: Path, *, closed: bool) -> None:
         if not inbox.covers(folder):
@@ -423,7 +470,7 @@ class LocalSource:
                     continue
                 delay = await self._look(pending, signature)
                 if delay is not None:
-                    with contextlib.suppress(TimeoutError):
+                    with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(pending.nudge.wait(), delay)
         except OSError as exc:
             log.warning("local_inspect_failed", path=str(pending.path), error=str(exc))
@@ -452,17 +499,8 @@ class LocalSource:
             return 0.0  # replaced while being probed: the next look says by what
         if after != signature:
             return 0.0  # it changed while being probed
-        job = Job(
-            origin=LocalFile(pending.path, inbox.root),
-            source=self.name,
-            priority=inbox.config.priority,
-            prompt=inbox.config.prompt,
-            max_bytes=inbox.config.max_bytes,
-            max_pages=inbox.config.max_pages,
-            detected_at=pending.detected_at,
-        )
         assert self._submit is not None
-        await self._submit(job)
+        await self._submit(self._job(inbox, pending.path, pending.detected_at))
         inbox.settled[pending.path] = signature
         log.info(
             "local_submitted",
@@ -473,6 +511,13 @@ class LocalSource:
             probe="ok" if complete else "failed",
         )
         return None
+
+    def _job(self, inbox: _Inbox, path: Path, detected_at: float | None = None) -> Job:
+        config = inbox.config
+        return Job(
+            origin=LocalFile(path, inbox.root), source=self.name, priority=config.priority, prompt=config.prompt,
+            max_bytes=config.max_bytes, max_pages=config.max_pages, detected_at=detected_at or time.time(),
+        )  # fmt: skip
 
     def _refuse(self, inbox: _Inbox, path: Path, reason: str) -> None:
         inbox.settled[path] = reason

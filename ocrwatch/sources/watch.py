@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import watchdog.events
 from watchdog.events import (
     DirCreatedEvent,
     DirMovedEvent,
-    FileAttribEvent,
     FileClosedEvent,
     FileCreatedEvent,
     FileDeletedEvent,
@@ -43,9 +43,10 @@ POLLING_FSTYPES = frozenset(
     }
 )  # fmt: skip
 POLL_SECONDS = 1.0
+# watchdog 7 (Python 3.11+) reports a change of metadata apart; 6 reports it as a FileModifiedEvent.
 OBSERVED_EVENTS = [
-    FileCreatedEvent, FileModifiedEvent, FileAttribEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent,
-    DirCreatedEvent, DirMovedEvent,
+    FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent,
+    DirMovedEvent, *([watchdog.events.FileAttribEvent] if hasattr(watchdog.events, "FileAttribEvent") else []),
 ]  # fmt: skip
 
 

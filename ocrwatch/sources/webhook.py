@@ -156,11 +156,10 @@ class WebhookSource(S3EventSource):
     async def _body(self, request: web.Request) -> bytes:
         """The body, at most ``max_body_bytes`` (a chunked body is cut off there too), within ``READ_TIMEOUT``."""
         try:
-            async with asyncio.timeout(READ_TIMEOUT):
-                return await request.read()
+            return await asyncio.wait_for(request.read(), READ_TIMEOUT)
         except web.HTTPRequestEntityTooLarge:
             raise _Refused(413, f"body larger than max_body_bytes = {self.cfg.max_body_bytes}") from None
-        except TimeoutError:
+        except asyncio.TimeoutError:
             raise _Refused(408, "request body too slow") from None
 
     async def _refuse(self, request: web.Request, refused: _Refused) -> web.StreamResponse:

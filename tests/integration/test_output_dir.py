@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,11 @@ import tomli_w
 
 from tests import docs
 from tests.integration.conftest import PluginDaemon, wait_until
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 pytestmark = pytest.mark.integration
 

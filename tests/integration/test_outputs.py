@@ -90,7 +90,7 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
         layer = daemon.inbox / f"{name}.ocr.pdf"
         assert document["status"] == "ok" and document["searchable_pdf"] == {
             "path": f"{name}.ocr.pdf", "bytes": layer.stat().st_size,
-            "sha256": hashlib.sha256(layer.read_bytes()).hexdigest(),
+            "sha256": hashlib.sha256(layer.read_bytes()).hexdigest(), "text_layer": ["ocr"] * len(document["pages"]),
         }  # fmt: skip
         qpdf_check(layer)
         extracted = pdftotext(layer).split("\f")[:-1]

@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,11 @@ import pytest
 import tomli_w
 
 from tests.integration.conftest import REPO, DaemonProcess, PluginDaemon
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 pytestmark = pytest.mark.integration
 
