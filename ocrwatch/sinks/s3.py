@@ -41,8 +41,6 @@ JSON = "application/json"
 CONTENT_TYPES = {".pdf": "application/pdf", ".png": "image/png"}
 MAX_KEY_BYTES = 1024
 PROBE_BYTES = 4096
-SPOOL_BYTES = 16 * 1024 * 1024
-"""An object read whole (a searchable PDF no JSON records) stays in memory up to this size, then on disk."""
 _ABSENT = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 
 
@@ -120,7 +118,7 @@ class S3Sink:
             return True
         if self._head(bucket, pdf, 1) is None:
             return False
-        with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as copy:
+        with tempfile.TemporaryFile() as copy:  # a real file: pikepdf cannot read a spooled one on Python 3.10
 
             def fetch() -> None:  # each attempt from the start
                 copy.seek(0)
@@ -134,7 +132,7 @@ class S3Sink:
                     return False
                 raise storage_error(exc, f"reading s3://{bucket}/{pdf}") from None
             copy.seek(0)
-            return textlayer.is_ours(copy)  # type: ignore[arg-type]
+            return textlayer.is_ours(copy)
 
     def _check_extras(self, bucket: str, outputs: dict[str, str], targets: Mapping[str, Extra], pdf_ours: bool) -> None:
         for key in targets:
