@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
-from ocrwatch import assemble, figures, ladder, outputs, render
+from ocrwatch import assemble, children, figures, ladder, outputs, render
 from ocrwatch.archive import Archiver
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine, PageRequest
@@ -272,6 +272,7 @@ class Pipeline:
         _, pending = await asyncio.wait(tasks, timeout=timeout)
         for task in pending:
             task.cancel()
+        children.kill_all()  # a render thread cannot be cancelled: its pdftoppm can, so it returns at once
         await asyncio.gather(*pending, return_exceptions=True)
         return len(pending)
 

@@ -33,6 +33,7 @@ from typing import Literal
 import structlog
 from PIL import ExifTags, Image, UnidentifiedImageError
 
+from ocrwatch import children
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
 from ocrwatch.errors import (
     ConfigError,
@@ -300,7 +301,7 @@ def _probe_pdf(path: Path, limits: Limits, timeout: float) -> tuple[int, tuple[t
     """One pdfinfo call gives the page count and the size and rotation of every page up to max_pages."""
     argv = ["pdfinfo", "-f", "1", "-l", str(limits.max_pages), os.path.abspath(path)]
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        done = children.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RenderTimeout(f"{path}: pdfinfo took longer than {timeout:g}s") from None
     except FileNotFoundError:  # not the document's fault: classify() would call it SourceGone
@@ -373,9 +374,7 @@ def _render_pdf_page(
         argv = ["pdftoppm", "-r", str(dpi), "-f", number, "-l", number, "-cropbox", "-singlefile"]
         argv += [os.path.abspath(path), root]
         try:
-            done = subprocess.run(
-                argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=spec.timeout_seconds, check=False
-            )
+            done = children.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=spec.timeout_seconds)
         except subprocess.TimeoutExpired:
             raise RenderTimeout(f"{path}: page {number} took longer than {spec.timeout_seconds:g}s") from None
         except FileNotFoundError:

@@ -23,6 +23,7 @@ RANKS: dict[str, int] = {
     "logging": 0,
     "systemd": 0,
     "memory": 0,
+    "children": 0,
     "sniff": 0,
     "naming": 0,
     "http": 0,

@@ -164,7 +164,7 @@ def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(make_da
     """Documents rendering and in the engine (real Tesseract processes, or pages the engine never answers):
     SIGTERM ends the process within ``shutdown_timeout`` + 5 s, with exit 0, and its output stays JSON lines
     to the end: no traceback, no error, no stray line from a task cancelled on the way out. (A page a render
-    worker had begun is still finished and logged after ``daemon_stopped``.)"""
+    worker finished as the stop came may still be logged after ``daemon_stopped``; one still rendering is killed.)"""
     daemon_cfg = {"shutdown_timeout": SHUTDOWN_TIMEOUT}
     if engine == "tesseract":
         daemon = make_daemon(daemon=daemon_cfg)
@@ -199,6 +199,41 @@ def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(make_da
     with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
         assert all(state != "failed" for (state,) in db.execute("select state from jobs"))
     assert not [p for p in paths if error_sidecar(p)]
+
+
+def test_sigterm_while_pdftoppm_hangs_kills_it_and_exits_in_time(make_daemon, tmp_path: Path) -> None:
+    """A page whose pdftoppm never ends (a stand-in that sleeps for a minute, well inside the render timeout):
+    SIGTERM still exits 0 within ``shutdown_timeout`` + 5 s, and no pdftoppm is left behind. A worker thread
+    waiting for the child cannot be cancelled; without killing the child, the exit waited for it."""
+    fake = tmp_path / "bin" / "pdftoppm"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *-singlefile*) exec sleep 60 ;; esac\nexec {shutil.which("pdftoppm")} "$@"\n')
+    fake.chmod(0o755)
+    daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT}, render={"timeout_seconds": 300})
+    daemon.start(env={"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"})
+    docs.write_pdf(daemon.inbox / "hangs.pdf", [page_lines("hangs")])
+    wait_until(lambda: _children_of(daemon.proc.pid, "sleep"), 30, "the stand-in pdftoppm running")
+    t0 = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(SHUTDOWN_TIMEOUT + 30) == 0
+    took = time.monotonic() - t0
+    print(f"SIGTERM to exit with pdftoppm hanging: {took:.2f} s")
+    assert took <= SHUTDOWN_TIMEOUT + 5
+    assert not _children_of(daemon.proc.pid, "sleep")
+
+
+def _children_of(pid: int, name: str) -> list[int]:
+    """Live processes named ``name`` whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            comm = (entry / "comm").read_text().strip()
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if comm == name and parent == pid:
+            found.append(int(entry.name))
+    return found
 
 
 def test_a_second_ctrl_c_while_draining_exits_at_once(plugin_daemon) -> None:

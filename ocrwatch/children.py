@@ -1,0 +1,44 @@
+"""The child processes that worker threads wait for (pdfinfo, pdftoppm), known so that a stop can end them.
+
+A thread blocked in ``subprocess.run`` cannot be cancelled: the task awaiting it can, but the interpreter waits
+for every worker thread at exit, so one slow page would hold a SIGTERM for up to its render timeout. ``run``
+keeps each child in a set while it runs; ``kill_all``, called once a drain has cancelled what it could not
+wait for, kills them, and each waiting thread returns at once with the signal as the child's status.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+_lock = threading.Lock()
+_running: set[subprocess.Popen[bytes]] = set()
+
+
+def run(argv: Sequence[str], *, timeout: float, **popen: Any) -> subprocess.CompletedProcess[bytes]:
+    """``subprocess.run(argv, timeout=timeout, **popen)``: the same result and ``TimeoutExpired`` (the child
+    killed first), with the child in reach of ``kill_all`` while it runs."""
+    with subprocess.Popen(argv, **popen) as process:
+        with _lock:
+            _running.add(process)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            with _lock:
+                _running.discard(process)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def kill_all() -> int:
+    """Kill every child ``run`` is waiting for; how many there were."""
+    with _lock:
+        running = list(_running)
+    for process in running:
+        process.kill()  # a child that has just exited is not signalled: Popen knows it once reaped
+    return len(running)
