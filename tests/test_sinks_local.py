@@ -194,11 +194,28 @@ def test_recorded_reads_a_bounded_head_of_a_large_sidecar(tmp_path: Path) -> Non
     """The source section comes first; a 40 MB JSON sidecar (a long document) is recognised from its head."""
     _, job = _source(tmp_path)
     big = OURS | {"pages": [{"markdown": "y" * 1000}] * 40_000}
+    (tmp_path / "x.pdf.md").write_text("<!-- page 1 -->\n")
     (tmp_path / "x.pdf.json").write_bytes(local_sink.dump_json(big))
     assert (tmp_path / "x.pdf.json").stat().st_size > 40_000_000
     assert LocalSink().recorded(job) == OURS["source"]
     (tmp_path / "x.pdf.json").write_text(json.dumps({"status": "ok", "source": OURS["source"]}))
     assert LocalSink().recorded(job) is None  # not ocrwatch's: no schema first
+
+
+def test_a_result_without_its_markdown_is_not_recorded_and_an_edited_one_is(tmp_path: Path) -> None:
+    """The Markdown sidecar deleted, or something else than a file at its name: nothing records the document,
+    so it is done again. Edited by a user: it still counts, and no scan overwrites the edits."""
+    source = tmp_path / "x.pdf"
+    source.write_bytes(b"%PDF-1.4")
+    sink, job = LocalSink(), job_for(source)
+    sink.write(job, "<!-- page 1 -->\n\nhello\n", OURS)
+    assert sink.recorded(job) == OURS["source"]
+    (tmp_path / "x.pdf.md").write_text("hello, corrected by hand\n")
+    assert sink.recorded(job) == OURS["source"]
+    (tmp_path / "x.pdf.md").unlink()
+    assert sink.recorded(job) is None
+    (tmp_path / "x.pdf.md").mkdir()
+    assert sink.recorded(job) is None
 
 
 def test_a_failure_removes_the_previous_versions_result_but_not_a_users_file(tmp_path: Path) -> None:

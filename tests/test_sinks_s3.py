@@ -47,6 +47,10 @@ def assert_round_trip(server: MotoServer | RgwServer, cfg: S3Config) -> None:
     assert response["Metadata"]["ocrwatch-source-etag"] == "abc123"
     assert "Contents" not in s3.list_objects_v2(Bucket="docs", Prefix=f"{KEY}.error")  # stale error removed
     assert sink.recorded(job()) == DOCUMENT["source"]
+    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"")  # emptied by hand: still there
+    assert sink.recorded(job()) == DOCUMENT["source"]
+    s3.delete_object(Bucket="docs", Key=f"{KEY}.md")  # without its Markdown the document is done again
+    assert sink.recorded(job()) is None
 
 
 def test_sidecars_beside_the_key_round_trip(moto: MotoServer) -> None:

@@ -223,11 +223,16 @@ class LocalSink:
         return self._out_dir / inbox_folder(inbox, self._roots[1] | {inbox})
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
+        """None too when the Markdown sidecar is gone or no regular file: the document is then done again (a
+        user's edits to it stand: its content is not judged)."""
+        paths = self.paths(job)
         try:
-            found = look(self.paths(job)["json"], HEAD_BYTES)
+            found, markdown = look(paths["json"], HEAD_BYTES), look(paths["md"], 0)
         except OSError:
             return None
         if found is None or found.other is not None or not owns_json(found.head):
+            return None
+        if markdown is None or markdown.other is not None:
             return None
         source = json_member(found.head, "source")
         return source if isinstance(source, dict) else None

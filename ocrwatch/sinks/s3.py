@@ -64,8 +64,8 @@ class S3Sink:
         """A key too long to exist holds nothing: None, and ``write`` says why once the document is processed."""
         bucket, keys = self.location(job)
         head = self._head(bucket, keys["json"], HEAD_BYTES)
-        if head is None or not owns_json(head):
-            return None
+        if head is None or not owns_json(head) or self._head(bucket, keys["md"], 1) is None:
+            return None  # without its Markdown the document is done again
         source = json_member(head, "source")
         return source if isinstance(source, dict) else None
 

@@ -34,6 +34,9 @@ def test_a_sidecar_deleted_while_running_is_written_again_and_only_that_one(tmp_
         kept_written = (out / "kept.png.json").stat().st_mtime_ns
         (out / "lost.png.json").unlink()
         redone = wait_until(lambda: sidecar(out / "lost.png.json"), 10, "the deleted sidecar written again")
+        wait_until(lambda: (out / "lost.png.md").exists(), 10, "its Markdown written again with it")
+        (out / "lost.png.md").unlink()  # the Markdown alone: the document is done again too
+        wait_until(lambda: (out / "lost.png.md").exists(), 10, "the deleted Markdown written again")
         time.sleep(1.5)  # three more scans, each of which asks for both documents
     finally:
         assert daemon.stop() == 0
@@ -41,9 +44,9 @@ def test_a_sidecar_deleted_while_running_is_written_again_and_only_that_one(tmp_
     assert redone["source"]["uri"] == lost.as_uri()
     assert (out / "kept.png.json").stat().st_mtime_ns == kept_written
     events = daemon.events()
-    assert [e["path"] for e in events if e["event"] == "local_sidecars_lapsed"] == [str(lost)]
-    assert [e["uri"] for e in events if e["event"] == "job_sidecars_missing"] == [lost.as_uri()]
-    assert sum(e["event"] == "job_done" for e in events) == 3
+    assert [e["path"] for e in events if e["event"] == "local_sidecars_lapsed"] == [str(lost)] * 2
+    assert [e["uri"] for e in events if e["event"] == "job_sidecars_missing"] == [lost.as_uri()] * 2
+    assert sum(e["event"] == "job_done" for e in events) == 4
     assert not [e for e in events if e["event"] == "job_already_done"]  # a scan does not even submit kept.png
     with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
         assert sorted(db.execute("SELECT state, attempts FROM jobs").fetchall()) == [("done", 1), ("done", 1)]
