@@ -63,8 +63,22 @@ class JournalPrefix:
         return prefixed(str(rendered), event_dict.get("level", method_name))
 
 
+class _Forward(logging.Handler):
+    """A library's record (stdlib logging: watchdog, botocore, aiohttp) as one of our lines, in the same format
+    and with the same journald priority, instead of Python's bare last-resort line on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = record.levelname.lower()
+        fields: dict[str, Any] = {"logger": record.name}
+        if record.exc_info:
+            fields["exc_info"] = record.exc_info
+        log = structlog.get_logger()
+        getattr(log, level if level in SYSLOG_PRIORITY else "error")(record.getMessage(), **fields)
+
+
 def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
-    """Configure once at start-up; every module then logs through ``structlog.get_logger()``."""
+    """Configure once at start-up; every module then logs through ``structlog.get_logger()``, and the
+    libraries' stdlib records (warnings and worse, stdlib's default) are forwarded to it."""
     level = getattr(logging, cfg.level.upper())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(ensure_ascii=False)
@@ -85,3 +99,6 @@ def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+    root = logging.getLogger()
+    if not any(isinstance(handler, _Forward) for handler in root.handlers):
+        root.addHandler(_Forward())

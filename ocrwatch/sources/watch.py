@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import re
 import sys
@@ -43,6 +44,20 @@ POLLING_FSTYPES = frozenset(
     }
 )  # fmt: skip
 POLL_SECONDS = 1.0
+STOP_RACE = "InotifyEmitter.queue_events() called when the thread is inactive"
+
+
+class _StopRace(logging.Filter):
+    """watchdog 7 logs an error when an inotify emitter is stopped in the middle of a read: that is a watch
+    stopped, not a fault, so it is passed on as a debug record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() == STOP_RACE:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_StopRace())
 # watchdog 7 (Python 3.11+) reports a change of metadata apart; 6 reports it as a FileModifiedEvent.
 OBSERVED_EVENTS = [
     FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent,
