@@ -18,7 +18,7 @@ import pytest
 
 from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
 from tests import docs
-from tests.integration.conftest import error_sidecar, sidecars_done, wait_until
+from tests.integration.conftest import alive, children_named, error_sidecar, sidecars_done, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -159,6 +159,16 @@ def test_sigterm_drains_and_exits_zero_with_a_consistent_ledger(make_daemon) -> 
 SHUTDOWN_TIMEOUT = 1.0
 
 
+def terminated_in_time(daemon) -> float:
+    """SIGTERM: exit 0 within ``shutdown_timeout`` + 5 s; the seconds it took."""
+    started = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(SHUTDOWN_TIMEOUT + 30) == 0
+    took = time.monotonic() - started
+    assert took <= SHUTDOWN_TIMEOUT + 5, took
+    return took
+
+
 @pytest.mark.parametrize("engine", ["tesseract", "hanging"])
 def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(make_daemon, plugin_daemon, engine) -> None:
     """Documents rendering and in the engine (real Tesseract processes, or pages the engine never answers):
@@ -179,12 +189,7 @@ def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(make_da
             return db.execute("select count(*) from jobs where state = 'recognizing'").fetchone()[0]
 
     wait_until(lambda: recognizing() >= 2, 60, "documents in the engine")
-    t0 = time.monotonic()
-    daemon.signal(signal.SIGTERM)
-    assert daemon.proc.wait(SHUTDOWN_TIMEOUT + 30) == 0
-    took = time.monotonic() - t0
-    print(f"{engine}: SIGTERM to exit {took:.2f} s (shutdown_timeout {SHUTDOWN_TIMEOUT} s)")
-    assert took <= SHUTDOWN_TIMEOUT + 5
+    print(f"{engine}: SIGTERM to exit {terminated_in_time(daemon):.2f} s (shutdown_timeout {SHUTDOWN_TIMEOUT} s)")
     text = daemon.log_text()
     assert "Traceback" not in text
     lines = text.splitlines()
@@ -212,28 +217,9 @@ def test_sigterm_while_pdftoppm_hangs_kills_it_and_exits_in_time(make_daemon, tm
     daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT}, render={"timeout_seconds": 300})
     daemon.start(env={"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"})
     docs.write_pdf(daemon.inbox / "hangs.pdf", [page_lines("hangs")])
-    wait_until(lambda: _children_of(daemon.proc.pid, "sleep"), 30, "the stand-in pdftoppm running")
-    t0 = time.monotonic()
-    daemon.signal(signal.SIGTERM)
-    assert daemon.proc.wait(SHUTDOWN_TIMEOUT + 30) == 0
-    took = time.monotonic() - t0
-    print(f"SIGTERM to exit with pdftoppm hanging: {took:.2f} s")
-    assert took <= SHUTDOWN_TIMEOUT + 5
-    assert not _children_of(daemon.proc.pid, "sleep")
-
-
-def _children_of(pid: int, name: str) -> list[int]:
-    """Live processes named ``name`` whose parent is ``pid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            comm = (entry / "comm").read_text().strip()
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if comm == name and parent == pid:
-            found.append(int(entry.name))
-    return found
+    hanging = wait_until(lambda: children_named(daemon.proc.pid, "sleep"), 30, "the stand-in pdftoppm running")
+    print(f"SIGTERM to exit with pdftoppm hanging: {terminated_in_time(daemon):.2f} s")
+    assert not [pid for pid in hanging if alive(pid)]
 
 
 def test_a_second_ctrl_c_while_draining_exits_at_once(plugin_daemon) -> None:

@@ -31,7 +31,7 @@ import pytest
 from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
 from tests import docs
 from tests.hardening_engines import job_id_of
-from tests.integration.conftest import error_sidecar, sidecars_done, wait_until
+from tests.integration.conftest import children_named, error_sidecar, sidecars_done, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -480,21 +480,6 @@ def test_looping_and_garbage_output_still_make_valid_sidecars(plugin_daemon, tmp
     assert daemon.stop() == 0
 
 
-def _children_named(pid: int, name: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if comm == name and int(rest[1]) == pid:
-            found.append(int(entry.name))
-    return found
-
-
 def test_pdftoppm_killed_mid_page_is_retried_not_called_corrupt(plugin_daemon) -> None:
     """SIGKILL to ``pdftoppm`` (as the OOM killer would) while it renders: ``render_failed``, retried, then ok."""
     daemon = plugin_daemon(retry={"attempts": 5, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 0.5})
@@ -504,7 +489,7 @@ def test_pdftoppm_killed_mid_page_is_retried_not_called_corrupt(plugin_daemon) -
 
     def killer() -> None:
         while not stop.is_set() and len(killed) < 2:
-            for child in _children_named(daemon.proc.pid, "pdftoppm"):
+            for child in children_named(daemon.proc.pid, "pdftoppm"):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
                     killed.append(child)
@@ -629,4 +614,4 @@ def test_a_flate_bomb_page_is_cut_off_by_the_render_deadline(tmp_path: Path) -> 
     with pytest.raises(RenderTimeout):
         render_page(bomb, info, 0, render_spec(RenderConfig(dpi=100, timeout_seconds=0.1)))
     assert time.monotonic() - t0 < 2
-    assert not _children_named(os.getpid(), "pdftoppm")
+    assert not children_named(os.getpid(), "pdftoppm")
