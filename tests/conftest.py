@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["tests.s3servers"]
+pytest_plugins = ["tests.s3servers", "tests.integration.users"]
 
 REPO = Path(__file__).resolve().parent.parent
 
