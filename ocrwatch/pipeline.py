@@ -49,7 +49,7 @@ from ocrwatch.scheduler import (
 )
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink, recorded_fingerprint
-from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object, Source
+from ocrwatch.sources.base import Access, Job, LocalFile, Origin, S3Object, Source
 from ocrwatch.sources.beneath import Signature, inspect, measure
 from ocrwatch.supervisor import EngineSupervisor
 
@@ -80,6 +80,7 @@ class Probed:
     info: render.DocumentInfo
     spec: render.RenderSpec
     sha256: str
+    access: Access | None = None  # who may read the local source: its outputs get no more than that
 
 
 class Pipeline:
@@ -399,7 +400,8 @@ class Pipeline:
             with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 document = self.assemble_document(job, engine, probed, pages, started, stages, made)
                 event = await self._hold(job, document)  # before it is published
-                await self.write_sidecars(job, assemble.markdown(pages, made.assets), document, made)
+                markdown = assemble.markdown(pages, made.assets)
+                await self.write_sidecars(job, markdown, document, made, probed.access)
         await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
         await self._ledger("mark_done", job.key)
         moved = await self._offload(job, self.archive.settle, job, document["status"], probed.sha256, probed.changed)
@@ -434,7 +436,7 @@ class Pipeline:
             if info.kind == "pdf":
                 for width, height in info.page_sizes:
                     render.page_dpi(width, height, spec)  # raises for a page too large at any usable resolution
-        return Probed(path, fetched.changed, info, spec, digest)
+        return Probed(path, fetched.changed, info, spec, digest, fetched.access)
 
     def _lang(self, job: Job) -> str | None:
         """The Tesseract languages asked for the job (``ocrwatch ocr --lang``), else those of its inbox
@@ -488,9 +490,12 @@ class Pipeline:
         return assemble.document(provenance, pages, detected=job.detected_at, started=started, finished=time.time(),
                                  stages=stages, assets=made.assets, outputs=made.sections)  # fmt: skip
 
-    async def write_sidecars(self, job: Job, markdown: str, document: dict[str, Any], made: outputs.Outputs) -> None:
+    async def write_sidecars(
+        self, job: Job, markdown: str, document: dict[str, Any], made: outputs.Outputs, access: Access | None
+    ) -> None:
         """The Markdown, the further outputs, then the JSON (the commit marker), through the job's sink."""
-        await self._offload(job, self.sinks[job.source].write, job, markdown, document, made.files)
+        sink = self.sinks[job.source]
+        await self._offload(job, sink.write, job, markdown, document, made.files, access)
 
     def _render_page(
         self, path: Path, info: render.DocumentInfo, spec: render.RenderSpec, index: int

@@ -49,7 +49,7 @@ class MemorySink:
     def recorded(self, job: Job) -> dict[str, Any] | None:
         return self._recorded
 
-    def write(self, job: Job, markdown: str, document: dict[str, Any]) -> None:
+    def write(self, job: Job, markdown: str, document: dict[str, Any], *rest: Any) -> None:
         raise AssertionError("a rejected job has no result")
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:

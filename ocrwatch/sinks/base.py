@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
 from ocrwatch.ledger import Fingerprint
 from ocrwatch.naming import FIGURE_FILE
-from ocrwatch.sources.base import Job
+from ocrwatch.sources.base import Access, Job
 
 HEAD_BYTES = 256 * 1024
 """How much of a JSON sidecar is read to learn whose it is and what it describes: ``schema`` and ``source`` come
@@ -62,8 +62,12 @@ class Sink(Protocol):
     def recorded(self, job: Job) -> dict[str, Any] | None:
         """The ``source`` section of the job's existing JSON sidecar, or None."""
 
-    def write(self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS) -> None:
-        """Write ``NAME.md``, the ``extras``, then ``NAME.json`` atomically, and remove ``NAME.error.json``."""
+    def write(
+        self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS,
+        access: Access | None = None,
+    ) -> None:
+        """Write ``NAME.md``, the ``extras``, then ``NAME.json`` atomically, and remove ``NAME.error.json``.
+        ``access``: who may read the local source (None where a sink's place has rules of its own, S3's)."""
 
     def status(self, job: Job) -> str | None:
         """The ``status`` of the job's existing JSON sidecar (``ok``, ``partial``), or None."""

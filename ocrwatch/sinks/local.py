@@ -35,7 +35,7 @@ from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
 from ocrwatch.naming import output_names, sidecar_names
 from ocrwatch.sinks import extras as further
 from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
-from ocrwatch.sources.base import Job, LocalFile, Origin
+from ocrwatch.sources.base import Access, Job, LocalFile, Origin
 
 log = structlog.get_logger()
 
@@ -237,7 +237,10 @@ class LocalSink:
         source = json_member(found.head, "source")
         return source if isinstance(source, dict) else None
 
-    def write(self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS) -> None:
+    def write(
+        self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS,
+        access: Access | None = None,
+    ) -> None:
         paths, outputs = self.paths(job), self.outputs(job)
         extra_names(extras, {kind: path.name for kind, path in outputs.items()})
         self._prepare(job, paths, "md", "json")

@@ -32,7 +32,7 @@ from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
 from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
 from ocrwatch.sinks.local import dump_json
-from ocrwatch.sources.base import Job, S3Object
+from ocrwatch.sources.base import Access, Job, S3Object
 
 log = structlog.get_logger()
 
@@ -82,7 +82,11 @@ class S3Sink:
         status = json_member(head, "status") if head is not None and owns_json(head) else None
         return status if isinstance(status, str) else None
 
-    def write(self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS) -> None:
+    def write(
+        self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS,
+        access: Access | None = None,
+    ) -> None:
+        """``access`` is not applied: an object's readers are the bucket's policy, not its source's mode."""
         bucket, keys = self.location(job)
         outputs = self.outputs(job)
         extra_names(extras, {kind: key.rpartition("/")[2] for kind, key in outputs.items()})

@@ -85,17 +85,30 @@ def _unchanged() -> bool:
 
 
 @dataclass(frozen=True)
+class Access:
+    """Who may read a local source, as its ``fstat`` said when it was read: its outputs are never readable by
+    more people than it is (``safefs.Access`` applies it to each file written)."""
+
+    mode: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
 class Fetched:
     """A document's bytes as the pipeline renders them: a file private to the job, and what was measured.
 
     ``sha256`` is the digest of exactly those bytes when the source took it while copying them (None: the
     pipeline hashes ``path``). ``changed`` (blocking) says whether the source no longer holds the version that
     was fetched, so that sidecars are never published for a version replaced while it was processed.
+    ``access`` is the local file's, taken from the descriptor it was copied through (None: an S3 object,
+    whose outputs follow the bucket's rules).
     """
 
     path: Path
     sha256: str | None = None
     changed: Callable[[], bool] = _unchanged
+    access: Access | None = None
 
 
 Submit = Callable[[Job], Awaitable[None]]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ocrwatch.config import DEFAULT_PRIORITY
 from ocrwatch.errors import NotARegularFile, SourceGone
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.sources.base import Access, Fetched, Job, LocalFile, Outcome, Reject, Submit
 from ocrwatch.sources.beneath import Signature, copy_out, spool_name
 
 
@@ -58,13 +58,15 @@ def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
     except FileNotFoundError:
         raise SourceGone(f"{path}: no such file") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"{path}: not a regular file")
         target = spool_dir / spool_name(path)
         sha256, signature = copy_out(fd, path, target, sys.maxsize if max_bytes is None else max_bytes)
     finally:
         os.close(fd)
-    return Fetched(target, sha256, partial(_changed, path, signature))
+    access = Access(stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+    return Fetched(target, sha256, partial(_changed, path, signature), access)
 
 
 def _changed(path: Path, before: Signature) -> bool:
