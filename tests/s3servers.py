@@ -7,7 +7,9 @@
   session-scoped; it pushes S3-format events over HTTP (SNS topic with a ``push-endpoint``).
 
 Fixtures: ``moto_server`` (session), ``moto`` (that server, wiped before the test), ``rgw`` (session; skipped
-with the reason where ``radosgw`` is not installed: ``bash tests/install_s3_servers.sh`` installs it).
+with the reason where ``radosgw`` is not installed: ``bash tests/install_s3_servers.sh`` installs it). Each is
+one per pytest-xdist worker, on ports of that worker's own (``tests.ports``) and in a folder of its own; the
+tests that use ``rgw`` are grouped onto one worker, so one cluster serves them all.
 A test module uses them with ``pytest_plugins = ["tests.s3servers"]``. PYTEST_DONT_REWRITE (no asserts here,
 and test modules import it before pytest registers it as a plugin).
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,13 +33,9 @@ import boto3
 import pytest
 from botocore.config import Config as BotoConfig
 
+from tests.ports import free_port
+
 MOTO_ACCOUNT = "123456789012"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_http(url: str, timeout: float, what: str, log: Path | None = None) -> None:
@@ -81,6 +78,7 @@ class MotoServer:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+        self._log.unlink(missing_ok=True)
 
     def reset(self) -> None:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10)
@@ -240,6 +238,16 @@ def _alive(pid: int) -> bool:
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
     return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``) send every test that uses ``rgw`` to one worker: each worker
+    would otherwise start a cluster of its own (about 12 s of two busy cores each)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if "rgw" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("rgw"))
 
 
 @pytest.fixture(scope="session")
