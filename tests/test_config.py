@@ -159,3 +159,27 @@ def test_an_inbox_lang_is_tesseract_languages_found_by_its_folder(tmp_path: Path
     for bad in ("", "-psm 0", "eng+", "deu eng", "../eng"):
         with pytest.raises(ConfigError, match="inbox.0.lang"):
             config.load(write(tmp_path, f"[[inbox]]\nlang = '{bad}'\n"))
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "inner", "outer"),
+    [("in", "in/sub", 1, 0), ("in/sub/deeper", "in", 0, 1), ("in", "link/sub", 1, 0), ("in/../in/sub", "in", 0, 1)],
+)
+def test_an_inbox_inside_a_recursive_inbox_is_refused_naming_both(
+    tmp_path: Path, first: str, second: str, inner: int, outer: int
+) -> None:  # fmt: skip
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "in")  # a link hides the nesting until the paths are resolved
+    path = write(tmp_path, f"[[inbox]]\npath = '{first}'\n[[inbox]]\npath = '{second}'\n")
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    message = info.value.message
+    assert str(path) in message and "processed twice" in message
+    assert f"inbox[{inner}].path ({tmp_path / 'in' / 'sub'}" in message and f"inbox[{outer}].path" in message
+
+
+def test_inboxes_side_by_side_or_below_one_that_is_not_recursive_are_accepted(tmp_path: Path) -> None:
+    siblings = config.load(write(tmp_path, "[[inbox]]\npath = 'in'\n[[inbox]]\npath = 'in2'\n"))  # not a prefix
+    assert [inbox.path for inbox in siblings.inbox] == [tmp_path / "in", tmp_path / "in2"]
+    flat = "[[inbox]]\npath = 'in'\nrecursive = false\n[[inbox]]\npath = 'in/sub'\n"
+    assert len(config.load(write(tmp_path, flat)).inbox) == 2  # the outer one never looks into sub

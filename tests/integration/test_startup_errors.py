@@ -135,3 +135,22 @@ def test_language_data_that_is_missing(tmp_path: Path) -> None:
     assert "no language data for zzz" in error["error"] and "tesseract-ocr-zzz" in error["hint"]
     configure(daemon, inbox=[{"path": str(daemon.inbox)}], engine={"tesseract": {"lang": "zzz"}})
     start_refused(daemon, "[engine.tesseract] lang")
+
+
+def test_an_inbox_inside_another_stops_the_start_naming_both_keys(daemon: PluginDaemon) -> None:
+    """Refused at load, before any watcher starts, so no document below the inner inbox is processed twice."""
+    inner = daemon.inbox / "sub"
+    inner.mkdir()
+    (inner / "waiting.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    configure(daemon, inbox=[{"path": str(daemon.inbox)}, {"path": str(inner)}])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "run", "--config", str(daemon.config_path)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=daemon.root,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in output, output
+    assert str(daemon.config_path) in output and "processed twice" in output, output
+    assert f"inbox[1].path ({inner})" in output and f"inbox[0].path ({daemon.inbox})" in output, output
+    assert sorted(path.name for path in inner.iterdir()) == ["waiting.png"]
+    assert not daemon.state.exists()  # nothing started
