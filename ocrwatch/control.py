@@ -43,6 +43,7 @@ from ocrwatch.pipeline import Pipeline, Progress
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.files import GivenFiles
+from ocrwatch.written import Written
 
 log = structlog.get_logger()
 
@@ -395,7 +396,8 @@ class ControlServer:
             return
         await send({"event": "accepted", "pid": os.getpid(), "engine": pipeline.supervisor.kind})
         log.info("control_ocr", files=len(order.files), out=None if order.out is None else str(order.out))
-        sink = LocalSink(pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir)
+        written = Written(pipeline.ledger) if pipeline.ledger is not None else None
+        sink = LocalSink(pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir, written=written)
         work = asyncio.create_task(run_ocr(
             pipeline, sink, order.files, force=order.force, emit=send, lang=order.lang,
             accepting=lambda: self._host.taking_work() is not None,

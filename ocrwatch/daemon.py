@@ -34,6 +34,7 @@ from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.systemd import sd_notify, watchdog_interval
+from ocrwatch.written import Written
 
 log = structlog.get_logger()
 
@@ -117,7 +118,8 @@ class Daemon:
         self.local = LocalSource(
             cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template, lapsed=self._lapsed
         )
-        pipeline.add_source(self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox))
+        written = Written(pipeline.ledger) if pipeline.ledger is not None else None
+        pipeline.add_source(self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox, written))
         if not cfg.s3:
             return
         # Imported only when a bucket is configured: boto3 costs start-up time and memory a folder watcher lacks.

@@ -27,7 +27,7 @@ from ocrwatch import config
 from ocrwatch.config import MetricsConfig, S3Config
 from ocrwatch.errors import ConfigError, OutputNotWritable
 from ocrwatch.metrics import HealthServer, Metrics
-from ocrwatch.sinks import local as local_sink
+from ocrwatch import safefs
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
 
@@ -203,9 +203,10 @@ def test_a_sidecar_is_private_until_it_is_complete(tmp_path: Path, open_umask: N
         seen.append((stat.S_IMODE(info.st_mode), Path(f"/proc/self/fd/{fd}").read_bytes()))
         real_fchmod(fd, mode)
 
-    monkeypatch.setattr(local_sink.os, "fchmod", spy)
+    monkeypatch.setattr(safefs.os, "fchmod", spy)
     target = tmp_path / "doc.pdf.json"
-    local_sink.atomic_write(target, b'{"complete": true}')
+    with safefs.folder(tmp_path) as here:
+        here.write(target.name, b'{"complete": true}', safefs.PUBLIC)
     assert seen == [(0o600, b'{"complete": true}')]
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
 
@@ -215,8 +216,9 @@ def test_a_symlink_planted_at_the_temporary_name_is_not_followed(tmp_path: Path)
     victim.write_text("precious")
     victim.chmod(0o600)
     target = tmp_path / "doc.pdf.json"
-    local_sink.temporary_path(target).symlink_to(victim)
-    local_sink.atomic_write(target, b"{}")
+    (tmp_path / safefs.temporary_name(target.name)).symlink_to(victim)
+    with safefs.folder(tmp_path) as here:
+        here.write(target.name, b"{}", safefs.PUBLIC)
     assert victim.read_text() == "precious" and stat.S_IMODE(victim.stat().st_mode) == 0o600
     assert target.read_bytes() == b"{}" and not target.is_symlink()
 

@@ -10,8 +10,9 @@ import pytest
 
 from ocrwatch.assemble import SCHEMA_ID
 from ocrwatch.naming import sidecar_names
+from ocrwatch import safefs
 from ocrwatch.sinks import local as local_sink
-from ocrwatch.sinks.local import LocalSink, atomic_write
+from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
 
 
@@ -51,21 +52,22 @@ def test_out_dir_mirrors_inbox_layout(tmp_path: Path) -> None:
     assert not (inbox / "sub" / "x.png.json").exists()
 
 
-def test_atomic_write_failing_midway_leaves_old_content_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_failing_midway_leaves_old_content_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "doc.pdf.json"
     target.write_text("old")
 
     def broken_fsync(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(local_sink.os, "fsync", broken_fsync)
-    with pytest.raises(OSError):
-        atomic_write(target, b"new content that never lands")
+    with safefs.folder(tmp_path) as here:
+        monkeypatch.setattr(safefs.os, "fsync", broken_fsync)
+        with pytest.raises(OSError):
+            here.write(target.name, b"new content that never lands", safefs.PUBLIC)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["doc.pdf.json"]
 
 
-def test_atomic_write_killed_midway_never_shows_a_torn_file(tmp_path: Path) -> None:
+def test_a_write_killed_midway_never_shows_a_torn_file(tmp_path: Path) -> None:
     """A writer process killed with SIGKILL at random moments: the final name holds old or new, whole."""
     import signal
     import subprocess
@@ -76,9 +78,11 @@ def test_atomic_write_killed_midway_never_shows_a_torn_file(tmp_path: Path) -> N
     old = json.dumps({"v": "old", "pad": "x" * 2_000_000})
     target.write_text(old)
     script = (
-        "import json,sys; from pathlib import Path; from ocrwatch.sinks.local import atomic_write\n"
+        "import json,sys; from pathlib import Path; from ocrwatch import safefs\n"
         "p=Path(sys.argv[1])\n"
-        "for i in range(1000): atomic_write(p, json.dumps({'v': i, 'pad': 'y'*2_000_000}).encode())\n"
+        "with safefs.folder(p.parent) as f:\n"
+        "    for i in range(1000):\n"
+        "        f.write(p.name, json.dumps({'v': i, 'pad': 'y'*2_000_000}).encode(), safefs.PUBLIC)\n"
     )
     for delay in (0.05, 0.1, 0.17, 0.23, 0.3):
         proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
@@ -89,7 +93,7 @@ def test_atomic_write_killed_midway_never_shows_a_torn_file(tmp_path: Path) -> N
         assert set(data) == {"v", "pad"} and len(data["pad"]) == 2_000_000
     leftovers = [p for p in tmp_path.iterdir() if p.name != "big.json"]
     for leftover in leftovers:
-        assert local_sink.TMP_MARKER in leftover.name and leftover.name.startswith(".")
+        assert safefs.TMP_MARKER in leftover.name and leftover.name.startswith(".")
 
 
 def test_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from ocrwatch.assemble import SCHEMA_ID
 from ocrwatch.config import S3Config
 from ocrwatch.errors import OutputConflict
 from ocrwatch.figures import crop
-from ocrwatch.sinks import local as local_sink
+from ocrwatch import safefs
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
@@ -61,8 +61,13 @@ def job_for(path: Path) -> Job:
 
 def test_outputs_are_written_before_the_json(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     order: list[str] = []
-    real = local_sink.atomic_write
-    monkeypatch.setattr(local_sink, "atomic_write", lambda path, data: (order.append(path.name), real(path, data)))
+    real = safefs.Folder.commit
+
+    def commit(self: safefs.Folder, staged: safefs.Staged) -> None:
+        order.append(staged.name)
+        real(self, staged)
+
+    monkeypatch.setattr(safefs.Folder, "commit", commit)
     LocalSink().write(job_for(source), MD, document(), extras(tmp_path, 1, 2))
 
     folder = source.parent

@@ -1,16 +1,16 @@
 """Sidecars beside a local source (or mirrored under ``[output] dir``, each inbox in a folder of its own),
-written atomically.
+written atomically through descriptors, with no more readers than the source.
 
-Each file is written to a hidden temporary name in the destination folder, flushed, fsynced and renamed over
-the final name, then the folder is fsynced: a reader sees the old file or the new one, never half of one,
-even across ``kill -9`` or a full disk. The JSON goes last, so its presence means the Markdown is complete.
-The temporary name is fixed per sidecar (created exclusively, never through a symlink), so a temporary left
-by ``kill -9`` is replaced by the next write of that sidecar instead of piling up.
+The sidecars' folder is opened from its root (the inbox, or ``[output] dir``) one component at a time without
+following a link (``safefs.folder``), and every file is staged, recorded, renamed and removed through that one
+descriptor: a folder on the way swapped for a symlink meanwhile can redirect nothing. Each file is written to
+a fixed hidden temporary name, fsynced and renamed over the final name, then the folder is fsynced; the JSON
+goes last, so its presence means the Markdown is complete. Every output gets the source's mode bits (less the
+umask) and, where the daemon runs as root, its owner, set before the rename (``safefs.Access``).
 
-Whatever already lies at a sidecar's name is looked at with ``look``: ``lstat`` first, then a non-blocking open
-that never follows a link, checked again with ``fstat``, and a bounded read. A FIFO, a device, a folder or a
-link there is never opened for reading; with a user's file, they are ``output_conflict`` (``sinks.base``), and
-so is the sidecar of another document beside the source that shares its sidecar's name (``{stem}`` makes
+What already lies at an output's name is ocrwatch's to replace or remove only by the record of what it wrote
+(``written.judge``): anything else is a user's file, and the document fails as ``output_conflict``, naming
+it; so is the sidecar of another document beside the source that shares its sidecar's name (``{stem}`` makes
 ``report.json`` of ``report.pdf`` and ``report.png``): the first keeps it, the other is told why.
 """
 
@@ -21,72 +21,31 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import stat
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from ocrwatch import figures, textlayer
 from ocrwatch.config import InboxConfig
-from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
-from ocrwatch.naming import output_names, sidecar_names
-from ocrwatch.sinks import extras as further
+from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, SourceGone
+from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
+from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder
 from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
-from ocrwatch.sources.base import Access, Job, LocalFile, Origin
+from ocrwatch.sources.base import Job, LocalFile, Origin
+from ocrwatch.written import OURS, Output, Verdict, Written, judge
 
 log = structlog.get_logger()
 
-TMP_MARKER = ".ocrwatch-tmp-"
+Marker = Callable[[Folder, str], bool]
+"""Whether a file carries ocrwatch's own mark (an output written before the record of outputs existed)."""
+
 NAME_MAX = 255
-"""File-name limit where the folder's own (``pathconf``) cannot be learnt."""
+"""File-name limit where the folder's own (``fpathconf``) cannot be learnt."""
 PROBE_BYTES = 4096
 """Read of a file at a sidecar's name to tell whose it is: its first members, or its first line, are enough."""
-FOREIGN = "a file ocrwatch did not write"
-
-
-def temporary_path(path: Path) -> Path:
-    """The hidden name ``path`` is written under before the rename: fixed per target, at most 108 bytes."""
-    name = os.fsencode(path.name)
-    tag = hashlib.sha1(name).hexdigest()[:12]
-    return path.with_name(os.fsdecode(b"." + name[:80]) + TMP_MARKER + tag)
-
-
-def atomic_write(path: Path, data: bytes | Path) -> None:
-    """Write ``data`` (bytes, or a file's content) to ``path`` so that ``path`` is always either absent, the old
-    content or all of ``data``."""
-    tmp = temporary_path(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # a leftover of a killed write (unlinking a symlink never touches its target)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            if isinstance(data, Path):
-                with open(data, "rb") as content:
-                    shutil.copyfileobj(content, handle, 1 << 20)
-            else:
-                handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), 0o644)  # by descriptor: a name swapped for a symlink cannot redirect it
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def dump_json(document: dict[str, Any]) -> bytes:
@@ -103,72 +62,6 @@ def _encode_markdown(markdown: str) -> bytes:
     return markdown.encode("utf-8", "replace")  # a lone surrogate from a model becomes "?", not a failure
 
 
-@dataclass(frozen=True)
-class Occupant:
-    """What lies at a sidecar's name: a regular file and its first bytes, or what it is instead."""
-
-    path: Path
-    other: str | None = None  # "a folder", "a FIFO", ... for anything but a regular file
-    head: bytes = b""
-
-
-def look(path: Path, limit: int) -> Occupant | None:
-    """What lies at ``path`` (None: nothing, or a name too long to exist), reading at most ``limit`` bytes.
-
-    Never follows a link, never blocks (a FIFO opened without a writer), never reads a device: the type is
-    checked with ``lstat``, and again with ``fstat`` on a descriptor opened with ``O_NOFOLLOW|O_NONBLOCK``, so
-    a swap between the two is caught too."""
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
-            return None
-        raise
-    if not stat.S_ISREG(info.st_mode):
-        return Occupant(path, _describe(info.st_mode))
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except PermissionError:
-        return Occupant(path, "a file ocrwatch cannot read")
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return Occupant(path, "a symbolic link")
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return Occupant(path, _describe(info.st_mode))
-        chunks: list[bytes] = []
-        left = limit
-        while left > 0 and (chunk := os.read(fd, left)):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return Occupant(path, None, b"".join(chunks))
-    finally:
-        os.close(fd)
-
-
-def _describe(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):  # fmt: skip
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _name_max(folder: Path) -> int:
-    """The file-name limit of the filesystem ``folder`` is (or will be created) on."""
-    for candidate in (folder, *folder.parents):
-        try:
-            return int(os.pathconf(candidate, "PC_NAME_MAX"))
-        except (OSError, ValueError):
-            continue
-    return NAME_MAX
-
-
 def inbox_folder(root: Path, roots: Collection[Path]) -> str:
     """The folder under ``[output] dir`` that mirrors the inbox ``root``: the inbox folder's name, and where
     several of ``roots`` (every configured inbox) share that name, ``-`` and 8 hex digits of the sha256 of its
@@ -179,208 +72,366 @@ def inbox_folder(root: Path, roots: Collection[Path]) -> str:
     return f"{name}-{hashlib.sha256(os.fsencode(root)).hexdigest()[:8]}"
 
 
+class Claims:
+    """The ownership rule applied in one open folder for one document: which names hold ocrwatch's own files
+    for it, and the record kept of each file written there."""
+
+    def __init__(
+        self, here: Folder, root: Path, prefix: str, job: Job, owner: int | None, written: Written | None
+    ) -> None:
+        self.here, self.root, self.prefix, self.job = here, root, prefix, job
+        self.owner, self._written = owner, written
+
+    def name(self, name: str) -> str:
+        """``name`` as recorded: relative to the root, ``/``-separated."""
+        return self.prefix + name
+
+    def verdict(self, name: str, marked: Marker, *, verify: bool = True) -> Verdict:
+        """Whether ``name`` in this folder (or ``folder/file`` one level down) is free or ocrwatch's own for
+        this document; ``marked`` tells ocrwatch's own mark, which counts for outputs the record predates."""
+        records = self._written.get(self.root, self.name(name)) if self._written is not None else []
+        try:
+            with self._inner(name) as (here, file):
+                if here is None:
+                    return OURS
+                mark = not records and marked(here, file)
+                return judge(records, here, file, self.owner, mark, verify=verify)
+        except FolderGone:
+            return Verdict("not a folder")
+
+    @contextlib.contextmanager
+    def _inner(self, name: str) -> Iterator[tuple[Folder | None, str]]:
+        """The folder ``name`` lies in (this one, or one level down; None where that folder is missing)."""
+        folder_name, _, file = name.rpartition("/")
+        if not folder_name:
+            yield self.here, file
+        elif self.here.lstat(folder_name) is None:
+            yield None, file
+        else:
+            with self.here.sub(folder_name) as inner:
+                yield inner, file
+
+    def refuse(self, name: str, marked: Marker) -> None:
+        """Raise ``output_conflict`` where ``name`` holds what ocrwatch may not replace for this document."""
+        if reason := self.verdict(name, marked):
+            raise conflict(self.here.path / name, reason)
+
+    def publish(self, here: Folder, name: str, data: bytes | Path, access: Access) -> None:
+        """Stage, record, rename: whatever a crash leaves at ``name`` is recorded as ocrwatch's."""
+        staged = here.stage(name.rpartition("/")[2], data, access)
+        output = self._output(name, staged)
+        if self._written is not None:
+            self._written.put(output)
+        here.commit(staged)
+        if self._written is not None:
+            self._written.settle(output)
+
+    def _output(self, name: str, staged: Staged) -> Output:
+        owner = self.owner if self.owner is not None else os.geteuid()
+        return Output(self.root, self.name(name), self.job.key, owner, staged.inode, staged.size, staged.sha256)
+
+    def remove(self, name: str, marked: Marker) -> bool:
+        """Remove ``name`` where it holds ocrwatch's own file for this document; a failure is logged."""
+        try:
+            if self.verdict(name, marked) or self.here.lstat(name.partition("/")[0]) is None:
+                return False
+            with self._inner(name) as (inner, file):
+                assert inner is not None
+                removed = inner.unlink(file)
+                inner.fsync()
+            if self._written is not None:
+                self._written.forget(self.root, self.name(name))
+            return removed
+        except OSError as exc:
+            log.warning("stale_output_not_removed", path=str(self.here.path / name), error=str(exc))
+            return False
+
+    def recorded_here(self) -> list[str]:
+        """The names in this folder that the record holds for this document (relative to the folder)."""
+        if self._written is None:
+            return []
+        return [o.name[len(self.prefix):] for o in self._written.of_job(self.job.key)
+                if o.root == self.root and o.name.startswith(self.prefix)]  # fmt: skip
+
+
+def json_marked(here: Folder, name: str) -> bool:
+    found = here.look(name, PROBE_BYTES)
+    return found is not None and found.other is None and owns_json(found.head)
+
+
+def markdown_marked(here: Folder, name: str) -> bool:
+    found = here.look(name, PROBE_BYTES)
+    return found is not None and found.other is None and owns_markdown(found.head)
+
+
+def pdf_marked(here: Folder, name: str) -> bool:
+    """Whether the regular file ``name`` is a searchable PDF ocrwatch marked (``textlayer.is_ours``)."""
+    fd = here.open_read(name)
+    if fd is None:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        return textlayer.is_ours(handle)
+
+
+def _pdf_marker(here: Folder, json_name: str) -> Marker:
+    """An older ocrwatch's searchable PDF is known by its mark, or by its JSON sidecar (ocrwatch's by its
+    own mark) recording it, as the JSON is now; either counts only where the record holds no row for it."""
+    found = here.look(json_name, HEAD_BYTES)
+    recorded = False
+    if found is not None and found.other is None and owns_json(found.head):
+        section = json_member(found.head, "searchable_pdf")
+        recorded = isinstance(section, dict) and "path" in section
+
+    def marked(inner: Folder, name: str) -> bool:
+        return recorded or pdf_marked(inner, name)
+
+    return marked
+
+
+def figure_marked(here: Folder, name: str) -> bool:
+    found = here.look(name, PROBE_BYTES)
+    return found is not None and found.other is None and figures.is_ours(found.head)
+
+
+def conflict(path: Path, what: str) -> OutputConflict:
+    return OutputConflict(
+        f"{path} is {what}; ocrwatch writes an output there and replaces only its own",
+        hint=f"move {path} away (or set [output] dir or a different [output] name_template), then `ocrwatch retry`",
+    )
+
+
 class LocalSink:
     """Writes ``NAME.md`` / ``NAME.json`` / ``NAME.error.json`` beside the source file, or under ``out_dir``.
 
     ``inboxes`` returns the configured inboxes as they are now (a reload changes them): with it, each inbox is
     mirrored under ``out_dir`` in a folder of its own (``inbox_folder``), so two inboxes never share a sidecar;
-    without it (``ocrwatch ocr --out``), every file's sidecars go straight into ``out_dir``."""
+    without it (``ocrwatch ocr --out``), every file's sidecars go straight into ``out_dir``. ``written`` is
+    the record of outputs (None for ``ocrwatch ocr`` without a daemon: only marks then, on the user's files)."""
 
     def __init__(
         self, name_template: str = "{name}", out_dir: Path | None = None,
-        inboxes: Callable[[], Sequence[InboxConfig]] | None = None,
+        inboxes: Callable[[], Sequence[InboxConfig]] | None = None, written: Written | None = None,
     ) -> None:  # fmt: skip
         self._template = name_template
         self._out_dir = out_dir
         self._inboxes = inboxes
+        self._written = written
         self._roots: tuple[Sequence[InboxConfig] | None, frozenset[Path]] = (None, frozenset())
 
     def paths(self, job: Job) -> dict[str, Path]:
+        root, parts = self._where(job)
+        names = sidecar_names(job.origin.name, self._template)
+        for name in names.values():  # the config validates the template; this holds whatever it let through
+            if "/" in name or "\0" in name or name in (".", ".."):
+                raise OutputNotWritable(f"the sidecar name {name!r} for {job.origin.uri} would leave its folder")
+        return {kind: root.joinpath(*parts, name) for kind, name in names.items()}
+
+    def outputs(self, job: Job) -> dict[str, Path]:
+        """Where the job's further outputs go, beside its JSON sidecar: ``pdf``, the searchable PDF, and
+        ``assets``, the figures' folder."""
+        folder_path = self.paths(job)["json"].parent
+        return {kind: folder_path / name for kind, name in output_names(job.origin.name, self._template).items()}
+
+    def _where(self, job: Job) -> tuple[Path, tuple[str, ...]]:
+        """The root the sidecars' folder is reached from, and the folders below it."""
         origin = job.origin
         if not isinstance(origin, LocalFile):
             raise TypeError(f"LocalSink cannot write sidecars for {origin.uri}")
-        folder = origin.path.parent
-        if self._out_dir is not None:
-            try:
-                relative = origin.path.parent.relative_to(origin.inbox)
-            except ValueError:
-                relative = Path()
-            folder = self._mirror(origin.inbox) / relative
-        names = sidecar_names(origin.path.name, self._template)
-        for name in names.values():  # the config validates the template; this holds whatever it let through
-            if "/" in name or "\0" in name or name in (".", ".."):
-                raise OutputNotWritable(f"the sidecar name {name!r} for {origin.path} would leave its folder")
-        return {kind: folder / name for kind, name in names.items()}
-
-    def _mirror(self, inbox: Path) -> Path:
-        """Where the documents of ``inbox`` (a resolved inbox folder) are mirrored under ``out_dir``."""
-        assert self._out_dir is not None
+        try:
+            relative = origin.path.parent.relative_to(origin.inbox).parts
+        except ValueError:
+            relative = ()
+        if self._out_dir is None:
+            return origin.inbox, relative
         if self._inboxes is None:
-            return self._out_dir
-        configs = self._inboxes()
+            return self._out_dir, relative
+        return self._out_dir, (self._mirror(origin.inbox), *relative)
+
+    def _mirror(self, inbox: Path) -> str:
+        """The folder under ``out_dir`` where the documents of ``inbox`` (resolved) are mirrored."""
+        configs = self._inboxes() if self._inboxes is not None else ()
         if self._roots[0] is not configs:  # resolved once per configuration, not per document
             self._roots = (configs, frozenset(config.path.expanduser().resolve() for config in configs))
-        return self._out_dir / inbox_folder(inbox, self._roots[1] | {inbox})
+        return inbox_folder(inbox, self._roots[1] | {inbox})
+
+    @contextlib.contextmanager
+    def _claims(self, job: Job, owner: int | None, make: bool = False) -> Iterator[Claims]:
+        root, parts = self._where(job)
+        made = PUBLIC if make and self._out_dir is not None else None
+        if made is not None:
+            root.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
+        try:
+            with folder(root, parts, make=made) as here:
+                prefix = "".join(f"{part}/" for part in parts)
+                yield Claims(here, root, prefix, job, owner, self._written)
+        except FolderGone as exc:
+            raise SourceGone(f"{job.origin.uri}: its folder {exc.path} {exc.why}") from None
+
+    def source_access(self, job: Job) -> Access | None:
+        """The source's access as it is now (the error sidecar of a document never read, or read by an older
+        call), through its inbox without following a link; None where it is gone."""
+        origin = job.origin
+        assert isinstance(origin, LocalFile)
+        try:
+            relative = origin.path.parent.relative_to(origin.inbox).parts
+            with folder(origin.inbox, relative) as here:
+                info = here.lstat(origin.name)
+        except (OSError, ValueError):
+            return None
+        return Access.of(info) if info is not None else None
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
-        """None too when the Markdown sidecar is gone or no regular file: the document is then done again (a
-        user's edits to it stand: its content is not judged)."""
-        paths = self.paths(job)
+        """The ``source`` section of the job's JSON sidecar where it is ocrwatch's own for this document (by the
+        record: a JSON anyone could have written proves nothing); None too when the Markdown sidecar is gone
+        or no regular file: the document is then done again (a user's edits to it stand)."""
+        access = self.source_access(job)
         try:
-            found, markdown = look(paths["json"], HEAD_BYTES), look(paths["md"], 0)
-        except OSError:
+            with self._claims(job, access.uid if access else None) as claims:
+                names = {kind: path.name for kind, path in self.paths(job).items()}
+                if claims.verdict(names["json"], json_marked, verify=False):
+                    return None
+                found, markdown = claims.here.look(names["json"], HEAD_BYTES), claims.here.lstat(names["md"])
+        except (OSError, SourceGone):
             return None
         if found is None or found.other is not None or not owns_json(found.head):
             return None
-        if markdown is None or markdown.other is not None:
+        if markdown is None or not stat.S_ISREG(markdown.st_mode):
             return None
         source = json_member(found.head, "source")
         return source if isinstance(source, dict) else None
+
+    def status(self, job: Job) -> str | None:
+        try:
+            with self._claims(job, None) as claims:
+                found = claims.here.look(self.paths(job)["json"].name, PROBE_BYTES)
+        except (OSError, SourceGone):
+            return None
+        if found is None or found.other is not None or not owns_json(found.head):
+            return None
+        if _whose(found.head, job.origin) is not None:
+            return None
+        status = json_member(found.head, "status")
+        return status if isinstance(status, str) else None
 
     def write(
         self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS,
         access: Access | None = None,
     ) -> None:
         paths, outputs = self.paths(job), self.outputs(job)
+        names = {kind: path.name for kind, path in paths.items()}
         extra_names(extras, {kind: path.name for kind, path in outputs.items()})
-        self._prepare(job, paths, "md", "json")
-        pdf_ours = _pdf_ours(paths["json"], outputs["pdf"], job.origin)
-        further.check(outputs, extras, pdf_ours, look, _conflict)
-        atomic_write(paths["md"], _encode_markdown(markdown))
-        for name, content in extras.items():
-            target = paths["json"].parent / name
-            if target.parent == outputs["assets"]:
-                further.make_assets(target.parent, _fsync_dir)
-            atomic_write(target, content)
-        atomic_write(paths["json"], dump_json(document))
-        self._remove_own(job, paths, "error")  # the result stands: a stale error sidecar left behind is only untidy
-        further.remove_stale(outputs, set(extras), pdf=pdf_ours, look=look, fsync_dir=_fsync_dir)
+        access = access or self.source_access(job) or PUBLIC
+        with self._claims(job, access.uid, make=True) as claims:
+            self._prepare(claims, names, "md", "json")
+            pdf_ours = _pdf_marker(claims.here, names["json"])
+            for name in extras:
+                claims.refuse(name, figure_marked if "/" in name else pdf_ours)
+            claims.publish(claims.here, names["md"], _encode_markdown(markdown), access)
+            for name, content in extras.items():
+                if "/" in name:
+                    with claims.here.sub(name.partition("/")[0], make=access) as assets:
+                        claims.publish(assets, name, content, access)
+                else:
+                    claims.publish(claims.here, name, content, access)
+            claims.publish(claims.here, names["json"], dump_json(document), access)
+            claims.remove(names["error"], json_marked)  # a stale error sidecar left behind is only untidy
+            self._remove_stale(claims, outputs, set(extras), pdf_ours)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
-        paths = self.paths(job)
-        self._prepare(job, paths, "error")
-        pdf_ours = _pdf_ours(paths["json"], self.outputs(job)["pdf"], job.origin)
-        atomic_write(paths["error"], dump_json(error))
-        self._remove_own(job, paths, "json", "md")  # a previous version's result must not stand for this one
-        further.remove_stale(self.outputs(job), (), pdf=pdf_ours, look=look, fsync_dir=_fsync_dir)
+        names = {kind: path.name for kind, path in self.paths(job).items()}
+        access = self.source_access(job) or PUBLIC
+        with self._claims(job, access.uid, make=True) as claims:
+            self._prepare(claims, names, "error")
+            pdf_ours = _pdf_marker(claims.here, names["json"])  # asked before the JSON that may record it goes
+            claims.publish(claims.here, names["error"], dump_json(error), access)
+            if _other_document(claims.here, names["json"], job.origin) is None:
+                for kind, marked in (("json", json_marked), ("md", markdown_marked)):
+                    claims.remove(names[kind], marked)  # a previous version's result must not stand
+            self._remove_stale(claims, self.outputs(job), (), pdf_ours)
 
-    def outputs(self, job: Job) -> dict[str, Path]:
-        """Where the job's further outputs go, beside its JSON sidecar: ``pdf``, the searchable PDF, and
-        ``assets``, the figures' folder."""
-        folder = self.paths(job)["json"].parent
-        return {kind: folder / name for kind, name in output_names(job.origin.name, self._template).items()}
-
-    def status(self, job: Job) -> str | None:
-        try:
-            found = look(self.paths(job)["json"], PROBE_BYTES)
-        except OSError:
-            return None
-        if found is None or found.other is not None or _whose(found.head, job.origin) is not None:
-            return None
-        status = json_member(found.head, "status")
-        return status if isinstance(status, str) else None
-
-    def _prepare(self, job: Job, paths: dict[str, Path], *kinds: str) -> None:
-        """Check before writing anything, so a document never gets half of its sidecars for a known reason:
+    def _prepare(self, claims: Claims, names: dict[str, str], *kinds: str) -> None:
+        """Check before writing anything, so a document never gets half of its outputs for a known reason:
         every sidecar's name fits the folder (all three: a result whose error sidecar cannot exist is refused
         too), the folder is writable, and nothing but ocrwatch's own files holds the names about to be written."""
-        folder = paths["json"].parent
-        limit = _name_max(folder)
-        for path in paths.values():
-            if len(os.fsencode(path.name)) > limit:
+        here = claims.here
+        try:
+            limit = int(os.fpathconf(here.fd, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            limit = NAME_MAX
+        for name in names.values():
+            if (size := len(os.fsencode(name))) > limit:
                 raise NameTooLong(
-                    f"the sidecar {path.name[:40]}... would be {len(os.fsencode(path.name))} bytes long; "
-                    f"{folder}'s filesystem allows {limit}",
-                    hint=f"rename the file {len(os.fsencode(path.name)) - limit} or more bytes shorter, "
+                    f"the sidecar {name[:40]}... would be {size} bytes long; {here.path}'s filesystem allows {limit}",
+                    hint=f"rename the file {size - limit} or more bytes shorter, "
                     "or set a shorter [output] name_template",
                 )
-        if self._out_dir is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-        if not os.access(folder, os.W_OK | os.X_OK):
-            read_only = False
-            with contextlib.suppress(OSError):
-                read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-            reason = "the filesystem is read-only" if read_only else os.strerror(errno.EACCES).lower()
-            raise OutputNotWritable(f"cannot write sidecars in {folder}: {reason}")
-        owned = _owned(paths, job.origin)
+        if not _writable(here):
+            raise OutputNotWritable(f"cannot write sidecars in {here.path}: {_why_not_writable(here)}")
+        markers = {"md": markdown_marked, "json": json_marked, "error": json_marked}
         for kind in kinds:
-            if (what := owned[kind]) is not None:
-                raise _conflict(paths[kind], what)
+            claims.refuse(names[kind], markers[kind])
+            if kind == "json" and (other := _other_document(here, names["json"], claims.job.origin)):
+                raise conflict(here.path / names["json"], other)
 
-    def _remove_own(self, job: Job, paths: dict[str, Path], *kinds: str) -> None:
-        """Remove the named sidecars where ocrwatch wrote them for this document (in order), never a user's
-        file or another document's; a failure is logged, never raised: what was just written stands."""
-        try:
-            owned = _owned(paths, job.origin)
-        except OSError as exc:
-            log.warning("stale_sidecar_not_removed", path=str(paths[kinds[0]]), error=str(exc))
-            return
-        removed = False
-        for kind in kinds:
-            if owned[kind] is not None:
-                continue
-            try:
-                os.unlink(paths[kind])
-                removed = True
-            except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENAMETOOLONG):  # a name too long to exist holds nothing
-                    continue
-                log.warning("stale_sidecar_not_removed", path=str(paths[kind]), error=str(exc))
-        if removed:
-            with contextlib.suppress(OSError):
-                _fsync_dir(paths["json"].parent)
+    def _remove_stale(
+        self, claims: Claims, outputs: dict[str, Path], kept: Collection[str], pdf_ours: Marker
+    ) -> None:
+        """Remove the further outputs a previous version left and this one did not write: those the record
+        holds for this document, and those of an older ocrwatch by their marks; then the figures' folder
+        once empty. A failure is logged, never raised: what was just written stands."""
+        pdf, assets = outputs["pdf"].name, outputs["assets"].name
+        doomed = {name for name in claims.recorded_here() if name.partition("/")[0] in (pdf, assets)}
+        doomed.add(pdf)
+        with contextlib.suppress(OSError):
+            if claims.here.lstat(assets) is not None:
+                with claims.here.sub(assets) as inner:
+                    doomed.update(f"{assets}/{name}" for name in inner.names() if FIGURE_FILE.fullmatch(name))
+        for name in sorted(doomed - set(kept)):
+            claims.remove(name, figure_marked if "/" in name else pdf_ours)
+        if claims.here.rmdir(assets):  # only once empty: a user's file in it keeps it
+            claims.here.fsync()
 
 
-def _owned(paths: dict[str, Path], origin: Origin) -> dict[str, str | None]:
-    """Per sidecar: None when its name is free or holds ocrwatch's own file for ``origin``, else what holds it
-    instead. A Markdown goes with its JSON: ours when the JSON is, another document's when the JSON is."""
-    found = {kind: look(path, PROBE_BYTES) for kind, path in paths.items()}
-    whose = {
-        kind: _whose(occupant.head, origin)
-        for kind, occupant in found.items()
-        if kind != "md" and occupant is not None and occupant.other is None
-    }
-    owned: dict[str, str | None] = {}
-    for kind, occupant in found.items():
-        if occupant is None or occupant.other is not None:
-            owned[kind] = None if occupant is None else occupant.other
-        elif kind != "md":
-            owned[kind] = whose[kind]
-        elif (json_whose := whose.get("json", FOREIGN)) != FOREIGN:
-            owned[kind] = json_whose  # None (ours) or another document's
-        else:
-            owned[kind] = None if owns_markdown(occupant.head) else FOREIGN
-    return owned
+def _writable(here: Folder) -> bool:
+    """Whether the daemon may create files in ``here`` (root may anywhere but on a read-only filesystem)."""
+    try:
+        read_only = bool(os.fstatvfs(here.fd).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return False
+    return os.access(f"/proc/self/fd/{here.fd}", os.W_OK | os.X_OK)
+
+
+def _why_not_writable(here: Folder) -> str:
+    with contextlib.suppress(OSError):
+        if os.fstatvfs(here.fd).f_flag & os.ST_RDONLY:
+            return "the filesystem is read-only"
+    return os.strerror(errno.EACCES).lower()
+
+
+def _other_document(here: Folder, json_name: str, origin: Origin) -> str | None:
+    """Whose JSON sidecar lies at ``json_name`` where it is another document's that still lies beside
+    ``origin`` (two names one template maps to one sidecar); None otherwise."""
+    found = here.look(json_name, PROBE_BYTES)
+    if found is None or found.other is not None or not owns_json(found.head):
+        return None
+    return _whose(found.head, origin)
 
 
 def _whose(head: bytes, origin: Origin) -> str | None:
-    """None when a JSON sidecar beginning with ``head`` is ocrwatch's for ``origin``; else whose it is: a user's,
-    or that of another document still beside ``origin`` (whose sidecar takes the same name)."""
-    if not owns_json(head):
-        return FOREIGN
+    """None when a JSON sidecar beginning with ``head`` is for ``origin``, or for a document that is gone;
+    else that of another document still beside ``origin`` (whose sidecar takes the same name)."""
     source = json_member(head, "source")
     other = source.get("name") if isinstance(source, dict) else None
     if not isinstance(origin, LocalFile) or not isinstance(other, str) or other == origin.name:
         return None
-    if "/" in other or "\0" in other or other in ("", ".", "..") or not os.path.lexists(origin.path.parent / other):
-        return None  # its document is gone: a stale sidecar, ocrwatch's to replace
-    return f"the sidecar of {other}, which lies beside {origin.name}"
-
-
-def _pdf_ours(path: Path, pdf: Path, origin: Origin) -> bool:
-    """Whether the searchable PDF at ``pdf`` is ocrwatch's to replace or remove: the JSON sidecar at ``path``,
-    ocrwatch's for ``origin``, records one, or the file carries ocrwatch's mark (a write killed between the PDF
-    and its JSON left it), as a figure does."""
-    found = look(path, HEAD_BYTES)
-    if found is not None and found.other is None and _whose(found.head, origin) is None:
-        section = json_member(found.head, "searchable_pdf")
-        if isinstance(section, dict) and "path" in section:
-            return True
-    return further.pdf_marked(pdf)
-
-
-def _conflict(path: Path, what: str) -> OutputConflict:
-    return OutputConflict(
-        f"{path} is {what}; ocrwatch writes a sidecar there and replaces only its own",
-        hint=f"move {path} away (or set [output] dir or a different [output] name_template), then `ocrwatch retry`",
-    )
+    if "/" in other or "\0" in other or other in ("", ".", ".."):
+        return None
+    try:
+        relative = origin.path.parent.relative_to(origin.inbox).parts
+        with folder(origin.inbox, relative) as beside:
+            present = beside.lstat(other) is not None
+    except (OSError, ValueError):
+        present = False
+    return f"the sidecar of {other}, which lies beside {origin.name}" if present else None

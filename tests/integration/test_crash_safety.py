@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 
 from ocrwatch.assemble import JSON_SCHEMA
-from ocrwatch.sinks.local import TMP_MARKER
+from ocrwatch.safefs import TMP_MARKER
 from tests import docs
 from tests.hardening_engines import job_id_of
 from tests.integration.conftest import error_sidecar, sidecars_done, wait_until

@@ -1,0 +1,350 @@
+"""Every read, write, move and removal under a folder that others can write to: descriptors all the way down.
+
+A root daemon on a shared inbox must never be turned into one user's tool against another. Checking a path and
+then using it are two steps a user can race, by swapping a folder on the way for a symlink between them. So a
+folder here is reached from a configured root one component at a time with ``O_NOFOLLOW | O_DIRECTORY``, and
+everything done inside it goes through that folder's descriptor (``dir_fd=``): no path is resolved again
+after it was checked, and no link is followed, to a file or a folder. Files written get no more readers than
+the source they were made from (``Access``), set on the descriptor before the rename makes them visible.
+Everything here is blocking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+"""Non-blocking, so a FIFO swapped in after a type check cannot hang the thread that opens it."""
+NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+CHUNK = 1 << 20
+GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
+"""What opening a folder on the way raises when it is missing, a link or not a folder."""
+TMP_MARKER = ".ocrwatch-tmp-"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()
+"""The process's umask (the unit's ``UMask``), read once at import: ``os.umask`` cannot be read alone."""
+
+
+class FolderGone(OSError):
+    """A folder on the way is missing, a link or not a folder: what the name meant is no longer there."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(errno.ENOENT, f"{path}: {why}")
+        self.path = path
+        self.why = why
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may read a file: its mode bits and owner. An output is given its source's, so it is never readable
+    by more people than the source (the source's read and write bits, less the umask)."""
+
+    mode: int
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> Access:
+        return cls(stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+
+    def file_mode(self) -> int:
+        return self.mode & 0o666 & ~UMASK
+
+    def folder_mode(self) -> int:
+        """A folder of outputs may be listed by whoever may read them, and entered by them alone."""
+        mode = self.file_mode()
+        return mode | ((mode & 0o444) >> 2) | 0o700
+
+    def apply(self, fd: int, folder: bool = False) -> None:
+        """Set the owner (where the daemon may: root) and then the mode on the open file ``fd``."""
+        if os.geteuid() == 0:
+            os.fchown(fd, self.uid, self.gid)
+        os.fchmod(fd, self.folder_mode() if folder else self.file_mode())
+
+
+PUBLIC = Access(0o644, os.geteuid(), os.getegid())
+"""For outputs of no local source (``ocrwatch ocr`` of a stream, an error of a vanished file): the daemon's."""
+
+
+@dataclass(frozen=True)
+class Occupant:
+    """What lies at a name: a regular file (its ``stat`` and first bytes), or what it is instead."""
+
+    path: Path
+    other: str | None = None  # "a folder", "a FIFO", ... for anything but a regular file
+    head: bytes = b""
+    info: os.stat_result | None = None
+
+
+def describe(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A file written under its temporary name, not yet renamed over ``name``: what it will be."""
+
+    folder: Folder
+    name: str
+    tmp: str
+    inode: int
+    size: int
+    sha256: str
+
+
+class Folder:
+    """An open folder reached without following a link; ``path`` names it in messages only, never to act."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"Folder({self.path})"
+
+    def lstat(self, name: str) -> os.stat_result | None:
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
+                return None
+            raise
+
+    def open_read(self, name: str) -> int | None:
+        """A read-only descriptor of the regular file ``name`` (None: nothing there, or not a regular file)."""
+        try:
+            fd = os.open(name, FILE_FLAGS, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENAMETOOLONG):
+                return None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def look(self, name: str, limit: int) -> Occupant | None:
+        """What lies at ``name`` (None: nothing, or a name too long to exist), reading at most ``limit``
+        bytes. Never follows a link, never blocks on a FIFO, never reads a device: the type is checked with
+        ``lstat`` and again with ``fstat`` on a descriptor opened ``O_NOFOLLOW | O_NONBLOCK``."""
+        path = self.path / name
+        info = self.lstat(name)
+        if info is None:
+            return None
+        if not stat.S_ISREG(info.st_mode):
+            return Occupant(path, describe(info.st_mode), info=info)
+        try:
+            fd = os.open(name, FILE_FLAGS, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            return Occupant(path, "a file ocrwatch cannot read", info=info)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return Occupant(path, "a symbolic link", info=info)
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return Occupant(path, describe(info.st_mode), info=info)
+            return Occupant(path, None, read_head(fd, limit), info)
+        finally:
+            os.close(fd)
+
+    def sha256(self, name: str) -> tuple[os.stat_result, str] | None:
+        """The ``fstat`` and sha256 of the regular file ``name``, read through one descriptor."""
+        fd = self.open_read(name)
+        if fd is None:
+            return None
+        try:
+            return os.fstat(fd), hash_fd(fd)
+        finally:
+            os.close(fd)
+
+    def stage(self, name: str, data: bytes | Path, access: Access) -> Staged:
+        """Write ``data`` (bytes, or a file's content) under ``name``'s fixed hidden temporary name (a leftover
+        of a killed write is replaced), created exclusively, given ``access`` and fsynced; ``commit`` renames
+        it over ``name``. Between the two, the caller may record what it is about to publish."""
+        tmp = temporary_name(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=self.fd)  # unlinking a symlink never touches its target
+        fd = os.open(tmp, NEW_FLAGS, 0o600, dir_fd=self.fd)
+        try:
+            hasher = hashlib.sha256()
+            with os.fdopen(fd, "wb", closefd=False) as handle:
+                if isinstance(data, Path):
+                    with open(data, "rb") as content:
+                        while block := content.read(CHUNK):
+                            hasher.update(block)
+                            handle.write(block)
+                else:
+                    hasher.update(data)
+                    handle.write(data)
+            access.apply(fd)
+            os.fsync(fd)
+            info = os.fstat(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+        finally:
+            os.close(fd)
+        return Staged(self, name, tmp, info.st_ino, info.st_size, hasher.hexdigest())
+
+    def commit(self, staged: Staged) -> None:
+        """Rename a staged file over its name, so that the name is always absent, the old file or all of the
+        new one; then the folder is fsynced."""
+        try:
+            os.replace(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(staged.tmp, dir_fd=self.fd)
+            raise
+        self.fsync()
+
+    def write(self, name: str, data: bytes | Path, access: Access) -> Staged:
+        """``stage`` and ``commit`` at once, for a file nothing records."""
+        staged = self.stage(name, data, access)
+        self.commit(staged)
+        return staged
+
+    def unlink(self, name: str) -> bool:
+        """Remove the file ``name`` (a link itself, never its target); False where nothing was there."""
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENAMETOOLONG):
+                return False
+            raise
+        return True
+
+    def rmdir(self, name: str) -> bool:
+        """Remove the folder ``name`` once it is empty; False where it is not (a user's file keeps it)."""
+        try:
+            os.rmdir(name, dir_fd=self.fd)
+        except OSError:
+            return False
+        return True
+
+    def names(self) -> list[str]:
+        return os.listdir(self.fd)
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    @contextlib.contextmanager
+    def sub(self, name: str, make: Access | None = None) -> Iterator[Folder]:
+        """The folder ``name`` inside this one, never a link; made with ``make``'s access where missing."""
+        path = self.path / name
+        if make is not None:
+            try:
+                os.mkdir(name, 0o700, dir_fd=self.fd)
+            except FileExistsError:
+                pass
+            else:
+                fd = os.open(name, FOLDER_FLAGS, dir_fd=self.fd)
+                try:
+                    make.apply(fd, folder=True)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self.fsync()
+                yield from _held(fd, path)
+                return
+        try:
+            fd = os.open(name, FOLDER_FLAGS, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno in GONE:
+                raise FolderGone(path, _why(self, name)) from None
+            raise
+        yield from _held(fd, path)
+
+
+def _held(fd: int, path: Path) -> Iterator[Folder]:
+    try:
+        yield Folder(fd, path)
+    finally:
+        os.close(fd)
+
+
+def _why(parent: Folder, name: str) -> str:
+    info = parent.lstat(name)
+    if info is None:
+        return "no longer exists"
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symlink; links are not followed"
+    return "is not a folder"
+
+
+@contextlib.contextmanager
+def folder(root: Path, parts: Sequence[str] = (), make: Access | None = None) -> Iterator[Folder]:
+    """The folder ``root/parts...``, reached from ``root`` (a configured folder, resolved at start) one
+    component at a time without following a link. With ``make``, each missing folder below ``root`` is made
+    (owned and moded by ``make``); else a missing one, a link or a non-folder on the way is ``FolderGone``."""
+    try:
+        fd = os.open(root, FOLDER_FLAGS)
+    except OSError as exc:
+        if exc.errno in GONE:
+            raise FolderGone(root, "is gone or was replaced by a link") from None
+        raise
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, fd)
+        here = Folder(fd, root)
+        for part in parts:
+            if part in ("", ".", "..") or "/" in part:
+                raise FolderGone(here.path / part, "is not a plain folder name")
+            here = stack.enter_context(here.sub(part, make))
+        yield here
+
+
+def parts_below(path: Path, root: Path) -> tuple[str, ...]:
+    """The components of ``path`` below ``root``, both absolute; ``ValueError`` outside it."""
+    parts = path.relative_to(root).parts
+    if ".." in parts:
+        raise ValueError(f"{path} is outside {root}")
+    return parts
+
+
+def temporary_name(name: str) -> str:
+    """The hidden name ``name`` is written under before the rename: fixed per target, at most 108 bytes."""
+    raw = os.fsencode(name)
+    tag = hashlib.sha1(raw).hexdigest()[:12]
+    return os.fsdecode(b"." + raw[:80]) + TMP_MARKER + tag
+
+
+def read_head(fd: int, limit: int) -> bytes:
+    """At most ``limit`` bytes from the start of the open file ``fd``."""
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < limit and (chunk := os.pread(fd, limit - offset, offset)):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def hash_fd(fd: int) -> str:
+    """The sha256 of the whole open file ``fd``, read with ``pread`` (hashlib releases the GIL)."""
+    hasher, offset = hashlib.sha256(), 0
+    while block := os.pread(fd, CHUNK, offset):
+        hasher.update(block)
+        offset += len(block)
+    return hasher.hexdigest()

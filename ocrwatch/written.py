@@ -1,0 +1,194 @@
+"""What ocrwatch wrote, recorded where no user can write: the one ownership rule for outputs.
+
+A mark inside a file (a JSON's ``schema``, a PDF's ``/OcrwatchSource``) can be copied by anyone, and an output
+given to its source's owner can be edited by them, so neither may decide that a file is ocrwatch's to replace,
+move or delete. The record can: one row per output file written (its folder root and name below it, the
+inode, size and sha256 written, the document it was written for and the uid of that document's source), in
+the ledger's file under ``state_dir``. A name holds ocrwatch's own file for a document only when the file
+there is the one recorded, bit for bit, and was made from a source of the same owner: Bob's new document
+never replaces or removes what was made from Alice's, even at the same name.
+
+Outputs written before this record existed carry no row: such a file is taken as ocrwatch's once, where its
+own mark says so **and** it belongs to the daemon's user (which no other user can arrange), and recorded
+when it is next written. The tables have their own schema version (``written_schema``), beside the ledger's.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocrwatch.ledger import Ledger, StateUnusable
+from ocrwatch.safefs import Folder, hash_fd
+
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE written (
+        root BLOB NOT NULL,
+        name BLOB NOT NULL,
+        job TEXT NOT NULL,
+        owner INTEGER NOT NULL,
+        inode INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        written_at REAL NOT NULL,
+        PRIMARY KEY (root, name, inode)
+    ) WITHOUT ROWID;
+    CREATE INDEX written_by_job ON written (job);
+    """,
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output file as written: where (a root and the name below it), for which document, and what."""
+
+    root: Path
+    name: str  # relative to ``root``, "/"-separated
+    job: str
+    owner: int  # the uid of the source it was made from
+    inode: int
+    size: int
+    sha256: str
+
+
+class Verdict(str):
+    """Why a name is not ocrwatch's to replace for a document; empty (falsy) where it is."""
+
+
+OURS = Verdict("")
+
+
+def _key(root: Path, name: str) -> tuple[bytes, bytes]:
+    return os.fsencode(root), os.fsencode(name)
+
+
+class Written:
+    """The record of outputs, in ``ledger``'s file: blocking, thread-safe, each call one transaction."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        try:
+            ledger.transact(self._migrate, write=True)
+        except sqlite3.DatabaseError as exc:
+            raise StateUnusable(f"the ledger {ledger.path} cannot hold the record of outputs: {exc}") from None
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS written_schema (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT version FROM written_schema").fetchone()
+        version = 0 if row is None else int(row[0])
+        if version > SCHEMA_VERSION:
+            raise StateUnusable(
+                f"the ledger {self._ledger.path} records outputs in schema {version}, newer than this"
+                f" ocrwatch's ({SCHEMA_VERSION})",
+                hint="upgrade ocrwatch, or point state_dir at another folder",
+            )
+        for script in _MIGRATIONS[version:]:
+            for statement in filter(str.strip, script.split(";")):
+                conn.execute(statement)
+        if version != SCHEMA_VERSION:
+            conn.execute("DELETE FROM written_schema")
+            conn.execute("INSERT INTO written_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+
+    def get(self, root: Path, name: str) -> list[Output]:
+        """The files recorded at ``name``: one, or two while a write is between its record and its rename."""
+
+        def tx(conn: sqlite3.Connection) -> list[Output]:
+            rows = conn.execute(
+                "SELECT job, owner, inode, size, sha256 FROM written WHERE root = ? AND name = ?",
+                _key(root, name),
+            ).fetchall()
+            return [Output(root, name, *row) for row in rows]
+
+        return self._ledger.transact(tx)
+
+    def put(self, output: Output) -> None:
+        """Record a file about to be renamed over its name, beside what the name holds now, so that whatever a
+        crash leaves there is recorded; ``settle`` drops the other rows once the rename is done."""
+        row = (*_key(output.root, output.name), output.job, output.owner, output.inode, output.size)
+
+        def tx(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO written (root, name, job, owner, inode, size, sha256, written_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (*row, output.sha256, time.time()),
+            )
+
+        self._ledger.transact(tx, write=True)
+
+    def settle(self, output: Output) -> None:
+        """``output`` now holds its name: the rows of files it replaced go."""
+
+        def tx(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM written WHERE root = ? AND name = ? AND inode != ?",
+                (*_key(output.root, output.name), output.inode),
+            )
+
+        self._ledger.transact(tx, write=True)
+
+    def forget(self, root: Path, name: str) -> None:
+        """Nothing ocrwatch wrote is at ``name`` any more (it removed it)."""
+
+        def tx(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM written WHERE root = ? AND name = ?", _key(root, name))
+
+        self._ledger.transact(tx, write=True)
+
+    def move(self, output: Output, root: Path, name: str, inode: int) -> None:
+        """The recorded ``output`` is now at ``root``/``name`` as ``inode`` (the archive moved or copied it)."""
+
+        def tx(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM written WHERE root = ? AND name = ?", _key(root, name))
+            conn.execute(
+                "UPDATE written SET root = ?, name = ?, inode = ? WHERE root = ? AND name = ? AND inode = ?",
+                (*_key(root, name), inode, *_key(output.root, output.name), output.inode),
+            )
+
+        self._ledger.transact(tx, write=True)
+
+    def of_job(self, job: str) -> list[Output]:
+        """Every output recorded for the document ``job``, in the order written."""
+
+        def tx(conn: sqlite3.Connection) -> list[Output]:
+            rows = conn.execute(
+                "SELECT root, name, owner, inode, size, sha256 FROM written WHERE job = ? ORDER BY written_at",
+                (job,),
+            ).fetchall()
+            return [Output(Path(os.fsdecode(r[0])), os.fsdecode(r[1]), job, r[2], r[3], r[4], r[5]) for r in rows]
+
+        return self._ledger.transact(tx)
+
+
+def judge(
+    records: list[Output], folder: Folder, name: str, owner: int | None, marked: bool, *, verify: bool = True
+) -> Verdict:
+    """Whether the file at ``name`` in ``folder`` is ocrwatch's to replace or remove for a document whose
+    source belongs to ``owner`` (None: unknown, so nothing is). ``records``: what the record says was written
+    there; ``marked``: the file carries ocrwatch's own mark, which counts only where no row exists and the
+    file belongs to the daemon's user (an output of an ocrwatch older than the record). ``verify``: compare
+    the content's sha256 too (before anything is replaced or removed), not only the inode and size."""
+    fd = folder.open_read(name)
+    if fd is None:
+        return OURS if folder.lstat(name) is None else Verdict("not a regular file")
+    try:
+        info = os.fstat(fd)
+        if not records:
+            if marked and info.st_uid == os.geteuid() and owner is not None:
+                return OURS
+            return Verdict("a file ocrwatch did not write")
+        same = [r for r in records if (r.inode, r.size) == (info.st_ino, info.st_size)]
+        if verify and same:
+            digest = hash_fd(fd)
+            same = [r for r in same if r.sha256 == digest]
+    finally:
+        os.close(fd)
+    if not same:
+        return Verdict("a file ocrwatch did not write, or one changed since ocrwatch wrote it")
+    if owner is None or same[0].owner != owner:
+        return Verdict("ocrwatch's output for a document of another user")
+    return OURS
