@@ -35,7 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
 from ocrwatch.ledger import Fingerprint
 from ocrwatch.naming import FIGURE_FILE
-from ocrwatch.sources.base import Access, Job
+from ocrwatch.safefs import Access
+from ocrwatch.sources.base import Job
 
 HEAD_BYTES = 256 * 1024
 """How much of a JSON sidecar is read to learn whose it is and what it describes: ``schema`` and ``source`` come

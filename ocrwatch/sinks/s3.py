@@ -32,7 +32,8 @@ from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
 from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
 from ocrwatch.sinks.local import dump_json
-from ocrwatch.sources.base import Access, Job, S3Object
+from ocrwatch.safefs import Access
+from ocrwatch.sources.base import Job, S3Object
 
 log = structlog.get_logger()
 

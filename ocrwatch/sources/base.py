@@ -22,6 +22,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from ocrwatch.config import DEFAULT_PRIORITY
 from ocrwatch.errors import OcrwatchError
+from ocrwatch.safefs import Access
 
 
 @dataclass(frozen=True)
@@ -82,16 +83,6 @@ class Job:
 
 def _unchanged() -> bool:
     return False
-
-
-@dataclass(frozen=True)
-class Access:
-    """Who may read a local source, as its ``fstat`` said when it was read: its outputs are never readable by
-    more people than it is (``safefs.Access`` applies it to each file written)."""
-
-    mode: int
-    uid: int
-    gid: int
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone
-from ocrwatch.sources.base import Access, Fetched
+from ocrwatch.safefs import Access
+from ocrwatch.sources.base import Fetched
 
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -199,7 +200,7 @@ def fetch_copy(path: Path, root: Path, spool_dir: Path, max_bytes: int | None) -
         sha256, signature = copy_out(fd, path, target, sys.maxsize if max_bytes is None else max_bytes)
     finally:
         os.close(fd)
-    access = Access(stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+    access = Access.of(info)
     return Fetched(target, sha256, partial(changed_since, path, root, signature), access)
 
 

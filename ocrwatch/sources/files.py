@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ocrwatch.config import DEFAULT_PRIORITY
 from ocrwatch.errors import NotARegularFile, SourceGone
-from ocrwatch.sources.base import Access, Fetched, Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.safefs import Access
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
 from ocrwatch.sources.beneath import Signature, copy_out, spool_name
 
 
@@ -65,7 +66,7 @@ def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
         sha256, signature = copy_out(fd, path, target, sys.maxsize if max_bytes is None else max_bytes)
     finally:
         os.close(fd)
-    access = Access(stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+    access = Access.of(info)
     return Fetched(target, sha256, partial(_changed, path, signature), access)
 
 
