@@ -2,7 +2,7 @@
 
 This is the content-retry layer, engine-agnostic, and the only place that sets per-attempt sampling: each
 rung is a ``Sampling`` (greedy first, then the configured ``[engine.vllm] ladder``: higher temperature,
-tighter n-gram block); an engine uses the one it is given. An attempt that fails on its own
+tighter n-gram block or, with ``guard = "stop"``, a repetition penalty); an engine uses the one it is given. An attempt that fails on its own
 (``EngineFailed``, or no answer within the page timeout, which aborts the request) counts as a failed rung
 too. ``EngineDead`` is not handled here: it propagates so the daemon rebuilds the engine
 and requeues the page. A page that fails every rung is ``failed``; its document becomes ``partial``.
@@ -41,34 +41,48 @@ class PageResult:
 
 
 def base_sampling(cfg: VllmConfig) -> Sampling:
-    """Rung 0: greedy decoding (``Sampling``'s default) with the configured n-gram block, as vLLM's DeepSeek-OCR
-    recipe does."""
-    return Sampling(ngram_size=cfg.ngram_size, window_size=cfg.window_size, max_tokens=cfg.max_tokens)
+    """Rung 0: greedy decoding (``Sampling``'s default) with the configured guard (``VllmConfig.first_rung``):
+    DeepSeek-OCR's n-gram block, as vLLM's recipe does, or vLLM's own repetition stop."""
+    return cfg.first_rung()
 
 
 def rungs(cfg: EngineConfig, kind: str | None = None) -> list[Sampling]:
     """The rungs for the engine ``kind`` (default: the configured one), at most ``page_attempts`` of them.
 
-    Tesseract has no sampling to change, so it gets the base rung only.
+    Tesseract has no sampling to change, so it gets the base rung only. With ``guard = "stop"`` no rung
+    bans n-grams (a logits processor would put every decode step of the engine on the host's slow path,
+    not only the retried pages'): the rungs after the first re-read a page that stopped repeating itself
+    with their temperature and vLLM's built-in ``repetition_penalty``, every one but the last with the
+    repetition stop too; the last runs to its end, so a page whose real text repeats (a long table of empty
+    cells) is still read whole, and judged by ``needs_retry`` like any other.
     """
-    base = base_sampling(cfg.vllm)
+    vllm = cfg.vllm
+    base = base_sampling(vllm)
     if (kind or cfg.kind) == "tesseract":
         return [base]
+    stop = vllm.guard == "stop"
     ladder = [
         Sampling(
             temperature=rung.temperature,
-            ngram_size=rung.ngram_size,
-            window_size=rung.window_size,
-            max_tokens=cfg.vllm.max_tokens,
+            ngram_size=0 if stop else rung.ngram_size,
+            window_size=0 if stop else rung.window_size,
+            max_tokens=vllm.max_tokens,
+            repetition_penalty=rung.repetition_penalty,
+            stop_pattern=base.stop_pattern,
+            stop_count=base.stop_count,
         )
-        for rung in cfg.vllm.ladder
+        for rung in vllm.ladder
     ]
-    return [base, *ladder][: cfg.page_attempts]
+    chosen = [base, *ladder][: cfg.page_attempts]
+    if stop and len(chosen) > 1:
+        chosen[-1] = replace(chosen[-1], stop_pattern=0, stop_count=0)
+    return chosen
 
 
 def needs_retry(rec: Recognition) -> str | None:
-    """Why this output should be tried again (``"loop"``, ``"length"``), or None when it is good."""
-    if grounding.find_loop(rec.raw) is not None:
+    """Why this output should be tried again (``"loop"``, ``"length"``), or None when it is good. vLLM's
+    repetition stop (finish reason ``repetition``) is a loop whatever the text cut short before it shows."""
+    if rec.finish_reason == "repetition" or grounding.find_loop(rec.raw) is not None:
         return "loop"
     if rec.finish_reason == "length":
         return "length"

@@ -96,6 +96,9 @@ def test_a_greedy_loop_recovers_on_the_next_rung() -> None:
         "ngram_size": 20,
         "window_size": 90,
         "max_tokens": 4096,
+        "repetition_penalty": 1.05,
+        "stop_pattern": 0,
+        "stop_count": 0,
     }
     assert result.recognition is not None and "Echo" in result.recognition.raw
 

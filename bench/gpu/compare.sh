@@ -7,44 +7,44 @@
 #   2. a warm restart of the same daemon (compile caches filled): start to ready, broken down;
 #   3. the official script's shape on the same pages (engine_bench.py: render all, one LLM.generate(), vLLM's
 #      own model class and n-gram processor, 256 sequences, 32,768 batched tokens).
-# Ends with one JSON line (compare_result.py), also written to $OUT/compare.json.  Needs the wheel parts carried
-# before (device_run.sh parts N), .gpu/dsocr2, .gpu/corpus and, on a machine without pdftoppm, .gpu/poppler.
-# Knobs: REPEAT (1: 159 pages), PHASES (the cold daemon's load, default solo,a,d), BUDGET (540 s: the whole
-# script, results packed, inside a 600-s call; a step still running near its share gets SIGINT, then SIGKILL 10 s
-# later). On the lent H200 the two cold starts alone took about 310 s (daemon 176 s, script 134 s): the default
-# load only just fits in one call; a longer one runs under bench/gpu/detached.sh.
+# Ends with one JSON line (compare_result.py), also written to $OUT/compare.json, within BUDGET whatever a
+# step does: each runs under step.py (steps.sh), cut at its share of the budget and stopped as a tree. Needs
+# the wheel parts carried before (device_run.sh parts N), .gpu/dsocr2, .gpu/corpus and, on a machine without
+# pdftoppm, .gpu/poppler. Knobs: REPEAT (1: 159 pages), PHASES (the cold daemon's load, default solo,a,d),
+# BUDGET (540 s: the whole script, results packed, inside a 600-s call; a step still running at its share
+# gets SIGINT, then every process it left SIGKILL 10 s later). On the lent H200 the two cold starts alone
+# took about 310 s (daemon 176 s, script 134 s): the default load only just fits in one call; a longer one
+# runs under bench/gpu/detached.sh.
 set -uo pipefail
-OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
-T0=$(date +%s); BUDGET=${BUDGET:-540}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+OUT=${OUT:-/tmp/ocw-out}; R=${RESULTS:-/tmp/ocw-results}; mkdir -p "$OUT" "$R"
+T0=$(date +%s); BUDGET=${BUDGET:-540}; END=$(( T0 + BUDGET - 10 ))  # 10 s kept to pack and print
 HERE=bench/gpu
 REPEAT=${REPEAT:-1}
-trap 'python3 bench/gpu/compare_result.py $R > "$OUT/compare.json" 2>/dev/null; tar czf "$OUT/results_compare.tgz" -C $R --exclude "series_*" . 2>/dev/null' EXIT
+# Test seams (tests/test_gpu_harness.py): the install command and the two Python tools.
+INSTALL=${INSTALL:-bash $HERE/install_on_device.sh}; E2E=${E2E:-$HERE/e2e.py}; BENCH=${BENCH:-$HERE/engine_bench.py}
+finish() {  # the JSON line, whatever was cut: every step ran under step.py, so nothing holds this script
+  python3 $HERE/compare_result.py "$R" > "$OUT/compare.json" 2>/dev/null || echo '{"error": "compare_result.py failed"}' > "$OUT/compare.json"
+  tar czf "$OUT/results_compare.tgz" -C "$R" --exclude "series_*" . 2>/dev/null
+  cat "$OUT/compare.json"
+}
+trap finish EXIT
+source $HERE/steps.sh
 t0=$(date +%s)
-bash $HERE/install_on_device.sh > $R/install.txt 2>&1 || { tail -20 $R/install.txt; exit 1; }
+step install $(until_leaving 400) $INSTALL || { tail -20 "$R/install.log"; exit 1; }
 echo "install: $(( $(date +%s) - t0 )) s"
 source $HERE/env.sh
-bounded() { timeout -s INT -k 10 $(( $(left) - ${1} )) "${@:2}"; }
-filter() { grep --line-buffered -E "^\[|RESULT|Traceback|Error|error" | cut -c1-300; }
-stop_daemon() {  # a daemon e2e.py could not stop in time (it leads its own session) must not hold the GPU or port
-  local pid; pid=$(cat $R/daemon_$1.pid 2>/dev/null) || return 0
-  kill -TERM -- -"$pid" 2>/dev/null && sleep 8; kill -KILL -- -"$pid" 2>/dev/null; true
-}
 export TORCHINDUCTOR_CACHE_DIR=/tmp/ocw-cold/inductor TRITON_CACHE_DIR=/tmp/ocw-cold/triton
 # Cold: fresh compile caches (vLLM's, inductor's, Triton's), then the load: one page alone into the urgent inbox,
 # the corpus REPEAT times, doc300.pdf with the urgent page (PHASES=solo,a,d0,d: doc300.pdf alone first).
 rm -rf /tmp/ocw-cold; mkdir -p /tmp/ocw-cold
-bounded 270 python3 $HERE/e2e.py --label cold --out $R --repeat $REPEAT --max-tokens 1000 \
-  --cache-dir /tmp/ocw-cold/vllm --phases ${PHASES:-solo,a,d} 2>&1 | tee $R/e2e_cold.log | filter
-stop_daemon cold
+step e2e_cold $(until_leaving 270) python3 $E2E --label cold --out "$R" --repeat "$REPEAT" --max-tokens 1000 \
+  --cache-dir /tmp/ocw-cold/vllm --phases "${PHASES:-solo,a,d}"
 # Warm restart on the caches the cold start filled: start to ready only.
-bounded 195 python3 $HERE/e2e.py --label warm --out $R --max-tokens 1000 --cache-dir /tmp/ocw-cold/vllm \
-  --phases none --port 9470 2>&1 | tee $R/e2e_warm.log | filter
-stop_daemon warm
+step e2e_warm $(until_leaving 195) python3 $E2E --label warm --out "$R" --max-tokens 1000 \
+  --cache-dir /tmp/ocw-cold/vllm --phases none --port 9470
 # The script's shape, its own fresh caches; its pages rendered with pypdfium2 (rendering is not timed).
 export TORCHINDUCTOR_CACHE_DIR=/tmp/ocw-script/inductor TRITON_CACHE_DIR=/tmp/ocw-script/triton \
   VLLM_CACHE_ROOT=/tmp/ocw-script/vllm
-PATH=${PATH#$PWD/.gpu/poppler/bin:} bounded 10 python3 $HERE/engine_bench.py --label script --repeat $REPEAT \
-  --max-tokens 1000 --max-num-seqs 256 --max-num-batched-tokens 32768 --ngram per_request --out $R/engine.jsonl \
-  2>&1 | tee $R/engine_script.log | filter
-python3 $HERE/compare_result.py $R | tee "$OUT/compare.json"
+PATH=${PATH#$PWD/.gpu/poppler/bin:} step engine_script $(until_leaving 0) python3 $BENCH --label script \
+  --repeat "$REPEAT" --max-tokens 1000 --max-num-seqs 256 --max-num-batched-tokens 32768 --ngram per_request \
+  --out "$R/engine.jsonl"

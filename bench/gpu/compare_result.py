@@ -17,6 +17,17 @@ def load(path: Path) -> dict:
         return {}
 
 
+def guard(run: dict) -> str:
+    """How the run's first rung guarded against loops: ``off``, ``stop`` (vLLM's repetition stop), ``gpu``
+    (the n-gram kernel in the V2 sampler) or ``host`` (the n-gram logits processor)."""
+    config = run.get("config", "")
+    if 'guard = "stop"' in config:
+        return "stop"
+    if "ngram_size = 0" in config:
+        return "off"
+    return "gpu" if run.get("restart", {}).get("v2_sampler_guard") else "host"
+
+
 def result(folder: Path) -> dict:
     cold, warm = load(folder / "e2e_cold.json"), load(folder / "e2e_warm.json")
     scripts = [json.loads(line) for line in (folder / "engine.jsonl").read_text().splitlines() if line.strip()] \
@@ -41,7 +52,8 @@ def result(folder: Path) -> dict:
         "doc300_pages_per_s": d.get("doc300_pages_per_s"),
         "doc300_alone_pages_per_s": d0.get("doc300_pages_per_s"),
         "sizing": [load_run.get("restart", {}).get(k) for k in ("max_concurrency", "max_num_batched_tokens", "sizing")],
-        "guard": "gpu" if load_run.get("restart", {}).get("v2_sampler_guard") else "host",
+        "guard": guard(load_run),
+        "runner": load_run.get("restart", {}).get("runner"),
     }
 
 

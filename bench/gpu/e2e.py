@@ -197,6 +197,7 @@ def pages_done(inbox: Path, name: str) -> int:
 def doc_stats(inbox: Path, names: list[str]) -> dict:
     pages = tokens = failed = 0
     status: dict[str, int] = {}
+    finish: dict[str, int] = {}
     for n in names:
         p = sidecar(inbox, n)
         if p is None:
@@ -210,7 +211,9 @@ def doc_stats(inbox: Path, names: list[str]) -> dict:
             t = pg.get("tokens") or {}
             tokens += (t.get("completion") or 0) if isinstance(t, dict) else int(t or 0)
             failed += pg.get("status") not in (None, "ok")
-    return dict(pages=pages, completion_tokens=tokens, failed_pages=failed, status=status)
+            reason = str(pg.get("finish_reason"))
+            finish[reason] = finish.get(reason, 0) + 1
+    return dict(pages=pages, completion_tokens=tokens, failed_pages=failed, status=status, finish_reasons=finish)
 
 
 def pdf_pages(path: Path) -> int:
@@ -245,6 +248,7 @@ def restart_breakdown(log_text: str) -> dict:
             out[key] = float(m.group(1).replace(",", ""))
     out["v2_sampler_guard"] = "n-gram guard in the V2 sampler" in log_text
     out["guard_on_host_fallback"] = "vllm_ngram_guard_on_the_host" in log_text
+    out["runner"] = "V2" if "Using V2 Model Runner" in log_text else "V1"
     for line in log_text.splitlines():
         if '"vllm_engine_ready"' in line:
             try:
@@ -262,7 +266,8 @@ def vllm_keys(a) -> dict:
     keys: dict = dict(model=a.model, load_format="dummy", ignore_eos=True, max_tokens=a.max_tokens,
                       compile_cache_dir=a.cache_dir)
     given = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                 data_parallel_size=a.dp, tensor_parallel_size=a.tp, replicas=a.replicas)
+                 data_parallel_size=a.dp, tensor_parallel_size=a.tp, replicas=a.replicas, guard=a.guard,
+                 stop_pattern=a.stop_pattern, stop_count=a.stop_count)
     keys.update({k: v for k, v in given.items() if v is not None})
     if a.fast:
         keys["fast_encoder"] = True
@@ -337,6 +342,11 @@ def main() -> None:
     ap.add_argument("--ngram-processor", choices=("batched", "per_request", "gpu", "none"), default=None,
                     help="none: the guard off in every rung, so no logits processor is registered; gpu: the kernel "
                     "in vLLM's V2 sampler (with VLLM_USE_V2_MODEL_RUNNER=1 in the environment)")
+    ap.add_argument("--guard", choices=("ban", "stop"), default=None,
+                    help="[engine.vllm] guard: ban (DeepSeek's n-gram rule, a logits processor) or stop (vLLM's "
+                    "repetition stop, no processor; with --stop-pattern, --stop-count)")
+    ap.add_argument("--stop-pattern", type=int, default=None, help="[engine.vllm] stop_pattern")
+    ap.add_argument("--stop-count", type=int, default=None, help="[engine.vllm] stop_count")
     ap.add_argument("--max-inflight", type=int, default=None, help="[scheduler] max_inflight_pages")
     ap.add_argument("--cache-dir", default="/tmp/ocw-e2e-cache")
     ap.add_argument("--work", default="/tmp/ocw-e2e")

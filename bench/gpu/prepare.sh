@@ -5,6 +5,8 @@
 #   .whl/partN/chunkN   every wheel installed for CPython 3.12 x86-64 (pip --target layout) as one tar.xz
 #                       stream cut into <= ${CHUNK:-50M} parts; the last part also holds stream.sha256
 #   .whl/wheels.txt     every wheel with its size
+#   bench/gpu/deps-ocrwatch.txt   (tracked) the pins of ocrwatch's runtime dependencies the image lacks, as pip
+#                       resolved them from pyproject.toml (wheelset.py); a diff means the package's needs changed
 #   .gpu/dsocr2/        random-weight DeepSeek-OCR-2 replica (config + synthetic tokenizer, make_model.py)
 #   .gpu/dsocr1/        the same for DeepSeek-OCR (make_model.py --ocr1)
 #   .gpu/corpus/        docs/ (every readable PDF of $CORPUS), doc300.pdf (>= 300 pages), one.pdf (one page)
@@ -25,11 +27,19 @@ wheels() {
   local plat="" n
   for n in 2_17 2_24 2_26 2_27 2_28 2_31 2_34 2_35; do plat+=" --platform manylinux_${n}_x86_64"; done
   plat+=" --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
-  local dl="python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d $W"
+  local get="python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp $plat"
+  local dl="$get --no-deps -d $W"
   mkdir -p "$W"
   ls $W/vllm-$VLLM-*.whl >/dev/null 2>&1 || $dl "vllm==$VLLM"
   $dl -r $HERE/deps-vllm.txt
+  # ocrwatch's own needs, derived from pyproject.toml (dependencies and the vllm extra): pip resolves them
+  # for the device beside vLLM's pins, and what the image lacks becomes deps-ocrwatch.txt (wheelset.py).
+  python3 $HERE/wheelset.py requirements > $W/ocrwatch-requirements.txt
+  rm -rf $W/resolved; $get -d $W/resolved -c $HERE/deps-vllm.txt -r $W/ocrwatch-requirements.txt -d $W/resolved
+  python3 $HERE/wheelset.py lock $W/resolved > $HERE/deps-ocrwatch.txt
   $dl -r $HERE/deps-ocrwatch.txt
+  $dl -r $HERE/deps-bench.txt
+  python3 $HERE/wheelset.py check $W  # a runtime dependency neither packed nor on the image stops here
   # Slim vLLM: drop the FA2 kernels (Hopper uses FA3), the Rust frontend binary and the deep_gemm builds for
   # other Pythons: 304 MB -> ~156 MB. The listing goes to a file first: `unzip | grep -q` under pipefail is
   # always false (SIGPIPE).

@@ -161,7 +161,10 @@ def visible_devices(devices: str | None) -> Iterator[None]:
 def uses_ngram_guard(cfg: VllmConfig) -> bool:
     """Any custom logits processor moves vLLM (0.26) from its V2 model runner to the older V1 one, whose host
     work per decode step makes a step half as long again on an H200, so none is registered when no rung can
-    use the guard, nor for ``ngram_processor = "gpu"`` (``ngram_gpu``, inside the V2 runner)."""
+    use the guard, nor for ``ngram_processor = "gpu"`` (``ngram_gpu``, inside the V2 runner), nor for
+    ``guard = "stop"``, whose rungs never ban n-grams (``ladder.rungs``)."""
+    if cfg.guard == "stop":
+        return False
     rungs = [(cfg.ngram_size, cfg.window_size), *((r.ngram_size, r.window_size) for r in cfg.ladder)]
     return any(n > 0 and w > 0 for n, w in rungs)
 
@@ -179,7 +182,9 @@ def check_engine_args(kwargs: Mapping[str, Any], known: set[str], version: str) 
 
 def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
     """``SamplingParams`` keyword arguments for one rung; the n-gram settings travel in ``extra_args`` to
-    DeepSeek-OCR's ``NGramPerReqLogitsProcessor`` (off when ``ngram_size`` or ``window_size`` is 0)."""
+    DeepSeek-OCR's ``NGramPerReqLogitsProcessor`` (off when ``ngram_size`` or ``window_size`` is 0); the
+    repetition stop as the fields of vLLM's ``RepetitionDetectionParams``
+    (``_Runtime.sampling_params`` builds it: this function imports nothing of vLLM)."""
     kwargs: dict[str, Any] = {
         "temperature": sampling.temperature,
         "max_tokens": sampling.max_tokens,
@@ -188,6 +193,10 @@ def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
     }
     if sampling.temperature > 0:
         kwargs["seed"] = cfg.seed
+    if sampling.repetition_penalty != 1.0:
+        kwargs["repetition_penalty"] = sampling.repetition_penalty
+    if sampling.stop_pattern > 0 and sampling.stop_count > 1:
+        kwargs["repetition_detection"] = {"max_pattern_size": sampling.stop_pattern, "min_count": sampling.stop_count}
     if sampling.ngram_size > 0 and sampling.window_size > 0:
         kwargs["extra_args"] = {
             "ngram_size": sampling.ngram_size,
@@ -282,7 +291,7 @@ class _Runtime:
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.renderers.inputs.preprocess import parse_model_prompt
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.sampling_params import RepetitionDetectionParams, RequestOutputKind, SamplingParams
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -293,6 +302,7 @@ class _Runtime:
         self._usage = UsageContext.ENGINE_CONTEXT
         self._async_llm = AsyncLLM
         self._sampling_params = SamplingParams
+        self._repetition = RepetitionDetectionParams
         self._final_only = RequestOutputKind.FINAL_ONLY
         self._parse_prompt = parse_model_prompt
         self.dead_errors: tuple[type[BaseException], ...] = (EngineDeadError,)
@@ -331,6 +341,9 @@ class _Runtime:
         return torch.cuda.device_count()
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
+        stop = kwargs.get("repetition_detection")
+        if isinstance(stop, dict):
+            kwargs = {**kwargs, "repetition_detection": self._repetition(**stop)}
         return self._sampling_params(**kwargs, output_kind=self._final_only)
 
     async def prepare(self, llm: Any, prompt: str, image: Image.Image) -> Any:
@@ -502,7 +515,7 @@ class VllmEngine:
 
     def describe(self) -> dict[str, Any]:
         cfg = self.cfg
-        first = Sampling(ngram_size=cfg.ngram_size, window_size=cfg.window_size, max_tokens=cfg.max_tokens)
+        first = cfg.first_rung()
         return {
             "name": self.name,
             "model": self.cfg.model,
@@ -516,6 +529,7 @@ class VllmEngine:
             "tensor_parallel_size": self.cfg.tensor_parallel_size,
             "data_parallel_size": self.cfg.data_parallel_size,
             "sampling": asdict(first),  # the first rung as configured (greedy); the ladder's rungs follow
+            "guard": self.cfg.guard,
             "ladder": [rung.model_dump() for rung in self.cfg.ladder],
             "geometry": asdict(self.geometry),
         }

@@ -32,6 +32,7 @@ class SamplingRung(_Model):
     temperature: Annotated[float, Field(ge=0, le=2)] = _DEFAULT.temperature
     ngram_size: Annotated[int, Field(ge=0, le=200)] = _DEFAULT.ngram_size
     window_size: Annotated[int, Field(ge=0, le=4096)] = _DEFAULT.window_size
+    repetition_penalty: Annotated[float, Field(ge=1, le=2)] = _DEFAULT.repetition_penalty
 
 
 class VllmConfig(_Model):
@@ -58,15 +59,33 @@ class VllmConfig(_Model):
     window_size: Annotated[int, Field(ge=0, le=4096)] = _DEFAULT.window_size
     whitelist_token_ids: tuple[int, ...] = (128821, 128822)
     ngram_processor: Literal["batched", "gpu", "per_request"] = "batched"
+    guard: Literal["ban", "stop"] = "ban"
+    stop_pattern: Annotated[int, Field(ge=1, le=256)] = 32
+    stop_count: Annotated[int, Field(ge=2, le=1000)] = 16
     priority_lanes: bool = False
     ladder: tuple[SamplingRung, ...] = (
-        SamplingRung(temperature=0.1, ngram_size=20, window_size=90),
-        SamplingRung(temperature=0.2, ngram_size=12, window_size=120),
+        SamplingRung(temperature=0.1, ngram_size=20, window_size=90, repetition_penalty=1.05),
+        SamplingRung(temperature=0.2, ngram_size=12, window_size=120, repetition_penalty=1.1),
     )
     ignore_eos: bool = False
     prompts: dict[str, str] = Field(default_factory=dict)
     compile_cache_dir: Path | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    def first_rung(self) -> Sampling:
+        """The first attempt at every page: greedy, with the guard ``guard`` names. ``ban``: DeepSeek-OCR's
+        no-repeat n-gram rule, a logits processor (on vLLM 0.26's V1 runner every decode step then waits for
+        the host); ``stop``: no processor, vLLM's scheduler ends an attempt that repeats itself and the ladder
+        re-reads only those pages (``ladder.rungs``)."""
+        if self.guard == "stop":
+            return Sampling(
+                ngram_size=0,
+                window_size=0,
+                max_tokens=self.max_tokens,
+                stop_pattern=self.stop_pattern,
+                stop_count=self.stop_count,
+            )
+        return Sampling(ngram_size=self.ngram_size, window_size=self.window_size, max_tokens=self.max_tokens)
 
     @property
     def in_processes(self) -> bool:
