@@ -4,8 +4,9 @@
 # collects its output.
 #   bash bench/gpu/detached.sh start SECONDS CMD...   start CMD (e.g. bash bench/gpu/compare.sh), then follow its
 #                                                      log for SECONDS and return, CMD still running
-#   bash bench/gpu/detached.sh wait SECONDS            follow the log until CMD ends or SECONDS pass; once it has
-#                                                      ended, copy what it left in /tmp/ocw-out to $OUT
+#   bash bench/gpu/detached.sh wait SECONDS            follow the log until CMD ends or SECONDS pass, then copy
+#                                                      what it left in /tmp/ocw-out to $OUT and, while it still
+#                                                      runs, its results so far as $OUT/partial.tgz
 # The step's own OUT is /tmp/ocw-out (a call's $OUT is emptied before the next call). Call `wait` within the
 # machine's idle time after `start` returns (30 s on the lent H200), or the machine goes back with the step.
 set -uo pipefail
@@ -29,6 +30,12 @@ case $verb in
     OUT=/tmp/ocw-out setsid bash -c '"$@" > '$D'/log 2>&1 < /dev/null; echo $? > '$D'/rc' step "$@" &
     follow ;;
   wait)
-    follow && { mkdir -p "${OUT:-/tmp/ocw-out}"; cp -r /tmp/ocw-out/. "${OUT:-/tmp/ocw-out}/" 2>/dev/null; true; } ;;
+    follow; rc=$?
+    # What exists goes back with every call, finished or not: the machine may not last to the next one.
+    if [ "${OUT:-/tmp/ocw-out}" != /tmp/ocw-out ]; then
+      mkdir -p "$OUT"; cp -r /tmp/ocw-out/. "$OUT/" 2>/dev/null
+      [ $rc = 0 ] || tar czf "$OUT/partial.tgz" -C "${RESULTS:-/tmp/ocw-results}" --exclude 'series_*' . 2>/dev/null
+    fi
+    exit $rc ;;
   *) echo "unknown verb $verb"; exit 2 ;;
 esac

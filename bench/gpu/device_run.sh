@@ -17,8 +17,9 @@
 # a page, 1000), SEQS and BATCHED (max_num_seqs and max_num_batched_tokens; unset: each tool's default),
 # E2E_ARGS / BENCH_ARGS (more options for e2e.py / engine_bench.py), BUDGET (seconds for the whole step, 560).
 # Results: every file under /tmp/ocw-results, packed as $OUT/results_<step>.tgz; summarize.py's tables on stdout.
-# A python step still running 20 s before BUDGET ends gets SIGINT and writes what it measured; a `timeout` around
-# this whole script would kill it before the results are packed.
+# Every step runs under step.py (steps.sh): a process group of its own, its output in $R/LABEL.log; still running
+# 20 s before BUDGET ends, it gets SIGINT (a Python step writes what it measured), and 10 s later everything it
+# left gets SIGKILL. A `timeout` around this whole script would kill it before the results are packed.
 set -uo pipefail
 step=${1:?step}; shift
 OUT=${OUT:-/tmp/ocw-out}; R=/tmp/ocw-results; mkdir -p "$OUT" $R
@@ -27,15 +28,15 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 HERE=bench/gpu
 REPEAT=${REPEAT:-3}; MAX_TOKENS=${MAX_TOKENS:-1000}
 sizes="${SEQS:+--max-num-seqs $SEQS} ${BATCHED:+--max-num-batched-tokens $BATCHED}"
+END=$(( T0 + BUDGET - 20 ))  # 20 s kept to pack the results and print the summary
 bundle() { tar czf "$OUT/results_$step.tgz" -C $R . ; }
 trap bundle EXIT
-# grep --line-buffered: a plain grep into a pipe holds its output back, and loses it when the step is killed.
-show() { grep --line-buffered -v -E "incorrect regex|fix_mistral_regex|instantiate a model of type" | cut -c1-400; }
-bounded() { timeout -s INT -k 15 $(( $(left) - 20 )) "$@"; }
+source $HERE/steps.sh  # step LABEL UNTIL CMD...: a process group of its own, output in $R/LABEL.log
+STEP_SHOW='^\[|RESULT|Traceback|Error|rows|MISMATCH|^M=|wrote|pass|FAIL'
 dmon() { nvidia-smi dmon -s um -o DT -d 1 > "$R/dmon_$1.txt" 2>&1 & DMON=$!; }
 install() {
   local t0; t0=$(date +%s)
-  bash $HERE/install_on_device.sh > $R/install.txt 2>&1 || { tail -20 $R/install.txt; exit 1; }
+  step install $(until_leaving 60) bash $HERE/install_on_device.sh || { tail -20 $R/install.log; exit 1; }
   echo "install: $(( $(date +%s) - t0 )) s"
   source $HERE/env.sh
 }
@@ -43,17 +44,16 @@ summary() { python3 $HERE/summarize.py $R > $R/summary.md 2>&1; cat $R/summary.m
 e2e() {  # label, e2e.py arguments...
   local label=$1; shift
   dmon e2e_$label
-  bounded python3 $HERE/e2e.py --label "$label" --out $R --repeat $REPEAT --max-tokens $MAX_TOKENS $sizes \
-    "$@" ${E2E_ARGS:-} 2>&1 | tee $R/e2e_$label.log | grep --line-buffered -E "^\[|Traceback|Error" | cut -c1-300
+  step e2e_$label $(until_leaving 0) python3 $HERE/e2e.py --label "$label" --out $R --repeat $REPEAT \
+    --max-tokens $MAX_TOKENS $sizes "$@" ${E2E_ARGS:-}
   kill $DMON 2>/dev/null
   tail -3 $R/daemon_$label.log 2>/dev/null | cut -c1-300
 }
 engine_bench() {  # label, engine_bench.py arguments...
   local label=$1; shift
   dmon $label
-  bounded python3 $HERE/engine_bench.py --label "$label" --repeat $REPEAT --max-tokens $MAX_TOKENS $sizes "$@" \
-    ${BENCH_ARGS:-} --out $R/engine.jsonl --tokens-out $R/tokens_$label.json 2>&1 | tee $R/engine_$label.log | grep --line-buffered -E "^\[|RESULT|Traceback|Error" \
-    | cut -c1-400
+  step engine_$label $(until_leaving 0) python3 $HERE/engine_bench.py --label "$label" --repeat $REPEAT \
+    --max-tokens $MAX_TOKENS $sizes "$@" ${BENCH_ARGS:-} --out $R/engine.jsonl --tokens-out $R/tokens_$label.json
   kill $DMON 2>/dev/null
 }
 case $step in
@@ -68,8 +68,8 @@ case $step in
     fi ;;
   check)
     install
-    bounded python3 $HERE/encoder_check.py --pages ${CHECK_PAGES:-10} --bench-pages ${BENCH_PAGES:-32} ${CHECK_ARGS:-} \
-      --out $R/encoder_check.jsonl 2>&1 | tee $R/encoder_check.txt | show
+    step encoder_check $(until_leaving 0) python3 $HERE/encoder_check.py --pages ${CHECK_PAGES:-10} \
+      --bench-pages ${BENCH_PAGES:-32} ${CHECK_ARGS:-} --out $R/encoder_check.jsonl
     summary ;;
   script)
     install; engine_bench script --ngram per_request; summary ;;
@@ -82,17 +82,15 @@ case $step in
     summary ;;
   moe)
     install
-    bounded python3 $HERE/tune_moe.py --out $R/moe-configs --budget-s $(( $(left) - 60 )) "$@" 2>&1 \
-      | tee $R/tune_moe.log | grep --line-buffered -E "^M=|wrote|shape|Error" ;;
+    step tune_moe $(until_leaving 0) python3 $HERE/tune_moe.py --out $R/moe-configs --budget-s $(( $(left) - 60 )) "$@" ;;
   ngram)
     install
-    bounded python3 $HERE/ngram_bench.py "$@" 2>&1 | tee $R/ngram.log | grep --line-buffered -E "rows|RESULT|Error" ;;
+    step ngram $(until_leaving 0) python3 $HERE/ngram_bench.py "$@" ;;
   smoke)
     install
-    timeout -s INT -k 15 150 python3 $HERE/encoder_check.py --pages 0 --bench-pages 16 --out $R/encoder_check.jsonl \
-      2>&1 | tee $R/encoder_check.txt | grep --line-buffered -v RESULT | show
-    timeout -s INT -k 15 90 python3 $HERE/ngram_bench.py --only gpu --rows 64,256 --steps 150 2>&1 | tee $R/ngram.log \
-      | grep --line-buffered -E "rows|Error|MISMATCH"
+    step encoder_check $(( $(date +%s) + 150 )) python3 $HERE/encoder_check.py --pages 0 --bench-pages 16 \
+      --out $R/encoder_check.jsonl
+    step ngram $(( $(date +%s) + 90 )) python3 $HERE/ngram_bench.py --only gpu --rows 64,256 --steps 150
     CORPUS_DIR=${CORPUS_DIR:-.gpu/mini}
     e2e ocr1 --model .gpu/dsocr1 --corpus $CORPUS_DIR --repeat 1 --cache-dir /tmp/ocw-ocr1-cache --phases solo,a
     python3 -c "import json,sys; r=json.load(open('$R/e2e_ocr1.json')); print('ocr1', json.dumps({k: r.get(k) for k in ('start_to_ready_s','solo_latency_s','restart')}), json.dumps({k: r.get('a',{}).get(k) for k in ('pages','pages_per_s','status','failed_pages')}))" ;;

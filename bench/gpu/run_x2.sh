@@ -22,21 +22,19 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 SEQS=${SEQS:-256}; BATCHED=${BATCHED:-32768}; REPEAT=${REPEAT:-3}; NGRAM=${NGRAM:-batched}
 common="--max-num-seqs $SEQS --max-num-batched-tokens $BATCHED --max-tokens 1000 --ngram-processor $NGRAM"
 [ "${FAST:-1}" = 1 ] && common+=" --fast"
-bash bench/gpu/install_on_device.sh > $R/install_$step.txt 2>&1 || { tail -20 $R/install_$step.txt; exit 1; }
+HERE=bench/gpu; END=$(( T0 + BUDGET - 15 ))
+source $HERE/steps.sh  # step LABEL UNTIL CMD...: a process group of its own, output in $R/LABEL.log
+step install_$step $(until_leaving 60) bash $HERE/install_on_device.sh || { tail -20 $R/install_$step.log; exit 1; }
 echo "install: $(( $(date +%s) - T0 )) s"
-source bench/gpu/env.sh
-show() { grep --line-buffered -E "^\[|RESULT|Traceback|Error" | cut -c1-400; }
-e2e() {  # label, seconds, e2e.py arguments...
+source $HERE/env.sh
+e2e() {  # label, seconds, e2e.py arguments... (step.py stops the lane's whole tree, engine cores included,
+         # before the next lane starts)
   local label=$1 secs=$2; shift 2
   nvidia-smi dmon -s um -o DT -d 1 > $R/dmon_e2e_$label.txt 2>&1 & local dmon=$!
-  timeout -s INT -k 30 "$secs" python3 bench/gpu/e2e.py --label "$label" --out $R --phases a --timeout $(( secs - 30 )) \
-    $common "$@" 2>&1 | tee $R/e2e_$label.log | show
+  step e2e_$label $(( $(date +%s) + secs )) python3 $HERE/e2e.py --label "$label" --out $R --phases a \
+    --timeout $(( secs - 30 )) $common "$@"
   kill $dmon 2>/dev/null
   tail -3 $R/daemon_$label.log 2>/dev/null | cut -c1-300
-}
-reap() {  # a lane cut by its time limit can leave its engine processes holding a GPU into the next lane
-  pkill -9 -f "ocrwatch run --config /tmp/ocw-e2e" 2>/dev/null; pkill -9 -f "ocrwatch.engines.process" 2>/dev/null
-  pkill -9 -f "VLLM::EngineCore" 2>/dev/null; sleep 3
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' '; echo
 }
 case $step in
@@ -46,16 +44,15 @@ case $step in
     gpu0=$!
     ( export CUDA_VISIBLE_DEVICES=1
       nvidia-smi dmon -i 1 -s um -o DT -d 1 > $R/dmon_script.txt 2>&1 & dmon=$!
-      timeout -s INT -k 20 $(( $(left) - 15 )) python3 bench/gpu/engine_bench.py --label script --ngram per_request \
+      step engine_script $(until_leaving 0) python3 $HERE/engine_bench.py --label script --ngram per_request \
         --max-tokens 1000 --max-num-seqs $SEQS --max-num-batched-tokens $BATCHED --repeat $REPEAT \
-        --out $R/engine.jsonl 2>&1 | tee $R/engine_script.log | show
+        --out $R/engine.jsonl
       kill $dmon ) &
     gpu1=$!
     wait $gpu0 $gpu1 ;;
   replicas)
     ( export CUDA_VISIBLE_DEVICES=0
       e2e one ${ONE_S:-250} --repeat $REPEAT --cache-dir /tmp/ocw-e2e-cache-1 --work /tmp/ocw-e2e-0 )
-    reap
     CUDA_VISIBLE_DEVICES=0,1 e2e rep $(( $(left) - 20 )) --repeat $(( REPEAT * 2 )) --replicas 2 \
       ${REPLICA_PROCESSES:+--replica-processes $REPLICA_PROCESSES} --cache-dir /tmp/ocw-e2e-cache-1 \
       --port 9465 --work /tmp/ocw-e2e-r ;;
