@@ -110,7 +110,8 @@ def test_stop_registers_no_logits_processor_and_asks_vllm_to_stop() -> None:
     assert not engine_module.uses_ngram_guard(cfg)
     assert "logits_processors" not in engine_module.engine_kwargs(cfg)
     first, second, last = ladder.rungs(STOP)
-    assert engine_module.sampling_kwargs(cfg, first)["repetition_detection"] == {"max_pattern_size": 32, "min_count": 16}
+    stop = engine_module.sampling_kwargs(cfg, first)["repetition_detection"]
+    assert stop == {"max_pattern_size": 32, "min_count": 16}
     retry = engine_module.sampling_kwargs(cfg, second)
     assert retry["repetition_penalty"] == 1.05 and "extra_args" not in retry
     assert "repetition_detection" not in engine_module.sampling_kwargs(cfg, last)

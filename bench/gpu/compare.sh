@@ -23,7 +23,8 @@ REPEAT=${REPEAT:-1}
 # Test seams (tests/test_gpu_harness.py): the install command and the two Python tools.
 INSTALL=${INSTALL:-bash $HERE/install_on_device.sh}; E2E=${E2E:-$HERE/e2e.py}; BENCH=${BENCH:-$HERE/engine_bench.py}
 finish() {  # the JSON line, whatever was cut: every step ran under step.py, so nothing holds this script
-  python3 $HERE/compare_result.py "$R" > "$OUT/compare.json" 2>/dev/null || echo '{"error": "compare_result.py failed"}' > "$OUT/compare.json"
+  python3 $HERE/compare_result.py "$R" > "$OUT/compare.json" 2>/dev/null \
+    || echo '{"error": "compare_result.py failed"}' > "$OUT/compare.json"
   tar czf "$OUT/results_compare.tgz" -C "$R" --exclude "series_*" . 2>/dev/null
   cat "$OUT/compare.json"
 }

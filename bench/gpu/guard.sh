@@ -18,7 +18,8 @@ OUT=${OUT:-/tmp/ocw-out}; R=${RESULTS:-/tmp/ocw-results}; mkdir -p "$OUT" "$R"
 T0=$(date +%s); BUDGET=${BUDGET:-900}; END=$(( T0 + BUDGET - 15 ))
 HERE=bench/gpu; REPEAT=${REPEAT:-3}; LANE_S=${LANE_S:-240}
 finish() {
-  python3 $HERE/guard_result.py "$R" > "$OUT/guard.json" 2>/dev/null || echo '{"error": "guard_result.py failed"}' > "$OUT/guard.json"
+  python3 $HERE/guard_result.py "$R" > "$OUT/guard.json" 2>/dev/null \
+    || echo '{"error": "guard_result.py failed"}' > "$OUT/guard.json"
   tar czf "$OUT/results_guard.tgz" -C "$R" --exclude 'series_*' . 2>/dev/null
   cat "$OUT/guard.json"
 }
@@ -29,11 +30,13 @@ source $HERE/env.sh
 export TORCHINDUCTOR_CACHE_DIR=/tmp/ocw-guard/inductor TRITON_CACHE_DIR=/tmp/ocw-guard/triton
 lane() {  # label, e2e.py options
   local label=$1; shift
-  if [ $(( END - $(date +%s) )) -lt "$LANE_S" ]; then echo "[$label] not run: $(( END - $(date +%s) )) s left"; return; fi
+  local left=$(( END - $(date +%s) ))
+  if [ $left -lt "$LANE_S" ]; then echo "[$label] not run: $left s left"; return; fi
   nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/[$label] GPU memory before: /"
   step "e2e_$label" $(until_leaving 0) python3 $HERE/e2e.py --label "$label" --out "$R" --repeat "$REPEAT" \
     --max-tokens 1000 --cache-dir /tmp/ocw-guard/vllm --phases a --timeout 400 "$@" ${E2E_ARGS:-}
 }
+V2_CACHE=/tmp/ocw-guard/vllm-v2  # the V2 runner compiles a graph of its own
 for name in ${LANES:-imports off ban stop}; do
   case $name in
     imports) step imports $(until_leaving 0) bash $HERE/imports.sh ;;
@@ -41,8 +44,8 @@ for name in ${LANES:-imports off ban stop}; do
     ban) lane ban ;;
     stop) lane stop --guard stop ;;
     stop16) lane stop16 --guard stop --stop-pattern 16 ;;
-    v2gpu) ( export VLLM_USE_V2_MODEL_RUNNER=1; lane v2gpu --ngram-processor gpu --cache-dir /tmp/ocw-guard/vllm-v2 ) ;;
-    v2off) ( export VLLM_USE_V2_MODEL_RUNNER=1; lane v2off --ngram-processor none --cache-dir /tmp/ocw-guard/vllm-v2 ) ;;
+    v2gpu) ( export VLLM_USE_V2_MODEL_RUNNER=1; lane v2gpu --ngram-processor gpu --cache-dir $V2_CACHE ) ;;
+    v2off) ( export VLLM_USE_V2_MODEL_RUNNER=1; lane v2off --ngram-processor none --cache-dir $V2_CACHE ) ;;
     *) echo "unknown lane $name" ;;
   esac
 done

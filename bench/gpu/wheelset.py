@@ -59,7 +59,9 @@ def applies(req: Requirement, extra: str = "") -> bool:
     return req.marker is None or req.marker.evaluate({**TARGET, "extra": extra})
 
 
-def runtime_requirements(pyproject: Path = REPO / "pyproject.toml", extras: Iterable[str] = EXTRAS) -> list[Requirement]:
+def runtime_requirements(
+    pyproject: Path = REPO / "pyproject.toml", extras: Iterable[str] = EXTRAS
+) -> list[Requirement]:
     """The package's own dependencies and those of ``extras`` that apply on the device."""
     project = tomllib.loads(pyproject.read_text())["project"]
     reqs = [Requirement(line) for line in project.get("dependencies", [])]
