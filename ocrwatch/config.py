@@ -267,8 +267,8 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _inboxes_not_nested(self) -> "Config":
-        """A folder inside a recursive inbox is watched by both inboxes, so each document in it would be
-        processed twice; compared resolved, since a link or a ``..`` can hide the nesting."""
+        """A folder inside a recursive inbox is watched by both inboxes, so each document in it
+        would be processed twice; compared resolved, since a link or ``..`` can hide the nesting."""
         roots = [inbox.path.expanduser().resolve() for inbox in self.inbox]
         for outer, (root, inbox) in enumerate(zip(roots, self.inbox)):
             if not inbox.recursive:
@@ -276,9 +276,9 @@ class Config(_Model):
             for inner, other in enumerate(roots):
                 if other != root and other.is_relative_to(root):
                     raise ValueError(
-                        f"inbox[{inner}].path ({other}) lies inside inbox[{outer}].path ({root}), which watches "
-                        f"its subfolders: each document there would be processed twice; remove one, or set "
-                        f"inbox[{outer}].recursive = false"
+                        f"inbox[{inner}].path ({other}) lies inside inbox[{outer}].path ({root}),"
+                        " which watches its subfolders: each document there would be processed"
+                        f" twice; remove one, or set inbox[{outer}].recursive = false"
                     )  # fmt: skip
         return self
 

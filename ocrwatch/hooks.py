@@ -41,7 +41,8 @@ log = structlog.get_logger()
 OUTPUT_TAIL = 2048
 """Bytes of a command's output (stdout and stderr together) or of a URL's answer kept for the log."""
 OUTPUT_GRACE = 0.5
-"""Seconds a command's output is still read after it exits, for a child of it that holds the pipe open."""
+"""Seconds a command's output is still read after it exits and its group is killed, for a child
+that left the group (``setsid``) and holds the pipe open."""
 _NOT_INHERITED = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 """systemd's hand-over to the daemon itself: a hook must not speak for it."""
 
@@ -266,8 +267,9 @@ class HookRunner:
 
 
 async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mapping[str, str], timeout: float) -> None:
-    """Run ``argv`` (no shell) with ``payload`` on stdin, in a process group of its own, killed whole when
-    ``timeout`` passes or the caller is cancelled; HookFailed unless it exits 0.
+    """Run ``argv`` (no shell) with ``payload`` on stdin, in a process group of its own, killed
+    whole when it exits, when ``timeout`` passes or when the caller is cancelled (a stop);
+    HookFailed unless it exits 0.
 
     stdin is an in-memory file rather than a pipe, so a hook that never reads it cannot block the daemon, and
     one that does may seek it. Output goes to a pipe of ours, not asyncio's: asyncio's ``wait`` would wait for
@@ -297,9 +299,8 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
             except asyncio.TimeoutError:
                 raise HookFailed(f"hook {name}: still running after {timeout:g}s: its process group killed") from None
             finally:
+                _kill_group(proc.pid)  # ended or not: what the hook left running goes too
                 if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
                     await proc.wait()
                 await asyncio.wait([tail], timeout=OUTPUT_GRACE)
                 tail.cancel()
@@ -333,6 +334,14 @@ async def post(
                 raise HookFailed(f"hook {name}: {url} answered {response.status}: {_printable(said)}")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise HookFailed(f"hook {name}: {url}: {type(exc).__name__}: {exc}") from None
+
+
+def _kill_group(group: int) -> None:
+    """SIGKILL the hook's process group (its id is the hook's pid): a child it started and left
+    behind (``sleep 120 &``) would otherwise outlive the delivery, and the daemon. While any member
+    lives, the kernel gives the id to no other process; once none does, there is no group left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
 
 
 def _fill(fd: int, payload: bytes) -> None:

@@ -1,8 +1,9 @@
 """Loopback ports for the servers and daemons the tests start, safe under pytest-xdist.
 
-A port asked of the kernel (``bind(0)``) is random, so two workers can be handed the same one in the moment
-before a daemon binds it. Under xdist each worker instead takes ports from a slice of its own, below the
-kernel's ephemeral range (which outgoing connections and ``bind(0)`` use), in turn, each checked free.
+A port asked of the kernel (``bind(0)``) is random, so two workers can be handed the same one in
+the moment before a daemon binds it. Under xdist each worker instead takes ports in turn from a
+slice of its own, below the kernel's ephemeral range (which outgoing connections and ``bind(0)``
+use), each checked free.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _ephemeral_start() -> int:
 
 
 def _worker_slice() -> range | None:
-    """This xdist worker's ports, or None outside xdist (one process: the kernel's choice is safe)."""
+    """This xdist worker's ports; None outside xdist, where one process asks the kernel safely."""
     worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if worker is None or count < 1:

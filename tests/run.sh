@@ -14,8 +14,8 @@ if [ -x tests/install_s3_servers.sh ] || [ -f tests/install_s3_servers.sh ]; the
 fi
 python3 -m pip install -q -e '.[test]'
 set +e
-# The suite mostly waits (daemons, settle times, sleeps), so more workers than cores pay; a later -n or
-# --dist in "$@" wins (-n 0: one process, as before).
+# The suite mostly waits (daemons, settle times, sleeps), so more workers than cores pay.
+# A later -n or --dist in "$@" wins (-n 0: one process, as before).
 python3 -m pytest -q -ra -n "${OCRWATCH_TEST_WORKERS:-4}" --dist loadgroup "$@"
 rc=$?
 set -e

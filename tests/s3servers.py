@@ -7,9 +7,9 @@
   session-scoped; it pushes S3-format events over HTTP (SNS topic with a ``push-endpoint``).
 
 Fixtures: ``moto_server`` (session), ``moto`` (that server, wiped before the test), ``rgw`` (session; skipped
-with the reason where ``radosgw`` is not installed: ``bash tests/install_s3_servers.sh`` installs it). Each is
-one per pytest-xdist worker, on ports of that worker's own (``tests.ports``) and in a folder of its own; the
-tests that use ``rgw`` are grouped onto one worker, so one cluster serves them all.
+with the reason where ``radosgw`` is not installed: ``bash tests/install_s3_servers.sh`` installs it).
+Under pytest-xdist each is one per worker, on that worker's own ports (``tests.ports``) and in a
+folder of its own; the tests that use ``rgw`` are grouped onto one worker: one cluster serves them.
 A test module uses them with ``pytest_plugins = ["tests.s3servers"]``. PYTEST_DONT_REWRITE (no asserts here,
 and test modules import it before pytest registers it as a plugin).
 """
@@ -241,8 +241,8 @@ def _alive(pid: int) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) send every test that uses ``rgw`` to one worker: each worker
-    would otherwise start a cluster of its own (about 12 s of two busy cores each)."""
+    """Under pytest-xdist (``--dist loadgroup``) send every test that uses ``rgw`` to one worker:
+    each worker would otherwise start a cluster of its own (about 12 s of two busy cores each)."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

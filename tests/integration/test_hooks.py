@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests import docs
-from tests.integration.conftest import REPO, DaemonProcess, wait_until
+from tests.integration.conftest import REPO, DaemonProcess, alive, wait_until
 from tests.test_hooks import FAILER, RECORDER, records, script
 
 pytestmark = pytest.mark.integration
@@ -249,3 +249,27 @@ def test_files_handed_over_by_ocrwatch_ocr_run_no_hooks_as_without_a_daemon(
         assert any(e.get("uri") == given.as_uri() for e in daemon.events())  # the daemon did process it
     finally:
         assert daemon.stop() == 0
+
+
+def test_what_a_hook_leaves_running_is_killed_when_it_exits_and_when_the_daemon_stops(
+    plugin_daemon: Any, tmp_path: Path
+) -> None:  # fmt: skip
+    left, held = tmp_path / "left.pid", tmp_path / "held.pid"
+    leaver = ["/bin/sh", "-c", 'sleep 120 & echo $! > "$1"', "sh", str(left)]
+    holder = ["/bin/sh", "-c", 'sleep 120 & echo "$$ $!" > "$1"; wait', "sh", str(held)]
+    hooks = [{"name": "leaver", "command": leaver}, {"name": "holder", "command": holder}]
+    daemon = plugin_daemon(hook=hooks).start()
+
+    def both_ran() -> bool:
+        done = ("leaver", "done") in [(row["hook"], row["state"]) for row in deliveries(daemon)]
+        return done and held.exists() and len(held.read_text().split()) == 2
+
+    try:
+        docs.write_png(daemon.inbox / "scan.png", ["Hooked"])
+        wait_until(both_ran, 60, "both hooks run")
+        wait_until(lambda: not alive(int(left.read_text())), 10, "the leaver's sleep killed")
+        pids = [int(pid) for pid in held.read_text().split()]
+        assert all(alive(pid) for pid in pids)  # the holder still runs, with its child
+    finally:
+        assert daemon.stop() == 0
+    wait_until(lambda: not any(alive(pid) for pid in pids), 10, "the holder and its child killed")
