@@ -2,34 +2,38 @@
 
 ``[output] on_success``, overridden per ``[[inbox]]`` and per ``[[s3]]``:
 
-- ``move``, a local file: the source, then its sidecars and further outputs when they lie beside it (not under
-  ``[output] dir``: those stay where the configuration puts them), go into ``[output] archive_dir``, in the
+- ``move``, a local file: the source, then those of its sidecars and further outputs beside it that the record
+  of outputs holds as this document's (``written.judge``; never a user's file at such a name, nor one under
+  ``[output] dir``, which stays where the configuration puts it), go into ``[output] archive_dir``, in the
   folder that mirrors theirs under a folder per inbox (``sinks.local.inbox_folder``, as ``[output] dir``
-  mirrors them). Nothing there is replaced: when a name of the group is taken, the whole group gets a number
-  (``report.1.pdf``, ``report.1.pdf.md``, ...), and the Markdown's figure links and the JSON's paths follow it.
-  An S3 object: copied to ``archive_prefix`` + its key (the very version read), then deleted.
+  mirrors them); their records follow them. Nothing there is replaced: when a name of the group is taken, the
+  whole group gets a number (``report.1.pdf``, ``report.1.pdf.md``, ...), and the Markdown's figure links and
+  the JSON's paths follow it, rewritten through ``Folder.stage`` with the source's access. A move across
+  filesystems copies each file with its owner, mode and times; each folder the archive makes is as readable
+  as the inbox folder it stands for, never more. An S3 object: copied to ``archive_prefix`` + its key (the
+  very version read), then deleted.
 - ``delete``: the local file is unlinked, its sidecars being durable already (each was fsynced, and its folder,
   when written); the S3 object's version that was read is deleted (the object, where unversioned).
 
 Neither acts on a document that is not ``ok`` (a ``partial`` one stays for a person to look at), nor on a source
-that changed since it was read. A local file is opened beneath its inbox without following a link
-(``sources.beneath``), hashed again through that descriptor and compared with the sha256 of the bytes
-processed; right before its name is moved or unlinked, the name must still be that file, unwritten since. An
-S3 object is compared by its ETag, or addressed by its version. Every action runs once the ledger records the
-document done, so a source gone from its inbox is never taken for a new one; a daemon killed in between finds
-the document done at its next start and acts then (``Pipeline._done_already``). Everything here is blocking,
-and a failure is logged, never raised: the document is done whatever becomes of its source.
+that changed since it was read, that has another name (a hard link), or that a process holds open for writing:
+a local file is held as ``sources.beneath.held`` holds it (a read lease, and its sha256 compared under it), and
+its name goes only while it is still that file (``Folder.remove_if``); every step goes through descriptors from
+the inbox and ``archive_dir`` (``safefs``). An S3 object is compared by its ETag, or addressed by its version.
+Every action runs once the ledger records the document done, so a source gone from its inbox is never taken
+for a new one; a daemon killed in between finds the document done at its next start and acts then
+(``Pipeline._done_already``). Everything here is blocking, and a failure is logged, never raised: the document
+is done whatever becomes of its source.
 """
-
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 from urllib.parse import quote
@@ -37,34 +41,42 @@ from urllib.parse import quote
 import structlog
 
 from ocrwatch.config import OnSuccess, OutputConfig, S3Config
-from ocrwatch.errors import SourceChanged, SourceGone, classify
+from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse, classify
 from ocrwatch.metrics import Metrics
-from ocrwatch.naming import output_names, sidecar_names
+from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import call, error_code
+from ocrwatch.safefs import Access, Folder, FolderGone, Replaced, hash_fd, parts_below, read_head, walk
 from ocrwatch.sinks.base import Sink
-from ocrwatch.sinks.local import LocalSink, dump_json, inbox_folder
+from ocrwatch.sinks.local import Claims, LocalSink, Marker, dump_json, inbox_folder, json_marked, output_markers
 from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
-from ocrwatch.sources.beneath import CHUNK, FILE_FLAGS, FOLDER_FLAGS, folder_of, made_folders
+from ocrwatch.sources.beneath import folders_of, held
 from ocrwatch.sources.local import LocalSource
+from ocrwatch.sources.quarantine import Owns
+from ocrwatch.written import Output, Written, judge
 
 log = structlog.get_logger()
 
-_NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
-"""``link`` cannot join the two folders (another filesystem, or one without hard links): the file is copied."""
 _MEMBERS = ("md", "pdf", "assets", "json")
 """The order a group's members follow the source in: the JSON, the completion mark, last."""
+MAX_SIDECAR_BYTES = 256 << 20
+"""A Markdown or JSON sidecar rewritten for a renamed group is read whole; a larger one moves unchanged."""
 
 
 class Archiver:
     """Applies each source's ``on_success`` to its finished jobs; ``sources`` and ``sinks`` are the pipeline's."""
 
     def __init__(
-        self, output: OutputConfig, sources: Mapping[str, Source], sinks: Mapping[str, Sink], metrics: Metrics
-    ) -> None:
+        self, output: OutputConfig, sources: Mapping[str, Source], sinks: Mapping[str, Sink], metrics: Metrics,
+        written: Written | None = None,
+    ) -> None:  # fmt: skip
         self.output = output
         self._sources = sources
         self._sinks = sinks
         self._metrics = metrics
+        self.written = written
+        """The record of outputs (the daemon sets it once the ledger is open): what a move takes along, and
+        where its rows go. None: only an older ocrwatch's marks tell, on files of the daemon's user."""
+        self._later: dict[str, threading.Timer] = {}
 
     def action(self, job: Job) -> OnSuccess:
         """The job's ``on_success``: its bucket's or its inbox's, else ``[output]``'s; ``keep`` for a job of no
@@ -94,7 +106,8 @@ class Archiver:
             if status is None:
                 status = self._sinks[job.source].status(job)
             if status != "ok":
-                log.info("source_kept", **fields, reason=f"the document is {status or 'without a result'}")
+                detail = f"the document is {status or 'without a result'}"
+                log.info("source_kept", **fields, reason="not_ok", detail=detail)
                 return None
             if changed is not None and changed():
                 raise SourceChanged(f"{job.origin.uri} changed since it was read")
@@ -103,8 +116,15 @@ class Archiver:
             else:
                 assert isinstance(job.origin, LocalFile)
                 where, sidecars = self._local(job, job.origin, action, sha256)
+        except SourceInUse as exc:
+            log.warning("source_kept", **fields, reason=exc.reason, detail=exc.message)
+            self._metrics.archive_failures.labels(action=action, reason="in_use").inc()
+            if exc.retry_in is not None and action == "delete":
+                self._again(job, sha256, exc.retry_in)
+            return None
         except (SourceChanged, SourceGone) as exc:
-            log.warning("source_kept", **fields, reason=exc.message)
+            reason = "changed" if isinstance(exc, SourceChanged) else "gone"
+            log.warning("source_kept", **fields, reason=reason, detail=exc.message)
             self._metrics.archive_failures.labels(action=action, reason="changed").inc()
             return None
         except Exception as exc:
@@ -117,10 +137,24 @@ class Archiver:
         self._metrics.archived.labels(action=action).inc()
         return sidecars
 
+    def _again(self, job: Job, sha256: str | None, delay: float) -> None:
+        """Delete a source again once it has been quiet long enough, where no lease tells that no writer holds
+        it: a timer thread of its own, which a stopping daemon does not wait for (its next start acts then)."""
+        if (previous := self._later.pop(job.key, None)) is not None:
+            previous.cancel()
+        timer = threading.Timer(delay + 1.0, self._retry, (job, sha256))
+        timer.daemon = True
+        self._later[job.key] = timer
+        timer.start()
+
+    def _retry(self, job: Job, sha256: str | None) -> None:
+        self._later.pop(job.key, None)
+        self.settle(job, "ok", sha256)
+
     def _local(
         self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None
     ) -> tuple[str | None, dict[str, str] | None]:
-        """Where the source went, and where its ``json`` and ``md`` sidecars did when they went along."""
+        """Where the source went, and where its ``json`` and ``md`` sidecars are when they lay beside it."""
         if sha256 is None:
             raise SourceChanged(f"{origin.path}: no digest of what was read to compare it with")
         if action == "delete":
@@ -130,12 +164,13 @@ class Archiver:
         assert self.output.archive_dir is not None and isinstance(source, LocalSource)
         beside = isinstance(sink, LocalSink) and sink.paths(job)["json"].parent == origin.path.parent
         roots = set(source.inboxes()) | {origin.inbox}
-        target = self.output.archive_dir / inbox_folder(origin.inbox, roots)
-        moved = move_local(origin.path, origin.inbox, sha256, target, self.output.name_template, beside)
+        archive = self.output.archive_dir.expanduser().resolve()
+        place = Place(archive, inbox_folder(origin.inbox, roots), self.output.name_template)
+        moved, names = move_local(job, sha256, place, self.written, sidecars=beside)
         if not beside:
             return str(moved), None
-        names = _group(moved.name, self.output.name_template)
-        return str(moved), {kind: str(moved.parent / names[kind]) for kind in ("json", "md")}
+        paths = sink.paths(job)
+        return str(moved), {kind: str(names.get(kind, paths[kind])) for kind in ("json", "md")}
 
     def _s3(self, obj: S3Object, action: OnSuccess, source: Source) -> str | None:
         client, cfg = getattr(source, "client"), getattr(source, "cfg")
@@ -171,94 +206,83 @@ class Archiver:
 # --- local files: through folder descriptors, never following a link -------------------------------------------
 
 
+def output_judge(written: Written | None) -> Owns:
+    """The record's rule (``written.judge``) for the quarantine, whose layer lies below the record's: whether
+    the error sidecar at ``name`` (relative to the inbox ``root``) is ocrwatch's own for a source of ``owner``."""
+
+    def owns(here: Folder, root: Path, name: str, owner: int) -> bool:
+        records = written.get(root, name) if written is not None else []
+        file = name.rpartition("/")[2]
+        return not judge(records, here, file, owner, not records and json_marked(here, file))
+
+    return owns
+
+
 def delete_local(path: Path, root: Path, sha256: str) -> None:
-    """Unlink ``path`` of the inbox ``root`` if it still holds the bytes ``sha256``; its folder is fsynced."""
-    with folder_of(path, root) as (folder, _):
-        fd, info = _verified(folder, path, sha256)
+    """Unlink ``path`` of the inbox ``root`` while it still holds the bytes ``sha256`` and nothing holds it
+    (``held``); its folder is fsynced."""
+    with folders_of(path, root) as inbox, held(inbox[-1], path, sha256) as source:
         try:
-            _unlink_same(folder, path.name, info)
-        finally:
-            os.close(fd)
-        os.fsync(folder)
+            inbox[-1].remove_if(path.name, source.info, source.check)
+        except Replaced as exc:
+            raise SourceChanged(str(exc)) from None
 
 
-def move_local(path: Path, root: Path, sha256: str, archive: Path, template: str, sidecars: bool) -> Path:
-    """Move ``path`` of the inbox ``root`` (if it still holds the bytes ``sha256``), and with ``sidecars`` its
-    sidecars and outputs beside it, to the mirrored folder under ``archive``; where the source went."""
-    relative = path.relative_to(root)
-    with folder_of(path, root) as (source, _):
-        fd, info = _verified(source, path, sha256)
+@dataclass(frozen=True)
+class Place:
+    """Where a move goes: ``archive`` (resolved), the folder under it that mirrors the inbox, the template."""
+
+    archive: Path
+    mirror: str
+    template: str
+
+
+@dataclass(frozen=True)
+class _Member:
+    """A file of the group that the record holds as the document's: ``name`` relative to the source's folder
+    (``x.assets/page-1-figure-1.png`` for a figure), the folder it lies in, its descriptor and row."""
+
+    kind: str
+    name: str
+    here: Folder
+    fd: int
+    info: os.stat_result
+    record: Output | None  # None: an older ocrwatch's output, known by its mark and owner
+
+    @property
+    def file(self) -> str:
+        return self.name.rpartition("/")[2]
+
+
+def move_local(
+    job: Job, sha256: str, place: Place, written: Written | None, *, sidecars: bool
+) -> tuple[Path, dict[str, Path]]:
+    """Move the job's source (while ``held``) and, with ``sidecars``, the outputs beside it that the record
+    holds as its own, into the mirrored folder under ``place.archive``. Where the source went, and where each
+    member that went along is now (by kind: ``md``, ``json``, ...)."""
+    origin = job.origin
+    assert isinstance(origin, LocalFile)
+    relative = parts_below(origin.path.parent, origin.inbox)
+    place.archive.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
+    with contextlib.ExitStack() as stack:
+        inbox = stack.enter_context(folders_of(origin.path, origin.inbox))
+        here, accesses = inbox[-1], [Access.of(os.fstat(folder.fd)) for folder in inbox]
+        linked = os.fstat(here.fd).st_dev == os.stat(place.archive).st_dev  # a link keeps a writer's later bytes
+        source = stack.enter_context(held(here, origin.path, sha256, 0 if linked else None))
+        target = stack.enter_context(walk(place.archive, (place.mirror, *relative), make=accesses))[-1]
+        prefix = "".join(f"{part}/" for part in relative)
+        claims = Claims(here, origin.inbox, prefix, job, source.info.st_uid, written)
+        members = _members(claims, written, _group(origin.name, place.template), stack) if sidecars else []
+        name = _free_name(target, origin.name, place.template, sidecars)
         try:
-            with made_folders(archive, relative.parent.parts) as target:
-                name = _free_name(target, path.name, template, sidecars)
-                _move_source(source, path.name, target, name, fd, info)
-                if sidecars:
-                    _move_group(source, _group(path.name, template), target, _group(name, template))
-                os.fsync(target)
-        finally:
-            os.close(fd)
-        os.fsync(source)
-    return archive / relative.parent / name
-
-
-def _verified(folder: int, path: Path, sha256: str) -> tuple[int, os.stat_result]:
-    """A descriptor of the regular file ``path`` in ``folder`` whose bytes hash to ``sha256``, and its stat."""
-    try:
-        fd = os.open(path.name, FILE_FLAGS, dir_fd=folder)
-    except FileNotFoundError:
-        raise SourceGone(f"{path}: no longer exists") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise SourceChanged(f"{path}: now a symlink; links are not followed") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SourceChanged(f"{path}: no longer a regular file")
-        digest, offset = hashlib.sha256(), 0
-        while block := os.pread(fd, CHUNK, offset):
-            digest.update(block)
-            offset += len(block)
-        if digest.hexdigest() != sha256 or os.fstat(fd).st_mtime_ns != info.st_mtime_ns:
-            raise SourceChanged(f"{path}: its content is no longer what was read")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, info
-
-
-def _same(folder: int, name: str, info: os.stat_result) -> None:
-    """``name`` in ``folder`` must still be the file of ``info``, unwritten (a link changes only its ctime)."""
-    try:
-        now = os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except FileNotFoundError:
-        raise SourceGone(f"{name}: no longer exists") from None
-    if (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns) != (
-        info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns
-    ):  # fmt: skip
-        raise SourceChanged(f"{name} was replaced or written since it was read")
-
-
-def _unlink_same(folder: int, name: str, info: os.stat_result) -> None:
-    _same(folder, name, info)
-    os.unlink(name, dir_fd=folder)
-
-
-def _move_source(source: int, name: str, target: int, new: str, fd: int, info: os.stat_result) -> None:
-    """Give the file a name in ``target`` (a hard link, or across filesystems a copy of the bytes verified),
-    then take its name in ``source`` away; a swap caught on the way undoes the new name."""
-    _same(source, name, info)
-    try:
-        os.link(name, new, src_dir_fd=source, dst_dir_fd=target, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in _NO_LINK:
-            raise
-        _copy(fd, target, new)
-    try:
-        _unlink_same(source, name, info)
-    except BaseException:
-        os.unlink(new, dir_fd=target)
-        raise
+            here.move_to(origin.name, target, name, source.fd, source.info, source.check)
+        except Replaced as exc:
+            raise SourceChanged(str(exc)) from None
+        group = _Carried(claims, written, target, place, "/".join((place.mirror, *relative, "")), Access.of(source.info))
+        moved = group.carry(members, _group(origin.name, place.template), _group(name, place.template), stack)
+        here.fsync()
+    folder = place.archive.joinpath(place.mirror, *relative)
+    return folder / name, {kind: folder / new for kind, new in moved.items()}
 
 
 def _group(name: str, template: str) -> dict[str, str]:
@@ -267,33 +291,133 @@ def _group(name: str, template: str) -> dict[str, str]:
     return {**sidecar_names(name, template), **output_names(name, template)}
 
 
-def _free_name(target: int, name: str, template: str, sidecars: bool) -> str:
+def _free_name(target: Folder, name: str, template: str, sidecars: bool) -> str:
     """``name``, or ``stem.N.suffix`` with the first N for which no member of the group is taken in ``target``."""
     plain = Path(name)
     for number in count():
         candidate = name if number == 0 else f"{plain.stem}.{number}{plain.suffix}"
         names = [candidate, *(_group(candidate, template).values() if sidecars else ())]
-        if not any(_exists(target, each) for each in names):
+        if not any(target.lstat(each) is not None for each in names):
             return candidate
     raise AssertionError("unreachable")
 
 
-def _move_group(source: int, old: dict[str, str], target: int, new: dict[str, str]) -> None:
-    """The members present beside the source, in ``_MEMBERS`` order; a renamed group's links follow it."""
-    relink = _relinker(old, new) if old != new else None
+def _members(
+    claims: Claims, written: Written | None, names: dict[str, str], stack: contextlib.ExitStack
+) -> list[_Member]:
+    """The group's files that the record (or, for what it predates, the mark and owner) holds as this
+    document's, judged before anything moves, in ``_MEMBERS`` order; each held open until the move is done."""
+    markers = output_markers(claims.here, names["json"])
+    found: list[_Member] = []
     for kind in _MEMBERS:
-        try:
-            info = os.stat(old[kind], dir_fd=source, follow_symlinks=False)
-        except FileNotFoundError:
+        if kind != "assets":
+            found.extend(_judged(claims, written, claims.here, kind, names[kind], markers[kind], stack))
             continue
-        if kind == "assets":
-            if stat.S_ISDIR(info.st_mode):
-                _move_folder(source, old[kind], target, new[kind])
-        elif stat.S_ISREG(info.st_mode):
-            if relink is not None and kind in ("md", "json"):
-                _rewrite(source, old[kind], target, new[kind], relink[kind])
-            else:
-                _move_file(source, old[kind], target, new[kind])
+        assets = names["assets"]
+        info = claims.here.lstat(assets)
+        if info is None or not stat.S_ISDIR(info.st_mode):
+            continue
+        try:
+            inner = stack.enter_context(claims.here.sub(assets))
+        except FolderGone:
+            continue
+        candidates = {name.partition("/")[2] for name in claims.recorded_here() if name.startswith(f"{assets}/")}
+        candidates.update(name for name in inner.names() if FIGURE_FILE.fullmatch(name))
+        for file in sorted(candidates):
+            found.extend(_judged(claims, written, inner, kind, f"{assets}/{file}", markers[kind], stack))
+    return found
+
+
+def _judged(
+    claims: Claims, written: Written | None, here: Folder, kind: str, name: str, marker: Marker,
+    stack: contextlib.ExitStack,
+) -> list[_Member]:  # fmt: skip
+    """``name`` as a member where ``claims`` holds it as the document's (none where it is a user's file or
+    another document's: it stays). The descriptor is opened first, and must be the very file recorded."""
+    fd = here.open_read(name.rpartition("/")[2])
+    if fd is None:
+        return []
+    stack.callback(os.close, fd)
+    info = os.fstat(fd)
+    if claims.verdict(name, marker):
+        return []
+    records = written.get(claims.root, claims.name(name)) if written is not None else []
+    record = next((row for row in records if (row.inode, row.size) == (info.st_ino, info.st_size)), None)
+    if (records and record is None) or (not records and info.st_uid != os.geteuid()):
+        return []  # replaced between the two looks
+    return [_Member(kind, name, here, fd, info, record)]
+
+
+class _Carried:
+    """The members' move into ``target``, each record following its file (``Written.move``, or a new row for
+    a rewritten sidecar and for an output the record predated)."""
+
+    def __init__(
+        self, claims: Claims, written: Written | None, target: Folder, place: Place, prefix: str, access: Access
+    ) -> None:  # fmt: skip
+        self.claims, self.written, self.target, self.place = claims, written, target, place
+        self.prefix, self.access = prefix, access  # the target folder below the archive; the source's access
+        self.owner = claims.owner if claims.owner is not None else os.geteuid()
+
+    def carry(
+        self, members: list[_Member], old: dict[str, str], new: dict[str, str], stack: contextlib.ExitStack
+    ) -> dict[str, str]:
+        """Move ``members``; the names (relative to the target folder) of those moved, by kind."""
+        relink = _relinker(old, new) if old != new else None
+        moved: dict[str, str] = {}
+        assets: Folder | None = None
+        for member in members:
+            there, name, key = self.target, new[member.kind], new[member.kind]
+            if member.kind == "assets":
+                if assets is None:
+                    assets = stack.enter_context(self.target.sub(new["assets"], make=self.access))
+                there, name, key = assets, member.file, f"{new['assets']}/{member.file}"
+            try:
+                if relink is not None and member.kind in relink and member.info.st_size <= MAX_SIDECAR_BYTES:
+                    self._rewrite(member, there, name, self.prefix + key, relink[member.kind])
+                else:
+                    self._move(member, there, name, self.prefix + key)
+            except (Replaced, FileExistsError) as exc:
+                log.warning("output_not_archived", path=str(member.here.path / member.file), error=str(exc))
+                continue
+            moved[member.kind] = name if member.kind != "assets" else new["assets"]
+        if assets is not None:
+            self.claims.here.rmdir(old["assets"])  # only once empty: a user's file in it keeps it
+        return moved
+
+    def _move(self, member: _Member, there: Folder, name: str, key: str) -> None:
+        """``key``: the new name as recorded, relative to the archive."""
+        made = member.here.move_to(member.file, there, name, member.fd, member.info, None)
+        if self.written is None:
+            return
+        if member.record is not None:
+            self.written.move(member.record, self.place.archive, key, made.st_ino)
+        else:
+            row = Output(self.place.archive, key, self.claims.job.key, self.owner, made.st_ino, made.st_size,
+                         hash_fd(member.fd))  # fmt: skip
+            self.written.put(row)
+
+    def _rewrite(
+        self, member: _Member, there: Folder, name: str, key: str, change: Callable[[bytes], bytes]
+    ) -> None:
+        """A renamed group's Markdown or JSON, its links made to follow, written anew with the source's access;
+        one that cannot be parsed moves as it is."""
+        try:
+            data = change(read_head(member.fd, member.info.st_size + 1))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            self._move(member, there, name, key)
+            return
+        staged = there.stage(name, data, self.access)
+        there.commit(staged, replace=False)
+        try:
+            member.here.remove_if(member.file, member.info)
+        except BaseException:
+            there.unlink(name)
+            raise
+        if self.written is not None:
+            self.written.forget(self.claims.root, self.claims.name(member.name))
+            self.written.put(Output(self.place.archive, key, self.claims.job.key, self.owner, staged.inode,
+                                    staged.size, staged.sha256))  # fmt: skip
 
 
 def _relinker(old: dict[str, str], new: dict[str, str]) -> dict[str, Callable[[bytes], bytes]]:
@@ -315,89 +439,3 @@ def _relinker(old: dict[str, str], new: dict[str, str]) -> dict[str, Callable[[b
         return dump_json(body)
 
     return {"md": markdown, "json": document}
-
-
-def _move_file(source: int, name: str, target: int, new: str) -> None:
-    try:
-        os.link(name, new, src_dir_fd=source, dst_dir_fd=target, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in _NO_LINK:
-            raise
-        fd = os.open(name, FILE_FLAGS, dir_fd=source)
-        try:
-            _copy(fd, target, new)
-        finally:
-            os.close(fd)
-    os.unlink(name, dir_fd=source)
-
-
-def _move_folder(source: int, name: str, target: int, new: str) -> None:
-    """The regular files of the folder ``name`` into a new folder ``new``; ``name`` is removed once empty."""
-    os.mkdir(new, 0o755, dir_fd=target)
-    old_fd = os.open(name, FOLDER_FLAGS, dir_fd=source)
-    try:
-        new_fd = os.open(new, FOLDER_FLAGS, dir_fd=target)
-        try:
-            for entry in os.listdir(old_fd):
-                if stat.S_ISREG(os.stat(entry, dir_fd=old_fd, follow_symlinks=False).st_mode):
-                    _move_file(old_fd, entry, new_fd, entry)
-            os.fsync(new_fd)
-        finally:
-            os.close(new_fd)
-    finally:
-        os.close(old_fd)
-    with contextlib.suppress(OSError):
-        os.rmdir(name, dir_fd=source)  # anything but a regular file (not ocrwatch's) keeps it
-
-
-def _rewrite(source: int, name: str, target: int, new: str, change: Callable[[bytes], bytes]) -> None:
-    fd = os.open(name, FILE_FLAGS, dir_fd=source)
-    try:
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = change(handle.read())
-    finally:
-        os.close(fd)
-    _write_new(target, new, data)
-    os.unlink(name, dir_fd=source)
-
-
-def _copy(fd: int, target: int, new: str) -> None:
-    """The bytes of ``fd`` as the new file ``new`` in ``target``, fsynced, with the original's mode and times."""
-    info = os.fstat(fd)
-    chunks = _chunks(fd)
-    _write_new(target, new, chunks, mode=stat.S_IMODE(info.st_mode), times=(info.st_atime_ns, info.st_mtime_ns))
-
-
-def _chunks(fd: int) -> Iterator[bytes]:
-    offset = 0
-    while block := os.pread(fd, CHUNK, offset):
-        offset += len(block)
-        yield block
-
-
-def _write_new(
-    target: int, name: str, data: bytes | Iterator[bytes], *, mode: int = 0o644, times: tuple[int, int] | None = None
-) -> None:
-    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=target)
-    try:
-        for block in [data] if isinstance(data, bytes) else data:
-            view = memoryview(block)
-            while view:
-                view = view[os.write(out, view):]
-        os.fchmod(out, mode)
-        if times is not None:
-            os.utime(out, ns=times)
-        os.fsync(out)
-    except BaseException:
-        os.close(out)
-        os.unlink(name, dir_fd=target)
-        raise
-    os.close(out)
-
-
-def _exists(folder: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True

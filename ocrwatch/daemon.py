@@ -24,6 +24,7 @@ import structlog
 import tenacity
 
 from ocrwatch import checks, config as config_module
+from ocrwatch.archive import output_judge
 from ocrwatch.config import Config
 from ocrwatch.control import LOCK_NAME, ControlServer
 from ocrwatch.errors import ConfigError, OcrwatchError
@@ -119,6 +120,7 @@ class Daemon:
             cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template, lapsed=self._lapsed
         )
         written = Written(pipeline.ledger) if pipeline.ledger is not None else None
+        pipeline.archive.written, self.local.owns_output = written, output_judge(written)  # the record decides
         pipeline.add_source(self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox, written))
         if not cfg.s3:
             return

@@ -165,6 +165,19 @@ class SourceChanged(TransientError):
     hint = "the file changed while it was processed; it is processed again"
 
 
+class SourceInUse(TransientError):
+    """A source that a writer or another name still holds is never moved or deleted, lest the writer's later
+    bytes go into an unlinked file or the other name lose its content; ``reason`` says which."""
+
+    kind = "source_in_use"
+    hint = "the file stays where it is; once closed (or left with one name) it is handled when it is next seen"
+
+    def __init__(self, message: str, reason: str, retry_in: float | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_in = retry_in  # seconds until it may be tried again by itself (None: when next seen)
+
+
 class PlaceFault(TransientError):
     """The place is at fault, not the document (a full disk, a folder that cannot be written): retried for as
     long as it lasts, without using up the document's attempts."""

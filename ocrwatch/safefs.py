@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
+import signal
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,15 @@ CHUNK = 1 << 20
 GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
 """What opening a folder on the way raises when it is missing, a link or not a folder."""
 TMP_MARKER = ".ocrwatch-tmp-"
+ASIDE_MARKER = ".ocrwatch-gone-"
+"""The hidden name a file is renamed to right before it is removed, so that what is removed is what was checked."""
+NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
+"""``link`` cannot join two names (another filesystem, or one without hard links): the file is copied."""
+NO_LEASE = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOLCK, errno.ENOSYS, errno.EACCES, errno.EPERM)
+"""A lease refused for what the filesystem (NFS, SMB, FUSE) or the daemon's rights are, not for a writer."""
+LEASE_SIGNAL = signal.SIGURG
+"""Sent to a lease's holder when a writer opens the file: the default, SIGIO, would end the process; SIGURG's
+default action is to ignore it (``read_lease`` asks the kernel itself whether its lease is being broken)."""
 
 
 def _umask() -> int:
@@ -38,6 +49,10 @@ def _umask() -> int:
 
 UMASK = _umask()
 """The process's umask (the unit's ``UMask``), read once at import: ``os.umask`` cannot be read alone."""
+
+
+class Replaced(OSError):
+    """A name no longer holds the file that was checked (another file, or none): it was left as it is."""
 
 
 class FolderGone(OSError):
@@ -210,16 +225,33 @@ class Folder:
             os.close(fd)
         return Staged(self, name, tmp, info.st_ino, info.st_size, hasher.hexdigest())
 
-    def commit(self, staged: Staged) -> None:
+    def commit(self, staged: Staged, *, replace: bool = True) -> None:
         """Rename a staged file over its name, so that the name is always absent, the old file or all of the
-        new one; then the folder is fsynced."""
+        new one; then the folder is fsynced. ``replace=False``: only while the name is free, else
+        ``FileExistsError`` (the temporary file goes)."""
         try:
-            os.replace(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            if replace:
+                os.replace(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            else:
+                self._commit_new(staged)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(staged.tmp, dir_fd=self.fd)
             raise
         self.fsync()
+
+    def _commit_new(self, staged: Staged) -> None:
+        """A hard link fails where the name is taken, atomically; a filesystem without them is checked first."""
+        try:
+            os.link(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in NO_LINK:
+                raise
+            if self.lstat(staged.name) is not None:
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(self.path / staged.name)) from None
+            os.replace(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            return
+        os.unlink(staged.tmp, dir_fd=self.fd)
 
     def write(self, name: str, data: bytes | Path, access: Access) -> Staged:
         """``stage`` and ``commit`` at once, for a file nothing records."""
@@ -236,6 +268,109 @@ class Folder:
                 return False
             raise
         return True
+
+    def link(self, name: str, target: Folder, new: str) -> None:
+        """A second name ``new`` in ``target`` for the file ``name`` here (a link itself, never its target).
+        ``FileExistsError`` where ``new`` is taken; an ``OSError`` with an errno in ``NO_LINK`` where the two
+        folders cannot share a file (the caller copies it instead)."""
+        os.link(name, new, src_dir_fd=self.fd, dst_dir_fd=target.fd, follow_symlinks=False)
+
+    def copy_in(self, fd: int, new: str) -> tuple[os.stat_result, str]:
+        """The open file ``fd`` copied to the new file ``new`` here (never replacing one), with its owner (where
+        the daemon may set it), mode and times, fsynced: a move across filesystems leaves the file as its owner
+        had it. Its ``fstat`` and the sha256 of what was copied."""
+        info = os.fstat(fd)
+        out = os.open(new, NEW_FLAGS, 0o600, dir_fd=self.fd)
+        try:
+            hasher, offset = hashlib.sha256(), 0
+            while block := os.pread(fd, CHUNK, offset):
+                hasher.update(block)
+                offset += len(block)
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(out, view) :]
+            if os.geteuid() == 0:
+                os.fchown(out, info.st_uid, info.st_gid)
+            os.fchmod(out, stat.S_IMODE(info.st_mode) & 0o777)  # no set-id bit on a copy root made
+            os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
+            os.fsync(out)
+            made = os.fstat(out)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(new, dir_fd=self.fd)
+            raise
+        finally:
+            os.close(out)
+        return made, hasher.hexdigest()
+
+    def carry(self, name: str, target: Folder, new: str, fd: int, info: os.stat_result) -> os.stat_result:
+        """A new name ``new`` in ``target`` for the file ``name`` here, open as ``fd`` (of ``info``): a hard
+        link, checked to be that very file, or where the two folders cannot share one a copy from ``fd``
+        (``copy_in``). The new file's ``stat``; ``FileExistsError`` where ``new`` is taken, ``Replaced`` where
+        ``name`` no longer held that file (nothing is left at ``new`` then)."""
+        try:
+            self.link(name, target, new)
+        except FileNotFoundError:
+            raise Replaced(errno.ENOENT, f"{self.path / name} no longer exists") from None
+        except OSError as exc:
+            if exc.errno not in NO_LINK:
+                raise
+            return target.copy_in(fd, new)[0]
+        made = target.lstat(new)
+        if made is None or (made.st_dev, made.st_ino) != (info.st_dev, info.st_ino):
+            target.unlink(new)
+            raise Replaced(errno.ESTALE, f"{self.path / name} was replaced since it was checked")
+        return made
+
+    def move_to(
+        self, name: str, target: Folder, new: str, fd: int, info: os.stat_result, check: Callable[[], None] | None
+    ) -> os.stat_result:
+        """Move the file ``name`` here (open as ``fd``, of ``info``) to ``new`` in ``target``: ``carry``, then
+        ``remove_if`` (``check`` as there), undoing the new name where the old one cannot go."""
+        made = self.carry(name, target, new, fd, info)
+        try:
+            self.remove_if(name, info, check)
+        except BaseException:
+            target.unlink(new)
+            raise
+        target.fsync()
+        return made
+
+    def remove_if(self, name: str, expected: os.stat_result, check: Callable[[], None] | None = None) -> None:
+        """Remove ``name`` only while it is the file ``expected`` (same inode, size and mtime). It is renamed
+        aside first, one atomic step, and then compared, so a file swapped in after the last check is put back,
+        never removed; ``check`` runs before the removal too (raising keeps the file). ``Replaced`` where the
+        name holds another file or none."""
+        aside = _aside_name(name)
+        try:
+            os.rename(name, aside, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except FileNotFoundError:
+            raise Replaced(errno.ENOENT, f"{self.path / name} no longer exists") from None
+        try:
+            now = os.stat(aside, dir_fd=self.fd, follow_symlinks=False)
+            if _identity(now) != _identity(expected):
+                raise Replaced(errno.ESTALE, f"{self.path / name} was replaced or written since it was checked")
+            if check is not None:
+                check()
+        except BaseException:
+            self._put_back(aside, name)
+            raise
+        os.unlink(aside, dir_fd=self.fd)
+        self.fsync()
+
+    def _put_back(self, aside: str, name: str) -> None:
+        """``aside`` under its own name again, unless another file took that name meanwhile (then it stays
+        under the hidden name, which nothing removes)."""
+        try:
+            os.link(aside, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            if exc.errno not in NO_LINK or self.lstat(name) is not None:
+                raise
+            os.rename(aside, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            return
+        os.unlink(aside, dir_fd=self.fd)
 
     def rmdir(self, name: str) -> bool:
         """Remove the folder ``name`` once it is empty; False where it is not (a user's file keeps it)."""
@@ -348,3 +483,57 @@ def hash_fd(fd: int) -> str:
         hasher.update(block)
         offset += len(block)
     return hasher.hexdigest()
+
+
+@contextlib.contextmanager
+def walk(root: Path, parts: Sequence[str], make: Sequence[Access] | None = None) -> Iterator[list[Folder]]:
+    """Every folder from ``root`` down to ``root/parts...``, ``root`` first, reached as ``folder`` reaches
+    them. With ``make``, each missing ``parts[i]`` is made with ``make[i]``'s access: one tree mirrored in
+    another (the archive's folders as readable as the inbox's they stand for, never more)."""
+    if make is not None and len(make) != len(parts):
+        raise ValueError("one access for each folder to make")
+    try:
+        fd = os.open(root, FOLDER_FLAGS)
+    except OSError as exc:
+        if exc.errno in GONE:
+            raise FolderGone(root, "is gone or was replaced by a link") from None
+        raise
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, fd)
+        chain = [Folder(fd, root)]
+        for index, part in enumerate(parts):
+            if part in ("", ".", "..") or "/" in part:
+                raise FolderGone(chain[-1].path / part, "is not a plain folder name")
+            chain.append(stack.enter_context(chain[-1].sub(part, None if make is None else make[index])))
+        yield chain
+
+
+@contextlib.contextmanager
+def read_lease(fd: int) -> Iterator[Callable[[], bool] | None]:
+    """A read lease on the open file ``fd`` while the block runs. The kernel grants one only while no process
+    holds the file open for writing (``BlockingIOError`` otherwise), and a writer that opens it meanwhile waits
+    until it is released (at most ``/proc/sys/fs/lease-break-time``). Yields "is a writer waiting?", or None
+    where no lease can be had (``NO_LEASE``: NFS, SMB, a file of another user for a daemon that is not root)."""
+    fcntl.fcntl(fd, fcntl.F_SETSIG, LEASE_SIGNAL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as exc:
+        if exc.errno not in NO_LEASE:
+            raise
+        yield None
+        return
+    try:
+        yield lambda: fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    """What "the same file, unwritten" compares: a rename or a link changes only the ctime."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _aside_name(name: str) -> str:
+    raw = os.fsencode(name)
+    return os.fsdecode(b"." + raw[:80]) + ASIDE_MARKER + hashlib.sha1(raw).hexdigest()[:12]

@@ -43,7 +43,7 @@ def test_inspect_takes_regular_files_and_refuses_links_fifos_and_paths_through_l
     (root / "escape.pdf").symlink_to(tmp_path / "outside" / "doc.pdf")
     os.mkfifo(root / "pipe.pdf")
 
-    with pytest.raises(SourceGone, match="is now a symlink"):
+    with pytest.raises(SourceGone, match="is a symlink; links are not followed"):
         inspect(root / "out" / "doc.pdf", root)
     with pytest.raises(NotARegularFile, match="leads to .*links are not followed"):
         inspect(root / "alias.pdf", root)

@@ -560,8 +560,9 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             await source.finish(job, "failed")
             assert not (root / "sub" / "bad.pdf").exists()
             assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF
-            assert (quarantine / "sub" / "bad.pdf.error.json").exists()
-            assert not (root / "sub" / "bad.pdf.error.json").exists()
+            # Written by the test, so no record of outputs holds it as ocrwatch's: it stays (tests/test_archive.py
+            # has the quarantine take a recorded one along).
+            assert (root / "sub" / "bad.pdf.error.json").exists()
             with pytest.raises(SourceGone):
                 await source.fetch(job, spool)
 

@@ -1,8 +1,9 @@
 """Reading a file of a folder that others can write to: no link is followed, and a document is read once.
 
 Checking a path and then opening it are two steps that another user can race, by swapping the file for a
-symlink between them. So every lookup here walks down from the inbox folder with ``O_NOFOLLOW`` on every
-component, and every later question is put to the descriptor (``fstat``). A fetched document is copied through
+symlink between them. So every lookup here walks down from the inbox folder through ``safefs``, the one
+module that reaches folders others can write to (``O_NOFOLLOW`` on every component), and every later question
+is put to the descriptor (``fstat``). A fetched document is copied through
 its descriptor into the job's private spool folder while it is hashed: the bytes rendered are the bytes hashed,
 whatever happens to the name afterwards. Everything here is blocking and cheap apart from the copy.
 """
@@ -16,20 +17,27 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone
-from ocrwatch.safefs import Access
+from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone, SourceInUse
+from ocrwatch.safefs import CHUNK, FILE_FLAGS, FOLDER_FLAGS, Access, Folder, FolderGone, hash_fd, read_lease, walk
 from ocrwatch.sources.base import Fetched
 
-FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-"""Non-blocking, so a FIFO swapped in after the type check cannot hang the thread that opens it."""
-CHUNK = 1 << 20
-_GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)  # in a folder on the way: missing, a link, not a folder
+__all__ = [
+    "FOLDER_FLAGS", "QUIET_WITHOUT_LEASE", "Held", "Signature", "changed_since", "copy_out", "fetch_copy",
+    "folders_of", "held", "inspect", "measure", "open_file",
+]  # fmt: skip
+"""``FOLDER_FLAGS`` is ``safefs``'s, named here too for the sources that walk an inbox with it."""
+
+QUIET_WITHOUT_LEASE = 60.0
+"""Where no lease can be had (NFS, SMB, a daemon that is not root on another user's file), how long a source
+must have been unchanged (its mtime and ctime) before it is moved or deleted: a writer that keeps a file open
+cannot be seen there, and one that pauses longer than this in the middle of a file is rare."""
 
 
 class Signature(NamedTuple):
@@ -67,34 +75,25 @@ def _symlink_refusal(path: Path, root: Path) -> NotARegularFile:
 
 
 @contextlib.contextmanager
-def folder_of(path: Path, root: Path) -> Iterator[tuple[int, int]]:
-    """The descriptor of ``path``'s folder, reached from ``root`` without following any link, and the
-    inbox's device. A folder on the way that is missing, a link or not a folder: ``SourceGone`` (what the name
-    meant when it was found is no longer there; nothing is written through the link either)."""
+def folders_of(path: Path, root: Path) -> Iterator[list[Folder]]:
+    """The folders from ``root`` down to ``path``'s, reached through ``safefs`` (no link followed), ``root``
+    first. One on the way that is missing, a link or not a folder: ``SourceGone`` (what the name meant when it
+    was found is no longer there)."""
     parts = _relative_parts(path, root)
-    try:
-        fd = os.open(root, FOLDER_FLAGS)
-    except OSError as exc:
-        if exc.errno in _GONE:
-            raise SourceGone(f"{path}: its inbox {root} is gone or was replaced by a link") from None
-        raise
-    try:
-        device = os.fstat(fd).st_dev
-        for index, part in enumerate(parts[:-1]):
-            try:
-                inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno not in _GONE:
-                    raise
-                folder = root.joinpath(*parts[: index + 1])
-                if os.path.islink(folder):  # O_DIRECTORY | O_NOFOLLOW on a link: ELOOP or ENOTDIR
-                    raise SourceGone(f"{path}: its folder {folder} is now a symlink; links are not followed") from None
-                raise SourceGone(f"{path}: its folder {folder} no longer exists") from None
-            os.close(fd)
-            fd = inner
-        yield fd, device
-    finally:
-        os.close(fd)
+    with contextlib.ExitStack() as stack:
+        try:
+            chain = stack.enter_context(walk(root, parts[:-1]))
+        except FolderGone as exc:
+            where = f"its inbox {root}" if exc.path == root else f"its folder {exc.path}"
+            raise SourceGone(f"{path}: {where} {exc.why}") from None
+        yield chain
+
+
+@contextlib.contextmanager
+def _folder_of(path: Path, root: Path) -> Iterator[tuple[Folder, int]]:
+    """``path``'s folder and the inbox's device."""
+    with folders_of(path, root) as chain:
+        yield chain[-1], os.fstat(chain[0].fd).st_dev
 
 
 def _check(path: Path, root: Path, info: os.stat_result, device: int) -> None:
@@ -112,11 +111,10 @@ def inspect(path: Path, root: Path) -> Signature:
     Raises ``SourceGone`` when nothing is there (or a folder on the way is no longer a folder), and
     ``NotARegularFile`` for a link, a FIFO, a device or a file on another filesystem.
     """
-    with folder_of(path, root) as (folder, device):
-        try:
-            info = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
-        except FileNotFoundError:
-            raise SourceGone(f"{path}: no longer exists") from None
+    with _folder_of(path, root) as (folder, device):
+        info = folder.lstat(path.name)
+        if info is None:
+            raise SourceGone(f"{path}: no longer exists")
         _check(path, root, info, device)
         return Signature.of(info)
 
@@ -124,10 +122,10 @@ def inspect(path: Path, root: Path) -> Signature:
 def open_file(path: Path, root: Path) -> tuple[int, Signature]:
     """A read-only descriptor of the regular file ``path`` inside ``root``, and its signature by ``fstat``.
     The caller closes it. Raises as ``inspect`` does; nothing but a regular file is ever opened."""
-    with folder_of(path, root) as (folder, device):
+    with _folder_of(path, root) as (folder, device):
         try:
-            _check(path, root, os.stat(path.name, dir_fd=folder, follow_symlinks=False), device)
-            fd = os.open(path.name, FILE_FLAGS, dir_fd=folder)
+            _check(path, root, os.stat(path.name, dir_fd=folder.fd, follow_symlinks=False), device)
+            fd = os.open(path.name, FILE_FLAGS, dir_fd=folder.fd)
         except FileNotFoundError:
             raise SourceGone(f"{path}: no longer exists") from None
         except OSError as exc:
@@ -209,27 +207,74 @@ def measure(path: Path, root: Path) -> tuple[Signature, str]:
     opened as ``open_file`` does (blocking; hashlib releases the GIL)."""
     fd, signature = open_file(path, root)
     try:
-        hasher, offset = hashlib.sha256(), 0
-        while block := os.pread(fd, CHUNK, offset):
-            hasher.update(block)
-            offset += len(block)
+        return signature, hash_fd(fd)
     finally:
         os.close(fd)
-    return signature, hasher.hexdigest()
+
+
+@dataclass(frozen=True)
+class Held:
+    """A source held for a move or a delete: its descriptor, its ``fstat``, and ``check``, which raises
+    ``SourceInUse`` once a writer waits to open it (call it right before the name goes)."""
+
+    fd: int
+    info: os.stat_result
+    check: Callable[[], None]
+
+
+def _no_writer() -> None:
+    return None
 
 
 @contextlib.contextmanager
-def made_folders(base: Path, parts: Sequence[str]) -> Iterator[int]:
-    """A descriptor of ``base/parts...``, each folder below ``base`` made where missing and never a link."""
-    base.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
-    fd = os.open(base, FOLDER_FLAGS)
+def held(here: Folder, path: Path, sha256: str | None, quiet: float | None = None) -> Iterator[Held]:
+    """The source ``path``, in its open folder ``here``, held while the block moves or deletes it: a regular
+    file with one name that no process holds open for writing (a read lease, kept until the block ends, makes
+    a writer that opens it meanwhile wait; without leases it must have been quiet for ``quiet`` seconds, by
+    default ``QUIET_WITHOUT_LEASE``), whose
+    bytes still hash to ``sha256`` (where known), checked under the lease. A file with another name is kept:
+    moving or deleting one of its names would leave the other with a different story. Raises ``SourceGone``,
+    ``SourceChanged`` and ``SourceInUse``."""
+    info = here.lstat(path.name)
+    if info is None:
+        raise SourceGone(f"{path}: no longer exists")
+    if stat.S_ISLNK(info.st_mode):
+        raise SourceChanged(f"{path}: now a symlink; links are not followed")
+    fd = here.open_read(path.name)
+    if fd is None:
+        raise SourceChanged(f"{path}: no longer a regular file")
     try:
-        for part in parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-            inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)  # ELOOP or ENOTDIR on a link
-            os.close(fd)
-            fd = inner
-        yield fd
+        info = os.fstat(fd)
+        if info.st_nlink > 1:
+            raise SourceInUse(f"{path}: has {info.st_nlink} names (hard links); only a file with one is taken",
+                              "hard_linked")  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            try:
+                writer_waits = stack.enter_context(read_lease(fd))
+            except BlockingIOError:
+                raise SourceInUse(f"{path}: a process holds it open for writing", "open_for_writing") from None
+            quiet = QUIET_WITHOUT_LEASE if quiet is None else quiet
+            if writer_waits is None:
+                age = time.time() - max(info.st_mtime, info.st_ctime)
+                if age < quiet:
+                    raise SourceInUse(
+                        f"{path}: written {max(age, 0):.0f} s ago, and its filesystem cannot tell whether a "
+                        f"writer still holds it open (no lease); it must be quiet for {quiet:.0f} s",
+                        "not_quiet", retry_in=quiet - age,
+                    )  # fmt: skip
+            if sha256 is not None and (hash_fd(fd) != sha256 or os.fstat(fd).st_mtime_ns != info.st_mtime_ns):
+                raise SourceChanged(f"{path}: its content is no longer what was read")
+            yield Held(fd, info, _writer_check(path, writer_waits))
     finally:
         os.close(fd)
+
+
+def _writer_check(path: Path, writer_waits: Callable[[], bool] | None) -> Callable[[], None]:
+    if writer_waits is None:
+        return _no_writer
+
+    def check() -> None:
+        if writer_waits():
+            raise SourceInUse(f"{path}: a process opened it for writing meanwhile", "open_for_writing")
+
+    return check
