@@ -134,6 +134,9 @@ class EngineConfig(_Model):
 class InboxConfig(_Model):
     path: Path = Path("inbox")
     recursive: bool = True
+    # Levels of subfolders watched and scanned; a deeper folder is refused (watchdog's poller recurses a level
+    # each, hence the bound).
+    max_depth: Annotated[int, Field(ge=1, le=256)] = 32
     patterns: tuple[str, ...] = ("*.pdf", "*.png", "*.jpg", "*.jpeg", "*.tif", "*.tiff", "*.webp")
     priority: Annotated[int, Field(ge=0, le=100)] = DEFAULT_PRIORITY
     prompt: str = "markdown"

@@ -10,14 +10,17 @@ A document's own steps live in ``pipeline``; the engine's supervision in ``super
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 import structlog
@@ -43,6 +46,52 @@ FORCED_EXIT_CODE = 130  # as a shell reports a process ended by SIGINT
 # What the user must fix before a start can succeed (a broken ledger, a read-only state_dir, a second daemon):
 # the unit's RestartPreventExitStatus names it, so systemd does not restart into the same error.
 USAGE_EXIT_CODE = 2
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class SignalCatcher:
+    """Catches ``SIGNALS`` with a Python-level handler that schedules ``handle`` on the loop.
+
+    Not ``loop.add_signal_handler``: asyncio learns of such a signal only from the byte Python writes to the
+    loop's self-pipe, the pipe every ``call_soon_threadsafe`` writes to as well, and when threads fill it the
+    byte is dropped ("Exception ignored when trying to write to the signal wakeup fd") and the signal with it.
+    A Python-level handler runs whatever became of that byte, at the main thread's next bytecode; the wakeup
+    descriptor is a socket of its own, written only by signals, so it wakes a loop asleep in its selector.
+    Installed and removed from the main thread, on the running loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[signal.Signals], None]) -> None:
+        self._loop = loop
+        self._handle = handle
+        self._reader, self._writer = socket.socketpair()
+        self._previous: dict[signal.Signals, Any] = {}
+        self._previous_fd = -1
+
+    def install(self) -> None:
+        for end in (self._reader, self._writer):
+            end.setblocking(False)
+        self._loop.add_reader(self._reader.fileno(), self._drain)
+        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._previous = {sig: signal.signal(sig, self._caught) for sig in SIGNALS}
+
+    def uninstall(self) -> None:
+        """The handlers found at ``install`` back (a test's process lives on); a signal from now on is theirs."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        signal.set_wakeup_fd(self._previous_fd)
+        self._loop.remove_reader(self._reader.fileno())
+        self._reader.close()
+        self._writer.close()
+
+    def _caught(self, signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the process is ending anyway
+            self._loop.call_soon_threadsafe(self._handle, signal.Signals(signum))
+
+    def _drain(self) -> None:
+        """The wakeup bytes have done their work (the loop is awake); the handler has the signal itself."""
+        with contextlib.suppress(OSError):
+            while self._reader.recv(4096):
+                pass
 
 
 class Daemon:
@@ -66,6 +115,7 @@ class Daemon:
         self._gpus: dict[str, int] = {}
         self._state_lock: IO[str] | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._signals: SignalCatcher | None = None
 
     async def serve(self) -> int:
         """Run until stopped; 0 after a clean stop, 2 when start-up found something only the user can fix and 1
@@ -79,6 +129,8 @@ class Daemon:
             await self.main_loop()
         finally:
             await self.shutdown()
+            if self._signals is not None:
+                self._signals.uninstall()
         return 0
 
     # --- start-up ---------------------------------------------------------------------------------------------
@@ -117,7 +169,8 @@ class Daemon:
         cfg = self.cfg
         template = cfg.output.name_template
         self.local = LocalSource(
-            cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template, lapsed=self._lapsed
+            cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template, lapsed=self._lapsed,
+            metrics=self.metrics,
         )
         written = Written(pipeline.ledger) if pipeline.ledger is not None else None
         pipeline.archive.written, self.local.owns_output = written, output_judge(written)  # the record decides
@@ -231,9 +284,8 @@ class Daemon:
     # --- signals: handlers only set events --------------------------------------------------------------------
 
     def _install_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+        self._signals = SignalCatcher(asyncio.get_running_loop(), self._on_signal)
+        self._signals.install()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if sig == signal.SIGHUP:

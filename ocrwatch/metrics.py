@@ -77,6 +77,15 @@ class Metrics:
         self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
         ProcessCollector(registry=r)  # process_*: resident memory, CPU, open descriptors, as exporters have
         self.engine_restarts = Counter("ocrwatch_engine_restarts", "Engine rebuilds after a death", registry=r)
+        # Local inboxes, labelled by folder (``sources.local`` creates each inbox's series as it watches it).
+        self.inbox_watcher_restarts = Counter(
+            "ocrwatch_inbox_watcher_restarts", "Inbox watchers found dead (a thread ended, the folder replaced) "
+            "and started again, by inbox", ["inbox"], registry=r,
+        )  # fmt: skip
+        self.inbox_event_overflows = Counter(
+            "ocrwatch_inbox_event_overflows", "Times an inbox's events were dropped (the kernel's queue full, or "
+            "more waiting than the loop took) and a scan looked instead, by inbox", ["inbox"], registry=r,
+        )  # fmt: skip
         # Completion hooks: labelled by the [[hook]] names, which ``hooks.HookRunner`` creates.
         self.hook_deliveries = Counter(
             "ocrwatch_hook_deliveries", "Hook deliveries finished, by hook and outcome (delivered, failed)",

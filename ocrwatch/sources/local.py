@@ -1,7 +1,9 @@
 """Local inbox folders as a source: watchdog events plus scans, and a file is submitted only once it is whole.
 
-Each ``[[inbox]]`` gets its own observer (``watch`` chooses inotify or polling). Events only say *where to
-look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and every candidate passes the
+Each ``[[inbox]]`` gets its own watcher (``watch`` chooses inotify or polling), which hands its events over in
+batches (``watch.EventBridge``), watches no deeper than the inbox's ``max_depth``, and is replaced when it dies:
+at once when its thread says so, within ``WATCH_CHECK_SECONDS`` when a thread ends without a word; no fault of
+one inbox stops the start or the other inboxes. Events only say *where to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and every candidate passes the
 same readiness check (closed or stable, then the cheap probe of ``settle``) before ``submit``. A document
 submitted before is submitted again, and so redone, once its sidecars are gone or no longer its own while its
 ledger row says done (``lapsed``, the daemon's question): asked as soon as an event names one of its sidecars,
@@ -17,14 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fnmatch
 import os
-import stat
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,16 +36,17 @@ from watchdog.events import (
     FileMovedEvent,
     FileSystemEvent,
 )
-from watchdog.observers.api import BaseObserver
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
-from ocrwatch.naming import is_output, sidecar_names
+from ocrwatch.metrics import Metrics
+from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
 from ocrwatch.sources.beneath import Signature, fetch_copy
-from ocrwatch.sources.quarantine import Owns, quarantine
+from ocrwatch.sources.inbox import Inbox, Pending
+from ocrwatch.sources.quarantine import quarantine
 from ocrwatch.sources.settle import inspect_file, probe
-from ocrwatch.sources.watch import EventBridge, start_observer, stop_observer
+from ocrwatch.sources.watch import Batch, EventBridge, start_watcher
 
 log = structlog.get_logger()
 
@@ -61,107 +59,12 @@ PROBE_GIVE_UP_MIN_SECONDS = 30.0
 RECHECK_MIN_SECONDS = 0.25
 BLOCKING_CALLS = 8
 """Stats and probes in flight at once, so a scan of a big inbox leaves worker threads for the rest of the daemon."""
-
-
-# --- per inbox ---------------------------------------------------------------------------------------------
-
-
-class _Inbox:
-    """One watched folder: its config, its observer, files settling, and what was already submitted."""
-
-    def __init__(self, root: Path, config: InboxConfig, ignored_suffixes: tuple[str, ...]) -> None:
-        self.root = root
-        self.ignored_suffixes = ignored_suffixes
-        self.observer: BaseObserver | None = None
-        self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder the observer watches
-        self.pending: dict[Path, _Pending] = {}
-        # path -> signature it was submitted with, or why it was refused: nothing is taken or logged twice.
-        self.settled: dict[Path, Signature | str] = {}
-        # Paths whose refusal was logged, kept until a scan no longer finds them refused: a name swapped back
-        # and forth between a file and a link is logged once, not at every swap.
-        self.refused: set[Path] = set()
-        self.configure(config)
-
-    def configure(self, config: InboxConfig) -> None:
-        self.config = config
-        self.patterns = tuple(pattern.lower() for pattern in config.patterns)
-        self.quarantine = config.quarantine_dir.expanduser().resolve() if config.quarantine_dir else None
-
-    def covers(self, folder: Path) -> bool:
-        """Whether documents directly in ``folder`` belong to this inbox: inside it, not hidden, not quarantined."""
-        if not folder.is_relative_to(self.root):
-            return False
-        parts = folder.relative_to(self.root).parts
-        if (parts and not self.config.recursive) or any(part.startswith(".") for part in parts):
-            return False
-        return self.quarantine is None or not folder.is_relative_to(self.quarantine)
-
-    def accepts(self, path: Path) -> bool:
-        """Whether ``path`` names a document of this inbox, by name alone (the file is looked at later)."""
-        name = path.name.lower()
-        if name.startswith((".", "~$")) or name.endswith(self.ignored_suffixes) or is_output(path.as_posix()):
-            return False
-        return self.covers(path.parent) and any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns)
-
-    def prepare(self) -> tuple[int, int]:
-        """The folder's identity, creating it first where configured. Blocking; OSError when it is not there."""
-        if self.config.create:
-            self.root.mkdir(parents=True, exist_ok=True)
-        info = os.stat(self.root)
-        if not stat.S_ISDIR(info.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.root))
-        return info.st_dev, info.st_ino
-
-    def scan(self, top: Path) -> dict[Path, Signature | str]:
-        """Documents under ``top`` now: canonical path -> signature, or -> why refused. Blocking.
-
-        Raises OSError when ``top`` itself cannot be listed, so an unreachable inbox never reads as empty.
-        """
-
-        def fail(exc: OSError) -> None:
-            if exc.filename is None or Path(exc.filename) == top:
-                raise exc
-
-        found: dict[Path, Signature | str] = {}
-        if top != self.root and os.path.islink(top):
-            return found  # os.walk would follow it; the scan of its parent refuses it
-        for folder, dirnames, filenames in os.walk(top, onerror=fail):
-            here = Path(folder)
-            dirnames[:] = [name for name in dirnames if self.covers(here / name)]
-            for name in [name for name in dirnames if os.path.islink(here / name)]:
-                dirnames.remove(name)  # os.walk does not go in either; said here so that the refusal is logged
-                with contextlib.suppress(SourceGone, OSError):
-                    try:
-                        inspect_file(here / name, self.root)
-                    except NotARegularFile as exc:
-                        found[here / name] = exc.message
-            for name in filenames:
-                path = here / name
-                if not self.accepts(path):
-                    continue
-                try:
-                    found[path] = inspect_file(path, self.root)
-                except SourceGone:
-                    continue
-                except NotARegularFile as exc:
-                    found[path] = exc.message
-        return found
-
-
-@dataclass(eq=False)
-class _Pending:
-    """A file seen but not yet submitted, followed by one task until it is whole."""
-
-    path: Path
-    inbox: _Inbox
-    detected_at: float = field(default_factory=time.time)
-    closed: bool = False  # a close-after-write or move-in was seen, and no write since
-    reopened: bool = False  # written again after a close: its writer comes back, so a close proves nothing
-    generation: int = 0  # bumped by every event: a decision taken on an older look is looked at again
-    nudge: asyncio.Event = field(default_factory=asyncio.Event)
-    signature: Signature | None = None
-    stable_since: float = 0.0
-    task: asyncio.Task[None] | None = None
+WATCH_CHECK_SECONDS = 2.0
+"""How often every watcher's threads are checked: one that ended unannounced is found this soon."""
+RESTART_BACKOFF_MAX_SECONDS = 60.0
+STEADY_SECONDS = 60.0
+"""A watcher that ran this long before it died is restarted at once: it did not die of starting."""
+OVERFLOW_LOG_SECONDS = 60.0
 
 
 # --- the source ---------------------------------------------------------------------------------------------
@@ -174,24 +77,26 @@ class LocalSource:
 
     def __init__(
         self, inboxes: Sequence[InboxConfig], *, reconcile_seconds: float, name_template: str,
-        lapsed: Callable[[Job], bool] = lambda job: False,
+        lapsed: Callable[[Job], bool] = lambda job: False, metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
-        """``lapsed``: whether a document submitted before was done and has lost its sidecars since (blocking)."""
+        """``lapsed``: whether a document submitted before was done and has lost its sidecars since (blocking);
+        ``metrics``: where watcher restarts and dropped events are counted."""
         self._reconcile_seconds = reconcile_seconds
+        self._metrics = metrics
         self._name_template = name_template
         self._lapsed = lapsed
         # Every sidecar ends like one of these, whatever the template: a sidecar is never taken for a document.
         self._ignored = TEMPORARY_SUFFIXES + tuple(
             "." + name.rsplit(".", 1)[-1] for name in sidecar_names("x", name_template).values()
         )
-        self._inboxes = {root: _Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()}
+        self._inboxes = {root: Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()}
         self._submit: Submit | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reconciler: asyncio.Task[None] | None = None
+        self._checker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
-        self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
 
     async def start(self, submit: Submit, reject: Reject) -> None:
         """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically.
@@ -202,15 +107,15 @@ class LocalSource:
         self._submit, self._loop = submit, asyncio.get_running_loop()
         async with self._lock:
             for inbox in self._inboxes.values():
-                await self._refresh(inbox)
+                await self._refresh_guarded(inbox)
         self._reconciler = asyncio.create_task(self._reconcile_forever(), name="local-reconcile")
+        self._checker = asyncio.create_task(self._check_watchers_forever(), name="local-watch-check")
 
     async def stop(self) -> None:
         """Stop observers and drop files still settling: the scan at the next start finds them again."""
         self._submit = None
         tasks = [*self._background, *(p.task for i in self._inboxes.values() for p in i.pending.values() if p.task)]
-        if self._reconciler is not None:
-            tasks.append(self._reconciler)
+        tasks += [task for task in (self._reconciler, self._checker) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -234,7 +139,7 @@ class LocalSource:
             for root, config in wanted.items():
                 inbox = self._inboxes.get(root)
                 if inbox is None:
-                    inbox = self._inboxes[root] = _Inbox(root, config, self._ignored)
+                    inbox = self._inboxes[root] = Inbox(root, config, self._ignored)
                 elif inbox.config != config:
                     inbox.configure(config)
                     await self._unwatch(inbox)
@@ -268,7 +173,7 @@ class LocalSource:
             return
         try:
             moved = await asyncio.to_thread(
-                quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template, self.owns_output
+                quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template
             )
         except (OSError, OcrwatchError) as exc:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
@@ -277,7 +182,7 @@ class LocalSource:
 
     # --- watching ------------------------------------------------------------------------------------------
 
-    async def _refresh(self, inbox: _Inbox) -> None:
+    async def _refresh(self, inbox: Inbox) -> None:
         """Make sure the inbox is watched (again, if its folder was replaced or remounted), then scan it."""
         try:
             identity = await asyncio.to_thread(inbox.prepare)
@@ -296,7 +201,7 @@ class LocalSource:
         inbox.refused = {path for path in inbox.refused if isinstance(found.get(path), str)}
         await self._redo_lapsed(inbox, [path for path, seen in found.items() if inbox.settled.get(path) == seen])
 
-    async def _redo_lapsed(self, inbox: _Inbox, paths: Iterable[Path]) -> None:
+    async def _redo_lapsed(self, inbox: Inbox, paths: Iterable[Path]) -> None:
         """Submit again those of ``paths`` that were submitted, are not being looked at, and whose sidecars have
         lapsed; one worker thread asks for them all."""
         asked = [path for path in paths if isinstance(inbox.settled.get(path), Signature) and path not in inbox.pending]
@@ -313,7 +218,7 @@ class LocalSource:
                 del inbox.settled[path]
                 self._consider(inbox, path, closed=True)
 
-    def _sidecar_of(self, inbox: _Inbox, path: Path) -> Path | None:
+    def _sidecar_of(self, inbox: Inbox, path: Path) -> Path | None:
         """The submitted document whose Markdown or JSON sidecar ``path`` names, beside it; None for any other
         file (looked for only when such a name goes away or is written over, which is rare)."""
         if not path.name.endswith((".md", ".json")):
@@ -325,39 +230,116 @@ class LocalSource:
                     return document
         return None
 
-    async def _watch(self, inbox: _Inbox) -> None:
+    async def _watch(self, inbox: Inbox) -> None:
         assert self._loop is not None
-        bridge = EventBridge(self._loop, partial(self._on_event, inbox))
-        inbox.observer, polling, reason = await asyncio.to_thread(
-            start_observer, inbox.root, inbox.config.recursive, inbox.config.polling, bridge
-        )
-        log.info(
-            "inbox_watching",
-            path=str(inbox.root),
-            observer="polling" if polling else "native",
-            reason=reason,
-            recursive=inbox.config.recursive,
-        )
+        bridge: EventBridge
 
-    async def _unwatch(self, inbox: _Inbox) -> None:
-        observer, inbox.observer, inbox.identity = inbox.observer, None, None
+        def deliver(batch: Batch) -> None:
+            self._on_batch(inbox, bridge, batch)
+
+        bridge = EventBridge(self._loop, deliver)
+        watcher, polling, reason = await asyncio.to_thread(
+            start_watcher, inbox.root, inbox.max_depth, inbox.allows, inbox.config.polling, bridge
+        )
+        inbox.observer, inbox.bridge, inbox.watched_since = watcher, bridge, time.monotonic()
+        if self._metrics is not None:  # every inbox's series, zero until something happens
+            self._metrics.inbox_watcher_restarts.labels(inbox=str(inbox.root))
+            self._metrics.inbox_event_overflows.labels(inbox=str(inbox.root))
+        log.info(
+            "inbox_watching", path=str(inbox.root), observer="polling" if polling else "native", reason=reason,
+            recursive=inbox.config.recursive, max_depth=inbox.max_depth,
+        )  # fmt: skip
+
+    async def _unwatch(self, inbox: Inbox) -> None:
+        observer, inbox.observer, inbox.identity, inbox.bridge = inbox.observer, None, None, None
         if observer is not None:
-            await asyncio.to_thread(stop_observer, observer)
+            await asyncio.to_thread(observer.stop)
+
+    async def _refresh_guarded(self, inbox: Inbox) -> None:
+        """``_refresh``, where no fault of one inbox, whatever it is, stops the start or the other inboxes."""
+        try:
+            await self._refresh(inbox)
+        except Exception:
+            log.exception("inbox_refresh_failed", path=str(inbox.root))
 
     async def _reconcile_forever(self) -> None:
         while True:
             await asyncio.sleep(self._reconcile_seconds)
             async with self._lock:
                 for inbox in list(self._inboxes.values()):
-                    try:
-                        await self._refresh(inbox)
-                    except Exception:
-                        log.exception("inbox_reconcile_failed", path=str(inbox.root))
+                    await self._refresh_guarded(inbox)
 
-    def _on_event(self, inbox: _Inbox, event: FileSystemEvent) -> None:
+    async def _check_watchers_forever(self) -> None:
+        """A watcher whose thread ended unannounced (watchdog's poller can) is found within seconds."""
+        while True:
+            await asyncio.sleep(WATCH_CHECK_SECONDS)
+            for inbox in list(self._inboxes.values()):
+                if inbox.observer is not None and not inbox.restarting and not inbox.observer.alive():
+                    self._watcher_died(inbox, "a thread of the watcher ended")
+
+    def _watcher_died(self, inbox: Inbox, reason: str) -> None:
+        """Start a new watcher for ``inbox``, at once unless its watchers keep dying as soon as they start."""
+        if inbox.restarting or self._submit is None:
+            return
+        inbox.restarting = True
+        inbox.deaths = 1 if time.monotonic() - inbox.watched_since > STEADY_SECONDS else inbox.deaths + 1
+        delay = min(2.0 ** (inbox.deaths - 1) - 1, RESTART_BACKOFF_MAX_SECONDS)
+        log.warning("inbox_watcher_died", path=str(inbox.root), reason=reason, restart_in=delay)
+        self._spawn(self._restart(inbox, delay))
+
+    async def _restart(self, inbox: Inbox, delay: float) -> None:
+        try:
+            await asyncio.sleep(delay)
+            async with self._lock:
+                if self._submit is None or self._inboxes.get(inbox.root) is not inbox:
+                    return
+                if self._metrics is not None:
+                    self._metrics.inbox_watcher_restarts.labels(inbox=str(inbox.root)).inc()
+                await self._unwatch(inbox)
+                await self._refresh_guarded(inbox)
+        finally:
+            inbox.restarting = False
+        if inbox.observer is not None:
+            log.info("inbox_watcher_restarted", path=str(inbox.root))
+
+    def _on_batch(self, inbox: Inbox, bridge: EventBridge, batch: Batch) -> None:
+        """On the loop: what one watcher said since the last batch, in the order it said it."""
+        if self._submit is None or self._inboxes.get(inbox.root) is not inbox or inbox.bridge is not bridge:
+            return  # stopped, or from a watcher since replaced (its successor's scan covers what it saw)
+        for event in batch.events:
+            self._on_event(inbox, event)
+        if batch.overflowed:
+            self._overflowed(inbox)
+        if batch.died is not None:
+            self._watcher_died(inbox, batch.died)
+
+    def _overflowed(self, inbox: Inbox) -> None:
+        """Events were dropped (by the kernel, or waiting for a busy loop): one scan, however many batches say
+        so meanwhile, finds what they named; logged at most once a minute, counted always."""
+        if self._metrics is not None:
+            self._metrics.inbox_event_overflows.labels(inbox=str(inbox.root)).inc()
+        inbox.overflows_unlogged += 1
+        if time.monotonic() - inbox.overflow_logged_at >= OVERFLOW_LOG_SECONDS:
+            log.warning("inbox_events_overflowed", path=str(inbox.root), times=inbox.overflows_unlogged)
+            inbox.overflow_logged_at, inbox.overflows_unlogged = time.monotonic(), 0
+        if inbox.rescanning:
+            inbox.rescan_again = True
+            return
+        inbox.rescanning = True
+        self._spawn(self._rescan(inbox))
+
+    async def _rescan(self, inbox: Inbox) -> None:
+        try:
+            while True:
+                inbox.rescan_again = False
+                await self._scan_into(inbox, inbox.root, closed=False)
+                if not inbox.rescan_again:
+                    return
+        finally:
+            inbox.rescanning = False
+
+    def _on_event(self, inbox: Inbox, event: FileSystemEvent) -> None:
         """On the loop: turn one watchdog event into a file to look at (or a folder to scan)."""
-        if self._submit is None or self._inboxes.get(inbox.root) is not inbox:
-            return  # stopped, or from the observer of an inbox since removed
         source = Path(os.fsdecode(event.src_path)) if event.src_path else None
         target = Path(os.fsdecode(event.dest_path)) if event.dest_path else None
         if isinstance(event, DirCreatedEvent) and source is not None:
@@ -373,7 +355,9 @@ class LocalSource:
                 self._consider(inbox, target, closed=True)
         elif isinstance(event, FileCreatedEvent) and source is not None and not inbox.accepts(source):
             if inbox.covers(source.parent):
-                self._spawn(self._refuse_folder_link(inbox, source))
+                if not inbox.link_checks:
+                    self._spawn(self._refuse_folder_links(inbox))
+                inbox.link_checks.add(source)
         elif source is not None and not event.is_directory:
             if isinstance(event, FileClosedEvent):  # the sink writes by rename: a close there is someone else's
                 self._sidecar_changed(inbox, source)
@@ -384,14 +368,14 @@ class LocalSource:
                 wrote=isinstance(event, FileModifiedEvent),
             )
 
-    def _sidecar_changed(self, inbox: _Inbox, path: Path) -> None:
+    def _sidecar_changed(self, inbox: Inbox, path: Path) -> None:
         """A sidecar beside a submitted document was removed, moved away or written over: is it still done?"""
         document = self._sidecar_of(inbox, path)
         if document is not None:
             self._spawn(self._redo_lapsed(inbox, [document]))
 
-    async def _scan_into(self, inbox: _Inbox, folder: Path, *, closed: bool) -> None:
-        if not inbox.covers(folder):
+    async def _scan_into(self, inbox: Inbox, folder: Path, *, closed: bool) -> None:
+        if not inbox.allows(folder):  # a folder too deep is the scan's to refuse
             return
         try:
             found = await asyncio.to_thread(inbox.scan, folder)
@@ -399,7 +383,7 @@ class LocalSource:
             return  # gone again; a later event or the reconciliation scan covers whatever is there
         self._take(inbox, found, closed=closed)
 
-    def _take(self, inbox: _Inbox, found: dict[Path, Signature | str], *, closed: bool) -> None:
+    def _take(self, inbox: Inbox, found: dict[Path, Signature | str], *, closed: bool) -> None:
         for path, seen in found.items():
             if inbox.settled.get(path) == seen:
                 continue
@@ -408,16 +392,26 @@ class LocalSource:
             else:
                 self._consider(inbox, path, closed=closed)
 
-    async def _refuse_folder_link(self, inbox: _Inbox, path: Path) -> None:
+    async def _refuse_folder_links(self, inbox: Inbox) -> None:
         """A link to a folder is refused as it appears, as the scan would refuse it (both watchers report a
-        new link as a file: neither follows it)."""
-        if not await self._blocking(lambda: os.path.islink(path) and os.path.isdir(path)):
-            return
-        with contextlib.suppress(SourceGone, OSError):
-            try:
-                await self._blocking(inspect_file, path, inbox.root)
-            except NotARegularFile as exc:
-                self._refuse(inbox, path, exc.message)
+        new link as a file: neither follows it). The names created meanwhile are looked at together, in one
+        worker thread: an event storm of new files costs one task, not one each."""
+        await asyncio.sleep(0)  # the rest of this batch's names join the set first
+        paths, inbox.link_checks = inbox.link_checks, set()
+
+        def refusals() -> list[tuple[Path, str]]:
+            found = []
+            for path in paths:
+                with contextlib.suppress(SourceGone, OSError):
+                    try:
+                        if os.path.islink(path) and os.path.isdir(path):
+                            inspect_file(path, inbox.root)
+                    except NotARegularFile as exc:
+                        found.append((path, exc.message))
+            return found
+
+        for path, reason in await self._blocking(refusals):
+            self._refuse(inbox, path, reason)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
@@ -426,13 +420,13 @@ class LocalSource:
 
     # --- readiness -----------------------------------------------------------------------------------------
 
-    def _consider(self, inbox: _Inbox, path: Path, *, closed: bool = False, wrote: bool = False) -> None:
+    def _consider(self, inbox: Inbox, path: Path, *, closed: bool = False, wrote: bool = False) -> None:
         """Follow ``path`` until it is whole; an event for a file already followed only updates what is known."""
         if self._submit is None or self._inboxes.get(inbox.root) is not inbox or not inbox.accepts(path):
             return
         pending = inbox.pending.get(path)
         if pending is None:
-            pending = inbox.pending[path] = _Pending(path, inbox)
+            pending = inbox.pending[path] = Pending(path, inbox)
             pending.task = asyncio.create_task(self._settle(pending), name=f"settle {path}")
         pending.generation += 1
         if wrote:
@@ -442,7 +436,7 @@ class LocalSource:
             pending.closed = True
             pending.nudge.set()
 
-    async def _settle(self, pending: _Pending) -> None:
+    async def _settle(self, pending: Pending) -> None:
         """Look at one file until it is whole, then submit it. A file still being written is never given up.
 
         Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime, inode) unchanged
@@ -481,7 +475,7 @@ class LocalSource:
             if inbox.pending.get(pending.path) is pending:
                 del inbox.pending[pending.path]
 
-    async def _look(self, pending: _Pending, signature: Signature) -> float | None:
+    async def _look(self, pending: Pending, signature: Signature) -> float | None:
         """One readiness decision: submit now (None: look once more) or how long to wait before the next look."""
         inbox, settle = pending.inbox, pending.inbox.config.settle_seconds
         now = time.monotonic()
@@ -513,14 +507,14 @@ class LocalSource:
         )
         return None
 
-    def _job(self, inbox: _Inbox, path: Path, detected_at: float | None = None) -> Job:
+    def _job(self, inbox: Inbox, path: Path, detected_at: float | None = None) -> Job:
         config = inbox.config
         return Job(
             origin=LocalFile(path, inbox.root), source=self.name, priority=config.priority, prompt=config.prompt,
             max_bytes=config.max_bytes, max_pages=config.max_pages, detected_at=detected_at or time.time(),
         )  # fmt: skip
 
-    def _refuse(self, inbox: _Inbox, path: Path, reason: str) -> None:
+    def _refuse(self, inbox: Inbox, path: Path, reason: str) -> None:
         inbox.settled[path] = reason
         if path not in inbox.refused:
             inbox.refused.add(path)
