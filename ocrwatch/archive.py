@@ -1,30 +1,35 @@
-"""What becomes of a source once its document is ``ok``: kept (the default), moved to the archive, or deleted.
+"""What becomes of a source once its document is ``ok``: kept (the default), moved to the archive,
+or deleted.
 
 ``[output] on_success``, overridden per ``[[inbox]]`` and per ``[[s3]]``:
 
-- ``move``, a local file: the source, then those of its sidecars and further outputs beside it that the record
-  of outputs holds as this document's (``written.judge``; never a user's file at such a name, nor one under
-  ``[output] dir``, which stays where the configuration puts it), go into ``[output] archive_dir``, in the
-  folder that mirrors theirs under a folder per inbox (``sinks.local.inbox_folder``, as ``[output] dir``
-  mirrors them); their records follow them. Nothing there is replaced: when a name of the group is taken, the
-  whole group gets a number (``report.1.pdf``, ``report.1.pdf.md``, ...), and the Markdown's figure links and
-  the JSON's paths follow it, rewritten through ``Folder.stage`` with the source's access. A move across
-  filesystems copies each file with its owner, mode and times; each folder the archive makes is as readable
-  as the inbox folder it stands for, never more. An S3 object: copied to ``archive_prefix`` + its key (the
-  very version read), then deleted.
-- ``delete``: the local file is unlinked, its sidecars being durable already (each was fsynced, and its folder,
-  when written); the S3 object's version that was read is deleted (the object, where unversioned).
+- ``move``, a local file: the source, then those of its sidecars and further outputs beside it that
+  the record of outputs holds as this document's (``written.judge``; never a user's file at such a
+  name, nor one under ``[output] dir``, which stays where the configuration puts it), go into
+  ``[output] archive_dir``, in the folder that mirrors theirs under a folder per inbox
+  (``sinks.local.inbox_folder``, as ``[output] dir`` mirrors them); their records follow them.
+  Nothing there is replaced: when a name of the group is taken, the whole group gets a number
+  (``report.1.pdf``, ``report.1.pdf.md``, ...), and the Markdown's figure links and the JSON's paths
+  follow it, rewritten through ``Folder.stage`` with the source's access. A move across filesystems
+  copies each file with its owner, mode and times; each folder the archive makes is as readable as
+  the inbox folder it stands for, never more. An S3 object: copied to ``archive_prefix`` + its key
+  (the very version read), then deleted.
+- ``delete``: the local file is unlinked, its sidecars being durable already (each was fsynced, and
+  its folder, when written); the S3 object's version that was read is deleted (the object, where
+  unversioned).
 
-Neither acts on a document that is not ``ok`` (a ``partial`` one stays for a person to look at), nor on a source
-that changed since it was read, that has another name (a hard link), or that a process holds open for writing:
-a local file is held as ``sources.beneath.held`` holds it (a read lease, and its sha256 compared under it), and
-its name goes only while it is still that file (``Folder.remove_if``); every step goes through descriptors from
-the inbox and ``archive_dir`` (``safefs``). An S3 object is compared by its ETag, or addressed by its version.
-Every action runs once the ledger records the document done, so a source gone from its inbox is never taken
-for a new one; a daemon killed in between finds the document done at its next start and acts then
-(``Pipeline._done_already``). Everything here is blocking, and a failure is logged, never raised: the document
-is done whatever becomes of its source.
+Neither acts on a document that is not ``ok`` (a ``partial`` one stays for a person to look at), nor
+on a source that changed since it was read, that has another name (a hard link), or that a process
+holds open for writing: a local file is held as ``sources.beneath.held`` holds it (a read lease, and
+its sha256 compared under it), and its name goes only while it is still that file
+(``Folder.remove_if``); every step goes through descriptors from the inbox and ``archive_dir``
+(``safefs``). An S3 object is compared by its ETag, or addressed by its version. Every action runs
+once the ledger records the document done, so a source gone from its inbox is never taken for a new
+one; a daemon killed in between finds the document done at its next start and acts then
+(``Pipeline._done_already``). Everything here is blocking, and a failure is logged, never raised:
+the document is done whatever becomes of its source.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,9 +50,13 @@ from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse, classify
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import call, error_code
-from ocrwatch.safefs import Access, Folder, FolderGone, Replaced, hash_fd, parts_below, read_head, walk
+from ocrwatch.safefs import (
+    Access, Folder, FolderGone, Replaced, hash_fd, parts_below, read_head, walk,
+)  # fmt: skip
 from ocrwatch.sinks.base import Sink
-from ocrwatch.sinks.local import Claims, LocalSink, Marker, dump_json, inbox_folder, json_marked, output_markers
+from ocrwatch.sinks.local import (
+    Claims, LocalSink, Marker, dump_json, inbox_folder, json_marked, output_markers,
+)  # fmt: skip
 from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
 from ocrwatch.sources.beneath import folders_of, held
 from ocrwatch.sources.local import LocalSource
@@ -59,23 +68,24 @@ log = structlog.get_logger()
 _MEMBERS = ("md", "pdf", "assets", "json")
 """The order a group's members follow the source in: the JSON, the completion mark, last."""
 MAX_SIDECAR_BYTES = 256 << 20
-"""A Markdown or JSON sidecar rewritten for a renamed group is read whole; a larger one moves unchanged."""
+"""A renamed group's Markdown or JSON is read whole to be rewritten; a larger one moves as it is."""
 
 
 class Archiver:
     """Applies each source's ``on_success`` to its finished jobs; ``sources`` and ``sinks`` are the pipeline's."""
 
     def __init__(
-        self, output: OutputConfig, sources: Mapping[str, Source], sinks: Mapping[str, Sink], metrics: Metrics,
-        written: Written | None = None,
+        self, output: OutputConfig, sources: Mapping[str, Source], sinks: Mapping[str, Sink],
+        metrics: Metrics, written: Written | None = None,
     ) -> None:  # fmt: skip
         self.output = output
         self._sources = sources
         self._sinks = sinks
         self._metrics = metrics
         self.written = written
-        """The record of outputs (the daemon sets it once the ledger is open): what a move takes along, and
-        where its rows go. None: only an older ocrwatch's marks tell, on files of the daemon's user."""
+        """The record of outputs (the daemon sets it once the ledger is open): what a move takes
+        along, and where its rows go. None: only an older ocrwatch's marks tell, on files of the
+        daemon's user."""
         self._later: dict[str, threading.Timer] = {}
 
     def action(self, job: Job) -> OnSuccess:
@@ -138,8 +148,9 @@ class Archiver:
         return sidecars
 
     def _again(self, job: Job, sha256: str | None, delay: float) -> None:
-        """Delete a source again once it has been quiet long enough, where no lease tells that no writer holds
-        it: a timer thread of its own, which a stopping daemon does not wait for (its next start acts then)."""
+        """Delete a source again once it has been quiet long enough, where no lease tells that no
+        writer holds it: a timer thread of its own, which a stopping daemon does not wait for (its
+        next start acts then)."""
         if (previous := self._later.pop(job.key, None)) is not None:
             previous.cancel()
         timer = threading.Timer(delay + 1.0, self._retry, (job, sha256))
@@ -154,7 +165,7 @@ class Archiver:
     def _local(
         self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None
     ) -> tuple[str | None, dict[str, str] | None]:
-        """Where the source went, and where its ``json`` and ``md`` sidecars are when they lay beside it."""
+        """Where the source went, and where its ``json`` and ``md`` sidecars are, when beside it."""
         if sha256 is None:
             raise SourceChanged(f"{origin.path}: no digest of what was read to compare it with")
         if action == "delete":
@@ -207,8 +218,9 @@ class Archiver:
 
 
 def output_judge(written: Written | None) -> Owns:
-    """The record's rule (``written.judge``) for the quarantine, whose layer lies below the record's: whether
-    the error sidecar at ``name`` (relative to the inbox ``root``) is ocrwatch's own for a source of ``owner``."""
+    """The record's rule (``written.judge``) for the quarantine, whose layer lies below the
+    record's: whether the error sidecar at ``name`` (relative to the inbox ``root``) is ocrwatch's
+    own for a source of ``owner``."""
 
     def owns(here: Folder, root: Path, name: str, owner: int) -> bool:
         records = written.get(root, name) if written is not None else []
@@ -219,8 +231,8 @@ def output_judge(written: Written | None) -> Owns:
 
 
 def delete_local(path: Path, root: Path, sha256: str) -> None:
-    """Unlink ``path`` of the inbox ``root`` while it still holds the bytes ``sha256`` and nothing holds it
-    (``held``); its folder is fsynced."""
+    """Unlink ``path`` of the inbox ``root`` while it still holds the bytes ``sha256`` and nothing
+    holds it (``held``); its folder is fsynced."""
     with folders_of(path, root) as inbox, held(inbox[-1], path, sha256) as source:
         try:
             inbox[-1].remove_if(path.name, source.info, source.check)
@@ -230,7 +242,7 @@ def delete_local(path: Path, root: Path, sha256: str) -> None:
 
 @dataclass(frozen=True)
 class Place:
-    """Where a move goes: ``archive`` (resolved), the folder under it that mirrors the inbox, the template."""
+    """Where a move goes: ``archive`` (resolved), its folder mirroring the inbox, the template."""
 
     archive: Path
     mirror: str
@@ -239,8 +251,9 @@ class Place:
 
 @dataclass(frozen=True)
 class _Member:
-    """A file of the group that the record holds as the document's: ``name`` relative to the source's folder
-    (``x.assets/page-1-figure-1.png`` for a figure), the folder it lies in, its descriptor and row."""
+    """A file of the group that the record holds as the document's: ``name`` relative to the
+    source's folder (``x.assets/page-1-figure-1.png`` for a figure), the folder it lies in, its
+    descriptor and row."""
 
     kind: str
     name: str
@@ -257,29 +270,34 @@ class _Member:
 def move_local(
     job: Job, sha256: str, place: Place, written: Written | None, *, sidecars: bool
 ) -> tuple[Path, dict[str, Path]]:
-    """Move the job's source (while ``held``) and, with ``sidecars``, the outputs beside it that the record
-    holds as its own, into the mirrored folder under ``place.archive``. Where the source went, and where each
-    member that went along is now (by kind: ``md``, ``json``, ...)."""
+    """Move the job's source (while ``held``) and, with ``sidecars``, the outputs beside it that the
+    record holds as its own, into the mirrored folder under ``place.archive``. Where the source
+    went, and where each member that went along is now (by kind: ``md``, ``json``, ...)."""
     origin = job.origin
     assert isinstance(origin, LocalFile)
     relative = parts_below(origin.path.parent, origin.inbox)
-    place.archive.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
+    # The configured folder itself, resolved at start; all below it is reached through descriptors.
+    place.archive.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         inbox = stack.enter_context(folders_of(origin.path, origin.inbox))
         here, accesses = inbox[-1], [Access.of(os.fstat(folder.fd)) for folder in inbox]
-        linked = os.fstat(here.fd).st_dev == os.stat(place.archive).st_dev  # a link keeps a writer's later bytes
+        # A hard link keeps a writer's later bytes in the archived file: no quiet time needed then.
+        linked = os.fstat(here.fd).st_dev == os.stat(place.archive).st_dev
         source = stack.enter_context(held(here, origin.path, sha256, 0 if linked else None))
-        target = stack.enter_context(walk(place.archive, (place.mirror, *relative), make=accesses))[-1]
+        mirrored = (place.mirror, *relative)
+        target = stack.enter_context(walk(place.archive, mirrored, make=accesses))[-1]
         prefix = "".join(f"{part}/" for part in relative)
         claims = Claims(here, origin.inbox, prefix, job, source.info.st_uid, written)
-        members = _members(claims, written, _group(origin.name, place.template), stack) if sidecars else []
+        old = _group(origin.name, place.template)
+        members = _members(claims, written, old, stack) if sidecars else []
         name = _free_name(target, origin.name, place.template, sidecars)
         try:
             here.move_to(origin.name, target, name, source.fd, source.info, source.check)
         except Replaced as exc:
             raise SourceChanged(str(exc)) from None
-        group = _Carried(claims, written, target, place, "/".join((place.mirror, *relative, "")), Access.of(source.info))
-        moved = group.carry(members, _group(origin.name, place.template), _group(name, place.template), stack)
+        prefix_there = "/".join((*mirrored, ""))
+        group = _Carried(claims, written, target, place, prefix_there, Access.of(source.info))
+        moved = group.carry(members, old, _group(name, place.template), stack)
         here.fsync()
     folder = place.archive.joinpath(place.mirror, *relative)
     return folder / name, {kind: folder / new for kind, new in moved.items()}
@@ -305,13 +323,14 @@ def _free_name(target: Folder, name: str, template: str, sidecars: bool) -> str:
 def _members(
     claims: Claims, written: Written | None, names: dict[str, str], stack: contextlib.ExitStack
 ) -> list[_Member]:
-    """The group's files that the record (or, for what it predates, the mark and owner) holds as this
-    document's, judged before anything moves, in ``_MEMBERS`` order; each held open until the move is done."""
+    """The group's files that the record (or, for what it predates, the mark and owner) holds as
+    this document's, judged before anything moves, in ``_MEMBERS`` order; each held open until the
+    move is done."""
     markers = output_markers(claims.here, names["json"])
     found: list[_Member] = []
     for kind in _MEMBERS:
         if kind != "assets":
-            found.extend(_judged(claims, written, claims.here, kind, names[kind], markers[kind], stack))
+            found += _judged(claims, written, claims.here, kind, names[kind], markers[kind], stack)
             continue
         assets = names["assets"]
         info = claims.here.lstat(assets)
@@ -321,10 +340,11 @@ def _members(
             inner = stack.enter_context(claims.here.sub(assets))
         except FolderGone:
             continue
-        candidates = {name.partition("/")[2] for name in claims.recorded_here() if name.startswith(f"{assets}/")}
+        recorded = claims.recorded_here()
+        candidates = {name.partition("/")[2] for name in recorded if name.startswith(f"{assets}/")}
         candidates.update(name for name in inner.names() if FIGURE_FILE.fullmatch(name))
         for file in sorted(candidates):
-            found.extend(_judged(claims, written, inner, kind, f"{assets}/{file}", markers[kind], stack))
+            found += _judged(claims, written, inner, kind, f"{assets}/{file}", markers[kind], stack)
     return found
 
 
@@ -332,8 +352,9 @@ def _judged(
     claims: Claims, written: Written | None, here: Folder, kind: str, name: str, marker: Marker,
     stack: contextlib.ExitStack,
 ) -> list[_Member]:  # fmt: skip
-    """``name`` as a member where ``claims`` holds it as the document's (none where it is a user's file or
-    another document's: it stays). The descriptor is opened first, and must be the very file recorded."""
+    """``name`` as a member where ``claims`` holds it as the document's (none where it is a user's
+    file or another document's: it stays). The descriptor is opened first, and must be the very file
+    recorded."""
     fd = here.open_read(name.rpartition("/")[2])
     if fd is None:
         return []
@@ -342,26 +363,30 @@ def _judged(
     if claims.verdict(name, marker):
         return []
     records = written.get(claims.root, claims.name(name)) if written is not None else []
-    record = next((row for row in records if (row.inode, row.size) == (info.st_ino, info.st_size)), None)
+    same = (info.st_ino, info.st_size)
+    record = next((row for row in records if (row.inode, row.size) == same), None)
     if (records and record is None) or (not records and info.st_uid != os.geteuid()):
         return []  # replaced between the two looks
     return [_Member(kind, name, here, fd, info, record)]
 
 
 class _Carried:
-    """The members' move into ``target``, each record following its file (``Written.move``, or a new row for
-    a rewritten sidecar and for an output the record predated)."""
+    """The members' move into ``target``, each record following its file (``Written.move``, or a new
+    row for a rewritten sidecar and for an output the record predated)."""
 
     def __init__(
-        self, claims: Claims, written: Written | None, target: Folder, place: Place, prefix: str, access: Access
+        self, claims: Claims, written: Written | None, target: Folder, place: Place, prefix: str,
+        access: Access,
     ) -> None:  # fmt: skip
         self.claims, self.written, self.target, self.place = claims, written, target, place
-        self.prefix, self.access = prefix, access  # the target folder below the archive; the source's access
+        self.prefix = prefix  # the target folder, relative to the archive
+        self.access = access  # the source's
         self.owner = claims.owner if claims.owner is not None else os.geteuid()
 
     def carry(
-        self, members: list[_Member], old: dict[str, str], new: dict[str, str], stack: contextlib.ExitStack
-    ) -> dict[str, str]:
+        self, members: list[_Member], old: dict[str, str], new: dict[str, str],
+        stack: contextlib.ExitStack,
+    ) -> dict[str, str]:  # fmt: skip
         """Move ``members``; the names (relative to the target folder) of those moved, by kind."""
         relink = _relinker(old, new) if old != new else None
         moved: dict[str, str] = {}
@@ -373,12 +398,14 @@ class _Carried:
                     assets = stack.enter_context(self.target.sub(new["assets"], make=self.access))
                 there, name, key = assets, member.file, f"{new['assets']}/{member.file}"
             try:
-                if relink is not None and member.kind in relink and member.info.st_size <= MAX_SIDECAR_BYTES:
+                small = member.info.st_size <= MAX_SIDECAR_BYTES
+                if relink is not None and member.kind in relink and small:
                     self._rewrite(member, there, name, self.prefix + key, relink[member.kind])
                 else:
                     self._move(member, there, name, self.prefix + key)
             except (Replaced, FileExistsError) as exc:
-                log.warning("output_not_archived", path=str(member.here.path / member.file), error=str(exc))
+                path = str(member.here.path / member.file)
+                log.warning("output_not_archived", path=path, error=str(exc))
                 continue
             moved[member.kind] = name if member.kind != "assets" else new["assets"]
         if assets is not None:
@@ -393,15 +420,13 @@ class _Carried:
         if member.record is not None:
             self.written.move(member.record, self.place.archive, key, made.st_ino)
         else:
-            row = Output(self.place.archive, key, self.claims.job.key, self.owner, made.st_ino, made.st_size,
-                         hash_fd(member.fd))  # fmt: skip
-            self.written.put(row)
+            self._record(key, made.st_ino, made.st_size, hash_fd(member.fd))
 
     def _rewrite(
         self, member: _Member, there: Folder, name: str, key: str, change: Callable[[bytes], bytes]
     ) -> None:
-        """A renamed group's Markdown or JSON, its links made to follow, written anew with the source's access;
-        one that cannot be parsed moves as it is."""
+        """A renamed group's Markdown or JSON, its links made to follow, written anew with the
+        source's access; one that cannot be parsed moves as it is."""
         try:
             data = change(read_head(member.fd, member.info.st_size + 1))
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -416,8 +441,12 @@ class _Carried:
             raise
         if self.written is not None:
             self.written.forget(self.claims.root, self.claims.name(member.name))
-            self.written.put(Output(self.place.archive, key, self.claims.job.key, self.owner, staged.inode,
-                                    staged.size, staged.sha256))  # fmt: skip
+            self._record(key, staged.inode, staged.size, staged.sha256)
+
+    def _record(self, key: str, inode: int, size: int, sha256: str) -> None:
+        assert self.written is not None
+        job = self.claims.job.key
+        self.written.put(Output(self.place.archive, key, job, self.owner, inode, size, sha256))
 
 
 def _relinker(old: dict[str, str], new: dict[str, str]) -> dict[str, Callable[[bytes], bytes]]:

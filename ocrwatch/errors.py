@@ -166,16 +166,17 @@ class SourceChanged(TransientError):
 
 
 class SourceInUse(TransientError):
-    """A source that a writer or another name still holds is never moved or deleted, lest the writer's later
-    bytes go into an unlinked file or the other name lose its content; ``reason`` says which."""
+    """A source that a writer or another name still holds is never moved or deleted, lest the
+    writer's later bytes go into an unlinked file or the other name lose its content; ``reason``
+    says which."""
 
     kind = "source_in_use"
-    hint = "the file stays where it is; once closed (or left with one name) it is handled when it is next seen"
+    hint = "the file stays; once closed (or left with one name) it is handled when it is next seen"
 
     def __init__(self, message: str, reason: str, retry_in: float | None = None) -> None:
         super().__init__(message)
         self.reason = reason
-        self.retry_in = retry_in  # seconds until it may be tried again by itself (None: when next seen)
+        self.retry_in = retry_in  # seconds until it is worth trying again (None: when next seen)
 
 
 class PlaceFault(TransientError):

@@ -31,14 +31,18 @@ GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
 """What opening a folder on the way raises when it is missing, a link or not a folder."""
 TMP_MARKER = ".ocrwatch-tmp-"
 ASIDE_MARKER = ".ocrwatch-gone-"
-"""The hidden name a file is renamed to right before it is removed, so that what is removed is what was checked."""
+"""Marks the hidden name a file takes right before its removal: what goes is what was checked."""
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
-"""``link`` cannot join two names (another filesystem, or one without hard links): the file is copied."""
-NO_LEASE = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOLCK, errno.ENOSYS, errno.EACCES, errno.EPERM)
-"""A lease refused for what the filesystem (NFS, SMB, FUSE) or the daemon's rights are, not for a writer."""
+"""``link`` cannot join two names (another filesystem, or one without hard links): it is copied."""
+NO_LEASE = (
+    errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOLCK, errno.ENOSYS,
+    errno.EACCES, errno.EPERM,
+)  # fmt: skip
+"""A lease refused for the filesystem (NFS, SMB, FUSE) or the daemon's rights, not for a writer."""
 LEASE_SIGNAL = signal.SIGURG
-"""Sent to a lease's holder when a writer opens the file: the default, SIGIO, would end the process; SIGURG's
-default action is to ignore it (``read_lease`` asks the kernel itself whether its lease is being broken)."""
+"""Sent to a lease's holder when a writer opens the file: the default, SIGIO, would end the process;
+SIGURG's default action is to ignore it (``read_lease`` asks the kernel itself whether its lease is
+being broken)."""
 
 
 def _umask() -> int:
@@ -52,7 +56,7 @@ UMASK = _umask()
 
 
 class Replaced(OSError):
-    """A name no longer holds the file that was checked (another file, or none): it was left as it is."""
+    """A name no longer holds the file that was checked (another, or none): it was left as it is."""
 
 
 class FolderGone(OSError):
@@ -241,14 +245,16 @@ class Folder:
         self.fsync()
 
     def _commit_new(self, staged: Staged) -> None:
-        """A hard link fails where the name is taken, atomically; a filesystem without them is checked first."""
+        """A hard link fails where the name is taken, atomically; else the name is checked first."""
         try:
-            os.link(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+            os.link(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd,
+                    follow_symlinks=False)  # fmt: skip
         except OSError as exc:
             if exc.errno not in NO_LINK:
                 raise
             if self.lstat(staged.name) is not None:
-                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(self.path / staged.name)) from None
+                taken = str(self.path / staged.name)
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), taken) from None
             os.replace(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             return
         os.unlink(staged.tmp, dir_fd=self.fd)
@@ -270,15 +276,15 @@ class Folder:
         return True
 
     def link(self, name: str, target: Folder, new: str) -> None:
-        """A second name ``new`` in ``target`` for the file ``name`` here (a link itself, never its target).
-        ``FileExistsError`` where ``new`` is taken; an ``OSError`` with an errno in ``NO_LINK`` where the two
-        folders cannot share a file (the caller copies it instead)."""
+        """A second name ``new`` in ``target`` for the file ``name`` here (a link itself, never its
+        target). ``FileExistsError`` where ``new`` is taken; an ``OSError`` with an errno in
+        ``NO_LINK`` where the two folders cannot share a file (the caller copies it instead)."""
         os.link(name, new, src_dir_fd=self.fd, dst_dir_fd=target.fd, follow_symlinks=False)
 
     def copy_in(self, fd: int, new: str) -> tuple[os.stat_result, str]:
-        """The open file ``fd`` copied to the new file ``new`` here (never replacing one), with its owner (where
-        the daemon may set it), mode and times, fsynced: a move across filesystems leaves the file as its owner
-        had it. Its ``fstat`` and the sha256 of what was copied."""
+        """The open file ``fd`` copied to the new file ``new`` here (never replacing one), with its
+        owner (where the daemon may set it), mode and times, fsynced: a move across filesystems
+        leaves the file as its owner had it. Its ``fstat`` and the sha256 of what was copied."""
         info = os.fstat(fd)
         out = os.open(new, NEW_FLAGS, 0o600, dir_fd=self.fd)
         try:
@@ -303,11 +309,14 @@ class Folder:
             os.close(out)
         return made, hasher.hexdigest()
 
-    def carry(self, name: str, target: Folder, new: str, fd: int, info: os.stat_result) -> os.stat_result:
-        """A new name ``new`` in ``target`` for the file ``name`` here, open as ``fd`` (of ``info``): a hard
-        link, checked to be that very file, or where the two folders cannot share one a copy from ``fd``
-        (``copy_in``). The new file's ``stat``; ``FileExistsError`` where ``new`` is taken, ``Replaced`` where
-        ``name`` no longer held that file (nothing is left at ``new`` then)."""
+    def carry(
+        self, name: str, target: Folder, new: str, fd: int, info: os.stat_result
+    ) -> os.stat_result:
+        """A new name ``new`` in ``target`` for the file ``name`` here, open as ``fd`` (of
+        ``info``): a hard link, checked to be that very file, or where the two folders cannot share
+        one a copy from ``fd`` (``copy_in``). The new file's ``stat``; ``FileExistsError`` where
+        ``new`` is taken, ``Replaced`` where ``name`` no longer held that file (nothing is left at
+        ``new`` then)."""
         try:
             self.link(name, target, new)
         except FileNotFoundError:
@@ -323,10 +332,12 @@ class Folder:
         return made
 
     def move_to(
-        self, name: str, target: Folder, new: str, fd: int, info: os.stat_result, check: Callable[[], None] | None
-    ) -> os.stat_result:
-        """Move the file ``name`` here (open as ``fd``, of ``info``) to ``new`` in ``target``: ``carry``, then
-        ``remove_if`` (``check`` as there), undoing the new name where the old one cannot go."""
+        self, name: str, target: Folder, new: str, fd: int, info: os.stat_result,
+        check: Callable[[], None] | None,
+    ) -> os.stat_result:  # fmt: skip
+        """Move the file ``name`` here (open as ``fd``, of ``info``) to ``new`` in ``target``:
+        ``carry``, then ``remove_if`` (``check`` as there), undoing the new name where the old one
+        cannot go."""
         made = self.carry(name, target, new, fd, info)
         try:
             self.remove_if(name, info, check)
@@ -336,11 +347,13 @@ class Folder:
         target.fsync()
         return made
 
-    def remove_if(self, name: str, expected: os.stat_result, check: Callable[[], None] | None = None) -> None:
-        """Remove ``name`` only while it is the file ``expected`` (same inode, size and mtime). It is renamed
-        aside first, one atomic step, and then compared, so a file swapped in after the last check is put back,
-        never removed; ``check`` runs before the removal too (raising keeps the file). ``Replaced`` where the
-        name holds another file or none."""
+    def remove_if(
+        self, name: str, expected: os.stat_result, check: Callable[[], None] | None = None
+    ) -> None:
+        """Remove ``name`` only while it is the file ``expected`` (same inode, size and mtime). It
+        is renamed aside first, one atomic step, and then compared, so a file swapped in after the
+        last check is put back, never removed; ``check`` runs before the removal too (raising keeps
+        the file). ``Replaced`` where the name holds another file or none."""
         aside = _aside_name(name)
         try:
             os.rename(name, aside, src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -349,7 +362,8 @@ class Folder:
         try:
             now = os.stat(aside, dir_fd=self.fd, follow_symlinks=False)
             if _identity(now) != _identity(expected):
-                raise Replaced(errno.ESTALE, f"{self.path / name} was replaced or written since it was checked")
+                why = f"{self.path / name} was replaced or written since it was checked"
+                raise Replaced(errno.ESTALE, why)
             if check is not None:
                 check()
         except BaseException:
@@ -359,8 +373,8 @@ class Folder:
         self.fsync()
 
     def _put_back(self, aside: str, name: str) -> None:
-        """``aside`` under its own name again, unless another file took that name meanwhile (then it stays
-        under the hidden name, which nothing removes)."""
+        """``aside`` under its own name again, unless another file took that name meanwhile (then it
+        stays under the hidden name, which nothing removes)."""
         try:
             os.link(aside, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
         except FileExistsError:
@@ -486,10 +500,13 @@ def hash_fd(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def walk(root: Path, parts: Sequence[str], make: Sequence[Access] | None = None) -> Iterator[list[Folder]]:
-    """Every folder from ``root`` down to ``root/parts...``, ``root`` first, reached as ``folder`` reaches
-    them. With ``make``, each missing ``parts[i]`` is made with ``make[i]``'s access: one tree mirrored in
-    another (the archive's folders as readable as the inbox's they stand for, never more)."""
+def walk(
+    root: Path, parts: Sequence[str], make: Sequence[Access] | None = None
+) -> Iterator[list[Folder]]:
+    """Every folder from ``root`` down to ``root/parts...``, ``root`` first, reached as ``folder``
+    reaches them. With ``make``, each missing ``parts[i]`` is made with ``make[i]``'s access: one
+    tree mirrored in another (the archive's folders as readable as the inbox's they stand for, never
+    more)."""
     if make is not None and len(make) != len(parts):
         raise ValueError("one access for each folder to make")
     try:
@@ -504,16 +521,18 @@ def walk(root: Path, parts: Sequence[str], make: Sequence[Access] | None = None)
         for index, part in enumerate(parts):
             if part in ("", ".", "..") or "/" in part:
                 raise FolderGone(chain[-1].path / part, "is not a plain folder name")
-            chain.append(stack.enter_context(chain[-1].sub(part, None if make is None else make[index])))
+            access = None if make is None else make[index]
+            chain.append(stack.enter_context(chain[-1].sub(part, access)))
         yield chain
 
 
 @contextlib.contextmanager
 def read_lease(fd: int) -> Iterator[Callable[[], bool] | None]:
-    """A read lease on the open file ``fd`` while the block runs. The kernel grants one only while no process
-    holds the file open for writing (``BlockingIOError`` otherwise), and a writer that opens it meanwhile waits
-    until it is released (at most ``/proc/sys/fs/lease-break-time``). Yields "is a writer waiting?", or None
-    where no lease can be had (``NO_LEASE``: NFS, SMB, a file of another user for a daemon that is not root)."""
+    """A read lease on the open file ``fd`` while the block runs. The kernel grants one only while
+    no process holds the file open for writing (``BlockingIOError`` otherwise), and a writer that
+    opens it meanwhile waits until it is released (at most ``/proc/sys/fs/lease-break-time``).
+    Yields "is a writer waiting?", or None where no lease can be had (``NO_LEASE``: NFS, SMB, a file
+    of another user for a daemon that is not root)."""
     fcntl.fcntl(fd, fcntl.F_SETSIG, LEASE_SIGNAL)
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)

@@ -1,9 +1,11 @@
-"""archive: what becomes of a source once its document is ok, on real files and a real S3 server (moto).
+"""archive: what becomes of a source once its document is ok, on real files and a real S3 server
+(moto).
 
-Local files are moved and unlinked through folder descriptors; the outputs that go along are those the record
-of outputs holds as the document's, written here by the real local sink. Every test checks what lies on disk
-afterwards, and that nothing is touched when the document is not ok, the file is no longer what was read, it
-has another name, or a process still holds it open for writing."""
+Local files are moved and unlinked through folder descriptors; the outputs that go along are those
+the record of outputs holds as the document's, written here by the real local sink. Every test
+checks what lies on disk afterwards, and that nothing is touched when the document is not ok, the
+file is no longer what was read, it has another name, or a process still holds it open for writing.
+"""
 
 from __future__ import annotations
 
@@ -58,8 +60,8 @@ def document_files(
     folder: Path, inbox: Path, written: Written | None, name: str = "report.pdf", status: str = "ok",
     owner: int = 0, mode: int = 0o644,
 ) -> Path:  # fmt: skip
-    """A source of ``owner`` and what the real sink writes for it (the record kept in ``written``): Markdown
-    linking a figure, the figure, a searchable PDF, the JSON."""
+    """A source of ``owner`` and what the real sink writes for it (the record kept in ``written``):
+    Markdown linking a figure, the figure, a searchable PDF, the JSON."""
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / name
     source.write_bytes(CONTENT)
@@ -130,8 +132,9 @@ def test_a_taken_name_moves_the_group_under_a_number_and_its_links_follow(tmp_pa
 
 
 def test_move_takes_only_what_the_record_holds_as_the_documents(tmp_path: Path, written: Written) -> None:
-    """Bob's own ``report.png.ocr.pdf`` and ``report.png.assets/chapter1.txt`` beside Alice's ``report.png``,
-    and a file carrying ocrwatch's mark but not the daemon's user's, stay where they are, with their owners."""
+    """Bob's own ``report.png.ocr.pdf`` and ``report.png.assets/chapter1.txt`` beside Alice's
+    ``report.png``, and a file carrying ocrwatch's mark but not the daemon's user's, stay where they
+    are, with their owners."""
     inbox, archive = tmp_path / "inbox", tmp_path / "archive"
     inbox.mkdir()
     source = inbox / "report.png"

@@ -1,6 +1,7 @@
-"""safefs's moves between folders on real files: nothing removed that was not checked, nothing replaced, owner
-and mode kept across filesystems, folders made as readable as those they mirror, and read leases that see a
-writer (and never end the process that holds them)."""
+"""safefs's moves between folders on real files: nothing removed that was not checked, nothing
+replaced, owner and mode kept across filesystems, folders made as readable as those they mirror, and
+read leases that see a writer (and never end the process that holds them).
+"""
 
 from __future__ import annotations
 

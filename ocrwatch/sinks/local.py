@@ -189,9 +189,11 @@ def _pdf_marker(here: Folder, json_name: str) -> Marker:
 
 
 def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
-    """The mark of each kind of output (``md``, ``json``, ``pdf``, ``assets``: a figure) in ``here``, which
-    counts only for outputs the record predates: the archive takes along what this rule holds as ocrwatch's."""
-    return {"md": markdown_marked, "json": json_marked, "pdf": _pdf_marker(here, json_name), "assets": figure_marked}
+    """The mark of each kind of output (``md``, ``json``, ``pdf``, ``assets``: a figure) in ``here``,
+    which counts only for outputs the record predates: the archive takes along what this rule holds
+    as ocrwatch's."""
+    pdf = _pdf_marker(here, json_name)
+    return {"md": markdown_marked, "json": json_marked, "pdf": pdf, "assets": figure_marked}
 
 
 def figure_marked(here: Folder, name: str) -> bool:

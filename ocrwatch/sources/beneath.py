@@ -1,9 +1,9 @@
 """Reading a file of a folder that others can write to: no link is followed, and a document is read once.
 
 Checking a path and then opening it are two steps that another user can race, by swapping the file for a
-symlink between them. So every lookup here walks down from the inbox folder through ``safefs``, the one
-module that reaches folders others can write to (``O_NOFOLLOW`` on every component), and every later question
-is put to the descriptor (``fstat``). A fetched document is copied through
+symlink between them. So every lookup here walks down from the inbox folder through ``safefs``, the
+one module that reaches folders others can write to (``O_NOFOLLOW`` on every component), and every
+later question is put to the descriptor (``fstat``). A fetched document is copied through
 its descriptor into the job's private spool folder while it is hashed: the bytes rendered are the bytes hashed,
 whatever happens to the name afterwards. Everything here is blocking and cheap apart from the copy.
 """
@@ -25,19 +25,22 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone, SourceInUse
-from ocrwatch.safefs import CHUNK, FILE_FLAGS, FOLDER_FLAGS, Access, Folder, FolderGone, hash_fd, read_lease, walk
+from ocrwatch.safefs import (
+    CHUNK, FILE_FLAGS, FOLDER_FLAGS, Access, Folder, FolderGone, hash_fd, read_lease, walk,
+)  # fmt: skip
 from ocrwatch.sources.base import Fetched
 
 __all__ = [
-    "FOLDER_FLAGS", "QUIET_WITHOUT_LEASE", "Held", "Signature", "changed_since", "copy_out", "fetch_copy",
-    "folders_of", "held", "inspect", "measure", "open_file",
+    "FOLDER_FLAGS", "QUIET_WITHOUT_LEASE", "Held", "Signature", "changed_since", "copy_out",
+    "fetch_copy", "folders_of", "held", "inspect", "measure", "open_file",
 ]  # fmt: skip
 """``FOLDER_FLAGS`` is ``safefs``'s, named here too for the sources that walk an inbox with it."""
 
 QUIET_WITHOUT_LEASE = 60.0
-"""Where no lease can be had (NFS, SMB, a daemon that is not root on another user's file), how long a source
-must have been unchanged (its mtime and ctime) before it is moved or deleted: a writer that keeps a file open
-cannot be seen there, and one that pauses longer than this in the middle of a file is rare."""
+"""Where no lease can be had (NFS, SMB, a daemon that is not root on another user's file), how long
+a source must have been unchanged (its mtime and ctime) before it is moved or deleted: a writer that
+keeps a file open cannot be seen there, and one that pauses longer than this in the middle of a file
+is rare."""
 
 
 class Signature(NamedTuple):
@@ -76,9 +79,9 @@ def _symlink_refusal(path: Path, root: Path) -> NotARegularFile:
 
 @contextlib.contextmanager
 def folders_of(path: Path, root: Path) -> Iterator[list[Folder]]:
-    """The folders from ``root`` down to ``path``'s, reached through ``safefs`` (no link followed), ``root``
-    first. One on the way that is missing, a link or not a folder: ``SourceGone`` (what the name meant when it
-    was found is no longer there)."""
+    """The folders from ``root`` down to ``path``'s, reached through ``safefs`` (no link followed),
+    ``root`` first. One on the way that is missing, a link or not a folder: ``SourceGone`` (what the
+    name meant when it was found is no longer there)."""
     parts = _relative_parts(path, root)
     with contextlib.ExitStack() as stack:
         try:
@@ -214,8 +217,8 @@ def measure(path: Path, root: Path) -> tuple[Signature, str]:
 
 @dataclass(frozen=True)
 class Held:
-    """A source held for a move or a delete: its descriptor, its ``fstat``, and ``check``, which raises
-    ``SourceInUse`` once a writer waits to open it (call it right before the name goes)."""
+    """A source held for a move or a delete: its descriptor, its ``fstat``, and ``check``, which
+    raises ``SourceInUse`` once a writer waits to open it (call it right before the name goes)."""
 
     fd: int
     info: os.stat_result
@@ -227,13 +230,15 @@ def _no_writer() -> None:
 
 
 @contextlib.contextmanager
-def held(here: Folder, path: Path, sha256: str | None, quiet: float | None = None) -> Iterator[Held]:
-    """The source ``path``, in its open folder ``here``, held while the block moves or deletes it: a regular
-    file with one name that no process holds open for writing (a read lease, kept until the block ends, makes
-    a writer that opens it meanwhile wait; without leases it must have been quiet for ``quiet`` seconds, by
-    default ``QUIET_WITHOUT_LEASE``), whose
-    bytes still hash to ``sha256`` (where known), checked under the lease. A file with another name is kept:
-    moving or deleting one of its names would leave the other with a different story. Raises ``SourceGone``,
+def held(
+    here: Folder, path: Path, sha256: str | None, quiet: float | None = None
+) -> Iterator[Held]:
+    """The source ``path``, in its open folder ``here``, held while the block moves or deletes it: a
+    regular file with one name that no process holds open for writing (a read lease, kept until the
+    block ends, makes a writer that opens it meanwhile wait; without leases it must have been quiet
+    for ``quiet`` seconds, by default ``QUIET_WITHOUT_LEASE``), whose bytes still hash to ``sha256``
+    (where known), checked under the lease. A file with another name is kept: moving or deleting one
+    of its names would leave the other with a different story. Raises ``SourceGone``,
     ``SourceChanged`` and ``SourceInUse``."""
     info = here.lstat(path.name)
     if info is None:
@@ -246,23 +251,26 @@ def held(here: Folder, path: Path, sha256: str | None, quiet: float | None = Non
     try:
         info = os.fstat(fd)
         if info.st_nlink > 1:
-            raise SourceInUse(f"{path}: has {info.st_nlink} names (hard links); only a file with one is taken",
-                              "hard_linked")  # fmt: skip
+            why = f"{path}: has {info.st_nlink} names (hard links); only a file with one is taken"
+            raise SourceInUse(why, "hard_linked")
         with contextlib.ExitStack() as stack:
             try:
                 writer_waits = stack.enter_context(read_lease(fd))
             except BlockingIOError:
-                raise SourceInUse(f"{path}: a process holds it open for writing", "open_for_writing") from None
+                why = f"{path}: a process holds it open for writing"
+                raise SourceInUse(why, "open_for_writing") from None
             quiet = QUIET_WITHOUT_LEASE if quiet is None else quiet
             if writer_waits is None:
                 age = time.time() - max(info.st_mtime, info.st_ctime)
                 if age < quiet:
                     raise SourceInUse(
-                        f"{path}: written {max(age, 0):.0f} s ago, and its filesystem cannot tell whether a "
-                        f"writer still holds it open (no lease); it must be quiet for {quiet:.0f} s",
+                        f"{path}: written {max(age, 0):.0f} s ago, and its filesystem cannot tell "
+                        f"whether a writer still holds it open (no lease); it must be quiet for "
+                        f"{quiet:.0f} s",
                         "not_quiet", retry_in=quiet - age,
                     )  # fmt: skip
-            if sha256 is not None and (hash_fd(fd) != sha256 or os.fstat(fd).st_mtime_ns != info.st_mtime_ns):
+            unwritten = os.fstat(fd).st_mtime_ns == info.st_mtime_ns
+            if sha256 is not None and (hash_fd(fd) != sha256 or not unwritten):
                 raise SourceChanged(f"{path}: its content is no longer what was read")
             yield Held(fd, info, _writer_check(path, writer_waits))
     finally:
@@ -275,6 +283,7 @@ def _writer_check(path: Path, writer_waits: Callable[[], bool] | None) -> Callab
 
     def check() -> None:
         if writer_waits():
-            raise SourceInUse(f"{path}: a process opened it for writing meanwhile", "open_for_writing")
+            why = f"{path}: a process opened it for writing meanwhile"
+            raise SourceInUse(why, "open_for_writing")
 
     return check

@@ -1,13 +1,14 @@
 """Moving a failed document aside to its inbox's ``quarantine_dir``, where others can write too.
 
-Both sides are reached through ``safefs``, walking down from the inbox and from ``quarantine_dir`` (or from the
-inbox, where the quarantine lies inside it) without following any link: a folder of the inbox swapped for a
-link, or a folder of the quarantine made a link in advance, can neither move a file from outside the inbox nor
-put one outside the quarantine. Each folder the quarantine makes is as readable as the inbox folder it stands
-for, never more (``safefs.Access``). The document is held as ``beneath.held`` holds it (one name, no writer),
-and its name is removed only while it is still the file moved (``Folder.remove_if``). Its error sidecar goes
-along only where the record of outputs holds it as ocrwatch's (``owns``, given by the daemon). Nothing is
-overwritten: a taken name gets a number.
+Both sides are reached through ``safefs``, walking down from the inbox and from ``quarantine_dir``
+(or from the inbox, where the quarantine lies inside it) without following any link: a folder of the
+inbox swapped for a link, or a folder of the quarantine made a link in advance, can neither move a
+file from outside the inbox nor put one outside the quarantine. Each folder the quarantine makes is
+as readable as the inbox folder it stands for, never more (``safefs.Access``). The document is held
+as ``beneath.held`` holds it (one name, no writer), and its name is removed only while it is still
+the file moved (``Folder.remove_if``). Its error sidecar goes along only where the record of outputs
+holds it as ocrwatch's (``owns``, given by the daemon). Nothing is overwritten: a taken name gets a
+number.
 """
 
 from __future__ import annotations
@@ -24,31 +25,38 @@ from ocrwatch.safefs import Access, Folder, Replaced, parts_below, walk
 from ocrwatch.sources.beneath import folders_of, held
 
 Owns = Callable[[Folder, Path, str, int], bool]
-"""``owns(here, root, name, owner)``: whether ``name`` (relative to the inbox ``root``; its file lies in the
-open folder ``here``) holds ocrwatch's own output for a source of the user ``owner`` (``written.judge``)."""
+"""``owns(here, root, name, owner)``: whether ``name`` (relative to the inbox ``root``; its file
+lies in the open folder ``here``) holds ocrwatch's own output for a source of the user ``owner``
+(``written.judge``)."""
 
 
-def quarantine(path: Path, root: Path, quarantine_dir: Path, name_template: str, owns: Owns | None = None) -> Path:
-    """Move a failed document, with its error sidecar where ``owns`` says it is ocrwatch's (without ``owns``
-    it stays), to the same place under ``quarantine_dir``. Blocking.
+def quarantine(
+    path: Path, root: Path, quarantine_dir: Path, name_template: str, owns: Owns | None = None
+) -> Path:
+    """Move a failed document, with its error sidecar where ``owns`` says it is ocrwatch's (without
+    ``owns`` it stays), to the same place under ``quarantine_dir``. Blocking.
 
-    Raises ``OSError`` (a link in the quarantine's folders), ``SourceGone`` and ``SourceChanged`` when the
-    document is no longer the regular file beneath its inbox, ``SourceInUse`` when it has another name or a
-    process holds it open for writing.
+    Raises ``OSError`` (a link in the quarantine's folders), ``SourceGone`` and ``SourceChanged``
+    when the document is no longer the regular file beneath its inbox, ``SourceInUse`` when it has
+    another name or a process holds it open for writing.
     """
     relative = parts_below(path.parent, root)
     prefix = "".join(f"{part}/" for part in relative)
     with folders_of(path, root) as folders:
         here = folders[-1]
-        with held(here, path, None) as source, _target(root, quarantine_dir, folders, relative) as target:
-            moved = _move_exclusive(here, path.name, target, path.name, source.fd, source.info, source.check)
+        with contextlib.ExitStack() as stack:
+            source = stack.enter_context(held(here, path, None))
+            target = stack.enter_context(_target(root, quarantine_dir, folders, relative))
+            moved = _move_exclusive(here, path.name, target, path.name, source.fd, source.info,
+                                    source.check)  # fmt: skip
             error = sidecar_names(path.name, name_template)["error"]
             fd = here.open_read(error) if owns is not None else None
             if fd is not None:
                 try:
                     if owns is not None and owns(here, root, prefix + error, source.info.st_uid):
                         new = sidecar_names(moved, name_template)["error"]
-                        with contextlib.suppress(SourceChanged):  # replaced meanwhile: not ocrwatch's to move
+                        # Replaced meanwhile: not ocrwatch's to move.
+                        with contextlib.suppress(SourceChanged):
                             _move_exclusive(here, error, target, new, fd, os.fstat(fd), None)
                 finally:
                     os.close(fd)
@@ -56,16 +64,20 @@ def quarantine(path: Path, root: Path, quarantine_dir: Path, name_template: str,
 
 
 @contextlib.contextmanager
-def _target(root: Path, quarantine_dir: Path, inbox: Sequence[Folder], relative: Sequence[str]) -> Iterator[Folder]:
-    """The folder that mirrors the document's under ``quarantine_dir``, made where missing, each level given
-    the access of the inbox folder it stands for (``inbox``: the inbox's folders down to the document's)."""
+def _target(
+    root: Path, quarantine_dir: Path, inbox: Sequence[Folder], relative: Sequence[str]
+) -> Iterator[Folder]:
+    """The folder that mirrors the document's under ``quarantine_dir``, made where missing, each
+    level given the access of the inbox folder it stands for (``inbox``: the inbox's folders down to
+    the document's)."""
     accesses = [Access.of(os.fstat(folder.fd)) for folder in inbox]
     if quarantine_dir.is_relative_to(root):  # reached from the inbox: no user can swap its way in
         above = parts_below(quarantine_dir, root)
-        with walk(root, (*above, *relative), make=[accesses[0]] * len(above) + accesses[1:]) as made:
+        made_as = [accesses[0]] * len(above) + accesses[1:]
+        with walk(root, (*above, *relative), make=made_as) as made:
             yield made[-1]
         return
-    quarantine_dir.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
+    quarantine_dir.mkdir(parents=True, exist_ok=True)  # the configured folder, resolved at start
     with walk(quarantine_dir, relative, make=accesses[1:]) as made:
         yield made[-1]
 
@@ -74,9 +86,10 @@ def _move_exclusive(
     source: Folder, name: str, target: Folder, wanted: str, fd: int, info: os.stat_result,
     check: Callable[[], None] | None,
 ) -> str:  # fmt: skip
-    """Move the file ``name`` (open as ``fd``, of ``info``) from ``source`` into ``target`` as ``wanted``, or
-    ``stem.N.suffix`` when taken (``Folder.move_to``: a hard link, or across filesystems a copy keeping owner
-    and mode). The name it got; ``SourceChanged`` where ``name`` no longer is that file."""
+    """Move the file ``name`` (open as ``fd``, of ``info``) from ``source`` into ``target`` as
+    ``wanted``, or ``stem.N.suffix`` when taken (``Folder.move_to``: a hard link, or across
+    filesystems a copy keeping owner and mode). The name it got; ``SourceChanged`` where ``name`` no
+    longer is that file."""
     plain = Path(wanted)
     for number in count():
         candidate = wanted if number == 0 else f"{plain.stem}.{number}{plain.suffix}"

@@ -1,8 +1,9 @@
 """``on_success`` on a shared, sticky inbox used by two real users through a root daemon.
 
-A move takes only what ocrwatch wrote for the document (Bob's own files beside Alice's stay, his), keeps the
-source's owner and mode on another filesystem (Alice reads her archived copy, Bob cannot), and a delete never
-takes a file that a process still holds open for writing: it is processed again once the writer is done.
+A move takes only what ocrwatch wrote for the document (Bob's own files beside Alice's stay, his),
+keeps the source's owner and mode on another filesystem (Alice reads her archived copy, Bob cannot),
+and a delete never takes a file that a process still holds open for writing: it is processed again
+once the writer is done.
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ with open(sys.argv[1], "wb") as handle:  # kept open: the complete PDF, a pause,
     sys.stdin.readline()
     for chunk in chunks[1:]:
         handle.write(chunk)
-"""
 
 
-def drop(user: User, staged: Path, target: Path, mode: int) -> None:
-    """``user`` copies ``staged`` into the inbox as ``target``, theirs with ``mode``, as a person would."""
+def drop(user: User, staged: Path, target: Path, mode: int) -> None: """``user`` copies ``staged``
+into the inbox as ``target``, theirs with ``mode``, as a person would."""
     done = user.run(["sh", "-c", f'cp "$1" "$2.part" && chmod {mode:o} "$2.part" && mv "$2.part" "$2"',
                      "sh", str(staged), str(target)])  # fmt: skip
     assert done.returncode == 0, done.stderr
