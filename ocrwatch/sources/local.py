@@ -44,7 +44,7 @@ from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
 from ocrwatch.sources.beneath import Signature, fetch_copy
 from ocrwatch.sources.inbox import Inbox, Pending
-from ocrwatch.sources.quarantine import quarantine
+from ocrwatch.sources.quarantine import Owns, quarantine
 from ocrwatch.sources.settle import inspect_file, probe
 from ocrwatch.sources.watch import Batch, EventBridge, start_watcher
 
@@ -97,6 +97,7 @@ class LocalSource:
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
+        self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
 
     async def start(self, submit: Submit, reject: Reject) -> None:
         """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically.
@@ -173,7 +174,7 @@ class LocalSource:
             return
         try:
             moved = await asyncio.to_thread(
-                quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template
+                quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template, self.owns_output
             )
         except (OSError, OcrwatchError) as exc:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
