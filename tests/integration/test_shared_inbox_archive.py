@@ -33,10 +33,11 @@ with open(sys.argv[1], "wb") as handle:  # kept open: the complete PDF, a pause,
     sys.stdin.readline()
     for chunk in chunks[1:]:
         handle.write(chunk)
+"""
 
 
-def drop(user: User, staged: Path, target: Path, mode: int) -> None: """``user`` copies ``staged``
-into the inbox as ``target``, theirs with ``mode``, as a person would."""
+def drop(user: User, staged: Path, target: Path, mode: int) -> None:
+    """``user`` copies ``staged`` into the inbox as ``target``, theirs with ``mode``, as a person would."""
     done = user.run(["sh", "-c", f'cp "$1" "$2.part" && chmod {mode:o} "$2.part" && mv "$2.part" "$2"',
                      "sh", str(staged), str(target)])  # fmt: skip
     assert done.returncode == 0, done.stderr
