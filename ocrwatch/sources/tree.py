@@ -89,8 +89,9 @@ def walk(root: Path, top: Path, max_depth: int, enter: Callable[[Path], bool]) -
     A subfolder is walked when ``enter`` allows its path and it lies at most ``max_depth`` levels below
     ``root``; one that ``enter`` allows but lies deeper is named in its parent's ``too_deep``. A subfolder that
     cannot be opened or listed (gone, swapped for a link, not readable) is passed over. Raises OSError when
-    ``top`` itself cannot be reached or listed, so an unreachable inbox never reads as an empty one. At most
-    ``max_depth + 1`` descriptors are open at once, whatever the tree's shape.
+    ``top`` itself cannot be reached or listed, so an unreachable inbox never reads as an empty one. A folder's
+    descriptor is closed once its last subfolder is opened, so a chain holds two whatever its depth, and no
+    tree more than ``max_depth + 1``.
     """
     stack: list[tuple[int, Path, int, list[str]]] = []
     try:
@@ -110,6 +111,10 @@ def walk(root: Path, top: Path, max_depth: int, enter: Callable[[Path], bool]) -
                 child = os.open(name, FOLDER_FLAGS, dir_fd=fd)
             except OSError:
                 continue
+            finally:
+                if not pending:  # nothing more to open from here: the walk never comes back to it
+                    stack.pop()
+                    os.close(fd)
             stack.append((child, folder / name, depth + 1, []))
             try:
                 listing, inner = _list(child, folder / name, depth + 1, max_depth, enter)

@@ -1,0 +1,338 @@
+"""Watching an inbox that users may fill with anything (issue 24, items 7 and 8): a chain of folders 2,500
+deep neither stops the start nor deafens a watcher, a watcher that dies is replaced, and events reach the loop
+in batches that wake it once each, so that a signal is never crowded out.
+
+The LocalSource tests run real watchers on real folders, as ``test_sources_local`` does, with its helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from pydantic import ValidationError
+from watchdog.events import FileCreatedEvent, FileSystemEventHandler
+from watchdog.observers.polling import PollingEmitter
+
+from ocrwatch.config import InboxConfig
+from ocrwatch.daemon import SignalCatcher
+from ocrwatch.metrics import Metrics
+from ocrwatch.sources import local
+from ocrwatch.sources.inotify import InotifyWatcher
+from ocrwatch.sources.local import LocalSource
+from ocrwatch.sources.tree import walk
+from ocrwatch.sources.watch import Batch, EventBridge
+from tests.chains import make_chain, remove_chain
+from tests.test_sources_local import PDF, Collector, inbox, never_reject, run, until, watching
+
+DEEP = 2500  # the issue's chain: more than twice what a recursive walk survives on Python 3.11
+NAME = "d"
+LONG = "d" * 130  # 32 of these make a path longer than PATH_MAX
+
+
+@pytest.fixture(scope="module")
+def chain_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Where the module's one chain waits between tests (a folder operation costs milliseconds on a busy disk:
+    the chain is made once, and each test renames it in and back), with a document 32 levels deep and one 33."""
+    home = tmp_path_factory.mktemp("chain")
+    make_chain(home, DEEP, NAME, files={32: ("deepest.pdf", PDF), 33: ("too-deep.pdf", PDF)})
+    yield home
+    remove_chain(home, NAME)
+
+
+@contextlib.contextmanager
+def chain_in(home: Path, folder: Path) -> Iterator[Path]:
+    """The chain in ``folder`` for the block, then back home."""
+    os.rename(home / NAME, folder / NAME)
+    try:
+        yield folder / NAME
+    finally:
+        os.rename(folder / NAME, home / NAME)
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def refusals(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == "local_refused"]
+
+
+# --- the walk ------------------------------------------------------------------------------------------------
+
+
+def test_the_walk_goes_2400_levels_deep_past_path_max_on_two_descriptors(tmp_path: Path, chain_home: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / NAME)
+    with chain_in(chain_home, tmp_path):
+        before, most = open_descriptors(), 0
+        listings = []
+        for listing in walk(tmp_path, tmp_path, 2400, lambda folder: True):
+            most = max(most, open_descriptors() - before)
+            listings.append(listing)
+    assert [listing.depth for listing in listings] == list(range(2401))
+    assert listings[0].folder_links == listings[0].files == ("link",)
+    assert listings[32].files == ("deepest.pdf",) and len(str(listings[2400].folder)) > 4096
+    assert listings[2400].too_deep == (NAME,) and all(not listing.too_deep for listing in listings[:2400])
+    assert most <= 2 and open_descriptors() == before, "a chain holds two descriptors, all closed at the end"
+
+
+def test_a_document_whose_path_is_longer_than_path_max_is_taken(tmp_path: Path) -> None:
+    """Before: ``os.walk`` lists a folder by its path, which fails with ``ENAMETOOLONG`` past ``PATH_MAX``."""
+    root = tmp_path / "in"
+    root.mkdir()
+    make_chain(root, 33, LONG, files={32: ("deepest.pdf", PDF), 33: ("too-deep.pdf", PDF)})
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            async with watching(inbox(root)) as (_, got):
+                await until(lambda: got.names() == {"deepest.pdf"}, "deepest.pdf")
+                assert len(str(got.paths()[0])) > 4096
+                await until(lambda: refusals(logs), "the folder too deep refused")
+        assert len(refusals(logs)) == 1
+
+    try:
+        run(scenario())
+    finally:
+        remove_chain(root, LONG)
+
+
+def test_max_depth_is_bounded_as_watchdogs_poller_needs() -> None:
+    assert InboxConfig().max_depth == 32
+    for wrong in (0, 257):
+        with pytest.raises(ValidationError):
+            InboxConfig(max_depth=wrong)
+
+
+# --- a deep chain at start and while watching ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
+def test_a_chain_2500_deep_present_at_start_stops_neither_the_start_nor_the_rest(
+    tmp_path: Path, chain_home: Path, polling: bool
+) -> None:
+    """Before: ``RecursionError`` out of ``start`` (watchdog's recursive walk adding watches, or taking the poller's
+    first snapshot), which made the daemon exit 1 at every start."""
+    root = tmp_path / "in"
+    root.mkdir()
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            collector = Collector()
+            source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}")
+            await source.start(collector, never_reject)
+            try:
+                (root / "top.pdf").write_bytes(PDF)
+                await until(lambda: collector.names() == {"deepest.pdf", "top.pdf"}, "top.pdf and deepest.pdf")
+            finally:
+                await source.stop()
+        deep = root.resolve().joinpath(*[NAME] * 33)
+        assert [(entry["path"], "max_depth = 32" in entry["reason"]) for entry in refusals(logs)] == [
+            (str(deep), True)
+        ], "one line for the folder too deep, nothing below it"
+        assert not [entry for entry in logs if entry["log_level"] in ("error", "critical")]
+
+    with chain_in(chain_home, root):
+        run(scenario())
+
+
+@pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
+def test_a_chain_2500_deep_moved_in_while_watching_leaves_the_watcher_hearing(
+    tmp_path: Path, chain_home: Path, polling: bool
+) -> None:
+    """Before: the watcher's thread died of ``RecursionError`` without a word (watchdog's ``InotifyFD`` reader or
+    the poller's emitter) and no later file was noticed until a reconciliation scan."""
+    root = tmp_path / "in"
+    root.mkdir()
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            collector = Collector()
+            source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}")
+            await source.start(collector, never_reject)
+            try:
+                os.rename(chain_home / NAME, root / NAME)
+                (root / "after.pdf").write_bytes(PDF)  # its events come after the move's, whichever the watcher
+                await until(lambda: {"after.pdf", "deepest.pdf"} <= collector.names(), "after.pdf, by an event")
+                await until(lambda: refusals(logs), "the folder too deep refused")
+                assert source._inboxes[root.resolve()].observer.alive()  # noqa: SLF001
+            finally:
+                await source.stop()
+        assert len(refusals(logs)) == 1 and "too-deep.pdf" not in collector.names()
+        assert not [entry for entry in logs if entry["event"] == "inbox_watcher_died"]
+
+    try:
+        run(scenario())
+    finally:
+        if (root / NAME).exists():
+            os.rename(root / NAME, chain_home / NAME)
+
+
+def test_the_native_watcher_watches_max_depth_levels_and_no_more(tmp_path: Path, chain_home: Path) -> None:
+    with chain_in(chain_home, tmp_path):
+        watcher = InotifyWatcher(tmp_path, 5, lambda folder: True, FileSystemEventHandler(), died=print,
+                                 overflowed=print)  # fmt: skip
+        watcher.start()
+        try:
+            assert watcher.watched == 6  # the inbox and five levels below it
+        finally:
+            watcher.stop()
+    assert not watcher.alive()
+
+
+# --- watchers that die ------------------------------------------------------------------------------------------
+
+
+def restarts(metrics: Metrics, root: Path) -> float | None:
+    return metrics.registry.get_sample_value("ocrwatch_inbox_watcher_restarts_total", {"inbox": str(root)})
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the injected death
+@pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
+def test_a_watcher_that_dies_is_replaced_with_a_log_line_and_a_metric(
+    tmp_path: Path, polling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection where each watcher's thread works: the native one's event handling, the poller's emitter
+    (whose death watchdog's observer thread outlives). Before: the inbox stayed deaf until restarted by hand."""
+    root = tmp_path / "in"
+    root.mkdir()
+    broken = threading.Event()
+
+    def fail_once(original: Any) -> Any:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if (root / "boom.pdf").exists() and not broken.is_set():
+                broken.set()
+                raise RuntimeError("injected fault")
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    if polling:
+        monkeypatch.setattr(PollingEmitter, "queue_events", fail_once(PollingEmitter.queue_events))
+    else:
+        monkeypatch.setattr(InotifyWatcher, "_handle", fail_once(InotifyWatcher._handle))  # noqa: SLF001
+    monkeypatch.setattr(local, "WATCH_CHECK_SECONDS", 0.2, raising=False)
+
+    async def scenario() -> None:
+        metrics = Metrics()
+        with structlog.testing.capture_logs() as logs:
+            collector = Collector()
+            source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}",
+                                 metrics=metrics)  # fmt: skip
+            await source.start(collector, never_reject)
+            try:
+                assert restarts(metrics, root.resolve()) == 0
+                (root / "boom.pdf").write_bytes(PDF)
+                await until(lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a restart")
+                (root / "after.pdf").write_bytes(PDF)
+                await until(lambda: "after.pdf" in collector.names(), "after.pdf, seen by the new watcher")
+            finally:
+                await source.stop()
+        died = [entry for entry in logs if entry["event"] == "inbox_watcher_died"]
+        assert len(died) == 1 and died[0]["restart_in"] == 0
+        assert "injected fault" in died[0]["reason"] or "thread of the watcher ended" in died[0]["reason"]
+        assert restarts(metrics, root.resolve()) == 1
+
+    run(scenario())
+
+
+def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            source = LocalSource([inbox(root)], reconcile_seconds=60, name_template="{name}")
+            collector = Collector()
+            await source.start(collector, never_reject)
+            try:
+                root.rmdir()
+                await until(lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a new watcher")
+                (root / "back.pdf").write_bytes(PDF)  # the restart made the folder again (create = true)
+                await until(lambda: collector.names() == {"back.pdf"}, "back.pdf")
+            finally:
+                await source.stop()
+
+    run(scenario())
+
+
+# --- events to the loop: batches -------------------------------------------------------------------------------
+
+
+def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
+    """Before: one ``call_soon_threadsafe`` per event, each a byte in the loop's self-pipe, the pipe a signal's
+    byte must get through."""
+    loop = asyncio.new_event_loop()
+    wakes: list[object] = []
+    real = loop.call_soon_threadsafe
+
+    def counted(*args: Any) -> Any:
+        wakes.append(args)
+        return real(*args)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    batches: list[Batch] = []
+    bridge = EventBridge(loop, batches.append, limit=100)
+    events = [FileCreatedEvent(f"/in/{index}.pdf") for index in range(60)]
+
+    def storm(count: int) -> None:
+        for event in [event for event in events for _ in range(2)][: 2 * count]:  # each twice in a row
+            bridge.dispatch(event)
+
+    try:
+        thread = threading.Thread(target=storm, args=(60,))
+        thread.start()
+        thread.join()
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert len(wakes) == 1 and len(batches) == 1
+        assert batches[0].events == events and not batches[0].overflowed, "a run of identical events is one"
+
+        for index in range(150):
+            bridge.dispatch(FileCreatedEvent(f"/in/more-{index}.pdf"))
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert len(wakes) == 2 and batches[1].overflowed and batches[1].events == [], "past the limit: a scan"
+
+        bridge.died("gone")
+        bridge.dispatch(events[0])
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert len(wakes) == 3 and batches[2] == Batch([events[0]], overflowed=False, died="gone")
+    finally:
+        loop.close()
+    bridge.dispatch(events[1])  # after the loop closed: dropped, never raised into the watcher's thread
+
+
+def test_a_signal_is_caught_while_the_loops_self_pipe_is_full() -> None:
+    """Before (``loop.add_signal_handler``): the signal's byte went into the self-pipe a flood of
+    ``call_soon_threadsafe`` had filled, was dropped, and the signal with it."""
+    loop = asyncio.new_event_loop()
+    caught: list[signal.Signals] = []
+    before = signal.getsignal(signal.SIGHUP)
+
+    async def scenario() -> None:
+        catcher = SignalCatcher(loop, caught.append)
+        catcher.install()
+        try:
+            flood = threading.Thread(target=lambda: [loop.call_soon_threadsafe(int) for _ in range(20_000)])
+            flood.start()
+            flood.join()  # on the loop's thread: nothing reads the self-pipe meanwhile
+            self_pipe = getattr(loop, "_csock", None)
+            if self_pipe is not None:
+                with pytest.raises(BlockingIOError):
+                    self_pipe.send(b"\0")  # full, as an event storm leaves it
+            os.kill(os.getpid(), signal.SIGHUP)
+            await asyncio.sleep(0.2)
+        finally:
+            catcher.uninstall()
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert caught == [signal.SIGHUP]
+    assert signal.getsignal(signal.SIGHUP) is before, "the handler found at install is back"
