@@ -1,4 +1,7 @@
 """Memory of huge images: five 12,600 x 12,600 RGBA PNGs at once, the daemon's peak and settled RSS.
+With ``--searchable-pdf`` the daemon makes each one's searchable PDF too, and ``--form-bomb-mib``
+drops beside them a PDF whose page lists an unused form XObject that decodes to that many MiB (a
+Flate stream of zeros: 2048 MiB take 2 MB on disk).
 
 Such a PNG is about a megabyte on disk (mostly transparent, a few lines of text) and 635 MB once decoded; the
 daemon must not hold several of them, nor the copies that flattening the alpha makes. Two sides, each in a
@@ -11,6 +14,7 @@ process of its own so that its peak (``VmHWM``) is its own:
   daemon's default for this machine) and the pipeline's one decode budget, no engine.
 
     python3 bench/image_memory.py [--count 5] [--side 12600] [--sides daemon,render]
+        [--searchable-pdf] [--form-bomb-mib 2048]
 """
 
 from __future__ import annotations
@@ -45,6 +49,25 @@ def build_png(path: Path, side: int) -> Path:
     return path
 
 
+def build_form_bomb(path: Path, mib: int) -> Path:
+    """One page that draws nothing, its resources listing a form of ``mib`` MiB of zeros."""
+    import zlib
+
+    import pikepdf
+
+    pdf = pikepdf.new()
+    page = pdf.add_blank_page(page_size=(612, 792))
+    compressor, zeros = zlib.compressobj(9), bytes(MiB)
+    data = b"".join(compressor.compress(zeros) for _ in range(mib)) + compressor.flush()
+    form = pdf.make_stream(
+        b"", Type=pikepdf.Name.XObject, Subtype=pikepdf.Name.Form, BBox=[0, 0, 612, 792]
+    )
+    form.write(data, filter=pikepdf.Name.FlateDecode)
+    page.obj.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(Fx=form))
+    pdf.save(path, compress_streams=False)
+    return path
+
+
 def status_kib(pid: int | str, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
@@ -72,13 +95,14 @@ class Sampler(threading.Thread):
         self.join()
 
 
-def run_daemon(files: list[Path], root: Path) -> dict[str, Any]:
-    with Daemon(root) as daemon:
+def run_daemon(files: list[Path], root: Path, searchable_pdf: bool) -> dict[str, Any]:
+    with Daemon(root, output={"searchable_pdf": searchable_pdf}) as daemon:
         ready_kib = status_kib(daemon.pid, "VmRSS")
         sampler = Sampler(daemon.pid)
         sampler.start()
         started = time.monotonic()
-        dropped = [drop(path, daemon.inbox, f"big-{number}.png") for number, path in enumerate(files)]
+        named = [(path, f"big-{number}{path.suffix}") for number, path in enumerate(files)]
+        dropped = [drop(path, daemon.inbox, name) for path, name in named]
         for path in dropped:
             error = path.with_name(path.name + ".error.json")
             wait_for(lambda: sidecar(path).exists() or error.exists(), 1800, f"a sidecar for {path.name}", 0.2)
@@ -91,9 +115,12 @@ def run_daemon(files: list[Path], root: Path) -> dict[str, Any]:
         for path in dropped:
             document = json.loads(sidecar(path).read_text()) if sidecar(path).exists() else {"status": "error"}
             markdown = path.with_name(path.name + ".md")
-            statuses.append(
-                {"status": document["status"], "text_read": markdown.exists() and WORD in markdown.read_text().upper()}
-            )
+            layer = document.get("searchable_pdf", {})
+            statuses.append({
+                "name": path.name, "status": document["status"],
+                "text_read": markdown.exists() and WORD in markdown.read_text().upper(),
+                **({"text_layer": layer.get("text_layer") or layer.get("error")} if layer else {}),
+            })  # fmt: skip
     return {
         "daemon_ready_mib": round(ready_kib / 1024),
         "daemon_peak_rss_mib": round(peak_kib / 1024),
@@ -152,20 +179,28 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=5)
     parser.add_argument("--side", type=int, default=12600)
     parser.add_argument("--sides", default="daemon,render")
+    parser.add_argument("--searchable-pdf", action="store_true", help="searchable_pdf = true")
+    parser.add_argument("--form-bomb-mib", type=int, default=0, help="an unused form this big")
     parser.add_argument("--render-child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.render_child:
         render_child(args.render_child)
         return
     figures: dict[str, Any] = {"count": args.count, "side": args.side}
+    figures |= {"searchable_pdf": args.searchable_pdf, "form_bomb_mib": args.form_bomb_mib}
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as scratch:
         root = Path(scratch)
         png = build_png(root / "big.png", args.side)
         figures["png_bytes"] = png.stat().st_size
         files = [png] * args.count
         print(f"built {png.stat().st_size} bytes", flush=True)
+        mib = args.form_bomb_mib
+        bomb = [build_form_bomb(root / "bomb.pdf", mib)] if mib else []
         for side in args.sides.split(","):
-            result = run_daemon(files, root / "daemon") if side == "daemon" else run_render(files)
+            if side == "daemon":
+                result = run_daemon(files + bomb, root / "daemon", args.searchable_pdf)
+            else:
+                result = run_render(files)
             print(side, result, flush=True)
             figures |= result
     emit(figures | {"machine": machine()})

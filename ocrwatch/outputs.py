@@ -1,13 +1,17 @@
-"""A document's further outputs, made before its sidecars are written: the searchable PDF and the figures.
+"""A document's further outputs, made before its sidecars are written: the searchable PDF and the
+figures.
 
-``prepare`` returns what the sink writes ahead of the JSON (``files``: names relative to the sidecars' folder or
-key prefix, as bytes or as a file in the job's spool folder), the JSON members that describe them
-(``searchable_pdf``, ``figures``: each file's path relative to the JSON, its size and sha256; the searchable
-PDF's ``text_layer``, one per page: ``own``, ``ocr`` or ``none``) and the folder the
-Markdown links the figures into. The searchable PDF is built from the job's private copy, the bytes that were
-rendered, in a worker thread. A source whose text layer cannot be built (a PDF qpdf cannot read, one that
-needs a password to change) still gets its Markdown and JSON: the JSON says why, and the log does too; only a
-fault of the place (the spool folder full) is raised, so the document is tried again once it passes.
+``prepare`` returns what the sink writes ahead of the JSON (``files``: names relative to the
+sidecars' folder or key prefix, as bytes or as a file in the job's spool folder), the JSON members
+that describe them (``searchable_pdf``, ``figures``: each file's path relative to the JSON, its size
+and sha256; the searchable PDF's ``text_layer``, one per page: ``own``, ``ocr`` or ``none``, and
+``text_layer_skipped`` when a page got none because its content could not be read within bounds:
+the page's number, the reason and a message) and the folder the Markdown links the figures into.
+The searchable PDF is built from the job's private copy, the bytes that were rendered, in a worker
+thread, decoding within the pipeline's one ``DecodeBudget``. A source whose text layer cannot be
+built (a PDF qpdf cannot read, one that needs a password to change) still gets its Markdown and
+JSON: the JSON says why, and the log does too; only a fault of the place (the spool folder full) is
+raised, so the document is tried again once it passes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import structlog
 from ocrwatch import textlayer
 from ocrwatch.config import OutputConfig
 from ocrwatch.errors import PlaceFault, classify
+from ocrwatch.memory import UNBOUNDED, DecodeBudget
 from ocrwatch.naming import output_names
 from ocrwatch.render import DocumentInfo
 from ocrwatch.scheduler import PageOutcome
@@ -60,10 +65,10 @@ class Copy(Protocol):
 
 async def prepare(
     output: OutputConfig, origin: Origin, copy: Copy, pages: Sequence[PageOutcome], spool_dir: Path,
-    stages: dict[str, float],
+    stages: dict[str, float], budget: DecodeBudget = UNBOUNDED,
 ) -> Outputs:  # fmt: skip
     """The outputs ``[output]`` asks for, for the document ``origin`` whose private copy is ``copy``. The
-    searchable PDF's build time goes into ``stages``."""
+    searchable PDF's build time goes into ``stages``; what it decodes is held within ``budget``."""
     names = output_names(origin.name, output.name_template)
     source = copy.path
     result = Outputs()
@@ -71,7 +76,9 @@ async def prepare(
         started = time.monotonic()
         out = spool_dir / SPOOL_NAME
         try:
-            digest, size, layers = await asyncio.to_thread(_build, source, copy.info.kind, pages, out, copy.sha256)
+            digest, size, layers = await asyncio.to_thread(
+                _build, source, copy.info.kind, pages, out, copy.sha256, budget
+            )
         except Exception as exc:
             error = classify(exc)
             if isinstance(error, PlaceFault):
@@ -83,8 +90,12 @@ async def prepare(
         else:
             result.files[names["pdf"]] = out
             result.sections["searchable_pdf"] = {
-                "path": names["pdf"], "bytes": size, "sha256": digest, "text_layer": layers,
+                "path": names["pdf"], "bytes": size, "sha256": digest, "text_layer": layers.pages,
             }  # fmt: skip
+            if layers.skipped:
+                result.sections["searchable_pdf"]["text_layer_skipped"] = layers.skipped
+                for skipped in layers.skipped:
+                    log.warning("text_layer_skipped", **skipped)
         stages["searchable_pdf"] = time.monotonic() - started
     if output.images == "extract":
         result = Outputs(result.files, result.sections, names["assets"])
@@ -100,8 +111,9 @@ async def prepare(
 
 
 def _build(
-    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome], out: Path, sha256: str
-) -> tuple[str, int, list[textlayer.TextLayer]]:
+    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome], out: Path,
+    sha256: str, budget: DecodeBudget,
+) -> tuple[str, int, textlayer.Layers]:  # fmt: skip
     """Write the searchable PDF to ``out``; its sha256, size and each page's text layer. Failed pages keep their
     page and get no text."""
     texts = [
@@ -109,7 +121,7 @@ def _build(
         if page.result.status == "ok" and page.result.recognition is not None else None
         for page in pages
     ]  # fmt: skip
-    layers = textlayer.searchable_pdf(source, kind, texts, out, sha256)
+    layers = textlayer.searchable_pdf(source, kind, texts, out, sha256, budget=budget)
     digest = hashlib.sha256()
     with open(out, "rb") as handle:
         while block := handle.read(1 << 20):

@@ -23,7 +23,7 @@ import re
 import unicodedata
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -32,8 +32,11 @@ from pikepdf import Array, Dictionary, Matrix, Name, Pdf
 from pikepdf.canvas import ContentStreamBuilder
 from PIL import Image
 
+from ocrwatch import pdfcontent
 from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
 from ocrwatch.errors import CorruptImage, CorruptPdf, EncryptedPdf
+from ocrwatch.memory import UNBOUNDED, DecodeBudget, image_bytes
+from ocrwatch.render import BAND_BYTES
 
 Box = tuple[float, float, float, float]
 """left, top, right, bottom in page pixels, as the engines' blocks give them."""
@@ -45,13 +48,13 @@ MAX_PAGE_POINTS = 14400.0
 """The largest page side PDF viewers accept (200 inches); an image whose DPI would exceed it is shrunk."""
 
 TextLayer = Literal["own", "ocr", "none"]
-"""A page's text in the searchable PDF: its own (left as it is), the engine's, or none (a failed page)."""
+"""A page's text in the searchable PDF: its own (left as it is), the engine's, or none (a failed
+page, or one whose content could not be read within bounds: ``Layers.skipped`` says why)."""
 
 MARK = "ocrwatch/1"
 """How a searchable PDF ocrwatch wrote begins its ``/OcrwatchSource`` document information entry."""
 
 _MARK_KEY = Name("/OcrwatchSource")
-_SHOW_TEXT = "Tj TJ ' \""
 _FONT = "/OcrGlyphless"
 _LAYER = "/OcrText"
 _CHAR_WIDTH = 0.5  # the glyphless font's advance, in text space units per unit of font size
@@ -109,6 +112,16 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Layers:
+    """Each page's text layer, and why each page that got none because its own content could not
+    be read within bounds did (``pdfcontent.CONTENT_TOO_LARGE``, ``FORMS_TOO_DEEP``): the JSON's
+    ``text_layer`` and ``text_layer_skipped``."""
+
+    pages: list[TextLayer]
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class PageText:
     """A page's text as recognised: the rendered page's size in pixels and its lines in reading order."""
 
@@ -139,28 +152,35 @@ def page_text(width: int, height: int, blocks: Sequence[dict[str, Any]]) -> Page
 
 def searchable_pdf(
     source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageText | None], out: BinaryIO | Path,
-    sha256: str,
-) -> list[TextLayer]:  # fmt: skip
+    sha256: str, *, budget: DecodeBudget = UNBOUNDED,
+) -> Layers:  # fmt: skip
     """Write ``source`` with its text layer to ``out``, marked as ocrwatch's for the source of ``sha256``
     (``is_ours``); ``pages`` has one entry per page (None: the page failed and gets no text). Each page's layer:
     ``own`` (a PDF page that already carries text keeps it and gets none, as OCRmyPDF's ``--skip-text`` does, so
-    no extractor reads its lines twice), ``ocr`` or ``none``. Raises CorruptPdf, EncryptedPdf or CorruptImage
-    when the source cannot be read again, and OSError when ``out`` cannot be written."""
-    layers: list[TextLayer] = []
+    no extractor reads its lines twice), ``ocr`` or ``none``. What it decodes (a page's content, an
+    image's pixels) is held within ``budget``, the one the renderer decodes within. Raises
+    CorruptPdf, EncryptedPdf or CorruptImage when the source cannot be read again, and OSError when
+    ``out`` cannot be written."""
+    layers = Layers([])
     if kind == "pdf":
         pdf = _open_pdf(source)
         with pdf:
             if len(pdf.pages) != len(pages):
                 raise CorruptPdf(f"{source}: qpdf reads {len(pdf.pages)} pages, the renderer read {len(pages)}")
             font = _glyphless_font(pdf)
-            for page, text in zip(pdf.pages, pages):
-                if has_text(page):
-                    layers.append("own")
+            for number, (page, text) in enumerate(zip(pdf.pages, pages), 1):
+                drawn = pdfcontent.read_page(page, budget)
+                if drawn.refused is not None:  # it may have text of its own; ours would double it
+                    layers.pages.append("none")
+                    skipped = {"page": number, "reason": drawn.refused, "message": drawn.detail}
+                    layers.skipped.append(skipped)
+                elif drawn.text:
+                    layers.pages.append("own")
                 elif text is not None and text.lines:
                     _add_text(pdf, page, text, font)
-                    layers.append("ocr")
+                    layers.pages.append("ocr")
                 else:
-                    layers.append("none")
+                    layers.pages.append("none")
             _mark(pdf, sha256)
             # No stream is decoded, compressed or encoded again: the original pages keep their exact bytes. An
             # encrypted source (one that opens without a password) keeps its encryption and permissions; qpdf
@@ -171,16 +191,10 @@ def searchable_pdf(
             pdf.save(out, compress_streams=False, **keep)
         return layers
     with Pdf.new() as pdf:
-        _image_pages(pdf, source, pages)
+        _image_pages(pdf, source, pages, budget)
         _mark(pdf, sha256)
         pdf.save(out, deterministic_id=True)
-    return ["ocr" if text is not None and text.lines else "none" for text in pages]
-
-
-def has_text(page: pikepdf.Page) -> bool:
-    """Whether the page shows text of its own: a text-showing operator with a non-empty string in its content
-    or in a form it draws (a born-digital page, or one another tool already gave a text layer)."""
-    return _shows_text(page.obj, page.resources, set())
+    return Layers(["ocr" if text is not None and text.lines else "none" for text in pages])
 
 
 def is_ours(content: BinaryIO) -> bool:
@@ -198,36 +212,6 @@ def is_ours(content: BinaryIO) -> bool:
 def _mark(pdf: Pdf, sha256: str) -> None:
     """Sign the document information: ``MARK`` and the sha256 of the source it was made of."""
     pdf.docinfo[_MARK_KEY] = f"{MARK} sha256:{sha256}"
-
-
-def _shows_text(holder: pikepdf.Object, resources: Any, seen: set[tuple[int, int]]) -> bool:
-    """``holder``'s content (a page or a form XObject), then the forms of its ``resources``, each looked at
-    once."""
-    if holder.is_indirect:
-        if holder.objgen in seen:
-            return False
-        seen.add(holder.objgen)
-    try:
-        for operands, _ in pikepdf.parse_content_stream(holder, _SHOW_TEXT):
-            if any(_non_empty(operand) for operand in operands):
-                return True
-    except pikepdf.PdfError:  # content qpdf cannot parse shows no text a reader could extract either
-        return False
-    xobjects = resources.get(Name.XObject) if isinstance(resources, Dictionary) else None
-    if not isinstance(xobjects, Dictionary):
-        return False
-    return any(
-        isinstance(form, pikepdf.Stream) and form.get(Name.Subtype) == Name.Form
-        and _shows_text(form, form.get(Name.Resources, resources), seen)  # a form without its own uses the page's
-        for _, form in xobjects.items()
-    )  # fmt: skip
-
-
-def _non_empty(operand: Any) -> bool:
-    """A shown string with bytes in it: ``TJ``'s array holds strings between its spacing numbers."""
-    if isinstance(operand, pikepdf.String):
-        return len(bytes(operand)) > 0
-    return isinstance(operand, Array) and any(_non_empty(item) for item in operand)
 
 
 def _open_pdf(source: Path) -> Pdf:
@@ -316,23 +300,40 @@ def _display_to_user(box: Box, rotation: int) -> Array:
 # --- image sources ------------------------------------------------------------------------------------------
 
 
-def _image_pages(pdf: Pdf, source: Path, pages: Sequence[PageText | None]) -> None:
-    """One page per frame, as the renderer counts them: a TIFF's frames, any other image's first one."""
+def _image_pages(
+    pdf: Pdf, source: Path, pages: Sequence[PageText | None], budget: DecodeBudget
+) -> None:
+    """One page per frame, as the renderer counts them: a TIFF's frames, any other image's first
+    one. The pixels are decoded within ``budget``, held for the largest frame until the last frame
+    is closed."""
     font = _glyphless_font(pdf)
     try:
         with Image.open(source) as image:
             frames = getattr(image, "n_frames", 1) if image.format == "TIFF" else 1
             if frames != len(pages):
                 raise CorruptImage(f"{source}: {frames} frames now, the renderer read {len(pages)}")
-            for index, text in enumerate(pages):
-                image.seek(index)
-                page = _image_page(pdf, image, source)
-                if text is not None and text.lines:
-                    _add_text(pdf, page, text, font)
+            with budget.hold(_decode_bytes(image, frames)):
+                for index, text in enumerate(pages):
+                    image.seek(index)
+                    page = _image_page(pdf, image, source)
+                    if text is not None and text.lines:
+                        _add_text(pdf, page, text, font)
+                image.close()  # the last frame's pixels go before the budget is given back
     except FileNotFoundError:  # the source is gone, not corrupt: classify() tells the two apart
         raise
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
         raise CorruptImage(f"{source}: {exc}") from None
+
+
+def _decode_bytes(image: Image.Image, frames: int) -> int:
+    """What the largest frame holds while it becomes a PDF image: its decoded pixels and one band
+    converted from them (``_flate_pixels``); nothing for a JPEG, whose own bytes are kept."""
+    largest = 0
+    for index in range(frames):
+        image.seek(index)
+        if not _keeps_bytes(image):
+            largest = max(largest, image_bytes(image.mode, image.width, image.height))
+    return largest + 5 * BAND_BYTES if largest else 0
 
 
 def _image_page(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Page:
@@ -371,14 +372,13 @@ def _orient(x: float, y: float, w: float, h: float, orientation: int) -> tuple[f
 
 def _image_xobject(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Stream:
     """A JPEG's own bytes (not decoded and encoded again); other images' pixels, lossless."""
-    if image.format == "JPEG" and image.mode in ("L", "RGB"):
+    palette = b""
+    if _keeps_bytes(image):
         data, filter_, mode = source.read_bytes(), Name.DCTDecode, image.mode
     else:
-        pixels = _pdf_pixels(image)
-        data, filter_, mode = zlib.compress(pixels.tobytes(), 6), Name.FlateDecode, pixels.mode
+        (data, mode, palette), filter_ = _flate_pixels(image), Name.FlateDecode
     space: Any = Name.DeviceRGB if mode == "RGB" else Name.DeviceGray
     if mode == "P":  # one byte a pixel and the palette, a third of the RGB pixels
-        palette = bytes(pixels.getpalette("RGB") or []).ljust(768, b"\0")  # every index a colour
         space = Array([Name.Indexed, Name.DeviceRGB, 255, pikepdf.String(palette)])
     return pdf.make_stream(
         data, Type=Name.XObject, Subtype=Name.Image, Width=image.width, Height=image.height, Filter=filter_,
@@ -386,10 +386,31 @@ def _image_xobject(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Stream
     )  # fmt: skip
 
 
+def _keeps_bytes(image: Image.Image) -> bool:
+    return image.format == "JPEG" and image.mode in ("L", "RGB")
+
+
+def _flate_pixels(image: Image.Image) -> tuple[bytes, str, bytes]:
+    """The frame's pixels as PDF takes them (``_pdf_pixels``), compressed, with their mode and a
+    palette's colours. Converted and compressed a band of rows at a time: besides the decoded frame
+    only one band is held, where the whole frame converted held up to three more copies of it."""
+    image.load()
+    rows = max(1, BAND_BYTES // (image.width * 4))
+    compressor = zlib.compressobj(6)
+    parts, mode, palette = [], image.mode, b""
+    for top in range(0, image.height, rows):
+        band = _pdf_pixels(image.crop((0, top, image.width, min(image.height, top + rows))))
+        mode = band.mode
+        if mode == "P":
+            palette = bytes(band.getpalette("RGB") or []).ljust(768, b"\0")  # every index a colour
+        parts.append(compressor.compress(band.tobytes()))
+    parts.append(compressor.flush())
+    return b"".join(parts), mode, palette
+
+
 def _pdf_pixels(image: Image.Image) -> Image.Image:
     """Bilevel, grey, palette or RGB, as PDF takes them; 16-bit grey scaled down, transparency flattened onto
     white."""
-    image.load()
     if image.mode in ("1", "L", "RGB") or (image.mode == "P" and "transparency" not in image.info):
         return image
     if image.mode.startswith("I"):

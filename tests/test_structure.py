@@ -45,6 +45,7 @@ RANKS: dict[str, int] = {
     "ladder": 6,
     "assemble": 6,
     "textlayer": 6,
+    "pdfcontent": 6,
     "figures": 6,
     "outputs": 6,
     "sinks": 7,

@@ -32,8 +32,11 @@ from ocrwatch.engines.deepseek.grounding import parse
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import CorruptImage, CorruptPdf
+from ocrwatch.memory import DecodeBudget, image_bytes
+from ocrwatch.render import BAND_BYTES
 from ocrwatch.textlayer import Line, PageText, Word
 from tests import docs
+from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
 from tests.test_grounding import PAPER, WORKSHEET
 
 pytestmark = pytest.mark.skipif(
@@ -207,7 +210,8 @@ def test_a_page_with_text_of_its_own_keeps_it_and_gets_no_second_layer(tmp_path:
         pdf.pages.extend(other.pages)
         pdf.save(source)
     out = tmp_path / "mixed.pdf.ocr.pdf"
-    assert textlayer.searchable_pdf(source, "pdf", texts(ocr(source)), out, SHA) == ["own", "ocr"]
+    layers = textlayer.searchable_pdf(source, "pdf", texts(ocr(source)), out, SHA)
+    assert layers.pages == ["own", "ocr"]
 
     qpdf_check(out)
     first, second = page_texts(out)
@@ -421,6 +425,77 @@ def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(tmp_path: Path
         if mode == "P":  # one byte a pixel and its palette, not three
             assert image.ColorSpace[0] == "/Indexed" and image.ColorSpace[1] == "/DeviceRGB"
     assert "Bilevel scan" in pdftotext(out)
+
+
+# --- hostile content ---------------------------------------------------------------------------
+
+WORD = Word("Recognised", (100, 100, 600, 140))
+LINE = PageText(1275, 1650, (Line(WORD.box, (WORD,)),))
+
+
+def test_text_in_a_form_the_page_never_draws_is_not_the_pages_own(tmp_path: Path) -> None:
+    """Only what the page draws counts: text in a form its resources list but no Do invokes is no
+    text a reader sees, so the page gets the engine's layer (it used to be taken as ``own``)."""
+    source = write_form_bomb(tmp_path / "unused.pdf", 1024)
+    with pikepdf.open(source, allow_overwriting_input=True) as pdf:
+        form = pdf.pages[0].obj.Resources.XObject.Fx
+        form.write(b"BT /F1 12 Tf 72 72 Td (Hidden words) Tj ET")
+        form.Resources = pdf.pages[0].obj.Resources
+        pdf.save(source)
+    layers = textlayer.searchable_pdf(source, "pdf", [LINE], tmp_path / "out.pdf", SHA)
+    assert layers.pages == ["ocr"] and layers.skipped == []
+
+
+def test_forms_nested_five_thousand_deep_give_the_page_no_layer_and_say_why(
+    tmp_path: Path,
+) -> None:
+    """Read by recursion they raised RecursionError, an internal_error: now the page keeps its
+    content, gets no layer of ours (its own text may lie deeper), and the reason is recorded."""
+    source = write_nested_forms(tmp_path / "deep.pdf", 5000)
+    out = tmp_path / "deep.pdf.ocr.pdf"
+    layers = textlayer.searchable_pdf(source, "pdf", [LINE], out, SHA)
+    assert layers.pages == ["none"]
+    assert [(skip["page"], skip["reason"]) for skip in layers.skipped] == [(1, "forms_too_deep")]
+    qpdf_check(out)
+
+
+def test_a_page_drawing_more_content_than_its_bound_gets_no_layer_and_says_why(
+    tmp_path: Path,
+) -> None:
+    source = write_form_bomb(tmp_path / "drawn.pdf", 17 * MiB, drawn=True)
+    layers = textlayer.searchable_pdf(source, "pdf", [LINE], tmp_path / "out.pdf", SHA)
+    assert layers.pages == ["none"]
+    assert [(skip["page"], skip["reason"]) for skip in layers.skipped] == [(1, "content_too_large")]
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "I;16", "RGB"])
+def test_an_image_is_decoded_within_the_budget_and_converted_a_band_at_a_time(
+    tmp_path: Path, mode: str
+) -> None:
+    """The image's pixels are held within the decode budget the renderer shares (they used to be
+    decoded outside it, and converted whole: three more copies); converted in bands, the pixels
+    are those of the whole image converted."""
+    width, height = 1600, 3 * BAND_BYTES // (1600 * 4) + 17  # four bands, the last a short one
+    gradient = Image.linear_gradient("L").resize((width, height))
+    if mode == "I;16":
+        picture = Image.frombytes("I;16", (width, height), bytes(gradient.tobytes()) * 2)
+    else:
+        bands = [gradient, gradient.rotate(90), gradient, gradient.transpose(0)]
+        picture = Image.merge("RGBA", bands).convert(mode)
+    source = tmp_path / "picture.png"
+    picture.save(source)
+    budget = DecodeBudget(1024 * MiB)
+    out = tmp_path / "picture.png.ocr.pdf"
+    layers = textlayer.searchable_pdf(source, "image", [None], out, SHA, budget=budget)
+    assert layers.pages == ["none"]
+
+    assert budget.granted == 1
+    with Image.open(source) as decoded:
+        assert budget.peak == image_bytes(decoded.mode, width, height) + 5 * BAND_BYTES
+        whole = textlayer._pdf_pixels(decoded.convert(decoded.mode))
+    with pikepdf.open(out) as pdf:
+        (image,) = pdf.pages[0].get_images().values()
+        assert pikepdf.PdfImage(image).as_pil_image().tobytes() == whole.tobytes()
 
 
 # --- errors -------------------------------------------------------------------------------------------------

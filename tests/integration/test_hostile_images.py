@@ -1,5 +1,5 @@
 """Hostile documents for the renderer, end to end: huge images that are small on disk, and PDFs whose header is
-buried under junk or missing.
+buried under junk or missing; and for the searchable PDF, pages made to exhaust a reader of content.
 
 The PDFs go through ``ocrwatch run`` as a real process with Tesseract. The memory test runs the render step as
 the pipeline runs it (the daemon's default render workers and its one decode budget) in a child process of its
@@ -21,6 +21,7 @@ import pytest
 
 from ocrwatch.sniff import sniff
 from tests import docs
+from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
 from tests.integration.conftest import REPO, DaemonProcess, error_sidecar, sidecars_done, wait_until
 
 pytestmark = pytest.mark.integration
@@ -64,6 +65,55 @@ def test_pdfs_with_a_buried_or_missing_header_are_read_and_random_bytes_are_not(
         assert not random_pdf.with_name("random.pdf.md").exists()
     finally:
         assert daemon.stop() == 0
+
+
+def _peak_rss(pid: int) -> int:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next(int(line.split()[1]) for line in lines if line.startswith("VmHWM:")) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from Linux /proc")
+def test_content_bombs_get_a_searchable_pdf_within_bounds_and_the_daemon_goes_on(
+    make_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """With ``searchable_pdf = true``: a page listing an unused form that decodes to 512 MiB (half a
+    megabyte on disk) used to be parsed whole, about twice its size in memory; one that draws such a
+    form, and forms nested 5,000 deep (a RecursionError, reported as internal_error). Now each ends
+    ``ok`` with its searchable PDF: the first page read at once, the others without a layer of ours
+    and the reason in ``text_layer_skipped``. The daemon's peak RSS stays under the one form's
+    decoded size, and the document dropped after them is done too."""
+    made = {
+        "unused.pdf": write_form_bomb(tmp_path / "unused.pdf", 512 * MiB),
+        "drawn.pdf": write_form_bomb(tmp_path / "drawn.pdf", 512 * MiB, drawn=True),
+        "deep.pdf": write_nested_forms(tmp_path / "deep.pdf", 5000),
+        "after.pdf": docs.write_pdf(tmp_path / "after.pdf", [["Invoice 42", "Total 17.50"]]),
+    }
+    daemon = make_daemon(output={"searchable_pdf": True}).start()
+    assert daemon.proc is not None
+    try:
+        for name, source in made.items():
+            os.replace(source, daemon.inbox / name)
+        documents = {}
+        for name in made:
+            path = daemon.inbox / name
+            found = wait_until(
+                lambda: sidecars_done(path) or error_sidecar(path), 120, f"the sidecars of {name}"
+            )
+            assert found.get("status") == "ok", found
+            documents[name] = found["searchable_pdf"]
+        peak = _peak_rss(daemon.proc.pid)
+    finally:
+        assert daemon.stop() == 0
+    assert peak < 512 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
+    assert not [event for event in daemon.events() if event.get("kind") == "internal_error"]
+    assert documents["unused.pdf"]["text_layer"] == ["none"]  # a blank page: no text of any kind
+    assert "text_layer_skipped" not in documents["unused.pdf"]
+    for name, reason in (("drawn.pdf", "content_too_large"), ("deep.pdf", "forms_too_deep")):
+        assert documents[name]["text_layer"] == ["none"], documents[name]
+        skipped = documents[name]["text_layer_skipped"]
+        assert [(skip["page"], skip["reason"]) for skip in skipped] == [(1, reason)]
+    assert documents["after.pdf"]["text_layer"] == ["ocr"]
+    assert "Invoice 42" in (daemon.inbox / "after.pdf.md").read_text()
 
 
 _RENDER_FIVE = """
