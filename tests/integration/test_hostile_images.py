@@ -141,11 +141,31 @@ print(json.dumps({"peak": peak, "pages": pages, "peak_holders": budget.peak_hold
 _BUILD = """
 import sys
 from PIL import Image, ImageDraw, ImageFont
-image = Image.new("RGBA", (12600, 12600), (0, 0, 0, 0))
+side = int(sys.argv[2]) if len(sys.argv) > 2 else 12600
+image = Image.new("RGBA", (side, side), (0, 0, 0, 0))
 draw = ImageDraw.Draw(image)
+font = ImageFont.load_default(size=side // 70)
 for line in range(10):
-    draw.text((400, 400 + line * 1200), f"POSTER line {line}", fill="black", font=ImageFont.load_default(size=180))
+    where = (side // 30, side // 30 + line * side // 10)
+    draw.text(where, f"POSTER line {line}", fill="black", font=font)
 image.save(sys.argv[1], compress_level=1)
+"""
+
+_SEARCHABLE_FIVE = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from ocrwatch import textlayer
+from ocrwatch.memory import DecodeBudget
+budget = DecodeBudget(int(sys.argv[1]))
+def one(name):
+    out = Path(name + ".ocr.pdf")
+    return textlayer.searchable_pdf(Path(name), "image", [None], out, "0" * 64, budget=budget).pages
+with ThreadPoolExecutor(5) as pool:  # as five documents' builds run at once in the daemon
+    layers = list(pool.map(one, sys.argv[2:]))
+status = open("/proc/self/status").read().splitlines()
+peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
+print(json.dumps({"peak": peak, "layers": layers, "peak_holders": budget.peak_holders}))
 """
 
 
@@ -171,3 +191,29 @@ def test_five_huge_pngs_at_once_stay_far_below_five_decoded_images(tmp_path: Pat
     assert figures["pages"] == [[[4096, 4096], "RGB"]] * 5
     assert figures["peak_holders"] == 1
     assert figures["peak"] < 2 * GiB, f"peak RSS {figures['peak'] / GiB:.2f} GiB"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from Linux /proc")
+def test_five_huge_pngs_made_searchable_at_once_are_decoded_within_one_budget(
+    tmp_path: Path,
+) -> None:
+    """The searchable PDF of an image used to decode it outside the budget and convert it whole:
+    one 12,600 x 12,600 RGBA PNG took 2.4 GiB alone, and five documents build theirs at once.
+    Now each is decoded within the renderer's budget and converted a band at a time. At a quarter
+    of the pixels (6,300 x 6,300: 159 MB decoded) and a budget that holds one, five at once stay
+    under 512 MiB (0.27 GiB), where the old build of five peaked at 2.9 GiB."""
+    big = tmp_path / "big-0.png"
+    subprocess.run([sys.executable, "-c", _BUILD, str(big), "6300"], check=True, timeout=300)
+    files = [big]
+    for number in range(1, 5):
+        files.append(tmp_path / f"big-{number}.png")
+        os.link(big, files[-1])
+    child = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _SEARCHABLE_FIVE, str(256 * MiB), *map(str, files)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    figures = json.loads(child.stdout.strip().splitlines()[-1])
+    assert figures["layers"] == [["none"]] * 5
+    assert figures["peak_holders"] == 1
+    assert figures["peak"] < 512 * MiB, f"peak RSS {figures['peak'] / MiB:.0f} MiB"
