@@ -18,6 +18,7 @@ within the MediaBox, wherever its origin lies) and its /Rotate, the way the rend
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import re
 import unicodedata
@@ -312,7 +313,8 @@ def _image_pages(
             frames = getattr(image, "n_frames", 1) if image.format == "TIFF" else 1
             if frames != len(pages):
                 raise CorruptImage(f"{source}: {frames} frames now, the renderer read {len(pages)}")
-            with budget.hold(_decode_bytes(image, frames)):
+            charge = _decode_bytes(image, frames)  # none for a JPEG: no place in the budget's queue
+            with budget.hold(charge) if charge else contextlib.nullcontext():
                 for index, text in enumerate(pages):
                     image.seek(index)
                     page = _image_page(pdf, image, source)
