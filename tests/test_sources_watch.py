@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import os
 import signal
 import threading
@@ -25,7 +27,7 @@ from watchdog.observers.polling import PollingEmitter
 from ocrwatch.config import InboxConfig
 from ocrwatch.daemon import SignalCatcher
 from ocrwatch.metrics import Metrics
-from ocrwatch.sources import local
+from ocrwatch.sources import inotify, local
 from ocrwatch.sources.inotify import InotifyWatcher
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.tree import walk
@@ -261,6 +263,47 @@ def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(t
 
     run(scenario())
 
+
+
+class WatchLimit:
+    """libc, but ``inotify_add_watch`` fails as at the kernel's watch limit (``ENOSPC``) after ``allowed`` calls."""
+
+    def __init__(self, libc: Any, allowed: int) -> None:
+        self._libc, self.allowed = libc, allowed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._libc, name)
+
+    def inotify_add_watch(self, fd: int, path: bytes, mask: int) -> int:
+        if self.allowed <= 0:
+            ctypes.set_errno(errno.ENOSPC)
+            return -1
+        self.allowed -= 1
+        return int(self._libc.inotify_add_watch(fd, path, mask))
+
+
+def test_the_inotify_watch_limit_reached_while_watching_hands_the_inbox_to_the_poller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder that cannot be watched would be a deaf corner of the inbox: the watcher gives way to a poller."""
+    root = tmp_path / "in"
+    (root / "a").mkdir(parents=True)
+    monkeypatch.setattr(inotify, "_libc", WatchLimit(inotify._libc, allowed=2))  # noqa: SLF001
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            async with watching(inbox(root)) as (_, got):
+                (root / "b").mkdir()  # the third watch: refused
+                await until(lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a new watcher")
+                (root / "b" / "late.pdf").write_bytes(PDF)
+                await until(lambda: got.names() == {"late.pdf"}, "late.pdf, polled")
+        watching_logs = [entry for entry in logs if entry["event"] == "inbox_watching"]
+        assert [entry["observer"] for entry in watching_logs] == ["native", "polling"]
+        assert watching_logs[1]["reason"].startswith("inotify limit reached")
+        died = [entry for entry in logs if entry["event"] == "inbox_watcher_died"]
+        assert len(died) == 1 and "No space left on device" in died[0]["reason"]
+
+    run(scenario())
 
 # --- events to the loop: batches -------------------------------------------------------------------------------
 
