@@ -108,7 +108,7 @@ def test_unreadable_config_json_falls_back_to_the_name(tmp_path: Path) -> None:
 
 
 def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
-    kwargs = engine_module.engine_kwargs(VllmConfig())
+    kwargs = engine_module.engine_kwargs(VllmConfig(ngram_processor="batched"))
     assert kwargs["model"] == "deepseek-ai/DeepSeek-OCR-2"
     assert kwargs["enable_prefix_caching"] is False
     assert kwargs["mm_processor_cache_gb"] == 0
@@ -122,7 +122,7 @@ def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
     assert per_request["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
     unguarded = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=0),))
     assert "logits_processors" not in engine_module.engine_kwargs(unguarded)
-    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),))
+    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),), ngram_processor="batched")
     assert "logits_processors" in engine_module.engine_kwargs(rung_only)
     assert kwargs["scheduling_policy"] == "priority"
     assert kwargs["limit_mm_per_prompt"] == {"image": 1}
@@ -163,7 +163,7 @@ def test_a_processor_cache_turns_parallel_input_preparation_off() -> None:
 
 
 def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
-    env = engine_module.engine_env(VllmConfig(), {})
+    env = engine_module.engine_env(VllmConfig(ngram_processor="batched"), {})
     assert env == {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_NO_USAGE_STATS": "1",
@@ -175,7 +175,8 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "OCRWATCH_LANES": "0",
     }
     assert engine_module.engine_env(VllmConfig(ngram_processor="gpu"), {})["OCRWATCH_NGRAM_GPU"] == "1"
-    cfg = VllmConfig(compile_cache_dir=tmp_path, encoder_cuda_graphs=True, priority_lanes=True)
+    cfg = VllmConfig(ngram_processor="batched", compile_cache_dir=tmp_path, encoder_cuda_graphs=True,
+                     priority_lanes=True)
     user = {
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
         "OCRWATCH_FAST_ENCODER": "0",
@@ -517,7 +518,7 @@ def test_start_builds_the_engine_and_sends_one_warmup_page(monkeypatch: pytest.M
     llm = FakeLLM(output("Free", "length"))
     monkeypatch.setattr(FakeRuntime, "llm", llm)
     monkeypatch.setattr(engine_module, "_Runtime", FakeRuntime)
-    engine = VllmEngine(VllmConfig(load_format="dummy"))
+    engine = VllmEngine(VllmConfig(load_format="dummy", ngram_processor="batched"))
     asyncio.run(engine.start())
     runtime = engine._runtime
     assert isinstance(runtime, FakeRuntime) and runtime.engine_kwargs["load_format"] == "dummy"
@@ -675,3 +676,18 @@ def test_replicas_start_pinned_warm_up_each_and_share_the_pages(
 
     asyncio.run(scenario())
     assert [devices for devices, _ in ReplicaRuntime.built] == ["0", "1"]
+
+
+def test_a_one_gpu_engine_asks_for_vllms_v2_runner_unless_a_logits_processor_needs_v1() -> None:
+    """The shipped default (the n-gram guard as a kernel in the V2 sampler) on the V2 runner, measured faster and
+    equal in its greedy ids; a host logits processor, which the V2 runner refuses, or several GPUs keep vLLM's
+    choice, and the user's environment wins."""
+    assert VllmConfig().ngram_processor == "gpu"
+    assert engine_module.engine_env(VllmConfig(), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert engine_module.engine_env(VllmConfig(guard="stop"), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    unguarded = VllmConfig(ngram_size=0, ladder=(), ngram_processor="batched")
+    assert engine_module.engine_env(unguarded, {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    for v1 in (VllmConfig(ngram_processor="batched"), VllmConfig(ngram_processor="per_request"),
+               VllmConfig(tensor_parallel_size=2), VllmConfig(data_parallel_size=2)):
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_module.engine_env(v1, {})
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_module.engine_env(VllmConfig(), {"VLLM_USE_V2_MODEL_RUNNER": "0"})

@@ -116,7 +116,9 @@ def test_stop_registers_no_logits_processor_and_asks_vllm_to_stop() -> None:
     assert retry["repetition_penalty"] == 1.05 and "extra_args" not in retry
     assert "repetition_detection" not in engine_module.sampling_kwargs(cfg, last)
     assert "repetition_penalty" not in engine_module.sampling_kwargs(cfg, first)
-    assert engine_module.engine_kwargs(VllmConfig())["logits_processors"]  # "ban": DeepSeek's processor
+    host = VllmConfig(ngram_processor="batched")
+    assert engine_module.engine_kwargs(host)["logits_processors"]  # "ban" on the host: DeepSeek's processor
+    assert "logits_processors" not in engine_module.engine_kwargs(VllmConfig(guard="stop", ngram_processor="batched"))
 
 
 def test_a_looping_page_stops_early_and_is_the_only_one_read_again() -> None:

@@ -83,13 +83,23 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
 
     ``VLLM_TUNED_CONFIG_FOLDER``: the fused-MoE tiles tuned for DeepSeek-OCR's experts (``MOE_CONFIGS``);
     vLLM has none for that shape and falls back to generic tiles. The n-gram guard on the GPU
-    (``ngram_processor = "gpu"``) and the priority lanes (``lanes``, ``priority_lanes``) are switched on the same way."""
+    (``ngram_processor = "gpu"``) and the priority lanes (``lanes``, ``priority_lanes``) are switched on the same way.
+
+    ``VLLM_USE_V2_MODEL_RUNNER``: vLLM 0.26 keeps mixture-of-experts models such as DeepSeek-OCR(-2) on its V1
+    runner unless asked. On one H200 its V2 runner gave the same greedy output ids (64 pages, 1,000 tokens each)
+    and was faster in every lane measured (docs/performance.md, 2026-12-01: 12.65 against 9.91 pages/s with the
+    guard off, 11.43 with the guard as one kernel in its sampler against 9.06 with it on the host), so a
+    one-GPU engine without a custom logits processor (which the V2 runner refuses) asks for it; several GPUs
+    were not measured on it and keep vLLM's choice."""
     defaults = {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_NO_USAGE_STATS": "1",
         "OMP_NUM_THREADS": "1",
         "VLLM_TUNED_CONFIG_FOLDER": str(MOE_CONFIGS),
     }
+    host_processor = uses_ngram_guard(cfg) and cfg.ngram_processor in NGRAM_PROCESSORS
+    if cfg.tensor_parallel_size == 1 and cfg.data_parallel_size == 1 and not host_processor:
+        defaults["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     env = {key: value for key, value in defaults.items() if key not in environ}
     env[plugin.ENV] = "1" if cfg.fast_encoder else "0"
     env[plugin.GRAPHS_ENV] = "1" if cfg.fast_encoder and cfg.encoder_cuda_graphs else "0"

@@ -58,7 +58,7 @@ class VllmConfig(_Model):
     ngram_size: Annotated[int, Field(ge=0, le=200)] = _DEFAULT.ngram_size
     window_size: Annotated[int, Field(ge=0, le=4096)] = _DEFAULT.window_size
     whitelist_token_ids: tuple[int, ...] = (128821, 128822)
-    ngram_processor: Literal["batched", "gpu", "per_request"] = "batched"
+    ngram_processor: Literal["batched", "gpu", "per_request"] = "gpu"
     guard: Literal["ban", "stop"] = "ban"
     stop_pattern: Annotated[int, Field(ge=1, le=256)] = 32
     stop_count: Annotated[int, Field(ge=2, le=1000)] = 16
