@@ -35,7 +35,7 @@ wheels() {
   # ocrwatch's own needs, derived from pyproject.toml (dependencies and the vllm extra): pip resolves them
   # for the device beside vLLM's pins, and what the image lacks becomes deps-ocrwatch.txt (wheelset.py).
   python3 $HERE/wheelset.py requirements > $W/ocrwatch-requirements.txt
-  rm -rf $W/resolved; $get -d $W/resolved -c $HERE/deps-vllm.txt -r $W/ocrwatch-requirements.txt -d $W/resolved
+  rm -rf $W/resolved; $get -d $W/resolved -c $HERE/deps-vllm.txt -r $W/ocrwatch-requirements.txt
   python3 $HERE/wheelset.py lock $W/resolved > $HERE/deps-ocrwatch.txt
   $dl -r $HERE/deps-ocrwatch.txt
   $dl -r $HERE/deps-bench.txt
