@@ -43,7 +43,7 @@ python3 - <<'PY'
 import importlib.metadata as md, torch, vllm
 eps = [p.value for p in md.entry_points(group="vllm.general_plugins")]
 print("vllm", vllm.__version__, "| torch", torch.__version__, "| plugins", eps)
-import ocrwatch, structlog, pydantic, tenacity, watchdog, aiohttp
+import ocrwatch, structlog, pydantic, tenacity, watchdog, aiohttp, pikepdf, boto3  # the wheel set did miss one
 print("ocrwatch", getattr(ocrwatch, "__version__", "?"), "from", ocrwatch.__file__,
       "| engines", sorted(md.entry_points(group="ocrwatch.engines").names))
 PY
