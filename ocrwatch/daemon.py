@@ -128,9 +128,11 @@ class Daemon:
                 return USAGE_EXIT_CODE if isinstance(exc, ConfigError) else 1
             await self.main_loop()
         finally:
-            await self.shutdown()
-            if self._signals is not None:
-                self._signals.uninstall()
+            try:
+                await self.shutdown()
+            finally:
+                if self._signals is not None:
+                    self._signals.uninstall()
         return 0
 
     # --- start-up ---------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ class Inbox:
         self.patterns = re.compile("|".join(fnmatch.translate(p.lower()) for p in config.patterns) or "(?!)")
         self.quarantine = config.quarantine_dir.expanduser().resolve() if config.quarantine_dir else None
         self._quarantine_text = None if self.quarantine is None else str(self.quarantine)
+        self._quarantine_prefix = None if self.quarantine is None else str(self.quarantine).rstrip(os.sep) + os.sep
         self._root_text = str(self.root)
         self._root_prefix = self._root_text.rstrip(os.sep) + os.sep
 
@@ -81,9 +82,10 @@ class Inbox:
         parts = self._parts(folder)
         if parts is None or (parts and not self.config.recursive) or any(part.startswith(".") for part in parts):
             return False
-        quarantine = self._quarantine_text
+        if self._quarantine_text is None or self._quarantine_prefix is None:
+            return True
         text = str(folder)
-        return quarantine is None or not (text == quarantine or text.startswith(quarantine.rstrip(os.sep) + os.sep))
+        return not (text == self._quarantine_text or text.startswith(self._quarantine_prefix))
 
     def covers(self, folder: Path) -> bool:
         """Whether documents directly in ``folder`` belong to this inbox: allowed, and not too deep."""

@@ -59,10 +59,6 @@ _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint
 _libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
-class WatcherEnded(Exception):
-    """The watched folder went away (removed, moved, unmounted): its events no longer name its paths."""
-
-
 def _error(what: str) -> OSError:
     code = ctypes.get_errno()
     return OSError(code, f"{what}: {os.strerror(code)}")
@@ -143,21 +139,25 @@ class InotifyWatcher(threading.Thread):
                 poller.poll()
                 if self._stopping.is_set():
                     break
-                self._read_all()
+                ended = self._read_all()
+                if ended is not None:
+                    self._died(ended)
+                    return
         except BaseException as exc:  # noqa: BLE001 - whatever ends this thread must reach the loop
             if not self._stopping.is_set():
-                self._died(str(exc) if isinstance(exc, WatcherEnded) else f"{type(exc).__name__}: {exc}")
+                self._died(f"{type(exc).__name__}: {exc}")
         finally:
             self._close()
 
     # --- on the watcher's thread ----------------------------------------------------------------------------
 
-    def _read_all(self) -> None:
+    def _read_all(self) -> str | None:
+        """Handle what the kernel has queued; why the watch ends, if it does."""
         while not self._stopping.is_set():
             try:
                 data = os.read(self._fd, READ_BYTES)
             except BlockingIOError:
-                return
+                return None
             except InterruptedError:
                 continue
             offset = 0
@@ -165,23 +165,28 @@ class InotifyWatcher(threading.Thread):
                 wd, mask, _cookie, length = HEADER.unpack_from(data, offset)
                 name = data[offset + HEADER.size : offset + HEADER.size + length].rstrip(b"\0")
                 offset += HEADER.size + length
-                self._handle(wd, mask, os.fsdecode(name))
+                ended = self._handle(wd, mask, os.fsdecode(name))
+                if ended is not None:
+                    return ended
+        return None
 
-    def _handle(self, wd: int, mask: int, name: str) -> None:
-        """One kernel event: watches kept in step with the folders, and the event passed on."""
+    def _handle(self, wd: int, mask: int, name: str) -> str | None:
+        """One kernel event: watches kept in step with the folders, and the event passed on. Returns why the
+        watch ends when the inbox folder itself went away (removed, moved, unmounted): its events would no
+        longer name its paths."""
         if mask & IN_Q_OVERFLOW:
             self._rebuild()
             self._overflowed()
-            return
+            return None
         folder = self._folders.get(wd)
         if folder is None:
-            return  # a watch already dropped (a folder moved away or removed)
+            return None  # a watch already dropped (a folder moved away or removed)
         if mask & (IN_IGNORED | IN_MOVE_SELF) and not name:
             if wd == self._root_wd:
-                raise WatcherEnded(f"{self.root}: the inbox folder was removed, moved or unmounted")
+                return f"{self.root}: the inbox folder was removed, moved or unmounted"
             if mask & IN_IGNORED:
                 self._forget(wd)
-            return
+            return None
         path = folder + os.sep + name
         if mask & IN_ISDIR:
             if mask & IN_CREATE:
@@ -192,7 +197,7 @@ class InotifyWatcher(threading.Thread):
                 self._emit(DirMovedEvent("", path))
             elif mask & IN_MOVED_FROM:
                 self._drop_tree(path)
-            return
+            return None
         if mask & IN_CREATE:
             self._emit(FileCreatedEvent(path))
         elif mask & IN_MOVED_TO:
@@ -207,6 +212,7 @@ class InotifyWatcher(threading.Thread):
             self._emit(FileModifiedEvent(path))
         elif mask & IN_ATTRIB:
             self._emit(ATTRIB_EVENT(path))
+        return None
 
     def _emit(self, event: FileSystemEvent) -> None:
         self._handler.dispatch(event)
