@@ -203,9 +203,10 @@ class Batch:
 class EventBridge(FileSystemEventHandler):
     """Runs on watcher threads: queues each event and wakes the event loop once per batch, not once per event.
 
-    Each ``call_soon_threadsafe`` writes a byte to the loop's one self-pipe, the same pipe Python writes a
-    signal's number to; an event storm that fills it makes a SIGTERM's byte be dropped. So a thread wakes the
-    loop only when nothing it queued is waiting for the loop already. At most ``limit`` events wait; beyond,
+    Each ``call_soon_threadsafe`` writes a byte to the loop's one self-pipe, the pipe asyncio's own signal
+    handling reads signals from too (``daemon.SignalCatcher`` no longer depends on it), and a loop that reads a
+    byte per event falls behind in a storm. So a thread wakes the loop only when nothing it queued is waiting
+    for the loop already. At most ``limit`` events wait; beyond,
     they are dropped for one ``overflowed`` batch (a scan), so a storm cannot grow memory without bound.
     """
 
