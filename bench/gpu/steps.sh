@@ -6,5 +6,10 @@ step() {
   local label=$1 until=$2; shift 2
   python3 "$HERE/step.py" --until "$until" --log "$R/$label.log" --show "$STEP_SHOW" -- "$@"
 }
-# The deadline that leaves RESERVE seconds of the script's END for what follows.
-until_leaving() { echo $(( END - ${1:-0} )); }
+# The deadline that leaves RESERVE seconds of the script's END for what follows; at least 5 s from now (a short
+# BUDGET must not cut even a quick step at once), never past END.
+until_leaving() {
+  local want=$(( END - ${1:-0} )) soon=$(( $(date +%s) + 5 ))
+  [ $soon -gt $END ] && soon=$END
+  echo $(( want > soon ? want : soon ))
+}
