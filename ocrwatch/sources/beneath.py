@@ -26,15 +26,14 @@ from typing import NamedTuple
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone, SourceInUse
 from ocrwatch.safefs import (
-    CHUNK, FILE_FLAGS, FOLDER_FLAGS, Access, Folder, FolderGone, hash_fd, read_lease, walk,
+    CHUNK, FILE_FLAGS, Access, Folder, FolderGone, hash_fd, read_lease, walk,
 )  # fmt: skip
 from ocrwatch.sources.base import Fetched
 
 __all__ = [
-    "FOLDER_FLAGS", "QUIET_WITHOUT_LEASE", "Held", "Signature", "changed_since", "copy_out",
+    "QUIET_WITHOUT_LEASE", "Held", "Signature", "changed_since", "copy_out",
     "fetch_copy", "folders_of", "held", "inspect", "measure", "open_file",
 ]  # fmt: skip
-"""``FOLDER_FLAGS`` is ``safefs``'s, named here too for the sources that walk an inbox with it."""
 
 QUIET_WITHOUT_LEASE = 60.0
 """Where no lease can be had (NFS, SMB, a daemon that is not root on another user's file), how long

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocrwatch.sources.beneath import FOLDER_FLAGS
+from ocrwatch.safefs import FOLDER_FLAGS
 
 
 @dataclass(frozen=True)
