@@ -4,6 +4,8 @@
 (``control``): ``ocr`` hands its files to the daemon's engine, since a GPU cannot hold a second vLLM engine beside
 it, and ``retry`` starts the jobs at once. With no daemon running, ``ocr`` builds an engine of its own, and
 ``status`` and ``retry`` read and write the ledger. The exit codes are ``EPILOG``'s, which ``--help`` prints.
+A reader of the output that goes away (``ocrwatch status | head``) ends any command quietly
+(``streams``).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import asyncio
 import fnmatch
 import json
 import os
+import signal
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from ocrwatch import __version__, config as config_module
+from ocrwatch import __version__, config as config_module, streams
 from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure, say
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from ocrwatch.ledger import Ledger
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_CLOSED_PIPE = streams.EXIT_CLOSED_PIPE
 
 EPILOG = """exit status:
   0    success (run: stopped cleanly)
@@ -36,7 +41,9 @@ EPILOG = """exit status:
        locked, a daemon that did not answer, a start-up fault of the machine
   2    usage or configuration error, or a state_dir or ledger that cannot be used: fix it first
        (the systemd unit does not restart on 2)
-  130  interrupted (Ctrl-C; run: a second Ctrl-C while it stops)"""
+  130  interrupted (Ctrl-C; run: a second Ctrl-C while it stops)
+  141  the reader of the output went away (a closed pipe: ocrwatch status | head): the command
+       stopped quietly at that write; run drains and stops as on SIGTERM"""
 
 CONFIG_HELP = "TOML configuration file (default: " + ", else ".join(
     ["$OCRWATCH_CONFIG if set"]
@@ -48,9 +55,18 @@ CONFIG_HELP = "TOML configuration file (default: " + ", else ".join(
 DEFAULT_PATTERNS = InboxConfig.model_fields["patterns"].default
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse drops a help or usage text whose write fails; here a closed pipe reaches ``main``
+    as any other command's output does (its subparsers are of this class too)."""
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
 def _parser() -> argparse.ArgumentParser:
     common: dict[str, Any] = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ocrwatch", description="Watch folders and buckets; OCR every new document.", **common
     )
     parser.add_argument("--version", action="version", version=f"ocrwatch {__version__}")
@@ -84,13 +100,33 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, load the configuration, run the command; a reader of stdout or stderr that went
+    away ends it with ``EXIT_CLOSED_PIPE``, whichever write found out (``streams``), never with a
+    traceback."""
+    logs = streams.LogStream(sys.stderr)
+    try:
+        try:
+            code = _main(argv, logs)
+        finally:
+            streams.flush()  # what is still buffered fails here, where it is caught, not at exit
+    except BrokenPipeError:
+        if not streams.silence_gone():  # not our output's reader: a fault to show
+            raise
+        return EXIT_CLOSED_PIPE
+    if logs.closed:  # a log line found the reader gone and stopped the command
+        return EXIT_CLOSED_PIPE if code in (EXIT_OK, EXIT_INTERRUPTED) else code
+    return code
+
+
+def _main(argv: list[str] | None, logs: streams.LogStream) -> int:
     args = _parser().parse_args(argv)
     try:
         cfg = config_module.load(args.config)
     except ConfigError as exc:
         say(f"ocrwatch: invalid configuration:\n{exc.message}")
         return EXIT_USAGE
-    configure(cfg.log)
+    logs.stop = signal.SIGTERM if args.command == "run" else signal.SIGINT  # run: drained
+    configure(cfg.log, logs)  # type: ignore[arg-type]  # a TextIO in all that structlog uses
     command = {"run": _run, "ocr": _ocr, "status": _status, "retry": _retry, "check": _check}[args.command]
     try:
         return command(cfg, args)

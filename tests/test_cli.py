@@ -239,7 +239,7 @@ def test_ocr_makes_state_dir_private_as_the_daemon_does(tmp_path: Path) -> None:
 def test_help_states_exit_codes_and_the_config_search_order() -> None:
     top = subprocess.run([sys.executable, "-m", "ocrwatch", "--help"], capture_output=True, text=True)
     assert top.returncode == 0
-    for code in ("0 ", "1 ", "2 ", "130 "):
+    for code in ("0 ", "1 ", "2 ", "130 ", "141 "):
         assert re.search(rf"^  {code}\s*\S", top.stdout, re.M), top.stdout
     run = subprocess.run([sys.executable, "-m", "ocrwatch", "run", "--help"], capture_output=True, text=True)
     said = " ".join(run.stdout.split())

@@ -30,6 +30,7 @@ RANKS: dict[str, int] = {
     "metrics": 0,
     "s3client": 0,
     "safefs": 0,
+    "streams": 0,
     "engines.deepseek.options": 0,
     "engines.tesseract_options": 0,
     "engines.sampling": 0,
