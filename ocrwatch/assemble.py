@@ -185,6 +185,7 @@ def _page(outcome: PageOutcome, assets: str | None) -> dict[str, Any]:
         "width": outcome.width,
         "height": outcome.height,
         "dpi": outcome.dpi,
+        "dpi_from": outcome.dpi_from,
         "status": result.status,
         "attempts": max(len(result.attempts), 1),
         "markdown": page_markdown(outcome, assets),

@@ -51,6 +51,7 @@ class RenderConfig(_Model):
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
     renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
     decode_budget_mb: Annotated[int, Field(ge=64, le=1_048_576)] = 1024
+    image_dpi: Annotated[int, Field(ge=50, le=2400)] | None = None  # unset: imagepages' size rule
 
 
 class LimitsConfig(_Model):

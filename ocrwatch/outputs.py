@@ -115,13 +115,14 @@ def _build(
     sha256: str, budget: DecodeBudget,
 ) -> tuple[str, int, textlayer.Layers]:  # fmt: skip
     """Write the searchable PDF to ``out``; its sha256, size and each page's text layer. Failed pages keep their
-    page and get no text."""
+    page and get no text; an image's pages are the size the sidecar records (pixels at its DPI)."""
     texts = [
         textlayer.page_text(page.width, page.height, page.result.recognition.blocks)
         if page.result.status == "ok" and page.result.recognition is not None else None
         for page in pages
     ]  # fmt: skip
-    layers = textlayer.searchable_pdf(source, kind, texts, out, sha256, budget=budget)
+    sizes = [(p.width * 72 / p.dpi, p.height * 72 / p.dpi) if p.dpi else None for p in pages]
+    layers = textlayer.searchable_pdf(source, kind, texts, out, sha256, budget=budget, sizes=sizes)
     digest = hashlib.sha256()
     with open(out, "rb") as handle:
         while block := handle.read(1 << 20):

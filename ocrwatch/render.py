@@ -3,10 +3,11 @@
 ``probe`` decides what a file is from its content (magic bytes, then a parse probe: ``pdfinfo`` for PDFs, the
 Pillow header for images), counts its pages and applies the size and page limits before anything is rendered.
 ``render_page`` rasterises one page: PDFs through one ``pdftoppm`` run per page at a DPI lowered where a page is
-too large for the caps, images through Pillow (every TIFF frame, EXIF orientation applied, alpha flattened onto
-white, downscaled to the caps). Both are blocking and meant for a worker thread; the heavy PDF work happens in a
-subprocess with a deadline. Decoding is bounded twice: oversized images are refused before decoding, and the
-full-size images that workers hold at once are bounded by one shared ``DecodeBudget``.
+too large for the caps, images through Pillow (``imagepages``: every TIFF frame, EXIF orientation
+applied, downscaled to the caps, and a DPI even where the file records none). Both are blocking and
+meant for a worker thread; the heavy PDF work happens in a subprocess with a deadline. Decoding is
+bounded twice: oversized images are refused before decoding, and the full-size images that workers
+hold at once are bounded by one shared ``DecodeBudget``.
 
 Every failure is one of the specific errors in ``ocrwatch.errors``; no shell is ever involved, and file names
 reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are plain file names.
@@ -31,13 +32,12 @@ from pathlib import Path
 from typing import Literal
 
 import structlog
-from PIL import ExifTags, Image, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from ocrwatch import children
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
 from ocrwatch.errors import (
     ConfigError,
-    CorruptImage,
     CorruptPdf,
     DiskFull,
     EmptyFile,
@@ -54,7 +54,9 @@ from ocrwatch.errors import (
     TooManyPages,
     TooManyPixels,
 )
-from ocrwatch.memory import UNBOUNDED, DecodeBudget, image_bytes
+from ocrwatch.imagepages import BAND_BYTES as BAND_BYTES  # re-exported: the text layer's too
+from ocrwatch.imagepages import DpiFrom, fit_size, fits, probe_image, render_image_page, shrink
+from ocrwatch.memory import UNBOUNDED, DecodeBudget
 from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
 from ocrwatch.sources.base import Job
 
@@ -64,25 +66,13 @@ log = structlog.get_logger()
 # file cannot hang the caller, not because a healthy probe ever comes near it.
 PROBE_TIMEOUT_SECONDS = 60.0
 
-# An image is decoded whole before it is downscaled, so the decode itself must be bounded: up to this many times
-# the configured max_pixels is accepted (a 1200-dpi A4 scan passes the default), anything larger is refused.
-# Pillow's own decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS) applies on top and is never raised here.
-IMAGE_DECODE_FACTOR = 4
-
 # A PDF page in this process while it is read: the PPM's bytes (3 a pixel) and Pillow's RGB image (4: Pillow
 # stores RGB as 32 bits); PDFium's bitmap and its copy weigh the same.
 PDF_BYTES_PER_PIXEL = 7
-BAND_BYTES = 8 * 1024 * 1024  # of the decoded image, when a large one is brought to its page size band by band
-
-_T = Image.Transpose  # EXIF orientation to the transposition that undoes it, as ImageOps.exif_transpose does
-_ORIENTATION = {2: _T.FLIP_LEFT_RIGHT, 3: _T.ROTATE_180, 4: _T.FLIP_TOP_BOTTOM, 5: _T.TRANSPOSE, 6: _T.ROTATE_270,
-                7: _T.TRANSVERSE, 8: _T.ROTATE_90}  # fmt: skip
 
 DEFAULT_DPI = 200
 """The DPI when neither ``[render] dpi`` nor an engine's geometry names one (a caller without an engine):
 enough for print-size text, and an A4 page stays near 4 megapixels."""
-
-_PILLOW_FORMAT = {"image/png": "PNG", "image/jpeg": "JPEG", "image/tiff": "TIFF", "image/webp": "WEBP"}
 
 _PDFINFO_PAGES = re.compile(r"^Pages:\s+(\d+)\s*$", re.MULTILINE)
 _PDFINFO_SIZE = re.compile(r"^Page\s+(\d+) size:\s+([\d.]+) x ([\d.]+) pts", re.MULTILINE)
@@ -142,6 +132,7 @@ class RenderSpec:
     limit_pixels: int
     timeout_seconds: float
     renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
+    image_dpi: float | None = None  # an image's that records none (``imagepages.image_dpi``)
 
 
 @dataclass(frozen=True)
@@ -161,15 +152,17 @@ class DocumentInfo:
 
 @dataclass
 class RenderedPage:
-    """One page image; ``dpi`` is the resolution it was rendered at (an image's declared DPI times the scale,
-    or None where the image declares none)."""
+    """One page image; ``dpi`` is the resolution it was rendered at (an image's own, times the
+    scale: ``imagepages.image_dpi``), also in the image's ``info["dpi"]`` for the engine, and
+    ``dpi_from`` says where it came from."""
 
     index: int
     image: Image.Image
-    dpi: float | None
+    dpi: float
     width: int
     height: int
     seconds: float
+    dpi_from: DpiFrom = "render"
 
 
 def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSpec:
@@ -192,6 +185,7 @@ def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSp
         limit_pixels=cfg.max_pixels,
         timeout_seconds=cfg.timeout_seconds,
         renderer=cfg.renderer,
+        image_dpi=cfg.image_dpi,
     )
 
 
@@ -227,7 +221,7 @@ def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_
     elif kind == "pdf":
         pages, sizes = _probe_pdf(path, limits, timeout_seconds)
     else:
-        pages, sizes = _probe_image(path, MIME[kind], limits)
+        pages, sizes = probe_image(path, MIME[kind], limits.max_pages)
     return DocumentInfo(
         kind="pdf" if kind == "pdf" else "image",
         mime=MIME[kind],
@@ -245,14 +239,21 @@ def render_page(
     if not 0 <= index < info.pages:
         raise IndexError(f"page {index} of a {info.pages}-page document")
     started = time.perf_counter()
+    dpi_from: DpiFrom = "render"
     if info.kind == "pdf":
         render_pdf = _render_pdf_page_pdfium if spec.renderer == "pdfium" else _render_pdf_page
         image, dpi = render_pdf(path, info, index, spec, budget)
     else:
-        image, dpi = _render_image_page(path, info, index, spec, budget)
+        image, dpi, dpi_from = render_image_page(
+            path, info.mime, index, max_side=spec.max_side, max_pixels=spec.max_pixels,
+            limit_pixels=spec.limit_pixels, configured_dpi=spec.image_dpi, budget=budget,
+        )  # fmt: skip
+    image.info["dpi"] = (dpi, dpi)  # what Tesseract is told, whatever the file recorded
     seconds = time.perf_counter() - started
-    log.debug("page_rendered", page=index, width=image.width, height=image.height, dpi=dpi, seconds=seconds)
-    return RenderedPage(index=index, image=image, dpi=dpi, width=image.width, height=image.height, seconds=seconds)
+    log.debug("page_rendered", page=index, width=image.width, height=image.height, dpi=dpi,
+              dpi_from=dpi_from, seconds=seconds)  # fmt: skip
+    return RenderedPage(index=index, image=image, dpi=dpi, width=image.width, height=image.height,
+                        seconds=seconds, dpi_from=dpi_from)  # fmt: skip
 
 
 def iter_pages(path: Path, info: DocumentInfo, spec: RenderSpec) -> Iterator[RenderedPage]:
@@ -281,17 +282,13 @@ def page_dpi(width_pt: float, height_pt: float, spec: RenderSpec) -> float:
 def _fit_dpi(width_pt: float, height_pt: float, max_side: int, max_pixels: int) -> float:
     dpi = min(max_side * 72 / max(width_pt, height_pt), 72 * math.sqrt(max_pixels / (width_pt * height_pt)))
     dpi = math.floor(dpi * 100) / 100
-    while dpi > 0.01 and not _fits(_pdftoppm_size(width_pt, height_pt, dpi), max_side, max_pixels):
+    while dpi > 0.01 and not fits(_pdftoppm_size(width_pt, height_pt, dpi), max_side, max_pixels):
         dpi = round(dpi - 0.01, 2)
     return dpi
 
 
 def _pdftoppm_size(width_pt: float, height_pt: float, dpi: float) -> tuple[int, int]:
     return math.ceil(width_pt * dpi / 72), math.ceil(height_pt * dpi / 72)
-
-
-def _fits(size: tuple[int, int], max_side: int, max_pixels: int) -> bool:
-    return max(size) <= max_side and size[0] * size[1] <= max_pixels
 
 
 # --- PDF ----------------------------------------------------------------------------------------------------
@@ -395,9 +392,9 @@ def _render_pdf_page(
                 if shutil.disk_usage(tmp).free < need:  # pdftoppm exits 0 when its write ran out of room
                     raise _scratch_error(tmp, need, f"{path}: page {number}'s image was cut short: {exc}") from None
                 raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
-            size = _fit_size(image.size, spec.max_side, spec.max_pixels)
+            size = fit_size(image.size, spec.max_side, spec.max_pixels)
             if size != image.size:  # only if poppler's geometry disagrees with pdfinfo
-                dpi, image = dpi * size[0] / image.width, _shrink(image, size)
+                dpi, image = dpi * size[0] / image.width, shrink(image, size)
     return image, dpi
 
 
@@ -465,135 +462,7 @@ def _render_pdf_page_pdfium(
             raise CorruptPdf(f"{path}: page {index + 1} could not be rendered: {exc}") from None
         finally:
             document.close()
-        size = _fit_size(image.size, spec.max_side, spec.max_pixels)
+        size = fit_size(image.size, spec.max_side, spec.max_pixels)
         if size != image.size:
-            dpi, image = dpi * size[0] / image.width, _shrink(image, size)
+            dpi, image = dpi * size[0] / image.width, shrink(image, size)
     return image, dpi
-
-
-# --- images -------------------------------------------------------------------------------------------------
-
-
-def _open_image(path: Path, mime: str) -> Image.Image:
-    try:
-        return Image.open(path, formats=[_PILLOW_FORMAT[mime]])
-    except Image.DecompressionBombError as exc:
-        raise TooManyPixels(f"{path}: {exc}") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise CorruptImage(f"{path}: {exc}") from None
-
-
-def _probe_image(path: Path, mime: str, limits: Limits) -> tuple[int, tuple[tuple[float, float], ...]]:
-    """Frames are pages only for TIFF: an animated PNG or WebP is one picture, its first frame stands for it."""
-    with _open_image(path, mime) as image:
-        try:
-            frames = getattr(image, "n_frames", 1) if mime == "image/tiff" else 1
-            if frames > limits.max_pages:
-                raise TooManyPages(f"{path}: {frames} frames, more than max_pages={limits.max_pages}")
-            sizes = []
-            for frame in range(frames):
-                image.seek(frame)
-                sizes.append((float(image.width), float(image.height)))
-        except (OSError, SyntaxError, ValueError, EOFError) as exc:
-            raise CorruptImage(f"{path}: {exc}") from None
-    return frames, tuple(sizes)
-
-
-def _render_image_page(
-    path: Path, info: DocumentInfo, index: int, spec: RenderSpec, budget: DecodeBudget
-) -> tuple[Image.Image, float | None]:
-    with _open_image(path, info.mime) as source:
-        try:
-            source.seek(index)
-            declared = source.size
-            # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; other formats ignore the draft request.
-            scale = _fit_scale(declared, spec.max_side, spec.max_pixels)
-            if scale < 1:
-                source.draft(None, (math.ceil(declared[0] * scale), math.ceil(declared[1] * scale)))
-            width, height = source.size
-            if width * height > IMAGE_DECODE_FACTOR * spec.limit_pixels:
-                raise TooManyPixels(
-                    f"{path}: page {index + 1} would decode to {width} x {height} pixels, more than "
-                    f"{IMAGE_DECODE_FACTOR} x max_pixels={spec.limit_pixels}"
-                )
-            size = _fit_size(source.size, spec.max_side, spec.max_pixels)
-            with budget.hold(image_bytes(source.mode, width, height) + image_bytes("RGB", *size)):
-                source.load()
-                method = _ORIENTATION.get(source.getexif().get(ExifTags.Base.Orientation, 1))
-                image = _shrink(source, size)
-                source.close()  # the full-size image goes before the heap is trimmed
-        except Image.DecompressionBombError as exc:
-            raise TooManyPixels(f"{path}: {exc}") from None
-        except (OSError, SyntaxError, ValueError, EOFError) as exc:
-            raise CorruptImage(f"{path}: page {index + 1}: {exc}") from None
-        declared_dpi = source.info.get("dpi")
-    if method is not None:  # on the page-sized image: the caps are the same either way round
-        image = image.transpose(method)
-    dpi = None
-    if declared_dpi and declared_dpi[0] and float(declared_dpi[0]) > 1:
-        dpi = round(float(declared_dpi[0]) * max(image.size) / max(declared), 2)  # PNG stores dots per metre
-    return image, dpi
-
-
-def _shrink(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """``image`` in its OCR mode at ``size``, made a band of rows at a time: besides the decoded image only the
-    result and one band are held, where flattening and converting it whole would hold three more copies. Each
-    band has the rows Lanczos reads beyond it (3 per output row), so the result is the whole-image resize."""
-    width, height = image.size
-    scale_y = height / size[1]
-    margin = math.ceil(3 * scale_y) + 2 if size != image.size else 0
-    rows = max(1, math.floor(BAND_BYTES / (width * 4 * scale_y)))
-    result: Image.Image | None = None
-    for y0 in range(0, size[1], rows):
-        y1 = min(size[1], y0 + rows)
-        top, bottom = max(0, math.floor(y0 * scale_y) - margin), min(height, math.ceil(y1 * scale_y) + margin)
-        band = _ocr_mode(image if (top, bottom) == (0, height) else image.crop((0, top, width, bottom)))
-        if size != image.size:
-            box = (0, y0 * scale_y - top, width, min(y1 * scale_y, bottom) - top)
-            band = band.resize((size[0], y1 - y0), Image.Resampling.LANCZOS, box=box)
-        if y1 - y0 == size[1]:
-            return band
-        if result is None:
-            result = Image.new(band.mode, size)
-        result.paste(band, (0, y0))
-    assert result is not None
-    return result
-
-
-def _ocr_mode(image: Image.Image) -> Image.Image:
-    """8-bit grey for single-channel sources, RGB otherwise, transparency flattened onto white.
-
-    Grey stays grey: a bilevel or greyscale scan gains nothing from three equal channels but triple the memory,
-    and as "L" rather than "1" it downscales with anti-aliased edges, which both Tesseract and the vision
-    encoders read better than the jagged result of resampling 1-bit pixels. Engines must accept "L" and "RGB".
-    """
-    mode = image.mode
-    if mode.startswith("I;16") or mode == "I":  # 16-bit grey: scale, as convert("L") would clip at 255
-        return image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
-    grey = mode in ("1", "L", "LA", "La", "F") or (mode in ("P", "PA") and _palette_is_grey(image))
-    has_alpha = mode in ("RGBA", "RGBa", "LA", "La", "PA") or (mode == "P" and "transparency" in image.info)
-    if has_alpha:
-        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        flattened = Image.alpha_composite(white, image.convert("RGBA"))
-        return flattened.convert("L" if grey else "RGB")
-    return image.convert("L" if grey else "RGB")
-
-
-def _palette_is_grey(image: Image.Image) -> bool:
-    palette = image.getpalette() or []
-    return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
-
-
-def _fit_scale(size: tuple[int, int], max_side: int, max_pixels: int) -> float:
-    width, height = size
-    return min(1.0, max_side / max(width, height), math.sqrt(max_pixels / (width * height)))
-
-
-def _fit_size(size: tuple[int, int], max_side: int, max_pixels: int) -> tuple[int, int]:
-    scale = _fit_scale(size, max_side, max_pixels)
-    if scale >= 1:
-        return size
-    fitted = (max(1, math.floor(size[0] * scale)), max(1, math.floor(size[1] * scale)))
-    while not _fits(fitted, max_side, max_pixels):  # floor can still leave one pixel too many on the product
-        fitted = (max(1, fitted[0] - 1), max(1, fitted[1] - 1))
-    return fitted

@@ -153,6 +153,7 @@ class PageOutcome:
     render_seconds: float
     result: Any
     figures: tuple[Any, ...] = ()
+    dpi_from: str = "render"  # render.RenderedPage's
 
 
 Extract = Callable[[PageRequest, Any], Awaitable[tuple[Any, ...]]]
@@ -383,7 +384,8 @@ class PageScheduler:
         else:
             result, figures = task.result()
             doc.outcomes[page.index] = PageOutcome(
-                page.index, page.width, page.height, page.dpi, page.seconds, result, figures
+                page.index, page.width, page.height, page.dpi, page.seconds, result, figures,
+                page.dpi_from,
             )
             request.image = None
             if len(doc.outcomes) == doc.pages and not doc.future.done():

@@ -33,7 +33,7 @@ from pikepdf import Array, Dictionary, Matrix, Name, Pdf
 from pikepdf.canvas import ContentStreamBuilder
 from PIL import Image
 
-from ocrwatch import pdfcontent
+from ocrwatch import imagepages, pdfcontent
 from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
 from ocrwatch.errors import CorruptImage, CorruptPdf, EncryptedPdf
 from ocrwatch.memory import UNBOUNDED, DecodeBudget, image_bytes
@@ -41,9 +41,6 @@ from ocrwatch.render import BAND_BYTES
 
 Box = tuple[float, float, float, float]
 """left, top, right, bottom in page pixels, as the engines' blocks give them."""
-
-DEFAULT_IMAGE_DPI = 96.0
-"""The DPI of an image that declares none (a screenshot, most often), as img2pdf assumes."""
 
 MAX_PAGE_POINTS = 14400.0
 """The largest page side PDF viewers accept (200 inches); an image whose DPI would exceed it is shrunk."""
@@ -154,12 +151,16 @@ def page_text(width: int, height: int, blocks: Sequence[dict[str, Any]]) -> Page
 def searchable_pdf(
     source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageText | None], out: BinaryIO | Path,
     sha256: str, *, budget: DecodeBudget = UNBOUNDED,
+    sizes: Sequence[tuple[float, float] | None] = (),
 ) -> Layers:  # fmt: skip
     """Write ``source`` with its text layer to ``out``, marked as ocrwatch's for the source of ``sha256``
     (``is_ours``); ``pages`` has one entry per page (None: the page failed and gets no text). Each page's layer:
     ``own`` (a PDF page that already carries text keeps it and gets none, as OCRmyPDF's ``--skip-text`` does, so
     no extractor reads its lines twice), ``ocr`` or ``none``. What it decodes (a page's content, an
-    image's pixels) is held within ``budget``, the one the renderer decodes within. Raises
+    image's pixels) is held within ``budget``, the one the renderer decodes within. An image
+    source's pages take ``sizes`` (points, as the renderer measured each page: its pixels at its
+    DPI, the sidecar's ``width``, ``height`` and ``dpi``); one without is sized by the renderer's
+    rule (``imagepages.image_dpi``). Raises
     CorruptPdf, EncryptedPdf or CorruptImage when the source cannot be read again, and OSError when
     ``out`` cannot be written."""
     layers = Layers([])
@@ -192,7 +193,7 @@ def searchable_pdf(
             pdf.save(out, compress_streams=False, **keep)
         return layers
     with Pdf.new() as pdf:
-        _image_pages(pdf, source, pages, budget)
+        _image_pages(pdf, source, pages, budget, sizes)
         _mark(pdf, sha256)
         pdf.save(out, deterministic_id=True)
     return Layers(["ocr" if text is not None and text.lines else "none" for text in pages])
@@ -302,8 +303,9 @@ def _display_to_user(box: Box, rotation: int) -> Array:
 
 
 def _image_pages(
-    pdf: Pdf, source: Path, pages: Sequence[PageText | None], budget: DecodeBudget
-) -> None:
+    pdf: Pdf, source: Path, pages: Sequence[PageText | None], budget: DecodeBudget,
+    sizes: Sequence[tuple[float, float] | None],
+) -> None:  # fmt: skip
     """One page per frame, as the renderer counts them: a TIFF's frames, any other image's first
     one. The pixels are decoded within ``budget``, held for the largest frame until the last frame
     is closed."""
@@ -317,7 +319,8 @@ def _image_pages(
             with budget.hold(charge) if charge else contextlib.nullcontext():
                 for index, text in enumerate(pages):
                     image.seek(index)
-                    page = _image_page(pdf, image, source)
+                    size = sizes[index] if index < len(sizes) else None
+                    page = _image_page(pdf, image, source, size)
                     if text is not None and text.lines:
                         _add_text(pdf, page, text, font)
                 image.close()  # the last frame's pixels go before the budget is given back
@@ -338,15 +341,19 @@ def _decode_bytes(image: Image.Image, frames: int) -> int:
     return largest + 5 * BAND_BYTES if largest else 0
 
 
-def _image_page(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Page:
-    """A page the size of the displayed image at its DPI, the image drawn over all of it."""
+def _image_page(
+    pdf: Pdf, image: Image.Image, source: Path, size: tuple[float, float] | None
+) -> pikepdf.Page:
+    """A page the size of the displayed image at its DPI (the renderer's, from ``size`` in points),
+    the image drawn over all of it."""
     stored_w, stored_h = image.size
     orientation = image.getexif().get(0x0112, 1)
     orientation = orientation if orientation in range(1, 9) else 1
     shown_w, shown_h = (stored_h, stored_w) if orientation >= 5 else (stored_w, stored_h)
-    declared = image.info.get("dpi")
-    # Rounded as the renderer rounds it: PNG stores dots per metre, so 200 dpi reads back as 199.9996.
-    dpi = round(float(declared[0]), 2) if isinstance(declared, tuple) and float(declared[0]) > 1 else DEFAULT_IMAGE_DPI
+    if size is not None:  # the renderer's resolution, in this image's own pixels
+        dpi = max(shown_w, shown_h) * 72 / max(size)
+    else:  # rounded as the renderer rounds it: PNG stores dots per metre (200 dpi reads 199.9996)
+        dpi = round(imagepages.image_dpi(image.info.get("dpi"), image.size, None)[0], 2)
     dpi = max(dpi, max(shown_w, shown_h) * 72 / MAX_PAGE_POINTS)
     width, height = shown_w * 72 / dpi, shown_h * 72 / dpi
     page = pdf.add_blank_page(page_size=(width, height))

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pikepdf
+import pytest
 from rapidfuzz.distance import Levenshtein
 
 from ocrwatch import __version__, render
@@ -69,6 +71,36 @@ def test_ocr_failure_exit_1_with_kind_and_hint_and_out_dir(tmp_path: Path) -> No
     assert error["error"]["kind"] == "encrypted_pdf" and not error["error"]["retryable"]
     assert (out / "good.png.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.png", "locked.pdf", "out"]
+
+
+def test_an_image_without_a_resolution_gets_a_page_sized_searchable_pdf(tmp_path: Path) -> None:
+    """A PNG with no DPI, 2000 x 1432 px: its long side is taken as an A4 page's, so the JSON
+    records 171 dpi (``assumed``) and its searchable PDF page is A4 landscape, not 96 dpi's
+    20.8 x 14.9 in; the words lie where Tesseract, told the same DPI, found them."""
+    drawn = docs.text_image(["Resolution unknown"], size=(2000, 1432))
+    png = docs.write_png(tmp_path / "nodpi.png", drawn, dpi=None)
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text("[output]\nsearchable_pdf = true\n")
+    proc = ocr("--config", config, png)
+    assert proc.returncode == 0, proc.stderr
+    data = sidecar(png, ".json")
+    jsonschema.validate(data, JSON_SCHEMA)
+    (page,) = data["pages"]
+    assert page["dpi"] == pytest.approx(2000 / (297 / 25.4), abs=0.01)
+    assert page["dpi_from"] == "assumed"
+    assert "Resolution" in page["markdown"]
+    searchable = png.with_name(data["searchable_pdf"]["path"])
+    with pikepdf.open(searchable) as pdf:
+        box = [float(value) for value in pdf.pages[0].mediabox]
+    a4 = 297 / 25.4 * 72
+    assert box == pytest.approx([0, 0, a4, 1432 / 2000 * a4], abs=0.1)
+    word = page["blocks"][0]["words"][0]
+    found = subprocess.run(["pdftotext", "-bbox", searchable, "-"], capture_output=True, text=True,
+                           check=True).stdout  # fmt: skip
+    placed = re.search(r'xMin="([\d.]+)"[^>]*>Resolution<', found)
+    assert placed is not None, found
+    x_min = float(placed.group(1))
+    assert x_min == pytest.approx(word["bbox"][0] * 72 / page["dpi"], abs=1.0)
 
 
 def test_ocr_usage_errors_exit_2(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from pypdf.generic import RectangleObject
 
 import dataclasses
 
-from ocrwatch import errors, memory, render as render_module
+from ocrwatch import errors, imagepages, memory, render as render_module
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
 from ocrwatch.memory import DecodeBudget, image_bytes
 from ocrwatch.sources.base import Job, LocalFile
@@ -495,6 +495,72 @@ def test_large_images_are_downscaled_to_the_caps(tmp_path: Path) -> None:
     assert page.width * page.height <= 1_000_000 and page.image.size[0] == pytest.approx(1224, abs=2)
 
 
+# --- an image's resolution ---------------------------------------------------------------------
+
+
+def test_an_image_without_a_resolution_is_an_a4_page_by_its_long_side(tmp_path: Path) -> None:
+    """The issue's PNG (4000 x 2864 px, no pHYs) was taken as 96 dpi, a 41.7 x 29.8 inch page: now
+    its long side is an A4 page's (11.69 in, 342 dpi), recorded as ``assumed``, told the engine."""
+    png = docs.write_png(tmp_path / "scan.png", Image.new("L", (4000, 2864), 255), dpi=None)
+    _, page = render_first(png)
+    assert page.dpi == pytest.approx(4000 / (297 / 25.4), abs=0.01) and page.dpi_from == "assumed"
+    assert page.image.info["dpi"] == (page.dpi, page.dpi)
+    inches = (page.width / page.dpi, page.height / page.dpi)
+    assert inches == pytest.approx((297 / 25.4, 2864 / 4000 * 297 / 25.4), abs=0.01)
+    _, shrunk = render_first(png, render_spec(RenderConfig(max_side=2000)))  # by the stored size
+    assert shrunk.width == 2000 and shrunk.dpi == pytest.approx(page.dpi / 2, abs=0.01)
+
+
+def test_a_small_image_without_a_resolution_is_a_screens_picture(tmp_path: Path) -> None:
+    png = docs.write_png(tmp_path / "shot.png", Image.new("RGB", (800, 600), "white"), dpi=None)
+    _, page = render_first(png)
+    assert (page.dpi, page.dpi_from) == (96.0, "assumed")
+
+
+def test_render_image_dpi_applies_only_where_the_image_records_none(tmp_path: Path) -> None:
+    spec = render_spec(RenderConfig(image_dpi=300))
+    bare = docs.write_png(tmp_path / "bare.png", Image.new("L", (2480, 3508), 255), dpi=None)
+    _, page = render_first(bare, spec)
+    assert (page.dpi, page.dpi_from) == (300.0, "image_dpi")
+    recorded = docs.write_png(tmp_path / "recorded.png", Image.new("L", (1240, 1754), 255), dpi=150)
+    _, page = render_first(recorded, spec)
+    assert page.dpi == pytest.approx(150, abs=0.02) and page.dpi_from == "image"  # dots per metre
+    with pytest.raises(ValueError, match="image_dpi"):
+        RenderConfig(image_dpi=10)
+
+
+@pytest.mark.parametrize(
+    "recorded, size, configured, expected",
+    [
+        ((200.0, 200.0), (1654, 2339), None, (200.0, "image")),
+        ((1, 1), (2550, 3300), None, (3300 / (297 / 25.4), "assumed")),  # a writer's placeholder
+        ((0.0, 0.0), (2550, 3300), 300, (300.0, "image_dpi")),
+        (None, (500, 300), None, (96.0, "assumed")),
+        ("junk", (1169, 827), None, (100.0, "assumed")),
+    ],
+)
+def test_image_dpi_rule(
+    recorded: object, size: tuple[int, int], configured: int | None, expected: tuple[float, str]
+) -> None:
+    dpi, dpi_from = imagepages.image_dpi(recorded, size, configured)
+    assert (round(dpi, 1), dpi_from) == (round(expected[0], 1), expected[1])
+
+
+def test_every_page_tells_the_engine_its_resolution(tmp_path: Path) -> None:
+    """Tesseract is told each page's DPI: a PDF page's (lowered for a 200-inch poster, which
+    Tesseract would read as 70: its least credible), an image's (scaled with the image)."""
+    from ocrwatch.engines.tesseract import _encode
+
+    pdf = docs.write_pdf(tmp_path / "a.pdf", [["Letter"]])
+    _, letter = render_first(pdf, render_spec(RenderConfig(dpi=144)))
+    _, poster = render_first(docs.write_huge_page_pdf(tmp_path / "poster.pdf"))
+    png = docs.write_png(tmp_path / "wide.png", Image.new("L", (5000, 1000), 255), dpi=300)
+    _, wide = render_first(png, render_spec(RenderConfig(max_side=2000)))
+    assert [page.dpi_from for page in (letter, poster, wide)] == ["render", "render", "image"]
+    told = [_encode(page.image, 300)[1] for page in (letter, poster, wide)]
+    assert told == [144, 70, 120]
+
+
 def test_broken_image_data_is_corrupt_image(tmp_path: Path) -> None:
     png = docs.write_truncated_png(tmp_path / "cut.png")
     info = probe(png, LIMITS)  # the header is intact
@@ -590,10 +656,10 @@ def test_a_large_image_is_flattened_and_downscaled_band_by_band(
 ) -> None:
     """Bands of 256 KiB cut a 1600 x 1200 RGBA image into about thirty; the result is the whole-image
     flattening and Lanczos resize, within one level of rounding (exact where nothing is resized)."""
-    monkeypatch.setattr(render_module, "BAND_BYTES", 256 * 1024)
+    monkeypatch.setattr(imagepages, "BAND_BYTES", 256 * 1024)
     rgba = _transparent_page((1600, 1200))
     _, page = render_first(docs.write_png(tmp_path / "rgba.png", rgba), render_spec(RenderConfig(max_side=max_side)))
-    expected = render_module._ocr_mode(rgba)
+    expected = imagepages._ocr_mode(rgba)
     if max_side < 1600:
         expected = expected.resize((700, 525), Image.Resampling.LANCZOS)
     assert (page.image.mode, page.image.size) == ("RGB", expected.size)

@@ -31,6 +31,7 @@ class FakePage:
     height: int = 10
     dpi: float | None = 72.0
     seconds: float = 0.0
+    dpi_from: str = "render"
 
 
 def renderer(delay: float = 0.0, fail_at: int | None = None):

@@ -39,6 +39,7 @@ RANKS: dict[str, int] = {
     "deliveries": 2,
     "written": 2,
     "render": 3,
+    "imagepages": 3,
     "engines.base": 4,
     "scheduler": 4,
     "session": 4,

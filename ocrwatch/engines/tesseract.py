@@ -225,10 +225,13 @@ def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _encode(image: Image.Image, default_dpi: int) -> tuple[bytes, int]:
-    """PNM bytes Tesseract reads from stdin, and the image's DPI (the rendered one where it says so).
-    The renderer already hands over L or RGB; other modes are flattened here the same way."""
+    """PNM bytes Tesseract reads from stdin, and the image's DPI: the renderer's (every page it
+    makes records it), within the range Tesseract believes (it takes 70 for less, with a warning);
+    ``default_dpi`` for an image that records none. The renderer already hands over L or RGB;
+    other modes are flattened here the same way."""
     dpi = image.info.get("dpi")
-    resolution = round(dpi[0]) if isinstance(dpi, tuple) and dpi and dpi[0] >= 70 else default_dpi
+    recorded = isinstance(dpi, tuple) and dpi and float(dpi[0]) > 0
+    resolution = min(max(round(float(dpi[0])), 70), 2400) if recorded else default_dpi
     mode = image.mode
     if mode.startswith("I;16") or mode == "I":  # 16-bit grey: convert("L") would clip at 255
         image = image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
