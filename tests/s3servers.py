@@ -240,13 +240,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``) send every test that uses ``rgw`` to one worker:
     each worker would otherwise start a cluster of its own (about 12 s of two busy cores each)."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if "rgw" in getattr(item, "fixturenames", ()):
+        callspec = getattr(item, "callspec", None)  # a parameter may name it for getfixturevalue
+        named = "rgw" in callspec.params.values() if callspec is not None else False
+        if named or "rgw" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("rgw"))
 
 
