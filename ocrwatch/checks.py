@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ocrwatch.config import Config, S3Config
+from ocrwatch.database import private_dir_fault
 from ocrwatch.engines import registry
 from ocrwatch.engines.deepseek.geometry import VISIONS
 from ocrwatch.errors import ConfigError, OcrwatchError
@@ -274,7 +275,22 @@ def _folders(cfg: Config, *, prepare: bool) -> Iterator[Result]:
         elif (why := _made(out, write=True)) is not None:
             yield Result(False, f"[output] dir {out}", f"cannot be written: {why}", _FOLDER_HINT.format(out, user))
     if not prepare:
-        yield _place(f"state_dir {cfg.state_dir}", cfg.state_dir, user, "")
+        yield _state_dir(cfg.state_dir, user)
+
+
+def _state_dir(state: Path, user: str) -> Result:
+    """Writable, and private: owned by the user ocrwatch runs as and writable by no one else (the daemon refuses
+    to start otherwise, in ``database.make_private_dirs``)."""
+    what = f"state_dir {state}"
+    try:
+        fault = private_dir_fault(state)
+    except FileNotFoundError:
+        fault = None  # made 0700 at start
+    except OSError as exc:
+        return Result(False, what, (exc.strerror or str(exc)).lower(), _FOLDER_HINT.format(state, user))
+    if fault is not None:
+        return Result(False, what, *fault)
+    return _place(what, state, user, "")
 
 
 _FOLDER_HINT = "create {0} and give {1} (the user ocrwatch runs as) write access to it, or correct the path"

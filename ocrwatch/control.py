@@ -360,6 +360,9 @@ class ControlServer:
         engine = pipeline.supervisor.kind if pipeline is not None and pipeline.supervisor.engine else None
         daemon = {"pid": os.getpid(), "state": host.state(), "engine": engine}
         live = pipeline_status(pipeline.progress() if pipeline is not None else [])
+        if pipeline is not None:  # the jobs waiting in the ledger for a slot, not in memory
+            for where, count in (await pipeline.admission.waiting_by(place, pipeline.running())).items():
+                live["queue"].setdefault(where, {"running": 0, "waiting": 0})["waiting"] += count
         await send({"event": "status", **summary, "daemon": daemon, **live})
 
     async def _retry(self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader) -> None:

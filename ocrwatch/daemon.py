@@ -31,6 +31,7 @@ from ocrwatch.archive import output_judge
 from ocrwatch.config import Config
 from ocrwatch.control import LOCK_NAME, ControlServer
 from ocrwatch.errors import ConfigError, OcrwatchError
+from ocrwatch.database import open_private
 from ocrwatch.ledger import Ledger, StateUnusable, make_private_dirs
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.pipeline import Pipeline
@@ -221,7 +222,7 @@ class Daemon:
         whenever this process ends, ``kill -9`` included. Tried for a second: a client probing whether a daemon
         runs (``control.daemon_holds``) holds it for an instant."""
         path = self.cfg.state_dir / LOCK_NAME
-        lock = open(path, "a")  # noqa: SIM115 - held for the life of the process
+        lock = open(path, "a", opener=open_private)  # noqa: SIM115 - held for the life of the process
         try:
             for attempt in tenacity.Retrying(
                 retry=tenacity.retry_if_exception_type(BlockingIOError), stop=tenacity.stop_after_delay(1.0),
@@ -249,20 +250,10 @@ class Daemon:
             ) from None
 
     async def resume(self) -> int:
-        """Start every unfinished job of the ledger that does not run yet (at start, and after ``ocrwatch
-        retry``); a job killed after its sidecars were written is only marked done."""
-        ledger, pipeline = self.ledger, self.pipeline
-        assert ledger is not None and pipeline is not None
-        count = 0
-        for row in await asyncio.to_thread(ledger.unfinished):
-            if row.job.source not in pipeline.sources:
-                continue
-            if row.state == "writing" and await asyncio.to_thread(pipeline.already_written, row.job, row.fingerprint):
-                await asyncio.to_thread(ledger.mark_done, row.key)
-                continue
-            pipeline.start_job(row.job)
-            count += 1
-        return count
+        """Let every unfinished job of the ledger start (at start, and after ``ocrwatch retry``): they wait in
+        the ledger for a slot (``Pipeline.resume``); how many."""
+        assert self.pipeline is not None
+        return await self.pipeline.resume()
 
     # --- what the control channel asks (``control.Host``) -----------------------------------------------------
 

@@ -1,46 +1,59 @@
 """The ledger: one SQLite row per job, so work survives restarts and a changed file is processed again.
 
-One file (``state_dir/ledger.sqlite3``) in WAL mode with ``synchronous=NORMAL``: a committed write survives
-a process crash (``kill -9``, OOM killer), and readers such as ``ocrwatch status`` never block the daemon.
+One file (``state_dir/ledger.sqlite3``, a ``database.Database``: private, WAL, checked whole at open): methods
+are blocking and thread-safe, so the daemon may call them from its event loop and from worker threads, and each
+is one transaction. Jobs that wait for a document slot wait here, not in memory: ``waiting`` reads the next ones
+in the order they start (higher priority first, then the oldest), through an index of the unfinished rows.
 
-Concurrency contract: methods are blocking and thread-safe (one connection, one lock), so the daemon may call
-them from its event loop and from worker threads. Each method is one transaction. When another process
-holds the write lock, a method waits (SQLite's busy handler, then whole-transaction retries through tenacity)
-for up to ``lock_budget`` seconds, then raises ``TransientError``.
+Every byte string a file system allows as a name round-trips: a key is a ``file://`` URI, whose path is
+percent-encoded from the name's bytes, and a job's JSON keeps a name that is not UTF-8 as ``\\udcXX`` escapes
+(Python's surrogateescape), which ``json`` reads back to the same name.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import structlog
-import tenacity
-
-from ocrwatch.errors import (
-    SQLITE_BUSY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_LOCKED, SQLITE_NOTADB, ConfigError, DiskFull, OcrwatchError,
-    TransientError, sqlite_code,
-)
+from ocrwatch.database import Database, Migration, StateUnusable, make_private_dirs, migrate
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
+
+__all__ = ["Fingerprint", "JobRow", "Ledger", "StateUnusable", "make_private_dirs", "same_content", "sha256_file"]
 
 State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
 STATES: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing", "done", "failed")
 UNFINISHED: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing")
 
-T = TypeVar("T")
-log = structlog.get_logger()
+# What an unfinished row is, written out: SQLite uses the partial index ``jobs_waiting`` only for a query whose
+# WHERE holds this very term.
+_WAITING = "state IN ('queued', 'rendering', 'recognizing', 'writing')"
+
+
+def _ordering_columns(conn: sqlite3.Connection) -> None:
+    """The job's source and priority as columns of their own (older rows kept them in their JSON only), and the
+    unfinished rows indexed in the order they start, so waiting jobs stay in the ledger and the next ones are
+    read from it as slots free (the index holds every column those reads and the count look at). Filled in
+    batches: a large ledger is never read into memory at once."""
+    conn.execute("ALTER TABLE jobs ADD COLUMN source TEXT")
+    conn.execute("ALTER TABLE jobs ADD COLUMN priority INTEGER")
+    last = ""
+    while rows := conn.execute("SELECT key, job FROM jobs WHERE key > ? ORDER BY key LIMIT 1000", (last,)).fetchall():
+        fields = [(data["source"], data["priority"], key) for key, text in rows for data in [json.loads(text)]]
+        conn.executemany("UPDATE jobs SET source = ?, priority = ? WHERE key = ?", fields)
+        last = rows[-1][0]
+    conn.execute(f"CREATE INDEX jobs_waiting ON jobs (priority DESC, created_at, source, key, state) WHERE {_WAITING}")
+
 
 # Each entry upgrades the schema from version i to i + 1; append, never edit, so old ledgers upgrade in place.
-_MIGRATIONS: tuple[str, ...] = (
+_MIGRATIONS: tuple[Migration, ...] = (
     """
     CREATE TABLE jobs (
         key TEXT PRIMARY KEY,
@@ -96,17 +109,12 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN fp_inode INTEGER;
     ALTER TABLE jobs ADD COLUMN fp_ctime_ns INTEGER;
     """,
+    _ordering_columns,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _SETTABLE = frozenset({"pages_total", "pages_done"})
 _PATH_FAULTS = frozenset({"source_gone", "not_a_regular_file", "source_changed"})
-
-
-class StateUnusable(ConfigError):
-    """The ledger or its folder cannot be used as it is: restarting cannot help, the user must act (exit 2)."""
-
-    kind = "state_unusable"
 
 
 @dataclass(frozen=True)
@@ -169,46 +177,17 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-class Ledger:
+class Ledger(Database):
     """Every job the daemon has seen, its state and its source fingerprint."""
 
     def __init__(self, path: Path, *, lock_budget: float = 30.0) -> None:
-        self.path = path
-        try:
-            make_private_dirs(path.parent)
-            # SQLite's own busy wait is the first line; tenacity retries the whole transaction around it, which
-            # also covers the busy cases that bypass the handler (e.g. WAL recovery by another process).
-            self._conn = sqlite3.connect(
-                path, timeout=min(1.0, lock_budget), isolation_level=None, check_same_thread=False
-            )
-        except (OSError, sqlite3.DatabaseError) as exc:
-            raise _unusable(path, exc) from None
-        self._lock = threading.Lock()
-        self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(_is_busy),
-            stop=tenacity.stop_after_delay(lock_budget),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
-            before_sleep=lambda state: log.warning("ledger_locked", path=str(path), attempt=state.attempt_number),
-        )
-        self._lock_budget = lock_budget
-        try:
-            self._open()
-        except (OSError, sqlite3.DatabaseError) as exc:
-            self._conn.close()
-            raise _unusable(path, exc) from None
-        except BaseException:
-            self._conn.close()
-            raise
+        super().__init__(path, self._migrate, lock_budget=lock_budget)
 
     def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
 
     def admit(self, job: Job, fp: Fingerprint) -> bool:
         """Record a job the source found; True when it must be started.
@@ -228,20 +207,20 @@ class Ledger:
             row = conn.execute("SELECT * FROM jobs WHERE key = ?", (job.key,)).fetchone()
             if row is None:
                 conn.execute(
-                    "INSERT INTO jobs (key, state, job, fp_size, fp_mtime_ns, fp_sha256, fp_etag, fp_version_id,"
-                    " fp_inode, fp_ctime_ns, created_at, updated_at)"
-                    " VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job.key, _dump_job(job), *_fp_columns(fp), now, now),
+                    "INSERT INTO jobs (key, state, job, source, priority, fp_size, fp_mtime_ns, fp_sha256, fp_etag,"
+                    " fp_version_id, fp_inode, fp_ctime_ns, created_at, updated_at)"
+                    " VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job.key, *_job_columns(job), *_fp_columns(fp), now, now),
                 )
                 return True
             old = _fingerprint(row)
             if not same_content(old, fp):
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', attempts = 0, last_error = NULL, error_at = NULL, job = ?,"
-                    " fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?, fp_inode = ?,"
-                    " fp_ctime_ns = ?, pages_total = NULL, pages_done = 0, created_at = ?, updated_at = ?,"
-                    " finished_at = NULL WHERE key = ?",
-                    (_dump_job(job), *_fp_columns(fp), now, now, job.key),
+                    " source = ?, priority = ?, fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?,"
+                    " fp_version_id = ?, fp_inode = ?, fp_ctime_ns = ?, pages_total = NULL, pages_done = 0,"
+                    " created_at = ?, updated_at = ?, finished_at = NULL WHERE key = ?",
+                    (*_job_columns(job), *_fp_columns(fp), now, now, job.key),
                 )
                 return True
             merged = Fingerprint(
@@ -264,8 +243,12 @@ class Ledger:
                     "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = ? WHERE key = ?",
                     (now, job.key),
                 )
-                return True
-            return row["state"] == "queued"
+            elif row["state"] != "queued":
+                return False
+            # The job waits here until a slot frees: what the source handed over last is what runs (an SQS
+            # message delivered again carries a new receipt, and only that one acknowledges it).
+            conn.execute("UPDATE jobs SET job = ?, source = ?, priority = ? WHERE key = ?", (*_job_columns(job), job.key))
+            return True
 
         return self.transact(tx, write=True)
 
@@ -337,17 +320,57 @@ class Ledger:
             (json.dumps(error), now, now),
         )
 
-    def unfinished(self) -> list[JobRow]:
-        """Jobs to resume at start (queued or interrupted mid-stage), oldest first."""
-        marks = ", ".join("?" * len(UNFINISHED))
+    def unfinished(self, states: Collection[State] = UNFINISHED) -> list[JobRow]:
+        """Unfinished jobs (queued or interrupted mid-stage; ``states``: only those), oldest first."""
+        marks = ", ".join("?" * len(states))
         return self.transact(
             lambda conn: [
                 _job_row(r)
                 for r in conn.execute(
-                    f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at, key", UNFINISHED
+                    f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at, key", tuple(states)
                 )
             ]
         )
+
+    def waiting(self, limit: int, sources: Collection[str], running: Collection[str]) -> list[JobRow]:
+        """The next ``limit`` unfinished jobs of ``sources`` to start, leaving out the keys ``running``: higher
+        priority first, then the oldest. Read through the index of unfinished rows in that order, so the cost
+        is the rows passed over (``running``), not the length of the backlog."""
+        where, params = _waiting_where(sources, running)
+        return self.transact(
+            lambda conn: [
+                _job_row(r)
+                for r in conn.execute(
+                    f"SELECT * FROM jobs INDEXED BY jobs_waiting WHERE {where}"
+                    " ORDER BY priority DESC, created_at, source, key LIMIT ?",
+                    (*params, limit),
+                )
+            ]
+        )
+
+    def waiting_by(
+        self, sources: Collection[str], running: Collection[str], place: Callable[[Job], str]
+    ) -> Counter[str]:
+        """The unfinished jobs of ``sources`` but ``running``, counted by ``place(job)`` (``ocrwatch status``'s
+        queue by inbox): read one row at a time, so a long backlog costs time here, not memory."""
+        where, params = _waiting_where(sources, running)
+        return self.transact(
+            lambda conn: Counter(
+                place(_load_job(text))
+                for (text,) in conn.execute(f"SELECT job FROM jobs INDEXED BY jobs_waiting WHERE {where}", params)
+            )
+        )
+
+    def backlog(self, sources: Collection[str], running: Collection[str]) -> tuple[int, float | None]:
+        """How many unfinished jobs of ``sources`` wait, leaving out the keys ``running``, and when the oldest
+        of them was admitted (None: none waits). Counted on the index alone."""
+        where, params = _waiting_where(sources, running)
+        row = self.transact(
+            lambda conn: conn.execute(
+                f"SELECT count(*), min(created_at) FROM jobs INDEXED BY jobs_waiting WHERE {where}", params
+            ).fetchone()
+        )
+        return int(row[0]), row[1]
 
     def retry(self, selectors: list[str] | None = None) -> int:
         """Put failed jobs back in the queue with attempts reset; returns how many.
@@ -401,37 +424,8 @@ class Ledger:
 
         return self.transact(tx)
 
-    # --- plumbing ---------------------------------------------------------------------------------------------
-
-    def _open(self) -> None:
-        self._conn.row_factory = sqlite3.Row
-        mode = self._with_retries(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-        if mode != "wal":
-            raise StateUnusable(
-                f"the ledger {self.path} cannot use WAL mode (got {mode!r})",
-                hint="put state_dir on a local filesystem (WAL needs shared memory; NFS and SMB cannot do it)",
-            )
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        # Lookups are by single key: a 512 KiB page cache serves them, and RSS stays flat as the ledger grows.
-        self._conn.execute("PRAGMA cache_size = -512")
-        # A page damaged in the middle only shows when a query reaches it: checked whole, once, before any use,
-        # or lookups would miss rows and documents would be skipped or redone without a word.
-        problems = self.transact(lambda conn: [row[0] for row in conn.execute("PRAGMA quick_check(3)")])
-        if problems != ["ok"]:
-            said = " ".join(" ".join(problems).replace("*** in database main ***", "").split())  # one line
-            raise StateUnusable(f"the ledger {self.path} is damaged: {said}", hint=_MOVE_ASIDE.format(self.path))
-        self.transact(self._migrate, write=True)
-
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StateUnusable(
-                f"the ledger {self.path} has schema version {version}, newer than this ocrwatch ({SCHEMA_VERSION})",
-                hint="upgrade ocrwatch, or point state_dir at another folder",
-            )
-        for script in _MIGRATIONS[version:]:
-            for statement in filter(str.strip, script.split(";")):
-                conn.execute(statement)
+        migrate(conn, _MIGRATIONS, conn.execute("PRAGMA user_version").fetchone()[0], path=self.path, what="schema")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _update(self, key: str, assignments: str, params: Iterable[Any]) -> None:
@@ -444,34 +438,6 @@ class Ledger:
 
         self.transact(tx, write=True)
 
-    def transact(self, body: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
-        """Run ``body`` in one transaction, retried whole while the database is locked."""
-
-        def attempt() -> T:
-            # BEGIN IMMEDIATE takes the write lock up front, so a locked database fails here and never midway.
-            self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                result = body(self._conn)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-            return result
-
-        return self._with_retries(attempt)
-
-    def _with_retries(self, fn: Callable[[], T]) -> T:
-        with self._lock:
-            try:
-                return self._retrying(fn)
-            except tenacity.RetryError as exc:
-                raise TransientError(
-                    f"the ledger {self.path} stayed locked for {self._lock_budget:g}s: "
-                    f"{exc.last_attempt.exception()}",
-                    hint="another process holds the ledger's write lock; stop it (e.g. a stuck sqlite3 shell)",
-                ) from exc.last_attempt.exception()
-
 
 def _error_kind(last_error: str | None) -> str | None:
     try:
@@ -481,36 +447,17 @@ def _error_kind(last_error: str | None) -> str | None:
     return error.get("kind") if isinstance(error, dict) else None
 
 
-_MOVE_ASIDE = (
-    "stop ocrwatch, move the ledger aside (mv {0} {0}.broken) and start again: documents whose sidecars "
-    "exist are not processed again"
-)
+def _waiting_where(sources: Collection[str], running: Collection[str]) -> tuple[str, tuple[str, ...]]:
+    """The unfinished rows of ``sources`` but ``running``. ``+source``: a filter on the index's entries, not a
+    constraint SQLite would look up one value at a time (and then sort what it found)."""
+    where = f"{_WAITING} AND +source IN ({', '.join('?' * len(sources))})"
+    if running:
+        where += f" AND key NOT IN ({', '.join('?' * len(running))})"
+    return where, (*sources, *running)
 
 
-def _unusable(path: Path, exc: OSError | sqlite3.DatabaseError) -> OcrwatchError:
-    """What stops the ledger from opening, said in one line with what to do about it. A full disk is the one
-    fault that heals by itself, so it stays transient (a restart later may succeed)."""
-    code = sqlite_code(exc)
-    if code in (SQLITE_NOTADB, SQLITE_CORRUPT):
-        return StateUnusable(f"the ledger {path} is damaged: {exc}", hint=_MOVE_ASIDE.format(path))
-    if code == SQLITE_FULL or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
-        return DiskFull(f"the ledger {path} cannot be opened: {exc}", hint=f"free space on {path.parent}")
-    return StateUnusable(
-        f"the ledger {path} cannot be opened for writing: {exc}",
-        hint=f"make {path.parent} and the files in it writable by the user ocrwatch runs as "
-        "(on a local, writable filesystem), or point state_dir at another folder",
-    )
-
-
-def _is_busy(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and sqlite_code(exc) in (SQLITE_BUSY, SQLITE_LOCKED)
-
-
-def make_private_dirs(path: Path) -> None:
-    """Create ``path`` and any missing parents with mode 0700: the ledger names every document seen."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for p in reversed(missing):
-        p.mkdir(mode=0o700, exist_ok=True)
+def _job_columns(job: Job) -> tuple[Any, ...]:
+    return (_dump_job(job), job.source, job.priority)
 
 
 def _fp_columns(fp: Fingerprint) -> tuple[Any, ...]:

@@ -2,9 +2,9 @@
 
 ``Pipeline._process`` reads like the recipe it is: fetch and probe, render and recognise (the shared scheduler
 renders pages ahead in worker threads and feeds the engine), assemble, write. Around it sit admission
-(``submit``: the ledger and the sidecars decide whether a job runs at all), the retry loop (a transient failure
-is tried again with backoff) and ``reject``, the one place where a job is given up and its error sidecar
-written, whether the pipeline failed it or its source did.
+(``admission``: whether a job runs at all, and when: jobs wait in the ledger until a slot frees), the retry loop
+(a transient failure is tried again with backoff) and ``reject``, the one place where a job is given up and its
+error sidecar written, whether the pipeline failed it or its source did.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ocrwatch import assemble, children, figures, ladder, outputs, render
+from ocrwatch.admission import Admission, job_id
 from ocrwatch.archive import Archiver
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine, PageRequest
@@ -41,24 +41,24 @@ from ocrwatch.errors import (
     classify,
 )
 from ocrwatch.hooks import HookRunner
-from ocrwatch.ledger import Fingerprint, Ledger, same_content, sha256_file
+from ocrwatch.ledger import Fingerprint, Ledger, sha256_file
 from ocrwatch.memory import DecodeBudget
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
 from ocrwatch.scheduler import (
     Document, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
-from ocrwatch.sinks.base import Sink, recorded_fingerprint
-from ocrwatch.sources.base import Access, Job, LocalFile, Origin, S3Object, Source
-from ocrwatch.sources.beneath import Signature, inspect, measure
+from ocrwatch.sinks.base import Sink
+from ocrwatch.safefs import Access
+from ocrwatch.sources.base import Job, LocalFile, Origin, Source
 from ocrwatch.supervisor import EngineSupervisor
+
+__all__ = ["Pipeline", "Probed", "Progress", "job_id"]
 
 log = structlog.get_logger()
 
-
-def job_id(job: Job) -> str:
-    """A short stable id for logs and temporary folders (the ledger key may be long, or a path)."""
-    return hashlib.sha1(job.key.encode()).hexdigest()[:12]
+LEFT_COUNT_SECONDS = 5.0
+"""How long a stop waits for the ledger to count the jobs it leaves waiting, for its one line about them."""
 
 
 @dataclass(frozen=True)
@@ -96,12 +96,15 @@ class Pipeline:
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
         self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)  # a source's fate once it is done
+        self.admission = Admission(ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload)
         self.scheduler: PageScheduler | None = None
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._jobs: dict[str, Job] = {}  # key → the job its task runs
         self._holding: set[str] = set()  # keys of the jobs in a slot now
+        self._given: set[str] = set()  # keys of the jobs started in a slot the dispatcher took, not yet entered
         self._documents: dict[str, Document] = {}  # key → its pages in the scheduler, while they are recognised
         # Jobs run without the ledger (``ocrwatch ocr``): key → the Tesseract languages asked for (None: the inbox's)
         self._unrecorded: dict[str, str | None] = {}
@@ -127,6 +130,9 @@ class Pipeline:
         self.supervisor.scheduler = self.scheduler
         self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
         self._slots = asyncio.Semaphore(self.active_documents)
+        if self.ledger is not None:  # a job waiting out a backoff holds no slot: as many again may be held so
+            dispatch = self.admission.dispatch(self._slots, self, 2 * self.active_documents)
+            self._dispatcher = asyncio.create_task(dispatch, name="admission")
         budget = self.scheduler.budget
         log.info(
             "scheduler_ready",
@@ -165,73 +171,41 @@ class Pipeline:
             return None
         return await asyncio.to_thread(getattr(self.ledger, method), *args, **fields)
 
-    # --- admission ----------------------------------------------------------------------------------------
+    # --- admission (``admission.py``) -------------------------------------------------------------------------
 
     async def submit(self, job: Job) -> None:
         """Admit a job (idempotent); returns once it is durably in the ledger, or known to be done."""
-        fingerprint = await asyncio.to_thread(self._fingerprint, job)
-        if fingerprint is None:
-            return
-        if await self._done_already(job, fingerprint):
-            return
-        if self.ledger is not None and not await self._ledger("admit", job, fingerprint):
-            row = await self._ledger("known", job.key)
-            if row is None or row.state not in ("done", "failed"):
-                return
-            if row.state == "failed" or await self._offload(job, self.already_written, job, fingerprint):
-                await self.sources[job.source].finish(job, row.state)
-                return
-            # Done with this very content, yet no sidecar records it (deleted, or another's now): done again.
-            log.info("job_sidecars_missing", job_id=job_id(job), uri=job.origin.uri)
-            await self._ledger("set_state", job.key, "queued")
-            await self._ledger("release_attempt", job.key)  # the next run's attempt replaces the finished run's
-        self.start_job(job)
-
-    def _fingerprint(self, job: Job) -> Fingerprint | None:
-        """The job's content as the ledger compares it (blocking); None when a local file is gone."""
-        origin = job.origin
-        if isinstance(origin, S3Object):
-            return Fingerprint(size=origin.size or 0, mtime_ns=None, sha256=None, etag=origin.etag, version_id=origin.version_id)
-        try:  # beneath the inbox, no link followed: nothing outside it is ever hashed into the ledger
-            signature = inspect(origin.path, origin.inbox)
-            if self.ledger is not None:
-                row = self.ledger.known(job.key)
-                if row is not None and row.state == "done" and _same_stat(row.fingerprint, signature):
-                    return row.fingerprint  # unchanged since it was done: no need to hash it again
-            signature, digest = measure(origin.path, origin.inbox)
-        except (OcrwatchError, OSError):  # gone, or no longer a regular file: nothing to admit
-            return None
-        return Fingerprint(
-            size=signature.size, mtime_ns=signature.mtime_ns, sha256=digest, inode=signature.inode,
-            ctime_ns=signature.ctime_ns,
-        )
+        await self.admission.submit(job)
 
     def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
         """Whether the job's sidecars already describe this very content (blocking: the sink reads them)."""
-        recorded = self.sinks[job.source].recorded(job)
-        return recorded is not None and same_content(recorded_fingerprint(recorded), fingerprint)
+        return self.admission.already_written(job, fingerprint)
 
-    async def _done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
-        """A job whose sidecars describe its content is done without a run: recorded so and acknowledged."""
-        if not await self._offload(job, self.already_written, job, fingerprint):
-            return False
-        await self._ledger("admit", job, fingerprint)
-        await self._ledger("mark_done", job.key)
-        log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
-        await self.hooks.relocate(job.key, await self._offload(job, self.archive.settle, job, None, fingerprint.sha256))
-        await self.sources[job.source].finish(job, "done")
-        return True
+    async def resume(self) -> int:
+        """Let the ledger's unfinished jobs start (at start, and after ``ocrwatch retry``); how many wait."""
+        return await self.admission.resume(self.running())
+
+    def running(self) -> Collection[str]:
+        """Keys of the jobs held in memory: in a slot, waiting for one, or waiting out a backoff."""
+        return self._tasks.keys()
 
     def start_job(self, job: Job, *, record: bool = True, lang: str | None = None) -> asyncio.Task[str]:
         """Run the job in a task of its own, unless it already runs; the task's result is its final status.
-        ``record=False``: the ledger never hears of it (``ocrwatch ocr``), and ``lang`` overrides its inbox's."""
+        A recorded job is started by ``Admission.dispatch``, in the slot it took for it. ``record=False``: the
+        ledger never hears of it (``ocrwatch ocr``), its task waits for a slot, and ``lang`` overrides its
+        inbox's."""
+        assert self._slots is not None, "Pipeline.start() first"
         existing = self._tasks.get(job.key)
         if existing is not None and not existing.done():
+            if record:
+                self._slots.release()
             return existing
         task = asyncio.create_task(self._run(job), name=f"job:{job_id(job)}")
         self._tasks[job.key] = task
         self._jobs[job.key] = job
-        if not record:
+        if record:
+            self._given.add(job.key)
+        else:
             self._unrecorded[job.key] = lang
         task.add_done_callback(functools.partial(self._forget, job.key))
         return task
@@ -242,6 +216,11 @@ class Pipeline:
             del self._jobs[key]
             self._unrecorded.pop(key, None)
             self._read.pop(key, None)
+            if key in self._given:  # cancelled before it took the slot given to it
+                self._given.discard(key)
+                assert self._slots is not None
+                self._slots.release()
+            self.admission.wake()
 
     def progress(self) -> list[Progress]:
         """Every job this pipeline runs or holds, and how far its pages are (``ocrwatch status``, ``ocr``)."""
@@ -260,21 +239,35 @@ class Pipeline:
                 metrics.queue_depth.labels(stage=stage).set(depth)
             metrics.inflight_pages.set(self.scheduler.budget.inflight)
         metrics.active_documents.labels(state="running").set(len(self._holding))
-        metrics.active_documents.labels(state="waiting").set(max(len(self._tasks) - len(self._holding), 0))
-        oldest = min((job.detected_at for job in self._jobs.values()), default=None)
+        held = max(len(self._tasks) - len(self._holding), 0)
+        metrics.active_documents.labels(state="waiting").set(held + self.admission.backlog)
+        oldest = min((job.detected_at for job in self._jobs.values()), default=self.admission.oldest)
+        if self.admission.oldest is not None and oldest is not None:
+            oldest = min(oldest, self.admission.oldest)
         metrics.oldest_waiting.set(0.0 if oldest is None else max(time.time() - oldest, 0.0))
 
     async def drain(self, timeout: float) -> int:
-        """Wait for running jobs up to ``timeout``; cancel the rest (they stay unfinished in the ledger)."""
+        """Start nothing more, wait for running jobs up to ``timeout`` and cancel the rest: they stay unfinished
+        in the ledger with the jobs that wait there, which one line counts. How many were cancelled."""
         self._draining.set()  # a job waiting out its backoff ends at once (see _backoff)
-        tasks = list(self._tasks.values())
-        if not tasks:
-            return 0
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        children.kill_all()  # a render thread cannot be cancelled: its pdftoppm can, so it returns at once
-        await asyncio.gather(*pending, return_exceptions=True)
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        pending: set[asyncio.Task[str]] = set()
+        if tasks := list(self._tasks.values()):
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            children.kill_all()  # a render thread cannot be cancelled: its pdftoppm can, so it returns at once
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self.ledger is not None:
+            try:
+                left = await asyncio.wait_for(self.admission.count(()), LEFT_COUNT_SECONDS)
+            except Exception as exc:  # never holds the stop up: the jobs wait in the ledger all the same
+                log.warning("jobs_left_uncounted", kind=classify(exc).kind, error=str(exc))
+            else:
+                if left:
+                    log.info("jobs_left_queued", jobs=left, hint="they wait in the ledger and start at the next start")
         return len(pending)
 
     # --- one job: attempts ------------------------------------------------------------------------------------
@@ -352,14 +345,19 @@ class Pipeline:
 
     @contextlib.asynccontextmanager
     async def _slot(self, key: str) -> AsyncIterator[None]:
-        """One of ``max_active_documents`` slots, held by the job ``key`` (the gauges and ``progress`` read it)."""
+        """One of ``max_active_documents`` slots, held by the job ``key`` (the gauges and ``progress`` read it):
+        the one the dispatcher took for it, the first time."""
         assert self._slots is not None, "Pipeline.start() first"
-        async with self._slots:
-            self._holding.add(key)
-            try:
-                yield
-            finally:
-                self._holding.discard(key)
+        if key in self._given:
+            self._given.discard(key)
+        else:
+            await self._slots.acquire()
+        self._holding.add(key)
+        try:
+            yield
+        finally:
+            self._holding.discard(key)
+            self._slots.release()
 
     async def _start_attempt(self, job: Job) -> int:
         """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
@@ -540,9 +538,9 @@ class Pipeline:
         its source told. The pipeline calls it when a job's attempts are spent; a source calls it (it is
         handed to ``Source.start``) for a job it must give up unprocessed, such as an S3 poison message."""
         if job.key not in self._tasks:  # from a source: the job never ran here
-            fingerprint = await asyncio.to_thread(self._fingerprint, job)
+            fingerprint = await asyncio.to_thread(self.admission.fingerprint, job)
             if fingerprint is not None:
-                if await self._done_already(job, fingerprint):  # a duplicate whose acknowledgement was lost
+                if await self.admission.done_already(job, fingerprint):  # a duplicate whose acknowledgement was lost
                     return
                 await self._ledger("admit", job, fingerprint)  # so the failure has a row to be recorded in
         log.error(
@@ -595,11 +593,3 @@ def _described(engine: Engine, lang: str | None) -> dict[str, Any]:
     """What the sidecar records of the engine: an engine that states its languages states the page's."""
     described = engine.describe()
     return described | {"lang": lang} if lang is not None and "lang" in described else described
-
-
-def _same_stat(recorded: Fingerprint, now: Signature) -> bool:
-    """Whether a file's stat still matches the one recorded with its fingerprint: inode and ctime too, since
-    a replacement can keep size and mtime (``touch -r``); an old row without them never matches."""
-    return recorded.inode is not None and (recorded.size, recorded.mtime_ns, recorded.inode, recorded.ctime_ns) == (
-        now.size, now.mtime_ns, now.inode, now.ctime_ns
-    )

@@ -1,0 +1,135 @@
+"""``Admission.dispatch`` and ``resume`` against a real ledger: waiting jobs stay rows in the ledger and come out
+one per free slot, best first; jobs waiting out a backoff (no slot) are bounded; a job a killed process left
+``writing`` whose sidecars were written is only marked done."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Collection
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from ocrwatch.admission import Admission
+from ocrwatch.archive import Archiver
+from ocrwatch.hooks import HookRunner
+from ocrwatch.ledger import Fingerprint, Ledger
+from ocrwatch.sinks.base import Sink
+from ocrwatch.sources.base import Job, LocalFile, Source
+
+FP = Fingerprint(size=3, mtime_ns=1, sha256="ab" * 32)
+
+
+class Runner:
+    """What the pipeline is to the dispatcher: the jobs it was handed, held until a test lets them go."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, Job] = {}
+        self.started: list[str] = []
+
+    def running(self) -> Collection[str]:
+        return self.held.keys()
+
+    def start_job(self, job: Job) -> None:
+        self.held[job.key] = job
+        self.started.append(job.key)
+
+
+class RecordedSink:
+    """Says the sidecars of ``written`` record ``FP``."""
+
+    def __init__(self, written: set[str]) -> None:
+        self.written = written
+
+    def recorded(self, job: Job) -> dict[str, Any] | None:
+        return {"bytes": FP.size, "sha256": FP.sha256} if job.key in self.written else None
+
+
+async def inline(job: Job, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def admission(ledger: Ledger, sink: RecordedSink | None = None) -> Admission:
+    sources = {"inbox": cast(Source, None)}
+    sinks = {"inbox": cast(Sink, sink or RecordedSink(set()))}
+    return Admission(ledger, sources, sinks, cast(Archiver, None), cast(HookRunner, None), inline)
+
+
+def job(tmp_path: Path, name: str, priority: int = 50) -> Job:
+    inbox = tmp_path / "inbox"
+    return Job(origin=LocalFile(path=inbox / name, inbox=inbox), source="inbox", priority=priority)
+
+
+async def eventually(predicate: Callable[[], Any], what: str) -> None:
+    for _ in range(400):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def settled() -> None:
+    """Long enough for the dispatcher to read the ledger had it anything to read."""
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Any:
+    with Ledger(tmp_path / "state" / "ledger.sqlite3") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def dispatching() -> AsyncIterator[list[asyncio.Task[None]]]:
+    tasks: list[asyncio.Task[None]] = []
+    yield tasks
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_waiting_jobs_start_one_per_free_slot_best_first(
+    tmp_path: Path, ledger: Ledger, dispatching: list[asyncio.Task[None]]
+) -> None:  # fmt: skip
+    backlog = [job(tmp_path, f"page-{n:04d}.png") for n in range(1000)]
+    urgent = job(tmp_path, "urgent.png", priority=90)
+    for waiting in (*backlog, urgent):
+        assert ledger.admit(waiting, FP)
+    made, runner, slots = admission(ledger), Runner(), asyncio.Semaphore(4)
+    dispatching.append(asyncio.create_task(made.dispatch(slots, runner, 8)))
+    made.wake()
+    await eventually(lambda: len(runner.started) == 4, "four jobs in the four slots")
+    assert runner.started == [urgent.key, *(j.key for j in backlog[:3])]
+    await settled()
+    assert len(runner.started) == 4  # the other 997 are rows, not tasks
+
+    ledger.mark_done(urgent.key)  # it ended: its row finished, its slot given back
+    del runner.held[urgent.key]
+    slots.release()
+    made.wake()
+    await eventually(lambda: len(runner.started) == 5, "the next job in the freed slot")
+    assert runner.started[-1] == backlog[3].key
+
+    for _ in range(4):  # the four in slots wait out a backoff: no slot, still held
+        slots.release()
+    await eventually(lambda: len(runner.held) == 8, "jobs in the slots the backoffs freed")
+    slots.release()  # one more of them waits out a backoff
+    made.wake()
+    await settled()
+    assert len(runner.held) == 8 and not slots.locked()  # the bound: no more, though a slot is free
+    assert await made.count(runner.running()) == 1001 - 1 - 8
+
+
+async def test_a_job_left_writing_with_its_sidecars_written_is_only_marked_done(
+    tmp_path: Path, ledger: Ledger
+) -> None:  # fmt: skip
+    written, unwritten, queued = job(tmp_path, "written.png"), job(tmp_path, "unwritten.png"), job(tmp_path, "q.png")
+    for each in (written, unwritten, queued):
+        ledger.admit(each, FP)
+    ledger.set_state(written.key, "writing")
+    ledger.set_state(unwritten.key, "writing")
+    made = admission(ledger, RecordedSink({written.key}))
+    assert await made.resume(()) == 2
+    assert [ledger.known(each.key).state for each in (written, unwritten, queued)] == ["done", "writing", "queued"]
