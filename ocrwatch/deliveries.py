@@ -9,25 +9,28 @@ drops it otherwise (the document runs again and records a new one). So a hook ru
 result that was published, and never for one that was not.
 
 The tables sit beside the ledger's ``jobs`` but have their own schema version (table ``hook_schema``), so the
-ledger's ``user_version`` stays the ledger's. They are read and written through the ``Ledger`` itself, on its
+ledger's ``user_version`` stays the ledger's. Where the sidecars are (``json``, ``md``) is kept as the path's bytes
+(``os.fsencode``, a BLOB): a file name need not be UTF-8, and SQLite's TEXT cannot hold one that is not. They are read and written through the ``Ledger`` itself, on its
 connection and its one transaction helper: blocking, thread-safe methods, each one write transaction, retried
 whole while another connection holds the write lock.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ocrwatch.ledger import Ledger, StateUnusable
+from ocrwatch.database import Migration, StateUnusable, migrate
+from ocrwatch.ledger import Ledger
 
 T = TypeVar("T")
 
 # Each entry upgrades hook_schema's version from i to i + 1; append, never edit.
-_MIGRATIONS: tuple[str, ...] = (
+_MIGRATIONS: tuple[Migration, ...] = (
     """
     CREATE TABLE hook_events (
         id INTEGER PRIMARY KEY,
@@ -52,6 +55,27 @@ _MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (event, hook)
     ) WITHOUT ROWID;
     CREATE INDEX hook_deliveries_pending ON hook_deliveries (event) WHERE state = 'pending';
+    """,
+    # The sidecars' paths as bytes: a name that is not UTF-8 cannot be TEXT. What TEXT held was UTF-8, whose
+    # bytes the cast keeps.
+    """
+    CREATE TABLE hook_events_new (
+        id INTEGER PRIMARY KEY,
+        key TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('ok', 'partial', 'failed')),
+        source TEXT NOT NULL,
+        json BLOB NOT NULL,
+        md BLOB NOT NULL,
+        payload BLOB,
+        held_by TEXT,
+        created_at REAL NOT NULL
+    );
+    INSERT INTO hook_events_new SELECT id, key, status, source, CAST(json AS BLOB), CAST(md AS BLOB), payload,
+        held_by, created_at FROM hook_events;
+    DROP TABLE hook_events;
+    ALTER TABLE hook_events_new RENAME TO hook_events;
+    CREATE INDEX hook_events_by_key ON hook_events (key);
+    CREATE INDEX hook_events_held ON hook_events (held_by) WHERE held_by IS NOT NULL;
     """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -105,7 +129,7 @@ class Deliveries:
             event = conn.execute(
                 "INSERT INTO hook_events (key, status, source, json, md, payload, held_by, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, status, source, json, md, payload, token, now),
+                (key, status, source, os.fsencode(json), os.fsencode(md), payload, token, now),
             ).lastrowid
             assert event is not None
             conn.executemany(
@@ -122,9 +146,7 @@ class Deliveries:
 
         def tx(conn: sqlite3.Connection) -> list[str]:
             if moved is not None:
-                conn.execute(
-                    "UPDATE hook_events SET json = ?, md = ? WHERE id = ?", (moved["json"], moved["md"], event)
-                )
+                conn.execute("UPDATE hook_events SET json = ?, md = ? WHERE id = ?", (*_paths(moved), event))
             conn.execute("UPDATE hook_events SET held_by = NULL WHERE id = ?", (event,))
             return [
                 row[0]
@@ -141,8 +163,7 @@ class Deliveries:
         ended."""
         self.transact(
             lambda conn: conn.execute(
-                "UPDATE hook_events SET json = ?, md = ? WHERE key = ? AND status = 'ok'",
-                (moved["json"], moved["md"], key),
+                "UPDATE hook_events SET json = ?, md = ? WHERE key = ? AND status = 'ok'", (*_paths(moved), key)
             )
         )
 
@@ -183,8 +204,9 @@ class Deliveries:
             ).fetchone()
             if row is None:
                 return None
-            return Delivery(event, hook, row["key"], row["status"], row["source"], row["json"], row["md"],
-                            bytes(row["payload"] or b""), row["state"], row["attempts"])  # fmt: skip
+            return Delivery(event, hook, row["key"], row["status"], row["source"], os.fsdecode(row["json"]),
+                            os.fsdecode(row["md"]), bytes(row["payload"] or b""), row["state"],
+                            row["attempts"])  # fmt: skip
 
         return self.transact(tx)
 
@@ -231,21 +253,16 @@ class Deliveries:
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS hook_schema (version INTEGER NOT NULL)")
         row = conn.execute("SELECT version FROM hook_schema").fetchone()
-        version = 0 if row is None else int(row[0])
-        if version > SCHEMA_VERSION:
-            raise StateUnusable(
-                f"the ledger {self._ledger.path} has hook schema version {version}, newer than this ocrwatch's"
-                f" ({SCHEMA_VERSION})",
-                hint="upgrade ocrwatch, or point state_dir at another folder",
-            )
-        for script in _MIGRATIONS[version:]:
-            for statement in filter(str.strip, script.split(";")):
-                conn.execute(statement)
+        migrate(conn, _MIGRATIONS, 0 if row is None else int(row[0]), path=self._ledger.path, what="hook schema")
         conn.execute("DELETE FROM hook_schema")
         conn.execute("INSERT INTO hook_schema (version) VALUES (?)", (SCHEMA_VERSION,))
 
     def transact(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._ledger.transact(body, write=True)  # the ledger's lock, connection and retries
+
+
+def _paths(moved: Mapping[str, str]) -> tuple[bytes, bytes]:
+    return os.fsencode(moved["json"]), os.fsencode(moved["md"])
 
 
 def _delete(conn: sqlite3.Connection, events: list[int]) -> None:
