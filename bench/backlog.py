@@ -1,12 +1,15 @@
-"""A backlog dropped at once: how much memory does each queued file cost, and how long does a stop take?
+"""A backlog dropped at once: how much memory does each queued file cost, and how long does a stop
+take?
 
-``--files`` one-line PNGs are renamed into ``--folders`` folders of the inbox at once. The engine never answers
-(``tests.fault_engines:HangingEngine``), so the first ``max_active_documents`` documents hold their slots and every
-other file waits. Once the ledger holds every file, the daemon's RSS growth over its RSS before the drop is divided
-by the files; then SIGTERM, timed to the exit, with ``shutdown_timeout = 10``. Target (issue 24): growth under
-2 KB a file (200 MiB at most for 100,000); the stop within ``shutdown_timeout`` + a few seconds, with one summary
-line for the jobs left queued rather than one ``job_interrupted`` line each. Settings: defaults, except the engine,
-``settle_seconds = 0.3`` and ``reconcile_seconds = 3600`` (the watcher alone admits the files).
+``--files`` one-line PNGs are renamed into ``--folders`` folders of the inbox at once. The engine
+never answers (``tests.fault_engines:HangingEngine``), so the first ``max_active_documents``
+documents hold their slots and every other file waits. Once the ledger holds every file, the
+daemon's RSS growth over its RSS before the drop is divided by the files; then SIGTERM, timed to the
+exit, with ``shutdown_timeout = 10``. Target (issue 24): growth under 2 KB a file (200 MiB at most
+for 100,000); the stop within ``shutdown_timeout`` + a few seconds, with one summary line for the
+jobs left queued rather than one ``job_interrupted`` line each. Settings: defaults, except the
+engine, ``settle_seconds = 0.3`` and ``reconcile_seconds = 3600`` (the watcher alone admits the
+files).
 
     python bench/backlog.py [--files 100000] [--folders 100]
 """
@@ -46,9 +49,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--folders", type=int, default=100)
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the ledger to hold all")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds for the admission")
     args = parser.parse_args()
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    paths = [str(REPO), os.environ.get("PYTHONPATH")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))  # the engine is a test's
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         scratch = Path(tmp)
         page = scratch / "page.png"
@@ -60,8 +64,10 @@ def main() -> None:
             folder.mkdir(parents=True)
         for number in range(args.files):
             (folders[number % args.folders] / f"page-{number:06d}.png").write_bytes(data)
-        engine = {"kind": "plugin", "plugin": "tests.fault_engines:HangingEngine", "plugin_args": {"match": "."}}
-        daemon = Daemon(scratch / "run", engine=engine, daemon={"shutdown_timeout": 10.0, "reconcile_seconds": 3600.0})
+        engine = {"kind": "plugin", "plugin": "tests.fault_engines:HangingEngine",
+                  "plugin_args": {"match": "."}}  # fmt: skip
+        stop = {"shutdown_timeout": 10.0, "reconcile_seconds": 3600.0}
+        daemon = Daemon(scratch / "run", engine=engine, daemon=stop)
         daemon.start()
         try:
             time.sleep(2.0)
@@ -104,7 +110,8 @@ def main() -> None:
     growth = rss_after - rss_before
     left = [e for e in events if e.get("event") == "jobs_left_queued"]
     print(f"{args.files} files admitted in {admit_seconds:.0f} s; RSS {rss_before / 2**20:.0f} → "
-          f"{rss_after / 2**20:.0f} MiB ({growth / args.files:.0f} B a file), peak {rss_peak / 2**20:.0f} MiB; "
+          f"{rss_after / 2**20:.0f} MiB ({growth / args.files:.0f} B a file), "
+          f"peak {rss_peak / 2**20:.0f} MiB; "
           f"stop in {stop_seconds:.1f} s, exit {code}")  # fmt: skip
     emit(
         {

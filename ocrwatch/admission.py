@@ -1,12 +1,13 @@
 """Admission: whether a job runs at all, and when.
 
-``submit`` is where every source's job comes in. The ledger and the sidecars decide whether it runs: a job whose
-sidecars already describe its content is done without a run, one the ledger holds as done or failed with the
-same content is not run again. A job that must run is recorded ``queued`` and waits **in the ledger**, not in
-memory: ``dispatch`` takes a document slot, reads the next waiting row (higher priority first, then the oldest)
-and hands the job to the pipeline, again each time a slot frees. So a backlog of a hundred thousand files costs
-rows on disk rather than tasks, a stop leaves them where they are (one line says how many), and a start resumes
-them in the same order, jobs interrupted mid-stage included.
+``submit`` is where every source's job comes in. The ledger and the sidecars decide whether it runs:
+a job whose sidecars already describe its content is done without a run, one the ledger holds as
+done or failed with the same content is not run again. A job that must run is recorded ``queued``
+and waits **in the ledger**, not in memory: ``dispatch`` takes a document slot, reads the next
+waiting row (higher priority first, then the oldest) and hands the job to the pipeline, again each
+time a slot frees. So a backlog of a hundred thousand files costs rows on disk rather than tasks, a
+stop leaves them where they are (one line says how many), and a start resumes them in the same
+order, jobs interrupted mid-stage included.
 """
 
 from __future__ import annotations
@@ -31,15 +32,20 @@ from ocrwatch.sources.beneath import Signature, inspect, measure
 log = structlog.get_logger()
 
 Offload = Callable[..., Awaitable[Any]]
-"""``offload(job, fn, *args)``: a blocking call about ``job``'s sidecars, in its source's threads."""
+"""``offload(job, fn, *args)``: a blocking call about ``job``'s sidecars, in the threads of its
+source."""
 
 LEDGER_RETRY_SECONDS = 1.0
 """Pause before the next waiting job is read again after the ledger failed to say which it is."""
 ADMITTING = 16
-"""Jobs admitted at once: a burst of files waits for its turn here, not in the default thread pool's queue, where
-the ledger calls of the documents running meanwhile would wait behind every one of them."""
+"""Jobs admitted at once: a burst of files waits for its turn here, not in the default thread pool's
+queue, where the ledger calls of the documents running meanwhile would wait behind every one of
+them."""
+LEFT_COUNT_SECONDS = 5.0
+"""How long a stop waits for the ledger to count the jobs it leaves, for its one line about them."""
 COUNT_SECONDS = 5.0
-"""How often at most the dispatcher counts the backlog for the gauges (a scan of the index: ~0.1 s a 100,000)."""
+"""How often at most the dispatcher counts the backlog for the gauges (a scan of the index: ~0.1 s a
+100,000)."""
 
 
 def job_id(job: Job) -> str:
@@ -51,19 +57,20 @@ class Runner(Protocol):
     """What ``dispatch`` hands the waiting jobs to (the pipeline)."""
 
     def running(self) -> Collection[str]:
-        """Keys of the recorded jobs held in memory now: in a slot, or waiting out a backoff."""
+        """Keys of the jobs held in memory now (in a slot, waiting for one, or waiting out a
+        backoff): their rows are not to be started again."""
 
     def start_job(self, job: Job) -> object:
         """Run ``job`` in the slot ``dispatch`` took for it."""
 
 
 class Admission:
-    """The way in, and the queue in the ledger behind it. Blocking calls run in threads (``offload`` for the
-    sinks', ``asyncio.to_thread`` for the ledger's)."""
+    """The way in, and the queue in the ledger behind it. Blocking calls run in threads (``offload``
+    for the sinks', ``asyncio.to_thread`` for the ledger's)."""
 
     def __init__(
-        self, ledger: Ledger | None, sources: dict[str, Source], sinks: dict[str, Sink], archive: Archiver,
-        hooks: HookRunner, offload: Offload,
+        self, ledger: Ledger | None, sources: dict[str, Source], sinks: dict[str, Sink],
+        archive: Archiver, hooks: HookRunner, offload: Offload,
     ) -> None:  # fmt: skip
         self.ledger = ledger
         self.sources = sources
@@ -78,11 +85,13 @@ class Admission:
         self._counted = -COUNT_SECONDS  # monotonic time of that count
 
     def wake(self) -> None:
-        """A job may wait in the ledger now (admitted, put back by ``ocrwatch retry``, or a slot freed)."""
+        """A job may wait in the ledger now (admitted, put back by ``ocrwatch retry``, or a slot
+        freed)."""
         self._wanted.set()
 
     async def submit(self, job: Job) -> None:
-        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be done."""
+        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be
+        done."""
         async with self._admitting:
             await self._admit(job)
 
@@ -97,25 +106,36 @@ class Admission:
             row = await asyncio.to_thread(ledger.known, job.key)
             if row is None or row.state not in ("done", "failed"):
                 return
-            if row.state == "failed" or await self._offload(job, self.already_written, job, fingerprint):
+            written = row.state == "done" and await self._offload(
+                job, self.already_written, job, fingerprint
+            )
+            if row.state == "failed" or written:
                 await self.sources[job.source].finish(job, row.state)
                 return
-            # Done with this very content, yet no sidecar records it (deleted, or another's now): done again.
+            # Done with this very content, yet no sidecar records it (deleted, or another's now):
+            # done again.
             log.info("job_sidecars_missing", job_id=job_id(job), uri=job.origin.uri)
             await asyncio.to_thread(ledger.set_state, job.key, "queued")
-            await asyncio.to_thread(ledger.release_attempt, job.key)  # the next run's attempt replaces the last's
+            # The next run's attempt replaces the finished run's.
+            await asyncio.to_thread(ledger.release_attempt, job.key)
         self.wake()
 
     def fingerprint(self, job: Job) -> Fingerprint | None:
-        """The job's content as the ledger compares it (blocking); None when a local file is gone."""
+        """The job's content as the ledger compares it (blocking); None when a local file is
+        gone."""
         origin = job.origin
         if isinstance(origin, S3Object):
-            return Fingerprint(size=origin.size or 0, mtime_ns=None, sha256=None, etag=origin.etag, version_id=origin.version_id)
-        try:  # beneath the inbox, no link followed: nothing outside it is ever hashed into the ledger
+            return Fingerprint(
+                size=origin.size or 0, mtime_ns=None, sha256=None, etag=origin.etag,
+                version_id=origin.version_id,
+            )  # fmt: skip
+        # Beneath the inbox, no link followed: nothing outside it is ever hashed into the ledger.
+        try:
             signature = inspect(origin.path, origin.inbox)
             if self.ledger is not None:
                 row = self.ledger.known(job.key)
-                if row is not None and row.state == "done" and _same_stat(row.fingerprint, signature):
+                done = row is not None and row.state == "done"
+                if done and row is not None and _same_stat(row.fingerprint, signature):
                     return row.fingerprint  # unchanged since it was done: no need to hash it again
             signature, digest = measure(origin.path, origin.inbox)
         except (OcrwatchError, OSError):  # gone, or no longer a regular file: nothing to admit
@@ -126,26 +146,29 @@ class Admission:
         )
 
     def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
-        """Whether the job's sidecars already describe this very content (blocking: the sink reads them)."""
+        """Whether the job's sidecars already describe this very content (blocking: the sink reads
+        them)."""
         recorded = self.sinks[job.source].recorded(job)
         return recorded is not None and same_content(recorded_fingerprint(recorded), fingerprint)
 
     async def done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
-        """A job whose sidecars describe its content is done without a run: recorded so and acknowledged."""
+        """A job whose sidecars describe its content is done without a run: recorded so and
+        acknowledged."""
         if not await self._offload(job, self.already_written, job, fingerprint):
             return False
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.admit, job, fingerprint)
             await asyncio.to_thread(self.ledger.mark_done, job.key)
         log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
-        await self.hooks.relocate(job.key, await self._offload(job, self.archive.settle, job, None, fingerprint.sha256))
+        moved = await self._offload(job, self.archive.settle, job, None, fingerprint.sha256)
+        await self.hooks.relocate(job.key, moved)
         await self.sources[job.source].finish(job, "done")
         return True
 
     async def resume(self, running: Collection[str]) -> int:
-        """At start (and after ``ocrwatch retry``): a job a killed process left ``writing`` whose sidecars were
-        written is only marked done (before the hooks settle what that process held); the rest wait for
-        ``dispatch``. How many unfinished jobs of the configured sources wait."""
+        """At start (and after ``ocrwatch retry``): a job a killed process left ``writing`` whose
+        sidecars were written is only marked done (before the hooks settle what that process held);
+        the rest wait for ``dispatch``. How many unfinished jobs of the configured sources wait."""
         ledger = self.ledger
         assert ledger is not None
         for row in await asyncio.to_thread(ledger.unfinished, ("writing",)):
@@ -160,20 +183,39 @@ class Admission:
     async def count(self, running: Collection[str]) -> int:
         """Count the jobs waiting in the ledger (``backlog``, ``oldest``); how many."""
         if self.ledger is not None:
-            self.backlog, self.oldest = await asyncio.to_thread(self.ledger.backlog, list(self.sources), list(running))
+            self.backlog, self.oldest = await asyncio.to_thread(
+                self.ledger.backlog, list(self.sources), list(running)
+            )
             self._counted = time.monotonic()
         return self.backlog
 
-    async def waiting_by(self, place: Callable[[Job], str], running: Collection[str]) -> Counter[str]:
+    async def say_left(self) -> None:
+        """At a stop, once nothing runs: one line for the jobs left waiting in the ledger, however
+        many (each starts at the next start)."""
+        if self.ledger is None:
+            return
+        try:
+            left = await asyncio.wait_for(self.count(()), LEFT_COUNT_SECONDS)
+        except Exception as exc:  # never holds the stop up: the jobs wait in the ledger anyway
+            log.warning("jobs_left_uncounted", kind=classify(exc).kind, error=str(exc))
+            return
+        if left:
+            log.info("jobs_left_queued", jobs=left, hint="in the ledger, for the next start")
+
+    async def waiting_by(
+        self, place: Callable[[Job], str], running: Collection[str]
+    ) -> Counter[str]:
         """The jobs waiting in the ledger, counted by ``place`` (``ocrwatch status``)."""
         if self.ledger is None:
             return Counter()
-        return await asyncio.to_thread(self.ledger.waiting_by, list(self.sources), list(running), place)
+        return await asyncio.to_thread(
+            self.ledger.waiting_by, list(self.sources), list(running), place
+        )
 
     async def dispatch(self, slots: asyncio.Semaphore, runner: Runner, held: int) -> None:
-        """Until cancelled: whenever a slot is free and fewer than ``held`` recorded jobs are in memory (those in
-        a backoff hold no slot, and must not pile up while a fault of the place lasts), the next waiting job
-        is read from the ledger and started in that slot."""
+        """Until cancelled: whenever a slot is free and fewer than ``held`` recorded jobs are in
+        memory (those in a backoff hold no slot, and must not pile up while a fault of the place
+        lasts), the next waiting job is read from the ledger and started in that slot."""
         ledger = self.ledger
         assert ledger is not None
         while True:
@@ -182,14 +224,19 @@ class Admission:
             while len(runner.running()) < held:
                 await slots.acquire()
                 try:
-                    running = list(runner.running())
-                    rows = await asyncio.to_thread(ledger.waiting, 1, list(self.sources), running)
-                except BaseException as exc:
+                    rows = await asyncio.to_thread(
+                        ledger.waiting, 1, list(self.sources), list(runner.running())
+                    )
+                except asyncio.CancelledError:
                     slots.release()
-                    if not isinstance(exc, Exception):
-                        raise
+                    raise
+                except Exception as exc:
+                    slots.release()
                     error = classify(exc)
-                    log.error("ledger_queue_unreadable", kind=error.kind, error=error.message, hint=error.hint)
+                    log.error(
+                        "ledger_queue_unreadable", kind=error.kind, error=error.message,
+                        hint=error.hint,
+                    )  # fmt: skip
                     await asyncio.sleep(LEDGER_RETRY_SECONDS)
                     self.wake()
                     break
@@ -203,8 +250,8 @@ class Admission:
 
 
 def _same_stat(recorded: Fingerprint, now: Signature) -> bool:
-    """Whether a file's stat still matches the one recorded with its fingerprint: inode and ctime too, since
-    a replacement can keep size and mtime (``touch -r``); an old row without them never matches."""
-    return recorded.inode is not None and (recorded.size, recorded.mtime_ns, recorded.inode, recorded.ctime_ns) == (
-        now.size, now.mtime_ns, now.inode, now.ctime_ns
-    )
+    """Whether a file's stat still matches the one recorded with its fingerprint: inode and ctime
+    too, since a replacement can keep size and mtime (``touch -r``); an old row without them never
+    matches."""
+    then = (recorded.size, recorded.mtime_ns, recorded.inode, recorded.ctime_ns)
+    return recorded.inode is not None and then == (now.size, now.mtime_ns, now.inode, now.ctime_ns)

@@ -279,15 +279,16 @@ def _folders(cfg: Config, *, prepare: bool) -> Iterator[Result]:
 
 
 def _state_dir(state: Path, user: str) -> Result:
-    """Writable, and private: owned by the user ocrwatch runs as and writable by no one else (the daemon refuses
-    to start otherwise, in ``database.make_private_dirs``)."""
+    """Writable, and private: owned by the user ocrwatch runs as and writable by no one else (the
+    daemon refuses to start otherwise, in ``database.make_private_dirs``)."""
     what = f"state_dir {state}"
     try:
         fault = private_dir_fault(state)
     except FileNotFoundError:
         fault = None  # made 0700 at start
     except OSError as exc:
-        return Result(False, what, (exc.strerror or str(exc)).lower(), _FOLDER_HINT.format(state, user))
+        why = (exc.strerror or str(exc)).lower()
+        return Result(False, what, why, _FOLDER_HINT.format(state, user))
     if fault is not None:
         return Result(False, what, *fault)
     return _place(what, state, user, "")

@@ -361,7 +361,8 @@ class ControlServer:
         daemon = {"pid": os.getpid(), "state": host.state(), "engine": engine}
         live = pipeline_status(pipeline.progress() if pipeline is not None else [])
         if pipeline is not None:  # the jobs waiting in the ledger for a slot, not in memory
-            for where, count in (await pipeline.admission.waiting_by(place, pipeline.running())).items():
+            waiting = await pipeline.admission.waiting_by(place, pipeline.running())
+            for where, count in waiting.items():
                 live["queue"].setdefault(where, {"running": 0, "waiting": 0})["waiting"] += count
         await send({"event": "status", **summary, "daemon": daemon, **live})
 

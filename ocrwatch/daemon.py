@@ -222,7 +222,7 @@ class Daemon:
         whenever this process ends, ``kill -9`` included. Tried for a second: a client probing whether a daemon
         runs (``control.daemon_holds``) holds it for an instant."""
         path = self.cfg.state_dir / LOCK_NAME
-        lock = open(path, "a", opener=open_private)  # noqa: SIM115 - held for the life of the process
+        lock = open(path, "a", opener=open_private)  # noqa: SIM115 - held for the process's life
         try:
             for attempt in tenacity.Retrying(
                 retry=tenacity.retry_if_exception_type(BlockingIOError), stop=tenacity.stop_after_delay(1.0),

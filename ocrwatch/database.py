@@ -1,12 +1,13 @@
-"""The ledger's SQLite file as a file: private on disk, opened in WAL mode, checked whole, migrated, and one
-transaction helper retried while another process holds the lock.
+"""The ledger's SQLite file as a file: private on disk, opened in WAL mode, checked whole, migrated,
+and one transaction helper retried while another process holds the lock.
 
-The file names every document seen and, with hooks, each pending result's JSON, and whoever can replace it can
-make the daemon skip or redo documents. So it lives in a ``state_dir`` that only the daemon's user owns and no
-one else may write (checked before anything is made there: a start is refused otherwise, exit 2), created 0700
-with its missing parents, and the file itself is created 0600; SQLite gives its ``-wal`` and ``-shm`` files the
-main file's mode. ``ledger``, ``deliveries`` and ``written`` each keep their tables in it, through one
-``Database``: one connection, one lock, one way to run a transaction.
+The file names every document seen and, with hooks, each pending result's JSON, and whoever can
+replace it can make the daemon skip or redo documents. So it lives in a ``state_dir`` that only the
+daemon's user owns and no one else may write (checked before anything is made there: a start is
+refused otherwise, exit 2), created 0700 with its missing parents, and the file itself is created
+0600; SQLite gives its ``-wal`` and ``-shm`` files the main file's mode. ``ledger``, ``deliveries``
+and ``written`` each keep their tables in it, through one ``Database``: one connection, one lock,
+one way to run a transaction.
 """
 
 from __future__ import annotations
@@ -25,26 +26,29 @@ import structlog
 import tenacity
 
 from ocrwatch.errors import (
-    SQLITE_BUSY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_LOCKED, SQLITE_NOTADB, ConfigError, DiskFull, OcrwatchError,
-    TransientError, sqlite_code,
+    SQLITE_BUSY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_LOCKED, SQLITE_NOTADB, ConfigError, DiskFull,
+    OcrwatchError, TransientError, sqlite_code,
 )
 
 T = TypeVar("T")
 log = structlog.get_logger()
 
 Migration = str | Callable[[sqlite3.Connection], None]
-"""One schema step: SQL statements separated by ``;``, or a function, for a step SQL alone cannot take."""
+"""One schema step: SQL statements separated by ``;``, or a function, for a step SQL alone cannot
+take."""
 
 
 class StateUnusable(ConfigError):
-    """The ledger or its folder cannot be used as it is: restarting cannot help, the user must act (exit 2)."""
+    """The ledger or its folder cannot be used as it is: restarting cannot help, the user must act
+    (exit 2)."""
 
     kind = "state_unusable"
 
 
 def make_private_dirs(path: Path) -> None:
-    """Create ``path`` and any missing parents with mode 0700, then refuse it (``StateUnusable``) unless it is
-    private: the ledger in it names every document seen, and whoever may write there may replace it."""
+    """Create ``path`` and any missing parents with mode 0700, then refuse it (``StateUnusable``)
+    unless it is private: the ledger in it names every document seen, and whoever may write there
+    may replace it."""
     missing = [p for p in (path, *path.parents) if not p.exists()]
     for p in reversed(missing):
         p.mkdir(mode=0o700, exist_ok=True)
@@ -52,24 +56,27 @@ def make_private_dirs(path: Path) -> None:
 
 
 def require_private_dir(path: Path) -> None:
-    """``StateUnusable`` unless ``path`` is a folder owned by this process's user that neither its group nor
-    anyone else may write; the message names the folder, the hint the command that makes it so."""
+    """``StateUnusable`` unless ``path`` is a folder owned by this process's user that neither its
+    group nor anyone else may write; the message names the folder, the hint the command that makes
+    it so."""
     fault = private_dir_fault(path)
     if fault is not None:
         raise StateUnusable(f"state_dir: {path} {fault[0]}", hint=fault[1])
 
 
 def private_dir_fault(path: Path) -> tuple[str, str] | None:
-    """What makes the existing folder ``path`` unfit to hold the ledger, and what to do about it; None: nothing."""
+    """What makes the existing folder ``path`` unfit to hold the ledger, and what to do about it;
+    None: nothing."""
     info = os.stat(path)
     user = _user_name(os.geteuid())
     if not stat.S_ISDIR(info.st_mode):
         return "is not a folder", "point state_dir at a folder"
     if info.st_uid != os.geteuid():
         return (
-            f"is owned by {_user_name(info.st_uid)}, not by {user} (the user ocrwatch runs as), who could read"
-            " or replace the ledger",
-            f"run ocrwatch as {_user_name(info.st_uid)}, or chown {user} {path} && chmod 700 {path}",
+            f"is owned by {_user_name(info.st_uid)}, not by {user} (the user ocrwatch runs as),"
+            " who could read or replace the ledger",
+            f"run ocrwatch as {_user_name(info.st_uid)}, or chown {user} {path} && chmod 700"
+            f" {path}",
         )
     if info.st_mode & 0o022:
         return (
@@ -81,8 +88,8 @@ def private_dir_fault(path: Path) -> tuple[str, str] | None:
 
 
 def open_private(path: str | os.PathLike[str], flags: int) -> int:
-    """``open``'s opener for a file of ``state_dir``: created 0600, never through a link, and an existing one
-    that a version before this one left readable by others made private."""
+    """``open``'s opener for a file of ``state_dir``: created 0600, never through a link, and an
+    existing one that a version before this one left readable by others made private."""
     fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         _tighten(fd)
@@ -100,9 +107,9 @@ def _user_name(uid: int) -> str:
 
 
 def _private_file(path: Path) -> None:
-    """Create ``path`` empty with mode 0600 unless it exists (SQLite takes an empty file for a new database);
-    SQLite gives its ``-wal`` and ``-shm`` the main file's mode, and those an older version left are made
-    private too."""
+    """Create ``path`` empty with mode 0600 unless it exists (SQLite takes an empty file for a new
+    database); SQLite gives its ``-wal`` and ``-shm`` the main file's mode, and those an older
+    version left are made private too."""
     os.close(open_private(path, os.O_RDONLY | os.O_CREAT))
     for suffix in ("-wal", "-shm"):
         try:
@@ -117,12 +124,15 @@ def _tighten(fd: int) -> None:
         os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o700)
 
 
-def migrate(conn: sqlite3.Connection, steps: Sequence[Migration], version: int, *, path: Path, what: str) -> None:
-    """Run ``steps[version:]``: each upgrades a set of tables from its index to the next version. A version
-    newer than this ocrwatch knows is refused rather than written over."""
+def migrate(
+    conn: sqlite3.Connection, steps: Sequence[Migration], version: int, *, path: Path, what: str
+) -> None:
+    """Run ``steps[version:]``: each upgrades a set of tables from its index to the next version. A
+    version newer than this ocrwatch knows is refused rather than written over."""
     if version > len(steps):
         raise StateUnusable(
-            f"the ledger {path} has {what} version {version}, newer than this ocrwatch ({len(steps)})",
+            f"the ledger {path} has {what} version {version}, newer than this ocrwatch"
+            f" ({len(steps)})",
             hint="upgrade ocrwatch, or point state_dir at another folder",
         )
     for step in steps[version:]:
@@ -134,13 +144,14 @@ def migrate(conn: sqlite3.Connection, steps: Sequence[Migration], version: int, 
 
 
 class Database:
-    """One SQLite file in WAL mode with ``synchronous=NORMAL``: a committed write survives a process crash (``kill
-    -9``, OOM killer), and readers such as ``ocrwatch status`` never block the daemon. ``schema`` migrates the
-    owner's tables in the first write transaction, after the whole file was checked.
+    """One SQLite file in WAL mode with ``synchronous=NORMAL``: a committed write survives a process
+    crash (``kill -9``, OOM killer), and readers such as ``ocrwatch status`` never block the daemon.
+    ``schema`` migrates the owner's tables in the first write transaction, after the whole file was
+    checked.
 
-    Methods are blocking and thread-safe (one connection, one lock). When another process holds the write lock,
-    a transaction waits (SQLite's busy handler, then whole-transaction retries through tenacity) for up to
-    ``lock_budget`` seconds, then raises ``TransientError``."""
+    Methods are blocking and thread-safe (one connection, one lock). When another process holds the
+    write lock, a transaction waits (SQLite's busy handler, then whole-transaction retries through
+    tenacity) for up to ``lock_budget`` seconds, then raises ``TransientError``."""
 
     def __init__(
         self, path: Path, schema: Callable[[sqlite3.Connection], None], *, lock_budget: float = 30.0
@@ -149,8 +160,9 @@ class Database:
         try:
             make_private_dirs(path.parent)
             _private_file(path)
-            # SQLite's own busy wait is the first line; tenacity retries the whole transaction around it, which
-            # also covers the busy cases that bypass the handler (e.g. WAL recovery by another process).
+            # SQLite's own busy wait is the first line; tenacity retries the whole transaction
+            # around it, which also covers the busy cases that bypass the handler (e.g. WAL recovery
+            # by another process).
             self._conn = sqlite3.connect(
                 path, timeout=min(1.0, lock_budget), isolation_level=None, check_same_thread=False
             )
@@ -161,7 +173,9 @@ class Database:
             retry=tenacity.retry_if_exception(_is_busy),
             stop=tenacity.stop_after_delay(lock_budget),
             wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
-            before_sleep=lambda state: log.warning("ledger_locked", path=str(path), attempt=state.attempt_number),
+            before_sleep=lambda state: log.warning(
+                "ledger_locked", path=str(path), attempt=state.attempt_number
+            ),
         )
         self._lock_budget = lock_budget
         try:
@@ -179,28 +193,39 @@ class Database:
 
     def _open(self, schema: Callable[[sqlite3.Connection], None]) -> None:
         self._conn.row_factory = sqlite3.Row
-        mode = self._with_retries(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        mode = self._with_retries(
+            lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        )
         if mode != "wal":
             raise StateUnusable(
                 f"the ledger {self.path} cannot use WAL mode (got {mode!r})",
-                hint="put state_dir on a local filesystem (WAL needs shared memory; NFS and SMB cannot do it)",
+                hint="put state_dir on a local filesystem (WAL needs shared memory; NFS and SMB"
+                " cannot do it)",
             )
         self._conn.execute("PRAGMA synchronous = NORMAL")
-        # Lookups are by single key: a 512 KiB page cache serves them, and RSS stays flat as the ledger grows.
+        # Lookups are by single key: a 512 KiB page cache serves them, and RSS stays flat as the
+        # ledger grows.
         self._conn.execute("PRAGMA cache_size = -512")
-        # A page damaged in the middle only shows when a query reaches it: checked whole, once, before any use,
-        # or lookups would miss rows and documents would be skipped or redone without a word.
-        problems = self.transact(lambda conn: [row[0] for row in conn.execute("PRAGMA quick_check(3)")])
+        # A page damaged in the middle only shows when a query reaches it: checked whole, once,
+        # before any use, or lookups would miss rows and documents would be skipped or redone
+        # without a word.
+        problems = self.transact(
+            lambda conn: [row[0] for row in conn.execute("PRAGMA quick_check(3)")]
+        )
         if problems != ["ok"]:
-            said = " ".join(" ".join(problems).replace("*** in database main ***", "").split())  # one line
-            raise StateUnusable(f"the ledger {self.path} is damaged: {said}", hint=_MOVE_ASIDE.format(self.path))
+            found = " ".join(problems).replace("*** in database main ***", "")
+            said = " ".join(found.split())  # one line
+            raise StateUnusable(
+                f"the ledger {self.path} is damaged: {said}", hint=_MOVE_ASIDE.format(self.path)
+            )
         self.transact(schema, write=True)
 
     def transact(self, body: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
         """Run ``body`` in one transaction, retried whole while the database is locked."""
 
         def attempt() -> T:
-            # BEGIN IMMEDIATE takes the write lock up front, so a locked database fails here and never midway.
+            # BEGIN IMMEDIATE takes the write lock up front, so a locked database fails here and
+            # never midway.
             self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 result = body(self._conn)
@@ -221,26 +246,31 @@ class Database:
                 raise TransientError(
                     f"the ledger {self.path} stayed locked for {self._lock_budget:g}s: "
                     f"{exc.last_attempt.exception()}",
-                    hint="another process holds the ledger's write lock; stop it (e.g. a stuck sqlite3 shell)",
+                    hint="another process holds the ledger's write lock; stop it (e.g. a stuck"
+                    " sqlite3 shell)",
                 ) from exc.last_attempt.exception()
 
 
 _MOVE_ASIDE = (
-    "stop ocrwatch, move the ledger aside (mv {0} {0}.broken) and start again: documents whose sidecars "
-    "exist are not processed again"
+    "stop ocrwatch, move the ledger aside (mv {0} {0}.broken) and start again: documents whose"
+    " sidecars exist are not processed again"
 )
 
 
 def _unusable(path: Path, exc: OSError | sqlite3.DatabaseError) -> OcrwatchError:
-    """What stops the ledger from opening, said in one line with what to do about it. A full disk is the one
-    fault that heals by itself, so it stays transient (a restart later may succeed)."""
+    """What stops the ledger from opening, said in one line with what to do about it. A full disk is
+    the one fault that heals by itself, so it stays transient (a restart later may succeed)."""
     code = sqlite_code(exc)
     if code in (SQLITE_NOTADB, SQLITE_CORRUPT):
         return StateUnusable(f"the ledger {path} is damaged: {exc}", hint=_MOVE_ASIDE.format(path))
     if code == SQLITE_FULL or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
-        return DiskFull(f"the ledger {path} cannot be opened: {exc}", hint=f"free space on {path.parent}")
+        return DiskFull(
+            f"the ledger {path} cannot be opened: {exc}", hint=f"free space on {path.parent}"
+        )
     if getattr(exc, "errno", None) == errno.ELOOP:
-        return StateUnusable(f"the ledger {path} is a symbolic link", hint=f"remove the link {path}")
+        return StateUnusable(
+            f"the ledger {path} is a symbolic link", hint=f"remove the link {path}"
+        )
     return StateUnusable(
         f"the ledger {path} cannot be opened for writing: {exc}",
         hint=f"make {path.parent} and the files in it writable by the user ocrwatch runs as "
@@ -249,4 +279,5 @@ def _unusable(path: Path, exc: OSError | sqlite3.DatabaseError) -> OcrwatchError
 
 
 def _is_busy(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and sqlite_code(exc) in (SQLITE_BUSY, SQLITE_LOCKED)
+    busy = (SQLITE_BUSY, SQLITE_LOCKED)
+    return isinstance(exc, sqlite3.OperationalError) and sqlite_code(exc) in busy

@@ -9,10 +9,11 @@ drops it otherwise (the document runs again and records a new one). So a hook ru
 result that was published, and never for one that was not.
 
 The tables sit beside the ledger's ``jobs`` but have their own schema version (table ``hook_schema``), so the
-ledger's ``user_version`` stays the ledger's. Where the sidecars are (``json``, ``md``) is kept as the path's bytes
-(``os.fsencode``, a BLOB): a file name need not be UTF-8, and SQLite's TEXT cannot hold one that is not. They are read and written through the ``Ledger`` itself, on its
+ledger's ``user_version`` stays the ledger's. They are read and written through the ``Ledger`` itself, on its
 connection and its one transaction helper: blocking, thread-safe methods, each one write transaction, retried
-whole while another connection holds the write lock.
+whole while another connection holds the write lock. Where the sidecars are (``json``, ``md``) is
+kept as the path's bytes (``os.fsencode``, a BLOB): a file name need not be UTF-8, and SQLite's
+TEXT cannot hold one that is not.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ _MIGRATIONS: tuple[Migration, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX hook_deliveries_pending ON hook_deliveries (event) WHERE state = 'pending';
     """,
-    # The sidecars' paths as bytes: a name that is not UTF-8 cannot be TEXT. What TEXT held was UTF-8, whose
-    # bytes the cast keeps.
+    # The sidecars' paths as bytes: a name that is not UTF-8 cannot be TEXT. What TEXT held was
+    # UTF-8, whose bytes the cast keeps.
     """
     CREATE TABLE hook_events_new (
         id INTEGER PRIMARY KEY,
@@ -70,8 +71,8 @@ _MIGRATIONS: tuple[Migration, ...] = (
         held_by TEXT,
         created_at REAL NOT NULL
     );
-    INSERT INTO hook_events_new SELECT id, key, status, source, CAST(json AS BLOB), CAST(md AS BLOB), payload,
-        held_by, created_at FROM hook_events;
+    INSERT INTO hook_events_new SELECT id, key, status, source, CAST(json AS BLOB),
+        CAST(md AS BLOB), payload, held_by, created_at FROM hook_events;
     DROP TABLE hook_events;
     ALTER TABLE hook_events_new RENAME TO hook_events;
     CREATE INDEX hook_events_by_key ON hook_events (key);
@@ -146,7 +147,9 @@ class Deliveries:
 
         def tx(conn: sqlite3.Connection) -> list[str]:
             if moved is not None:
-                conn.execute("UPDATE hook_events SET json = ?, md = ? WHERE id = ?", (*_paths(moved), event))
+                conn.execute(
+                    "UPDATE hook_events SET json = ?, md = ? WHERE id = ?", (*_paths(moved), event)
+                )
             conn.execute("UPDATE hook_events SET held_by = NULL WHERE id = ?", (event,))
             return [
                 row[0]
@@ -163,7 +166,8 @@ class Deliveries:
         ended."""
         self.transact(
             lambda conn: conn.execute(
-                "UPDATE hook_events SET json = ?, md = ? WHERE key = ? AND status = 'ok'", (*_paths(moved), key)
+                "UPDATE hook_events SET json = ?, md = ? WHERE key = ? AND status = 'ok'",
+                (*_paths(moved), key),
             )
         )
 
@@ -204,9 +208,10 @@ class Deliveries:
             ).fetchone()
             if row is None:
                 return None
-            return Delivery(event, hook, row["key"], row["status"], row["source"], os.fsdecode(row["json"]),
-                            os.fsdecode(row["md"]), bytes(row["payload"] or b""), row["state"],
-                            row["attempts"])  # fmt: skip
+            return Delivery(
+                event, hook, row["key"], row["status"], row["source"], os.fsdecode(row["json"]),
+                os.fsdecode(row["md"]), bytes(row["payload"] or b""), row["state"], row["attempts"],
+            )  # fmt: skip
 
         return self.transact(tx)
 
@@ -253,7 +258,8 @@ class Deliveries:
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS hook_schema (version INTEGER NOT NULL)")
         row = conn.execute("SELECT version FROM hook_schema").fetchone()
-        migrate(conn, _MIGRATIONS, 0 if row is None else int(row[0]), path=self._ledger.path, what="hook schema")
+        version = 0 if row is None else int(row[0])
+        migrate(conn, _MIGRATIONS, version, path=self._ledger.path, what="hook schema")
         conn.execute("DELETE FROM hook_schema")
         conn.execute("INSERT INTO hook_schema (version) VALUES (?)", (SCHEMA_VERSION,))
 

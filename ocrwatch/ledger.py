@@ -1,13 +1,14 @@
 """The ledger: one SQLite row per job, so work survives restarts and a changed file is processed again.
 
-One file (``state_dir/ledger.sqlite3``, a ``database.Database``: private, WAL, checked whole at open): methods
-are blocking and thread-safe, so the daemon may call them from its event loop and from worker threads, and each
-is one transaction. Jobs that wait for a document slot wait here, not in memory: ``waiting`` reads the next ones
-in the order they start (higher priority first, then the oldest), through an index of the unfinished rows.
+One file (``state_dir/ledger.sqlite3``, a ``database.Database``: private, WAL, checked whole at
+open): methods are blocking and thread-safe, so the daemon may call them from its event loop and
+from worker threads, and each is one transaction. Jobs that wait for a document slot wait here, not
+in memory: ``waiting`` reads the next ones in the order they start (higher priority first, then the
+oldest), through an index of the unfinished rows.
 
-Every byte string a file system allows as a name round-trips: a key is a ``file://`` URI, whose path is
-percent-encoded from the name's bytes, and a job's JSON keeps a name that is not UTF-8 as ``\\udcXX`` escapes
-(Python's surrogateescape), which ``json`` reads back to the same name.
+Every byte string a file system allows as a name round-trips: a key is a ``file://`` URI, whose path
+is percent-encoded from the name's bytes, and a job's JSON keeps a name that is not UTF-8 as
+``\\udcXX`` escapes (Python's surrogateescape), which ``json`` reads back to the same name.
 """
 
 from __future__ import annotations
@@ -26,30 +27,39 @@ from typing import Any, Literal
 from ocrwatch.database import Database, Migration, StateUnusable, make_private_dirs, migrate
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
 
-__all__ = ["Fingerprint", "JobRow", "Ledger", "StateUnusable", "make_private_dirs", "same_content", "sha256_file"]
+__all__ = [
+    "Fingerprint", "JobRow", "Ledger", "StateUnusable", "make_private_dirs", "same_content",
+    "sha256_file",
+]  # fmt: skip
 
 State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
 STATES: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing", "done", "failed")
 UNFINISHED: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing")
 
-# What an unfinished row is, written out: SQLite uses the partial index ``jobs_waiting`` only for a query whose
-# WHERE holds this very term.
+# What an unfinished row is, written out: SQLite uses the partial index ``jobs_waiting`` only for a
+# query whose WHERE holds this very term.
 _WAITING = "state IN ('queued', 'rendering', 'recognizing', 'writing')"
 
 
 def _ordering_columns(conn: sqlite3.Connection) -> None:
-    """The job's source and priority as columns of their own (older rows kept them in their JSON only), and the
-    unfinished rows indexed in the order they start, so waiting jobs stay in the ledger and the next ones are
-    read from it as slots free (the index holds every column those reads and the count look at). Filled in
-    batches: a large ledger is never read into memory at once."""
+    """The job's source and priority as columns of their own (older rows kept them in their JSON
+    only), and the unfinished rows indexed in the order they start, so waiting jobs stay in the
+    ledger and the next ones are read from it as slots free (the index holds every column those
+    reads and the count look at). Filled in batches: a large ledger is never read into memory at
+    once."""
     conn.execute("ALTER TABLE jobs ADD COLUMN source TEXT")
     conn.execute("ALTER TABLE jobs ADD COLUMN priority INTEGER")
+    batch = "SELECT key, job FROM jobs WHERE key > ? ORDER BY key LIMIT 1000"
     last = ""
-    while rows := conn.execute("SELECT key, job FROM jobs WHERE key > ? ORDER BY key LIMIT 1000", (last,)).fetchall():
-        fields = [(data["source"], data["priority"], key) for key, text in rows for data in [json.loads(text)]]
+    while rows := conn.execute(batch, (last,)).fetchall():
+        jobs = [(key, json.loads(text)) for key, text in rows]
+        fields = [(data["source"], data["priority"], key) for key, data in jobs]
         conn.executemany("UPDATE jobs SET source = ?, priority = ? WHERE key = ?", fields)
         last = rows[-1][0]
-    conn.execute(f"CREATE INDEX jobs_waiting ON jobs (priority DESC, created_at, source, key, state) WHERE {_WAITING}")
+    conn.execute(
+        "CREATE INDEX jobs_waiting ON jobs (priority DESC, created_at, source, key, state)"
+        f" WHERE {_WAITING}"
+    )
 
 
 # Each entry upgrades the schema from version i to i + 1; append, never edit, so old ledgers upgrade in place.
@@ -207,8 +217,9 @@ class Ledger(Database):
             row = conn.execute("SELECT * FROM jobs WHERE key = ?", (job.key,)).fetchone()
             if row is None:
                 conn.execute(
-                    "INSERT INTO jobs (key, state, job, source, priority, fp_size, fp_mtime_ns, fp_sha256, fp_etag,"
-                    " fp_version_id, fp_inode, fp_ctime_ns, created_at, updated_at)"
+                    "INSERT INTO jobs (key, state, job, source, priority, fp_size, fp_mtime_ns,"
+                    " fp_sha256, fp_etag, fp_version_id, fp_inode, fp_ctime_ns, created_at,"
+                    " updated_at)"
                     " VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job.key, *_job_columns(job), *_fp_columns(fp), now, now),
                 )
@@ -216,10 +227,11 @@ class Ledger(Database):
             old = _fingerprint(row)
             if not same_content(old, fp):
                 conn.execute(
-                    "UPDATE jobs SET state = 'queued', attempts = 0, last_error = NULL, error_at = NULL, job = ?,"
-                    " source = ?, priority = ?, fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?,"
-                    " fp_version_id = ?, fp_inode = ?, fp_ctime_ns = ?, pages_total = NULL, pages_done = 0,"
-                    " created_at = ?, updated_at = ?, finished_at = NULL WHERE key = ?",
+                    "UPDATE jobs SET state = 'queued', attempts = 0, last_error = NULL,"
+                    " error_at = NULL, job = ?, source = ?, priority = ?, fp_size = ?,"
+                    " fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?, fp_inode = ?,"
+                    " fp_ctime_ns = ?, pages_total = NULL, pages_done = 0, created_at = ?,"
+                    " updated_at = ?, finished_at = NULL WHERE key = ?",
                     (*_job_columns(job), *_fp_columns(fp), now, now, job.key),
                 )
                 return True
@@ -245,9 +257,13 @@ class Ledger(Database):
                 )
             elif row["state"] != "queued":
                 return False
-            # The job waits here until a slot frees: what the source handed over last is what runs (an SQS
-            # message delivered again carries a new receipt, and only that one acknowledges it).
-            conn.execute("UPDATE jobs SET job = ?, source = ?, priority = ? WHERE key = ?", (*_job_columns(job), job.key))
+            # The job waits here until a slot frees: what the source handed over last is what
+            # runs (an SQS message delivered again carries a new receipt, and only that one
+            # acknowledges it).
+            conn.execute(
+                "UPDATE jobs SET job = ?, source = ?, priority = ? WHERE key = ?",
+                (*_job_columns(job), job.key),
+            )
             return True
 
         return self.transact(tx, write=True)
@@ -321,21 +337,19 @@ class Ledger(Database):
         )
 
     def unfinished(self, states: Collection[State] = UNFINISHED) -> list[JobRow]:
-        """Unfinished jobs (queued or interrupted mid-stage; ``states``: only those), oldest first."""
+        """Unfinished jobs (queued or interrupted mid-stage; ``states``: only those), oldest
+        first."""
         marks = ", ".join("?" * len(states))
-        return self.transact(
-            lambda conn: [
-                _job_row(r)
-                for r in conn.execute(
-                    f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at, key", tuple(states)
-                )
-            ]
-        )
+        sql = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at, key"
+        return self.transact(lambda conn: [_job_row(r) for r in conn.execute(sql, tuple(states))])
 
-    def waiting(self, limit: int, sources: Collection[str], running: Collection[str]) -> list[JobRow]:
-        """The next ``limit`` unfinished jobs of ``sources`` to start, leaving out the keys ``running``: higher
-        priority first, then the oldest. Read through the index of unfinished rows in that order, so the cost
-        is the rows passed over (``running``), not the length of the backlog."""
+    def waiting(
+        self, limit: int, sources: Collection[str], running: Collection[str]
+    ) -> list[JobRow]:
+        """The next ``limit`` unfinished jobs of ``sources`` to start, leaving out the keys
+        ``running``: higher priority first, then the oldest. Read through the index of unfinished
+        rows in that order, so the cost is the rows passed over (``running``), not the backlog's
+        length."""
         where, params = _waiting_where(sources, running)
         return self.transact(
             lambda conn: [
@@ -351,25 +365,23 @@ class Ledger(Database):
     def waiting_by(
         self, sources: Collection[str], running: Collection[str], place: Callable[[Job], str]
     ) -> Counter[str]:
-        """The unfinished jobs of ``sources`` but ``running``, counted by ``place(job)`` (``ocrwatch status``'s
-        queue by inbox): read one row at a time, so a long backlog costs time here, not memory."""
+        """The unfinished jobs of ``sources`` but ``running``, counted by ``place(job)`` (``ocrwatch
+        status``'s queue by inbox): read one row at a time, so a long backlog costs time here, not
+        memory."""
         where, params = _waiting_where(sources, running)
+        sql = f"SELECT job FROM jobs INDEXED BY jobs_waiting WHERE {where}"
         return self.transact(
-            lambda conn: Counter(
-                place(_load_job(text))
-                for (text,) in conn.execute(f"SELECT job FROM jobs INDEXED BY jobs_waiting WHERE {where}", params)
-            )
+            lambda conn: Counter(place(_load_job(text)) for (text,) in conn.execute(sql, params))
         )
 
-    def backlog(self, sources: Collection[str], running: Collection[str]) -> tuple[int, float | None]:
-        """How many unfinished jobs of ``sources`` wait, leaving out the keys ``running``, and when the oldest
-        of them was admitted (None: none waits). Counted on the index alone."""
+    def backlog(
+        self, sources: Collection[str], running: Collection[str]
+    ) -> tuple[int, float | None]:
+        """How many unfinished jobs of ``sources`` wait, leaving out the keys ``running``, and when
+        the oldest of them was admitted (None: none waits). Counted on the index alone."""
         where, params = _waiting_where(sources, running)
-        row = self.transact(
-            lambda conn: conn.execute(
-                f"SELECT count(*), min(created_at) FROM jobs INDEXED BY jobs_waiting WHERE {where}", params
-            ).fetchone()
-        )
+        sql = f"SELECT count(*), min(created_at) FROM jobs INDEXED BY jobs_waiting WHERE {where}"
+        row = self.transact(lambda conn: conn.execute(sql, params).fetchone())
         return int(row[0]), row[1]
 
     def retry(self, selectors: list[str] | None = None) -> int:
@@ -425,7 +437,8 @@ class Ledger(Database):
         return self.transact(tx)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        migrate(conn, _MIGRATIONS, conn.execute("PRAGMA user_version").fetchone()[0], path=self.path, what="schema")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        migrate(conn, _MIGRATIONS, version, path=self.path, what="schema")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _update(self, key: str, assignments: str, params: Iterable[Any]) -> None:
@@ -447,9 +460,12 @@ def _error_kind(last_error: str | None) -> str | None:
     return error.get("kind") if isinstance(error, dict) else None
 
 
-def _waiting_where(sources: Collection[str], running: Collection[str]) -> tuple[str, tuple[str, ...]]:
-    """The unfinished rows of ``sources`` but ``running``. ``+source``: a filter on the index's entries, not a
-    constraint SQLite would look up one value at a time (and then sort what it found)."""
+def _waiting_where(
+    sources: Collection[str], running: Collection[str]
+) -> tuple[str, tuple[str, ...]]:
+    """The unfinished rows of ``sources`` but ``running``. ``+source``: a filter on the index's
+    entries, not a constraint SQLite would look up one value at a time (and then sort what it
+    found)."""
     where = f"{_WAITING} AND +source IN ({', '.join('?' * len(sources))})"
     if running:
         where += f" AND key NOT IN ({', '.join('?' * len(running))})"

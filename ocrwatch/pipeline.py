@@ -2,9 +2,10 @@
 
 ``Pipeline._process`` reads like the recipe it is: fetch and probe, render and recognise (the shared scheduler
 renders pages ahead in worker threads and feeds the engine), assemble, write. Around it sit admission
-(``admission``: whether a job runs at all, and when: jobs wait in the ledger until a slot frees), the retry loop
-(a transient failure is tried again with backoff) and ``reject``, the one place where a job is given up and its
-error sidecar written, whether the pipeline failed it or its source did.
+(``admission``: whether a job runs at all, and when: jobs wait in the ledger until a slot
+frees), the retry loop (a transient failure is tried again with backoff) and ``reject``, the one
+place where a job is given up and its error sidecar written, whether the pipeline failed it or its
+source did.
 """
 
 from __future__ import annotations
@@ -57,9 +58,6 @@ __all__ = ["Pipeline", "Probed", "Progress", "job_id"]
 
 log = structlog.get_logger()
 
-LEFT_COUNT_SECONDS = 5.0
-"""How long a stop waits for the ledger to count the jobs it leaves waiting, for its one line about them."""
-
 
 @dataclass(frozen=True)
 class Progress:
@@ -96,7 +94,9 @@ class Pipeline:
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
         self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)  # a source's fate once it is done
-        self.admission = Admission(ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload)
+        self.admission = Admission(
+            ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload
+        )
         self.scheduler: PageScheduler | None = None
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
@@ -104,7 +104,8 @@ class Pipeline:
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._jobs: dict[str, Job] = {}  # key → the job its task runs
         self._holding: set[str] = set()  # keys of the jobs in a slot now
-        self._given: set[str] = set()  # keys of the jobs started in a slot the dispatcher took, not yet entered
+        # Keys of the jobs started in a slot the dispatcher took for them, not yet entered.
+        self._given: set[str] = set()
         self._documents: dict[str, Document] = {}  # key → its pages in the scheduler, while they are recognised
         # Jobs run without the ledger (``ocrwatch ocr``): key → the Tesseract languages asked for (None: the inbox's)
         self._unrecorded: dict[str, str | None] = {}
@@ -130,7 +131,7 @@ class Pipeline:
         self.supervisor.scheduler = self.scheduler
         self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
         self._slots = asyncio.Semaphore(self.active_documents)
-        if self.ledger is not None:  # a job waiting out a backoff holds no slot: as many again may be held so
+        if self.ledger is not None:  # a job in a backoff holds no slot: as many again may be held
             dispatch = self.admission.dispatch(self._slots, self, 2 * self.active_documents)
             self._dispatcher = asyncio.create_task(dispatch, name="admission")
         budget = self.scheduler.budget
@@ -171,7 +172,7 @@ class Pipeline:
             return None
         return await asyncio.to_thread(getattr(self.ledger, method), *args, **fields)
 
-    # --- admission (``admission.py``) -------------------------------------------------------------------------
+    # --- admission (``admission.py``) ---------------------------------------------------------
 
     async def submit(self, job: Job) -> None:
         """Admit a job (idempotent); returns once it is durably in the ledger, or known to be done."""
@@ -182,7 +183,8 @@ class Pipeline:
         return self.admission.already_written(job, fingerprint)
 
     async def resume(self) -> int:
-        """Let the ledger's unfinished jobs start (at start, and after ``ocrwatch retry``); how many wait."""
+        """Let the ledger's unfinished jobs start (at start, and after ``ocrwatch retry``); how many
+        wait."""
         return await self.admission.resume(self.running())
 
     def running(self) -> Collection[str]:
@@ -191,9 +193,9 @@ class Pipeline:
 
     def start_job(self, job: Job, *, record: bool = True, lang: str | None = None) -> asyncio.Task[str]:
         """Run the job in a task of its own, unless it already runs; the task's result is its final status.
-        A recorded job is started by ``Admission.dispatch``, in the slot it took for it. ``record=False``: the
-        ledger never hears of it (``ocrwatch ocr``), its task waits for a slot, and ``lang`` overrides its
-        inbox's."""
+        A recorded job is started by ``Admission.dispatch``, in the slot it took for it.
+        ``record=False``: the ledger never hears of it (``ocrwatch ocr``), its task waits for a
+        slot, and ``lang`` overrides its inbox's."""
         assert self._slots is not None, "Pipeline.start() first"
         existing = self._tasks.get(job.key)
         if existing is not None and not existing.done():
@@ -241,14 +243,16 @@ class Pipeline:
         metrics.active_documents.labels(state="running").set(len(self._holding))
         held = max(len(self._tasks) - len(self._holding), 0)
         metrics.active_documents.labels(state="waiting").set(held + self.admission.backlog)
-        oldest = min((job.detected_at for job in self._jobs.values()), default=self.admission.oldest)
-        if self.admission.oldest is not None and oldest is not None:
-            oldest = min(oldest, self.admission.oldest)
+        times = [job.detected_at for job in self._jobs.values()]
+        if self.admission.oldest is not None:  # admitted then: detected settle_seconds before
+            times.append(self.admission.oldest)
+        oldest = min(times, default=None)
         metrics.oldest_waiting.set(0.0 if oldest is None else max(time.time() - oldest, 0.0))
 
     async def drain(self, timeout: float) -> int:
-        """Start nothing more, wait for running jobs up to ``timeout`` and cancel the rest: they stay unfinished
-        in the ledger with the jobs that wait there, which one line counts. How many were cancelled."""
+        """Start nothing more, wait for running jobs up to ``timeout`` and cancel the rest: they
+        stay unfinished in the ledger with the jobs that wait there, which one line counts. How many
+        were cancelled."""
         self._draining.set()  # a job waiting out its backoff ends at once (see _backoff)
         if self._dispatcher is not None:
             self._dispatcher.cancel()
@@ -258,16 +262,10 @@ class Pipeline:
             _, pending = await asyncio.wait(tasks, timeout=timeout)
             for task in pending:
                 task.cancel()
-            children.kill_all()  # a render thread cannot be cancelled: its pdftoppm can, so it returns at once
+            # A render thread cannot be cancelled: its pdftoppm can, so it returns at once.
+            children.kill_all()
             await asyncio.gather(*pending, return_exceptions=True)
-        if self.ledger is not None:
-            try:
-                left = await asyncio.wait_for(self.admission.count(()), LEFT_COUNT_SECONDS)
-            except Exception as exc:  # never holds the stop up: the jobs wait in the ledger all the same
-                log.warning("jobs_left_uncounted", kind=classify(exc).kind, error=str(exc))
-            else:
-                if left:
-                    log.info("jobs_left_queued", jobs=left, hint="they wait in the ledger and start at the next start")
+        await self.admission.say_left()
         return len(pending)
 
     # --- one job: attempts ------------------------------------------------------------------------------------
@@ -345,8 +343,8 @@ class Pipeline:
 
     @contextlib.asynccontextmanager
     async def _slot(self, key: str) -> AsyncIterator[None]:
-        """One of ``max_active_documents`` slots, held by the job ``key`` (the gauges and ``progress`` read it):
-        the one the dispatcher took for it, the first time."""
+        """One of ``max_active_documents`` slots, held by the job ``key`` (the gauges and
+        ``progress`` read it): the one the dispatcher took for it, the first time."""
         assert self._slots is not None, "Pipeline.start() first"
         if key in self._given:
             self._given.discard(key)
@@ -540,7 +538,8 @@ class Pipeline:
         if job.key not in self._tasks:  # from a source: the job never ran here
             fingerprint = await asyncio.to_thread(self.admission.fingerprint, job)
             if fingerprint is not None:
-                if await self.admission.done_already(job, fingerprint):  # a duplicate whose acknowledgement was lost
+                # A duplicate whose acknowledgement was lost.
+                if await self.admission.done_already(job, fingerprint):
                     return
                 await self._ledger("admit", job, fingerprint)  # so the failure has a row to be recorded in
         log.error(

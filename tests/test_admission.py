@@ -1,6 +1,6 @@
-"""``Admission.dispatch`` and ``resume`` against a real ledger: waiting jobs stay rows in the ledger and come out
-one per free slot, best first; jobs waiting out a backoff (no slot) are bounded; a job a killed process left
-``writing`` whose sidecars were written is only marked done."""
+"""``Admission.dispatch`` and ``resume`` against a real ledger: waiting jobs stay rows in the ledger
+and come out one per free slot, best first; jobs waiting out a backoff (no slot) are bounded; a job
+a killed process left ``writing`` whose sidecars were written is only marked done."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ FP = Fingerprint(size=3, mtime_ns=1, sha256="ab" * 32)
 
 
 class Runner:
-    """What the pipeline is to the dispatcher: the jobs it was handed, held until a test lets them go."""
+    """What the pipeline is to the dispatcher: the jobs it was handed, held until a test lets them
+    go."""
 
     def __init__(self) -> None:
         self.held: dict[str, Job] = {}
@@ -125,11 +126,12 @@ async def test_waiting_jobs_start_one_per_free_slot_best_first(
 async def test_a_job_left_writing_with_its_sidecars_written_is_only_marked_done(
     tmp_path: Path, ledger: Ledger
 ) -> None:  # fmt: skip
-    written, unwritten, queued = job(tmp_path, "written.png"), job(tmp_path, "unwritten.png"), job(tmp_path, "q.png")
+    written, unwritten, queued = (job(tmp_path, name) for name in ("done.png", "lost.png", "q.png"))
     for each in (written, unwritten, queued):
         ledger.admit(each, FP)
     ledger.set_state(written.key, "writing")
     ledger.set_state(unwritten.key, "writing")
     made = admission(ledger, RecordedSink({written.key}))
     assert await made.resume(()) == 2
-    assert [ledger.known(each.key).state for each in (written, unwritten, queued)] == ["done", "writing", "queued"]
+    states = [ledger.known(each.key).state for each in (written, unwritten, queued)]
+    assert states == ["done", "writing", "queued"]

@@ -1,5 +1,6 @@
-"""``Deliveries``: the sidecars' paths of a held result kept as bytes, so a file name that is not UTF-8 is held,
-moved, released and loaded as it was; a ledger whose hook tables kept them as TEXT is upgraded in place."""
+"""``Deliveries``: the sidecars' paths of a held result kept as bytes, so a file name that is not
+UTF-8 is held, moved, released and loaded as it was; a ledger whose hook tables kept them as TEXT is
+upgraded in place."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ocrwatch import deliveries as deliveries_module
 from ocrwatch.deliveries import Deliveries
 from ocrwatch.ledger import Ledger
 
-LATIN1 = os.fsdecode(b"caf\xe9.png")  # a name written by a Latin-1 system: not UTF-8, so not SQLite TEXT
+LATIN1 = os.fsdecode(b"caf\xe9.png")  # as a Latin-1 system writes it: not UTF-8, so not SQLite TEXT
 
 
 @pytest.fixture
@@ -24,25 +25,31 @@ def ledger(tmp_path: Path) -> Any:
         yield opened
 
 
-def test_a_name_that_is_not_utf8_is_held_moved_released_and_loaded_byte_for_byte(tmp_path: Path, ledger: Ledger) -> None:
+def test_a_name_that_is_not_utf8_is_held_moved_released_and_loaded_byte_for_byte(
+    tmp_path: Path, ledger: Ledger
+) -> None:  # fmt: skip
     store = Deliveries(ledger)
     inbox = tmp_path / "inbox"
     json_path, md_path = str(inbox / f"{LATIN1}.json"), str(inbox / f"{LATIN1}.md")
-    event = store.hold("me", "file:///inbox/caf%E9.png", "ok", "file:///inbox/caf%E9.png", json_path, md_path,
-                       b"{}", ["ticket"])  # fmt: skip
+    uri = "file:///inbox/caf%E9.png"
+    event = store.hold("me", uri, "ok", uri, json_path, md_path, b"{}", ["ticket"])
     delivery = store.load(event, "ticket")
     assert delivery is not None and (delivery.json, delivery.md) == (json_path, md_path)
     assert os.fsencode(delivery.json).endswith(b"/caf\xe9.png.json")
 
-    archived = {"json": str(tmp_path / "archive" / f"{LATIN1}.json"), "md": str(tmp_path / "archive" / f"{LATIN1}.md")}
+    archive = tmp_path / "archive"
+    archived = {"json": str(archive / f"{LATIN1}.json"), "md": str(archive / f"{LATIN1}.md")}
     assert store.release(event, archived) == ["ticket"]
-    store.relocate("file:///inbox/caf%E9.png", archived)
+    store.relocate(uri, archived)
     delivery = store.load(event, "ticket")
-    assert delivery is not None and (delivery.json, delivery.md) == (archived["json"], archived["md"])
+    assert delivery is not None
+    assert (delivery.json, delivery.md) == (archived["json"], archived["md"])
     assert store.pending() == [("ticket", event)]
 
 
-def test_hook_tables_of_schema_1_are_upgraded_in_place_with_their_paths_as_bytes(tmp_path: Path) -> None:
+def test_hook_tables_of_schema_1_are_upgraded_in_place_with_their_paths_as_bytes(
+    tmp_path: Path,
+) -> None:
     db = tmp_path / "state" / "ledger.sqlite3"
     Ledger(db).close()
     with closing(sqlite3.connect(db)) as conn, conn:
@@ -50,19 +57,25 @@ def test_hook_tables_of_schema_1_are_upgraded_in_place_with_their_paths_as_bytes
         conn.execute("CREATE TABLE hook_schema (version INTEGER NOT NULL)")
         conn.execute("INSERT INTO hook_schema (version) VALUES (1)")
         conn.execute(
-            "INSERT INTO hook_events (id, key, status, source, json, md, payload, held_by, created_at)"
-            " VALUES (7, 'file:///in/caf%C3%A9.pdf', 'ok', 'file:///in/caf%C3%A9.pdf', '/in/café.pdf.json',"
-            " '/in/café.pdf.md', x'7b7d', NULL, 1.0)"
+            "INSERT INTO hook_events (id, key, status, source, json, md, payload, held_by,"
+            " created_at) VALUES (7, 'file:///in/caf%C3%A9.pdf', 'ok', 'file:///in/caf%C3%A9.pdf',"
+            " '/in/café.pdf.json', '/in/café.pdf.md', x'7b7d', NULL, 1.0)"
         )
-        conn.execute("INSERT INTO hook_deliveries (event, hook, state, updated_at) VALUES (7, 'ticket', 'pending', 1.0)")
+        conn.execute(
+            "INSERT INTO hook_deliveries (event, hook, state, updated_at)"
+            " VALUES (7, 'ticket', 'pending', 1.0)"
+        )
     with Ledger(db) as ledger:
         store = Deliveries(ledger)
         assert store.pending() == [("ticket", 7)]
         delivery = store.load(7, "ticket")
-        assert delivery is not None and (delivery.json, delivery.md) == ("/in/café.pdf.json", "/in/café.pdf.md")
+        assert delivery is not None
+        assert (delivery.json, delivery.md) == ("/in/café.pdf.json", "/in/café.pdf.md")
         assert delivery.payload == b"{}"
     with closing(sqlite3.connect(db)) as conn:
-        assert conn.execute("SELECT version FROM hook_schema").fetchall() == [(deliveries_module.SCHEMA_VERSION,)]
-        assert conn.execute("SELECT typeof(json), typeof(md) FROM hook_events").fetchall() == [("blob", "blob")]
+        version = conn.execute("SELECT version FROM hook_schema").fetchall()
+        assert version == [(deliveries_module.SCHEMA_VERSION,)]
+        types = conn.execute("SELECT typeof(json), typeof(md) FROM hook_events").fetchall()
+        assert types == [("blob", "blob")]
         indexes = {row[1] for row in conn.execute("PRAGMA index_list(hook_events)")}
         assert {"hook_events_by_key", "hook_events_held"} <= indexes

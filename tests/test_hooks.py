@@ -381,8 +381,8 @@ async def test_a_hook_after_a_move_is_given_the_sidecars_where_the_move_put_them
     assert received["env"]["OCRWATCH_MD"] == str(moved_to / "report.pdf.md")
     assert Path(received["env"]["OCRWATCH_JSON"]).is_file() and Path(received["env"]["OCRWATCH_MD"]).is_file()
     recorded = rows(ledger)[0]  # the paths' bytes (a name need not be UTF-8)
-    assert (os.fsdecode(recorded["json"]), os.fsdecode(recorded["md"])) == (received["env"]["OCRWATCH_JSON"],
-                                                                            received["env"]["OCRWATCH_MD"])  # fmt: skip
+    paths = (os.fsdecode(recorded["json"]), os.fsdecode(recorded["md"]))
+    assert paths == (received["env"]["OCRWATCH_JSON"], received["env"]["OCRWATCH_MD"])
 
 
 async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_moved_sidecars(

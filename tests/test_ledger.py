@@ -298,44 +298,54 @@ def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: 
     with closing(sqlite3.connect(db)) as conn:
         columns = [column[1] for column in conn.execute("PRAGMA table_info(jobs)")]
         assert "next_attempt_at" not in columns and "finished_at" in columns
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == ledger_module.SCHEMA_VERSION == 4
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        assert version == ledger_module.SCHEMA_VERSION == 4
         indexes = {index[1] for index in conn.execute("PRAGMA index_list(jobs)")}
         assert {"jobs_by_state", "jobs_by_error", "jobs_waiting"} <= indexes
 
 
-def test_a_version_3_ledger_gets_source_and_priority_columns_from_each_rows_json(tmp_path: Path, db: Path) -> None:
-    """The queue reads source and priority as columns; rows from before them have them only in their JSON."""
+def test_a_version_3_ledger_gets_source_and_priority_columns_from_each_rows_json(
+    tmp_path: Path, db: Path
+) -> None:  # fmt: skip
+    """The queue reads source and priority as columns; older rows have them only in their JSON."""
     db.parent.mkdir(mode=0o700)
-    jobs = [local_job(tmp_path, f"old-{n:04d}.pdf") for n in range(2500)]  # more than one batch of the fill
+    jobs = [local_job(tmp_path, f"old-{n:04d}.pdf") for n in range(2500)]  # more than one batch
     jobs[7].priority = 90
     with closing(sqlite3.connect(db)) as conn, conn:
         for script in ledger_module._MIGRATIONS[:3]:
             conn.executescript(script)
         conn.executemany(
-            "INSERT INTO jobs (key, state, job, fp_size, created_at, updated_at) VALUES (?, 'queued', ?, 1, ?, 0)",
+            "INSERT INTO jobs (key, state, job, fp_size, created_at, updated_at)"
+            " VALUES (?, 'queued', ?, 1, ?, 0)",
             [(job.key, ledger_module._dump_job(job), float(n)) for n, job in enumerate(jobs)],
         )
         conn.execute("PRAGMA user_version = 3")
     with Ledger(db) as ledger:
-        assert [row.key for row in ledger.waiting(3, ["inbox"], [])] == [jobs[7].key, jobs[0].key, jobs[1].key]
+        first = [row.key for row in ledger.waiting(3, ["inbox"], [])]
+        assert first == [jobs[7].key, jobs[0].key, jobs[1].key]
         assert ledger.backlog(["inbox"], [jobs[0].key]) == (2499, 1.0)
         assert ledger.waiting(3, ["s3:0"], []) == []
     with closing(sqlite3.connect(db)) as conn:
-        assert conn.execute("SELECT count(*) FROM jobs WHERE source = 'inbox' AND priority IS NOT NULL").fetchone() == (
-            2500,
-        )
+        filled = "SELECT count(*) FROM jobs WHERE source = 'inbox' AND priority IS NOT NULL"
+        assert conn.execute(filled).fetchone() == (2500,)
 
 
-def test_waiting_jobs_come_out_by_priority_then_age_through_the_index(tmp_path: Path, ledger: Ledger) -> None:
-    """The dispatcher's read costs the rows it passes over, not the backlog: no sort of the unfinished rows."""
-    urgent, first, second, done = (local_job(tmp_path, f"{name}.pdf") for name in ("urgent", "a", "b", "done"))
+def test_waiting_jobs_come_out_by_priority_then_age_through_the_index(
+    tmp_path: Path, ledger: Ledger
+) -> None:  # fmt: skip
+    """The dispatcher's read costs the rows it passes over, not the backlog: the unfinished rows are
+    never sorted."""
+    names = ("urgent", "a", "b", "done")
+    urgent, first, second, done = (local_job(tmp_path, f"{name}.pdf") for name in names)
     urgent.priority = 80
     for job in (first, second, done, urgent):
         assert ledger.admit(job, fp())
     ledger.mark_done(done.key)
-    ledger.set_state(first.key, "recognizing")  # left mid-stage by a process that ended: it resumes too
-    assert [row.key for row in ledger.waiting(10, ["inbox"], [])] == [urgent.key, first.key, second.key]
-    assert [row.key for row in ledger.waiting(10, ["inbox"], [urgent.key, first.key])] == [second.key]
+    ledger.set_state(first.key, "recognizing")  # left mid-stage by a process that ended: resumed
+    order = [row.key for row in ledger.waiting(10, ["inbox"], [])]
+    assert order == [urgent.key, first.key, second.key]
+    rest = [row.key for row in ledger.waiting(10, ["inbox"], [urgent.key, first.key])]
+    assert rest == [second.key]
     assert ledger.waiting(10, ["other"], []) == []
     count, oldest = ledger.backlog(["inbox"], [urgent.key])
     assert count == 2 and oldest == ledger.known(first.key).created_at
@@ -353,17 +363,22 @@ def test_waiting_jobs_come_out_by_priority_then_age_through_the_index(tmp_path: 
         counted = " ".join(
             str(row[-1])
             for row in conn.execute(
-                f"EXPLAIN QUERY PLAN SELECT count(*), min(created_at) FROM jobs INDEXED BY jobs_waiting WHERE {where}",
+                "EXPLAIN QUERY PLAN SELECT count(*), min(created_at) FROM jobs"
+                f" INDEXED BY jobs_waiting WHERE {where}",
                 params,
             )
         )
     assert "jobs_waiting" in plan and "TEMP B-TREE" not in plan, plan
-    assert "COVERING INDEX jobs_waiting" in counted, counted  # the count never reads the rows themselves
+    assert "COVERING INDEX jobs_waiting" in counted, counted  # the count never reads the rows
 
 
-def test_a_queued_job_admitted_again_is_stored_as_handed_over_last(tmp_path: Path, ledger: Ledger) -> None:
-    """It waits in the ledger: a redelivered SQS message's new receipt is what acknowledges it when it runs."""
-    first = Job(origin=S3Object(bucket="b", key="k.pdf", etag='"e"', size=3), source="s3:0", receipt="r1")
+def test_a_queued_job_admitted_again_is_stored_as_handed_over_last(
+    tmp_path: Path, ledger: Ledger
+) -> None:  # fmt: skip
+    """It waits in the ledger: a redelivered SQS message's new receipt is what acknowledges it when
+    it runs."""
+    origin = S3Object(bucket="b", key="k.pdf", etag='"e"', size=3)
+    first = Job(origin=origin, source="s3:0", receipt="r1")
     again = Job(origin=first.origin, source="s3:0", receipt="r2", priority=70)
     assert ledger.admit(first, fp(size=3))
     assert ledger.admit(again, fp(size=3))
@@ -374,7 +389,9 @@ def test_a_queued_job_admitted_again_is_stored_as_handed_over_last(tmp_path: Pat
     assert ledger.known(first.key).job.receipt == "r2"  # a finished row keeps the job it ran
 
 
-def test_a_name_that_is_not_utf8_round_trips_through_the_ledger(tmp_path: Path, ledger: Ledger) -> None:
+def test_a_name_that_is_not_utf8_round_trips_through_the_ledger(
+    tmp_path: Path, ledger: Ledger
+) -> None:  # fmt: skip
     job = local_job(tmp_path, os.fsdecode(b"caf\xe9.png"))
     assert ledger.admit(job, fp())
     assert job.key.endswith("/inbox/caf%E9.png")

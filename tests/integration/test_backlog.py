@@ -1,8 +1,10 @@
-"""A backlog dropped at once through ``ocrwatch run``: the files wait in the ledger, and SIGTERM stops the daemon
-within ``shutdown_timeout`` + 5 s with one line for the jobs left waiting, not one line per job.
+"""A backlog dropped at once through ``ocrwatch run``: the files wait in the ledger, and SIGTERM
+stops the daemon within ``shutdown_timeout`` + 5 s with one line for the jobs left waiting, not one
+line per job.
 
-The engine never answers (``HangingEngine``), so the first ``max_active_documents`` documents hold every slot
-until the stop cancels them. The memory side (RSS per queued file) is ``bench/backlog.py``'s to measure.
+The engine never answers (``HangingEngine``), so the first ``max_active_documents`` documents hold
+every slot until the stop cancels them. The memory side (RSS per queued file) is
+``bench/backlog.py``'s to measure.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def unfinished(ledger: Path) -> list[tuple[str, int]]:
     if not ledger.exists():
         return []
     with closing(sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=5)) as conn:
-        return conn.execute("SELECT state, attempts FROM jobs WHERE state != 'done' AND state != 'failed'").fetchall()
+        return conn.execute(
+            "SELECT state, attempts FROM jobs WHERE state NOT IN ('done', 'failed')"
+        ).fetchall()
 
 
 def test_a_backlog_waits_in_the_ledger_and_a_stop_leaves_it_there_in_one_line(
@@ -55,8 +59,12 @@ def test_a_backlog_waits_in_the_ledger_and_a_stop_leaves_it_there_in_one_line(
         for path in folder.iterdir():
             path.rename(daemon.inbox / folder.name / path.name)
     ledger = daemon.state / "ledger.sqlite3"
-    wait_until(lambda: len(unfinished(ledger)) == FILES, 120, f"{FILES} jobs in the ledger", interval=0.5)
-    wait_until(lambda: any(e.get("event") == "job_started" for e in daemon.events()), 30, "the first job started")
+    wait_until(lambda: len(unfinished(ledger)) == FILES, 120, "the files admitted", interval=0.5)
+
+    def started() -> bool:
+        return any(e.get("event") == "job_started" for e in daemon.events())
+
+    wait_until(started, 30, "the first job started")
 
     assert daemon.proc is not None
     stopping = time.monotonic()
@@ -69,10 +77,10 @@ def test_a_backlog_waits_in_the_ledger_and_a_stop_leaves_it_there_in_one_line(
     assert code == 0 and time.monotonic() - stopping <= SHUTDOWN_TIMEOUT + 5
 
     events = daemon.events()
-    started = sum(e.get("event") == "job_started" for e in events)
+    begun = sum(e.get("event") == "job_started" for e in events)
     interrupted = sum(e.get("event") == "job_interrupted" for e in events)
-    assert 0 < interrupted == started <= 2 * 64, (started, interrupted)  # the jobs in memory: never the backlog
+    assert 0 < interrupted == begun <= 2 * 64, (begun, interrupted)  # those in memory, not the rest
     (left,) = [e for e in events if e.get("event") == "jobs_left_queued"]
     assert left["jobs"] == FILES
-    assert {attempts for _, attempts in unfinished(ledger)} == {0}  # the interrupted ones' given back
+    assert {attempts for _, attempts in unfinished(ledger)} == {0}  # the interrupted ones' back
     assert len(os.listdir(daemon.state / "tmp")) == 0

@@ -1,6 +1,6 @@
-"""A file name that is not UTF-8 (``caf\\xe9.png``, as a Latin-1 system writes it) through ``ocrwatch run`` with a
-command hook: its sidecars written beside it under the very same bytes, its hook run once with their paths, and
-its ledger row done, so a restart does not run it again."""
+"""A file name that is not UTF-8 (``caf\\xe9.png``, as a Latin-1 system writes it) through
+``ocrwatch run`` with a command hook: its sidecars written beside it under the very same bytes, its
+hook run once with their paths, and its ledger row done, so a restart does not run it again."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def test_a_name_that_is_not_utf8_gets_its_sidecars_and_its_hook(
     plugin_daemon: Callable[..., PluginDaemon], tmp_path: Path
 ) -> None:  # fmt: skip
     out = tmp_path / "received"
-    daemon = plugin_daemon(hook=[{"name": "record", "command": [sys.executable, script(tmp_path, "r.py", RECORDER),
-                                                                str(out)]}])  # fmt: skip
+    record = [sys.executable, script(tmp_path, "r.py", RECORDER), str(out)]
+    daemon = plugin_daemon(hook=[{"name": "record", "command": record}])
     daemon.start()
     source = daemon.inbox / NAME
     hidden = docs.write_png(daemon.inbox / ".incoming", ["Cafe menu"])
@@ -38,12 +38,14 @@ def test_a_name_that_is_not_utf8_gets_its_sidecars_and_its_hook(
     assert sidecar["status"] == "ok"
     assert os.fsencode(NAME) + b".md" in os.listdir(os.fsencode(daemon.inbox))
     (received,) = wait_until(lambda: records(out), 60, "the hook's record")
-    assert os.fsencode(received["env"]["OCRWATCH_JSON"]) == os.fsencode(daemon.inbox) + b"/caf\xe9.png.json"
-    assert os.fsencode(received["env"]["OCRWATCH_MD"]) == os.fsencode(daemon.inbox) + b"/caf\xe9.png.md"
+    inbox = os.fsencode(daemon.inbox)
+    assert os.fsencode(received["env"]["OCRWATCH_JSON"]) == inbox + b"/caf\xe9.png.json"
+    assert os.fsencode(received["env"]["OCRWATCH_MD"]) == inbox + b"/caf\xe9.png.md"
     assert json.loads(received["stdin"]) == sidecar
     assert daemon.stop() == 0
     with closing(sqlite3.connect(daemon.state / "ledger.sqlite3")) as conn:
-        assert conn.execute("SELECT state FROM jobs WHERE key = ?", (source.as_uri(),)).fetchall() == [("done",)]
+        state = conn.execute("SELECT state FROM jobs WHERE key = ?", (source.as_uri(),)).fetchall()
+        assert state == [("done",)]
         assert conn.execute("SELECT state FROM hook_deliveries").fetchall() == [("done",)]
 
     daemon.start()
