@@ -168,3 +168,15 @@ def test_s3_probes_name_a_missing_queue_a_missing_bucket_and_a_queue_without_dea
         (True, False, False), (False, True, False), (False, False, True)], bad
     [_, dead] = checks._s3(0, S3Config(queue_url=queue, on_max_receives="dead_letter", **moto.s3_config()))
     assert not dead.ok and "RedrivePolicy" in dead.detail
+
+
+def test_a_state_dir_others_may_write(tmp_path: Path) -> None:
+    """The daemon would refuse to start on it (the ledger could be replaced): check says so, and how."""
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    code, lines = check(write_config(tmp_path))
+    assert code != 0
+    [failed] = failures(lines)
+    assert failed.startswith(f"FAIL state_dir {state}: is writable by others (mode 0777)"), failed
+    assert failed.endswith(f": chmod 700 {state}"), failed
