@@ -10,113 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from ocrwatch import __version__, figures
+# ocrwatch.schema's schemas (docs/schema/), re-exported here where their users import them
+from ocrwatch.schema import ERROR_SCHEMA as ERROR_SCHEMA, JSON_SCHEMA as JSON_SCHEMA, SCHEMA_ID
 from ocrwatch.scheduler import PageOutcome
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 
-SCHEMA_ID = "ocrwatch/1"
-"""Always the JSON sidecar's first member: sinks tell their own files from a user's by it."""
 PAGE_MARK = "<!-- page "
 """Opens every page of the Markdown sidecar, so the file always begins with it: sinks tell their own by it."""
-
-_BLOCK = {
-    "type": "object",
-    "required": ["type", "text"],
-    "properties": {
-        "type": {"type": "string"},
-        "text": {"type": "string"},
-        "bbox": {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
-    },
-}
-_PAGE = {
-    "type": "object",
-    "required": ["index", "width", "height", "status", "attempts", "markdown", "blocks"],
-    "properties": {
-        "index": {"type": "integer", "minimum": 1},
-        "width": {"type": "integer", "minimum": 1},
-        "height": {"type": "integer", "minimum": 1},
-        "dpi": {"type": ["number", "null"]},
-        "status": {"enum": ["ok", "failed"]},
-        "attempts": {"type": "integer", "minimum": 1},
-        "markdown": {"type": "string"},
-        "raw": {"type": ["string", "null"]},
-        "blocks": {"type": "array", "items": _BLOCK},
-        "tokens": {
-            "type": "object",
-            "properties": {"prompt": {"type": ["integer", "null"]}, "completion": {"type": ["integer", "null"]}},
-        },
-        "seconds": {"type": "object"},
-        "finish_reason": {"type": ["string", "null"]},
-        "error": {"type": ["object", "null"]},
-        "tries": {"type": "array"},
-    },
-}
-_FILE = {  # a further output: its path relative to the JSON sidecar's folder (or key prefix)
-    "path": {"type": "string"},
-    "bytes": {"type": "integer", "minimum": 0},
-    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-}
-JSON_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "ocrwatch sidecar",
-    "type": "object",
-    "required": ["schema", "status", "source", "engine", "render", "pages", "timing", "ocrwatch"],
-    "properties": {
-        "schema": {"const": SCHEMA_ID},
-        "status": {"enum": ["ok", "partial"]},
-        "source": {
-            "type": "object",
-            "required": ["uri", "name", "bytes", "sha256"],
-            "properties": {
-                "uri": {"type": "string"},
-                "name": {"type": "string"},
-                "bytes": {"type": "integer", "minimum": 0},
-                "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
-                "etag": {"type": ["string", "null"]},
-                "version_id": {"type": ["string", "null"]},
-                "mtime": {"type": ["string", "null"]},
-                "mime": {"type": "string"},
-            },
-        },
-        "engine": {"type": "object", "required": ["name"]},
-        "render": {"type": "object", "required": ["dpi"]},
-        "pages": {"type": "array", "minItems": 1, "items": _PAGE},
-        "timing": {"type": "object", "required": ["detected", "started", "finished", "stages"]},
-        "ocrwatch": {"type": "object", "required": ["version", "host"]},
-        "searchable_pdf": {
-            "oneOf": [
-                {
-                    "type": "object", "required": ["path", "bytes", "sha256"],
-                    "properties": {**_FILE, "text_layer": {"type": "array", "items": {"enum": ["own", "ocr", "none"]}}},
-                },  # fmt: skip
-                {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}},
-            ]
-        },
-        "figures": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["page", "name", "bbox", "path", "bytes", "sha256"],
-                "properties": {
-                    "page": {"type": "integer", "minimum": 1},
-                    "name": {"type": "string"},
-                    "bbox": {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 4},
-                    **_FILE,
-                },
-            },
-        },
-    },
-}
-ERROR_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["schema", "status", "source", "error", "attempts", "time"],
-    "properties": {
-        "schema": {"const": SCHEMA_ID},
-        "status": {"const": "failed"},
-        "error": {"type": "object", "required": ["kind", "message", "retryable", "hint"]},
-        "attempts": {"type": "integer", "minimum": 0},
-    },
-}
 
 
 def iso(timestamp: float | None) -> str | None:

@@ -39,7 +39,8 @@ def page(tmp_path: Path) -> render.RenderedPage:
 def recognised(page: render.RenderedPage, raw: str = PAPER, status: str = "ok") -> tuple[PageResult, PageRequest]:
     parsed = parse(raw, page.width, page.height, images="extract", page_index=page.index)
     recognition = Recognition(markdown=parsed.markdown, raw=raw, blocks=parsed.blocks)
-    result = PageResult(status, recognition, [{"seconds": 0.1}])  # type: ignore[arg-type]
+    attempt = {"rung": 0, "request_id": "p/a0", "sampling": {}, "outcome": status, "seconds": 0.1}
+    result = PageResult(status, recognition, [attempt])  # type: ignore[arg-type]
     return result, PageRequest(f"doc/p{page.index}", page.image, "markdown", page_index=page.index)
 
 

@@ -47,6 +47,7 @@ RANKS: dict[str, int] = {
     "engines": 5,
     "ladder": 6,
     "assemble": 6,
+    "schema": 6,
     "textlayer": 6,
     "pdfcontent": 6,
     "figures": 6,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import tomli_w
 
@@ -205,17 +207,30 @@ def plugin_daemon(tmp_path: Path, spawned: list[DaemonProcess]) -> Callable[...,
     return factory
 
 
+@functools.cache
+def published_schema(name: str) -> jsonschema.Draft202012Validator:
+    """A schema as docs/schema publishes it: every sidecar the helpers below read must pass it."""
+    schema = json.loads((REPO / "docs" / "schema" / name).read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
 def sidecars_done(path: Path) -> dict[str, Any] | None:
     """The parsed JSON sidecar once it exists (it is written last, so the Markdown is complete too)."""
     sidecar = path.with_name(path.name + ".json")
     if not sidecar.exists():
         return None
-    return json.loads(sidecar.read_text())
+    data = json.loads(sidecar.read_text())
+    published_schema("sidecar.schema.json").validate(data)
+    return data
 
 
 def error_sidecar(path: Path) -> dict[str, Any] | None:
     sidecar = path.with_name(path.name + ".error.json")
-    return json.loads(sidecar.read_text()) if sidecar.exists() else None
+    if not sidecar.exists():
+        return None
+    data = json.loads(sidecar.read_text())
+    published_schema("error.schema.json").validate(data)
+    return data
 
 
 @pytest.fixture
