@@ -392,7 +392,9 @@ class Pipeline:
             with _timed(stages, "pages"):
                 pages = await self.render_and_recognize(job, session, probed)
             await self._ledger("set_state", job.key, "writing")
-            made = await outputs.prepare(self.cfg.output, job.origin, probed, pages, session.spool_dir, stages)
+            made = await outputs.prepare(
+                self.cfg.output, job.origin, probed, pages, session.spool_dir, stages, self.decode_budget
+            )
             with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 document = self.assemble_document(job, engine, probed, pages, started, stages, made)
                 event = await self._hold(job, document)  # before it is published
