@@ -143,6 +143,18 @@ def migrate(
             step(conn)
 
 
+def migrate_versioned(
+    conn: sqlite3.Connection, table: str, steps: Sequence[Migration], *, path: Path, what: str
+) -> None:
+    """``migrate`` for a set of tables that keeps its version in a one-row table of its own (``table``),
+    beside the ledger's ``user_version``: the hook deliveries, the record of outputs."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
+    row = conn.execute(f"SELECT version FROM {table}").fetchone()
+    migrate(conn, steps, 0 if row is None else int(row[0]), path=path, what=what)
+    conn.execute(f"DELETE FROM {table}")
+    conn.execute(f"INSERT INTO {table} (version) VALUES (?)", (len(steps),))
+
+
 class Database:
     """One SQLite file in WAL mode with ``synchronous=NORMAL``: a committed write survives a process
     crash (``kill -9``, OOM killer), and readers such as ``ocrwatch status`` never block the daemon.

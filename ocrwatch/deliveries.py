@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ocrwatch.database import Migration, StateUnusable, migrate
+from ocrwatch.database import Migration, StateUnusable, migrate_versioned
 from ocrwatch.ledger import Ledger
 
 T = TypeVar("T")
@@ -256,12 +256,7 @@ class Deliveries:
     # --- plumbing ---------------------------------------------------------------------------------------------
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TABLE IF NOT EXISTS hook_schema (version INTEGER NOT NULL)")
-        row = conn.execute("SELECT version FROM hook_schema").fetchone()
-        version = 0 if row is None else int(row[0])
-        migrate(conn, _MIGRATIONS, version, path=self._ledger.path, what="hook schema")
-        conn.execute("DELETE FROM hook_schema")
-        conn.execute("INSERT INTO hook_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        migrate_versioned(conn, "hook_schema", _MIGRATIONS, path=self._ledger.path, what="hook schema")
 
     def transact(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._ledger.transact(body, write=True)  # the ledger's lock, connection and retries

@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocrwatch.ledger import Ledger, StateUnusable
-from ocrwatch.safefs import Folder, hash_fd
+from ocrwatch.database import StateUnusable, migrate_versioned
+from ocrwatch.ledger import Ledger
+from ocrwatch.safefs import Folder, describe, hash_fd
 
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -40,7 +41,6 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX written_by_job ON written (job);
     """,
 )
-SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 @dataclass(frozen=True)
@@ -78,21 +78,8 @@ class Written:
             raise StateUnusable(f"the ledger {ledger.path} cannot hold the record of outputs: {exc}") from None
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TABLE IF NOT EXISTS written_schema (version INTEGER NOT NULL)")
-        row = conn.execute("SELECT version FROM written_schema").fetchone()
-        version = 0 if row is None else int(row[0])
-        if version > SCHEMA_VERSION:
-            raise StateUnusable(
-                f"the ledger {self._ledger.path} records outputs in schema {version}, newer than this"
-                f" ocrwatch's ({SCHEMA_VERSION})",
-                hint="upgrade ocrwatch, or point state_dir at another folder",
-            )
-        for script in _MIGRATIONS[version:]:
-            for statement in filter(str.strip, script.split(";")):
-                conn.execute(statement)
-        if version != SCHEMA_VERSION:
-            conn.execute("DELETE FROM written_schema")
-            conn.execute("INSERT INTO written_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        what = "record of outputs schema"
+        migrate_versioned(conn, "written_schema", _MIGRATIONS, path=self._ledger.path, what=what)
 
     def get(self, root: Path, name: str) -> list[Output]:
         """The files recorded at ``name``: one, or two while a write is between its record and its rename."""
@@ -174,7 +161,8 @@ def judge(
     the content's sha256 too (before anything is replaced or removed), not only the inode and size."""
     fd = folder.open_read(name)
     if fd is None:
-        return OURS if folder.lstat(name) is None else Verdict("not a regular file")
+        info = folder.lstat(name)
+        return OURS if info is None else Verdict(describe(info.st_mode))
     try:
         info = os.fstat(fd)
         if not records:
