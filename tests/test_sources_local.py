@@ -130,6 +130,28 @@ def test_slow_writer_is_taken_once_and_only_when_complete(tmp_path: Path, writer
     run(scenario())
 
 
+def test_a_burst_of_files_settles_without_a_task_per_file(tmp_path: Path) -> None:
+    """Files waiting to settle wait in one heap of deadlines, not as a task (and an Event) each: a
+    backlog dropped at once cost about 1.5 KB a file that way. Each is still taken once, when due."""
+    files = 300
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for number in range(files):
+        (folder / f"page-{number:03d}.pdf").write_bytes(PDF)
+
+    async def scenario() -> None:
+        async with watching(InboxConfig(path=folder, settle_seconds=1.0)) as (_, got):
+            tasks = len(asyncio.all_tasks())
+            # SETTLE_STEPS (32) files looked at, the source's few own tasks, the test's
+            assert tasks <= 50, f"{tasks} tasks for {files} files settling"
+            await until(lambda: len(got.jobs) >= files, "every file", timeout=20)
+            await asyncio.sleep(GRACE)
+            assert sorted(got.names()) == sorted(f"page-{number:03d}.pdf" for number in range(files))
+            assert len(got.jobs) == files
+
+    run(scenario())
+
+
 def test_stable_file_that_never_passes_the_probe_is_submitted_in_the_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,6 +43,7 @@ from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
 from ocrwatch.sources.beneath import Signature, fetch_copy
+from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.inbox import Inbox, Pending
 from ocrwatch.sources.quarantine import Owns, quarantine
 from ocrwatch.sources.settle import inspect_file, probe
@@ -59,6 +60,9 @@ PROBE_GIVE_UP_MIN_SECONDS = 30.0
 RECHECK_MIN_SECONDS = 0.25
 BLOCKING_CALLS = 8
 """Stats and probes in flight at once, so a scan of a big inbox leaves worker threads for the rest of the daemon."""
+SETTLE_STEPS = 32
+"""Files looked at at once (a stat, a probe, or waiting for the ledger to admit them); the others
+wait for their turn as an entry in one heap of deadlines, not as a task each."""
 WATCH_CHECK_SECONDS = 2.0
 """How often every watcher's threads are checked: one that ended unannounced is found this soon."""
 RESTART_BACKOFF_MAX_SECONDS = 60.0
@@ -97,6 +101,7 @@ class LocalSource:
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
+        self._settling: Deadlines[Pending] = Deadlines(self._settle, SETTLE_STEPS)
         self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
 
     async def start(self, submit: Submit, reject: Reject) -> None:
@@ -106,6 +111,7 @@ class LocalSource:
         the pipeline names its defect.
         """
         self._submit, self._loop = submit, asyncio.get_running_loop()
+        self._settling.start()
         async with self._lock:
             for inbox in self._inboxes.values():
                 await self._refresh_guarded(inbox)
@@ -115,11 +121,13 @@ class LocalSource:
     async def stop(self) -> None:
         """Stop observers and drop files still settling: the scan at the next start finds them again."""
         self._submit = None
-        tasks = [*self._background, *(p.task for i in self._inboxes.values() for p in i.pending.values() if p.task)]
+        tasks = [*self._background]
         tasks += [task for task in (self._reconciler, self._checker) if task is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, self._settling.stop(), return_exceptions=True)
+        for inbox in self._inboxes.values():
+            inbox.pending.clear()
         await asyncio.gather(*(self._unwatch(inbox) for inbox in self._inboxes.values()))
 
     async def update_inboxes(self, inboxes: Sequence[InboxConfig]) -> None:
@@ -133,8 +141,8 @@ class LocalSource:
             for root in self._inboxes.keys() - wanted.keys():
                 retired = self._inboxes.pop(root)
                 for pending in retired.pending.values():
-                    if pending.task is not None:
-                        pending.task.cancel()
+                    self._settling.discard(pending)
+                retired.pending.clear()
                 await self._unwatch(retired)
                 log.info("inbox_removed", path=str(root))
             for root, config in wanted.items():
@@ -168,8 +176,8 @@ class LocalSource:
         if outcome != "failed" or inbox is None or inbox.quarantine is None:
             return
         assert isinstance(origin, LocalFile)
-        pending = inbox.pending.get(origin.path)
-        if pending is not None and pending.signature != inbox.settled.get(origin.path):
+        pending = inbox.pending.get(str(origin.path))
+        if pending is not None and not inbox.settled.matches(origin.path, pending.signature):
             log.info("local_quarantine_skipped", path=str(origin.path), reason="a new version is being written")
             return
         try:
@@ -197,15 +205,16 @@ class LocalSource:
             await self._unwatch(inbox)
             return
         self._take(inbox, found, closed=False)
-        for path in inbox.settled.keys() - found.keys():
-            del inbox.settled[path]
+        inbox.settled.keep_only(found)
         inbox.refused = {path for path in inbox.refused if isinstance(found.get(path), str)}
-        await self._redo_lapsed(inbox, [path for path, seen in found.items() if inbox.settled.get(path) == seen])
+        unchanged = [Path(key) for key, seen in found.items() if inbox.settled.matches(key, seen)]
+        await self._redo_lapsed(inbox, unchanged)
 
     async def _redo_lapsed(self, inbox: Inbox, paths: Iterable[Path]) -> None:
         """Submit again those of ``paths`` that were submitted, are not being looked at, and whose sidecars have
         lapsed; one worker thread asks for them all."""
-        asked = [path for path in paths if isinstance(inbox.settled.get(path), Signature) and path not in inbox.pending]
+        settled, pending = inbox.settled, inbox.pending
+        asked = [path for path in paths if settled.submitted(path) and str(path) not in pending]
         if not asked:
             return
         try:
@@ -216,7 +225,7 @@ class LocalSource:
         for path in lapsed:
             if self._inboxes.get(inbox.root) is inbox and path in inbox.settled:
                 log.info("local_sidecars_lapsed", path=str(path), inbox=str(inbox.root))
-                del inbox.settled[path]
+                inbox.settled.forget(path)
                 self._consider(inbox, path, closed=True)
 
     def _sidecar_of(self, inbox: Inbox, path: Path) -> Path | None:
@@ -224,11 +233,10 @@ class LocalSource:
         file (looked for only when such a name goes away or is written over, which is rare)."""
         if not path.name.endswith((".md", ".json")):
             return None
-        for document, seen in inbox.settled.items():
-            if document.parent == path.parent and isinstance(seen, Signature):
-                names = sidecar_names(document.name, self._name_template)
-                if path.name in (names["md"], names["json"]):
-                    return document
+        for document in inbox.settled.submitted_in(path.parent):
+            names = sidecar_names(document.name, self._name_template)
+            if path.name in (names["md"], names["json"]):
+                return document
         return None
 
     async def _watch(self, inbox: Inbox) -> None:
@@ -350,7 +358,7 @@ class LocalSource:
             self._spawn(self._scan_into(inbox, target, closed=True))
         elif isinstance(event, (FileMovedEvent, FileDeletedEvent)):
             if source is not None:
-                inbox.settled.pop(source, None)
+                inbox.settled.forget(source)
                 self._sidecar_changed(inbox, source)
             if target is not None:
                 self._consider(inbox, target, closed=True)
@@ -384,14 +392,14 @@ class LocalSource:
             return  # gone again; a later event or the reconciliation scan covers whatever is there
         self._take(inbox, found, closed=closed)
 
-    def _take(self, inbox: Inbox, found: dict[Path, Signature | str], *, closed: bool) -> None:
-        for path, seen in found.items():
-            if inbox.settled.get(path) == seen:
+    def _take(self, inbox: Inbox, found: dict[str, bytes | str], *, closed: bool) -> None:
+        for key, seen in found.items():
+            if inbox.settled.matches(key, seen):
                 continue
             if isinstance(seen, str):
-                self._refuse(inbox, path, seen)
+                self._refuse(inbox, Path(key), seen)
             else:
-                self._consider(inbox, path, closed=closed)
+                self._consider(inbox, Path(key), closed=closed)
 
     async def _refuse_folder_links(self, inbox: Inbox) -> None:
         """A link to a folder is refused as it appears, as the scan would refuse it (both watchers report a
@@ -425,82 +433,82 @@ class LocalSource:
         """Follow ``path`` until it is whole; an event for a file already followed only updates what is known."""
         if self._submit is None or self._inboxes.get(inbox.root) is not inbox or not inbox.accepts(path):
             return
-        pending = inbox.pending.get(path)
+        key = str(path)
+        pending = inbox.pending.get(key)
         if pending is None:
-            pending = inbox.pending[path] = Pending(path, inbox)
-            pending.task = asyncio.create_task(self._settle(pending), name=f"settle {path}")
+            pending = inbox.pending[key] = Pending(key, inbox)
+            self._settling.add(pending)
         pending.generation += 1
         if wrote:
             pending.reopened |= pending.closed
             pending.closed = False
         if closed:
             pending.closed = True
-            pending.nudge.set()
+            self._settling.nudge(pending)
 
-    async def _settle(self, pending: Pending) -> None:
-        """Look at one file until it is whole, then submit it. A file still being written is never given up.
+    async def _settle(self, pending: Pending) -> float | None:
+        """Look at one file until it is whole, then submit it: the seconds until the next look, or
+        None once it is submitted or gone. A file still being written is never given up.
 
         Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime, inode) unchanged
         for ``settle_seconds``; and then the probe passes. A close counts only for a new file whose writer never
         came back: a file rewritten, or appended by one open-write-close after another (an incremental PDF
         save), must be quiet for ``settle_seconds``, else each piece that ends in a valid trailer is taken. A
         file stable for long that still fails the probe is submitted anyway, so the renderer reports what is
-        wrong with it. Writes do not wake this task (a busy writer would make it
-        spin); the next look at the settle deadline sees them.
+        wrong with it. Writes do not bring the next look forward (a busy writer would make it
+        spin); a close does; the next look at the settle deadline sees the writes.
         """
-        inbox = pending.inbox
+        inbox, path = pending.inbox, pending.path
+        delay: float | None = None
         try:
-            while inbox.accepts(pending.path):  # a reload may have changed the patterns
+            while delay is None and inbox.accepts(path):  # a reload may have changed the patterns
                 generation = pending.generation
-                pending.nudge.clear()
                 signature: Signature | None = None
                 try:
-                    signature = await self._blocking(inspect_file, pending.path, inbox.root)
+                    signature = await self._blocking(inspect_file, path, inbox.root)
                 except SourceGone:
                     pass
                 except NotARegularFile as exc:
-                    self._refuse(inbox, pending.path, exc.message)
-                if signature is None or inbox.settled.get(pending.path) == signature:
+                    self._refuse(inbox, path, exc.message)
+                if signature is None or inbox.settled.matches(path, signature):
                     if pending.generation == generation:
-                        return
+                        break
                     continue
                 delay = await self._look(pending, signature)
-                if delay is not None:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(pending.nudge.wait(), delay)
         except OSError as exc:
-            log.warning("local_inspect_failed", path=str(pending.path), error=str(exc))
+            log.warning("local_inspect_failed", path=str(path), error=str(exc))
         except Exception:  # submit failed, most likely: the reconciliation scan offers the file again
-            log.exception("local_settle_failed", path=str(pending.path))
+            log.exception("local_settle_failed", path=str(path))
         finally:
-            if inbox.pending.get(pending.path) is pending:
-                del inbox.pending[pending.path]
+            if delay is None and inbox.pending.get(pending.key) is pending:
+                del inbox.pending[pending.key]
+        return delay
 
     async def _look(self, pending: Pending, signature: Signature) -> float | None:
         """One readiness decision: submit now (None: look once more) or how long to wait before the next look."""
-        inbox, settle = pending.inbox, pending.inbox.config.settle_seconds
+        inbox, settle, path = pending.inbox, pending.inbox.config.settle_seconds, pending.path
         now = time.monotonic()
         if signature != pending.signature:
             pending.signature, pending.stable_since = signature, now
         quiet = now - pending.stable_since
-        rewritten = pending.reopened or isinstance(inbox.settled.get(pending.path), Signature)
+        rewritten = pending.reopened or inbox.settled.submitted(path)
         if (rewritten or not pending.closed) and quiet < settle:
             return settle - quiet
-        complete = await self._blocking(probe, pending.path, inbox.root)
+        complete = await self._blocking(probe, path, inbox.root)
         if not complete and quiet < max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS):
             return max(settle, RECHECK_MIN_SECONDS)
         try:
-            after = await self._blocking(inspect_file, pending.path, inbox.root)
+            after = await self._blocking(inspect_file, path, inbox.root)
         except (SourceGone, NotARegularFile):
             return 0.0  # replaced while being probed: the next look says by what
         if after != signature:
             return 0.0  # it changed while being probed
         assert self._submit is not None
-        await self._submit(self._job(inbox, pending.path, pending.detected_at))
-        inbox.settled[pending.path] = signature
+        await self._submit(self._job(inbox, path, pending.detected_at))
+        inbox.settled.record(path, signature)
         log.info(
             "local_submitted",
-            path=str(pending.path),
+            path=pending.key,
             inbox=str(inbox.root),
             bytes=signature.size,
             waited=round(time.time() - pending.detected_at, 3),
@@ -516,9 +524,9 @@ class LocalSource:
         )  # fmt: skip
 
     def _refuse(self, inbox: Inbox, path: Path, reason: str) -> None:
-        inbox.settled[path] = reason
-        if path not in inbox.refused:
-            inbox.refused.add(path)
+        inbox.settled.record(path, reason)
+        if str(path) not in inbox.refused:
+            inbox.refused.add(str(path))
             log.warning("local_refused", path=str(path), reason=reason)
 
     async def _blocking(self, function: Callable[..., T], *args: Any) -> T:
