@@ -38,9 +38,10 @@ source."""
 LEDGER_RETRY_SECONDS = 1.0
 """Pause before the next waiting job is read again after the ledger failed to say which it is."""
 ADMITTING = 16
-"""Jobs admitted at once: a burst of files waits for its turn here, not in the default thread pool's
-queue, where the ledger calls of the documents running meanwhile would wait behind every one of
-them."""
+"""Jobs of one source admitted at once: a burst of files waits for its turn here, not in the default
+thread pool's queue, where the ledger calls of the documents running meanwhile would wait behind every
+one of them. Per source, so a bucket that does not answer holds back only its own jobs, never an
+inbox's."""
 LEFT_COUNT_SECONDS = 5.0
 """How long a stop waits for the ledger to count the jobs it leaves, for its one line about them."""
 COUNT_SECONDS = 5.0
@@ -79,7 +80,7 @@ class Admission:
         self.hooks = hooks
         self._offload = offload
         self._wanted = asyncio.Event()  # the ledger may hold a job to start
-        self._admitting = asyncio.Semaphore(ADMITTING)
+        self._admitting: dict[str, asyncio.Semaphore] = {}  # per source
         self.backlog = 0  # jobs waiting in the ledger, as last counted (the gauges read it)
         self.oldest: float | None = None  # when the oldest of them was admitted
         self._counted = -COUNT_SECONDS  # monotonic time of that count
@@ -92,7 +93,8 @@ class Admission:
     async def submit(self, job: Job) -> None:
         """Admit a job (idempotent); returns once it is durably in the ledger, or known to be
         done."""
-        async with self._admitting:
+        admitting = self._admitting.setdefault(job.source, asyncio.Semaphore(ADMITTING))
+        async with admitting:
             await self._admit(job)
 
     async def _admit(self, job: Job) -> None:

@@ -216,7 +216,11 @@ async def test_a_daemon_killed_outright_takes_its_engine_process_and_the_engines
     the engine's own process (vLLM's engine core, here ``sleep``) holding a GPU."""
     daemon = subprocess.Popen([sys.executable, "-c", DAEMON], cwd=Path(__file__).parents[1])
     try:
-        await wait_until(lambda: len(children(daemon.pid)) == 1 and len(children(children(daemon.pid)[0])) == 1, 30)
+        def started() -> bool:  # one reading of the daemon's children: a second one may find none
+            kids = children(daemon.pid)
+            return len(kids) == 1 and len(children(kids[0])) == 1
+
+        await wait_until(started, 30)
         (child,) = children(daemon.pid)
         (engine_process,) = children(child)
         assert os.getpgid(child) == os.getpgid(engine_process) == child != os.getpgid(daemon.pid)
