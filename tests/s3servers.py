@@ -240,10 +240,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) send every test that uses ``rgw`` to one worker:
-    each worker would otherwise start a cluster of its own (about 12 s of two busy cores each)."""
+    """Under pytest-xdist (``--dist loadgroup``, through ``tests.xdist_groups``) send every test that
+    uses ``rgw`` to one worker: each would otherwise start a cluster of its own (about 12 s each)."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
