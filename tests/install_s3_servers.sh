@@ -12,4 +12,4 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-python3 -c "import moto.server, flask" 2>/dev/null || python3 -m pip install -q "moto[server]>=5.0"
+python -c "import moto.server, flask" 2>/dev/null || python -m pip install -q "moto[server]>=5.0"

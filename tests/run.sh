@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the suite needs on a fresh Debian machine, then runs it.
+# The README's test command: installs what the suite needs on a fresh Debian 12 or Ubuntu 24.04 (Debian
+# packages, the servers the tests start, Python packages in ./.venv, since the system's pip refuses to install
+# under PEP 668), then runs the suite with that venv's Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-if ! command -v pdftoppm >/dev/null || ! command -v tesseract >/dev/null || ! command -v qpdf >/dev/null \
-    || ! tesseract --list-langs 2>/dev/null | grep -x deu >/dev/null; then
+PACKAGES=(python3-venv python3-pip poppler-utils qpdf tesseract-ocr tesseract-ocr-eng tesseract-ocr-deu
+          tesseract-ocr-osd)
+missing=()
+for package in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends poppler-utils qpdf tesseract-ocr tesseract-ocr-eng tesseract-ocr-deu >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-if [ -x tests/install_s3_servers.sh ] || [ -f tests/install_s3_servers.sh ]; then
-  bash tests/install_s3_servers.sh
-fi
-python3 -m pip install -q -e '.[test]'
+[ -x .venv/bin/python ] || python3 -m venv .venv
+export PATH="$PWD/.venv/bin:$PATH"
+python -m pip install -q --upgrade pip
+python -m pip install -q -e '.[test]'
+# Each tests/install_*.sh installs (idempotently) a server some tests start on 127.0.0.1.
+for installer in tests/install_*.sh; do
+  bash "$installer"
+done
 set +e
 # The suite mostly waits (daemons, settle times, sleeps), so more workers than cores pay.
 # A later -n or --dist in "$@" wins (-n 0: one process, as before).
-python3 -m pytest -q -ra -n "${OCRWATCH_TEST_WORKERS:-4}" --dist loadgroup "$@"
+python -m pytest -q -ra -n "${OCRWATCH_TEST_WORKERS:-4}" --dist loadgroup "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
