@@ -80,6 +80,8 @@ class HookRunner:
         self._queues: dict[str, asyncio.Queue[int]] = {name: asyncio.Queue() for name in self.hooks}
         self._queued: dict[str, set[int]] = {name: set() for name in self.hooks}  # waiting or running
         self._workers: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[Any]] = set()  # workers inside a delivery
+        self._stopping = False
         self._session: aiohttp.ClientSession | None = None
         for name in self.hooks:
             for outcome in ("delivered", "failed"):
@@ -110,16 +112,24 @@ class HookRunner:
         log.info("hooks_ready", hooks=list(self.hooks), pending=sum(map(len, self._queued.values())),
                  recovered=recovered)  # fmt: skip
 
-    async def stop(self) -> None:
-        """Interrupt what runs (each command's process group killed, its attempt given back) and close the HTTP
-        session (the ledger is its owner's to close); what was pending stays so in it and runs at the next
-        start."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Start no delivery more, let those running finish for ``grace`` seconds, then interrupt the rest
+        (each command's process group killed, its attempt given back) and close the HTTP session (the
+        ledger is its owner's to close). A stop then never cuts short a hook that was about to end; what
+        was pending stays so in the ledger and runs at the next start."""
+        self._stopping = True
+        for task in self._workers:
+            if task not in self._busy:
+                task.cancel()
+        if busy := [task for task in self._workers if task in self._busy]:
+            await asyncio.wait(busy, timeout=grace)
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers.clear()
         if self._session is not None:
             await self._session.close()
+            self._session = None
 
     async def hold(self, job: Job, document: dict[str, Any], sink: Sink) -> int | None:
         """Record ``document`` (a result or an error document) before it is published, with a delivery for each
@@ -185,18 +195,23 @@ class HookRunner:
 
     async def _work(self, hook: HookConfig) -> None:
         queue = self._queues[hook.name]
-        while True:
+        worker = asyncio.current_task()
+        assert worker is not None
+        while not self._stopping:
             event = await queue.get()
+            self._busy.add(worker)
             try:
                 await self._deliver(hook, event)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the ledger, not the hook: the delivery stays pending and is tried later
+            except Exception as exc:  # the ledger, not the hook: the delivery stays pending, tried later
                 error = classify(exc)
                 log.error("hook_delivery_stalled", hook=hook.name, kind=error.kind, error=error.message)
                 await asyncio.sleep(max(hook.backoff_initial_seconds, 1.0))
                 queue.put_nowait(event)
                 continue
+            finally:
+                self._busy.discard(worker)
             self._queued[hook.name].discard(event)
 
     async def _deliver(self, hook: HookConfig, event: int) -> None:

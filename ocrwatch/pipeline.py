@@ -254,6 +254,7 @@ class Pipeline:
         stay unfinished in the ledger with the jobs that wait there, which one line counts. How many
         were cancelled."""
         self._draining.set()  # a job waiting out its backoff ends at once (see _backoff)
+        deadline = asyncio.get_running_loop().time() + timeout
         if self._dispatcher is not None:
             self._dispatcher.cancel()
             await asyncio.gather(self._dispatcher, return_exceptions=True)
@@ -266,6 +267,7 @@ class Pipeline:
             children.kill_all()
             await asyncio.gather(*pending, return_exceptions=True)
         await self.admission.say_left()
+        await self.hooks.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
         return len(pending)
 
     # --- one job: attempts ------------------------------------------------------------------------------------

@@ -347,6 +347,29 @@ async def test_a_stop_kills_a_running_hook_gives_its_attempt_back_and_the_next_s
     assert metrics.registry.get_sample_value("ocrwatch_hook_pending", {"hook": "post"}) == 0
 
 
+PAUSED_RECORDER = """
+import json, os, sys, time
+payload = sys.stdin.read()
+time.sleep(1.0)
+os.makedirs(sys.argv[1], exist_ok=True)
+open(os.path.join(sys.argv[1], "record.json"), "w").write(json.dumps({"stdin": payload}))
+"""
+
+
+async def test_a_stop_lets_a_running_hook_finish_within_its_grace_and_records_it_done(
+    tmp_path: Path, ledger: Ledger, job: Job
+) -> None:  # fmt: skip
+    out = tmp_path / "received"
+    command = [sys.executable, script(tmp_path, "paused.py", PAUSED_RECORDER), str(out)]
+    runner = HookRunner([hook(name="post", command=command)], ledger, Metrics())
+    await runner.start()
+    await finish(runner, ledger, job, result(job))
+    await eventually(lambda: rows(ledger)[0]["attempts"] == 1, what="the hook running")
+    await runner.stop(grace=30)
+    assert len(records(out)) == 1
+    assert [(row["state"], row["attempts"]) for row in rows(ledger)] == [("done", 1)]
+
+
 def archived(tmp_path: Path, job: Job) -> tuple[Archiver, Path]:
     """An archiver moving ``job``'s inbox into ``archive/``, the job's sidecars written beside it; the folder its
     sidecars go to."""
