@@ -84,6 +84,8 @@ class Admission:
         self.backlog = 0  # jobs waiting in the ledger, as last counted (the gauges read it)
         self.oldest: float | None = None  # when the oldest of them was admitted
         self._counted = -COUNT_SECONDS  # monotonic time of that count
+        self._during: dict[str, Job] = {}  # submitted again while their run went on
+        self._again: set[asyncio.Task[None]] = set()
 
     def wake(self) -> None:
         """A job may wait in the ledger now (admitted, put back by ``ocrwatch retry``, or a slot
@@ -106,7 +108,12 @@ class Admission:
         ledger = self.ledger
         if ledger is not None and not await asyncio.to_thread(ledger.admit, job, fingerprint):
             row = await asyncio.to_thread(ledger.known, job.key)
-            if row is None or row.state not in ("done", "failed"):
+            if row is None:
+                return
+            if row.state not in ("done", "failed"):
+                # Mid-run: what the run ends with may not hold for the file as it is now (a run
+                # that fails ``source_changed`` saw a swap this event may come after).
+                self._during[job.key] = job
                 return
             written = row.state == "done" and await self._offload(
                 job, self.already_written, job, fingerprint
@@ -121,6 +128,23 @@ class Admission:
             # The next run's attempt replaces the finished run's.
             await asyncio.to_thread(ledger.release_attempt, job.key)
         self.wake()
+
+    def ended(self, key: str) -> None:
+        """A run ended: a job submitted again while it went on is admitted once more, so the file as
+        it is now is judged on its own, not by the outcome of a run that read what it was."""
+        job = self._during.pop(key, None)
+        if job is not None:
+            task = asyncio.create_task(self._admit_again(job), name=f"admit:{job_id(job)}")
+            self._again.add(task)
+            task.add_done_callback(self._again.discard)
+
+    async def _admit_again(self, job: Job) -> None:
+        try:
+            await self.submit(job)
+        except Exception as exc:  # the next scan or event admits it
+            error = classify(exc)
+            log.error("job_admit_failed", job_id=job_id(job), uri=job.origin.uri, kind=error.kind,
+                      error=error.message)  # fmt: skip
 
     def fingerprint(self, job: Job) -> Fingerprint | None:
         """The job's content as the ledger compares it (blocking); None when a local file is

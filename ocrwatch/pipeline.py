@@ -222,6 +222,8 @@ class Pipeline:
                 self._given.discard(key)
                 assert self._slots is not None
                 self._slots.release()
+            if not self._draining.is_set():
+                self.admission.ended(key)
             self.admission.wake()
 
     def progress(self) -> list[Progress]:

@@ -135,3 +135,22 @@ async def test_a_job_left_writing_with_its_sidecars_written_is_only_marked_done(
     assert await made.resume(()) == 2
     states = [ledger.known(each.key).state for each in (written, unwritten, queued)]
     assert states == ["done", "writing", "queued"]
+
+
+async def test_a_file_seen_again_while_its_run_failed_source_changed_is_admitted_when_the_run_ends(
+    tmp_path: Path, ledger: Ledger
+) -> None:  # fmt: skip
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "swapped.png").write_bytes(b"png")
+    seen = job(tmp_path, "swapped.png")
+    made = admission(ledger)
+    await made.submit(seen)
+    ledger.set_state(seen.key, "recognizing")
+    await made.submit(seen)  # an event while the run goes on: the file is back as it was
+    ledger.mark_failed(seen.key, {"kind": "source_changed", "message": "swapped mid-run"})
+    made.ended(seen.key)
+    await eventually(lambda: ledger.known(seen.key).state == "queued", "the file admitted again")
+    ledger.mark_done(seen.key)
+    made.ended(seen.key)  # once: a run that ends with no event during it admits nothing again
+    await settled()
+    assert ledger.known(seen.key).state == "done"
