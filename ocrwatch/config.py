@@ -60,6 +60,7 @@ class LimitsConfig(_Model):
 
 
 OnSuccess = Literal["keep", "move", "delete"]
+Duplicates = Literal["reuse", "ocr"]
 """What becomes of a source once its document is ``ok`` (``[output] on_success``, per inbox and per bucket)."""
 
 
@@ -149,6 +150,7 @@ class InboxConfig(_Model):
     create: bool = True
     lang: Lang | None = None  # Tesseract's languages for this inbox; None = [engine.tesseract] lang
     on_success: OnSuccess | None = None  # None: [output] on_success
+    duplicates: Duplicates = "reuse"
 
 
 class S3Config(_Model):
@@ -176,6 +178,7 @@ class S3Config(_Model):
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     on_success: OnSuccess | None = None  # None: [output] on_success
     archive_prefix: str = ""
+    duplicates: Duplicates = "reuse"
 
     @model_validator(mode="after")
     def _transport_needs(self) -> "S3Config":

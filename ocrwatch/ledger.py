@@ -120,6 +120,11 @@ _MIGRATIONS: tuple[Migration, ...] = (
     ALTER TABLE jobs ADD COLUMN fp_ctime_ns INTEGER;
     """,
     _ordering_columns,
+    # Finished jobs by content, so a copy of the same bytes finds the earlier result at once.
+    """
+    CREATE INDEX jobs_done_by_sha256 ON jobs (source, fp_sha256) WHERE state = 'done';
+    CREATE INDEX jobs_done_by_etag ON jobs (source, fp_etag, fp_size) WHERE state = 'done';
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -270,6 +275,24 @@ class Ledger(Database):
 
     def known(self, key: str) -> JobRow | None:
         return self.transact(lambda conn: _maybe_row(conn.execute("SELECT * FROM jobs WHERE key = ?", (key,))))
+
+    def twins(self, job: Job, sha256: str, limit: int = 8) -> list[Job]:
+        """The jobs of the same source most recently done with the content ``job`` has (a local file's
+        sha256; an S3 object's ETag and size, which its row keeps instead), newest first: earlier results
+        this one may take (``reuse``)."""
+        origin = job.origin
+        if isinstance(origin, S3Object):
+            if not origin.etag:
+                return []
+            column, values = "fp_etag = ? AND fp_size = ?", (origin.etag, origin.size or 0)
+        else:
+            column, values = "fp_sha256 = ?", (sha256,)
+        sql = (
+            f"SELECT job FROM jobs WHERE state = 'done' AND source = ? AND {column} AND key != ?"
+            " ORDER BY finished_at DESC LIMIT ?"
+        )
+        found = self.transact(lambda conn: conn.execute(sql, (job.source, *values, job.key, limit)).fetchall())
+        return [_load_job(row[0]) for row in found]
 
     def set_state(self, key: str, state: State, **fields: Any) -> None:
         """Move a job to another stage; ``fields`` may set pages_total and pages_done."""
@@ -532,6 +555,7 @@ def _dump_job(job: Job) -> str:
             "max_pages": job.max_pages,
             "detected_at": job.detected_at,
             "receipt": job.receipt,
+            "duplicates": job.duplicates,
         }
     )
 

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ocrwatch import assemble, children, figures, ladder, outputs, render
 from ocrwatch.admission import Admission, job_id
+from ocrwatch.attempts import attempts_of_a_job, is_place_fault
 from ocrwatch.archive import Archiver
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine, PageRequest
@@ -36,7 +36,6 @@ from ocrwatch.errors import (
     EngineDead,
     OcrwatchError,
     PermanentError,
-    PlaceFault,
     SourceChanged,
     SourceGone,
     classify,
@@ -44,6 +43,7 @@ from ocrwatch.errors import (
 from ocrwatch.hooks import HookRunner
 from ocrwatch.ledger import Fingerprint, Ledger, sha256_file
 from ocrwatch.memory import DecodeBudget
+from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
 from ocrwatch.scheduler import (
     Document, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
@@ -97,6 +97,7 @@ class Pipeline:
         self.admission = Admission(
             ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload
         )
+        self.reuse = Reuse(ledger, self.sinks, cfg.output, self._offload)
         self.scheduler: PageScheduler | None = None
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
@@ -255,7 +256,7 @@ class Pipeline:
         """Start nothing more, wait for running jobs up to ``timeout`` and cancel the rest: they
         stay unfinished in the ledger with the jobs that wait there, which one line counts. How many
         were cancelled."""
-        self._draining.set()  # a job waiting out its backoff ends at once (see _backoff)
+        self._draining.set()  # a job waiting out its backoff ends at once (see attempts.backoff)
         deadline = asyncio.get_running_loop().time() + timeout
         if self._dispatcher is not None:
             self._dispatcher.cancel()
@@ -280,7 +281,7 @@ class Pipeline:
         structlog.contextvars.bind_contextvars(job_id=job_id(job))
         attempts = 0
         try:
-            async for attempt in self._retrying():
+            async for attempt in attempts_of_a_job(self.cfg.retry, self.metrics, self._draining):
                 with attempt:
                     async with self._slot(job.key):
                         if attempt.retry_state.attempt_number == 1:
@@ -292,7 +293,7 @@ class Pipeline:
                             await self._release_attempt(job)
                             raise
                         except Exception as exc:
-                            if _is_place_fault(exc):  # not the document's fault: queued again, attempt given back
+                            if is_place_fault(exc):  # not the document's fault: queued again, attempt given back
                                 attempts = await self._ledger("park", job.key, classify(exc).as_dict()) or 0
                             raise
         except asyncio.CancelledError:
@@ -302,48 +303,6 @@ class Pipeline:
             await self.reject(job, classify(exc), attempts)
             return "failed"
         return status
-
-    def _retrying(self) -> AsyncRetrying:
-        """Transient failures are tried again with backoff: up to ``[retry] attempts`` times for a fault of the
-        document, and for as long as it lasts for a fault of the place (disk full, a folder that cannot be
-        written), which uses none of them and is tried again at most ``backoff_max_seconds`` apart. An engine
-        death is neither (its pages are requeued)."""
-        retry = self.cfg.retry
-        spent = 0
-
-        def stop(state: RetryCallState) -> bool:
-            nonlocal spent
-            if state.outcome is None or not _is_place_fault(state.outcome.exception()):
-                spent += 1
-            return spent >= retry.attempts
-
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            error = classify(exc) if exc is not None else None
-            place = exc is not None and _is_place_fault(exc)
-            self.metrics.retries.labels(stage="place" if place else "document").inc()
-            log.warning(
-                "job_retry", attempt=state.attempt_number, kind=error.kind if error else None,
-                error=error.message if error else None, hint=error.hint if place and error else None,
-                counts=not place, wait=round(state.upcoming_sleep, 2),
-            )
-
-        return AsyncRetrying(
-            stop=stop,
-            wait=wait_exponential_jitter(multiplier=retry.backoff_initial_seconds, max=retry.backoff_max_seconds),
-            retry=retry_if_exception(_is_transient),
-            before_sleep=before_sleep,
-            sleep=self._backoff,
-            reraise=True,
-        )
-
-    async def _backoff(self, seconds: float) -> None:
-        """The pause between attempts, cut short by ``drain``: the job has nothing in progress, stays
-        unfinished in the ledger and resumes at the next start."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._draining.wait(), seconds)
-        if self._draining.is_set():
-            raise asyncio.CancelledError
 
     @contextlib.asynccontextmanager
     async def _slot(self, key: str) -> AsyncIterator[None]:
@@ -392,18 +351,29 @@ class Pipeline:
             await self._ledger("set_state", job.key, "rendering")
             with _timed(stages, "fetch_probe"):
                 probed = await self.fetch_and_probe(job, session.spool_dir, engine)
-            await self._ledger("set_state", job.key, "recognizing", pages_total=probed.info.pages)
-            with _timed(stages, "pages"):
-                pages = await self.render_and_recognize(job, session, probed)
-            await self._ledger("set_state", job.key, "writing")
-            made = await outputs.prepare(
-                self.cfg.output, job.origin, probed, pages, session.spool_dir, stages, self.decode_budget
-            )
+            source = assemble.source_section(job, probed.path, probed.sha256, probed.info.mime)
+            owner = probed.access.uid if probed.access is not None else None
+            reused = None if job.key in self._unrecorded else await self.reuse.find(
+                job, probed.sha256, source, owner, job.detected_at
+            )  # fmt: skip
+            made = outputs.NONE
+            if reused is None:
+                await self._ledger("set_state", job.key, "recognizing", pages_total=probed.info.pages)
+                with _timed(stages, "pages"):
+                    pages = await self.render_and_recognize(job, session, probed)
+                await self._ledger("set_state", job.key, "writing")
+                made = await outputs.prepare(
+                    self.cfg.output, job.origin, probed, pages, session.spool_dir, stages, self.decode_budget
+                )
             with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
-                document = self.assemble_document(job, engine, probed, pages, started, stages, made)
+                if reused is None:
+                    document = self.assemble_document(job, engine, probed, pages, started, stages, made)
+                    markdown = assemble.markdown(pages, made.assets)
+                else:
+                    document, markdown = reused.document, reused.markdown
                 event = await self._hold(job, document)  # before it is published
-                markdown = assemble.markdown(pages, made.assets)
                 await self.write_sidecars(job, markdown, document, made, probed.access)
+        pages = document["pages"]
         await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
         await self._ledger("mark_done", job.key)
         moved = await self._offload(job, self.archive.settle, job, document["status"], probed.sha256, probed.changed)
@@ -565,14 +535,6 @@ class Pipeline:
                 log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
         await self.sources[job.source].finish(job, "failed")
         await self.hooks.release(event)
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, Exception) and classify(exc).retryable and not isinstance(exc, EngineDead)
-
-
-def _is_place_fault(exc: BaseException | None) -> bool:
-    return isinstance(exc, Exception) and isinstance(classify(exc), PlaceFault)
 
 
 @contextlib.contextmanager

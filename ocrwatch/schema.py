@@ -297,6 +297,10 @@ JSON_SCHEMA: Schema = {
                         "description": "[output] images = \"extract\": every figure, in order."},
             "pages": {"type": "array", "minItems": 1, "items": PAGE,
                       "description": "Every page, in order."},
+            "reused_from": _text(
+                "The URI of the earlier file with these very bytes whose result this is "
+                "([[inbox]] duplicates = \"reuse\"): its pages were not read again."
+            ),
             "timing": TIMING,
             "ocrwatch": OCRWATCH,
         },

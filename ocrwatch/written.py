@@ -151,6 +151,13 @@ class Written:
         return self._ledger.transact(tx)
 
 
+def vouched(records: list[Output], info: os.stat_result, digest: str, owner: int | None) -> bool:
+    """Whether the record holds the file of ``info`` whose content hashed to ``digest`` as ocrwatch's output,
+    unchanged since written, for a document of ``owner``'s: what ``judge`` asks, for bytes already read."""
+    wanted = (info.st_ino, info.st_size, digest, owner)
+    return owner is not None and any((r.inode, r.size, r.sha256, r.owner) == wanted for r in records)
+
+
 def judge(
     records: list[Output], folder: Folder, name: str, owner: int | None, marked: bool, *, verify: bool = True
 ) -> Verdict:

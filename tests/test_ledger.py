@@ -299,7 +299,7 @@ def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: 
         columns = [column[1] for column in conn.execute("PRAGMA table_info(jobs)")]
         assert "next_attempt_at" not in columns and "finished_at" in columns
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        assert version == ledger_module.SCHEMA_VERSION == 4
+        assert version == ledger_module.SCHEMA_VERSION == 5
         indexes = {index[1] for index in conn.execute("PRAGMA index_list(jobs)")}
         assert {"jobs_by_state", "jobs_by_error", "jobs_waiting"} <= indexes
 

@@ -54,6 +54,8 @@ RANKS: dict[str, int] = {
     "outputs": 6,
     "sinks": 7,
     "admission": 8,
+    "attempts": 8,
+    "reuse": 8,
     "pipeline": 8,
     "checks": 8,
     "hooks": 8,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,6 +45,9 @@ first and take a few kB at most, while the whole file grows with the pages (tens
 
 _SPACE = re.compile(r"\s*")
 
+RECALL_BYTES = 64 * 1024 * 1024
+"""The largest sidecar ``recall`` reads whole; a larger result is done again rather than held in memory."""
+
 Extra = bytes | Path
 """A further output's content: bytes, or a file (in the job's spool folder) copied as it is."""
 NO_EXTRAS: Mapping[str, Extra] = {}
@@ -56,6 +60,25 @@ def extra_names(extras: Mapping[str, Extra], outputs: dict[str, str]) -> None:
         folder, _, file = name.rpartition("/")
         if name != outputs["pdf"] and not (folder == outputs["assets"] and FIGURE_FILE.fullmatch(file)):
             raise ValueError(f"{name!r} is not a name ocrwatch writes beside {outputs['pdf']!r}")
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """A document's sidecars as ocrwatch wrote them: its Markdown's bytes and its JSON."""
+
+    markdown: bytes
+    document: dict[str, Any]
+
+    @classmethod
+    def parse(cls, markdown: bytes | None, raw: bytes | None) -> Recalled | None:
+        """None unless both were read whole and the JSON is an object."""
+        if markdown is None or raw is None:
+            return None
+        try:
+            document = json.loads(raw)
+        except ValueError:
+            return None
+        return cls(markdown, document) if isinstance(document, dict) else None
 
 
 @runtime_checkable
@@ -75,6 +98,10 @@ class Sink(Protocol):
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         """Write ``NAME.error.json`` atomically, then remove the ``NAME.md`` and ``NAME.json`` ocrwatch wrote."""
+
+    def recall(self, job: Job, owner: int | None) -> Recalled | None:
+        """The job's sidecars read whole where they are ocrwatch's own for it, unchanged since written, for a
+        source of ``owner`` (a local file's user; None for S3): a result a copy of the same bytes may take."""
 
 
 def json_member(head: bytes, name: str) -> Any:

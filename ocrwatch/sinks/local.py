@@ -33,9 +33,12 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, SourceGone
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder
-from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
+from ocrwatch.sinks.base import (
+    HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, owns_json,
+    owns_markdown,
+)
 from ocrwatch.sources.base import Job, LocalFile, Origin
-from ocrwatch.written import OURS, Output, Verdict, Written, judge
+from ocrwatch.written import OURS, Output, Verdict, Written, judge, vouched
 
 log = structlog.get_logger()
 
@@ -145,6 +148,20 @@ class Claims:
         except OSError as exc:
             log.warning("stale_output_not_removed", path=str(self.here.path / name), error=str(exc))
             return False
+
+    def read_vouched(self, name: str) -> bytes | None:
+        """The whole file at ``name`` in this folder where the record vouches for the very bytes read through
+        one descriptor as ocrwatch's for this document's user; None otherwise, or when it is too large."""
+        if self._written is None:
+            return None
+        found = self.here.look(name, RECALL_BYTES)
+        if found is None or found.other is not None or found.info is None:
+            return None
+        if len(found.head) != found.info.st_size or found.info.st_size >= RECALL_BYTES:
+            return None
+        records = self._written.get(self.root, self.name(name))
+        digest = hashlib.sha256(found.head).hexdigest()
+        return found.head if vouched(records, found.info, digest, self.owner) else None
 
     def recorded_here(self) -> list[str]:
         """The names in this folder that the record holds for this document (relative to the folder)."""
@@ -307,6 +324,14 @@ class LocalSink:
             return None
         source = json_member(found.head, "source")
         return source if isinstance(source, dict) else None
+
+    def recall(self, job: Job, owner: int | None) -> Recalled | None:
+        try:
+            with self._claims(job, owner) as claims:
+                names = {kind: path.name for kind, path in self.paths(job).items()}
+                return Recalled.parse(claims.read_vouched(names["md"]), claims.read_vouched(names["json"]))
+        except (OSError, SourceGone):
+            return None
 
     def status(self, job: Job) -> str | None:
         try:

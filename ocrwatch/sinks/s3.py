@@ -30,7 +30,10 @@ from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNo
 from ocrwatch import figures, textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
-from ocrwatch.sinks.base import NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, owns_json, owns_markdown
+from ocrwatch.sinks.base import (
+    HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, owns_json,
+    owns_markdown,
+)
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job, S3Object
@@ -69,6 +72,15 @@ class S3Sink:
             return None  # without its Markdown the document is done again
         source = json_member(head, "source")
         return source if isinstance(source, dict) else None
+
+    def recall(self, job: Job, owner: int | None) -> Recalled | None:
+        """By the mark, as every other S3 judgement: an object's writers are the bucket's policy."""
+        bucket, keys = self.location(job)
+        raw = self._head(bucket, keys["json"], RECALL_BYTES)
+        if raw is None or len(raw) >= RECALL_BYTES or not owns_json(raw):
+            return None
+        markdown = self._head(bucket, keys["md"], RECALL_BYTES)
+        return Recalled.parse(markdown if markdown and len(markdown) < RECALL_BYTES else None, raw)
 
     def outputs(self, job: Job) -> dict[str, str]:
         """The keys of the job's further outputs: ``pdf``, the searchable PDF, and ``assets``, the figures'

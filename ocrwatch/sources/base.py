@@ -72,6 +72,7 @@ class Job:
     max_pages: int | None = None
     detected_at: float = field(default_factory=time.time)
     receipt: str | None = None
+    duplicates: Literal["reuse", "ocr"] = "reuse"  # a copy of a done document takes its result
 
     @property
     def key(self) -> str:

@@ -521,6 +521,7 @@ class LocalSource:
         return Job(
             origin=LocalFile(path, inbox.root), source=self.name, priority=config.priority, prompt=config.prompt,
             max_bytes=config.max_bytes, max_pages=config.max_pages, detected_at=detected_at or time.time(),
+            duplicates=config.duplicates,
         )  # fmt: skip
 
     def _refuse(self, inbox: Inbox, path: Path, reason: str) -> None:

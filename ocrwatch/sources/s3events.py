@@ -152,7 +152,7 @@ class S3EventSource:
 
     def _job(self, obj: S3Object, receipt: str | None = None) -> Job:
         return Job(origin=obj, source=self.name, priority=self.cfg.priority, prompt=self.cfg.prompt,
-                   max_bytes=self.max_bytes, receipt=receipt)
+                   max_bytes=self.max_bytes, receipt=receipt, duplicates=self.cfg.duplicates)
 
     def _accepted(self, body: Any) -> list[S3Object]:
         """The documents a notification body announces; everything else is logged and dropped."""

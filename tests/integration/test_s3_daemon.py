@@ -72,6 +72,24 @@ def test_upload_to_sidecars_beside_the_key(moto: MotoServer, tmp_path: Path) -> 
         daemon.stop()
 
 
+def test_an_upload_of_bytes_done_under_another_key_takes_that_result(moto: MotoServer, tmp_path: Path) -> None:
+    queue = moto.bucket_with_queue("dupes", "dupe-events")
+    daemon = sqs_daemon(tmp_path, moto, queue).start()
+    try:
+        s3 = moto.client("s3")
+        body = docs.write_png(tmp_path / "invoice.png", ["INVOICE 4711", "Total 120 EUR"]).read_bytes()
+        s3.put_object(Bucket="dupes", Key="in/invoice.png", Body=body)
+        first = wait_until(lambda: sidecar(s3, "dupes", "in/invoice.png.json"), 60, "the first sidecars")
+        s3.put_object(Bucket="dupes", Key="again/invoice.1.png", Body=body)
+        copy = wait_until(lambda: sidecar(s3, "dupes", "again/invoice.1.png.json"), 60, "the copy's sidecars")
+        assert copy["reused_from"] == "s3://dupes/in/invoice.png"
+        assert copy["source"]["uri"] == "s3://dupes/again/invoice.1.png" and copy["pages"] == first["pages"]
+        assert text(s3, "dupes", "again/invoice.1.png.md") == text(s3, "dupes", "in/invoice.png.md")
+        assert [e for e in daemon.events() if e.get("event") == "job_reused"]
+    finally:
+        daemon.stop()
+
+
 def test_poison_object_gets_an_error_sidecar_and_is_not_redelivered(moto: MotoServer, tmp_path: Path) -> None:
     queue = moto.bucket_with_queue("docs", "events")
     daemon = sqs_daemon(tmp_path, moto, queue).start()

@@ -1,0 +1,98 @@
+"""Duplicates: a document whose very bytes its source already did takes that result instead of a second OCR.
+
+The same file dropped twice (``invoice.tif``, ``invoice.1.tif``) costs the engine nothing the second time:
+the ledger finds the earlier job of the same source with the same content (its sha256, or an S3 object's
+ETag and size), the sink reads that job's sidecars back where they are ocrwatch's own and unchanged, and
+the copy's sidecars are those, with ``source`` describing the copy and ``reused_from`` naming the earlier
+file. The earlier JSON must record the same sha256 as the bytes just read, its status be ``ok``, and
+neither it nor this configuration involve outputs beyond the two sidecars (a searchable PDF, figures):
+those are made, not copied. Locally, only a result written for the same user's file is reused, so a drop
+never tells one user what another has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ocrwatch.assemble import iso
+from ocrwatch.config import OutputConfig
+from ocrwatch.ledger import Ledger
+from ocrwatch.sinks.base import Recalled, Sink
+from ocrwatch.sources.base import Job
+
+log = structlog.get_logger()
+
+Offload = Callable[..., Awaitable[Any]]
+
+FURTHER = ("searchable_pdf", "figures", "assets")
+"""JSON members that describe outputs beyond the two sidecars: a result that has them is not copied."""
+
+
+@dataclass(frozen=True)
+class Reused:
+    """The copy's sidecars: the earlier Markdown as it was written, and its JSON made the copy's."""
+
+    markdown: str
+    document: dict[str, Any]
+    earlier: Job
+
+
+class Reuse:
+    """Finds and adapts the earlier result of a job's bytes. Blocking calls run in threads (``offload`` for
+    the sinks', ``asyncio.to_thread`` for the ledger's)."""
+
+    def __init__(
+        self, ledger: Ledger | None, sinks: dict[str, Sink], output: OutputConfig, offload: Offload
+    ) -> None:
+        self.ledger = ledger
+        self.sinks = sinks
+        self.makes_more = output.searchable_pdf or output.images == "extract"
+        self._offload = offload
+
+    async def find(
+        self, job: Job, sha256: str, source: dict[str, Any], owner: int | None, detected: float
+    ) -> Reused | None:
+        """The earlier result this job may take (``source``: its own ``source`` section; ``owner``: its
+        local file's user), or None: it is then read as any other."""
+        if job.duplicates != "reuse" or self.ledger is None or self.makes_more:
+            return None
+        sink = self.sinks.get(job.source)
+        if sink is None:
+            return None
+        for earlier in await asyncio.to_thread(self.ledger.twins, job, sha256):
+            recalled: Recalled | None = await self._offload(job, sink.recall, earlier, owner)
+            if recalled is not None and _reusable(recalled.document, sha256):
+                return _adapted(recalled, earlier, job, source, detected)
+        return None
+
+
+def _adapted(
+    recalled: Recalled, earlier: Job, job: Job, source: dict[str, Any], detected: float
+) -> Reused:
+    """The earlier sidecars made the copy's: its ``source``, the earlier file named, its own timing."""
+    now = time.time()
+    document = {
+        **recalled.document,
+        "source": source,
+        "reused_from": earlier.origin.uri,
+        "timing": {"detected": iso(detected), "started": iso(now), "finished": iso(now), "stages": {}},
+    }
+    log.info("job_reused", uri=job.origin.uri, reused_from=earlier.origin.uri)
+    return Reused(recalled.markdown.decode("utf-8", "replace"), document, earlier)
+
+
+def _reusable(document: dict[str, Any], sha256: str) -> bool:
+    """An ``ok`` result of these very bytes with nothing beyond its two sidecars."""
+    source = document.get("source")
+    recorded = source.get("sha256") if isinstance(source, dict) else None
+    return (
+        document.get("status") == "ok"
+        and recorded == sha256
+        and not any(member in document for member in FURTHER)
+    )
