@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure, say
 from ocrwatch.naming import sidecar_names
+from ocrwatch.report import OcrReport
 
 if TYPE_CHECKING:
     from ocrwatch.control import Client, OcrRequest
@@ -126,7 +126,10 @@ def _main(argv: list[str] | None, logs: streams.LogStream) -> int:
         say(f"ocrwatch: invalid configuration:\n{exc.message}")
         return EXIT_USAGE
     logs.stop = signal.SIGTERM if args.command == "run" else signal.SIGINT  # run: drained
-    configure(cfg.log, logs)  # type: ignore[arg-type]  # a TextIO in all that structlog uses
+    log = cfg.log
+    if args.command == "ocr" and sys.stderr.isatty() and log.level in ("debug", "info"):
+        log = log.model_copy(update={"level": "warning"})  # the bar says what the info lines would
+    configure(log, logs)  # type: ignore[arg-type]  # a TextIO in all that structlog uses
     command = {"run": _run, "ocr": _ocr, "status": _status, "retry": _retry, "check": _check}[args.command]
     try:
         return command(cfg, args)
@@ -160,11 +163,11 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     files = _collect(cfg, args.paths, args.pattern)
     engine = "tesseract" if args.lang else None if args.engine in (None, "auto") else args.engine
     order = OcrRequest(files, cfg.output.dir if args.out else None, args.force, engine, args.lang)
-    report = _Report()
+    report = OcrReport(len(files))
     client = Client.connect(cfg.state_dir) if files else None
     if client is None or not _hand_over(client, order, report):
         asyncio.run(_ocr_here(cfg, order, report))
-    return report.finish()
+    return EXIT_FAILED if report.finish() else EXIT_OK
 
 
 def _ocr_config(cfg: Config, args: argparse.Namespace) -> Config:
@@ -248,7 +251,7 @@ def _walk(root: Path, patterns: tuple[str, ...], name_template: str) -> Iterator
             yield here / name
 
 
-def _hand_over(client: Client, order: OcrRequest, report: _Report) -> bool:
+def _hand_over(client: Client, order: OcrRequest, report: OcrReport) -> bool:
     """The files OCRed by the running daemon, its events shown as they come; False when the daemon declines
     (another engine or language asked for): they are then read here."""
     for event in client.request(order.as_json()):
@@ -268,7 +271,7 @@ def _hand_over(client: Client, order: OcrRequest, report: _Report) -> bool:
     return True
 
 
-async def _ocr_here(cfg: Config, order: OcrRequest, report: _Report) -> None:
+async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
     """No daemon runs (or it declined): this process builds the engine, only once a file needs it."""
     from ocrwatch.control import run_ocr
     from ocrwatch.metrics import Metrics
@@ -302,39 +305,6 @@ def _make_state_dir(state_dir: Path) -> None:
             f"state_dir: {exc.filename or state_dir} cannot be created: {exc.strerror or exc}",
             hint="make its parent folder writable by this user, or point state_dir at another folder",
         ) from None
-
-
-class _Report:
-    """What ``ocr`` prints: each file's page progress and failure on stderr, then a summary on stdout."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    async def emit(self, event: dict[str, Any]) -> None:
-        self.show(event)
-
-    def show(self, event: dict[str, Any]) -> None:
-        name = _shown(str(event.get("file")))
-        if event.get("event") == "progress":
-            say(f"ocrwatch: {name}: {event['pages_done']}/{event['pages_total']} pages", "info")
-        elif event.get("event") == "result":
-            self.counts[event["status"]] += 1
-            if error := event.get("error"):
-                say(f"ocrwatch: {name}: {error['kind']}: {error['message']} (hint: {error['hint']})")
-
-    def finish(self) -> int:
-        """Print the summary; the exit code: 1 when any file failed or was left unfinished."""
-        counts = self.counts
-        partial = f" ({counts['partial']} partial)" if counts["partial"] else ""
-        failed = counts["failed"] + counts["interrupted"]
-        print(f"{counts['ok'] + counts['partial']} done{partial}, {counts['skipped']} skipped, {failed} failed")
-        return EXIT_FAILED if failed else EXIT_OK
-
-
-def _shown(path: str) -> str:
-    """A path as the user would type it here: relative below the working directory, else absolute."""
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
 
 
 # --- status and retry -----------------------------------------------------------------------------------------
@@ -398,6 +368,8 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     for document in status.get("documents", []):
         total = document["pages_total"]
         pages = f"{document['pages_done']}/{total} pages" if total is not None else "preparing"
+        if (eta := document.get("eta_seconds")) is not None:
+            pages += f", about {eta:.0f} s left"
         print(f"running: {document['uri']} {pages}")
     for where, counts in sorted(status.get("queue", {}).items()):
         running = f"{counts['running']} running, " if daemon is not None else ""

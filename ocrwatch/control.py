@@ -253,7 +253,8 @@ def pipeline_status(progress: list[Progress]) -> dict[str, Any]:
         counts = queue.setdefault(place(p.job), {"running": 0, "waiting": 0})
         counts["running" if p.running else "waiting"] += 1
     documents = [
-        {"uri": p.job.origin.uri, "pages_done": p.pages_done, "pages_total": p.pages_total}
+        {"uri": p.job.origin.uri, "pages_done": p.pages_done, "pages_total": p.pages_total,
+         "eta_seconds": None if p.eta_seconds is None else round(p.eta_seconds, 1)}
         for p in sorted(progress, key=lambda p: p.job.detected_at) if p.running
     ]  # fmt: skip
     return {"documents": documents, "queue": queue}

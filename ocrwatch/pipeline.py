@@ -67,6 +67,7 @@ class Progress:
     running: bool
     pages_done: int
     pages_total: int | None  # None until its pages are in the scheduler (fetching, probing, writing, waiting)
+    eta_seconds: float | None = None  # the pages left at the rate of those done; None before the first
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,10 @@ class Pipeline:
         for key, job in self._jobs.items():
             document = self._documents.get(key)
             done, total = (len(document.outcomes), document.pages) if document is not None else (0, None)
-            out.append(Progress(job, key in self._holding, done, total))
+            eta = None
+            if document is not None and done:
+                eta = (document.pages - done) * (time.monotonic() - document.added) / done
+            out.append(Progress(job, key in self._holding, done, total, eta))
         return out
 
     def update_gauges(self) -> None:

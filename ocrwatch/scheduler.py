@@ -26,6 +26,7 @@ import functools
 import heapq
 import itertools
 import math
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -176,6 +177,7 @@ class Document:
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     closed: bool = False
     retired: bool = False
+    added: float = field(default_factory=time.monotonic)  # when its pages came in: its rate, its ETA
 
     @property
     def unrendered(self) -> bool:

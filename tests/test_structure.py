@@ -64,6 +64,7 @@ RANKS: dict[str, int] = {
     "control": 8,
     "daemon": 9,
     "cli": 9,
+    "report": 8,
     "__main__": 9,
     "__init__": 0,
 }

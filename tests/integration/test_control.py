@@ -110,7 +110,9 @@ def test_status_shows_the_pages_of_running_documents_and_the_queue_by_inbox(plug
         scheduler={"max_active_documents": 1},
     ).start()
     big = docs.write_pdf(first / "big.pdf", [[f"Page {n}"] for n in range(1, 13)], dpi=72)
-    midway = re.compile(rf"^running: {re.escape(big.as_uri())} ([1-9]|1[01])/12 pages$", re.M)
+    midway = re.compile(
+        rf"^running: {re.escape(big.as_uri())} ([1-9]|1[01])/12 pages, about ([0-9]+) s left$", re.M
+    )
     wait_until(lambda: midway.search(cli(daemon, "status").stdout), 60, "the big document's pages in status")
     for n in range(2):
         docs.write_png(second / f"small{n}.png", [f"Small {n}"])
@@ -122,7 +124,10 @@ def test_status_shows_the_pages_of_running_documents_and_the_queue_by_inbox(plug
     out = wait_until(both, 30, "the second inbox's documents waiting")
     assert f"daemon: running (pid {daemon.proc.pid}, engine plugin)" in out
     assert f"queue: {first}: 1 running, 0 waiting" in out
-    assert midway.search(out), out
+    found = midway.search(out)
+    assert found, out
+    left, eta = 12 - int(found[1]), int(found[2])
+    assert left * 1.5 / 3 <= eta <= left * 1.5 * 3, out  # the rate of the pages done: 1.5 s each
 
 
 def test_an_interrupted_ocr_stops_its_documents_in_the_daemon(plugin_daemon, tmp_path: Path) -> None:
