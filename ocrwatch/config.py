@@ -447,7 +447,7 @@ def _dates(value: Any, loc: Loc) -> Iterator[Loc]:
 
 def _resolve_relative(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file mean relative to that file, as users expect of /etc configs."""
-    if "state_dir" in data:
+    if isinstance(data.get("state_dir"), str):  # anything else: validation names the key
         data["state_dir"] = str(base / Path(data["state_dir"]).expanduser())
     output = data.get("output")
     for key in ("dir", "archive_dir"):

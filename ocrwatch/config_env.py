@@ -86,8 +86,8 @@ def _resolve(model: type[BaseModel], name: str) -> tuple[Loc, FieldInfo]:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ConfigError(
-            f"environment: {name}: no such key{hint}; [section] key is OCRWATCH_SECTION_KEY, an"
-            " array of tables is numbered from 0 (OCRWATCH_INBOX_0_PATH)"
+            f"environment: {name}: no such key{hint}; [section] key is OCRWATCH_<SECTION>_<KEY>,"
+            " an array of tables is numbered from 0 (OCRWATCH_INBOX_0_PATH)"
         )
     loc, field = found
     if _table(field.annotation) or tables(field.annotation):

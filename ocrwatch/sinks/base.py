@@ -77,6 +77,12 @@ class Sink(Protocol):
         """Write ``NAME.error.json`` atomically, then remove the ``NAME.md`` and ``NAME.json`` ocrwatch wrote."""
 
 
+def markdown_bytes(markdown: str) -> bytes:
+    """The Markdown sidecar's bytes, for every sink alike: a lone surrogate from a model becomes
+    "?", not a failed document (nor one that fails in one sink and not the other)."""
+    return markdown.encode("utf-8", "replace")
+
+
 def json_member(head: bytes, name: str) -> Any:
     """The value of the top-level member ``name`` of the JSON object whose first bytes are ``head``, or None
     when ``head`` does not hold it whole (the rest of the file is never needed)."""
