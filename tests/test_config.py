@@ -310,6 +310,8 @@ OTHERS = {"OCRWATCH_CONFIG": "", "OCRWATCH_CORPUS": "/x", "OCRWATCH_STATUS": "ok
 def test_variables_ocrwatch_uses_otherwise_are_no_keys(tmp_path: Path) -> None:
     """A hook's own variables, or the engine's, reach a daemon or a command a hook starts: not keys."""
     assert set(OTHERS) <= config_env.OTHER_USES
+    documented = (REPO / "config.example.toml").read_text()
+    assert all(name in documented for name in config_env.OTHER_USES), "config.example.toml lists them all"
     assert config.load(write(tmp_path, ""), OTHERS) == config.load(write(tmp_path, ""), {})
 
 
