@@ -2,10 +2,10 @@
 
 Every key has a default that works on a fresh machine, so ``ocrwatch run`` with no file at all watches
 ``./inbox`` and keeps state in ``./.ocrwatch``. Any key can also be set by an environment variable
-(``config_env``), over the file's value. Values are taken as strictly as TOML types them (``"yes"`` is
-no boolean). Errors name the file and the key as the user wrote it, or the variable. Each engine owns the
-model of its own ``[engine.NAME]`` table (``engines.deepseek.options``, ``engines.tesseract_options``); this
-module composes them.
+(``config_env``), over the file's value. Values are taken as strictly as TOML types them
+(``"yes"`` is no boolean). Errors name the file and the key as the user wrote it, or the variable.
+Each engine owns the model of its own ``[engine.NAME]`` table (``engines.deepseek.options``,
+``engines.tesseract_options``); this module composes them.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class HookConfig(_Model):
             return data
         # Validation after a "before" validator reads Python, not JSON, whose strict mode takes no
         # list for a tuple: TOML's arrays become the tuples they stand for.
-        data = {key: tuple(value) if isinstance(value, list) else value for key, value in data.items()}
+        data = {key: tuple(val) if isinstance(val, list) else val for key, val in data.items()}
         if "name" not in data:
             command, url, name = data.get("command"), data.get("url"), ""
             if isinstance(command, tuple) and command and isinstance(command[0], str):
@@ -254,9 +254,10 @@ class HookConfig(_Model):
             raise KeyProblem(("on",), "name each of ok, partial, failed at most once, at least one")
         if self.command is not None:
             if not self.command or not self.command[0] or any("\0" in arg for arg in self.command):
-                raise KeyProblem(("command",), "a non-empty argv list, the program first (no shell)")
+                raise KeyProblem(("command",), "a non-empty argv list, the program first")
             if shutil.which(self.command[0]) is None:
-                raise KeyProblem(("command",), f"{self.command[0]!r} is not an executable file (nor one on PATH)")
+                raise KeyProblem(("command",), f"{self.command[0]!r} is not an executable file"
+                                 " (nor one on PATH)")  # fmt: skip
             if self.token is not None:
                 raise KeyProblem(("token",), "only for a url hook (sent as Authorization: Bearer)")
         if self.url is not None:
@@ -321,8 +322,8 @@ class Config(_Model):
         for kind in ("inbox", "s3"):
             for index, source in enumerate(getattr(self, kind)):
                 if source.prompt not in known:
-                    raise KeyProblem((kind, index, "prompt"),
-                                     f"unknown preset {source.prompt!r} (known: {sorted(known)})")  # fmt: skip
+                    said = f"unknown preset {source.prompt!r} (known: {sorted(known)})"
+                    raise KeyProblem((kind, index, "prompt"), said)
         return self
 
     @model_validator(mode="after")
@@ -340,8 +341,8 @@ class Config(_Model):
             elif archive.is_relative_to(root) or root.is_relative_to(archive):
                 where = ("inbox", index, "path")
                 raise KeyProblem(("output", "archive_dir"), lambda name: (
-                    f"{name(('output', 'archive_dir'))}: {archive} and {name(where)} {root} must not"
-                    " contain one another"
+                    f"{name(('output', 'archive_dir'))}: {archive} and {name(where)} {root}"
+                    " must not contain one another"
                 ))  # fmt: skip
         for index, s3 in enumerate(self.s3):
             if (s3.on_success or default) == "move" and not s3.archive_prefix:
@@ -357,8 +358,8 @@ class Config(_Model):
         for index, name in enumerate(names):
             if name in names[:index]:
                 first = names.index(name)
-                raise KeyProblem(("hook", index, "name"),
-                                 f"{name!r} is taken by hook[{first}]; give each a name")  # fmt: skip
+                said = f"{name!r} is taken by hook[{first}]; give each a name"
+                raise KeyProblem(("hook", index, "name"), said)
         return self
 
     def prompt_text(self, preset: str) -> str:
@@ -371,7 +372,9 @@ class Config(_Model):
         return next(found, None)
 
 
-def _nested(inner: int, other: Path, outer: int, root: Path) -> Callable[[Callable[[Loc], str]], str]:
+def _nested(
+    inner: int, other: Path, outer: int, root: Path
+) -> Callable[[Callable[[Loc], str]], str]:
     """A folder inside a recursive inbox, said naming both keys."""
     return lambda name: (
         f"{name(('inbox', inner, 'path'))} ({other}) lies inside {name(('inbox', outer, 'path'))}"
@@ -381,7 +384,7 @@ def _nested(inner: int, other: Path, outer: int, root: Path) -> Callable[[Callab
 
 
 def _written(kind: str, index: int, own: OnSuccess | None) -> Loc:
-    """Where a source's ``on_success`` was written: its own key, else ``[output]``'s that it inherits."""
+    """Where a source's ``on_success`` was written: its own key, else ``[output]``'s, inherited."""
     return (kind, index, "on_success") if own is not None else ("output", "on_success")
 
 
@@ -406,7 +409,7 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
 
 
 def _origin(loc: Loc, origins: Mapping[Loc, str]) -> Loc | None:
-    """The place a variable set that holds ``loc`` (the key itself, or a key whose value holds it)."""
+    """The place a variable set that holds ``loc``: the key itself, or one whose value holds it."""
     return next((loc[:depth] for depth in range(len(loc), 0, -1) if loc[:depth] in origins), None)
 
 
@@ -473,7 +476,8 @@ def from_mapping(
     origins = origins or {}
     if problems := list(_misshapen(data)):
         raise ConfigError("\n".join(
-            f"{_where(source, loc, origins)}: {_named(loc, origins)}: {text}" for loc, text in problems
+            f"{_where(source, loc, origins)}: {_named(loc, origins)}: {text}"
+            for loc, text in problems
         ))  # fmt: skip
     text = json.dumps({**data, "source_file": str(source) if source else None})
     try:

@@ -43,7 +43,9 @@ Loc = tuple[str | int, ...]
 """A key's place in the configuration: ``("inbox", 0, "path")``."""
 
 
-def overlay(data: dict[str, Any], model: type[BaseModel], environ: Mapping[str, str]) -> dict[Loc, str]:
+def overlay(
+    data: dict[str, Any], model: type[BaseModel], environ: Mapping[str, str]
+) -> dict[Loc, str]:
     """Set each key that ``environ`` names in ``data`` (the file's parsed TOML, changed in place);
     return which variable set each place, so errors there name the variable. Applied in key order,
     so ``OCRWATCH_INBOX_1_PATH`` follows ``OCRWATCH_INBOX_0_PATH`` whichever came first."""
@@ -91,8 +93,10 @@ def _resolve(model: type[BaseModel], name: str) -> tuple[Loc, FieldInfo]:
         )
     loc, field = found
     if _table(field.annotation) or tables(field.annotation):
-        example = next(PREFIX + variable for variable, place in names(model) if place[:len(loc)] == loc)
-        raise ConfigError(f"environment: {name}: names a table, not a key: set each key, e.g. {example}")
+        example = next(PREFIX + key for key, place in names(model) if place[: len(loc)] == loc)
+        raise ConfigError(
+            f"environment: {name}: names a table, not a key: set each key, e.g. {example}"
+        )
     return found
 
 
@@ -181,7 +185,8 @@ def _is_text(annotation: Any) -> bool:
 
 def _table(annotation: Any) -> type[BaseModel] | None:
     """The model of a ``[section]`` key."""
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model else None
 
 
 def tables(annotation: Any) -> type[BaseModel] | None:

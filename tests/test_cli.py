@@ -287,9 +287,11 @@ def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
     bad.write_text("[render]\ndpi = 'high'\n")
     for args in (["--config", good, "status"], ["-c", good, "status"], ["status", "--config", good],
                  ["--config", bad, "status", "--config", good]):  # fmt: skip
-        proc = subprocess.run([sys.executable, "-m", "ocrwatch", *map(str, args)], capture_output=True, text=True)
+        command = [sys.executable, "-m", "ocrwatch", *map(str, args)]
+        proc = subprocess.run(command, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout == f"no ledger at {state / 'ledger.sqlite3'}: the daemon has not run with this state_dir\n"
+        said = f"no ledger at {state / 'ledger.sqlite3'}: the daemon has not run with this state_dir\n"
+        assert proc.stdout == said
     refused = subprocess.run([sys.executable, "-m", "ocrwatch", "--config", str(bad), "check"],
                              capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and f"{bad}: render.dpi" in refused.stderr

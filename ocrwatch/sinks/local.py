@@ -34,7 +34,8 @@ from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, Sour
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder
 from ocrwatch.sinks.base import (
-    NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, markdown_bytes, owns_json, owns_markdown,
+    NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, markdown_bytes, owns_json,
+    owns_markdown,
 )  # fmt: skip
 from ocrwatch.sources.base import Job, LocalFile, Origin
 from ocrwatch.written import OURS, Output, Verdict, Written, judge

@@ -31,7 +31,8 @@ from ocrwatch import figures, textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
 from ocrwatch.sinks.base import (
-    NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, markdown_bytes, owns_json, owns_markdown,
+    NO_EXTRAS, HEAD_BYTES, Extra, extra_names, json_member, markdown_bytes, owns_json,
+    owns_markdown,
 )  # fmt: skip
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.safefs import Access
