@@ -50,10 +50,17 @@ def overlay(
     return which variable set each place, so errors there name the variable. Applied in key order,
     so ``OCRWATCH_INBOX_1_PATH`` follows ``OCRWATCH_INBOX_0_PATH`` whichever came first."""
     found: list[tuple[Loc, str, FieldInfo]] = []
+    unknown: list[str] = []
     for name in sorted(environ):
         if name.startswith(PREFIX) and name not in OTHER_USES:
-            loc, field = _resolve(model, name)
+            try:
+                loc, field = _resolve(model, name)
+            except ConfigError as exc:  # each one said, not only the first
+                unknown.append(exc.message)
+                continue
             found.append((loc, name, field))
+    if unknown:
+        raise ConfigError("\n".join(unknown))
     found.sort(key=lambda item: [(isinstance(part, int), part) for part in item[0]])
     origins: dict[Loc, str] = {}
     for loc, name, field in found:
@@ -63,8 +70,8 @@ def overlay(
 
 
 def names(model: type[BaseModel]) -> Iterator[tuple[str, Loc]]:
-    """Every key's variable, arrays of tables at index 0: what ``_resolve`` accepts, and the list
-    an unknown name's suggestion is taken from."""
+    """Every key's variable less ``PREFIX``, arrays of tables at index 0: what ``_resolve`` accepts,
+    and the list an unknown name's suggestion is taken from."""
     for key, field in _fields(model):
         if (inner := _table(field.annotation)) is not None:
             for name, loc in names(inner):

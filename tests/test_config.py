@@ -347,6 +347,14 @@ def test_a_variables_fault_names_the_variable(tmp_path: Path, env: dict[str, str
     assert info.value.message.startswith("environment: ") and needle in info.value.message
 
 
+def test_every_unknown_variable_is_named(tmp_path: Path) -> None:
+    env = {"OCRWATCH_ENGNE_KIND": "x", "OCRWATCH_RENDER_DPY": "300", "OCRWATCH_LOG_LEVEL": "debug"}
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, ""), env)
+    lines = info.value.message.splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["OCRWATCH_ENGNE_KIND", "OCRWATCH_RENDER_DPY"]
+
+
 def test_a_nesting_from_a_variable_names_it_and_the_files_key(tmp_path: Path) -> None:
     (tmp_path / "in" / "sub").mkdir(parents=True)
     path = write(tmp_path, "[[inbox]]\npath = 'in'\n")
