@@ -70,11 +70,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="ocrwatch", description="Watch folders and buckets; OCR every new document.", **common
     )
     parser.add_argument("--version", action="version", version=f"ocrwatch {__version__}")
+    # Before the command or after it (ocrwatch --config X status, ocrwatch status --config X): the
+    # command's own does not default, so it never clears one given before it.
+    parser.add_argument("--config", "-c", type=Path, help=CONFIG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text, **common)
-        p.add_argument("--config", "-c", type=Path, help=CONFIG_HELP)
+        p.add_argument("--config", "-c", type=Path, default=argparse.SUPPRESS, help=CONFIG_HELP)
         return p
 
     command("run", "run the daemon")

@@ -1,24 +1,33 @@
 """One frozen configuration, loaded from TOML and validated once at start.
 
 Every key has a default that works on a fresh machine, so ``ocrwatch run`` with no file at all watches
-``./inbox`` and keeps state in ``./.ocrwatch``. Errors name the file and the dotted key. Each engine owns the
-model of its own ``[engine.NAME]`` table (``engines.deepseek.options``, ``engines.tesseract_options``); this
-module composes them.
+``./inbox`` and keeps state in ``./.ocrwatch``. Any key can also be set by an environment variable
+(``config_env``), over the file's value. Values are taken as strictly as TOML types them
+(``"yes"`` is no boolean). Errors name the file and the key as the user wrote it, or the variable.
+Each engine owns the model of its own ``[engine.NAME]`` table (``engines.deepseek.options``,
+``engines.tesseract_options``); this module composes them.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import shutil
 import string
 import sys
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator,
+)  # fmt: skip
 
+from ocrwatch import config_env
+from ocrwatch.config_env import Loc
 from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
 from ocrwatch.engines.tesseract_options import Lang, TesseractConfig
 from ocrwatch.errors import ConfigError
@@ -37,6 +46,21 @@ DEFAULT_PRIORITY = 50
 """A source's lane when its configuration names none: the middle of 0..100."""
 
 MiB = 1024 * 1024
+
+
+class KeyProblem(ValueError):
+    """A validator's finding, reported against the key the user wrote (``loc``, below the model that
+    raised it), which need not be the key the validator reads: ``move`` in ``[output]`` is
+    ``output.on_success``'s fault, not an inbox's. ``text`` is the message after the key, or a
+    function of a namer that writes the whole line, naming other keys as the user set them."""
+
+    def __init__(self, loc: Loc, text: str | Callable[[Callable[[Loc], str]], str]) -> None:
+        super().__init__(text if isinstance(text, str) else "")
+        self.loc = loc
+        self.text = text
+
+    def render(self, name: Callable[[Loc], str]) -> str:
+        return f"{name(self.loc)}: {self.text}" if isinstance(self.text, str) else self.text(name)
 
 
 class _Model(BaseModel):
@@ -183,9 +207,9 @@ class S3Config(_Model):
     @model_validator(mode="after")
     def _transport_needs(self) -> "S3Config":
         if self.transport == "sqs" and not self.queue_url:
-            raise ValueError("transport 'sqs' needs queue_url")
+            raise KeyProblem(("queue_url",), "required with transport 'sqs'")
         if self.transport == "webhook" and not self.token:
-            raise ValueError("transport 'webhook' needs a shared secret in token")
+            raise KeyProblem(("token",), "required with transport 'webhook': a shared secret")
         return self
 
 
@@ -211,9 +235,14 @@ class HookConfig(_Model):
     def _default_name(cls, data: Any) -> Any:
         """A hook's name keys its deliveries in the ledger and its metrics: by default the program's file name
         or the URL's host, so reordering the hooks never hands one hook's pending deliveries to another."""
-        if isinstance(data, dict) and "name" not in data:
+        if not isinstance(data, dict):
+            return data
+        # Validation after a "before" validator reads Python, not JSON, whose strict mode takes no
+        # list for a tuple: TOML's arrays become the tuples they stand for.
+        data = {key: tuple(val) if isinstance(val, list) else val for key, val in data.items()}
+        if "name" not in data:
             command, url, name = data.get("command"), data.get("url"), ""
-            if isinstance(command, (list, tuple)) and command and isinstance(command[0], str):
+            if isinstance(command, tuple) and command and isinstance(command[0], str):
                 name = Path(command[0]).name
             elif isinstance(url, str):
                 name = urlsplit(url).netloc.rpartition("@")[2]
@@ -223,20 +252,21 @@ class HookConfig(_Model):
     @model_validator(mode="after")
     def _one_target(self) -> "HookConfig":
         if (self.command is None) == (self.url is None):
-            raise ValueError("give exactly one of command (argv) and url")
+            raise KeyProblem(("command",), "give exactly one of command (argv) and url")
         if not self.on or len(set(self.on)) != len(self.on):
-            raise ValueError("on: name each of ok, partial, failed at most once, at least one")
+            raise KeyProblem(("on",), "name each of ok, partial, failed at most once, at least one")
         if self.command is not None:
             if not self.command or not self.command[0] or any("\0" in arg for arg in self.command):
-                raise ValueError("command: a non-empty argv list, the program first (no shell is used)")
+                raise KeyProblem(("command",), "a non-empty argv list, the program first")
             if shutil.which(self.command[0]) is None:
-                raise ValueError(f"command: {self.command[0]!r} is not an executable file (nor one on PATH)")
+                raise KeyProblem(("command",), f"{self.command[0]!r} is not an executable file"
+                                 " (nor one on PATH)")  # fmt: skip
             if self.token is not None:
-                raise ValueError("token: only for a url hook (sent as Authorization: Bearer)")
+                raise KeyProblem(("token",), "only for a url hook (sent as Authorization: Bearer)")
         if self.url is not None:
             parts = urlsplit(self.url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError("url: an http:// or https:// URL with a host")
+                raise KeyProblem(("url",), "an http:// or https:// URL with a host")
         return self
 
 
@@ -268,7 +298,10 @@ class Config(_Model):
         for index, inbox in enumerate(self.inbox):
             resolved = inbox.path.expanduser().resolve()
             if resolved in seen:
-                raise ValueError(f"inbox[{index}].path: same folder as inbox[{seen[resolved]}] ({resolved})")
+                first = ("inbox", seen[resolved], "path")
+                raise KeyProblem(("inbox", index, "path"), lambda name: (
+                    f"{name(('inbox', index, 'path'))}: same folder as {name(first)} ({resolved})"
+                ))  # fmt: skip
             seen[resolved] = index
         return self
 
@@ -282,19 +315,18 @@ class Config(_Model):
                 continue
             for inner, other in enumerate(roots):
                 if other != root and other.is_relative_to(root):
-                    raise ValueError(
-                        f"inbox[{inner}].path ({other}) lies inside inbox[{outer}].path ({root}),"
-                        " which watches its subfolders: each document there would be processed"
-                        f" twice; remove one, or set inbox[{outer}].recursive = false"
-                    )  # fmt: skip
+                    raise KeyProblem(("inbox", inner, "path"), _nested(inner, other, outer, root))
         return self
 
     @model_validator(mode="after")
     def _prompts_exist(self) -> "Config":
+        """Every source's prompt, an inbox's and a bucket's alike: ``prompt_text`` never misses."""
         known = set(PROMPT_PRESETS) | set(self.engine.vllm.prompts)
-        for index, inbox in enumerate(self.inbox):
-            if inbox.prompt not in known:
-                raise ValueError(f"inbox[{index}].prompt: unknown preset {inbox.prompt!r} (known: {sorted(known)})")
+        for kind in ("inbox", "s3"):
+            for index, source in enumerate(getattr(self, kind)):
+                if source.prompt not in known:
+                    said = f"unknown preset {source.prompt!r} (known: {sorted(known)})"
+                    raise KeyProblem((kind, index, "prompt"), said)
         return self
 
     @model_validator(mode="after")
@@ -307,13 +339,20 @@ class Config(_Model):
             root = inbox.path.expanduser().resolve()
             if archive is None:
                 if (inbox.on_success or default) == "move":
-                    raise ValueError(f"inbox[{index}].on_success: 'move' needs [output] archive_dir")
+                    raise KeyProblem(_written("inbox", index, inbox.on_success),
+                                     "'move' needs [output] archive_dir")  # fmt: skip
             elif archive.is_relative_to(root) or root.is_relative_to(archive):
-                raise ValueError(f"output.archive_dir: {archive} and inbox[{index}].path {root} must not contain "
-                                 "one another")  # fmt: skip
+                where = ("inbox", index, "path")
+                raise KeyProblem(("output", "archive_dir"), lambda name: (
+                    f"{name(('output', 'archive_dir'))}: {archive} and {name(where)} {root}"
+                    " must not contain one another"
+                ))  # fmt: skip
         for index, s3 in enumerate(self.s3):
             if (s3.on_success or default) == "move" and not s3.archive_prefix:
-                raise ValueError(f"s3[{index}].on_success: 'move' needs archive_prefix")
+                raise KeyProblem(_written("s3", index, s3.on_success), lambda name: (
+                    f"{name(_written('s3', index, s3.on_success))}: 'move' needs"
+                    f" {name(('s3', index, 'archive_prefix'))}"
+                ))  # fmt: skip
         return self
 
     @model_validator(mode="after")
@@ -322,10 +361,12 @@ class Config(_Model):
         for index, name in enumerate(names):
             if name in names[:index]:
                 first = names.index(name)
-                raise ValueError(f"hook[{index}].name: {name!r} is taken by hook[{first}]; give each a name")
+                said = f"{name!r} is taken by hook[{first}]; give each a name"
+                raise KeyProblem(("hook", index, "name"), said)
         return self
 
     def prompt_text(self, preset: str) -> str:
+        """A source's prompt; its preset was checked at load (``_prompts_exist``)."""
         return self.engine.vllm.prompts.get(preset) or PROMPT_PRESETS[preset]
 
     def inbox_lang(self, root: Path) -> str | None:
@@ -334,18 +375,85 @@ class Config(_Model):
         return next(found, None)
 
 
-def _format_error(path: Path | None, error: ValidationError) -> str:
-    where = str(path) if path else "<defaults>"
+def _nested(
+    inner: int, other: Path, outer: int, root: Path
+) -> Callable[[Callable[[Loc], str]], str]:
+    """A folder inside a recursive inbox, said naming both keys."""
+    return lambda name: (
+        f"{name(('inbox', inner, 'path'))} ({other}) lies inside {name(('inbox', outer, 'path'))}"
+        f" ({root}), which watches its subfolders: each document there would be processed twice;"
+        f" remove one, or set {name(('inbox', outer, 'recursive'))} = false"
+    )
+
+
+def _written(kind: str, index: int, own: OnSuccess | None) -> Loc:
+    """Where a source's ``on_success`` was written: its own key, else ``[output]``'s, inherited."""
+    return (kind, index, "on_success") if own is not None else ("output", "on_success")
+
+
+def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Loc, str]) -> str:
+    """One line per fault: where it was set (the file, or the environment) and the key as the user
+    wrote it (``inbox[0].recursive``) or the variable that set it."""
     lines = []
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"{where}: {key}: {item['msg']}")
+        base = tuple(item["loc"])
+        problem = item.get("ctx", {}).get("error")
+
+        def name(loc: Loc, base: Loc = base) -> str:
+            return _named((*base, *loc), origins)
+
+        if isinstance(problem, KeyProblem):
+            loc, text = (*base, *problem.loc), problem.render(name)
+        else:
+            message = str(problem) if item["type"] == "value_error" else item["msg"]
+            loc, text = base, f"{name(())}: {message}"
+        lines.append(f"{_where(path, loc, origins)}: {text}")
     return "\n".join(lines)
+
+
+def _origin(loc: Loc, origins: Mapping[Loc, str]) -> Loc | None:
+    """The place a variable set that holds ``loc``: the key itself, or one whose value holds it."""
+    return next((loc[:depth] for depth in range(len(loc), 0, -1) if loc[:depth] in origins), None)
+
+
+def _named(loc: Loc, origins: Mapping[Loc, str]) -> str:
+    origin = _origin(loc, origins)
+    if origin is None:
+        return config_env.shown(loc) or "(top level)"
+    rest = config_env.shown(loc[len(origin):])
+    return origins[origin] + (rest if rest.startswith("[") or not rest else f".{rest}")
+
+
+def _where(path: Path | None, loc: Loc, origins: Mapping[Loc, str]) -> str:
+    if _origin(loc, origins) is not None:
+        return "environment"
+    return str(path) if path else "<defaults>"
+
+
+def _misshapen(data: dict[str, Any]) -> Iterator[tuple[Loc, str]]:
+    """What validation would misreport: ``[inbox]`` for ``[[inbox]]`` (the likeliest slip, which
+    pydantic calls "not a valid array"), and dates or times, which no key takes and JSON, which
+    validation reads, cannot carry."""
+    for key, field in Config.model_fields.items():
+        if config_env.tables(field.annotation) and isinstance(data.get(key), dict):
+            yield (key,), f"use [[{key}]], not [{key}]: an array of tables, one [[{key}]] each"
+    yield from ((loc, "a date or time, which no key takes") for loc in _dates(data, ()))
+
+
+def _dates(value: Any, loc: Loc) -> Iterator[Loc]:
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date too
+        yield loc
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _dates(inner, (*loc, key))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from _dates(inner, (*loc, index))
 
 
 def _resolve_relative(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file mean relative to that file, as users expect of /etc configs."""
-    if "state_dir" in data:
+    if isinstance(data.get("state_dir"), str):  # anything else: validation names the key
         data["state_dir"] = str(base / Path(data["state_dir"]).expanduser())
     output = data.get("output")
     for key in ("dir", "archive_dir"):
@@ -362,26 +470,41 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> None:
             hook["command"] = [str(base / Path(command[0]).expanduser()), *command[1:]]
 
 
-def from_mapping(data: dict[str, Any], source: Path | None = None) -> Config:
+def from_mapping(
+    data: dict[str, Any], source: Path | None = None, origins: Mapping[Loc, str] | None = None
+) -> Config:
+    """Validate parsed TOML strictly: each value must already be of its key's type, as TOML types
+    it (``recursive = "yes"`` is text, not true; ``2.0`` is no integer). Read as JSON, whose strict
+    mode still takes text for a path and an array for a tuple, as TOML writes them."""
+    origins = origins or {}
+    if problems := list(_misshapen(data)):
+        raise ConfigError("\n".join(
+            f"{_where(source, loc, origins)}: {_named(loc, origins)}: {text}"
+            for loc, text in problems
+        ))  # fmt: skip
+    text = json.dumps({**data, "source_file": str(source) if source else None})
     try:
-        return Config.model_validate({**data, "source_file": source})
+        return Config.model_validate_json(text, strict=True)
     except ValidationError as exc:
-        raise ConfigError(_format_error(source, exc)) from None
+        raise ConfigError(_format_error(source, exc, origins)) from None
 
 
-def load(path: Path | None = None) -> Config:
-    """Load ``path``; with no path, the first default file that exists, else pure defaults."""
+def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Load ``path``; with no path, the first default file that exists, else pure defaults; then the
+    keys ``environ`` (the process's environment) sets, over the file's (``config_env``)."""
+    environ = os.environ if environ is None else environ
     if path is None:
-        env = os.environ.get("OCRWATCH_CONFIG")
+        env = environ.get("OCRWATCH_CONFIG")
         path = Path(env) if env else next((p for p in DEFAULT_CONFIG_PATHS if p.is_file()), None)
-        if path is None:
-            return Config()
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: configuration file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _resolve_relative(data, path.resolve().parent)
-    return from_mapping(data, path)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                data = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: configuration file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        _resolve_relative(data, path.resolve().parent)
+    origins = config_env.overlay(data, Config, environ)
+    return from_mapping(data, path, origins)

@@ -276,3 +276,22 @@ def test_help_states_exit_codes_and_the_config_search_order() -> None:
     run = subprocess.run([sys.executable, "-m", "ocrwatch", "run", "--help"], capture_output=True, text=True)
     said = " ".join(run.stdout.split())
     assert "$OCRWATCH_CONFIG if set, else ./ocrwatch.toml, else /etc/ocrwatch/config.toml" in said
+
+
+def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
+    """``ocrwatch --config X status`` as ``ocrwatch status --config X``; the one after the command wins."""
+    state = tmp_path / "state"
+    good = tmp_path / "good.toml"
+    good.write_text(f'state_dir = "{state}"\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[render]\ndpi = 'high'\n")
+    for args in (["--config", good, "status"], ["-c", good, "status"], ["status", "--config", good],
+                 ["--config", bad, "status", "--config", good]):  # fmt: skip
+        command = [sys.executable, "-m", "ocrwatch", *map(str, args)]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        said = f"no ledger at {state / 'ledger.sqlite3'}: the daemon has not run with this state_dir\n"
+        assert proc.stdout == said
+    refused = subprocess.run([sys.executable, "-m", "ocrwatch", "--config", str(bad), "check"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and f"{bad}: render.dpi" in refused.stderr

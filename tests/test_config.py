@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ocrwatch import config
+from ocrwatch import config, config_env
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.engines.tesseract_options import TesseractConfig
@@ -86,7 +88,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ("[engine]\nkind = 'gpu'\n", "engine.kind"),
         ("[[inbox]]\npath = 'x'\nprompt = 'nope'\n", "inbox[0].prompt"),
         ("[output]\nname_template = '../{name}'\n", "output.name_template"),
-        ("[[s3]]\ntransport = 'webhook'\n", "s3.0"),
+        ("[[s3]]\ntransport = 'webhook'\n", "s3[0].token"),
         ("[limits]\nmax_pages = -1\n", "limits.max_pages"),
         ("[engine.vllm]\nreplica_processes = 'sometimes'\n", "engine.vllm.replica_processes"),
     ],
@@ -157,7 +159,7 @@ def test_an_inbox_lang_is_tesseract_languages_found_by_its_folder(tmp_path: Path
     assert cfg.inbox_lang(tmp_path / "en") is None  # [engine.tesseract] lang
     assert cfg.inbox[0].lang == "deu+eng" and config.load(write(tmp_path, "[[inbox]]\nlang = 'script/Latin'\n"))
     for bad in ("", "-psm 0", "eng+", "deu eng", "../eng"):
-        with pytest.raises(ConfigError, match="inbox.0.lang"):
+        with pytest.raises(ConfigError, match=r"inbox\[0\]\.lang"):
             config.load(write(tmp_path, f"[[inbox]]\nlang = '{bad}'\n"))
 
 
@@ -187,3 +189,214 @@ def test_inboxes_side_by_side_or_below_a_flat_one_are_accepted(tmp_path: Path) -
     assert [inbox.path for inbox in siblings.inbox] == [tmp_path / "in", tmp_path / "in2"]
     flat = "[[inbox]]\npath = 'in'\nrecursive = false\n[[inbox]]\npath = 'in/sub'\n"
     assert len(config.load(write(tmp_path, flat)).inbox) == 2  # the outer one never looks into sub
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[[inbox]]\nrecursive = 'yes'\n", "inbox[0].recursive: Input should be a valid boolean"),
+        ("[[inbox]]\nrecursive = 1\n", "inbox[0].recursive: Input should be a valid boolean"),
+        ("[[inbox]]\nmax_depth = 2.0\n", "inbox[0].max_depth: Input should be a valid integer"),
+        ("[[inbox]]\npatterns = '*.pdf'\n", "inbox[0].patterns: Input should be a valid array"),
+        ("[render]\ntimeout_seconds = '2.5'\n", "render.timeout_seconds: Input should be a valid number"),
+        ("[metrics]\nenabled = 'false'\n", "metrics.enabled: Input should be a valid boolean"),
+        ("[engine.vllm]\nseed = '7'\n", "engine.vllm.seed: Input should be a valid integer"),
+        ("state_dir = 5\n", "state_dir: Input should be a valid"),
+        ("[render]\ndpi = 1979-05-27\n", "render.dpi: a date or time, which no key takes"),
+    ],
+)
+def test_values_are_taken_as_strictly_as_toml_types_them(tmp_path: Path, text: str, needle: str) -> None:
+    """ "yes" is text and 2.0 a float, as TOML itself says: neither is taken for a boolean or a count."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path, {})
+    assert f"{path}: {needle}" in info.value.message
+
+
+def test_an_integer_is_taken_for_a_float_and_text_for_a_path(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path, "[render]\ntimeout_seconds = 3\n[[inbox]]\npath = 'in'\n"), {})
+    assert cfg.render.timeout_seconds == 3.0 and cfg.inbox[0].path == tmp_path / "in"
+    assert cfg.inbox[0].patterns == config.InboxConfig().patterns  # an array read as the tuple
+
+
+@pytest.mark.parametrize("name", ["inbox", "s3", "hook"])
+def test_a_table_written_for_an_array_of_tables_says_which_to_write(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path, f"[{name}]\npath = 'x'\n")
+    with pytest.raises(ConfigError) as info:
+        config.load(path, {})
+    assert info.value.message == f"{path}: {name}: use [[{name}]], not [{name}]: an array of tables," \
+                                 f" one [[{name}]] each"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[output]\non_success = 'move'\n", "output.on_success: 'move' needs [output] archive_dir"),
+        ("[[inbox]]\non_success = 'move'\n", "inbox[0].on_success: 'move' needs [output] archive_dir"),
+        ("[output]\non_success = 'move'\narchive_dir = 'a'\n[[s3]]\nqueue_url = 'q'\n",
+         "output.on_success: 'move' needs s3[0].archive_prefix"),
+        ("[[s3]]\nqueue_url = 'q'\non_success = 'move'\n",
+         "s3[0].on_success: 'move' needs s3[0].archive_prefix"),
+    ],
+)
+def test_a_move_without_its_archive_is_reported_against_the_key_written(
+    tmp_path: Path, text: str, needle: str
+) -> None:  # fmt: skip
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path, {})
+    assert info.value.message == f"{path}: {needle}"
+
+
+def test_a_buckets_prompt_is_checked_as_an_inboxs_is(tmp_path: Path) -> None:
+    """An unknown preset would fail every document of the bucket in ``prompt_text``: it stops the start."""
+    path = write(tmp_path, "[[s3]]\nqueue_url = 'q'\nprompt = 'nope'\n")
+    with pytest.raises(ConfigError, match=r"s3\[0\]\.prompt: unknown preset 'nope'"):
+        config.load(path, {})
+    own = "[engine.vllm]\nprompts = {mine = \"<image>\\nRead it.\"}\n"
+    own += "[[s3]]\nqueue_url = 'q'\nprompt = 'mine'\n"
+    cfg = config.load(write(tmp_path, own), {})
+    assert cfg.prompt_text(cfg.s3[0].prompt) == "<image>\nRead it."
+
+
+# --- configuration by environment ------------------------------------------------------------------------
+
+
+def test_variables_set_keys_over_the_file(tmp_path: Path) -> None:
+    text = "state_dir = 'state'\n[engine.tesseract]\nlang = 'eng'\n[[inbox]]\npath = 'in'\npriority = 10\n"
+    hook = tmp_path / "post.sh"
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    env = {
+        "OCRWATCH_STATE_DIR": "/srv/state",
+        "OCRWATCH_ENGINE_KIND": "tesseract",
+        "OCRWATCH_ENGINE_TESSERACT_LANG": "deu+eng",
+        "OCRWATCH_ENGINE_PLUGIN_ARGS": "{ size = 3 }",
+        "OCRWATCH_RENDER_DPI": "200",
+        "OCRWATCH_RENDER_TIMEOUT_SECONDS": "2.5",
+        "OCRWATCH_INBOX_0_RECURSIVE": "false",
+        "OCRWATCH_INBOX_0_POLLING": "auto",
+        "OCRWATCH_INBOX_0_PATTERNS": '["*.pdf"]',
+        "OCRWATCH_INBOX_1_PATH": str(tmp_path / "second"),
+        "OCRWATCH_ENGINE_VLLM_LADDER_1_TEMPERATURE": "0.3",
+        "OCRWATCH_S3_0_QUEUE_URL": "https://sqs.example/q",
+        "OCRWATCH_S3_0_BUCKET": "2024",  # text, as written: the key is text
+        "OCRWATCH_HOOK_0_COMMAND": f'["{hook}", "--now"]',
+    }
+    cfg = config.load(write(tmp_path, text), env)
+    assert cfg.state_dir == Path("/srv/state")
+    assert (cfg.engine.kind, cfg.engine.tesseract.lang, cfg.engine.plugin_args) == ("tesseract", "deu+eng",
+                                                                                   {"size": 3})  # fmt: skip
+    assert (cfg.render.dpi, cfg.render.timeout_seconds) == (200, 2.5)
+    first, second = cfg.inbox
+    assert (first.path, first.priority) == (tmp_path / "in", 10)
+    assert (first.recursive, first.polling) == (False, "auto")
+    assert first.patterns == ("*.pdf",) and second.path == tmp_path / "second" and second.recursive
+    default = VllmConfig().ladder  # one rung changed, the other kept
+    assert cfg.engine.vllm.ladder == (default[0], default[1].model_copy(update={"temperature": 0.3}))
+    assert (cfg.s3[0].queue_url, cfg.s3[0].bucket) == ("https://sqs.example/q", "2024")
+    assert cfg.hook[0].command == (str(hook), "--now") and cfg.hook[0].name == "post.sh"
+
+
+def test_variables_without_a_file_change_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # no ./ocrwatch.toml here
+    cfg = config.load(None, {"OCRWATCH_INBOX_0_PATH": "/data/inbox", "OCRWATCH_LOG_LEVEL": "debug"})
+    assert [inbox.path for inbox in cfg.inbox] == [Path("/data/inbox")] and cfg.log.level == "debug"
+    assert cfg.inbox[0].recursive and cfg.state_dir == Path(".ocrwatch")
+    assert config.load(None, {}) == config.Config()
+
+
+OTHERS = {
+    "OCRWATCH_CONFIG": "", "OCRWATCH_CORPUS": "/x", "OCRWATCH_STATUS": "ok", "OCRWATCH_SOURCE": "file:///x",
+    "OCRWATCH_ORIGINAL": "file:///y", "OCRWATCH_JSON": "/x.json", "OCRWATCH_MD": "", "OCRWATCH_LANES": "1",
+}  # fmt: skip
+
+
+def test_variables_ocrwatch_uses_otherwise_are_no_keys(tmp_path: Path) -> None:
+    """A hook's own variables, or the engine's, reach a daemon or a command a hook starts: not keys."""
+    assert set(OTHERS) <= config_env.OTHER_USES
+    documented = (REPO / "config.example.toml").read_text()
+    assert all(name in documented for name in config_env.OTHER_USES), "config.example.toml lists them all"
+    assert config.load(write(tmp_path, ""), OTHERS) == config.load(write(tmp_path, ""), {})
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"OCRWATCH_INBOX_0_RECURSIVE": "yes"}, "OCRWATCH_INBOX_0_RECURSIVE: Input should be a valid boolean"),
+        ({"OCRWATCH_RENDER_DPI": "high"}, "OCRWATCH_RENDER_DPI: Input should be a valid integer"),
+        ({"OCRWATCH_RENDER_DPI": "300.0"}, "OCRWATCH_RENDER_DPI: Input should be a valid integer"),
+        ({"OCRWATCH_RENDER_DPI": "1979-05-27"}, "OCRWATCH_RENDER_DPI: a date or time"),
+        ({"OCRWATCH_ENGINE_KIND": "gpu"}, "OCRWATCH_ENGINE_KIND: unknown engine 'gpu'"),
+        ({"OCRWATCH_INBOX_0_PATTERNS": '["*.pdf", 3]'}, "OCRWATCH_INBOX_0_PATTERNS[1]: Input should be a valid"),
+        ({"OCRWATCH_METRICS_ENABLED": "true\nx = 1"}, "OCRWATCH_METRICS_ENABLED: Input should be a valid"),
+        ({"OCRWATCH_OUTPUT_ON_SUCCESS": "move"}, "OCRWATCH_OUTPUT_ON_SUCCESS: 'move' needs [output]"),
+        ({"OCRWATCH_S3_0_PROMPT": "nope"}, "OCRWATCH_S3_0_PROMPT: unknown preset 'nope'"),
+        ({"OCRWATCH_ENGNE_KIND": "x"}, "OCRWATCH_ENGNE_KIND: no such key (did you mean OCRWATCH_ENGINE_KIND?)"),
+        ({"OCRWATCH_ENGINE": "{}"}, "OCRWATCH_ENGINE: names a table, not a key: set each key, e.g."),
+        ({"OCRWATCH_INBOX_2_PATH": "/x"}, "OCRWATCH_INBOX_2_PATH: inbox has 1 table(s)"),
+        ({"OCRWATCH_INBOX_01_PATH": "/x"}, "OCRWATCH_INBOX_01_PATH: no such key"),
+        ({"OCRWATCH_ENGINE_TESSERACT_LANGS": "deu"}, "did you mean OCRWATCH_ENGINE_TESSERACT_LANG?"),
+    ],
+)
+def test_a_variables_fault_names_the_variable(tmp_path: Path, env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, "[[s3]]\nqueue_url = 'q'\n" if "S3" in next(iter(env)) else ""), env)
+    assert info.value.message.startswith("environment: ") and needle in info.value.message
+
+
+def test_every_unknown_variable_is_named(tmp_path: Path) -> None:
+    env = {"OCRWATCH_ENGNE_KIND": "x", "OCRWATCH_RENDER_DPY": "300", "OCRWATCH_LOG_LEVEL": "debug"}
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, ""), env)
+    lines = info.value.message.splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["OCRWATCH_ENGNE_KIND", "OCRWATCH_RENDER_DPY"]
+
+
+def test_a_nesting_from_a_variable_names_it_and_the_files_key(tmp_path: Path) -> None:
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    path = write(tmp_path, "[[inbox]]\npath = 'in'\n")
+    with pytest.raises(ConfigError) as info:
+        config.load(path, {"OCRWATCH_INBOX_1_PATH": str(tmp_path / "in" / "sub")})
+    said = f"environment: OCRWATCH_INBOX_1_PATH ({tmp_path / 'in' / 'sub'}) lies inside inbox[0].path"
+    assert info.value.message.startswith(f"{said} ({tmp_path / 'in'})")
+
+
+def test_every_key_has_one_variable_of_its_own() -> None:
+    """Names are derived from the model: no two keys share one, and each reads back as its key."""
+    found = list(config_env.names(config.Config))
+    variables = [config_env.PREFIX + name for name, _ in found]
+    assert len(set(variables)) == len(variables) > 100
+    assert not set(variables) & config_env.OTHER_USES
+    for variable, (_, loc) in zip(variables, found):
+        assert config_env.overlay({}, config.Config, {variable: "1"}) == {loc: variable}
+    assert ("OCRWATCH_ENGINE_VLLM_MAX_NUM_SEQS", ("engine", "vllm", "max_num_seqs")) in zip(
+        variables, [loc for _, loc in found]
+    )
+
+
+def test_every_ocrwatch_variable_in_the_repository_is_a_key_or_another_use() -> None:
+    """A new variable ocrwatch sets or reads must join ``OTHER_USES``, or every daemon that inherits it
+    refuses to start; and a variable a file of the repository sets (a unit, an image) must be a key."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True)
+    files = listed.stdout
+    keys = {config_env.PREFIX + name for name, _ in config_env.names(config.Config)}
+    for name in files.split("\0"):
+        path = REPO / name
+        if name == "tests/test_config.py" or not path.is_file():  # this file names faulty variables
+            continue
+        for variable in set(re.findall(r"OCRWATCH_[A-Z0-9][A-Z0-9_]*", path.read_text(errors="replace"))):
+            indexed = re.sub(r"_[1-9][0-9]*_", "_0_", variable)
+            assert variable in config_env.OTHER_USES or indexed in keys, f"{name}: {variable}"
+
+
+def test_the_cli_names_a_faulty_variable_and_exits_2(tmp_path: Path) -> None:
+    env = {**os.environ, "OCRWATCH_INBOX_0_RECURSIVE": "yes", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "ocrwatch", "status", "--config", str(write(tmp_path, ""))]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert "environment: OCRWATCH_INBOX_0_RECURSIVE: Input should be a valid boolean" in proc.stderr

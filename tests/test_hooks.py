@@ -461,11 +461,11 @@ def test_the_hook_keys_are_validated(tmp_path: Path) -> None:
         ('[[hook]]\ncommand = ["bin/missing"]\n', "is not an executable file"),
         ('[[hook]]\nurl = "ftp://h/x"\n', "an http:// or https:// URL"),
         ('[[hook]]\ncommand = ["/bin/true"]\ntoken = "t"\n', "only for a url hook"),
-        ('[[hook]]\ncommand = ["/bin/true"]\non = ["done"]\n', "hook.0.on.0"),
+        ('[[hook]]\ncommand = ["/bin/true"]\non = ["done"]\n', "hook[0].on[0]"),
         ('[[hook]]\ncommand = ["/bin/true"]\non = []\n', "at least one"),
         ('[[hook]]\ncommand = ["/bin/true"]\n[[hook]]\ncommand = ["/bin/true", "x"]\n', "hook[1].name: 'true' is"),
-        ('[[hook]]\ncommand = ["/bin/true"]\nmax_attempts = 0\n', "hook.0.max_attempts"),
-        ('[[hook]]\ncommand = ["/bin/true"]\nshell = true\n', "hook.0.shell"),
+        ('[[hook]]\ncommand = ["/bin/true"]\nmax_attempts = 0\n', "hook[0].max_attempts"),
+        ('[[hook]]\ncommand = ["/bin/true"]\nshell = true\n', "hook[0].shell"),
     ):
         with pytest.raises(ConfigError, match=said.replace("[", r"\[").replace("]", r"\]")):
             load(text)

@@ -49,7 +49,7 @@ def test_off_a_terminal_each_page_step_is_a_line(capsys: pytest.CaptureFixture[s
 
 
 def test_ocr_on_a_terminal_draws_one_bar_with_the_rate_and_the_time_left(tmp_path: Path) -> None:
-    pdf = docs.write_pdf(tmp_path / "three.pdf", [["Page one"], ["Page two"], ["Page three"]], dpi=100)
+    pdf = docs.write_pdf(tmp_path / "three.pdf", [["Page one"], ["Page two"], ["Page three"]], dpi=72)
     config = tmp_path / "ocrwatch.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n[engine]\nkind = "tesseract"\n')
     leader, follower = pty.openpty()
@@ -61,7 +61,7 @@ def test_ocr_on_a_terminal_draws_one_bar_with_the_rate_and_the_time_left(tmp_pat
     )  # fmt: skip
     os.close(follower)
     shown = b""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         ready, _, _ = select.select([leader], [], [], 0.5)
         if ready:

@@ -305,7 +305,7 @@ def test_an_invalid_config_does_not_echo_credentials(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "ocrwatch", "run", "--config", str(path)],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "s3.0.token" in done.stderr
+    assert "s3[0].token" in done.stderr
     _assert_no_credentials(done.stdout + done.stderr)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
+from ocrwatch.sinks.base import markdown_bytes
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from tests.s3servers import MotoServer, RgwServer
@@ -141,3 +142,15 @@ def test_writing_to_a_missing_bucket_is_a_fault_of_the_place(moto: MotoServer) -
     with pytest.raises(OutputNotWritable) as raised:
         sink.write(job(bucket="no-such-bucket"), "x", DOCUMENT)
     assert raised.value.retryable  # waited out until the bucket exists, never a failure of the document
+
+
+def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it(moto: MotoServer) -> None:
+    """A model can answer with a lone surrogate, which strict UTF-8 cannot encode: the bucket's
+    Markdown gets "?" for it, the bytes the local sink writes, rather than a failed document."""
+    s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
+    s3.create_bucket(Bucket="docs")
+    markdown = "<!-- page 1 -->\nbroken \ud800 reply\n"
+    sink.write(job(), markdown, DOCUMENT)
+    body, _ = get(s3, "docs", f"{KEY}.md")
+    assert body == "<!-- page 1 -->\nbroken ? reply\n".encode() == markdown_bytes(markdown)
+    assert sink.recorded(job()) == DOCUMENT["source"]

@@ -20,6 +20,7 @@ MAX_LINES = 600
 RANKS: dict[str, int] = {
     "errors": 0,
     "config": 0,
+    "config_env": 0,
     "logging": 0,
     "systemd": 0,
     "memory": 0,

@@ -104,6 +104,12 @@ class Sink(Protocol):
         source of ``owner`` (a local file's user; None for S3): a result a copy of the same bytes may take."""
 
 
+def markdown_bytes(markdown: str) -> bytes:
+    """The Markdown sidecar's bytes, for every sink alike: a lone surrogate from a model becomes
+    "?", not a failed document (nor one that fails in one sink and not the other)."""
+    return markdown.encode("utf-8", "replace")
+
+
 def json_member(head: bytes, name: str) -> Any:
     """The value of the top-level member ``name`` of the JSON object whose first bytes are ``head``, or None
     when ``head`` does not hold it whole (the rest of the file is never needed)."""

@@ -34,8 +34,8 @@ from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, Sour
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder
 from ocrwatch.sinks.base import (
-    HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, owns_json,
-    owns_markdown,
+    HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,
+    owns_json, owns_markdown,
 )
 from ocrwatch.sources.base import Job, LocalFile, Origin
 from ocrwatch.written import OURS, Output, Verdict, Written, judge, vouched
@@ -59,10 +59,6 @@ def dump_json(document: dict[str, Any]) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         return (json.dumps(document, ensure_ascii=True, indent=2) + "\n").encode("ascii")
-
-
-def _encode_markdown(markdown: str) -> bytes:
-    return markdown.encode("utf-8", "replace")  # a lone surrogate from a model becomes "?", not a failure
 
 
 def inbox_folder(root: Path, roots: Collection[Path]) -> str:
@@ -359,7 +355,7 @@ class LocalSink:
             pdf_ours = _pdf_marker(claims.here, names["json"])
             for name in extras:
                 claims.refuse(name, figure_marked if "/" in name else pdf_ours)
-            claims.publish(claims.here, names["md"], _encode_markdown(markdown), access)
+            claims.publish(claims.here, names["md"], markdown_bytes(markdown), access)
             for name, content in extras.items():
                 if "/" in name:
                     with claims.here.sub(name.partition("/")[0], make=access) as assets:

@@ -31,8 +31,8 @@ from ocrwatch import figures, textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
 from ocrwatch.sinks.base import (
-    HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, owns_json,
-    owns_markdown,
+    HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,
+    owns_json, owns_markdown,
 )
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.safefs import Access
@@ -108,7 +108,7 @@ class S3Sink:
         self._prepare(bucket, {**keys, **{name: name for name in targets}}, "md", "json")
         pdf_ours = self._pdf_ours(bucket, keys["json"], outputs["pdf"])
         self._check_extras(bucket, outputs, targets, pdf_ours)
-        self._put(job, bucket, keys["md"], markdown.encode("utf-8"), MARKDOWN)
+        self._put(job, bucket, keys["md"], markdown_bytes(markdown), MARKDOWN)
         for key, content in targets.items():
             self._put(job, bucket, key, content, CONTENT_TYPES[key[key.rfind("."):]])
         self._put(job, bucket, keys["json"], dump_json(document), JSON)
