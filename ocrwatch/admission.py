@@ -119,7 +119,8 @@ class Admission:
                 job, self.already_written, job, fingerprint
             )
             if row.state == "failed" or written:
-                await self.sources[job.source].finish(job, row.state)
+                kind = (row.last_error or {}).get("kind")
+                await self.sources[job.source].finish(job, row.state, kind)
                 return
             # Done with this very content, yet no sidecar records it (deleted, or another's now):
             # done again.

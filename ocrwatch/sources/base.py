@@ -5,11 +5,11 @@ that is ready; ``submit`` returns only once the job is durably in the ledger, so
 event (answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
 processing it (an SQS message delivered too often) calls ``await reject(job, error, attempts)`` instead: the
 pipeline writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
-calls ``finish(job, "failed")``. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
+calls ``finish(job, "failed", error.kind)``. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
 puts the document's bytes in a file inside ``spool_dir``, private to the job (a local source copies its file
 through one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
 calls it with ``job.max_bytes`` set to the limit in force, so a source can refuse before copying. ``finish``
-is told the final outcome, once, after the sidecars are written.
+is told the final outcome, once, after the sidecars are written, and for a failure its kind (``errors``).
 """
 
 from __future__ import annotations
@@ -121,5 +121,6 @@ class Source(Protocol):
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
         """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading them."""
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
-        """Acknowledge the job's event now that its sidecars are written (or it is given up)."""
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
+        """Acknowledge the job's event now that its sidecars are written (or it is given up as
+        ``kind``)."""

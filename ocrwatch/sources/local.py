@@ -38,7 +38,7 @@ from watchdog.events import (
 )
 
 from ocrwatch.config import InboxConfig
-from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
+from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, quarantined
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
@@ -169,13 +169,18 @@ class LocalSource:
             raise TypeError(f"LocalSource cannot fetch {origin!r}")
         return await asyncio.to_thread(fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes)
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
-        """Move a failed document to its inbox's ``quarantine_dir`` where one is set; otherwise leave it be."""
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
+        """Move a document failed as ``kind`` to its inbox's ``quarantine_dir`` where one is set and
+        the kind is one it takes (``errors.quarantined``); otherwise leave it be."""
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         if outcome != "failed" or inbox is None or inbox.quarantine is None:
             return
         assert isinstance(origin, LocalFile)
+        if not quarantined(kind):
+            reason = f"{kind} is no fault of the document's own: it stays for its hint's fix"
+            log.info("local_quarantine_skipped", path=str(origin.path), reason=reason)
+            return
         pending = inbox.pending.get(str(origin.path))
         if pending is not None and not inbox.settled.matches(origin.path, pending.signature):
             log.info("local_quarantine_skipped", path=str(origin.path), reason="a new version is being written")
