@@ -128,6 +128,9 @@ class Source(Protocol):
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
         """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading them."""
 
-    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
+    async def finish(
+        self, job: Job, outcome: Outcome, kind: str | None = None
+    ) -> dict[str, str] | None:
         """Acknowledge the job's event now that its sidecars are written (or it is given up as
-        ``kind``)."""
+        ``kind``). Where the source and its error sidecar went, if this moved them (as
+        ``archive.Archiver.settle`` says it), so its hooks are told."""

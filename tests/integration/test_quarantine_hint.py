@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
+from tests.test_hooks import RECORDER, records, script
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +33,11 @@ def named(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
 def test_an_output_conflict_stays_in_place_so_its_hint_and_retry_work(
     plugin_daemon: Any, tmp_path: Path
 ) -> None:  # fmt: skip
-    quarantine = tmp_path / "quarantine"
-    inbox = tmp_path / "inbox"
+    quarantine, inbox, out = tmp_path / "quarantine", tmp_path / "inbox", tmp_path / "received"
+    recorder = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
     daemon = plugin_daemon(
-        inboxes=[{"path": str(inbox), "settle_seconds": 0.3, "quarantine_dir": str(quarantine)}]
+        inboxes=[{"path": str(inbox), "settle_seconds": 0.3, "quarantine_dir": str(quarantine)}],
+        hook=[{"name": "failures", "command": recorder, "on": ["failed"]}],
     ).start()
     try:
         theirs = inbox / "report.pdf.md"
@@ -47,6 +50,14 @@ def test_an_output_conflict_stays_in_place_so_its_hint_and_retry_work(
         assert [Path(e["path"]).name for e in moved] == ["broken.pdf"]  # its own bytes are at fault
         assert (quarantine / "broken.pdf").exists() and not corrupt.exists()
         assert source.exists() and not (quarantine / "report.pdf").exists()
+        told = wait_until(lambda: len(records(out)) == 2 and records(out), 30, "both failures' hooks")
+        env = {Path(unquote(urlsplit(r["env"]["OCRWATCH_ORIGINAL"]).path)).name: r["env"] for r in told}
+        assert env["report.pdf"]["OCRWATCH_SOURCE"] == source.as_uri()  # where it stays
+        assert env["report.pdf"]["OCRWATCH_JSON"] == str(source.with_name("report.pdf.error.json"))
+        # The quarantined one is named where it went, its error sidecar too.
+        assert env["broken.pdf"]["OCRWATCH_SOURCE"] == (quarantine / "broken.pdf").as_uri()
+        assert env["broken.pdf"]["OCRWATCH_JSON"] == str(quarantine / "broken.pdf.error.json")
+        assert Path(env["broken.pdf"]["OCRWATCH_JSON"]).is_file()
 
         theirs.rmdir()  # what the hint says to do, then `ocrwatch retry`, as it says
         assert "`ocrwatch retry`" in error["error"]["hint"]
