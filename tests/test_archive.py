@@ -394,7 +394,8 @@ def test_quarantine_takes_the_recorded_error_sidecar_and_mirrors_the_inbox_folde
     inbox, place = tmp_path / "in", tmp_path / "failed"
     source, _ = failed_document(inbox, written, OTHER_UID)
     (inbox / "sub").chmod(0o750)
-    moved, error = quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+    judge = output_judge(written)
+    moved, error = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
     assert moved == place / "sub" / "bad.pdf" and moved.read_bytes() == CONTENT
     assert error == place / "sub" / "bad.pdf.error.json" and error.exists()
     assert not any((inbox / "sub").iterdir())
@@ -408,7 +409,8 @@ def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(tmp_path: Pat
     error.unlink()
     error.write_bytes(dump_json({"schema": "ocrwatch/1", "status": "failed", "by": "bob"}))  # no record holds it
     os.chown(error, OTHER_UID, OTHER_UID)
-    _, carried = quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+    judge = output_judge(written)
+    _, carried = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
     assert (place / "sub" / "bad.pdf").exists() and error.exists() and error.stat().st_uid == OTHER_UID
     assert carried is None
 

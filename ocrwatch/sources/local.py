@@ -196,7 +196,8 @@ class LocalSource:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
             return None
         log.warning("local_quarantined", path=str(origin.path), to=str(moved))
-        return {"source": moved.as_uri(), **({} if error is None else {"json": str(error), "md": ""})}
+        carried = {} if error is None else {"json": str(error), "md": ""}
+        return {"source": moved.as_uri(), **carried}
 
     # --- watching ------------------------------------------------------------------------------------------
 

@@ -59,7 +59,8 @@ def quarantine(
                         new = sidecar_names(moved, name_template)["error"]
                         # Replaced meanwhile: not ocrwatch's to move.
                         with contextlib.suppress(SourceChanged):
-                            carried = _move_exclusive(here, error, target, new, fd, os.fstat(fd), None)
+                            carried = _move_exclusive(here, error, target, new, fd,
+                                                      os.fstat(fd), None)  # fmt: skip
                 finally:
                     os.close(fd)
     folder = quarantine_dir.joinpath(*relative)

@@ -50,8 +50,9 @@ def test_an_output_conflict_stays_in_place_so_its_hint_and_retry_work(
         assert [Path(e["path"]).name for e in moved] == ["broken.pdf"]  # its own bytes are at fault
         assert (quarantine / "broken.pdf").exists() and not corrupt.exists()
         assert source.exists() and not (quarantine / "report.pdf").exists()
-        told = wait_until(lambda: len(records(out)) == 2 and records(out), 30, "both failures' hooks")
-        env = {Path(unquote(urlsplit(r["env"]["OCRWATCH_ORIGINAL"]).path)).name: r["env"] for r in told}
+        told = wait_until(lambda: len(records(out)) == 2 and records(out), 30, "both hooks")
+        env = {unquote(urlsplit(r["env"]["OCRWATCH_ORIGINAL"]).path): r["env"] for r in told}
+        env = {Path(path).name: each for path, each in env.items()}
         assert env["report.pdf"]["OCRWATCH_SOURCE"] == source.as_uri()  # where it stays
         assert env["report.pdf"]["OCRWATCH_JSON"] == str(source.with_name("report.pdf.error.json"))
         # The quarantined one is named where it went, its error sidecar too.
