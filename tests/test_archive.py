@@ -291,7 +291,8 @@ def test_without_a_lease_a_delete_waits_for_quiet_and_is_tried_again(
         archiver(inbox, tmp_path / "archive", written, "delete").settle(local_job(source, inbox), "ok", sha(CONTENT))
         assert source.exists()
         deadline = time.monotonic() + 10
-        while source.exists() and time.monotonic() < deadline:
+        # The timer's thread logs the deletion just after it unlinks the file.
+        while not any(e["event"] == "source_deleted" for e in logs) and time.monotonic() < deadline:
             time.sleep(0.1)
     assert not source.exists()
     assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_kept", "source_deleted"]
