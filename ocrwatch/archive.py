@@ -104,10 +104,12 @@ class Archiver:
     def settle(
         self, job: Job, status: str | None, sha256: str | None, changed: Callable[[], bool] | None = None
     ) -> dict[str, str] | None:
-        """Act on the finished job's source as configured. ``status`` None: read from its JSON sidecar;
-        ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked first. Where its ``json``
-        and ``md`` sidecars are when a move took them along, so its hooks are told where they are now; None
-        where they stayed (kept, deleted, an S3 object, sidecars under ``[output] dir``, a failure)."""
+        """Act on the finished job's source as configured. ``status`` None: read from its JSON
+        sidecar; ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked
+        first. What moved, so its hooks are told where it is now: under ``source`` the source's URI now
+        (``""`` once deleted), under ``json`` and ``md`` their paths where a move took them along
+        (not where they stay: an S3 object's, sidecars under ``[output] dir``). None where nothing
+        moved (kept, a failure)."""
         action = self.action(job)
         if action == "keep":
             return None
@@ -123,9 +125,11 @@ class Archiver:
                 raise SourceChanged(f"{job.origin.uri} changed since it was read")
             if isinstance(job.origin, S3Object):
                 where, sidecars = self._s3(job.origin, action, self._sources[job.source]), None
+                now = where or ""
             else:
                 assert isinstance(job.origin, LocalFile)
-                where, sidecars = self._local(job, job.origin, action, sha256)
+                moved, sidecars = self._local(job, job.origin, action, sha256)
+                where, now = (None, "") if moved is None else (str(moved), moved.as_uri())
         except SourceInUse as exc:
             log.warning("source_kept", **fields, reason=exc.reason, detail=exc.message)
             self._metrics.archive_failures.labels(action=action, reason="in_use").inc()
@@ -145,7 +149,7 @@ class Archiver:
             return None
         log.info("source_archived" if action == "move" else "source_deleted", **fields, to=where)
         self._metrics.archived.labels(action=action).inc()
-        return sidecars
+        return {"source": now, **(sidecars or {})}
 
     def _again(self, job: Job, sha256: str | None, delay: float) -> None:
         """Delete a source again once it has been quiet long enough, where no lease tells that no
@@ -164,8 +168,9 @@ class Archiver:
 
     def _local(
         self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None
-    ) -> tuple[str | None, dict[str, str] | None]:
-        """Where the source went, and where its ``json`` and ``md`` sidecars are, when beside it."""
+    ) -> tuple[Path | None, dict[str, str] | None]:
+        """Where the source went (None: deleted), and where its ``json`` and ``md`` sidecars are,
+        when beside it."""
         if sha256 is None:
             raise SourceChanged(f"{origin.path}: no digest of what was read to compare it with")
         if action == "delete":
@@ -179,9 +184,9 @@ class Archiver:
         place = Place(archive, inbox_folder(origin.inbox, roots), self.output.name_template)
         moved, names = move_local(job, sha256, place, self.written, sidecars=beside)
         if not beside:
-            return str(moved), None
+            return moved, None
         paths = sink.paths(job)
-        return str(moved), {kind: str(names.get(kind, paths[kind])) for kind in ("json", "md")}
+        return moved, {kind: str(names.get(kind, paths[kind])) for kind in ("json", "md")}
 
     def _s3(self, obj: S3Object, action: OnSuccess, source: Source) -> str | None:
         client, cfg = getattr(source, "client"), getattr(source, "cfg")

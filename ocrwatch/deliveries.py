@@ -1,7 +1,8 @@
 """Hook deliveries, durable: one row per finished document × hook, in the ledger's own SQLite file.
 
-A document's result is recorded here as an *event* (its status, where its sidecars are, the JSON sent to the
-hooks) with one *delivery* per hook that wants that status. The pipeline records the event **held**, by a
+A document's result is recorded here as an *event* (its status, where its source and sidecars are,
+where the source was dropped, the JSON sent to the hooks) with one *delivery* per hook that wants
+that status. The pipeline records the event **held**, by a
 token of its process, before it writes the sidecars, and releases it once the ledger knows the document is
 finished; only released deliveries run. A process killed between the two leaves the event held: the next
 start releases it when the ledger's row reached the event's final state (the sidecars were written), and
@@ -78,6 +79,11 @@ _MIGRATIONS: tuple[Migration, ...] = (
     CREATE INDEX hook_events_by_key ON hook_events (key);
     CREATE INDEX hook_events_held ON hook_events (held_by) WHERE held_by IS NOT NULL;
     """,
+    # Where the source was dropped, once ``source`` names where a move took it.
+    """
+    ALTER TABLE hook_events ADD COLUMN original TEXT;
+    UPDATE hook_events SET original = source;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -90,7 +96,8 @@ class Delivery:
     hook: str
     key: str
     status: str
-    source: str
+    source: str  # where the source is now: its URI, "" once deleted
+    original: str  # where it was dropped: its URI
     json: str
     md: str
     payload: bytes
@@ -128,9 +135,10 @@ class Deliveries:
             _delete(conn, stale)
             now = time.time()
             event = conn.execute(
-                "INSERT INTO hook_events (key, status, source, json, md, payload, held_by, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, status, source, os.fsencode(json), os.fsencode(md), payload, token, now),
+                "INSERT INTO hook_events (key, status, source, original, json, md, payload,"
+                " held_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, status, source, source, os.fsencode(json), os.fsencode(md), payload, token,
+                 now),  # fmt: skip
             ).lastrowid
             assert event is not None
             conn.executemany(
@@ -142,14 +150,14 @@ class Deliveries:
         return self.transact(tx)
 
     def release(self, event: int, moved: Mapping[str, str] | None = None) -> list[str]:
-        """Publish a held event: its deliveries may run. ``moved``: where its ``json`` and ``md`` sidecars are
-        now (``on_success = "move"`` took them), recorded first. The hooks with a pending delivery of it."""
+        """Publish a held event: its deliveries may run. ``moved``: where its source (``source``)
+        and its ``json`` and ``md`` sidecars are now (``archive.settle``: ``on_success`` took them),
+        recorded first. The hooks with a pending delivery of it."""
+        columns, values = _moved(moved or {})
 
         def tx(conn: sqlite3.Connection) -> list[str]:
-            if moved is not None:
-                conn.execute(
-                    "UPDATE hook_events SET json = ?, md = ? WHERE id = ?", (*_paths(moved), event)
-                )
+            if columns:
+                conn.execute(f"UPDATE hook_events SET {columns} WHERE id = ?", (*values, event))
             conn.execute("UPDATE hook_events SET held_by = NULL WHERE id = ?", (event,))
             return [
                 row[0]
@@ -161,13 +169,15 @@ class Deliveries:
         return self.transact(tx)
 
     def relocate(self, key: str, moved: Mapping[str, str]) -> None:
-        """The ``ok`` events of the document ``key``, wherever they are held, name its sidecars where a move took
-        them (``json``, ``md``): a start that finds a document done moves it after the process that held them
-        ended."""
+        """The ``ok`` events of the document ``key``, wherever they are held, name its source and
+        sidecars where ``on_success`` took them (as for ``release``): a start that finds a document
+        done moves it after the process that held them ended."""
+        columns, values = _moved(moved)
+        if not columns:
+            return
         self.transact(
             lambda conn: conn.execute(
-                "UPDATE hook_events SET json = ?, md = ? WHERE key = ? AND status = 'ok'",
-                (*_paths(moved), key),
+                f"UPDATE hook_events SET {columns} WHERE key = ? AND status = 'ok'", (*values, key)
             )
         )
 
@@ -202,15 +212,17 @@ class Deliveries:
     def load(self, event: int, hook: str) -> Delivery | None:
         def tx(conn: sqlite3.Connection) -> Delivery | None:
             row = conn.execute(
-                "SELECT e.key, e.status, e.source, e.json, e.md, e.payload, d.state, d.attempts FROM hook_deliveries d"
-                " JOIN hook_events e ON e.id = d.event WHERE d.event = ? AND d.hook = ?",
+                "SELECT e.key, e.status, e.source, e.original, e.json, e.md, e.payload, d.state,"
+                " d.attempts FROM hook_deliveries d JOIN hook_events e ON e.id = d.event"
+                " WHERE d.event = ? AND d.hook = ?",
                 (event, hook),
             ).fetchone()
             if row is None:
                 return None
             return Delivery(
-                event, hook, row["key"], row["status"], row["source"], os.fsdecode(row["json"]),
-                os.fsdecode(row["md"]), bytes(row["payload"] or b""), row["state"], row["attempts"],
+                event, hook, row["key"], row["status"], row["source"], row["original"],
+                os.fsdecode(row["json"]), os.fsdecode(row["md"]), bytes(row["payload"] or b""),
+                row["state"], row["attempts"],
             )  # fmt: skip
 
         return self.transact(tx)
@@ -262,8 +274,18 @@ class Deliveries:
         return self._ledger.transact(body, write=True)  # the ledger's lock, connection and retries
 
 
-def _paths(moved: Mapping[str, str]) -> tuple[bytes, bytes]:
-    return os.fsencode(moved["json"]), os.fsencode(moved["md"])
+def _moved(moved: Mapping[str, str]) -> tuple[str, tuple[str | bytes, ...]]:
+    """The columns ``moved`` sets (``source``; ``json`` and ``md``, as the paths' bytes), and their
+    values."""
+    columns: list[str] = []
+    values: list[str | bytes] = []
+    if "source" in moved:
+        columns.append("source = ?")
+        values.append(moved["source"])
+    if "json" in moved:
+        columns += ["json = ?", "md = ?"]
+        values += [os.fsencode(moved["json"]), os.fsencode(moved["md"])]
+    return ", ".join(columns), tuple(values)
 
 
 def _delete(conn: sqlite3.Connection, events: list[int]) -> None:

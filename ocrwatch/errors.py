@@ -4,7 +4,8 @@ A ``PlaceFault`` is the transient kind that is not the document's doing (a full 
 written): it is waited out however long it lasts and never becomes a failure of the document.
 
 Each class carries a stable ``kind`` used in logs, the ledger and sidecars, and a ``hint`` that tells the
-user what to do about it. ``classify`` is the one place that maps an arbitrary exception onto this hierarchy.
+user what to do about it. ``classify`` is the one place that maps an arbitrary exception onto this hierarchy,
+and ``quarantined`` the one place that says which failures an inbox's ``quarantine_dir`` takes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ class OcrwatchError(Exception):
     kind: str = "internal_error"
     retryable: bool = False
     hint: str = "this is a bug in ocrwatch; please report it with the log line"
+    quarantined: bool = False
+    """Whether a document failed so goes to its inbox's ``quarantine_dir``: only where its own bytes
+    are at fault, so that only a new file can cure it. Any other stays where it was dropped, where
+    the fix its hint names (a file moved away, a setting, a package) and ``ocrwatch retry`` find it."""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            _KINDS.setdefault(cls.kind, cls)
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -29,6 +39,17 @@ class OcrwatchError(Exception):
 
     def as_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "message": self.message, "retryable": self.retryable, "hint": self.hint}
+
+
+_KINDS: dict[str, type[OcrwatchError]] = {OcrwatchError.kind: OcrwatchError}
+"""Each kind's class, so that a failure known only by its kind (a ledger row's) is judged as its class."""
+
+
+def quarantined(kind: str | None) -> bool:
+    """Whether a document failed as ``kind`` goes to ``quarantine_dir`` (``OcrwatchError.quarantined``);
+    an unknown kind, or none, stays."""
+    found = _KINDS.get(kind or "")
+    return found is not None and found.quarantined
 
 
 class PermanentError(OcrwatchError):
@@ -56,31 +77,37 @@ class ConfigError(OcrwatchError):
 class EmptyFile(PermanentError):
     kind = "empty_file"
     hint = "the file has zero bytes; copy it again"
+    quarantined = True
 
 
 class NotADocument(PermanentError):
     kind = "not_a_document"
     hint = "only PDF, PNG, JPEG, TIFF and WebP files are recognised, by content not by extension"
+    quarantined = True
 
 
 class EncryptedPdf(PermanentError):
     kind = "encrypted_pdf"
     hint = "the PDF needs a password to open; remove the password (e.g. qpdf --decrypt) and drop it again"
+    quarantined = True
 
 
 class CorruptPdf(PermanentError):
     kind = "corrupt_pdf"
     hint = "the PDF is damaged or truncated; re-export or repair it (e.g. qpdf, mutool clean)"
+    quarantined = True
 
 
 class CorruptImage(PermanentError):
     kind = "corrupt_image"
     hint = "the image is damaged or truncated; export it again"
+    quarantined = True
 
 
 class NoPages(PermanentError):
     kind = "no_pages"
     hint = "the document contains no pages"
+    quarantined = True
 
 
 class TooManyPages(PermanentError):

@@ -1,8 +1,11 @@
 """Completion hooks: a program run, or a URL posted to, once a document's final status is known.
 
 Each ``[[hook]]`` gets the document's result JSON (the JSON sidecar for ``ok`` and ``partial``, the error document
-for ``failed``): a ``command`` on its stdin, never through a shell, with ``OCRWATCH_STATUS``, ``OCRWATCH_SOURCE``,
-``OCRWATCH_JSON`` and ``OCRWATCH_MD`` in its environment; a ``url`` as the body of a POST. A zero exit or a 2xx
+for ``failed``): a ``command`` on its stdin, never through a shell, with ``OCRWATCH_STATUS``,
+``OCRWATCH_SOURCE`` (the source's URI where it is now: ``on_success`` may have moved it, or deleted
+it: empty then), ``OCRWATCH_ORIGINAL`` (its URI where it was dropped), ``OCRWATCH_JSON`` and
+``OCRWATCH_MD`` in its environment; a ``url`` as the body of a POST, with the same three in its
+``Ocrwatch-Status``, ``Ocrwatch-Source`` and ``Ocrwatch-Original`` headers. A zero exit or a 2xx
 answer delivers it; anything else is tried again with backoff (tenacity) up to ``max_attempts``. A hook runs after
 the document is finished, so it never changes the document's status: it has its own log events, counters and
 attempts.
@@ -22,6 +25,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
+from urllib.parse import quote
 
 import aiohttp
 import structlog
@@ -34,7 +38,7 @@ from ocrwatch.ledger import Ledger
 from ocrwatch.metrics import Metrics
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sinks.local import LocalSink, dump_json
-from ocrwatch.sources.base import Job
+from ocrwatch.sources.base import Job, key_id
 
 log = structlog.get_logger()
 
@@ -220,7 +224,8 @@ class HookRunner:
         delivery = await asyncio.to_thread(self._store.load, event, hook.name)
         if delivery is None or delivery.state != "pending":
             return
-        fields = {"hook": hook.name, "uri": delivery.source, "status": delivery.status}
+        fields = {"hook": hook.name, "job_id": key_id(delivery.key), "uri": delivery.original,
+                  "status": delivery.status}  # fmt: skip
         left = hook.max_attempts - delivery.attempts
         if left <= 0:  # spent by runs of the daemon that ended while the hook ran
             await self._give_up(hook, delivery, delivery.attempts, HookFailed(
@@ -267,18 +272,25 @@ class HookRunner:
         assert self._store is not None
         await asyncio.to_thread(self._store.finish, delivery.event, hook.name, "failed", exc.message)
         self._metrics.hook_deliveries.labels(hook=hook.name, outcome="failed").inc()
-        log.error("hook_failed", hook=hook.name, uri=delivery.source, status=delivery.status, attempts=attempts,
-                  kind=exc.kind, error=exc.message, hint=exc.hint)  # fmt: skip
+        log.error("hook_failed", hook=hook.name, job_id=key_id(delivery.key), uri=delivery.original,
+                  status=delivery.status, attempts=attempts, kind=exc.kind, error=exc.message,
+                  hint=exc.hint)  # fmt: skip
 
     async def _attempt(self, hook: HookConfig, delivery: Delivery) -> None:
         if hook.command is not None:
             env = {key: value for key, value in os.environ.items() if key not in _NOT_INHERITED}
-            env.update(OCRWATCH_STATUS=delivery.status, OCRWATCH_SOURCE=delivery.source, OCRWATCH_JSON=delivery.json,
+            env.update(OCRWATCH_STATUS=delivery.status, OCRWATCH_SOURCE=delivery.source,
+                       OCRWATCH_ORIGINAL=delivery.original, OCRWATCH_JSON=delivery.json,
                        OCRWATCH_MD=delivery.md)  # fmt: skip
             await run_command(hook.name, hook.command, delivery.payload, env, hook.timeout_seconds)
         else:
             assert hook.url is not None and self._session is not None
-            await post(self._session, hook.name, hook.url, hook.token, delivery.payload, hook.timeout_seconds)
+            about = {
+                "Ocrwatch-Status": delivery.status, "Ocrwatch-Source": _header(delivery.source),
+                "Ocrwatch-Original": _header(delivery.original),
+            }  # fmt: skip
+            await post(self._session, hook.name, hook.url, hook.token, delivery.payload,
+                       hook.timeout_seconds, about)  # fmt: skip
 
 
 async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mapping[str, str], timeout: float) -> None:
@@ -333,11 +345,12 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
 
 
 async def post(
-    session: aiohttp.ClientSession, name: str, url: str, token: str | None, payload: bytes, timeout: float
-) -> None:
-    """POST ``payload`` as JSON to ``url``; HookFailed unless the answer is 2xx. Redirects are not followed,
-    so the token goes nowhere but ``url``."""
-    headers = {"Content-Type": "application/json"}
+    session: aiohttp.ClientSession, name: str, url: str, token: str | None, payload: bytes,
+    timeout: float, about: Mapping[str, str] | None = None,
+) -> None:  # fmt: skip
+    """POST ``payload`` as JSON to ``url``, with the headers ``about``; HookFailed unless the answer
+    is 2xx. Redirects are not followed, so the token goes nowhere but ``url``."""
+    headers = {**(about or {}), "Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     try:
@@ -349,6 +362,12 @@ async def post(
                 raise HookFailed(f"hook {name}: {url} answered {response.status}: {_printable(said)}")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise HookFailed(f"hook {name}: {url}: {type(exc).__name__}: {exc}") from None
+
+
+def _header(uri: str) -> str:
+    """``uri`` as a header's value: what is not printable ASCII percent-encoded (an S3 key is not
+    encoded in its URI; a file's URI is already)."""
+    return quote(uri, safe="".join(chr(code) for code in range(0x21, 0x7F)))
 
 
 def _kill_group(group: int) -> None:

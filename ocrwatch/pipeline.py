@@ -537,8 +537,8 @@ class Pipeline:
                 await self._offload(job, self.sinks[job.source].write_error, job, body)
             except Exception as exc:
                 log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
-        await self.sources[job.source].finish(job, "failed")
-        await self.hooks.release(event)
+        moved = await self.sources[job.source].finish(job, "failed", error.kind)
+        await self.hooks.release(event, moved)  # told where a quarantine took the source
 
 
 @contextlib.contextmanager

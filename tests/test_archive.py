@@ -93,7 +93,10 @@ def test_move_takes_the_recorded_outputs_into_the_mirrored_folder_and_their_reco
     moved = archiver(inbox, archive, written).settle(job, "ok", sha(CONTENT), lambda: False)
 
     folder = archive / "scans" / "2024" / "march"
-    assert moved == {"json": str(folder / "report.pdf.json"), "md": str(folder / "report.pdf.md")}
+    assert moved == {
+        "source": (folder / "report.pdf").as_uri(),
+        "json": str(folder / "report.pdf.json"), "md": str(folder / "report.pdf.md"),
+    }  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == [
         "report.pdf", "report.pdf.assets", "report.pdf.json", "report.pdf.md", "report.pdf.ocr.pdf",
     ]  # fmt: skip
@@ -114,7 +117,10 @@ def test_a_taken_name_moves_the_group_under_a_number_and_its_links_follow(tmp_pa
     moved = archiver(inbox, archive, written).settle(local_job(again, inbox), "ok", sha(CONTENT), None)
 
     folder = archive / "scans"
-    assert moved == {"json": str(folder / "report.1.pdf.json"), "md": str(folder / "report.1.pdf.md")}
+    assert moved == {
+        "source": (folder / "report.1.pdf").as_uri(),
+        "json": str(folder / "report.1.pdf.json"), "md": str(folder / "report.1.pdf.md"),
+    }  # fmt: skip
     assert (folder / "report.pdf.md").read_text().endswith(f"![](report.pdf.assets/{FIGURE})\n")
     assert (folder / "report.1.pdf").read_bytes() == CONTENT
     assert f"![](report.1.pdf.assets/{FIGURE})" in (folder / "report.1.pdf.md").read_text()
@@ -206,7 +212,8 @@ def test_delete_removes_only_the_source(tmp_path: Path, written: Written) -> Non
     source = document_files(inbox, inbox, written)
     metrics = Metrics()
     deleter = archiver(inbox, tmp_path / "archive", written, "delete", metrics)
-    assert deleter.settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None  # the sidecars stay
+    # The source is no more; the sidecars stay where the hooks are told they are.
+    assert deleter.settle(local_job(source, inbox), "ok", sha(CONTENT), None) == {"source": ""}
     assert metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": "delete"}) == 1
     assert sorted(p.name for p in inbox.iterdir()) == [
         "report.pdf.assets", "report.pdf.json", "report.pdf.md", "report.pdf.ocr.pdf",
@@ -284,7 +291,8 @@ def test_without_a_lease_a_delete_waits_for_quiet_and_is_tried_again(
         archiver(inbox, tmp_path / "archive", written, "delete").settle(local_job(source, inbox), "ok", sha(CONTENT))
         assert source.exists()
         deadline = time.monotonic() + 10
-        while source.exists() and time.monotonic() < deadline:
+        # The timer's thread logs the deletion just after it unlinks the file.
+        while not any(e["event"] == "source_deleted" for e in logs) and time.monotonic() < deadline:
             time.sleep(0.1)
     assert not source.exists()
     assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_kept", "source_deleted"]
@@ -354,7 +362,8 @@ def test_sidecars_under_an_output_dir_stay_there(tmp_path: Path, written: Writte
     source_cfg = LocalSource([InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{name}")
     mover = Archiver(OutputConfig(archive_dir=archive, on_success="move"), {"local": source_cfg},
                      {"local": LocalSink("{name}", tmp_path / "out")}, Metrics(), written)  # fmt: skip
-    assert mover.settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None  # the hooks' paths stand
+    moved = mover.settle(local_job(source, inbox), "ok", sha(CONTENT), None)
+    assert moved == {"source": (archive / "scans" / "report.pdf").as_uri()}  # the sidecars' paths stand
     assert sorted(p.name for p in (archive / "scans").iterdir()) == ["report.pdf"]
 
 
@@ -386,9 +395,11 @@ def test_quarantine_takes_the_recorded_error_sidecar_and_mirrors_the_inbox_folde
     inbox, place = tmp_path / "in", tmp_path / "failed"
     source, _ = failed_document(inbox, written, OTHER_UID)
     (inbox / "sub").chmod(0o750)
-    moved = quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+    judge = output_judge(written)
+    moved, error = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
     assert moved == place / "sub" / "bad.pdf" and moved.read_bytes() == CONTENT
-    assert (place / "sub" / "bad.pdf.error.json").exists() and not any((inbox / "sub").iterdir())
+    assert error == place / "sub" / "bad.pdf.error.json" and error.exists()
+    assert not any((inbox / "sub").iterdir())
     assert stat.S_IMODE((place / "sub").stat().st_mode) == 0o750
 
 
@@ -399,8 +410,10 @@ def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(tmp_path: Pat
     error.unlink()
     error.write_bytes(dump_json({"schema": "ocrwatch/1", "status": "failed", "by": "bob"}))  # no record holds it
     os.chown(error, OTHER_UID, OTHER_UID)
-    quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+    judge = output_judge(written)
+    _, carried = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
     assert (place / "sub" / "bad.pdf").exists() and error.exists() and error.stat().st_uid == OTHER_UID
+    assert carried is None
 
 
 def test_quarantine_keeps_a_source_with_another_name_or_a_writer(tmp_path: Path, written: Written) -> None:
@@ -446,7 +459,8 @@ def test_s3_delete_and_move(moto: MotoServer) -> None:
     s3_archiver(moto, on_success="delete").settle(Job(gone, "s3:0"), "ok", None, None)
     moved = put(moto, "docs", "in/b.pdf")
     mover = s3_archiver(moto, on_success="move", archive_prefix="done/")
-    assert mover.settle(Job(moved, "s3:0"), "ok", None, None) is None  # its sidecars stay at their keys
+    # Its sidecars stay at their keys.
+    assert mover.settle(Job(moved, "s3:0"), "ok", None, None) == {"source": "s3://docs/done/in/b.pdf"}
     assert keys(moto, "docs") == ["done/in/b.pdf"]
     assert s3.get_object(Bucket="docs", Key="done/in/b.pdf")["Body"].read() == CONTENT
 

@@ -44,7 +44,26 @@ def test_a_name_that_is_not_utf8_is_held_moved_released_and_loaded_byte_for_byte
     delivery = store.load(event, "ticket")
     assert delivery is not None
     assert (delivery.json, delivery.md) == (archived["json"], archived["md"])
+    assert (delivery.source, delivery.original) == (uri, uri)  # a move that named no source's place
     assert store.pending() == [("ticket", event)]
+
+
+def test_the_source_moved_is_named_where_it_is_and_where_it_was_dropped(ledger: Ledger) -> None:
+    store = Deliveries(ledger)
+    uri, there = "file:///inbox/a.png", "file:///archive/inbox/a.png"
+    first = store.hold("me", uri, "ok", uri, "/inbox/a.png.json", "/inbox/a.png.md", b"{}", ["t"])
+    store.release(first, {"source": there})  # the sidecars under [output] dir stay
+    delivery = store.load(first, "t")
+    assert delivery is not None and (delivery.source, delivery.original) == (there, uri)
+    assert (delivery.json, delivery.md) == ("/inbox/a.png.json", "/inbox/a.png.md")
+
+    other = "file:///inbox/b.png"
+    held = store.hold("ended", other, "ok", other, "/inbox/b.png.json", "/inbox/b.png.md", b"{}", ["t"])
+    store.relocate(other, {"source": "", "json": "/x/b.png.json", "md": "/x/b.png.md"})  # deleted
+    delivery = store.load(held, "t")
+    assert delivery is not None and (delivery.source, delivery.original) == ("", other)
+    assert (delivery.json, delivery.md) == ("/x/b.png.json", "/x/b.png.md")
+    assert store.load(first, "t").source == there  # another document's event untouched
 
 
 def test_hook_tables_of_schema_1_are_upgraded_in_place_with_their_paths_as_bytes(
@@ -71,6 +90,7 @@ def test_hook_tables_of_schema_1_are_upgraded_in_place_with_their_paths_as_bytes
         delivery = store.load(7, "ticket")
         assert delivery is not None
         assert (delivery.json, delivery.md) == ("/in/café.pdf.json", "/in/café.pdf.md")
+        assert delivery.original == delivery.source == "file:///in/caf%C3%A9.pdf"
         assert delivery.payload == b"{}"
     with closing(sqlite3.connect(db)) as conn:
         version = conn.execute("SELECT version FROM hook_schema").fetchall()

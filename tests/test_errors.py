@@ -29,6 +29,26 @@ def test_what_needs_the_user_is_permanent(kind: type[errors.OcrwatchError]) -> N
     assert not isinstance(error, errors.PlaceFault)
 
 
+OWN_FAULTS = {"empty_file", "not_a_document", "encrypted_pdf", "corrupt_pdf", "corrupt_image", "no_pages"}
+"""The failures whose cure is a new file: the only ones an inbox's ``quarantine_dir`` takes."""
+
+
+def test_only_a_fault_of_the_documents_own_bytes_is_quarantined() -> None:
+    import ocrwatch.hooks
+    import ocrwatch.sources.s3  # noqa: F401 - their kinds registered too
+
+    kinds = errors._KINDS
+    assert {kind for kind, cls in kinds.items() if cls.quarantined} == OWN_FAULTS
+    assert all(issubclass(kinds[kind], errors.PermanentError) for kind in OWN_FAULTS)
+    for kind, cls in kinds.items():  # a hint that sends the user to fix it in place keeps it there
+        if "ocrwatch retry" in cls.hint or "[" in cls.hint or cls.retryable:
+            assert not errors.quarantined(kind), kind
+    assert errors.quarantined("corrupt_pdf") and errors.CorruptPdf("x").quarantined
+    fixed_in_place = ("output_conflict", "crash_loop", "source_gone", "too_many_pages", "internal_error")
+    assert not any(errors.quarantined(kind) for kind in fixed_in_place)
+    assert not errors.quarantined(None) and not errors.quarantined("a_kind_of_a_later_version")
+
+
 @pytest.mark.parametrize(("code", "kind"), [(errno.ENOSPC, "disk_full"), (errno.EDQUOT, "disk_full"),
                                             (errno.EROFS, "output_not_writable"), (errno.EACCES, "output_not_writable"),
                                             (errno.ENAMETOOLONG, "name_too_long")])  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -22,10 +23,11 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from ocrwatch import config
+from ocrwatch.admission import job_id
 from ocrwatch.archive import Archiver
 from ocrwatch.config import HookConfig, InboxConfig, OutputConfig
 from ocrwatch.errors import ConfigError
-from ocrwatch.hooks import HookRunner, sidecar_locations
+from ocrwatch.hooks import HookRunner, _header, sidecar_locations
 from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.metrics import Metrics
 from ocrwatch.sinks.local import LocalSink, dump_json
@@ -159,7 +161,7 @@ async def finish(runner: HookRunner, ledger: Ledger, job: Job, document: dict[st
     await runner.release(event)
 
 
-async def test_a_command_gets_the_result_on_stdin_the_four_variables_and_its_argv_untouched(
+async def test_a_command_gets_the_result_on_stdin_the_five_variables_and_its_argv_untouched(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
 ) -> None:  # fmt: skip
     out = tmp_path / "received"
@@ -176,6 +178,7 @@ async def test_a_command_gets_the_result_on_stdin_the_four_variables_and_its_arg
     assert received["env"] == {
         "OCRWATCH_STATUS": "ok",
         "OCRWATCH_SOURCE": job.origin.uri,
+        "OCRWATCH_ORIGINAL": job.origin.uri,  # kept where it was dropped: the same place
         "OCRWATCH_JSON": str(tmp_path / "inbox" / "report.pdf.json"),
         "OCRWATCH_MD": str(tmp_path / "inbox" / "report.pdf.md"),
     }
@@ -249,6 +252,8 @@ async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_
         for headers, body in seen:
             assert headers["Authorization"] == "Bearer s3cret"
             assert headers["Content-Type"] == "application/json"
+            assert headers["Ocrwatch-Status"] == "partial"
+            assert headers["Ocrwatch-Source"] == headers["Ocrwatch-Original"] == job.origin.uri
             assert body == dump_json(document)
         (row,) = rows(ledger)
         assert (row["state"], row["attempts"], row["hook"]) == ("done", 3, "chat")
@@ -260,7 +265,9 @@ async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_
         assert sample("ocrwatch_hook_pending", {"hook": "chat"}) == 0
         retries = [entry for entry in logs if entry["event"] == "hook_retry"]
         assert len(retries) == 2 and "answered 500: busy" in retries[0]["error"]
-        assert [entry["attempts"] for entry in logs if entry["event"] == "hook_delivered"] == [3]
+        (delivered,) = [entry for entry in logs if entry["event"] == "hook_delivered"]
+        assert delivered["attempts"] == 3 and delivered["job_id"] == job_id(job)
+        assert delivered["uri"] == job.origin.uri
     finally:
         await server.cleanup()
 
@@ -344,7 +351,9 @@ async def test_a_stop_kills_a_running_hook_gives_its_attempt_back_and_the_next_s
     await started(runners, [hook(name="post", command=record)], ledger, metrics)
     await eventually(lambda: rows(ledger)[0]["state"] == "done", what="the delivery done after the restart")
     assert len(records(out)) == 1 and rows(ledger)[0]["attempts"] == 1
-    assert metrics.registry.get_sample_value("ocrwatch_hook_pending", {"hook": "post"}) == 0
+    # The worker lets the delivery go just after recording it done.
+    pending = functools.partial(metrics.registry.get_sample_value, "ocrwatch_hook_pending", {"hook": "post"})
+    await eventually(lambda: pending() == 0, 5, "nothing pending")
 
 
 PAUSED_RECORDER = """
@@ -403,9 +412,46 @@ async def test_a_hook_after_a_move_is_given_the_sidecars_where_the_move_put_them
     assert received["env"]["OCRWATCH_JSON"] == str(moved_to / "report.pdf.json")
     assert received["env"]["OCRWATCH_MD"] == str(moved_to / "report.pdf.md")
     assert Path(received["env"]["OCRWATCH_JSON"]).is_file() and Path(received["env"]["OCRWATCH_MD"]).is_file()
+    assert received["env"]["OCRWATCH_SOURCE"] == (moved_to / "report.pdf").as_uri()
+    assert received["env"]["OCRWATCH_ORIGINAL"] == job.origin.uri
     recorded = rows(ledger)[0]  # the paths' bytes (a name need not be UTF-8)
     paths = (os.fsdecode(recorded["json"]), os.fsdecode(recorded["md"]))
     assert paths == (received["env"]["OCRWATCH_JSON"], received["env"]["OCRWATCH_MD"])
+
+
+async def test_a_webhook_after_a_move_is_told_both_places_in_its_headers(
+    tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
+) -> None:  # fmt: skip
+    seen: list[dict[str, str]] = []
+
+    async def receive(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.Response(text="thanks")
+
+    app = web.Application()
+    app.router.add_post("/done", receive)
+    server = web.AppRunner(app)
+    await server.setup()
+    await web.TCPSite(server, "127.0.0.1", 0).start()
+    try:
+        url = f"http://127.0.0.1:{server.addresses[0][1]}/done"
+        runner = await started(runners, [hook(name="web", url=url)], ledger, Metrics())
+        archiver, moved_to = archived(tmp_path, job)
+        event = await runner.hold(job, result(job), LocalSink())
+        ledger.mark_done(job.key)
+        await runner.release(event, settle(archiver, job))
+        (headers,) = await eventually(lambda: seen, what="the POST")
+        assert headers["Ocrwatch-Status"] == "ok"
+        assert headers["Ocrwatch-Source"] == (moved_to / "report.pdf").as_uri()
+        assert headers["Ocrwatch-Original"] == job.origin.uri
+    finally:
+        await server.cleanup()
+
+
+def test_a_header_names_an_s3_key_in_printable_ascii() -> None:
+    assert _header("s3://scans/in/Café 1.pdf") == "s3://scans/in/Caf%C3%A9%201.pdf"
+    uri = Path("/inbox/caf\xe9 #1.pdf").as_uri()  # a file's URI is encoded already: left as it is
+    assert _header(uri) == uri
 
 
 async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_moved_sidecars(
@@ -426,6 +472,8 @@ async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_m
     (received,) = await eventually(lambda: records(out), what="the hook's record")
     assert received["env"]["OCRWATCH_JSON"] == str(moved_to / "report.pdf.json")
     assert Path(received["env"]["OCRWATCH_MD"]).is_file()
+    assert received["env"]["OCRWATCH_SOURCE"] == (moved_to / "report.pdf").as_uri()
+    assert received["env"]["OCRWATCH_ORIGINAL"] == job.origin.uri
 
 
 def test_s3_documents_name_their_sidecars_as_s3_uris() -> None:

@@ -37,7 +37,7 @@ class RecordingSource:
     async def fetch(self, job: Job, spool_dir: Path) -> Path:
         raise AssertionError("a rejected job is never fetched")
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         self.finished.append((job.key, outcome))
 
 

@@ -577,9 +577,11 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             fetched.path.unlink()
             (root / "sub" / "bad.pdf.error.json").write_text('{"kind": "corrupt_pdf"}')
             await source.finish(job, "done")
-            assert (root / "sub" / "bad.pdf").exists()
+            for kind in ("output_conflict", "source_gone", "crash_loop", "no_such_kind", None):
+                await source.finish(job, "failed", kind)  # faults fixed beside it: it stays for its hint
+                assert (root / "sub" / "bad.pdf").exists(), kind
 
-            await source.finish(job, "failed")
+            await source.finish(job, "failed", "corrupt_pdf")
             assert not (root / "sub" / "bad.pdf").exists()
             assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF
             # Written by the test, so no record of outputs holds it as ocrwatch's: it stays (tests/test_archive.py
@@ -591,7 +593,7 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             other = pdf_bytes(pages=1)
             (root / "sub" / "bad.pdf").write_bytes(other)
             await until(lambda: len(got.jobs) == 2, "the second bad.pdf")
-            await source.finish(got.jobs[1], "failed")
+            await source.finish(got.jobs[1], "failed", "corrupt_pdf")
             assert (quarantine / "sub" / "bad.1.pdf").read_bytes() == other
             assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF  # not overwritten
 
@@ -599,7 +601,7 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
                 fixed.write(PDF[:1000])
                 fixed.flush()
                 await asyncio.sleep(SETTLE)
-                await source.finish(got.jobs[1], "failed")  # late news about the old version
+                await source.finish(got.jobs[1], "failed", "corrupt_pdf")  # late news about the old version
                 assert (root / "sub" / "bad.pdf").exists(), "a version being written is never quarantined"
                 fixed.write(PDF[1000:])
             await until(lambda: len(got.jobs) == 3, "the fixed bad.pdf")
@@ -636,11 +638,11 @@ def test_quarantine_follows_no_link_on_either_side(tmp_path: Path) -> None:
                 (root / "other" / "doc.pdf").write_bytes(PDF)
                 await until(lambda: len(got.jobs) == 2, "both documents")
                 bad, doc = sorted(got.jobs, key=lambda job: job.origin.path.name)
-                await source.finish(bad, "failed")
+                await source.finish(bad, "failed", "not_a_document")
                 assert (root / "sub" / "bad.pdf").read_bytes() == PDF, "moved through the quarantine's link"
                 os.rename(root / "other", tmp_path / "gone")
                 (root / "other").symlink_to(outside / "theirs")
-                await source.finish(doc, "failed")
+                await source.finish(doc, "failed", "not_a_document")
         assert list((outside / "trap").iterdir()) == []
         assert (outside / "theirs" / "doc.pdf").read_bytes() == b"someone else's file"
         assert not (quarantine / "other").exists()

@@ -5,15 +5,16 @@ that is ready; ``submit`` returns only once the job is durably in the ledger, so
 event (answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
 processing it (an SQS message delivered too often) calls ``await reject(job, error, attempts)`` instead: the
 pipeline writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
-calls ``finish(job, "failed")``. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
+calls ``finish(job, "failed", error.kind)``. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
 puts the document's bytes in a file inside ``spool_dir``, private to the job (a local source copies its file
 through one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
 calls it with ``job.max_bytes`` set to the limit in force, so a source can refuse before copying. ``finish``
-is told the final outcome, once, after the sidecars are written.
+is told the final outcome, once, after the sidecars are written, and for a failure its kind (``errors``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,12 @@ class Job:
         return self.origin.uri
 
 
+def key_id(key: str) -> str:
+    """A job's short stable id for logs and temporary folders, from its ledger key (which may be
+    long, or a path): hooks know a document by its key alone."""
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
 def _unchanged() -> bool:
     return False
 
@@ -121,5 +128,9 @@ class Source(Protocol):
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
         """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading them."""
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
-        """Acknowledge the job's event now that its sidecars are written (or it is given up)."""
+    async def finish(
+        self, job: Job, outcome: Outcome, kind: str | None = None
+    ) -> dict[str, str] | None:
+        """Acknowledge the job's event now that its sidecars are written (or it is given up as
+        ``kind``). Where the source and its error sidecar went, if this moved them (as
+        ``archive.Archiver.settle`` says it), so its hooks are told."""

@@ -48,7 +48,7 @@ class GivenFiles:
         assert isinstance(job.origin, LocalFile)
         return await asyncio.to_thread(_fetch_named, job.origin.path, spool_dir, job.max_bytes)
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         return None
 
 

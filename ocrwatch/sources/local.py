@@ -38,7 +38,7 @@ from watchdog.events import (
 )
 
 from ocrwatch.config import InboxConfig
-from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
+from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, quarantined
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
@@ -169,25 +169,35 @@ class LocalSource:
             raise TypeError(f"LocalSource cannot fetch {origin!r}")
         return await asyncio.to_thread(fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes)
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
-        """Move a failed document to its inbox's ``quarantine_dir`` where one is set; otherwise leave it be."""
+    async def finish(
+        self, job: Job, outcome: Outcome, kind: str | None = None
+    ) -> dict[str, str] | None:
+        """Move a document failed as ``kind`` to its inbox's ``quarantine_dir`` where one is set and
+        the kind is one it takes (``errors.quarantined``); otherwise leave it be. Where the document
+        and its error sidecar went (``source``: a URI; ``json``), for its hooks."""
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         if outcome != "failed" or inbox is None or inbox.quarantine is None:
-            return
+            return None
         assert isinstance(origin, LocalFile)
+        if not quarantined(kind):
+            reason = f"{kind} is no fault of the document's own: it stays for its hint's fix"
+            log.info("local_quarantine_skipped", path=str(origin.path), reason=reason)
+            return None
         pending = inbox.pending.get(str(origin.path))
         if pending is not None and not inbox.settled.matches(origin.path, pending.signature):
             log.info("local_quarantine_skipped", path=str(origin.path), reason="a new version is being written")
-            return
+            return None
         try:
-            moved = await asyncio.to_thread(
+            moved, error = await asyncio.to_thread(
                 quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template, self.owns_output
             )
         except (OSError, OcrwatchError) as exc:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
-            return
+            return None
         log.warning("local_quarantined", path=str(origin.path), to=str(moved))
+        carried = {} if error is None else {"json": str(error), "md": ""}
+        return {"source": moved.as_uri(), **carried}
 
     # --- watching ------------------------------------------------------------------------------------------
 

@@ -32,9 +32,10 @@ lies in the open folder ``here``) holds ocrwatch's own output for a source of th
 
 def quarantine(
     path: Path, root: Path, quarantine_dir: Path, name_template: str, owns: Owns | None = None
-) -> Path:
+) -> tuple[Path, Path | None]:
     """Move a failed document, with its error sidecar where ``owns`` says it is ocrwatch's (without
-    ``owns`` it stays), to the same place under ``quarantine_dir``. Blocking.
+    ``owns`` it stays), to the same place under ``quarantine_dir``. Blocking. Where the document
+    went, and where its error sidecar went (None: it stayed).
 
     Raises ``OSError`` (a link in the quarantine's folders), ``SourceGone`` and ``SourceChanged``
     when the document is no longer the regular file beneath its inbox, ``SourceInUse`` when it has
@@ -51,16 +52,19 @@ def quarantine(
                                     source.check)  # fmt: skip
             error = sidecar_names(path.name, name_template)["error"]
             fd = here.open_read(error) if owns is not None else None
+            carried = None
             if fd is not None:
                 try:
                     if owns is not None and owns(here, root, prefix + error, source.info.st_uid):
                         new = sidecar_names(moved, name_template)["error"]
                         # Replaced meanwhile: not ocrwatch's to move.
                         with contextlib.suppress(SourceChanged):
-                            _move_exclusive(here, error, target, new, fd, os.fstat(fd), None)
+                            carried = _move_exclusive(here, error, target, new, fd,
+                                                      os.fstat(fd), None)  # fmt: skip
                 finally:
                     os.close(fd)
-    return quarantine_dir.joinpath(*relative, moved)
+    folder = quarantine_dir.joinpath(*relative)
+    return folder / moved, None if carried is None else folder / carried
 
 
 @contextlib.contextmanager

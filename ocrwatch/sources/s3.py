@@ -97,7 +97,7 @@ class S3Source(S3EventSource):
 
     # -- jobs
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         """Delete the messages announcing this job once all their jobs are done or failed; on ``retry`` (or for
         a job of the same key whose content differs: it was never processed) let them reappear instead."""
         for delivery in list(self._deliveries.values()):

@@ -87,7 +87,7 @@ class WebhookSource(S3EventSource):
         if not submit.cancelled():
             submit.exception()  # retrieved: no "Task exception was never retrieved" on the way out
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         """Nothing to acknowledge: the event was answered once its job was in the ledger."""
 
     @property

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_hooks_get_each_result_filtered_by_status_and_a_failing_hook_leaves_the_
         ok = by_status["ok"]
         assert ok["stdin"].encode() == good.with_name("good.png.json").read_bytes()
         assert ok["env"] == {
-            "OCRWATCH_STATUS": "ok", "OCRWATCH_SOURCE": good.as_uri(),
+            "OCRWATCH_STATUS": "ok", "OCRWATCH_SOURCE": good.as_uri(), "OCRWATCH_ORIGINAL": good.as_uri(),
             "OCRWATCH_JSON": str(good.with_name("good.png.json")), "OCRWATCH_MD": str(good.with_name("good.png.md")),
         }  # fmt: skip
         assert ok["argv"] == hostile
@@ -117,6 +118,40 @@ def test_hooks_get_each_result_filtered_by_status_and_a_failing_hook_leaves_the_
         assert sample(metrics, "ocrwatch_documents_total", status="ok") == 1
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_hook_after_a_move_is_told_where_the_source_and_its_sidecars_are_now_and_where_it_was_dropped(
+    plugin_daemon: Any, tmp_path: Path
+) -> None:  # fmt: skip
+    out, archive = tmp_path / "received", tmp_path / "archive"
+    command = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
+    daemon = plugin_daemon(
+        hook=[{"name": "record", "command": command}],
+        output={"archive_dir": str(archive), "on_success": "move"},
+    ).start()  # fmt: skip
+    try:
+        source = docs.write_png(daemon.inbox / "scan é.png", ["Archived then hooked"])
+        (received,) = wait_until(lambda: records(out), 60, "the hook's record")
+        there = archive / "inbox" / "scan é.png"
+        env = received["env"]
+        assert env["OCRWATCH_SOURCE"] == there.as_uri() and env["OCRWATCH_ORIGINAL"] == source.as_uri()
+        assert Path(unquote(urlsplit(env["OCRWATCH_SOURCE"]).path)).read_bytes() == there.read_bytes()
+        assert not source.exists()
+        assert env["OCRWATCH_JSON"] == str(there.with_name("scan é.png.json"))
+        assert env["OCRWATCH_MD"] == str(there.with_name("scan é.png.md"))
+        assert Path(env["OCRWATCH_JSON"]).read_text() == received["stdin"]  # the very sidecar, moved
+        assert json.loads(received["stdin"])["source"]["uri"] == source.as_uri()  # where it was read
+        delivered = wait_until(lambda: [e for e in daemon.events() if e.get("event") == "hook_delivered"],
+                               30, "the delivery logged")  # fmt: skip
+        assert [(e["uri"], e["job_id"]) for e in delivered] == [(source.as_uri(), job_id_of(daemon, source))]
+    finally:
+        assert daemon.stop() == 0
+
+
+def job_id_of(daemon: DaemonProcess, source: Path) -> str:
+    """The job id the daemon's own lines about ``source`` carry."""
+    started = [e for e in daemon.events() if e.get("event") == "job_started" and e["uri"] == source.as_uri()]
+    return str(started[0]["job_id"])
 
 
 class FlakyReceiver(BaseHTTPRequestHandler):
@@ -168,6 +203,8 @@ def test_a_webhook_answered_500_twice_then_200_is_recorded_as_one_delivery_done(
         for headers, body in seen:
             assert body == sidecar
             assert headers["Content-Type"] == "application/json" and headers["Authorization"] == "Bearer t0ken"
+            assert headers["Ocrwatch-Status"] == "ok"
+            assert headers["Ocrwatch-Source"] == headers["Ocrwatch-Original"] == source.as_uri()
         metrics = daemon.metrics()
         assert sample(metrics, "ocrwatch_hook_attempts_total", hook="tickets", result="error") == 2
         assert sample(metrics, "ocrwatch_hook_attempts_total", hook="tickets", result="ok") == 1
@@ -218,6 +255,7 @@ def test_a_hook_runs_for_an_s3_document_with_s3_uris(moto: Any, tmp_path: Path) 
         (received,) = wait_until(lambda: records(out), 90, "the hook's record")
         assert received["env"] == {
             "OCRWATCH_STATUS": "ok", "OCRWATCH_SOURCE": f"s3://docs/{key}",
+            "OCRWATCH_ORIGINAL": f"s3://docs/{key}",
             "OCRWATCH_JSON": f"s3://docs/{key}.json", "OCRWATCH_MD": f"s3://docs/{key}.md",
         }  # fmt: skip
         assert json.loads(received["stdin"]) == sidecar(s3, "docs", f"{key}.json")
