@@ -1,13 +1,15 @@
-"""The CPU image (Containerfile) built and run as a user would, with no registry: a Debian bookworm base
-made by mmdebstrap from the machine's own apt sources and ``podman import``-ed, the image built from the
-repository, a container on a bind-mounted inbox: a PNG in, its sidecars out, ``podman stop`` and exit 0.
+"""The CPU image (Containerfile) built and run as a user would, with no registry: a Debian
+bookworm base made by mmdebstrap from the machine's own apt sources and ``podman import``-ed, the
+image built from the repository, a container on a bind-mounted inbox: a PNG in, its sidecars out,
+``podman stop`` and exit 0.
 
-Podman keeps everything (images, containers, its database) in a temporary folder of its own, named by
-``CONTAINERS_CONF`` and ``CONTAINERS_STORAGE_CONF``, so the host's podman and other runs see nothing of it.
-The runtime is runc: crun refuses some hosts' cgroup layouts (cgroup v1 with a v2 ``unified`` mount).
-The ulimits stay below a sandbox's own (a container may not raise them). The build reaches apt and PyPI
-through the host's network, with the host's CA bundle as a build secret (a TLS-intercepting proxy's
-certificate stays out of the image). Base, build and run take about 2 minutes on 2 cores.
+Podman keeps everything (images, containers, its database) in a temporary folder of its own, named
+by ``CONTAINERS_CONF`` and ``CONTAINERS_STORAGE_CONF``, so the host's podman and other runs see
+nothing of it. The runtime is runc: crun refuses some hosts' cgroup layouts (cgroup v1 with a v2
+``unified`` mount). The ulimits stay below a sandbox's own (a container may not raise them). The
+build reaches apt and PyPI through the host's network, with the host's CA bundle as a build secret
+(a TLS-intercepting proxy's certificate stays out of the image). Base, build and run take 2 to 6
+minutes on 2 cores, depending on what else runs.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ TOOLS = ("podman", "buildah", "mmdebstrap", "runc")
 
 
 class Podman:
-    """``podman`` on storage of its own under ``root``; ``seconds`` records how long each step took."""
+    """``podman`` on storage of its own under ``root``; ``seconds``: how long each step took."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -78,12 +80,14 @@ class Podman:
 
     def logs(self, name: str) -> str:
         """The container's output, stdout and stderr together (ocrwatch logs to stderr)."""
-        done = subprocess.run(["podman", "logs", name], env=self.env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["podman", "logs", name], env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, timeout=60, check=False,
+        )  # fmt: skip
         return done.stdout
 
     def timed(self, step: str, argv: list[str], timeout: float) -> None:
-        """Run ``argv`` (a build step's command) with podman's environment, its time kept as ``step``."""
+        """Run ``argv`` (a build step) with podman's environment, its time kept as ``step``."""
         started = time.monotonic()
         log = self.root / f"{step}.log"
         with open(log, "wb") as out:
@@ -104,8 +108,8 @@ class Podman:
 
 
 def _unusable() -> str | None:
-    """Why podman cannot build and run here, or None: the tools are missing, or this is not root (the
-    base is made by mmdebstrap as root and rootless podman needs subuid ranges set up)."""
+    """Why podman cannot build and run here, or None: the tools are missing, or this is not root
+    (the base is made by mmdebstrap as root; rootless podman needs subuid ranges set up)."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         return f"{', '.join(missing)} not installed: run tests/install_podman.sh (as root)"
@@ -126,14 +130,15 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     try:
         sources = next(path for path in APT_SOURCES if path.exists())
         rootfs = podman.root / "rootfs.tar"
-        podman.timed("base", ["mmdebstrap", "--variant=apt", "--format=tar", "bookworm", str(rootfs),
-                              str(sources)], timeout=600)  # fmt: skip
+        base = ["mmdebstrap", "--variant=apt", "--format=tar", "bookworm", str(rootfs),
+                str(sources)]  # fmt: skip
+        podman.timed("base", base, timeout=600)
         podman("import", str(rootfs), BASE, timeout=300)
         rootfs.unlink()
         secret = ["--secret", f"id=ca,src={CA_BUNDLE}"] if CA_BUNDLE.exists() else []
-        podman.timed("build", ["podman", "build", "--network", "host", "--build-arg", f"BASE={BASE}",
-                               *secret, "--tag", IMAGE, "--file", str(REPO / "Containerfile"),
-                               str(REPO)], timeout=900)  # fmt: skip
+        build = ["podman", "build", "--network", "host", "--build-arg", f"BASE={BASE}", *secret,
+                 "--tag", IMAGE, "--file", str(REPO / "Containerfile"), str(REPO)]  # fmt: skip
+        podman.timed("build", build, timeout=900)
         yield podman
     finally:
         podman.clean()
