@@ -13,7 +13,6 @@ order, jobs interrupted mid-stage included.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection
@@ -26,7 +25,7 @@ from ocrwatch.errors import OcrwatchError, classify
 from ocrwatch.hooks import HookRunner
 from ocrwatch.ledger import Fingerprint, Ledger, same_content
 from ocrwatch.sinks.base import Sink, recorded_fingerprint
-from ocrwatch.sources.base import Job, S3Object, Source
+from ocrwatch.sources.base import Job, S3Object, Source, key_id
 from ocrwatch.sources.beneath import Signature, inspect, measure
 
 log = structlog.get_logger()
@@ -50,8 +49,8 @@ COUNT_SECONDS = 5.0
 
 
 def job_id(job: Job) -> str:
-    """A short stable id for logs and temporary folders (the ledger key may be long, or a path)."""
-    return hashlib.sha1(job.key.encode()).hexdigest()[:12]
+    """A short stable id for logs and temporary folders (``key_id``)."""
+    return key_id(job.key)
 
 
 class Runner(Protocol):
@@ -185,7 +184,9 @@ class Admission:
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.admit, job, fingerprint)
             await asyncio.to_thread(self.ledger.mark_done, job.key)
-        log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
+        # Debug: a restart finds every file done before, and the local source says how many in
+        # one line an inbox.
+        log.debug("job_already_done", job_id=job_id(job), uri=job.origin.uri)
         moved = await self._offload(job, self.archive.settle, job, None, fingerprint.sha256)
         await self.hooks.relocate(job.key, moved)
         await self.sources[job.source].finish(job, "done")

@@ -14,6 +14,7 @@ is told the final outcome, once, after the sidecars are written.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,12 @@ class Job:
         if isinstance(self.origin, S3Object) and self.origin.version_id:
             return f"{self.origin.uri}?versionId={self.origin.version_id}"
         return self.origin.uri
+
+
+def key_id(key: str) -> str:
+    """A job's short stable id for logs and temporary folders, from its ledger key (which may be
+    long, or a path): hooks know a document by its key alone."""
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
 def _unchanged() -> bool:

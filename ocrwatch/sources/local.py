@@ -41,7 +41,7 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit, key_id
 from ocrwatch.sources.beneath import Signature, fetch_copy
 from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.inbox import Inbox, Pending
@@ -69,6 +69,8 @@ RESTART_BACKOFF_MAX_SECONDS = 60.0
 STEADY_SECONDS = 60.0
 """A watcher that ran this long before it died is restarted at once: it did not die of starting."""
 OVERFLOW_LOG_SECONDS = 60.0
+UNCHANGED_LOG_SECONDS = 60.0
+"""At most this long between two lines counting files whose outcome was known already."""
 
 
 # --- the source ---------------------------------------------------------------------------------------------
@@ -102,6 +104,9 @@ class LocalSource:
         self._lock = asyncio.Lock()
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
         self._settling: Deadlines[Pending] = Deadlines(self._settle, SETTLE_STEPS)
+        # Jobs being submitted, by key: the outcome ``finish`` gave one meanwhile, which means that
+        # admission found it done or failed with this very content, so nothing runs.
+        self._submitting: dict[str, Outcome | None] = {}
         self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
 
     async def start(self, submit: Submit, reject: Reject) -> None:
@@ -128,6 +133,7 @@ class LocalSource:
         await asyncio.gather(*tasks, self._settling.stop(), return_exceptions=True)
         for inbox in self._inboxes.values():
             inbox.pending.clear()
+            self._say_unchanged(inbox)
         await asyncio.gather(*(self._unwatch(inbox) for inbox in self._inboxes.values()))
 
     async def update_inboxes(self, inboxes: Sequence[InboxConfig]) -> None:
@@ -171,6 +177,8 @@ class LocalSource:
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
         """Move a failed document to its inbox's ``quarantine_dir`` where one is set; otherwise leave it be."""
+        if job.key in self._submitting:
+            self._submitting[job.key] = outcome
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         if outcome != "failed" or inbox is None or inbox.quarantine is None:
@@ -482,6 +490,7 @@ class LocalSource:
         finally:
             if delay is None and inbox.pending.get(pending.key) is pending:
                 del inbox.pending[pending.key]
+                self._say_unchanged(inbox)
         return delay
 
     async def _look(self, pending: Pending, signature: Signature) -> float | None:
@@ -504,17 +513,35 @@ class LocalSource:
         if after != signature:
             return 0.0  # it changed while being probed
         assert self._submit is not None
-        await self._submit(self._job(inbox, path, pending.detected_at))
+        job = self._job(inbox, path, pending.detected_at)
+        self._submitting[job.key] = None
+        try:
+            await self._submit(job)
+        finally:
+            known = self._submitting.pop(job.key, None)
         inbox.settled.record(path, signature)
+        if known in ("done", "failed"):  # as it was at the last run: counted, not a line a file
+            inbox.unchanged[known] += 1
+            inbox.unchanged_since = inbox.unchanged_since or time.monotonic()
+            return None
         log.info(
-            "local_submitted",
-            path=pending.key,
-            inbox=str(inbox.root),
-            bytes=signature.size,
-            waited=round(time.time() - pending.detected_at, 3),
+            "local_submitted", job_id=key_id(job.key), path=pending.key, inbox=str(inbox.root),
+            bytes=signature.size, waited=round(time.time() - pending.detected_at, 3),
             probe="ok" if complete else "failed",
-        )
+        )  # fmt: skip
         return None
+
+    def _say_unchanged(self, inbox: Inbox) -> None:
+        """One line for the files found done or failed with the very content they had then (a restart
+        finds every file done before), once nothing of the inbox is left settling, or a minute on."""
+        if not inbox.unchanged:
+            return
+        if inbox.pending and time.monotonic() - inbox.unchanged_since < UNCHANGED_LOG_SECONDS:
+            return
+        log.info("local_unchanged", inbox=str(inbox.root), done=inbox.unchanged["done"],
+                 failed=inbox.unchanged["failed"])  # fmt: skip
+        inbox.unchanged.clear()
+        inbox.unchanged_since = 0.0
 
     def _job(self, inbox: Inbox, path: Path, detected_at: float | None = None) -> Job:
         config = inbox.config
