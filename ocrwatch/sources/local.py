@@ -463,7 +463,12 @@ class LocalSource:
         came back: a file rewritten, or appended by one open-write-close after another (an incremental PDF
         save), must be quiet for ``settle_seconds``, else each piece that ends in a valid trailer is taken. A
         file stable for long that still fails the probe is submitted anyway, so the renderer reports what is
-        wrong with it. Writes do not bring the next look forward (a busy writer would make it
+        wrong with it. An empty file closed after writing and quiet for ``settle_seconds`` is submitted
+        then (it fails as ``empty_file``), not after the probe's give-up: a writer that creates, closes
+        and opens again has that long to begin writing, and one that comes back later has its file read
+        again, its error sidecar replaced. An empty file never seen closed (a scan, a polled inbox) may
+        still be held open by its writer: it is submitted once nothing has changed it (its ctime) for
+        the probe's give-up, which a file found empty at a restart has long been. Writes do not bring the next look forward (a busy writer would make it
         spin); a close does; the next look at the settle deadline sees the writes.
         """
         inbox, path = pending.inbox, pending.path
@@ -501,10 +506,13 @@ class LocalSource:
             pending.signature, pending.stable_since = signature, now
         quiet = now - pending.stable_since
         rewritten = pending.reopened or inbox.settled.submitted(path)
-        if (rewritten or not pending.closed) and quiet < settle:
+        give_up = max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS)
+        untouched = time.time() - signature.ctime_ns / 1e9
+        empty = signature.size == 0 and (pending.closed or untouched >= give_up)  # nothing will come
+        if (rewritten or empty or not pending.closed) and quiet < settle:
             return settle - quiet
-        complete = await self._blocking(probe, path, inbox.root)
-        if not complete and quiet < max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS):
+        complete = not empty and await self._blocking(probe, path, inbox.root)
+        if not complete and not empty and quiet < give_up:
             return max(settle, RECHECK_MIN_SECONDS)
         try:
             after = await self._blocking(inspect_file, path, inbox.root)
@@ -527,7 +535,7 @@ class LocalSource:
         log.info(
             "local_submitted", job_id=key_id(job.key), path=pending.key, inbox=str(inbox.root),
             bytes=signature.size, waited=round(time.time() - pending.detected_at, 3),
-            probe="ok" if complete else "failed",
+            probe="empty" if empty else "ok" if complete else "failed",
         )  # fmt: skip
         return None
 
