@@ -3,9 +3,9 @@ only the user can fix before it starts anything (``preflight``), so that each st
 naming the file and the key (exit 2) instead of a traceback, or a document failing hours later.
 
 A check yields ``Result``s. Folders are probed by making and removing a hidden file in them (as the user this
-runs as: run ``check`` as the service user); listen addresses by binding them as the listeners will (one in
-use by the daemon that holds state_dir, by its own answer on the control socket, is its own and fine); S3 by
-one call per endpoint, queue and bucket. ``check`` changes nothing: a folder that does not exist yet is judged
+runs as: run ``check`` as the service user); listen addresses by binding them as the listeners
+will (one in use by the daemon holding state_dir, by its answer on the control socket, is its
+own); S3 by one call per endpoint, queue and bucket. ``check`` changes nothing: a folder that does not exist yet is judged
 by the nearest folder above it, where ``preflight`` creates it as the daemon would.
 """
 
@@ -260,7 +260,8 @@ def _quiet() -> Iterator[None]:
     table on stderr, and its line in the table says what they would."""
     wrapper = structlog.get_config()["wrapper_class"]
     level = getattr(wrapper, "get_effective_level", lambda self: 0)(None)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(max(level, logging.WARNING)))
+    quiet = structlog.make_filtering_bound_logger(max(level, logging.WARNING))
+    structlog.configure(wrapper_class=quiet)
     try:
         yield
     finally:
@@ -384,26 +385,29 @@ def _creatable(folder: Path) -> str | None:
 
 
 Holder = Callable[[], tuple[int, list[str]] | str | None]
-"""The daemon holding state_dir, asked: its pid and the addresses it listens on; None when none holds
-it; or why it could not be asked."""
+"""The daemon holding state_dir, asked: its pid and the addresses it listens on; None when none
+holds it; or why it could not be asked."""
 
 
 def _listens(cfg: Config, holder: Holder | None = None) -> Iterator[Result]:
-    """The metrics endpoint and each S3 webhook can bind their addresses; with ``holder`` (``check``), one
-    in use by the daemon holding state_dir is its own (``preflight`` runs in that daemon: none)."""
+    """The metrics endpoint and each S3 webhook can bind their addresses; with ``holder``
+    (``check``), one in use by the daemon holding state_dir is its own (``preflight`` runs in that
+    daemon: none)."""
     for key, listen in control.listeners(cfg).items():
         yield _listen(key, listen, holder)
 
 
 def _daemon_listening(state_dir: Path) -> tuple[int, list[str]] | str | None:
-    """``Holder``'s answer, asked of the control socket (blocking: at most ``control.CONNECT_SECONDS``)."""
+    """``Holder``'s answer, asked of the control socket (blocking: at most
+    ``control.CONNECT_SECONDS``)."""
     try:
         client = control.Client.connect(state_dir)
         if client is None:
             return None
         events = list(client.request({"op": "status"}))
         daemon = next(event["daemon"] for event in events if event.get("event") == "status")
-        return int(daemon["pid"]), [str(address) for address in daemon.get("listening", {}).values()]
+        listening = daemon.get("listening", {})
+        return int(daemon["pid"]), [str(address) for address in listening.values()]
     except OcrwatchError as exc:
         return exc.message
     except (StopIteration, KeyError, TypeError, ValueError, AttributeError):
@@ -423,11 +427,12 @@ def _resolved(listen: str) -> set[Any]:
 def _held(what: str, listen: str, holder: Holder) -> Result | None:
     """An address in use, when the daemon holding state_dir says it listens there: its own."""
     answer = holder()
-    if isinstance(answer, tuple) and any(_resolved(listen) & _resolved(theirs) for theirs in answer[1]):
+    if isinstance(answer, tuple) and any(_resolved(listen) & _resolved(one) for one in answer[1]):
         return Result(True, what, f"is held by the running daemon (pid {answer[0]})")
     if isinstance(answer, str):
-        return Result(False, what, "address already in use; the daemon holding state_dir could not be asked "
-                      f"whether it is its own: {answer}", "run check as the user the daemon runs as")  # fmt: skip
+        detail = "address already in use; the daemon holding state_dir could not be asked whether"
+        hint = "run check as the user the daemon runs as"
+        return Result(False, what, f"{detail} it is its own: {answer}", hint)
     return None
 
 
@@ -451,7 +456,8 @@ def _listen(key: str, listen: str, holder: Holder | None = None) -> Result:
             try:
                 sock.bind(address)
             except OSError as exc:
-                held = _held(what, listen, holder) if exc.errno == errno.EADDRINUSE and holder else None
+                in_use = exc.errno == errno.EADDRINUSE
+                held = _held(what, listen, holder) if in_use and holder else None
                 return held or Result(False, what, (exc.strerror or str(exc)).lower(), hint)
     return Result(True, what, "is free")
 

@@ -263,7 +263,8 @@ def pipeline_status(progress: list[Progress]) -> dict[str, Any]:
 
 def listeners(cfg: Config) -> dict[str, str]:
     """The TCP addresses a daemon of ``cfg`` listens on, by the key that sets each: ``check`` binds
-    them, and a running daemon names them in its status, so ``check`` tells its ports from a stranger's."""
+    them, and a running daemon names them in its status, so ``check`` tells its ports from a
+    stranger's."""
     found = {"[metrics] listen": cfg.metrics.listen} if cfg.metrics.enabled else {}
     for index, s3 in enumerate(cfg.s3):
         if s3.transport == "webhook":
@@ -371,7 +372,8 @@ class ControlServer:
         summary = await asyncio.to_thread(host.ledger.summary) if host.ledger is not None else {}
         pipeline = host.pipeline
         engine = pipeline.supervisor.kind if pipeline is not None and pipeline.supervisor.engine else None
-        daemon = {"pid": os.getpid(), "state": host.state(), "engine": engine, "listening": listeners(host.cfg)}
+        daemon = {"pid": os.getpid(), "state": host.state(), "engine": engine}
+        daemon["listening"] = listeners(host.cfg)
         live = pipeline_status(pipeline.progress() if pipeline is not None else [])
         if pipeline is not None:  # the jobs waiting in the ledger for a slot, not in memory
             waiting = await pipeline.admission.waiting_by(place, pipeline.running())

@@ -280,17 +280,20 @@ def page_dpi(width_pt: float, height_pt: float, spec: RenderSpec) -> float:
 
 
 def plan_pdf(info: DocumentInfo, spec: RenderSpec, *, job_id: str, uri: str) -> None:
-    """Before a PDF's first page is rendered: raise TooManyPixels for a page too large at any usable DPI,
-    and say in one line which pages (numbered from 1, as the sidecars number them) are rendered below
-    the wanted DPI, rather than one line a page each time it is rendered."""
+    """Before a PDF's first page is rendered: raise TooManyPixels for a page too large at any usable
+    DPI, and say in one line which pages (numbered from 1, as the sidecars number them) are rendered
+    below the wanted DPI, rather than one line a page each time it is rendered."""
     lowered = {}
     for number, (width_pt, height_pt) in enumerate(info.page_sizes, 1):
         dpi = page_dpi(width_pt, height_pt, spec)
         if dpi < spec.dpi:
             lowered[number] = dpi
     if lowered:
-        log.info("page_dpi_lowered", job_id=job_id, uri=uri, pages=_ranges(list(lowered)), count=len(lowered),
-                 of=info.pages, wanted=spec.dpi, dpi_min=min(lowered.values()), dpi_max=max(lowered.values()))  # fmt: skip
+        log.info(
+            "page_dpi_lowered", job_id=job_id, uri=uri, pages=_ranges(list(lowered)),
+            count=len(lowered), of=info.pages, wanted=spec.dpi, dpi_min=min(lowered.values()),
+            dpi_max=max(lowered.values()),
+        )  # fmt: skip
 
 
 def _ranges(numbers: list[int]) -> str:

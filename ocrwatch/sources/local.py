@@ -458,18 +458,22 @@ class LocalSource:
         """Look at one file until it is whole, then submit it: the seconds until the next look, or
         None once it is submitted or gone. A file still being written is never given up.
 
-        Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime, inode) unchanged
-        for ``settle_seconds``; and then the probe passes. A close counts only for a new file whose writer never
-        came back: a file rewritten, or appended by one open-write-close after another (an incremental PDF
-        save), must be quiet for ``settle_seconds``, else each piece that ends in a valid trailer is taken. A
-        file stable for long that still fails the probe is submitted anyway, so the renderer reports what is
-        wrong with it. An empty file closed after writing and quiet for ``settle_seconds`` is submitted
-        then (it fails as ``empty_file``), not after the probe's give-up: a writer that creates, closes
-        and opens again has that long to begin writing, and one that comes back later has its file read
-        again, its error sidecar replaced. An empty file never seen closed (a scan, a polled inbox) may
-        still be held open by its writer: it is submitted once nothing has changed it (its ctime) for
-        the probe's give-up, which a file found empty at a restart has long been. Writes do not bring the next look forward (a busy writer would make it
-        spin); a close does; the next look at the settle deadline sees the writes.
+        Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime,
+        inode) unchanged for ``settle_seconds``; and then the probe passes. A close counts only for
+        a new file whose writer never came back: a file rewritten, or appended by one open-write-close
+        after another (an incremental PDF save), must be quiet for ``settle_seconds``, else each
+        piece that ends in a valid trailer is taken. A file stable for long that still fails the
+        probe is submitted anyway, so the renderer reports what is wrong with it.
+
+        An empty file closed after writing and quiet for ``settle_seconds`` is submitted then (it
+        fails as ``empty_file``), not after the probe's give-up: a writer that creates, closes and
+        opens again has that long to begin writing, and one that comes back later has its file read
+        again, its error sidecar replaced. An empty file never seen closed (a scan, a polled inbox)
+        may still be held open by its writer: it is submitted once nothing has changed it (its
+        ctime) for the probe's give-up, which a file found empty at a restart has long been.
+
+        Writes do not bring the next look forward (a busy writer would make it spin); a close does;
+        the next look at the settle deadline sees the writes.
         """
         inbox, path = pending.inbox, pending.path
         delay: float | None = None
@@ -508,7 +512,7 @@ class LocalSource:
         rewritten = pending.reopened or inbox.settled.submitted(path)
         give_up = max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS)
         untouched = time.time() - signature.ctime_ns / 1e9
-        empty = signature.size == 0 and (pending.closed or untouched >= give_up)  # nothing will come
+        empty = signature.size == 0 and (pending.closed or untouched >= give_up)  # none will come
         if (rewritten or empty or not pending.closed) and quiet < settle:
             return settle - quiet
         complete = not empty and await self._blocking(probe, path, inbox.root)
@@ -540,8 +544,9 @@ class LocalSource:
         return None
 
     def _say_unchanged(self, inbox: Inbox) -> None:
-        """One line for the files found done or failed with the very content they had then (a restart
-        finds every file done before), once nothing of the inbox is left settling, or a minute on."""
+        """One line for the files found done or failed with the very content they had then (a
+        restart finds every file done before), once nothing of the inbox is left settling, or a
+        minute on."""
         if not inbox.unchanged:
             return
         if inbox.pending and time.monotonic() - inbox.unchanged_since < UNCHANGED_LOG_SECONDS:
