@@ -185,7 +185,9 @@ class Admission:
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.admit, job, fingerprint)
             await asyncio.to_thread(self.ledger.mark_done, job.key)
-        log.info("job_already_done", job_id=job_id(job), uri=job.origin.uri)
+        # Debug: a restart finds every file done before, and the local source says how many in
+        # one line an inbox.
+        log.debug("job_already_done", job_id=job_id(job), uri=job.origin.uri)
         moved = await self._offload(job, self.archive.settle, job, None, fingerprint.sha256)
         await self.hooks.relocate(job.key, moved)
         await self.sources[job.source].finish(job, "done")

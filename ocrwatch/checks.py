@@ -3,31 +3,38 @@ only the user can fix before it starts anything (``preflight``), so that each st
 naming the file and the key (exit 2) instead of a traceback, or a document failing hours later.
 
 A check yields ``Result``s. Folders are probed by making and removing a hidden file in them (as the user this
-runs as: run ``check`` as the service user); listen addresses by binding them as the listeners will; S3 by
-one call per endpoint, queue and bucket. ``check`` changes nothing: a folder that does not exist yet is judged
+runs as: run ``check`` as the service user); listen addresses by binding them as the listeners
+will (one in use by the daemon holding state_dir, by its answer on the control socket, is its
+own); S3 by one call per endpoint, queue and bucket. ``check`` changes nothing: a folder that does not exist yet is judged
 by the nearest folder above it, where ``preflight`` creates it as the daemon would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import functools
 import getpass
 import importlib
 import importlib.util
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from ocrwatch import control
 from ocrwatch.config import Config, S3Config
 from ocrwatch.database import private_dir_fault
 from ocrwatch.engines import registry
@@ -61,7 +68,7 @@ def run(cfg: Config) -> Iterator[Result]:
     yield from _poppler(cfg)
     yield from _engine(cfg, probe=True)
     yield from _folders(cfg, prepare=False)
-    yield from _listens(cfg)
+    yield from _listens(cfg, functools.cache(functools.partial(_daemon_listening, cfg.state_dir)))
     for index, s3 in enumerate(cfg.s3):
         yield from _s3(index, s3)
 
@@ -235,7 +242,8 @@ def _started(cfg: Config, kind: str, *, start: bool = True) -> Result:
     try:
         engine = registry.build(cfg.engine, cfg.output.images, kind=kind)
         if start:
-            asyncio.run(_start_and_close(engine))
+            with _quiet():
+                asyncio.run(_start_and_close(engine))
     except OcrwatchError as exc:
         return Result(False, f"engine {kind}", exc.message, exc.hint)
     return Result(True, f"engine {kind}", "recognised a test page" if start else "was built")
@@ -244,6 +252,20 @@ def _started(cfg: Config, kind: str, *, start: bool = True) -> Result:
 async def _start_and_close(engine: Any) -> None:
     await engine.start()
     await engine.close()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Log lines below warnings silenced: the engine's own (``tesseract.started``) would follow the
+    table on stderr, and its line in the table says what they would."""
+    wrapper = structlog.get_config()["wrapper_class"]
+    level = getattr(wrapper, "get_effective_level", lambda self: 0)(None)
+    quiet = structlog.make_filtering_bound_logger(max(level, logging.WARNING))
+    structlog.configure(wrapper_class=quiet)
+    try:
+        yield
+    finally:
+        structlog.configure(wrapper_class=wrapper)
 
 
 # --- folders and addresses -------------------------------------------------------------------------------------
@@ -269,6 +291,9 @@ def _folders(cfg: Config, *, prepare: bool) -> Iterator[Result]:
             yield _place(what, inbox.path, user, "(documents are moved out of it)" if moves else "", write=moves)
         if inbox.quarantine_dir is not None:
             yield _place(f"inbox[{index}].quarantine_dir {inbox.quarantine_dir}", inbox.quarantine_dir, user, "")
+    archive = cfg.output.archive_dir
+    if archive is not None and not prepare:  # made by the first move, as a quarantine_dir is
+        yield _place(f"[output] archive_dir {archive}", archive, user, "")
     if out is not None:
         if not prepare:
             yield _place(f"[output] dir {out}", out, user, "")
@@ -359,16 +384,59 @@ def _creatable(folder: Path) -> str | None:
     return None if why is None else f"cannot be created in {above}: {why}"
 
 
-def _listens(cfg: Config) -> Iterator[Result]:
-    """The metrics endpoint and each S3 webhook can bind their addresses."""
-    if cfg.metrics.enabled:
-        yield _listen("[metrics] listen", cfg.metrics.listen)
-    for index, s3 in enumerate(cfg.s3):
-        if s3.transport == "webhook":
-            yield _listen(f"s3[{index}].listen", s3.listen)
+Holder = Callable[[], tuple[int, list[str]] | str | None]
+"""The daemon holding state_dir, asked: its pid and the addresses it listens on; None when none
+holds it; or why it could not be asked."""
 
 
-def _listen(key: str, listen: str) -> Result:
+def _listens(cfg: Config, holder: Holder | None = None) -> Iterator[Result]:
+    """The metrics endpoint and each S3 webhook can bind their addresses; with ``holder``
+    (``check``), one in use by the daemon holding state_dir is its own (``preflight`` runs in that
+    daemon: none)."""
+    for key, listen in control.listeners(cfg).items():
+        yield _listen(key, listen, holder)
+
+
+def _daemon_listening(state_dir: Path) -> tuple[int, list[str]] | str | None:
+    """``Holder``'s answer, asked of the control socket (blocking: at most
+    ``control.CONNECT_SECONDS``)."""
+    try:
+        client = control.Client.connect(state_dir)
+        if client is None:
+            return None
+        events = list(client.request({"op": "status"}))
+        daemon = next(event["daemon"] for event in events if event.get("event") == "status")
+        listening = daemon.get("listening", {})
+        return int(daemon["pid"]), [str(address) for address in listening.values()]
+    except OcrwatchError as exc:
+        return exc.message
+    except (StopIteration, KeyError, TypeError, ValueError, AttributeError):
+        return "its status answer names no pid and no listeners"
+
+
+def _resolved(listen: str) -> set[Any]:
+    """Every socket address ``listen`` binds; none when it is no HOST:PORT of this host."""
+    try:
+        host, port = host_port(listen)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (ValueError, OSError):
+        return set()
+    return {address for *_, address in found}
+
+
+def _held(what: str, listen: str, holder: Holder) -> Result | None:
+    """An address in use, when the daemon holding state_dir says it listens there: its own."""
+    answer = holder()
+    if isinstance(answer, tuple) and any(_resolved(listen) & _resolved(one) for one in answer[1]):
+        return Result(True, what, f"is held by the running daemon (pid {answer[0]})")
+    if isinstance(answer, str):
+        detail = "address already in use; the daemon holding state_dir could not be asked whether"
+        hint = "run check as the user the daemon runs as"
+        return Result(False, what, f"{detail} it is its own: {answer}", hint)
+    return None
+
+
+def _listen(key: str, listen: str, holder: Holder | None = None) -> Result:
     """Bind ``listen`` as the listener will (SO_REUSEADDR, every address the host resolves to), then let go."""
     what = f"{key} {listen}"
     hint = f"stop what listens there (another ocrwatch?), or set {key} to a free HOST:PORT"
@@ -388,7 +456,9 @@ def _listen(key: str, listen: str) -> Result:
             try:
                 sock.bind(address)
             except OSError as exc:
-                return Result(False, what, (exc.strerror or str(exc)).lower(), hint)
+                in_use = exc.errno == errno.EADDRINUSE
+                held = _held(what, listen, holder) if in_use and holder else None
+                return held or Result(False, what, (exc.strerror or str(exc)).lower(), hint)
     return Result(True, what, "is free")
 
 

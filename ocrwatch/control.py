@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from ocrwatch.config import Config
 from ocrwatch.errors import ConfigError, TransientError, classify
 from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.pipeline import Pipeline, Progress
@@ -260,12 +261,24 @@ def pipeline_status(progress: list[Progress]) -> dict[str, Any]:
     return {"documents": documents, "queue": queue}
 
 
+def listeners(cfg: Config) -> dict[str, str]:
+    """The TCP addresses a daemon of ``cfg`` listens on, by the key that sets each: ``check`` binds
+    them, and a running daemon names them in its status, so ``check`` tells its ports from a
+    stranger's."""
+    found = {"[metrics] listen": cfg.metrics.listen} if cfg.metrics.enabled else {}
+    for index, s3 in enumerate(cfg.s3):
+        if s3.transport == "webhook":
+            found[f"s3[{index}].listen"] = s3.listen
+    return found
+
+
 # --- the server, in the daemon ----------------------------------------------------------------------------
 
 
 class Host(Protocol):
     """What the control channel needs of the daemon."""
 
+    cfg: Config  # a reload changes its inboxes only: the listeners stay those it started with
     ledger: Ledger | None
     pipeline: Pipeline | None
 
@@ -360,6 +373,7 @@ class ControlServer:
         pipeline = host.pipeline
         engine = pipeline.supervisor.kind if pipeline is not None and pipeline.supervisor.engine else None
         daemon = {"pid": os.getpid(), "state": host.state(), "engine": engine}
+        daemon["listening"] = listeners(host.cfg)
         live = pipeline_status(pipeline.progress() if pipeline is not None else [])
         if pipeline is not None:  # the jobs waiting in the ledger for a slot, not in memory
             waiting = await pipeline.admission.waiting_by(place, pipeline.running())

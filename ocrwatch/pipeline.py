@@ -409,9 +409,8 @@ class Pipeline:
         with _naming(path, job.origin):
             info = await asyncio.to_thread(render.probe, path, limits)
             spec = render.render_spec(self.cfg.render, engine.geometry)
-            if info.kind == "pdf":
-                for width, height in info.page_sizes:
-                    render.page_dpi(width, height, spec)  # raises for a page too large at any usable resolution
+            if info.kind == "pdf":  # raises for a page too large at any usable resolution
+                render.plan_pdf(info, spec, job_id=job_id(job), uri=job.origin.uri)
         return Probed(path, fetched.changed, info, spec, digest, fetched.access)
 
     def _lang(self, job: Job) -> str | None:

@@ -279,6 +279,34 @@ def page_dpi(width_pt: float, height_pt: float, spec: RenderSpec) -> float:
     return min(spec.dpi, _fit_dpi(width_pt, height_pt, spec.max_side, spec.max_pixels))
 
 
+def plan_pdf(info: DocumentInfo, spec: RenderSpec, *, job_id: str, uri: str) -> None:
+    """Before a PDF's first page is rendered: raise TooManyPixels for a page too large at any usable
+    DPI, and say in one line which pages (numbered from 1, as the sidecars number them) are rendered
+    below the wanted DPI, rather than one line a page each time it is rendered."""
+    lowered = {}
+    for number, (width_pt, height_pt) in enumerate(info.page_sizes, 1):
+        dpi = page_dpi(width_pt, height_pt, spec)
+        if dpi < spec.dpi:
+            lowered[number] = dpi
+    if lowered:
+        log.info(
+            "page_dpi_lowered", job_id=job_id, uri=uri, pages=_ranges(list(lowered)),
+            count=len(lowered), of=info.pages, wanted=spec.dpi, dpi_min=min(lowered.values()),
+            dpi_max=max(lowered.values()),
+        )  # fmt: skip
+
+
+def _ranges(numbers: list[int]) -> str:
+    """Ascending page numbers as ranges: [2, 3, 4, 7] -> "2-4,7"."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
+
+
 def _fit_dpi(width_pt: float, height_pt: float, max_side: int, max_pixels: int) -> float:
     dpi = min(max_side * 72 / max(width_pt, height_pt), 72 * math.sqrt(max_pixels / (width_pt * height_pt)))
     dpi = math.floor(dpi * 100) / 100
@@ -358,8 +386,6 @@ def _render_pdf_page(
 ) -> tuple[Image.Image, float]:
     width_pt, height_pt = info.page_sizes[index]
     dpi = page_dpi(width_pt, height_pt, spec)
-    if dpi < spec.dpi:
-        log.info("page_dpi_lowered", page=index, wanted=spec.dpi, dpi=dpi, width_pt=width_pt, height_pt=height_pt)
     # One pdftoppm per page, called directly (not through pdf2image, which runs pdfinfo and `pdftoppm -v` before
     # every page and ignores the exit status), so a pdftoppm killed midway is told apart from a document poppler
     # cannot read. The PPM goes to a private file, not a pipe: a pipe is read 32 KiB at a time, and each read
@@ -440,8 +466,6 @@ def _render_pdf_page_pdfium(
 
     width_pt, height_pt = info.page_sizes[index]
     dpi = page_dpi(width_pt, height_pt, spec)
-    if dpi < spec.dpi:
-        log.info("page_dpi_lowered", page=index, wanted=spec.dpi, dpi=dpi, width_pt=width_pt, height_pt=height_pt)
     # PDFium sizes the bitmap as ceil(points * scale) with its boxes stored as float32 (470.88 pt reads back as
     # 470.8800049), so an exact 1962.0 px becomes 1963. Shaving a millionth off the scale, far more than float32's
     # error and far less than a pixel, gives pdftoppm's ceil(points * dpi / 72) geometry.

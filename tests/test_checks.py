@@ -50,6 +50,7 @@ def check(config: Path, env: dict[str, str] | None = None, prefix: list[str] | N
     lines = proc.stdout.splitlines()
     assert lines and all(line.startswith(("ok   ", "FAIL ")) for line in lines), proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("{")], proc.stderr  # the table only
     return proc.returncode, lines
 
 
@@ -131,6 +132,29 @@ def test_an_inbox_the_user_cannot_write(tmp_path: Path, read_only_inbox: Path) -
     assert code == 0, lines
     assert any(line.startswith(f"ok   inbox[0].path {read_only_inbox} is readable") for line in lines), lines
     assert list(read_only_inbox.iterdir()) == []
+
+
+def test_archive_dir_is_checked_as_a_quarantine_is(tmp_path: Path) -> None:
+    """Writable where it exists, else creatable in the nearest folder above it: the first move makes it."""
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: a folder's mode cannot stop this process")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    moving = {"on_success": "move", "archive_dir": str(locked / "archive")}
+    try:
+        code, lines = check(write_config(tmp_path, output=moving, inbox=[{"path": "in"}]), prefix=AS_A_USER)
+    finally:
+        locked.chmod(0o755)
+    assert code != 0
+    [failed] = failures(lines)
+    assert failed.startswith(f"FAIL [output] archive_dir {locked}/archive: cannot be created in {locked}: "
+                             "permission denied: "), failed  # fmt: skip
+    code, lines = check(write_config(tmp_path, output=moving, inbox=[{"path": "in"}]), prefix=AS_A_USER)
+    assert code == 0, lines
+    assert f"ok   [output] archive_dir {locked}/archive does not exist yet; " in "\n".join(lines), lines
+    (locked / "archive").mkdir()
+    code, lines = check(write_config(tmp_path, output=moving, inbox=[{"path": "in"}]), prefix=AS_A_USER)
+    assert f"ok   [output] archive_dir {locked}/archive is writable by " in "\n".join(lines), lines
 
 
 def test_s3_endpoints_probed_even_without_a_bucket(tmp_path: Path, moto: MotoServer) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from PIL import Image, ImageChops
+from structlog.testing import capture_logs
 from pypdf import PdfReader, PdfWriter
 from pypdf.generic import RectangleObject
 
@@ -214,6 +215,27 @@ def test_render_dpi_set_is_still_bounded_by_the_engine_geometry(tmp_path: Path) 
 def test_page_dpi_keeps_the_wanted_dpi_when_the_page_fits() -> None:
     assert page_dpi(612, 792, SPEC) == 200.0
     assert page_dpi(2160, 2160, SPEC) == pytest.approx(136.53)
+
+
+def test_pages_rendered_below_the_wanted_dpi_are_said_once_numbered_from_1(tmp_path: Path) -> None:
+    """One line for the document, naming its pages as the sidecars do, and none while they render."""
+    a4, poster = (595, 842), (2160, 2160)  # at 200 dpi a poster needs 6000 px, above max_side
+    path = docs.write_sized_pdf(tmp_path / "mixed.pdf", [a4, poster, poster, a4, poster, a4])
+    info = probe(path, LIMITS)
+    with capture_logs() as logs:
+        render_module.plan_pdf(info, SPEC, job_id="0123456789ab", uri=path.as_uri())
+        pages = [render_page(path, info, index, SPEC) for index in range(info.pages)]
+    lowered = [line for line in logs if line["event"] == "page_dpi_lowered"]
+    assert lowered == [{
+        "event": "page_dpi_lowered", "log_level": "info", "job_id": "0123456789ab", "uri": path.as_uri(),
+        "pages": "2-3,5", "count": 3, "of": 6, "wanted": 200.0, "dpi_min": pytest.approx(136.53),
+        "dpi_max": pytest.approx(136.53),
+    }]  # fmt: skip
+    assert [page.dpi < SPEC.dpi for page in pages] == [False, True, True, False, True, False]
+    with capture_logs() as logs:
+        render_module.plan_pdf(probe(docs.write_sized_pdf(tmp_path / "a4.pdf", [a4]), LIMITS), SPEC,
+                               job_id="0123456789ab", uri="file:///a4.pdf")  # fmt: skip
+    assert logs == []
 
 
 def test_empty_user_password_pdf_opens_and_renders(tmp_path: Path) -> None:

@@ -170,6 +170,65 @@ def test_stable_file_that_never_passes_the_probe_is_submitted_in_the_end(
     run(scenario())
 
 
+@pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
+def test_an_empty_file_closed_is_submitted_once_quiet_without_the_probes_give_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, polling: bool
+) -> None:
+    """A close with nothing written is decided after settle_seconds (the pipeline fails it as
+    empty_file), not after the give-up, an hour here; where no close is seen (polling), an empty file
+    waits for the give-up, since its writer may hold it open; a writer that closes and comes back
+    within settle_seconds is waited for."""
+    monkeypatch.setattr(local, "PROBE_GIVE_UP_MIN_SECONDS", 3600.0)
+
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in", polling=polling)) as (_, got):
+            folder = (tmp_path / "in").resolve()
+            (folder / "empty.pdf").write_bytes(b"")
+            reopened = folder / "reopened.pdf"
+            reopened.write_bytes(b"")  # created and closed, then opened again to write
+            await asyncio.sleep(SETTLE / 4)
+            with open(reopened, "r+b") as handle:
+                handle.write(PDF)
+            (folder / "sentinel.pdf").write_bytes(PDF)
+            await until(lambda: {"sentinel.pdf", "reopened.pdf"} <= got.names(), "the whole files")
+            if polling:
+                await asyncio.sleep(GRACE)
+                assert "empty.pdf" not in got.names()
+            else:
+                await until(lambda: "empty.pdf" in got.names(), "the empty file")
+            await asyncio.sleep(GRACE)
+            taken = [(job.origin.name, size) for job, size in zip(got.jobs, got.sizes)]
+            expected = {"sentinel.pdf": len(PDF), "reopened.pdf": len(PDF)} | ({} if polling else {"empty.pdf": 0})
+            assert len(taken) == len(expected) and dict(taken) == expected, taken
+
+    run(scenario())
+
+
+def test_an_empty_file_found_untouched_for_the_give_up_is_submitted_once_quiet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No close is seen of a file already there (a restart's scan, a polled inbox): an empty one that
+    nothing has changed (its ctime) for the give-up has waited for it already."""
+    give_up = 2.0
+    monkeypatch.setattr(local, "PROBE_GIVE_UP_MIN_SECONDS", give_up)
+    folder = (tmp_path / "in").resolve()
+    folder.mkdir()
+    (folder / "empty.pdf").write_bytes(b"")
+    (folder / "young.pdf").write_bytes(b"")
+
+    async def scenario() -> None:
+        await asyncio.sleep(give_up)
+        os.utime(folder / "young.pdf")  # its ctime now: its writer may still be about to write
+        async with watching(inbox(folder, polling=True)) as (_, got):
+            started = asyncio.get_running_loop().time()
+            await until(lambda: got.jobs, "the empty file")
+            assert asyncio.get_running_loop().time() - started < give_up, "waited for the give-up again"
+            assert got.names() == {"empty.pdf"}
+            await until(lambda: len(got.jobs) == 2, "the young one, after the give-up")
+
+    run(scenario())
+
+
 def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_is(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3) as (_, got):

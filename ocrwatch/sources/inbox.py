@@ -15,6 +15,7 @@ import re
 import stat
 import struct
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -50,6 +51,10 @@ class Inbox:
         # Paths whose refusal was logged, kept until a scan no longer finds them refused: a name swapped back
         # and forth between a file and a link is logged once, not at every swap.
         self.refused: set[str] = set()
+        # Files submitted that admission found done or failed with the same content, by outcome, not
+        # yet said (``local._say_unchanged``), and since when (monotonic; 0: none).
+        self.unchanged: Counter[str] = Counter()
+        self.unchanged_since = 0.0
         self.configure(config)
 
     def configure(self, config: InboxConfig) -> None:

@@ -41,7 +41,7 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, quarantined
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit, key_id
 from ocrwatch.sources.beneath import Signature, fetch_copy
 from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.inbox import Inbox, Pending
@@ -69,6 +69,8 @@ RESTART_BACKOFF_MAX_SECONDS = 60.0
 STEADY_SECONDS = 60.0
 """A watcher that ran this long before it died is restarted at once: it did not die of starting."""
 OVERFLOW_LOG_SECONDS = 60.0
+UNCHANGED_LOG_SECONDS = 60.0
+"""At most this long between two lines counting files whose outcome was known already."""
 
 
 # --- the source ---------------------------------------------------------------------------------------------
@@ -102,6 +104,9 @@ class LocalSource:
         self._lock = asyncio.Lock()
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
         self._settling: Deadlines[Pending] = Deadlines(self._settle, SETTLE_STEPS)
+        # Jobs being submitted, by key: the outcome ``finish`` gave one meanwhile, which means that
+        # admission found it done or failed with this very content, so nothing runs.
+        self._submitting: dict[str, Outcome | None] = {}
         self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
 
     async def start(self, submit: Submit, reject: Reject) -> None:
@@ -128,6 +133,7 @@ class LocalSource:
         await asyncio.gather(*tasks, self._settling.stop(), return_exceptions=True)
         for inbox in self._inboxes.values():
             inbox.pending.clear()
+            self._say_unchanged(inbox)
         await asyncio.gather(*(self._unwatch(inbox) for inbox in self._inboxes.values()))
 
     async def update_inboxes(self, inboxes: Sequence[InboxConfig]) -> None:
@@ -175,6 +181,8 @@ class LocalSource:
         """Move a document failed as ``kind`` to its inbox's ``quarantine_dir`` where one is set and
         the kind is one it takes (``errors.quarantined``); otherwise leave it be. Where the document
         and its error sidecar went (``source``: a URI; ``json``), for its hooks."""
+        if job.key in self._submitting:
+            self._submitting[job.key] = outcome
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         if outcome != "failed" or inbox is None or inbox.quarantine is None:
@@ -460,13 +468,22 @@ class LocalSource:
         """Look at one file until it is whole, then submit it: the seconds until the next look, or
         None once it is submitted or gone. A file still being written is never given up.
 
-        Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime, inode) unchanged
-        for ``settle_seconds``; and then the probe passes. A close counts only for a new file whose writer never
-        came back: a file rewritten, or appended by one open-write-close after another (an incremental PDF
-        save), must be quiet for ``settle_seconds``, else each piece that ends in a valid trailer is taken. A
-        file stable for long that still fails the probe is submitted anyway, so the renderer reports what is
-        wrong with it. Writes do not bring the next look forward (a busy writer would make it
-        spin); a close does; the next look at the settle deadline sees the writes.
+        Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime,
+        inode) unchanged for ``settle_seconds``; and then the probe passes. A close counts only for
+        a new file whose writer never came back: a file rewritten, or appended by one open-write-close
+        after another (an incremental PDF save), must be quiet for ``settle_seconds``, else each
+        piece that ends in a valid trailer is taken. A file stable for long that still fails the
+        probe is submitted anyway, so the renderer reports what is wrong with it.
+
+        An empty file closed after writing and quiet for ``settle_seconds`` is submitted then (it
+        fails as ``empty_file``), not after the probe's give-up: a writer that creates, closes and
+        opens again has that long to begin writing, and one that comes back later has its file read
+        again, its error sidecar replaced. An empty file never seen closed (a scan, a polled inbox)
+        may still be held open by its writer: it is submitted once nothing has changed it (its
+        ctime) for the probe's give-up, which a file found empty at a restart has long been.
+
+        Writes do not bring the next look forward (a busy writer would make it spin); a close does;
+        the next look at the settle deadline sees the writes.
         """
         inbox, path = pending.inbox, pending.path
         delay: float | None = None
@@ -492,6 +509,7 @@ class LocalSource:
         finally:
             if delay is None and inbox.pending.get(pending.key) is pending:
                 del inbox.pending[pending.key]
+                self._say_unchanged(inbox)
         return delay
 
     async def _look(self, pending: Pending, signature: Signature) -> float | None:
@@ -502,10 +520,13 @@ class LocalSource:
             pending.signature, pending.stable_since = signature, now
         quiet = now - pending.stable_since
         rewritten = pending.reopened or inbox.settled.submitted(path)
-        if (rewritten or not pending.closed) and quiet < settle:
+        give_up = max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS)
+        untouched = time.time() - signature.ctime_ns / 1e9
+        empty = signature.size == 0 and (pending.closed or untouched >= give_up)  # none will come
+        if (rewritten or empty or not pending.closed) and quiet < settle:
             return settle - quiet
-        complete = await self._blocking(probe, path, inbox.root)
-        if not complete and quiet < max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS):
+        complete = not empty and await self._blocking(probe, path, inbox.root)
+        if not complete and not empty and quiet < give_up:
             return max(settle, RECHECK_MIN_SECONDS)
         try:
             after = await self._blocking(inspect_file, path, inbox.root)
@@ -514,17 +535,36 @@ class LocalSource:
         if after != signature:
             return 0.0  # it changed while being probed
         assert self._submit is not None
-        await self._submit(self._job(inbox, path, pending.detected_at))
+        job = self._job(inbox, path, pending.detected_at)
+        self._submitting[job.key] = None
+        try:
+            await self._submit(job)
+        finally:
+            known = self._submitting.pop(job.key, None)
         inbox.settled.record(path, signature)
+        if known in ("done", "failed"):  # as it was at the last run: counted, not a line a file
+            inbox.unchanged[known] += 1
+            inbox.unchanged_since = inbox.unchanged_since or time.monotonic()
+            return None
         log.info(
-            "local_submitted",
-            path=pending.key,
-            inbox=str(inbox.root),
-            bytes=signature.size,
-            waited=round(time.time() - pending.detected_at, 3),
-            probe="ok" if complete else "failed",
-        )
+            "local_submitted", job_id=key_id(job.key), path=pending.key, inbox=str(inbox.root),
+            bytes=signature.size, waited=round(time.time() - pending.detected_at, 3),
+            probe="empty" if empty else "ok" if complete else "failed",
+        )  # fmt: skip
         return None
+
+    def _say_unchanged(self, inbox: Inbox) -> None:
+        """One line for the files found done or failed with the very content they had then (a
+        restart finds every file done before), once nothing of the inbox is left settling, or a
+        minute on."""
+        if not inbox.unchanged:
+            return
+        if inbox.pending and time.monotonic() - inbox.unchanged_since < UNCHANGED_LOG_SECONDS:
+            return
+        log.info("local_unchanged", inbox=str(inbox.root), done=inbox.unchanged["done"],
+                 failed=inbox.unchanged["failed"])  # fmt: skip
+        inbox.unchanged.clear()
+        inbox.unchanged_since = 0.0
 
     def _job(self, inbox: Inbox, path: Path, detected_at: float | None = None) -> Job:
         config = inbox.config

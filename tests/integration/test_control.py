@@ -211,4 +211,32 @@ def test_a_malformed_request_gets_an_error_line_and_the_daemon_goes_on(make_daem
         assert len(answer) == 1 and answer[0]["event"] == "error", (line, answer)
     status = ask(b'{"op": "status"}\n')
     assert [event["event"] for event in status] == ["status", "end"]
-    assert status[0]["daemon"] == {"pid": daemon.proc.pid, "state": "running", "engine": "tesseract"}
+    assert status[0]["daemon"] == {
+        "pid": daemon.proc.pid, "state": "running", "engine": "tesseract",
+        "listening": {"[metrics] listen": f"127.0.0.1:{daemon.port}"},
+    }  # fmt: skip
+
+
+def test_check_beside_the_running_daemon_passes_its_own_port_and_fails_a_strangers(make_daemon) -> None:
+    """``ocrwatch check`` on a live host: the port the daemon holding state_dir listens on is its own
+    (its status answer says so), one a stranger holds is still a failure; nothing but the table is
+    printed, not even at the daemon's log level debug."""
+    daemon = make_daemon().start()
+    done = cli(daemon, "check")
+    assert done.returncode == 0, done.stdout + done.stderr
+    own = f"ok   [metrics] listen 127.0.0.1:{daemon.port} is held by the running daemon (pid {daemon.proc.pid})"
+    assert own in done.stdout.splitlines(), done.stdout
+    assert all(line.startswith(("ok   ", "FAIL ")) for line in done.stdout.splitlines()), done.stdout
+    assert done.stderr == "", done.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = daemon.config_path.read_text().replace(f"127.0.0.1:{daemon.port}", f"127.0.0.1:{port}")
+        daemon.config_path.write_text(config)
+        done = cli(daemon, "check")
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert failed == [f"FAIL [metrics] listen 127.0.0.1:{port}: address already in use: stop what listens "
+                      f"there (another ocrwatch?), or set [metrics] listen to a free HOST:PORT"], done.stdout
+    assert daemon.stop() == 0

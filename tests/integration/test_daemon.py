@@ -315,3 +315,44 @@ def test_one_page_documents_fill_the_pages_in_flight_beyond_64_open_documents(ma
     wait_until(lambda: running() > 64, 60, "more than 64 documents open at once")
     wait_until(lambda: all(sidecars_done(p) for p in paths), 120, "every one-page document")
     assert daemon.stop() == 0
+
+
+def test_log_lines_name_their_job_and_a_restart_counts_the_files_done_before(make_daemon) -> None:
+    """Each file submitted is said with its job_id; a PDF's pages rendered below the wanted DPI are
+    said once, numbered as the sidecars number them; an empty file closed is failed once quiet, not
+    after the probe's give-up; a restart that finds every file as it was says so in one line for the
+    inbox, not a line a file."""
+    daemon = make_daemon(render={"max_side": 1000})  # at 150 dpi a 300 pt page fits, a 1000 pt one does not
+    daemon.start()
+    pngs = [docs.write_png(daemon.inbox / f"{tag}.png", page_lines(tag)) for tag in ("a", "b")]
+    poster = docs.write_sized_pdf(daemon.inbox / "poster.pdf", [(300, 300), (1000, 1000), (300, 300)])
+    bad = daemon.inbox / "bad.pdf"
+    bad.write_bytes(b"MZ\x90\x00" + os.urandom(2000))
+    empty = daemon.inbox / "empty.pdf"
+    empty.write_bytes(b"")
+    for path in (*pngs, poster):
+        wait_until(lambda p=path: sidecars_done(p), 60, f"sidecars of {path.name}")
+    for path, kind in ((bad, "not_a_document"), (empty, "empty_file")):
+        error = wait_until(lambda p=path: error_sidecar(p), 60, f"the error sidecar of {path.name}")
+        assert error["error"]["kind"] == kind
+    events = daemon.events()
+    [said] = [e for e in events if e["event"] == "local_submitted" and e["path"] == str(empty)]
+    assert said["probe"] == "empty" and said["bytes"] == 0, said  # decided by its close, not given up on
+    started = {e["uri"]: e["job_id"] for e in events if e["event"] == "job_started"}
+    submitted = {e["path"]: e["job_id"] for e in events if e["event"] == "local_submitted"}
+    assert submitted == {str(path): started[path.as_uri()] for path in (*pngs, poster, bad, empty)}
+    [lowered] = [e for e in events if e["event"] == "page_dpi_lowered"]
+    assert (lowered["job_id"], lowered["uri"], lowered["pages"]) == (started[poster.as_uri()], poster.as_uri(), "2")
+    assert (lowered["level"], lowered["count"], lowered["of"], lowered["wanted"]) == ("info", 1, 3, 150.0)
+    assert daemon.stop() == 0
+    for path in (empty, empty.with_name("empty.pdf.error.json")):  # found at a start, it waits the give-up
+        path.unlink()
+
+    daemon.start()
+    said = wait_until(lambda: [e for e in daemon.events() if e["event"] == "local_unchanged"], 30, "the count")
+    assert said == [{**said[0], "inbox": str(daemon.inbox), "done": 3, "failed": 1, "level": "info"}]
+    names = ("a.png", "b.png", "poster.pdf", "bad.pdf", "empty.pdf")
+    per_file = [e for e in daemon.events() if e["level"] != "debug" and any(n in json.dumps(e) for n in names)]
+    assert per_file == [], per_file
+    assert len([e for e in daemon.events() if e["event"] == "job_already_done"]) == 3  # at debug
+    assert daemon.stop() == 0
