@@ -9,12 +9,16 @@ import shutil
 import socket
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomli_w
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 from ocrwatch.cli import EXIT_USAGE
 from ocrwatch.daemon import USAGE_EXIT_CODE
