@@ -3,8 +3,10 @@ read back through markdown-it-py; line-break hyphens joined only where the joine
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,34 @@ def test_real_dictionary_joins_water_and_keeps_well_known() -> None:
     known = plaintext.wordlist(_tessdata(), "eng")
     text = "the wa-\nter and a well-\nknown fact"
     assert join_hyphens(text, known) == "the water\nand a well-\nknown fact"
+
+
+
+CORPUS_PAGES = ["typewriter.png", "google-doc-document.pdf", "AutoCad_Diagram.pdf", "deepseek_show1.jpg"]
+"""A scan with line-break hyphens, and pages whose Tesseract text (5.3, eng) holds what Markdown takes for
+syntax: ``*``, ``<...>``, ``#`` or a list marker at a line's start, ``_``, a line of ``-``."""
+
+
+@pytest.mark.parametrize("name", CORPUS_PAGES)
+def test_corpus_markdown_renders_as_the_recognised_words(
+    corpus_dir: Path, manifest: list[dict[str, object]], tmp_path: Path, name: str
+) -> None:
+    """``ocrwatch ocr`` end to end: each page's Markdown, rendered, reads word for word as Tesseract's text
+    with its line-break hyphens joined, and so does the whole Markdown sidecar."""
+    known = plaintext.wordlist(_tessdata(), "eng")
+    if not any(entry["file"] == name for entry in manifest):
+        pytest.skip(f"{name} is not in this corpus")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "ocrwatch", "ocr", "--engine", "tesseract", "--lang", "eng", "--out"]
+    proc = subprocess.run([*command, str(out), str(corpus_dir / name)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((out / f"{name}.json").read_text())
+    expected: list[str] = []
+    for page in data["pages"]:
+        recognised = join_hyphens(page["raw"].strip(), known)
+        assert rendered_words(page["markdown"]) == words(recognised), page["index"]
+        expected += words(recognised)
+    markdown = (out / f"{name}.md").read_text()
+    assert rendered_words(markdown) == expected
+    if name == "typewriter.png":  # "in-l liter kokend wa-" / "ter 1 dag laten weken"
+        assert "kokend water\n" in markdown and "wa-" not in markdown
