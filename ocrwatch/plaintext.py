@@ -1,13 +1,16 @@
-"""Plain engine text as Markdown that renders as it reads: syntax characters escaped, line-break hyphens joined.
+"""Plain engine text as Markdown that renders as it reads: syntax characters escaped, line-break
+hyphens joined.
 
-An engine whose text is plain (Tesseract) says so with ``PlainText`` on its ``Recognition``; the assembler then
-turns that text into Markdown here. Escaping is by CommonMark's rules (and GFM's tables and strikethrough): a
-character is escaped only where a renderer would take it for syntax, so ordinary text stays readable as it is.
-A word hyphenated across a line break (``wa-`` / ``ter``) is joined where the joined word is known, elsewhere on
-the page or in the engine's dictionary, and its hyphenated form is not; anything else keeps its hyphen.
+An engine whose text is plain (Tesseract) says so with ``PlainText`` on its ``Recognition``; the
+assembler then turns that text into Markdown here. Escaping is by CommonMark's rules (and GFM's
+tables and strikethrough): a character is escaped only where a renderer would take it for syntax, so
+ordinary text stays readable as it is. A word hyphenated across a line break (``wa-`` / ``ter``) is
+joined where the joined word is known, elsewhere on the page or in the engine's dictionary, and its
+hyphenated form is not; anything else keeps its hyphen.
 
-The dictionary is Tesseract's own word list, read out of a language's traineddata with ``combine_tessdata`` and
-``dawg2wordlist`` (Debian's tesseract-ocr ships both), once per language file per process.
+The dictionary is Tesseract's own word list, read out of a language's traineddata with
+``combine_tessdata`` and ``dawg2wordlist`` (Debian's tesseract-ocr ships both), once per language
+file per process.
 """
 
 from __future__ import annotations
@@ -26,14 +29,15 @@ WORDLIST_TIMEOUT = 60.0
 
 @dataclass(frozen=True)
 class PlainText:
-    """An engine's statement that its text is plain, not Markdown; ``known``: its dictionary's words, lower
-    case, which decide where a line-break hyphen is joined."""
+    """An engine's statement that its text is plain, not Markdown; ``known``: its dictionary's
+    words, lower case, which decide where a line-break hyphen is joined."""
 
     known: frozenset[str] = field(default_factory=frozenset, repr=False)
 
 
 def markdown(text: str, plain: PlainText) -> str:
-    """``text`` as Markdown whose rendering reads as the text: hyphens joined, then syntax escaped."""
+    """``text`` as Markdown whose rendering reads as the text: hyphens joined, then syntax
+    escaped."""
     return escape(join_hyphens(text, plain.known))
 
 
@@ -50,9 +54,10 @@ def _core(token: str) -> str:
 
 
 def join_hyphens(text: str, known: Iterable[str] = frozenset()) -> str:
-    """Join each word broken by a hyphen at a line's end and continued on the next line of its paragraph,
-    when the page or ``known`` knows the joined word and not the hyphenated one (the page asked first: it is
-    the better witness of its own spelling). ``wa-`` / ``ter is`` becomes ``water`` / ``is``."""
+    """Join each word broken by a hyphen at a line's end and continued on the next line of its
+    paragraph, when the page or ``known`` knows the joined word and not the hyphenated one (the page
+    asked first: it is the better witness of its own spelling). ``wa-`` / ``ter is`` becomes
+    ``water`` / ``is``."""
     page = {_core(token) for token in text.split()}
     dictionary = known if isinstance(known, (set, frozenset)) else frozenset(known)
 
@@ -73,7 +78,11 @@ def join_hyphens(text: str, known: Iterable[str] = frozenset()) -> str:
             head, _, last = lines[index].rpartition(" ")
             rest = lines[index + 1].lstrip().split(" ", 1)
             broken, continued = _BROKEN.search(last), _CONTINUED.match(rest[0])
-            if broken is None or continued is None or not joins(broken.group(1), continued.group(1)):
+            if (
+                broken is None
+                or continued is None
+                or not joins(broken.group(1), continued.group(1))
+            ):
                 index += 1
                 continue
             lines[index] = f"{head} {last[:-1]}{rest[0]}" if head else f"{last[:-1]}{rest[0]}"
@@ -99,11 +108,11 @@ _REFERENCE = re.compile(r"\[[^\]]*\]:")
 
 
 def escape(text: str) -> str:
-    """Backslash-escape what CommonMark or GFM would read as syntax in ``text``: block markers at a line's
-    start (``#``, ``>``, list markers, ``1.``, a line of ``-`` or ``=`` that would make the line above a
-    heading), and inline ``*`` ``_`` ``~`` `````` ``\\`` ``<`` ``&`` ``[`` ``|`` where they would open or
-    close something. Lines lose their leading and trailing blanks (no indented code, no hard breaks);
-    paragraphs stay separated by blank lines."""
+    """Backslash-escape what CommonMark or GFM would read as syntax in ``text``: block markers at a
+    line's start (``#``, ``>``, list markers, ``1.``, a line of ``-`` or ``=`` that would make the
+    line above a heading), and inline ``*`` ``_`` ``~`` `````` ``\\`` ``<`` ``&`` ``[`` ``|`` where
+    they would open or close something. Lines lose their leading and trailing blanks (no indented
+    code, no hard breaks); paragraphs stay separated by blank lines."""
     paragraphs = []
     for paragraph in re.split(r"\n[ \t]*\n", text.strip()):
         lines = [line.strip() for line in paragraph.split("\n")]
@@ -122,13 +131,16 @@ def escape(text: str) -> str:
 
 
 def _escape_line(line: str, *, first: bool, links: list[int]) -> str:
-    """One line; ``first``: it opens its paragraph (any ordered-list number acts there, elsewhere only a 1
-    with text after it); ``links``: where a ``](`` or ``][`` begins, from this line's start on."""
+    """One line; ``first``: it opens its paragraph (any ordered-list number acts there, elsewhere
+    only a 1 with text after it); ``links``: where a ``](`` or ``][`` begins, from this line's start
+    on."""
     marks: set[int] = set()
     if _HEADING.match(line) or _BULLET.match(line) or _RULE.match(line):
         marks.add(0)
     ordered = _ORDERED.match(line)
-    if ordered and (first or (ordered.group(1).lstrip("0") == "1" and line[ordered.end() :].strip())):
+    if ordered and (
+        first or (ordered.group(1).lstrip("0") == "1" and line[ordered.end() :].strip())
+    ):
         marks.add(ordered.end() - 1)
     if _REFERENCE.match(line):
         marks.add(0)
@@ -144,7 +156,9 @@ def _escape_line(line: str, *, first: bool, links: list[int]) -> str:
         elif char in "*~":
             acts = not (before.isspace() and after.isspace())
         elif char == "_":
-            acts = not (before.isspace() and after.isspace()) and not (before.isalnum() and after.isalnum())
+            acts = not (before.isspace() and after.isspace()) and not (
+                before.isalnum() and after.isalnum()
+            )
         elif char == "<":
             acts = after.isascii() and (after.isalpha() or after in "/!?")
         elif char == "&":
@@ -171,10 +185,10 @@ def tessdata_dir(list_langs: str) -> Path | None:
 
 
 def wordlist(tessdata: Path, lang: str) -> frozenset[str]:
-    """The dictionary words (lower case) of Tesseract's languages ``lang`` (``deu+eng``), empty for a language
-    without a word list or where the tools are not installed. Blocking (half a second a language, the first
-    time); each language file is read once per process. Raises OSError or ``subprocess.SubprocessError``
-    when a tool fails to run."""
+    """The dictionary words (lower case) of Tesseract's languages ``lang`` (``deu+eng``), empty for
+    a language without a word list or where the tools are not installed. Blocking (half a second a
+    language, the first time); each language file is read once per process. Raises OSError or
+    ``subprocess.SubprocessError`` when a tool fails to run."""
     words: set[str] = set()
     if tools_missing():
         return frozenset()
@@ -195,16 +209,21 @@ def tools_missing() -> list[str]:
 
 @functools.lru_cache(maxsize=16)
 def _wordlist(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
-    """One traineddata file's words; its modification time and size in the key, so an updated package is
-    read again."""
+    """One traineddata file's words; its modification time and size in the key, so an updated
+    package is read again."""
     with tempfile.TemporaryDirectory(prefix="ocrwatch-wordlist-") as folder:
         prefix = f"{folder}/lang."
         unpacked = subprocess.run(
-            ["combine_tessdata", "-u", str(path), prefix], capture_output=True, timeout=WORDLIST_TIMEOUT
+            ["combine_tessdata", "-u", str(path), prefix],
+            capture_output=True,
+            timeout=WORDLIST_TIMEOUT,
         )
         if unpacked.returncode != 0:
             return frozenset()
-        for dawg, unicharset in (("lstm-word-dawg", "lstm-unicharset"), ("word-dawg", "unicharset")):
+        for dawg, unicharset in (
+            ("lstm-word-dawg", "lstm-unicharset"),
+            ("word-dawg", "unicharset"),
+        ):
             if Path(prefix + dawg).is_file() and Path(prefix + unicharset).is_file():
                 listed = subprocess.run(
                     ["dawg2wordlist", prefix + unicharset, prefix + dawg, f"{folder}/words"],

@@ -1,7 +1,8 @@
-"""What a Markdown renderer makes of a text, as words: the check that escaped text reads as it was written.
+"""What a Markdown renderer makes of a text, as words: the check that escaped text reads as it was
+written.
 
-CommonMark as markdown-it-py renders it, with GFM's tables and strikethrough switched on (what GitHub and most
-viewers add), then the HTML's tags stripped and its entities decoded.
+CommonMark as markdown-it-py renders it, with GFM's tables and strikethrough switched on (what
+GitHub and most viewers add), then the HTML's tags stripped and its entities decoded.
 """
 
 from __future__ import annotations

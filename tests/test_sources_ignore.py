@@ -1,5 +1,6 @@
-"""Names an inbox never takes: the built-in ignore list, an inbox's own ``ignore`` globs (a trailing ``/`` for
-a folder), hidden names and sidecars, asked alike by the scan, the watcher and ``ocrwatch ocr DIR``'s walk."""
+"""Names an inbox never takes: the built-in ignore list, an inbox's own ``ignore`` globs (a trailing
+``/`` for a folder), hidden names and sidecars, asked alike by the scan, the watcher and ``ocrwatch
+ocr DIR``'s walk."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ SIDECARS = sidecar_suffixes("{name}")
 @pytest.mark.parametrize(
     "name",
     [
-        ".DS_Store", "._scan.pdf", "Thumbs.db", "THUMBS.DB", "desktop.ini", "Desktop.INI", "scan.pdf.part",
-        "scan.pdf.crdownload", "scan.pdf.tmp", "~$report.docx", ".hidden.pdf", "scan.pdf.md", "scan.pdf.json",
-        "scan.pdf.error.json",
+        ".DS_Store", "._scan.pdf", "Thumbs.db", "THUMBS.DB", "desktop.ini", "Desktop.INI",
+        "scan.pdf.part", "scan.pdf.crdownload", "scan.pdf.tmp", "~$report.docx", ".hidden.pdf",
+        "scan.pdf.md", "scan.pdf.json", "scan.pdf.error.json",
     ],
 )  # fmt: skip
 def test_built_in_and_hidden_files_are_never_taken(name: str) -> None:
@@ -44,7 +45,9 @@ def test_ordinary_names_are_taken_and_entered() -> None:
 
 
 def test_configured_globs_add_to_the_built_ins() -> None:
-    rules = NameRules(EVERYTHING, ("*.bak", "draft-??.pdf", "[0-9]*.png", "scratch/", "Old*/"), SIDECARS)
+    rules = NameRules(
+        EVERYTHING, ("*.bak", "draft-??.pdf", "[0-9]*.png", "scratch/", "Old*/"), SIDECARS
+    )
     for name in ("scan.bak", "SCAN.BAK", "draft-01.pdf", "2024.png", "Thumbs.db"):
         assert rules.ignores(name), name
     for name in ("draft-001.pdf", "a2024.png", "scratch", "scan.pdf"):
@@ -76,7 +79,9 @@ def test_the_built_ins_are_those_the_documentation_names() -> None:
         assert pattern in example, pattern
 
 
-def test_the_inbox_applies_the_rules_to_files_and_to_every_folder_on_the_way(tmp_path: Path) -> None:
+def test_the_inbox_applies_the_rules_to_files_and_to_every_folder_on_the_way(
+    tmp_path: Path,
+) -> None:
     config = InboxConfig(path=tmp_path, patterns=("*.png",), ignore=("drafts/", "*-old.png"))
     inbox = Inbox(tmp_path, config, SIDECARS)
     assert inbox.accepts(tmp_path / "a" / "scan.png")

@@ -1,11 +1,12 @@
 """Which names an inbox never takes, in one place: the watcher and the scan ask it, and so does
 ``ocrwatch ocr DIR``'s walk, so both take the same documents.
 
-A name is refused when it is hidden (begins with ``.``), when it matches a built-in pattern (what scanners, file
-shares and downloads leave beside documents) or one of the inbox's ``ignore`` patterns, or, for a file, when it
-ends like a sidecar or names an output ocrwatch writes. Patterns are shell globs (``*``, ``?``, ``[...]``),
-matched without regard to case against one name, never a path: a pattern ending in ``/`` names a folder, which
-is neither watched nor scanned, nor anything below it; any other pattern names a file.
+A name is refused when it is hidden (begins with ``.``), when it matches a built-in pattern (what
+scanners, file shares and downloads leave beside documents) or one of the inbox's ``ignore``
+patterns, or, for a file, when it ends like a sidecar or names an output ocrwatch writes. Patterns
+are shell globs (``*``, ``?``, ``[...]``), matched without regard to case against one name, never a
+path: a pattern ending in ``/`` names a folder, which is neither watched nor scanned, nor anything
+below it; any other pattern names a file.
 """
 
 from __future__ import annotations
@@ -21,25 +22,32 @@ BUILTIN_IGNORE: tuple[str, ...] = (
     ".DS_Store", "._*", "Thumbs.db", "desktop.ini", "@eaDir/", ".stfolder/", "__MACOSX/", "*.part",
     "*.crdownload", "*.tmp", "~$*",
 )  # fmt: skip
-"""macOS Finder and its resource forks, Windows Explorer, Synology's thumbnails, Syncthing, a zip's macOS
-folder, downloads and copies under way (browsers, rsync, Samba), Office's lock files."""
+"""macOS Finder and its resource forks, Windows Explorer, Synology's thumbnails, Syncthing, a zip's
+macOS folder, downloads and copies under way (browsers, rsync, Samba), Office's lock files."""
 
 
 def sidecar_suffixes(name_template: str) -> tuple[str, ...]:
-    """How every sidecar's name ends, whatever the template: a sidecar is never taken for a document."""
-    return tuple("." + name.rsplit(".", 1)[-1] for name in sidecar_names("x", name_template).values())
+    """How every sidecar's name ends, whatever the template: a sidecar is never taken for a
+    document."""
+    return tuple(
+        "." + name.rsplit(".", 1)[-1] for name in sidecar_names("x", name_template).values()
+    )
 
 
 def _expression(patterns: Iterable[str]) -> re.Pattern[str]:
-    return re.compile("|".join(fnmatch.translate(pattern.lower()) for pattern in patterns) or "(?!)")
+    return re.compile(
+        "|".join(fnmatch.translate(pattern.lower()) for pattern in patterns) or "(?!)"
+    )
 
 
 class NameRules:
     """What an inbox takes by name: ``patterns`` (its documents), less what ``ignore`` names (the
-    built-ins and the inbox's own), hidden names and sidecars (``sidecars``: their endings). One compiled
-    expression each, since every event asks."""
+    built-ins and the inbox's own), hidden names and sidecars (``sidecars``: their endings). One
+    compiled expression each, since every event asks."""
 
-    def __init__(self, patterns: Iterable[str], ignore: Iterable[str], sidecars: tuple[str, ...]) -> None:
+    def __init__(
+        self, patterns: Iterable[str], ignore: Iterable[str], sidecars: tuple[str, ...]
+    ) -> None:
         ignored = (*BUILTIN_IGNORE, *ignore)
         self._documents = _expression(patterns)
         self._files = _expression(pattern for pattern in ignored if not pattern.endswith("/"))
@@ -51,12 +59,18 @@ class NameRules:
         return not name.startswith(".") and self._folders.match(name.lower()) is None
 
     def ignores(self, name: str) -> bool:
-        """Whether a file called ``name`` is refused whatever the patterns: hidden, ignored, a sidecar."""
+        """Whether a file called ``name`` is refused whatever the patterns: hidden, ignored, a
+        sidecar."""
         lower = name.lower()
-        return lower.startswith(".") or lower.endswith(self._sidecars) or self._files.match(lower) is not None
+        return (
+            lower.startswith(".")
+            or lower.endswith(self._sidecars)
+            or self._files.match(lower) is not None
+        )
 
     def takes(self, path: PurePath) -> bool:
-        """Whether the file ``path`` is a document by its name (its folders are ``enters``'s business)."""
+        """Whether the file ``path`` is a document by its name (its folders are ``enters``'s
+        business)."""
         return (
             not self.ignores(path.name)
             and self._documents.match(path.name.lower()) is not None
