@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ocrwatch import __version__, figures
+from ocrwatch import __version__, figures, plaintext
 # ocrwatch.schema's schemas (docs/schema/), re-exported here where their users import them
 from ocrwatch.schema import ERROR_SCHEMA as ERROR_SCHEMA, JSON_SCHEMA as JSON_SCHEMA, SCHEMA_ID
 from ocrwatch.scheduler import PageOutcome
@@ -63,9 +63,12 @@ def source_section(job: Job, path: Path | None, digest: str | None, mime: str | 
 
 
 def page_markdown(outcome: PageOutcome, assets: str | None = None) -> str:
-    """The page's Markdown; with ``assets`` (the figures' folder), its extracted figures linked to their files."""
+    """The page's Markdown; with ``assets`` (the figures' folder), its extracted figures linked to their files.
+    An engine's plain text is made Markdown here, so the rendering reads as the text does."""
     recognition = outcome.result.recognition
     text = recognition.markdown.strip() if recognition is not None else ""
+    if recognition is not None and recognition.plain is not None:
+        text = plaintext.markdown(text, recognition.plain)
     return figures.link(text, outcome.figures, assets) if assets is not None else text
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fnmatch
 import json
 import os
 import signal
@@ -25,8 +24,8 @@ from ocrwatch import __version__, config as config_module, streams
 from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure, say
-from ocrwatch.naming import sidecar_names
 from ocrwatch.report import OcrReport
+from ocrwatch.sources.ignore import NameRules, sidecar_suffixes
 
 if TYPE_CHECKING:
     from ocrwatch.control import Client, OcrRequest
@@ -203,8 +202,10 @@ def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list
     for given in paths:
         path = Path(os.path.abspath(given))
         if path.is_dir():
-            wanted = tuple(patterns) if patterns else _inbox_patterns(cfg, path)
-            documents = list(_walk(path, wanted, cfg.output.name_template))
+            inbox = _inbox_of(cfg, path)
+            wanted = tuple(patterns) if patterns else inbox.patterns
+            sidecars = sidecar_suffixes(cfg.output.name_template)
+            documents = list(_walk(path, NameRules(wanted, inbox.ignore, sidecars)))
             if not documents:
                 say(f"ocrwatch: {given}: no documents matching {' '.join(wanted)}", "warning")
             for document in documents:
@@ -214,39 +215,31 @@ def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list
     return list(found.items())
 
 
-def _inbox_patterns(cfg: Config, folder: Path) -> tuple[str, ...]:
-    """The patterns of the configured inbox ``folder`` lies in; the inbox default elsewhere."""
+def _inbox_of(cfg: Config, folder: Path) -> InboxConfig:
+    """The configured inbox ``folder`` lies in; the inbox defaults elsewhere."""
     resolved = folder.resolve()
     for inbox in cfg.inbox:
         if resolved.is_relative_to(inbox.path.expanduser().resolve()):
-            return inbox.patterns
-    return DEFAULT_PATTERNS
+            return inbox
+    return InboxConfig()
 
 
-def _walk(root: Path, patterns: tuple[str, ...], name_template: str) -> Iterator[Path]:
-    """The documents below ``root``, in name order, as an inbox's scan takes them: matching ``patterns`` (case
-    does not matter), neither hidden nor a sidecar nor a temporary, and no link followed, to a file or a folder."""
-    from ocrwatch.sources.local import TEMPORARY_SUFFIXES
-
-    lowered = tuple(pattern.lower() for pattern in patterns)
-    sidecars = sidecar_names("x", name_template).values()
-    ignored = TEMPORARY_SUFFIXES + tuple("." + name.rsplit(".", 1)[-1] for name in sidecars)
+def _walk(root: Path, names: NameRules) -> Iterator[Path]:
+    """The documents below ``root``, in name order, as an inbox's scan takes them: by the same ``names``
+    (patterns, ignore lists, hidden names, sidecars), and no link followed, to a file or a folder."""
 
     def refuse(error: OSError) -> None:
         say(f"ocrwatch: {error.filename}: cannot be listed: {error.strerror}", "warning")
 
     for folder, dirnames, filenames in os.walk(root, onerror=refuse):
         here = Path(folder)
-        for name in [name for name in dirnames if name.startswith(".") or os.path.islink(here / name)]:
+        for name in [name for name in dirnames if not names.enters(name) or os.path.islink(here / name)]:
             dirnames.remove(name)
-            if not name.startswith("."):
+            if names.enters(name):
                 say(f"ocrwatch: {here / name}: a symbolic link, not followed", "warning")
         dirnames.sort()
         for name in sorted(filenames):
-            lower = name.lower()
-            if lower.startswith((".", "~$")) or lower.endswith(ignored):
-                continue
-            if not any(fnmatch.fnmatchcase(lower, pattern) for pattern in lowered):
+            if not names.takes(here / name):
                 continue
             if os.path.islink(here / name):
                 say(f"ocrwatch: {here / name}: a symbolic link, not followed", "warning")

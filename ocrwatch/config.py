@@ -167,6 +167,9 @@ class InboxConfig(_Model):
     priority: Annotated[int, Field(ge=0, le=100)] = DEFAULT_PRIORITY
     prompt: str = "markdown"
     polling: Literal["auto"] | bool = "auto"
+    poll_seconds: Annotated[float, Field(ge=0.1, le=3600)] = 1.0  # how often a polled inbox is looked at
+    # Globs matched against one name, case aside; a trailing / names a folder (sources/ignore.py).
+    ignore: tuple[Annotated[str, Field(pattern=r"^[^/\x00]+/?$")], ...] = ()
     settle_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
     max_bytes: Annotated[int, Field(ge=1)] | None = None
     max_pages: Annotated[int, Field(ge=1)] | None = None

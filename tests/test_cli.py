@@ -295,3 +295,25 @@ def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
     refused = subprocess.run([sys.executable, "-m", "ocrwatch", "--config", str(bad), "check"],
                              capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and f"{bad}: render.dpi" in refused.stderr
+
+
+def test_ocr_dir_skips_what_the_inbox_ignores(tmp_path: Path) -> None:
+    """The walk takes what the inbox's scan takes: the built-in ignore list and the inbox's ``ignore``, even
+    with ``patterns = ["*"]``; ``--pattern`` changes the patterns, never the ignore list."""
+    from tests.integration.test_ignore import IGNORED, drop
+
+    folder = tmp_path / "scans"
+    drop(folder, IGNORED, "walk")
+    kept = docs.write_png(folder / "keep.png", ["Kept sheet"])
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text(
+        f'[engine]\nkind = "tesseract"\n[engine.tesseract]\ndpi = 70\n[[inbox]]\npath = "{folder}"\n'
+        'patterns = ["*"]\nignore = ["*.bak", "drafts/"]\n'
+    )
+    out = tmp_path / "out"
+    proc = ocr("--config", config, "--out", out, folder)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 done, 0 skipped, 0 failed" in proc.stdout
+    assert [p.relative_to(out).as_posix() for p in out.rglob("*.json")] == [f"{kept.name}.json"]
+    again = ocr("--config", config, "--out", out, "--force", "--pattern", "*.png", folder)
+    assert again.returncode == 0 and "1 done, 0 skipped, 0 failed" in again.stdout, again.stderr

@@ -31,7 +31,7 @@ from ocrwatch.sources import inotify, local
 from ocrwatch.sources.inotify import InotifyWatcher
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.tree import walk
-from ocrwatch.sources.watch import Batch, EventBridge
+from ocrwatch.sources.watch import Batch, EventBridge, PollingWatcher, start_watcher
 from tests.chains import make_chain, remove_chain
 from tests.test_sources_local import PDF, Collector, inbox, never_reject, run, until, watching
 
@@ -379,3 +379,18 @@ def test_a_signal_is_caught_while_the_loops_self_pipe_is_full() -> None:
         loop.close()
     assert caught == [signal.SIGHUP]
     assert signal.getsignal(signal.SIGHUP) is before, "the handler found at install is back"
+
+
+def test_a_polled_inbox_is_looked_at_every_poll_seconds(tmp_path: Path) -> None:
+    """``[[inbox]] poll_seconds`` reaches the poller (watchdog's ``timeout``: its wait between two looks)."""
+
+    async def main() -> tuple[Any, bool]:
+        bridge = EventBridge(asyncio.get_running_loop(), lambda batch: None)
+        watcher, polling, _ = await asyncio.to_thread(start_watcher, tmp_path, 0, lambda p: True, True, bridge, 0.25)
+        try:
+            assert isinstance(watcher, PollingWatcher)
+            return watcher.observer.timeout, polling
+        finally:
+            await asyncio.to_thread(watcher.stop)
+
+    assert asyncio.run(main()) == (0.25, True)

@@ -32,6 +32,7 @@ RANKS: dict[str, int] = {
     "s3client": 0,
     "safefs": 0,
     "streams": 0,
+    "plaintext": 0,
     "engines.deepseek.options": 0,
     "engines.tesseract_options": 0,
     "engines.sampling": 0,

@@ -25,6 +25,7 @@ from PIL import Image
 
 from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines.sampling import Sampling
+from ocrwatch.plaintext import PlainText
 from ocrwatch.render import Geometry
 
 Images = Literal["placeholder", "drop", "extract"]
@@ -49,7 +50,9 @@ class PageRequest:
 
 @dataclass
 class Recognition:
-    """What an engine returns for one page; ``raw`` keeps the model's exact output."""
+    """What an engine returns for one page; ``raw`` keeps the model's exact output; ``plain``: set by an engine
+    whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose line-break hyphens it
+    joins; None (a model that writes Markdown) leaves the Markdown as the engine wrote it."""
 
     markdown: str
     raw: str
@@ -59,6 +62,7 @@ class Recognition:
     finish_reason: str | None = None
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    plain: PlainText | None = None
 
 
 @runtime_checkable

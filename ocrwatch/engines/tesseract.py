@@ -2,7 +2,8 @@
 
 Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on stdin, in the
 languages of its request (its inbox's ``lang``) or else ``[engine.tesseract] lang``, and the TSV answer gives
-both the Markdown (paragraphs separated by blank lines) and line blocks with boxes, each with its words and
+both the text (paragraphs separated by blank lines; plain, so ``PlainText`` goes with it, with the
+languages' dictionary for the assembler's hyphen joining) and line blocks with boxes, each with its words and
 their boxes (what a searchable PDF places), from one run. No temporary files, so nothing to clean up after a
 kill.
 
@@ -18,14 +19,17 @@ import asyncio
 import io
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
 from PIL import Image, ImageDraw
 
+from ocrwatch import plaintext
 from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines.base import Engine, EngineSpec, Images, PageRequest, Recognition
 from ocrwatch.engines.tesseract_options import TesseractConfig
@@ -58,6 +62,9 @@ class TesseractEngine:
         self._pages: dict[str, asyncio.Task[Recognition]] = {}
         self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
         self._version = "unknown"
+        self._tessdata: Path | None = None
+        self._plain: dict[str, plaintext.PlainText] = {}  # by languages (``deu+eng``)
+        self._reading = asyncio.Lock()
 
     async def start(self) -> None:
         """Check the binary and the language data, then OCR a tiny page so the first real one is not
@@ -73,7 +80,9 @@ class TesseractEngine:
             raise ConfigError("[engine.tesseract] psm 0 only detects orientation and recognises no text")
         version = (await self._run_command("--version")).split()
         self._version = version[1] if len(version) > 1 and version[0] == "tesseract" else "unknown"
-        available = set((await self._run_command("--list-langs")).splitlines()[1:])
+        listing = await self._run_command("--list-langs")
+        available = set(listing.splitlines()[1:])
+        self._tessdata = plaintext.tessdata_dir(listing)
         missing = [lang for lang in self._config.lang.split("+") if lang not in available]
         if missing:
             packages = " ".join(f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing)
@@ -82,10 +91,14 @@ class TesseractEngine:
                 f"installed: {', '.join(sorted(available))}",
                 hint=f"install the Debian package(s) {packages}, or change [engine.tesseract] lang",
             )
+        missing_tools = plaintext.tools_missing()
+        if missing_tools:
+            log.info("tesseract.no_wordlist", missing=missing_tools, reason="hyphens joined by the page's words only")
         await self.recognize(PageRequest(request_id="tesseract-warmup", image=_warmup_page(), prompt=""))
         log.info(
-            "tesseract.started", version=self._version, lang=self._config.lang, workers=self.max_concurrency
-        )
+            "tesseract.started", version=self._version, lang=self._config.lang, workers=self.max_concurrency,
+            words=len(self._plain[self._config.lang].known),
+        )  # fmt: skip
 
     async def recognize(self, page: PageRequest) -> Recognition:
         """OCR one page in its own task, so ``abort`` can cancel exactly this page."""
@@ -125,11 +138,13 @@ class TesseractEngine:
 
     async def _recognize(self, page: PageRequest) -> Recognition:
         queued = time.monotonic()
+        lang = page.lang or self._config.lang
+        plain = await self._plain_text(lang)
         async with self._slots:
             started = time.monotonic()
             payload, dpi = await asyncio.to_thread(_encode, page.image, self._config.dpi)
             encoded = time.monotonic()
-            tsv = await self._run_page(page.request_id, payload, dpi, page.lang or self._config.lang)
+            tsv = await self._run_page(page.request_id, payload, dpi, lang)
         finished = time.monotonic()
         markdown, blocks = parse_tsv(tsv)
         return Recognition(
@@ -139,7 +154,23 @@ class TesseractEngine:
             finish_reason="stop",
             seconds=finished - started,
             timings={"queue": started - queued, "encode": encoded - started, "ocr": finished - encoded},
+            plain=plain,
         )
+
+    async def _plain_text(self, lang: str) -> plaintext.PlainText:
+        """What goes with the text of ``lang``: its dictionary, read once per engine and languages (in a thread:
+        half a second a language); without one (no tools, no word list), the page's own words decide."""
+        async with self._reading:
+            found = self._plain.get(lang)
+            if found is None:
+                words: frozenset[str] = frozenset()
+                if self._tessdata is not None:
+                    try:
+                        words = await asyncio.to_thread(plaintext.wordlist, self._tessdata, lang)
+                    except (OSError, subprocess.SubprocessError) as exc:
+                        log.warning("tesseract.wordlist_failed", lang=lang, error=str(exc))
+                found = self._plain[lang] = plaintext.PlainText(words)
+            return found
 
     async def _run_page(self, request_id: str, payload: bytes, dpi: int, lang: str) -> str:
         command = [

@@ -1,6 +1,6 @@
 """One watched inbox folder: which folders and names belong to it, and the scan that lists its documents.
 
-The rules are by name alone (hidden, quarantined, a sidecar, a pattern, how deep), so that events and scans
+The rules are by name alone (``ignore``'s, quarantined, how deep), so that events and scans
 agree on what a document is before any file is looked at. The scan walks with ``tree.walk``: iteratively, by
 descriptor, never through a link and never below ``max_depth``; each folder too deep and each link to a folder
 is a refusal, logged once by ``local``. Blocking where it says so; the rest is called from the event loop.
@@ -9,9 +9,7 @@ is a refusal, logged once by ``local``. Blocking where it says so; the rest is c
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
-import re
 import stat
 import struct
 import time
@@ -21,8 +19,8 @@ from pathlib import Path
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NotARegularFile, SourceGone
-from ocrwatch.naming import is_output
 from ocrwatch.sources.beneath import Signature
+from ocrwatch.sources.ignore import NameRules
 from ocrwatch.sources.settle import inspect_file
 from ocrwatch.sources.tree import depth_of, open_folder, walk
 from ocrwatch.sources.watch import EventBridge, Watcher
@@ -59,8 +57,8 @@ class Inbox:
 
     def configure(self, config: InboxConfig) -> None:
         self.config = config
-        # One expression for all the patterns, and folders compared as text: both are asked of every event.
-        self.patterns = re.compile("|".join(fnmatch.translate(p.lower()) for p in config.patterns) or "(?!)")
+        # Names by compiled expressions, and folders compared as text: both are asked of every event.
+        self.names = NameRules(config.patterns, config.ignore, self.ignored_suffixes)
         self.quarantine = config.quarantine_dir.expanduser().resolve() if config.quarantine_dir else None
         self._quarantine_text = None if self.quarantine is None else str(self.quarantine)
         self._quarantine_prefix = None if self.quarantine is None else str(self.quarantine).rstrip(os.sep) + os.sep
@@ -82,10 +80,13 @@ class Inbox:
         return self.config.max_depth if self.config.recursive else 0
 
     def allows(self, folder: Path) -> bool:
-        """Whether ``folder`` may hold this inbox's documents by its name: inside it, not hidden, not
-        quarantined, and the inbox recursive if it is a subfolder (its depth is ``covers``'s business)."""
+        """Whether ``folder`` may hold this inbox's documents by its name: inside it, neither hidden nor
+        ignored nor quarantined, and the inbox recursive if it is a subfolder (its depth is ``covers``'s
+        business)."""
         parts = self._parts(folder)
-        if parts is None or (parts and not self.config.recursive) or any(part.startswith(".") for part in parts):
+        if parts is None or (parts and not self.config.recursive):
+            return False
+        if not all(self.names.enters(part) for part in parts):
             return False
         if self._quarantine_text is None or self._quarantine_prefix is None:
             return True
@@ -99,10 +100,7 @@ class Inbox:
 
     def accepts(self, path: Path) -> bool:
         """Whether ``path`` names a document of this inbox, by name alone (the file is looked at later)."""
-        name = path.name.lower()
-        if name.startswith((".", "~$")) or name.endswith(self.ignored_suffixes) or is_output(path.as_posix()):
-            return False
-        return self.patterns.match(name) is not None and self.covers(path.parent)
+        return self.names.takes(path) and self.covers(path.parent)
 
     def too_deep(self, folder: Path) -> str:
         """Why ``folder`` is refused: a refusal, said once, rather than a walk as deep as a user makes it."""

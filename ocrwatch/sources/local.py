@@ -44,6 +44,7 @@ from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit, key_id
 from ocrwatch.sources.beneath import Signature, fetch_copy
 from ocrwatch.sources.deadlines import Deadlines
+from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox, Pending
 from ocrwatch.sources.quarantine import Owns, quarantine
 from ocrwatch.sources.settle import inspect_file, probe
@@ -53,7 +54,6 @@ log = structlog.get_logger()
 
 T = TypeVar("T")
 
-TEMPORARY_SUFFIXES = (".part", ".tmp", ".crdownload")
 PROBE_GIVE_UP_SETTLES = 10
 PROBE_GIVE_UP_MIN_SECONDS = 30.0
 """A file stable this long that still fails the probe is submitted, so the renderer names its real defect."""
@@ -91,10 +91,7 @@ class LocalSource:
         self._metrics = metrics
         self._name_template = name_template
         self._lapsed = lapsed
-        # Every sidecar ends like one of these, whatever the template: a sidecar is never taken for a document.
-        self._ignored = TEMPORARY_SUFFIXES + tuple(
-            "." + name.rsplit(".", 1)[-1] for name in sidecar_names("x", name_template).values()
-        )
+        self._ignored = sidecar_suffixes(name_template)
         self._inboxes = {root: Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()}
         self._submit: Submit | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -266,7 +263,8 @@ class LocalSource:
 
         bridge = EventBridge(self._loop, deliver)
         watcher, polling, reason = await asyncio.to_thread(
-            start_watcher, inbox.root, inbox.max_depth, inbox.allows, inbox.config.polling, bridge
+            start_watcher, inbox.root, inbox.max_depth, inbox.allows, inbox.config.polling, bridge,
+            inbox.config.poll_seconds,
         )
         inbox.observer, inbox.bridge, inbox.watched_since = watcher, bridge, time.monotonic()
         if self._metrics is not None:  # every inbox's series, zero until something happens

@@ -50,7 +50,6 @@ POLLING_FSTYPES = frozenset(
         "virtiofs", "fuse", "afs", "lustre", "gpfs", "beegfs", "ocfs2", "gfs2", "ncpfs", "coda", "vmhgfs",
     }
 )  # fmt: skip
-POLL_SECONDS = 1.0
 MAX_QUEUED_EVENTS = 2048
 """Events waiting for the loop, at most: what the loop handles in one go, tens of milliseconds, so that a storm
 never keeps it from a signal for long; beyond, they are dropped and a scan finds what they named."""
@@ -152,15 +151,16 @@ def bounded_listdir(root: Path, max_depth: int, enter: Callable[[Path], bool]) -
 
 
 def _start_watcher(
-    polling: bool, root: Path, max_depth: int, enter: Callable[[Path], bool], bridge: EventBridge
-) -> Watcher:
+    polling: bool, root: Path, max_depth: int, enter: Callable[[Path], bool], bridge: EventBridge,
+    poll_seconds: float,
+) -> Watcher:  # fmt: skip
     if not polling and sys.platform.startswith("linux"):
         watcher = InotifyWatcher(root, max_depth, enter, bridge, bridge.died, bridge.overflowed)
         watcher.start()
         return watcher
     if polling:
         observer: BaseObserver = PollingObserverVFS(
-            stat=os.lstat, listdir=bounded_listdir(root, max_depth, enter), polling_interval=POLL_SECONDS
+            stat=os.lstat, listdir=bounded_listdir(root, max_depth, enter), polling_interval=poll_seconds
         )
     else:
         observer = Observer()
@@ -174,18 +174,20 @@ def _start_watcher(
 
 
 def start_watcher(
-    root: Path, max_depth: int, enter: Callable[[Path], bool], setting: Literal["auto"] | bool, bridge: EventBridge
-) -> tuple[Watcher, bool, str]:
+    root: Path, max_depth: int, enter: Callable[[Path], bool], setting: Literal["auto"] | bool, bridge: EventBridge,
+    poll_seconds: float,
+) -> tuple[Watcher, bool, str]:  # fmt: skip
     """Start the watcher that suits the inbox's filesystem, and say which and why. Blocking (the native one
-    walks the tree to add its watches). ``max_depth`` 0 watches the inbox folder alone."""
+    walks the tree to add its watches). ``max_depth`` 0 watches the inbox folder alone; ``poll_seconds``: how
+    often a poller looks."""
     polling, reason = choose_polling(setting, filesystem_type(root, _read_mountinfo()))
     try:
-        return _start_watcher(polling, root, max_depth, enter, bridge), polling, reason
+        return _start_watcher(polling, root, max_depth, enter, bridge, poll_seconds), polling, reason
     except OSError as exc:
         if polling or exc.errno not in (errno.ENOSPC, errno.EMFILE, errno.ENOMEM):
             raise
         reason = f"inotify limit reached ({exc.strerror})"
-    return _start_watcher(True, root, max_depth, enter, bridge), True, reason
+    return _start_watcher(True, root, max_depth, enter, bridge, poll_seconds), True, reason
 
 
 # --- the hand-over to the loop -------------------------------------------------------------------------------
