@@ -249,8 +249,10 @@ def parse_osd(text: str) -> tuple[int, float] | None:
 
 def readable_characters(path: str, dpi: float, timeout: float) -> int:
     """Characters in the words Tesseract reads at ``READ_CONFIDENCE`` or more on the page at
-    ``path``, in ``READ_LANG``: a page on its side reads as few confident words."""
-    argv = [path, "-", "--psm", "3", "--dpi", str(round(dpi)), "-l", READ_LANG, "tsv"]
+    ``path``, in ``READ_LANG``: a page on its side or upside down reads as few confident words. The
+    page is read as one block of horizontal lines (``--psm 6``): the automatic layout (``--psm 3``)
+    finds vertical lines and reads a page on its side as well as upright."""
+    argv = [path, "-", "--psm", "6", "--dpi", str(round(dpi)), "-l", READ_LANG, "tsv"]
     done = _tesseract(argv, timeout)
     if done.returncode != 0:
         said = done.stderr.decode("utf-8", "replace").strip()[-300:]
