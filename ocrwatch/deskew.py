@@ -26,6 +26,8 @@ MIN_ANGLE = 0.1
 WORK_SIDE = 1200
 """The long side of the copy the angle is measured on: 0.1 degrees moves a line's end by ~1.5 of its
 pixels on a page's width, what the fine step needs to tell apart."""
+WINDOW = 0.1
+"""The share of each side left out of the score: what ``MAX_ANGLE`` turns in from the corners."""
 MIN_GAIN = 1.02
 """How much more variance than the page as it is the best angle must give to count: a page without
 lines of text (a photo, a blank page) has a flat score and keeps its pixels."""
@@ -38,11 +40,15 @@ def skew_angle(image: Image.Image) -> float:
     if ink is None:
         return 0.0
     cache: dict[float, float] = {}
+    # Only the middle is scored: the corners turned in are empty, which would favour the widest turn.
+    width, height = ink.size
+    window = (round(width * WINDOW), round(height * WINDOW),
+              round(width * (1 - WINDOW)), round(height * (1 - WINDOW)))  # fmt: skip
 
     def score(angle: float) -> float:
         angle = round(angle, 3)
         if angle not in cache:  # counter-clockwise, as Pillow turns: the lean is its negative
-            turned = ink.rotate(angle, Image.Resampling.NEAREST, fillcolor=0)
+            turned = ink.rotate(angle, Image.Resampling.NEAREST, fillcolor=0).crop(window)
             profile = turned.resize((1, turned.height), Image.Resampling.BOX)
             cache[angle] = ImageStat.Stat(profile).var[0]
         return cache[angle]
