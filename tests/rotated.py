@@ -48,6 +48,7 @@ four directions on one page (whichever way it is read, three quarters are turned
 the test machines lack."""
 
 _WORD = re.compile(r"[\w']+")
+_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 
 
 def reference(corpus: Path, name: str) -> str:
@@ -58,8 +59,8 @@ def reference(corpus: Path, name: str) -> str:
 
 
 def words(text: str) -> list[str]:
-    """Lower-case words, punctuation and Markdown marks left out."""
-    return _WORD.findall(text.lower().replace("-\n", ""))
+    """Lower-case words, punctuation, Markdown marks and comments (``<!-- page N -->``) left out."""
+    return _WORD.findall(_COMMENT.sub(" ", text).lower().replace("-\n", ""))
 
 
 def word_similarity(got: str, want: str) -> float:
