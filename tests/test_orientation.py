@@ -185,15 +185,15 @@ def test_corpus_turned_pages_are_turned(corpus_dir: Path, key: tuple[str, int]) 
     assert _turned_by(corpus_dir, *key).rotation == rotated.TURNED[key]
 
 
-@pytest.mark.parametrize("half", [0, 1])
+@pytest.mark.parametrize("part", range(4))
 def test_corpus_upright_pages_stay_upright(
-    corpus_dir: Path, manifest: list[dict[str, Any]], half: int
+    corpus_dir: Path, manifest: list[dict[str, Any]], part: int
 ) -> None:
     """The first two pages of every other document (the 117-page GeoTopo's first two too): none is
-    turned. Two halves, so that xdist runs them side by side."""
+    turned. In four parts, so that xdist runs them side by side."""
     pages = _pages(corpus_dir, manifest, 2)
     pages += [("GeoTopo-komprimiert.pdf", 1), ("GeoTopo-komprimiert.pdf", 2)]
-    upright = [key for key in pages if key not in rotated.TURNED][half::2]
+    upright = [key for key in pages if key not in rotated.TURNED][part::4]
     turned = {key: o for key in upright if (o := _turned_by(corpus_dir, *key)).rotation}
     assert not turned, turned
 
