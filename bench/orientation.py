@@ -44,7 +44,8 @@ def own_cpu() -> float:
 
 
 def spec_for(**render_keys: Any) -> render.RenderSpec:
-    return render.render_spec(RenderConfig(**render_keys), render.Geometry(dpi=TesseractConfig().dpi))
+    geometry = render.Geometry(dpi=TesseractConfig().dpi)
+    return render.render_spec(RenderConfig(**render_keys), geometry)
 
 
 def cost(root: Path, max_per_doc: int) -> dict[str, Any]:
@@ -109,8 +110,9 @@ async def gain(root: Path) -> dict[str, Any]:
                 for number, got in enumerate(await read(engine, root / name, spec), 1):
                     order = rotated.word_similarity(got, want)
                     bag = rotated.bag_similarity(got, want)
-                    figures[f"{name} p{number} {way}"] = {"words": round(order, 3), "bag": round(bag, 3)}
-                    print(f"{name} p{number} rotate {way}: words {order:.3f}, bag {bag:.3f}", flush=True)
+                    key = f"{name} p{number} {way}"
+                    figures[key] = {"words": round(order, 3), "bag": round(bag, 3)}
+                    print(f"{key}: words {order:.3f}, bag {bag:.3f}", flush=True)
     finally:
         await engine.close()
     return figures
@@ -122,9 +124,10 @@ def main() -> None:
     args = parser.parse_args()
     root = corpus_dir()
     if root is None:
-        raise SystemExit("the corpus is needed: set OCRWATCH_CORPUS or place it at ../shared/corpus")
+        raise SystemExit("needs the corpus: set OCRWATCH_CORPUS or place it at ../shared/corpus")
     figures = {"cost": cost(root, args.max_per_doc), "similarity": asyncio.run(gain(root))}
-    emit({"benchmark": "orientation", "corpus": str(root), "figures": figures, "machine": machine()})
+    emit({"benchmark": "orientation", "corpus": str(root), "figures": figures,
+          "machine": machine()})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def skew_angle(image: Image.Image) -> float:
     if ink is None:
         return 0.0
     cache: dict[float, float] = {}
-    # Only the middle is scored: the corners turned in are empty, which would favour the widest turn.
+    # Only the middle is scored: the corners turned in are empty and would favour the widest turn.
     width, height = ink.size
     window = (round(width * WINDOW), round(height * WINDOW),
               round(width * (1 - WINDOW)), round(height * (1 - WINDOW)))  # fmt: skip

@@ -167,24 +167,24 @@ PAGE = _object(
                      "records none: its long side taken as an A4 page's, at least 96 dpi). An "
                      "image's DPI is scaled with it when it is downscaled."},
         "rotation": {"enum": [0, 90, 180, 270],
-                     "description": "Degrees clockwise the rendered page (as a viewer shows it) was "
-                     "turned to be read upright ([render] rotate_pages); width, height and the boxes "
-                     "are the turned page's. 0 also where detection did not run."},
+                     "description": "Degrees clockwise the rendered page (as a viewer shows "
+                     "it) was turned to be read upright ([render] rotate_pages); width, height "
+                     "and the boxes are the turned page's. 0 also where detection did not run."},
         "orientation": {"oneOf": [{"type": "null"}, _object(
             "What Tesseract's orientation detection (OSD) said of the page.",
             {
                 "detected": {"enum": [0, 90, 180, 270, None],
-                             "description": "Degrees clockwise that OSD says make the page upright; "
-                             "null: it found too few characters to say, or failed."},
+                             "description": "Degrees clockwise that OSD says make the page "
+                             "upright; null: it found too few characters to say, or failed."},
                 "confidence": {"type": ["number", "null"], "minimum": 0,
                                "description": "OSD's orientation confidence (its margin over the "
                                "next orientation); null with detected."},
                 "decided_by": {"enum": list(get_args(DecidedBy)),
                                "description": "osd: its answer taken as it is (0, or confidence at "
-                               "[render] rotate_pages_threshold or more); reading: the page read "
-                               "both ways, turned only where turned it read twice as many confident "
-                               "characters; low_confidence, too_little_text, failed: kept as it "
-                               "is."},
+                               "[render] rotate_pages_threshold or more); reading: the page "
+                               "read both ways, turned only where turned it read twice as many "
+                               "confident characters; low_confidence, too_little_text, failed: "
+                               "kept as it is."},
             },
             ("detected", "confidence", "decided_by"),
         )], "description": "null where detection did not run ([render] rotate_pages = false)."},

@@ -1,8 +1,8 @@
 """The corpus's turned pages and what they say: shared by tests/test_orientation.py and
 bench/orientation.py.
 
-``TURNED``: each page (file, 1-based page) a viewer shows turned, and the clockwise degrees that make
-it upright; every other page of the corpus is shown upright (``test Orient.pdf`` holds boxes of
+``TURNED``: each page (file, 1-based page) a viewer shows turned, and the clockwise degrees that
+make it upright; every other page of the corpus is shown upright (``test Orient.pdf`` holds boxes of
 text in four directions on an upright page, ``rotated_skew.pdf`` and ``AutoCad_Diagram.pdf`` are
 turned by their /Rotate, which the renderer applies). ``REFERENCE``: the text each legible page
 should read as, a file beside the corpus's documents, or a transcription written here where the

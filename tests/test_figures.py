@@ -63,9 +63,10 @@ def test_figures_are_cut_from_the_rendered_page_at_its_resolution(page: render.R
 
 
 def test_figures_of_a_page_scanned_sideways_are_cut_upright(tmp_path: Path) -> None:
-    """The same page scanned on its side is read upright: its figure is the upright page's region."""
+    """The same page scanned on its side is read upright: its figure is the upright page's."""
     lines = ["Watching Folders for Documents", "Ada Example, Bo Sample"] + [
-        f"Section {n}: documents dropped in a folder are read and written beside it" for n in range(1, 9)
+        f"Section {n}: documents dropped in a folder are read and written next to it"
+        for n in range(1, 9)
     ]
     upright = rendered(docs.write_pdf(tmp_path / "paper.pdf", [lines]))
     shown = orientation.turn(docs.text_image(lines), 90)

@@ -100,7 +100,9 @@ def test_nothing_runs_when_nothing_is_asked() -> None:
     assert image is shown and turned == orientation.AS_RENDERED
 
 
-def test_a_failing_tesseract_keeps_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_tesseract_keeps_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Tesseract that crashes (here: a script that exits 3) fails no page: it is read as it is."""
     binary = tmp_path / "tesseract"
     binary.write_text("#!/bin/sh\necho 'segmentation fault' >&2\nexit 3\n")
@@ -117,7 +119,8 @@ def test_start_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     orientation.check(False)
     with pytest.raises(ConfigError, match="rotate_pages"):
         orientation.check(True)
-    (tmp_path / "tesseract").write_text("#!/bin/sh\necho 'List of available languages (1):'\necho eng\n")
+    languages = "#!/bin/sh\necho 'List of available languages (1):'\necho eng\n"
+    (tmp_path / "tesseract").write_text(languages)
     (tmp_path / "tesseract").chmod(0o755)
     with pytest.raises(ConfigError, match="no osd data"):
         orientation.check(True)
@@ -158,14 +161,14 @@ def test_render_page_turns_a_sideways_pdf_page(tmp_path: Path) -> None:
     assert off.orientation == orientation.AS_RENDERED and off.width > off.height
 
 
-# --- the corpus -------------------------------------------------------------------------------------------
+# --- the corpus ----------------------------------------------------------------------------------
 
 
 def _spec(**keys: Any) -> render.RenderSpec:
     return render.render_spec(RenderConfig(**keys), render.Geometry(dpi=TesseractConfig().dpi))
 
 
-def _pages(corpus: Path, manifest: list[dict[str, Any]], per_document: int) -> list[tuple[str, int]]:
+def _pages(manifest: list[dict[str, Any]], per_document: int) -> list[tuple[str, int]]:
     return [
         (entry["file"], number)
         for entry in manifest
@@ -191,7 +194,7 @@ def test_corpus_upright_pages_stay_upright(
 ) -> None:
     """The first two pages of every other document (the 117-page GeoTopo's first two too): none is
     turned. In four parts, so that xdist runs them side by side."""
-    pages = _pages(corpus_dir, manifest, 2)
+    pages = _pages(manifest, 2)
     pages += [("GeoTopo-komprimiert.pdf", 1), ("GeoTopo-komprimiert.pdf", 2)]
     upright = [key for key in pages if key not in rotated.TURNED][part::4]
     turned = {key: o for key in upright if (o := _turned_by(corpus_dir, *key)).rotation}
@@ -205,7 +208,7 @@ def _read(path: Path, spec: render.RenderSpec) -> list[str]:
         try:
             info = render.probe(path, render.Limits(1 << 30, 10_000))
             pages = [render.render_page(path, info, index, spec) for index in range(info.pages)]
-            requests = [PageRequest(request_id=str(p.index), image=p.image, prompt="") for p in pages]
+            requests = [PageRequest(str(page.index), page.image, prompt="") for page in pages]
             return [r.markdown for r in await asyncio.gather(*map(engine.recognize, requests))]
         finally:
             await engine.close()

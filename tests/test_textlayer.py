@@ -53,7 +53,9 @@ SHA = "ab" * 32  # the sha256 of the source, as the mark records it
 # --- helpers ------------------------------------------------------------------------------------------------
 
 
-def ocr(path: Path, render_cfg: RenderConfig = RenderConfig()) -> list[tuple[render.RenderedPage, Recognition]]:
+def ocr(
+    path: Path, render_cfg: RenderConfig = RenderConfig()
+) -> list[tuple[render.RenderedPage, Recognition]]:
     """Every page rendered as the daemon renders it for Tesseract, and Tesseract's reading of it."""
     info = render.probe(path, render.Limits.from_config(LimitsConfig()))
 
@@ -262,7 +264,9 @@ def test_rotated_page_with_offset_boxes_places_words_where_they_are_shown(tmp_pa
         assert pdf.pages[0].rotation == rotate  # the page is shown as before
 
 
-@pytest.mark.parametrize(("turn", "rotate", "lean"), [(90, 0, 0.0), (270, 90, 0.0), (180, 0, 0.0), (0, 0, 2.0)])
+@pytest.mark.parametrize(
+    ("turn", "rotate", "lean"), [(90, 0, 0.0), (270, 90, 0.0), (180, 0, 0.0), (0, 0, 2.0)]
+)
 def test_a_page_read_upright_gets_its_text_over_its_glyphs_as_shown(
     tmp_path: Path, turn: int, rotate: int, lean: float
 ) -> None:
@@ -270,7 +274,8 @@ def test_a_page_read_upright_gets_its_text_over_its_glyphs_as_shown(
     degrees and levelled by ``deskew``, shown so under /Rotate ``rotate``) is read upright, and its
     words land on their glyphs as the page is shown: each word's box, mapped back through
     ``orientation.to_shown``, is where pdftotext finds it. The page keeps its /Rotate."""
-    lines = ["Turned page of text", "read upright by ocrwatch", "and placed back as shown", "on the sheet"]
+    lines = ["Turned page of text", "read upright by ocrwatch", "and placed back as shown"]
+    lines.append("on the sheet")
     image = orientation.turn(docs.text_image(lines, size=(1240, 900)), turn)
     image = deskew.straighten(image, lean) if lean else image
     source = page_pdf(tmp_path / "turned.pdf", image, rotate=rotate)
@@ -283,7 +288,7 @@ def test_a_page_read_upright_gets_its_text_over_its_glyphs_as_shown(
     textlayer.searchable_pdf(source, "pdf", texts(pages), out, SHA)
 
     qpdf_check(out)
-    # pdftotext orders lines that run upwards from the last: the words, not their order, are the layer's
+    # pdftotext orders lines running upwards from the last: the words are the layer's, not the order
     assert sorted(page_texts(out)[0].split()) == sorted(recognition.markdown.split())
     a, b, c, d, e, f = orientation.to_shown(page.orientation, page.width, page.height)
     scale = 72 / page.dpi
@@ -292,11 +297,14 @@ def test_a_page_read_upright_gets_its_text_over_its_glyphs_as_shown(
         for word in block["words"]:
             left, _, right, _ = word["bbox"]
             top, bottom = block["bbox"][1], block["bbox"][3]  # the font is the line's height
-            corners = [(a * u + c * v + e, b * u + d * v + f) for u in (left, right) for v in (top, bottom)]
+            corners = [
+                (a * u + c * v + e, b * u + d * v + f) for u in (left, right) for v in (top, bottom)
+            ]
             xs, ys = [x * scale for x, _ in corners], [y * scale for _, y in corners]
             box = found[word["text"]]
             expected = (min(xs), min(ys), max(xs), max(ys))
-            assert all(abs(got - want) < TOLERANCE_PT for got, want in zip(box, expected)), (word, box, expected)
+            close = all(abs(got - want) < TOLERANCE_PT for got, want in zip(box, expected))
+            assert close, (word, box, expected)
     with pikepdf.open(out) as pdf:
         assert pdf.pages[0].rotation == rotate
 

@@ -18,8 +18,10 @@ from tests.integration.conftest import sidecars_done, wait_until
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not all(shutil.which(tool) for tool in ("tesseract", "pdftoppm", "pdftotext")),
-                       reason="needs tesseract and poppler-utils"),
+    pytest.mark.skipif(
+        not all(shutil.which(tool) for tool in ("tesseract", "pdftoppm", "pdftotext")),
+        reason="needs tesseract and poppler-utils",
+    ),
 ]  # fmt: skip
 
 LINES = [
@@ -37,10 +39,10 @@ def test_turned_pages_are_read_upright_through_the_daemon(make_daemon: Any, tmp_
     by /Rotate and shown on its side: every rotation is recorded, the Markdown reads as the text."""
     scans = tmp_path / "scans"
     scans.mkdir()
-    upright = docs.text_image(LINES)
+    upright, text = docs.text_image(LINES), " ".join(LINES)
     wanted = {
-        docs.write_png(scans / "upside down.png", orientation.turn(upright, 180)): (180, " ".join(LINES)),
-        docs.write_pdf(scans / "sideways.pdf", [orientation.turn(upright, 90)]): (270, " ".join(LINES)),
+        docs.write_png(scans / "upside down.png", orientation.turn(upright, 180)): (180, text),
+        docs.write_pdf(scans / "sideways.pdf", [orientation.turn(upright, 90)]): (270, text),
     }
     corpus = corpus_path()
     if corpus is not None:
@@ -50,7 +52,9 @@ def test_turned_pages_are_read_upright_through_the_daemon(make_daemon: Any, tmp_
         for path in wanted:
             shutil.copy(path, daemon.inbox / path.name)
         done = {
-            path.name: wait_until(lambda p=path: sidecars_done(daemon.inbox / p.name), 300, f"{path.name} done")
+            path.name: wait_until(
+                lambda p=path: sidecars_done(daemon.inbox / p.name), 300, f"{path.name} done"
+            )
             for path in wanted
         }
     finally:
@@ -59,7 +63,8 @@ def test_turned_pages_are_read_upright_through_the_daemon(make_daemon: Any, tmp_
     for path, (rotation, text) in wanted.items():
         document = done[path.name]
         page = document["pages"][0]
-        assert document["status"] == "ok" and page["rotation"] == rotation, (path.name, page["orientation"])
+        assert document["status"] == "ok", path.name
+        assert page["rotation"] == rotation, (path.name, page["orientation"])
         assert page["orientation"]["detected"] == rotation
         assert page["seconds"]["orient"] > 0
         markdown = (daemon.inbox / f"{path.name}.md").read_text()
