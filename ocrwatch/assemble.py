@@ -89,6 +89,9 @@ def _page(outcome: PageOutcome, assets: str | None) -> dict[str, Any]:
         "height": outcome.height,
         "dpi": outcome.dpi,
         "dpi_from": outcome.dpi_from,
+        "rotation": outcome.orientation.rotation,
+        "orientation": _orientation(outcome),
+        "deskew": outcome.orientation.deskew,
         "status": result.status,
         "attempts": max(len(result.attempts), 1),
         "markdown": page_markdown(outcome, assets),
@@ -100,12 +103,23 @@ def _page(outcome: PageOutcome, assets: str | None) -> dict[str, Any]:
         },
         "seconds": {
             "render": round(outcome.render_seconds, 4),
+            "orient": round(outcome.orientation.seconds, 4),
             "recognize": round(sum(a.get("seconds", 0.0) for a in result.attempts), 4),
         },
         "finish_reason": recognition.finish_reason if recognition is not None else None,
         "error": result.error,
         "tries": result.attempts,
     }
+
+
+def _orientation(outcome: PageOutcome) -> dict[str, Any] | None:
+    """What orientation detection said of the page; None where it did not run (``rotate_pages``
+    off)."""
+    turned = outcome.orientation
+    if turned.decided_by is None:
+        return None
+    confidence = round(turned.confidence, 2) if turned.confidence is not None else None
+    return {"detected": turned.detected, "confidence": confidence, "decided_by": turned.decided_by}
 
 
 def document(

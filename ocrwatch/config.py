@@ -76,6 +76,9 @@ class RenderConfig(_Model):
     renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
     decode_budget_mb: Annotated[int, Field(ge=64, le=1_048_576)] = 1024
     image_dpi: Annotated[int, Field(ge=50, le=2400)] | None = None  # unset: imagepages' size rule
+    rotate_pages: bool = True  # ocrwatch.orientation
+    rotate_pages_threshold: Annotated[float, Field(ge=0, le=100)] = 14.0
+    deskew: bool = False  # ocrwatch.deskew
 
 
 class LimitsConfig(_Model):

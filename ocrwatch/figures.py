@@ -3,10 +3,12 @@
 DeepSeek-OCR marks a figure with a block of type ``image`` (``figure`` in some outputs) and its box, which
 grounding turns into page pixels and names ``page-N-figure-K``; the Markdown holds the placeholder
 ``![](page-N-figure-K)``. The region is cut right after the page is recognised, while the scheduler still holds
-the page image, at the resolution it was rendered at, and kept as PNG bytes until the document is written: the
-page image itself is let go as usual. Every PNG carries a ``Software: ocrwatch`` text chunk ahead of its pixels,
-so a sink can tell a figure it wrote (left by a write that never reached its JSON) from a user's file by its
-first bytes. Engines without figure blocks (Tesseract) give no figures.
+the page image, at the resolution it was rendered at and upright (the image the engine read, turned
+by ``orientation``: a page scanned sideways gives its figures upright, their boxes in that image's
+pixels), and kept as PNG bytes until the document is written: the page image itself is let go as
+usual. Every PNG carries a ``Software: ocrwatch`` text chunk ahead of its pixels, so a sink can tell
+a figure it wrote (left by a write that never reached its JSON) from a user's file by its first bytes.
+Engines without figure blocks (Tesseract) give no figures.
 """
 
 from __future__ import annotations

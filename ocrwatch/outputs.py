@@ -110,6 +110,15 @@ async def prepare(
     return result
 
 
+def _shown_points(page: PageOutcome) -> tuple[float, float] | None:
+    """The page's size in points as rendered: the sidecar's width and height are the page as read,
+    which a right-angle turn swapped."""
+    if not page.dpi:
+        return None
+    width, height = page.width * 72 / page.dpi, page.height * 72 / page.dpi
+    return (height, width) if page.orientation.rotation in (90, 270) else (width, height)
+
+
 def _build(
     source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome], out: Path,
     sha256: str, budget: DecodeBudget,
@@ -117,11 +126,13 @@ def _build(
     """Write the searchable PDF to ``out``; its sha256, size and each page's text layer. Failed pages keep their
     page and get no text; an image's pages are the size the sidecar records (pixels at its DPI)."""
     texts = [
-        textlayer.page_text(page.width, page.height, page.result.recognition.blocks)
+        textlayer.page_text(
+            page.width, page.height, page.result.recognition.blocks, page.orientation
+        )
         if page.result.status == "ok" and page.result.recognition is not None else None
         for page in pages
     ]  # fmt: skip
-    sizes = [(p.width * 72 / p.dpi, p.height * 72 / p.dpi) if p.dpi else None for p in pages]
+    sizes = [_shown_points(page) for page in pages]
     layers = textlayer.searchable_pdf(source, kind, texts, out, sha256, budget=budget, sizes=sizes)
     digest = hashlib.sha256()
     with open(out, "rb") as handle:

@@ -4,7 +4,8 @@
 Pillow header for images), counts its pages and applies the size and page limits before anything is rendered.
 ``render_page`` rasterises one page: PDFs through one ``pdftoppm`` run per page at a DPI lowered where a page is
 too large for the caps, images through Pillow (``imagepages``: every TIFF frame, EXIF orientation
-applied, downscaled to the caps, and a DPI even where the file records none). Both are blocking and
+applied, downscaled to the caps, and a DPI even where the file records none); then each page is
+turned upright (``orientation``: ``[render] rotate_pages`` and ``deskew``). Both are blocking and
 meant for a worker thread; the heavy PDF work happens in a subprocess with a deadline. Decoding is
 bounded twice: oversized images are refused before decoding, and the full-size images that workers
 hold at once are bounded by one shared ``DecodeBudget``.
@@ -34,7 +35,7 @@ from typing import Literal
 import structlog
 from PIL import Image, UnidentifiedImageError
 
-from ocrwatch import children
+from ocrwatch import children, orientation
 from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
 from ocrwatch.errors import (
     ConfigError,
@@ -133,6 +134,7 @@ class RenderSpec:
     timeout_seconds: float
     renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
     image_dpi: float | None = None  # an image's that records none (``imagepages.image_dpi``)
+    upright: orientation.Settings = orientation.Settings()
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,8 @@ class DocumentInfo:
 class RenderedPage:
     """One page image; ``dpi`` is the resolution it was rendered at (an image's own, times the
     scale: ``imagepages.image_dpi``), also in the image's ``info["dpi"]`` for the engine, and
-    ``dpi_from`` says where it came from."""
+    ``dpi_from`` says where it came from. The image is the page upright, as the engine reads it
+    (``orientation``: what was done to it, ``width`` and ``height`` its size after)."""
 
     index: int
     image: Image.Image
@@ -163,6 +166,7 @@ class RenderedPage:
     height: int
     seconds: float
     dpi_from: DpiFrom = "render"
+    orientation: orientation.Orientation = orientation.AS_RENDERED
 
 
 def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSpec:
@@ -186,6 +190,9 @@ def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSp
         timeout_seconds=cfg.timeout_seconds,
         renderer=cfg.renderer,
         image_dpi=cfg.image_dpi,
+        upright=orientation.Settings(
+            cfg.rotate_pages, cfg.rotate_pages_threshold, cfg.deskew, cfg.timeout_seconds
+        ),
     )
 
 
@@ -248,12 +255,17 @@ def render_page(
             path, info.mime, index, max_side=spec.max_side, max_pixels=spec.max_pixels,
             limit_pixels=spec.limit_pixels, configured_dpi=spec.image_dpi, budget=budget,
         )  # fmt: skip
-    image.info["dpi"] = (dpi, dpi)  # what Tesseract is told, whatever the file recorded
     seconds = time.perf_counter() - started
+    image, turned = orientation.upright(image, dpi, spec.upright)
+    image.info["dpi"] = (dpi, dpi)  # what Tesseract is told, whatever the file recorded
     log.debug("page_rendered", page=index, width=image.width, height=image.height, dpi=dpi,
               dpi_from=dpi_from, seconds=seconds)  # fmt: skip
+    if turned.turned or turned.decided_by == "failed":
+        log.info("page_turned", page=index, rotation=turned.rotation, detected=turned.detected,
+                 confidence=turned.confidence, decided_by=turned.decided_by,
+                 deskew=turned.deskew)  # fmt: skip
     return RenderedPage(index=index, image=image, dpi=dpi, width=image.width, height=image.height,
-                        seconds=seconds, dpi_from=dpi_from)  # fmt: skip
+                        seconds=seconds, dpi_from=dpi_from, orientation=turned)  # fmt: skip
 
 
 def iter_pages(path: Path, info: DocumentInfo, spec: RenderSpec) -> Iterator[RenderedPage]:
@@ -449,7 +461,9 @@ _PDFIUM_LOCK = threading.Lock()
 
 
 def check_renderer(cfg: RenderConfig) -> None:
-    """Fail at start, not on every document, when the configured renderer is not installed."""
+    """Fail at start, not on every document, when the configured renderer, or the Tesseract that
+    ``rotate_pages`` detects orientation with, is not installed."""
+    orientation.check(cfg.rotate_pages)
     if cfg.renderer == "pdfium" and importlib.util.find_spec("pypdfium2") is None:
         raise ConfigError(
             'render.renderer = "pdfium" needs pypdfium2', hint="pip install 'ocrwatch[pdfium]', or remove the key"

@@ -37,6 +37,7 @@ import structlog
 
 from ocrwatch.engines.base import PageRequest, Sampling
 from ocrwatch.errors import EngineDead, OcrwatchError, classify
+from ocrwatch.orientation import AS_RENDERED, Orientation
 
 if TYPE_CHECKING:
     from ocrwatch.render import RenderedPage
@@ -155,6 +156,7 @@ class PageOutcome:
     result: Any
     figures: tuple[Any, ...] = ()
     dpi_from: str = "render"  # render.RenderedPage's
+    orientation: Orientation = AS_RENDERED  # render.RenderedPage's: how it was turned to be read
 
 
 Extract = Callable[[PageRequest, Any], Awaitable[tuple[Any, ...]]]
@@ -387,7 +389,7 @@ class PageScheduler:
             result, figures = task.result()
             doc.outcomes[page.index] = PageOutcome(
                 page.index, page.width, page.height, page.dpi, page.seconds, result, figures,
-                page.dpi_from,
+                page.dpi_from, page.orientation,
             )
             request.image = None
             if len(doc.outcomes) == doc.pages and not doc.future.done():

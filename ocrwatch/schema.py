@@ -7,9 +7,10 @@ described here, with its unit, and the objects ocrwatch fills itself allow no ot
 field cannot reach a sidecar without its description. What an engine says of itself (``engine``)
 and of a block beyond its type, text and boxes stays open: a plugin engine may add its own.
 
-Coordinates: a box is ``[left, top, right, bottom]`` in pixels of the rendered page, the image the
-engine read (``pages[].width`` x ``pages[].height``), its origin at the top-left corner; at
-``pages[].dpi`` pixels an inch the page is ``width / dpi`` inches wide.
+Coordinates: a box is ``[left, top, right, bottom]`` in pixels of the rendered page as the engine
+read it, turned upright (``pages[].width`` x ``pages[].height``, after ``pages[].rotation`` and
+``pages[].deskew``), its origin at the top-left corner; at ``pages[].dpi`` pixels an inch the page
+is ``width / dpi`` inches wide.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, get_args
 
 from ocrwatch import pdfcontent
 from ocrwatch.imagepages import DpiFrom
+from ocrwatch.orientation import DecidedBy
 from ocrwatch.textlayer import TextLayer
 
 SCHEMA_ID = "ocrwatch/1"
@@ -164,6 +166,32 @@ PAGE = _object(
                      "own), image_dpi ([render] image_dpi: the file records none) or assumed (it "
                      "records none: its long side taken as an A4 page's, at least 96 dpi). An "
                      "image's DPI is scaled with it when it is downscaled."},
+        "rotation": {"enum": [0, 90, 180, 270],
+                     "description": "Degrees clockwise the rendered page (as a viewer shows "
+                     "it) was turned to be read upright ([render] rotate_pages); width, height "
+                     "and the boxes are the turned page's. 0 also where detection did not run."},
+        "orientation": {"oneOf": [{"type": "null"}, _object(
+            "What Tesseract's orientation detection (OSD) said of the page.",
+            {
+                "detected": {"enum": [0, 90, 180, 270, None],
+                             "description": "Degrees clockwise that OSD says make the page "
+                             "upright; null: it found too few characters to say, or failed."},
+                "confidence": {"type": ["number", "null"], "minimum": 0,
+                               "description": "OSD's orientation confidence (its margin over the "
+                               "next orientation); null with detected."},
+                "decided_by": {"enum": list(get_args(DecidedBy)),
+                               "description": "osd: its answer taken as it is (0, or confidence at "
+                               "[render] rotate_pages_threshold or more); reading: the page "
+                               "read both ways, turned only where turned it read twice as many "
+                               "confident characters; low_confidence, too_little_text, failed: "
+                               "kept as it is."},
+            },
+            ("detected", "confidence", "decided_by"),
+        )], "description": "null where detection did not run ([render] rotate_pages = false)."},
+        "deskew": {"type": ["number", "null"],
+                   "description": "Degrees clockwise the upright page was turned about its centre "
+                   "to level its lines ([render] deskew), 0 where they were level; null: deskew "
+                   "is off."},
         "status": {"enum": ["ok", "failed"],
                    "description": "failed: every rung of the retry ladder failed."},
         "attempts": {"type": "integer", "minimum": 1,
@@ -181,6 +209,8 @@ PAGE = _object(
         }),
         "seconds": _object("Where the page's time went, seconds.", {
             "render": {**_SECONDS, "description": "Rendering the page image."},
+            "orient": {**_SECONDS, "description": "Orientation detection and deskew (0: "
+                       "neither asked for)."},
             "recognize": {**_SECONDS, "description": "Every attempt together."},
         }),
         "finish_reason": _text("The kept attempt's: stop, length, repetition; null where the "

@@ -11,8 +11,11 @@ its own box and a space over the gap to the next word, so word breaks survive ex
 Tesseract's glyphless font (Type0, Identity-H, UTF-16 codes mapped to themselves by the ToUnicode CMap): any
 character of the Basic Multilingual Plane is searchable, and the text is invisible (render mode 3).
 
-Boxes come in the pixels of the rendered page; they map onto the page through its visible box (the CropBox
-within the MediaBox, wherever its origin lies) and its /Rotate, the way the renderer rasterised it.
+Boxes come in the pixels of the page as it was read, turned upright (``orientation``); they map
+back onto the rendered page through ``orientation.to_shown`` and onto the PDF page through its
+visible box (the CropBox within the MediaBox, wherever its origin lies) and its /Rotate, the way the
+renderer rasterised it. So the text lies over its glyphs as a viewer shows the page, sideways on a
+page scanned sideways, and the page itself is left as it is.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pikepdf import Array, Dictionary, Matrix, Name, Pdf
 from pikepdf.canvas import ContentStreamBuilder
 from PIL import Image
 
-from ocrwatch import imagepages, pdfcontent
+from ocrwatch import imagepages, orientation, pdfcontent
 from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
 from ocrwatch.errors import CorruptImage, CorruptPdf, EncryptedPdf
 from ocrwatch.memory import UNBOUNDED, DecodeBudget, image_bytes
@@ -121,14 +124,19 @@ class Layers:
 
 @dataclass(frozen=True)
 class PageText:
-    """A page's text as recognised: the rendered page's size in pixels and its lines in reading order."""
+    """A page's text as recognised: the size in pixels of the page as read, its lines in reading
+    order, and how that page was turned from the rendered one."""
 
     width: int
     height: int
     lines: tuple[Line, ...]
+    turned: orientation.Orientation = orientation.AS_RENDERED
 
 
-def page_text(width: int, height: int, blocks: Sequence[dict[str, Any]]) -> PageText:
+def page_text(
+    width: int, height: int, blocks: Sequence[dict[str, Any]],
+    turned: orientation.Orientation = orientation.AS_RENDERED,
+) -> PageText:  # fmt: skip
     """A page's text from its blocks as the engines give them (the JSON's ``pages[i].blocks``).
 
     A block with ``words`` (Tesseract's lines) is a line of those words. Any other block with text (DeepSeek's
@@ -145,7 +153,7 @@ def page_text(width: int, height: int, blocks: Sequence[dict[str, Any]]) -> Page
             texts = _plain_lines(str(block.get("text") or ""))
             boxes = [_box(box) for box in block.get("boxes") or [block.get("bbox") or (0, 0, width, height)]]
             lines.extend(_spread(texts, boxes))
-    return PageText(width, height, tuple(lines))
+    return PageText(width, height, tuple(lines), turned)
 
 
 def searchable_pdf(
@@ -226,14 +234,25 @@ def _open_pdf(source: Path) -> Pdf:
 
 
 def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) -> None:
-    """Draw ``text`` as a Form XObject under the page's content, in the page's displayed orientation."""
+    """Draw ``text`` as a Form XObject under the page's content, over its glyphs as the page is
+    displayed. The form's space is the pixels of the page as read (y up), mapped to the rendered
+    page's pixels (``orientation.to_shown``), to the displayed page's points and to the page's user
+    space."""
     left, bottom, right, top = _visible_box(page)
     rotation = page.rotation if page.rotation in (0, 90, 180, 270) else 0
     width, height = (top - bottom, right - left) if rotation in (90, 270) else (right - left, top - bottom)
+    shown_w, shown_h = (text.width, text.height)
+    if text.turned.rotation in (90, 270):
+        shown_w, shown_h = shown_h, shown_w
+    matrix = (
+        Matrix(1, 0, 0, -1, 0, text.height)  # y up to y down
+        @ Matrix(*orientation.to_shown(text.turned, text.width, text.height))
+        @ Matrix(width / shown_w, 0, 0, -height / shown_h, 0, height)  # to the displayed points
+        @ _display_to_user((left, bottom, right, top), rotation)
+    )
     form = pdf.make_stream(
-        zlib.compress(_text_stream(text, width / text.width, height / text.height, height)),
-        Filter=Name.FlateDecode, Type=Name.XObject, Subtype=Name.Form, BBox=[0, 0, width, height],
-        Matrix=_display_to_user((left, bottom, right, top), rotation),
+        zlib.compress(_text_stream(text)), Filter=Name.FlateDecode, Type=Name.XObject,
+        Subtype=Name.Form, BBox=[0, 0, text.width, text.height], Matrix=Array(matrix.shorthand),
         Resources=Dictionary(Font=Dictionary({_FONT: font})),
     )  # fmt: skip
     # Pages often share one /Resources (and /XObject) dictionary: the page gets copies of its own, so the
@@ -251,23 +270,24 @@ def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) ->
     page.contents_add(ContentStreamBuilder().push().draw_xobject(name).pop().build(), prepend=True)
 
 
-def _text_stream(text: PageText, scale_x: float, scale_y: float, height: float) -> bytes:
-    """The text operators in display space: points, origin at the bottom left of the page as displayed.
+def _text_stream(text: PageText) -> bytes:
+    """The text operators in the space of the page as read: its pixels, origin at the bottom left.
     Written directly, not through pikepdf's builder, which costs ten times as much per word (the operators
     are few, and the strings hexadecimal, so nothing needs escaping)."""
     operators = [b"BT 3 Tr"]
     for line in text.lines:
-        size = (line.box[3] - line.box[1]) * scale_y
+        size = line.box[3] - line.box[1]
         if size <= 0:
             continue
-        baseline = height - line.box[3] * scale_y
+        baseline = text.height - line.box[3]
         operators.append(b"%s %.2f Tf" % (_FONT.encode(), size))
         words = [(word.box, codes) for word in line.words if (codes := _codes(word.text))]
         for (box, codes), following in zip(words, [*words[1:], None]):
-            left, right = box[0] * scale_x, box[2] * scale_x
+            left, right = box[0], box[2]
             operators.append(_show(codes, left, right, baseline, size))
             if following is not None:  # the space is stretched over the gap, so no two words run together
-                operators.append(_show(_SPACE, right, max(following[0][0] * scale_x, right + 0.01), baseline, size))
+                gap_end = max(following[0][0], right + 0.01)
+                operators.append(_show(_SPACE, right, gap_end, baseline, size))
     operators.append(b"ET\n")
     return b"\n".join(operators)
 
@@ -286,7 +306,7 @@ def _visible_box(page: pikepdf.Page) -> Box:
     return box if box[0] < box[2] and box[1] < box[3] else media
 
 
-def _display_to_user(box: Box, rotation: int) -> Array:
+def _display_to_user(box: Box, rotation: int) -> Matrix:
     """The matrix from the displayed page's space (origin bottom left) to the page's user space, for a page
     shown rotated ``rotation`` degrees clockwise."""
     left, bottom, right, top = box
@@ -296,7 +316,7 @@ def _display_to_user(box: Box, rotation: int) -> Array:
         180: Matrix(-1, 0, 0, -1, right, top),
         270: Matrix(0, -1, 1, 0, left, top),
     }[rotation]
-    return Array(matrix.shorthand)
+    return matrix
 
 
 # --- image sources ------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, ImageStat
 
-from ocrwatch import assemble, figures, outputs, render
+from ocrwatch import assemble, figures, orientation, outputs, render
 from ocrwatch.config import LimitsConfig, OutputConfig, RenderConfig
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek.grounding import parse
@@ -60,6 +60,30 @@ def test_figures_are_cut_from_the_rendered_page_at_its_resolution(page: render.R
         assert image.format == "PNG" and image.size == (figure.bbox[2] - figure.bbox[0], figure.bbox[3] - figure.bbox[1])
         assert ImageChops.difference(image.convert(page.image.mode), page.image.crop(figure.bbox)).getbbox() is None
     assert figures.is_ours(figure.png[:4096])
+
+
+def test_figures_of_a_page_scanned_sideways_are_cut_upright(tmp_path: Path) -> None:
+    """The same page scanned on its side is read upright: its figure is the upright page's."""
+    lines = ["Watching Folders for Documents", "Ada Example, Bo Sample"] + [
+        f"Section {n}: documents dropped in a folder are read and written next to it"
+        for n in range(1, 9)
+    ]
+    upright = rendered(docs.write_pdf(tmp_path / "paper.pdf", [lines]))
+    shown = orientation.turn(docs.text_image(lines), 90)
+    sideways = rendered(docs.write_pdf(tmp_path / "sideways.pdf", [shown]))
+    assert (sideways.orientation.rotation, upright.orientation.rotation) == (270, 0)
+    assert (sideways.width, sideways.height) == (upright.width, upright.height)
+    cut = []
+    for page in (upright, sideways):
+        result, request = recognised(page)
+        cut.append(asyncio.run(figures.extract(request, result)))
+    (straight,), (turned,) = cut
+    assert turned.bbox == straight.bbox
+    as_shown = orientation.turn(sideways.image, 90).crop(straight.bbox)  # what a cut unturned gives
+    with Image.open(io.BytesIO(straight.png)) as one, Image.open(io.BytesIO(turned.png)) as other:
+        same = ImageStat.Stat(ImageChops.difference(one, other)).mean[0]  # pdftoppm's resampling
+        wrong = ImageStat.Stat(ImageChops.difference(one, as_shown.convert(one.mode))).mean[0]
+        assert same < 0.4 * wrong, (same, wrong)
 
 
 def test_a_user_png_is_not_taken_for_a_figure(page: render.RenderedPage) -> None:

@@ -12,6 +12,7 @@ from PIL import Image
 
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.errors import CorruptPdf, EngineDead
+from ocrwatch.orientation import AS_RENDERED, Orientation
 from ocrwatch.scheduler import (
     Budget,
     DocumentOrder,
@@ -32,6 +33,7 @@ class FakePage:
     dpi: float | None = 72.0
     seconds: float = 0.0
     dpi_from: str = "render"
+    orientation: Orientation = AS_RENDERED
 
 
 def renderer(delay: float = 0.0, fail_at: int | None = None):

@@ -43,6 +43,8 @@ RANKS: dict[str, int] = {
     "written": 2,
     "render": 3,
     "imagepages": 3,
+    "orientation": 3,
+    "deskew": 3,
     "engines.base": 4,
     "scheduler": 4,
     "session": 4,

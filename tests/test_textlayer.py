@@ -25,7 +25,7 @@ import pytest
 from PIL import Image, ImageChops, ImageStat
 from rapidfuzz import fuzz
 
-from ocrwatch import render, textlayer
+from ocrwatch import deskew, orientation, render, textlayer
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek.grounding import parse
@@ -53,14 +53,16 @@ SHA = "ab" * 32  # the sha256 of the source, as the mark records it
 # --- helpers ------------------------------------------------------------------------------------------------
 
 
-def ocr(path: Path) -> list[tuple[render.RenderedPage, Recognition]]:
+def ocr(
+    path: Path, render_cfg: RenderConfig = RenderConfig()
+) -> list[tuple[render.RenderedPage, Recognition]]:
     """Every page rendered as the daemon renders it for Tesseract, and Tesseract's reading of it."""
     info = render.probe(path, render.Limits.from_config(LimitsConfig()))
 
     async def main() -> list[tuple[render.RenderedPage, Recognition]]:
         engine = TesseractEngine(TesseractConfig(workers=1))
         await engine.start()
-        spec = render.render_spec(RenderConfig(), engine.geometry)
+        spec = render.render_spec(render_cfg, engine.geometry)
         done = []
         for index in range(info.pages):
             page = await asyncio.to_thread(render.render_page, path, info, index, spec)
@@ -72,7 +74,10 @@ def ocr(path: Path) -> list[tuple[render.RenderedPage, Recognition]]:
 
 
 def texts(pages: Sequence[tuple[render.RenderedPage, Recognition]]) -> list[PageText | None]:
-    return [textlayer.page_text(page.width, page.height, recognition.blocks) for page, recognition in pages]
+    return [
+        textlayer.page_text(page.width, page.height, recognition.blocks, page.orientation)
+        for page, recognition in pages
+    ]
 
 
 def pdftotext(path: Path, *args: str) -> str:
@@ -257,6 +262,51 @@ def test_rotated_page_with_offset_boxes_places_words_where_they_are_shown(tmp_pa
     assert_words_placed(out, pages)
     with pikepdf.open(out) as pdf:
         assert pdf.pages[0].rotation == rotate  # the page is shown as before
+
+
+@pytest.mark.parametrize(
+    ("turn", "rotate", "lean"), [(90, 0, 0.0), (270, 90, 0.0), (180, 0, 0.0), (0, 0, 2.0)]
+)
+def test_a_page_read_upright_gets_its_text_over_its_glyphs_as_shown(
+    tmp_path: Path, turn: int, rotate: int, lean: float
+) -> None:
+    """A page scanned turned (its picture turned ``turn`` degrees clockwise, or leaning ``lean``
+    degrees and levelled by ``deskew``, shown so under /Rotate ``rotate``) is read upright, and its
+    words land on their glyphs as the page is shown: each word's box, mapped back through
+    ``orientation.to_shown``, is where pdftotext finds it. The page keeps its /Rotate."""
+    lines = ["Turned page of text", "read upright by ocrwatch", "and placed back as shown"]
+    lines.append("on the sheet")
+    image = orientation.turn(docs.text_image(lines, size=(1240, 900)), turn)
+    image = deskew.straighten(image, lean) if lean else image
+    source = page_pdf(tmp_path / "turned.pdf", image, rotate=rotate)
+    pages = ocr(source, RenderConfig(deskew=bool(lean)))
+    page, recognition = pages[0]
+    assert page.orientation.rotation == (360 - turn) % 360
+    assert page.orientation.deskew == (pytest.approx(-lean, abs=0.15) if lean else None)
+    assert similarity(recognition.markdown, " ".join(lines)) >= 0.9
+    out = tmp_path / "turned.pdf.ocr.pdf"
+    textlayer.searchable_pdf(source, "pdf", texts(pages), out, SHA)
+
+    qpdf_check(out)
+    # pdftotext orders lines running upwards from the last: the words are the layer's, not the order
+    assert sorted(page_texts(out)[0].split()) == sorted(recognition.markdown.split())
+    a, b, c, d, e, f = orientation.to_shown(page.orientation, page.width, page.height)
+    scale = 72 / page.dpi
+    found = dict(bbox_words(out)[0])
+    for block in recognition.blocks:
+        for word in block["words"]:
+            left, _, right, _ = word["bbox"]
+            top, bottom = block["bbox"][1], block["bbox"][3]  # the font is the line's height
+            corners = [
+                (a * u + c * v + e, b * u + d * v + f) for u in (left, right) for v in (top, bottom)
+            ]
+            xs, ys = [x * scale for x, _ in corners], [y * scale for _, y in corners]
+            box = found[word["text"]]
+            expected = (min(xs), min(ys), max(xs), max(ys))
+            close = all(abs(got - want) < TOLERANCE_PT for got, want in zip(box, expected))
+            assert close, (word, box, expected)
+    with pikepdf.open(out) as pdf:
+        assert pdf.pages[0].rotation == rotate
 
 
 def test_pages_sharing_their_resources_each_get_their_own_text(tmp_path: Path) -> None:

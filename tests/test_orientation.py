@@ -1,0 +1,226 @@
+"""Pages turned upright: OSD's report read, the three bands decided with the real Tesseract, the map
+back to the rendered page, and the corpus's turned and upright pages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image, ImageDraw, ImageOps
+
+from ocrwatch import deskew, orientation, render
+from ocrwatch.config import RenderConfig, TesseractConfig
+from ocrwatch.engines.base import PageRequest
+from ocrwatch.engines.tesseract import TesseractEngine
+from ocrwatch.errors import ConfigError
+from ocrwatch.orientation import Orientation, Settings
+from tests import docs, rotated
+
+LINES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Pack my box with five dozen liquor jugs now.",
+    "Sphinx of black quartz, judge my solemn vow.",
+    "How vexingly quick daft zebras jump today!",
+    "Bright vixens jump; dozy fowl quack loudly.",
+    "Waltz, bad nymph, for quick jigs vex them.",
+    "Jackdaws love my big sphinx of quartz too.",
+    "The five boxing wizards jump very quickly.",
+]
+REPORT = """Page number: 0
+Orientation in degrees: 90
+Rotate: 270
+Orientation confidence: 31.73
+Script: Latin
+Script confidence: 4.41
+"""
+ON = Settings(rotate=True)
+
+
+def page(lines: list[str] = LINES) -> Image.Image:
+    return docs.text_image(lines)
+
+
+def test_osd_report_parsed() -> None:
+    assert orientation.parse_osd(REPORT) == (270, 31.73)
+    assert orientation.parse_osd(REPORT.replace("Rotate: 270", "Rotate: 45")) is None
+    assert orientation.parse_osd(REPORT.replace("31.73", "nan")) is None
+    assert orientation.parse_osd("Too few characters. Skipping this page\n") is None
+
+
+@pytest.mark.parametrize("clockwise", [90, 180, 270])
+def test_a_turned_page_is_turned_back(clockwise: int) -> None:
+    """A page of eight lines shown turned comes back upright; with the threshold at the floor,
+    OSD's answer is taken as it is."""
+    upright = page()
+    shown = orientation.turn(upright, (360 - clockwise) % 360)
+    sure = Settings(rotate=True, threshold=orientation.READ_FLOOR)
+    image, turned = orientation.upright(shown, 150.0, sure)
+    assert (turned.rotation, turned.detected, turned.decided_by) == (clockwise, clockwise, "osd")
+    assert turned.confidence is not None and turned.confidence >= orientation.READ_FLOOR
+    assert image.size == upright.size and image.tobytes() == upright.tobytes()
+
+
+def test_an_upright_page_stays_as_it_is() -> None:
+    image, turned = orientation.upright(page(), 150.0, ON)
+    assert (turned.rotation, turned.detected, turned.decided_by) == (0, 0, "osd")
+    assert image.tobytes() == page().tobytes()
+
+
+def test_below_the_threshold_the_page_is_read_both_ways() -> None:
+    """With a threshold no answer reaches, a turned page is turned only after reading better so."""
+    shown = orientation.turn(page(), 90)
+    image, turned = orientation.upright(shown, 150.0, Settings(rotate=True, threshold=100.0))
+    assert (turned.rotation, turned.decided_by) == (270, "reading")
+    assert image.tobytes() == page().tobytes()
+
+
+def test_the_reading_check_prefers_the_upright_page(tmp_path: Path) -> None:
+    """What the check rests on: upside down, a page reads less than half the confident characters
+    it reads upright, so an upright page OSD misreads as upside down is kept."""
+    page().save(tmp_path / "upright.pgm")
+    orientation.turn(page(), 180).save(tmp_path / "turned.pgm")
+    upright = orientation.readable_characters(str(tmp_path / "upright.pgm"), 150.0, 60.0)
+    turned = orientation.readable_characters(str(tmp_path / "turned.pgm"), 150.0, 60.0)
+    assert upright >= sum(map(len, LINES)) * 0.8 and turned * orientation.READ_RATIO < upright
+
+
+def test_a_page_without_text_is_kept() -> None:
+    blank = Image.new("L", docs.A4_150DPI, 255)
+    image, turned = orientation.upright(blank, 150.0, ON)
+    assert (turned.rotation, turned.detected, turned.decided_by) == (0, None, "too_little_text")
+    assert image is blank
+
+
+def test_nothing_runs_when_nothing_is_asked() -> None:
+    shown = orientation.turn(page(), 90)
+    image, turned = orientation.upright(shown, 150.0, Settings())
+    assert image is shown and turned == orientation.AS_RENDERED
+
+
+def test_a_failing_tesseract_keeps_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Tesseract that crashes (here: a script that exits 3) fails no page: it is read as it is."""
+    binary = tmp_path / "tesseract"
+    binary.write_text("#!/bin/sh\necho 'segmentation fault' >&2\nexit 3\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    shown = orientation.turn(page(), 90)
+    image, turned = orientation.upright(shown, 150.0, ON)
+    assert (image, turned.rotation, turned.decided_by) == (shown, 0, "failed")
+
+
+def test_start_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    orientation.check(True)  # the test machine has tesseract-ocr-osd
+    monkeypatch.setenv("PATH", str(tmp_path))
+    orientation.check(False)
+    with pytest.raises(ConfigError, match="rotate_pages"):
+        orientation.check(True)
+    languages = "#!/bin/sh\necho 'List of available languages (1):'\necho eng\n"
+    (tmp_path / "tesseract").write_text(languages)
+    (tmp_path / "tesseract").chmod(0o755)
+    with pytest.raises(ConfigError, match="no osd data"):
+        orientation.check(True)
+
+
+@pytest.mark.parametrize(
+    "turned",
+    [Orientation(rotation=r, deskew=s) for r in (0, 90, 180, 270) for s in (None, 2.5, -4.0)],
+    ids=lambda o: f"r{o.rotation}-s{o.deskew}",
+)
+def test_to_shown_undoes_the_turn(turned: Orientation) -> None:
+    """A dot drawn on a rendered page, turned and levelled as ``upright`` does, is found in the
+    upright image where ``to_shown`` maps back onto the dot."""
+    shown = Image.new("L", (600, 400), 255)
+    ImageDraw.Draw(shown).ellipse((430, 90, 442, 102), fill=0)  # centre (436, 96)
+    image = orientation.turn(shown, turned.rotation)
+    if turned.deskew:
+        image = deskew.straighten(image, turned.deskew)
+    box = ImageOps.invert(image).point(lambda value: 255 if value > 128 else 0).getbbox()
+    assert box is not None
+    u, v = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    a, b, c, d, e, f = orientation.to_shown(turned, image.width, image.height)
+    assert a * u + c * v + e == pytest.approx(436.5, abs=1.5)
+    assert b * u + d * v + f == pytest.approx(96.5, abs=1.5)
+
+
+def test_render_page_turns_a_sideways_pdf_page(tmp_path: Path) -> None:
+    """Through the renderer: the page image is the upright one, its size the turned size."""
+    path = docs.write_pdf(tmp_path / "sideways.pdf", [orientation.turn(page(), 90)])
+    info = render.probe(path, render.Limits(1 << 30, 10))
+    spec = render.render_spec(RenderConfig(dpi=150))
+    rendered = render.render_page(path, info, 0, spec)
+    assert rendered.orientation.rotation == 270
+    assert (rendered.width, rendered.height) == docs.A4_150DPI
+    assert rendered.image.info["dpi"] == (150.0, 150.0)
+    spec = render.render_spec(RenderConfig(dpi=150, rotate_pages=False))
+    off = render.render_page(path, info, 0, spec)
+    assert off.orientation == orientation.AS_RENDERED and off.width > off.height
+
+
+# --- the corpus ----------------------------------------------------------------------------------
+
+
+def _spec(**keys: Any) -> render.RenderSpec:
+    return render.render_spec(RenderConfig(**keys), render.Geometry(dpi=TesseractConfig().dpi))
+
+
+def _pages(manifest: list[dict[str, Any]], per_document: int) -> list[tuple[str, int]]:
+    return [
+        (entry["file"], number)
+        for entry in manifest
+        if entry["expected"] == "ok" and entry["file"] != "GeoTopo-komprimiert.pdf"
+        for number in range(1, min(entry["pages"], per_document) + 1)
+    ]
+
+
+def _turned_by(corpus: Path, name: str, number: int) -> Orientation:
+    path = corpus / name
+    info = render.probe(path, render.Limits(1 << 30, 10_000))
+    return render.render_page(path, info, number - 1, _spec()).orientation
+
+
+@pytest.mark.parametrize("key", sorted(rotated.TURNED), ids=lambda key: f"{key[0]}-p{key[1]}")
+def test_corpus_turned_pages_are_turned(corpus_dir: Path, key: tuple[str, int]) -> None:
+    assert _turned_by(corpus_dir, *key).rotation == rotated.TURNED[key]
+
+
+@pytest.mark.parametrize("part", range(4))
+def test_corpus_upright_pages_stay_upright(
+    corpus_dir: Path, manifest: list[dict[str, Any]], part: int
+) -> None:
+    """The first two pages of every other document (the 117-page GeoTopo's first two too): none is
+    turned. In four parts, so that xdist runs them side by side."""
+    pages = _pages(manifest, 2)
+    pages += [("GeoTopo-komprimiert.pdf", 1), ("GeoTopo-komprimiert.pdf", 2)]
+    upright = [key for key in pages if key not in rotated.TURNED][part::4]
+    turned = {key: o for key in upright if (o := _turned_by(corpus_dir, *key)).rotation}
+    assert not turned, turned
+
+
+def _read(path: Path, spec: render.RenderSpec) -> list[str]:
+    async def run() -> list[str]:
+        engine = TesseractEngine(TesseractConfig(workers=2))
+        await engine.start()
+        try:
+            info = render.probe(path, render.Limits(1 << 30, 10_000))
+            pages = [render.render_page(path, info, index, spec) for index in range(info.pages)]
+            requests = [PageRequest(str(page.index), page.image, prompt="") for page in pages]
+            return [r.markdown for r in await asyncio.gather(*map(engine.recognize, requests))]
+        finally:
+            await engine.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("name", rotated.LEGIBLE)
+def test_corpus_rotated_documents_read_upright(corpus_dir: Path, name: str) -> None:
+    """Every page of the legible rotated documents reads as its reference, word for word, to 0.9
+    (rotated_skew.pdf levelled too: it leans 2.8 degrees)."""
+    spec = _spec(deskew=name == "rotated_skew.pdf")
+    want = rotated.reference(corpus_dir, name)
+    similarity = [rotated.word_similarity(text, want) for text in _read(corpus_dir / name, spec)]
+    assert min(similarity) >= 0.9, similarity
