@@ -71,6 +71,9 @@ class DaemonProcess:
         config: dict[str, Any] = {
             "state_dir": str(self.state),
             "engine": {"kind": "tesseract", "tesseract": {"dpi": 150, "workers": 2}},
+            # Orientation costs each page a second of CPU on these 2-core machines; the tests of
+            # turned pages (test_orientation.py) and the README's command run with it on.
+            "render": {"rotate_pages": False},
             "log": {"format": "json", "level": "debug"},
             "metrics": {"listen": f"127.0.0.1:{self.port}"},
             "daemon": {"reconcile_seconds": 60.0, "shutdown_timeout": 20.0, "health_interval_seconds": 0.5},

@@ -1,4 +1,4 @@
-"""Turned pages through ``ocrwatch run`` as a real process, with the defaults (``rotate_pages``):
+"""Turned pages through ``ocrwatch run`` as a real process, with ``rotate_pages`` on, its default:
 each is read upright, its JSON records the rotation, its Markdown reads as the page does, and its
 searchable PDF carries the words."""
 
@@ -47,7 +47,7 @@ def test_turned_pages_are_read_upright_through_the_daemon(make_daemon: Any, tmp_
     corpus = corpus_path()
     if corpus is not None:
         wanted[corpus / "ocr_test_rotated_90.pdf"] = (90, rotated.OCR_TEST_ROTATED_90)
-    daemon = make_daemon(output={"searchable_pdf": True}).start()
+    daemon = make_daemon(output={"searchable_pdf": True}, render={"rotate_pages": True}).start()
     try:
         for path in wanted:
             shutil.copy(path, daemon.inbox / path.name)
