@@ -92,6 +92,8 @@ def _page(outcome: PageOutcome, assets: str | None) -> dict[str, Any]:
         "rotation": outcome.orientation.rotation,
         "orientation": _orientation(outcome),
         "deskew": outcome.orientation.deskew,
+        "text_source": outcome.text_source,
+        "text_check": outcome.text_check,
         "status": result.status,
         "attempts": max(len(result.attempts), 1),
         "markdown": page_markdown(outcome, assets),

@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     ocr.add_argument("--engine", choices=["auto", "tesseract", "vllm"], help="override [engine] kind")
     ocr.add_argument("--lang", help="Tesseract language(s) for this run, e.g. deu or eng+deu (selects Tesseract)")
+    ocr.add_argument(
+        "--text", choices=["ocr", "auto", "layer"],
+        help="a PDF page's text: OCR'd, its own text layer where good, or its layer where it has one "
+        "(default: the inbox's [[inbox]] text, else the engine's: auto for Tesseract, ocr for vLLM)",
+    )  # fmt: skip
     ocr.add_argument("--out", type=Path, help="write sidecars under this folder instead of beside each file")
     ocr.add_argument(
         "--pattern", action="append", metavar="GLOB",
@@ -164,7 +169,7 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     cfg = _ocr_config(cfg, args)
     files = _collect(cfg, args.paths, args.pattern)
     engine = "tesseract" if args.lang else None if args.engine in (None, "auto") else args.engine
-    order = OcrRequest(files, cfg.output.dir if args.out else None, args.force, engine, args.lang)
+    order = OcrRequest(files, cfg.output.dir if args.out else None, args.force, engine, args.lang, args.text)
     report = OcrReport(len(files))
     client = Client.connect(cfg.state_dir) if files else None
     if client is None or not _hand_over(client, order, report):
@@ -283,7 +288,7 @@ async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
     try:
         await run_ocr(
             pipeline, LocalSink(cfg.output.name_template, cfg.output.dir), order.files, force=order.force,
-            emit=report.emit, lang=order.lang, before_first=prepare,
+            emit=report.emit, lang=order.lang, before_first=prepare, text=order.text,
         )  # fmt: skip
     finally:
         await pipeline.close()

@@ -88,6 +88,10 @@ class LimitsConfig(_Model):
 
 OnSuccess = Literal["keep", "move", "delete"]
 Duplicates = Literal["reuse", "ocr"]
+
+TextMode = Literal["ocr", "auto", "layer"]
+"""Where a PDF page's text comes from (``[[inbox]] text``, ``ocrwatch ocr --text``): always OCR, its own
+text layer where that passes ``pagetext``'s test, or its layer wherever it has one."""
 """What becomes of a source once its document is ``ok`` (``[output] on_success``, per inbox and per bucket)."""
 
 
@@ -181,6 +185,7 @@ class InboxConfig(_Model):
     lang: Lang | None = None  # Tesseract's languages for this inbox; None = [engine.tesseract] lang
     on_success: OnSuccess | None = None  # None: [output] on_success
     duplicates: Duplicates = "reuse"
+    text: TextMode | None = None  # None: the engine's own default (EngineSpec.text)
 
 
 class S3Config(_Model):

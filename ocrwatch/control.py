@@ -33,11 +33,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 import structlog
 
 from ocrwatch.config import Config
+from ocrwatch.config import TextMode
 from ocrwatch.errors import ConfigError, TransientError, classify
 from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.pipeline import Pipeline, Progress
@@ -83,12 +84,13 @@ class OcrRequest:
     force: bool = False
     engine: str | None = None  # the engine the user asked for; None: whichever runs
     lang: str | None = None  # Tesseract's language, when the user asked for one
+    text: TextMode | None = None  # ``--text``: where the pages' text comes from; None: the inbox's
 
     def as_json(self) -> dict[str, Any]:
         return {
             "op": "ocr", "files": [[str(path), str(root)] for path, root in self.files],
             "out": None if self.out is None else str(self.out), "force": self.force, "engine": self.engine,
-            "lang": self.lang,
+            "lang": self.lang, "text": self.text,
         }  # fmt: skip
 
     @classmethod
@@ -100,21 +102,23 @@ class OcrRequest:
         out, engine, lang = data.get("out"), data.get("engine"), data.get("lang")
         if not all(value is None or isinstance(value, str) for value in (out, engine, lang)):
             raise ValueError("out, engine and lang: strings or null")
+        if (text := data.get("text")) not in (None, *get_args(TextMode)):
+            raise ValueError(f"text: one of {', '.join(get_args(TextMode))} or null")
         return cls(
             [(Path(str(path)), Path(str(root))) for path, root in files], None if out is None else Path(out),
-            bool(data.get("force")), engine, lang,
+            bool(data.get("force")), engine, lang, text,
         )  # fmt: skip
 
 
 async def run_ocr(
     pipeline: Pipeline, sink: LocalSink, files: list[tuple[Path, Path]], *, force: bool, emit: Emit,
     lang: str | None = None, before_first: Callable[[], Awaitable[None]] | None = None,
-    accepting: Callable[[], bool] = lambda: True,
+    accepting: Callable[[], bool] = lambda: True, text: TextMode | None = None,
 ) -> None:  # fmt: skip
     """OCR ``files`` through ``pipeline`` without the ledger, emitting each file's page progress and result.
 
     A file whose JSON sidecar records its very content is skipped unless ``force``; ``lang``: Tesseract's
-    languages for these files. ``before_first`` runs once,
+    languages for these files, ``text``: where their pages' text comes from. ``before_first`` runs once,
     before the first job starts (a CLI's own engine is started only when something is left to do);
     ``accepting`` turns False when the daemon stops, and the files not started yet are reported interrupted.
     Cancelled (the client went away), it stops the jobs it started and returns once they have ended."""
@@ -138,7 +142,7 @@ async def run_ocr(
             if not accepting():
                 await emit(_interrupted(path))
                 continue
-            waiting[pipeline.start_job(job, record=False, lang=lang)] = job
+            waiting[pipeline.start_job(job, record=False, lang=lang, text=text)] = job
 
     admitting = asyncio.create_task(admit(), name=f"ocr-admit:{name}")
     try:
@@ -419,7 +423,7 @@ class ControlServer:
         sink = LocalSink(pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir, written=written)
         work = asyncio.create_task(run_ocr(
             pipeline, sink, order.files, force=order.force, emit=send, lang=order.lang,
-            accepting=lambda: self._host.taking_work() is not None,
+            accepting=lambda: self._host.taking_work() is not None, text=order.text,
         ))  # fmt: skip
         gone = asyncio.create_task(_closed(reader))
         try:

@@ -25,11 +25,11 @@ from typing import Any
 
 import structlog
 
-from ocrwatch import assemble, children, figures, ladder, outputs, render
+from ocrwatch import assemble, children, figures, ladder, outputs, pagetext, render
 from ocrwatch.admission import Admission, job_id
 from ocrwatch.attempts import attempts_of_a_job, is_place_fault
 from ocrwatch.archive import Archiver
-from ocrwatch.config import Config
+from ocrwatch.config import Config, TextMode
 from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.errors import (
     CrashLoop,
@@ -109,8 +109,8 @@ class Pipeline:
         # Keys of the jobs started in a slot the dispatcher took for them, not yet entered.
         self._given: set[str] = set()
         self._documents: dict[str, Document] = {}  # key → its pages in the scheduler, while they are recognised
-        # Jobs run without the ledger (``ocrwatch ocr``): key → the Tesseract languages asked for (None: the inbox's)
-        self._unrecorded: dict[str, str | None] = {}
+        # Jobs run without the ledger (``ocrwatch ocr``): key → the Tesseract languages and text mode asked for
+        self._unrecorded: dict[str, tuple[str | None, TextMode | None]] = {}
         self._draining = asyncio.Event()
         self._executors: dict[str, Executor] = {}
         self._read: dict[str, str] = {}  # job key → sha256 of the bytes fetched, for an error sidecar
@@ -193,11 +193,13 @@ class Pipeline:
         """Keys of the jobs held in memory: in a slot, waiting for one, or waiting out a backoff."""
         return self._tasks.keys()
 
-    def start_job(self, job: Job, *, record: bool = True, lang: str | None = None) -> asyncio.Task[str]:
+    def start_job(
+        self, job: Job, *, record: bool = True, lang: str | None = None, text: TextMode | None = None
+    ) -> asyncio.Task[str]:
         """Run the job in a task of its own, unless it already runs; the task's result is its final status.
         A recorded job is started by ``Admission.dispatch``, in the slot it took for it.
         ``record=False``: the ledger never hears of it (``ocrwatch ocr``), its task waits for a
-        slot, and ``lang`` overrides its inbox's."""
+        slot, and ``lang`` and ``text`` override its inbox's."""
         assert self._slots is not None, "Pipeline.start() first"
         existing = self._tasks.get(job.key)
         if existing is not None and not existing.done():
@@ -210,7 +212,7 @@ class Pipeline:
         if record:
             self._given.add(job.key)
         else:
-            self._unrecorded[job.key] = lang
+            self._unrecorded[job.key] = (lang, text)
         task.add_done_callback(functools.partial(self._forget, job.key))
         return task
 
@@ -416,7 +418,7 @@ class Pipeline:
     def _lang(self, job: Job) -> str | None:
         """The Tesseract languages asked for the job (``ocrwatch ocr --lang``), else those of its inbox
         (``[[inbox]] lang``); None: the engine's own."""
-        if (asked := self._unrecorded.get(job.key)) is not None:
+        if (asked := self._unrecorded.get(job.key, (None, None))[0]) is not None:
             return asked
         return self.cfg.inbox_lang(job.origin.inbox) if isinstance(job.origin, LocalFile) else None
 
@@ -430,7 +432,9 @@ class Pipeline:
             detected_at=job.detected_at,
             pages=probed.info.pages,
             prompt=self.cfg.prompt_text(job.prompt),
-            render=functools.partial(self._render_page, probed.path, probed.info, probed.spec),
+            render=pagetext.pages(self.cfg, job.origin, probed, self._unrecorded.get(job.key, (None, None))[1],
+                                  self.supervisor.kind, self._lang(job), self.decode_budget,
+                                  self.metrics.stage_seconds.labels(stage="render").observe),  # fmt: skip
         )
         self._documents[job.key] = session.document
         if (lang := self._lang(job)) is not None:
@@ -471,14 +475,6 @@ class Pipeline:
         """The Markdown, the further outputs, then the JSON (the commit marker), through the job's sink."""
         sink = self.sinks[job.source]
         await self._offload(job, sink.write, job, markdown, document, made.files, access)
-
-    def _render_page(
-        self, path: Path, info: render.DocumentInfo, spec: render.RenderSpec, index: int
-    ) -> render.RenderedPage:
-        """Runs in a render worker thread (prometheus_client is thread-safe); records each page as it is made."""
-        page = render.render_page(path, info, index, spec=spec, budget=self.decode_budget)
-        self.metrics.stage_seconds.labels(stage="render").observe(page.seconds)
-        return page
 
     async def _recognize(self, request: PageRequest) -> ladder.PageResult:
         """One page through the engine, recorded as it finishes, so a long document's progress shows live."""

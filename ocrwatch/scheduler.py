@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
-RenderFn = Callable[[int], "RenderedPage"]
+RenderFn = Callable[[int], "RenderedPage | Checked"]
 
 LANE_STRIDE = 10**8
 """``engine_priority`` is ``(lane + 100) * LANE_STRIDE`` plus a deadline below the stride."""
@@ -157,6 +157,19 @@ class PageOutcome:
     figures: tuple[Any, ...] = ()
     dpi_from: str = "render"  # render.RenderedPage's
     orientation: Orientation = AS_RENDERED  # render.RenderedPage's: how it was turned to be read
+    text_source: str = "ocr"  # "layer": the page's own text stood for its recognition
+    text_check: dict[str, Any] | None = None  # pagetext.Check.record(): why, where one ran
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A page whose own text was checked before it was rendered (``pagetext``): the check's record,
+    and the image for the engine, or the finished page where its text stood for its recognition
+    (``taken``: no image, no engine)."""
+
+    check: dict[str, Any]
+    page: RenderedPage | None = None
+    taken: PageOutcome | None = None
 
 
 Extract = Callable[[PageRequest, Any], Awaitable[tuple[Any, ...]]]
@@ -190,6 +203,7 @@ class Document:
 class _Ready:
     doc: Document
     page: "RenderedPage"
+    check: dict[str, Any] | None = None
 
 
 class PageScheduler:
@@ -347,7 +361,15 @@ class PageScheduler:
         if doc.closed:
             self._pump()
             return
-        heapq.heappush(self._ready, (doc.order, index, _Ready(doc, page)))
+        check = None
+        if isinstance(page, Checked):
+            if page.taken is not None:
+                self._finish(doc, page.taken)
+                self._pump()
+                return
+            assert page.page is not None
+            check, page = page.check, page.page
+        heapq.heappush(self._ready, (doc.order, index, _Ready(doc, page, check)))
         self.budget.ready += 1
         self._pump()
 
@@ -365,14 +387,15 @@ class PageScheduler:
         self.budget.inflight_lanes[doc.order.lane] += 1
         task = self._spawn(self._recognize_page(doc, request), f"recognize:{request.request_id}")
         doc.inflight[request.request_id] = task
-        task.add_done_callback(functools.partial(self._page_done, doc, page, request))
+        task.add_done_callback(functools.partial(self._page_done, ready, request))
 
     async def _recognize_page(self, doc: Document, request: PageRequest) -> tuple[Any, tuple[Any, ...]]:
         result = await self._recognize(doc, request)
         return result, (await self._extract(request, result) if self._extract is not None else ())
 
-    def _page_done(self, doc: Document, page: RenderedPage, request: PageRequest, task: asyncio.Task[Any]) -> None:
+    def _page_done(self, ready: _Ready, request: PageRequest, task: asyncio.Task[Any]) -> None:
         """Bookkeeping in a done-callback, so it also runs for a task cancelled before its first step."""
+        doc, page = ready.doc, ready.page
         self.budget.inflight -= 1
         self.budget.inflight_lanes[doc.order.lane] -= 1
         doc.inflight.pop(request.request_id, None)
@@ -387,19 +410,22 @@ class PageScheduler:
             self._fail(doc, classify(error))
         else:
             result, figures = task.result()
-            doc.outcomes[page.index] = PageOutcome(
+            self._finish(doc, PageOutcome(
                 page.index, page.width, page.height, page.dpi, page.seconds, result, figures,
-                page.dpi_from, page.orientation,
-            )
+                page.dpi_from, page.orientation, text_check=ready.check,
+            ))  # fmt: skip
             request.image = None
-            if len(doc.outcomes) == doc.pages and not doc.future.done():
-                doc.closed = True
-                self._retire(doc)
-                doc.future.set_result([doc.outcomes[i] for i in range(doc.pages)])
         if requeue and not doc.closed:
-            heapq.heappush(self._ready, (doc.order, page.index, _Ready(doc, page)))
+            heapq.heappush(self._ready, (doc.order, page.index, ready))
             self.budget.ready += 1
         self._pump()
+
+    def _finish(self, doc: Document, outcome: PageOutcome) -> None:
+        doc.outcomes[outcome.index] = outcome
+        if len(doc.outcomes) == doc.pages and not doc.future.done():
+            doc.closed = True
+            self._retire(doc)
+            doc.future.set_result([doc.outcomes[i] for i in range(doc.pages)])
 
     def _fail(self, doc: Document, error: OcrwatchError) -> None:
         if doc.future.done():

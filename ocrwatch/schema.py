@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, get_args
 
-from ocrwatch import pdfcontent
+from ocrwatch import pagetext, pdfcontent
 from ocrwatch.imagepages import DpiFrom
 from ocrwatch.orientation import DecidedBy
 from ocrwatch.textlayer import TextLayer
@@ -148,6 +148,26 @@ TRY = _object(
     ("rung", "request_id", "sampling", "outcome", "seconds"),
 )  # fmt: skip
 
+TEXT_CHECK = _object(
+    "Why a PDF page's own text was taken or not (ocrwatch.pagetext).",
+    {
+        "reason": {"enum": list(pagetext.REASONS),
+                   "description": "good or asked (the layer was taken: auto found it good, layer "
+                   "takes any); else why the page was OCR'd: no_text (none drawn: a scan), "
+                   "little_text, unreadable_codes (a font without a Unicode map), unmapped_font "
+                   "(punctuation only), unknown_letters (letters no installed Tesseract language "
+                   "has), unknown_words (too few words its languages know), no_dictionary "
+                   "(Tesseract's language data or tools absent), content_too_large or "
+                   "forms_too_deep (its content not read within bounds), unreadable_pdf, "
+                   "extraction_failed, extraction_timeout (pdftotext)."},
+        "known_words": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                        "description": "Share of the layer's word letters in words the page's "
+                        "languages know; null where the word test was not made."},
+        "seconds": {**_SECONDS, "description": "The check's time: reading and judging the layer."},
+    },
+    ("reason", "known_words", "seconds"),
+)  # fmt: skip
+
 PAGE = _object(
     "One page, in order: what the engine read and how it went.",
     {
@@ -192,6 +212,14 @@ PAGE = _object(
                    "description": "Degrees clockwise the upright page was turned about its centre "
                    "to level its lines ([render] deskew), 0 where they were level; null: deskew "
                    "is off."},
+        "text_source": {"enum": ["layer", "ocr"],
+                        "description": "Where the text came from: the PDF page's own text layer "
+                        "([[inbox]] text = auto where it passed the check, or layer: no engine ran, "
+                        "the page was not rendered, and width, height and dpi are what it would "
+                        "have been rendered at), or the engine's reading of the rendered page."},
+        "text_check": {"oneOf": [{"type": "null"}, TEXT_CHECK],
+                       "description": "The check of the page's own text; null where none ran "
+                       "(text = ocr, an image)."},
         "status": {"enum": ["ok", "failed"],
                    "description": "failed: every rung of the retry ladder failed."},
         "attempts": {"type": "integer", "minimum": 1,

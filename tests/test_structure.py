@@ -54,6 +54,7 @@ RANKS: dict[str, int] = {
     "schema": 6,
     "textlayer": 6,
     "pdfcontent": 6,
+    "pagetext": 6,
     "figures": 6,
     "outputs": 6,
     "sinks": 7,

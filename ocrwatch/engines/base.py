@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from PIL import Image
 
-from ocrwatch.config import EngineConfig, LogConfig
+from ocrwatch.config import EngineConfig, LogConfig, TextMode
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.plaintext import PlainText
 from ocrwatch.render import Geometry
@@ -99,7 +99,11 @@ of their own."""
 class EngineSpec:
     """What an ``ocrwatch.engines`` entry point names: the engine's ``[engine] kind`` and how to build it.
     A built-in engine's options are its own table under ``[engine]`` (``[engine.vllm]``), modelled in its
-    package's options module; a third-party engine reads ``plugin_args``."""
+    package's options module; a third-party engine reads ``plugin_args``. ``text``: the engine's
+    default ``[[inbox]] text``, where an inbox sets none: ``auto`` where a good text layer reads as
+    well as the engine would, ``ocr`` where the engine gives more (DeepSeek's Markdown keeps the
+    structure a text layer lacks)."""
 
     name: str
     build: Build
+    text: TextMode = "ocr"

@@ -287,5 +287,5 @@ def _build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
     return TesseractEngine(cfg.tesseract)
 
 
-SPEC = EngineSpec("tesseract", _build)
+SPEC = EngineSpec("tesseract", _build, text="auto")  # its plain text is what a good layer holds
 """Entry point ``ocrwatch.engines: tesseract``."""

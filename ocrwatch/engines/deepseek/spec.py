@@ -53,4 +53,4 @@ def build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
     return EngineSet([VllmEngine(one, images=images, devices=group) for group in groups], count_as="replicas")
 
 
-SPEC = EngineSpec("vllm", build)
+SPEC = EngineSpec("vllm", build, text="ocr")  # its Markdown keeps tables and headings
