@@ -8,9 +8,10 @@ wait for, kills them, and each waiting thread returns at once with the signal as
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 _lock = threading.Lock()
@@ -20,19 +21,27 @@ _running: set[subprocess.Popen[bytes]] = set()
 def run(argv: Sequence[str], *, timeout: float, **popen: Any) -> subprocess.CompletedProcess[bytes]:
     """``subprocess.run(argv, timeout=timeout, **popen)``: the same result and ``TimeoutExpired`` (the child
     killed first), with the child in reach of ``kill_all`` while it runs."""
-    with subprocess.Popen(argv, **popen) as process:
-        with _lock:
-            _running.add(process)
+    with subprocess.Popen(argv, **popen) as process, tracked(process):
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except BaseException:
             process.kill()
             process.wait()
             raise
-        finally:
-            with _lock:
-                _running.discard(process)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def tracked(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """``process`` in reach of ``kill_all`` while the block runs: for a caller that reads the
+    child's output itself (``pagetext`` bounds it)."""
+    with _lock:
+        _running.add(process)
+    try:
+        yield
+    finally:
+        with _lock:
+            _running.discard(process)
 
 
 def kill_all() -> int:

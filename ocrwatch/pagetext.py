@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import selectors
 import shutil
 import subprocess
 import tempfile
@@ -50,9 +51,10 @@ MIN_CHARACTERS = 20
 """Letters and digits a layer needs to be judged: fewer (a page number, a stamp on a scan) tell
 nothing of the page, whose OCR is cheap then."""
 
-MIN_READABLE = 0.98
+MIN_READABLE = 0.9
 """Share of a layer's characters that must be readable: neither private-use nor unassigned codes,
-controls or U+FFFD, which a font without a Unicode map gives."""
+controls or U+FFFD, which a font without a Unicode map gives (TAMReview's pages: 6–16 % readable).
+A few such codes are the pieces of large brackets a math font draws."""
 
 MIN_ALPHANUMERIC = 0.5
 """Share of the characters (dot leaders left out) that must be letters or digits: a layer of
@@ -62,19 +64,28 @@ MIN_KNOWN_LETTERS = 0.95
 """Share of the letters that an installed language's character set must hold: a symbol font
 mapped onto Latin Extended and Greek letters fails, a page with a few Greek formulas passes."""
 
-MIN_KNOWN_WORDS = 0.7
-"""Share of the words' letters in words the page's languages know: the born-digital English pages
-of the corpus score 0.95–1.0 (names and terms are the rest), words run together fail."""
+MIN_KNOWN_WORDS = 0.5
+"""Share of the words' letters in words the page's languages know: the corpus's born-digital
+English pages score 0.93–1.0 (names and terms are the rest), its German ones 0.7–1.0 with
+``deu``; words run together or letters read as others (a wrong encoding) score near 0."""
+
+MIN_PART = 4
+"""Letters of each part of a compound ``_known`` accepts: shorter parts would let words run
+together (``thecommittee``) pass."""
 
 MIN_WORD_LETTERS = 40
 """Letters in words below which the word test is not made (a table of figures, a CJK page)."""
+
+MAX_TEXT_BYTES = 4 * 1024 * 1024
+"""What pdftotext may write for one page: a dense page of text is some ten kilobytes, and a page
+past this is a content bomb's (``text_too_large``: OCR'd within the renderer's bounds)."""
 
 LIST_TIMEOUT_SECONDS = 60.0
 
 REASONS = (
     "good", "asked", "no_text", "little_text", "unreadable_codes", "unmapped_font", "unknown_letters",
     "unknown_words", "no_dictionary", pdfcontent.CONTENT_TOO_LARGE, pdfcontent.FORMS_TOO_DEEP,
-    "unreadable_pdf", "extraction_failed", "extraction_timeout",
+    "unreadable_pdf", "extraction_failed", "extraction_timeout", "text_too_large",
 )  # fmt: skip
 """Every ``Check.reason``: the first two take the layer, the others OCR the page."""
 
@@ -115,13 +126,12 @@ def judge(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | None
     does not. Compared in NFKC, so a ligature (ﬁ) is its letters."""
     folded = _LEADERS.sub(" ", unicodedata.normalize("NFKC", text))
     marks = [c for c in folded if not c.isspace()]
+    unreadable = sum(1 for c in marks if unicodedata.category(c) in _UNREADABLE or c == "\ufffd")
+    if len(marks) >= MIN_CHARACTERS and unreadable > (1 - MIN_READABLE) * len(marks):
+        return "unreadable_codes", None
     alphanumeric = sum(1 for c in marks if c.isalnum())
     if alphanumeric < MIN_CHARACTERS:
         return "little_text", None
-    if sum(1 for c in marks if unicodedata.category(c) in _UNREADABLE or c == "\ufffd") > (
-        1 - MIN_READABLE
-    ) * len(marks):
-        return "unreadable_codes", None
     if alphanumeric < MIN_ALPHANUMERIC * len(marks):
         return "unmapped_font", None
     known = knowledge.letters()
@@ -146,8 +156,17 @@ def _spaced(word: str) -> bool:
 
 
 def _known(word: str, vocabulary: frozenset[str]) -> bool:
+    """A word the list has, before an apostrophe too (``committee's``), or a compound of two it
+    has of ``MIN_PART`` letters or more, joined by a linking ``s`` or not (``Fundamentalgruppe``,
+    ``Gruppenoperationen``): German writes its compounds as one word, the list holds few."""
     lower = word.lower()
-    return lower in vocabulary or lower.split("'", 1)[0] in vocabulary
+    if lower in vocabulary or lower.split("'", 1)[0] in vocabulary:
+        return True
+    for cut in range(MIN_PART, len(lower) - MIN_PART + 1):
+        head, tail = lower[:cut], lower[cut:]
+        if tail in vocabulary and (head in vocabulary or head[-1] == "s" and head[:-1] in vocabulary):
+            return True
+    return False
 
 
 def _vocabulary(knowledge: Knowledge, lang: str) -> frozenset[str] | None:
@@ -165,7 +184,7 @@ def check(
     text, reason = _extract(path, index, budget, timeout)
     if text is not None:
         if mode == "layer":
-            reason = "asked" if any(c.isalnum() for c in text) else "little_text"
+            reason = "asked" if text.strip() else "no_text"
             known = None
         else:
             reason, known = judge(text, knowledge, lang)
@@ -189,17 +208,48 @@ def _extract(path: Path, index: int, budget: DecodeBudget, timeout: float) -> tu
     number = str(index + 1)
     argv = ["pdftotext", "-q", "-enc", "UTF-8", "-f", number, "-l", number, os.path.abspath(path), "-"]
     try:
-        done = children.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=timeout)
+        out = _bounded(argv, timeout, MAX_TEXT_BYTES)
     except subprocess.TimeoutExpired:
         log.warning("text_layer_timeout", page=index + 1, seconds=timeout)
         return None, "extraction_timeout"
-    except FileNotFoundError:
-        log.warning("text_layer_unread", page=index + 1, error="pdftotext not found (poppler-utils)")
+    except OSError as exc:
+        log.warning("text_layer_unread", page=index + 1, error=f"pdftotext: {exc}")
         return None, "extraction_failed"
-    if done.returncode != 0:
-        log.info("text_layer_unread", page=index + 1, error=f"pdftotext exited {done.returncode}")
-        return None, "extraction_failed"
-    return done.stdout.decode("utf-8", "replace"), "good"
+    if out is None:
+        log.warning("text_layer_too_large", page=index + 1, limit=MAX_TEXT_BYTES)
+        return None, "text_too_large"
+    return out.decode("utf-8", "replace"), "good"
+
+
+def _bounded(argv: list[str], timeout: float, limit: int) -> bytes | None:
+    """The child's stdout, read as it comes: None (the child killed) past ``limit`` bytes, whatever
+    the page's content made it write; TimeoutExpired past ``timeout``; OSError when it fails."""
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    size = 0
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as process, \
+            children.tracked(process), selectors.DefaultSelector() as selector:  # fmt: skip
+        assert process.stdout is not None
+        selector.register(process.stdout, selectors.EVENT_READ)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                chunk = os.read(process.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    return None
+                chunks.append(chunk)
+            if process.wait(max(deadline - time.monotonic(), 0.001)) != 0:
+                raise OSError(f"exited {process.returncode}")
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return b"".join(chunks)
 
 
 def markdown(text: str) -> str:

@@ -159,7 +159,8 @@ TEXT_CHECK = _object(
                    "has), unknown_words (too few words its languages know), no_dictionary "
                    "(Tesseract's language data or tools absent), content_too_large or "
                    "forms_too_deep (its content not read within bounds), unreadable_pdf, "
-                   "extraction_failed, extraction_timeout (pdftotext)."},
+                   "extraction_failed, extraction_timeout, text_too_large (pdftotext: it "
+                   "failed, ran past the render timeout, or wrote more than 4 MiB)."},
         "known_words": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
                         "description": "Share of the layer's word letters in words the page's "
                         "languages know; null where the word test was not made."},
