@@ -317,3 +317,34 @@ def test_ocr_dir_skips_what_the_inbox_ignores(tmp_path: Path) -> None:
     assert [p.relative_to(out).as_posix() for p in out.rglob("*.json")] == [f"{kept.name}.json"]
     again = ocr("--config", config, "--out", out, "--force", "--pattern", "*.png", folder)
     assert again.returncode == 0 and "1 done, 0 skipped, 0 failed" in again.stdout, again.stderr
+
+
+def test_ocr_text_takes_a_good_layer_and_ocrs_the_rest(tmp_path: Path) -> None:
+    """Tesseract's default is ``auto``: the born-digital page is taken from its layer (no engine,
+    its searchable PDF page keeps its own text), the scanned page beside it is OCR'd; ``--text
+    ocr`` OCRs both."""
+    lines = ["The committee met on Tuesday", "to review the annual report.", "Members agreed that the",
+             "budget for the coming year", "should be approved without", "further changes at all."]  # fmt: skip
+    born = docs.write_pdf(tmp_path / "born.pdf", [lines], text_layer=True)
+    scan = docs.write_pdf(tmp_path / "scan.pdf", [["Delivery note seven", "Second line here"]])
+    with pikepdf.open(born, allow_overwriting_input=True) as pdf, pikepdf.open(scan) as other:
+        pdf.pages.extend(other.pages)
+        pdf.save(born)
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text('[output]\nsearchable_pdf = true\n')
+    proc = ocr("--config", config, born)
+    assert proc.returncode == 0, proc.stderr
+    data = sidecar(born, ".json")
+    jsonschema.validate(data, JSON_SCHEMA)
+    first, second = data["pages"]
+    assert (first["text_source"], first["text_check"]["reason"]) == ("layer", "good")
+    assert first["tries"] == [] and "annual report" in first["markdown"]
+    assert (second["text_source"], second["text_check"]["reason"]) == ("ocr", "no_text")
+    assert "Delivery" in second["markdown"] and second["blocks"]
+    assert data["searchable_pdf"]["text_layer"] == ["own", "ocr"]
+
+    proc = ocr("--config", config, "--force", "--text", "ocr", born)
+    assert proc.returncode == 0, proc.stderr
+    data = sidecar(born, ".json")
+    assert [(p["text_source"], p["text_check"]) for p in data["pages"]] == [("ocr", None), ("ocr", None)]
+    assert "annual" in data["pages"][0]["markdown"] and data["pages"][0]["blocks"]

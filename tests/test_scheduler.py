@@ -15,7 +15,9 @@ from ocrwatch.errors import CorruptPdf, EngineDead
 from ocrwatch.orientation import AS_RENDERED, Orientation
 from ocrwatch.scheduler import (
     Budget,
+    Checked,
     DocumentOrder,
+    PageOutcome,
     PageScheduler,
     auto_active_documents,
     auto_render_ahead,
@@ -140,6 +142,29 @@ async def test_bounds_hold_and_pages_come_back_in_order() -> None:
         assert all(p.result.startswith("text of") for p in pages)
     assert 1 < recorder.max_inflight <= 3
     assert recorder.max_buffered <= 4
+    assert scheduler.budget.inflight == scheduler.budget.ready == scheduler.budget.rendering == 0
+    await scheduler.close()
+
+
+async def test_a_page_taken_from_its_text_layer_skips_the_engine() -> None:
+    """``pagetext`` hands the scheduler a finished page (``Checked.taken``) or an image with the
+    check's record; only the image reaches the engine, and the record reaches its outcome."""
+    ref: list[PageScheduler] = []
+    recorder = Recorder(ref)
+    scheduler = make(recorder, ref)
+
+    def render(index: int) -> Checked:
+        if index % 2 == 0:
+            taken = PageOutcome(index, 10, 10, 72.0, 0.0, "layer text", (), "render", "layer", {"reason": "good"})
+            return Checked({"reason": "good"}, taken=taken)
+        return Checked({"reason": "no_text"}, FakePage(index, Image.new("L", (10, 10))))  # type: ignore[arg-type]
+
+    doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=4, prompt="p", render=render)
+    pages = await asyncio.wait_for(doc.future, 30)
+    assert [p.result for p in pages] == ["layer text", "text of d/p1", "layer text", "text of d/p3"]
+    assert [p.text_source for p in pages] == ["layer", "ocr", "layer", "ocr"]
+    assert [p.text_check for p in pages] == [{"reason": r} for r in ("good", "no_text", "good", "no_text")]
+    assert sorted(recorder.order) == ["d/p1", "d/p3"]
     assert scheduler.budget.inflight == scheduler.budget.ready == scheduler.budget.rendering == 0
     await scheduler.close()
 
