@@ -42,9 +42,10 @@ def test_the_lock_says_whether_a_daemon_holds_the_state(tmp_path: Path) -> None:
 
 
 def test_an_ocr_request_round_trips_and_a_malformed_one_is_refused(tmp_path: Path) -> None:
-    order = OcrRequest([(tmp_path / "a" / "x.pdf", tmp_path)], tmp_path / "out", True, "tesseract", "deu")
+    order = OcrRequest([(tmp_path / "a" / "x.pdf", tmp_path)], tmp_path / "out", True, "tesseract", "deu", "layer")
     assert OcrRequest.from_json(json.loads(json.dumps(order.as_json()))) == order
-    for bad in ({"files": "x.pdf"}, {"files": [["x.pdf"]]}, {"files": [], "out": 3}, {"files": [], "lang": ["deu"]}):
+    for bad in ({"files": "x.pdf"}, {"files": [["x.pdf"]]}, {"files": [], "out": 3}, {"files": [], "lang": ["deu"]},
+                {"files": [], "text": "pdf"}):
         with pytest.raises(ValueError):
             OcrRequest.from_json(bad)
 
