@@ -118,8 +118,8 @@ async def run_ocr(
     """OCR ``files`` through ``pipeline`` without the ledger, emitting each file's page progress and result.
 
     A file whose JSON sidecar records its very content is skipped unless ``force``; ``lang``: Tesseract's
-    languages for these files, ``text``: where their pages' text comes from. ``before_first`` runs once,
-    before the first job starts (a CLI's own engine is started only when something is left to do);
+    languages for these files, ``text``: where their pages' text comes from. ``before_first``
+    runs once, before the first job starts (a CLI's own engine is started only when something is left to do);
     ``accepting`` turns False when the daemon stops, and the files not started yet are reported interrupted.
     Cancelled (the client went away), it stops the jobs it started and returns once they have ended."""
     name = f"{REQUEST_PREFIX}{next(_requests)}"

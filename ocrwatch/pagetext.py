@@ -83,9 +83,10 @@ past this is a content bomb's (``text_too_large``: OCR'd within the renderer's b
 LIST_TIMEOUT_SECONDS = 60.0
 
 REASONS = (
-    "good", "asked", "no_text", "little_text", "unreadable_codes", "unmapped_font", "unknown_letters",
-    "unknown_words", "no_dictionary", pdfcontent.CONTENT_TOO_LARGE, pdfcontent.FORMS_TOO_DEEP,
-    "unreadable_pdf", "extraction_failed", "extraction_timeout", "text_too_large",
+    "good", "asked", "no_text", "little_text", "unreadable_codes", "unmapped_font",
+    "unknown_letters", "unknown_words", "no_dictionary", pdfcontent.CONTENT_TOO_LARGE,
+    pdfcontent.FORMS_TOO_DEEP, "unreadable_pdf", "extraction_failed", "extraction_timeout",
+    "text_too_large",
 )  # fmt: skip
 """Every ``Check.reason``: the first two take the layer, the others OCR the page."""
 
@@ -164,7 +165,8 @@ def _known(word: str, vocabulary: frozenset[str]) -> bool:
         return True
     for cut in range(MIN_PART, len(lower) - MIN_PART + 1):
         head, tail = lower[:cut], lower[cut:]
-        if tail in vocabulary and (head in vocabulary or head[-1] == "s" and head[:-1] in vocabulary):
+        linked = head[-1] == "s" and head[:-1] in vocabulary
+        if tail in vocabulary and (head in vocabulary or linked):
             return True
     return False
 
@@ -193,7 +195,9 @@ def check(
     return Check(taken, reason, known if text is not None else None, seconds)
 
 
-def _extract(path: Path, index: int, budget: DecodeBudget, timeout: float) -> tuple[str | None, str]:
+def _extract(
+    path: Path, index: int, budget: DecodeBudget, timeout: float
+) -> tuple[str | None, str]:
     """The page's text, or None and why there is none to take."""
     try:
         with pikepdf.Pdf.open(path) as pdf:
@@ -206,7 +210,8 @@ def _extract(path: Path, index: int, budget: DecodeBudget, timeout: float) -> tu
     if not drawn.text:
         return None, "no_text"
     number = str(index + 1)
-    argv = ["pdftotext", "-q", "-enc", "UTF-8", "-f", number, "-l", number, os.path.abspath(path), "-"]
+    argv = ["pdftotext", "-q", "-enc", "UTF-8", "-f", number, "-l", number]
+    argv += [os.path.abspath(path), "-"]
     try:
         out = _bounded(argv, timeout, MAX_TEXT_BYTES)
     except subprocess.TimeoutExpired:
@@ -288,8 +293,10 @@ class Tessdata:
 
     def _read_letters(self) -> frozenset[str] | None:
         try:
-            done = children.run([self._binary, "--list-langs"], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, timeout=LIST_TIMEOUT_SECONDS)  # fmt: skip
+            done = children.run(
+                [self._binary, "--list-langs"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                timeout=LIST_TIMEOUT_SECONDS,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("text_dictionary_missing", error=f"{self._binary} --list-langs: {exc}")
             return None
@@ -308,15 +315,18 @@ class Tessdata:
         return frozenset(letters)
 
     def _components(self, lang: str, names: Iterable[str], scratch: str) -> dict[str, Path]:
-        """The named components of ``lang``'s traineddata, written into ``scratch``; those it has."""
+        """The named components of ``lang``'s traineddata, written into ``scratch``: those it
+        has."""
         assert self._folder is not None
         data = self._folder / f"{lang}.traineddata"
         found = {}
         for name in names:
             out = Path(scratch) / f"{lang.replace('/', '_')}.{name}"
             try:
-                children.run(["combine_tessdata", "-e", str(data), str(out)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, timeout=LIST_TIMEOUT_SECONDS)  # fmt: skip
+                children.run(
+                    ["combine_tessdata", "-e", str(data), str(out)], stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, timeout=LIST_TIMEOUT_SECONDS,
+                )
             except (OSError, subprocess.TimeoutExpired):
                 continue
             if out.is_file() and out.stat().st_size:
@@ -347,7 +357,8 @@ class Tessdata:
                 except (OSError, subprocess.TimeoutExpired):
                     continue
                 if out.is_file():
-                    return frozenset(w.strip().lower() for w in out.read_text("utf-8", "replace").split())
+                    listed = out.read_text("utf-8", "replace").split()
+                    return frozenset(word.lower() for word in listed)
         log.warning("text_dictionary_missing", lang=lang, error="no word list in its language data")
         return None
 
@@ -395,8 +406,8 @@ def pages(
     ``lang`` (None: ``[engine.tesseract] lang``); ``asked``: ``ocrwatch ocr --text``."""
     tess = cfg.engine.tesseract
     mode = text_mode(cfg, origin, asked, engine)
-    return Pages(copy.path, copy.info, copy.spec, mode, lang or tess.lang, tessdata(tess.binary), budget,
-                 observe)  # fmt: skip
+    knowledge, lang = tessdata(tess.binary), lang or tess.lang
+    return Pages(copy.path, copy.info, copy.spec, mode, lang, knowledge, budget, observe)
 
 
 @dataclass(frozen=True)
@@ -438,5 +449,6 @@ class Pages:
         recognition = Recognition(markdown=text, raw=found.text, seconds=found.seconds)
         result = ladder.PageResult("ok", recognition, [])
         width, height = (max(1, math.ceil(side * dpi / 72)) for side in (width_pt, height_pt))
-        return PageOutcome(index, width, height, dpi, 0.0, result, (), "render", "layer", found.record())
+        record = found.record()
+        return PageOutcome(index, width, height, dpi, 0.0, result, (), "render", "layer", record)
 

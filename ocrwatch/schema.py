@@ -215,9 +215,10 @@ PAGE = _object(
                    "is off."},
         "text_source": {"enum": ["layer", "ocr"],
                         "description": "Where the text came from: the PDF page's own text layer "
-                        "([[inbox]] text = auto where it passed the check, or layer: no engine ran, "
-                        "the page was not rendered, and width, height and dpi are what it would "
-                        "have been rendered at), or the engine's reading of the rendered page."},
+                        "([[inbox]] text = auto where it passed the check, or layer: no "
+                        "engine ran, the page was not rendered, and width, height and dpi are "
+                        "what it would have been rendered at), or the engine's reading of the "
+                        "rendered page."},
         "text_check": {"oneOf": [{"type": "null"}, TEXT_CHECK],
                        "description": "The check of the page's own text; null where none ran "
                        "(text = ocr, an image)."},
