@@ -10,10 +10,11 @@ otherwise. A page taken from its layer skips the engine and the render, and its 
 page keeps its own text (``textlayer``: ``own``).
 
 ``judge`` asks what Tesseract knows: the letters of its installed languages' character sets and
-the words of the page's languages' word lists (``combine_tessdata`` and ``dawg2wordlist``, read
-once per process). A layer fails when it is mostly unreadable codes (a font without a Unicode
-map: TAMReview's pages 2–5 show private-use codes), when its letters are ones no installed
-language has, or when too few of its words are words. Poppler's reading order is taken, not
+the words of the page's languages' word lists (``plaintext.wordlist``, read once per process).
+A layer fails when it is mostly unreadable codes (a font without a Unicode map: TAMReview's pages
+2–5 show private-use codes), when its letters are ones no installed language has, or when too few
+of its words are words. A taken page's text is plain text to the assembler, escaped and its
+line-break hyphens joined as Tesseract's is (``plaintext``). Poppler's reading order is taken, not
 ``-layout``: ``-layout`` sets two columns side by side on each line, which Markdown interleaves.
 """
 
@@ -23,13 +24,12 @@ import math
 import os
 import re
 import selectors
-import shutil
 import subprocess
 import tempfile
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import pikepdf
 import structlog
 
-from ocrwatch import children, ladder, pdfcontent, render
+from ocrwatch import children, ladder, pdfcontent, plaintext, render
 from ocrwatch.config import Config, TextMode
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Recognition
@@ -114,8 +114,8 @@ class Check:
 
 
 class Knowledge(Protocol):
-    """What ``judge`` asks of Tesseract: the letters it knows, and a language's words (None where
-    it cannot be read)."""
+    """What ``judge`` asks of Tesseract: the letters it knows, and the words of its languages
+    ``lang`` (``deu+eng``; None where none can be read)."""
 
     def letters(self) -> frozenset[str] | None: ...
 
@@ -145,7 +145,7 @@ def judge(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | None
     total = sum(len(w) for w in words)
     if total < MIN_WORD_LETTERS:
         return "good", None
-    vocabulary = _vocabulary(knowledge, lang)
+    vocabulary = knowledge.words(lang)
     if vocabulary is None:
         return "no_dictionary", None
     share = sum(len(w) for w in words if _known(w, vocabulary)) / total
@@ -169,12 +169,6 @@ def _known(word: str, vocabulary: frozenset[str]) -> bool:
         if tail in vocabulary and (head in vocabulary or linked):
             return True
     return False
-
-
-def _vocabulary(knowledge: Knowledge, lang: str) -> frozenset[str] | None:
-    """The words of every language of ``lang`` (``deu+eng``); None when none can be read."""
-    found = [words for one in lang.split("+") if (words := knowledge.words(one)) is not None]
-    return frozenset().union(*found) if len(found) > 1 else (found[0] if found else None)
 
 
 def check(
@@ -300,67 +294,52 @@ class Tessdata:
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("text_dictionary_missing", error=f"{self._binary} --list-langs: {exc}")
             return None
-        listing = done.stdout.decode("utf-8", "replace").splitlines()
-        folder = re.search(r'"(.+)"', listing[0]) if listing else None
-        tools = shutil.which("combine_tessdata") and shutil.which("dawg2wordlist")
-        if done.returncode != 0 or folder is None or not tools:
+        listed = done.stdout.decode("utf-8", "replace")
+        folder = plaintext.tessdata_dir(listed)
+        if done.returncode != 0 or folder is None or plaintext.tools_missing():
             log.warning("text_dictionary_missing", error="tesseract, its language data or its "
                         "training tools (combine_tessdata, dawg2wordlist) not found")  # fmt: skip
             return None
-        self._folder = Path(folder.group(1))
+        self._folder = folder
         letters: set[str] = set()
-        for lang in (name.strip() for name in listing[1:]):
+        for lang in (name.strip() for name in listed.splitlines()[1:]):
             if lang and lang != "osd":
                 letters.update(c for c in self._unicharset(lang) if c.isalpha())
         return frozenset(letters)
 
-    def _components(self, lang: str, names: Iterable[str], scratch: str) -> dict[str, Path]:
-        """The named components of ``lang``'s traineddata, written into ``scratch``: those it
-        has."""
+    def _component(self, lang: str, name: str, scratch: str) -> Path | None:
+        """The component ``name`` of ``lang``'s traineddata, written into ``scratch``; None where it
+        has none."""
         assert self._folder is not None
-        data = self._folder / f"{lang}.traineddata"
-        found = {}
-        for name in names:
-            out = Path(scratch) / f"{lang.replace('/', '_')}.{name}"
-            try:
-                children.run(
-                    ["combine_tessdata", "-e", str(data), str(out)], stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, timeout=LIST_TIMEOUT_SECONDS,
-                )
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if out.is_file() and out.stat().st_size:
-                found[name] = out
-        return found
+        out = Path(scratch) / f"{lang.replace('/', '_')}.{name}"
+        try:
+            children.run(
+                ["combine_tessdata", "-e", str(self._folder / f"{lang}.traineddata"), str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=LIST_TIMEOUT_SECONDS,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out if out.is_file() and out.stat().st_size else None
 
     def _unicharset(self, lang: str) -> set[str]:
         with tempfile.TemporaryDirectory(prefix="ocrwatch-tessdata-") as scratch:
-            parts = self._components(lang, ("lstm-unicharset", "unicharset"), scratch)
-            path = parts.get("lstm-unicharset") or parts.get("unicharset")
+            path = self._component(lang, "lstm-unicharset", scratch)
+            path = path or self._component(lang, "unicharset", scratch)
             if path is None:
                 return set()
             lines = path.read_text("utf-8", "replace").splitlines()[1:]
         return {line.split(" ", 1)[0] for line in lines if line}
 
     def _read_words(self, lang: str) -> frozenset[str] | None:
-        with tempfile.TemporaryDirectory(prefix="ocrwatch-tessdata-") as scratch:
-            for prefix in ("lstm-", ""):
-                names = (f"{prefix}unicharset", f"{prefix}word-dawg")
-                parts = self._components(lang, names, scratch)
-                if len(parts) < 2:
-                    continue
-                out = Path(scratch) / "words"
-                argv = ["dawg2wordlist", str(parts[names[0]]), str(parts[names[1]]), str(out)]
-                try:
-                    children.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 timeout=LIST_TIMEOUT_SECONDS)  # fmt: skip
-                except (OSError, subprocess.TimeoutExpired):
-                    continue
-                if out.is_file():
-                    listed = out.read_text("utf-8", "replace").split()
-                    return frozenset(word.lower() for word in listed)
-        log.warning("text_dictionary_missing", lang=lang, error="no word list in its language data")
-        return None
+        assert self._folder is not None
+        try:
+            words = plaintext.wordlist(self._folder, lang)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("text_dictionary_missing", lang=lang, error=str(exc))
+            return None
+        if not words:
+            log.warning("text_dictionary_missing", lang=lang, error="no word list in its data")
+        return words or None
 
 
 _TESSDATA: dict[str, Tessdata] = {}
@@ -446,9 +425,10 @@ class Pages:
         width_pt, height_pt = self.info.page_sizes[index]
         dpi = render.page_dpi(width_pt, height_pt, self.spec)
         text = markdown(found.text)
-        recognition = Recognition(markdown=text, raw=found.text, seconds=found.seconds)
+        plain = plaintext.PlainText(self.knowledge.words(self.lang) or frozenset())
+        recognition = Recognition(markdown=text, raw=found.text, seconds=found.seconds, plain=plain)
         result = ladder.PageResult("ok", recognition, [])
         width, height = (max(1, math.ceil(side * dpi / 72)) for side in (width_pt, height_pt))
-        record = found.record()
-        return PageOutcome(index, width, height, dpi, 0.0, result, (), "render", "layer", record)
+        return PageOutcome(index, width, height, dpi, 0.0, result, text_source="layer",
+                           text_check=found.record())  # fmt: skip
 

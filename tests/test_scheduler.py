@@ -155,7 +155,8 @@ async def test_a_page_taken_from_its_text_layer_skips_the_engine() -> None:
 
     def render(index: int) -> Checked:
         if index % 2 == 0:
-            taken = PageOutcome(index, 10, 10, 72.0, 0.0, "layer text", (), "render", "layer", {"reason": "good"})
+            taken = PageOutcome(index, 10, 10, 72.0, 0.0, "layer text", text_source="layer",
+                                text_check={"reason": "good"})
             return Checked({"reason": "good"}, taken=taken)
         return Checked({"reason": "no_text"}, FakePage(index, Image.new("L", (10, 10))))  # type: ignore[arg-type]
 
