@@ -18,9 +18,9 @@ LINES = ["The committee met on Tuesday", "to review the annual report.", "Member
          "budget for the coming year", "should be approved without", "further changes at all."]  # fmt: skip
 
 
-def broken(path: Path) -> Path:
+def broken(path: Path, lines: list[str]) -> Path:
     """The layer's font mapped onto private-use codes: a layer no reader can use."""
-    docs.write_pdf(path, [LINES], text_layer=True)
+    docs.write_pdf(path, [lines], text_layer=True)
     cmap = (b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
             b"1 begincodespacerange <00> <FF> endcodespacerange\n"
             b"1 beginbfrange <20> <7E> <E020> endbfrange\n"
@@ -44,10 +44,11 @@ def test_each_inbox_takes_the_text_its_mode_says(tmp_path: Path, spawned: list[D
             (tmp_path / name).mkdir(exist_ok=True)
             for kind in ("good", "broken"):
                 path = tmp_path / name / f"{kind}.pdf"
+                lines = [*LINES, f"Filed in the {name} inbox."]  # no two alike: none is reused
                 if kind == "good":
-                    docs.write_pdf(path, [LINES], text_layer=True)
+                    docs.write_pdf(path, [lines], text_layer=True)
                 else:
-                    broken(path)
+                    broken(path, lines)
                 done[name, kind] = wait_until(lambda path=path: sidecars_done(path), 90, f"{path}'s sidecar")
     finally:
         assert daemon.stop() == 0
