@@ -1,7 +1,7 @@
 """How well the Tesseract path reads the corpus: each document with a reference text, through the real
 ``ocrwatch ocr`` command with the shipped defaults, its Markdown against the reference, word by word.
 
-Two figures a document: order-sensitive (1 - the word-level edit distance over the longer text) and
+Compared page by page (a reference's pages are split at its form feeds). Two figures a page: order-sensitive (1 - the word-level edit distance over the longer text) and
 order-free (the share of words in common, whatever their order: a two-column page read across). With
 ``--rev REV`` the same documents are read again by the code of that commit too (a ``git worktree``), so
 a change is measured against what came before it, on the same machine and the same Tesseract.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -66,21 +67,39 @@ def read(code: Path, paths: list[Path], scratch: Path) -> dict[str, tuple[str, f
     return found
 
 
+def pages_of(markdown: str) -> list[str]:
+    """The Markdown's pages, in order, by the mark that opens each."""
+    return [part for part in re.split(r"<!-- page \d+ -->", markdown)[1:]]
+
+
 def scores(read_texts: dict[str, tuple[str, float]], pairs: list[tuple[Path, Path]]) -> dict[str, Any]:
-    per_document = {}
+    """Page by page: a reference with form feeds (``pdftotext``'s, first pages only) against the same
+    pages; one without (a single page's transcription) against every page of the document."""
+    per_document: dict[str, dict[str, float]] = {}
+    per_page: dict[str, dict[str, float]] = {}
     for path, reference in pairs:
-        want = reference.read_text(encoding="utf-8")
-        got = read_texts[path.name][0]
+        wanted = reference.read_text(encoding="utf-8").split("\f")
+        got = pages_of(read_texts[path.name][0])
+        if len(wanted) == 1:
+            wanted = wanted * len(got)
+        compared = [(n, g, w) for n, (g, w) in enumerate(zip(got, wanted), 1) if rotated.words(w)]
+        for n, g, w in compared:
+            per_page[f"{path.name} p{n}"] = {
+                "ordered": round(rotated.word_similarity(g, w), 3),
+                "unordered": round(rotated.bag_similarity(g, w), 3),
+            }
+        mine = [per_page[f"{path.name} p{n}"] for n, _, _ in compared] or [{"ordered": 0, "unordered": 0}]
         per_document[path.name] = {
-            "ordered": round(rotated.word_similarity(got, want), 3),
-            "unordered": round(rotated.bag_similarity(got, want), 3),
+            kind: round(sum(page[kind] for page in mine) / len(mine), 3) for kind in ("ordered", "unordered")
         }
-    values = list(per_document.values())
+    pages = list(per_page.values())
     return {
         "documents": per_document,
-        "mean_ordered": round(sum(v["ordered"] for v in values) / max(len(values), 1), 3),
-        "mean_unordered": round(sum(v["unordered"] for v in values) / max(len(values), 1), 3),
-        "worst": sorted(per_document, key=lambda name: per_document[name]["unordered"])[:5],
+        "pages": len(pages),
+        "mean_ordered": round(sum(v["ordered"] for v in pages) / max(len(pages), 1), 3),
+        "mean_unordered": round(sum(v["unordered"] for v in pages) / max(len(pages), 1), 3),
+        "worst_pages": {name: per_page[name] for name in
+                        sorted(per_page, key=lambda name: per_page[name]["unordered"])[:5]},
         "seconds": round(next(iter(read_texts.values()))[1], 1) if read_texts else 0.0,
     }
 
