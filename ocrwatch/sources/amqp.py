@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -97,6 +98,8 @@ class AmqpSource(S3EventSource):
         self._submit, self._reject = submit, reject
         self._url = broker_url(self.cfg, self.index)
         self._shown = redacted(self._url)
+        # aiormq's own line for each failed connection says what amqp_unreachable says: one is enough
+        logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
         if self.metrics is not None:
             for event in AMQP_EVENTS:
                 self.metrics.amqp_messages.labels(source=self.name, event=event)
