@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -235,7 +236,9 @@ class AmqpSource(S3EventSource):
             self.metrics.amqp_connected.labels(source=self.name).set(value)
 
     async def _wait_out(self, event: str, exc: BaseException, failures: int) -> None:
-        delay = min(self.backoff_max_seconds, 0.5 * 2 ** min(failures - 1, 16))
+        """A second more each time, up to ``backoff_max_seconds``, with jitter: a broker restart
+        (seconds) is caught up within a second or two, and the consumers of many hosts spread out."""
+        delay = round(min(self.backoff_max_seconds, failures) + random.uniform(0, 0.5), 2)
         log.warning(event, source=self.name, broker=self._shown, queue=self.queue_name,
                     attempt=failures, error=_said(exc), retry_in=delay)
         await asyncio.sleep(delay)
