@@ -3,9 +3,10 @@
 ``RabbitServer`` runs Debian's ``rabbitmq-server`` (``bash tests/install_rabbitmq.sh``) as a node of
 its own: its own AMQP port (``RABBITMQ_NODE_PORT``), distribution port (``RABBITMQ_DIST_PORT``) and
 epmd (``ERL_EPMD_PORT``, an ``epmd`` started and stopped here), its data and logs in a temporary
-folder (``RABBITMQ_MNESIA_BASE``, ``RABBITMQ_LOG_BASE``), no plugins, no system configuration. Users:
-``guest`` (what RGW's push endpoint logs in as without credentials) and ``ocrwatch`` with a random
-password, which the daemons use and which must never appear in their logs. It starts in about 6 s,
+folder (``RABBITMQ_MNESIA_BASE``, ``RABBITMQ_LOG_BASE``), no plugins, no system
+configuration. Users: ``guest`` (what RGW's push endpoint logs in as without credentials) and
+``ocrwatch`` with a random password, which the daemons use and which must never appear in their
+logs. It starts in about 6 s,
 so the fixture is session-scoped, and its tests join the ``rgw`` xdist group: one server per run.
 ``restart`` keeps the data (durable queues, persistent messages), as a broker restart does.
 PYTEST_DONT_REWRITE
@@ -58,8 +59,12 @@ class RabbitServer:
         self._log = self.dir / "server.log"
         definitions = {
             "users": [
-                {"name": name, "password_hash": _password_hash(password), "tags": "administrator",
-                 "hashing_algorithm": "rabbit_password_hashing_sha256"}
+                {
+                    "name": name,
+                    "password_hash": _password_hash(password),
+                    "tags": "administrator",
+                    "hashing_algorithm": "rabbit_password_hashing_sha256",
+                }
                 for name, password in (("guest", "guest"), (self.user, self.password))
             ],
             "vhosts": [{"name": "/"}],
@@ -84,32 +89,50 @@ class RabbitServer:
 
     @property
     def push_endpoint(self) -> str:
-        """RGW's ``push-endpoint``: no credentials (RGW refuses them over plain HTTP), so ``guest``."""
+        """RGW's ``push-endpoint``: no credentials (RGW refuses them over plain HTTP), so
+        ``guest``."""
         return f"amqp://127.0.0.1:{self.port}"
 
     def _env(self) -> dict[str, str]:
         d = self.dir
         return {
-            **os.environ, "HOME": str(d), "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
-            "RABBITMQ_NODENAME": f"ocrwatch{self.port}@localhost", "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "ERL_EPMD_PORT": str(self.epmd_port), "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"), "RABBITMQ_LOG_BASE": str(d / "log"),
-            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"), "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            **os.environ,
+            "HOME": str(d),
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+            "RABBITMQ_NODENAME": f"ocrwatch{self.port}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
             "RABBITMQ_PID_FILE": str(d / "rabbitmq.pid"),
-        }  # fmt: skip
+        }
 
     def start(self) -> RabbitServer:
         if not SERVER.exists() or shutil.which("epmd") is None:
             pytest.skip("rabbitmq-server not installed: run bash tests/install_rabbitmq.sh")
         env = self._env()
         if self._epmd is None:  # ours, so it is not left behind as the daemon erl would start
-            self._epmd = subprocess.Popen(["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True)  # fmt: skip
+            self._epmd = subprocess.Popen(
+                ["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         with open(self._log, "ab") as out:
-            self._server = subprocess.Popen([str(SERVER)], env=env, cwd=self.dir, stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self._server = subprocess.Popen(
+                [str(SERVER)],
+                env=env,
+                cwd=self.dir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
@@ -170,17 +193,25 @@ class RabbitServer:
         return asyncio.run(self._call(work))
 
     def queue_with_dead_letters(self, queue: str, exchange: str) -> str:
-        """The README's recipe: ``exchange`` (topic) routes everything to the quorum queue ``queue``,
-        whose dead letters go to ``DEAD_EXCHANGE`` (fanout) and its queue ``queue.dead``."""
+        """The README's recipe: ``exchange`` (topic) routes everything to the quorum queue
+        ``queue``, whose dead letters go to ``DEAD_EXCHANGE`` (fanout) and its queue
+        ``queue.dead``."""
         import aio_pika
 
         async def declare(channel: Any) -> None:
-            dead = await channel.declare_exchange(DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
+            dead = await channel.declare_exchange(
+                DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
+            )
             dead_queue = await channel.declare_queue(f"{queue}.dead", durable=True)
             await dead_queue.bind(dead)
-            events = await channel.declare_exchange(exchange, aio_pika.ExchangeType.TOPIC, durable=True)
-            main = await channel.declare_queue(queue, durable=True, arguments={
-                "x-queue-type": "quorum", "x-dead-letter-exchange": DEAD_EXCHANGE})
+            events = await channel.declare_exchange(
+                exchange, aio_pika.ExchangeType.TOPIC, durable=True
+            )
+            main = await channel.declare_queue(
+                queue,
+                durable=True,
+                arguments={"x-queue-type": "quorum", "x-dead-letter-exchange": DEAD_EXCHANGE},
+            )
             await main.bind(events, routing_key="#")
 
         self.run(declare)
@@ -200,8 +231,10 @@ class RabbitServer:
 
         async def send(channel: Any) -> None:
             target = await channel.get_exchange(exchange)
-            await target.publish(aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                                 routing_key=routing_key)
+            await target.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=routing_key,
+            )
 
         self.run(send)
 

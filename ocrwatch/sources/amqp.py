@@ -69,10 +69,18 @@ class AmqpSource(S3EventSource):
     into a running job gets no ``finish`` of its own).
     """
 
-    def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None,
-                 name_template: str = "{name}", max_inflight: int = 64,
-                 backoff_max_seconds: float = 30.0, metrics: Metrics | None = None,
-                 index: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: S3Config,
+        *,
+        name: str = "s3",
+        limits: LimitsConfig | None = None,
+        name_template: str = "{name}",
+        max_inflight: int = 64,
+        backoff_max_seconds: float = 30.0,
+        metrics: Metrics | None = None,
+        index: int = 0,
+    ) -> None:
         super().__init__(cfg, name=name, limits=limits)
         assert cfg.queue is not None
         self.queue_name = cfg.queue
@@ -94,12 +102,12 @@ class AmqpSource(S3EventSource):
     # -- lifecycle
 
     async def start(self, submit: Submit, reject: Reject) -> None:
-        """Read the URL (a missing variable or file stops the start, exit 2) and consume in a task of
-        its own: a broker down at start is waited for, never a reason to stop."""
+        """Read the URL (a missing variable or file stops the start, exit 2) and consume in a
+        task of its own: a broker down at start is waited for, never a reason to stop."""
         self._submit, self._reject = submit, reject
         self._url = broker_url(self.cfg, self.index)
         self._shown = redacted(self._url)
-        # aiormq's own line for each failed connection says what amqp_unreachable says: one is enough
+        # aiormq's line for each failed connection says what amqp_unreachable says
         logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
         if self.metrics is not None:
             for event in AMQP_EVENTS:
@@ -107,12 +115,19 @@ class AmqpSource(S3EventSource):
             self.metrics.amqp_connected.labels(source=self.name).set(0)
         loop = asyncio.get_running_loop()
         self._consumer = loop.create_task(self._consume(), name=f"{self.name}:amqp")
-        log.info("s3_source_started", source=self.name, transport="amqp", broker=self._shown,
-                 queue=self.queue_name, prefetch=self.prefetch)
+        log.info(
+            "s3_source_started",
+            source=self.name,
+            transport="amqp",
+            broker=self._shown,
+            queue=self.queue_name,
+            prefetch=self.prefetch,
+        )
 
     async def stop(self) -> None:
-        """Stop taking messages. The connection stays open so the jobs still running can acknowledge
-        theirs; it is closed once the last is settled, and at exit the broker takes back the rest."""
+        """Stop taking messages. The connection stays open so the jobs still running can
+        acknowledge theirs; it is closed once the last is settled, and at exit the broker takes
+        back the rest."""
         self._stopping = True
         if self._consumer is not None:
             self._consumer.cancel()
@@ -170,19 +185,26 @@ class AmqpSource(S3EventSource):
         await asyncio.sleep(REQUEUE_DELAY)
         await self._answer(message, "requeued", lambda: message.nack(requeue=True))
 
-    async def _answer(self, message: AbstractIncomingMessage, event: str,
-                      answer: Callable[[], Awaitable[None]]) -> None:
+    async def _answer(
+        self, message: AbstractIncomingMessage, event: str, answer: Callable[[], Awaitable[None]]
+    ) -> None:
         """Answer the broker; on a channel already gone the message is back in the queue anyway,
         and its redelivery is recognised as done by the sidecar's ETag."""
         try:
             await answer()
         except Exception as exc:
-            log.info("amqp_answer_lost", source=self.name, message_id=message.message_id,
-                     answer=event, error=type(exc).__name__)
+            log.info(
+                "amqp_answer_lost",
+                source=self.name,
+                message_id=message.message_id,
+                answer=event,
+                error=type(exc).__name__,
+            )
             return
         self._count(event)
-        log.debug("amqp_message_settled", source=self.name, message_id=message.message_id,
-                  answer=event)
+        log.debug(
+            "amqp_message_settled", source=self.name, message_id=message.message_id, answer=event
+        )
 
     def _count(self, event: str) -> None:
         if self.metrics is not None:
@@ -191,7 +213,8 @@ class AmqpSource(S3EventSource):
     # -- consuming
 
     async def _consume(self) -> None:
-        """Connect, declare, consume; whenever the connection or channel ends, again, with backoff."""
+        """Connect, declare, consume; whenever the connection or channel ends, again, with
+        backoff."""
         failures, down_since = 0, None
         while True:
             lost = asyncio.Event()
@@ -220,15 +243,21 @@ class AmqpSource(S3EventSource):
                 log.info("amqp_reachable", source=self.name, outage_seconds=outage)
             failures, down_since = 0, None
             self._connected(1)
-            log.info("amqp_consuming", source=self.name, broker=self._shown, queue=self.queue_name,
-                     prefetch=self.prefetch)
+            log.info(
+                "amqp_consuming",
+                source=self.name,
+                broker=self._shown,
+                queue=self.queue_name,
+                prefetch=self.prefetch,
+            )
             await lost.wait()
             down_since = time.monotonic()
             self._connected(0)
             held = len(self._deliveries)
             self._deliveries.clear()  # the broker has them back; their jobs finish all the same
-            log.warning("amqp_connection_lost", source=self.name, broker=self._shown,
-                        messages_returned=held)
+            log.warning(
+                "amqp_connection_lost", source=self.name, broker=self._shown, messages_returned=held
+            )
             await self._close()
 
     def _connected(self, value: int) -> None:
@@ -236,11 +265,19 @@ class AmqpSource(S3EventSource):
             self.metrics.amqp_connected.labels(source=self.name).set(value)
 
     async def _wait_out(self, event: str, exc: BaseException, failures: int) -> None:
-        """A second more each time, up to ``backoff_max_seconds``, with jitter: a broker restart
-        (seconds) is caught up within a second or two, and the consumers of many hosts spread out."""
+        """A second more each time, up to ``backoff_max_seconds``, with jitter: a broker
+        restart (seconds) is caught up within a second or two, and the consumers of many hosts
+        spread out."""
         delay = round(min(self.backoff_max_seconds, failures) + random.uniform(0, 0.5), 2)
-        log.warning(event, source=self.name, broker=self._shown, queue=self.queue_name,
-                    attempt=failures, error=_said(exc), retry_in=delay)
+        log.warning(
+            event,
+            source=self.name,
+            broker=self._shown,
+            queue=self.queue_name,
+            attempt=failures,
+            error=_said(exc),
+            retry_in=delay,
+        )
         await asyncio.sleep(delay)
 
     async def _declare(self, connection: AbstractConnection) -> AbstractChannel:
@@ -255,8 +292,12 @@ class AmqpSource(S3EventSource):
             channel = await connection.channel()
             await channel.declare_queue(self.queue_name, durable=True, arguments=arguments)
             await channel.close()
-            log.info("amqp_queue_declared", source=self.name, queue=self.queue_name,
-                     dead_letter_exchange=cfg.dead_letter_exchange or None)
+            log.info(
+                "amqp_queue_declared",
+                source=self.name,
+                queue=self.queue_name,
+                dead_letter_exchange=cfg.dead_letter_exchange or None,
+            )
         if cfg.exchange and not await _exists(connection, "exchange", cfg.exchange):
             channel = await connection.channel()
             await channel.declare_exchange(cfg.exchange, aio_pika.ExchangeType.TOPIC, durable=True)
@@ -273,8 +314,12 @@ class AmqpSource(S3EventSource):
         try:
             await self._handle(message)
         except Exception as exc:  # never settled here: it comes back with the connection's end
-            log.exception("s3_message_failed", source=self.name, message_id=message.message_id,
-                          error=type(exc).__name__)
+            log.exception(
+                "s3_message_failed",
+                source=self.name,
+                message_id=message.message_id,
+                error=type(exc).__name__,
+            )
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         self._count("received")
@@ -283,8 +328,12 @@ class AmqpSource(S3EventSource):
         try:
             objects = self._accepted(parse(message.body))
         except ValueError as exc:
-            log.warning("s3_message_ignored", source=self.name, message_id=message.message_id,
-                        reason=str(exc)[:200])
+            log.warning(
+                "s3_message_ignored",
+                source=self.name,
+                message_id=message.message_id,
+                reason=str(exc)[:200],
+            )
             objects = []
         if not objects:
             log.debug("amqp_message_unused", source=self.name, message_id=message.message_id)
@@ -295,8 +344,14 @@ class AmqpSource(S3EventSource):
         if seen <= self.cfg.max_receives:
             await self._hold(_Delivery(token, message), objects, self._submit_job)
             return
-        log.warning("s3_max_receives", source=self.name, message_id=message.message_id,
-                    receives=seen, action=self.cfg.on_max_receives, uris=[o.uri for o in objects])
+        log.warning(
+            "s3_max_receives",
+            source=self.name,
+            message_id=message.message_id,
+            receives=seen,
+            action=self.cfg.on_max_receives,
+            uris=[o.uri for o in objects],
+        )
         if self.cfg.on_max_receives == "dead_letter":
             await self._dead_letter(message)
             return
@@ -306,8 +361,12 @@ class AmqpSource(S3EventSource):
         delivery = _Delivery(token, message, dead=True)
         await self._hold(delivery, objects, lambda job: self._reject_job(job, error, seen))
 
-    async def _hold(self, delivery: _Delivery, objects: list[S3Object],
-                    hand_over: Callable[[Job], Awaitable[None]]) -> None:
+    async def _hold(
+        self,
+        delivery: _Delivery,
+        objects: list[S3Object],
+        hand_over: Callable[[Job], Awaitable[None]],
+    ) -> None:
         """Keep the message unacknowledged and hand each of its jobs over; it is settled when all
         are finished (a job not handed over puts it back)."""
         tokens = [f"amqp:{delivery.token}#{index}" for index in range(len(objects))]
@@ -327,8 +386,9 @@ class AmqpSource(S3EventSource):
         try:
             await self._reject(job, error, seen)
         except Exception as exc:
-            log.exception("s3_reject_failed", source=self.name, uri=job.origin.uri,
-                          error=type(exc).__name__)
+            log.exception(
+                "s3_reject_failed", source=self.name, uri=job.origin.uri, error=type(exc).__name__
+            )
             raise
 
 
@@ -371,23 +431,42 @@ async def _probe(cfg: S3Config, index: int) -> list[tuple[bool, str, str, str]]:
     try:
         connection = await aio_pika.connect(url, timeout=CONNECT_TIMEOUT)
     except Exception as exc:
-        return [(False, what, f"cannot be reached: {_said(exc)}",
-                 "start RabbitMQ, or correct the URL and its credentials")]
+        return [
+            (
+                False,
+                what,
+                f"cannot be reached: {_said(exc)}",
+                "start RabbitMQ, or correct the URL and its credentials",
+            )
+        ]
     results = [(True, what, "answered; credentials accepted", "")]
     try:
         channel = await connection.channel()
         try:
             queue = await channel.declare_queue(cfg.queue or "", passive=True)
         except aio_pika.exceptions.ChannelNotFoundEntity:
-            results.append((True, f"{key} queue {cfg.queue}",
-                            "absent: declared at start (durable, quorum)", ""))
+            results.append(
+                (
+                    True,
+                    f"{key} queue {cfg.queue}",
+                    "absent: declared at start (durable, quorum)",
+                    "",
+                )
+            )
         else:
             state = queue.declaration_result
-            results.append((True, f"{key} queue {cfg.queue}",
-                            f"{state.message_count} message(s) ready, "
-                            f"{state.consumer_count} consumer(s)", ""))
-        for role, name in (("exchange", cfg.exchange), ("dead_letter_exchange",
-                                                        cfg.dead_letter_exchange)):
+            results.append(
+                (
+                    True,
+                    f"{key} queue {cfg.queue}",
+                    f"{state.message_count} message(s) ready, {state.consumer_count} consumer(s)",
+                    "",
+                )
+            )
+        for role, name in (
+            ("exchange", cfg.exchange),
+            ("dead_letter_exchange", cfg.dead_letter_exchange),
+        ):
             if not name:
                 continue
             found = await _exists(connection, "exchange", name)
@@ -395,14 +474,25 @@ async def _probe(cfg: S3Config, index: int) -> list[tuple[bool, str, str, str]]:
                 detail = "exists" if found else "absent: declared at start (durable, topic)"
                 results.append((True, f"{key} exchange {name}", detail, ""))
             elif not found:
-                results.append((False, f"{key} dead_letter_exchange {name}",
-                                "absent: dead-lettered messages would be dropped",
-                                "declare it and bind a queue to it (README, RabbitMQ)"))
+                results.append(
+                    (
+                        False,
+                        f"{key} dead_letter_exchange {name}",
+                        "absent: dead-lettered messages would be dropped",
+                        "declare it and bind a queue to it (README, RabbitMQ)",
+                    )
+                )
             else:
                 results.append((True, f"{key} dead_letter_exchange {name}", "exists", ""))
     except Exception as exc:
-        results.append((False, f"{key} queue {cfg.queue}", _said(exc),
-                        "check the user's permissions on the queue and the vhost"))
+        results.append(
+            (
+                False,
+                f"{key} queue {cfg.queue}",
+                _said(exc),
+                "check the user's permissions on the queue and the vhost",
+            )
+        )
     finally:
         with contextlib.suppress(Exception):
             await connection.close()

@@ -30,7 +30,9 @@ def broker_url(cfg: S3Config, index: int) -> str:
         try:
             text = cfg.url_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            reason = (
+                exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            )
             raise ConfigError(f"{where}: {cfg.url_file} cannot be read: {reason}") from None
         url = (text.strip().splitlines() or [""])[0].strip()
     parts = urlsplit(url)

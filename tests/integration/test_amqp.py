@@ -1,12 +1,12 @@
 """``ocrwatch run`` with ``transport = "amqp"``: Ceph RGW publishes bucket notifications to a real
-RabbitMQ (``push-endpoint=amqp://…``, ``amqp-exchange``, ``amqp-ack-level=broker``), real Tesseract."""
+RabbitMQ (``push-endpoint=amqp://…``, ``amqp-exchange``, ``amqp-ack-level=broker``), real
+Tesseract."""
 
 from __future__ import annotations
 
 import json
 import re
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,15 +35,26 @@ def bucket_with_amqp(rgw: RgwServer, rabbitmq: RabbitServer, bucket: str, exchan
     AMQP push endpoint, acknowledged by the broker before the upload is answered)."""
     s3 = rgw.client("s3")
     s3.create_bucket(Bucket=bucket)
-    attributes = {"push-endpoint": rabbitmq.push_endpoint, "amqp-exchange": exchange,
-                  "amqp-ack-level": "broker", "persistent": "false"}
+    attributes = {
+        "push-endpoint": rabbitmq.push_endpoint,
+        "amqp-exchange": exchange,
+        "amqp-ack-level": "broker",
+        "persistent": "false",
+    }
     topic = rgw.client("sns").create_topic(Name=f"{bucket}-amqp", Attributes=attributes)["TopicArn"]
-    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={
-        "TopicConfigurations": [{"Id": "ocrwatch", "TopicArn": topic, "Events": ["s3:ObjectCreated:*"]}]})
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "TopicConfigurations": [
+                {"Id": "ocrwatch", "TopicArn": topic, "Events": ["s3:ObjectCreated:*"]}
+            ]
+        },
+    )
 
 
-def amqp_daemon(root: Path, rgw: RgwServer, rabbitmq: RabbitServer, queue: str, exchange: str,
-                **s3_keys: Any) -> DaemonProcess:
+def amqp_daemon(
+    root: Path, rgw: RgwServer, rabbitmq: RabbitServer, queue: str, exchange: str, **s3_keys: Any
+) -> DaemonProcess:
     s3 = rgw.s3_config(transport="amqp", url_env=URL_ENV, queue=queue, exchange=exchange, **s3_keys)
     return DaemonProcess(root, s3=[s3]).start(env={URL_ENV: rabbitmq.url})
 
@@ -53,8 +64,9 @@ def events(daemon: DaemonProcess, name: str) -> list[dict[str, Any]]:
 
 
 def metric(daemon: DaemonProcess, event: str) -> float:
-    found = re.search(rf'ocrwatch_amqp_messages_total{{event="{event}",source="s3:0"}} (\S+)',
-                      daemon.metrics())
+    found = re.search(
+        rf'ocrwatch_amqp_messages_total{{event="{event}",source="s3:0"}} (\S+)', daemon.metrics()
+    )
     return float(found.group(1)) if found else 0.0
 
 
@@ -62,33 +74,54 @@ def test_uploads_to_sidecars_through_rabbitmq_and_a_poison_message_is_dead_lette
     rgw: RgwServer, rabbitmq: RabbitServer, tmp_path: Path
 ) -> None:
     """Tricky keys through RGW → RabbitMQ → ocrwatch; a message bounced past ``max_receives`` gets
-    its error sidecar and lands in the dead-letter queue while the others flow; messages of no use
-    are acknowledged; a second upload of the same bytes is recognised by its ETag."""
+    its error sidecar and lands in the dead-letter queue while the others flow; messages of no
+    use are acknowledged; a second upload of the same bytes is recognised by its ETag."""
     bucket, exchange, queue = "amqp-docs", "amqp-docs-events", "amqp-docs"
     dead_queue = rabbitmq.queue_with_dead_letters(queue, exchange)
     bucket_with_amqp(rgw, rabbitmq, bucket, exchange)
     s3 = rgw.client("s3")
-    page = docs.write_png(tmp_path / "page.png", ["Document AMQP", "Quarterly report invoice"]).read_bytes()
+    page = docs.write_png(
+        tmp_path / "page.png", ["Document AMQP", "Quarterly report invoice"]
+    ).read_bytes()
     s3.put_object(Bucket=bucket, Key="in/poison.png", Body=page)
     rabbitmq.bounce(queue, 2)  # two consumers died on it
     rabbitmq.publish(exchange, b"not json at all")
-    rabbitmq.publish(exchange, json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"}).encode())
-    s3.put_object(Bucket=bucket, Key="archive/old.png", Body=page)  # under archive_prefix: no document
+    rabbitmq.publish(
+        exchange, json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"}).encode()
+    )
+    s3.put_object(
+        Bucket=bucket, Key="archive/old.png", Body=page
+    )  # under archive_prefix: no document
 
-    daemon = amqp_daemon(tmp_path, rgw, rabbitmq, queue, exchange, max_receives=2, archive_prefix="archive/")
+    daemon = amqp_daemon(
+        tmp_path, rgw, rabbitmq, queue, exchange, max_receives=2, archive_prefix="archive/"
+    )
     try:
-        error = wait_until(lambda: sidecar(s3, bucket, "in/poison.png.error.json"), 60, "the poison's error sidecar")
+        error = wait_until(
+            lambda: sidecar(s3, bucket, "in/poison.png.error.json"),
+            60,
+            "the poison's error sidecar",
+        )
         assert error["error"]["kind"] == "too_many_deliveries" and error["attempts"] == 3
-        keys = ["inbox/first.png", "inbox/a+b c é.png", "scans/Report é+1.png", "odd/100% sure;x=1.png"]
+        keys = [
+            "inbox/first.png",
+            "inbox/a+b c é.png",
+            "scans/Report é+1.png",
+            "odd/100% sure;x=1.png",
+        ]
         for key in keys:
             s3.put_object(Bucket=bucket, Key=key, Body=page)
         for key in keys:
-            document = wait_until(lambda key=key: sidecar(s3, bucket, f"{key}.json"), 60, f"sidecars of {key}")
+            document = wait_until(
+                lambda key=key: sidecar(s3, bucket, f"{key}.json"), 60, f"sidecars of {key}"
+            )
             assert document["source"]["uri"] == f"s3://{bucket}/{key}"
             body = s3.get_object(Bucket=bucket, Key=f"{key}.md")["Body"].read().decode()
             assert "quarterly report" in body.lower()
         dead = wait_until(lambda: rabbitmq.take(dead_queue), 30, "the poison message dead-lettered")
-        assert [r["s3"]["object"]["key"] for r in json.loads(dead[0])["Records"]] == ["in/poison.png"]
+        assert [r["s3"]["object"]["key"] for r in json.loads(dead[0])["Records"]] == [
+            "in/poison.png"
+        ]
 
         s3.put_object(Bucket=bucket, Key=keys[0], Body=page)  # the same bytes again: done already
         wait_until(lambda: events(daemon, "job_already_done"), 30, "the duplicate recognised")
@@ -97,10 +130,12 @@ def test_uploads_to_sidecars_through_rabbitmq_and_a_poison_message_is_dead_lette
         assert started == Counter({f"s3://{bucket}/{key}": 1 for key in keys})
         assert sidecar(s3, bucket, "archive/old.png.json") is None
         assert any(e.get("reason") == "archive_prefix" for e in events(daemon, "s3_event_ignored"))
-        assert any("Expecting value" in str(e.get("reason")) for e in events(daemon, "s3_message_ignored"))
+        assert any(
+            "Expecting value" in str(e.get("reason")) for e in events(daemon, "s3_message_ignored")
+        )
         assert metric(daemon, "dead_lettered") == 1
         assert metric(daemon, "redelivered") >= 1
-        # each document, the duplicate, the test event and the garbage (and the sidecars' own events)
+        # each document, the duplicate, the test event, the garbage (and the sidecars' events)
         assert metric(daemon, "acknowledged") >= len(keys) + 1 + 2
         assert rabbitmq.password not in daemon.log_text()
     finally:
@@ -115,8 +150,15 @@ def test_two_daemons_share_fifty_documents_through_a_kill_and_a_broker_restart(
     50 documents is done exactly once, and both daemons took work."""
     bucket, exchange, queue = "amqp-fifty", "amqp-fifty-events", "amqp-fifty"
     daemons = {
-        name: amqp_daemon(tmp_path / name, rgw, rabbitmq, queue, exchange, prefetch=2,
-                          dead_letter_exchange=DEAD_EXCHANGE)
+        name: amqp_daemon(
+            tmp_path / name,
+            rgw,
+            rabbitmq,
+            queue,
+            exchange,
+            prefetch=2,
+            dead_letter_exchange=DEAD_EXCHANGE,
+        )
         for name in ("a", "b")
     }
     try:
@@ -124,10 +166,16 @@ def test_two_daemons_share_fifty_documents_through_a_kill_and_a_broker_restart(
         s3 = rgw.client("s3")
         pages = [[f"Page {n} of the long report", "Quarterly report invoice"] for n in range(5)]
         long_key = "batch/long report.pdf"
-        s3.put_object(Bucket=bucket, Key=long_key, Body=docs.write_pdf(tmp_path / "long.pdf", pages).read_bytes())
+        s3.put_object(
+            Bucket=bucket,
+            Key=long_key,
+            Body=docs.write_pdf(tmp_path / "long.pdf", pages).read_bytes(),
+        )
         names = [long_key] + [f"batch/doc {n}+é.png" for n in range(49)]
         for n, key in enumerate(names[1:]):
-            body = docs.write_png(tmp_path / f"{n}.png", [f"Document {n}", "Quarterly report"]).read_bytes()
+            body = docs.write_png(
+                tmp_path / f"{n}.png", [f"Document {n}", "Quarterly report"]
+            ).read_bytes()
             s3.put_object(Bucket=bucket, Key=key, Body=body)
 
         long_uri = f"s3://{bucket}/{long_key}"
@@ -145,17 +193,23 @@ def test_two_daemons_share_fifty_documents_through_a_kill_and_a_broker_restart(
         rabbitmq.restart()
         wait_until(lambda: events(survivor, "amqp_reachable"), 60, "the survivor reconnected")
         for key in names:
-            wait_until(lambda key=key: sidecar(s3, bucket, f"{key}.json"), 180, f"sidecars of {key}")
+            wait_until(
+                lambda key=key: sidecar(s3, bucket, f"{key}.json"), 180, f"sidecars of {key}"
+            )
         wait_until(lambda: rabbitmq.depth(queue) == (0, 1), 30, "the queue drained")
 
         def done() -> Counter[str]:
             return Counter(e["uri"] for d in daemons.values() for e in events(d, "job_done"))
 
         expected = Counter({f"s3://{bucket}/{key}": 1 for key in names})
-        wait_until(lambda: done() == expected or sum(done().values()) > len(names), 10, "every job_done")
+        wait_until(
+            lambda: done() == expected or sum(done().values()) > len(names), 10, "every job_done"
+        )
         assert done() == expected
         assert any(e["uri"] == long_uri for e in events(survivor, "job_done"))
-        assert all(events(daemon, "job_done") for daemon in daemons.values()), "one daemon took no work"
+        assert all(events(daemon, "job_done") for daemon in daemons.values()), (
+            "one daemon took no work"
+        )
         assert events(survivor, "amqp_connection_lost")
         assert len(sidecar(s3, bucket, f"{long_key}.json")["pages"]) == 5  # type: ignore[index]
     finally:
