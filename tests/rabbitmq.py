@@ -192,8 +192,8 @@ class RabbitServer:
         """``await work(channel)`` on a connection of its own, from synchronous test code."""
         return asyncio.run(self._call(work))
 
-    def queue_with_dead_letters(self, queue: str, exchange: str) -> str:
-        """The README's recipe: ``exchange`` (topic) routes everything to the quorum queue
+    def queue_with_dead_letters(self, queue: str, exchange: str, routing_key: str = "#") -> str:
+        """The README's recipe: ``exchange`` (topic) routes ``routing_key`` to the quorum queue
         ``queue``, whose dead letters go to ``DEAD_EXCHANGE`` (fanout) and its queue
         ``queue.dead``."""
         import aio_pika
@@ -212,7 +212,7 @@ class RabbitServer:
                 durable=True,
                 arguments={"x-queue-type": "quorum", "x-dead-letter-exchange": DEAD_EXCHANGE},
             )
-            await main.bind(events, routing_key="#")
+            await main.bind(events, routing_key=routing_key)
 
         self.run(declare)
         return f"{queue}.dead"

@@ -21,6 +21,9 @@ from tests.s3servers import RgwServer
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 
 URL_ENV = "OCRWATCH_TEST_AMQP_URL"
+EXCHANGE = "ocrwatch.s3"
+"""One exchange for every bucket, routed by topic name: RGW (pacific) keeps one AMQP connection per
+push endpoint, bound to the first exchange named with it ("AMQP connect: exchange mismatch")."""
 
 
 def sidecar(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
@@ -30,18 +33,20 @@ def sidecar(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
         return None
 
 
-def bucket_with_amqp(rgw: RgwServer, rabbitmq: RabbitServer, bucket: str, exchange: str) -> None:
-    """Make ``bucket`` publish created-object events to ``exchange`` (an SNS topic on RGW with an
-    AMQP push endpoint, acknowledged by the broker before the upload is answered)."""
+def bucket_with_amqp(rgw: RgwServer, rabbitmq: RabbitServer, bucket: str) -> str:
+    """Make ``bucket`` publish created-object events to ``EXCHANGE`` (an SNS topic on RGW with an
+    AMQP push endpoint, acknowledged by the broker before the upload is answered); the topic's
+    name, which is the routing key RGW publishes with."""
     s3 = rgw.client("s3")
     s3.create_bucket(Bucket=bucket)
     attributes = {
         "push-endpoint": rabbitmq.push_endpoint,
-        "amqp-exchange": exchange,
+        "amqp-exchange": EXCHANGE,
         "amqp-ack-level": "broker",
         "persistent": "false",
     }
-    topic = rgw.client("sns").create_topic(Name=f"{bucket}-amqp", Attributes=attributes)["TopicArn"]
+    sns = rgw.client("sns")
+    topic = sns.create_topic(Name=topic_of(bucket), Attributes=attributes)["TopicArn"]
     s3.put_bucket_notification_configuration(
         Bucket=bucket,
         NotificationConfiguration={
@@ -50,12 +55,26 @@ def bucket_with_amqp(rgw: RgwServer, rabbitmq: RabbitServer, bucket: str, exchan
             ]
         },
     )
+    return topic_of(bucket)
+
+
+def topic_of(bucket: str) -> str:
+    return f"{bucket}-amqp"
 
 
 def amqp_daemon(
-    root: Path, rgw: RgwServer, rabbitmq: RabbitServer, queue: str, exchange: str, **s3_keys: Any
+    root: Path, rgw: RgwServer, rabbitmq: RabbitServer, queue: str, bucket: str, **s3_keys: Any
 ) -> DaemonProcess:
-    s3 = rgw.s3_config(transport="amqp", url_env=URL_ENV, queue=queue, exchange=exchange, **s3_keys)
+    """A daemon consuming ``queue``, bound to ``EXCHANGE`` with the routing key of ``bucket``'s
+    topic."""
+    s3 = rgw.s3_config(
+        transport="amqp",
+        url_env=URL_ENV,
+        queue=queue,
+        exchange=EXCHANGE,
+        routing_key=topic_of(bucket),
+        **s3_keys,
+    )
     return DaemonProcess(root, s3=[s3]).start(env={URL_ENV: rabbitmq.url})
 
 
@@ -76,25 +95,25 @@ def test_uploads_to_sidecars_through_rabbitmq_and_a_poison_message_is_dead_lette
     """Tricky keys through RGW → RabbitMQ → ocrwatch; a message bounced past ``max_receives`` gets
     its error sidecar and lands in the dead-letter queue while the others flow; messages of no
     use are acknowledged; a second upload of the same bytes is recognised by its ETag."""
-    bucket, exchange, queue = "amqp-docs", "amqp-docs-events", "amqp-docs"
-    dead_queue = rabbitmq.queue_with_dead_letters(queue, exchange)
-    bucket_with_amqp(rgw, rabbitmq, bucket, exchange)
+    bucket = queue = "amqp-docs"
+    dead_queue = rabbitmq.queue_with_dead_letters(queue, EXCHANGE, topic_of(bucket))
+    topic = bucket_with_amqp(rgw, rabbitmq, bucket)
     s3 = rgw.client("s3")
     page = docs.write_png(
         tmp_path / "page.png", ["Document AMQP", "Quarterly report invoice"]
     ).read_bytes()
     s3.put_object(Bucket=bucket, Key="in/poison.png", Body=page)
     rabbitmq.bounce(queue, 2)  # two consumers died on it
-    rabbitmq.publish(exchange, b"not json at all")
+    rabbitmq.publish(EXCHANGE, b"not json at all", topic)
     rabbitmq.publish(
-        exchange, json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"}).encode()
+        EXCHANGE, json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"}).encode(), topic
     )
     s3.put_object(
         Bucket=bucket, Key="archive/old.png", Body=page
     )  # under archive_prefix: no document
 
     daemon = amqp_daemon(
-        tmp_path, rgw, rabbitmq, queue, exchange, max_receives=2, archive_prefix="archive/"
+        tmp_path, rgw, rabbitmq, queue, bucket, max_receives=2, archive_prefix="archive/"
     )
     try:
         error = wait_until(
@@ -148,21 +167,21 @@ def test_two_daemons_share_fifty_documents_through_a_kill_and_a_broker_restart(
     """Two daemons on one queue (declared by them); ``kill -9`` of the one working on a long PDF:
     the other finishes it; then RabbitMQ restarts mid-run and the survivor reconnects. Each of the
     50 documents is done exactly once, and both daemons took work."""
-    bucket, exchange, queue = "amqp-fifty", "amqp-fifty-events", "amqp-fifty"
+    bucket = queue = "amqp-fifty"
     daemons = {
         name: amqp_daemon(
             tmp_path / name,
             rgw,
             rabbitmq,
             queue,
-            exchange,
+            bucket,
             prefetch=2,
             dead_letter_exchange=DEAD_EXCHANGE,
         )
         for name in ("a", "b")
     }
     try:
-        bucket_with_amqp(rgw, rabbitmq, bucket, exchange)
+        bucket_with_amqp(rgw, rabbitmq, bucket)
         s3 = rgw.client("s3")
         pages = [[f"Page {n} of the long report", "Quarterly report invoice"] for n in range(5)]
         long_key = "batch/long report.pdf"
