@@ -1,8 +1,9 @@
 """Upload-to-sidecar latency through Ceph RGW → RabbitMQ → ocrwatch, beside RGW's webhook, and two
 daemons on one queue against one.
 
-Starts the suite's servers on 127.0.0.1 (``tests/s3servers.RgwServer``, ``tests/rabbitmq.RabbitServer``:
-``bash tests/install_s3_servers.sh tests/install_rabbitmq.sh``).
+Starts the suite's servers on 127.0.0.1 (``tests/s3servers.RgwServer``,
+``tests/rabbitmq.RabbitServer``; install them with ``tests/install_s3_servers.sh`` and
+``tests/install_rabbitmq.sh``).
 
 - **Latency**: one daemon with two ``[[s3]]`` sources, ``transport = "amqp"`` on one bucket and
   ``"webhook"`` on another (both RGW topics synchronous: ``amqp-ack-level=broker``, not persistent).
@@ -42,18 +43,34 @@ def amqp_bucket(rgw: RgwServer, mq: RabbitServer, bucket: str) -> str:
     """``bucket`` publishing to ``EXCHANGE`` with its topic's name as routing key, returned."""
     s3 = rgw.client("s3")
     s3.create_bucket(Bucket=bucket)
-    attributes = {"push-endpoint": mq.push_endpoint, "amqp-exchange": EXCHANGE,
-                  "amqp-ack-level": "broker", "persistent": "false"}  # fmt: skip
+    attributes = {
+        "push-endpoint": mq.push_endpoint,
+        "amqp-exchange": EXCHANGE,
+        "amqp-ack-level": "broker",
+        "persistent": "false",
+    }
     topic = rgw.client("sns").create_topic(Name=f"{bucket}-amqp", Attributes=attributes)["TopicArn"]
-    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={
-        "TopicConfigurations": [{"Id": "ocrwatch", "TopicArn": topic, "Events": ["s3:ObjectCreated:*"]}]
-    })  # fmt: skip
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "TopicConfigurations": [
+                {"Id": "ocrwatch", "TopicArn": topic, "Events": ["s3:ObjectCreated:*"]}
+            ]
+        },
+    )
     return f"{bucket}-amqp"
 
 
 def amqp_source(rgw: RgwServer, url_file: Path, bucket: str, **keys: Any) -> dict[str, Any]:
-    return rgw.s3_config(transport="amqp", url_file=str(url_file), queue=bucket, exchange=EXCHANGE,
-                         routing_key=f"{bucket}-amqp", bucket=bucket, **keys)  # fmt: skip
+    return rgw.s3_config(
+        transport="amqp",
+        url_file=str(url_file),
+        queue=bucket,
+        exchange=EXCHANGE,
+        routing_key=f"{bucket}-amqp",
+        bucket=bucket,
+        **keys,
+    )
 
 
 def readable(s3: Any, bucket: str, key: str) -> bool:
@@ -76,41 +93,64 @@ def latency(
 ) -> dict[str, Any]:
     amqp_bucket(rgw, mq, "lat-amqp")
     port = free_port()
-    webhook = rgw.s3_config(transport="webhook", listen=f"127.0.0.1:{port}", token="bench-token",
-                            bucket="lat-hook")  # fmt: skip
+    webhook = rgw.s3_config(
+        transport="webhook", listen=f"127.0.0.1:{port}", token="bench-token", bucket="lat-hook"
+    )
     s3 = rgw.client("s3")
-    pages = [docs.write_png(scratch / f"lat-{n}.png", [f"Latency page {n}", "Quarterly report"]).read_bytes()
-             for n in range(uploads)]  # fmt: skip
+    pages = [
+        docs.write_png(
+            scratch / f"lat-{n}.png", [f"Latency page {n}", "Quarterly report"]
+        ).read_bytes()
+        for n in range(uploads)
+    ]
     with Daemon(scratch / "latency", s3=[amqp_source(rgw, url_file, "lat-amqp"), webhook]):
         s3.create_bucket(Bucket="lat-hook")
-        attributes = {"push-endpoint": f"http://127.0.0.1:{port}/s3/events?token=bench-token",
-                      "persistent": "false"}  # fmt: skip
+        attributes = {
+            "push-endpoint": f"http://127.0.0.1:{port}/s3/events?token=bench-token",
+            "persistent": "false",
+        }
         topic = rgw.client("sns").create_topic(Name="lat-hook-web", Attributes=attributes)[
             "TopicArn"
         ]
-        s3.put_bucket_notification_configuration(Bucket="lat-hook", NotificationConfiguration={
-            "TopicConfigurations": [{"Id": "o", "TopicArn": topic, "Events": ["s3:ObjectCreated:*"]}]
-        })  # fmt: skip
+        s3.put_bucket_notification_configuration(
+            Bucket="lat-hook",
+            NotificationConfiguration={
+                "TopicConfigurations": [
+                    {"Id": "o", "TopicArn": topic, "Events": ["s3:ObjectCreated:*"]}
+                ]
+            },
+        )
         for bucket in ("lat-amqp", "lat-hook"):  # RGW's first write to a bucket takes seconds
             upload_and_wait(s3, bucket, "warm-up.png", pages[0])
         seconds: dict[str, list[float]] = {"amqp": [], "webhook": []}
         for n, body in enumerate(pages):
             seconds["amqp"].append(upload_and_wait(s3, "lat-amqp", f"doc {n}.png", body))
             seconds["webhook"].append(upload_and_wait(s3, "lat-hook", f"doc {n}.png", body))
-    return {name: {"median_s": round(median(values), 3), "max_s": round(max(values), 3), "n": len(values)}
-            for name, values in seconds.items()}  # fmt: skip
+    return {
+        name: {
+            "median_s": round(median(values), 3),
+            "max_s": round(max(values), 3),
+            "n": len(values),
+        }
+        for name, values in seconds.items()
+    }
 
 
-def scale_out(rgw: RgwServer, mq: RabbitServer, url_file: Path, scratch: Path, documents: int,
-              daemons: int) -> dict[str, Any]:  # fmt: skip
+def scale_out(
+    rgw: RgwServer, mq: RabbitServer, url_file: Path, scratch: Path, documents: int, daemons: int
+) -> dict[str, Any]:
     bucket = f"scale-{daemons}"
     amqp_bucket(rgw, mq, bucket)
     s3 = rgw.client("s3")
-    pages = [docs.write_png(scratch / f"s-{n}.png", [f"Document {n}", "Quarterly report"]).read_bytes()
-             for n in range(documents)]  # fmt: skip
+    pages = [
+        docs.write_png(scratch / f"s-{n}.png", [f"Document {n}", "Quarterly report"]).read_bytes()
+        for n in range(documents)
+    ]
     keys = [f"batch/doc {n}.png" for n in range(documents)]
-    running = [Daemon(scratch / f"{bucket}-{n}", s3=[amqp_source(rgw, url_file, bucket)]).start()
-               for n in range(daemons)]  # fmt: skip
+    running = [
+        Daemon(scratch / f"{bucket}-{n}", s3=[amqp_source(rgw, url_file, bucket)]).start()
+        for n in range(daemons)
+    ]
     try:
         time.sleep(1.0)  # every consumer subscribed before the first message
         started = time.monotonic()
@@ -120,14 +160,23 @@ def scale_out(rgw: RgwServer, mq: RabbitServer, url_file: Path, scratch: Path, d
             wait_for(lambda key=key: readable(s3, bucket, f"{key}.json"), 900, f"sidecar of {key}")
         seconds = time.monotonic() - started
         time.sleep(1.0)  # job_done is logged just after the sidecars
-        done = [Counter(json.loads(line).get("uri") for line in d.log_path.read_text().splitlines()
-                        if '"job_done"' in line) for d in running]  # fmt: skip
+        done = [
+            Counter(
+                json.loads(line).get("uri")
+                for line in d.log_path.read_text().splitlines()
+                if '"job_done"' in line
+            )
+            for d in running
+        ]
     finally:
         for daemon in running:
             daemon.stop()
     total = sum(done, Counter())
-    return {"seconds": round(seconds, 2), "per_daemon": [sum(c.values()) for c in done],
-            "each_once": total == Counter({f"s3://{bucket}/{key}": 1 for key in keys})}  # fmt: skip
+    return {
+        "seconds": round(seconds, 2),
+        "per_daemon": [sum(c.values()) for c in done],
+        "each_once": total == Counter({f"s3://{bucket}/{key}": 1 for key in keys}),
+    }
 
 
 def main() -> None:
