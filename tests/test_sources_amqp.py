@@ -22,7 +22,8 @@ from ocrwatch.sources.base import S3Object
 pytest.importorskip(
     "aio_pika", reason="the amqp extra is not installed: pip install 'ocrwatch[amqp]'"
 )
-from ocrwatch.sources.amqp import AmqpSource  # noqa: E402  (after the skip)
+from ocrwatch.sources.amqp import AmqpSource, probe  # noqa: E402  (after the skip)
+from tests.rabbitmq import RabbitServer  # noqa: E402
 
 BASE = {
     "transport": "amqp",
@@ -235,3 +236,27 @@ def test_without_aio_pika_the_error_names_the_extra(monkeypatch: pytest.MonkeyPa
     )
     with pytest.raises(ConfigError, match=r"s3\.0.*pip install 'ocrwatch\[amqp\]'"):
         config.from_mapping({"s3": [{**BASE, "url": "amqp://h/"}]})
+
+
+def test_check_probes_the_broker_and_the_queue(rabbitmq: RabbitServer) -> None:
+    """``ocrwatch check``'s lines for a live broker: the queue, the exchanges, and a wrong password
+    refused without being shown."""
+    cfg = S3Config(
+        **{**BASE, "queue": "probe-q"},
+        url=rabbitmq.url,
+        exchange="probe-ex",
+        dead_letter_exchange="probe-dead",
+    )
+    broker, queue, exchange, dead = probe(cfg, 0)
+    assert broker[0] and "ocrwatch@127.0.0.1" in broker[1] and rabbitmq.password not in broker[1]
+    assert queue[:3] == (True, "s3[0] queue probe-q", "absent: declared at start (durable, quorum)")
+    assert exchange[0] and "absent" in exchange[2]
+    assert not dead[0] and "dropped" in dead[2]
+    rabbitmq.queue_with_dead_letters("probe-q", "probe-ex")
+    rabbitmq.publish("probe-ex", b"{}", "any")
+    _, queue, exchange = probe(cfg.model_copy(update={"dead_letter_exchange": ""}), 0)
+    assert queue[2] == "1 message(s) ready, 0 consumer(s)" and exchange[2] == "exists"
+    wrong = rabbitmq.url.replace(rabbitmq.password, "not-the-password")
+    [refused] = probe(cfg.model_copy(update={"url": wrong}), 0)
+    assert not refused[0] and "cannot be reached" in refused[2]
+    assert "not-the-password" not in " ".join(refused)

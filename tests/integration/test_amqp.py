@@ -230,7 +230,7 @@ def test_two_daemons_share_fifty_documents_through_a_kill_and_a_broker_restart(
             "one daemon took no work"
         )
         assert events(survivor, "amqp_connection_lost")
-        assert len(sidecar(s3, bucket, f"{long_key}.json")["pages"]) == 5  # type: ignore[index]
+        assert len(sidecar(s3, bucket, f"{long_key}.json")["pages"]) == 8  # type: ignore[index]
     finally:
         for daemon in daemons.values():
             daemon.stop()
