@@ -128,8 +128,14 @@ def test_uploads_to_sidecars_through_rabbitmq_and_a_poison_message_is_dead_lette
             "scans/Report é+1.png",
             "odd/100% sure;x=1.png",
         ]
-        for key in keys:
-            s3.put_object(Bucket=bucket, Key=key, Body=page)
+        bodies = {  # bytes of their own: a copy of done bytes would take that result, unrun
+            key: docs.write_png(
+                tmp_path / f"{n}.png", [f"Document {n}", "Quarterly report invoice"]
+            ).read_bytes()
+            for n, key in enumerate(keys)
+        }
+        for key, body in bodies.items():
+            s3.put_object(Bucket=bucket, Key=key, Body=body)
         for key in keys:
             document = wait_until(
                 lambda key=key: sidecar(s3, bucket, f"{key}.json"), 60, f"sidecars of {key}"
@@ -142,7 +148,7 @@ def test_uploads_to_sidecars_through_rabbitmq_and_a_poison_message_is_dead_lette
             "in/poison.png"
         ]
 
-        s3.put_object(Bucket=bucket, Key=keys[0], Body=page)  # the same bytes again: done already
+        s3.put_object(Bucket=bucket, Key=keys[0], Body=bodies[keys[0]])  # again: done already
         wait_until(lambda: events(daemon, "job_already_done"), 30, "the duplicate recognised")
         wait_until(lambda: rabbitmq.depth(queue) == (0, 1), 30, "the queue drained")
         started = Counter(e["uri"] for e in events(daemon, "job_started"))
