@@ -193,22 +193,19 @@ def test_deliveries_are_counted_from_the_headers() -> None:
     assert receives({"x-delivery-count": True, "x-death": "junk"}, False, "ocr") == 1
 
 
-def test_the_url_comes_from_env_or_file_and_is_never_shown_with_its_password(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_url_comes_from_the_environment_or_a_file_and_is_never_shown_with_its_password(
+    tmp_path: Path,
 ) -> None:
     secret = "amqps://ocr:s3cr3t@mq.example:5671/prod"
-    monkeypatch.setenv("OCR_MQ", secret)
-    assert broker_url(S3Config(**BASE, url_env="OCR_MQ"), 0) == secret
+    toml = "[[s3]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in BASE.items())
+    (tmp_path / "ocrwatch.toml").write_text(toml)
+    cfg = config.load(tmp_path / "ocrwatch.toml", {"OCRWATCH_S3_0_URL": secret})
+    assert broker_url(cfg.s3[0], 0) == secret
     (tmp_path / "url").write_text(secret + "\n")
     assert broker_url(S3Config(**BASE, url_file=tmp_path / "url"), 0) == secret
     assert redacted(secret) == "amqps://ocr@mq.example:5671/prod"
-    monkeypatch.delenv("OCR_MQ")
-    with pytest.raises(
-        ConfigError, match=r"s3\[2\]\.url_env: the environment variable OCR_MQ is unset"
-    ):
-        broker_url(S3Config(**BASE, url_env="OCR_MQ"), 2)
-    with pytest.raises(ConfigError, match=r"s3\[0\]\.url_file: .* cannot be read"):
-        broker_url(S3Config(**BASE, url_file=tmp_path / "missing"), 0)
+    with pytest.raises(ConfigError, match=r"s3\[2\]\.url_file: .* cannot be read"):
+        broker_url(S3Config(**BASE, url_file=tmp_path / "missing"), 2)
     with pytest.raises(ConfigError) as caught:
         broker_url(S3Config(**BASE, url="http://ocr:s3cr3t@mq.example/"), 0)
     assert "s3cr3t" not in caught.value.message and "s3[0].url" in caught.value.message
@@ -218,10 +215,10 @@ def test_the_url_comes_from_env_or_file_and_is_never_shown_with_its_password(
 @pytest.mark.parametrize(
     ("keys", "needle"),
     [
-        ({}, "exactly one of url, url_env and url_file"),
-        ({"url": "amqp://h/", "url_env": "X"}, "exactly one of url, url_env and url_file"),
-        ({"url": "amqp://h/", "queue": None}, "needs queue"),
-        ({"url_file": "relative/url"}, "url_file: an absolute path"),
+        ({}, r"s3\[0\]\.url: transport 'amqp' needs exactly one of url and url_file"),
+        ({"url": "amqp://h/", "url_file": "/u"}, "exactly one of url and url_file"),
+        ({"url": "amqp://h/", "queue": None}, r"s3\[0\]\.queue: required with transport 'amqp'"),
+        ({"url_file": "relative/url"}, r"url_file: an absolute path"),
     ],
 )
 def test_config_errors_name_the_key(keys: dict[str, Any], needle: str) -> None:
@@ -234,7 +231,7 @@ def test_without_aio_pika_the_error_names_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "aio_pika" else real(name, *a)
     )
-    with pytest.raises(ConfigError, match=r"s3\.0.*pip install 'ocrwatch\[amqp\]'"):
+    with pytest.raises(ConfigError, match=r"s3\[0\]\.transport: 'amqp'.*pip install 'ocrwatch\[amqp\]'"):
         config.from_mapping({"s3": [{**BASE, "url": "amqp://h/"}]})
 
 

@@ -18,9 +18,9 @@ SCHEMES = ("amqp", "amqps")
 
 
 def broker_url(cfg: S3Config, index: int) -> str:
-    """The broker's URL from ``url`` (which ``OCRWATCH_S3_<index>_URL`` sets from the environment)
-    or the file ``url_file`` holds (its first line): a password stays out of the configuration
-    file either way. Raises ``ConfigError`` naming the key, never the URL."""
+    """The broker's URL from ``url`` (which ``OCRWATCH_S3_0_URL`` sets from the environment, for
+    the first table) or the file ``url_file`` holds (its first line): a password stays out of the
+    configuration file either way. Raises ``ConfigError`` naming the key, never the URL."""
     key = f"s3[{index}]"
     if cfg.url is not None:
         url, where = cfg.url, f"{key}.url"

@@ -20,7 +20,7 @@ from tests.s3servers import RgwServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 
-URL_ENV = "OCRWATCH_TEST_AMQP_URL"
+URL_ENV = "OCRWATCH_S3_0_URL"  # [[s3]] url from the environment: no password in the file
 EXCHANGE = "ocrwatch.s3"
 """One exchange for every bucket, routed by topic name: RGW (pacific) keeps one AMQP connection per
 push endpoint, bound to the first exchange named with it ("AMQP connect: exchange mismatch")."""
@@ -69,7 +69,6 @@ def amqp_daemon(
     topic."""
     s3 = rgw.s3_config(
         transport="amqp",
-        url_env=URL_ENV,
         queue=queue,
         exchange=EXCHANGE,
         routing_key=topic_of(bucket),
