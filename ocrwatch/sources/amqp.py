@@ -148,7 +148,7 @@ class AmqpSource(S3EventSource):
 
     # -- jobs
 
-    async def finish(self, job: Job, outcome: Outcome) -> None:
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         """Settle the messages announcing this job once all their jobs are finished: acknowledged,
         dead-lettered past ``max_receives``, or put back on ``retry`` (and for a job of the same key
         whose content differs: it was never processed)."""
