@@ -512,6 +512,10 @@ def _s3(index: int, cfg: S3Config) -> Iterator[Result]:
                              "give the queue a dead-letter queue, or set on_max_receives = 'error_sidecar'")
             else:
                 yield Result(True, what, "answered")
+    if cfg.transport == "amqp":  # the broker and the queue, through the daemon's own client
+        from ocrwatch.sources.amqp import probe
+
+        yield from (Result(*found) for found in probe(cfg, index))
     for bucket in dict.fromkeys(b for b in (cfg.bucket, cfg.output_bucket) if b and reachable):
         try:
             s3.head_bucket(Bucket=bucket)

@@ -11,6 +11,7 @@ Each engine owns the model of its own ``[engine.NAME]`` table (``engines.deepsee
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import shutil
@@ -189,8 +190,15 @@ class InboxConfig(_Model):
 
 
 class S3Config(_Model):
-    transport: Literal["sqs", "webhook"] = "sqs"
+    transport: Literal["sqs", "webhook", "amqp"] = "sqs"
     queue_url: str | None = None
+    url: str | None = Field(default=None, repr=False)  # amqp: may carry a password, so never shown
+    url_file: Path | None = None
+    queue: str | None = None
+    exchange: str = ""
+    routing_key: str = "#"
+    dead_letter_exchange: str = ""
+    prefetch: Annotated[int, Field(ge=1, le=65535)] | None = None  # None: [scheduler] max_active_documents
     endpoint_url: str | None = None
     region: str | None = None
     bucket: str | None = None
@@ -221,6 +229,16 @@ class S3Config(_Model):
             raise KeyProblem(("queue_url",), "required with transport 'sqs'")
         if self.transport == "webhook" and not self.token:
             raise KeyProblem(("token",), "required with transport 'webhook': a shared secret")
+        if self.transport == "amqp":
+            if (self.url is None) == (self.url_file is None):
+                raise KeyProblem(("url",), "transport 'amqp' needs exactly one of url and url_file")
+            if not self.queue:
+                raise KeyProblem(("queue",), "required with transport 'amqp'")
+            if self.url_file is not None and not self.url_file.is_absolute():
+                raise KeyProblem(("url_file",), "an absolute path (the working folder is no anchor)")
+            if importlib.util.find_spec("aio_pika") is None:
+                raise KeyProblem(("transport",), "'amqp' needs aio-pika, which is not installed: "
+                                 "pip install 'ocrwatch[amqp]'")
         return self
 
 

@@ -186,11 +186,21 @@ class Daemon:
         from ocrwatch.sources.webhook import WebhookSource
 
         for index, s3cfg in enumerate(cfg.s3):
-            kind: type[S3Source] | type[WebhookSource] = WebhookSource if s3cfg.transport == "webhook" else S3Source
-            source = kind(
-                s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=template,
-                max_inflight=pipeline.active_documents,
-            )
+            source: S3Source | WebhookSource | AmqpSource
+            if s3cfg.transport == "amqp":
+                from ocrwatch.sources.amqp import AmqpSource  # aio-pika: only where a queue is consumed
+
+                source = AmqpSource(
+                    s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=template,
+                    max_inflight=pipeline.active_documents, metrics=self.metrics, index=index,
+                )
+            else:
+                webhook = s3cfg.transport == "webhook"
+                kind: type[S3Source] | type[WebhookSource] = WebhookSource if webhook else S3Source
+                source = kind(
+                    s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=template,
+                    max_inflight=pipeline.active_documents,
+                )
             pipeline.add_source(source, S3Sink(s3cfg, source.client, template), source.executor)
 
     def _lapsed(self, job: Job) -> bool:

@@ -34,6 +34,10 @@ processing), queue (waiting for a batch slot), first_token, decode, total; Tesse
 QUEUES = ("render_queue", "rendering", "ready", "inflight")
 """Pages not yet rendered, being rendered, rendered and waiting for the engine, inside the engine."""
 
+AMQP_EVENTS = ("received", "redelivered", "acknowledged", "requeued", "dead_lettered")
+"""What became of the messages of an AMQP source: taken from the queue (a redelivered one counts in
+both), acknowledged (done, or of no use), put back, dead-lettered."""
+
 
 class Metrics:
     """Every series is created here with its labels, so a scrape shows zeros before the first document."""
@@ -105,6 +109,15 @@ class Metrics:
             "action and reason (changed: not the bytes read; error: the move or delete failed)", ["action", "reason"],
             registry=r,
         )  # fmt: skip
+        # S3 sources with transport "amqp", labelled by source name (``sources.amqp`` creates them).
+        self.amqp_messages = Counter(
+            "ocrwatch_amqp_messages", "Messages of an AMQP source, by source and event (AMQP_EVENTS)",
+            ["source", "event"], registry=r,
+        )
+        self.amqp_connected = Gauge(
+            "ocrwatch_amqp_connected", "1 while an AMQP source is connected and consuming", ["source"],
+            registry=r,
+        )
         for status in ("ok", "partial", "failed"):
             self.documents.labels(status=status)
         for status in ("ok", "failed"):
