@@ -39,7 +39,7 @@ from ocrwatch.metrics import AMQP_EVENTS, Metrics
 from ocrwatch.sources.amqpmessages import broker_url, receives, redacted
 from ocrwatch.sources.base import Job, Outcome, Reject, S3Object, Submit
 from ocrwatch.sources.s3 import TooManyDeliveries
-from ocrwatch.sources.s3events import S3EventSource, parse, same_version
+from ocrwatch.sources.s3events import S3EventSource, parse, settled_by
 
 log = structlog.get_logger()
 
@@ -152,14 +152,8 @@ class AmqpSource(S3EventSource):
         """Settle the messages announcing this job once all their jobs are finished: acknowledged,
         dead-lettered past ``max_receives``, or put back on ``retry`` (and for a job of the same key
         whose content differs: it was never processed)."""
-        for delivery in list(self._deliveries.values()):
-            for token, pending in list(delivery.pending.items()):
-                if token != job.receipt and pending.key != job.key:
-                    continue
-                del delivery.pending[token]
-                delivery.retry |= outcome == "retry" or not same_version(pending, job)
-            if not delivery.pending:
-                await self._settle(delivery)
+        for delivery in settled_by(self._deliveries.values(), job, outcome):
+            await self._settle(delivery)
 
     async def _settle(self, delivery: _Delivery) -> None:
         if self._deliveries.pop(delivery.token, None) is None:

@@ -29,7 +29,7 @@ from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError
 from ocrwatch.s3client import READ_TIMEOUT, acall, error_code, is_transient, new_client
 from ocrwatch.sources.base import Job, Outcome, Reject, S3Object, Submit
-from ocrwatch.sources.s3events import S3EventSource, parse, same_version
+from ocrwatch.sources.s3events import S3EventSource, parse, settled_by
 
 log = structlog.get_logger()
 
@@ -100,14 +100,8 @@ class S3Source(S3EventSource):
     async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         """Delete the messages announcing this job once all their jobs are done or failed; on ``retry`` (or for
         a job of the same key whose content differs: it was never processed) let them reappear instead."""
-        for delivery in list(self._deliveries.values()):
-            for token, pending in list(delivery.pending.items()):
-                if token != job.receipt and pending.key != job.key:
-                    continue
-                del delivery.pending[token]
-                delivery.retry |= outcome == "retry" or not same_version(pending, job)
-            if not delivery.pending:
-                await self._settle(delivery)
+        for delivery in settled_by(self._deliveries.values(), job, outcome):
+            await self._settle(delivery)
 
     async def _settle(self, delivery: _Delivery) -> None:
         self._forget(delivery)

@@ -21,7 +21,8 @@ import os
 import re
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote_plus
 
 import botocore.exceptions
@@ -31,7 +32,7 @@ from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone
 from ocrwatch.naming import is_output, sidecar_names
 from ocrwatch.s3client import S3Threads, call, error_code, new_client, storage_error
-from ocrwatch.sources.base import Fetched, Job, Reject, S3Object, Submit
+from ocrwatch.sources.base import Fetched, Job, Outcome, Reject, S3Object, Submit
 
 log = structlog.get_logger()
 
@@ -92,6 +93,33 @@ def same_version(a: Job, b: Job) -> bool:
     """Whether two jobs name the same bytes of the same key: equal ETag and versionId."""
     return (isinstance(a.origin, S3Object) and isinstance(b.origin, S3Object) and a.key == b.key
             and (a.origin.etag, a.origin.version_id) == (b.origin.etag, b.origin.version_id))
+
+
+class Announced(Protocol):
+    """A message in flight: the jobs it announced that have not finished, and whether it must come
+    back rather than be acknowledged."""
+
+    pending: dict[str, Job]
+    retry: bool
+
+
+D = TypeVar("D", bound=Announced)
+
+
+def settled_by(deliveries: Iterable[D], job: Job, outcome: Outcome) -> list[D]:
+    """The messages ``job`` finishing as ``outcome`` leaves waiting for no job: each message is
+    settled once every job it announced is finished, and comes back instead (``retry``) where one
+    of them is to be tried again or was a version other than the one processed."""
+    settled = []
+    for delivery in list(deliveries):
+        for token, pending in list(delivery.pending.items()):
+            if token != job.receipt and pending.key != job.key:
+                continue
+            del delivery.pending[token]
+            delivery.retry |= outcome == "retry" or not same_version(pending, job)
+        if not delivery.pending:
+            settled.append(delivery)
+    return settled
 
 
 def is_sidecar(key: str) -> bool:
