@@ -357,10 +357,10 @@ class Pipeline:
             await self._ledger("set_state", job.key, "rendering")
             with _timed(stages, "fetch_probe"):
                 probed = await self.fetch_and_probe(job, session.spool_dir, engine)
-            source = assemble.source_section(job, probed.path, probed.sha256, probed.info.mime)
+            provenance = self.provenance(job, engine, probed)
             owner = probed.access.uid if probed.access is not None else None
             reused = None if job.key in self._unrecorded else await self.reuse.find(
-                job, probed.sha256, source, owner, job.detected_at
+                job, probed.sha256, provenance, owner
             )  # fmt: skip
             made = outputs.NONE
             if reused is None:
@@ -373,7 +373,7 @@ class Pipeline:
                 )
             with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 if reused is None:
-                    document = self.assemble_document(job, engine, probed, pages, started, stages, made)
+                    document = self.assemble_document(job, provenance, pages, started, stages, made)
                     markdown = assemble.markdown(pages, made.assets)
                 else:
                     document, markdown = reused.document, reused.markdown
@@ -455,17 +455,20 @@ class Pipeline:
             raise SourceChanged(f"{job.origin.uri} changed while it was processed")
         return pages
 
-    def assemble_document(
-        self, job: Job, engine: Engine, probed: Probed, pages: list[PageOutcome], started: float,
-        stages: dict[str, float], made: outputs.Outputs = outputs.NONE,
-    ) -> dict[str, Any]:  # fmt: skip
-        """The JSON sidecar: the pages with where they came from, what read them and how long it took."""
+    def provenance(self, job: Job, engine: Engine, probed: Probed) -> assemble.Provenance:
+        """What was read, what read it and how: the sidecar's ``source``, ``engine`` and ``render``."""
         spec = probed.spec
-        provenance = assemble.Provenance(
+        return assemble.Provenance(
             source=assemble.source_section(job, probed.path, probed.sha256, probed.info.mime),
             engine=_described(engine, self._lang(job)) | {"prompt": self.cfg.prompt_text(job.prompt)},
             render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
         )
+
+    def assemble_document(
+        self, job: Job, provenance: assemble.Provenance, pages: list[PageOutcome], started: float,
+        stages: dict[str, float], made: outputs.Outputs = outputs.NONE,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The JSON sidecar: the pages with where they came from, what read them and how long it took."""
         return assemble.document(provenance, pages, detected=job.detected_at, started=started, finished=time.time(),
                                  stages=stages, assets=made.assets, outputs=made.sections)  # fmt: skip
 

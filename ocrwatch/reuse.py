@@ -13,6 +13,7 @@ never tells one user what another has.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ from typing import Any
 
 import structlog
 
-from ocrwatch.assemble import iso
+from ocrwatch.assemble import Provenance, iso
 from ocrwatch.config import OutputConfig
 from ocrwatch.ledger import Ledger
 from ocrwatch.sinks.base import Recalled, Sink
-from ocrwatch.sources.base import Job
+from ocrwatch.sources.base import Job, LocalFile
 
 log = structlog.get_logger()
 
@@ -56,20 +57,30 @@ class Reuse:
         self._offload = offload
 
     async def find(
-        self, job: Job, sha256: str, source: dict[str, Any], owner: int | None, detected: float
+        self, job: Job, sha256: str, provenance: Provenance, owner: int | None
     ) -> Reused | None:
-        """The earlier result this job may take (``source``: its own ``source`` section; ``owner``: its
-        local file's user), or None: it is then read as any other."""
+        """The earlier result this job may take (``provenance``: what its own sidecar would say of its
+        source, engine and rendering; ``owner``: its local file's user), or None: it is then read as
+        any other."""
         if job.duplicates != "reuse" or self.ledger is None or self.makes_more:
             return None
         sink = self.sinks.get(job.source)
         if sink is None:
             return None
         for earlier in await asyncio.to_thread(self.ledger.twins, job, sha256):
+            if not _same_place(earlier, job):
+                continue
             recalled: Recalled | None = await self._offload(job, sink.recall, earlier, owner)
-            if recalled is not None and _reusable(recalled.document, sha256):
-                return _adapted(recalled, earlier, job, source, detected)
+            if recalled is not None and _reusable(recalled.document, sha256, provenance):
+                return _adapted(recalled, earlier, job, provenance.source, job.detected_at)
         return None
+
+
+def _same_place(earlier: Job, job: Job) -> bool:
+    """Locally, the same inbox: its settings (``lang``, ``text``, ``prompt``) made the earlier result."""
+    if isinstance(job.origin, LocalFile):
+        return isinstance(earlier.origin, LocalFile) and earlier.origin.inbox == job.origin.inbox
+    return True
 
 
 def _adapted(
@@ -87,12 +98,20 @@ def _adapted(
     return Reused(recalled.markdown.decode("utf-8", "replace"), document, earlier)
 
 
-def _reusable(document: dict[str, Any], sha256: str) -> bool:
-    """An ``ok`` result of these very bytes with nothing beyond its two sidecars."""
+def _reusable(document: dict[str, Any], sha256: str, provenance: Provenance) -> bool:
+    """An ``ok`` result of these very bytes with nothing beyond its two sidecars, read by the engine,
+    languages, prompt and rendering this job would get."""
     source = document.get("source")
     recorded = source.get("sha256") if isinstance(source, dict) else None
     return (
         document.get("status") == "ok"
         and recorded == sha256
+        and document.get("engine") == _as_json(provenance.engine)
+        and document.get("render") == _as_json(provenance.render)
         and not any(member in document for member in FURTHER)
     )
+
+
+def _as_json(section: dict[str, Any]) -> Any:
+    """``section`` as a JSON sidecar reads back (tuples as lists), to compare with one that was."""
+    return json.loads(json.dumps(section))
