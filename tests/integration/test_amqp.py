@@ -233,8 +233,19 @@ def test_two_daemons_share_fifty_documents_through_a_kill_and_a_broker_restart(
             )
 
         expected = Counter({f"s3://{bucket}/{key}": 1 for key in names})
+        # A sidecar can be read (and the queue show nothing ready) a moment before its daemon
+        # logs the write and acknowledges the message.
+        wait_until(
+            lambda: written() == expected or max(written().values(), default=0) > 1,
+            30,
+            "every document's sidecar logged",
+        )
         assert written() == expected
-        assert any(e["uri"] == long_uri for e in events(survivor, "job_done"))
+        wait_until(
+            lambda: any(e["uri"] == long_uri for e in events(survivor, "job_done")),
+            30,
+            "the survivor's job_done for the long PDF",
+        )
         assert all(events(daemon, "job_done") for daemon in daemons.values()), (
             "one daemon took no work"
         )
