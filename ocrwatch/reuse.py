@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from ocrwatch.admission import Offload
 from ocrwatch.assemble import Provenance, iso
 from ocrwatch.config import OutputConfig
 from ocrwatch.ledger import Ledger
@@ -28,8 +28,6 @@ from ocrwatch.sinks.base import Recalled, Sink
 from ocrwatch.sources.base import Job, LocalFile
 
 log = structlog.get_logger()
-
-Offload = Callable[..., Awaitable[Any]]
 
 FURTHER = ("searchable_pdf", "figures", "assets")
 """JSON members that describe outputs beyond the two sidecars: a result that has them is not copied."""

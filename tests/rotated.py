@@ -16,6 +16,18 @@ from pathlib import Path
 
 from rapidfuzz.distance import Levenshtein
 
+PANGRAMS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Pack my box with five dozen liquor jugs now.",
+    "Sphinx of black quartz, judge my solemn vow.",
+    "How vexingly quick daft zebras jump today!",
+    "Bright vixens jump; dozy fowl quack loudly.",
+    "Waltz, bad nymph, for quick jigs vex them.",
+    "Jackdaws love my big sphinx of quartz too.",
+    "The five boxing wizards jump very quickly.",
+)
+"""Lines of text that use most letters: a page of them reads the same upright, whatever the font."""
+
 TURNED: dict[tuple[str, int], int] = {
     ("cardinal.pdf", 2): 270,
     ("cardinal.pdf", 3): 180,

@@ -19,16 +19,7 @@ from ocrwatch.errors import ConfigError
 from ocrwatch.orientation import Orientation, Settings
 from tests import docs, rotated
 
-LINES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Pack my box with five dozen liquor jugs now.",
-    "Sphinx of black quartz, judge my solemn vow.",
-    "How vexingly quick daft zebras jump today!",
-    "Bright vixens jump; dozy fowl quack loudly.",
-    "Waltz, bad nymph, for quick jigs vex them.",
-    "Jackdaws love my big sphinx of quartz too.",
-    "The five boxing wizards jump very quickly.",
-]
+LINES = list(rotated.PANGRAMS)
 REPORT = """Page number: 0
 Orientation in degrees: 90
 Rotate: 270

@@ -24,14 +24,7 @@ pytestmark = [
     ),
 ]  # fmt: skip
 
-LINES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Pack my box with five dozen liquor jugs now.",
-    "Sphinx of black quartz, judge my solemn vow.",
-    "How vexingly quick daft zebras jump today!",
-    "Bright vixens jump; dozy fowl quack loudly.",
-    "Waltz, bad nymph, for quick jigs vex them.",
-]
+LINES = list(rotated.PANGRAMS[:6])
 
 
 def test_turned_pages_are_read_upright_through_the_daemon(make_daemon: Any, tmp_path: Path) -> None:
