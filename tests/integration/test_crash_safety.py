@@ -208,9 +208,12 @@ def ledger_row(daemon, path: Path) -> tuple[str, int] | None:
 def interrupt_while_recognizing(daemon, path: Path, how: str) -> int:
     """Start the daemon, wait until the document's pages are being recognised, end the daemon: ``term`` (a
     clean stop, as systemctl restart does) or ``kill`` (kill -9). -> the attempts the ledger held meanwhile"""
+    ledger = daemon.state / "ledger.sqlite3"
+    before = ledger_row(daemon, path) if ledger.exists() else None  # a kill leaves "recognizing" behind
     daemon.start()
     state, attempts = wait_until(
-        lambda: (row := ledger_row(daemon, path)) and row[0] in ("recognizing", "failed") and row,
+        lambda: (row := ledger_row(daemon, path)) != before and row and row[0] in ("recognizing", "failed")
+        and row,
         60, "the document's recognition to begin",
     )  # fmt: skip
     assert state == "recognizing", f"the document failed at restart: {error_sidecar(path)}"

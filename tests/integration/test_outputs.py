@@ -120,6 +120,7 @@ def test_move_on_success_archives_the_group_and_a_restart_leaves_it(make_daemon:
         (inbox / "2024").mkdir(parents=True)
         docs.write_pdf(inbox / "2024" / "letter.pdf", LETTER[:1])
         wait_until(lambda: json_of(moved), 120, "the JSON sidecar in the archive")
+        wait_until(lambda: events(daemon, "source_archived"), 30, "the move logged")  # logged after it ends
         assert sorted(p.name for p in moved.parent.iterdir()) == [
             "letter.pdf", "letter.pdf.json", "letter.pdf.md", "letter.pdf.ocr.pdf",
         ]  # fmt: skip
