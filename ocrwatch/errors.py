@@ -25,6 +25,9 @@ class OcrwatchError(Exception):
     """Whether a document failed so goes to its inbox's ``quarantine_dir``: only where its own bytes
     are at fault, so that only a new file can cure it. Any other stays where it was dropped, where
     the fix its hint names (a file moved away, a setting, a package) and ``ocrwatch retry`` find it."""
+    path_fault: bool = False
+    """Whether the failure was only what the document's path was at that moment (vanished, a link,
+    rewritten throughout), so the same file seen again whole at that path is processed again."""
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -50,6 +53,12 @@ def quarantined(kind: str | None) -> bool:
     an unknown kind, or none, stays."""
     found = _KINDS.get(kind or "")
     return found is not None and found.quarantined
+
+
+def path_fault(kind: str | None) -> bool:
+    """Whether a document failed as ``kind`` failed for its path only (``OcrwatchError.path_fault``)."""
+    found = _KINDS.get(kind or "")
+    return found is not None and found.path_fault
 
 
 class PermanentError(OcrwatchError):
@@ -127,6 +136,7 @@ class FileTooLarge(PermanentError):
 
 class NotARegularFile(PermanentError):
     kind = "not_a_regular_file"
+    path_fault = True
     hint = "only regular files inside the inbox are processed (no FIFOs, devices or escaping symlinks)"
 
 
@@ -179,6 +189,7 @@ class PageTimeout(TransientError):
 
 class SourceGone(PermanentError):
     kind = "source_gone"
+    path_fault = True
     hint = "the file disappeared before it could be processed"
 
 
@@ -189,6 +200,7 @@ class CrashLoop(PermanentError):
 
 class SourceChanged(TransientError):
     kind = "source_changed"
+    path_fault = True
     hint = "the file changed while it was processed; it is processed again"
 
 
