@@ -15,7 +15,7 @@ from ocrwatch import errors
 from ocrwatch.errors import classify
 
 
-@pytest.mark.parametrize("kind", [errors.DiskFull, errors.OutputNotWritable])
+@pytest.mark.parametrize("kind", [errors.DiskFull, errors.OutputNotWritable, errors.StorageUnavailable])
 def test_faults_of_the_place_are_retried_never_permanent(kind: type[errors.OcrwatchError]) -> None:
     error = kind("x")
     assert isinstance(error, errors.PlaceFault) and error.retryable

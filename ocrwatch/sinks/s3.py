@@ -29,7 +29,9 @@ from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
 from ocrwatch import figures, textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
-from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
+from ocrwatch.s3client import (
+    MAX_KEY_BYTES, InvalidRequest, call, error_code, is_invalid_name, is_not_found, new_client, storage_error,
+)
 from ocrwatch.sinks.base import (
     HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,
     owns_json, owns_markdown,
@@ -43,9 +45,7 @@ log = structlog.get_logger()
 MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
 CONTENT_TYPES = {".pdf": "application/pdf", ".png": "image/png"}
-MAX_KEY_BYTES = 1024
 PROBE_BYTES = 4096
-_ABSENT = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 
 
 class S3Sink:
@@ -145,7 +145,7 @@ class S3Sink:
             try:
                 call(fetch)
             except Exception as exc:
-                if error_code(exc) in _ABSENT:
+                if is_not_found(exc):
                     return False
                 raise storage_error(exc, f"reading s3://{bucket}/{pdf}") from None
             copy.seek(0)
@@ -246,7 +246,7 @@ class S3Sink:
             finally:
                 body.close()
         except Exception as exc:
-            if error_code(exc) in _ABSENT:
+            if is_not_found(exc):
                 return None
             if error_code(exc) == "InvalidRange":  # an empty object: there, but not one ocrwatch wrote
                 return b""
