@@ -183,3 +183,17 @@ def test_a_first_result_reads_no_key_that_does_not_exist_yet(
     sink.write_error(job(bucket=bucket), ERROR)  # over a result: each object there is read, none other
     assert [name for name, key in calls if key.endswith((".error.json", ".ocr.pdf"))] == ["PutObject"]
     assert sink.recorded(job(bucket=bucket)) is None and get(server.client("s3"), bucket, f"{KEY}.error.json")
+
+
+def test_a_sidecar_nested_too_deep_for_the_parser_is_not_ocrwatchs_result(moto: MotoServer) -> None:
+    """A JSON sidecar that opens as ocrwatch's and then nests deeper than Python's parser goes: nothing
+    recorded, nothing to recall, and never a RecursionError out of the sink (the daemon's threads)."""
+    s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
+    s3.create_bucket(Bucket="docs")
+    nested = b'{"schema": "ocrwatch/1", "pages": ' + b"[" * 200_000 + b"]" * 200_000 + b', "source": {}}'
+    s3.put_object(Bucket="docs", Key=f"{KEY}.json", Body=nested)
+    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"<!-- page 1 -->\n")
+    assert sink.recorded(job()) is None and sink.recall(job(), None) is None
+    assert sink.status(job()) is None
+    sink.write(job(), "<!-- page 1 -->\nx\n", DOCUMENT)  # opens with ocrwatch's schema: replaced
+    assert sink.recorded(job()) == DOCUMENT["source"]
