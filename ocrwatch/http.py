@@ -11,7 +11,7 @@ rest of the daemon (the inbox watcher, the ledger, the engine), nor another list
   a new one (refusing the new one only when every connection is busy), so idle connections cannot lock out a
   real request;
 - a connection that carries no request for ``idle_timeout`` seconds is closed, whether it never sent one,
-  trickles its head, or sits on keep-alive: aiohttp's own ``keepalive_timeout`` does it (from 3.14, measured).
+  trickles its head, or sits on keep-alive: aiohttp's own ``keepalive_timeout`` (measured on 3.14).
 
 A full listener is logged once per episode, not per connection; so is an ``accept()`` that fails for want of
 descriptors (asyncio would log a traceback per attempt). A handler that reads a body bounds that read itself.
@@ -56,8 +56,8 @@ def connection_cap(wanted: int) -> int:
 class _Connection(asyncio.Protocol):
     """One accepted connection: admitted (then handed to aiohttp's request handler) or refused at once.
 
-    Stands between the transport and aiohttp's protocol, so the listener counts open connections exactly and
-    knows which are busy and when each was last active: what aiohttp's server keeps no count of.
+    Stands between the transport and aiohttp's protocol, so the listener counts open connections exactly
+    and knows which are busy and when each was last active: what aiohttp's server keeps no count of.
     """
 
     def __init__(self, listener: Listener) -> None:
