@@ -56,8 +56,8 @@ def connection_cap(wanted: int) -> int:
 class _Connection(asyncio.Protocol):
     """One accepted connection: admitted (then handed to aiohttp's request handler) or refused at once.
 
-    Stands between the transport and aiohttp's protocol, so the listener counts open connections exactly
-    and knows which are busy and when each was last active: what aiohttp's server keeps no count of.
+    Stands between the transport and aiohttp's protocol, so the listener counts open connections
+    exactly and knows which are busy and when each was last active: aiohttp's server counts neither.
     """
 
     def __init__(self, listener: Listener) -> None:
