@@ -1,8 +1,8 @@
 """The error hierarchy: every failure is either transient (retry later) or permanent (write an error sidecar).
 
 A ``PlaceFault`` is the transient kind that is not the document's doing (a full disk, a folder that cannot be
-written, an object store that does not answer): it is waited out however long it lasts and never becomes a
-failure of the document.
+written, an object store that does not answer): it is waited out however long it lasts and never
+becomes a failure of the document.
 
 Each class carries a stable ``kind`` used in logs, the ledger and sidecars, and a ``hint`` that tells the
 user what to do about it. ``classify`` is the one place that maps an arbitrary exception onto this hierarchy,
@@ -240,7 +240,7 @@ class OutputNotWritable(PlaceFault):
 
 
 class StorageUnavailable(PlaceFault):
-    """An outage of the object store or queue outlasted the S3 call's retries: the place, not the document."""
+    """An outage of the object store or queue outlasted the S3 call's retries: the place's fault."""
 
     kind = "storage_unavailable"
     hint = "the object store or queue did not answer; ocrwatch retries with backoff"

@@ -1,11 +1,12 @@
 """The one S3 client module: boto3 clients, retries, error mapping, and the probe ``ocrwatch check`` runs.
 
 Sources and sinks share it, so a transient failure means the same thing everywhere. Clients are made on demand,
-never at import. One retry layer: botocore tries each request once (``total_max_attempts = 1``) and ``call``
-retries a transient failure with tenacity, ``CALL_ATTEMPTS`` = 5 attempts 0.5, 1, 2 and 4 s apart (plus up to
-0.5 s of jitter each): an outage of 7.5 to 9.5 s (besides the attempts' own time, at most a 5 s connect or 60 s
-read timeout each) is ridden out within the call. What survives is ``StorageUnavailable``, a fault of the
-place that the pipeline retries for as long as it lasts; it is mapped without ever carrying credentials.
+never at import. One retry layer: botocore tries each request once (``total_max_attempts = 1``)
+and ``call`` retries a transient failure with tenacity, ``CALL_ATTEMPTS`` = 5 attempts 0.5, 1, 2
+and 4 s apart (plus up to 0.5 s of jitter each): an outage of 7.5 to 9.5 s (besides the attempts'
+own time, at most a 5 s connect or 60 s read timeout each) is ridden out within the call. What
+survives is ``StorageUnavailable``, a fault of the place that the pipeline retries for as long as
+it lasts; it is mapped without ever carrying credentials.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ THREADS = 8
 MAX_KEY_BYTES = 1024
 """The longest key S3 holds, in UTF-8 bytes."""
 NOT_FOUND = frozenset({"NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "NotFound"})
-"""S3's codes for "nothing there": the key, the version or the bucket (HEAD, bodiless, answers a bare 404)."""
+"""S3's codes for "nothing there": a key, a version or a bucket (a HEAD answers a bare 404)."""
 _INVALID_NAME = frozenset({"InvalidObjectName", "KeyTooLongError"})
 _INVALID_REQUEST = _INVALID_NAME | {"InvalidBucketName", "InvalidArgument", "InvalidURI"}
 _THROTTLING = frozenset(

@@ -15,7 +15,9 @@ from ocrwatch import errors
 from ocrwatch.errors import classify
 
 
-@pytest.mark.parametrize("kind", [errors.DiskFull, errors.OutputNotWritable, errors.StorageUnavailable])
+@pytest.mark.parametrize(
+    "kind", [errors.DiskFull, errors.OutputNotWritable, errors.StorageUnavailable]
+)
 def test_faults_of_the_place_are_retried_never_permanent(kind: type[errors.OcrwatchError]) -> None:
     error = kind("x")
     assert isinstance(error, errors.PlaceFault) and error.retryable
@@ -131,8 +133,8 @@ def test_an_asyncio_timeout_is_transient_on_every_python() -> None:
 
 
 def test_an_s3_outage_past_the_calls_retries_uses_none_of_the_documents_attempts() -> None:
-    """A bucket that does not answer is the place's fault: what survives ``s3client.call``'s retries is
-    retried by the job for as long as it lasts, however few ``[retry] attempts`` the document has."""
+    """A bucket that does not answer is the place's fault: what survives ``s3client.call``'s
+    retries is retried by the job for as long as it lasts, however few attempts the document has."""
     import botocore.exceptions
 
     from ocrwatch.attempts import attempts_of_a_job

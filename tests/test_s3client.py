@@ -25,10 +25,11 @@ def test_failures_of_the_world_are_transient_and_map_to_storage_unavailable() ->
 
 
 def test_one_rule_says_nothing_is_there() -> None:
-    """The sink, the download and the archive once each had a set of their own (the archive's lacked
-    ``NotFound`` or ``NoSuchVersion``, none but the download's had all): one set, for a key, a version and a
-    bucket, and a HEAD's bare 404."""
+    """The sink, the download and the archive once each had a set of their own (the archive's
+    lacked ``NotFound`` or ``NoSuchVersion``, none but the download's had all): one set, for a
+    key, a version and a bucket, and a HEAD's bare 404."""
     for code in ("NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "NotFound"):
         assert is_not_found(client_error(404, code)), code
-    for exc in (client_error(403, "AccessDenied"), client_error(412, "PreconditionFailed"), KeyError("404")):
+    others = (client_error(403, "AccessDenied"), client_error(412, "PreconditionFailed"))
+    for exc in (*others, KeyError("404")):
         assert not is_not_found(exc), exc

@@ -151,7 +151,7 @@ def _members(text: str) -> Iterator[tuple[str, Any]]:
             if not isinstance(key, str) or not text.startswith(":", at):
                 return
             value, at = decoder.raw_decode(text, _skip(text, at + 1))
-        except (ValueError, RecursionError):  # cut off by the head's end, not JSON, or nested too deep
+        except (ValueError, RecursionError):  # cut off by the head's end, not JSON, or too deep
             return
         yield key, value
         at = _skip(text, at)

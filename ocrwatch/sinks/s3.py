@@ -31,7 +31,8 @@ from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNo
 from ocrwatch import figures, textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import (
-    MAX_KEY_BYTES, InvalidRequest, call, error_code, is_invalid_name, is_not_found, new_client, storage_error,
+    MAX_KEY_BYTES, InvalidRequest, call, error_code, is_invalid_name, is_not_found, new_client,
+    storage_error,
 )
 from ocrwatch.sinks.base import (
     HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,

@@ -7,9 +7,9 @@ each message goes to one of them. A message delivered more than ``max_receives``
 go to ``reject`` (the pipeline writes their error sidecars), or the message is left to the queue's
 dead-letter policy.
 
-The SQS client is made when the source starts, never at import; its long poll runs in the source's own
-threads, which never delay shutdown. The polling loop itself never gives up (``s3_unreachable``, then
-``s3_reachable``).
+The SQS client is made when the source starts, never at import; its long poll runs in the source's
+own threads, which never delay shutdown. The polling loop itself never gives up
+(``s3_unreachable``, then ``s3_reachable``).
 """
 
 from __future__ import annotations
@@ -141,8 +141,8 @@ class S3Source(S3EventSource):
                                   error=error_code(exc))
 
     async def _receive(self, count: int) -> list[dict[str, Any]]:
-        """One long poll, in a thread of the source's pool (daemon threads: a poll pending at shutdown holds
-        nothing; its messages, if any, reappear), tried again through any outage."""
+        """One long poll, in a thread of the source's pool (daemon threads: a poll pending at
+        shutdown holds nothing; its messages, if any, reappear), tried again through any outage."""
         loop = asyncio.get_running_loop()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Exception),
