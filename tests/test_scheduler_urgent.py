@@ -2,7 +2,7 @@
 the engine. The engine is a test double of vLLM's continuous batching (at most INFLIGHT sequences, a waiting
 queue in priority order) whose step time grows with the pages it decodes, on a virtual clock (the figures are
 steps, not wall time); with ``lanes`` it makes room and leaves worse lanes out of its steps as
-``engines.deepseek.lanes`` makes vLLM do."""
+``engines.deepseek.experimental.lanes`` makes vLLM do."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from ocrwatch.engines.base import PageRequest
-from ocrwatch.engines.deepseek.lanes import held_back, make_room
+from ocrwatch.engines.deepseek.experimental.lanes import held_back, make_room
 from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, backlog_cap, lane_of
 from tests.test_scheduler import FakePage
 

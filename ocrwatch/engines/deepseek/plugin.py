@@ -43,6 +43,6 @@ def register() -> None:
 
         ngram_gpu.install()
     if enabled(name=LANES_ENV):
-        from ocrwatch.engines.deepseek import lanes
+        from ocrwatch.engines.deepseek.experimental import lanes
 
         lanes.install()
