@@ -15,8 +15,12 @@ can never read as one of Tesseract's options."""
 class TesseractConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lang: Lang = "eng"
-    dpi: Annotated[int, Field(ge=70, le=600)] = 300
-    psm: Annotated[int, Field(ge=0, le=13)] = 3
-    workers: Annotated[int, Field(ge=0, le=256)] = 0
-    binary: str = "tesseract"
+    lang: Lang = Field("eng", description=(
+        "Tesseract language packs joined with \"+\", e.g. \"eng+deu\" (install tesseract-ocr-deu)."))
+    dpi: Annotated[int, Field(ge=70, le=600)] = Field(300, description=(
+        "The resolution pages are rendered at for Tesseract, which reads best at about 300 DPI."))
+    psm: Annotated[int, Field(ge=0, le=13)] = Field(3, description=(
+        "Page segmentation mode; 3 = fully automatic."))
+    workers: Annotated[int, Field(ge=0, le=256)] = Field(0, description=(
+        "Pages OCRed at once; 0 = one per CPU core (each Tesseract limited to one thread)."))
+    binary: str = Field("tesseract", description="The Tesseract executable.")
