@@ -400,3 +400,13 @@ def test_the_cli_names_a_faulty_variable_and_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run(command, capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert "environment: OCRWATCH_INBOX_0_RECURSIVE: Input should be a valid boolean" in proc.stderr
+
+
+def test_the_sqs_receive_backoff_is_a_key_of_its_bucket(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[[s3]]\nqueue_url = "q"\nreceive_backoff_max_seconds = 5\n')
+    assert config.load(path, environ={}).s3[0].receive_backoff_max_seconds == 5
+    assert config.S3Config(queue_url="q").receive_backoff_max_seconds == 30.0
+    path.write_text('[[s3]]\nqueue_url = "q"\nreceive_backoff_max_seconds = 0\n')
+    with pytest.raises(ConfigError, match=r"s3\[0\]\.receive_backoff_max_seconds"):
+        config.load(path, environ={})
