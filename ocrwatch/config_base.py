@@ -19,6 +19,9 @@ DEFAULT_PRIORITY = 50
 
 MiB = 1024 * 1024
 
+Auto = Literal["auto"]
+"""The one spelling of "ocrwatch chooses" for a key it can choose: ``"auto"`` (not ``0``, not unset)."""
+
 OnSuccess = Literal["keep", "move", "delete"]
 """What becomes of a source once its document is ``ok`` (``[output] on_success``, per inbox and
 per bucket)."""
@@ -47,3 +50,11 @@ class KeyProblem(ValueError):
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+
+
+def no_zero_for_auto(value: object) -> object:
+    """``0``, the old spelling of "automatic", stops the load naming its key, so a file written for
+    that meaning never silently gets another."""
+    if value == 0 and type(value) is int:
+        raise ValueError('0 no longer means automatic: write "auto"')
+    return value

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from ocrwatch.config_base import MiB, Model, OnSuccess
+from ocrwatch.config_base import Auto, MiB, Model, OnSuccess, no_zero_for_auto
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.tesseract_options import TesseractConfig
 
@@ -143,25 +143,28 @@ class MetricsConfig(Model):
 
 
 class SchedulerConfig(Model):
-    max_inflight_pages: Annotated[int, Field(ge=1, le=4096)] | None = Field(
-        None, examples=[128], description=(
-            "Pages inside the engine at once; unset = the engine's own figure (Tesseract: cores;"
-            " vLLM: max_num_seqs x DP)."))
-    render_ahead: Annotated[int, Field(ge=0, le=4096)] = Field(0, description=(
+    max_inflight_pages: Annotated[int, Field(ge=1, le=4096)] | Auto = Field("auto", description=(
+        "Pages inside the engine at once; \"auto\" = the engine's own figure (Tesseract: cores;"
+        " vLLM: max_num_seqs x DP)."))
+    render_ahead: Annotated[int, Field(ge=1, le=4096)] | Auto = Field("auto", description=(
         "Pages rendered ahead of the engine: bounds memory whatever arrives (one page image each,"
-        " ~6 MB at 144 dpi); 0 = half of the pages in flight, at least 16 (vLLM at 256 sequences:"
-        " 128; Tesseract: 16)."))
-    render_workers: Annotated[int, Field(ge=0, le=256)] = Field(0, description=(
-        "Threads driving pdftoppm / Pillow; 0 = half the CPUs this process may use, at least 2, at"
-        " most 16 (a page takes 0.1-0.3 s of one core: two workers hold a GPU engine near 6-8"
-        " pages/s)."))
+        " ~6 MB at 144 dpi); \"auto\" = half of the pages in flight, at least 16 (vLLM at 256"
+        " sequences: 128; Tesseract: 16). 0, its old spelling, is refused."))
+    render_workers: Annotated[int, Field(ge=1, le=256)] | Auto = Field("auto", description=(
+        "Threads driving pdftoppm / Pillow; \"auto\" = half the CPUs this process may use, at least"
+        " 2, at most 16 (a page takes 0.1-0.3 s of one core: two workers hold a GPU engine near 6-8"
+        " pages/s). 0, its old spelling, is refused."))
     ageing_seconds: Annotated[float, Field(gt=0)] = Field(30.0, description=(
         "Ageing: a document's deadline is arrival + ageing_seconds * log2(1 + pages); small documents"
         " go first, none starve."))
-    max_active_documents: Annotated[int, Field(ge=0, le=4096)] = Field(0, description=(
-        "Documents open at once (each holds a temp folder and a ledger slot); 0 = as many as pages in"
-        " flight, at least 64, so one-page documents can fill a GPU engine (vLLM at 256 sequences:"
-        " 256)."))
+    max_active_documents: Annotated[int, Field(ge=1, le=4096)] | Auto = Field("auto", description=(
+        "Documents open at once (each holds a temp folder and a ledger slot); \"auto\" = as many as"
+        " pages in flight, at least 64, so one-page documents can fill a GPU engine (vLLM at 256"
+        " sequences: 256). 0, its old spelling, is refused."))
+
+    _old_auto = field_validator(
+        "render_ahead", "render_workers", "max_active_documents", mode="before"
+    )(no_zero_for_auto)
 
 
 class RetryConfig(Model):

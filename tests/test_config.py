@@ -410,3 +410,20 @@ def test_the_sqs_receive_backoff_is_a_key_of_its_bucket(tmp_path: Path) -> None:
     path.write_text('[[s3]]\nqueue_url = "q"\nreceive_backoff_max_seconds = 0\n')
     with pytest.raises(ConfigError, match=r"s3\[0\]\.receive_backoff_max_seconds"):
         config.load(path, environ={})
+
+
+@pytest.mark.parametrize("key", ["render_ahead", "render_workers", "max_active_documents"])
+def test_automatic_is_spelled_auto_and_the_old_zero_is_refused(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "c.toml"
+    assert getattr(config.Config().scheduler, key) == "auto"
+    path.write_text(f'[scheduler]\n{key} = "auto"\n')
+    assert getattr(config.load(path, environ={}).scheduler, key) == "auto"
+    path.write_text(f"[scheduler]\n{key} = 3\n")
+    assert getattr(config.load(path, environ={}).scheduler, key) == 3
+    path.write_text(f"[scheduler]\n{key} = 0\n")
+    with pytest.raises(ConfigError, match=rf'scheduler\.{key}: 0 no longer means automatic: write "auto"'):
+        config.load(path, environ={})
+    variable = f"OCRWATCH_SCHEDULER_{key.upper()}"
+    assert getattr(config.load(None, environ={variable: "auto"}).scheduler, key) == "auto"
+    with pytest.raises(ConfigError, match=rf"{variable}: 0 no longer means automatic"):
+        config.load(None, environ={variable: "0"})
