@@ -74,7 +74,8 @@ class Config(Model):
     output: OutputConfig = Field(OutputConfig(), description="Sidecars, outputs, the source after.")
     log: LogConfig = Field(LogConfig(), description="Log lines.")
     metrics: MetricsConfig = Field(MetricsConfig(), description="Metrics and health endpoints.")
-    scheduler: SchedulerConfig = Field(SchedulerConfig(), description="Pages and documents at once.")
+    scheduler: SchedulerConfig = Field(
+        SchedulerConfig(), description="Pages and documents at once.")
     retry: RetryConfig = Field(RetryConfig(), description="A document's attempts.")
     daemon: DaemonConfig = Field(DaemonConfig(), description="The daemon's own clocks.")
     inbox: tuple[InboxConfig, ...] = Field((InboxConfig(),), description=(

@@ -20,7 +20,7 @@ DEFAULT_PRIORITY = 50
 MiB = 1024 * 1024
 
 Auto = Literal["auto"]
-"""The one spelling of "ocrwatch chooses" for a key it can choose: ``"auto"`` (not ``0``, not unset)."""
+"""The one spelling of "ocrwatch chooses" for a key it can choose: ``"auto"``."""
 
 OnSuccess = Literal["keep", "move", "delete"]
 """What becomes of a source once its document is ``ok`` (``[output] on_success``, per inbox and
@@ -36,7 +36,8 @@ own text layer where that passes ``pagetext``'s test, or its layer wherever it h
 class KeyProblem(ValueError):
     """A validator's finding, reported against the key the user wrote (``loc``, below the model that
     raised it), which need not be the key the validator reads. ``text`` is the message after the
-    key, or a function of a namer that writes the whole line, naming other keys as the user set them."""
+    key, or a function of a namer that writes the whole line, naming other keys as the user set
+    them."""
 
     def __init__(self, loc: Loc, text: str | Callable[[Callable[[Loc], str]], str]) -> None:
         super().__init__(text if isinstance(text, str) else "")

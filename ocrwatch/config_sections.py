@@ -1,5 +1,5 @@
-"""The single-table sections of the configuration (``[render]``, ``[engine]``, ``[retry]``, ...), each
-key declared once with its default, bounds and description."""
+"""The single-table sections of the configuration (``[render]``, ``[engine]``, ``[retry]``, ...),
+each key declared once with its default, bounds and description."""
 
 from __future__ import annotations
 
@@ -15,48 +15,50 @@ from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.tesseract_options import TesseractConfig
 
 ENGINE_ENTRY_POINTS = "ocrwatch.engines"
-"""The entry-point group through which engines, the built-in ones too, are found by ``[engine] kind``."""
+"""The entry-point group through which engines, the built-in ones too, are found by ``[engine]
+kind``."""
 
 
 class RenderConfig(Model):
     dpi: Annotated[int, Field(ge=50, le=1200)] | None = Field(None, examples=[300], description=(
-        "Resolution pages are rendered at. Unset: the engine's own dpi (vLLM: 210 for DeepSeek-OCR-2,"
-        " 175 for DeepSeek-OCR, where A4 and Letter fill its tile grid; Tesseract: [engine.tesseract]"
-        " dpi). Set: this dpi, bounded by what the engine can use (DeepSeek-OCR's tile grid caps a"
-        " page's long side)."))
+        "Resolution pages are rendered at. Unset: the engine's own dpi (vLLM: 210 for"
+        " DeepSeek-OCR-2, 175 for DeepSeek-OCR, where A4 and Letter fill its tile grid;"
+        " Tesseract: [engine.tesseract] dpi). Set: this dpi, bounded by what the engine can use"
+        " (DeepSeek-OCR's tile grid caps a page's long side)."))
     max_side: Annotated[int, Field(ge=256, le=20000)] = Field(4096, description=(
         "Cap on a page's longest side in pixels: a poster is rendered smaller, not refused."))
     max_pixels: Annotated[int, Field(ge=65536, le=400_000_000)] = Field(40_000_000, description=(
         "Cap on pixels per page, for the same reason."))
     min_dpi: Annotated[int, Field(ge=10, le=600)] = Field(20, description=(
-        "Below this DPI a page is refused as too_many_pixels instead of rendered unreadably small."))
+        "Below this DPI a page is refused as too_many_pixels instead of rendered unreadably"
+        " small."))
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(120.0, description=(
         "pdftoppm gets this long per page; then render_timeout (retried)."))
     renderer: Literal["pdftoppm", "pdfium"] = Field("pdftoppm", description=(
         "\"pdftoppm\" (poppler, one subprocess per page with a deadline) or \"pdfium\""
         " (pip install ocrwatch[pdfium]; in-process, faster, no deadline)."))
     decode_budget_mb: Annotated[int, Field(ge=64, le=1_048_576)] = Field(1024, description=(
-        "MiB of full-size page images that all render workers together may hold while decoding (one"
-        " budget, not one per worker). A 12,600 x 12,600 RGBA PNG decodes to 635 MB whatever its size"
-        " on disk; a page that needs more than the budget decodes alone. Ordinary pages (an A4 page at"
-        " 300 dpi: 60 MB) never wait."))
+        "MiB of full-size page images that all render workers together may hold while decoding"
+        " (one budget, not one per worker). A 12,600 x 12,600 RGBA PNG decodes to 635 MB whatever"
+        " its size on disk; a page that needs more than the budget decodes alone. Ordinary pages"
+        " (an A4 page at 300 dpi: 60 MB) never wait."))
     image_dpi: Annotated[int, Field(ge=50, le=2400)] | None = Field(
         None, examples=[300], description=(
-            "The resolution of an image that records none (a screenshot, many scanners' PNGs): its"
-            " searchable PDF page's size and Tesseract's scale. Unset: its long side is an A4 page's"
-            " (11.7 in), never below 96 dpi. Each page's dpi and dpi_from (\"image\", \"image_dpi\","
-            " \"assumed\") are in the JSON."))
+            "The resolution of an image that records none (a screenshot, many scanners' PNGs):"
+            " its searchable PDF page's size and Tesseract's scale. Unset: its long side is an A4"
+            " page's (11.7 in), never below 96 dpi. Each page's dpi and dpi_from (\"image\","
+            " \"image_dpi\", \"assumed\") are in the JSON."))
     rotate_pages: bool = Field(True, description=(
-        "Turn each page upright before it is read (either engine): Tesseract's orientation detection"
-        " (`tesseract --psm 0`; needs tesseract-ocr and tesseract-ocr-osd, checked at start), in the"
-        " render workers, about a second of one core per page here. The source is never changed: the"
-        " JSON records each page's rotation, the boxes and figures are the upright page's, and the"
-        " searchable PDF's text lies over the glyphs as the page is shown. false: pages are read as"
-        " they are rendered."))
+        "Turn each page upright before it is read (either engine): Tesseract's orientation"
+        " detection (`tesseract --psm 0`; needs tesseract-ocr and tesseract-ocr-osd, checked at"
+        " start), in the render workers, about a second of one core per page here. The source is"
+        " never changed: the JSON records each page's rotation, the boxes and figures are the"
+        " upright page's, and the searchable PDF's text lies over the glyphs as the page is"
+        " shown. false: pages are read as they are rendered."))
     rotate_pages_threshold: Annotated[float, Field(ge=0, le=100)] = Field(14.0, description=(
         "OSD's confidence from which its answer is taken as it is (OCRmyPDF's"
-        " --rotate-pages-threshold). Below it (a page with little text, where OSD is often wrong) the"
-        " page is read both ways and turned only if turned it reads twice as many confident"
+        " --rotate-pages-threshold). Below it (a page with little text, where OSD is often wrong)"
+        " the page is read both ways and turned only if turned it reads twice as many confident"
         " characters; below 1.0 it is kept as it is."))
     deskew: bool = Field(False, description=(
         "Level each page's text lines (as OCRmyPDF's --deskew), by up to 5 degrees: for crooked"
@@ -76,36 +78,37 @@ class OutputConfig(Model):
         "Sidecar base name; {name} = \"report.pdf\", {stem} = \"report\", {suffix} = \".pdf\"."
         " No path separators."))
     dir: Path | None = Field(None, examples=["/srv/ocr-out"], description=(
-        "Write sidecars under this folder instead of beside each source, e.g. for read-only inboxes."
-        " Each inbox is mirrored, subfolders and all, in a folder of its own named after the inbox's"
-        " folder (/srv/scans -> DIR/scans); where two inboxes' folders share a name, each gets \"-\""
-        " and 8 hex digits of the sha256 of its path after it (DIR/scans-1a2b3c4d). A deleted JSON"
-        " sidecar is noticed at the next start, and its document done again. Created at start; a dir"
-        " that cannot be written stops the start."))
+        "Write sidecars under this folder instead of beside each source, e.g. for read-only"
+        " inboxes. Each inbox is mirrored, subfolders and all, in a folder of its own named after"
+        " the inbox's folder (/srv/scans -> DIR/scans); where two inboxes' folders share a name,"
+        " each gets \"-\" and 8 hex digits of the sha256 of its path after it"
+        " (DIR/scans-1a2b3c4d). A deleted JSON sidecar is noticed at the next start, and its"
+        " document done again. Created at start; a dir that cannot be written stops the start."))
     images: Literal["placeholder", "drop", "extract"] = Field("placeholder", description=(
-        "Figures in Markdown: \"placeholder\" (![](page-1-figure-1)), \"drop\", or \"extract\": each"
-        " figure DeepSeek-OCR finds is cut out of the page at the resolution it was rendered at and"
-        " saved as NAME.assets/page-N-figure-K.png, and the Markdown links it"
+        "Figures in Markdown: \"placeholder\" (![](page-1-figure-1)), \"drop\", or \"extract\":"
+        " each figure DeepSeek-OCR finds is cut out of the page at the resolution it was rendered"
+        " at and saved as NAME.assets/page-N-figure-K.png, and the Markdown links it"
         " (![](report.pdf.assets/page-1-figure-1.png)); the JSON lists the files (figures: path,"
         " bytes, sha256, page, bbox). Tesseract finds no figures."))
     searchable_pdf: bool = Field(False, description=(
-        "Also write NAME.ocr.pdf (report.pdf -> report.pdf.ocr.pdf, beside the sidecars, before the"
-        " JSON): the source's pages untouched (an image source: the image at its DPI) with an"
-        " invisible text layer where the engine read the text, for search and copy in any PDF viewer."
-        " The JSON records it (searchable_pdf: path, bytes, sha256); a source whose layer cannot be"
-        " made (a PDF qpdf cannot read) keeps its .md and .json, and searchable_pdf says why. Files"
-        " named *.ocr.pdf are never taken as documents."))
+        "Also write NAME.ocr.pdf (report.pdf -> report.pdf.ocr.pdf, beside the sidecars, before"
+        " the JSON): the source's pages untouched (an image source: the image at its DPI) with an"
+        " invisible text layer where the engine read the text, for search and copy in any PDF"
+        " viewer. The JSON records it (searchable_pdf: path, bytes, sha256); a source whose layer"
+        " cannot be made (a PDF qpdf cannot read) keeps its .md and .json, and searchable_pdf"
+        " says why. Files named *.ocr.pdf are never taken as documents."))
     on_success: OnSuccess = Field("keep", description=(
         "What becomes of a source once its document is \"ok\" (a \"partial\" or failed one always"
-        " stays): \"keep\", \"move\" (into archive_dir, with its sidecars and outputs when they lie"
-        " beside it), or \"delete\" (once every sidecar is on disk). Overridable per [[inbox]] and per"
-        " [[s3]]. Neither touches a file changed since it was read."))
+        " stays): \"keep\", \"move\" (into archive_dir, with its sidecars and outputs when they"
+        " lie beside it), or \"delete\" (once every sidecar is on disk). Overridable per"
+        " [[inbox]] and per [[s3]]. Neither touches a file changed since it was read."))
     archive_dir: Path | None = Field(None, examples=["/srv/archive"], description=(
-        "Where \"move\" puts sources, mirroring each inbox's folders in a folder named after the inbox"
-        " (as dir does): /srv/scans/2024/invoice.pdf -> /srv/archive/scans/2024/invoice.pdf, with its"
-        " .md, .json, .ocr.pdf and .assets/ beside it. Nothing there is replaced: a name taken moves"
-        " the whole group as report.1.pdf, report.1.pdf.md, ... Required with \"move\"; neither inside"
-        " an inbox nor holding one. Relative to this file."))
+        "Where \"move\" puts sources, mirroring each inbox's folders in a folder named after the"
+        " inbox (as dir does): /srv/scans/2024/invoice.pdf ->"
+        " /srv/archive/scans/2024/invoice.pdf, with its .md, .json, .ocr.pdf and .assets/ beside"
+        " it. Nothing there is replaced: a name taken moves the whole group as report.1.pdf,"
+        " report.1.pdf.md, ... Required with \"move\"; neither inside an inbox nor holding one."
+        " Relative to this file."))
 
     @field_validator("name_template")
     @classmethod
@@ -136,8 +139,8 @@ class LogConfig(Model):
 class MetricsConfig(Model):
     enabled: bool = Field(True, description=(
         "Serve Prometheus /metrics and the health endpoints /healthz and /readyz on listen; false"
-        " switches off all three, health checks included (the daemon's own health tick and systemd's"
-        " watchdog run either way)."))
+        " switches off all three, health checks included (the daemon's own health tick and"
+        " systemd's watchdog run either way)."))
     listen: str = Field("127.0.0.1:9464", description=(
         "host:port of the metrics and health endpoints. Loopback by default: expose deliberately."))
 
@@ -155,8 +158,8 @@ class SchedulerConfig(Model):
         " 2, at most 16 (a page takes 0.1-0.3 s of one core: two workers hold a GPU engine near 6-8"
         " pages/s). 0, its old spelling, is refused."))
     ageing_seconds: Annotated[float, Field(gt=0)] = Field(30.0, description=(
-        "Ageing: a document's deadline is arrival + ageing_seconds * log2(1 + pages); small documents"
-        " go first, none starve."))
+        "Ageing: a document's deadline is arrival + ageing_seconds * log2(1 + pages); small"
+        " documents go first, none starve."))
     max_active_documents: Annotated[int, Field(ge=1, le=4096)] | Auto = Field("auto", description=(
         "Documents open at once (each holds a temp folder and a ledger slot); \"auto\" = as many as"
         " pages in flight, at least 64, so one-page documents can fill a GPU engine (vLLM at 256"
@@ -184,8 +187,8 @@ class RetryConfig(Model):
 class EngineConfig(Model):
     kind: str = Field("auto", description=(
         "\"auto\" = vLLM when vllm imports and a CUDA device is visible, else Tesseract (logged"
-        " loudly); or an engine's name: \"vllm\", \"tesseract\", or one another package registers in"
-        " the \"ocrwatch.engines\" entry-point group."))
+        " loudly); or an engine's name: \"vllm\", \"tesseract\", or one another package registers"
+        " in the \"ocrwatch.engines\" entry-point group."))
     plugin: str | None = Field(None, examples=["mypackage.engines:MyEngine"], description=(
         "kind = \"plugin\": an Engine class of your own, as \"module:attribute\", built with"
         " plugin_args as keywords."))
@@ -196,9 +199,9 @@ class EngineConfig(Model):
         " rung."))
     page_attempts: Annotated[int, Field(ge=1, le=20)] = Field(3, description=(
         "Attempts at a page before it is marked failed (the document becomes partial): the first"
-        " attempt, then the rungs of [engine.vllm] ladder. At most 1 + the ladder's rungs are made,"
-        " whatever this says (3 with the default ladder); the Tesseract engine reads a page once and"
-        " ignores this key."))
+        " attempt, then the rungs of [engine.vllm] ladder. At most 1 + the ladder's rungs are"
+        " made, whatever this says (3 with the default ladder); the Tesseract engine reads a page"
+        " once and ignores this key."))
     vllm: VllmConfig = Field(VllmConfig(), description="The vLLM DeepSeek-OCR engine's options.")
     tesseract: TesseractConfig = Field(TesseractConfig(), description=(
         "The Tesseract engine's options."))
@@ -206,7 +209,8 @@ class EngineConfig(Model):
     @field_validator("kind")
     @classmethod
     def _kind_is_installed(cls, value: str) -> str:
-        """``auto`` or an engine of the entry-point group, so a typo stops the start, not the first page."""
+        """``auto`` or an engine of the entry-point group, so a typo stops the start, not the first
+        page."""
         known = {"auto", *entry_points(group=ENGINE_ENTRY_POINTS).names}
         if value not in known:
             raise ValueError(f"unknown engine {value!r} (installed: {', '.join(sorted(known))})")

@@ -1,5 +1,5 @@
-"""The array-of-tables sections (``[[inbox]]``, ``[[s3]]``, ``[[hook]]``): what feeds documents in and
-what is told when they are done, each key declared once with its default and description."""
+"""The array-of-tables sections (``[[inbox]]``, ``[[s3]]``, ``[[hook]]``): what feeds documents in
+and what is told when they are done, each key declared once with its default and description."""
 
 from __future__ import annotations
 
@@ -43,13 +43,13 @@ class InboxConfig(Model):
         "\"auto\" = polling on NFS/SMB/FUSE mounts (no inotify there), native events elsewhere; or"
         " true / false."))
     poll_seconds: Annotated[float, Field(ge=0.1, le=3600)] = Field(1.0, description=(
-        "Seconds between two looks of a polled inbox (0.1..3600); a look lists every folder, so a big"
-        " inbox on a file server may want more. Native events do not poll."))
+        "Seconds between two looks of a polled inbox (0.1..3600); a look lists every folder, so a"
+        " big inbox on a file server may want more. Native events do not poll."))
     ignore: tuple[Annotated[str, Field(pattern=r"^[^/\x00]+/?$")], ...] = Field((), description=(
         "Names never taken, on top of the built-ins (hidden names; .DS_Store, ._*, Thumbs.db,"
-        " desktop.ini, @eaDir/, .stfolder/, __MACOSX/, *.part, *.crdownload, *.tmp, ~$*). Globs (*, ?,"
-        " [...]) matched case-insensitively against one file or folder name, never a path; a"
-        " trailing / names a folder, neither watched nor scanned, nor anything below it."
+        " desktop.ini, @eaDir/, .stfolder/, __MACOSX/, *.part, *.crdownload, *.tmp, ~$*). Globs"
+        " (*, ?, [...]) matched case-insensitively against one file or folder name, never a path;"
+        " a trailing / names a folder, neither watched nor scanned, nor anything below it."
         " `ocrwatch ocr DIR` inside this inbox skips the same names."))
     settle_seconds: Annotated[float, Field(ge=0, le=3600)] = Field(2.0, description=(
         "A file is taken once its size and mtime have not changed for this long (or on"
@@ -59,10 +59,10 @@ class InboxConfig(Model):
     max_pages: Annotated[int, Field(ge=1)] | None = Field(None, examples=[500], description=(
         "This inbox's [limits] max_pages; unset = [limits]'s."))
     quarantine_dir: Path | None = Field(None, examples=["quarantine"], description=(
-        "Move sources that fail for their own bytes here (empty, not a document, encrypted, corrupt,"
-        " no pages); one failed for a fault beside it (a file at a sidecar's name, a limit, a"
-        " setting) stays for its hint's fix and `ocrwatch retry` (unset: every failure stays where"
-        " it is, with an .error.json)."))
+        "Move sources that fail for their own bytes here (empty, not a document, encrypted,"
+        " corrupt, no pages); one failed for a fault beside it (a file at a sidecar's name, a"
+        " limit, a setting) stays for its hint's fix and `ocrwatch retry` (unset: every failure"
+        " stays where it is, with an .error.json)."))
     create: bool = Field(True, description=(
         "Create the inbox folder if it does not exist (at start; a folder that cannot be created"
         " stops the start)."))
@@ -74,18 +74,19 @@ class InboxConfig(Model):
     on_success: OnSuccess | None = Field(None, examples=["move"], description=ON_SUCCESS)
     duplicates: Duplicates = Field("reuse", description=(
         "A file with the very bytes of one this inbox already did, for the same user, takes that"
-        " result (\"reuse\": its sidecars copied, \"reused_from\" in the JSON naming the earlier file,"
-        " its hooks run; no OCR), or is read again (\"ocr\"). Reuse needs the earlier sidecars"
-        " unchanged, read with this inbox's engine, lang, prompt and rendering, and no searchable PDF"
-        " or figures."))
+        " result (\"reuse\": its sidecars copied, \"reused_from\" in the JSON naming the earlier"
+        " file, its hooks run; no OCR), or is read again (\"ocr\"). Reuse needs the earlier"
+        " sidecars unchanged, read with this inbox's engine, lang, prompt and rendering, and no"
+        " searchable PDF or figures."))
     text: TextMode | None = Field(None, examples=["auto"], description=(
-        "Where a PDF page's text comes from: \"ocr\" (the engine reads the rendered page), \"auto\""
-        " (the page's own text layer where it passes the check: readable codes, letters an installed"
-        " Tesseract language has, 70 % of its words in lang's word lists; the engine reads the rest)"
-        " or \"layer\" (the layer wherever the page has text). A page taken from its layer is neither"
-        " rendered nor read by the engine, and its searchable PDF page keeps its own text. Unset ="
-        " the engine's default: \"auto\" for tesseract, \"ocr\" for vllm (its Markdown keeps the"
-        " tables and headings a text layer lacks). Images are always OCR'd."))
+        "Where a PDF page's text comes from: \"ocr\" (the engine reads the rendered page),"
+        " \"auto\" (the page's own text layer where it passes the check: readable codes, letters"
+        " an installed Tesseract language has, 70 % of its words in lang's word lists; the engine"
+        " reads the rest) or \"layer\" (the layer wherever the page has text). A page taken from"
+        " its layer is neither rendered nor read by the engine, and its searchable PDF page keeps"
+        " its own text. Unset = the engine's default: \"auto\" for tesseract, \"ocr\" for vllm"
+        " (its Markdown keeps the tables and headings a text layer lacks). Images are always"
+        " OCR'd."))
 
 
 SQS, HOOK, AMQP = "sqs: ", "webhook: ", "amqp: "
@@ -94,9 +95,9 @@ SQS, HOOK, AMQP = "sqs: ", "webhook: ", "amqp: "
 class S3Config(Model):
     transport: Literal["sqs", "webhook", "amqp"] = Field("sqs", description=(
         "How S3 events arrive: \"sqs\" (S3 event notifications delivered to an SQS queue, AWS),"
-        " \"webhook\" (Ceph RGW / MinIO push S3 events over HTTP to ocrwatch) or \"amqp\" (Ceph RGW /"
-        " MinIO publish S3 events to RabbitMQ; any number of hosts consume one queue; needs the"
-        " extra: pip install 'ocrwatch[amqp]')."))
+        " \"webhook\" (Ceph RGW / MinIO push S3 events over HTTP to ocrwatch) or \"amqp\" (Ceph"
+        " RGW / MinIO publish S3 events to RabbitMQ; any number of hosts consume one queue; needs"
+        " the extra: pip install 'ocrwatch[amqp]')."))
     queue_url: str | None = Field(
         None, examples=["https://sqs.eu-west-1.amazonaws.com/123456789012/ocr-events"],
         description=SQS + "the queue; required with transport \"sqs\".")
@@ -160,8 +161,8 @@ class S3Config(Model):
     archive_prefix: str = Field("", description=(
         "Where \"move\" puts keys; required with \"move\"; keys under it are never documents."))
     duplicates: Duplicates = Field("reuse", description=(
-        "An object with the ETag and size of one done in this bucket takes its result; \"ocr\" reads"
-        " it again."))
+        "An object with the ETag and size of one done in this bucket takes its result; \"ocr\""
+        " reads it again."))
 
     @model_validator(mode="after")
     def _transport_needs(self) -> "S3Config":
@@ -175,7 +176,8 @@ class S3Config(Model):
             if not self.queue:
                 raise KeyProblem(("queue",), "required with transport 'amqp'")
             if self.url_file is not None and not self.url_file.is_absolute():
-                raise KeyProblem(("url_file",), "an absolute path (the working folder is no anchor)")
+                said = "an absolute path (the working folder is no anchor)"
+                raise KeyProblem(("url_file",), said)
             if importlib.util.find_spec("aio_pika") is None:
                 raise KeyProblem(("transport",), "'amqp' needs aio-pika, which is not installed: "
                                  "pip install 'ocrwatch[amqp]'")
@@ -186,7 +188,8 @@ HookStatus = Literal["ok", "partial", "failed"]
 
 
 class HookConfig(Model):
-    """One ``[[hook]]``: a program run, or a URL posted to, once a document's final status is known."""
+    """One ``[[hook]]``: a program run, or a URL posted to, once a document's final status is
+    known."""
 
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")] = Field(
         examples=["post.sh"], description=(
@@ -197,11 +200,11 @@ class HookConfig(Model):
     command: tuple[str, ...] | None = Field(
         None, examples=[["/usr/local/bin/ocr-done", "--to", "/srv/archive"]], description=(
             "argv, never a shell; the JSON on stdin; the environment has OCRWATCH_STATUS,"
-            " OCRWATCH_SOURCE (file:// or s3:// URI where the source is now: archived, quarantined,"
-            " or empty once deleted), OCRWATCH_ORIGINAL (where it was dropped), OCRWATCH_JSON and"
-            " OCRWATCH_MD (sidecar paths or s3:// URIs; for failed: the .error.json, and OCRWATCH_MD"
-            " empty). A zero exit delivers it. A path with a \"/\" is relative to this file; a bare"
-            " name is looked up on PATH."))
+            " OCRWATCH_SOURCE (file:// or s3:// URI where the source is now: archived,"
+            " quarantined, or empty once deleted), OCRWATCH_ORIGINAL (where it was dropped),"
+            " OCRWATCH_JSON and OCRWATCH_MD (sidecar paths or s3:// URIs; for failed: the"
+            " .error.json, and OCRWATCH_MD empty). A zero exit delivers it. A path with a \"/\""
+            " is relative to this file; a bare name is looked up on PATH."))
     url: str | None = Field(None, examples=["https://chat.example.com/hooks/ocr"], description=(
         "Instead of command: the JSON POSTed as application/json, with Ocrwatch-Status,"
         " Ocrwatch-Source, Ocrwatch-Original headers; a 2xx delivers it; redirects are not"
@@ -223,8 +226,9 @@ class HookConfig(Model):
     @model_validator(mode="before")
     @classmethod
     def _default_name(cls, data: Any) -> Any:
-        """A hook's name keys its deliveries in the ledger and its metrics: by default the program's file name
-        or the URL's host, so reordering the hooks never hands one hook's pending deliveries to another."""
+        """A hook's name keys its deliveries in the ledger and its metrics: by default the
+        program's file name or the URL's host, so reordering the hooks never hands one hook's
+        pending deliveries to another."""
         if not isinstance(data, dict):
             return data
         # Validation after a "before" validator reads Python, not JSON, whose strict mode takes no

@@ -124,13 +124,16 @@ class Pipeline:
         max_inflight = sched.max_inflight_pages
         if not isinstance(max_inflight, int):  # "auto"
             max_inflight = engine.max_concurrency
-        ahead, workers, documents = sched.render_ahead, sched.render_workers, sched.max_active_documents
+        ahead, workers = sched.render_ahead, sched.render_workers
+        documents = sched.max_active_documents
         self.scheduler = PageScheduler(
             lambda doc, request: self._recognize(dataclasses.replace(request, lang=self._langs.get(doc.doc_id))),
             max_inflight=max_inflight,
             render_ahead=ahead if isinstance(ahead, int) else auto_render_ahead(max_inflight),
             render_workers=(
-                workers if isinstance(workers, int) else auto_render_workers(len(os.sched_getaffinity(0)))
+                workers
+                if isinstance(workers, int)
+                else auto_render_workers(len(os.sched_getaffinity(0)))
             ),
             ageing_seconds=sched.ageing_seconds,
             on_engine_dead=self.supervisor.dead, extract=figures.extractor(self.cfg.output.images),

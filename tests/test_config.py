@@ -421,7 +421,8 @@ def test_automatic_is_spelled_auto_and_the_old_zero_is_refused(tmp_path: Path, k
     path.write_text(f"[scheduler]\n{key} = 3\n")
     assert getattr(config.load(path, environ={}).scheduler, key) == 3
     path.write_text(f"[scheduler]\n{key} = 0\n")
-    with pytest.raises(ConfigError, match=rf'scheduler\.{key}: 0 no longer means automatic: write "auto"'):
+    said = rf'scheduler\.{key}: 0 no longer means automatic: write "auto"'
+    with pytest.raises(ConfigError, match=said):
         config.load(path, environ={})
     variable = f"OCRWATCH_SCHEDULER_{key.upper()}"
     assert getattr(config.load(None, environ={variable: "auto"}).scheduler, key) == "auto"

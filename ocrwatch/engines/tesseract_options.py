@@ -16,7 +16,8 @@ class TesseractConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     lang: Lang = Field("eng", description=(
-        "Tesseract language packs joined with \"+\", e.g. \"eng+deu\" (install tesseract-ocr-deu)."))
+        "Tesseract language packs joined with \"+\", e.g. \"eng+deu\" (install"
+        " tesseract-ocr-deu)."))
     dpi: Annotated[int, Field(ge=70, le=600)] = Field(300, description=(
         "The resolution pages are rendered at for Tesseract, which reads best at about 300 DPI."))
     psm: Annotated[int, Field(ge=0, le=13)] = Field(3, description=(

@@ -41,7 +41,8 @@ class SamplingRung(_Model):
 
 class VllmConfig(_Model):
     model: str = Field("deepseek-ai/DeepSeek-OCR-2", description=(
-        "Local model directory or hub id: DeepSeek-OCR-2 (DeepseekOCR2ForCausalLM) or DeepSeek-OCR."))
+        "Local model directory or hub id: DeepSeek-OCR-2 (DeepseekOCR2ForCausalLM) or"
+        " DeepSeek-OCR."))
     revision: str | None = Field(None, examples=["..."], description=(
         "A hub revision (commit) to pin; recorded in every sidecar."))
     tokenizer: str | None = Field(None, examples=["..."], description=(
@@ -85,9 +86,9 @@ class VllmConfig(_Model):
         "\"auto\" loads real weights; \"dummy\" gives random weights of the real architecture"
         " (benchmarks only)."))
     fast_encoder: bool = Field(True, description=(
-        "ocrwatch's batched DeepSeek-OCR-2 vision encoder (a vLLM plugin, several times faster, same"
-        " outputs within bf16 error); false = vLLM's own class. DeepSeek-OCR always runs vLLM's own"
-        " class."))
+        "ocrwatch's batched DeepSeek-OCR-2 vision encoder (a vLLM plugin, several times faster,"
+        " same outputs within bf16 error); false = vLLM's own class. DeepSeek-OCR always runs"
+        " vLLM's own class."))
     encoder_cuda_graphs: bool = Field(False, description=(
         "With fast_encoder: replay the vision encoder as CUDA graphs (captured at start, a few GiB"
         " of GPU memory) instead of launching its kernels one by one from Python."))
@@ -99,14 +100,15 @@ class VllmConfig(_Model):
     window_size: Annotated[int, Field(ge=0, le=4096)] = Field(_DEFAULT.window_size, description=(
         "The n-gram guard's window (0 = off, as ngram_size)."))
     whitelist_token_ids: tuple[int, ...] = Field((128821, 128822), description=(
-        "Token ids exempt from the n-gram guard: <td> and </td>, which tables repeat legitimately."))
+        "Token ids exempt from the n-gram guard: <td> and </td>, which tables repeat"
+        " legitimately."))
     ngram_processor: Literal["batched", "gpu", "per_request"] = Field("gpu", description=(
         "How the n-gram guard runs, same bans: \"gpu\" (one kernel inside vLLM's V2 sampler; a"
         " one-GPU engine then asks vLLM for its V2 runner, which vLLM 0.26 does not choose for"
         " DeepSeek-OCR(-2) itself: measured faster, same output; where vLLM still runs V1, e.g."
-        " VLLM_USE_V2_MODEL_RUNNER=0, it falls back to \"batched\"), \"batched\" (a logits processor"
-        " on the V1 runner: the whole batch in one NumPy pass) or \"per_request\" (vLLM's"
-        " NGramPerReqLogitsProcessor: a Python loop per sequence and step)."))
+        " VLLM_USE_V2_MODEL_RUNNER=0, it falls back to \"batched\"), \"batched\" (a logits"
+        " processor on the V1 runner: the whole batch in one NumPy pass) or \"per_request\""
+        " (vLLM's NGramPerReqLogitsProcessor: a Python loop per sequence and step)."))
     guard: Literal["ban", "stop"] = Field("ban", description=(
         "What the first attempt at a page does against loops: \"ban\" (the n-gram guard above,"
         " DeepSeek's rule, a logits processor: on vLLM 0.26's V1 runner every decode step of every"
@@ -119,11 +121,11 @@ class VllmConfig(_Model):
     stop_count: Annotated[int, Field(ge=2, le=1000)] = Field(16, description=(
         "guard = \"stop\": repeats of the pattern that end an attempt."))
     priority_lanes: bool = Field(False, description=(
-        "Make room inside vLLM's scheduler for pages of a better inbox priority: when one waits, a"
-        " page of the worst lane is preempted, and worse lanes are held to an eighth of the batch"
-        " while it runs (a patch of vLLM 0.26's scheduler, installed by ocrwatch's vLLM plugin). Off"
-        " by default: its preemption path has not yet run on a GPU with mixed priorities. ocrwatch's"
-        " own page scheduler holds worse lanes back either way."))
+        "Make room inside vLLM's scheduler for pages of a better inbox priority: when one waits,"
+        " a page of the worst lane is preempted, and worse lanes are held to an eighth of the"
+        " batch while it runs (a patch of vLLM 0.26's scheduler, installed by ocrwatch's vLLM"
+        " plugin). Off by default: its preemption path has not yet run on a GPU with mixed"
+        " priorities. ocrwatch's own page scheduler holds worse lanes back either way."))
     ladder: tuple[SamplingRung, ...] = Field((
         SamplingRung(temperature=0.1, ngram_size=20, window_size=90, repetition_penalty=1.05),
         SamplingRung(temperature=0.2, ngram_size=12, window_size=120, repetition_penalty=1.1),
