@@ -29,8 +29,8 @@ WIDTH = 100
 HEADER = """\
 ocrwatch configuration. Every key is optional: the value shown is the default, which works on a
 fresh machine (a local ./inbox, state in ./.ocrwatch, the engine chosen automatically). Validate
-with `ocrwatch check --config FILE`. Values are as strict as TOML's types: "yes" is no boolean, 2.0 no
-integer (an integer is taken for a float).
+with `ocrwatch check --config FILE`. Values are as strict as TOML's types: "yes" is no boolean,
+2.0 no integer (an integer is taken for a float).
 
 Environment (containers): every key can also be set by a variable, over this file's value. Its
 name is OCRWATCH_ and the key's path in capitals joined by "_": state_dir is OCRWATCH_STATE_DIR,
