@@ -188,7 +188,9 @@ class EngineConfig(Model):
     kind: str = Field("auto", description=(
         "\"auto\" = vLLM when vllm imports and a CUDA device is visible, else Tesseract (logged"
         " loudly); or an engine's name: \"vllm\", \"tesseract\", or one another package registers"
-        " in the \"ocrwatch.engines\" entry-point group."))
+        " in the \"ocrwatch.engines\" entry-point group. Checked at load against the installed"
+        " entry points: in a checkout that is not installed (pip install -e .) only \"auto\""
+        " loads."))
     plugin: str | None = Field(None, examples=["mypackage.engines:MyEngine"], description=(
         "kind = \"plugin\": an Engine class of your own, as \"module:attribute\", built with"
         " plugin_args as keywords."))
