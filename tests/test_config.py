@@ -428,3 +428,12 @@ def test_automatic_is_spelled_auto_and_the_old_zero_is_refused(tmp_path: Path, k
     assert getattr(config.load(None, environ={variable: "auto"}).scheduler, key) == "auto"
     with pytest.raises(ConfigError, match=rf"{variable}: 0 no longer means automatic"):
         config.load(None, environ={variable: "0"})
+
+
+def test_tesseract_workers_automatic_is_auto_and_zero_is_refused(tmp_path: Path) -> None:
+    assert TesseractConfig().workers == "auto"
+    path = tmp_path / "c.toml"
+    path.write_text("[engine.tesseract]\nworkers = 0\n")
+    said = r"engine\.tesseract\.workers: 0 no longer means automatic"
+    with pytest.raises(ConfigError, match=said):
+        config.load(path, environ={})

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ocrwatch.config_base import no_zero_for_auto
 
 Lang = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?(\+[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?)*$")]
 """Tesseract language data joined with ``+`` (``eng``, ``deu+eng``, ``script/Latin``): names only, so a value
@@ -22,6 +24,9 @@ class TesseractConfig(BaseModel):
         "The resolution pages are rendered at for Tesseract, which reads best at about 300 DPI."))
     psm: Annotated[int, Field(ge=0, le=13)] = Field(3, description=(
         "Page segmentation mode; 3 = fully automatic."))
-    workers: Annotated[int, Field(ge=0, le=256)] = Field(0, description=(
-        "Pages OCRed at once; 0 = one per CPU core (each Tesseract limited to one thread)."))
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field("auto", description=(
+        "Pages OCRed at once; \"auto\" = one per CPU core (each Tesseract limited to one thread)."
+        " 0, its old spelling, is refused."))
+
+    _old_auto = field_validator("workers", mode="before")(no_zero_for_auto)
     binary: str = Field("tesseract", description="The Tesseract executable.")
