@@ -193,7 +193,7 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
     """One line per fault: where it was set (the file, or the environment) and the key as the user
     wrote it (``inbox[0].recursive``) or the variable that set it."""
     lines = []
-    for item in error.errors():
+    for item in _auto_merged(error.errors()):
         base = tuple(item["loc"])
         problem = item.get("ctx", {}).get("error")
 
@@ -207,6 +207,19 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
             loc, text = base, f"{name(())}: {message}"
         lines.append(f"{_where(path, loc, origins)}: {text}")
     return "\n".join(lines)
+
+
+def _auto_merged(items: list[Any]) -> Iterator[Any]:
+    """A key that takes a value or ``"auto"`` fails once, not once per member of its union
+    (pydantic names each member, ``dpi.constrained-int`` and ``dpi.literal['auto']``)."""
+    autos = {tuple(item["loc"][:-1]) for item in items
+             if item["loc"] and str(item["loc"][-1]).startswith("literal['auto'")}
+    for item in items:
+        key = tuple(item["loc"][:-1])
+        if key not in autos:
+            yield item
+        elif not str(item["loc"][-1]).startswith("literal["):
+            yield {**item, "loc": key, "msg": f"{item['msg']}, or \"auto\""}
 
 
 def _origin(loc: Loc, origins: Mapping[Loc, str]) -> Loc | None:

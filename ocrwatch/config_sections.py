@@ -20,8 +20,8 @@ kind``."""
 
 
 class RenderConfig(Model):
-    dpi: Annotated[int, Field(ge=50, le=1200)] | None = Field(None, examples=[300], description=(
-        "Resolution pages are rendered at. Unset: the engine's own dpi (vLLM: 210 for"
+    dpi: Annotated[int, Field(ge=50, le=1200)] | Auto = Field("auto", description=(
+        "Resolution pages are rendered at. \"auto\": the engine's own dpi (vLLM: 210 for"
         " DeepSeek-OCR-2, 175 for DeepSeek-OCR, where A4 and Letter fill its tile grid;"
         " Tesseract: [engine.tesseract] dpi). Set: this dpi, bounded by what the engine can use"
         " (DeepSeek-OCR's tile grid caps a page's long side)."))
@@ -42,11 +42,11 @@ class RenderConfig(Model):
         " (one budget, not one per worker). A 12,600 x 12,600 RGBA PNG decodes to 635 MB whatever"
         " its size on disk; a page that needs more than the budget decodes alone. Ordinary pages"
         " (an A4 page at 300 dpi: 60 MB) never wait."))
-    image_dpi: Annotated[int, Field(ge=50, le=2400)] | None = Field(
-        None, examples=[300], description=(
+    image_dpi: Annotated[int, Field(ge=50, le=2400)] | Auto = Field(
+        "auto", description=(
             "The resolution of an image that records none (a screenshot, many scanners' PNGs):"
-            " its searchable PDF page's size and Tesseract's scale. Unset: its long side is an A4"
-            " page's (11.7 in), never below 96 dpi. Each page's dpi and dpi_from (\"image\","
+            " its searchable PDF page's size and Tesseract's scale. \"auto\": its long side is an"
+            " A4 page's (11.7 in), never below 96 dpi. Each page's dpi and dpi_from (\"image\","
             " \"image_dpi\", \"assumed\") are in the JSON."))
     rotate_pages: bool = Field(True, description=(
         "Turn each page upright before it is read (either engine): Tesseract's orientation"

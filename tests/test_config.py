@@ -57,7 +57,8 @@ def test_the_sampling_defaults_are_the_engine_contracts() -> None:
 
 
 def test_render_dpi_unset_means_the_engines_own(tmp_path: Path) -> None:
-    assert config.Config().render.dpi is None
+    assert config.Config().render.dpi == "auto"
+    assert config.load(write(tmp_path, '[render]\ndpi = "auto"\n')).render.dpi == "auto"
     assert config.load(write(tmp_path, "[render]\ndpi = 300\n")).render.dpi == 300
 
 
@@ -437,3 +438,14 @@ def test_tesseract_workers_automatic_is_auto_and_zero_is_refused(tmp_path: Path)
     said = r"engine\.tesseract\.workers: 0 no longer means automatic"
     with pytest.raises(ConfigError, match=said):
         config.load(path, environ={})
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ('[render]\ndpi = "high"\n', 'render.dpi: Input should be a valid integer, or "auto"'),
+    ("[render]\ndpi = 10\n", 'render.dpi: Input should be greater than or equal to 50, or "auto"'),
+    ('[[inbox]]\npolling = "maybe"\n', 'inbox[0].polling: Input should be a valid boolean, or "auto"'),
+])
+def test_a_key_that_also_takes_auto_fails_in_one_line(tmp_path: Path, text: str, said: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text), environ={})
+    assert info.value.message == f"{tmp_path / 'ocrwatch.toml'}: {said}"
