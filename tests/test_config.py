@@ -443,7 +443,8 @@ def test_tesseract_workers_automatic_is_auto_and_zero_is_refused(tmp_path: Path)
 @pytest.mark.parametrize(("text", "said"), [
     ('[render]\ndpi = "high"\n', 'render.dpi: Input should be a valid integer, or "auto"'),
     ("[render]\ndpi = 10\n", 'render.dpi: Input should be greater than or equal to 50, or "auto"'),
-    ('[[inbox]]\npolling = "maybe"\n', 'inbox[0].polling: Input should be a valid boolean, or "auto"'),
+    ('[[inbox]]\npolling = "maybe"\n',
+     'inbox[0].polling: Input should be a valid boolean, or "auto"'),
 ])
 def test_a_key_that_also_takes_auto_fails_in_one_line(tmp_path: Path, text: str, said: str) -> None:
     with pytest.raises(ConfigError) as info:
