@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from ocrwatch.config_base import (
     DEFAULT_PRIORITY,
+    Auto,
     Duplicates,
     KeyProblem,
     MiB,
@@ -115,8 +116,9 @@ class S3Config(Model):
         AMQP + "of that binding (RGW routes by its topic's name)."))
     dead_letter_exchange: str = Field("", description=(
         AMQP + "x-dead-letter-exchange, when ocrwatch declares the queue."))
-    prefetch: Annotated[int, Field(ge=1, le=65535)] | None = Field(None, examples=[8], description=(
-        AMQP + "messages held unacknowledged at once; unset = [scheduler] max_active_documents."))
+    prefetch: Annotated[int, Field(ge=1, le=65535)] | Auto = Field("auto", description=(
+        AMQP + "messages held unacknowledged at once; \"auto\" = [scheduler]"
+        " max_active_documents."))
     endpoint_url: str | None = Field(None, examples=["https://s3.example.internal"], description=(
         "S3-compatible servers' endpoint; unset for AWS."))
     region: str | None = Field(None, examples=["eu-west-1"], description="The S3 (and SQS) region.")
