@@ -39,7 +39,7 @@ from pdf2image import convert_from_path
 from PIL import Image, ImageChops, ImageStat
 
 from ocrwatch import logging, render
-from ocrwatch.config import Config, LogConfig, SchedulerConfig, TesseractConfig
+from ocrwatch.config import Config, LogConfig, TesseractConfig
 from ocrwatch.scheduler import auto_render_workers
 
 Page = tuple[Path, render.DocumentInfo, int]
@@ -155,7 +155,7 @@ def main() -> None:
     logging.configure(LogConfig(level="warning"))  # the renderer logs every page at debug level
     spec = render.render_spec(Config().render, render.Geometry(dpi=args.dpi))
     limits = render.Limits.from_config(Config().limits)
-    workers = SchedulerConfig().render_workers or auto_render_workers(len(os.sched_getaffinity(0)))
+    workers = auto_render_workers(len(os.sched_getaffinity(0)))  # the default, "auto"
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         docs, origin = corpus_documents(10_000, Path(tmp) / "generated")
         pages: list[Page] = []

@@ -4,33 +4,48 @@ Every key has a default that works on a fresh machine, so ``ocrwatch run`` with 
 ``./inbox`` and keeps state in ``./.ocrwatch``. Any key can also be set by an environment variable
 (``config_env``), over the file's value. Values are taken as strictly as TOML types them
 (``"yes"`` is no boolean). Errors name the file and the key as the user wrote it, or the variable.
-Each engine owns the model of its own ``[engine.NAME]`` table (``engines.deepseek.options``,
-``engines.tesseract_options``); this module composes them.
+The sections are declared in ``config_sections`` and ``config_sources``, each engine's own table in
+its package; this module composes them, checks what spans sections, and loads.
 """
 
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import os
-import shutil
-import string
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
-from pydantic import (
-    BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator,
-)  # fmt: skip
+from pydantic import Field, ValidationError, model_validator
 
 from ocrwatch import config_env
+from ocrwatch.config_base import (
+    DEFAULT_PRIORITY,
+    Duplicates,
+    KeyProblem,
+    MiB,
+    Model,
+    OnSuccess,
+    TextMode,
+)
 from ocrwatch.config_env import Loc
+from ocrwatch.config_sections import (
+    ENGINE_ENTRY_POINTS,
+    DaemonConfig,
+    EngineConfig,
+    LimitsConfig,
+    LogConfig,
+    MetricsConfig,
+    OutputConfig,
+    RenderConfig,
+    RetryConfig,
+    SchedulerConfig,
+)
+from ocrwatch.config_sources import HookConfig, HookStatus, InboxConfig, S3Config
 from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
-from ocrwatch.engines.tesseract_options import Lang, TesseractConfig
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -38,287 +53,41 @@ if sys.version_info >= (3, 11):
 else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
+__all__ = [
+    "DEFAULT_PRIORITY", "ENGINE_ENTRY_POINTS", "MiB", "Config", "DaemonConfig", "Duplicates",
+    "EngineConfig", "HookConfig", "HookStatus", "InboxConfig", "KeyProblem", "LimitsConfig",
+    "LogConfig", "MetricsConfig", "OnSuccess", "OutputConfig", "RenderConfig", "RetryConfig",
+    "S3Config", "SchedulerConfig", "TesseractConfig", "TextMode", "VllmConfig", "from_mapping",
+    "load",
+]
+
 DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml"))
 
-ENGINE_ENTRY_POINTS = "ocrwatch.engines"
-"""The entry-point group through which engines, the built-in ones too, are found by ``[engine] kind``."""
 
-DEFAULT_PRIORITY = 50
-"""A source's lane when its configuration names none: the middle of 0..100."""
-
-MiB = 1024 * 1024
-
-
-class KeyProblem(ValueError):
-    """A validator's finding, reported against the key the user wrote (``loc``, below the model that
-    raised it), which need not be the key the validator reads: ``move`` in ``[output]`` is
-    ``output.on_success``'s fault, not an inbox's. ``text`` is the message after the key, or a
-    function of a namer that writes the whole line, naming other keys as the user set them."""
-
-    def __init__(self, loc: Loc, text: str | Callable[[Callable[[Loc], str]], str]) -> None:
-        super().__init__(text if isinstance(text, str) else "")
-        self.loc = loc
-        self.text = text
-
-    def render(self, name: Callable[[Loc], str]) -> str:
-        return f"{name(self.loc)}: {self.text}" if isinstance(self.text, str) else self.text(name)
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RenderConfig(_Model):
-    dpi: Annotated[int, Field(ge=50, le=1200)] | None = None
-    max_side: Annotated[int, Field(ge=256, le=20000)] = 4096
-    max_pixels: Annotated[int, Field(ge=65536, le=400_000_000)] = 40_000_000
-    min_dpi: Annotated[int, Field(ge=10, le=600)] = 20
-    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
-    renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
-    decode_budget_mb: Annotated[int, Field(ge=64, le=1_048_576)] = 1024
-    image_dpi: Annotated[int, Field(ge=50, le=2400)] | None = None  # unset: imagepages' size rule
-    rotate_pages: bool = True  # ocrwatch.orientation
-    rotate_pages_threshold: Annotated[float, Field(ge=0, le=100)] = 14.0
-    deskew: bool = False  # ocrwatch.deskew
-
-
-class LimitsConfig(_Model):
-    max_bytes: Annotated[int, Field(ge=1)] = 512 * MiB
-    max_pages: Annotated[int, Field(ge=1)] = 2000
-
-
-OnSuccess = Literal["keep", "move", "delete"]
-Duplicates = Literal["reuse", "ocr"]
-
-TextMode = Literal["ocr", "auto", "layer"]
-"""Where a PDF page's text comes from (``[[inbox]] text``, ``ocrwatch ocr --text``): always OCR, its own
-text layer where that passes ``pagetext``'s test, or its layer wherever it has one."""
-"""What becomes of a source once its document is ``ok`` (``[output] on_success``, per inbox and per bucket)."""
-
-
-class OutputConfig(_Model):
-    name_template: str = "{name}"
-    dir: Path | None = None
-    images: Literal["placeholder", "drop", "extract"] = "placeholder"
-    searchable_pdf: bool = False
-    on_success: OnSuccess = "keep"
-    archive_dir: Path | None = None
-
-    @field_validator("name_template")
-    @classmethod
-    def _template_stays_in_folder(cls, value: str) -> str:
-        fields = set()
-        for _, field, spec, conversion in string.Formatter().parse(value):
-            if field is None:
-                continue
-            if field not in ("name", "stem", "suffix") or spec or conversion:
-                raise ValueError("only the plain fields {name}, {stem} and {suffix} may appear")
-            fields.add(field)
-        if not fields & {"name", "stem"}:
-            raise ValueError("must contain {name} or {stem}")
-        rendered = value.format(name="x", stem="x", suffix=".pdf")
-        if "/" in rendered or "\\" in rendered or rendered in (".", "..") or "\0" in rendered:
-            raise ValueError("must not contain path separators: sidecars stay beside their source")
-        return value
-
-
-class LogConfig(_Model):
-    format: Literal["auto", "json", "console"] = "auto"
-    level: Literal["debug", "info", "warning", "error"] = "info"
-
-
-class MetricsConfig(_Model):
-    enabled: bool = True
-    listen: str = "127.0.0.1:9464"
-
-
-class SchedulerConfig(_Model):
-    max_inflight_pages: Annotated[int, Field(ge=1, le=4096)] | None = None
-    render_ahead: Annotated[int, Field(ge=0, le=4096)] = 0
-    render_workers: Annotated[int, Field(ge=0, le=256)] = 0
-    ageing_seconds: Annotated[float, Field(gt=0)] = 30.0
-    max_active_documents: Annotated[int, Field(ge=0, le=4096)] = 0
-
-
-class RetryConfig(_Model):
-    attempts: Annotated[int, Field(ge=1, le=100)] = 5
-    backoff_initial_seconds: Annotated[float, Field(ge=0)] = 2.0
-    backoff_max_seconds: Annotated[float, Field(ge=0)] = 300.0
-
-
-class EngineConfig(_Model):
-    kind: str = "auto"
-    plugin: str | None = None
-    plugin_args: dict[str, Any] = Field(default_factory=dict)
-    page_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
-    page_attempts: Annotated[int, Field(ge=1, le=20)] = 3
-    vllm: VllmConfig = VllmConfig()
-    tesseract: TesseractConfig = TesseractConfig()
-
-    @field_validator("kind")
-    @classmethod
-    def _kind_is_installed(cls, value: str) -> str:
-        """``auto`` or an engine of the entry-point group, so a typo stops the start, not the first page."""
-        known = {"auto", *entry_points(group=ENGINE_ENTRY_POINTS).names}
-        if value not in known:
-            raise ValueError(f"unknown engine {value!r} (installed: {', '.join(sorted(known))})")
-        return value
-
-
-class InboxConfig(_Model):
-    path: Path = Path("inbox")
-    recursive: bool = True
-    # Levels of subfolders watched and scanned; a deeper folder is refused (watchdog's poller recurses a level
-    # each, hence the bound).
-    max_depth: Annotated[int, Field(ge=1, le=256)] = 32
-    patterns: tuple[str, ...] = ("*.pdf", "*.png", "*.jpg", "*.jpeg", "*.tif", "*.tiff", "*.webp")
-    priority: Annotated[int, Field(ge=0, le=100)] = DEFAULT_PRIORITY
-    prompt: str = "markdown"
-    polling: Literal["auto"] | bool = "auto"
-    poll_seconds: Annotated[float, Field(ge=0.1, le=3600)] = 1.0  # how often a polled inbox is looked at
-    # Globs matched against one name, case aside; a trailing / names a folder (sources/ignore.py).
-    ignore: tuple[Annotated[str, Field(pattern=r"^[^/\x00]+/?$")], ...] = ()
-    settle_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
-    max_bytes: Annotated[int, Field(ge=1)] | None = None
-    max_pages: Annotated[int, Field(ge=1)] | None = None
-    quarantine_dir: Path | None = None
-    create: bool = True
-    lang: Lang | None = None  # Tesseract's languages for this inbox; None = [engine.tesseract] lang
-    on_success: OnSuccess | None = None  # None: [output] on_success
-    duplicates: Duplicates = "reuse"
-    text: TextMode | None = None  # None: the engine's own default (EngineSpec.text)
-
-
-class S3Config(_Model):
-    transport: Literal["sqs", "webhook", "amqp"] = "sqs"
-    queue_url: str | None = None
-    url: str | None = Field(default=None, repr=False)  # amqp: may carry a password, so never shown
-    url_file: Path | None = None
-    queue: str | None = None
-    exchange: str = ""
-    routing_key: str = "#"
-    dead_letter_exchange: str = ""
-    prefetch: Annotated[int, Field(ge=1, le=65535)] | None = None  # None: [scheduler] max_active_documents
-    endpoint_url: str | None = None
-    region: str | None = None
-    bucket: str | None = None
-    prefix: str = ""
-    suffixes: tuple[str, ...] = (".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp")
-    output_bucket: str | None = None
-    output_prefix: str = ""
-    listen: str = "127.0.0.1:8787"
-    path: str = "/s3/events"
-    token: str | None = None
-    max_body_bytes: Annotated[int, Field(ge=1024)] = 1 * MiB
-    visibility_timeout_seconds: Annotated[int, Field(ge=10, le=43200)] = 300
-    wait_time_seconds: Annotated[int, Field(ge=0, le=20)] = 20
-    max_receives: Annotated[int, Field(ge=1)] = 5
-    on_max_receives: Literal["error_sidecar", "dead_letter"] = "error_sidecar"
-    priority: Annotated[int, Field(ge=0, le=100)] = DEFAULT_PRIORITY
-    prompt: str = "markdown"
-    access_key_id: str | None = None
-    secret_access_key: str | None = Field(default=None, repr=False)
-    addressing_style: Literal["auto", "path", "virtual"] = "auto"
-    on_success: OnSuccess | None = None  # None: [output] on_success
-    archive_prefix: str = ""
-    duplicates: Duplicates = "reuse"
-
-    @model_validator(mode="after")
-    def _transport_needs(self) -> "S3Config":
-        if self.transport == "sqs" and not self.queue_url:
-            raise KeyProblem(("queue_url",), "required with transport 'sqs'")
-        if self.transport == "webhook" and not self.token:
-            raise KeyProblem(("token",), "required with transport 'webhook': a shared secret")
-        if self.transport == "amqp":
-            if (self.url is None) == (self.url_file is None):
-                raise KeyProblem(("url",), "transport 'amqp' needs exactly one of url and url_file")
-            if not self.queue:
-                raise KeyProblem(("queue",), "required with transport 'amqp'")
-            if self.url_file is not None and not self.url_file.is_absolute():
-                raise KeyProblem(("url_file",), "an absolute path (the working folder is no anchor)")
-            if importlib.util.find_spec("aio_pika") is None:
-                raise KeyProblem(("transport",), "'amqp' needs aio-pika, which is not installed: "
-                                 "pip install 'ocrwatch[amqp]'")
-        return self
-
-
-HookStatus = Literal["ok", "partial", "failed"]
-
-
-class HookConfig(_Model):
-    """One ``[[hook]]``: a program run, or a URL posted to, once a document's final status is known."""
-
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
-    on: tuple[HookStatus, ...] = ("ok", "partial", "failed")
-    command: tuple[str, ...] | None = None
-    url: str | None = None
-    token: str | None = Field(default=None, repr=False)
-    timeout_seconds: Annotated[float, Field(gt=0, le=86400)] = 60.0
-    max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
-    backoff_initial_seconds: Annotated[float, Field(ge=0, le=3600)] = 2.0
-    backoff_max_seconds: Annotated[float, Field(ge=0, le=86400)] = 300.0
-    concurrency: Annotated[int, Field(ge=1, le=64)] = 4
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_name(cls, data: Any) -> Any:
-        """A hook's name keys its deliveries in the ledger and its metrics: by default the program's file name
-        or the URL's host, so reordering the hooks never hands one hook's pending deliveries to another."""
-        if not isinstance(data, dict):
-            return data
-        # Validation after a "before" validator reads Python, not JSON, whose strict mode takes no
-        # list for a tuple: TOML's arrays become the tuples they stand for.
-        data = {key: tuple(val) if isinstance(val, list) else val for key, val in data.items()}
-        if "name" not in data:
-            command, url, name = data.get("command"), data.get("url"), ""
-            if isinstance(command, tuple) and command and isinstance(command[0], str):
-                name = Path(command[0]).name
-            elif isinstance(url, str):
-                name = urlsplit(url).netloc.rpartition("@")[2]
-            data = {**data, "name": name or "hook"}  # "hook": the checks below say what is missing
-        return data
-
-    @model_validator(mode="after")
-    def _one_target(self) -> "HookConfig":
-        if (self.command is None) == (self.url is None):
-            raise KeyProblem(("command",), "give exactly one of command (argv) and url")
-        if not self.on or len(set(self.on)) != len(self.on):
-            raise KeyProblem(("on",), "name each of ok, partial, failed at most once, at least one")
-        if self.command is not None:
-            if not self.command or not self.command[0] or any("\0" in arg for arg in self.command):
-                raise KeyProblem(("command",), "a non-empty argv list, the program first")
-            if shutil.which(self.command[0]) is None:
-                raise KeyProblem(("command",), f"{self.command[0]!r} is not an executable file"
-                                 " (nor one on PATH)")  # fmt: skip
-            if self.token is not None:
-                raise KeyProblem(("token",), "only for a url hook (sent as Authorization: Bearer)")
-        if self.url is not None:
-            parts = urlsplit(self.url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise KeyProblem(("url",), "an http:// or https:// URL with a host")
-        return self
-
-
-class DaemonConfig(_Model):
-    reconcile_seconds: Annotated[float, Field(gt=0)] = 300.0
-    shutdown_timeout: Annotated[float, Field(gt=0)] = 30.0
-    health_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
-
-
-class Config(_Model):
-    state_dir: Path = Path(".ocrwatch")
-    engine: EngineConfig = EngineConfig()
-    render: RenderConfig = RenderConfig()
-    limits: LimitsConfig = LimitsConfig()
-    output: OutputConfig = OutputConfig()
-    log: LogConfig = LogConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
-    retry: RetryConfig = RetryConfig()
-    daemon: DaemonConfig = DaemonConfig()
-    inbox: tuple[InboxConfig, ...] = (InboxConfig(),)
-    s3: tuple[S3Config, ...] = ()
-    hook: tuple[HookConfig, ...] = ()
+class Config(Model):
+    state_dir: Path = Field(Path(".ocrwatch"), description=(
+        "Where the ledger (SQLite) and temporary files live. Under systemd/ocrwatch.service: its"
+        " StateDirectory=, \"/var/lib/ocrwatch\" (as systemd/config.toml sets it)."))
+    engine: EngineConfig = Field(EngineConfig(), description="The engine that reads the pages.")
+    render: RenderConfig = Field(RenderConfig(), description="How pages become images.")
+    limits: LimitsConfig = Field(LimitsConfig(), description="What a document may be at most.")
+    output: OutputConfig = Field(OutputConfig(), description="Sidecars, outputs, the source after.")
+    log: LogConfig = Field(LogConfig(), description="Log lines.")
+    metrics: MetricsConfig = Field(MetricsConfig(), description="Metrics and health endpoints.")
+    scheduler: SchedulerConfig = Field(
+        SchedulerConfig(), description="Pages and documents at once.")
+    retry: RetryConfig = Field(RetryConfig(), description="A document's attempts.")
+    daemon: DaemonConfig = Field(DaemonConfig(), description="The daemon's own clocks.")
+    inbox: tuple[InboxConfig, ...] = Field((InboxConfig(),), description=(
+        "Any number of inboxes. With none configured, ./inbox is watched."))
+    s3: tuple[S3Config, ...] = Field((), description=(
+        "S3 sources (none by default): one [[s3]] per event stream."))
+    hook: tuple[HookConfig, ...] = Field((), description=(
+        "Completion hooks (none by default): one [[hook]] per program to run, or URL to POST to,"
+        " once a document's final status is known. Each gets the document's result JSON (the JSON"
+        " sidecar for ok and partial, the error document for failed). Delivery is at least once:"
+        " recorded in the ledger before the sidecars are written, retried with backoff, resumed"
+        " after a restart or a crash. A failing hook never fails the document."))
     source_file: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -424,7 +193,7 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
     """One line per fault: where it was set (the file, or the environment) and the key as the user
     wrote it (``inbox[0].recursive``) or the variable that set it."""
     lines = []
-    for item in error.errors():
+    for item in _auto_merged(error.errors()):
         base = tuple(item["loc"])
         problem = item.get("ctx", {}).get("error")
 
@@ -438,6 +207,19 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
             loc, text = base, f"{name(())}: {message}"
         lines.append(f"{_where(path, loc, origins)}: {text}")
     return "\n".join(lines)
+
+
+def _auto_merged(items: list[Any]) -> Iterator[Any]:
+    """A key that takes a value or ``"auto"`` fails once, not once per member of its union
+    (pydantic names each member, ``dpi.constrained-int`` and ``dpi.literal['auto']``)."""
+    autos = {tuple(item["loc"][:-1]) for item in items
+             if item["loc"] and str(item["loc"][-1]).startswith("literal['auto'")}
+    for item in items:
+        key = tuple(item["loc"][:-1])
+        if key not in autos:
+            yield item
+        elif not str(item["loc"][-1]).startswith("literal["):
+            yield {**item, "loc": key, "msg": f"{item['msg']}, or \"auto\""}
 
 
 def _origin(loc: Loc, origins: Mapping[Loc, str]) -> Loc | None:

@@ -121,17 +121,27 @@ class Pipeline:
         render.check_renderer(self.cfg.render)
         engine = await self.supervisor.start()
         sched = self.cfg.scheduler
-        max_inflight = sched.max_inflight_pages or engine.max_concurrency
+        max_inflight = sched.max_inflight_pages
+        if not isinstance(max_inflight, int):  # "auto"
+            max_inflight = engine.max_concurrency
+        ahead, workers = sched.render_ahead, sched.render_workers
+        documents = sched.max_active_documents
         self.scheduler = PageScheduler(
             lambda doc, request: self._recognize(dataclasses.replace(request, lang=self._langs.get(doc.doc_id))),
             max_inflight=max_inflight,
-            render_ahead=sched.render_ahead or auto_render_ahead(max_inflight),
-            render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
+            render_ahead=ahead if isinstance(ahead, int) else auto_render_ahead(max_inflight),
+            render_workers=(
+                workers
+                if isinstance(workers, int)
+                else auto_render_workers(len(os.sched_getaffinity(0)))
+            ),
             ageing_seconds=sched.ageing_seconds,
             on_engine_dead=self.supervisor.dead, extract=figures.extractor(self.cfg.output.images),
         )
         self.supervisor.scheduler = self.scheduler
-        self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
+        self.active_documents = (
+            documents if isinstance(documents, int) else auto_active_documents(max_inflight)
+        )
         self._slots = asyncio.Semaphore(self.active_documents)
         if self.ledger is not None:  # a job in a backoff holds no slot: as many again may be held
             dispatch = self.admission.dispatch(self._slots, self, 2 * self.active_documents)

@@ -178,7 +178,7 @@ def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSp
         max_side = min(max_side, geometry.max_side or max_side)
         max_pixels = min(max_pixels, geometry.max_pixels or max_pixels)
         dpi = geometry.dpi
-    if cfg.dpi is not None:
+    if isinstance(cfg.dpi, int):  # else "auto"
         dpi = cfg.dpi
     return RenderSpec(
         dpi=float(dpi),
@@ -189,7 +189,7 @@ def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSp
         limit_pixels=cfg.max_pixels,
         timeout_seconds=cfg.timeout_seconds,
         renderer=cfg.renderer,
-        image_dpi=cfg.image_dpi,
+        image_dpi=cfg.image_dpi if isinstance(cfg.image_dpi, int) else None,
         upright=orientation.Settings(
             cfg.rotate_pages, cfg.rotate_pages_threshold, cfg.deskew, cfg.timeout_seconds
         ),

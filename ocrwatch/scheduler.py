@@ -85,21 +85,21 @@ class DocumentOrder:
 
 
 def auto_render_workers(cpus: int) -> int:
-    """``render_workers = 0``: half the CPUs, 2 to 16. Rendering a page takes 0.1-0.3 s of a core, so a
+    """``render_workers = "auto"``: half the CPUs, 2 to 16. Rendering a page takes 0.1-0.3 s of a core, so a
     fixed two would cap a GPU engine, which reads pages faster than two cores render them, on a many-core host;
     on a 2-core CPU machine Tesseract needs the cores more than rendering does (render is ~5 % of its time)."""
     return max(2, min(16, cpus // 2))
 
 
 def auto_render_ahead(max_inflight: int) -> int:
-    """``render_ahead = 0``: half the engine's pages in flight, at least 16. Pages of the same length finish
+    """``render_ahead = "auto"``: half the engine's pages in flight, at least 16. Pages of the same length finish
     together, so the engine asks for many at once; a small fixed buffer would leave a large engine waiting for
     each refill at the render rate. Costs one page image each (~6 MB at 144 dpi)."""
     return max(16, max_inflight // 2)
 
 
 def auto_active_documents(max_inflight: int) -> int:
-    """``max_active_documents = 0``: as many documents as pages in flight, at least 64, so one-page documents
+    """``max_active_documents = "auto"``: as many documents as pages in flight, at least 64, so one-page documents
     can fill the engine: with fewer documents open than the engine has page slots, slots stay empty."""
     return max(64, max_inflight)
 

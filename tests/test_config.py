@@ -57,7 +57,8 @@ def test_the_sampling_defaults_are_the_engine_contracts() -> None:
 
 
 def test_render_dpi_unset_means_the_engines_own(tmp_path: Path) -> None:
-    assert config.Config().render.dpi is None
+    assert config.Config().render.dpi == "auto"
+    assert config.load(write(tmp_path, '[render]\ndpi = "auto"\n')).render.dpi == "auto"
     assert config.load(write(tmp_path, "[render]\ndpi = 300\n")).render.dpi == 300
 
 
@@ -400,3 +401,52 @@ def test_the_cli_names_a_faulty_variable_and_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run(command, capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert "environment: OCRWATCH_INBOX_0_RECURSIVE: Input should be a valid boolean" in proc.stderr
+
+
+def test_the_sqs_receive_backoff_is_a_key_of_its_bucket(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[[s3]]\nqueue_url = "q"\nreceive_backoff_max_seconds = 5\n')
+    assert config.load(path, environ={}).s3[0].receive_backoff_max_seconds == 5
+    assert config.S3Config(queue_url="q").receive_backoff_max_seconds == 30.0
+    path.write_text('[[s3]]\nqueue_url = "q"\nreceive_backoff_max_seconds = 0\n')
+    with pytest.raises(ConfigError, match=r"s3\[0\]\.receive_backoff_max_seconds"):
+        config.load(path, environ={})
+
+
+@pytest.mark.parametrize("key", ["render_ahead", "render_workers", "max_active_documents"])
+def test_automatic_is_spelled_auto_and_the_old_zero_is_refused(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "c.toml"
+    assert getattr(config.Config().scheduler, key) == "auto"
+    path.write_text(f'[scheduler]\n{key} = "auto"\n')
+    assert getattr(config.load(path, environ={}).scheduler, key) == "auto"
+    path.write_text(f"[scheduler]\n{key} = 3\n")
+    assert getattr(config.load(path, environ={}).scheduler, key) == 3
+    path.write_text(f"[scheduler]\n{key} = 0\n")
+    said = rf'scheduler\.{key}: 0 no longer means automatic: write "auto"'
+    with pytest.raises(ConfigError, match=said):
+        config.load(path, environ={})
+    variable = f"OCRWATCH_SCHEDULER_{key.upper()}"
+    assert getattr(config.load(None, environ={variable: "auto"}).scheduler, key) == "auto"
+    with pytest.raises(ConfigError, match=rf"{variable}: 0 no longer means automatic"):
+        config.load(None, environ={variable: "0"})
+
+
+def test_tesseract_workers_automatic_is_auto_and_zero_is_refused(tmp_path: Path) -> None:
+    assert TesseractConfig().workers == "auto"
+    path = tmp_path / "c.toml"
+    path.write_text("[engine.tesseract]\nworkers = 0\n")
+    said = r"engine\.tesseract\.workers: 0 no longer means automatic"
+    with pytest.raises(ConfigError, match=said):
+        config.load(path, environ={})
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ('[render]\ndpi = "high"\n', 'render.dpi: Input should be a valid integer, or "auto"'),
+    ("[render]\ndpi = 10\n", 'render.dpi: Input should be greater than or equal to 50, or "auto"'),
+    ('[[inbox]]\npolling = "maybe"\n',
+     'inbox[0].polling: Input should be a valid boolean, or "auto"'),
+])
+def test_a_key_that_also_takes_auto_fails_in_one_line(tmp_path: Path, text: str, said: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text), environ={})
+    assert info.value.message == f"{tmp_path / 'ocrwatch.toml'}: {said}"

@@ -166,7 +166,7 @@ def test_describe_and_hints() -> None:
         "name": "tesseract", "version": None, "lang": "eng", "psm": 6, "dpi": 250, "workers": 3,
     }  # fmt: skip
     assert engine.geometry.dpi == 250 and engine.max_concurrency == 3
-    assert TesseractEngine(TesseractConfig(workers=0)).max_concurrency == os.cpu_count()
+    assert TesseractEngine(TesseractConfig()).max_concurrency == os.cpu_count()
     engine.release()
 
 

@@ -190,7 +190,7 @@ def test_the_engine_geometry_sets_dpi_and_tightens_caps_without_refusing(tmp_pat
 
 
 def test_render_dpi_unset_is_the_engine_dpi_or_the_default() -> None:
-    assert RenderConfig().dpi is None
+    assert RenderConfig().dpi == "auto"
     assert render_spec(RenderConfig(), Geometry(dpi=144)).dpi == 144.0
     assert render_spec(RenderConfig()).dpi == float(DEFAULT_DPI) == 200.0
 

@@ -339,7 +339,7 @@ def test_polling_survives_an_outage_of_the_server() -> None:
 
         async def scenario() -> None:
             submitted = Submitted()
-            source = S3Source(cfg, backoff_max_seconds=3)
+            source = S3Source(cfg.model_copy(update={"receive_backoff_max_seconds": 3}))
             with capture_logs() as logs:
                 await source.start(submitted, submitted.reject)
                 await asyncio.sleep(1)

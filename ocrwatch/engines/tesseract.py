@@ -7,8 +7,9 @@ languages' dictionary for the assembler's hyphen joining) and line blocks with b
 their boxes (what a searchable PDF places), from one run. No temporary files, so nothing to clean up after a
 kill.
 
-Concurrency: at most ``max_concurrency`` children run at once (``[engine.tesseract] workers``, 0 = one per
-core), each with ``OMP_THREAD_LIMIT=1`` so the cores are not oversubscribed by Tesseract's own threads.
+Concurrency: at most ``max_concurrency`` children run at once (``[engine.tesseract] workers``,
+"auto" = one per core), each with ``OMP_THREAD_LIMIT=1`` so the cores are not oversubscribed by
+Tesseract's own threads.
 A page runs in its own task: ``abort`` cancels that task, whose cleanup kills and reaps the child, and the
 caller's ``recognize`` raises ``CancelledError``; cancelling the caller cancels the page task the same way.
 """
@@ -56,7 +57,8 @@ class TesseractEngine:
 
     def __init__(self, config: TesseractConfig) -> None:
         self._config = config
-        self.max_concurrency = config.workers or os.cpu_count() or 1
+        auto = os.cpu_count() or 1
+        self.max_concurrency = config.workers if isinstance(config.workers, int) else auto
         self.geometry = Geometry(dpi=config.dpi)
         self._slots = asyncio.Semaphore(self.max_concurrency)
         self._pages: dict[str, asyncio.Task[Recognition]] = {}

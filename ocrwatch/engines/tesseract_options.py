@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ocrwatch.config_base import no_zero_for_auto
 
 Lang = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?(\+[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?)*$")]
 """Tesseract language data joined with ``+`` (``eng``, ``deu+eng``, ``script/Latin``): names only, so a value
@@ -15,8 +17,16 @@ can never read as one of Tesseract's options."""
 class TesseractConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lang: Lang = "eng"
-    dpi: Annotated[int, Field(ge=70, le=600)] = 300
-    psm: Annotated[int, Field(ge=0, le=13)] = 3
-    workers: Annotated[int, Field(ge=0, le=256)] = 0
-    binary: str = "tesseract"
+    lang: Lang = Field("eng", description=(
+        "Tesseract language packs joined with \"+\", e.g. \"eng+deu\" (install"
+        " tesseract-ocr-deu)."))
+    dpi: Annotated[int, Field(ge=70, le=600)] = Field(300, description=(
+        "The resolution pages are rendered at for Tesseract, which reads best at about 300 DPI."))
+    psm: Annotated[int, Field(ge=0, le=13)] = Field(3, description=(
+        "Page segmentation mode; 3 = fully automatic."))
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field("auto", description=(
+        "Pages OCRed at once; \"auto\" = one per CPU core (each Tesseract limited to one thread)."
+        " 0, its old spelling, is refused."))
+
+    _old_auto = field_validator("workers", mode="before")(no_zero_for_auto)
+    binary: str = Field("tesseract", description="The Tesseract executable.")

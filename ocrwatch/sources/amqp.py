@@ -84,7 +84,7 @@ class AmqpSource(S3EventSource):
         super().__init__(cfg, name=name, limits=limits)
         assert cfg.queue is not None
         self.queue_name = cfg.queue
-        self.prefetch = cfg.prefetch or max_inflight
+        self.prefetch = cfg.prefetch if isinstance(cfg.prefetch, int) else max_inflight
         self.backoff_max_seconds = backoff_max_seconds
         self.metrics = metrics
         self.index = index

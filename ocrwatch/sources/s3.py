@@ -65,10 +65,9 @@ class S3Source(S3EventSource):
     """
 
     def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None,
-                 name_template: str = "{name}", max_inflight: int = 64, backoff_max_seconds: float = 30.0) -> None:
+                 name_template: str = "{name}", max_inflight: int = 64) -> None:
         super().__init__(cfg, name=name, limits=limits)
         self.max_inflight = max_inflight
-        self.backoff_max_seconds = backoff_max_seconds
         self._sqs: Any = None
         self._reject: Reject | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -146,7 +145,7 @@ class S3Source(S3EventSource):
         loop = asyncio.get_running_loop()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=1.0, max=self.backoff_max_seconds) + wait_random(0, 1.0),
+            wait=wait_exponential(multiplier=1.0, max=self.cfg.receive_backoff_max_seconds) + wait_random(0, 1.0),
             stop=stop_never,
             before_sleep=self._log_outage,
         )

@@ -297,7 +297,7 @@ def test_restart_skips_done_files_and_reprocesses_changed_ones(make_daemon) -> N
 
 
 def test_one_page_documents_fill_the_pages_in_flight_beyond_64_open_documents(make_daemon) -> None:
-    """``max_active_documents = 0`` follows the pages in flight: 70 one-page documents are all open at once
+    """``max_active_documents = "auto"`` follows the pages in flight: 70 one-page documents are all open at once
     when the engine takes 80 pages, where the old fixed 64 held the rest back."""
     daemon = make_daemon(scheduler={"max_inflight_pages": 80})
     daemon.start()

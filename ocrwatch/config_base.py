@@ -1,0 +1,61 @@
+"""What every configuration section shares: the strict model base, the finding that names a key, the
+shared value types.
+
+Each key is declared once, as ``Field(default, description=...)``; ``configdoc`` writes
+``config.example.toml`` and the README's key table from these declarations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ocrwatch.config_env import Loc
+
+DEFAULT_PRIORITY = 50
+"""A source's lane when its configuration names none: the middle of 0..100."""
+
+MiB = 1024 * 1024
+
+Auto = Literal["auto"]
+"""The one spelling of "ocrwatch chooses" for a key it can choose: ``"auto"``."""
+
+OnSuccess = Literal["keep", "move", "delete"]
+"""What becomes of a source once its document is ``ok`` (``[output] on_success``, per inbox and
+per bucket)."""
+
+Duplicates = Literal["reuse", "ocr"]
+
+TextMode = Literal["ocr", "auto", "layer"]
+"""Where a PDF page's text comes from (``[[inbox]] text``, ``ocrwatch ocr --text``): always OCR, its
+own text layer where that passes ``pagetext``'s test, or its layer wherever it has one."""
+
+
+class KeyProblem(ValueError):
+    """A validator's finding, reported against the key the user wrote (``loc``, below the model that
+    raised it), which need not be the key the validator reads. ``text`` is the message after the
+    key, or a function of a namer that writes the whole line, naming other keys as the user set
+    them."""
+
+    def __init__(self, loc: Loc, text: str | Callable[[Callable[[Loc], str]], str]) -> None:
+        super().__init__(text if isinstance(text, str) else "")
+        self.loc = loc
+        self.text = text
+
+    def render(self, name: Callable[[Loc], str]) -> str:
+        return f"{name(self.loc)}: {self.text}" if isinstance(self.text, str) else self.text(name)
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+
+def no_zero_for_auto(value: object) -> object:
+    """``0``, the old spelling of "automatic", stops the load naming its key, so a file written for
+    that meaning never silently gets another."""
+    if value == 0 and type(value) is int:
+        raise ValueError('0 no longer means automatic: write "auto"')
+    return value
