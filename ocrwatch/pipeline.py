@@ -103,6 +103,7 @@ class Pipeline:
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
         self._dispatcher: asyncio.Task[None] | None = None
+        self._reviver: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._jobs: dict[str, Job] = {}  # key → the job its task runs
         self._holding: set[str] = set()  # keys of the jobs in a slot now
@@ -128,9 +129,9 @@ class Pipeline:
             render_ahead=sched.render_ahead or auto_render_ahead(max_inflight),
             render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
             ageing_seconds=sched.ageing_seconds,
-            on_engine_dead=self.supervisor.dead, extract=figures.extractor(self.cfg.output.images),
+            extract=figures.extractor(self.cfg.output.images),
         )
-        self.supervisor.scheduler = self.scheduler
+        self._reviver = asyncio.create_task(self._revive(self.scheduler), name="engine-revive")
         self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
         self._slots = asyncio.Semaphore(self.active_documents)
         if self.ledger is not None:  # a job in a backoff holds no slot: as many again may be held
@@ -156,11 +157,19 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.hooks.stop()
+        if self._reviver is not None:
+            self._reviver.cancel()
+            await asyncio.gather(self._reviver, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.close()
         await self.supervisor.close()
         for executor in self._executors.values():
             executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _revive(self, scheduler: PageScheduler) -> None:
+        """Each engine death the scheduler yields, answered by the supervisor's rebuild."""
+        async for _ in scheduler.engine_deaths():
+            await self.supervisor.rebuild(scheduler)
 
     async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with the caller's

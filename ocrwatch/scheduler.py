@@ -28,7 +28,7 @@ import itertools
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -217,12 +217,11 @@ class PageScheduler:
         render_ahead: int,
         render_workers: int,
         ageing_seconds: float,
-        on_engine_dead: Callable[[], None],
         extract: Extract | None = None,
     ) -> None:
         self._recognize = recognize
         self._extract = extract
-        self._on_engine_dead = on_engine_dead
+        self._deaths: asyncio.Queue[EngineDead] = asyncio.Queue()
         self.budget = Budget(max_inflight, max(render_ahead, 1), render_workers)
         self.ageing_seconds = ageing_seconds
         self._seq = itertools.count()
@@ -272,6 +271,13 @@ class PageScheduler:
     def resume_engine(self) -> None:
         self._engine_ready.set()
         self._pump()
+
+    async def engine_deaths(self) -> AsyncIterator[EngineDead]:
+        """Each death of the engine, for the layer above to rebuild it (then ``resume_engine``).
+        Dispatch is paused when a page reports the death: the pages reporting it meanwhile are
+        requeued without another."""
+        while True:
+            yield await self._deaths.get()
 
     def requeue_inflight(self) -> int:
         """After an engine death: cancel every in-flight request; each page goes back to the ready queue."""
@@ -405,7 +411,9 @@ class PageScheduler:
         elif isinstance(error := task.exception(), EngineDead):
             requeue = True
             log.warning("page_requeued", doc_id=doc.doc_id, page=page.index, kind=error.kind, error=error.message)
-            self._on_engine_dead()
+            if self._engine_ready.is_set():  # one death however many pages report it
+                self.pause_engine()
+                self._deaths.put_nowait(error)
         elif error is not None:
             self._fail(doc, classify(error))
         else:

@@ -106,7 +106,7 @@ async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> 
     """Virtual seconds: the urgent document from its drop to its page's end, and the big document's run."""
     engine = BatchEngine(lanes=lanes)
     scheduler = PageScheduler(
-        engine, max_inflight=INFLIGHT, render_ahead=16, render_workers=2, ageing_seconds=30, on_engine_dead=lambda: None
+        engine, max_inflight=INFLIGHT, render_ahead=16, render_workers=2, ageing_seconds=30
     )
     now = time.time()
     out: dict[str, float] = {}

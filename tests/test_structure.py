@@ -217,10 +217,8 @@ HANDED_DOWN: dict[str, str] = {
     "daemon: self.pipeline.cfg = ...": DEBT + " (a reload hands the pipeline its new config)",
     "pipeline: PageScheduler <- figures.extractor(...)": DEBT + " (pages as asks the pipeline answers)",
     "pipeline: PageScheduler <- lambda": DEBT + " (pages as asks the pipeline answers)",
-    "pipeline: PageScheduler <- self.supervisor.dead": DEBT + " (an engine death as an outcome)",
     "pipeline: self.admission.dispatch <- self": DEBT + " (admission starts jobs in the pipeline)",
     "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (pages as asks the pipeline answers)",
-    "pipeline: self.supervisor.scheduler = ...": DEBT + " (the supervisor pauses the scheduler)",
     "report: self._bar.total = ...": "tqdm's bar is set by assigning its total: its API, not our layers",
 }
 
