@@ -46,7 +46,7 @@ from ocrwatch.memory import DecodeBudget
 from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
 from ocrwatch.scheduler import (
-    Document, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
+    Document, PageAsk, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
@@ -104,6 +104,7 @@ class Pipeline:
         self._slots: asyncio.Semaphore | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._reviver: asyncio.Task[None] | None = None
+        self._answerer: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._jobs: dict[str, Job] = {}  # key → the job its task runs
         self._holding: set[str] = set()  # keys of the jobs in a slot now
@@ -124,13 +125,12 @@ class Pipeline:
         sched = self.cfg.scheduler
         max_inflight = sched.max_inflight_pages or engine.max_concurrency
         self.scheduler = PageScheduler(
-            lambda doc, request: self._recognize(dataclasses.replace(request, lang=self._langs.get(doc.doc_id))),
             max_inflight=max_inflight,
             render_ahead=sched.render_ahead or auto_render_ahead(max_inflight),
             render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
             ageing_seconds=sched.ageing_seconds,
-            extract=figures.extractor(self.cfg.output.images),
         )
+        self._answerer = asyncio.create_task(self._answer_pages(self.scheduler), name="page-answers")
         self._reviver = asyncio.create_task(self._revive(self.scheduler), name="engine-revive")
         self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
         self._slots = asyncio.Semaphore(self.active_documents)
@@ -157,9 +157,10 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.hooks.stop()
-        if self._reviver is not None:
-            self._reviver.cancel()
-            await asyncio.gather(self._reviver, return_exceptions=True)
+        loops = [task for task in (self._reviver, self._answerer) if task is not None]
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.close()
         await self.supervisor.close()
@@ -170,6 +171,24 @@ class Pipeline:
         """Each engine death the scheduler yields, answered by the supervisor's rebuild."""
         async for _ in scheduler.engine_deaths():
             await self.supervisor.rebuild(scheduler)
+
+    async def _answer_pages(self, scheduler: PageScheduler) -> None:
+        """Each page the scheduler asks for, recognised in a task of its own that the ask's
+        cancellation cancels (the engine request aborted with it)."""
+        answering: set[asyncio.Task[tuple[Any, tuple[Any, ...]]]] = set()
+        async for ask in scheduler.page_asks():
+            task = asyncio.create_task(self._answer_page(ask), name=f"answer:{ask.request.request_id}")
+            answering.add(task)
+            task.add_done_callback(answering.discard)
+            task.add_done_callback(ask.take)
+            ask.future.add_done_callback(lambda _, task=task: task.cancel())
+
+    async def _answer_page(self, ask: PageAsk) -> tuple[ladder.PageResult, tuple[figures.Figure, ...]]:
+        """One page recognised in its inbox's languages, and the figures cut from its image."""
+        lang = self._langs.get(ask.doc.doc_id)
+        result = await self._recognize(dataclasses.replace(ask.request, lang=lang))
+        extract = figures.extractor(self.cfg.output.images)
+        return result, (await extract(ask.request, result) if extract is not None else ())
 
     async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with the caller's

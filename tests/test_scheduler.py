@@ -24,6 +24,7 @@ from ocrwatch.scheduler import (
     auto_render_workers,
     virtual_deadline,
 )
+from tests.pages import answered
 
 
 @dataclass
@@ -120,8 +121,8 @@ class Recorder:
 
 
 def make(recorder: Recorder, ref: list[PageScheduler], *, inflight: int = 3, ahead: int = 4) -> PageScheduler:
-    scheduler = PageScheduler(
-        recorder, max_inflight=inflight, render_ahead=ahead, render_workers=2, ageing_seconds=30
+    scheduler = answered(
+        PageScheduler(max_inflight=inflight, render_ahead=ahead, render_workers=2, ageing_seconds=30), recorder
     )
     ref.append(scheduler)
     return scheduler
@@ -215,7 +216,7 @@ async def test_engine_death_requeues_pages() -> None:
             await asyncio.sleep(0.05)
             scheduler.resume_engine()
 
-    scheduler = PageScheduler(flaky, max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30)
+    scheduler = answered(PageScheduler(max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30), flaky)
     reviver = asyncio.create_task(revive())
     doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer())
     pages = await asyncio.wait_for(doc.future, 10)

@@ -215,8 +215,6 @@ HANDED_DOWN: dict[str, str] = {
     "daemon: LocalSink <- lambda": DEBT + " (the inboxes as reloaded)",
     "daemon: LocalSource <- self._lapsed": DEBT + " (the ledger's word on a lost sidecar)",
     "daemon: self.pipeline.cfg = ...": DEBT + " (a reload hands the pipeline its new config)",
-    "pipeline: PageScheduler <- figures.extractor(...)": DEBT + " (pages as asks the pipeline answers)",
-    "pipeline: PageScheduler <- lambda": DEBT + " (pages as asks the pipeline answers)",
     "pipeline: self.admission.dispatch <- self": DEBT + " (admission starts jobs in the pipeline)",
     "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (pages as asks the pipeline answers)",
     "report: self._bar.total = ...": "tqdm's bar is set by assigning its total: its API, not our layers",
