@@ -13,7 +13,7 @@ from ocrwatch.sources.base import Delivery, Outbox, Reject, Submit
 
 
 async def serve(outbox: Outbox, submit: Submit, reject: Reject) -> None:
-    """Answer every job put into ``outbox`` until cancelled; jobs being answered then are cancelled."""
+    """Answer every job put into ``outbox`` until cancelled (which cancels those being answered)."""
     answering: set[asyncio.Task[None]] = set()
     try:
         while True:

@@ -46,7 +46,8 @@ from ocrwatch.memory import DecodeBudget
 from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
 from ocrwatch.scheduler import (
-    Document, PageAsk, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
+    Document, PageAsk, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead,
+    auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
@@ -130,7 +131,8 @@ class Pipeline:
             render_workers=sched.render_workers or auto_render_workers(len(os.sched_getaffinity(0))),
             ageing_seconds=sched.ageing_seconds,
         )
-        self._answerer = asyncio.create_task(self._answer_pages(self.scheduler), name="page-answers")
+        answers = self._answer_pages(self.scheduler)
+        self._answerer = asyncio.create_task(answers, name="page-answers")
         self._reviver = asyncio.create_task(self._revive(self.scheduler), name="engine-revive")
         self.active_documents = sched.max_active_documents or auto_active_documents(max_inflight)
         self._slots = asyncio.Semaphore(self.active_documents)
@@ -177,13 +179,14 @@ class Pipeline:
         cancellation cancels (the engine request aborted with it)."""
         answering: set[asyncio.Task[tuple[Any, tuple[Any, ...]]]] = set()
         async for ask in scheduler.page_asks():
-            task = asyncio.create_task(self._answer_page(ask), name=f"answer:{ask.request.request_id}")
+            name = f"answer:{ask.request.request_id}"
+            task = asyncio.create_task(self._answer_page(ask), name=name)
             answering.add(task)
             task.add_done_callback(answering.discard)
             task.add_done_callback(ask.take)
             ask.future.add_done_callback(lambda _, task=task: task.cancel())
 
-    async def _answer_page(self, ask: PageAsk) -> tuple[ladder.PageResult, tuple[figures.Figure, ...]]:
+    async def _answer_page(self, ask: PageAsk) -> tuple[ladder.PageResult, tuple[Any, ...]]:
         """One page recognised in its inbox's languages, and the figures cut from its image."""
         lang = self._langs.get(ask.doc.doc_id)
         result = await self._recognize(dataclasses.replace(ask.request, lang=lang))

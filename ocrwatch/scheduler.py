@@ -226,7 +226,9 @@ class _Ready:
 class PageScheduler:
     """Drives render workers and engine requests for all documents. Runs on the daemon's event loop only."""
 
-    def __init__(self, *, max_inflight: int, render_ahead: int, render_workers: int, ageing_seconds: float) -> None:
+    def __init__(
+        self, *, max_inflight: int, render_ahead: int, render_workers: int, ageing_seconds: float
+    ) -> None:
         self._asks: asyncio.Queue[PageAsk] = asyncio.Queue()
         self._deaths: asyncio.Queue[EngineDead] = asyncio.Queue()
         self.budget = Budget(max_inflight, max(render_ahead, 1), render_workers)
@@ -280,7 +282,7 @@ class PageScheduler:
         self._pump()
 
     async def page_asks(self) -> AsyncIterator[PageAsk]:
-        """Each page to recognise, for the layer above to answer (``PageAsk``), in dispatch order."""
+        """Each page to recognise, for the layer above to answer (``PageAsk``), as dispatched."""
         while True:
             yield await self._asks.get()
 
@@ -408,7 +410,7 @@ class PageScheduler:
         task.add_done_callback(functools.partial(self._page_done, ready, request))
 
     async def _recognize_page(self, doc: Document, request: PageRequest) -> tuple[Any, tuple[Any, ...]]:
-        """Asked of the layer above; cancelling this task cancels the ask, which aborts the answer."""
+        """Asked of the layer above; cancelling this task cancels the ask, and so the answer."""
         ask = PageAsk(doc, request, asyncio.get_running_loop().create_future())
         self._asks.put_nowait(ask)
         return await ask.future

@@ -1,7 +1,7 @@
 """The engine's supervision: which engine runs, and a new one built (with backoff) when it dies.
 
-The scheduler yields each death (``PageScheduler.engine_deaths``, dispatch already paused); ``rebuild``
-requeues the pages that were in flight and builds a new engine, so no page is lost and documents simply wait.
+The scheduler yields each death (``PageScheduler.engine_deaths``, its dispatch paused); ``rebuild``
+requeues the pages that were in flight and builds a new engine: no page is lost, documents wait.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class EngineSupervisor:
         return engine
 
     async def rebuild(self, scheduler: PageScheduler) -> None:
-        """After a death ``scheduler`` reported (its dispatch paused): requeue its pages in flight, build
-        a new engine with backoff, then let the scheduler dispatch again."""
+        """After a death ``scheduler`` reported (its dispatch paused): requeue its pages in
+        flight, build a new engine with backoff, then let the scheduler dispatch again."""
         scheduler.pause_engine()
         requeued = scheduler.requeue_inflight()
         self._metrics.engine_restarts.inc()

@@ -13,8 +13,11 @@ from ocrwatch.scheduler import Document, PageAsk, PageScheduler
 _ANSWERING: set[asyncio.Task[Any]] = set()
 
 
-def answered(scheduler: PageScheduler, recognize: Callable[[Document, PageRequest], Awaitable[Any]]) -> PageScheduler:
-    """``scheduler``, its pages recognised by ``recognize`` (no figures) until the test's loop ends."""
+Recognize = Callable[[Document, PageRequest], Awaitable[Any]]
+
+
+def answered(scheduler: PageScheduler, recognize: Recognize) -> PageScheduler:
+    """``scheduler``, its pages recognised by ``recognize`` (no figures) while the test runs."""
 
     async def answer(ask: PageAsk) -> tuple[Any, tuple[Any, ...]]:
         return await recognize(ask.doc, ask.request), ()

@@ -120,10 +120,13 @@ class Recorder:
         return f"text of {request.request_id}"
 
 
-def make(recorder: Recorder, ref: list[PageScheduler], *, inflight: int = 3, ahead: int = 4) -> PageScheduler:
-    scheduler = answered(
-        PageScheduler(max_inflight=inflight, render_ahead=ahead, render_workers=2, ageing_seconds=30), recorder
+def make(
+    recorder: Recorder, ref: list[PageScheduler], *, inflight: int = 3, ahead: int = 4
+) -> PageScheduler:
+    sized = PageScheduler(
+        max_inflight=inflight, render_ahead=ahead, render_workers=2, ageing_seconds=30
     )
+    scheduler = answered(sized, recorder)
     ref.append(scheduler)
     return scheduler
 
@@ -216,7 +219,8 @@ async def test_engine_death_requeues_pages() -> None:
             await asyncio.sleep(0.05)
             scheduler.resume_engine()
 
-    scheduler = answered(PageScheduler(max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30), flaky)
+    sized = PageScheduler(max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30)
+    scheduler = answered(sized, flaky)
     reviver = asyncio.create_task(revive())
     doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer())
     pages = await asyncio.wait_for(doc.future, 10)

@@ -106,9 +106,10 @@ async def settle(scheduler: PageScheduler) -> None:
 async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> dict[str, float]:
     """Virtual seconds: the urgent document from its drop to its page's end, and the big document's run."""
     engine = BatchEngine(lanes=lanes)
-    scheduler = answered(
-        PageScheduler(max_inflight=INFLIGHT, render_ahead=16, render_workers=2, ageing_seconds=30), engine
+    sized = PageScheduler(
+        max_inflight=INFLIGHT, render_ahead=16, render_workers=2, ageing_seconds=30
     )
+    scheduler = answered(sized, engine)
     now = time.time()
     out: dict[str, float] = {}
     urgent: list[object] = []

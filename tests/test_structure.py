@@ -201,10 +201,10 @@ def test_no_comment_cites_a_benchmark_run() -> None:
     assert not cited, cited
 
 
-# --- no callable or object handed down --------------------------------------------------------------------------
+# --- no callable or object handed down -----------------------------------------------------------
 
-# What the callable check still finds, each with the reason it stays. A lower layer returns what it produces (an
-# ``Outbox`` of jobs, a future of pages) rather than calling up; an entry here is a debt, not a licence.
+# What the callable check still finds, each with the reason it stays. A lower layer returns what it
+# produces (an ``Outbox`` of jobs, page asks) rather than calling up; an entry is a debt.
 DEBT = "issue 29 item 4, not yet turned: the lower layer should return what it produces"
 HANDED_DOWN: dict[str, str] = {
     "control: del pipeline.sinks[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
@@ -216,9 +216,12 @@ HANDED_DOWN: dict[str, str] = {
     "daemon: LocalSource <- self._lapsed": DEBT + " (the ledger's word on a lost sidecar)",
     "daemon: self.pipeline.cfg = ...": DEBT + " (a reload hands the pipeline its new config)",
     "pipeline: self.admission.dispatch <- self": DEBT + " (admission starts jobs in the pipeline)",
-    "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (pages as asks the pipeline answers)",
-    "report: self._bar.total = ...": "tqdm's bar is set by assigning its total: its API, not our layers",
+    "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (renders as asks, too)",
+    "report: self._bar.total = ...": "tqdm's bar is set by assigning its total: its API",
 }
+
+
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _methods() -> dict[str, set[int]]:
@@ -228,21 +231,22 @@ def _methods() -> dict[str, set[int]]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef):
                 for item in node.body:
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_property(item):
+                    if isinstance(item, FUNCTIONS) and not _is_property(item):
                         found.setdefault(item.name, set()).add(_rank(module))
     return found
 
 
 def _is_property(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """A property reads as a value, not a callable."""
-    return any(ast.unparse(decorator).endswith("property") for decorator in node.decorator_list)
+    return any(ast.unparse(mark).endswith("property") for mark in node.decorator_list)
 
 
 def _imported(tree: ast.Module, known: set[str]) -> dict[str, str]:
-    """Local name → the ``ocrwatch`` module it comes from (a module's own name, or the one holding it)."""
+    """Local name → the ``ocrwatch`` module it names or comes from."""
     names: dict[str, str] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ocrwatch") and not node.level:
+        absolute = isinstance(node, ast.ImportFrom) and not node.level
+        if absolute and (node.module or "").startswith("ocrwatch"):
             stem = (node.module or "").removeprefix("ocrwatch").lstrip(".")
             for alias in node.names:
                 full = f"{stem}.{alias.name}".lstrip(".")
@@ -255,18 +259,19 @@ def _imported(tree: ast.Module, known: set[str]) -> dict[str, str]:
 
 
 class _HandedDown(ast.NodeVisitor):
-    """Calls into a lower layer that pass it a lambda, a partial, a bound method or ``self`` of a higher
-    one; and objects finished by assigning an attribute of an attribute (``self.a.b = ...``)."""
+    """Calls into a lower layer that pass it a lambda, a partial, a bound method or ``self`` of a
+    higher one; objects finished by assigning an attribute of an attribute (``self.a.b = ...``)."""
 
-    def __init__(self, module: str, rank: int, imported: dict[str, str], methods: dict[str, set[int]]) -> None:
+    def __init__(
+        self, module: str, rank: int, imported: dict[str, str], methods: dict[str, set[int]]
+    ) -> None:
         self.module, self.rank, self.imported, self.methods = module, rank, imported, methods
         self.own: set[str] = set()  # the methods of the class being read
         self.found: list[str] = []
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        outer, self.own = self.own, {
-            item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-        }
+        outer = self.own
+        self.own = {item.name for item in node.body if isinstance(item, FUNCTIONS)}
         self.generic_visit(node)
         self.own = outer
 
@@ -279,7 +284,7 @@ class _HandedDown(ast.NodeVisitor):
     def visit_Delete(self, node: ast.Delete) -> None:
         for target in node.targets:  # another object's table emptied from outside it
             if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute):
-                if not (isinstance(target.value.value, ast.Name) and target.value.value.id == "self"):
+                if not _on_self(target.value):
                     self.found.append(f"{self.module}: del {ast.unparse(target)}")
         self.generic_visit(node)
 
@@ -306,7 +311,7 @@ class _HandedDown(ast.NodeVisitor):
             return self.rank
         if isinstance(arg, ast.Call) and ast.unparse(arg.func) in {"partial", "functools.partial"}:
             return self.rank
-        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):  # what a higher layer made
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):  # made above
             if isinstance(arg.func.value, ast.Name) and arg.func.value.id in self.imported:
                 return _rank(self.imported[arg.func.value.id])
         if isinstance(arg, ast.Name) and arg.id == "self" and self.own:
@@ -329,8 +334,10 @@ def _short(arg: ast.expr) -> str:
 
 
 def _on_self(node: ast.expr) -> bool:
-    """``self.name``: an attribute of the instance (a call of it stays within the module's own class)."""
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    """``self.name``: an attribute of the instance (calling it stays within the module's class)."""
+    if not isinstance(node, ast.Attribute):
+        return False
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 def _handed_down(module: str, source: str) -> list[str]:
@@ -352,10 +359,9 @@ def test_no_callable_or_object_handed_down() -> None:
         if _rank(module) >= _rank("pipeline")
         for entry in _handed_down(module, path.read_text())
     ]
-    assert not sorted(set(found) - HANDED_DOWN.keys()), "\n".join(sorted(set(found) - HANDED_DOWN.keys()))
-    assert not sorted(HANDED_DOWN.keys() - set(found)), "gone, strike from HANDED_DOWN: " + ", ".join(
-        sorted(HANDED_DOWN.keys() - set(found))
-    )
+    new, gone = sorted(set(found) - HANDED_DOWN.keys()), sorted(HANDED_DOWN.keys() - set(found))
+    assert not new, "\n".join(new)
+    assert not gone, "gone, strike from HANDED_DOWN: " + ", ".join(gone)
 
 
 @pytest.mark.parametrize(
@@ -364,7 +370,8 @@ def test_no_callable_or_object_handed_down() -> None:
         "from ocrwatch.scheduler import PageScheduler\n"
         "class P:\n    def go(self):\n        PageScheduler(lambda doc: self.go())\n",
         "from ocrwatch import scheduler\nimport functools\n"
-        "class P:\n    def go(self):\n        scheduler.PageScheduler(functools.partial(self.go))\n",
+        "class P:\n    def go(self):\n"
+        "        scheduler.PageScheduler(functools.partial(self.go))\n",
         "from ocrwatch.sources.local import LocalSource\n"
         "class P:\n    def go(self):\n        LocalSource(lapsed=self.go)\n",
         "from ocrwatch.session import DocumentSession\n"

@@ -1,16 +1,18 @@
 """What a source hands the daemon: a ``Job`` naming one document and how to acknowledge it.
 
 Source contract: ``start(outbox)`` begins watching and puts every document that is ready into the
-``Outbox`` with ``await outbox.submit(job)``, which returns only once the consumer (``intake``, at the
-pipeline's rank) has the job durably in the ledger, so a source may acknowledge its event (answer a
-webhook, keep an SQS message) after it returns. A source that must give a job up without processing it
-(an SQS message delivered too often) calls ``await outbox.reject(job, error, attempts)`` instead: the
-pipeline writes the error sidecar through the job's sink, so sources never write sidecars themselves,
-then calls ``finish(job, "failed", error.kind)``. A source holds no callable of a layer above it. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
-puts the document's bytes in a file inside ``spool_dir``, private to the job (a local source copies its file
-through one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
-calls it with ``job.max_bytes`` set to the limit in force, so a source can refuse before copying. ``finish``
-is told the final outcome, once, after the sidecars are written, and for a failure its kind (``errors``).
+``Outbox`` with ``await outbox.submit(job)``, which returns only once the consumer (``intake``, at
+the pipeline's rank) has the job durably in the ledger, so a source may acknowledge its event
+(answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
+processing it (an SQS message delivered too often) calls ``await outbox.reject(job, error,
+attempts)`` instead: the pipeline writes the error sidecar through the job's sink, so sources never
+write sidecars themselves, then calls ``finish(job, "failed", error.kind)``. A source holds no
+callable of a layer above it. ``stop`` stops watching; it is called once, from the event loop.
+``fetch`` puts the document's bytes in a file inside ``spool_dir``, private to the job (a local
+source copies its file through one descriptor, a remote one downloads it), and says what it measured
+(``Fetched``); the pipeline calls it with ``job.max_bytes`` set to the limit in force, so a source
+can refuse before copying. ``finish`` is told the final outcome, once, after the sidecars are
+written, and for a failure its kind (``errors``).
 """
 
 from __future__ import annotations
@@ -119,8 +121,8 @@ Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 
 @dataclass(eq=False)
 class Delivery:
-    """One job put into an ``Outbox``: to admit (``error`` None) or to give up after ``attempts``
-    tries; ``answered`` resolves once the consumer has dealt with it (or with what it raised)."""
+    """One job put into an ``Outbox``: to admit (``error`` None) or to give up after
+    ``attempts`` tries; ``answered`` resolves once the consumer has dealt with it."""
 
     job: Job
     error: OcrwatchError | None
@@ -128,7 +130,7 @@ class Delivery:
     answered: asyncio.Future[None]
 
     def answer(self, exc: BaseException | None = None) -> None:
-        """The consumer's answer; the source's ``submit`` or ``reject`` returns it (raises ``exc``)."""
+        """The consumer's answer: the source's ``submit`` or ``reject`` returns, or raises ``exc``."""
         if self.answered.done():
             return
         if exc is None:
@@ -146,7 +148,7 @@ class Outbox:
         self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
 
     async def submit(self, job: Job) -> None:
-        """Put ``job`` in to be admitted; returns once it is durably in the ledger (or known done)."""
+        """Put ``job`` in to be admitted; returns once it is in the ledger, or known done."""
         await self._put(job, None, 0)
 
     async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
@@ -168,7 +170,7 @@ class Source(Protocol):
     name: str
 
     async def start(self, outbox: Outbox) -> None:
-        """Begin watching; put each ready document into ``outbox`` (``reject`` one given up unprocessed)."""
+        """Begin watching; put each ready document into ``outbox`` (or reject one given up)."""
 
     async def stop(self) -> None:
         """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""

@@ -109,8 +109,8 @@ class LocalSource:
     async def start(self, outbox: Outbox) -> None:
         """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically.
 
-        ``outbox.reject`` is never called: a file is only ever submitted, even one that never passes the probe, so that
-        the pipeline names its defect.
+        ``outbox.reject`` is never called: a file is only ever submitted, even one that never passes
+        the probe, so that the pipeline names its defect.
         """
         self._submit, self._loop = outbox.submit, asyncio.get_running_loop()
         self._settling.start()
