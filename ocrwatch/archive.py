@@ -49,7 +49,7 @@ from ocrwatch.config import OnSuccess, OutputConfig, S3Config
 from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse, classify
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
-from ocrwatch.s3client import call, error_code
+from ocrwatch.s3client import call, error_code, is_not_found
 from ocrwatch.safefs import (
     Access, Folder, FolderGone, Replaced, hash_fd, parts_below, read_head, walk,
 )  # fmt: skip
@@ -197,7 +197,7 @@ class Archiver:
             try:
                 head = call(client.head_object, Bucket=obj.bucket, Key=obj.key)
             except Exception as exc:
-                if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                if is_not_found(exc):
                     raise SourceGone(f"{obj.uri} no longer exists") from None
                 raise
             if str(head.get("ETag", "")).strip('"') != obj.etag:
@@ -212,7 +212,7 @@ class Archiver:
             except Exception as exc:
                 if error_code(exc) in ("PreconditionFailed", "412"):
                     raise SourceChanged(f"{obj.uri} was replaced since it was read") from None
-                if error_code(exc) in ("NoSuchKey", "NoSuchVersion", "404"):
+                if is_not_found(exc):
                     raise SourceGone(f"{obj.uri} no longer exists") from None
                 raise
         call(client.delete_object, Bucket=obj.bucket, Key=obj.key, **version)

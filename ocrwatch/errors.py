@@ -1,7 +1,8 @@
 """The error hierarchy: every failure is either transient (retry later) or permanent (write an error sidecar).
 
 A ``PlaceFault`` is the transient kind that is not the document's doing (a full disk, a folder that cannot be
-written): it is waited out however long it lasts and never becomes a failure of the document.
+written, an object store that does not answer): it is waited out however long it lasts and never
+becomes a failure of the document.
 
 Each class carries a stable ``kind`` used in logs, the ledger and sidecars, and a ``hint`` that tells the
 user what to do about it. ``classify`` is the one place that maps an arbitrary exception onto this hierarchy,
@@ -25,6 +26,9 @@ class OcrwatchError(Exception):
     """Whether a document failed so goes to its inbox's ``quarantine_dir``: only where its own bytes
     are at fault, so that only a new file can cure it. Any other stays where it was dropped, where
     the fix its hint names (a file moved away, a setting, a package) and ``ocrwatch retry`` find it."""
+    path_fault: bool = False
+    """Whether the failure was only what the document's path was at that moment (vanished, a link,
+    rewritten throughout), so the same file seen again whole at that path is processed again."""
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -50,6 +54,12 @@ def quarantined(kind: str | None) -> bool:
     an unknown kind, or none, stays."""
     found = _KINDS.get(kind or "")
     return found is not None and found.quarantined
+
+
+def path_fault(kind: str | None) -> bool:
+    """Whether a document failed as ``kind`` failed for its path only (``OcrwatchError.path_fault``)."""
+    found = _KINDS.get(kind or "")
+    return found is not None and found.path_fault
 
 
 class PermanentError(OcrwatchError):
@@ -127,6 +137,7 @@ class FileTooLarge(PermanentError):
 
 class NotARegularFile(PermanentError):
     kind = "not_a_regular_file"
+    path_fault = True
     hint = "only regular files inside the inbox are processed (no FIFOs, devices or escaping symlinks)"
 
 
@@ -179,6 +190,7 @@ class PageTimeout(TransientError):
 
 class SourceGone(PermanentError):
     kind = "source_gone"
+    path_fault = True
     hint = "the file disappeared before it could be processed"
 
 
@@ -189,6 +201,7 @@ class CrashLoop(PermanentError):
 
 class SourceChanged(TransientError):
     kind = "source_changed"
+    path_fault = True
     hint = "the file changed while it was processed; it is processed again"
 
 
@@ -226,7 +239,9 @@ class OutputNotWritable(PlaceFault):
     )
 
 
-class StorageUnavailable(TransientError):
+class StorageUnavailable(PlaceFault):
+    """An outage of the object store or queue outlasted the S3 call's retries: the place's fault."""
+
     kind = "storage_unavailable"
     hint = "the object store or queue did not answer; ocrwatch retries with backoff"
 

@@ -11,7 +11,7 @@ rest of the daemon (the inbox watcher, the ledger, the engine), nor another list
   a new one (refusing the new one only when every connection is busy), so idle connections cannot lock out a
   real request;
 - a connection that carries no request for ``idle_timeout`` seconds is closed, whether it never sent one,
-  trickles its head, or sits on keep-alive.
+  trickles its head, or sits on keep-alive: aiohttp's own ``keepalive_timeout`` (measured on 3.14).
 
 A full listener is logged once per episode, not per connection; so is an ``accept()`` that fails for want of
 descriptors (asyncio would log a traceback per attempt). A handler that reads a body bounds that read itself.
@@ -56,16 +56,14 @@ def connection_cap(wanted: int) -> int:
 class _Connection(asyncio.Protocol):
     """One accepted connection: admitted (then handed to aiohttp's request handler) or refused at once.
 
-    Stands between the transport and aiohttp's protocol, so the listener counts open connections exactly,
-    knows which are busy and when each was last active, and closes idle ones without relying on the aiohttp
-    version's own keep-alive handling.
+    Stands between the transport and aiohttp's protocol, so the listener counts open connections
+    exactly and knows which are busy and when each was last active: aiohttp's server counts neither.
     """
 
     def __init__(self, listener: Listener) -> None:
         self._listener = listener
         self._inner: asyncio.Protocol | None = None
         self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self.requests = 0
         self.last_active = 0.0
 
@@ -78,7 +76,6 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self._inner.connection_made(transport)
-        self._arm()
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
@@ -97,8 +94,6 @@ class _Connection(asyncio.Protocol):
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
         if self._inner is not None and self._transport is not None:
             self._listener._release(self._transport)
             self._inner.connection_lost(exc)
@@ -111,28 +106,14 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    # -- idleness: a timer runs only while no request is being handled
+    # -- busy while a request is handled: never the one evicted
 
     def request_started(self) -> None:
         self.requests += 1
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def request_ended(self) -> None:
         self.requests -= 1
         self.last_active = asyncio.get_running_loop().time()
-        if self.requests == 0:
-            self._arm()
-
-    def _arm(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._listener.idle_timeout, self._expire)
-
-    def _expire(self) -> None:
-        self._timer = None
-        if self.requests == 0:
-            self.close()
 
 
 class Listener:
@@ -149,7 +130,6 @@ class Listener:
         self.host, self._port = host_port(listen)
         self.name = name
         self.max_connections = connection_cap(max_connections)
-        self.idle_timeout = idle_timeout
         self.shutdown_timeout = shutdown_timeout
         self._handling: set[asyncio.Task[Any]] = set()  # requests being handled, for ``stop``
         self._connections: dict[asyncio.BaseTransport, _Connection] = {}

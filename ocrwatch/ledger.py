@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ocrwatch.database import Database, Migration, StateUnusable, make_private_dirs, migrate
+from ocrwatch.errors import path_fault
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
 
 __all__ = [
@@ -129,7 +130,6 @@ _MIGRATIONS: tuple[Migration, ...] = (
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _SETTABLE = frozenset({"pages_total", "pages_done"})
-_PATH_FAULTS = frozenset({"source_gone", "not_a_regular_file", "source_changed"})
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class Ledger(Database):
                     " fp_inode = ?, fp_ctime_ns = ? WHERE key = ?",
                     (*_fp_columns(merged), job.key),
                 )
-            if row["state"] == "failed" and _error_kind(row["last_error"]) in _PATH_FAULTS:
+            if row["state"] == "failed" and path_fault(_error_kind(row["last_error"])):
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = ? WHERE key = ?",
                     (now, job.key),

@@ -1,8 +1,12 @@
 """The one S3 client module: boto3 clients, retries, error mapping, and the probe ``ocrwatch check`` runs.
 
 Sources and sinks share it, so a transient failure means the same thing everywhere. Clients are made on demand,
-never at import. Transient failures are retried by botocore (standard mode), then with backoff by tenacity;
-what survives the retries is mapped onto the error hierarchy without ever carrying credentials.
+never at import. One retry layer: botocore tries each request once (``total_max_attempts = 1``)
+and ``call`` retries a transient failure with tenacity, ``CALL_ATTEMPTS`` = 5 attempts 0.5, 1, 2
+and 4 s apart (plus up to 0.5 s of jitter each): an outage of 7.5 to 9.5 s (besides the attempts'
+own time, at most a 5 s connect or 60 s read timeout each) is ridden out within the call. What
+survives is ``StorageUnavailable``, a fault of the place that the pipeline retries for as long as
+it lasts; it is mapped without ever carrying credentials.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 60.0
 CALL_ATTEMPTS = 5
 THREADS = 8
+MAX_KEY_BYTES = 1024
+"""The longest key S3 holds, in UTF-8 bytes."""
+NOT_FOUND = frozenset({"NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "NotFound"})
+"""S3's codes for "nothing there": a key, a version or a bucket (a HEAD answers a bare 404)."""
 _INVALID_NAME = frozenset({"InvalidObjectName", "KeyTooLongError"})
 _INVALID_REQUEST = _INVALID_NAME | {"InvalidBucketName", "InvalidArgument", "InvalidURI"}
 _THROTTLING = frozenset(
@@ -56,7 +64,7 @@ def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOU
         aws_access_key_id=cfg.access_key_id, aws_secret_access_key=cfg.secret_access_key, region_name=cfg.region
     )
     config = BotoConfig(
-        retries={"mode": "standard"},
+        retries={"mode": "standard", "total_max_attempts": 1},  # tenacity is the one retry layer
         connect_timeout=CONNECT_TIMEOUT,
         read_timeout=read_timeout,
         s3={"addressing_style": cfg.addressing_style},
@@ -144,6 +152,11 @@ def is_transient(exc: BaseException) -> bool:
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         return status >= 500 or status == 429 or error_code(exc) in _THROTTLING
     return False
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """True when S3 says no object is there (``NOT_FOUND``)."""
+    return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in NOT_FOUND
 
 
 def is_invalid_name(exc: BaseException) -> bool:

@@ -15,7 +15,9 @@ from ocrwatch import errors
 from ocrwatch.errors import classify
 
 
-@pytest.mark.parametrize("kind", [errors.DiskFull, errors.OutputNotWritable])
+@pytest.mark.parametrize(
+    "kind", [errors.DiskFull, errors.OutputNotWritable, errors.StorageUnavailable]
+)
 def test_faults_of_the_place_are_retried_never_permanent(kind: type[errors.OcrwatchError]) -> None:
     error = kind("x")
     assert isinstance(error, errors.PlaceFault) and error.retryable
@@ -128,3 +130,31 @@ def test_sqlite_code_reads_the_code_or_else_sqlites_message(
 def test_an_asyncio_timeout_is_transient_on_every_python() -> None:
     """A class apart from the builtin ``TimeoutError`` (an ``OSError``) before 3.11; transient either way."""
     assert classify(asyncio.TimeoutError()).retryable and classify(TimeoutError()).retryable
+
+
+def test_an_s3_outage_past_the_calls_retries_uses_none_of_the_documents_attempts() -> None:
+    """A bucket that does not answer is the place's fault: what survives ``s3client.call``'s
+    retries is retried by the job for as long as it lasts, however few attempts the document has."""
+    import botocore.exceptions
+
+    from ocrwatch.attempts import attempts_of_a_job
+    from ocrwatch.config import RetryConfig
+    from ocrwatch.metrics import Metrics
+    from ocrwatch.s3client import storage_error
+
+    outage = botocore.exceptions.EndpointConnectionError(endpoint_url="http://s3")
+    error = storage_error(outage, "reading s3://b/k")
+    assert isinstance(error, errors.PlaceFault) and error.kind == "storage_unavailable"
+    failures = [error] * 4
+
+    async def job() -> int:
+        retry = RetryConfig(attempts=1, backoff_initial_seconds=0, backoff_max_seconds=0)
+        tries = 0
+        async for attempt in attempts_of_a_job(retry, Metrics(), asyncio.Event()):
+            with attempt:
+                tries += 1
+                if failures:
+                    raise failures.pop()
+        return tries
+
+    assert asyncio.run(job()) == 5

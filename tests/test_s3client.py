@@ -5,7 +5,7 @@ from __future__ import annotations
 import botocore.exceptions
 
 from ocrwatch.errors import StorageUnavailable
-from ocrwatch.s3client import error_code, is_transient, storage_error
+from ocrwatch.s3client import error_code, is_not_found, is_transient, storage_error
 
 
 def client_error(status: int, code: str) -> botocore.exceptions.ClientError:
@@ -22,3 +22,14 @@ def test_failures_of_the_world_are_transient_and_map_to_storage_unavailable() ->
     denied = storage_error(client_error(403, "AccessDenied"), "reading s3://b/k")
     assert isinstance(denied, StorageUnavailable) and "access denied" in str(denied) and denied.retryable
     assert "no credentials" in str(storage_error(botocore.exceptions.NoCredentialsError(), "reading"))
+
+
+def test_one_rule_says_nothing_is_there() -> None:
+    """The sink, the download and the archive once each had a set of their own (the archive's
+    lacked ``NotFound`` or ``NoSuchVersion``, none but the download's had all): one set, for a
+    key, a version and a bucket, and a HEAD's bare 404."""
+    for code in ("NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "NotFound"):
+        assert is_not_found(client_error(404, code)), code
+    others = (client_error(403, "AccessDenied"), client_error(412, "PreconditionFailed"))
+    for exc in (*others, KeyError("404")):
+        assert not is_not_found(exc), exc

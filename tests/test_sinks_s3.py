@@ -10,6 +10,7 @@ import pytest
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
 from ocrwatch.sinks.base import markdown_bytes
+from ocrwatch.s3client import new_client
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from tests.s3servers import MotoServer, RgwServer
@@ -153,4 +154,49 @@ def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it
     sink.write(job(), markdown, DOCUMENT)
     body, _ = get(s3, "docs", f"{KEY}.md")
     assert body == "<!-- page 1 -->\nbroken ? reply\n".encode() == markdown_bytes(markdown)
+    assert sink.recorded(job()) == DOCUMENT["source"]
+
+
+@pytest.mark.parametrize("server_name", ["moto", "rgw"])
+def test_a_first_result_reads_no_key_that_does_not_exist_yet(
+        server_name: str, request: pytest.FixtureRequest) -> None:
+    """The sink's calls for a document's first result, counted at the client: the one read
+    ``recorded`` needs, then one listing stands for every sidecar and output key a write checks
+    (it used to read each of them, six reads of keys not there), then the two PUTs."""
+    server: MotoServer | RgwServer = request.getfixturevalue(server_name)
+    bucket = f"counted-{server_name}"
+    server.client("s3").create_bucket(Bucket=bucket)
+    cfg = S3Config(transport="webhook", token="t", **server.s3_config())
+    client = new_client(cfg, "s3")
+    calls: list[tuple[str, str]] = []
+
+    def count(params: dict[str, Any], model: Any, **kwargs: Any) -> None:
+        calls.append((model.name, params.get("Key", params.get("Prefix", ""))))
+
+    client.meta.events.register("before-parameter-build.s3", count)
+    sink = S3Sink(cfg, client)
+    assert sink.recorded(job(bucket=bucket)) is None
+    sink.write(job(bucket=bucket), "<!-- page 1 -->\nGrüße\n", DOCUMENT)
+    assert calls == [("GetObject", f"{KEY}.json"), ("ListObjectsV2", f"{KEY}."),
+                     ("PutObject", f"{KEY}.md"), ("PutObject", f"{KEY}.json")]
+    calls.clear()
+    sink.write_error(job(bucket=bucket), ERROR)  # over a result: what is there is read, no other
+    absent = (".error.json", ".ocr.pdf")
+    assert [name for name, key in calls if key.endswith(absent)] == ["PutObject"]
+    assert sink.recorded(job(bucket=bucket)) is None
+    assert get(server.client("s3"), bucket, f"{KEY}.error.json")
+
+
+def test_a_sidecar_nested_too_deep_for_the_parser_is_not_ocrwatchs_result(moto: MotoServer) -> None:
+    """A JSON sidecar that opens as ocrwatch's and then nests deeper than Python's parser goes:
+    nothing recorded, nothing to recall, and never a RecursionError out of the sink."""
+    s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
+    s3.create_bucket(Bucket="docs")
+    deep = b"[" * 200_000 + b"]" * 200_000
+    nested = b'{"schema": "ocrwatch/1", "pages": ' + deep + b', "source": {}}'
+    s3.put_object(Bucket="docs", Key=f"{KEY}.json", Body=nested)
+    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"<!-- page 1 -->\n")
+    assert sink.recorded(job()) is None and sink.recall(job(), None) is None
+    assert sink.status(job()) is None
+    sink.write(job(), "<!-- page 1 -->\nx\n", DOCUMENT)  # opens with ocrwatch's schema: replaced
     assert sink.recorded(job()) == DOCUMENT["source"]

@@ -245,6 +245,27 @@ def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_i
     run(scenario())
 
 
+def test_a_document_failed_for_its_path_only_is_submitted_again_once_a_scan_finds_it_whole(
+    tmp_path: Path,
+) -> None:
+    """A run that met its folder swapped for a link fails ``source_gone`` and leaves no error sidecar:
+    the file, whole at its path again, is submitted by the next scan; one failed for its bytes is not."""
+
+    async def scenario() -> None:
+        async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3) as (source, got):
+            (tmp_path / "in" / "gone.pdf").write_bytes(PDF)
+            (tmp_path / "in" / "bad.pdf").write_bytes(PDF)
+            await until(lambda: got.names() == {"gone.pdf", "bad.pdf"}, "both files")
+            jobs = {job.origin.path.name: job for job in got.jobs if isinstance(job.origin, LocalFile)}
+            await source.finish(jobs["bad.pdf"], "failed", "corrupt_pdf")
+            await source.finish(jobs["gone.pdf"], "failed", "source_gone")
+            await until(lambda: len(got.jobs) == 3, "gone.pdf submitted again")
+            await asyncio.sleep(1.0)  # three reconciliation scans
+            assert sorted(path.name for path in got.paths()) == ["bad.pdf", "gone.pdf", "gone.pdf"]
+
+    run(scenario())
+
+
 class Lapsed:
     """The daemon's ``lapsed``: a document is done once submitted, and its sidecars lapse when its JSON sidecar
     (beside it, or in ``out``) is gone. Records what it was asked."""

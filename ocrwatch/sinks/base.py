@@ -76,7 +76,7 @@ class Recalled:
             return None
         try:
             document = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return None
         return cls(markdown, document) if isinstance(document, dict) else None
 
@@ -151,7 +151,7 @@ def _members(text: str) -> Iterator[tuple[str, Any]]:
             if not isinstance(key, str) or not text.startswith(":", at):
                 return
             value, at = decoder.raw_decode(text, _skip(text, at + 1))
-        except ValueError:  # cut off by the head's end, or not JSON at all
+        except (ValueError, RecursionError):  # cut off by the head's end, not JSON, or too deep
             return
         yield key, value
         at = _skip(text, at)

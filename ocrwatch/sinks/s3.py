@@ -18,7 +18,8 @@ a failure removes the previous version's result.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,10 @@ from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
 from ocrwatch import figures, textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
-from ocrwatch.s3client import InvalidRequest, call, error_code, is_invalid_name, new_client, storage_error
+from ocrwatch.s3client import (
+    MAX_KEY_BYTES, InvalidRequest, call, error_code, is_invalid_name, is_not_found, new_client,
+    storage_error,
+)
 from ocrwatch.sinks.base import (
     HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,
     owns_json, owns_markdown,
@@ -40,12 +44,13 @@ from ocrwatch.sources.base import Job, S3Object
 
 log = structlog.get_logger()
 
+Listed = frozenset[str] | None
+"""The keys one listing found under a job's outputs' prefix; None where none was made."""
+
 MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
 CONTENT_TYPES = {".pdf": "application/pdf", ".png": "image/png"}
-MAX_KEY_BYTES = 1024
 PROBE_BYTES = 4096
-_ABSENT = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 
 
 class S3Sink:
@@ -105,35 +110,38 @@ class S3Sink:
         extra_names(extras, {kind: key.rpartition("/")[2] for kind, key in outputs.items()})
         folder = outputs["pdf"][: len(outputs["pdf"]) - len(outputs["pdf"].rpartition("/")[2])]
         targets = {folder + name: content for name, content in extras.items()}
-        self._prepare(bucket, {**keys, **{name: name for name in targets}}, "md", "json")
-        pdf_ours = self._pdf_ours(bucket, keys["json"], outputs["pdf"])
-        self._check_extras(bucket, outputs, targets, pdf_ours)
+        there = self._listed(bucket, [*keys.values(), *outputs.values(), *targets])
+        self._prepare(bucket, {**keys, **{name: name for name in targets}}, there, "md", "json")
+        pdf_ours = self._pdf_ours(bucket, keys["json"], outputs["pdf"], there)
+        self._check_extras(bucket, outputs, targets, pdf_ours, there)
         self._put(job, bucket, keys["md"], markdown_bytes(markdown), MARKDOWN)
         for key, content in targets.items():
             self._put(job, bucket, key, content, CONTENT_TYPES[key[key.rfind("."):]])
         self._put(job, bucket, keys["json"], dump_json(document), JSON)
-        self._remove_own(bucket, keys, "error")  # the result stands: a stale error sidecar left is only untidy
-        self._remove_stale(bucket, outputs, set(targets), pdf_ours)
+        self._remove_own(bucket, keys, there, "error")  # the result stands: a stale error is untidy
+        self._remove_stale(bucket, outputs, set(targets), pdf_ours, there)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
-        self._prepare(bucket, keys, "error")
-        pdf_ours = self._pdf_ours(bucket, keys["json"], self.outputs(job)["pdf"])
+        outputs = self.outputs(job)
+        there = self._listed(bucket, [*keys.values(), *outputs.values()])
+        self._prepare(bucket, keys, there, "error")
+        pdf_ours = self._pdf_ours(bucket, keys["json"], outputs["pdf"], there)
         self._put(job, bucket, keys["error"], dump_json(error), JSON)
-        self._remove_own(bucket, keys, "json", "md")  # a previous version's result must not stand for this one
-        self._remove_stale(bucket, self.outputs(job), set(), pdf_ours)
+        self._remove_own(bucket, keys, there, "json", "md")  # an earlier version's result must go
+        self._remove_stale(bucket, outputs, set(), pdf_ours, there)
 
     # -- the further outputs: checked before writing, removed once no result describes them
 
-    def _pdf_ours(self, bucket: str, key: str, pdf: str) -> bool:
+    def _pdf_ours(self, bucket: str, key: str, pdf: str, there: Listed) -> bool:
         """Whether the searchable PDF at ``pdf`` is ocrwatch's: the JSON sidecar at ``key`` is ocrwatch's and
         records one, or the object carries ocrwatch's mark (``textlayer.is_ours``: a write that never reached its
         JSON left it). The object is read into a spooled file, as qpdf reads its end first."""
-        head = self._head(bucket, key, HEAD_BYTES)
+        head = self._head(bucket, key, HEAD_BYTES, there)
         section = json_member(head, "searchable_pdf") if head is not None and owns_json(head) else None
         if isinstance(section, dict) and "path" in section:
             return True
-        if self._head(bucket, pdf, 1) is None:
+        if self._head(bucket, pdf, 1, there) is None:
             return False
         with tempfile.TemporaryFile() as copy:  # a real file: pikepdf cannot read a spooled one on Python 3.10
 
@@ -145,15 +153,18 @@ class S3Sink:
             try:
                 call(fetch)
             except Exception as exc:
-                if error_code(exc) in _ABSENT:
+                if is_not_found(exc):
                     return False
                 raise storage_error(exc, f"reading s3://{bucket}/{pdf}") from None
             copy.seek(0)
             return textlayer.is_ours(copy)
 
-    def _check_extras(self, bucket: str, outputs: dict[str, str], targets: Mapping[str, Extra], pdf_ours: bool) -> None:
+    def _check_extras(
+        self, bucket: str, outputs: dict[str, str], targets: Mapping[str, Extra], pdf_ours: bool,
+        there: Listed,
+    ) -> None:
         for key in targets:
-            head = self._head(bucket, key, PROBE_BYTES)
+            head = self._head(bucket, key, PROBE_BYTES, there)
             ours = pdf_ours if key == outputs["pdf"] else head is not None and figures.is_ours(head)
             if head is not None and not ours:
                 raise OutputConflict(
@@ -162,20 +173,24 @@ class S3Sink:
                     hint="move that object away (or set output_bucket/output_prefix), then `ocrwatch retry`",
                 )
 
-    def _remove_stale(self, bucket: str, outputs: dict[str, str], kept: set[str], pdf_ours: bool) -> None:
+    def _remove_stale(self, bucket: str, outputs: dict[str, str], kept: set[str], pdf_ours: bool,
+                      there: Listed) -> None:
         """Delete the outputs a previous version wrote that are not in ``kept``: the searchable PDF its JSON
         recorded, and the figures under the assets prefix that carry ocrwatch's mark. Logged, never raised."""
         doomed = [outputs["pdf"]] if pdf_ours and outputs["pdf"] not in kept else []
         prefix = outputs["assets"] + "/"
         try:
-            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-            for page in pages:
-                for item in page.get("Contents", []):
-                    key = item["Key"]
-                    if key not in kept and FIGURE_FILE.fullmatch(key[len(prefix):]):
-                        head = self._head(bucket, key, PROBE_BYTES)
-                        if head is not None and figures.is_ours(head):
-                            doomed.append(key)
+            if there is not None:
+                listed: Iterable[str] = (key for key in there if key.startswith(prefix))
+            else:
+                paginator = self._client.get_paginator("list_objects_v2")
+                pages = paginator.paginate(Bucket=bucket, Prefix=prefix)
+                listed = (item["Key"] for page in pages for item in page.get("Contents", []))
+            for key in listed:
+                if key not in kept and FIGURE_FILE.fullmatch(key[len(prefix):]):
+                    head = self._head(bucket, key, PROBE_BYTES)
+                    if head is not None and figures.is_ours(head):
+                        doomed.append(key)
             for key in doomed:
                 call(self._client.delete_object, Bucket=bucket, Key=key)
         except Exception as exc:
@@ -183,7 +198,7 @@ class S3Sink:
 
     # -- checks before writing, and removal of what ocrwatch wrote
 
-    def _prepare(self, bucket: str, keys: dict[str, str], *kinds: str) -> None:
+    def _prepare(self, bucket: str, keys: dict[str, str], there: Listed, *kinds: str) -> None:
         """Every sidecar's key fits (all three: a result whose error sidecar cannot exist is refused too), and
         nothing but ocrwatch's own objects holds the keys about to be written."""
         for key in keys.values():
@@ -195,7 +210,7 @@ class S3Sink:
                     hint=f"give the object a key {size - MAX_KEY_BYTES} or more bytes shorter, or set a shorter "
                     "[output] name_template",
                 )
-        owned = self._owned(bucket, keys, kinds)
+        owned = self._owned(bucket, keys, kinds, there)
         for kind in kinds:
             if owned[kind] is False:
                 raise OutputConflict(
@@ -205,10 +220,10 @@ class S3Sink:
                     "name_template), then `ocrwatch retry`",
                 )
 
-    def _remove_own(self, bucket: str, keys: dict[str, str], *kinds: str) -> None:
+    def _remove_own(self, bucket: str, keys: dict[str, str], there: Listed, *kinds: str) -> None:
         """Delete the named sidecars where ocrwatch wrote them (in order); a failure is logged, never raised:
         what was just written stands."""
-        owned = self._owned(bucket, keys, kinds)
+        owned = self._owned(bucket, keys, kinds, there)
         for kind in kinds:
             if owned[kind] is not True:
                 continue
@@ -217,11 +232,12 @@ class S3Sink:
             except Exception as exc:
                 log.warning("stale_sidecar_not_removed", uri=f"s3://{bucket}/{keys[kind]}", error=error_code(exc))
 
-    def _owned(self, bucket: str, keys: dict[str, str], kinds: tuple[str, ...]) -> dict[str, bool | None]:
+    def _owned(self, bucket: str, keys: dict[str, str], kinds: tuple[str, ...],
+               there: Listed = None) -> dict[str, bool | None]:
         """Per sidecar of ``kinds``: None when no object holds its key, True when ocrwatch wrote the one there,
         else False. A Markdown object is ocrwatch's when it opens with page 1 or its JSON sidecar is ocrwatch's."""
         needed = set(kinds) | ({"json"} if "md" in kinds else set())
-        heads = {kind: self._head(bucket, keys[kind], PROBE_BYTES) for kind in needed}
+        heads = {kind: self._head(bucket, keys[kind], PROBE_BYTES, there) for kind in needed}
         json_ours = heads.get("json") is not None and owns_json(heads["json"] or b"")
         owned: dict[str, bool | None] = {}
         for kind in kinds:
@@ -232,11 +248,24 @@ class S3Sink:
                 owned[kind] = (json_ours or owns_markdown(head)) if kind == "md" else owns_json(head)
         return owned
 
-    def _head(self, bucket: str, key: str, size: int) -> bytes | None:
+    def _listed(self, bucket: str, keys: list[str]) -> Listed:
+        """The objects under the prefix ``keys`` share, in one listing, so that a key not there is
+        not read (None: more than a page, or no listing allowed; each key is then read)."""
+        prefix = os.path.commonprefix(keys)
+        try:
+            page = call(self._client.list_objects_v2, Bucket=bucket, Prefix=prefix)
+        except Exception as exc:
+            log.debug("s3_listing_skipped", uri=f"s3://{bucket}/{prefix}", error=error_code(exc))
+            return None
+        if page.get("IsTruncated"):
+            return None
+        return frozenset(str(item["Key"]) for item in page.get("Contents", []))
+
+    def _head(self, bucket: str, key: str, size: int, there: Listed = None) -> bytes | None:
         """The first ``size`` bytes of an object (a ranged read: whatever lies there is never read whole), or
-        None when there is none."""
+        None when there is none (``there``: the keys a listing found, when one was made)."""
         uri = f"s3://{bucket}/{key}"
-        if not _fits(key):
+        if not _fits(key) or (there is not None and key not in there):
             return None
         try:
             response = call(self._client.get_object, Bucket=bucket, Key=key, Range=f"bytes=0-{size - 1}")
@@ -246,7 +275,7 @@ class S3Sink:
             finally:
                 body.close()
         except Exception as exc:
-            if error_code(exc) in _ABSENT:
+            if is_not_found(exc):
                 return None
             if error_code(exc) == "InvalidRange":  # an empty object: there, but not one ocrwatch wrote
                 return b""

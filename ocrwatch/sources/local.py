@@ -38,7 +38,7 @@ from watchdog.events import (
 )
 
 from ocrwatch.config import InboxConfig
-from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, quarantined
+from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, path_fault, quarantined
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit, key_id
@@ -178,10 +178,14 @@ class LocalSource:
         """Move a document failed as ``kind`` to its inbox's ``quarantine_dir`` where one is set and
         the kind is one it takes (``errors.quarantined``); otherwise leave it be. Where the document
         and its error sidecar went (``source``: a URI; ``json``), for its hooks."""
-        if job.key in self._submitting:
-            self._submitting[job.key] = outcome
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
+        comes_back = outcome == "failed" and path_fault(kind)
+        if job.key in self._submitting:
+            self._submitting[job.key] = "retry" if comes_back else outcome
+        if comes_back and inbox is not None:
+            # Failed for what its path was then: the next scan finding it whole submits it again.
+            inbox.settled.forget(origin.path)
         if outcome != "failed" or inbox is None or inbox.quarantine is None:
             return None
         assert isinstance(origin, LocalFile)
@@ -539,7 +543,8 @@ class LocalSource:
             await self._submit(job)
         finally:
             known = self._submitting.pop(job.key, None)
-        inbox.settled.record(path, signature)
+        if known != "retry":
+            inbox.settled.record(path, signature)
         if known in ("done", "failed"):  # as it was at the last run: counted, not a line a file
             inbox.unchanged[known] += 1
             inbox.unchanged_since = inbox.unchanged_since or time.monotonic()

@@ -7,20 +7,20 @@ each message goes to one of them. A message delivered more than ``max_receives``
 go to ``reject`` (the pipeline writes their error sidecars), or the message is left to the queue's
 dead-letter policy.
 
-The SQS client is made when the source starts, never at import; its long poll runs in a daemon thread, so a
-pending poll never delays shutdown. The polling loop itself never gives up (``s3_unreachable``, then
-``s3_reachable``).
+The SQS client is made when the source starts, never at import; its long poll runs in the source's
+own threads, which never delay shutdown. The polling loop itself never gives up
+(``s3_unreachable``, then ``s3_reachable``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_exponential, wait_random
@@ -32,8 +32,6 @@ from ocrwatch.sources.base import Job, Outbox, Outcome, Reject, S3Object
 from ocrwatch.sources.s3events import S3EventSource, parse, settled_by
 
 log = structlog.get_logger()
-
-T = TypeVar("T")
 
 
 class TooManyDeliveries(PermanentError):
@@ -143,6 +141,9 @@ class S3Source(S3EventSource):
                                   error=error_code(exc))
 
     async def _receive(self, count: int) -> list[dict[str, Any]]:
+        """One long poll, in a thread of the source's pool (daemon threads: a poll pending at
+        shutdown holds nothing; its messages, if any, reappear), tried again through any outage."""
+        loop = asyncio.get_running_loop()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Exception),
             wait=wait_exponential(multiplier=1.0, max=self.backoff_max_seconds) + wait_random(0, 1.0),
@@ -151,14 +152,14 @@ class S3Source(S3EventSource):
         )
         async for attempt in retrying:
             with attempt:
-                response = await _detached(
+                response = await loop.run_in_executor(self.executor, functools.partial(
                     self._sqs.receive_message,
                     QueueUrl=self.cfg.queue_url,
                     MaxNumberOfMessages=count,
                     WaitTimeSeconds=self.cfg.wait_time_seconds,
                     VisibilityTimeout=self.cfg.visibility_timeout_seconds,
                     MessageSystemAttributeNames=["ApproximateReceiveCount"],
-                )
+                ))
         if self._unreachable_since is not None:
             outage = round(time.monotonic() - self._unreachable_since, 1)
             log.info("s3_reachable", source=self.name, outage_seconds=outage)
@@ -236,27 +237,3 @@ class S3Source(S3EventSource):
                 if not is_transient(exc):  # receipt invalid or the 12 h limit reached: no longer ours to delete
                     self._forget(delivery)
                     return
-
-
-async def _detached(fn: Callable[..., T], /, **kwargs: Any) -> T:
-    """Run a blocking call in a daemon thread: unlike ``to_thread``, a pending long poll never delays shutdown.
-
-    If the awaiting task is cancelled, the call's result is dropped (a received message reappears later).
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(setter: Callable[[Any], None], value: Any) -> None:
-        if not future.done():
-            setter(value)
-
-    def run() -> None:
-        try:
-            outcome: tuple[Callable[[Any], None], Any] = (future.set_result, fn(**kwargs))
-        except BaseException as exc:  # handed to the awaiting task
-            outcome = (future.set_exception, exc)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, *outcome)
-
-    threading.Thread(target=run, name="ocrwatch-sqs-receive", daemon=True).start()
-    return await future

@@ -31,13 +31,13 @@ import structlog
 from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone
 from ocrwatch.naming import is_output, sidecar_names
-from ocrwatch.s3client import S3Threads, call, error_code, new_client, storage_error
+from ocrwatch.s3client import (
+    MAX_KEY_BYTES, S3Threads, call, error_code, is_not_found, new_client, storage_error,
+)
 from ocrwatch.sources.base import Fetched, Job, Outcome, Reject, S3Object, Submit
 
 log = structlog.get_logger()
 
-MAX_KEY_BYTES = 1024
-_GONE = frozenset({"NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "NotFound"})
 _SIDECAR_TAILS = tuple(sorted({n.removeprefix("x") for n in sidecar_names("x", "{name}").values()}))
 
 
@@ -253,7 +253,7 @@ class S3EventSource:
             digest = call(self._download_once, request=request, path=path, limit=limit, uri=obj.uri)
         except botocore.exceptions.ClientError as exc:
             path.unlink(missing_ok=True)
-            if error_code(exc) in _GONE:
+            if is_not_found(exc):
                 raise SourceGone(f"{obj.uri} no longer exists") from None
             if error_code(exc) in ("PreconditionFailed", "412"):
                 raise SourceGone(f"{obj.uri} changed since the event (its new version has its own event)") from None
