@@ -26,7 +26,7 @@ from typing import IO, Any
 import structlog
 import tenacity
 
-from ocrwatch import checks, config as config_module
+from ocrwatch import checks, config as config_module, intake
 from ocrwatch.archive import output_judge
 from ocrwatch.config import Config
 from ocrwatch.control import LOCK_NAME, ControlServer
@@ -36,7 +36,7 @@ from ocrwatch.ledger import Ledger, StateUnusable, make_private_dirs
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
-from ocrwatch.sources.base import Job
+from ocrwatch.sources.base import Job, Outbox
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.systemd import sd_notify, watchdog_interval
 from ocrwatch.written import Written
@@ -116,6 +116,7 @@ class Daemon:
         self._gpus: dict[str, int] = {}
         self._state_lock: IO[str] | None = None
         self._background: list[asyncio.Task[None]] = []
+        self.outbox = Outbox()  # the jobs every source produces, taken by ``intake.serve``
         self._signals: SignalCatcher | None = None
 
     async def serve(self) -> int:
@@ -156,8 +157,9 @@ class Daemon:
         self._taking_work.set()  # before the ledger is read: a retry meanwhile starts its jobs itself
         resumed = await self.resume()
         await self.pipeline.hooks.start()  # after resume: it marks done the jobs whose sidecars were written
+        self._spawn(intake.serve(self.outbox, self.pipeline.submit, self.pipeline.reject), "intake")
         for source in self.pipeline.sources.values():
-            await source.start(self.pipeline.submit, self.pipeline.reject)
+            await source.start(self.outbox)
         self._ready = True
         sd_notify("READY=1")
         self._spawn(self._health_tick(), "health-tick")

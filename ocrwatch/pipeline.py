@@ -46,7 +46,8 @@ from ocrwatch.memory import DecodeBudget
 from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
 from ocrwatch.scheduler import (
-    Document, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead, auto_render_workers,
+    Document, PageAsk, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead,
+    auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
@@ -103,6 +104,8 @@ class Pipeline:
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
         self._dispatcher: asyncio.Task[None] | None = None
+        self._reviver: asyncio.Task[None] | None = None
+        self._answerer: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._jobs: dict[str, Job] = {}  # key → the job its task runs
         self._holding: set[str] = set()  # keys of the jobs in a slot now
@@ -127,7 +130,6 @@ class Pipeline:
         ahead, workers = sched.render_ahead, sched.render_workers
         documents = sched.max_active_documents
         self.scheduler = PageScheduler(
-            lambda doc, request: self._recognize(dataclasses.replace(request, lang=self._langs.get(doc.doc_id))),
             max_inflight=max_inflight,
             render_ahead=ahead if isinstance(ahead, int) else auto_render_ahead(max_inflight),
             render_workers=(
@@ -136,9 +138,10 @@ class Pipeline:
                 else auto_render_workers(len(os.sched_getaffinity(0)))
             ),
             ageing_seconds=sched.ageing_seconds,
-            on_engine_dead=self.supervisor.dead, extract=figures.extractor(self.cfg.output.images),
         )
-        self.supervisor.scheduler = self.scheduler
+        answers = self._answer_pages(self.scheduler)
+        self._answerer = asyncio.create_task(answers, name="page-answers")
+        self._reviver = asyncio.create_task(self._revive(self.scheduler), name="engine-revive")
         self.active_documents = (
             documents if isinstance(documents, int) else auto_active_documents(max_inflight)
         )
@@ -166,11 +169,39 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.hooks.stop()
+        loops = [task for task in (self._reviver, self._answerer) if task is not None]
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.close()
         await self.supervisor.close()
         for executor in self._executors.values():
             executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _revive(self, scheduler: PageScheduler) -> None:
+        """Each engine death the scheduler yields, answered by the supervisor's rebuild."""
+        async for _ in scheduler.engine_deaths():
+            await self.supervisor.rebuild(scheduler)
+
+    async def _answer_pages(self, scheduler: PageScheduler) -> None:
+        """Each page the scheduler asks for, recognised in a task of its own that the ask's
+        cancellation cancels (the engine request aborted with it)."""
+        answering: set[asyncio.Task[tuple[Any, tuple[Any, ...]]]] = set()
+        async for ask in scheduler.page_asks():
+            name = f"answer:{ask.request.request_id}"
+            task = asyncio.create_task(self._answer_page(ask), name=name)
+            answering.add(task)
+            task.add_done_callback(answering.discard)
+            task.add_done_callback(ask.take)
+            ask.future.add_done_callback(lambda _, task=task: task.cancel())
+
+    async def _answer_page(self, ask: PageAsk) -> tuple[ladder.PageResult, tuple[Any, ...]]:
+        """One page recognised in its inbox's languages, and the figures cut from its image."""
+        lang = self._langs.get(ask.doc.doc_id)
+        result = await self._recognize(dataclasses.replace(ask.request, lang=lang))
+        extract = figures.extractor(self.cfg.output.images)
+        return result, (await extract(ask.request, result) if extract is not None else ())
 
     async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with the caller's

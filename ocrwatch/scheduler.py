@@ -28,7 +28,7 @@ import itertools
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -172,9 +172,26 @@ class Checked:
     taken: PageOutcome | None = None
 
 
-Extract = Callable[[PageRequest, Any], Awaitable[tuple[Any, ...]]]
-"""``extract(request, result)``: what to keep of a recognised page's image (it is let go right after); never
-raises."""
+@dataclass(eq=False)
+class PageAsk:
+    """A page the scheduler asks the layer above to recognise: ``future`` takes the engine's result
+    and the figures kept of the page image (it is let go right after). The scheduler cancels the
+    future to abort the page; the answerer then stops its work (``take``)."""
+
+    doc: Document
+    request: PageRequest
+    future: asyncio.Future[tuple[Any, tuple[Any, ...]]]
+
+    def take(self, work: asyncio.Future[tuple[Any, tuple[Any, ...]]]) -> None:
+        """The answer ``work`` gave (its result, its exception, or that it was cancelled)."""
+        if self.future.done():
+            return
+        if work.cancelled():
+            self.future.cancel()
+        elif (error := work.exception()) is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(work.result())
 
 
 @dataclass(eq=False)
@@ -210,19 +227,10 @@ class PageScheduler:
     """Drives render workers and engine requests for all documents. Runs on the daemon's event loop only."""
 
     def __init__(
-        self,
-        recognize: Callable[[Document, PageRequest], Awaitable[Any]],
-        *,
-        max_inflight: int,
-        render_ahead: int,
-        render_workers: int,
-        ageing_seconds: float,
-        on_engine_dead: Callable[[], None],
-        extract: Extract | None = None,
+        self, *, max_inflight: int, render_ahead: int, render_workers: int, ageing_seconds: float
     ) -> None:
-        self._recognize = recognize
-        self._extract = extract
-        self._on_engine_dead = on_engine_dead
+        self._asks: asyncio.Queue[PageAsk] = asyncio.Queue()
+        self._deaths: asyncio.Queue[EngineDead] = asyncio.Queue()
         self.budget = Budget(max_inflight, max(render_ahead, 1), render_workers)
         self.ageing_seconds = ageing_seconds
         self._seq = itertools.count()
@@ -272,6 +280,18 @@ class PageScheduler:
     def resume_engine(self) -> None:
         self._engine_ready.set()
         self._pump()
+
+    async def page_asks(self) -> AsyncIterator[PageAsk]:
+        """Each page to recognise, for the layer above to answer (``PageAsk``), as dispatched."""
+        while True:
+            yield await self._asks.get()
+
+    async def engine_deaths(self) -> AsyncIterator[EngineDead]:
+        """Each death of the engine, for the layer above to rebuild it (then ``resume_engine``).
+        Dispatch is paused when a page reports the death: the pages reporting it meanwhile are
+        requeued without another."""
+        while True:
+            yield await self._deaths.get()
 
     def requeue_inflight(self) -> int:
         """After an engine death: cancel every in-flight request; each page goes back to the ready queue."""
@@ -390,8 +410,10 @@ class PageScheduler:
         task.add_done_callback(functools.partial(self._page_done, ready, request))
 
     async def _recognize_page(self, doc: Document, request: PageRequest) -> tuple[Any, tuple[Any, ...]]:
-        result = await self._recognize(doc, request)
-        return result, (await self._extract(request, result) if self._extract is not None else ())
+        """Asked of the layer above; cancelling this task cancels the ask, and so the answer."""
+        ask = PageAsk(doc, request, asyncio.get_running_loop().create_future())
+        self._asks.put_nowait(ask)
+        return await ask.future
 
     def _page_done(self, ready: _Ready, request: PageRequest, task: asyncio.Task[Any]) -> None:
         """Bookkeeping in a done-callback, so it also runs for a task cancelled before its first step."""
@@ -405,7 +427,9 @@ class PageScheduler:
         elif isinstance(error := task.exception(), EngineDead):
             requeue = True
             log.warning("page_requeued", doc_id=doc.doc_id, page=page.index, kind=error.kind, error=error.message)
-            self._on_engine_dead()
+            if self._engine_ready.is_set():  # one death however many pages report it
+                self.pause_engine()
+                self._deaths.put_nowait(error)
         elif error is not None:
             self._fail(doc, classify(error))
         else:

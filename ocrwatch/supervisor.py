@@ -1,7 +1,7 @@
 """The engine's supervision: which engine runs, and a new one built (with backoff) when it dies.
 
-The scheduler reports a death through ``dead()``; the supervisor pauses dispatch, requeues the pages that were
-in flight and rebuilds the engine in the background, so no page is lost and documents simply wait.
+The scheduler yields each death (``PageScheduler.engine_deaths``, its dispatch paused); ``rebuild``
+requeues the pages that were in flight and builds a new engine: no page is lost, documents wait.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ class EngineSupervisor:
         self._metrics = metrics
         self.engine: Engine | None = None
         self.kind = cfg.engine.kind
-        self.scheduler: PageScheduler | None = None
-        self._rebuild: asyncio.Task[None] | None = None
 
     async def start(self) -> Engine:
         """Choose, build and start the engine; ``auto`` falling back to Tesseract is said loudly."""
@@ -46,20 +44,11 @@ class EngineSupervisor:
         self.engine = engine
         return engine
 
-    def dead(self) -> None:
-        """The scheduler's ``on_engine_dead``: start one rebuild, however many pages report the death."""
-        if self._rebuild is None or self._rebuild.done():
-            # Pause now, not when the rebuild task first runs: the page that reported the death is requeued
-            # right after this returns, and a page dispatched in between would be cancelled before its task
-            # ever ran, which loses the page and its in-flight slot.
-            if self.scheduler is not None:
-                self.scheduler.pause_engine()
-            self._rebuild = asyncio.create_task(self._rebuild_engine())
-
-    async def _rebuild_engine(self) -> None:
-        assert self.scheduler is not None
-        self.scheduler.pause_engine()
-        requeued = self.scheduler.requeue_inflight()
+    async def rebuild(self, scheduler: PageScheduler) -> None:
+        """After a death ``scheduler`` reported (its dispatch paused): requeue its pages in
+        flight, build a new engine with backoff, then let the scheduler dispatch again."""
+        scheduler.pause_engine()
+        requeued = scheduler.requeue_inflight()
         self._metrics.engine_restarts.inc()
         self._metrics.retries.labels(stage="engine").inc(requeued)
         log.error("engine_dead", requeued_pages=requeued)
@@ -73,7 +62,7 @@ class EngineSupervisor:
             with attempt:
                 self.engine = await self.start()
         log.info("engine_rebuilt")
-        self.scheduler.resume_engine()
+        scheduler.resume_engine()
 
     async def recognize(self, request: PageRequest) -> ladder.PageResult:
         """One page through the retry ladder of the engine now running."""
@@ -86,7 +75,5 @@ class EngineSupervisor:
         )
 
     async def close(self) -> None:
-        if self._rebuild is not None:
-            self._rebuild.cancel()
         if self.engine is not None:
             await self.engine.close()

@@ -24,6 +24,7 @@ from ocrwatch.scheduler import (
     auto_render_workers,
     virtual_deadline,
 )
+from tests.pages import answered
 
 
 @dataclass
@@ -119,10 +120,13 @@ class Recorder:
         return f"text of {request.request_id}"
 
 
-def make(recorder: Recorder, ref: list[PageScheduler], *, inflight: int = 3, ahead: int = 4, dead=lambda: None) -> PageScheduler:
-    scheduler = PageScheduler(
-        recorder, max_inflight=inflight, render_ahead=ahead, render_workers=2, ageing_seconds=30, on_engine_dead=dead
+def make(
+    recorder: Recorder, ref: list[PageScheduler], *, inflight: int = 3, ahead: int = 4
+) -> PageScheduler:
+    sized = PageScheduler(
+        max_inflight=inflight, render_ahead=ahead, render_workers=2, ageing_seconds=30
     )
+    scheduler = answered(sized, recorder)
     ref.append(scheduler)
     return scheduler
 
@@ -209,18 +213,20 @@ async def test_engine_death_requeues_pages() -> None:
             raise EngineDead("CUDA error: an illegal memory access was encountered")
         return "ok"
 
-    def on_dead() -> None:
-        deaths.append(time.time())
-        scheduler.pause_engine()
-        asyncio.get_running_loop().call_later(0.05, scheduler.resume_engine)
+    async def revive() -> None:  # what the pipeline does with each death the scheduler yields
+        async for _ in scheduler.engine_deaths():
+            deaths.append(time.time())
+            await asyncio.sleep(0.05)
+            scheduler.resume_engine()
 
-    scheduler = PageScheduler(
-        flaky, max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30, on_engine_dead=on_dead
-    )
+    sized = PageScheduler(max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30)
+    scheduler = answered(sized, flaky)
+    reviver = asyncio.create_task(revive())
     doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer())
     pages = await asyncio.wait_for(doc.future, 10)
     assert [p.result for p in pages] == ["ok"] * 6
     assert len(deaths) == 2
+    reviver.cancel()
     await scheduler.close()
 
 

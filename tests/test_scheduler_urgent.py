@@ -18,6 +18,7 @@ from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.deepseek.experimental.lanes import held_back, make_room
 from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, backlog_cap, lane_of
 from tests.test_scheduler import FakePage
+from tests.pages import answered
 
 TOKENS = 40
 BASE = 1.0
@@ -105,9 +106,10 @@ async def settle(scheduler: PageScheduler) -> None:
 async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> dict[str, float]:
     """Virtual seconds: the urgent document from its drop to its page's end, and the big document's run."""
     engine = BatchEngine(lanes=lanes)
-    scheduler = PageScheduler(
-        engine, max_inflight=INFLIGHT, render_ahead=16, render_workers=2, ageing_seconds=30, on_engine_dead=lambda: None
+    sized = PageScheduler(
+        max_inflight=INFLIGHT, render_ahead=16, render_workers=2, ageing_seconds=30
     )
+    scheduler = answered(sized, engine)
     now = time.time()
     out: dict[str, float] = {}
     urgent: list[object] = []

@@ -27,6 +27,7 @@ from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.settle import probe
 from ocrwatch.sources.watch import choose_polling, filesystem_type
+from tests.outboxes import fed
 
 SETTLE = 0.2
 PAUSE = 6 * SETTLE  # a writer's pause: long enough for the file to look settled, though incomplete
@@ -91,7 +92,7 @@ async def watching(
 ) -> AsyncIterator[tuple[LocalSource, Collector]]:
     collector = Collector()
     source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}", lapsed=lapsed)
-    await source.start(collector, never_reject)
+    await source.start(fed(collector, never_reject))
     try:
         yield source, collector
     finally:

@@ -21,6 +21,7 @@ from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.sources.s3 import S3Source
 from ocrwatch.sources.s3events import created_object, event_records, refusal
+from tests.outboxes import fed
 from tests.s3servers import MotoServer
 
 pytestmark = pytest.mark.s3
@@ -128,7 +129,7 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg, name="s3-test")
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         jobs = await submitted.wait(len(ODD_KEYS))
         await asyncio.sleep(1.5)  # time for anything wrongly accepted to show up
         assert sorted(job.origin.key for job in jobs) == sorted(ODD_KEYS)
@@ -159,7 +160,7 @@ def test_a_message_the_parser_cannot_take_is_deleted_not_redelivered_for_ever(mo
         submitted = Submitted()
         source = S3Source(sqs_config(moto, queue), name="s3-test")
         with capture_logs() as logs:
-            await source.start(submitted, submitted.reject)
+            await source.start(fed(submitted, submitted.reject))
             await until(lambda: queue_counts(moto, queue) == (0, 0), 20, "the message deleted")
             await source.stop()
         assert [entry["reason"] for entry in logs if entry["event"] == "s3_message_ignored"] == [
@@ -182,7 +183,7 @@ def test_multipart_upload_announced_twice_is_one_ledger_key(moto: MotoServer) ->
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg)
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         jobs = await submitted.wait(2)
         assert {job.key for job in jobs} == {f"s3://docs/{key}"}
         assert jobs[-1].origin.etag == s3.head_object(Bucket="docs", Key=key)["ETag"].strip('"')
@@ -202,7 +203,7 @@ def test_heartbeat_keeps_the_message_invisible_until_finish(moto: MotoServer) ->
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg)
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         [job] = await submitted.wait(1)
         await asyncio.sleep(14)  # past the 10 s visibility timeout
         peek = moto.client("sqs").receive_message(QueueUrl=queue, WaitTimeSeconds=0)
@@ -223,7 +224,7 @@ def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: 
     async def scenario() -> None:
         submitted = Submitted()
         source = S3Source(cfg)
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(body))
         first, second = await submitted.wait(2)  # one job per record (the test event is none)
         assert [first.origin.key, second.origin.key] == ["two/a.pdf", "two/b.pdf"]
@@ -277,7 +278,7 @@ def test_max_receives_rejects_the_job_and_deletes_once_it_is_finished(moto: Moto
     async def scenario() -> None:
         source = S3Source(cfg)
         pipeline = RejectedLikeThePipeline(source)
-        await source.start(pipeline, pipeline.reject)
+        await source.start(fed(pipeline, pipeline.reject))
         await until(lambda: queue_counts(moto, queue) == (0, 0), 15, "the poison message deleted")
         await source.stop()
         assert pipeline.jobs == []
@@ -303,7 +304,7 @@ def test_a_failed_reject_leaves_the_message_to_come_back(moto: MotoServer) -> No
             raise RuntimeError("ledger unavailable")
 
         with capture_logs() as logs:
-            await source.start(Submitted(), failing)
+            await source.start(fed(Submitted(), failing))
             await until(lambda: any(e["event"] == "s3_message_left" for e in logs), 15, "the message left")
         await source.stop()
         assert queue_counts(moto, queue) == (0, 1)  # reappears when its visibility lapses
@@ -322,7 +323,7 @@ def test_max_receives_left_to_the_dead_letter_queue(moto: MotoServer) -> None:
         submitted = Submitted()
         source = S3Source(cfg)
         with capture_logs() as logs:
-            await source.start(submitted, submitted.reject)
+            await source.start(fed(submitted, submitted.reject))
             await until(lambda: any(e["event"] == "s3_max_receives" for e in logs), 15, "s3_max_receives")
         await source.stop()
         assert submitted.jobs == [] and queue_counts(moto, queue) == (0, 1)
@@ -341,7 +342,7 @@ def test_polling_survives_an_outage_of_the_server() -> None:
             submitted = Submitted()
             source = S3Source(cfg.model_copy(update={"receive_backoff_max_seconds": 3}))
             with capture_logs() as logs:
-                await source.start(submitted, submitted.reject)
+                await source.start(fed(submitted, submitted.reject))
                 await asyncio.sleep(1)
                 await asyncio.to_thread(server.stop)
                 await asyncio.sleep(20)
@@ -373,7 +374,7 @@ def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path)
     async def scenario() -> None:
         source = S3Source(cfg, limits=LimitsConfig(max_bytes=len(data)))
         submitted = Submitted()
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         fetched = await source.fetch(Job(S3Object("docs", "a b+é.pdf", etag=etag, size=len(data)), "s3"), tmp_path)
         path = fetched.path
         assert path.parent == tmp_path and path.suffix == ".pdf" and path.read_bytes() == data
@@ -395,7 +396,7 @@ def test_fetch_refuses_oversize_before_downloading_and_reports_gone(moto: MotoSe
     async def scenario() -> None:
         source = S3Source(cfg, limits=LimitsConfig(max_bytes=4096))
         submitted = Submitted()
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         with pytest.raises(FileTooLarge):  # decided from the event: the key need not even exist
             await source.fetch(Job(S3Object("docs", "never-uploaded.pdf", size=4097), "s3"), tmp_path)
         with pytest.raises(FileTooLarge):  # no size in the event: decided from Content-Length

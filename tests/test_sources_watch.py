@@ -32,6 +32,7 @@ from ocrwatch.sources.inotify import InotifyWatcher
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.tree import walk
 from ocrwatch.sources.watch import Batch, EventBridge, PollingWatcher, start_watcher
+from tests.outboxes import fed
 from tests.chains import make_chain, remove_chain
 from tests.test_sources_local import PDF, Collector, inbox, never_reject, run, until, watching
 
@@ -129,7 +130,7 @@ def test_a_chain_2500_deep_present_at_start_stops_neither_the_start_nor_the_rest
         with structlog.testing.capture_logs() as logs:
             collector = Collector()
             source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}")
-            await source.start(collector, never_reject)
+            await source.start(fed(collector, never_reject))
             try:
                 (root / "top.pdf").write_bytes(PDF)
                 await until(lambda: collector.names() == {"deepest.pdf", "top.pdf"}, "top.pdf and deepest.pdf")
@@ -158,7 +159,7 @@ def test_a_chain_2500_deep_moved_in_while_watching_leaves_the_watcher_hearing(
         with structlog.testing.capture_logs() as logs:
             collector = Collector()
             source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}")
-            await source.start(collector, never_reject)
+            await source.start(fed(collector, never_reject))
             try:
                 os.rename(chain_home / NAME, root / NAME)
                 (root / "after.pdf").write_bytes(PDF)  # its events come after the move's, whichever the watcher
@@ -228,7 +229,7 @@ def test_a_watcher_that_dies_is_replaced_with_a_log_line_and_a_metric(
             collector = Collector()
             source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}",
                                  metrics=metrics)  # fmt: skip
-            await source.start(collector, never_reject)
+            await source.start(fed(collector, never_reject))
             try:
                 assert restarts(metrics, root.resolve()) == 0
                 (root / "boom.pdf").write_bytes(PDF)
@@ -252,7 +253,7 @@ def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(t
         with structlog.testing.capture_logs() as logs:
             source = LocalSource([inbox(root)], reconcile_seconds=60, name_template="{name}")
             collector = Collector()
-            await source.start(collector, never_reject)
+            await source.start(fed(collector, never_reject))
             try:
                 root.rmdir()
                 await until(lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a new watcher")

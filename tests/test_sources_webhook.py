@@ -20,6 +20,7 @@ from ocrwatch.config import S3Config
 from ocrwatch.s3client import InvalidRequest
 from ocrwatch.sources.base import S3Object
 from ocrwatch.sources.webhook import WebhookSource
+from tests.outboxes import fed
 from tests.s3servers import RgwServer
 from tests.test_sources_s3 import ODD_KEYS, Submitted, record, run, until
 
@@ -54,7 +55,7 @@ def test_webhook_authentication_and_limits() -> None:
         submitted = Submitted()
         source = WebhookSource(cfg)
         source.reject_delay_seconds = 0.05
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         address = source.address
 
         async def status(target: str, body: bytes = event, headers: dict[str, str] | None = None,
@@ -85,14 +86,14 @@ def test_webhook_answers_only_after_submit_returned() -> None:
     async def scenario() -> None:
         slow = Submitted(delay=0.5)
         source = WebhookSource(cfg)
-        await source.start(slow, slow.reject)
+        await source.start(fed(slow, slow.reject))
         status, payload, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
         assert (status, payload) == (200, {"accepted": 1}) and answered > slow.returned_at[0]
         await source.stop()
 
         failing = Submitted(fail=True)
         source = WebhookSource(cfg)
-        await source.start(failing, failing.reject)
+        await source.start(fed(failing, failing.reject))
         started = time.monotonic()
         status, _, answered = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
         assert status == 503  # not in the ledger: the sender must try again, but not at once
@@ -124,7 +125,7 @@ def test_webhook_answers_expect_100_continue_before_the_body() -> None:
         submitted = Submitted()
         source = WebhookSource(cfg)
         source.reject_delay_seconds = 0.05
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         refused, _ = await asyncio.to_thread(exchange, source.address, 4096, b"")
         assert refused.startswith(b"HTTP/1.1 413")
         invited, answer = await asyncio.to_thread(exchange, source.address, len(event), event)
@@ -142,7 +143,7 @@ def test_rgw_pushes_raw_keys_to_the_webhook(rgw: RgwServer, tmp_path: Path) -> N
     async def scenario() -> None:
         submitted = Submitted()
         source = WebhookSource(cfg)
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         host, port = source.address
         await asyncio.to_thread(rgw.bucket_with_webhook, "webhook-docs",
                                 f"http://{host}:{port}{cfg.path}?token={TOKEN}")
@@ -177,7 +178,7 @@ def test_rgw_persistent_topic_resends_what_the_webhook_refused(rgw: RgwServer) -
         submitted = Submitted(fail=True)
         source = WebhookSource(cfg)
         with capture_logs() as logs:
-            await source.start(submitted, submitted.reject)
+            await source.start(fed(submitted, submitted.reject))
             host, port = source.address
             await asyncio.to_thread(rgw.bucket_with_webhook, "persistent-docs",
                                     f"http://{host}:{port}{cfg.path}?token={TOKEN}", persistent=True)
@@ -230,7 +231,7 @@ def test_every_bad_request_gets_a_4xx_answer_and_the_listener_stays_healthy() ->
         submitted = Submitted()
         source = WebhookSource(cfg)
         source.reject_delay_seconds = 0.01
-        await source.start(submitted, submitted.reject)
+        await source.start(fed(submitted, submitted.reject))
         target = f"/s3/events?token={TOKEN}"
         for name, body in refused.items():
             status, payload, _ = await asyncio.to_thread(post, source.address, target, body)
@@ -269,7 +270,7 @@ def test_a_failure_no_retry_can_cure_is_given_up_and_answered_2xx() -> None:
     async def scenario() -> None:
         poisoned = Poisoned()
         source = WebhookSource(cfg)
-        await source.start(poisoned, poisoned.reject)
+        await source.start(fed(poisoned, poisoned.reject))
         status, payload, _ = await asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event)
         assert (status, payload) == (200, {"accepted": 1})
         [(job, error, attempts)] = poisoned.rejected
@@ -290,7 +291,7 @@ def test_a_submit_outliving_its_request_at_stop_leaves_nothing_unretrieved() -> 
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
         slow = Submitted(delay=3.0, fail=True)  # fails after the listener's 2 s of shutdown time
         source = WebhookSource(cfg)
-        await source.start(slow, slow.reject)
+        await source.start(fed(slow, slow.reject))
         answer = asyncio.create_task(asyncio.to_thread(post, source.address, f"/s3/events?token={TOKEN}", event))
         await asyncio.sleep(0.5)
         await source.stop()

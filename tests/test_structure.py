@@ -66,6 +66,7 @@ RANKS: dict[str, int] = {
     "attempts": 8,
     "reuse": 8,
     "pipeline": 8,
+    "intake": 8,
     "checks": 8,
     "hooks": 8,
     "supervisor": 8,
@@ -202,3 +203,186 @@ def test_no_comment_cites_a_benchmark_run() -> None:
         if pattern.search(line)
     ]
     assert not cited, cited
+
+
+# --- no callable or object handed down -----------------------------------------------------------
+
+# What the callable check still finds, each with the reason it stays. A lower layer returns what it
+# produces (an ``Outbox`` of jobs, page asks) rather than calling up; an entry is a debt.
+DEBT = "issue 29 item 4, not yet turned: the lower layer should return what it produces"
+HANDED_DOWN: dict[str, str] = {
+    "control: del pipeline.sinks[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
+    "control: del pipeline.sources[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
+    "daemon: ControlServer <- self": DEBT + " (control answers from the daemon's state)",
+    "daemon: HealthServer <- lambda": DEBT + " (readiness read at each probe)",
+    "daemon: HealthServer <- self._update_gauges": DEBT + " (gauges refreshed at each scrape)",
+    "daemon: LocalSink <- lambda": DEBT + " (the inboxes as reloaded)",
+    "daemon: LocalSource <- self._lapsed": DEBT + " (the ledger's word on a lost sidecar)",
+    "daemon: self.pipeline.cfg = ...": DEBT + " (a reload hands the pipeline its new config)",
+    "pipeline: self.admission.dispatch <- self": DEBT + " (admission starts jobs in the pipeline)",
+    "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (renders as asks, too)",
+    "report: self._bar.total = ...": "tqdm's bar is set by assigning its total: its API",
+}
+
+
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _methods() -> dict[str, set[int]]:
+    """Each method name defined in a class of the package: the ranks of the modules defining it."""
+    found: dict[str, set[int]] = {}
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, FUNCTIONS) and not _is_property(item):
+                        found.setdefault(item.name, set()).add(_rank(module))
+    return found
+
+
+def _is_property(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A property reads as a value, not a callable."""
+    return any(ast.unparse(mark).endswith("property") for mark in node.decorator_list)
+
+
+def _imported(tree: ast.Module, known: set[str]) -> dict[str, str]:
+    """Local name → the ``ocrwatch`` module it names or comes from."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        absolute = isinstance(node, ast.ImportFrom) and not node.level
+        if absolute and (node.module or "").startswith("ocrwatch"):
+            stem = (node.module or "").removeprefix("ocrwatch").lstrip(".")
+            for alias in node.names:
+                full = f"{stem}.{alias.name}".lstrip(".")
+                names[alias.asname or alias.name] = full if full in known else stem
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("ocrwatch.") and alias.asname:
+                    names[alias.asname] = alias.name.removeprefix("ocrwatch.")
+    return names
+
+
+class _HandedDown(ast.NodeVisitor):
+    """Calls into a lower layer that pass it a lambda, a partial, a bound method or ``self`` of a
+    higher one; objects finished by assigning an attribute of an attribute (``self.a.b = ...``)."""
+
+    def __init__(
+        self, module: str, rank: int, imported: dict[str, str], methods: dict[str, set[int]]
+    ) -> None:
+        self.module, self.rank, self.imported, self.methods = module, rank, imported, methods
+        self.own: set[str] = set()  # the methods of the class being read
+        self.found: list[str] = []
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        outer = self.own
+        self.own = {item.name for item in node.body if isinstance(item, FUNCTIONS)}
+        self.generic_visit(node)
+        self.own = outer
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute):
+                self.found.append(f"{self.module}: {ast.unparse(target)} = ...")
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:  # another object's table emptied from outside it
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute):
+                if not _on_self(target.value):
+                    self.found.append(f"{self.module}: del {ast.unparse(target)}")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        callee = self._callee_rank(node.func)
+        if callee is not None and callee < self.rank:
+            for arg in [*node.args, *(keyword.value for keyword in node.keywords)]:
+                if (given := self._given_rank(arg)) is not None and given > callee:
+                    self.found.append(f"{self.module}: {ast.unparse(node.func)} <- {_short(arg)}")
+        self.generic_visit(node)
+
+    def _callee_rank(self, func: ast.expr) -> int | None:
+        if isinstance(func, ast.Name) and func.id in self.imported:
+            return _rank(self.imported[func.id])
+        if isinstance(func, ast.Attribute):
+            if isinstance(func.value, ast.Name) and func.value.id in self.imported:
+                return _rank(self.imported[func.value.id])
+            if func.attr in self.methods and not _on_self(func):
+                return min(self.methods[func.attr])
+        return None
+
+    def _given_rank(self, arg: ast.expr) -> int | None:
+        if isinstance(arg, ast.Lambda):
+            return self.rank
+        if isinstance(arg, ast.Call) and ast.unparse(arg.func) in {"partial", "functools.partial"}:
+            return self.rank
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):  # made above
+            if isinstance(arg.func.value, ast.Name) and arg.func.value.id in self.imported:
+                return _rank(self.imported[arg.func.value.id])
+        if isinstance(arg, ast.Name) and arg.id == "self" and self.own:
+            return self.rank
+        if isinstance(arg, ast.Attribute) and not isinstance(arg.value, ast.Call):
+            if isinstance(arg.value, ast.Name) and arg.value.id == "self":
+                return self.rank if arg.attr in self.own else None
+            if isinstance(arg.value, ast.Name) and arg.value.id in self.imported:
+                return _rank(self.imported[arg.value.id])
+            if _on_self(arg.value) and arg.attr in self.methods:  # a bound method of an object held
+                return max(self.methods[arg.attr])
+        return None
+
+
+def _short(arg: ast.expr) -> str:
+    """What was handed down, as the entry names it: ``lambda``, ``maker(...)`` or the name."""
+    if isinstance(arg, ast.Lambda):
+        return "lambda"
+    return f"{ast.unparse(arg.func)}(...)" if isinstance(arg, ast.Call) else ast.unparse(arg)
+
+
+def _on_self(node: ast.expr) -> bool:
+    """``self.name``: an attribute of the instance (calling it stays within the module's class)."""
+    if not isinstance(node, ast.Attribute):
+        return False
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def _handed_down(module: str, source: str) -> list[str]:
+    known = set(_modules())
+    tree = ast.parse(source)
+    visitor = _HandedDown(module, _rank(module), _imported(tree, known), METHODS)
+    visitor.visit(tree)
+    return visitor.found
+
+
+METHODS = _methods()
+
+
+def test_no_callable_or_object_handed_down() -> None:
+    """A lower layer never holds a callable or an object of a higher one: control flows one way."""
+    found = [
+        entry
+        for module, path in sorted(_modules().items())
+        if _rank(module) >= _rank("pipeline")
+        for entry in _handed_down(module, path.read_text())
+    ]
+    new, gone = sorted(set(found) - HANDED_DOWN.keys()), sorted(HANDED_DOWN.keys() - set(found))
+    assert not new, "\n".join(new)
+    assert not gone, "gone, strike from HANDED_DOWN: " + ", ".join(gone)
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "from ocrwatch.scheduler import PageScheduler\n"
+        "class P:\n    def go(self):\n        PageScheduler(lambda doc: self.go())\n",
+        "from ocrwatch import scheduler\nimport functools\n"
+        "class P:\n    def go(self):\n"
+        "        scheduler.PageScheduler(functools.partial(self.go))\n",
+        "from ocrwatch.sources.local import LocalSource\n"
+        "class P:\n    def go(self):\n        LocalSource(lapsed=self.go)\n",
+        "from ocrwatch.session import DocumentSession\n"
+        "class P:\n    def go(self):\n        DocumentSession(self)\n",
+        "class P:\n    def go(self, source):\n        source.start(self.pipeline.submit)\n",
+        "class P:\n    def go(self):\n        self.supervisor.scheduler = self.go\n",
+    ],
+)
+def test_the_callable_check_finds_what_is_planted(planted: str) -> None:
+    assert _handed_down("daemon", planted)

@@ -37,7 +37,7 @@ from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError
 from ocrwatch.metrics import AMQP_EVENTS, Metrics
 from ocrwatch.sources.amqpmessages import broker_url, receives, redacted
-from ocrwatch.sources.base import Job, Outcome, Reject, S3Object, Submit
+from ocrwatch.sources.base import Job, Outbox, Outcome, S3Object
 from ocrwatch.sources.s3 import TooManyDeliveries
 from ocrwatch.sources.s3events import S3EventSource, parse, settled_by
 
@@ -101,10 +101,10 @@ class AmqpSource(S3EventSource):
 
     # -- lifecycle
 
-    async def start(self, submit: Submit, reject: Reject) -> None:
+    async def start(self, outbox: Outbox) -> None:
         """Read the URL (a missing variable or file stops the start, exit 2) and consume in a
         task of its own: a broker down at start is waited for, never a reason to stop."""
-        self._submit, self._reject = submit, reject
+        self._submit, self._reject = outbox.submit, outbox.reject
         self._url = broker_url(self.cfg, self.index)
         self._shown = redacted(self._url)
         # aiormq's line for each failed connection says what amqp_unreachable says

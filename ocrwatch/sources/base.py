@@ -1,19 +1,23 @@
 """What a source hands the daemon: a ``Job`` naming one document and how to acknowledge it.
 
-Source contract: ``start(submit, reject)`` begins watching and calls ``await submit(job)`` for every document
-that is ready; ``submit`` returns only once the job is durably in the ledger, so a source may acknowledge its
-event (answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
-processing it (an SQS message delivered too often) calls ``await reject(job, error, attempts)`` instead: the
-pipeline writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
-calls ``finish(job, "failed", error.kind)``. ``stop`` stops watching; it is called once, from the event loop. ``fetch``
-puts the document's bytes in a file inside ``spool_dir``, private to the job (a local source copies its file
-through one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
-calls it with ``job.max_bytes`` set to the limit in force, so a source can refuse before copying. ``finish``
-is told the final outcome, once, after the sidecars are written, and for a failure its kind (``errors``).
+Source contract: ``start(outbox)`` begins watching and puts every document that is ready into the
+``Outbox`` with ``await outbox.submit(job)``, which returns only once the consumer (``intake``, at
+the pipeline's rank) has the job durably in the ledger, so a source may acknowledge its event
+(answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
+processing it (an SQS message delivered too often) calls ``await outbox.reject(job, error,
+attempts)`` instead: the pipeline writes the error sidecar through the job's sink, so sources never
+write sidecars themselves, then calls ``finish(job, "failed", error.kind)``. A source holds no
+callable of a layer above it. ``stop`` stops watching; it is called once, from the event loop.
+``fetch`` puts the document's bytes in a file inside ``spool_dir``, private to the job (a local
+source copies its file through one descriptor, a remote one downloads it), and says what it measured
+(``Fetched``); the pipeline calls it with ``job.max_bytes`` set to the limit in force, so a source
+can refuse before copying. ``finish`` is told the final outcome, once, after the sidecars are
+written, and for a failure its kind (``errors``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
@@ -115,12 +119,58 @@ Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 """``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts`` tries."""
 
 
+@dataclass(eq=False)
+class Delivery:
+    """One job put into an ``Outbox``: to admit (``error`` None) or to give up after
+    ``attempts`` tries; ``answered`` resolves once the consumer has dealt with it."""
+
+    job: Job
+    error: OcrwatchError | None
+    attempts: int
+    answered: asyncio.Future[None]
+
+    def answer(self, exc: BaseException | None = None) -> None:
+        """The consumer's answer: the source's ``submit`` or ``reject`` returns, or raises ``exc``."""
+        if self.answered.done():
+            return
+        if exc is None:
+            self.answered.set_result(None)
+        else:
+            self.answered.set_exception(exc)
+
+
+class Outbox:
+    """Where sources put the jobs they produce, for the layer above to take: the source returns
+    jobs rather than calling into the pipeline. Each put waits for its answer, so the source
+    acknowledges an event only once the job is durably admitted."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+
+    async def submit(self, job: Job) -> None:
+        """Put ``job`` in to be admitted; returns once it is in the ledger, or known done."""
+        await self._put(job, None, 0)
+
+    async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
+        """Put ``job`` in to be given up as failed with ``error`` after ``attempts`` tries."""
+        await self._put(job, error, attempts)
+
+    async def _put(self, job: Job, error: OcrwatchError | None, attempts: int) -> None:
+        delivery = Delivery(job, error, attempts, asyncio.get_running_loop().create_future())
+        self._queue.put_nowait(delivery)
+        await delivery.answered
+
+    async def get(self) -> Delivery:
+        """The next job a source put in (the consumer's side)."""
+        return await self._queue.get()
+
+
 @runtime_checkable
 class Source(Protocol):
     name: str
 
-    async def start(self, submit: Submit, reject: Reject) -> None:
-        """Begin watching; call ``submit`` for each ready document, ``reject`` for one given up unprocessed."""
+    async def start(self, outbox: Outbox) -> None:
+        """Begin watching; put each ready document into ``outbox`` (or reject one given up)."""
 
     async def stop(self) -> None:
         """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""

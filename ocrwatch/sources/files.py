@@ -17,7 +17,7 @@ from pathlib import Path
 from ocrwatch.config import DEFAULT_PRIORITY
 from ocrwatch.errors import NotARegularFile, SourceGone
 from ocrwatch.safefs import Access
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome
 from ocrwatch.sources.beneath import Signature, copy_out, spool_name
 
 
@@ -37,9 +37,9 @@ class GivenFiles:
             for path in self._paths
         ]
 
-    async def start(self, submit: Submit, reject: Reject) -> None:
+    async def start(self, outbox: Outbox) -> None:
         for job in self.jobs():
-            await submit(job)
+            await outbox.submit(job)
 
     async def stop(self) -> None:
         return None

@@ -41,7 +41,7 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, path_fault, quarantined
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, Reject, Submit, key_id
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit, key_id
 from ocrwatch.sources.beneath import Signature, fetch_copy
 from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.ignore import sidecar_suffixes
@@ -106,13 +106,13 @@ class LocalSource:
         self._submitting: dict[str, Outcome | None] = {}
         self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
 
-    async def start(self, submit: Submit, reject: Reject) -> None:
+    async def start(self, outbox: Outbox) -> None:
         """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically.
 
-        ``reject`` is never called: a file is only ever submitted, even one that never passes the probe, so that
-        the pipeline names its defect.
+        ``outbox.reject`` is never called: a file is only ever submitted, even one that never passes
+        the probe, so that the pipeline names its defect.
         """
-        self._submit, self._loop = submit, asyncio.get_running_loop()
+        self._submit, self._loop = outbox.submit, asyncio.get_running_loop()
         self._settling.start()
         async with self._lock:
             for inbox in self._inboxes.values():

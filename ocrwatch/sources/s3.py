@@ -28,7 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError
 from ocrwatch.s3client import READ_TIMEOUT, acall, error_code, is_transient, new_client
-from ocrwatch.sources.base import Job, Outcome, Reject, S3Object, Submit
+from ocrwatch.sources.base import Job, Outbox, Outcome, Reject, S3Object
 from ocrwatch.sources.s3events import S3EventSource, parse, settled_by
 
 log = structlog.get_logger()
@@ -77,8 +77,8 @@ class S3Source(S3EventSource):
 
     # -- lifecycle
 
-    async def start(self, submit: Submit, reject: Reject) -> None:
-        self._submit, self._reject = submit, reject
+    async def start(self, outbox: Outbox) -> None:
+        self._submit, self._reject = outbox.submit, outbox.reject
         read_timeout = self.cfg.wait_time_seconds + READ_TIMEOUT
         self._sqs = await asyncio.to_thread(new_client, self.cfg, "sqs", read_timeout=read_timeout)
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name=f"{self.name}:poll")

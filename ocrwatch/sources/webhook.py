@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.http import Listener
-from ocrwatch.sources.base import Job, Outcome, Reject, Submit
+from ocrwatch.sources.base import Job, Outbox, Outcome
 from ocrwatch.sources.s3events import S3EventSource, parse
 
 log = structlog.get_logger()
@@ -55,8 +55,8 @@ class WebhookSource(S3EventSource):
         self._listener: Listener | None = None
         self._submits: set[asyncio.Task[None]] = set()
 
-    async def start(self, submit: Submit, reject: Reject) -> None:
-        self._submit, self._reject = submit, reject
+    async def start(self, outbox: Outbox) -> None:
+        self._submit, self._reject = outbox.submit, outbox.reject
         app = web.Application(client_max_size=self.cfg.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle, expect_handler=self._expect)
         self._listener = Listener(app, self.cfg.listen, name=self.name, max_connections=MAX_CONNECTIONS,

@@ -576,14 +576,15 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
 
     from ocrwatch.render import RenderedPage
     from ocrwatch.scheduler import PageScheduler
+    from tests.pages import answered
 
     async def scenario() -> tuple[int, int]:
         async def recognize(doc: Any, request: Any) -> str:
             await asyncio.sleep(10)
             return "never"
 
-        scheduler = PageScheduler(recognize, max_inflight=2, render_ahead=2, render_workers=1, ageing_seconds=30,
-                                  on_engine_dead=lambda: None)  # fmt: skip
+        sized = PageScheduler(max_inflight=2, render_ahead=2, render_workers=1, ageing_seconds=30)
+        scheduler = answered(sized, recognize)
         scheduler.pause_engine()
         page = RenderedPage(index=0, image=Image.new("L", (8, 8)), dpi=72.0, width=8, height=8, seconds=0.0)
         doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=1, prompt="p", render=lambda i: page)
