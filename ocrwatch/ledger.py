@@ -146,8 +146,9 @@ class Fingerprint:
     ctime_ns: int | None = None
 
     def stat(self, device: int) -> Signature | None:
-        """The recorded stat fields as the signature of a file on ``device`` (a key names one inbox's
-        file, so its device is not kept); None where they were not recorded (S3, an older row)."""
+        """The recorded stat fields as the signature of a file on ``device`` (a key names one
+        inbox's file, so its device is not kept); None where they were not recorded (S3, an older
+        row)."""
         if self.mtime_ns is None or self.inode is None or self.ctime_ns is None:
             return None
         return Signature(self.size, self.mtime_ns, self.ctime_ns, self.inode, device)

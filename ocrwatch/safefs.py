@@ -57,8 +57,8 @@ UMASK = _umask()
 
 
 class Signature(NamedTuple):
-    """What "unchanged" means for a file. Size and mtime alone miss a replacement that keeps both (``touch
-    -r``, a copy preserving times); the inode and ctime cannot be set back by a user."""
+    """What "unchanged" means for a file. Size and mtime alone miss a replacement that keeps both
+    (``touch -r``, a copy preserving times); the inode and ctime cannot be set back by a user."""
 
     size: int
     mtime_ns: int
@@ -71,8 +71,8 @@ class Signature(NamedTuple):
         return cls(info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
     def unchanged(self, then: Signature | None, *, renamed: bool = False) -> bool:
-        """The one rule for "the file is unchanged since ``then``" (None: nothing was recorded, so it
-        is not). ``renamed``: the file was renamed or linked since, which changes only its ctime."""
+        """The one rule for "the file is unchanged since ``then``" (None: nothing recorded, so
+        not). ``renamed``: renamed or linked since, which changes only the ctime."""
         if then is None:
             return False
         if renamed:
@@ -509,14 +509,14 @@ def read_head(fd: int, limit: int) -> bytes:
 
 
 def hash_fd(fd: int, *, out: int | None = None, limit: int | None = None) -> str:
-    """The sha256 of the whole open file ``fd``, read from its start with ``pread`` (hashlib releases
-    the GIL): the one read loop, also copying each block to ``out`` where given. ``TooLarge`` once
-    more than ``limit`` bytes are read, before they are copied."""
+    """The sha256 of the whole open file ``fd``, read from its start with ``pread`` (hashlib
+    releases the GIL): the one read loop, also copying each block to ``out`` where given.
+    ``TooLarge`` once more than ``limit`` bytes are read, before they are copied."""
     hasher, offset = hashlib.sha256(), 0
     while block := os.pread(fd, CHUNK, offset):
         offset += len(block)
         if limit is not None and offset > limit:
-            raise TooLarge(offset)
+            raise TooLarge(f"more than {limit} bytes")
         hasher.update(block)
         if out is not None:
             _write_all(out, block)
@@ -533,11 +533,7 @@ def sha256_file(path: Path) -> str:
 
 
 class TooLarge(Exception):
-    """``hash_fd`` read more than its limit (at least ``read`` bytes)."""
-
-    def __init__(self, read: int) -> None:
-        super().__init__(f"more than the limit: {read} bytes read")
-        self.read = read
+    """``hash_fd`` read more than its limit."""
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -142,7 +142,8 @@ def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that
 
 
 def test_one_read_loop_hashes_copies_and_stops_at_its_limit(tmp_path: Path) -> None:
-    """``hash_fd`` is every sha256 read: a file hashed, hashed while copied, or refused past a limit."""
+    """``hash_fd`` is every sha256 read: a file hashed, hashed while copied, or refused past a
+    limit."""
     content = os.urandom(3 << 20) + b"tail"
     (tmp_path / "doc.pdf").write_bytes(content)
     digest = hashlib.sha256(content).hexdigest()
@@ -160,9 +161,10 @@ def test_one_read_loop_hashes_copies_and_stops_at_its_limit(tmp_path: Path) -> N
 
 
 def test_the_unchanged_rule_sees_a_replacement_that_keeps_size_and_times(tmp_path: Path) -> None:
-    """One rule for "unchanged" where four copies used to differ (the device, the ctime across a rename,
-    a record without inode and ctime): a file swapped for one with the same size and mtime is changed;
-    a rename is unchanged only where the caller renamed it; an older record matches nothing."""
+    """One rule for "unchanged" where four copies used to differ (the device, the ctime across a
+    rename, a record without inode and ctime): a file swapped for one with the same size and mtime
+    is changed; a rename is unchanged only where the caller renamed it; an older record matches
+    nothing."""
     path = tmp_path / "doc.pdf"
     path.write_bytes(b"first")
     then = Signature.of(os.stat(path))

@@ -160,8 +160,9 @@ def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it
 def test_an_edited_markdown_beside_ocrwatchs_json_is_the_users_as_it_is_locally(
     moto: MotoServer, tmp_path: Path
 ) -> None:
-    """One mark rule for both sinks (the S3 copy used to take a Markdown as ocrwatch's by its JSON alone): a
-    Markdown edited so it no longer opens with page 1 is the user's, in a bucket as beside a local file."""
+    """One mark rule for both sinks (the S3 copy used to take a Markdown as ocrwatch's by its JSON
+    alone): a Markdown edited so it no longer opens with page 1 is the user's, in a bucket as beside
+    a local file."""
     from ocrwatch.sinks.local import LocalSink
     from tests.test_sinks_local import job_for
 

@@ -1,4 +1,5 @@
-"""``sources.sourcefile`` and the fetch of local files on real folders: no link followed, one descriptor, one copy."""
+"""``sources.sourcefile`` and the fetch of local files on real folders: no link followed, one
+descriptor, one copy."""
 
 from __future__ import annotations
 

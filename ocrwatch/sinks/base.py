@@ -139,10 +139,10 @@ def owns_markdown(head: bytes) -> bool:
 
 
 def marked(kind: str, head: bytes) -> bool:
-    """The mark rule of both sinks: whether an output of ``kind`` (``md``, ``json``, ``error``, ``assets``:
-    a figure) beginning with ``head`` carries ocrwatch's own mark. A Markdown counts by its page mark
-    alone, never by the JSON beside it, so a user's edit to it stands (a searchable PDF: ``pdf_recorded``,
-    else ``textlayer.is_ours`` over the whole file)."""
+    """The mark rule of both sinks: whether an output of ``kind`` (``md``, ``json``, ``error``,
+    ``assets``: a figure) beginning with ``head`` carries ocrwatch's own mark. A Markdown counts by
+    its page mark alone, never by the JSON beside it, so a user's edit to it stands (a searchable
+    PDF: ``pdf_recorded``, else ``textlayer.is_ours`` over the whole file)."""
     if kind == "md":
         return owns_markdown(head)
     if kind == "assets":
@@ -153,7 +153,8 @@ def marked(kind: str, head: bytes) -> bool:
 
 
 def pdf_recorded(json_head: bytes | None) -> bool:
-    """Whether the JSON sidecar beginning with ``json_head`` is ocrwatch's and records a searchable PDF."""
+    """Whether the JSON sidecar beginning with ``json_head`` is ocrwatch's and records a searchable
+    PDF."""
     if json_head is None or not owns_json(json_head):
         return False
     section = json_member(json_head, "searchable_pdf")

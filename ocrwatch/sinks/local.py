@@ -168,7 +168,8 @@ class Claims:
 
 
 def marker(kind: str) -> Marker:
-    """The mark rule (``sinks.base.marked``) for an output of ``kind``, asked of a regular file only."""
+    """The mark rule (``sinks.base.marked``) for an output of ``kind``, asked of a regular file
+    only."""
 
     def marked_here(here: Folder, name: str) -> bool:
         found = here.look(name, PROBE_BYTES)
