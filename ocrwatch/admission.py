@@ -26,7 +26,7 @@ from ocrwatch.hooks import HookRunner
 from ocrwatch.ledger import Fingerprint, Ledger, same_content
 from ocrwatch.sinks.base import Sink, recorded_fingerprint
 from ocrwatch.sources.base import Job, S3Object, Source, key_id
-from ocrwatch.sources.beneath import Signature, inspect, measure
+from ocrwatch.sources.sourcefile import inspect, measure
 
 log = structlog.get_logger()
 
@@ -160,9 +160,9 @@ class Admission:
             signature = inspect(origin.path, origin.inbox)
             if self.ledger is not None:
                 row = self.ledger.known(job.key)
-                done = row is not None and row.state == "done"
-                if done and row is not None and _same_stat(row.fingerprint, signature):
-                    return row.fingerprint  # unchanged since it was done: no need to hash it again
+                then = row.fingerprint if row is not None and row.state == "done" else None
+                if then is not None and signature.unchanged(then.stat(signature.device)):
+                    return then  # unchanged since it was done: no need to hash it again
             signature, digest = measure(origin.path, origin.inbox)
         except (OcrwatchError, OSError):  # gone, or no longer a regular file: nothing to admit
             return None
@@ -275,11 +275,3 @@ class Admission:
                 runner.start_job(rows[0].job)
                 if time.monotonic() - self._counted >= COUNT_SECONDS:
                     await self.count(runner.running())
-
-
-def _same_stat(recorded: Fingerprint, now: Signature) -> bool:
-    """Whether a file's stat still matches the one recorded with its fingerprint: inode and ctime
-    too, since a replacement can keep size and mtime (``touch -r``); an old row without them never
-    matches."""
-    then = (recorded.size, recorded.mtime_ns, recorded.inode, recorded.ctime_ns)
-    return recorded.inode is not None and then == (now.size, now.mtime_ns, now.inode, now.ctime_ns)

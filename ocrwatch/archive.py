@@ -20,7 +20,7 @@ or deleted.
 
 Neither acts on a document that is not ``ok`` (a ``partial`` one stays for a person to look at), nor
 on a source that changed since it was read, that has another name (a hard link), or that a process
-holds open for writing: a local file is held as ``sources.beneath.held`` holds it (a read lease, and
+holds open for writing: a local file is held as ``sources.sourcefile.held`` holds it (a read lease, and
 its sha256 compared under it), and its name goes only while it is still that file
 (``Folder.remove_if``); every step goes through descriptors from the inbox and ``archive_dir``
 (``safefs``). An S3 object is compared by its ETag, or addressed by its version. Every action runs
@@ -58,7 +58,7 @@ from ocrwatch.sinks.local import (
     Claims, LocalSink, Marker, dump_json, inbox_folder, json_marked, output_markers,
 )  # fmt: skip
 from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
-from ocrwatch.sources.beneath import folders_of, held
+from ocrwatch.sources.sourcefile import folders_of, held
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import Owns
 from ocrwatch.written import Output, Written, judge

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure, say
 from ocrwatch.report import OcrReport
-from ocrwatch.sources.ignore import NameRules, sidecar_suffixes
+from ocrwatch.sources.ignore import sidecar_suffixes
 
 if TYPE_CHECKING:
     from ocrwatch.control import Client, OcrRequest
@@ -209,8 +208,8 @@ def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list
         if path.is_dir():
             inbox = _inbox_of(cfg, path)
             wanted = tuple(patterns) if patterns else inbox.patterns
-            sidecars = sidecar_suffixes(cfg.output.name_template)
-            documents = list(_walk(path, NameRules(wanted, inbox.ignore, sidecars)))
+            scanned = inbox.model_copy(update={"patterns": wanted})
+            documents = _scan(path, scanned, cfg.output.name_template)
             if not documents:
                 say(f"ocrwatch: {given}: no documents matching {' '.join(wanted)}", "warning")
             for document in documents:
@@ -229,27 +228,19 @@ def _inbox_of(cfg: Config, folder: Path) -> InboxConfig:
     return InboxConfig()
 
 
-def _walk(root: Path, names: NameRules) -> Iterator[Path]:
-    """The documents below ``root``, in name order, as an inbox's scan takes them: by the same ``names``
-    (patterns, ignore lists, hidden names, sidecars), and no link followed, to a file or a folder."""
+def _scan(root: Path, config: InboxConfig, template: str) -> list[Path]:
+    """The documents below ``root``, in name order, by the inbox's own scan (``Inbox.scan``): its
+    patterns, ignore names and depth, nothing hidden, no link followed; each refusal said once."""
+    from ocrwatch.sources.inbox import Inbox
 
-    def refuse(error: OSError) -> None:
-        say(f"ocrwatch: {error.filename}: cannot be listed: {error.strerror}", "warning")
-
-    for folder, dirnames, filenames in os.walk(root, onerror=refuse):
-        here = Path(folder)
-        for name in [name for name in dirnames if not names.enters(name) or os.path.islink(here / name)]:
-            dirnames.remove(name)
-            if names.enters(name):
-                say(f"ocrwatch: {here / name}: a symbolic link, not followed", "warning")
-        dirnames.sort()
-        for name in sorted(filenames):
-            if not names.takes(here / name):
-                continue
-            if os.path.islink(here / name):
-                say(f"ocrwatch: {here / name}: a symbolic link, not followed", "warning")
-                continue
-            yield here / name
+    try:
+        found = Inbox(root, config, sidecar_suffixes(template)).scan(root)
+    except OSError as exc:
+        say(f"ocrwatch: {root}: cannot be listed: {exc.strerror}", "warning")
+        return []
+    for seen in sorted(seen for seen in found.values() if isinstance(seen, str)):
+        say(f"ocrwatch: {seen}", "warning")
+    return sorted(Path(path) for path, seen in found.items() if isinstance(seen, bytes))
 
 
 def _hand_over(client: Client, order: OcrRequest, report: OcrReport) -> bool:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import hashlib
 import itertools
 import json
 import os
@@ -42,6 +41,7 @@ from ocrwatch.config import TextMode
 from ocrwatch.errors import ConfigError, TransientError, classify
 from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.pipeline import Pipeline, Progress
+from ocrwatch.safefs import hash_fd
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.files import GivenFiles
@@ -178,14 +178,14 @@ def _current(pipeline: Pipeline, sink: LocalSink, job: Job) -> bool:
         fd = os.open(job.origin.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return False
-    with os.fdopen(fd, "rb") as handle:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return False
-        digest = hashlib.sha256()
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    fingerprint = Fingerprint(size=info.st_size, mtime_ns=info.st_mtime_ns, sha256=digest.hexdigest())
+        digest = hash_fd(fd)
+    finally:
+        os.close(fd)
+    fingerprint = Fingerprint(size=info.st_size, mtime_ns=info.st_mtime_ns, sha256=digest)
     return pipeline.already_written(job, fingerprint)
 
 

@@ -196,12 +196,11 @@ class Daemon:
                     s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=template,
                     max_inflight=pipeline.active_documents, metrics=self.metrics, index=index,
                 )
+            elif s3cfg.transport == "webhook":
+                source = WebhookSource(s3cfg, name=f"s3:{index}", limits=cfg.limits)
             else:
-                webhook = s3cfg.transport == "webhook"
-                kind: type[S3Source] | type[WebhookSource] = WebhookSource if webhook else S3Source
-                source = kind(
-                    s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=template,
-                    max_inflight=pipeline.active_documents,
+                source = S3Source(
+                    s3cfg, name=f"s3:{index}", limits=cfg.limits, max_inflight=pipeline.active_documents
                 )
             pipeline.add_source(source, S3Sink(s3cfg, source.client, template), source.executor)
 

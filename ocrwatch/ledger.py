@@ -13,7 +13,6 @@ is percent-encoded from the name's bytes, and a job's JSON keeps a name that is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -26,6 +25,7 @@ from typing import Any, Literal
 
 from ocrwatch.database import Database, Migration, StateUnusable, make_private_dirs, migrate
 from ocrwatch.errors import path_fault
+from ocrwatch.safefs import Signature, sha256_file
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
 
 __all__ = [
@@ -145,12 +145,13 @@ class Fingerprint:
     inode: int | None = None
     ctime_ns: int | None = None
 
-    @classmethod
-    def of_path(cls, path: Path, *, digest: bool = False) -> Fingerprint:
-        """Stat a local file, and hash it when ``digest`` (blocking: call it from a thread)."""
-        st = path.stat()
-        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256_file(path) if digest else None,
-                   inode=st.st_ino, ctime_ns=st.st_ctime_ns)  # fmt: skip
+    def stat(self, device: int) -> Signature | None:
+        """The recorded stat fields as the signature of a file on ``device`` (a key names one
+        inbox's file, so its device is not kept); None where they were not recorded (S3, an older
+        row)."""
+        if self.mtime_ns is None or self.inode is None or self.ctime_ns is None:
+            return None
+        return Signature(self.size, self.mtime_ns, self.ctime_ns, self.inode, device)
 
 
 @dataclass(frozen=True)
@@ -181,15 +182,6 @@ def same_content(a: Fingerprint, b: Fingerprint) -> bool:
     if a.etag and b.etag:
         return a.etag == b.etag and a.version_id == b.version_id
     return a.mtime_ns is not None and a.mtime_ns == b.mtime_ns
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks so memory stays flat (blocking; hashlib releases the GIL)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Ledger(Database):

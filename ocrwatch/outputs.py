@@ -32,6 +32,7 @@ from ocrwatch.errors import PlaceFault, classify
 from ocrwatch.memory import UNBOUNDED, DecodeBudget
 from ocrwatch.naming import output_names
 from ocrwatch.render import DocumentInfo
+from ocrwatch.safefs import sha256_file
 from ocrwatch.scheduler import PageOutcome
 from ocrwatch.sources.base import LocalFile, Origin
 
@@ -134,8 +135,4 @@ def _build(
     ]  # fmt: skip
     sizes = [_shown_points(page) for page in pages]
     layers = textlayer.searchable_pdf(source, kind, texts, out, sha256, budget=budget, sizes=sizes)
-    digest = hashlib.sha256()
-    with open(out, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest(), out.stat().st_size, layers
+    return sha256_file(out), out.stat().st_size, layers

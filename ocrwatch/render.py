@@ -27,7 +27,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -266,12 +265,6 @@ def render_page(
                  deskew=turned.deskew)  # fmt: skip
     return RenderedPage(index=index, image=image, dpi=dpi, width=image.width, height=image.height,
                         seconds=seconds, dpi_from=dpi_from, orientation=turned)  # fmt: skip
-
-
-def iter_pages(path: Path, info: DocumentInfo, spec: RenderSpec) -> Iterator[RenderedPage]:
-    """Every page in order, each rendered only when asked for, so at most one is held here."""
-    for index in range(info.pages):
-        yield render_page(path, info, index, spec)
 
 
 def page_dpi(width_pt: float, height_pt: float, spec: RenderSpec) -> float:

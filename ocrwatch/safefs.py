@@ -21,6 +21,7 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -53,6 +54,30 @@ def _umask() -> int:
 
 UMASK = _umask()
 """The process's umask (the unit's ``UMask``), read once at import: ``os.umask`` cannot be read alone."""
+
+
+class Signature(NamedTuple):
+    """What "unchanged" means for a file. Size and mtime alone miss a replacement that keeps both
+    (``touch -r``, a copy preserving times); the inode and ctime cannot be set back by a user."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> Signature:
+        return cls(info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
+
+    def unchanged(self, then: Signature | None, *, renamed: bool = False) -> bool:
+        """The one rule for "the file is unchanged since ``then``" (None: nothing recorded, so
+        not). ``renamed``: renamed or linked since, which changes only the ctime."""
+        if then is None:
+            return False
+        if renamed:
+            return self._replace(ctime_ns=then.ctime_ns) == then
+        return self == then
 
 
 class Replaced(OSError):
@@ -208,16 +233,15 @@ class Folder:
             os.unlink(tmp, dir_fd=self.fd)  # unlinking a symlink never touches its target
         fd = os.open(tmp, NEW_FLAGS, 0o600, dir_fd=self.fd)
         try:
-            hasher = hashlib.sha256()
-            with os.fdopen(fd, "wb", closefd=False) as handle:
-                if isinstance(data, Path):
-                    with open(data, "rb") as content:
-                        while block := content.read(CHUNK):
-                            hasher.update(block)
-                            handle.write(block)
-                else:
-                    hasher.update(data)
-                    handle.write(data)
+            if isinstance(data, Path):
+                content = os.open(data, os.O_RDONLY | os.O_CLOEXEC)  # the job's own spool file
+                try:
+                    digest = hash_fd(content, out=fd)
+                finally:
+                    os.close(content)
+            else:
+                digest = hashlib.sha256(data).hexdigest()
+                _write_all(fd, data)
             access.apply(fd)
             os.fsync(fd)
             info = os.fstat(fd)
@@ -227,7 +251,7 @@ class Folder:
             raise
         finally:
             os.close(fd)
-        return Staged(self, name, tmp, info.st_ino, info.st_size, hasher.hexdigest())
+        return Staged(self, name, tmp, info.st_ino, info.st_size, digest)
 
     def commit(self, staged: Staged, *, replace: bool = True) -> None:
         """Rename a staged file over its name, so that the name is always absent, the old file or all of the
@@ -288,13 +312,7 @@ class Folder:
         info = os.fstat(fd)
         out = os.open(new, NEW_FLAGS, 0o600, dir_fd=self.fd)
         try:
-            hasher, offset = hashlib.sha256(), 0
-            while block := os.pread(fd, CHUNK, offset):
-                hasher.update(block)
-                offset += len(block)
-                view = memoryview(block)
-                while view:
-                    view = view[os.write(out, view) :]
+            digest = hash_fd(fd, out=out)
             if os.geteuid() == 0:
                 os.fchown(out, info.st_uid, info.st_gid)
             os.fchmod(out, stat.S_IMODE(info.st_mode) & 0o777)  # no set-id bit on a copy root made
@@ -307,7 +325,7 @@ class Folder:
             raise
         finally:
             os.close(out)
-        return made, hasher.hexdigest()
+        return made, digest
 
     def carry(
         self, name: str, target: Folder, new: str, fd: int, info: os.stat_result
@@ -360,8 +378,8 @@ class Folder:
         except FileNotFoundError:
             raise Replaced(errno.ENOENT, f"{self.path / name} no longer exists") from None
         try:
-            now = os.stat(aside, dir_fd=self.fd, follow_symlinks=False)
-            if _identity(now) != _identity(expected):
+            now = Signature.of(os.stat(aside, dir_fd=self.fd, follow_symlinks=False))
+            if not now.unchanged(Signature.of(expected), renamed=True):
                 why = f"{self.path / name} was replaced or written since it was checked"
                 raise Replaced(errno.ESTALE, why)
             if check is not None:
@@ -490,13 +508,38 @@ def read_head(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def hash_fd(fd: int) -> str:
-    """The sha256 of the whole open file ``fd``, read with ``pread`` (hashlib releases the GIL)."""
+def hash_fd(fd: int, *, out: int | None = None, limit: int | None = None) -> str:
+    """The sha256 of the whole open file ``fd``, read from its start with ``pread`` (hashlib
+    releases the GIL): the one read loop, also copying each block to ``out`` where given.
+    ``TooLarge`` once more than ``limit`` bytes are read, before they are copied."""
     hasher, offset = hashlib.sha256(), 0
     while block := os.pread(fd, CHUNK, offset):
-        hasher.update(block)
         offset += len(block)
+        if limit is not None and offset > limit:
+            raise TooLarge(f"more than {limit} bytes")
+        hasher.update(block)
+        if out is not None:
+            _write_all(out, block)
     return hasher.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file the daemon made itself (a spool copy, an output), by ``hash_fd``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
+class TooLarge(Exception):
+    """``hash_fd`` read more than its limit."""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 @contextlib.contextmanager
@@ -546,11 +589,6 @@ def read_lease(fd: int) -> Iterator[Callable[[], bool] | None]:
     finally:
         with contextlib.suppress(OSError):
             fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-
-
-def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
-    """What "the same file, unwritten" compares: a rename or a link changes only the ctime."""
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def _aside_name(name: str) -> str:

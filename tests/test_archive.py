@@ -30,7 +30,7 @@ from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse
 from ocrwatch.ledger import Ledger
 from ocrwatch.metrics import Metrics
 from ocrwatch.sinks.local import LocalSink, dump_json
-from ocrwatch.sources import beneath
+from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import quarantine
@@ -257,7 +257,7 @@ def test_a_writer_opening_the_source_during_the_delete_keeps_it(tmp_path: Path, 
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
     with pytest.raises(SourceInUse) as kept:
-        with beneath.folders_of(source, inbox) as folders, beneath.held(folders[-1], source, sha(CONTENT)) as held:
+        with sourcefile.folders_of(source, inbox) as folders, sourcefile.held(folders[-1], source, sha(CONTENT)) as held:
             pid = os.fork()
             if pid == 0:  # the writer: its open waits for the lease to go
                 with open(source, "ab") as late:
@@ -283,8 +283,8 @@ def test_without_a_lease_a_delete_waits_for_quiet_and_is_tried_again(
     def no_lease(fd: int) -> Iterator[None]:
         yield None  # as on NFS or SMB
 
-    monkeypatch.setattr(beneath, "read_lease", no_lease)
-    monkeypatch.setattr(beneath, "QUIET_WITHOUT_LEASE", 1.5)
+    monkeypatch.setattr(sourcefile, "read_lease", no_lease)
+    monkeypatch.setattr(sourcefile, "QUIET_WITHOUT_LEASE", 1.5)
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
     with structlog.testing.capture_logs() as logs:

@@ -219,7 +219,7 @@ def test_ocr_dir_recurses_skips_current_sidecars_and_force_redoes(tmp_path: Path
     proc = ocr("--out", out, folder)
     assert proc.returncode == 0, proc.stderr
     assert "3 done, 0 skipped, 0 failed" in proc.stdout
-    assert "link.png: a symbolic link, not followed" in proc.stderr
+    assert "link.png: a symlink that leads to" in proc.stderr and "links are not followed" in proc.stderr
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.json")) == [
         "a/page.png.json", "b/deeper/two.pdf.json", "b/page.png.json",
     ]  # mirrored below --out: two documents of one name in two folders never share a sidecar
@@ -348,3 +348,19 @@ def test_ocr_text_takes_a_good_layer_and_ocrs_the_rest(tmp_path: Path) -> None:
     data = sidecar(born, ".json")
     assert [(p["text_source"], p["text_check"]) for p in data["pages"]] == [("ocr", None), ("ocr", None)]
     assert "annual" in data["pages"][0]["markdown"] and data["pages"][0]["blocks"]
+
+
+def test_ocr_dir_takes_what_the_inbox_scan_takes_max_depth_included(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ocr DIR`` is the inbox's own scan (``cli._walk`` used to copy its name rules and walk
+    past ``max_depth``): a folder deeper than the inbox's limit is refused and said, as in the inbox."""
+    from ocrwatch.cli import _scan
+    from ocrwatch.config import InboxConfig
+
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    for name in ("top.pdf", "a/one.pdf", "a/b/two.pdf", "a/b/c/three.pdf", "a/notes.txt"):
+        (tmp_path / name).write_bytes(b"%PDF-1.4\n%%EOF\n")
+    taken = _scan(tmp_path, InboxConfig(path=tmp_path, max_depth=2), "{name}")
+    assert taken == [tmp_path / "a" / "b" / "two.pdf", tmp_path / "a" / "one.pdf", tmp_path / "top.pdf"]
+    assert "deeper than max_depth = 2" in capsys.readouterr().err

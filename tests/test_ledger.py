@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -21,7 +20,7 @@ import pytest
 
 from ocrwatch import ledger as ledger_module
 from ocrwatch.errors import ConfigError, TransientError
-from ocrwatch.ledger import Fingerprint, Ledger, StateUnusable, same_content, sha256_file
+from ocrwatch.ledger import Fingerprint, Ledger, StateUnusable, same_content
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from tests import ledgers
 
@@ -86,16 +85,6 @@ def test_same_content_uses_the_strongest_evidence_both_carry() -> None:
     assert same_content(s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e1"', version_id="v1"))
     assert not same_content(s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e2"', version_id="v1"))
     assert not same_content(fp(mtime_ns=None, sha256=None), fp(mtime_ns=None, sha256=None))  # cannot tell
-
-
-def test_sha256_file_and_fingerprint_of_path(tmp_path: Path) -> None:
-    path = tmp_path / "doc.pdf"
-    path.write_bytes(b"abc" * 1_000_000)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert sha256_file(path, chunk=4096) == digest
-    full = Fingerprint.of_path(path, digest=True)
-    assert (full.size, full.sha256) == (3_000_000, digest)
-    assert Fingerprint.of_path(path).sha256 is None
 
 
 # --- admission and states --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,7 +34,7 @@ from ocrwatch.render import (
     Geometry,
     Limits,
     RenderedPage,
-    iter_pages,
+    RenderSpec,
     page_dpi,
     probe,
     render_page,
@@ -107,11 +108,16 @@ def test_corpus_bad_files_map_to_the_kinds_the_issue_names(manifest: list[dict[s
 # --- PDFs -------------------------------------------------------------------------------------------------
 
 
+def _pages(path: Path, info: DocumentInfo, spec: RenderSpec) -> Iterator[RenderedPage]:
+    """Every page in order, each rendered only when asked for, as the pipeline asks for them."""
+    return (render_page(path, info, index, spec) for index in range(info.pages))
+
+
 def test_pdf_pages_render_lazily_in_order(tmp_path: Path) -> None:
     pdf = docs.write_pdf(tmp_path / "three.pdf", [["one"], ["two"], ["three"]])
     info = probe(pdf, LIMITS)
     assert (info.kind, info.mime, info.pages, info.size_bytes) == ("pdf", "application/pdf", 3, pdf.stat().st_size)
-    pages = iter_pages(pdf, info, SPEC)
+    pages = _pages(pdf, info, SPEC)
     first = next(pages)
     assert (first.index, first.dpi, first.image.mode) == (0, 200.0, "RGB")
     assert first.image.size == (first.width, first.height) == (1654, 2339)  # A4 at 200 dpi
@@ -139,7 +145,7 @@ def test_each_page_uses_its_own_size_and_rotation(tmp_path: Path) -> None:
     info = probe(pdf, LIMITS)
     assert info.page_sizes == ((612, 792), (200, 300), (300, 200))
     spec = render_spec(RenderConfig(dpi=72))
-    assert [page.image.size for page in iter_pages(pdf, info, spec)] == [(612, 792), (200, 300), (300, 200)]
+    assert [page.image.size for page in _pages(pdf, info, spec)] == [(612, 792), (200, 300), (300, 200)]
 
 
 def test_the_crop_box_is_what_is_rendered(tmp_path: Path) -> None:
@@ -442,7 +448,7 @@ def test_multi_frame_tiff_gives_every_frame(tmp_path: Path) -> None:
     info = probe(tif, LIMITS)
     assert (info.kind, info.mime, info.pages) == ("image", "image/tiff", 3)
     assert info.page_sizes == ((600, 800), (800, 600), (500, 500))
-    pages = list(iter_pages(tif, info, SPEC))
+    pages = list(_pages(tif, info, SPEC))
     assert [(p.index, p.image.size, p.image.mode) for p in pages] == [
         (0, (600, 800), "L"),
         (1, (800, 600), "RGB"),

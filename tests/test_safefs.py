@@ -5,6 +5,7 @@ read leases that see a writer (and never end the process that holds them).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch.safefs import Access, FolderGone, Replaced, folder, read_lease, walk
+from ocrwatch.ledger import Fingerprint
+from ocrwatch.safefs import (
+    Access, FolderGone, Replaced, Signature, TooLarge, folder, hash_fd, read_lease, sha256_file, walk,
+)
 
 OTHER_UID = 54321
 
@@ -135,3 +139,49 @@ def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that
     finally:
         os.close(fd)
     assert path.read_bytes() == b"%PDFmore"  # and this process was not ended by the lease's break signal
+
+
+def test_one_read_loop_hashes_copies_and_stops_at_its_limit(tmp_path: Path) -> None:
+    """``hash_fd`` is every sha256 read: a file hashed, hashed while copied, or refused past a
+    limit."""
+    content = os.urandom(3 << 20) + b"tail"
+    (tmp_path / "doc.pdf").write_bytes(content)
+    digest = hashlib.sha256(content).hexdigest()
+    assert sha256_file(tmp_path / "doc.pdf") == digest
+    fd = os.open(tmp_path / "doc.pdf", os.O_RDONLY)
+    out = os.open(tmp_path / "copy", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        assert hash_fd(fd, out=out, limit=len(content)) == digest
+        with pytest.raises(TooLarge):
+            hash_fd(fd, limit=len(content) - 1)
+    finally:
+        os.close(fd)
+        os.close(out)
+    assert (tmp_path / "copy").read_bytes() == content
+
+
+def test_the_unchanged_rule_sees_a_replacement_that_keeps_size_and_times(tmp_path: Path) -> None:
+    """One rule for "unchanged" where four copies used to differ (the device, the ctime across a
+    rename, a record without inode and ctime): a file swapped for one with the same size and mtime
+    is changed; a rename is unchanged only where the caller renamed it; an older record matches
+    nothing."""
+    path = tmp_path / "doc.pdf"
+    path.write_bytes(b"first")
+    then = Signature.of(os.stat(path))
+    assert Signature.of(os.stat(path)).unchanged(then)
+    swap = tmp_path / "swap"
+    swap.write_bytes(b"other")
+    os.utime(swap, ns=(then.mtime_ns, then.mtime_ns))  # touch -r
+    os.replace(swap, path)
+    assert not Signature.of(os.stat(path)).unchanged(then)
+    then = Signature.of(os.stat(path))
+    time.sleep(0.05)
+    os.rename(path, tmp_path / "aside")
+    moved = Signature.of(os.stat(tmp_path / "aside"))
+    assert moved.ctime_ns != then.ctime_ns and not moved.unchanged(then)  # a rename sets the ctime
+    assert moved.unchanged(then, renamed=True)
+    assert not moved.unchanged(None)
+    recorded = Fingerprint(size=then.size, mtime_ns=then.mtime_ns, sha256=None)  # an older row
+    assert recorded.stat(then.device) is None and not then.unchanged(recorded.stat(then.device))
+    full = Fingerprint(then.size, then.mtime_ns, None, inode=then.inode, ctime_ns=then.ctime_ns)
+    assert then.unchanged(full.stat(then.device))

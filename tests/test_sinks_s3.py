@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -200,3 +201,30 @@ def test_a_sidecar_nested_too_deep_for_the_parser_is_not_ocrwatchs_result(moto: 
     assert sink.status(job()) is None
     sink.write(job(), "<!-- page 1 -->\nx\n", DOCUMENT)  # opens with ocrwatch's schema: replaced
     assert sink.recorded(job()) == DOCUMENT["source"]
+
+
+def test_an_edited_markdown_beside_ocrwatchs_json_is_the_users_as_it_is_locally(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """One mark rule for both sinks (the S3 copy used to take a Markdown as ocrwatch's by its JSON
+    alone): a Markdown edited so it no longer opens with page 1 is the user's, in a bucket as beside
+    a local file."""
+    from ocrwatch.sinks.local import LocalSink
+    from tests.test_sinks_local import job_for
+
+    s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
+    s3.create_bucket(Bucket="docs")
+    sink.write(job(), "<!-- page 1 -->\nold\n", DOCUMENT)
+    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"corrected by hand\n")
+    with pytest.raises(OutputConflict, match="did not write"):
+        sink.write(job(), "<!-- page 1 -->\nnew\n", DOCUMENT)
+    assert get(s3, "docs", f"{KEY}.md")[0] == b"corrected by hand\n"
+
+    source = tmp_path / "x.pdf"
+    source.write_bytes(b"%PDF-1.4")
+    local = LocalSink()  # no record of outputs: marks alone, as on S3
+    local.write(job_for(source), "<!-- page 1 -->\nold\n", DOCUMENT)
+    (tmp_path / "x.pdf.md").write_text("corrected by hand\n")
+    with pytest.raises(OutputConflict):
+        local.write(job_for(source), "<!-- page 1 -->\nnew\n", DOCUMENT)
+    assert (tmp_path / "x.pdf.md").read_text() == "corrected by hand\n"

@@ -12,8 +12,8 @@ Sink contract: methods are blocking and called from worker threads, one job at a
   the further outputs) a previous version of the source left: a failed document never keeps an "ok" result for
   content that is no longer there.
 - Only what ocrwatch wrote is ever replaced or removed. A JSON sidecar is ocrwatch's when its first member is
-  ``"schema": "ocrwatch/1"``; a Markdown sidecar when it begins with ``<!-- page`` or its JSON sidecar is
-  ocrwatch's. Anything else at a sidecar's name (a user's file, a folder, a FIFO, a link) is refused as
+  ``"schema": "ocrwatch/1"``; a Markdown sidecar when it begins with ``<!-- page`` (``marked``: one mark
+  rule for both sinks; a local sink asks it only for outputs its record of outputs predates). Anything else at a sidecar's name (a user's file, a folder, a FIFO, a link) is refused as
   ``output_conflict``, naming it. A further output is ocrwatch's when the JSON sidecar beside it is (a figure
   also by its own mark, ``figures.is_ours``); only the names ``naming.FIGURE_FILE`` are touched in
   ``NAME.assets/``.
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ocrwatch import figures
 from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
 from ocrwatch.ledger import Fingerprint
 from ocrwatch.naming import FIGURE_FILE
@@ -135,6 +136,29 @@ def owns_json(head: bytes) -> bool:
 def owns_markdown(head: bytes) -> bool:
     """Whether a Markdown file beginning with ``head`` is one ocrwatch wrote (it always opens with page 1)."""
     return head.startswith(PAGE_MARK.encode())
+
+
+def marked(kind: str, head: bytes) -> bool:
+    """The mark rule of both sinks: whether an output of ``kind`` (``md``, ``json``, ``error``,
+    ``assets``: a figure) beginning with ``head`` carries ocrwatch's own mark. A Markdown counts by
+    its page mark alone, never by the JSON beside it, so a user's edit to it stands (a searchable
+    PDF: ``pdf_recorded``, else ``textlayer.is_ours`` over the whole file)."""
+    if kind == "md":
+        return owns_markdown(head)
+    if kind == "assets":
+        return figures.is_ours(head)
+    if kind in ("json", "error"):
+        return owns_json(head)
+    raise ValueError(f"no mark rule for {kind!r}")
+
+
+def pdf_recorded(json_head: bytes | None) -> bool:
+    """Whether the JSON sidecar beginning with ``json_head`` is ocrwatch's and records a searchable
+    PDF."""
+    if json_head is None or not owns_json(json_head):
+        return False
+    section = json_member(json_head, "searchable_pdf")
+    return isinstance(section, dict) and "path" in section
 
 
 def _members(text: str) -> Iterator[tuple[str, Any]]:

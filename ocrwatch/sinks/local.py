@@ -28,14 +28,14 @@ from typing import Any
 
 import structlog
 
-from ocrwatch import figures, textlayer
+from ocrwatch import textlayer
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, SourceGone
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder
 from ocrwatch.sinks.base import (
     HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,
-    owns_json, owns_markdown,
+    marked, owns_json, pdf_recorded,
 )
 from ocrwatch.sources.base import Job, LocalFile, Origin
 from ocrwatch.written import OURS, Output, Verdict, Written, judge, vouched
@@ -167,14 +167,18 @@ class Claims:
                 if o.root == self.root and o.name.startswith(self.prefix)]  # fmt: skip
 
 
-def json_marked(here: Folder, name: str) -> bool:
-    found = here.look(name, PROBE_BYTES)
-    return found is not None and found.other is None and owns_json(found.head)
+def marker(kind: str) -> Marker:
+    """The mark rule (``sinks.base.marked``) for an output of ``kind``, asked of a regular file
+    only."""
+
+    def marked_here(here: Folder, name: str) -> bool:
+        found = here.look(name, PROBE_BYTES)
+        return found is not None and found.other is None and marked(kind, found.head)
+
+    return marked_here
 
 
-def markdown_marked(here: Folder, name: str) -> bool:
-    found = here.look(name, PROBE_BYTES)
-    return found is not None and found.other is None and owns_markdown(found.head)
+json_marked, markdown_marked, figure_marked = marker("json"), marker("md"), marker("assets")
 
 
 def pdf_marked(here: Folder, name: str) -> bool:
@@ -190,10 +194,7 @@ def _pdf_marker(here: Folder, json_name: str) -> Marker:
     """An older ocrwatch's searchable PDF is known by its mark, or by its JSON sidecar (ocrwatch's by its
     own mark) recording it, as the JSON is now; either counts only where the record holds no row for it."""
     found = here.look(json_name, HEAD_BYTES)
-    recorded = False
-    if found is not None and found.other is None and owns_json(found.head):
-        section = json_member(found.head, "searchable_pdf")
-        recorded = isinstance(section, dict) and "path" in section
+    recorded = found is not None and found.other is None and pdf_recorded(found.head)
 
     def marked(inner: Folder, name: str) -> bool:
         return recorded or pdf_marked(inner, name)
@@ -207,11 +208,6 @@ def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
     as ocrwatch's."""
     pdf = _pdf_marker(here, json_name)
     return {"md": markdown_marked, "json": json_marked, "pdf": pdf, "assets": figure_marked}
-
-
-def figure_marked(here: Folder, name: str) -> bool:
-    found = here.look(name, PROBE_BYTES)
-    return found is not None and found.other is None and figures.is_ours(found.head)
 
 
 def conflict(path: Path, what: str) -> OutputConflict:

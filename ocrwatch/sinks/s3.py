@@ -28,7 +28,7 @@ import structlog
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
-from ocrwatch import figures, textlayer
+from ocrwatch import textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import (
     MAX_KEY_BYTES, InvalidRequest, call, error_code, is_invalid_name, is_not_found, new_client,
@@ -36,7 +36,7 @@ from ocrwatch.s3client import (
 )
 from ocrwatch.sinks.base import (
     HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,
-    owns_json, owns_markdown,
+    marked, owns_json, pdf_recorded,
 )
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.safefs import Access
@@ -137,9 +137,7 @@ class S3Sink:
         """Whether the searchable PDF at ``pdf`` is ocrwatch's: the JSON sidecar at ``key`` is ocrwatch's and
         records one, or the object carries ocrwatch's mark (``textlayer.is_ours``: a write that never reached its
         JSON left it). The object is read into a spooled file, as qpdf reads its end first."""
-        head = self._head(bucket, key, HEAD_BYTES, there)
-        section = json_member(head, "searchable_pdf") if head is not None and owns_json(head) else None
-        if isinstance(section, dict) and "path" in section:
+        if pdf_recorded(self._head(bucket, key, HEAD_BYTES, there)):
             return True
         if self._head(bucket, pdf, 1, there) is None:
             return False
@@ -165,7 +163,7 @@ class S3Sink:
     ) -> None:
         for key in targets:
             head = self._head(bucket, key, PROBE_BYTES, there)
-            ours = pdf_ours if key == outputs["pdf"] else head is not None and figures.is_ours(head)
+            ours = pdf_ours if key == outputs["pdf"] else head is not None and marked("assets", head)
             if head is not None and not ours:
                 raise OutputConflict(
                     f"s3://{bucket}/{key} is an object ocrwatch did not write; ocrwatch writes an output there and "
@@ -189,7 +187,7 @@ class S3Sink:
             for key in listed:
                 if key not in kept and FIGURE_FILE.fullmatch(key[len(prefix):]):
                     head = self._head(bucket, key, PROBE_BYTES)
-                    if head is not None and figures.is_ours(head):
+                    if head is not None and marked("assets", head):
                         doomed.append(key)
             for key in doomed:
                 call(self._client.delete_object, Bucket=bucket, Key=key)
@@ -235,18 +233,9 @@ class S3Sink:
     def _owned(self, bucket: str, keys: dict[str, str], kinds: tuple[str, ...],
                there: Listed = None) -> dict[str, bool | None]:
         """Per sidecar of ``kinds``: None when no object holds its key, True when ocrwatch wrote the one there,
-        else False. A Markdown object is ocrwatch's when it opens with page 1 or its JSON sidecar is ocrwatch's."""
-        needed = set(kinds) | ({"json"} if "md" in kinds else set())
-        heads = {kind: self._head(bucket, keys[kind], PROBE_BYTES, there) for kind in needed}
-        json_ours = heads.get("json") is not None and owns_json(heads["json"] or b"")
-        owned: dict[str, bool | None] = {}
-        for kind in kinds:
-            head = heads[kind]
-            if head is None:
-                owned[kind] = None
-            else:
-                owned[kind] = (json_ours or owns_markdown(head)) if kind == "md" else owns_json(head)
-        return owned
+        else False, by the mark rule (``sinks.base.marked``)."""
+        heads = {kind: self._head(bucket, keys[kind], PROBE_BYTES, there) for kind in kinds}
+        return {kind: None if head is None else marked(kind, head) for kind, head in heads.items()}
 
     def _listed(self, bucket: str, keys: list[str]) -> Listed:
         """The objects under the prefix ``keys`` share, in one listing, so that a key not there is

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ocrwatch.config import DEFAULT_PRIORITY
 from ocrwatch.errors import NotARegularFile, SourceGone
-from ocrwatch.safefs import Access
+from ocrwatch.safefs import Access, Signature
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome
-from ocrwatch.sources.beneath import Signature, copy_out, spool_name
+from ocrwatch.sources.sourcefile import copy_out, spool_name
 
 
 class GivenFiles:
@@ -72,6 +72,6 @@ def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
 
 def _changed(path: Path, before: Signature) -> bool:
     try:
-        return Signature.of(os.stat(path)) != before
+        return not Signature.of(os.stat(path)).unchanged(before)
     except OSError:
         return True

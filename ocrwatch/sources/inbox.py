@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NotARegularFile, SourceGone
-from ocrwatch.sources.beneath import Signature
+from ocrwatch.safefs import Signature
 from ocrwatch.sources.ignore import NameRules
-from ocrwatch.sources.settle import inspect_file
+from ocrwatch.sources.sourcefile import inspect
 from ocrwatch.sources.tree import depth_of, open_folder, walk
 from ocrwatch.sources.watch import EventBridge, Watcher
 
@@ -150,7 +150,7 @@ class Inbox:
         """What the scan records of ``path``: its signature when it is a document's regular file, why it is
         refused when it is anything else, nothing when it is gone (or a regular file named as a link was)."""
         try:
-            signature = inspect_file(path, self.root)
+            signature = inspect(path, self.root)
         except SourceGone:
             return {}
         except NotARegularFile as exc:

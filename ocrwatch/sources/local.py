@@ -10,7 +10,7 @@ ledger row says done (``lapsed``, the daemon's question): asked as soon as an ev
 and of every unchanged document at each scan, at the cost of a ledger read and a sidecar's head, never a hash.
 Every stat, probe and scan runs in a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened
 before ``lstat`` says it is a regular file, so a FIFO cannot hang a reader. No link is followed, to a file or
-to a folder, inside the inbox or out of it: each is refused with one log line (``beneath``).
+to a folder, inside the inbox or out of it: each is refused with one log line (``sourcefile``).
 
 Concurrency: all methods are called from the event loop; ``stop`` once, after ``start``.
 """
@@ -41,13 +41,14 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, path_fault, quarantined
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
+from ocrwatch.safefs import Signature
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit, key_id
-from ocrwatch.sources.beneath import Signature, fetch_copy
+from ocrwatch.sources.sourcefile import fetch_copy, inspect
 from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox, Pending
 from ocrwatch.sources.quarantine import Owns, quarantine
-from ocrwatch.sources.settle import inspect_file, probe
+from ocrwatch.sources.settle import probe
 from ocrwatch.sources.watch import Batch, EventBridge, start_watcher
 
 log = structlog.get_logger()
@@ -434,7 +435,7 @@ class LocalSource:
                 with contextlib.suppress(SourceGone, OSError):
                     try:
                         if os.path.islink(path) and os.path.isdir(path):
-                            inspect_file(path, inbox.root)
+                            inspect(path, inbox.root)
                     except NotARegularFile as exc:
                         found.append((path, exc.message))
             return found
@@ -494,7 +495,7 @@ class LocalSource:
                 generation = pending.generation
                 signature: Signature | None = None
                 try:
-                    signature = await self._blocking(inspect_file, path, inbox.root)
+                    signature = await self._blocking(inspect, path, inbox.root)
                 except SourceGone:
                     pass
                 except NotARegularFile as exc:
@@ -518,7 +519,7 @@ class LocalSource:
         """One readiness decision: submit now (None: look once more) or how long to wait before the next look."""
         inbox, settle, path = pending.inbox, pending.inbox.config.settle_seconds, pending.path
         now = time.monotonic()
-        if signature != pending.signature:
+        if not signature.unchanged(pending.signature):
             pending.signature, pending.stable_since = signature, now
         quiet = now - pending.stable_since
         rewritten = pending.reopened or inbox.settled.submitted(path)
@@ -531,10 +532,10 @@ class LocalSource:
         if not complete and not empty and quiet < give_up:
             return max(settle, RECHECK_MIN_SECONDS)
         try:
-            after = await self._blocking(inspect_file, path, inbox.root)
+            after = await self._blocking(inspect, path, inbox.root)
         except (SourceGone, NotARegularFile):
             return 0.0  # replaced while being probed: the next look says by what
-        if after != signature:
+        if not after.unchanged(signature):
             return 0.0  # it changed while being probed
         assert self._submit is not None
         job = self._job(inbox, path, pending.detected_at)

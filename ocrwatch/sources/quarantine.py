@@ -5,7 +5,7 @@ Both sides are reached through ``safefs``, walking down from the inbox and from 
 inbox swapped for a link, or a folder of the quarantine made a link in advance, can neither move a
 file from outside the inbox nor put one outside the quarantine. Each folder the quarantine makes is
 as readable as the inbox folder it stands for, never more (``safefs.Access``). The document is held
-as ``beneath.held`` holds it (one name, no writer), and its name is removed only while it is still
+as ``sourcefile.held`` holds it (one name, no writer), and its name is removed only while it is still
 the file moved (``Folder.remove_if``). Its error sidecar goes along only where the record of outputs
 holds it as ocrwatch's (``owns``, given by the daemon). Nothing is overwritten: a taken name gets a
 number.
@@ -22,7 +22,7 @@ from pathlib import Path
 from ocrwatch.errors import SourceChanged
 from ocrwatch.naming import sidecar_names
 from ocrwatch.safefs import Access, Folder, Replaced, parts_below, walk
-from ocrwatch.sources.beneath import folders_of, held
+from ocrwatch.sources.sourcefile import folders_of, held
 
 Owns = Callable[[Folder, Path, str, int], bool]
 """``owns(here, root, name, owner)``: whether ``name`` (relative to the inbox ``root``; its file

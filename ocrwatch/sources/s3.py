@@ -56,8 +56,7 @@ class S3Source(S3EventSource):
     """A ``Source`` for one ``[[s3]]`` table with ``transport = "sqs"``.
 
     At most ``max_inflight`` SQS messages are held (invisible to other consumers) at once, so several daemons
-    share a queue by their capacity. ``name_template`` is accepted like every source's: S3 sidecars are
-    recognised by their endings whatever the template.
+    share a queue by their capacity.
 
     Concurrency: every method is called from the event loop. A message is deleted once all its jobs are
     finished; ``finish`` for a job also finishes the other jobs in flight here for the same ledger key and
@@ -65,7 +64,7 @@ class S3Source(S3EventSource):
     """
 
     def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None,
-                 name_template: str = "{name}", max_inflight: int = 64) -> None:
+                 max_inflight: int = 64) -> None:
         super().__init__(cfg, name=name, limits=limits)
         self.max_inflight = max_inflight
         self._sqs: Any = None

@@ -1,7 +1,8 @@
-"""What settling looks at: the signature of the file a name stands for, and whether that file is whole yet.
+"""What settling looks at: whether the file a name stands for is whole yet (its signature is
+``sourcefile.inspect``).
 
-Both are blocking and cheap (a ``stat``, a header and a trailer, never a full parse), and both go through
-``beneath``: no link is followed, on the way or at the end, and nothing but a regular file is opened, so a
+It is blocking and cheap (a ``stat``, a header and a trailer, never a full parse), and both go through
+``sourcefile``: no link is followed, on the way or at the end, and nothing but a regular file is opened, so a
 FIFO dropped in an inbox cannot hang a worker thread. The format comes from ``ocrwatch.sniff``, the
 renderer's own sniffer, so a file is waited on as the format it will be rendered as.
 """
@@ -16,19 +17,10 @@ from PIL import Image
 
 from ocrwatch.errors import NotARegularFile, SourceGone
 from ocrwatch.sniff import HEAD_BYTES, sniff
-from ocrwatch.sources.beneath import Signature, inspect, open_file
+from ocrwatch.sources.sourcefile import open_file
 
 TAIL_BYTES = 2048
 MIN_SNIFF_BYTES = 12
-
-
-def inspect_file(path: Path, root: Path) -> Signature:
-    """The signature of the regular file ``path`` in the inbox ``root`` (resolved). Blocking; opens nothing.
-
-    Raises ``SourceGone`` when nothing is there and ``NotARegularFile`` for anything else, a symlink included:
-    a link is never followed, whether it leads into the inbox or out of it.
-    """
-    return inspect(path, root)
 
 
 def looks_complete(kind: str | None, head: bytes, tail: bytes, size: int) -> bool:
@@ -65,7 +57,7 @@ def probe(path: Path, root: Path) -> bool:
     """Whether the file looks whole: its format's header and trailer, never a full parse. Blocking.
 
     Content no probe knows passes, so the renderer can report ``not_a_document``; a file too short to
-    recognise does not, because a copy often starts that way. Opened as ``beneath`` opens (no link, only a
+    recognise does not, because a copy often starts that way. Opened as ``sourcefile`` opens (no link, only a
     regular file, non-blocking), so a FIFO or link swapped in since the last look is merely "not whole".
     """
     try:

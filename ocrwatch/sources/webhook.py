@@ -40,17 +40,14 @@ class _Refused(Exception):
 class WebhookSource(S3EventSource):
     """A ``Source`` for one ``[[s3]]`` table with ``transport = "webhook"``.
 
-    ``max_inflight`` and ``name_template`` are accepted like every source's: a webhook holds no messages (the
-    sender keeps what is not answered 2xx), and S3 sidecars are recognised by their endings whatever the
-    template. An event is refused (5xx, the sender resends it) only for a failure a retry may cure; one that no
+    A webhook holds no messages (the sender keeps what is not answered 2xx). An event is refused (5xx, the sender resends it) only for a failure a retry may cure; one that no
     retry can cure is given up through ``reject`` and answered 2xx, or the sender would resend it for ever,
     holding back every event behind it. A request that is not an S3 event gets a 4xx answer, whatever it holds.
     """
 
     reject_delay_seconds = 1.0
 
-    def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None,
-                 name_template: str = "{name}", max_inflight: int = 64) -> None:
+    def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None) -> None:
         super().__init__(cfg, name=name, limits=limits)
         self._listener: Listener | None = None
         self._submits: set[asyncio.Task[None]] = set()

@@ -1,4 +1,5 @@
-"""``sources.beneath`` and the fetch of local files on real folders: no link followed, one descriptor, one copy."""
+"""``sources.sourcefile`` and the fetch of local files on real folders: no link followed, one
+descriptor, one copy."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pytest
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone
 from ocrwatch.ledger import Fingerprint, Ledger
+from ocrwatch.safefs import Signature
 from ocrwatch.sources.base import Job, LocalFile
-from ocrwatch.sources.beneath import Signature, copy_out, fetch_copy, inspect, measure, open_file
+from ocrwatch.sources.sourcefile import copy_out, fetch_copy, inspect, measure, open_file
 from ocrwatch.sources.files import GivenFiles
 
 RENAME_EXCHANGE = 2

@@ -1,4 +1,5 @@
-"""Reading a file of a folder that others can write to: no link is followed, and a document is read once.
+"""One source file of an inbox that others can write to, looked at, copied and held: no link is
+followed, and a document is read once.
 
 Checking a path and then opening it are two steps that another user can race, by swapping the file for a
 symlink between them. So every lookup here walks down from the inbox folder through ``safefs``, the
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import stat
@@ -22,16 +22,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone, SourceInUse
 from ocrwatch.safefs import (
-    CHUNK, FILE_FLAGS, Access, Folder, FolderGone, hash_fd, read_lease, walk,
-)  # fmt: skip
+    FILE_FLAGS, Access, Folder, FolderGone, Signature, TooLarge, hash_fd, read_lease, walk,
+)
 from ocrwatch.sources.base import Fetched
 
 __all__ = [
-    "QUIET_WITHOUT_LEASE", "Held", "Signature", "changed_since", "copy_out",
+    "QUIET_WITHOUT_LEASE", "Held", "changed_since", "copy_out",
     "fetch_copy", "folders_of", "held", "inspect", "measure", "open_file",
 ]  # fmt: skip
 
@@ -40,21 +39,6 @@ QUIET_WITHOUT_LEASE = 60.0
 a source must have been unchanged (its mtime and ctime) before it is moved or deleted: a writer that
 keeps a file open cannot be seen there, and one that pauses longer than this in the middle of a file
 is rare."""
-
-
-class Signature(NamedTuple):
-    """What "unchanged" means for a file. Size and mtime alone miss a replacement that keeps both (``touch
-    -r``, a copy preserving times); the inode and ctime cannot be set back by a user."""
-
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    inode: int
-    device: int
-
-    @classmethod
-    def of(cls, info: os.stat_result) -> Signature:
-        return cls(info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
 def _relative_parts(path: Path, root: Path) -> tuple[str, ...]:
@@ -146,7 +130,7 @@ def open_file(path: Path, root: Path) -> tuple[int, Signature]:
 def changed_since(path: Path, root: Path, before: Signature) -> bool:
     """Whether ``path`` no longer is the file that had signature ``before`` (gone, replaced or written)."""
     try:
-        return inspect(path, root) != before
+        return not inspect(path, root).unchanged(before)
     except (SourceGone, NotARegularFile, OSError):
         return True
 
@@ -161,19 +145,14 @@ def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, 
     before = Signature.of(os.fstat(fd))
     if before.size > max_bytes:
         raise FileTooLarge(f"{source}: {before.size} bytes, more than max_bytes={max_bytes}")
-    digest, copied = hashlib.sha256(), 0
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        while block := os.pread(fd, CHUNK, copied):
-            copied += len(block)
-            if copied > max_bytes:
-                raise FileTooLarge(f"{source}: more than max_bytes={max_bytes} bytes")
-            digest.update(block)
-            view = memoryview(block)
-            while view:
-                view = view[os.write(out, view) :]
+        try:
+            digest = hash_fd(fd, out=out, limit=max_bytes)
+        except TooLarge:
+            raise FileTooLarge(f"{source}: more than max_bytes={max_bytes} bytes") from None
         after = Signature.of(os.fstat(fd))
-        if after != before or copied != after.size:
+        if not after.unchanged(before) or os.fstat(out).st_size != after.size:
             raise SourceChanged(f"{source} changed while it was read")
         os.utime(out, ns=(os.fstat(fd).st_atime_ns, before.mtime_ns))  # the sidecar reports the source's mtime
     except BaseException:
@@ -181,7 +160,7 @@ def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, 
         target.unlink(missing_ok=True)
         raise
     os.close(out)
-    return digest.hexdigest(), before
+    return digest, before
 
 
 def spool_name(path: Path) -> str:
