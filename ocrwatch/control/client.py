@@ -58,8 +58,8 @@ class Client:
                 return None
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                with address(path) as address:
-                    sock.connect(address)
+                with address(path) as where:
+                    sock.connect(where)
                 return cls(sock)
             except OSError as exc:
                 sock.close()

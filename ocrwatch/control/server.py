@@ -14,7 +14,9 @@ import structlog
 
 from ocrwatch.config import Config
 from ocrwatch.control.ocr import declines, run_ocr
-from ocrwatch.control.protocol import REQUEST_LIMIT, SOCKET_NAME, ControlError, Emit, OcrRequest, address
+from ocrwatch.control.protocol import (
+    REQUEST_LIMIT, SOCKET_NAME, ControlError, Emit, OcrRequest, address,
+)
 from ocrwatch.control.status import listeners, pipeline_status, place
 from ocrwatch.errors import classify
 from ocrwatch.ledger import Ledger
@@ -62,8 +64,8 @@ class ControlServer:
             os.unlink(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with address(self.path) as address:
-                sock.bind(address)
+            with address(self.path) as where:
+                sock.bind(where)
             os.chmod(self.path, 0o600)
             sock.listen(64)
             info = os.stat(self.path)
