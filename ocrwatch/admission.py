@@ -23,8 +23,8 @@ import structlog
 from ocrwatch.archive import Archiver
 from ocrwatch.errors import OcrwatchError, classify
 from ocrwatch.hooks import HookRunner
-from ocrwatch.ledger import Fingerprint, Ledger, same_content
-from ocrwatch.sinks.base import Sink, recorded_fingerprint
+from ocrwatch.ledger import Fingerprint, Ledger
+from ocrwatch.sinks.base import Sink, done
 from ocrwatch.sources.base import Job, S3Object, Source, key_id
 from ocrwatch.sources.sourcefile import inspect, measure
 
@@ -172,10 +172,14 @@ class Admission:
         )
 
     def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
-        """Whether the job's sidecars already describe this very content (blocking: the sink reads
-        them)."""
-        recorded = self.sinks[job.source].recorded(job)
-        return recorded is not None and same_content(recorded_fingerprint(recorded), fingerprint)
+        """``sinks.base.done`` through the job's own sink (blocking)."""
+        return done(self.sinks[job.source], job, fingerprint)
+
+    def lapsed(self, job: Job) -> bool:
+        """Whether a job the ledger holds as done has lost its sidecars since (deleted, or not its
+        own now): its source submits it again. Blocking."""
+        row = self.ledger.known(job.key) if self.ledger is not None else None
+        return row is not None and row.state == "done" and not self.already_written(job, row.fingerprint)
 
     async def done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
         """A job whose sidecars describe its content is done without a run: recorded so and

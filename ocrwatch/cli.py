@@ -27,7 +27,8 @@ from ocrwatch.report import OcrReport
 from ocrwatch.sources.ignore import sidecar_suffixes
 
 if TYPE_CHECKING:
-    from ocrwatch.control import Client, OcrRequest
+    from ocrwatch.control.client import Client
+    from ocrwatch.control.protocol import OcrRequest
     from ocrwatch.ledger import Ledger
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -156,7 +157,8 @@ def _run(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _ocr(cfg: Config, args: argparse.Namespace) -> int:
-    from ocrwatch.control import Client, OcrRequest
+    from ocrwatch.control.client import Client
+    from ocrwatch.control.protocol import OcrRequest
 
     missing = [path for path in args.paths if not path.exists()]
     if missing:
@@ -265,7 +267,7 @@ def _hand_over(client: Client, order: OcrRequest, report: OcrReport) -> bool:
 
 async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
     """No daemon runs (or it declined): this process builds the engine, only once a file needs it."""
-    from ocrwatch.control import run_ocr
+    from ocrwatch.control.ocr import run_ocr
     from ocrwatch.metrics import Metrics
     from ocrwatch.pipeline import Pipeline
     from ocrwatch.sinks.local import LocalSink
@@ -323,7 +325,8 @@ def _existing_ledger(cfg: Config) -> Ledger | None:
 def _ask_daemon(cfg: Config, payload: dict[str, Any]) -> dict[str, Any] | None:
     """The running daemon's one answer to ``payload``; None when no daemon holds the state_dir, or when one
     holds it but does not answer (said so: the ledger is used instead)."""
-    from ocrwatch.control import Client, ControlError
+    from ocrwatch.control.client import Client
+    from ocrwatch.control.protocol import ControlError
 
     try:
         client = Client.connect(cfg.state_dir)
@@ -337,7 +340,7 @@ def _ask_daemon(cfg: Config, payload: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _status(cfg: Config, args: argparse.Namespace) -> int:
-    from ocrwatch.control import ledger_status
+    from ocrwatch.control.status import ledger_status
 
     status = _ask_daemon(cfg, {"op": "status"})
     if status is None:
@@ -395,7 +398,7 @@ def _retry(cfg: Config, args: argparse.Namespace) -> int:
         count = ledger.retry(selectors)
     finally:
         ledger.close()
-    from ocrwatch.control import daemon_holds
+    from ocrwatch.control.client import daemon_holds
 
     if daemon_holds(cfg.state_dir):  # it did not answer (said above)
         print(f"{count} job(s) queued again; the daemon starts them at its next start or scan")

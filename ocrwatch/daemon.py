@@ -29,14 +29,15 @@ import tenacity
 from ocrwatch import checks, config as config_module, intake
 from ocrwatch.archive import output_judge
 from ocrwatch.config import Config
-from ocrwatch.control import LOCK_NAME, ControlServer
+from ocrwatch.control.protocol import LOCK_NAME
+from ocrwatch.control.server import ControlServer
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.database import open_private
 from ocrwatch.ledger import Ledger, StateUnusable, make_private_dirs
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
-from ocrwatch.sources.base import Job, Outbox
+from ocrwatch.sources.base import Outbox
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.systemd import sd_notify, watchdog_interval
 from ocrwatch.written import Written
@@ -174,8 +175,8 @@ class Daemon:
         cfg = self.cfg
         template = cfg.output.name_template
         self.local = LocalSource(
-            cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template, lapsed=self._lapsed,
-            metrics=self.metrics,
+            cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template,
+            lapsed=pipeline.admission.lapsed, metrics=self.metrics,
         )
         written = Written(pipeline.ledger) if pipeline.ledger is not None else None
         pipeline.archive.written, self.local.owns_output = written, output_judge(written)  # the record decides
@@ -203,13 +204,6 @@ class Daemon:
                     s3cfg, name=f"s3:{index}", limits=cfg.limits, max_inflight=pipeline.active_documents
                 )
             pipeline.add_source(source, S3Sink(s3cfg, source.client, template), source.executor)
-
-    def _lapsed(self, job: Job) -> bool:
-        """Whether a job the ledger holds as done has lost its sidecars since (deleted, or not its own now): the
-        local source then submits it again, and ``Pipeline.submit`` does it again. Blocking."""
-        assert self.ledger is not None and self.pipeline is not None
-        row = self.ledger.known(job.key)
-        return row is not None and row.state == "done" and not self.pipeline.already_written(job, row.fingerprint)
 
     def _prepare_state_dir(self) -> None:
         """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the start with its

@@ -41,7 +41,7 @@ from ocrwatch.errors import (
     classify,
 )
 from ocrwatch.hooks import HookRunner
-from ocrwatch.ledger import Fingerprint, Ledger, sha256_file
+from ocrwatch.ledger import Ledger, sha256_file
 from ocrwatch.memory import DecodeBudget
 from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
@@ -220,10 +220,6 @@ class Pipeline:
     async def submit(self, job: Job) -> None:
         """Admit a job (idempotent); returns once it is durably in the ledger, or known to be done."""
         await self.admission.submit(job)
-
-    def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
-        """Whether the job's sidecars already describe this very content (blocking: the sink reads them)."""
-        return self.admission.already_written(job, fingerprint)
 
     async def resume(self) -> int:
         """Let the ledger's unfinished jobs start (at start, and after ``ocrwatch retry``); how many

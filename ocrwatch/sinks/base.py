@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ocrwatch import figures
 from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
-from ocrwatch.ledger import Fingerprint
+from ocrwatch.ledger import Fingerprint, same_content
 from ocrwatch.naming import FIGURE_FILE
 from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job
@@ -126,6 +126,17 @@ def recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:
         size=int(recorded.get("bytes") or 0), mtime_ns=None, sha256=recorded.get("sha256"),
         etag=recorded.get("etag"), version_id=recorded.get("version_id"),
     )
+
+
+def records(recorded: dict[str, Any] | None, fingerprint: Fingerprint) -> bool:
+    """Whether a sidecar's ``source`` section (``recorded``'s answer) describes this very content."""
+    return recorded is not None and same_content(recorded_fingerprint(recorded), fingerprint)
+
+
+def done(sink: Sink, job: Job, fingerprint: Fingerprint) -> bool:
+    """The one answer to "is this document already done?": its own sidecars record this content
+    (blocking: the sink reads them). A ledger row only says a run ended, not that its result stands."""
+    return records(sink.recorded(job), fingerprint)
 
 
 def owns_json(head: bytes) -> bool:

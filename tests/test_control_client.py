@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch.control import OcrRequest, daemon_holds
+from ocrwatch.control.client import daemon_holds
+from ocrwatch.control.protocol import OcrRequest
 from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 
@@ -76,3 +77,13 @@ def test_status_and_retry_without_a_daemon_use_the_ledger(tmp_path: Path) -> Non
     assert retry.returncode == 0
     assert "1 job(s) queued again; no daemon is running: the next `ocrwatch run` starts them" in retry.stdout
     assert f"queue: {inboxes[1]}: 1 waiting" in cli("status").stdout
+
+
+def test_status_loads_no_pipeline() -> None:
+    """``ocrwatch status`` and ``retry`` stay light: the client's modules never import the pipeline."""
+    code = (
+        "import sys, ocrwatch.control, ocrwatch.control.client, ocrwatch.control.status; "
+        "print(sorted(m for m in sys.modules if m in ('ocrwatch.pipeline', 'ocrwatch.control.ocr')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
