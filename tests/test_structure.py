@@ -211,13 +211,14 @@ def test_no_comment_cites_a_benchmark_run() -> None:
 # produces (an ``Outbox`` of jobs, page asks) rather than calling up; an entry is a debt.
 DEBT = "issue 29 item 4, not yet turned: the lower layer should return what it produces"
 HANDED_DOWN: dict[str, str] = {
-    "control: del pipeline.sinks[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
-    "control: del pipeline.sources[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
+    "control.ocr: del pipeline.sinks[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
+    "control.ocr: del pipeline.sources[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
     "daemon: ControlServer <- self": DEBT + " (control answers from the daemon's state)",
     "daemon: HealthServer <- lambda": DEBT + " (readiness read at each probe)",
     "daemon: HealthServer <- self._update_gauges": DEBT + " (gauges refreshed at each scrape)",
     "daemon: LocalSink <- lambda": DEBT + " (the inboxes as reloaded)",
-    "daemon: LocalSource <- self._lapsed": DEBT + " (the ledger's word on a lost sidecar)",
+    "daemon: LocalSource <- pipeline.admission.lapsed": DEBT
+    + " (the ledger's word on a lost sidecar)",
     "daemon: self.pipeline.cfg = ...": DEBT + " (a reload hands the pipeline its new config)",
     "pipeline: self.admission.dispatch <- self": DEBT + " (admission starts jobs in the pipeline)",
     "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (renders as asks, too)",
@@ -325,7 +326,7 @@ class _HandedDown(ast.NodeVisitor):
                 return self.rank if arg.attr in self.own else None
             if isinstance(arg.value, ast.Name) and arg.value.id in self.imported:
                 return _rank(self.imported[arg.value.id])
-            if _on_self(arg.value) and arg.attr in self.methods:  # a bound method of an object held
+            if _held(arg.value) and arg.attr in self.methods:  # a bound method of an object held
                 return max(self.methods[arg.attr])
         return None
 
@@ -342,6 +343,15 @@ def _on_self(node: ast.expr) -> bool:
     if not isinstance(node, ast.Attribute):
         return False
     return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def _held(node: ast.expr) -> bool:
+    """``self.a``, ``pipeline.a.b``: an object reached through attributes, however deep."""
+    if not isinstance(node, ast.Attribute):
+        return False
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
 
 
 def _handed_down(module: str, source: str) -> list[str]:
