@@ -29,7 +29,7 @@ from ocrwatch import assemble, children, figures, ladder, outputs, pagetext, ren
 from ocrwatch.admission import Admission, job_id
 from ocrwatch.attempts import attempts_of_a_job, is_place_fault
 from ocrwatch.archive import Archiver
-from ocrwatch.config import Config, TextMode
+from ocrwatch.config import Config
 from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.errors import (
     CrashLoop,
@@ -41,12 +41,13 @@ from ocrwatch.errors import (
     classify,
 )
 from ocrwatch.hooks import HookRunner
+from ocrwatch.jobrun import Asked, JobRun, Record
 from ocrwatch.ledger import Ledger, sha256_file
 from ocrwatch.memory import DecodeBudget
 from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import ENGINE_PHASES, Metrics
 from ocrwatch.scheduler import (
-    Document, PageAsk, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead,
+    PageAsk, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead,
     auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
@@ -106,18 +107,10 @@ class Pipeline:
         self._dispatcher: asyncio.Task[None] | None = None
         self._reviver: asyncio.Task[None] | None = None
         self._answerer: asyncio.Task[None] | None = None
-        self._tasks: dict[str, asyncio.Task[str]] = {}
-        self._jobs: dict[str, Job] = {}  # key → the job its task runs
-        self._holding: set[str] = set()  # keys of the jobs in a slot now
-        # Keys of the jobs started in a slot the dispatcher took for them, not yet entered.
-        self._given: set[str] = set()
-        self._documents: dict[str, Document] = {}  # key → its pages in the scheduler, while they are recognised
-        # Jobs run without the ledger (``ocrwatch ocr``): key → the Tesseract languages and text mode asked for
-        self._unrecorded: dict[str, tuple[str | None, TextMode | None]] = {}
+        self._runs: dict[str, JobRun] = {}  # by job key: every job this process holds
+        self._by_doc: dict[str, JobRun] = {}  # by job id, while its pages are recognised
         self._draining = asyncio.Event()
         self._executors: dict[str, Executor] = {}
-        self._read: dict[str, str] = {}  # job key → sha256 of the bytes fetched, for an error sidecar
-        self._langs: dict[str, str] = {}  # job id → its inbox's Tesseract languages, while its pages are recognised
 
     async def start(self) -> None:
         """Start the engine, then size the scheduler and the document slots from what it can take."""
@@ -198,7 +191,8 @@ class Pipeline:
 
     async def _answer_page(self, ask: PageAsk) -> tuple[ladder.PageResult, tuple[Any, ...]]:
         """One page recognised in its inbox's languages, and the figures cut from its image."""
-        lang = self._langs.get(ask.doc.doc_id)
+        run = self._by_doc.get(ask.doc.doc_id)
+        lang = run.lang if run is not None else None
         result = await self._recognize(dataclasses.replace(ask.request, lang=lang))
         extract = figures.extractor(self.cfg.output.images)
         return result, (await extract(ask.request, result) if extract is not None else ())
@@ -208,12 +202,6 @@ class Pipeline:
         context, as ``to_thread`` would: its log lines keep the job's id)."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._executors.get(job.source), call)
-
-    async def _ledger(self, method: str, *args: Any, **fields: Any) -> Any:
-        """Ledger calls run in a thread: another process holding the database lock must not stall the loop."""
-        if self.ledger is None or (args and isinstance(args[0], str) and args[0] in self._unrecorded):
-            return None
-        return await asyncio.to_thread(getattr(self.ledger, method), *args, **fields)
 
     # --- admission (``admission.py``) ---------------------------------------------------------
 
@@ -228,39 +216,32 @@ class Pipeline:
 
     def running(self) -> Collection[str]:
         """Keys of the jobs held in memory: in a slot, waiting for one, or waiting out a backoff."""
-        return self._tasks.keys()
+        return self._runs.keys()
 
-    def start_job(
-        self, job: Job, *, record: bool = True, lang: str | None = None, text: TextMode | None = None
-    ) -> asyncio.Task[str]:
+    def start_job(self, job: Job, asked: Asked | None = None) -> asyncio.Task[str]:
         """Run the job in a task of its own, unless it already runs; the task's result is its final status.
-        A recorded job is started by ``Admission.dispatch``, in the slot it took for it.
-        ``record=False``: the ledger never hears of it (``ocrwatch ocr``), its task waits for a
-        slot, and ``lang`` and ``text`` override its inbox's."""
+        A job a source found is started by ``Admission.dispatch``, in the slot it took for it. One that
+        ``asked`` for languages or a text mode (``ocrwatch ocr``) is never recorded in the ledger, and its
+        task waits for a slot."""
         assert self._slots is not None, "Pipeline.start() first"
-        existing = self._tasks.get(job.key)
-        if existing is not None and not existing.done():
-            if record:
+        existing = self._runs.get(job.key)
+        if existing is not None and existing.task is not None and not existing.task.done():
+            if asked is None:
                 self._slots.release()
-            return existing
-        task = asyncio.create_task(self._run(job), name=f"job:{job_id(job)}")
-        self._tasks[job.key] = task
-        self._jobs[job.key] = job
-        if record:
-            self._given.add(job.key)
-        else:
-            self._unrecorded[job.key] = (lang, text)
-        task.add_done_callback(functools.partial(self._forget, job.key))
-        return task
+            return existing.task
+        ledger = self.ledger if asked is None else None
+        run = JobRun(job, Record(ledger, job.key), asked, given=asked is None)
+        run.task = asyncio.create_task(self._run(run), name=f"job:{job_id(job)}")
+        self._runs[job.key] = run
+        run.task.add_done_callback(functools.partial(self._forget, run))
+        return run.task
 
-    def _forget(self, key: str, task: asyncio.Task[str]) -> None:
-        if self._tasks.get(key) is task:
-            del self._tasks[key]
-            del self._jobs[key]
-            self._unrecorded.pop(key, None)
-            self._read.pop(key, None)
-            if key in self._given:  # cancelled before it took the slot given to it
-                self._given.discard(key)
+    def _forget(self, run: JobRun, task: asyncio.Task[str]) -> None:
+        key = run.job.key
+        if self._runs.get(key) is run:
+            del self._runs[key]
+            if run.given:  # cancelled before it took the slot given to it
+                run.given = False
                 assert self._slots is not None
                 self._slots.release()
             if not self._draining.is_set():
@@ -270,13 +251,13 @@ class Pipeline:
     def progress(self) -> list[Progress]:
         """Every job this pipeline runs or holds, and how far its pages are (``ocrwatch status``, ``ocr``)."""
         out = []
-        for key, job in self._jobs.items():
-            document = self._documents.get(key)
+        for run in self._runs.values():
+            document = run.document
             done, total = (len(document.outcomes), document.pages) if document is not None else (0, None)
             eta = None
             if document is not None and done:
                 eta = (document.pages - done) * (time.monotonic() - document.added) / done
-            out.append(Progress(job, key in self._holding, done, total, eta))
+            out.append(Progress(run.job, run.holding, done, total, eta))
         return out
 
     def update_gauges(self) -> None:
@@ -286,10 +267,11 @@ class Pipeline:
             for stage, depth in self.scheduler.depth.items():
                 metrics.queue_depth.labels(stage=stage).set(depth)
             metrics.inflight_pages.set(self.scheduler.budget.inflight)
-        metrics.active_documents.labels(state="running").set(len(self._holding))
-        held = max(len(self._tasks) - len(self._holding), 0)
+        holding = sum(run.holding for run in self._runs.values())
+        metrics.active_documents.labels(state="running").set(holding)
+        held = len(self._runs) - holding
         metrics.active_documents.labels(state="waiting").set(held + self.admission.backlog)
-        times = [job.detected_at for job in self._jobs.values()]
+        times = [run.job.detected_at for run in self._runs.values()]
         if self.admission.oldest is not None:  # admitted then: detected settle_seconds before
             times.append(self.admission.oldest)
         oldest = min(times, default=None)
@@ -305,7 +287,7 @@ class Pipeline:
             self._dispatcher.cancel()
             await asyncio.gather(self._dispatcher, return_exceptions=True)
         pending: set[asyncio.Task[str]] = set()
-        if tasks := list(self._tasks.values()):
+        if tasks := [run.task for run in self._runs.values() if run.task is not None]:
             _, pending = await asyncio.wait(tasks, timeout=timeout)
             for task in pending:
                 task.cancel()
@@ -318,26 +300,27 @@ class Pipeline:
 
     # --- one job: attempts ------------------------------------------------------------------------------------
 
-    async def _run(self, job: Job) -> str:
+    async def _run(self, run: JobRun) -> str:
         """The job's attempts, each in one of the ``max_active_documents`` slots (a job waiting out its backoff
         holds none, so the others go on); its final status."""
+        job = run.job
         structlog.contextvars.bind_contextvars(job_id=job_id(job))
         attempts = 0
         try:
             async for attempt in attempts_of_a_job(self.cfg.retry, self.metrics, self._draining):
                 with attempt:
-                    async with self._slot(job.key):
+                    async with self._slot(run):
                         if attempt.retry_state.attempt_number == 1:
                             log.info("job_started", uri=job.origin.uri, source=job.source)
-                        attempts = await self._start_attempt(job)
+                        attempts = await self._start_attempt(run)
                         try:
-                            status = await self._process(job)
+                            status = await self._process(run)
                         except asyncio.CancelledError:
-                            await self._release_attempt(job)
+                            await self._release_attempt(run)
                             raise
                         except Exception as exc:
                             if is_place_fault(exc):  # not the document's fault: queued again, attempt given back
-                                attempts = await self._ledger("park", job.key, classify(exc).as_dict()) or 0
+                                attempts = await run.record.park(classify(exc).as_dict())
                             raise
         except asyncio.CancelledError:
             log.info("job_interrupted")
@@ -348,24 +331,25 @@ class Pipeline:
         return status
 
     @contextlib.asynccontextmanager
-    async def _slot(self, key: str) -> AsyncIterator[None]:
-        """One of ``max_active_documents`` slots, held by the job ``key`` (the gauges and
-        ``progress`` read it): the one the dispatcher took for it, the first time."""
+    async def _slot(self, run: JobRun) -> AsyncIterator[None]:
+        """One of ``max_active_documents`` slots, held by the run (the gauges and ``progress`` read
+        it): the one the dispatcher took for it, the first time."""
         assert self._slots is not None, "Pipeline.start() first"
-        if key in self._given:
-            self._given.discard(key)
+        if run.given:
+            run.given = False
         else:
             await self._slots.acquire()
-        self._holding.add(key)
+        run.holding = True
         try:
             yield
         finally:
-            self._holding.discard(key)
+            run.holding = False
             self._slots.release()
 
-    async def _start_attempt(self, job: Job) -> int:
+    async def _start_attempt(self, run: JobRun) -> int:
         """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
-        attempts = await self._ledger("record_attempt", job.key, None)
+        job = run.job
+        attempts = await run.record.record_attempt()
         if attempts is not None and attempts > self.cfg.retry.attempts:
             raise CrashLoop(
                 f"{job.origin.uri}: {attempts - 1} attempts used up in runs of the daemon that ended uncleanly"
@@ -373,38 +357,39 @@ class Pipeline:
             )
         return attempts or 1
 
-    async def _release_attempt(self, job: Job) -> None:
+    async def _release_attempt(self, run: JobRun) -> None:
         """A clean shutdown interrupted the attempt (the job task is cancelled only while draining): it is
         given back, so only an unclean end (``kill -9``, power loss) counts toward ``crash_loop``."""
         try:
-            await self._ledger("release_attempt", job.key)
+            await run.record.release_attempt()
         except Exception as exc:  # never turns the stop into a failure: the attempt stays counted, no more
             log.warning("attempt_not_released", kind=classify(exc).kind, error=str(exc))
 
     # --- one job: the steps -----------------------------------------------------------------------------------
 
-    async def _process(self, job: Job) -> str:
+    async def _process(self, run: JobRun) -> str:
         """One attempt at a document: the steps in order, each timed into the sidecar's stages."""
+        job, record = run.job, run.record
         engine = self.supervisor.engine
         assert self.scheduler is not None and engine is not None
         started = time.time()
         stages: dict[str, float] = {"waiting": started - job.detected_at}
         async with DocumentSession(job_id(job), self.cfg.state_dir / "tmp", engine, self.scheduler) as session:
             assert session.spool_dir is not None
-            await self._ledger("set_state", job.key, "rendering")
+            await record.set_state("rendering")
             with _timed(stages, "fetch_probe"):
-                probed = await self.fetch_and_probe(job, session.spool_dir, engine)
-            provenance = self.provenance(job, engine, probed)
+                probed = await self.fetch_and_probe(run, session.spool_dir, engine)
+            provenance = self.provenance(run, engine, probed)
             owner = probed.access.uid if probed.access is not None else None
-            reused = None if job.key in self._unrecorded else await self.reuse.find(
-                job, probed.sha256, provenance, owner
-            )  # fmt: skip
+            reused = None
+            if run.recorded:
+                reused = await self.reuse.find(job, probed.sha256, provenance, owner)
             made = outputs.NONE
             if reused is None:
-                await self._ledger("set_state", job.key, "recognizing", pages_total=probed.info.pages)
+                await record.set_state("recognizing", pages_total=probed.info.pages)
                 with _timed(stages, "pages"):
-                    pages = await self.render_and_recognize(job, session, probed)
-                await self._ledger("set_state", job.key, "writing")
+                    pages = await self.render_and_recognize(run, session, probed)
+                await record.set_state("writing")
                 made = await outputs.prepare(
                     self.cfg.output, job.origin, probed, pages, session.spool_dir, stages, self.decode_budget
                 )
@@ -414,11 +399,11 @@ class Pipeline:
                     markdown = assemble.markdown(pages, made.assets)
                 else:
                     document, markdown = reused.document, reused.markdown
-                event = await self._hold(job, document)  # before it is published
+                event = await self._hold(run, job, document)  # before it is published
                 await self.write_sidecars(job, markdown, document, made, probed.access)
         pages = document["pages"]
-        await self._ledger("set_state", job.key, "writing", pages_done=len(pages))
-        await self._ledger("mark_done", job.key)
+        await record.set_state("writing", pages_done=len(pages))
+        await record.mark_done()
         moved = await self._offload(job, self.archive.settle, job, document["status"], probed.sha256, probed.changed)
         await self.hooks.release(event, moved)  # the hooks are told where a move took the sidecars
         self._record_success(job, document["status"], stages)
@@ -429,22 +414,23 @@ class Pipeline:
         )
         return str(document["status"])
 
-    async def _hold(self, job: Job, document: dict[str, Any]) -> int | None:
+    async def _hold(self, run: JobRun | None, job: Job, document: dict[str, Any]) -> int | None:
         """The result recorded for the hooks before it is published; none for a job the ledger never hears of
         (``ocrwatch ocr``, which runs no hooks without a daemon either)."""
-        if job.key in self._unrecorded:
+        if run is not None and not run.recorded:
             return None
         return await self.hooks.hold(job, document, self.sinks[job.source])
 
-    async def fetch_and_probe(self, job: Job, spool_dir: Path, engine: Engine) -> Probed:
+    async def fetch_and_probe(self, run: JobRun, spool_dir: Path, engine: Engine) -> Probed:
         """The document as a file private to the job, held to the limits and measured, so a document that
         cannot be done fails before its first page is rendered. Every later step reads that one copy, and the
         sidecar's sha256 is the one the source took of it while copying."""
+        job = run.job
         limits = render.Limits.for_job(self.cfg.limits, job)
         fetched = await self.sources[job.source].fetch(dataclasses.replace(job, max_bytes=limits.max_bytes), spool_dir)
         path = fetched.path
         digest = fetched.sha256 or await asyncio.to_thread(sha256_file, path)
-        self._read[job.key] = digest  # an error sidecar names the bytes read, whatever fails next
+        run.read = digest  # an error sidecar names the bytes read, whatever fails next
         with _naming(path, job.origin):
             info = await asyncio.to_thread(render.probe, path, limits)
             spec = render.render_spec(self.cfg.render, engine.geometry)
@@ -452,30 +438,35 @@ class Pipeline:
                 render.plan_pdf(info, spec, job_id=job_id(job), uri=job.origin.uri)
         return Probed(path, fetched.changed, info, spec, digest, fetched.access)
 
-    def _lang(self, job: Job) -> str | None:
+    def _lang(self, run: JobRun) -> str | None:
         """The Tesseract languages asked for the job (``ocrwatch ocr --lang``), else those of its inbox
         (``[[inbox]] lang``); None: the engine's own."""
-        if (asked := self._unrecorded.get(job.key, (None, None))[0]) is not None:
-            return asked
+        job = run.job
+        if run.asked is not None and run.asked.lang is not None:
+            return run.asked.lang
         return self.cfg.inbox_lang(job.origin.inbox) if isinstance(job.origin, LocalFile) else None
 
-    async def render_and_recognize(self, job: Job, session: DocumentSession, probed: Probed) -> list[PageOutcome]:
+    async def render_and_recognize(
+        self, run: JobRun, session: DocumentSession, probed: Probed
+    ) -> list[PageOutcome]:
         """Every page through the shared scheduler, in order. A source rewritten meanwhile is tried again
         whole rather than given pages of two versions."""
         assert self.scheduler is not None
+        job = run.job
+        run.lang = self._lang(run)
+        text = run.asked.text if run.asked is not None else None
         session.document = self.scheduler.add(
             session.job_id,
             priority=job.priority,
             detected_at=job.detected_at,
             pages=probed.info.pages,
             prompt=self.cfg.prompt_text(job.prompt),
-            render=pagetext.pages(self.cfg, job.origin, probed, self._unrecorded.get(job.key, (None, None))[1],
-                                  self.supervisor.kind, self._lang(job), self.decode_budget,
+            render=pagetext.pages(self.cfg, job.origin, probed, text,
+                                  self.supervisor.kind, run.lang, self.decode_budget,
                                   self.metrics.stage_seconds.labels(stage="render").observe),  # fmt: skip
         )
-        self._documents[job.key] = session.document
-        if (lang := self._lang(job)) is not None:
-            self._langs[session.job_id] = lang
+        run.document = session.document
+        self._by_doc[session.job_id] = run
         try:
             with _naming(probed.path, job.origin):
                 pages = await session.document.future
@@ -484,20 +475,20 @@ class Pipeline:
                 raise SourceChanged(f"{job.origin.uri} changed while it was processed ({exc.kind})") from exc
             raise
         finally:
-            self._documents.pop(job.key, None)
-            self._langs.pop(session.job_id, None)
+            run.document = None
+            self._by_doc.pop(session.job_id, None)
         # Checked after recognition, before anything is written: sidecars never describe a version that was
         # replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and mtime).
         if await asyncio.to_thread(probed.changed):
             raise SourceChanged(f"{job.origin.uri} changed while it was processed")
         return pages
 
-    def provenance(self, job: Job, engine: Engine, probed: Probed) -> assemble.Provenance:
+    def provenance(self, run: JobRun, engine: Engine, probed: Probed) -> assemble.Provenance:
         """What was read, what read it and how: the sidecar's ``source``, ``engine`` and ``render``."""
-        spec = probed.spec
+        job, spec = run.job, probed.spec
         return assemble.Provenance(
             source=assemble.source_section(job, probed.path, probed.sha256, probed.info.mime),
-            engine=_described(engine, self._lang(job)) | {"prompt": self.cfg.prompt_text(job.prompt)},
+            engine=_described(engine, self._lang(run)) | {"prompt": self.cfg.prompt_text(job.prompt)},
             render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
         )
 
@@ -550,23 +541,26 @@ class Pipeline:
         (none for a vanished source: nothing to sit beside, and the ledger re-admits it if it returns), and
         its source told. The pipeline calls it when a job's attempts are spent; a source calls it (it is
         handed to ``Source.start``) for a job it must give up unprocessed, such as an S3 poison message."""
-        if job.key not in self._tasks:  # from a source: the job never ran here
+        run = self._runs.get(job.key)
+        record = run.record if run is not None else Record(self.ledger, job.key)
+        if run is None:  # from a source: the job never ran here
             fingerprint = await asyncio.to_thread(self.admission.fingerprint, job)
             if fingerprint is not None:
                 # A duplicate whose acknowledgement was lost.
                 if await self.admission.done_already(job, fingerprint):
                     return
-                await self._ledger("admit", job, fingerprint)  # so the failure has a row to be recorded in
+                await record.admit(job, fingerprint)  # so the failure has a row to be recorded in
         log.error(
             "job_failed", uri=job.origin.uri, kind=error.kind, error=error.message, hint=error.hint,
             retryable=error.retryable, attempts=attempts,
         )
         self.metrics.documents.labels(status="failed").inc()
         body = assemble.error_document(
-            assemble.source_section(job, None, self._read.get(job.key), None), error.as_dict(), attempts, time.time()
+            assemble.source_section(job, None, run.read if run is not None else None, None),
+            error.as_dict(), attempts, time.time(),
         )
-        event = await self._hold(job, body)  # before the failure is recorded
-        await self._ledger("mark_failed", job.key, error.as_dict())
+        event = await self._hold(run, job, body)  # before the failure is recorded
+        await record.mark_failed(error.as_dict())
         if not isinstance(error, SourceGone):
             try:
                 await self._offload(job, self.sinks[job.source].write_error, job, body)

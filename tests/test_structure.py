@@ -66,6 +66,7 @@ RANKS: dict[str, int] = {
     "attempts": 8,
     "reuse": 8,
     "pipeline": 8,
+    "jobrun": 8,
     "intake": 8,
     "checks": 8,
     "hooks": 8,

@@ -15,6 +15,7 @@ from typing import Any
 
 from ocrwatch.config import TextMode
 from ocrwatch.control.protocol import REQUEST_PREFIX, Emit, OcrRequest
+from ocrwatch.jobrun import Asked
 from ocrwatch.ledger import Fingerprint
 from ocrwatch.pipeline import Pipeline
 from ocrwatch.safefs import hash_fd
@@ -60,7 +61,7 @@ async def run_ocr(
             if not accepting():
                 await emit(_interrupted(path))
                 continue
-            waiting[pipeline.start_job(job, record=False, lang=lang, text=text)] = job
+            waiting[pipeline.start_job(job, Asked(lang, text))] = job
 
     admitting = asyncio.create_task(admit(), name=f"ocr-admit:{name}")
     try:
