@@ -192,7 +192,7 @@ class Admission:
         # Debug: a restart finds every file done before, and the local source says how many in
         # one line an inbox.
         log.debug("job_already_done", job_id=job_id(job), uri=job.origin.uri)
-        moved = await self._offload(job, self.archive.settle, job, None, fingerprint.sha256)
+        moved = await self._offload(job, self.archive.apply_on_success, job, None, fingerprint.sha256)
         await self.hooks.relocate(job.key, moved)
         await self.sources[job.source].finish(job, "done")
         return True

@@ -101,7 +101,7 @@ class Archiver:
                 return inbox.on_success or self.output.on_success
         return "keep"
 
-    def settle(
+    def apply_on_success(
         self, job: Job, status: str | None, sha256: str | None, changed: Callable[[], bool] | None = None
     ) -> dict[str, str] | None:
         """Act on the finished job's source as configured. ``status`` None: read from its JSON
@@ -164,7 +164,7 @@ class Archiver:
 
     def _retry(self, job: Job, sha256: str | None) -> None:
         self._later.pop(job.key, None)
-        self.settle(job, "ok", sha256)
+        self.apply_on_success(job, "ok", sha256)
 
     def _local(
         self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None

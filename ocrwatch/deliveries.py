@@ -151,7 +151,7 @@ class Deliveries:
 
     def release(self, event: int, moved: Mapping[str, str] | None = None) -> list[str]:
         """Publish a held event: its deliveries may run. ``moved``: where its source (``source``)
-        and its ``json`` and ``md`` sidecars are now (``archive.settle``: ``on_success`` took them),
+        and its ``json`` and ``md`` sidecars are now (``archive.apply_on_success``: ``on_success`` took them),
         recorded first. The hooks with a pending delivery of it."""
         columns, values = _moved(moved or {})
 

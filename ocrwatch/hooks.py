@@ -151,7 +151,7 @@ class HookRunner:
 
     async def release(self, event: int | None, moved: Mapping[str, str] | None = None) -> None:
         """The event's result is published and its document finished: its deliveries may run. ``moved``: where
-        ``archive.settle`` took the ``json`` and ``md`` sidecars, if it did, so a hook never gets a path that no
+        ``archive.apply_on_success`` took the ``json`` and ``md`` sidecars, if it did, so a hook never gets a path that no
         longer exists. Never raises: an event left held is released by the next start."""
         if event is None or self._store is None:
             return
@@ -166,7 +166,7 @@ class HookRunner:
                 self._enqueue(hook, event)
 
     async def relocate(self, key: str, moved: Mapping[str, str] | None) -> None:
-        """The document ``key``'s sidecars were moved (``archive.settle``, at a start that found it done): its
+        """The document ``key``'s sidecars were moved (``archive.apply_on_success``, at a start that found it done): its
         recorded results name where they are now. Never raises: a hook is then told the old place."""
         if moved is None or self._store is None:
             return

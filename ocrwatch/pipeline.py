@@ -404,7 +404,7 @@ class Pipeline:
         pages = document["pages"]
         await record.set_state("writing", pages_done=len(pages))
         await record.mark_done()
-        moved = await self._offload(job, self.archive.settle, job, document["status"], probed.sha256, probed.changed)
+        moved = await self._offload(job, self.archive.apply_on_success, job, document["status"], probed.sha256, probed.changed)
         await self.hooks.release(event, moved)  # the hooks are told where a move took the sidecars
         self._record_success(job, document["status"], stages)
         await self.sources[job.source].finish(job, "done")

@@ -95,7 +95,7 @@ class Written:
 
     def put(self, output: Output) -> None:
         """Record a file about to be renamed over its name, beside what the name holds now, so that whatever a
-        crash leaves there is recorded; ``settle`` drops the other rows once the rename is done."""
+        crash leaves there is recorded; ``drop_others`` drops the other rows once the rename is done."""
         row = (*_key(output.root, output.name), output.job, output.owner, output.inode, output.size)
 
         def tx(conn: sqlite3.Connection) -> None:
@@ -107,7 +107,7 @@ class Written:
 
         self._ledger.transact(tx, write=True)
 
-    def settle(self, output: Output) -> None:
+    def drop_others(self, output: Output) -> None:
         """``output`` now holds its name: the rows of files it replaced go."""
 
         def tx(conn: sqlite3.Connection) -> None:

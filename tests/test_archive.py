@@ -90,7 +90,7 @@ def test_move_takes_the_recorded_outputs_into_the_mirrored_folder_and_their_reco
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     source = document_files(inbox / "2024" / "march", inbox, written)
     job = local_job(source, inbox)
-    moved = archiver(inbox, archive, written).settle(job, "ok", sha(CONTENT), lambda: False)
+    moved = archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), lambda: False)
 
     folder = archive / "scans" / "2024" / "march"
     assert moved == {
@@ -112,9 +112,9 @@ def test_move_takes_the_recorded_outputs_into_the_mirrored_folder_and_their_reco
 def test_a_taken_name_moves_the_group_under_a_number_and_its_links_follow(tmp_path: Path, written: Written) -> None:
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     first = document_files(inbox, inbox, written)
-    archiver(inbox, archive, written).settle(local_job(first, inbox), "ok", sha(CONTENT), None)
+    archiver(inbox, archive, written).apply_on_success(local_job(first, inbox), "ok", sha(CONTENT), None)
     again = document_files(inbox, inbox, written, owner=OTHER_UID, mode=0o640)
-    moved = archiver(inbox, archive, written).settle(local_job(again, inbox), "ok", sha(CONTENT), None)
+    moved = archiver(inbox, archive, written).apply_on_success(local_job(again, inbox), "ok", sha(CONTENT), None)
 
     folder = archive / "scans"
     assert moved == {
@@ -155,7 +155,7 @@ def test_move_takes_only_what_the_record_holds_as_the_documents(tmp_path: Path, 
     LocalSink(written=written).write(job, "<!-- page 1 -->\n\ntext\n", {"schema": "ocrwatch/1", "status": "ok"})
     (inbox / "report.png.md").chmod(0o600)  # the owner's own change stays ocrwatch's file: the record says whose
 
-    archiver(inbox, archive, written).settle(job, "ok", sha(CONTENT), None)
+    archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
     assert sorted(p.name for p in (archive / "inbox").iterdir()) == ["report.png", "report.png.json", "report.png.md"]
     assert (inbox / "report.png.ocr.pdf").read_bytes() == b"%PDF Bob's own"
     assert (inbox / "report.png.ocr.pdf").stat().st_uid == OTHER_UID
@@ -169,7 +169,7 @@ def test_an_output_written_before_the_record_goes_along_only_by_its_mark_and_the
     source = document_files(inbox, inbox, None)  # an older ocrwatch: no record
     os.chown(inbox / "report.pdf.md", OTHER_UID, OTHER_UID)  # marked, but not the daemon's user's: a user's file
     job = local_job(source, inbox)
-    archiver(inbox, archive, written).settle(job, "ok", sha(CONTENT), None)
+    archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
     assert (inbox / "report.pdf.md").exists() and not (archive / "scans" / "report.pdf.md").exists()
     assert (archive / "scans" / "report.pdf.json").exists() and (archive / "scans" / "report.pdf.ocr.pdf").exists()
     assert {row.name for row in written.of_job(job.key)} == {"scans/report.pdf.json", "scans/report.pdf.ocr.pdf"}
@@ -195,7 +195,7 @@ def test_move_across_filesystems_keeps_owner_mode_and_times_and_folders_no_more_
         os.utime(source, ns=(1_000_000_000, 1_000_000_000))
         job = local_job(source, inbox)
         LocalSink(written=written).write(job, "<!-- page 1 -->\n", {"schema": "ocrwatch/1", "status": "ok"})
-        archiver(inbox, archive, written).settle(job, "ok", sha(CONTENT), None)
+        archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
 
         moved = archive / "scans" / "alice" / "report.pdf"
         assert moved.read_bytes() == CONTENT and moved.stat().st_mtime_ns == 1_000_000_000
@@ -213,7 +213,7 @@ def test_delete_removes_only_the_source(tmp_path: Path, written: Written) -> Non
     metrics = Metrics()
     deleter = archiver(inbox, tmp_path / "archive", written, "delete", metrics)
     # The source is no more; the sidecars stay where the hooks are told they are.
-    assert deleter.settle(local_job(source, inbox), "ok", sha(CONTENT), None) == {"source": ""}
+    assert deleter.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) == {"source": ""}
     assert metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": "delete"}) == 1
     assert sorted(p.name for p in inbox.iterdir()) == [
         "report.pdf.assets", "report.pdf.json", "report.pdf.md", "report.pdf.ocr.pdf",
@@ -227,7 +227,7 @@ def test_a_source_with_another_name_is_kept(tmp_path: Path, written: Written, ac
     source = document_files(inbox, inbox, written)
     os.link(source, tmp_path / "elsewhere.pdf")
     with structlog.testing.capture_logs() as logs:
-        archiver(inbox, tmp_path / "archive", written, action).settle(local_job(source, inbox), "ok", sha(CONTENT), None)
+        archiver(inbox, tmp_path / "archive", written, action).apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None)
     assert source.read_bytes() == CONTENT and (inbox / "report.pdf.json").exists()
     assert [e["reason"] for e in logs if e["event"] == "source_kept"] == ["hard_linked"]
 
@@ -242,13 +242,13 @@ def test_a_source_held_open_for_writing_is_kept_until_it_is_closed(
     metrics = Metrics()
     writer = open(source, "ab")  # noqa: SIM115 - held open across the first settle
     with structlog.testing.capture_logs() as logs:
-        archiver(inbox, tmp_path / "archive", written, action, metrics).settle(job, "ok", sha(CONTENT), None)
+        archiver(inbox, tmp_path / "archive", written, action, metrics).apply_on_success(job, "ok", sha(CONTENT), None)
     assert source.read_bytes() == CONTENT
     assert [e["reason"] for e in logs if e["event"] == "source_kept"] == ["open_for_writing"]
     assert metrics.registry.get_sample_value(
         "ocrwatch_source_archive_failures_total", {"action": action, "reason": "in_use"}) == 1  # fmt: skip
     writer.close()
-    archiver(inbox, tmp_path / "archive", written, action).settle(job, "ok", sha(CONTENT), None)
+    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(job, "ok", sha(CONTENT), None)
     assert not source.exists()
 
 
@@ -288,7 +288,7 @@ def test_without_a_lease_a_delete_waits_for_quiet_and_is_tried_again(
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
     with structlog.testing.capture_logs() as logs:
-        archiver(inbox, tmp_path / "archive", written, "delete").settle(local_job(source, inbox), "ok", sha(CONTENT))
+        archiver(inbox, tmp_path / "archive", written, "delete").apply_on_success(local_job(source, inbox), "ok", sha(CONTENT))
         assert source.exists()
         deadline = time.monotonic() + 10
         # The timer's thread logs the deletion just after it unlinks the file.
@@ -304,8 +304,8 @@ def test_a_partial_document_stays(tmp_path: Path, written: Written, action: str)
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written, status="partial")
     job = local_job(source, inbox)
-    archiver(inbox, tmp_path / "archive", written, action).settle(job, "partial", sha(CONTENT), None)
-    archiver(inbox, tmp_path / "archive", written, action).settle(job, None, sha(CONTENT), None)  # from the JSON
+    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(job, "partial", sha(CONTENT), None)
+    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(job, None, sha(CONTENT), None)  # from the JSON
     assert source.read_bytes() == CONTENT and not (tmp_path / "archive").exists()
 
 
@@ -316,7 +316,7 @@ def test_a_file_changed_since_it_was_read_stays(tmp_path: Path, written: Written
     source.write_bytes(CONTENT + b"appended later")
     metrics = Metrics()
     refused = archiver(inbox, tmp_path / "archive", written, action, metrics)
-    assert refused.settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None
+    assert refused.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
     failures = {"action": action, "reason": "changed"}
     assert metrics.registry.get_sample_value("ocrwatch_source_archive_failures_total", failures) == 1
     assert metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": action}) == 0
@@ -325,7 +325,7 @@ def test_a_file_changed_since_it_was_read_stays(tmp_path: Path, written: Written
 
     source.write_bytes(CONTENT)  # the very bytes again, but the fetch's own check says it was replaced
     again = archiver(inbox, tmp_path / "archive", written, action)
-    again.settle(local_job(source, inbox), "ok", sha(CONTENT), lambda: True)
+    again.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), lambda: True)
     assert source.exists()
 
 
@@ -338,7 +338,7 @@ def test_a_link_put_in_the_source_place_is_never_followed(tmp_path: Path, writte
     with pytest.raises(SourceChanged):
         delete_local(source, inbox, sha(CONTENT))
     mover = archiver(inbox, tmp_path / "archive", written)
-    assert mover.settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None
+    assert mover.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
     assert outside.read_bytes() == CONTENT and source.is_symlink()
     assert not (tmp_path / "archive" / "scans" / "report.pdf").exists()
     source.unlink()
@@ -352,7 +352,7 @@ def test_a_folder_of_the_archive_made_a_link_is_never_followed(tmp_path: Path, w
     (archive / "scans").mkdir(parents=True)
     trap.mkdir()
     (archive / "scans" / "sub").symlink_to(trap)
-    assert archiver(inbox, archive, written).settle(local_job(source, inbox), "ok", sha(CONTENT), None) is None
+    assert archiver(inbox, archive, written).apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
     assert list(trap.iterdir()) == [] and source.read_bytes() == CONTENT
 
 
@@ -362,7 +362,7 @@ def test_sidecars_under_an_output_dir_stay_there(tmp_path: Path, written: Writte
     source_cfg = LocalSource([InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{name}")
     mover = Archiver(OutputConfig(archive_dir=archive, on_success="move"), {"local": source_cfg},
                      {"local": LocalSink("{name}", tmp_path / "out")}, Metrics(), written)  # fmt: skip
-    moved = mover.settle(local_job(source, inbox), "ok", sha(CONTENT), None)
+    moved = mover.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None)
     assert moved == {"source": (archive / "scans" / "report.pdf").as_uri()}  # the sidecars' paths stand
     assert sorted(p.name for p in (archive / "scans").iterdir()) == ["report.pdf"]
 
@@ -370,9 +370,9 @@ def test_sidecars_under_an_output_dir_stay_there(tmp_path: Path, written: Writte
 def test_keep_and_jobs_of_no_inbox_are_left_alone(tmp_path: Path, written: Written) -> None:
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
-    archiver(inbox, tmp_path / "archive", written, "keep").settle(local_job(source, inbox), "ok", sha(CONTENT), None)
+    archiver(inbox, tmp_path / "archive", written, "keep").apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None)
     cli = Archiver(OutputConfig(on_success="delete"), {}, {}, Metrics())
-    cli.settle(Job(LocalFile(source, inbox), "ocr-1"), "ok", sha(CONTENT), None)
+    cli.apply_on_success(Job(LocalFile(source, inbox), "ocr-1"), "ok", sha(CONTENT), None)
     assert source.read_bytes() == CONTENT
 
 
@@ -456,20 +456,20 @@ def test_s3_delete_and_move(moto: MotoServer) -> None:
     s3 = moto.client("s3")
     s3.create_bucket(Bucket="docs")
     gone = put(moto, "docs", "in/a.pdf")
-    s3_archiver(moto, on_success="delete").settle(Job(gone, "s3:0"), "ok", None, None)
+    s3_archiver(moto, on_success="delete").apply_on_success(Job(gone, "s3:0"), "ok", None, None)
     moved = put(moto, "docs", "in/b.pdf")
     mover = s3_archiver(moto, on_success="move", archive_prefix="done/")
     # Its sidecars stay at their keys.
-    assert mover.settle(Job(moved, "s3:0"), "ok", None, None) == {"source": "s3://docs/done/in/b.pdf"}
+    assert mover.apply_on_success(Job(moved, "s3:0"), "ok", None, None) == {"source": "s3://docs/done/in/b.pdf"}
     assert keys(moto, "docs") == ["done/in/b.pdf"]
     assert s3.get_object(Bucket="docs", Key="done/in/b.pdf")["Body"].read() == CONTENT
 
     replaced = put(moto, "docs", "in/c.pdf")
     put(moto, "docs", "in/c.pdf", b"a new version")
-    s3_archiver(moto, on_success="delete").settle(Job(replaced, "s3:0"), "ok", None, None)
-    s3_archiver(moto, on_success="move", archive_prefix="done/").settle(Job(replaced, "s3:0"), "ok", None, None)
+    s3_archiver(moto, on_success="delete").apply_on_success(Job(replaced, "s3:0"), "ok", None, None)
+    s3_archiver(moto, on_success="move", archive_prefix="done/").apply_on_success(Job(replaced, "s3:0"), "ok", None, None)
     partial = put(moto, "docs", "in/d.pdf")
-    s3_archiver(moto, on_success="delete").settle(Job(partial, "s3:0"), "partial", None, None)
+    s3_archiver(moto, on_success="delete").apply_on_success(Job(partial, "s3:0"), "partial", None, None)
     assert keys(moto, "docs") == ["done/in/b.pdf", "in/c.pdf", "in/d.pdf"]
 
 
@@ -480,7 +480,7 @@ def test_s3_versioned_bucket_acts_on_the_version_read(moto: MotoServer) -> None:
     read = put(moto, "versioned", "scan.pdf")
     assert read.version_id
     newer = put(moto, "versioned", "scan.pdf", b"written after the read")
-    s3_archiver(moto, on_success="move", archive_prefix="archive/").settle(Job(read, "s3:0"), "ok", None, None)
+    s3_archiver(moto, on_success="move", archive_prefix="archive/").apply_on_success(Job(read, "s3:0"), "ok", None, None)
 
     assert s3.get_object(Bucket="versioned", Key="archive/scan.pdf")["Body"].read() == CONTENT
     versions = s3.list_object_versions(Bucket="versioned", Prefix="scan.pdf")["Versions"]

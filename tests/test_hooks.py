@@ -394,7 +394,7 @@ def archived(tmp_path: Path, job: Job) -> tuple[Archiver, Path]:
 
 def settle(archiver: Archiver, job: Job) -> dict[str, str] | None:
     assert isinstance(job.origin, LocalFile)
-    return archiver.settle(job, "ok", hashlib.sha256(job.origin.path.read_bytes()).hexdigest())
+    return archiver.apply_on_success(job, "ok", hashlib.sha256(job.origin.path.read_bytes()).hexdigest())
 
 
 async def test_a_hook_after_a_move_is_given_the_sidecars_where_the_move_put_them(

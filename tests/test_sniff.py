@@ -12,7 +12,7 @@ from PIL.PngImagePlugin import PngInfo
 from ocrwatch import render
 from ocrwatch.config import LimitsConfig
 from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
-from ocrwatch.sources import settle
+from ocrwatch.sources import readiness
 
 
 def image_bytes(kind: str, **options: object) -> bytes:
@@ -63,6 +63,6 @@ def test_the_inbox_and_the_renderer_agree_on_a_png_holding_a_pdf_header(tmp_path
     whole, partial = tmp_path / "whole.png", tmp_path / "partial.png"
     whole.write_bytes(data)
     partial.write_bytes(data[:-12])  # without IEND; a PDF's %%EOF was never the test
-    assert settle.probe(whole, tmp_path) and not settle.probe(partial, tmp_path)
+    assert readiness.probe(whole, tmp_path) and not readiness.probe(partial, tmp_path)
     info = render.probe(whole, render.Limits.from_config(LimitsConfig()))
     assert (info.kind, info.mime) == ("image", "image/png")

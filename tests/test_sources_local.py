@@ -25,7 +25,7 @@ from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceG
 from ocrwatch.sources import local, watch
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.local import LocalSource
-from ocrwatch.sources.settle import probe
+from ocrwatch.sources.readiness import probe
 from ocrwatch.sources.watch import choose_polling, filesystem_type
 from tests.outboxes import fed
 

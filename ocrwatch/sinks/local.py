@@ -123,7 +123,7 @@ class Claims:
             self._written.put(output)
         here.commit(staged)
         if self._written is not None:
-            self._written.settle(output)
+            self._written.drop_others(output)
 
     def _output(self, name: str, staged: Staged) -> Output:
         owner = self.owner if self.owner is not None else os.geteuid()

@@ -39,7 +39,7 @@ from ocrwatch.metrics import AMQP_EVENTS, Metrics
 from ocrwatch.sources.amqpmessages import broker_url, receives, redacted
 from ocrwatch.sources.base import Job, Outbox, Outcome, S3Object
 from ocrwatch.sources.s3 import TooManyDeliveries
-from ocrwatch.sources.s3events import S3EventSource, parse, settled_by
+from ocrwatch.sources.s3events import S3EventSource, parse, finished_by
 
 log = structlog.get_logger()
 
@@ -152,10 +152,10 @@ class AmqpSource(S3EventSource):
         """Settle the messages announcing this job once all their jobs are finished: acknowledged,
         dead-lettered past ``max_receives``, or put back on ``retry`` (and for a job of the same key
         whose content differs: it was never processed)."""
-        for delivery in settled_by(self._deliveries.values(), job, outcome):
-            await self._settle(delivery)
+        for delivery in finished_by(self._deliveries.values(), job, outcome):
+            await self._answer(delivery)
 
-    async def _settle(self, delivery: _Delivery) -> None:
+    async def _answer(self, delivery: _Delivery) -> None:
         if self._deliveries.pop(delivery.token, None) is None:
             return
         if delivery.retry:
@@ -373,7 +373,7 @@ class AmqpSource(S3EventSource):
             except Exception:  # already logged by _submit_job or _reject_job
                 delivery.retry = True
                 if delivery.pending.pop(token, None) is not None and not delivery.pending:
-                    await self._settle(delivery)
+                    await self._answer(delivery)
 
     async def _reject_job(self, job: Job, error: OcrwatchError, seen: int) -> None:
         assert self._reject is not None

@@ -183,4 +183,4 @@ class Source(Protocol):
     ) -> dict[str, str] | None:
         """Acknowledge the job's event now that its sidecars are written (or it is given up as
         ``kind``). Where the source and its error sidecar went, if this moved them (as
-        ``archive.Archiver.settle`` says it), so its hooks are told."""
+        ``archive.Archiver.apply_on_success`` says it), so its hooks are told."""

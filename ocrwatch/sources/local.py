@@ -48,7 +48,7 @@ from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox, Pending
 from ocrwatch.sources.quarantine import Owns, quarantine
-from ocrwatch.sources.settle import probe
+from ocrwatch.sources.readiness import probe
 from ocrwatch.sources.watch import Batch, EventBridge, start_watcher
 
 log = structlog.get_logger()
@@ -101,7 +101,7 @@ class LocalSource:
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
-        self._settling: Deadlines[Pending] = Deadlines(self._settle, SETTLE_STEPS)
+        self._settling: Deadlines[Pending] = Deadlines(self._check_readiness, SETTLE_STEPS)
         # Jobs being submitted, by key: the outcome ``finish`` gave one meanwhile, which means that
         # admission found it done or failed with this very content, so nothing runs.
         self._submitting: dict[str, Outcome | None] = {}
@@ -467,7 +467,7 @@ class LocalSource:
             pending.closed = True
             self._settling.nudge(pending)
 
-    async def _settle(self, pending: Pending) -> float | None:
+    async def _check_readiness(self, pending: Pending) -> float | None:
         """Look at one file until it is whole, then submit it: the seconds until the next look, or
         None once it is submitted or gone. A file still being written is never given up.
 

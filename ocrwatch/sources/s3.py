@@ -29,7 +29,7 @@ from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError
 from ocrwatch.s3client import READ_TIMEOUT, acall, error_code, is_transient, new_client
 from ocrwatch.sources.base import Job, Outbox, Outcome, Reject, S3Object
-from ocrwatch.sources.s3events import S3EventSource, parse, settled_by
+from ocrwatch.sources.s3events import S3EventSource, parse, finished_by
 
 log = structlog.get_logger()
 
@@ -96,10 +96,10 @@ class S3Source(S3EventSource):
     async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         """Delete the messages announcing this job once all their jobs are done or failed; on ``retry`` (or for
         a job of the same key whose content differs: it was never processed) let them reappear instead."""
-        for delivery in settled_by(self._deliveries.values(), job, outcome):
-            await self._settle(delivery)
+        for delivery in finished_by(self._deliveries.values(), job, outcome):
+            await self._answer(delivery)
 
-    async def _settle(self, delivery: _Delivery) -> None:
+    async def _answer(self, delivery: _Delivery) -> None:
         self._forget(delivery)
         if delivery.retry:
             log.info("s3_message_left", source=self.name, message_id=delivery.message_id, reason="retry")
@@ -210,7 +210,7 @@ class S3Source(S3EventSource):
             except Exception:  # not handed over: the message must come back
                 delivery.retry = True
                 if delivery.pending.pop(token, None) is not None and not delivery.pending:
-                    await self._settle(delivery)
+                    await self._answer(delivery)
 
     async def _reject_job(self, job: Job, error: OcrwatchError, receives: int) -> None:
         assert self._reject is not None

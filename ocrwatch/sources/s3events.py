@@ -106,7 +106,7 @@ class Announced(Protocol):
 D = TypeVar("D", bound=Announced)
 
 
-def settled_by(deliveries: Iterable[D], job: Job, outcome: Outcome) -> list[D]:
+def finished_by(deliveries: Iterable[D], job: Job, outcome: Outcome) -> list[D]:
     """The messages ``job`` finishing as ``outcome`` leaves waiting for no job: each message is
     settled once every job it announced is finished, and comes back instead (``retry``) where one
     of them is to be tried again or was a version other than the one processed."""
