@@ -25,7 +25,7 @@ from pypdf.generic import RectangleObject
 import dataclasses
 
 from ocrwatch import errors, imagepages, memory, render as render_module
-from ocrwatch.config import InboxConfig, LimitsConfig, RenderConfig
+from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.memory import DecodeBudget, image_bytes
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.render import (
@@ -412,9 +412,8 @@ def test_max_bytes_is_checked_from_stat(tmp_path: Path) -> None:
         probe(sparse, LIMITS)
 
 
-def test_limits_take_inbox_overrides() -> None:
+def test_the_global_limits_stand_where_nothing_overrides_them() -> None:
     assert Limits.from_config(LimitsConfig(max_bytes=10, max_pages=5)) == Limits(10, 5)
-    assert Limits.from_config(LimitsConfig(max_bytes=10, max_pages=5), InboxConfig(max_pages=2)) == Limits(10, 2)
 
 
 def test_limits_take_the_job_overrides(tmp_path: Path) -> None:
