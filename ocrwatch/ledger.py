@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ocrwatch.database import Database, Migration, StateUnusable, make_private_dirs, migrate
+from ocrwatch.database import Database, StateUnusable, make_private_dirs, migrate
 from ocrwatch.errors import path_fault
+from ocrwatch.ledger_schema import MIGRATIONS, SCHEMA_VERSION, WAITING
 from ocrwatch.safefs import Signature, sha256_file
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
 
@@ -37,97 +38,6 @@ State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed
 STATES: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing", "done", "failed")
 UNFINISHED: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing")
 
-# What an unfinished row is, written out: SQLite uses the partial index ``jobs_waiting`` only for a
-# query whose WHERE holds this very term.
-_WAITING = "state IN ('queued', 'rendering', 'recognizing', 'writing')"
-
-
-def _ordering_columns(conn: sqlite3.Connection) -> None:
-    """The job's source and priority as columns of their own (older rows kept them in their JSON
-    only), and the unfinished rows indexed in the order they start, so waiting jobs stay in the
-    ledger and the next ones are read from it as slots free (the index holds every column those
-    reads and the count look at). Filled in batches: a large ledger is never read into memory at
-    once."""
-    conn.execute("ALTER TABLE jobs ADD COLUMN source TEXT")
-    conn.execute("ALTER TABLE jobs ADD COLUMN priority INTEGER")
-    batch = "SELECT key, job FROM jobs WHERE key > ? ORDER BY key LIMIT 1000"
-    last = ""
-    while rows := conn.execute(batch, (last,)).fetchall():
-        jobs = [(key, json.loads(text)) for key, text in rows]
-        fields = [(data["source"], data["priority"], key) for key, data in jobs]
-        conn.executemany("UPDATE jobs SET source = ?, priority = ? WHERE key = ?", fields)
-        last = rows[-1][0]
-    conn.execute(
-        "CREATE INDEX jobs_waiting ON jobs (priority DESC, created_at, source, key, state)"
-        f" WHERE {_WAITING}"
-    )
-
-
-# Each entry upgrades the schema from version i to i + 1; append, never edit, so old ledgers upgrade in place.
-_MIGRATIONS: tuple[Migration, ...] = (
-    """
-    CREATE TABLE jobs (
-        key TEXT PRIMARY KEY,
-        state TEXT NOT NULL CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
-        attempts INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        error_at REAL,
-        job TEXT NOT NULL,
-        fp_size INTEGER NOT NULL,
-        fp_mtime_ns INTEGER,
-        fp_sha256 TEXT,
-        fp_etag TEXT,
-        fp_version_id TEXT,
-        pages_total INTEGER,
-        pages_done INTEGER NOT NULL DEFAULT 0,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        finished_at REAL,
-        next_attempt_at REAL
-    ) WITHOUT ROWID;
-    CREATE INDEX jobs_by_state ON jobs (state, created_at);
-    CREATE INDEX jobs_by_error ON jobs (error_at) WHERE error_at IS NOT NULL;
-    """,
-    # next_attempt_at was never used. The table is rebuilt because ALTER TABLE ... DROP COLUMN needs SQLite 3.35.
-    """
-    CREATE TABLE jobs_new (
-        key TEXT PRIMARY KEY,
-        state TEXT NOT NULL CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
-        attempts INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        error_at REAL,
-        job TEXT NOT NULL,
-        fp_size INTEGER NOT NULL,
-        fp_mtime_ns INTEGER,
-        fp_sha256 TEXT,
-        fp_etag TEXT,
-        fp_version_id TEXT,
-        pages_total INTEGER,
-        pages_done INTEGER NOT NULL DEFAULT 0,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        finished_at REAL
-    ) WITHOUT ROWID;
-    INSERT INTO jobs_new SELECT key, state, attempts, last_error, error_at, job, fp_size, fp_mtime_ns, fp_sha256,
-        fp_etag, fp_version_id, pages_total, pages_done, created_at, updated_at, finished_at FROM jobs;
-    DROP TABLE jobs;
-    ALTER TABLE jobs_new RENAME TO jobs;
-    CREATE INDEX jobs_by_state ON jobs (state, created_at);
-    CREATE INDEX jobs_by_error ON jobs (error_at) WHERE error_at IS NOT NULL;
-    """,
-    # A local file's inode and ctime: a replacement may keep size and mtime, never these.
-    """
-    ALTER TABLE jobs ADD COLUMN fp_inode INTEGER;
-    ALTER TABLE jobs ADD COLUMN fp_ctime_ns INTEGER;
-    """,
-    _ordering_columns,
-    # Finished jobs by content, so a copy of the same bytes finds the earlier result at once.
-    """
-    CREATE INDEX jobs_done_by_sha256 ON jobs (source, fp_sha256) WHERE state = 'done';
-    CREATE INDEX jobs_done_by_etag ON jobs (source, fp_etag, fp_size) WHERE state = 'done';
-    """,
-)
-SCHEMA_VERSION = len(_MIGRATIONS)
 
 _SETTABLE = frozenset({"pages_total", "pages_done"})
 
@@ -453,7 +363,7 @@ class Ledger(Database):
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        migrate(conn, _MIGRATIONS, version, path=self.path, what="schema")
+        migrate(conn, MIGRATIONS, version, path=self.path, what="schema")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _update(self, key: str, assignments: str, params: Iterable[Any]) -> None:
@@ -481,7 +391,7 @@ def _waiting_where(
     """The unfinished rows of ``sources`` but ``running``. ``+source``: a filter on the index's
     entries, not a constraint SQLite would look up one value at a time (and then sort what it
     found)."""
-    where = f"{_WAITING} AND +source IN ({', '.join('?' * len(sources))})"
+    where = f"{WAITING} AND +source IN ({', '.join('?' * len(sources))})"
     if running:
         where += f" AND key NOT IN ({', '.join('?' * len(running))})"
     return where, (*sources, *running)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ocrwatch import ledger as ledger_module
+from ocrwatch import ledger_schema
 from ocrwatch.errors import ConfigError, TransientError
 from ocrwatch.ledger import Fingerprint, Ledger, StateUnusable, same_content
 from ocrwatch.sources.base import Job, LocalFile, S3Object
@@ -270,7 +271,7 @@ def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: 
     job = local_job(tmp_path, "old.pdf")
     db.parent.mkdir(mode=0o700)
     with closing(sqlite3.connect(db)) as conn:
-        conn.executescript(ledger_module._MIGRATIONS[0])
+        conn.executescript(ledger_schema.MIGRATIONS[0])
         conn.execute(
             "INSERT INTO jobs (key, state, attempts, last_error, error_at, job, fp_size, fp_sha256, created_at,"
             " updated_at, finished_at, next_attempt_at) VALUES (?, 'failed', 2, ?, 5.0, ?, 100, 'aa', 1.0, 2.0, 3.0,"
@@ -301,7 +302,7 @@ def test_a_version_3_ledger_gets_source_and_priority_columns_from_each_rows_json
     jobs = [local_job(tmp_path, f"old-{n:04d}.pdf") for n in range(2500)]  # more than one batch
     jobs[7].priority = 90
     with closing(sqlite3.connect(db)) as conn, conn:
-        for script in ledger_module._MIGRATIONS[:3]:
+        for script in ledger_schema.MIGRATIONS[:3]:
             conn.executescript(script)
         conn.executemany(
             "INSERT INTO jobs (key, state, job, fp_size, created_at, updated_at)"

@@ -43,6 +43,7 @@ RANKS: dict[str, int] = {
     "sources": 1,
     "database": 2,
     "ledger": 2,
+    "ledger_schema": 2,
     "deliveries": 2,
     "written": 2,
     "render": 3,
