@@ -203,7 +203,7 @@ def test_a_sidecar_is_private_until_it_is_complete(tmp_path: Path, open_umask: N
         seen.append((stat.S_IMODE(info.st_mode), Path(f"/proc/self/fd/{fd}").read_bytes()))
         real_fchmod(fd, mode)
 
-    monkeypatch.setattr(safefs.os, "fchmod", spy)
+    monkeypatch.setattr(os, "fchmod", spy)
     target = tmp_path / "doc.pdf.json"
     with safefs.folder(tmp_path) as here:
         here.write(target.name, b'{"complete": true}', safefs.PUBLIC)

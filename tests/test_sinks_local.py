@@ -60,7 +60,7 @@ def test_a_write_failing_midway_leaves_old_content_and_no_temp(tmp_path: Path, m
         raise OSError(28, "No space left on device")
 
     with safefs.folder(tmp_path) as here:
-        monkeypatch.setattr(safefs.os, "fsync", broken_fsync)
+        monkeypatch.setattr(os, "fsync", broken_fsync)
         with pytest.raises(OSError):
             here.write(target.name, b"new content that never lands", safefs.PUBLIC)
     assert target.read_text() == "old"

@@ -1,146 +1,38 @@
-"""Every read, write, move and removal under a folder that others can write to: descriptors all the way down.
+"""Folders reached one component at a time without following a link, and what is done inside them.
 
-A root daemon on a shared inbox must never be turned into one user's tool against another. Checking a path and
-then using it are two steps a user can race, by swapping a folder on the way for a symlink between them. So a
-folder here is reached from a configured root one component at a time with ``O_NOFOLLOW | O_DIRECTORY``, and
-everything done inside it goes through that folder's descriptor (``dir_fd=``): no path is resolved again
-after it was checked, and no link is followed, to a file or a folder. Files written get no more readers than
-the source they were made from (``Access``), set on the descriptor before the rename makes them visible.
-Everything here is blocking.
+``Folder`` wraps one folder's descriptor; every read, write, rename and removal inside it goes through
+that descriptor (``dir_fd=``), so no path is resolved again after it was checked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
-import signal
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
-FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-"""Non-blocking, so a FIFO swapped in after a type check cannot hang the thread that opens it."""
-NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-CHUNK = 1 << 20
-GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
-"""What opening a folder on the way raises when it is missing, a link or not a folder."""
-TMP_MARKER = ".ocrwatch-tmp-"
-ASIDE_MARKER = ".ocrwatch-gone-"
-"""Marks the hidden name a file takes right before its removal: what goes is what was checked."""
-NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
-"""``link`` cannot join two names (another filesystem, or one without hard links): it is copied."""
-NO_LEASE = (
-    errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOLCK, errno.ENOSYS,
-    errno.EACCES, errno.EPERM,
-)  # fmt: skip
-"""A lease refused for the filesystem (NFS, SMB, FUSE) or the daemon's rights, not for a writer."""
-LEASE_SIGNAL = signal.SIGURG
-"""Sent to a lease's holder when a writer opens the file: the default, SIGIO, would end the process;
-SIGURG's default action is to ignore it (``read_lease`` asks the kernel itself whether its lease is
-being broken)."""
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-UMASK = _umask()
-"""The process's umask (the unit's ``UMask``), read once at import: ``os.umask`` cannot be read alone."""
-
-
-class Signature(NamedTuple):
-    """What "unchanged" means for a file. Size and mtime alone miss a replacement that keeps both
-    (``touch -r``, a copy preserving times); the inode and ctime cannot be set back by a user."""
-
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    inode: int
-    device: int
-
-    @classmethod
-    def of(cls, info: os.stat_result) -> Signature:
-        return cls(info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
-
-    def unchanged(self, then: Signature | None, *, renamed: bool = False) -> bool:
-        """The one rule for "the file is unchanged since ``then``" (None: nothing recorded, so
-        not). ``renamed``: renamed or linked since, which changes only the ctime."""
-        if then is None:
-            return False
-        if renamed:
-            return self._replace(ctime_ns=then.ctime_ns) == then
-        return self == then
-
-
-class Replaced(OSError):
-    """A name no longer holds the file that was checked (another, or none): it was left as it is."""
-
-
-class FolderGone(OSError):
-    """A folder on the way is missing, a link or not a folder: what the name meant is no longer there."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        super().__init__(errno.ENOENT, f"{path}: {why}")
-        self.path = path
-        self.why = why
-
-
-@dataclass(frozen=True)
-class Access:
-    """Who may read a file: its mode bits and owner. An output is given its source's, so it is never readable
-    by more people than the source (the source's read and write bits, less the umask)."""
-
-    mode: int
-    uid: int
-    gid: int
-
-    @classmethod
-    def of(cls, info: os.stat_result) -> Access:
-        return cls(stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
-
-    def file_mode(self) -> int:
-        return self.mode & 0o666 & ~UMASK
-
-    def folder_mode(self) -> int:
-        """A folder of outputs may be listed by whoever may read them, and entered by them alone."""
-        mode = self.file_mode()
-        return mode | ((mode & 0o444) >> 2) | 0o700
-
-    def apply(self, fd: int, folder: bool = False) -> None:
-        """Set the owner (where the daemon may: root) and then the mode on the open file ``fd``."""
-        if os.geteuid() == 0:
-            os.fchown(fd, self.uid, self.gid)
-        os.fchmod(fd, self.folder_mode() if folder else self.file_mode())
-
-
-PUBLIC = Access(0o644, os.geteuid(), os.getegid())
-"""For outputs of no local source (``ocrwatch ocr`` of a stream, an error of a vanished file): the daemon's."""
-
-
-@dataclass(frozen=True)
-class Occupant:
-    """What lies at a name: a regular file (its ``stat`` and first bytes), or what it is instead."""
-
-    path: Path
-    other: str | None = None  # "a folder", "a FIFO", ... for anything but a regular file
-    head: bytes = b""
-    info: os.stat_result | None = None
-
-
-def describe(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):  # fmt: skip
-        if test(mode):
-            return name
-    return "not a regular file"
+from ocrwatch.safefs.base import (
+    Access,
+    FILE_FLAGS,
+    FOLDER_FLAGS,
+    FolderGone,
+    GONE,
+    NEW_FLAGS,
+    NO_LINK,
+    Occupant,
+    Replaced,
+    Signature,
+    aside_name,
+    write_all,
+    describe,
+    hash_fd,
+    read_head,
+    temporary_name,
+)
 
 
 @dataclass(frozen=True)
@@ -241,7 +133,7 @@ class Folder:
                     os.close(content)
             else:
                 digest = hashlib.sha256(data).hexdigest()
-                _write_all(fd, data)
+                write_all(fd, data)
             access.apply(fd)
             os.fsync(fd)
             info = os.fstat(fd)
@@ -372,7 +264,7 @@ class Folder:
         is renamed aside first, one atomic step, and then compared, so a file swapped in after the
         last check is put back, never removed; ``check`` runs before the removal too (raising keeps
         the file). ``Replaced`` where the name holds another file or none."""
-        aside = _aside_name(name)
+        aside = aside_name(name)
         try:
             os.rename(name, aside, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except FileNotFoundError:
@@ -483,65 +375,6 @@ def folder(root: Path, parts: Sequence[str] = (), make: Access | None = None) ->
         yield here
 
 
-def parts_below(path: Path, root: Path) -> tuple[str, ...]:
-    """The components of ``path`` below ``root``, both absolute; ``ValueError`` outside it."""
-    parts = path.relative_to(root).parts
-    if ".." in parts:
-        raise ValueError(f"{path} is outside {root}")
-    return parts
-
-
-def temporary_name(name: str) -> str:
-    """The hidden name ``name`` is written under before the rename: fixed per target, at most 108 bytes."""
-    raw = os.fsencode(name)
-    tag = hashlib.sha1(raw).hexdigest()[:12]
-    return os.fsdecode(b"." + raw[:80]) + TMP_MARKER + tag
-
-
-def read_head(fd: int, limit: int) -> bytes:
-    """At most ``limit`` bytes from the start of the open file ``fd``."""
-    chunks: list[bytes] = []
-    offset = 0
-    while offset < limit and (chunk := os.pread(fd, limit - offset, offset)):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
-def hash_fd(fd: int, *, out: int | None = None, limit: int | None = None) -> str:
-    """The sha256 of the whole open file ``fd``, read from its start with ``pread`` (hashlib
-    releases the GIL): the one read loop, also copying each block to ``out`` where given.
-    ``TooLarge`` once more than ``limit`` bytes are read, before they are copied."""
-    hasher, offset = hashlib.sha256(), 0
-    while block := os.pread(fd, CHUNK, offset):
-        offset += len(block)
-        if limit is not None and offset > limit:
-            raise TooLarge(f"more than {limit} bytes")
-        hasher.update(block)
-        if out is not None:
-            _write_all(out, block)
-    return hasher.hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """The sha256 of a file the daemon made itself (a spool copy, an output), by ``hash_fd``."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return hash_fd(fd)
-    finally:
-        os.close(fd)
-
-
-class TooLarge(Exception):
-    """``hash_fd`` read more than its limit."""
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 @contextlib.contextmanager
 def walk(
     root: Path, parts: Sequence[str], make: Sequence[Access] | None = None
@@ -567,30 +400,3 @@ def walk(
             access = None if make is None else make[index]
             chain.append(stack.enter_context(chain[-1].sub(part, access)))
         yield chain
-
-
-@contextlib.contextmanager
-def read_lease(fd: int) -> Iterator[Callable[[], bool] | None]:
-    """A read lease on the open file ``fd`` while the block runs. The kernel grants one only while
-    no process holds the file open for writing (``BlockingIOError`` otherwise), and a writer that
-    opens it meanwhile waits until it is released (at most ``/proc/sys/fs/lease-break-time``).
-    Yields "is a writer waiting?", or None where no lease can be had (``NO_LEASE``: NFS, SMB, a file
-    of another user for a daemon that is not root)."""
-    fcntl.fcntl(fd, fcntl.F_SETSIG, LEASE_SIGNAL)
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError as exc:
-        if exc.errno not in NO_LEASE:
-            raise
-        yield None
-        return
-    try:
-        yield lambda: fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
-    finally:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-
-
-def _aside_name(name: str) -> str:
-    raw = os.fsencode(name)
-    return os.fsdecode(b"." + raw[:80]) + ASIDE_MARKER + hashlib.sha1(raw).hexdigest()[:12]
