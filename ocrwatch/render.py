@@ -27,15 +27,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import structlog
 from PIL import Image, UnidentifiedImageError
 
 from ocrwatch import children, orientation
-from ocrwatch.config import LimitsConfig, RenderConfig
+from ocrwatch.config import RenderConfig
 from ocrwatch.errors import (
     ConfigError,
     CorruptPdf,
@@ -57,8 +55,16 @@ from ocrwatch.errors import (
 from ocrwatch.imagepages import BAND_BYTES as BAND_BYTES  # re-exported: the text layer's too
 from ocrwatch.imagepages import DpiFrom, fit_size, fits, probe_image, render_image_page, shrink
 from ocrwatch.memory import UNBOUNDED, DecodeBudget
+from ocrwatch.renderspec import (  # re-exported: render's own names
+    PDF_BYTES_PER_PIXEL as PDF_BYTES_PER_PIXEL,
+    DEFAULT_DPI as DEFAULT_DPI,
+    Geometry as Geometry,
+    Limits as Limits,
+    RenderSpec as RenderSpec,
+    DocumentInfo as DocumentInfo,
+    RenderedPage as RenderedPage,
+)
 from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
-from ocrwatch.sources.base import Job
 
 log = structlog.get_logger()
 
@@ -66,107 +72,10 @@ log = structlog.get_logger()
 # file cannot hang the caller, not because a healthy probe ever comes near it.
 PROBE_TIMEOUT_SECONDS = 60.0
 
-# A PDF page in this process while it is read: the PPM's bytes (3 a pixel) and Pillow's RGB image (4: Pillow
-# stores RGB as 32 bits); PDFium's bitmap and its copy weigh the same.
-PDF_BYTES_PER_PIXEL = 7
-
-DEFAULT_DPI = 200
-"""The DPI when neither ``[render] dpi`` nor an engine's geometry names one (a caller without an engine):
-enough for print-size text, and an A4 page stays near 4 megapixels."""
-
 _PDFINFO_PAGES = re.compile(r"^Pages:\s+(\d+)\s*$", re.MULTILINE)
 _PDFINFO_SIZE = re.compile(r"^Page\s+(\d+) size:\s+([\d.]+) x ([\d.]+) pts", re.MULTILINE)
 _PDFINFO_ROT = re.compile(r"^Page\s+(\d+) rot:\s+(-?\d+)", re.MULTILINE)
 
-
-@dataclass(frozen=True)
-class Geometry:
-    """The page size an engine reads best: its DPI, and the largest page it can use (None: no bound of its
-    own). An engine declares it; ``render_spec`` turns it and ``[render]`` into a ``RenderSpec``."""
-
-    dpi: int
-    max_side: int | None = None
-    max_pixels: int | None = None
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a document may weigh before anything is rendered; an inbox (or its job) may override the global
-    limits. Built here only, so the override rule is written once."""
-
-    max_bytes: int
-    max_pages: int
-
-    @classmethod
-    def from_config(cls, limits: LimitsConfig) -> Limits:
-        """The global limits, with no inbox's override (what the benchmarks measure against)."""
-        return cls(max_bytes=limits.max_bytes, max_pages=limits.max_pages)
-
-    @classmethod
-    def for_job(cls, limits: LimitsConfig, job: Job) -> Limits:
-        """The job carries its inbox's overrides (a source copies them in), so the pipeline needs no inbox."""
-        return cls._overridden(limits, job.max_bytes, job.max_pages)
-
-    @classmethod
-    def _overridden(cls, limits: LimitsConfig, max_bytes: int | None, max_pages: int | None) -> Limits:
-        return cls(
-            max_bytes=max_bytes if max_bytes is not None else limits.max_bytes,
-            max_pages=max_pages if max_pages is not None else limits.max_pages,
-        )
-
-
-@dataclass(frozen=True)
-class RenderSpec:
-    """How pages are rasterised.
-
-    ``max_side``/``max_pixels`` bound the output (the config tightened by the engine's geometry). The refusal rule
-    uses only the config's own caps (``limit_side``/``limit_pixels``): they protect memory, so a page is refused
-    only when even ``min_dpi`` would exceed them. The engine's tighter caps are a geometry target, not a safety
-    limit, so meeting them may take a PDF page below ``min_dpi`` (the model would have shrunk it anyway).
-    """
-
-    dpi: float
-    max_side: int
-    max_pixels: int
-    min_dpi: float
-    limit_side: int
-    limit_pixels: int
-    timeout_seconds: float
-    renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
-    image_dpi: float | None = None  # an image's that records none (``imagepages.image_dpi``)
-    upright: orientation.Settings = orientation.Settings()
-
-
-@dataclass(frozen=True)
-class DocumentInfo:
-    """What ``probe`` learnt: the type by content, the page count, and each page's size.
-
-    ``page_sizes`` are the units of the source: for a PDF, points of the CropBox with /Rotate applied (what
-    pdftoppm renders); for an image, pixels as stored, before EXIF orientation.
-    """
-
-    kind: Literal["pdf", "image"]
-    mime: str
-    pages: int
-    size_bytes: int
-    page_sizes: tuple[tuple[float, float], ...]
-
-
-@dataclass
-class RenderedPage:
-    """One page image; ``dpi`` is the resolution it was rendered at (an image's own, times the
-    scale: ``imagepages.image_dpi``), also in the image's ``info["dpi"]`` for the engine, and
-    ``dpi_from`` says where it came from. The image is the page upright, as the engine reads it
-    (``orientation``: what was done to it, ``width`` and ``height`` its size after)."""
-
-    index: int
-    image: Image.Image
-    dpi: float
-    width: int
-    height: int
-    seconds: float
-    dpi_from: DpiFrom = "render"
-    orientation: orientation.Orientation = orientation.AS_RENDERED
 
 
 def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSpec:

@@ -47,6 +47,7 @@ RANKS: dict[str, int] = {
     "deliveries": 2,
     "written": 2,
     "render": 3,
+    "renderspec": 3,
     "imagepages": 3,
     "orientation": 3,
     "deskew": 3,
