@@ -1,7 +1,8 @@
 """A document's way from its source to its sidecars, one named step after another.
 
-``Pipeline._process`` reads like the recipe it is: fetch and probe, render and recognise (the shared scheduler
-renders pages ahead in worker threads and feeds the engine), assemble, write. Around it sit admission
+``Pipeline._process`` reads like the recipe it is: fetch and probe, render and recognise (the
+shared scheduler renders pages ahead in worker threads; ``recognition`` answers its page asks),
+assemble, write; the steps that need no pipeline state are ``steps``. Around it sit admission
 (``admission``: whether a job runs at all, and when: jobs wait in the ledger until a slot
 frees), the retry loop (a transient failure is tried again with backoff) and ``reject``, the one
 place where a job is given up and its error sidecar written, whether the pipeline failed it or its
@@ -13,27 +14,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import functools
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ocrwatch import assemble, children, figures, ladder, outputs, pagetext, render
+from ocrwatch import assemble, children, outputs, pagetext, render, steps
 from ocrwatch.admission import Admission, job_id
 from ocrwatch.attempts import attempts_of_a_job, is_place_fault
 from ocrwatch.archive import Archiver
 from ocrwatch.config import Config
-from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.errors import (
     CrashLoop,
-    EngineDead,
     OcrwatchError,
     PermanentError,
     SourceChanged,
@@ -42,18 +39,20 @@ from ocrwatch.errors import (
 )
 from ocrwatch.hooks import HookRunner
 from ocrwatch.jobrun import Asked, JobRun, Record
-from ocrwatch.ledger import Ledger, sha256_file
+from ocrwatch.ledger import Ledger
 from ocrwatch.memory import DecodeBudget
 from ocrwatch.reuse import Reuse
-from ocrwatch.metrics import ENGINE_PHASES, Metrics
+from ocrwatch.metrics import Metrics
+from ocrwatch.recognition import Recognition
 from ocrwatch.scheduler import (
-    PageAsk, PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead,
+    PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead,
     auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
 from ocrwatch.safefs import Access
-from ocrwatch.sources.base import Job, LocalFile, Origin, Source
+from ocrwatch.sources.base import Job, Source
+from ocrwatch.steps import Probed, assemble_document, fetch_and_probe, job_lang, naming, timed
 from ocrwatch.supervisor import EngineSupervisor
 
 __all__ = ["Pipeline", "Probed", "Progress", "job_id"]
@@ -72,18 +71,6 @@ class Progress:
     eta_seconds: float | None = None  # the pages left at the rate of those done; None before the first
 
 
-@dataclass(frozen=True)
-class Probed:
-    """A fetched document, measured: what the later steps need to know before any page is rendered."""
-
-    path: Path  # the job's private copy (or download): what is rendered, and what ``sha256`` was taken of
-    changed: Callable[[], bool]  # blocking: whether the source no longer holds the version that was fetched
-    info: render.DocumentInfo
-    spec: render.RenderSpec
-    sha256: str
-    access: Access | None = None  # who may read the local source: its outputs get no more than that
-
-
 class Pipeline:
     """source → ledger → render → scheduler → engine → sink, each job in a task of its own."""
 
@@ -92,6 +79,7 @@ class Pipeline:
         self.ledger = ledger
         self.metrics = metrics
         self.supervisor = EngineSupervisor(cfg, metrics)
+        self.recognition = Recognition(self.supervisor, metrics, cfg.output.images)
         self.hooks = HookRunner(cfg.hook, ledger, metrics)  # started by the daemon, after it resumes the ledger
         self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)  # one for every render worker
         self.sources: dict[str, Source] = {}
@@ -105,10 +93,7 @@ class Pipeline:
         self.active_documents = 0
         self._slots: asyncio.Semaphore | None = None
         self._dispatcher: asyncio.Task[None] | None = None
-        self._reviver: asyncio.Task[None] | None = None
-        self._answerer: asyncio.Task[None] | None = None
         self._runs: dict[str, JobRun] = {}  # by job key: every job this process holds
-        self._by_doc: dict[str, JobRun] = {}  # by job id, while its pages are recognised
         self._draining = asyncio.Event()
         self._executors: dict[str, Executor] = {}
 
@@ -132,9 +117,7 @@ class Pipeline:
             ),
             ageing_seconds=sched.ageing_seconds,
         )
-        answers = self._answer_pages(self.scheduler)
-        self._answerer = asyncio.create_task(answers, name="page-answers")
-        self._reviver = asyncio.create_task(self._revive(self.scheduler), name="engine-revive")
+        self.recognition.start(self.scheduler)
         self.active_documents = (
             documents if isinstance(documents, int) else auto_active_documents(max_inflight)
         )
@@ -162,40 +145,12 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.hooks.stop()
-        loops = [task for task in (self._reviver, self._answerer) if task is not None]
-        for task in loops:
-            task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await self.recognition.stop()
         if self.scheduler is not None:
             await self.scheduler.close()
         await self.supervisor.close()
         for executor in self._executors.values():
             executor.shutdown(wait=False, cancel_futures=True)
-
-    async def _revive(self, scheduler: PageScheduler) -> None:
-        """Each engine death the scheduler yields, answered by the supervisor's rebuild."""
-        async for _ in scheduler.engine_deaths():
-            await self.supervisor.rebuild(scheduler)
-
-    async def _answer_pages(self, scheduler: PageScheduler) -> None:
-        """Each page the scheduler asks for, recognised in a task of its own that the ask's
-        cancellation cancels (the engine request aborted with it)."""
-        answering: set[asyncio.Task[tuple[Any, tuple[Any, ...]]]] = set()
-        async for ask in scheduler.page_asks():
-            name = f"answer:{ask.request.request_id}"
-            task = asyncio.create_task(self._answer_page(ask), name=name)
-            answering.add(task)
-            task.add_done_callback(answering.discard)
-            task.add_done_callback(ask.take)
-            ask.future.add_done_callback(lambda _, task=task: task.cancel())
-
-    async def _answer_page(self, ask: PageAsk) -> tuple[ladder.PageResult, tuple[Any, ...]]:
-        """One page recognised in its inbox's languages, and the figures cut from its image."""
-        run = self._by_doc.get(ask.doc.doc_id)
-        lang = run.lang if run is not None else None
-        result = await self._recognize(dataclasses.replace(ask.request, lang=lang))
-        extract = figures.extractor(self.cfg.output.images)
-        return result, (await extract(ask.request, result) if extract is not None else ())
 
     async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with the caller's
@@ -377,9 +332,10 @@ class Pipeline:
         async with DocumentSession(job_id(job), self.cfg.state_dir / "tmp", engine, self.scheduler) as session:
             assert session.spool_dir is not None
             await record.set_state("rendering")
-            with _timed(stages, "fetch_probe"):
-                probed = await self.fetch_and_probe(run, session.spool_dir, engine)
-            provenance = self.provenance(run, engine, probed)
+            with timed(stages, "fetch_probe"):
+                source = self.sources[job.source]
+                probed = await fetch_and_probe(self.cfg, source, run, session.spool_dir, engine)
+            provenance = steps.provenance(self.cfg, run, engine, probed)
             owner = probed.access.uid if probed.access is not None else None
             reused = None
             if run.recorded:
@@ -387,15 +343,15 @@ class Pipeline:
             made = outputs.NONE
             if reused is None:
                 await record.set_state("recognizing", pages_total=probed.info.pages)
-                with _timed(stages, "pages"):
+                with timed(stages, "pages"):
                     pages = await self.render_and_recognize(run, session, probed)
                 await record.set_state("writing")
                 made = await outputs.prepare(
                     self.cfg.output, job.origin, probed, pages, session.spool_dir, stages, self.decode_budget
                 )
-            with _timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
+            with timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 if reused is None:
-                    document = self.assemble_document(job, provenance, pages, started, stages, made)
+                    document = assemble_document(job, provenance, pages, started, stages, made)
                     markdown = assemble.markdown(pages, made.assets)
                 else:
                     document, markdown = reused.document, reused.markdown
@@ -406,7 +362,7 @@ class Pipeline:
         await record.mark_done()
         moved = await self._offload(job, self.archive.apply_on_success, job, document["status"], probed.sha256, probed.changed)
         await self.hooks.release(event, moved)  # the hooks are told where a move took the sidecars
-        self._record_success(job, document["status"], stages)
+        self.recognition.record_success(job, document["status"], stages)
         await self.sources[job.source].finish(job, "done")
         log.info(
             "job_done", status=document["status"], pages=len(pages), seconds=round(time.time() - started, 3),
@@ -421,31 +377,6 @@ class Pipeline:
             return None
         return await self.hooks.hold(job, document, self.sinks[job.source])
 
-    async def fetch_and_probe(self, run: JobRun, spool_dir: Path, engine: Engine) -> Probed:
-        """The document as a file private to the job, held to the limits and measured, so a document that
-        cannot be done fails before its first page is rendered. Every later step reads that one copy, and the
-        sidecar's sha256 is the one the source took of it while copying."""
-        job = run.job
-        limits = render.Limits.for_job(self.cfg.limits, job)
-        fetched = await self.sources[job.source].fetch(dataclasses.replace(job, max_bytes=limits.max_bytes), spool_dir)
-        path = fetched.path
-        digest = fetched.sha256 or await asyncio.to_thread(sha256_file, path)
-        run.read = digest  # an error sidecar names the bytes read, whatever fails next
-        with _naming(path, job.origin):
-            info = await asyncio.to_thread(render.probe, path, limits)
-            spec = render.render_spec(self.cfg.render, engine.geometry)
-            if info.kind == "pdf":  # raises for a page too large at any usable resolution
-                render.plan_pdf(info, spec, job_id=job_id(job), uri=job.origin.uri)
-        return Probed(path, fetched.changed, info, spec, digest, fetched.access)
-
-    def _lang(self, run: JobRun) -> str | None:
-        """The Tesseract languages asked for the job (``ocrwatch ocr --lang``), else those of its inbox
-        (``[[inbox]] lang``); None: the engine's own."""
-        job = run.job
-        if run.asked is not None and run.asked.lang is not None:
-            return run.asked.lang
-        return self.cfg.inbox_lang(job.origin.inbox) if isinstance(job.origin, LocalFile) else None
-
     async def render_and_recognize(
         self, run: JobRun, session: DocumentSession, probed: Probed
     ) -> list[PageOutcome]:
@@ -453,7 +384,7 @@ class Pipeline:
         whole rather than given pages of two versions."""
         assert self.scheduler is not None
         job = run.job
-        run.lang = self._lang(run)
+        run.lang = job_lang(self.cfg, run)
         text = run.asked.text if run.asked is not None else None
         session.document = self.scheduler.add(
             session.job_id,
@@ -466,39 +397,21 @@ class Pipeline:
                                   self.metrics.stage_seconds.labels(stage="render").observe),  # fmt: skip
         )
         run.document = session.document
-        self._by_doc[session.job_id] = run
         try:
-            with _naming(probed.path, job.origin):
-                pages = await session.document.future
+            with self.recognition.languages(session.job_id, run.lang):
+                with naming(probed.path, job.origin):
+                    pages = await session.document.future
         except PermanentError as exc:  # a page of the replacement, rendered with the old one's page count
             if await asyncio.to_thread(probed.changed):
                 raise SourceChanged(f"{job.origin.uri} changed while it was processed ({exc.kind})") from exc
             raise
         finally:
             run.document = None
-            self._by_doc.pop(session.job_id, None)
         # Checked after recognition, before anything is written: sidecars never describe a version that was
         # replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and mtime).
         if await asyncio.to_thread(probed.changed):
             raise SourceChanged(f"{job.origin.uri} changed while it was processed")
         return pages
-
-    def provenance(self, run: JobRun, engine: Engine, probed: Probed) -> assemble.Provenance:
-        """What was read, what read it and how: the sidecar's ``source``, ``engine`` and ``render``."""
-        job, spec = run.job, probed.spec
-        return assemble.Provenance(
-            source=assemble.source_section(job, probed.path, probed.sha256, probed.info.mime),
-            engine=_described(engine, self._lang(run)) | {"prompt": self.cfg.prompt_text(job.prompt)},
-            render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
-        )
-
-    def assemble_document(
-        self, job: Job, provenance: assemble.Provenance, pages: list[PageOutcome], started: float,
-        stages: dict[str, float], made: outputs.Outputs = outputs.NONE,
-    ) -> dict[str, Any]:  # fmt: skip
-        """The JSON sidecar: the pages with where they came from, what read them and how long it took."""
-        return assemble.document(provenance, pages, detected=job.detected_at, started=started, finished=time.time(),
-                                 stages=stages, assets=made.assets, outputs=made.sections)  # fmt: skip
 
     async def write_sidecars(
         self, job: Job, markdown: str, document: dict[str, Any], made: outputs.Outputs, access: Access | None
@@ -506,33 +419,6 @@ class Pipeline:
         """The Markdown, the further outputs, then the JSON (the commit marker), through the job's sink."""
         sink = self.sinks[job.source]
         await self._offload(job, sink.write, job, markdown, document, made.files, access)
-
-    async def _recognize(self, request: PageRequest) -> ladder.PageResult:
-        """One page through the engine, recorded as it finishes, so a long document's progress shows live."""
-        started = time.monotonic()
-        try:
-            result = await self.supervisor.recognize(request)
-        except EngineDead:
-            self.metrics.retries.labels(stage="engine").inc()  # the scheduler requeues the page
-            raise
-        metrics = self.metrics
-        metrics.stage_seconds.labels(stage="recognize").observe(time.monotonic() - started)
-        metrics.pages.labels(status=result.status).inc()
-        metrics.retries.labels(stage="page").inc(max(len(result.attempts) - 1, 0))
-        for kind in ("prompt", "completion"):
-            metrics.tokens.labels(kind=kind).inc(sum(attempt.get(f"{kind}_tokens") or 0 for attempt in result.attempts))
-        if result.recognition is not None:
-            for phase, seconds in result.recognition.timings.items():
-                if phase in ENGINE_PHASES:
-                    metrics.engine_seconds.labels(phase=phase).observe(seconds)
-        return result
-
-    def _record_success(self, job: Job, status: str, stages: dict[str, float]) -> None:
-        """Document-level figures; pages and tokens were recorded as each page finished."""
-        self.metrics.documents.labels(status=status).inc()
-        self.metrics.stage_seconds.labels(stage="end_to_end").observe(time.time() - job.detected_at)
-        for stage, seconds in stages.items():  # not the sidecar's copy: it was taken before the write
-            self.metrics.stage_seconds.labels(stage=stage).observe(seconds)
 
     # --- giving up --------------------------------------------------------------------------------------------
 
@@ -569,27 +455,3 @@ class Pipeline:
         moved = await self.sources[job.source].finish(job, "failed", error.kind)
         await self.hooks.release(event, moved)  # told where a quarantine took the source
 
-
-@contextlib.contextmanager
-def _timed(stages: dict[str, float], stage: str) -> Iterator[None]:
-    """Record the block's duration as ``stages[stage]`` when it succeeds."""
-    started = time.monotonic()
-    yield
-    stages[stage] = time.monotonic() - started
-
-
-@contextlib.contextmanager
-def _naming(spool: Path, origin: Origin) -> Iterator[None]:
-    """An error about the job's private copy names the document the user knows, not the spool file."""
-    try:
-        yield
-    except OcrwatchError as exc:
-        exc.message = exc.message.replace(str(spool), str(origin.path) if isinstance(origin, LocalFile) else origin.uri)
-        exc.args = (exc.message,)
-        raise
-
-
-def _described(engine: Engine, lang: str | None) -> dict[str, Any]:
-    """What the sidecar records of the engine: an engine that states its languages states the page's."""
-    described = engine.describe()
-    return described | {"lang": lang} if lang is not None and "lang" in described else described

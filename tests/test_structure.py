@@ -68,6 +68,8 @@ RANKS: dict[str, int] = {
     "attempts": 8,
     "reuse": 8,
     "pipeline": 8,
+    "recognition": 8,
+    "steps": 8,
     "jobrun": 8,
     "intake": 8,
     "checks": 8,
