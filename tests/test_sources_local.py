@@ -22,7 +22,7 @@ from PIL import Image
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
-from ocrwatch.sources import local, watch
+from ocrwatch.sources import local, settling, watch
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.readiness import probe
@@ -156,8 +156,8 @@ def test_a_burst_of_files_settles_without_a_task_per_file(tmp_path: Path) -> Non
 def test_stable_file_that_never_passes_the_probe_is_submitted_in_the_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(local, "PROBE_GIVE_UP_SETTLES", 2)
-    monkeypatch.setattr(local, "PROBE_GIVE_UP_MIN_SECONDS", 1.0)
+    monkeypatch.setattr(settling, "PROBE_GIVE_UP_SETTLES", 2)
+    monkeypatch.setattr(settling, "PROBE_GIVE_UP_MIN_SECONDS", 1.0)
 
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in")) as (_, got):
@@ -179,7 +179,7 @@ def test_an_empty_file_closed_is_submitted_once_quiet_without_the_probes_give_up
     empty_file), not after the give-up, an hour here; where no close is seen (polling), an empty file
     waits for the give-up, since its writer may hold it open; a writer that closes and comes back
     within settle_seconds is waited for."""
-    monkeypatch.setattr(local, "PROBE_GIVE_UP_MIN_SECONDS", 3600.0)
+    monkeypatch.setattr(settling, "PROBE_GIVE_UP_MIN_SECONDS", 3600.0)
 
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in", polling=polling)) as (_, got):
@@ -211,7 +211,7 @@ def test_an_empty_file_found_untouched_for_the_give_up_is_submitted_once_quiet(
     """No close is seen of a file already there (a restart's scan, a polled inbox): an empty one that
     nothing has changed (its ctime) for the give-up has waited for it already."""
     give_up = 2.0
-    monkeypatch.setattr(local, "PROBE_GIVE_UP_MIN_SECONDS", give_up)
+    monkeypatch.setattr(settling, "PROBE_GIVE_UP_MIN_SECONDS", give_up)
     folder = (tmp_path / "in").resolve()
     folder.mkdir()
     (folder / "empty.pdf").write_bytes(b"")

@@ -4,7 +4,7 @@ Each ``[[inbox]]`` gets its own watcher (``watch`` chooses inotify or polling), 
 batches (``watch.EventBridge``), watches no deeper than the inbox's ``max_depth``, and is replaced when it dies:
 at once when its thread says so, within ``WATCH_CHECK_SECONDS`` when a thread ends without a word; no fault of
 one inbox stops the start or the other inboxes. Events only say *where to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and every candidate passes the
-same readiness check (closed or stable, then the cheap probe of ``settle``) before ``submit``. A document
+same readiness check (``settling``: closed or stable, then the probe) before ``submit``. A document
 submitted before is submitted again, and so redone, once its sidecars are gone or no longer its own while its
 ledger row says done (``lapsed``, the daemon's question): asked as soon as an event names one of its sidecars,
 and of every unchanged document at each scan, at the cost of a ledger read and a sidecar's head, never a hash.
@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from watchdog.events import (
@@ -41,37 +41,22 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, path_fault, quarantined
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
-from ocrwatch.safefs import Signature
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit, key_id
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit
 from ocrwatch.sources.sourcefile import fetch_copy, inspect
-from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.ignore import sidecar_suffixes
-from ocrwatch.sources.inbox import Inbox, Pending
+from ocrwatch.sources.inbox import Inbox
 from ocrwatch.sources.quarantine import Owns, quarantine
-from ocrwatch.sources.readiness import probe
+from ocrwatch.sources.settling import Settler
 from ocrwatch.sources.watch import Batch, EventBridge, start_watcher
 
 log = structlog.get_logger()
 
-T = TypeVar("T")
-
-PROBE_GIVE_UP_SETTLES = 10
-PROBE_GIVE_UP_MIN_SECONDS = 30.0
-"""A file stable this long that still fails the probe is submitted, so the renderer names its real defect."""
-RECHECK_MIN_SECONDS = 0.25
-BLOCKING_CALLS = 8
-"""Stats and probes in flight at once, so a scan of a big inbox leaves worker threads for the rest of the daemon."""
-SETTLE_STEPS = 32
-"""Files looked at at once (a stat, a probe, or waiting for the ledger to admit them); the others
-wait for their turn as an entry in one heap of deadlines, not as a task each."""
 WATCH_CHECK_SECONDS = 2.0
 """How often every watcher's threads are checked: one that ended unannounced is found this soon."""
 RESTART_BACKOFF_MAX_SECONDS = 60.0
 STEADY_SECONDS = 60.0
 """A watcher that ran this long before it died is restarted at once: it did not die of starting."""
 OVERFLOW_LOG_SECONDS = 60.0
-UNCHANGED_LOG_SECONDS = 60.0
-"""At most this long between two lines counting files whose outcome was known already."""
 
 
 # --- the source ---------------------------------------------------------------------------------------------
@@ -100,11 +85,7 @@ class LocalSource:
         self._checker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
-        self._io = asyncio.Semaphore(BLOCKING_CALLS)
-        self._settling: Deadlines[Pending] = Deadlines(self._check_readiness, SETTLE_STEPS)
-        # Jobs being submitted, by key: the outcome ``finish`` gave one meanwhile, which means that
-        # admission found it done or failed with this very content, so nothing runs.
-        self._submitting: dict[str, Outcome | None] = {}
+        self._settler = Settler(self.name)
         self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
 
     async def start(self, outbox: Outbox) -> None:
@@ -114,7 +95,7 @@ class LocalSource:
         the probe, so that the pipeline names its defect.
         """
         self._submit, self._loop = outbox.submit, asyncio.get_running_loop()
-        self._settling.start()
+        self._settler.start(outbox)
         async with self._lock:
             for inbox in self._inboxes.values():
                 await self._refresh_guarded(inbox)
@@ -128,10 +109,10 @@ class LocalSource:
         tasks += [task for task in (self._reconciler, self._checker) if task is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, self._settling.stop(), return_exceptions=True)
+        await asyncio.gather(*tasks, self._settler.stop(), return_exceptions=True)
         for inbox in self._inboxes.values():
             inbox.pending.clear()
-            self._say_unchanged(inbox)
+            self._settler.say_unchanged(inbox)
         await asyncio.gather(*(self._unwatch(inbox) for inbox in self._inboxes.values()))
 
     async def update_inboxes(self, inboxes: Sequence[InboxConfig]) -> None:
@@ -145,7 +126,7 @@ class LocalSource:
             for root in self._inboxes.keys() - wanted.keys():
                 retired = self._inboxes.pop(root)
                 for pending in retired.pending.values():
-                    self._settling.discard(pending)
+                    self._settler.discard(pending)
                 retired.pending.clear()
                 await self._unwatch(retired)
                 log.info("inbox_removed", path=str(root))
@@ -182,8 +163,7 @@ class LocalSource:
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         comes_back = outcome == "failed" and path_fault(kind)
-        if job.key in self._submitting:
-            self._submitting[job.key] = "retry" if comes_back else outcome
+        self._settler.heard(job.key, "retry" if comes_back else outcome)
         if comes_back and inbox is not None:
             # Failed for what its path was then: the next scan finding it whole submits it again.
             inbox.settled.forget(origin.path)
@@ -238,7 +218,9 @@ class LocalSource:
         if not asked:
             return
         try:
-            lapsed = await self._blocking(lambda: [path for path in asked if self._lapsed(self._job(inbox, path))])
+            lapsed = await self._settler.blocking(
+                lambda: [path for path in asked if self._lapsed(self._settler.job(inbox, path))]
+            )
         except Exception:  # the ledger busy or closing: the next scan asks again
             log.exception("local_lapsed_check_failed", inbox=str(inbox.root))
             return
@@ -418,7 +400,7 @@ class LocalSource:
             if inbox.settled.matches(key, seen):
                 continue
             if isinstance(seen, str):
-                self._refuse(inbox, Path(key), seen)
+                self._settler.refuse(inbox, Path(key), seen)
             else:
                 self._consider(inbox, Path(key), closed=closed)
 
@@ -440,154 +422,19 @@ class LocalSource:
                         found.append((path, exc.message))
             return found
 
-        for path, reason in await self._blocking(refusals):
-            self._refuse(inbox, path, reason)
+        for path, reason in await self._settler.blocking(refusals):
+            self._settler.refuse(inbox, path, reason)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    # --- readiness -----------------------------------------------------------------------------------------
-
     def _consider(self, inbox: Inbox, path: Path, *, closed: bool = False, wrote: bool = False) -> None:
-        """Follow ``path`` until it is whole; an event for a file already followed only updates what is known."""
+        """Have ``path`` followed until whole, unless stopped, its inbox retired or not its name."""
         if self._submit is None or self._inboxes.get(inbox.root) is not inbox or not inbox.accepts(path):
             return
-        key = str(path)
-        pending = inbox.pending.get(key)
-        if pending is None:
-            pending = inbox.pending[key] = Pending(key, inbox)
-            self._settling.add(pending)
-        pending.generation += 1
-        if wrote:
-            pending.reopened |= pending.closed
-            pending.closed = False
-        if closed:
-            pending.closed = True
-            self._settling.nudge(pending)
-
-    async def _check_readiness(self, pending: Pending) -> float | None:
-        """Look at one file until it is whole, then submit it: the seconds until the next look, or
-        None once it is submitted or gone. A file still being written is never given up.
-
-        Whole means: closed after writing (or moved in), or its signature (size, mtime, ctime,
-        inode) unchanged for ``settle_seconds``; and then the probe passes. A close counts only for
-        a new file whose writer never came back: a file rewritten, or appended by one open-write-close
-        after another (an incremental PDF save), must be quiet for ``settle_seconds``, else each
-        piece that ends in a valid trailer is taken. A file stable for long that still fails the
-        probe is submitted anyway, so the renderer reports what is wrong with it.
-
-        An empty file closed after writing and quiet for ``settle_seconds`` is submitted then (it
-        fails as ``empty_file``), not after the probe's give-up: a writer that creates, closes and
-        opens again has that long to begin writing, and one that comes back later has its file read
-        again, its error sidecar replaced. An empty file never seen closed (a scan, a polled inbox)
-        may still be held open by its writer: it is submitted once nothing has changed it (its
-        ctime) for the probe's give-up, which a file found empty at a restart has long been.
-
-        Writes do not bring the next look forward (a busy writer would make it spin); a close does;
-        the next look at the settle deadline sees the writes.
-        """
-        inbox, path = pending.inbox, pending.path
-        delay: float | None = None
-        try:
-            while delay is None and inbox.accepts(path):  # a reload may have changed the patterns
-                generation = pending.generation
-                signature: Signature | None = None
-                try:
-                    signature = await self._blocking(inspect, path, inbox.root)
-                except SourceGone:
-                    pass
-                except NotARegularFile as exc:
-                    self._refuse(inbox, path, exc.message)
-                if signature is None or inbox.settled.matches(path, signature):
-                    if pending.generation == generation:
-                        break
-                    continue
-                delay = await self._look(pending, signature)
-        except OSError as exc:
-            log.warning("local_inspect_failed", path=str(path), error=str(exc))
-        except Exception:  # submit failed, most likely: the reconciliation scan offers the file again
-            log.exception("local_settle_failed", path=str(path))
-        finally:
-            if delay is None and inbox.pending.get(pending.key) is pending:
-                del inbox.pending[pending.key]
-                self._say_unchanged(inbox)
-        return delay
-
-    async def _look(self, pending: Pending, signature: Signature) -> float | None:
-        """One readiness decision: submit now (None: look once more) or how long to wait before the next look."""
-        inbox, settle, path = pending.inbox, pending.inbox.config.settle_seconds, pending.path
-        now = time.monotonic()
-        if not signature.unchanged(pending.signature):
-            pending.signature, pending.stable_since = signature, now
-        quiet = now - pending.stable_since
-        rewritten = pending.reopened or inbox.settled.submitted(path)
-        give_up = max(PROBE_GIVE_UP_SETTLES * settle, PROBE_GIVE_UP_MIN_SECONDS)
-        untouched = time.time() - signature.ctime_ns / 1e9
-        empty = signature.size == 0 and (pending.closed or untouched >= give_up)  # none will come
-        if (rewritten or empty or not pending.closed) and quiet < settle:
-            return settle - quiet
-        complete = not empty and await self._blocking(probe, path, inbox.root)
-        if not complete and not empty and quiet < give_up:
-            return max(settle, RECHECK_MIN_SECONDS)
-        try:
-            after = await self._blocking(inspect, path, inbox.root)
-        except (SourceGone, NotARegularFile):
-            return 0.0  # replaced while being probed: the next look says by what
-        if not after.unchanged(signature):
-            return 0.0  # it changed while being probed
-        assert self._submit is not None
-        job = self._job(inbox, path, pending.detected_at)
-        self._submitting[job.key] = None
-        try:
-            await self._submit(job)
-        finally:
-            known = self._submitting.pop(job.key, None)
-        if known != "retry":
-            inbox.settled.record(path, signature)
-        if known in ("done", "failed"):  # as it was at the last run: counted, not a line a file
-            inbox.unchanged[known] += 1
-            inbox.unchanged_since = inbox.unchanged_since or time.monotonic()
-            return None
-        log.info(
-            "local_submitted", job_id=key_id(job.key), path=pending.key, inbox=str(inbox.root),
-            bytes=signature.size, waited=round(time.time() - pending.detected_at, 3),
-            probe="empty" if empty else "ok" if complete else "failed",
-        )  # fmt: skip
-        return None
-
-    def _say_unchanged(self, inbox: Inbox) -> None:
-        """One line for the files found done or failed with the very content they had then (a
-        restart finds every file done before), once nothing of the inbox is left settling, or a
-        minute on."""
-        if not inbox.unchanged:
-            return
-        if inbox.pending and time.monotonic() - inbox.unchanged_since < UNCHANGED_LOG_SECONDS:
-            return
-        log.info("local_unchanged", inbox=str(inbox.root), done=inbox.unchanged["done"],
-                 failed=inbox.unchanged["failed"])  # fmt: skip
-        inbox.unchanged.clear()
-        inbox.unchanged_since = 0.0
-
-    def _job(self, inbox: Inbox, path: Path, detected_at: float | None = None) -> Job:
-        config = inbox.config
-        return Job(
-            origin=LocalFile(path, inbox.root), source=self.name, priority=config.priority, prompt=config.prompt,
-            max_bytes=config.max_bytes, max_pages=config.max_pages, detected_at=detected_at or time.time(),
-            duplicates=config.duplicates,
-        )  # fmt: skip
-
-    def _refuse(self, inbox: Inbox, path: Path, reason: str) -> None:
-        inbox.settled.record(path, reason)
-        if str(path) not in inbox.refused:
-            inbox.refused.add(str(path))
-            log.warning("local_refused", path=str(path), reason=reason)
-
-    async def _blocking(self, function: Callable[..., T], *args: Any) -> T:
-        async with self._io:
-            return await asyncio.to_thread(function, *args)
-
+        self._settler.follow(inbox, path, closed=closed, wrote=wrote)
 
 def _by_root(inboxes: Sequence[InboxConfig]) -> dict[Path, InboxConfig]:
     """Inbox configs by resolved folder; two sections for one folder is a configuration error."""
