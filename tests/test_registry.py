@@ -158,3 +158,17 @@ def test_an_entry_point_that_names_no_engine_spec_is_refused(monkeypatch: pytest
     monkeypatch.setattr(registry, "entry_points", lambda **select: [bogus] if select.get("name") == "bogus" else [])
     with pytest.raises(ConfigError, match="does not name an EngineSpec"):
         registry.build(EngineConfig(), kind="bogus")
+
+
+def test_each_built_in_spec_brings_its_options_checks_and_languages() -> None:
+    """The spec, not ``checks.py``, knows an engine: Tesseract reads its installed language data,
+    vLLM takes no language, and each validates its own table."""
+    from ocrwatch.config import Config, TesseractConfig, VllmConfig
+
+    tesseract, vllm = registry.find("tesseract"), registry.find("vllm")
+    assert (tesseract.options, vllm.options) == (TesseractConfig, VllmConfig)
+    assert tesseract.languages is not None and "eng" in tesseract.languages(TesseractConfig())
+    assert vllm.languages is None
+    said = [check.what for check in tesseract.checks(Config(), False, [("--lang", "eng+xyz")])]
+    assert said == ["tesseract", "--lang eng+xyz"]
+    assert [check.ok for check in tesseract.checks(Config(), False, [("--lang", "eng")])] == [True, True]
