@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
