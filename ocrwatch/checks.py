@@ -60,8 +60,8 @@ def preflight(cfg: Config) -> None:
 
 def require_languages(cfg: Config, lang: str | None = None, *, kind: str | None = None) -> None:
     """Raise ``ConfigError`` when the engine (``kind``, else the configured one) cannot read a
-    configured language (a reload adding an inbox whose ``lang`` is not installed is refused, not run
-    page after failing page); with ``lang`` (``ocrwatch ocr --lang``), that one instead."""
+    configured language (a reload adding an inbox whose ``lang`` is not installed is refused);
+    with ``lang`` (``ocrwatch ocr --lang``), that one instead."""
     spec = registry.find(kind or registry.choose(cfg.engine)[0])
     wanted = None if lang is None else [("--lang", lang)]
     if spec.languages is not None:
@@ -101,8 +101,9 @@ def _poppler(cfg: Config) -> Iterator[Check]:
 
 
 def _engine(cfg: Config, *, probe: bool) -> Iterator[Check]:
-    """The engine's own checks (its spec's); with ``probe``, also what only matters to ``check``, and
-    the engine tried as its spec says (a Tesseract page recognised, a plugin built)."""
+    """The engine's own checks (its spec's); with ``probe``, also what only matters to
+    ``check``, and the engine tried as its spec says (a Tesseract page recognised, a plugin
+    built)."""
     try:
         kind, reason = registry.choose(cfg.engine)
         spec = registry.find(kind)

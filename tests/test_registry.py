@@ -177,4 +177,5 @@ def test_each_built_in_spec_brings_its_options_checks_and_languages() -> None:
     assert vllm.languages is None
     said = [check.what for check in tesseract.checks(Config(), False, [("--lang", "eng+xyz")])]
     assert said == ["tesseract", "--lang eng+xyz"]
-    assert [check.ok for check in tesseract.checks(Config(), False, [("--lang", "eng")])] == [True, True]
+    found = tesseract.checks(Config(), False, [("--lang", "eng")])
+    assert [check.ok for check in found] == [True, True]

@@ -109,7 +109,8 @@ class Check:
 
 
 Wanted = list[tuple[str, str]]
-"""Languages to check, each with the key (or option) that asked for it: ``("inbox[0].lang", "deu")``."""
+"""Languages to check, each with the key (or option) that asked for it:
+``("inbox[0].lang", "deu")``."""
 
 Checks = Callable[[Config, bool, Wanted | None], Iterator[Check]]
 """An engine's own checks of ``cfg``: with ``probe`` (``ocrwatch check``) also what only matters to

@@ -12,7 +12,8 @@ from ocrwatch.engines.tesseract_options import TesseractConfig
 
 
 def languages(options: TesseractConfig) -> frozenset[str]:
-    """The language data installed for ``options.binary`` (``--list-langs``); none where it cannot run."""
+    """The language data installed for ``options.binary`` (``--list-langs``); none where it
+    cannot run."""
     path = shutil.which(options.binary)
     listed = command_output([path, "--list-langs"]) if path else None
     return frozenset(line.strip() for line in (listed or "").splitlines()[1:] if line.strip())
@@ -25,7 +26,8 @@ def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[C
     path = shutil.which(options.binary)
     if path is None:
         yield Check(False, f"[engine.tesseract] binary {options.binary}", "not found",
-                    "install tesseract-ocr (apt-get install tesseract-ocr), or set the binary's path")
+                    "install tesseract-ocr (apt-get install tesseract-ocr),"
+                    " or set the binary's path")
         return
     if command_output([path, "--list-langs"]) is None:
         yield Check(False, f"[engine.tesseract] binary {path}", "`--list-langs` failed",

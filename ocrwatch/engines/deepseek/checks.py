@@ -51,7 +51,8 @@ def _model(model: str) -> Iterator[Check]:
     what = f"[engine.vllm] model {model}"
     folder = Path(model).expanduser()
     if not folder.is_dir() and not model.startswith(("/", ".", "~")):
-        yield Check(True, what, "is a hub id: fetched from the Hugging Face hub (or its cache) at start")
+        said = "is a hub id: fetched from the Hugging Face hub (or its cache) at start"
+        yield Check(True, what, said)
         return
     fix = ("download the model there (huggingface-cli download deepseek-ai/DeepSeek-OCR-2"
            " --local-dir FOLDER)")
