@@ -2,7 +2,7 @@
 only the user can fix before it starts anything (``preflight``), so that each stops the start with one line
 naming the file and the key (exit 2) instead of a traceback, or a document failing hours later.
 
-A check yields ``Result``s. Folders are probed by making and removing a hidden file in them (as the user this
+A check yields ``Check``s. Folders are probed by making and removing a hidden file in them (as the user this
 runs as: run ``check`` as the service user); listen addresses by binding them as the listeners
 will (one in use by the daemon holding state_dir, by its answer on the control socket, is its
 own); S3 by one call per endpoint, queue and bucket. ``check`` changes nothing: a folder that does not exist yet is judged
@@ -16,19 +16,15 @@ import contextlib
 import errno
 import functools
 import getpass
-import importlib
 import importlib.util
 import itertools
-import json
 import logging
 import os
 import re
 import shutil
 import socket
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,33 +34,14 @@ from ocrwatch import control
 from ocrwatch.config import Config, S3Config
 from ocrwatch.database import private_dir_fault
 from ocrwatch.engines import registry
-from ocrwatch.engines.deepseek.geometry import VISIONS
+from ocrwatch.engines.base import Check
+from ocrwatch.engines.base import command_output
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.http import host_port
 
-COMMAND_TIMEOUT = 30.0
-"""Seconds a probing command (``pdftoppm -v``, ``tesseract --list-langs``) may take."""
-
-
-@dataclass(frozen=True)
-class Result:
-    """One check: what was checked (naming the configuration key where there is one), what was found, and for
-    a failure what to do about it."""
-
-    ok: bool
-    what: str
-    detail: str
-    hint: str = ""
-
-    def line(self) -> str:
-        if self.ok:
-            return f"ok   {self.what} {self.detail}"
-        return f"FAIL {self.what}: {self.detail}" + (f": {self.hint}" if self.hint else "")
-
-
-def run(cfg: Config) -> Iterator[Result]:
+def run(cfg: Config) -> Iterator[Check]:
     """Every check ``ocrwatch check`` prints, in order, each as soon as it is known."""
-    yield Result(True, "config", f"{cfg.source_file or 'built-in defaults'} is valid")
+    yield Check(True, "config", f"{cfg.source_file or 'built-in defaults'} is valid")
     yield from _poppler(cfg)
     yield from _engine(cfg, probe=True)
     yield from _folders(cfg, prepare=False)
@@ -81,17 +58,17 @@ def preflight(cfg: Config) -> None:
     _raise_first(needs, cfg.source_file)  # folders last: a start refused for another reason creates none
 
 
-def require_languages(cfg: Config, lang: str | None = None) -> None:
-    """Raise ``ConfigError`` when Tesseract runs and lacks the data of a configured language (a reload adding an
-    inbox whose ``lang`` is not installed is refused, not run page after failing page); with ``lang`` (``ocrwatch
-    ocr --lang``), when Tesseract cannot run or lacks the data of that one."""
-    if lang is not None:
-        _raise_first(_tesseract(cfg, [("--lang", lang)]), None)
-    elif registry.choose(cfg.engine)[0] == "tesseract":
-        _raise_first(_tesseract(cfg), cfg.source_file)
+def require_languages(cfg: Config, lang: str | None = None, *, kind: str | None = None) -> None:
+    """Raise ``ConfigError`` when the engine (``kind``, else the configured one) cannot read a
+    configured language (a reload adding an inbox whose ``lang`` is not installed is refused);
+    with ``lang`` (``ocrwatch ocr --lang``), that one instead."""
+    spec = registry.find(kind or registry.choose(cfg.engine)[0])
+    wanted = None if lang is None else [("--lang", lang)]
+    if spec.languages is not None:
+        _raise_first(spec.checks(cfg, False, wanted), None if lang else cfg.source_file)
 
 
-def _raise_first(results: Iterator[Result], source_file: Path | None) -> None:
+def _raise_first(results: Iterator[Check], source_file: Path | None) -> None:
     for result in results:
         if not result.ok:
             where = f"{source_file}: " if source_file else ""
@@ -101,143 +78,47 @@ def _raise_first(results: Iterator[Result], source_file: Path | None) -> None:
 # --- programs ------------------------------------------------------------------------------------------------
 
 
-def _poppler(cfg: Config) -> Iterator[Result]:
+def _poppler(cfg: Config) -> Iterator[Check]:
     """pdfinfo probes every PDF; pdftoppm renders them unless ``[render] renderer = "pdfium"``."""
     tools = ("pdfinfo", "pdftoppm") if cfg.render.renderer == "pdftoppm" else ("pdfinfo",)
     for tool in tools:
         path = shutil.which(tool)
         if path is None:
-            yield Result(False, tool, "not found on PATH", "install poppler-utils (apt-get install poppler-utils)")
+            yield Check(False, tool, "not found on PATH", "install poppler-utils (apt-get install poppler-utils)")
             continue
-        said = _output([path, "-v"])
+        said = command_output([path, "-v"])
         version = re.search(r"version\s+(\S+)", said or "")
-        yield Result(True, tool, f"{version.group(1) if version else '(version unknown)'} at {path}")
+        yield Check(True, tool, f"{version.group(1) if version else '(version unknown)'} at {path}")
     if cfg.render.renderer == "pdfium":
         if importlib.util.find_spec("pypdfium2") is None:
-            yield Result(False, "[render] renderer pdfium", "pypdfium2 is not installed",
+            yield Check(False, "[render] renderer pdfium", "pypdfium2 is not installed",
                          "pip install 'ocrwatch[pdfium]', or remove the key")  # fmt: skip
         else:
-            yield Result(True, "[render] renderer pdfium", "pypdfium2 is installed")
-
-
-def _output(command: list[str]) -> str | None:
-    """stdout and stderr of a short command, or None when it could not run or failed."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout + done.stderr if done.returncode == 0 else None
+            yield Check(True, "[render] renderer pdfium", "pypdfium2 is installed")
 
 
 # --- the engine ------------------------------------------------------------------------------------------------
 
 
-def _engine(cfg: Config, *, probe: bool) -> Iterator[Result]:
-    """The engine's own needs; with ``probe``, also what only matters to ``check`` (vLLM importable, a GPU
-    visible, a Tesseract page recognised, a plugin built)."""
+def _engine(cfg: Config, *, probe: bool) -> Iterator[Check]:
+    """The engine's own checks (its spec's); with ``probe``, also what only matters to
+    ``check``, and the engine tried as its spec says (a Tesseract page recognised, a plugin
+    built)."""
     try:
         kind, reason = registry.choose(cfg.engine)
+        spec = registry.find(kind)
     except OcrwatchError as exc:
-        yield Result(False, "[engine] kind", exc.message, exc.hint)
+        yield Check(False, "[engine] kind", exc.message, exc.hint)
         return
     if probe:
-        yield Result(True, "engine", f"{kind}: {reason}")
-    if kind == "tesseract":
-        results = list(_tesseract(cfg))
-        yield from results
-        if probe and all(result.ok for result in results):
-            yield _started(cfg, kind)
-    elif kind == "vllm":
-        if probe:
-            yield from _vllm_runs()
-        yield from _vllm_model(cfg.engine.vllm.model)
-    elif probe:
-        yield _started(cfg, kind, start=False)
+        yield Check(True, "engine", f"{kind}: {reason}")
+    results = list(spec.checks(cfg, probe, None))
+    yield from results
+    if probe and spec.trial != "none" and all(result.ok for result in results):
+        yield _started(cfg, kind, start=spec.trial == "start")
 
 
-def _tesseract(cfg: Config, wanted: list[tuple[str, str]] | None = None) -> Iterator[Result]:
-    """The binary, and language data for each (key, lang) of ``wanted``; by default ``[engine.tesseract] lang``
-    and every inbox's ``lang``."""
-    options = cfg.engine.tesseract
-    path = shutil.which(options.binary)
-    if path is None:
-        yield Result(False, f"[engine.tesseract] binary {options.binary}", "not found",
-                     "install tesseract-ocr (apt-get install tesseract-ocr), or set the binary's path")  # fmt: skip
-        return
-    listed = _output([path, "--list-langs"])
-    if listed is None:
-        yield Result(False, f"[engine.tesseract] binary {path}", "`--list-langs` failed",
-                     "reinstall tesseract-ocr, or set [engine.tesseract] binary to a working one")  # fmt: skip
-        return
-    version = (_output([path, "--version"]) or "").split()
-    yield Result(True, "tesseract", f"{version[1] if len(version) > 1 else '(version unknown)'} at {path}")
-    installed = {line.strip() for line in listed.splitlines()[1:] if line.strip()}
-    if wanted is None:
-        wanted = [("[engine.tesseract] lang", options.lang)]
-        wanted += [(f"inbox[{index}].lang", inbox.lang) for index, inbox in enumerate(cfg.inbox) if inbox.lang]
-    for key, lang in wanted:
-        missing = [name for name in lang.split("+") if name not in installed]
-        if missing:
-            packages = " ".join(f"tesseract-ocr-{name.lower().replace('_', '-')}" for name in missing)
-            fix = f"install {packages}" if all(missing) else "name languages as eng or eng+deu"
-            yield Result(False, f"{key} {lang}",
-                         f"tesseract has no language data for {', '.join(missing)} (installed: "
-                         f"{', '.join(sorted(installed))})", f"{fix}, or change {key.split()[0]}")  # fmt: skip
-        else:
-            yield Result(True, f"{key} {lang}", "is installed")
-
-
-def _vllm_runs() -> Iterator[Result]:
-    """vLLM imports, and torch sees a CUDA device."""
-    try:
-        vllm = importlib.import_module("vllm")
-    except Exception as exc:
-        yield Result(False, "vllm", f"does not import: {type(exc).__name__}: {exc}",
-                     "pip install 'ocrwatch[vllm]' on a host with an NVIDIA GPU, or set [engine] kind = 'tesseract'")
-        return
-    yield Result(True, "vllm", f"{getattr(vllm, '__version__', '(version unknown)')} imports")
-    try:
-        torch = importlib.import_module("torch")
-        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception as exc:
-        yield Result(False, "GPU", f"torch cannot look for CUDA devices: {exc}", "check the CUDA installation")
-        return
-    if devices:
-        yield Result(True, "GPU", f"{devices} CUDA device(s) visible")
-    else:
-        yield Result(False, "GPU", "no CUDA device is visible",
-                     "check nvidia-smi and CUDA_VISIBLE_DEVICES, or set [engine] kind = 'tesseract'")  # fmt: skip
-
-
-def _vllm_model(model: str) -> Iterator[Result]:
-    """A local model folder readable, of a supported architecture; a hub id is left to the hub."""
-    what = f"[engine.vllm] model {model}"
-    folder = Path(model).expanduser()
-    if not folder.is_dir() and not model.startswith(("/", ".", "~")):
-        yield Result(True, what, "is a hub id: fetched from the Hugging Face hub (or its cache) at start")
-        return
-    fix = "download the model there (huggingface-cli download deepseek-ai/DeepSeek-OCR-2 --local-dir FOLDER)"
-    if not folder.is_dir():
-        yield Result(False, what, "no such folder", f"{fix}, or correct the path")
-        return
-    try:
-        config: Any = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        os.listdir(folder)
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else f"not JSON ({exc})"
-        yield Result(False, what, f"config.json cannot be read: {reason}",
-                     f"make {folder} readable by the user ocrwatch runs as, or {fix}")  # fmt: skip
-        return
-    named = config.get("architectures") if isinstance(config, dict) else None
-    found = [name for name in named if name in VISIONS] if isinstance(named, list) else []
-    if not found:
-        yield Result(False, what, f"architecture {named} is not supported",
-                     f"ocrwatch runs {' or '.join(sorted(VISIONS))} (DeepSeek-OCR-2, DeepSeek-OCR)")  # fmt: skip
-        return
-    yield Result(True, what, f"is readable: {found[0]}")
-
-
-def _started(cfg: Config, kind: str, *, start: bool = True) -> Result:
+def _started(cfg: Config, kind: str, *, start: bool = True) -> Check:
     """The engine built (and started and closed again: a Tesseract page recognised)."""
     try:
         engine = registry.build(cfg.engine, cfg.output.images, kind=kind)
@@ -245,8 +126,8 @@ def _started(cfg: Config, kind: str, *, start: bool = True) -> Result:
             with _quiet():
                 asyncio.run(_start_and_close(engine))
     except OcrwatchError as exc:
-        return Result(False, f"engine {kind}", exc.message, exc.hint)
-    return Result(True, f"engine {kind}", "recognised a test page" if start else "was built")
+        return Check(False, f"engine {kind}", exc.message, exc.hint)
+    return Check(True, f"engine {kind}", "recognised a test page" if start else "was built")
 
 
 async def _start_and_close(engine: Any) -> None:
@@ -271,7 +152,7 @@ def _quiet() -> Iterator[None]:
 # --- folders and addresses -------------------------------------------------------------------------------------
 
 
-def _folders(cfg: Config, *, prepare: bool) -> Iterator[Result]:
+def _folders(cfg: Config, *, prepare: bool) -> Iterator[Check]:
     """Inboxes readable (and writable where sidecars go beside the documents), the quarantine, ``[output] dir``
     and state_dir writable. With ``prepare``, only what stops a start: inboxes and ``[output] dir`` created."""
     user = _user()
@@ -280,11 +161,11 @@ def _folders(cfg: Config, *, prepare: bool) -> Iterator[Result]:
         what = f"inbox[{index}].path {inbox.path}"
         if prepare:
             if inbox.create and (why := _made(inbox.path, write=False)) is not None:
-                yield Result(False, what, f"cannot be created: {why}", _FOLDER_HINT.format(inbox.path, user))
+                yield Check(False, what, f"cannot be created: {why}", _FOLDER_HINT.format(inbox.path, user))
             continue
         moves = inbox.quarantine_dir is not None or (inbox.on_success or cfg.output.on_success) != "keep"
         if not inbox.path.exists() and not inbox.create:
-            yield Result(False, what, "does not exist (create = false)", f"create it, readable by {user}")
+            yield Check(False, what, "does not exist (create = false)", f"create it, readable by {user}")
         elif out is None:
             yield _place(what, inbox.path, user, "(sidecars are written beside the documents)")
         else:
@@ -298,12 +179,12 @@ def _folders(cfg: Config, *, prepare: bool) -> Iterator[Result]:
         if not prepare:
             yield _place(f"[output] dir {out}", out, user, "")
         elif (why := _made(out, write=True)) is not None:
-            yield Result(False, f"[output] dir {out}", f"cannot be written: {why}", _FOLDER_HINT.format(out, user))
+            yield Check(False, f"[output] dir {out}", f"cannot be written: {why}", _FOLDER_HINT.format(out, user))
     if not prepare:
         yield _state_dir(cfg.state_dir, user)
 
 
-def _state_dir(state: Path, user: str) -> Result:
+def _state_dir(state: Path, user: str) -> Check:
     """Writable, and private: owned by the user ocrwatch runs as and writable by no one else (the
     daemon refuses to start otherwise, in ``database.make_private_dirs``)."""
     what = f"state_dir {state}"
@@ -313,9 +194,9 @@ def _state_dir(state: Path, user: str) -> Result:
         fault = None  # made 0700 at start
     except OSError as exc:
         why = (exc.strerror or str(exc)).lower()
-        return Result(False, what, why, _FOLDER_HINT.format(state, user))
+        return Check(False, what, why, _FOLDER_HINT.format(state, user))
     if fault is not None:
-        return Result(False, what, *fault)
+        return Check(False, what, *fault)
     return _place(what, state, user, "")
 
 
@@ -346,7 +227,7 @@ def _made(folder: Path, *, write: bool) -> str | None:
     return None
 
 
-def _place(what: str, folder: Path, user: str, note: str, *, write: bool = True) -> Result:
+def _place(what: str, folder: Path, user: str, note: str, *, write: bool = True) -> Check:
     """``check``'s verdict on a folder, without creating it."""
     if folder.exists():
         why = _probe(folder, write=write)
@@ -354,8 +235,8 @@ def _place(what: str, folder: Path, user: str, note: str, *, write: bool = True)
     else:
         why, done = _creatable(folder), f"does not exist yet; {user} can create it"
     if why is not None:
-        return Result(False, what, why, _FOLDER_HINT.format(folder, user) if write else f"make it readable by {user}")
-    return Result(True, what, f"{done} {note}".rstrip())
+        return Check(False, what, why, _FOLDER_HINT.format(folder, user) if write else f"make it readable by {user}")
+    return Check(True, what, f"{done} {note}".rstrip())
 
 
 def _probe(folder: Path, *, write: bool) -> str | None:
@@ -389,7 +270,7 @@ Holder = Callable[[], tuple[int, list[str]] | str | None]
 holds it; or why it could not be asked."""
 
 
-def _listens(cfg: Config, holder: Holder | None = None) -> Iterator[Result]:
+def _listens(cfg: Config, holder: Holder | None = None) -> Iterator[Check]:
     """The metrics endpoint and each S3 webhook can bind their addresses; with ``holder``
     (``check``), one in use by the daemon holding state_dir is its own (``preflight`` runs in that
     daemon: none)."""
@@ -424,32 +305,32 @@ def _resolved(listen: str) -> set[Any]:
     return {address for *_, address in found}
 
 
-def _held(what: str, listen: str, holder: Holder) -> Result | None:
+def _held(what: str, listen: str, holder: Holder) -> Check | None:
     """An address in use, when the daemon holding state_dir says it listens there: its own."""
     answer = holder()
     if isinstance(answer, tuple) and any(_resolved(listen) & _resolved(one) for one in answer[1]):
-        return Result(True, what, f"is held by the running daemon (pid {answer[0]})")
+        return Check(True, what, f"is held by the running daemon (pid {answer[0]})")
     if isinstance(answer, str):
         detail = "address already in use; the daemon holding state_dir could not be asked whether"
         hint = "run check as the user the daemon runs as"
-        return Result(False, what, f"{detail} it is its own: {answer}", hint)
+        return Check(False, what, f"{detail} it is its own: {answer}", hint)
     return None
 
 
-def _listen(key: str, listen: str, holder: Holder | None = None) -> Result:
+def _listen(key: str, listen: str, holder: Holder | None = None) -> Check:
     """Bind ``listen`` as the listener will (SO_REUSEADDR, every address the host resolves to), then let go."""
     what = f"{key} {listen}"
     hint = f"stop what listens there (another ocrwatch?), or set {key} to a free HOST:PORT"
     try:
         host, port = host_port(listen)
     except ValueError as exc:
-        return Result(False, what, str(exc), f"set {key} to HOST:PORT, e.g. 127.0.0.1:9464")
+        return Check(False, what, str(exc), f"set {key} to HOST:PORT, e.g. 127.0.0.1:9464")
     if port > 65535:
-        return Result(False, what, f"port {port} is out of range", f"set {key} to a port from 1 to 65535")
+        return Check(False, what, f"port {port} is out of range", f"set {key} to a port from 1 to 65535")
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        return Result(False, what, f"cannot resolve the host: {exc.strerror}", f"set {key} to an address of this host")
+        return Check(False, what, f"cannot resolve the host: {exc.strerror}", f"set {key} to an address of this host")
     for family, kind, proto, _, address in addresses:
         with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -458,14 +339,14 @@ def _listen(key: str, listen: str, holder: Holder | None = None) -> Result:
             except OSError as exc:
                 in_use = exc.errno == errno.EADDRINUSE
                 held = _held(what, listen, holder) if in_use and holder else None
-                return held or Result(False, what, (exc.strerror or str(exc)).lower(), hint)
-    return Result(True, what, "is free")
+                return held or Check(False, what, (exc.strerror or str(exc)).lower(), hint)
+    return Check(True, what, "is free")
 
 
 # --- S3 --------------------------------------------------------------------------------------------------------
 
 
-def _s3(index: int, cfg: S3Config) -> Iterator[Result]:
+def _s3(index: int, cfg: S3Config) -> Iterator[Check]:
     """Credentials, the endpoint (always, bucket or not), the queue and each bucket: one line per probe."""
     import boto3  # only where a bucket is configured: boto3 costs start-up time
     import botocore.exceptions
@@ -476,14 +357,14 @@ def _s3(index: int, cfg: S3Config) -> Iterator[Result]:
     session = boto3.session.Session(aws_access_key_id=cfg.access_key_id,
                                     aws_secret_access_key=cfg.secret_access_key, region_name=cfg.region)  # fmt: skip
     if session.get_credentials() is None:
-        yield Result(False, f"{name} credentials", "none found",
+        yield Check(False, f"{name} credentials", "none found",
                      "set access_key_id and secret_access_key, or provide them through the AWS standard chain")
         return
     try:
         s3 = s3client.new_client(cfg, "s3", read_timeout=10.0)
         sqs = s3client.new_client(cfg, "sqs", read_timeout=10.0) if cfg.transport == "sqs" else None
     except botocore.exceptions.BotoCoreError as exc:
-        yield Result(False, f"{name} client", str(exc), "check endpoint_url and region")
+        yield Check(False, f"{name} client", str(exc), "check endpoint_url and region")
         return
     endpoint = f"{name} endpoint {cfg.endpoint_url or 'AWS'}"
     credentials = "check access_key_id and secret_access_key (or the credentials of the AWS standard chain)"
@@ -492,37 +373,37 @@ def _s3(index: int, cfg: S3Config) -> Iterator[Result]:
         buckets = s3.list_buckets().get("Buckets", [])
     except botocore.exceptions.ClientError as exc:
         if s3client.error_code(exc) in ("AccessDenied", "Forbidden"):
-            yield Result(True, endpoint, "answered; credentials accepted (listing buckets is not allowed to them)")
+            yield Check(True, endpoint, "answered; credentials accepted (listing buckets is not allowed to them)")
         else:
-            yield Result(False, endpoint, _said(exc), credentials)
+            yield Check(False, endpoint, _said(exc), credentials)
     except Exception as exc:
         reachable = False
-        yield Result(False, endpoint, f"cannot be reached: {exc}", "start the server, or correct endpoint_url")
+        yield Check(False, endpoint, f"cannot be reached: {exc}", "start the server, or correct endpoint_url")
     else:
-        yield Result(True, endpoint, f"answered; credentials accepted ({len(buckets)} bucket(s) visible)")
+        yield Check(True, endpoint, f"answered; credentials accepted ({len(buckets)} bucket(s) visible)")
     if sqs is not None:
         what = f"{name} queue {cfg.queue_url}"
         try:
             attributes = sqs.get_queue_attributes(QueueUrl=cfg.queue_url, AttributeNames=["All"])["Attributes"]
         except Exception as exc:
-            yield Result(False, what, _said(exc), "create the queue, or correct queue_url and the credentials")
+            yield Check(False, what, _said(exc), "create the queue, or correct queue_url and the credentials")
         else:
             if cfg.on_max_receives == "dead_letter" and "RedrivePolicy" not in attributes:
-                yield Result(False, what, "has no RedrivePolicy, but on_max_receives = 'dead_letter'",
+                yield Check(False, what, "has no RedrivePolicy, but on_max_receives = 'dead_letter'",
                              "give the queue a dead-letter queue, or set on_max_receives = 'error_sidecar'")
             else:
-                yield Result(True, what, "answered")
+                yield Check(True, what, "answered")
     if cfg.transport == "amqp":  # the broker and the queue, through the daemon's own client
         from ocrwatch.sources.amqp import probe
 
-        yield from (Result(*found) for found in probe(cfg, index))
+        yield from (Check(*found) for found in probe(cfg, index))
     for bucket in dict.fromkeys(b for b in (cfg.bucket, cfg.output_bucket) if b and reachable):
         try:
             s3.head_bucket(Bucket=bucket)
         except Exception as exc:
-            yield Result(False, f"{name} bucket {bucket}", _said(exc), "create the bucket, or correct its name")
+            yield Check(False, f"{name} bucket {bucket}", _said(exc), "create the bucket, or correct its name")
         else:
-            yield Result(True, f"{name} bucket {bucket}", "answered")
+            yield Check(True, f"{name} bucket {bucket}", "answered")
 
 
 def _said(exc: BaseException) -> str:

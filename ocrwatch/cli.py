@@ -198,7 +198,7 @@ def _check_lang(cfg: Config, lang: str, engine: str | None) -> None:
     if engine == "vllm":
         raise ConfigError("--lang sets Tesseract's language; --engine vllm reads every language itself",
                           hint="leave out --engine, or give --engine tesseract")  # fmt: skip
-    checks.require_languages(cfg, lang)
+    checks.require_languages(cfg, lang, kind="tesseract")
 
 
 def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list[tuple[Path, Path]]:

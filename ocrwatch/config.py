@@ -28,11 +28,12 @@ from ocrwatch.config_base import (
     MiB,
     Model,
     OnSuccess,
+    TableProblem,
     TextMode,
 )
 from ocrwatch.config_env import Loc
+from ocrwatch.config_engines import ENGINE_ENTRY_POINTS
 from ocrwatch.config_sections import (
-    ENGINE_ENTRY_POINTS,
     DaemonConfig,
     EngineConfig,
     LimitsConfig,
@@ -44,8 +45,6 @@ from ocrwatch.config_sections import (
     SchedulerConfig,
 )
 from ocrwatch.config_sources import HookConfig, HookStatus, InboxConfig, S3Config
-from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
-from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -57,8 +56,7 @@ __all__ = [
     "DEFAULT_PRIORITY", "ENGINE_ENTRY_POINTS", "MiB", "Config", "DaemonConfig", "Duplicates",
     "EngineConfig", "HookConfig", "HookStatus", "InboxConfig", "KeyProblem", "LimitsConfig",
     "LogConfig", "MetricsConfig", "OnSuccess", "OutputConfig", "RenderConfig", "RetryConfig",
-    "S3Config", "SchedulerConfig", "TesseractConfig", "TextMode", "VllmConfig", "from_mapping",
-    "load",
+    "S3Config", "SchedulerConfig", "TextMode", "from_mapping", "load",
 ]
 
 DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml"))
@@ -68,7 +66,8 @@ class Config(Model):
     state_dir: Path = Field(Path(".ocrwatch"), description=(
         "Where the ledger (SQLite) and temporary files live. Under systemd/ocrwatch.service: its"
         " StateDirectory=, \"/var/lib/ocrwatch\" (as systemd/config.toml sets it)."))
-    engine: EngineConfig = Field(EngineConfig(), description="The engine that reads the pages.")
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig, description="The engine that reads the pages.")
     render: RenderConfig = Field(RenderConfig(), description="How pages become images.")
     limits: LimitsConfig = Field(LimitsConfig(), description="What a document may be at most.")
     output: OutputConfig = Field(OutputConfig(), description="Sidecars, outputs, the source after.")
@@ -119,7 +118,7 @@ class Config(Model):
     @model_validator(mode="after")
     def _prompts_exist(self) -> "Config":
         """Every source's prompt, an inbox's and a bucket's alike: ``prompt_text`` never misses."""
-        known = set(PROMPT_PRESETS) | set(self.engine.vllm.prompts)
+        known = self.engine.vllm.presets()
         for kind in ("inbox", "s3"):
             for index, source in enumerate(getattr(self, kind)):
                 if source.prompt not in known:
@@ -165,7 +164,8 @@ class Config(Model):
 
     def prompt_text(self, preset: str) -> str:
         """A source's prompt; its preset was checked at load (``_prompts_exist``)."""
-        return self.engine.vllm.prompts.get(preset) or PROMPT_PRESETS[preset]
+        text: str = self.engine.vllm.prompt(preset)
+        return text
 
     def inbox_lang(self, root: Path) -> str | None:
         """The ``lang`` of the inbox whose resolved folder is ``root``; None: ``[engine.tesseract] lang``."""
@@ -193,7 +193,7 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
     """One line per fault: where it was set (the file, or the environment) and the key as the user
     wrote it (``inbox[0].recursive``) or the variable that set it."""
     lines = []
-    for item in _auto_merged(error.errors()):
+    for item in _auto_merged(list(_flat(error.errors()))):
         base = tuple(item["loc"])
         problem = item.get("ctx", {}).get("error")
 
@@ -207,6 +207,17 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
             loc, text = base, f"{name(())}: {message}"
         lines.append(f"{_where(path, loc, origins)}: {text}")
     return "\n".join(lines)
+
+
+def _flat(items: list[Any]) -> Iterator[Any]:
+    """Each fault of an engine's table in its own place below the table, as the section's are."""
+    for item in items:
+        problem = item.get("ctx", {}).get("error")
+        if isinstance(problem, TableProblem):
+            below = (*item["loc"], *problem.loc)
+            yield from ({**inner, "loc": (*below, *inner["loc"])} for inner in problem.errors)
+        else:
+            yield item
 
 
 def _auto_merged(items: list[Any]) -> Iterator[Any]:

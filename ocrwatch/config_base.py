@@ -8,9 +8,9 @@ Each key is declared once, as ``Field(default, description=...)``; ``configdoc``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ocrwatch.config_env import Loc
 
@@ -33,6 +33,12 @@ TextMode = Literal["ocr", "auto", "layer"]
 own text layer where that passes ``pagetext``'s test, or its layer wherever it has one."""
 
 
+LANG_PATTERN = r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?(\+[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?)*$"
+Lang = Annotated[str, Field(pattern=LANG_PATTERN)]
+"""Tesseract language data joined with ``+`` (``eng``, ``deu+eng``, ``script/Latin``): names
+only, so a value can never read as one of Tesseract's options."""
+
+
 class KeyProblem(ValueError):
     """A validator's finding, reported against the key the user wrote (``loc``, below the model that
     raised it), which need not be the key the validator reads. ``text`` is the message after the
@@ -46,6 +52,16 @@ class KeyProblem(ValueError):
 
     def render(self, name: Callable[[Loc], str]) -> str:
         return f"{name(self.loc)}: {self.text}" if isinstance(self.text, str) else self.text(name)
+
+
+class TableProblem(ValueError):
+    """The faults of a table validated by a model its section does not declare (an engine's own),
+    each reported below ``loc``."""
+
+    def __init__(self, loc: Loc, errors: list[Any]) -> None:
+        super().__init__(f"{len(errors)} fault(s)")
+        self.loc = loc
+        self.errors = errors
 
 
 class Model(BaseModel):

@@ -83,9 +83,16 @@ def names(model: type[BaseModel]) -> Iterator[tuple[str, Loc]]:
             yield key.upper(), (key,)
 
 
+def fields(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """The keys a user writes: fields the configuration itself fills (excluded ones) are none; a
+    model's tables that are no fields of it (``EngineConfig.tables``, each engine's own) are."""
+    found = {key: field for key, field in model.model_fields.items() if not field.exclude}
+    more = getattr(model, "tables", None)
+    return found | more() if callable(more) else found
+
+
 def _fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
-    """The keys a user writes: fields the configuration itself fills (excluded ones) are none."""
-    return ((key, field) for key, field in model.model_fields.items() if not field.exclude)
+    return iter(fields(model).items())
 
 
 def _resolve(model: type[BaseModel], name: str) -> tuple[Loc, FieldInfo]:
@@ -160,9 +167,9 @@ def _default(model: type[BaseModel], loc: Loc) -> list[Any]:
     current: Any = model
     for part in loc[:-1]:
         if isinstance(part, str):
-            field = current.model_fields[part]
+            field = fields(current)[part]
             current = _table(field.annotation) or tables(field.annotation)
-    default = current.model_fields[loc[-1]].get_default(call_default_factory=True)
+    default = fields(current)[loc[-1]].get_default(call_default_factory=True)
     return [table.model_dump(mode="json") for table in default]
 
 

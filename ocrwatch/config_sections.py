@@ -3,21 +3,24 @@ each key declared once with its default, bounds and description."""
 
 from __future__ import annotations
 
+import json
 import string
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
-from ocrwatch.config_base import Auto, MiB, Model, OnSuccess, no_zero_for_auto
-from ocrwatch.engines.deepseek.options import VllmConfig
-from ocrwatch.engines.tesseract_options import TesseractConfig
-
-ENGINE_ENTRY_POINTS = "ocrwatch.engines"
-"""The entry-point group through which engines, the built-in ones too, are found by ``[engine]
-kind``."""
-
+from ocrwatch import config_engines
+from ocrwatch.config_base import (
+    Auto,
+    KeyProblem,
+    MiB,
+    Model,
+    OnSuccess,
+    TableProblem,
+    no_zero_for_auto,
+)
 
 class RenderConfig(Model):
     dpi: Annotated[int, Field(ge=50, le=1200)] | Auto = Field("auto", description=(
@@ -185,12 +188,14 @@ class RetryConfig(Model):
 
 
 class EngineConfig(Model):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     kind: str = Field("auto", description=(
         "\"auto\" = vLLM when vllm imports and a CUDA device is visible, else Tesseract (logged"
         " loudly); or an engine's name: \"vllm\", \"tesseract\", or one another package registers"
-        " in the \"ocrwatch.engines\" entry-point group. Checked at load against the installed"
-        " entry points: in a checkout that is not installed (pip install -e .) only \"auto\""
-        " loads."))
+        " in the \"ocrwatch.engines\" entry-point group. Checked at load against the built-in"
+        " engines and the installed entry points. Its table [engine.<name>] is validated by the"
+        " options model the engine brings."))
     plugin: str | None = Field(None, examples=["mypackage.engines:MyEngine"], description=(
         "kind = \"plugin\": an Engine class of your own, as \"module:attribute\", built with"
         " plugin_args as keywords."))
@@ -204,19 +209,57 @@ class EngineConfig(Model):
         " attempt, then the rungs of [engine.vllm] ladder. At most 1 + the ladder's rungs are"
         " made, whatever this says (3 with the default ladder); the Tesseract engine reads a page"
         " once and ignores this key."))
-    vllm: VllmConfig = Field(VllmConfig(), description="The vLLM DeepSeek-OCR engine's options.")
-    tesseract: TesseractConfig = Field(TesseractConfig(), description=(
-        "The Tesseract engine's options."))
 
     @field_validator("kind")
     @classmethod
-    def _kind_is_installed(cls, value: str) -> str:
-        """``auto`` or an engine of the entry-point group, so a typo stops the start, not the first
-        page."""
-        known = {"auto", *entry_points(group=ENGINE_ENTRY_POINTS).names}
+    def _kind_is_known(cls, value: str) -> str:
+        """``auto`` or a known engine (built in, or of the entry-point group), so a typo stops the
+        start, not the first page."""
+        known = {"auto", *config_engines.names()}
         if value not in known:
             raise ValueError(f"unknown engine {value!r} (installed: {', '.join(sorted(known))})")
         return value
+
+    @model_validator(mode="after")
+    def _engine_tables(self) -> "EngineConfig":
+        """Each ``[engine.<name>]`` table becomes the options model of engine ``name``'s spec,
+        validated as strictly as the file; the built-in engines' and the chosen one's default where
+        the file has none."""
+        extra = self.__pydantic_extra__ if self.__pydantic_extra__ is not None else {}
+        for name, value in extra.items():
+            options = config_engines.options(name)
+            if options is None:
+                raise KeyProblem((name,), "Extra inputs are not permitted")
+            if not isinstance(value, options):
+                extra[name] = _table(name, options, value)
+        for name in (*config_engines.BUILT_IN, self.kind):
+            if name not in extra and (options := config_engines.options(name)) is not None:
+                extra[name] = options()
+        return self
+
+    @classmethod
+    def tables(cls) -> dict[str, FieldInfo]:
+        """The engines' tables as fields, for what walks the keys (variables, the documentation)."""
+        found = ((name, config_engines.options(name)) for name in config_engines.names())
+        return {
+            name: FieldInfo(annotation=options, default_factory=options,
+                            description=options.__doc__)
+            for name, options in found if options is not None
+        }
+
+    if TYPE_CHECKING:  # an engine's table, by its name: cfg.engine.vllm
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def _table(name: str, options: type[BaseModel], value: Any) -> BaseModel:
+    """``value``, the table as parsed, validated by ``options`` as strictly as the file is."""
+    if not isinstance(value, dict):
+        raise KeyProblem((name,), "Input should be a valid dictionary (a table)")
+    try:
+        return options.model_validate_json(json.dumps(value), strict=True)
+    except ValidationError as exc:
+        raise TableProblem((name,), exc.errors()) from None
 
 
 class DaemonConfig(Model):

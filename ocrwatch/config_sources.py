@@ -16,12 +16,12 @@ from ocrwatch.config_base import (
     Auto,
     Duplicates,
     KeyProblem,
+    Lang,
     MiB,
     Model,
     OnSuccess,
     TextMode,
 )
-from ocrwatch.engines.tesseract_options import Lang
 
 PRIORITY = "0..100; a higher lane always goes first."
 PROMPT = "Prompt preset: markdown, free, figure, or a name from [engine.vllm] prompts."

@@ -62,7 +62,7 @@ unit's own).
 
 
 def _fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
-    return ((key, field) for key, field in model.model_fields.items() if not field.exclude)
+    return iter(config_env.fields(model).items())
 
 
 def _default(field: FieldInfo) -> Any:

@@ -20,7 +20,8 @@ from rapidfuzz.distance import Levenshtein
 
 from ocrwatch import __version__, render
 from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
-from ocrwatch.config import RenderConfig, TesseractConfig
+from ocrwatch.config import RenderConfig
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from tests import docs

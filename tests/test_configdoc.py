@@ -10,11 +10,13 @@ from pydantic import BaseModel
 
 from ocrwatch import config, config_env, configdoc
 from ocrwatch.config_base import Model
+from ocrwatch.engines.deepseek.options import VllmConfig
+from ocrwatch.engines.tesseract_options import TesseractConfig
 
 
 def _models(model: type[BaseModel]) -> set[type[BaseModel]]:
     found = {model}
-    for field in model.model_fields.values():
+    for field in config_env.fields(model).values():
         inner = config_env.tables(field.annotation) or field.annotation
         if isinstance(inner, type) and issubclass(inner, BaseModel):
             found |= _models(inner)
@@ -47,7 +49,7 @@ def test_check_says_which_file_differs(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_every_key_has_a_description() -> None:
     models = _models(config.Config)
-    assert config.S3Config in models and config.VllmConfig in models
+    assert config.S3Config in models and VllmConfig in models and TesseractConfig in models
     missing = [f"{model.__name__}.{key}" for model in models
                for key, field in model.model_fields.items()
                if not field.exclude and not (field.description or "").strip()]

@@ -12,7 +12,8 @@ import pytest
 from PIL import Image, ImageDraw, ImageOps
 
 from ocrwatch import deskew, orientation, render
-from ocrwatch.config import RenderConfig, TesseractConfig
+from ocrwatch.config import RenderConfig
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.errors import ConfigError

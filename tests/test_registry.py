@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ocrwatch import config_engines
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, EngineSpec
@@ -155,6 +156,26 @@ def test_an_entry_point_that_names_no_engine_spec_is_refused(monkeypatch: pytest
     from importlib.metadata import EntryPoint
 
     bogus = EntryPoint(name="bogus", value="tests.fault_engines:EchoEngine", group="ocrwatch.engines")
-    monkeypatch.setattr(registry, "entry_points", lambda **select: [bogus] if select.get("name") == "bogus" else [])
+    monkeypatch.setattr(
+        config_engines, "entry_points",
+        lambda **select: [bogus] if select.get("name") in ("bogus", None) else [],
+    )
     with pytest.raises(ConfigError, match="does not name an EngineSpec"):
         registry.build(EngineConfig(), kind="bogus")
+
+
+def test_each_built_in_spec_brings_its_options_checks_and_languages() -> None:
+    """The spec, not ``checks.py``, knows an engine: Tesseract reads its installed language data,
+    vLLM takes no language, and each validates its own table."""
+    from ocrwatch.config import Config
+    from ocrwatch.engines.deepseek.options import VllmConfig
+    from ocrwatch.engines.tesseract_options import TesseractConfig
+
+    tesseract, vllm = registry.find("tesseract"), registry.find("vllm")
+    assert (tesseract.options, vllm.options) == (TesseractConfig, VllmConfig)
+    assert tesseract.languages is not None and "eng" in tesseract.languages(TesseractConfig())
+    assert vllm.languages is None
+    said = [check.what for check in tesseract.checks(Config(), False, [("--lang", "eng+xyz")])]
+    assert said == ["tesseract", "--lang eng+xyz"]
+    found = tesseract.checks(Config(), False, [("--lang", "eng")])
+    assert [check.ok for check in found] == [True, True]

@@ -17,13 +17,15 @@ entry point names an ``EngineSpec``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from PIL import Image
+from pydantic import BaseModel
 
-from ocrwatch.config import EngineConfig, LogConfig, TextMode
+from ocrwatch.config import Config, EngineConfig, LogConfig, TextMode
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.plaintext import PlainText
 from ocrwatch.render import Geometry
@@ -90,6 +92,55 @@ class Engine(Protocol):
         """Name, model, revision and settings, recorded in every JSON sidecar."""
 
 
+@dataclass(frozen=True)
+class Check:
+    """One line of ``ocrwatch check``: what was checked (naming the configuration key where there is
+    one), what was found, and for a failure what to do about it."""
+
+    ok: bool
+    what: str
+    detail: str
+    hint: str = ""
+
+    def line(self) -> str:
+        if self.ok:
+            return f"ok   {self.what} {self.detail}"
+        return f"FAIL {self.what}: {self.detail}" + (f": {self.hint}" if self.hint else "")
+
+
+Wanted = list[tuple[str, str]]
+"""Languages to check, each with the key (or option) that asked for it:
+``("inbox[0].lang", "deu")``."""
+
+Checks = Callable[[Config, bool, Wanted | None], Iterator[Check]]
+"""An engine's own checks of ``cfg``: with ``probe`` (``ocrwatch check``) also what only matters to
+``check``; with languages, those instead of the configured ones."""
+
+Trial = Literal["start", "build", "none"]
+"""What ``ocrwatch check`` does with the engine once its checks pass: start it on a test page, only
+build it, or neither (a model that takes minutes to load)."""
+
+
+COMMAND_TIMEOUT = 30.0
+"""Seconds a probing command (``pdftoppm -v``, ``tesseract --list-langs``) may take."""
+
+
+def command_output(command: list[str]) -> str | None:
+    """stdout and stderr of a short command, or None when it could not run or failed."""
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout + done.stderr if done.returncode == 0 else None
+
+
+def no_checks(cfg: Config, probe: bool, wanted: Wanted | None) -> Iterator[Check]:
+    """The checks of an engine that brings none."""
+    return iter(())
+
+
 Build = Callable[[EngineConfig, Images, LogConfig | None], Engine]
 """Builds (does not start) an engine from ``[engine]``; the log settings reach engines that run processes
 of their own."""
@@ -98,8 +149,8 @@ of their own."""
 @dataclass(frozen=True)
 class EngineSpec:
     """What an ``ocrwatch.engines`` entry point names: the engine's ``[engine] kind`` and how to build it.
-    A built-in engine's options are its own table under ``[engine]`` (``[engine.vllm]``), modelled in its
-    package's options module; a third-party engine reads ``plugin_args``. ``text``: the engine's
+    Its ``options`` are its own table under ``[engine]`` (``[engine.vllm]``), validated through that
+    model; ``kind = "plugin"`` reads ``plugin_args`` instead. ``text``: the engine's
     default ``[[inbox]] text``, where an inbox sets none: ``auto`` where a good text layer reads as
     well as the engine would, ``ocr`` where the engine gives more (DeepSeek's Markdown keeps the
     structure a text layer lacks)."""
@@ -107,3 +158,10 @@ class EngineSpec:
     name: str
     build: Build
     text: TextMode = "ocr"
+    options: type[BaseModel] | None = None
+    """The model of its ``[engine.<name>]`` table; None: the engine takes no table."""
+    checks: Checks = no_checks
+    languages: Callable[[Any], frozenset[str]] | None = None
+    """The languages it can read under its options (Tesseract: its installed language data); None:
+    it takes no language."""
+    trial: Trial = "build"

@@ -15,10 +15,10 @@ import contextlib
 import importlib
 import os
 import re
-from importlib.metadata import entry_points
 from typing import Any
 
-from ocrwatch.config import ENGINE_ENTRY_POINTS, EngineConfig, LogConfig
+from ocrwatch import config_engines
+from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines.base import Engine, EngineSpec, Images
 from ocrwatch.errors import ConfigError
 
@@ -55,21 +55,20 @@ def choose(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def find(kind: str) -> EngineSpec:
-    """The ``EngineSpec`` the entry point ``kind`` names."""
-    found = entry_points(group=ENGINE_ENTRY_POINTS, name=kind)
-    if not found:
-        installed = ", ".join(sorted(entry_points(group=ENGINE_ENTRY_POINTS).names)) or "none"
-        raise ConfigError(
-            f"engine.kind: unknown engine {kind!r} (installed: {installed})",
-            hint="install the package that provides it, or reinstall ocrwatch (pip install -e .) if none is",
-        )
-    entry = next(iter(found))
+    """The ``EngineSpec`` that ``kind`` names: its entry point, else the built-in one."""
     try:
-        loaded = entry.load()
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"engine.kind: cannot load engine {kind!r} ({entry.value}): {exc}") from None
+        loaded = config_engines.spec(kind)
+    except config_engines.NotFound as exc:
+        raise ConfigError(
+            f"engine.kind: {exc}",
+            hint="install the package that provides it, or reinstall ocrwatch (pip install -e .)"
+            " if none is",
+        ) from None
     if not isinstance(loaded, EngineSpec):
-        raise ConfigError(f"engine.kind: entry point {kind!r} ({entry.value}) does not name an EngineSpec")
+        where = config_engines.value(kind)
+        raise ConfigError(
+            f"engine.kind: entry point {kind!r} ({where}) does not name an EngineSpec"
+        )
     return loaded
 
 

@@ -32,6 +32,7 @@ from PIL import Image, ImageDraw
 
 from ocrwatch import plaintext
 from ocrwatch.config import EngineConfig, LogConfig
+from ocrwatch.engines import tesseract_checks
 from ocrwatch.engines.base import Engine, EngineSpec, Images, PageRequest, Recognition
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
@@ -289,5 +290,8 @@ def _build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
     return TesseractEngine(cfg.tesseract)
 
 
-SPEC = EngineSpec("tesseract", _build, text="auto")  # its plain text is what a good layer holds
+SPEC = EngineSpec(  # its plain text is what a good layer holds: text "auto"
+    "tesseract", _build, text="auto", options=TesseractConfig, checks=tesseract_checks.checks,
+    languages=tesseract_checks.languages, trial="start",
+)
 """Entry point ``ocrwatch.engines: tesseract``."""

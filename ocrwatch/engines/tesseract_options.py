@@ -1,5 +1,5 @@
-"""``[engine.tesseract]``: the Tesseract engine's options. Pydantic only: ``config`` composes this model into
-``[engine]``, so it sits at the bottom of the layers with it."""
+"""``[engine.tesseract]``: the Tesseract engine's options, the table its spec brings (``options``);
+config validates ``[engine.tesseract]`` through it without importing it."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ocrwatch.config_base import no_zero_for_auto
-
-Lang = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?(\+[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?)*$")]
-"""Tesseract language data joined with ``+`` (``eng``, ``deu+eng``, ``script/Latin``): names only, so a value
-can never read as one of Tesseract's options."""
-
+from ocrwatch.config_base import Lang, no_zero_for_auto
 
 class TesseractConfig(BaseModel):
+    """The Tesseract engine's options."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     lang: Lang = Field("eng", description=(

@@ -40,6 +40,8 @@ class SamplingRung(_Model):
 
 
 class VllmConfig(_Model):
+    """The vLLM DeepSeek-OCR engine's options."""
+
     model: str = Field("deepseek-ai/DeepSeek-OCR-2", description=(
         "Local model directory or hub id: DeepSeek-OCR-2 (DeepseekOCR2ForCausalLM) or"
         " DeepSeek-OCR."))
@@ -143,6 +145,14 @@ class VllmConfig(_Model):
             " (~/.cache/vllm)."))
     engine_args: dict[str, Any] = Field(default_factory=dict, description=(
         "Anything else passed straight to vLLM's engine arguments, last (it wins)."))
+
+    def prompt(self, preset: str) -> str | None:
+        """The text of ``preset``: a custom one of ``prompts``, else a built-in; None: unknown."""
+        return self.prompts.get(preset) or PROMPT_PRESETS.get(preset)
+
+    def presets(self) -> set[str]:
+        """Every preset a source may name."""
+        return set(PROMPT_PRESETS) | set(self.prompts)
 
     def first_rung(self) -> Sampling:
         """The first attempt at every page: greedy, with the guard ``guard`` names. ``ban``: DeepSeek-OCR's

@@ -10,6 +10,7 @@ import os
 from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, EngineSpec, Images
+from ocrwatch.engines.deepseek import checks
 from ocrwatch.engines.deepseek.engine import VllmEngine
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.process import ProcessEngine
@@ -53,4 +54,6 @@ def build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
     return EngineSet([VllmEngine(one, images=images, devices=group) for group in groups], count_as="replicas")
 
 
-SPEC = EngineSpec("vllm", build, text="ocr")  # its Markdown keeps tables and headings
+SPEC = EngineSpec(  # its Markdown keeps tables and headings: text "ocr"
+    "vllm", build, text="ocr", options=VllmConfig, checks=checks.checks, trial="none"
+)
