@@ -64,8 +64,11 @@ def main() -> None:
             folder.mkdir(parents=True)
         for number in range(args.files):
             (folders[number % args.folders] / f"page-{number:06d}.png").write_bytes(data)
-        engine = {"kind": "plugin", "plugin": "tests.fault_engines:HangingEngine",
-                  "plugin_args": {"match": "."}}  # fmt: skip
+        engine = {
+            "kind": "plugin",
+            "plugin": "tests.fault_engines:HangingEngine",
+            "plugin_args": {"match": "."},
+        }
         stop = {"shutdown_timeout": 10.0, "reconcile_seconds": 3600.0}
         daemon = Daemon(scratch / "run", engine=engine, daemon=stop)
         daemon.start()
@@ -85,8 +88,11 @@ def main() -> None:
                 nonlocal seen
                 now = admitted(ledger)
                 if now // 10_000 > seen // 10_000:
-                    print(f"{now} admitted after {time.monotonic() - started:.0f} s, "
-                          f"RSS {daemon.rss_bytes() / 2**20:.0f} MiB", flush=True)  # fmt: skip
+                    print(
+                        f"{now} admitted after {time.monotonic() - started:.0f} s, "
+                        f"RSS {daemon.rss_bytes() / 2**20:.0f} MiB",
+                        flush=True,
+                    )
                 seen = now
                 return now >= args.files
 
@@ -109,10 +115,12 @@ def main() -> None:
                 continue
     growth = rss_after - rss_before
     left = [e for e in events if e.get("event") == "jobs_left_queued"]
-    print(f"{args.files} files admitted in {admit_seconds:.0f} s; RSS {rss_before / 2**20:.0f} → "
-          f"{rss_after / 2**20:.0f} MiB ({growth / args.files:.0f} B a file), "
-          f"peak {rss_peak / 2**20:.0f} MiB; "
-          f"stop in {stop_seconds:.1f} s, exit {code}")  # fmt: skip
+    print(
+        f"{args.files} files admitted in {admit_seconds:.0f} s; RSS {rss_before / 2**20:.0f} → "
+        f"{rss_after / 2**20:.0f} MiB ({growth / args.files:.0f} B a file), "
+        f"peak {rss_peak / 2**20:.0f} MiB; "
+        f"stop in {stop_seconds:.1f} s, exit {code}"
+    )
     emit(
         {
             "bench": "backlog",

@@ -1,7 +1,9 @@
-"""What every CPU benchmark shares: the corpus, a daemon run as a real process, dropping files, printing figures.
+"""What every CPU benchmark shares: the corpus, a daemon run as a real process, dropping files,
+printing figures.
 
-The daemon is the installed ``ocrwatch run`` in a subprocess (as in production and in the integration tests), so
-a benchmark measures everything a user would see: watcher, ledger, scheduler, engine and sinks together.
+The daemon is the installed ``ocrwatch run`` in a subprocess (as in production and in the
+integration tests), so a benchmark measures everything a user would see: watcher, ledger, scheduler,
+engine and sinks together.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # ``tests.docs`` makes the fallback documents when the corpus is absent
+if (
+    str(REPO) not in sys.path
+):  # ``tests.docs`` makes the fallback documents when the corpus is absent
     sys.path.insert(0, str(REPO))
+
 
 def metric_samples(text: str) -> dict[str, float]:
     """Every sample of a /metrics text as ``name{label="v",...}`` (labels sorted) → value."""
@@ -53,9 +58,11 @@ class Doc:
 
 
 def corpus_documents(max_pages: int, scratch: Path) -> tuple[list[Doc], str]:
-    """Whole documents (every page of each) up to ``max_pages`` pages, in manifest order, and where they came from.
+    """Whole documents (every page of each) up to ``max_pages`` pages, in manifest order, and where
+    they came from.
 
-    Only documents the manifest expects to succeed; without the corpus, generated text pages stand in.
+    Only documents the manifest expects to succeed; without the corpus, generated text pages stand
+    in.
     """
     root = corpus_dir()
     if root is None:
@@ -79,7 +86,10 @@ def generated_documents(max_pages: int, scratch: Path) -> list[Doc]:
     made = []
     for number in range(0, max_pages, 2):
         pages = min(2, max_pages - number)
-        lines = [[f"Document {number} page {page}", "Quarterly report", "number forty two"] for page in range(pages)]
+        lines = [
+            [f"Document {number} page {page}", "Quarterly report", "number forty two"]
+            for page in range(pages)
+        ]
         made.append(Doc(docs.write_pdf(scratch / f"generated-{number:04d}.pdf", lines), pages))
     return made
 
@@ -93,13 +103,17 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    tesseract = subprocess.run(["tesseract", "--version"], capture_output=True, text=True, check=False).stdout
+    tesseract = subprocess.run(
+        ["tesseract", "--version"], capture_output=True, text=True, check=False
+    ).stdout
     return {
         "cpus": os.cpu_count(),
         "cpu_model": model,
         "python": platform.python_version(),
         "tesseract": tesseract.split("\n", 1)[0],
-        "loadavg_1_5_15": [round(load, 2) for load in os.getloadavg()],  # other work on the machine, at the end
+        "loadavg_1_5_15": [
+            round(load, 2) for load in os.getloadavg()
+        ],  # other work on the machine, at the end
     }
 
 
@@ -121,7 +135,9 @@ def free_port() -> int:
 
 
 def drop(source: Path, inbox: Path, name: str | None = None) -> Path:
-    """Copy under a hidden name, then rename into place: the daemon sees a whole file moved in, as from a scanner."""
+    """Copy under a hidden name, then rename into place: the daemon sees a whole file moved in, as
+    from
+    a scanner."""
     target = inbox / (name or source.name)
     hidden = inbox / f".{target.name}.copying"
     shutil.copyfile(source, hidden)
@@ -138,7 +154,9 @@ def remove_with_sidecars(path: Path) -> None:
         (path.parent / name).unlink(missing_ok=True)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -149,7 +167,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 class Daemon:
-    """One ``ocrwatch run`` on a private folder; ``overrides`` are merged into the config's tables."""
+    """One ``ocrwatch run`` on a private folder; ``overrides`` are merged into the config's
+    tables."""
 
     def __init__(self, root: Path, **overrides: Any) -> None:
         self.root = root
@@ -166,9 +185,12 @@ class Daemon:
             "inbox": [{"path": str(self.inbox), "settle_seconds": 0.3}],
         }
         for key, value in overrides.items():
-            config[key] = {**config[key], **value} if isinstance(value, dict) and key in config else value
+            config[key] = (
+                {**config[key], **value} if isinstance(value, dict) and key in config else value
+            )
         self.config_path = root / "ocrwatch.toml"
-        import tomli_w  # here, not at the top: bench/gpu/e2e.py imports this module on the device, which lacks it
+        # here, not at the top: bench/gpu/e2e.py imports this module on the device, which lacks it
+        import tomli_w
 
         self.config_path.write_text(tomli_w.dumps(config))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -183,8 +205,11 @@ class Daemon:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=self.root, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         wait_for(self._ready, 120, f"daemon ready (log {self.log_path})", interval=0.1)
         return self
 
@@ -193,7 +218,9 @@ class Daemon:
         if self.proc.poll() is not None:
             raise RuntimeError(f"daemon exited with {self.proc.returncode}; log {self.log_path}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as response:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.port}/readyz", timeout=1
+            ) as response:
                 return response.status == 200
         except OSError:
             return False

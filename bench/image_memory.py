@@ -3,15 +3,16 @@ With ``--searchable-pdf`` the daemon makes each one's searchable PDF too, and ``
 drops beside them a PDF whose page lists an unused form XObject that decodes to that many MiB (a
 Flate stream of zeros: 2048 MiB take 2 MB on disk).
 
-Such a PNG is about a megabyte on disk (mostly transparent, a few lines of text) and 635 MB once decoded; the
-daemon must not hold several of them, nor the copies that flattening the alpha makes. Two sides, each in a
-process of its own so that its peak (``VmHWM``) is its own:
+Such a PNG is about a megabyte on disk (mostly transparent, a few lines of text) and 635 MB once
+decoded; the daemon must not hold several of them, nor the copies that flattening the alpha makes.
+Two sides, each in a process of its own so that its peak (``VmHWM``) is its own:
 
-- ``daemon``: ``ocrwatch run`` with the default configuration except ``[engine] kind = "tesseract"``; the files
-  are dropped at once, and the figures are the daemon's peak RSS, its RSS once every sidecar is written and the
-  heap trimmer has run, and each sidecar's status and whether its text was read.
-- ``render``: the render step alone, in-process, as the pipeline runs it: ``render_workers`` threads (the
-  daemon's default for this machine) and the pipeline's one decode budget, no engine.
+- ``daemon``: ``ocrwatch run`` with the default configuration except ``[engine] kind =
+  "tesseract"``; the files are dropped at once, and the figures are the daemon's peak RSS, its RSS
+  once every sidecar is written and the heap trimmer has run, and each sidecar's status and whether
+  its text was read.
+- ``render``: the render step alone, in-process, as the pipeline runs it: ``render_workers`` threads
+  (the daemon's default for this machine) and the pipeline's one decode budget, no engine.
 
     python3 bench/image_memory.py [--count 5] [--side 12600] [--sides daemon,render]
         [--searchable-pdf] [--form-bomb-mib 2048]
@@ -36,7 +37,8 @@ WORD = "POSTER"
 
 
 def build_png(path: Path, side: int) -> Path:
-    """Transparent RGBA with a few lines of black text, large enough to be read after the downscale."""
+    """Transparent RGBA with a few lines of black text, large enough to be read after the
+    downscale."""
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("RGBA", (side, side), (0, 0, 0, 0))
@@ -76,7 +78,8 @@ def status_kib(pid: int | str, field: str) -> int:
 
 
 class Sampler(threading.Thread):
-    """The process's RSS every ``interval`` seconds: a curve to go with the kernel's own peak (VmHWM)."""
+    """The process's RSS every ``interval`` seconds: a curve to go with the kernel's own peak
+    (VmHWM)."""
 
     def __init__(self, pid: int, interval: float = 0.05) -> None:
         super().__init__(daemon=True)
@@ -105,7 +108,12 @@ def run_daemon(files: list[Path], root: Path, searchable_pdf: bool) -> dict[str,
         dropped = [drop(path, daemon.inbox, name) for path, name in named]
         for path in dropped:
             error = path.with_name(path.name + ".error.json")
-            wait_for(lambda: sidecar(path).exists() or error.exists(), 1800, f"a sidecar for {path.name}", 0.2)
+            wait_for(
+                lambda: sidecar(path).exists() or error.exists(),
+                1800,
+                f"a sidecar for {path.name}",
+                0.2,
+            )
         seconds = time.monotonic() - started
         sampler.stop()
         peak_kib = status_kib(daemon.pid, "VmHWM")
@@ -113,14 +121,25 @@ def run_daemon(files: list[Path], root: Path, searchable_pdf: bool) -> dict[str,
         settled_kib = status_kib(daemon.pid, "VmRSS")
         statuses = []
         for path in dropped:
-            document = json.loads(sidecar(path).read_text()) if sidecar(path).exists() else {"status": "error"}
+            document = (
+                json.loads(sidecar(path).read_text())
+                if sidecar(path).exists()
+                else {"status": "error"}
+            )
             markdown = path.with_name(path.name + ".md")
             layer = document.get("searchable_pdf", {})
-            statuses.append({
-                "name": path.name, "status": document["status"],
-                "text_read": markdown.exists() and WORD in markdown.read_text().upper(),
-                **({"text_layer": layer.get("text_layer") or layer.get("error")} if layer else {}),
-            })  # fmt: skip
+            statuses.append(
+                {
+                    "name": path.name,
+                    "status": document["status"],
+                    "text_read": markdown.exists() and WORD in markdown.read_text().upper(),
+                    **(
+                        {"text_layer": layer.get("text_layer") or layer.get("error")}
+                        if layer
+                        else {}
+                    ),
+                }
+            )
     return {
         "daemon_ready_mib": round(ready_kib / 1024),
         "daemon_peak_rss_mib": round(peak_kib / 1024),
@@ -156,20 +175,27 @@ def render_child(files: list[str]) -> None:
     started = time.monotonic()
     with ThreadPoolExecutor(workers) as pool:
         sizes = list(pool.map(one, files))
-    print(json.dumps({
-        "render_workers": workers,
-        "render_peak_rss_mib": round(status_kib("self", "VmHWM") / 1024),
-        "render_rss_after_mib": round(status_kib("self", "VmRSS") / 1024),
-        "render_seconds": round(time.monotonic() - started, 1),
-        "render_budget_peak_mib": round(budget.peak / MiB),
-        "render_budget_waits": budget.waits,
-        "render_page_sizes": sizes,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "render_workers": workers,
+                "render_peak_rss_mib": round(status_kib("self", "VmHWM") / 1024),
+                "render_rss_after_mib": round(status_kib("self", "VmRSS") / 1024),
+                "render_seconds": round(time.monotonic() - started, 1),
+                "render_budget_peak_mib": round(budget.peak / MiB),
+                "render_budget_waits": budget.waits,
+                "render_page_sizes": sizes,
+            }
+        )
+    )
 
 
 def run_render(files: list[Path]) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, __file__, "--render-child", *map(str, files)], capture_output=True, text=True, check=True
+        [sys.executable, __file__, "--render-child", *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 

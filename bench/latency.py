@@ -1,13 +1,15 @@
-"""Drop-to-sidecar time of a one-page document while a 100-page document is in progress, against it alone.
+"""Drop-to-sidecar time of a one-page document while a 100-page document is in progress, against it
+alone.
 
-One daemon: the small document is dropped ``--trials`` times alone (after one unmeasured warm-up drop), then the
-100-page document is dropped and, once its pages are in the engine, the small one ``--trials`` times again. Each
-drop is a rename into the inbox; the clock stops when the JSON sidecar (written last) appears. A loaded trial
-counts only if the large document was still unfinished when it ended. Target: loaded/alone ≤ 2 (medians).
+One daemon: the small document is dropped ``--trials`` times alone (after one unmeasured warm-up
+drop), then the 100-page document is dropped and, once its pages are in the engine, the small one
+``--trials`` times again. Each drop is a rename into the inbox; the clock stops when the JSON
+sidecar (written last) appears. A loaded trial counts only if the large document was still
+unfinished when it ended. Target: loaded/alone ≤ 2 (medians).
 
-The 100-page document is pages 1-100 of the corpus's GeoTopo-komprimiert.pdf (born-digital, about 1.2 s of
-Tesseract per page here); the small one is linn.pdf (a scanned two-column page, about 3 s). Without the corpus,
-generated text pages stand in for both.
+The 100-page document is pages 1-100 of the corpus's GeoTopo-komprimiert.pdf (born-digital, about
+1.2 s of Tesseract per page here); the small one is linn.pdf (a scanned two-column page, about 3 s).
+Without the corpus, generated text pages stand in for both.
 
     python bench/latency.py [--trials 7]
 """
@@ -34,9 +36,16 @@ def documents(scratch: Path) -> tuple[Path, Path, str]:
     if root is None:
         from tests import docs
 
-        lines = [[f"Large document page {n}", "Quarterly report invoice", "number forty two"] for n in range(100)]
+        lines = [
+            [f"Large document page {n}", "Quarterly report invoice", "number forty two"]
+            for n in range(100)
+        ]
         docs.write_pdf(big, lines)
-        return big, docs.write_pdf(scratch / "small.pdf", [["Small document", "one page only"]]), "generated"
+        return (
+            big,
+            docs.write_pdf(scratch / "small.pdf", [["Small document", "one page only"]]),
+            "generated",
+        )
     reader = PdfReader(root / "GeoTopo-komprimiert.pdf")
     writer = PdfWriter()
     for page in reader.pages[:100]:
@@ -58,7 +67,9 @@ def trial(daemon: Daemon, small: Path, name: str) -> dict[str, Any]:
         "seconds": round(seconds, 3),
         "render": page["render"],
         "recognize": page["recognize"],
-        "scheduled": round(pages_stage - page["render"] - page["recognize"], 3),  # waiting for a render or engine slot
+        "scheduled": round(
+            pages_stage - page["render"] - page["recognize"], 3
+        ),  # waiting for a render or engine slot
     }
 
 
@@ -78,7 +89,9 @@ def main() -> None:
                 print(f"alone  {number}: {alone[-1]}", flush=True)
             big_target = drop(big, daemon.inbox)
             wait_for(
-                lambda: daemon.metrics()['ocrwatch_pages_total{status="ok"}'] >= 4, 300, "the large document under way"
+                lambda: daemon.metrics()['ocrwatch_pages_total{status="ok"}'] >= 4,
+                300,
+                "the large document under way",
             )
             for number in range(args.trials):
                 result = trial(daemon, small, f"loaded-{number}.pdf")
@@ -90,7 +103,10 @@ def main() -> None:
     counted = [result["seconds"] for result in loaded if result["large_unfinished"]]
     alone_s = median(result["seconds"] for result in alone)
     loaded_s = median(counted) if counted else float("nan")
-    print(f"alone {alone_s:.2f} s, beside a 100-page document {loaded_s:.2f} s, ratio {loaded_s / alone_s:.2f}")
+    print(
+        f"alone {alone_s:.2f} s, beside a 100-page document {loaded_s:.2f} s, ratio "
+        f"{loaded_s / alone_s:.2f}"
+    )
     emit(
         {
             "bench": "latency",

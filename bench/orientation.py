@@ -71,9 +71,12 @@ def cost(root: Path, max_per_doc: int) -> dict[str, Any]:
             deskew.skew_angle(page.image)
             skew_wall.append(time.perf_counter() - wall)
             skew_cpu.append(own_cpu() - cpu)
-            print(f"{entry['file']} p{index + 1}: {turned.decided_by} rotation {turned.rotation} "
-                  f"(OSD {turned.detected} at {turned.confidence}) {osd_wall[-1] * 1000:.0f} ms, "
-                  f"deskew {skew_wall[-1] * 1000:.0f} ms", flush=True)  # fmt: skip
+            print(
+                f"{entry['file']} p{index + 1}: {turned.decided_by} rotation {turned.rotation} "
+                f"(OSD {turned.detected} at {turned.confidence}) {osd_wall[-1] * 1000:.0f} ms, "
+                f"deskew {skew_wall[-1] * 1000:.0f} ms",
+                flush=True,
+            )
     return {
         "pages": len(osd_wall),
         "osd_ms_median": round(median(osd_wall) * 1000),
@@ -126,8 +129,9 @@ def main() -> None:
     if root is None:
         raise SystemExit("needs the corpus: set OCRWATCH_CORPUS or place it at ../shared/corpus")
     figures = {"cost": cost(root, args.max_per_doc), "similarity": asyncio.run(gain(root))}
-    emit({"benchmark": "orientation", "corpus": str(root), "figures": figures,
-          "machine": machine()})  # fmt: skip
+    emit(
+        {"benchmark": "orientation", "corpus": str(root), "figures": figures, "machine": machine()}
+    )
 
 
 if __name__ == "__main__":

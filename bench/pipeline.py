@@ -1,11 +1,15 @@
-"""Pages/s of the daemon (inbox → sidecars) against a naive loop, on the same pages with the same Tesseract.
+"""Pages/s of the daemon (inbox → sidecars) against a naive loop, on the same pages with the same
+Tesseract.
 
-(a) ``ocrwatch run`` as a process: every document is dropped into its inbox at once; the clock runs from the
-    first drop to the last JSON sidecar. Daemon start-up (engine warm-up) is outside the clock.
-(b) the naive loop: for each document, probe it, render a page, OCR it, next page, then write the Markdown and
-    JSON; one page at a time, the same renderer, render spec and ``TesseractEngine``, in this process.
+(a) ``ocrwatch run`` as a process: every document is dropped into its inbox at once; the clock runs
+from the
+first drop to the last JSON sidecar. Daemon start-up (engine warm-up) is outside the clock. (b) the
+naive loop: for each document, probe it, render a page, OCR it, next page, then write the Markdown
+and
+JSON; one page at a time, the same renderer, render spec and ``TesseractEngine``, in this process.
 
-Runs alternate (a, b, b, a, ...) so that drift of the machine hits both sides alike. Target on 2 cores: a/b ≥ 1.5.
+Runs alternate (a, b, b, a, ...) so that drift of the machine hits both sides alike. Target on 2
+cores: a/b ≥ 1.5.
 
     python bench/pipeline.py [--pages 40] [--rounds 2]
 """
@@ -36,12 +40,18 @@ def cpu_seconds(who: int) -> float:
 
 
 def run_daemon(docs: list[Doc], scratch: Path) -> dict[str, Any]:
-    """CPU: the daemon and its children, counted once it has exited (its engine warm-up included)."""
+    """CPU: the daemon and its children, counted once it has exited (its engine warm-up
+    included)."""
     cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
     with Daemon(scratch) as daemon:
         started = time.monotonic()
         dropped = [drop(doc.path, daemon.inbox) for doc in docs]
-        wait_for(lambda: all(sidecar(path).exists() for path in dropped), 1800, "every sidecar", interval=0.05)
+        wait_for(
+            lambda: all(sidecar(path).exists() for path in dropped),
+            1800,
+            "every sidecar",
+            interval=0.05,
+        )
         seconds = time.monotonic() - started
         metrics = daemon.metrics()
     cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
@@ -70,7 +80,9 @@ async def _naive(docs: list[Doc], out: Path) -> None:
             info = render.probe(doc.path, limits)
             pages = []
             for page in render.iter_pages(doc.path, info, spec):
-                request = PageRequest(request_id=f"{doc.path.name}/p{page.index}", image=page.image, prompt="")
+                request = PageRequest(
+                    request_id=f"{doc.path.name}/p{page.index}", image=page.image, prompt=""
+                )
                 pages.append((await engine.recognize(request)).markdown)
             target = out / doc.path.name
             target.with_name(target.name + ".md").write_text(
@@ -98,10 +110,14 @@ def run_naive(docs: list[Doc], scratch: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=40, help="corpus pages (whole documents, up to this many)")
+    parser.add_argument(
+        "--pages", type=int, default=40, help="corpus pages (whole documents, up to this many)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side, interleaved")
     args = parser.parse_args()
-    logging.configure(LogConfig(level="warning"))  # the naive loop's engine logs like the daemon's, quietly
+    logging.configure(
+        LogConfig(level="warning")
+    )  # the naive loop's engine logs like the daemon's, quietly
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         scratch = Path(tmp)
         docs, origin = corpus_documents(args.pages, scratch / "generated")
@@ -120,7 +136,10 @@ def main() -> None:
                     print(f"round {number} naive:  {naive_runs[-1]}", flush=True)
     daemon_rate = median(run["pages_per_s"] for run in daemon_runs)
     naive_rate = median(run["pages_per_s"] for run in naive_runs)
-    print(f"daemon {daemon_rate:.3f} pages/s, naive {naive_rate:.3f} pages/s, ratio {daemon_rate / naive_rate:.2f}")
+    print(
+        f"daemon {daemon_rate:.3f} pages/s, naive {naive_rate:.3f} pages/s, ratio "
+        f"{daemon_rate / naive_rate:.2f}"
+    )
     emit(
         {
             "bench": "pipeline",

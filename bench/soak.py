@@ -1,13 +1,14 @@
 """Thousands of small documents through one daemon: does its memory or its descriptor count grow?
 
-Each document is a tiny one-line PNG (Tesseract takes a fraction of a second on it), so the run stresses the
-per-document machinery (watcher, ledger, session, scheduler, sinks) rather than OCR. A window of documents is
-kept in the inbox; as each one's JSON sidecar appears, the document and its sidecars are deleted (as a consumer
-that collects results would) and the next is dropped. RSS and open descriptors of the daemon process (not its
-Tesseract children) are read at start, after the warm-up documents, every ``--every`` documents, and at the end
-after a short idle. Target: RSS growth ≤ 5 % from warm-up to end, no descriptor growth. The default 6000
-documents take about 5 minutes on 2 cores; the second half's growth is printed too, since the ledger's SQLite
-page cache (512 KiB) keeps filling for the first thousand documents or so.
+Each document is a tiny one-line PNG (Tesseract takes a fraction of a second on it), so the run
+stresses the per-document machinery (watcher, ledger, session, scheduler, sinks) rather than OCR. A
+window of documents is kept in the inbox; as each one's JSON sidecar appears, the document and its
+sidecars are deleted (as a consumer that collects results would) and the next is dropped. RSS and
+open descriptors of the daemon process (not its Tesseract children) are read at start, after the
+warm-up documents, every ``--every`` documents, and at the end after a short idle. Target: RSS
+growth ≤ 5 % from warm-up to end, no descriptor growth. The default 6000 documents take about 5
+minutes on 2 cores; the second half's growth is printed too, since the ledger's SQLite page cache
+(512 KiB) keeps filling for the first thousand documents or so.
 
     python bench/soak.py [--count 6000] [--warmup 1000] [--window 16] [--every 500]
 """
@@ -69,7 +70,9 @@ def main() -> None:
                 while pending and len(outstanding) < args.window:
                     source = pending.pop()
                     target = daemon.inbox / source.name
-                    source.replace(target)  # same filesystem: a rename, seen as a whole file moved in
+                    source.replace(
+                        target
+                    )  # same filesystem: a rename, seen as a whole file moved in
                     outstanding.append(target)
                 finished = [path for path in outstanding if sidecar(path).exists()]
                 for path in finished:
@@ -87,13 +90,16 @@ def main() -> None:
             time.sleep(3.0)  # let the last sessions close and the loop go idle
             end = sample(daemon, done, started)
             metrics = daemon.metrics()
-            ledger_bytes = sum(path.stat().st_size for path in (daemon.root / "state").glob("ledger.sqlite3*"))
+            ledger_bytes = sum(
+                path.stat().st_size for path in (daemon.root / "state").glob("ledger.sqlite3*")
+            )
     assert warm is not None
     growth = (end["rss_mib"] - warm["rss_mib"]) / warm["rss_mib"]
     half = next(s for s in samples if s["documents"] >= done // 2)
     second_half = (end["rss_mib"] - half["rss_mib"]) / half["rss_mib"]
     print(
-        f"{done} documents in {seconds:.0f} s ({done / seconds:.1f}/s); RSS {samples[0]['rss_mib']} MiB at start, "
+        f"{done} documents in {seconds:.0f} s ({done / seconds:.1f}/s); RSS "
+        f"{samples[0]['rss_mib']} MiB at start, "
         f"{warm['rss_mib']} after {args.warmup}, {end['rss_mib']} at the end ({growth:+.1%}); "
         f"fds {samples[0]['fds']} / {warm['fds']} / {end['fds']}; second half {second_half:+.1%}"
     )

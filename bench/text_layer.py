@@ -54,10 +54,24 @@ async def measure(args: argparse.Namespace) -> None:
     engine = TesseractEngine(TesseractConfig())
     await engine.start()
     spec = render.render_spec(RenderConfig(), engine.geometry)
-    layered = [(root / e["file"], "deu+eng" if "german" in e["tags"] else "eng", True)
-               for e in manifest if e.get("has_text_layer") and e["kind"] == "pdf"] if root else []
-    scans = [(root / e["file"], "eng", False) for e in manifest
-             if e["kind"] == "pdf" and not e.get("has_text_layer") and e["expected"] == "ok"] if root else []
+    layered = (
+        [
+            (root / e["file"], "deu+eng" if "german" in e["tags"] else "eng", True)
+            for e in manifest
+            if e.get("has_text_layer") and e["kind"] == "pdf"
+        ]
+        if root
+        else []
+    )
+    scans = (
+        [
+            (root / e["file"], "eng", False)
+            for e in manifest
+            if e["kind"] == "pdf" and not e.get("has_text_layer") and e["expected"] == "ok"
+        ]
+        if root
+        else []
+    )
     extra = [(Path(path), "eng", False) for path in args.extra]
     costs: dict[str, list[float]] = collections.defaultdict(list)
     scores: dict[str, list[float]] = collections.defaultdict(list)
@@ -67,14 +81,22 @@ async def measure(args: argparse.Namespace) -> None:
             truth_file = path.with_name(path.name + ".gt.txt")
             truth = truth_file.read_text().split("\f") if judged and truth_file.exists() else None
             for index in range(min(info.pages, args.pages)):
-                found = pagetext.check(path, index, "auto", lang, knowledge, budget=BUDGET, timeout=120)
+                found = pagetext.check(
+                    path, index, "auto", lang, knowledge, budget=BUDGET, timeout=120
+                )
                 costs["no_text" if found.reason == "no_text" else "text"].append(found.seconds)
-                row = {"file": path.name, "page": index + 1, "reason": found.reason,
-                       "known_words": found.known_words and round(found.known_words, 3),
-                       "check_ms": round(1000 * found.seconds, 1)}  # fmt: skip
+                row = {
+                    "file": path.name,
+                    "page": index + 1,
+                    "reason": found.reason,
+                    "known_words": found.known_words and round(found.known_words, 3),
+                    "check_ms": round(1000 * found.seconds, 1),
+                }
                 if truth is not None and index < len(truth) and truth[index].strip():
                     page = await asyncio.to_thread(render.render_page, path, info, index, spec)
-                    ocr = (await engine.recognize(PageRequest(f"{path.name}/{index}", page.image, "", lang=lang)))
+                    ocr = await engine.recognize(
+                        PageRequest(f"{path.name}/{index}", page.image, "", lang=lang)
+                    )
                     auto = pagetext.markdown(found.text) if found.text is not None else ocr.markdown
                     for ordered, name in ((True, "ordered"), (False, "free")):
                         for mode, text in (("ocr", ocr.markdown), ("auto", auto)):
@@ -84,15 +106,23 @@ async def measure(args: argparse.Namespace) -> None:
                 print(json.dumps(row), flush=True)
     finally:
         await engine.close()
-    emit({
-        "benchmark": "text_layer", "pages_judged": len(costs["text"]), "word_lists_load_s": round(load, 3),
-        "check_ms_per_page_median": round(1000 * statistics.median(costs["text"]), 1),
-        "check_ms_per_page_max": round(1000 * max(costs["text"]), 1),
-        "no_text_ms_per_page_median": round(1000 * statistics.median(costs["no_text"]), 2)
-        if costs["no_text"] else None,
-        **{f"{key}_mean": round(statistics.mean(values), 3) for key, values in sorted(scores.items())},
-        "machine": machine(),
-    })  # fmt: skip
+    emit(
+        {
+            "benchmark": "text_layer",
+            "pages_judged": len(costs["text"]),
+            "word_lists_load_s": round(load, 3),
+            "check_ms_per_page_median": round(1000 * statistics.median(costs["text"]), 1),
+            "check_ms_per_page_max": round(1000 * max(costs["text"]), 1),
+            "no_text_ms_per_page_median": round(1000 * statistics.median(costs["no_text"]), 2)
+            if costs["no_text"]
+            else None,
+            **{
+                f"{key}_mean": round(statistics.mean(values), 3)
+                for key, values in sorted(scores.items())
+            },
+            "machine": machine(),
+        }
+    )
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
-"""The time a searchable PDF adds per page: ``textlayer.searchable_pdf`` on corpus documents OCRed once.
+"""The time a searchable PDF adds per page: ``textlayer.searchable_pdf`` on corpus documents OCRed
+once.
 
-Every page is rendered and read by the Tesseract engine first (not timed); then, for ``--rounds`` rounds, each
-document's searchable PDF is written to a file, once with its text (``with_text``) and once with every page
-marked failed (``copy_only``: open and save, no text), so the text layer's own share shows. Prints ms/page per
-round (wall clock and CPU time: the CPU figure holds on a busy machine) and ends with the medians, words per
-page and the bytes the layer adds per page.
+Every page is rendered and read by the Tesseract engine first (not timed); then, for ``--rounds``
+rounds, each document's searchable PDF is written to a file, once with its text (``with_text``) and
+once with every page marked failed (``copy_only``: open and save, no text), so the text layer's own
+share shows. Prints ms/page per round (wall clock and CPU time: the CPU figure holds on a busy
+machine) and ends with the medians, words per page and the bytes the layer adds per page.
 
     python bench/textlayer.py [--pages 20] [--rounds 5]
 """
@@ -38,7 +39,9 @@ async def prepare(paths: list[Path]) -> list[Prepared]:
         pages: list[textlayer.PageText | None] = []
         for index in range(info.pages):
             page = await asyncio.to_thread(render.render_page, path, info, index, spec)
-            recognition = await engine.recognize(PageRequest(f"{path.name}-{index}", page.image, prompt=""))
+            recognition = await engine.recognize(
+                PageRequest(f"{path.name}-{index}", page.image, prompt="")
+            )
             pages.append(textlayer.page_text(page.width, page.height, recognition.blocks))
         prepared.append((path, info.kind, pages))
         print(f"read {path.name}: {info.pages} pages", flush=True)
@@ -67,16 +70,27 @@ def main() -> None:
         documents, corpus = corpus_documents(args.pages, scratch / "generated")
         prepared = asyncio.run(prepare([document.path for document in documents]))
         pages = sum(len(entry[2]) for entry in prepared)
-        words = sum(len(line.words) for _, _, texts in prepared for text in texts if text for line in text.lines)
+        words = sum(
+            len(line.words)
+            for _, _, texts in prepared
+            for text in texts
+            if text
+            for line in text.lines
+        )
         rounds: dict[str, list[float]] = {"with_text": [], "copy_only": []}
         cpu: dict[str, list[float]] = {"with_text": [], "copy_only": []}
         sizes: dict[str, int] = {}
         for number in range(args.rounds):
-            for name in (rounds if number % 2 == 0 else reversed(list(rounds))):
-                seconds, cpu_seconds, sizes[name] = write_all(prepared, scratch, with_text=name == "with_text")
+            for name in rounds if number % 2 == 0 else reversed(list(rounds)):
+                seconds, cpu_seconds, sizes[name] = write_all(
+                    prepared, scratch, with_text=name == "with_text"
+                )
                 rounds[name].append(seconds * 1000 / pages)
                 cpu[name].append(cpu_seconds * 1000 / pages)
-            figures = ", ".join(f"{name} {rounds[name][-1]:.2f} ms/page ({cpu[name][-1]:.2f} CPU)" for name in rounds)
+            figures = ", ".join(
+                f"{name} {rounds[name][-1]:.2f} ms/page ({cpu[name][-1]:.2f} CPU)"
+                for name in rounds
+            )
             print(f"round {number + 1}: {figures}", flush=True)
         emit(
             {
@@ -87,8 +101,12 @@ def main() -> None:
                 "words_per_page": round(words / pages, 1),
                 "ms_per_page": {name: round(median(values), 2) for name, values in rounds.items()},
                 "cpu_ms_per_page": {name: round(median(values), 2) for name, values in cpu.items()},
-                "layer_ms_per_page": round(median(rounds["with_text"]) - median(rounds["copy_only"]), 2),
-                "layer_cpu_ms_per_page": round(median(cpu["with_text"]) - median(cpu["copy_only"]), 2),
+                "layer_ms_per_page": round(
+                    median(rounds["with_text"]) - median(rounds["copy_only"]), 2
+                ),
+                "layer_cpu_ms_per_page": round(
+                    median(cpu["with_text"]) - median(cpu["copy_only"]), 2
+                ),
                 "layer_bytes_per_page": round((sizes["with_text"] - sizes["copy_only"]) / pages),
                 "machine": machine(),
             }

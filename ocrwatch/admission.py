@@ -38,9 +38,9 @@ LEDGER_RETRY_SECONDS = 1.0
 """Pause before the next waiting job is read again after the ledger failed to say which it is."""
 ADMITTING = 16
 """Jobs of one source admitted at once: a burst of files waits for its turn here, not in the default
-thread pool's queue, where the ledger calls of the documents running meanwhile would wait behind every
-one of them. Per source, so a bucket that does not answer holds back only its own jobs, never an
-inbox's."""
+thread pool's queue, where the ledger calls of the documents running meanwhile would wait behind
+every one of them. Per source, so a bucket that does not answer holds back only its own jobs, never
+an inbox's."""
 LEFT_COUNT_SECONDS = 5.0
 """How long a stop waits for the ledger to count the jobs it leaves, for its one line about them."""
 COUNT_SECONDS = 5.0
@@ -69,9 +69,14 @@ class Admission:
     for the sinks', ``asyncio.to_thread`` for the ledger's)."""
 
     def __init__(
-        self, ledger: Ledger | None, sources: dict[str, Source], sinks: dict[str, Sink],
-        archive: Archiver, hooks: HookRunner, offload: Offload,
-    ) -> None:  # fmt: skip
+        self,
+        ledger: Ledger | None,
+        sources: dict[str, Source],
+        sinks: dict[str, Sink],
+        archive: Archiver,
+        hooks: HookRunner,
+        offload: Offload,
+    ) -> None:
         self.ledger = ledger
         self.sources = sources
         self.sinks = sinks
@@ -143,8 +148,13 @@ class Admission:
             await self.submit(job)
         except Exception as exc:  # the next scan or event admits it
             error = classify(exc)
-            log.error("job_admit_failed", job_id=job_id(job), uri=job.origin.uri, kind=error.kind,
-                      error=error.message)  # fmt: skip
+            log.error(
+                "job_admit_failed",
+                job_id=job_id(job),
+                uri=job.origin.uri,
+                kind=error.kind,
+                error=error.message,
+            )
 
     def fingerprint(self, job: Job) -> Fingerprint | None:
         """The job's content as the ledger compares it (blocking); None when a local file is
@@ -152,9 +162,12 @@ class Admission:
         origin = job.origin
         if isinstance(origin, S3Object):
             return Fingerprint(
-                size=origin.size or 0, mtime_ns=None, sha256=None, etag=origin.etag,
+                size=origin.size or 0,
+                mtime_ns=None,
+                sha256=None,
+                etag=origin.etag,
                 version_id=origin.version_id,
-            )  # fmt: skip
+            )
         # Beneath the inbox, no link followed: nothing outside it is ever hashed into the ledger.
         try:
             signature = inspect(origin.path, origin.inbox)
@@ -167,7 +180,10 @@ class Admission:
         except (OcrwatchError, OSError):  # gone, or no longer a regular file: nothing to admit
             return None
         return Fingerprint(
-            size=signature.size, mtime_ns=signature.mtime_ns, sha256=digest, inode=signature.inode,
+            size=signature.size,
+            mtime_ns=signature.mtime_ns,
+            sha256=digest,
+            inode=signature.inode,
             ctime_ns=signature.ctime_ns,
         )
 
@@ -179,7 +195,11 @@ class Admission:
         """Whether a job the ledger holds as done has lost its sidecars since (deleted, or not its
         own now): its source submits it again. Blocking."""
         row = self.ledger.known(job.key) if self.ledger is not None else None
-        return row is not None and row.state == "done" and not self.already_written(job, row.fingerprint)
+        return (
+            row is not None
+            and row.state == "done"
+            and not self.already_written(job, row.fingerprint)
+        )
 
     async def done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
         """A job whose sidecars describe its content is done without a run: recorded so and
@@ -192,7 +212,9 @@ class Admission:
         # Debug: a restart finds every file done before, and the local source says how many in
         # one line an inbox.
         log.debug("job_already_done", job_id=job_id(job), uri=job.origin.uri)
-        moved = await self._offload(job, self.archive.apply_on_success, job, None, fingerprint.sha256)
+        moved = await self._offload(
+            job, self.archive.apply_on_success, job, None, fingerprint.sha256
+        )
         await self.hooks.relocate(job.key, moved)
         await self.sources[job.source].finish(job, "done")
         return True
@@ -266,9 +288,11 @@ class Admission:
                     slots.release()
                     error = classify(exc)
                     log.error(
-                        "ledger_queue_unreadable", kind=error.kind, error=error.message,
+                        "ledger_queue_unreadable",
+                        kind=error.kind,
+                        error=error.message,
                         hint=error.hint,
-                    )  # fmt: skip
+                    )
                     await asyncio.sleep(LEDGER_RETRY_SECONDS)
                     self.wake()
                     break

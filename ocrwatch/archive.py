@@ -20,8 +20,8 @@ or deleted.
 
 Neither acts on a document that is not ``ok`` (a ``partial`` one stays for a person to look at), nor
 on a source that changed since it was read, that has another name (a hard link), or that a process
-holds open for writing: a local file is held as ``sources.sourcefile.held`` holds it (a read lease, and
-its sha256 compared under it), and its name goes only while it is still that file
+holds open for writing: a local file is held as ``sources.sourcefile.held`` holds it (a read lease,
+and its sha256 compared under it), and its name goes only while it is still that file
 (``Folder.remove_if``); every step goes through descriptors from the inbox and ``archive_dir``
 (``safefs``). An S3 object is compared by its ETag, or addressed by its version. Every action runs
 once the ledger records the document done, so a source gone from its inbox is never taken for a new
@@ -51,12 +51,25 @@ from ocrwatch.metrics import Metrics
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import call, error_code, is_not_found
 from ocrwatch.safefs import (
-    Access, Folder, FolderGone, Replaced, hash_fd, parts_below, read_head, walk,
-)  # fmt: skip
+    Access,
+    Folder,
+    FolderGone,
+    Replaced,
+    hash_fd,
+    parts_below,
+    read_head,
+    walk,
+)
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sinks.local import (
-    Claims, LocalSink, Marker, dump_json, inbox_folder, json_marked, output_markers,
-)  # fmt: skip
+    Claims,
+    LocalSink,
+    Marker,
+    dump_json,
+    inbox_folder,
+    json_marked,
+    output_markers,
+)
 from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
 from ocrwatch.sources.sourcefile import folders_of, held
 from ocrwatch.sources.local import LocalSource
@@ -72,12 +85,17 @@ MAX_SIDECAR_BYTES = 256 << 20
 
 
 class Archiver:
-    """Applies each source's ``on_success`` to its finished jobs; ``sources`` and ``sinks`` are the pipeline's."""
+    """Applies each source's ``on_success`` to its finished jobs; ``sources`` and ``sinks`` are the
+    pipeline's."""
 
     def __init__(
-        self, output: OutputConfig, sources: Mapping[str, Source], sinks: Mapping[str, Sink],
-        metrics: Metrics, written: Written | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        output: OutputConfig,
+        sources: Mapping[str, Source],
+        sinks: Mapping[str, Sink],
+        metrics: Metrics,
+        written: Written | None = None,
+    ) -> None:
         self.output = output
         self._sources = sources
         self._sinks = sinks
@@ -89,8 +107,9 @@ class Archiver:
         self._later: dict[str, threading.Timer] = {}
 
     def action(self, job: Job) -> OnSuccess:
-        """The job's ``on_success``: its bucket's or its inbox's, else ``[output]``'s; ``keep`` for a job of no
-        inbox or bucket (``ocrwatch ocr``: the files named are the user's)."""
+        """The job's ``on_success``: its bucket's or its inbox's, else ``[output]``'s; ``keep`` for
+        a
+        job of no inbox or bucket (``ocrwatch ocr``: the files named are the user's)."""
         source = self._sources.get(job.source)
         cfg = getattr(source, "cfg", None)
         if isinstance(job.origin, S3Object) and isinstance(cfg, S3Config):
@@ -102,14 +121,19 @@ class Archiver:
         return "keep"
 
     def apply_on_success(
-        self, job: Job, status: str | None, sha256: str | None, changed: Callable[[], bool] | None = None
+        self,
+        job: Job,
+        status: str | None,
+        sha256: str | None,
+        changed: Callable[[], bool] | None = None,
     ) -> dict[str, str] | None:
         """Act on the finished job's source as configured. ``status`` None: read from its JSON
-        sidecar; ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked
-        first. What moved, so its hooks are told where it is now: under ``source`` the source's URI now
-        (``""`` once deleted), under ``json`` and ``md`` their paths where a move took them along
-        (not where they stay: an S3 object's, sidecars under ``[output] dir``). None where nothing
-        moved (kept, a failure)."""
+        sidecar;
+        ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked first. What
+        moved, so its hooks are told where it is now: under ``source`` the source's URI now (``""``
+        once deleted), under ``json`` and ``md`` their paths where a move took them along (not where
+        they stay: an S3 object's, sidecars under ``[output] dir``). None where nothing moved (kept,
+        a failure)."""
         action = self.action(job)
         if action == "keep":
             return None
@@ -143,8 +167,14 @@ class Archiver:
             return None
         except Exception as exc:
             error = classify(exc)
-            again = "the next start tries again" if isinstance(job.origin, LocalFile) else "it stays; act on it by hand"
-            log.error("source_not_archived", **fields, kind=error.kind, error=error.message, hint=again)
+            again = (
+                "the next start tries again"
+                if isinstance(job.origin, LocalFile)
+                else "it stays; act on it by hand"
+            )
+            log.error(
+                "source_not_archived", **fields, kind=error.kind, error=error.message, hint=again
+            )
             self._metrics.archive_failures.labels(action=action, reason="error").inc()
             return None
         log.info("source_archived" if action == "move" else "source_deleted", **fields, to=where)
@@ -178,7 +208,9 @@ class Archiver:
             return None, None
         source, sink = self._sources[job.source], self._sinks[job.source]
         assert self.output.archive_dir is not None and isinstance(source, LocalSource)
-        beside = isinstance(sink, LocalSink) and sink.paths(job)["json"].parent == origin.path.parent
+        beside = (
+            isinstance(sink, LocalSink) and sink.paths(job)["json"].parent == origin.path.parent
+        )
         roots = set(source.inboxes()) | {origin.inbox}
         archive = self.output.archive_dir.expanduser().resolve()
         place = Place(archive, inbox_folder(origin.inbox, roots), self.output.name_template)
@@ -193,7 +225,9 @@ class Archiver:
         version = {"VersionId": obj.version_id} if obj.version_id else {}
         if not version:
             if not obj.etag:
-                raise SourceChanged(f"{obj.uri}: no ETag or version to tell that it is the object read")
+                raise SourceChanged(
+                    f"{obj.uri}: no ETag or version to tell that it is the object read"
+                )
             try:
                 head = call(client.head_object, Bucket=obj.bucket, Key=obj.key)
             except Exception as exc:
@@ -207,8 +241,13 @@ class Archiver:
             target = cfg.archive_prefix + obj.key
             condition = {"CopySourceIfMatch": f'"{obj.etag}"'} if obj.etag else {}
             try:
-                call(client.copy_object, Bucket=obj.bucket, Key=target,
-                     CopySource={"Bucket": obj.bucket, "Key": obj.key, **version}, **condition)  # fmt: skip
+                call(
+                    client.copy_object,
+                    Bucket=obj.bucket,
+                    Key=target,
+                    CopySource={"Bucket": obj.bucket, "Key": obj.key, **version},
+                    **condition,
+                )
             except Exception as exc:
                 if error_code(exc) in ("PreconditionFailed", "412"):
                     raise SourceChanged(f"{obj.uri} was replaced since it was read") from None
@@ -219,7 +258,7 @@ class Archiver:
         return None if target is None else f"s3://{obj.bucket}/{target}"
 
 
-# --- local files: through folder descriptors, never following a link -------------------------------------------
+# --- local files: through folder descriptors, never following a link ------------------------------
 
 
 def output_judge(written: Written | None) -> Owns:
@@ -309,13 +348,15 @@ def move_local(
 
 
 def _group(name: str, template: str) -> dict[str, str]:
-    """The names that follow the source ``name``: its sidecars (no error sidecar: the document is ok) and
-    outputs."""
+    """The names that follow the source ``name``: its sidecars (no error sidecar: the document is
+    ok)
+    and outputs."""
     return {**sidecar_names(name, template), **output_names(name, template)}
 
 
 def _free_name(target: Folder, name: str, template: str, sidecars: bool) -> str:
-    """``name``, or ``stem.N.suffix`` with the first N for which no member of the group is taken in ``target``."""
+    """``name``, or ``stem.N.suffix`` with the first N for which no member of the group is taken in
+    ``target``."""
     plain = Path(name)
     for number in count():
         candidate = name if number == 0 else f"{plain.stem}.{number}{plain.suffix}"
@@ -354,9 +395,14 @@ def _members(
 
 
 def _judged(
-    claims: Claims, written: Written | None, here: Folder, kind: str, name: str, marker: Marker,
+    claims: Claims,
+    written: Written | None,
+    here: Folder,
+    kind: str,
+    name: str,
+    marker: Marker,
     stack: contextlib.ExitStack,
-) -> list[_Member]:  # fmt: skip
+) -> list[_Member]:
     """``name`` as a member where ``claims`` holds it as the document's (none where it is a user's
     file or another document's: it stays). The descriptor is opened first, and must be the very file
     recorded."""
@@ -380,18 +426,26 @@ class _Carried:
     row for a rewritten sidecar and for an output the record predated)."""
 
     def __init__(
-        self, claims: Claims, written: Written | None, target: Folder, place: Place, prefix: str,
+        self,
+        claims: Claims,
+        written: Written | None,
+        target: Folder,
+        place: Place,
+        prefix: str,
         access: Access,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.claims, self.written, self.target, self.place = claims, written, target, place
         self.prefix = prefix  # the target folder, relative to the archive
         self.access = access  # the source's
         self.owner = claims.owner if claims.owner is not None else os.geteuid()
 
     def carry(
-        self, members: list[_Member], old: dict[str, str], new: dict[str, str],
+        self,
+        members: list[_Member],
+        old: dict[str, str],
+        new: dict[str, str],
         stack: contextlib.ExitStack,
-    ) -> dict[str, str]:  # fmt: skip
+    ) -> dict[str, str]:
         """Move ``members``; the names (relative to the target folder) of those moved, by kind."""
         relink = _relinker(old, new) if old != new else None
         moved: dict[str, str] = {}
@@ -455,11 +509,16 @@ class _Carried:
 
 
 def _relinker(old: dict[str, str], new: dict[str, str]) -> dict[str, Callable[[bytes], bytes]]:
-    """How the Markdown and the JSON of a renamed group are rewritten: figure links and output paths."""
+    """How the Markdown and the JSON of a renamed group are rewritten: figure links and output
+    paths."""
     links = (f"]({quote(old['assets'])}/", f"]({quote(new['assets'])}/")
 
     def markdown(data: bytes) -> bytes:
-        return data.decode("utf-8", "surrogateescape").replace(*links).encode("utf-8", "surrogateescape")
+        return (
+            data.decode("utf-8", "surrogateescape")
+            .replace(*links)
+            .encode("utf-8", "surrogateescape")
+        )
 
     def document(data: bytes) -> bytes:
         body = json.loads(data)
@@ -467,7 +526,7 @@ def _relinker(old: dict[str, str], new: dict[str, str]) -> dict[str, Callable[[b
         if isinstance(section, dict) and section.get("path") == old["pdf"]:
             section["path"] = new["pdf"]
         for figure in body.get("figures") or ():
-            figure["path"] = new["assets"] + figure["path"][len(old["assets"]):]
+            figure["path"] = new["assets"] + figure["path"][len(old["assets"]) :]
         for page in body.get("pages") or ():
             page["markdown"] = page["markdown"].replace(*links)
         return dump_json(body)

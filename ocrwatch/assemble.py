@@ -1,4 +1,5 @@
-"""Join a document's pages into the two sidecars: Markdown for people, JSON (``ocrwatch/1``) for programs."""
+"""Join a document's pages into the two sidecars: Markdown for people, JSON (``ocrwatch/1``) for
+programs."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from ocrwatch import __version__, figures, plaintext
+
 # ocrwatch.schema's schemas (docs/schema/), re-exported here where their users import them
 from ocrwatch.schema import ERROR_SCHEMA as ERROR_SCHEMA, JSON_SCHEMA as JSON_SCHEMA, SCHEMA_ID
 from ocrwatch.scheduler import PageOutcome
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 
 PAGE_MARK = "<!-- page "
-"""Opens every page of the Markdown sidecar, so the file always begins with it: sinks tell their own by it."""
+"""Opens every page of the Markdown sidecar, so the file always begins with it: sinks tell their own
+by
+it."""
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -34,11 +38,15 @@ class Provenance:
     render: dict[str, Any]
 
 
-def source_section(job: Job, path: Path | None, digest: str | None, mime: str | None) -> dict[str, Any]:
-    """The sidecar's ``source``: what was read, so a later look can tell whether the source still matches.
+def source_section(
+    job: Job, path: Path | None, digest: str | None, mime: str | None
+) -> dict[str, Any]:
+    """The sidecar's ``source``: what was read, so a later look can tell whether the source still
+    matches.
 
-    ``path`` is the fetched file when there is one (a failure may come before the fetch); its size is what was
-    processed. Without it, a local file's size is read where it lies, and an S3 object's size is the event's.
+    ``path`` is the fetched file when there is one (a failure may come before the fetch); its size
+    is what was processed. Without it, a local file's size is read where it lies, and an S3 object's
+    size is the event's.
     """
     origin = job.origin
     section: dict[str, Any] = {"uri": origin.uri, "name": origin.name, "bytes": 0, "sha256": digest}
@@ -63,8 +71,9 @@ def source_section(job: Job, path: Path | None, digest: str | None, mime: str | 
 
 
 def page_markdown(outcome: PageOutcome, assets: str | None = None) -> str:
-    """The page's Markdown; with ``assets`` (the figures' folder), its extracted figures linked to their files.
-    An engine's plain text is made Markdown here, so the rendering reads as the text does."""
+    """The page's Markdown; with ``assets`` (the figures' folder), its extracted figures linked to
+    their files. An engine's plain text is made Markdown here, so the rendering reads as the text
+    does."""
     recognition = outcome.result.recognition
     text = recognition.markdown.strip() if recognition is not None else ""
     if recognition is not None and recognition.plain is not None:
@@ -75,7 +84,11 @@ def page_markdown(outcome: PageOutcome, assets: str | None = None) -> str:
 def markdown(pages: Sequence[PageOutcome], assets: str | None = None) -> str:
     parts = []
     for outcome in pages:
-        body = page_markdown(outcome, assets) if outcome.result.status == "ok" else "<!-- page failed -->"
+        body = (
+            page_markdown(outcome, assets)
+            if outcome.result.status == "ok"
+            else "<!-- page failed -->"
+        )
         parts.append(f"{PAGE_MARK}{outcome.index + 1} -->\n\n{body}\n")
     return "\n".join(parts)
 
@@ -125,11 +138,19 @@ def _orientation(outcome: PageOutcome) -> dict[str, Any] | None:
 
 
 def document(
-    provenance: Provenance, pages: Sequence[PageOutcome], *, detected: float, started: float, finished: float,
-    stages: dict[str, float], assets: str | None = None, outputs: Mapping[str, Any] | None = None,
+    provenance: Provenance,
+    pages: Sequence[PageOutcome],
+    *,
+    detected: float,
+    started: float,
+    finished: float,
+    stages: dict[str, float],
+    assets: str | None = None,
+    outputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON sidecar; ``assets``: the folder the figures were written to, ``outputs``: the members that
-    describe further outputs (``searchable_pdf``, ``figures``)."""
+    """The JSON sidecar; ``assets``: the folder the figures were written to, ``outputs``: the
+    members
+    that describe further outputs (``searchable_pdf``, ``figures``)."""
     status = "ok" if all(p.result.status == "ok" for p in pages) else "partial"
     return {
         "schema": SCHEMA_ID,
@@ -137,7 +158,9 @@ def document(
         "source": provenance.source,
         "engine": provenance.engine,
         "render": provenance.render,
-        **(outputs or {}),  # before the pages: a sink finds ``searchable_pdf`` in the JSON's first bytes
+        **(
+            outputs or {}
+        ),  # before the pages: a sink finds ``searchable_pdf`` in the JSON's first bytes
         "pages": [_page(p, assets) for p in pages],
         "timing": {
             "detected": iso(detected),
@@ -149,7 +172,9 @@ def document(
     }
 
 
-def error_document(source: dict[str, Any], error: dict[str, Any], attempts: int, when: float) -> dict[str, Any]:
+def error_document(
+    source: dict[str, Any], error: dict[str, Any], attempts: int, when: float
+) -> dict[str, Any]:
     return {
         "schema": SCHEMA_ID,
         "status": "failed",

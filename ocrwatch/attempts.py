@@ -1,9 +1,11 @@
-"""The retry rule for a job's attempts: which failures are tried again, how often, and how long apart.
+"""The retry rule for a job's attempts: which failures are tried again, how often, and how long
+apart.
 
-A fault of the document is tried again up to ``[retry] attempts`` times; a fault of the place (disk full, a
-folder that cannot be written) uses none of them and is tried for as long as it lasts, at most
-``backoff_max_seconds`` apart; an engine death is neither (its pages are requeued). A stop cuts the pause
-short: the job has nothing in progress then, stays unfinished in the ledger and resumes at the next start.
+A fault of the document is tried again up to ``[retry] attempts`` times; a fault of the place (disk
+full, a folder that cannot be written) uses none of them and is tried for as long as it lasts, at
+most ``backoff_max_seconds`` apart; an engine death is neither (its pages are requeued). A stop cuts
+the pause short: the job has nothing in progress then, stays unfinished in the ledger and resumes at
+the next start.
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ log = structlog.get_logger()
 
 
 def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, Exception) and classify(exc).retryable and not isinstance(exc, EngineDead)
+    return (
+        isinstance(exc, Exception) and classify(exc).retryable and not isinstance(exc, EngineDead)
+    )
 
 
 def is_place_fault(exc: BaseException | None) -> bool:
     return isinstance(exc, Exception) and isinstance(classify(exc), PlaceFault)
 
 
-def attempts_of_a_job(retry: RetryConfig, metrics: Metrics, stopping: asyncio.Event) -> AsyncRetrying:
-    """The attempts of one job; ``stopping`` set ends a pause between them with ``CancelledError``."""
+def attempts_of_a_job(
+    retry: RetryConfig, metrics: Metrics, stopping: asyncio.Event
+) -> AsyncRetrying:
+    """The attempts of one job; ``stopping`` set ends a pause between them with
+    ``CancelledError``."""
     spent = 0
 
     def stop(state: RetryCallState) -> bool:
@@ -45,10 +52,14 @@ def attempts_of_a_job(retry: RetryConfig, metrics: Metrics, stopping: asyncio.Ev
         place = exc is not None and is_place_fault(exc)
         metrics.retries.labels(stage="place" if place else "document").inc()
         log.warning(
-            "job_retry", attempt=state.attempt_number, kind=error.kind if error else None,
-            error=error.message if error else None, hint=error.hint if place and error else None,
-            counts=not place, wait=round(state.upcoming_sleep, 2),
-        )  # fmt: skip
+            "job_retry",
+            attempt=state.attempt_number,
+            kind=error.kind if error else None,
+            error=error.message if error else None,
+            hint=error.hint if place and error else None,
+            counts=not place,
+            wait=round(state.upcoming_sleep, 2),
+        )
 
     async def backoff(seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

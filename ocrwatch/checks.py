@@ -1,12 +1,14 @@
-"""What a start needs, checked: ``ocrwatch check`` prints every check, one line each, and the daemon runs those
-only the user can fix before it starts anything (``preflight``), so that each stops the start with one line
-naming the file and the key (exit 2) instead of a traceback, or a document failing hours later.
+"""What a start needs, checked: ``ocrwatch check`` prints every check, one line each, and the daemon
+runs those only the user can fix before it starts anything (``preflight``), so that each stops the
+start with one line naming the file and the key (exit 2) instead of a traceback, or a document
+failing hours later.
 
-A check yields ``Check``s. Folders are probed by making and removing a hidden file in them (as the user this
-runs as: run ``check`` as the service user); listen addresses by binding them as the listeners
-will (one in use by the daemon holding state_dir, by its answer on the control socket, is its
-own); S3 by one call per endpoint, queue and bucket. ``check`` changes nothing: a folder that does not exist yet is judged
-by the nearest folder above it, where ``preflight`` creates it as the daemon would.
+A check yields ``Check``s. Folders are probed by making and removing a hidden file in them (as the
+user this runs as: run ``check`` as the service user); listen addresses by binding them as the
+listeners will (one in use by the daemon holding state_dir, by its answer on the control socket, is
+its own); S3 by one call per endpoint, queue and bucket. ``check`` changes nothing: a folder that
+does not exist yet is judged by the nearest folder above it, where ``preflight`` creates it as the
+daemon would.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ocrwatch.engines.base import command_output
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.http import host_port
 
+
 def run(cfg: Config) -> Iterator[Check]:
     """Every check ``ocrwatch check`` prints, in order, each as soon as it is known."""
     yield Check(True, "config", f"{cfg.source_file or 'built-in defaults'} is valid")
@@ -51,11 +54,16 @@ def run(cfg: Config) -> Iterator[Check]:
 
 
 def preflight(cfg: Config) -> None:
-    """Raise ``ConfigError`` for the first problem a start would meet that only the user can fix: a missing
-    poppler, a listen address that cannot be bound, an inbox that cannot be created, an ``[output] dir`` that
-    cannot be written, missing language data or model folder. Creates the inboxes and ``[output] dir``."""
-    needs = itertools.chain(_poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True))
-    _raise_first(needs, cfg.source_file)  # folders last: a start refused for another reason creates none
+    """Raise ``ConfigError`` for the first problem a start would meet that only the user can fix: a
+    missing poppler, a listen address that cannot be bound, an inbox that cannot be created, an
+    ``[output] dir`` that cannot be written, missing language data or model folder. Creates the
+    inboxes and ``[output] dir``."""
+    needs = itertools.chain(
+        _poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True)
+    )
+    _raise_first(
+        needs, cfg.source_file
+    )  # folders last: a start refused for another reason creates none
 
 
 def require_languages(cfg: Config, lang: str | None = None, *, kind: str | None = None) -> None:
@@ -72,10 +80,12 @@ def _raise_first(results: Iterator[Check], source_file: Path | None) -> None:
     for result in results:
         if not result.ok:
             where = f"{source_file}: " if source_file else ""
-            raise ConfigError(f"{where}{result.what}: {result.detail}", hint=result.hint or ConfigError.hint)
+            raise ConfigError(
+                f"{where}{result.what}: {result.detail}", hint=result.hint or ConfigError.hint
+            )
 
 
-# --- programs ------------------------------------------------------------------------------------------------
+# --- programs -------------------------------------------------------------------------------------
 
 
 def _poppler(cfg: Config) -> Iterator[Check]:
@@ -84,20 +94,29 @@ def _poppler(cfg: Config) -> Iterator[Check]:
     for tool in tools:
         path = shutil.which(tool)
         if path is None:
-            yield Check(False, tool, "not found on PATH", "install poppler-utils (apt-get install poppler-utils)")
+            yield Check(
+                False,
+                tool,
+                "not found on PATH",
+                "install poppler-utils (apt-get install poppler-utils)",
+            )
             continue
         said = command_output([path, "-v"])
         version = re.search(r"version\s+(\S+)", said or "")
         yield Check(True, tool, f"{version.group(1) if version else '(version unknown)'} at {path}")
     if cfg.render.renderer == "pdfium":
         if importlib.util.find_spec("pypdfium2") is None:
-            yield Check(False, "[render] renderer pdfium", "pypdfium2 is not installed",
-                         "pip install 'ocrwatch[pdfium]', or remove the key")  # fmt: skip
+            yield Check(
+                False,
+                "[render] renderer pdfium",
+                "pypdfium2 is not installed",
+                "pip install 'ocrwatch[pdfium]', or remove the key",
+            )
         else:
             yield Check(True, "[render] renderer pdfium", "pypdfium2 is installed")
 
 
-# --- the engine ------------------------------------------------------------------------------------------------
+# --- the engine -----------------------------------------------------------------------------------
 
 
 def _engine(cfg: Config, *, probe: bool) -> Iterator[Check]:
@@ -149,29 +168,48 @@ def _quiet() -> Iterator[None]:
         structlog.configure(wrapper_class=wrapper)
 
 
-# --- folders and addresses -------------------------------------------------------------------------------------
+# --- folders and addresses ------------------------------------------------------------------------
 
 
 def _folders(cfg: Config, *, prepare: bool) -> Iterator[Check]:
-    """Inboxes readable (and writable where sidecars go beside the documents), the quarantine, ``[output] dir``
-    and state_dir writable. With ``prepare``, only what stops a start: inboxes and ``[output] dir`` created."""
+    """Inboxes readable (and writable where sidecars go beside the documents), the quarantine,
+    ``[output] dir`` and state_dir writable. With ``prepare``, only what stops a start: inboxes and
+    ``[output] dir`` created."""
     user = _user()
     out = cfg.output.dir
     for index, inbox in enumerate(cfg.inbox):
         what = f"inbox[{index}].path {inbox.path}"
         if prepare:
             if inbox.create and (why := _made(inbox.path, write=False)) is not None:
-                yield Check(False, what, f"cannot be created: {why}", _FOLDER_HINT.format(inbox.path, user))
+                yield Check(
+                    False, what, f"cannot be created: {why}", _FOLDER_HINT.format(inbox.path, user)
+                )
             continue
-        moves = inbox.quarantine_dir is not None or (inbox.on_success or cfg.output.on_success) != "keep"
+        moves = (
+            inbox.quarantine_dir is not None
+            or (inbox.on_success or cfg.output.on_success) != "keep"
+        )
         if not inbox.path.exists() and not inbox.create:
-            yield Check(False, what, "does not exist (create = false)", f"create it, readable by {user}")
+            yield Check(
+                False, what, "does not exist (create = false)", f"create it, readable by {user}"
+            )
         elif out is None:
             yield _place(what, inbox.path, user, "(sidecars are written beside the documents)")
         else:
-            yield _place(what, inbox.path, user, "(documents are moved out of it)" if moves else "", write=moves)
+            yield _place(
+                what,
+                inbox.path,
+                user,
+                "(documents are moved out of it)" if moves else "",
+                write=moves,
+            )
         if inbox.quarantine_dir is not None:
-            yield _place(f"inbox[{index}].quarantine_dir {inbox.quarantine_dir}", inbox.quarantine_dir, user, "")
+            yield _place(
+                f"inbox[{index}].quarantine_dir {inbox.quarantine_dir}",
+                inbox.quarantine_dir,
+                user,
+                "",
+            )
     archive = cfg.output.archive_dir
     if archive is not None and not prepare:  # made by the first move, as a quarantine_dir is
         yield _place(f"[output] archive_dir {archive}", archive, user, "")
@@ -179,7 +217,12 @@ def _folders(cfg: Config, *, prepare: bool) -> Iterator[Check]:
         if not prepare:
             yield _place(f"[output] dir {out}", out, user, "")
         elif (why := _made(out, write=True)) is not None:
-            yield Check(False, f"[output] dir {out}", f"cannot be written: {why}", _FOLDER_HINT.format(out, user))
+            yield Check(
+                False,
+                f"[output] dir {out}",
+                f"cannot be written: {why}",
+                _FOLDER_HINT.format(out, user),
+            )
     if not prepare:
         yield _state_dir(cfg.state_dir, user)
 
@@ -200,11 +243,23 @@ def _state_dir(state: Path, user: str) -> Check:
     return _place(what, state, user, "")
 
 
-_FOLDER_HINT = "create {0} and give {1} (the user ocrwatch runs as) write access to it, or correct the path"
-_USER_FAULTS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ELOOP,
-                          errno.ENAMETOOLONG})  # fmt: skip
-"""What a folder that cannot be made or written at start is, when the user must fix it; anything else (EIO, a
-stale NFS handle) may pass, and is left to the source's and the sink's retries."""
+_FOLDER_HINT = (
+    "create {0} and give {1} (the user ocrwatch runs as) write access to it, or correct the path"
+)
+_USER_FAULTS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+    }
+)
+"""What a folder that cannot be made or written at start is, when the user must fix it; anything
+else
+(EIO, a stale NFS handle) may pass, and is left to the source's and the sink's retries."""
 
 
 def _user() -> str:
@@ -215,7 +270,8 @@ def _user() -> str:
 
 
 def _made(folder: Path, *, write: bool) -> str | None:
-    """``preflight``'s probe: ``folder`` made (and written, with ``write``); why not, when the user must act."""
+    """``preflight``'s probe: ``folder`` made (and written, with ``write``); why not, when the user
+    must act."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if write:
@@ -235,13 +291,18 @@ def _place(what: str, folder: Path, user: str, note: str, *, write: bool = True)
     else:
         why, done = _creatable(folder), f"does not exist yet; {user} can create it"
     if why is not None:
-        return Check(False, what, why, _FOLDER_HINT.format(folder, user) if write else f"make it readable by {user}")
+        return Check(
+            False,
+            what,
+            why,
+            _FOLDER_HINT.format(folder, user) if write else f"make it readable by {user}",
+        )
     return Check(True, what, f"{done} {note}".rstrip())
 
 
 def _probe(folder: Path, *, write: bool) -> str | None:
-    """None when ``folder`` is a folder that can be listed (and in which a file can be made and removed, with
-    ``write``); else why not."""
+    """None when ``folder`` is a folder that can be listed (and in which a file can be made and
+    removed, with ``write``); else why not."""
     try:
         os.listdir(folder)
         if write:
@@ -254,8 +315,8 @@ def _probe(folder: Path, *, write: bool) -> str | None:
 
 
 def _creatable(folder: Path) -> str | None:
-    """None when this user can make a file in the nearest existing folder above ``folder`` (so ``folder`` can be
-    created there); else why not."""
+    """None when this user can make a file in the nearest existing folder above ``folder`` (so
+    ``folder`` can be created there); else why not."""
     above = folder.absolute()
     while not above.exists() and above != above.parent:
         above = above.parent
@@ -318,7 +379,8 @@ def _held(what: str, listen: str, holder: Holder) -> Check | None:
 
 
 def _listen(key: str, listen: str, holder: Holder | None = None) -> Check:
-    """Bind ``listen`` as the listener will (SO_REUSEADDR, every address the host resolves to), then let go."""
+    """Bind ``listen`` as the listener will (SO_REUSEADDR, every address the host resolves to), then
+    let go."""
     what = f"{key} {listen}"
     hint = f"stop what listens there (another ocrwatch?), or set {key} to a free HOST:PORT"
     try:
@@ -326,11 +388,18 @@ def _listen(key: str, listen: str, holder: Holder | None = None) -> Check:
     except ValueError as exc:
         return Check(False, what, str(exc), f"set {key} to HOST:PORT, e.g. 127.0.0.1:9464")
     if port > 65535:
-        return Check(False, what, f"port {port} is out of range", f"set {key} to a port from 1 to 65535")
+        return Check(
+            False, what, f"port {port} is out of range", f"set {key} to a port from 1 to 65535"
+        )
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        return Check(False, what, f"cannot resolve the host: {exc.strerror}", f"set {key} to an address of this host")
+        return Check(
+            False,
+            what,
+            f"cannot resolve the host: {exc.strerror}",
+            f"set {key} to an address of this host",
+        )
     for family, kind, proto, _, address in addresses:
         with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -343,22 +412,31 @@ def _listen(key: str, listen: str, holder: Holder | None = None) -> Check:
     return Check(True, what, "is free")
 
 
-# --- S3 --------------------------------------------------------------------------------------------------------
+# --- S3 -------------------------------------------------------------------------------------------
 
 
 def _s3(index: int, cfg: S3Config) -> Iterator[Check]:
-    """Credentials, the endpoint (always, bucket or not), the queue and each bucket: one line per probe."""
+    """Credentials, the endpoint (always, bucket or not), the queue and each bucket: one line per
+    probe."""
     import boto3  # only where a bucket is configured: boto3 costs start-up time
     import botocore.exceptions
 
     from ocrwatch import s3client
 
     name = f"s3[{index}]"
-    session = boto3.session.Session(aws_access_key_id=cfg.access_key_id,
-                                    aws_secret_access_key=cfg.secret_access_key, region_name=cfg.region)  # fmt: skip
+    session = boto3.session.Session(
+        aws_access_key_id=cfg.access_key_id,
+        aws_secret_access_key=cfg.secret_access_key,
+        region_name=cfg.region,
+    )
     if session.get_credentials() is None:
-        yield Check(False, f"{name} credentials", "none found",
-                     "set access_key_id and secret_access_key, or provide them through the AWS standard chain")
+        yield Check(
+            False,
+            f"{name} credentials",
+            "none found",
+            "set access_key_id and secret_access_key, or provide them through the AWS standard "
+            "chain",
+        )
         return
     try:
         s3 = s3client.new_client(cfg, "s3", read_timeout=10.0)
@@ -367,30 +445,54 @@ def _s3(index: int, cfg: S3Config) -> Iterator[Check]:
         yield Check(False, f"{name} client", str(exc), "check endpoint_url and region")
         return
     endpoint = f"{name} endpoint {cfg.endpoint_url or 'AWS'}"
-    credentials = "check access_key_id and secret_access_key (or the credentials of the AWS standard chain)"
+    credentials = (
+        "check access_key_id and secret_access_key (or the credentials of the AWS standard chain)"
+    )
     reachable = True
     try:
         buckets = s3.list_buckets().get("Buckets", [])
     except botocore.exceptions.ClientError as exc:
         if s3client.error_code(exc) in ("AccessDenied", "Forbidden"):
-            yield Check(True, endpoint, "answered; credentials accepted (listing buckets is not allowed to them)")
+            yield Check(
+                True,
+                endpoint,
+                "answered; credentials accepted (listing buckets is not allowed to them)",
+            )
         else:
             yield Check(False, endpoint, _said(exc), credentials)
     except Exception as exc:
         reachable = False
-        yield Check(False, endpoint, f"cannot be reached: {exc}", "start the server, or correct endpoint_url")
+        yield Check(
+            False,
+            endpoint,
+            f"cannot be reached: {exc}",
+            "start the server, or correct endpoint_url",
+        )
     else:
-        yield Check(True, endpoint, f"answered; credentials accepted ({len(buckets)} bucket(s) visible)")
+        yield Check(
+            True, endpoint, f"answered; credentials accepted ({len(buckets)} bucket(s) visible)"
+        )
     if sqs is not None:
         what = f"{name} queue {cfg.queue_url}"
         try:
-            attributes = sqs.get_queue_attributes(QueueUrl=cfg.queue_url, AttributeNames=["All"])["Attributes"]
+            attributes = sqs.get_queue_attributes(QueueUrl=cfg.queue_url, AttributeNames=["All"])[
+                "Attributes"
+            ]
         except Exception as exc:
-            yield Check(False, what, _said(exc), "create the queue, or correct queue_url and the credentials")
+            yield Check(
+                False,
+                what,
+                _said(exc),
+                "create the queue, or correct queue_url and the credentials",
+            )
         else:
             if cfg.on_max_receives == "dead_letter" and "RedrivePolicy" not in attributes:
-                yield Check(False, what, "has no RedrivePolicy, but on_max_receives = 'dead_letter'",
-                             "give the queue a dead-letter queue, or set on_max_receives = 'error_sidecar'")
+                yield Check(
+                    False,
+                    what,
+                    "has no RedrivePolicy, but on_max_receives = 'dead_letter'",
+                    "give the queue a dead-letter queue, or set on_max_receives = 'error_sidecar'",
+                )
             else:
                 yield Check(True, what, "answered")
     if cfg.transport == "amqp":  # the broker and the queue, through the daemon's own client
@@ -401,7 +503,12 @@ def _s3(index: int, cfg: S3Config) -> Iterator[Check]:
         try:
             s3.head_bucket(Bucket=bucket)
         except Exception as exc:
-            yield Check(False, f"{name} bucket {bucket}", _said(exc), "create the bucket, or correct its name")
+            yield Check(
+                False,
+                f"{name} bucket {bucket}",
+                _said(exc),
+                "create the bucket, or correct its name",
+            )
         else:
             yield Check(True, f"{name} bucket {bucket}", "answered")
 

@@ -1,9 +1,12 @@
-"""The child processes that worker threads wait for (pdfinfo, pdftoppm), known so that a stop can end them.
+"""The child processes that worker threads wait for (pdfinfo, pdftoppm), known so that a stop can
+end
+them.
 
-A thread blocked in ``subprocess.run`` cannot be cancelled: the task awaiting it can, but the interpreter waits
-for every worker thread at exit, so one slow page would hold a SIGTERM for up to its render timeout. ``run``
-keeps each child in a set while it runs; ``kill_all``, called once a drain has cancelled what it could not
-wait for, kills them, and each waiting thread returns at once with the signal as the child's status.
+A thread blocked in ``subprocess.run`` cannot be cancelled: the task awaiting it can, but the
+interpreter waits for every worker thread at exit, so one slow page would hold a SIGTERM for up to
+its render timeout. ``run`` keeps each child in a set while it runs; ``kill_all``, called once a
+drain has cancelled what it could not wait for, kills them, and each waiting thread returns at once
+with the signal as the child's status.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ _running: set[subprocess.Popen[bytes]] = set()
 
 
 def run(argv: Sequence[str], *, timeout: float, **popen: Any) -> subprocess.CompletedProcess[bytes]:
-    """``subprocess.run(argv, timeout=timeout, **popen)``: the same result and ``TimeoutExpired`` (the child
-    killed first), with the child in reach of ``kill_all`` while it runs."""
+    """``subprocess.run(argv, timeout=timeout, **popen)``: the same result and ``TimeoutExpired``
+    (the
+    child killed first), with the child in reach of ``kill_all`` while it runs."""
     with subprocess.Popen(argv, **popen) as process, tracked(process):
         try:
             stdout, stderr = process.communicate(timeout=timeout)

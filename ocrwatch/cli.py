@@ -1,11 +1,11 @@
 """Command line: ``run``, ``ocr``, ``status``, ``retry``, ``check``.
 
-``ocr``, ``status`` and ``retry`` talk to the daemon that holds the state_dir, through its control socket
-(``control``): ``ocr`` hands its files to the daemon's engine, since a GPU cannot hold a second vLLM engine beside
-it, and ``retry`` starts the jobs at once. With no daemon running, ``ocr`` builds an engine of its own, and
-``status`` and ``retry`` read and write the ledger. The exit codes are ``EPILOG``'s, which ``--help`` prints.
-A reader of the output that goes away (``ocrwatch status | head``) ends any command quietly
-(``streams``).
+``ocr``, ``status`` and ``retry`` talk to the daemon that holds the state_dir, through its control
+socket (``control``): ``ocr`` hands its files to the daemon's engine, since a GPU cannot hold a
+second vLLM engine beside it, and ``retry`` starts the jobs at once. With no daemon running, ``ocr``
+builds an engine of its own, and ``status`` and ``retry`` read and write the ledger. The exit codes
+are ``EPILOG``'s, which ``--help`` prints. A reader of the output that goes away (``ocrwatch status
+| head``) ends any command quietly (``streams``).
 """
 
 from __future__ import annotations
@@ -36,19 +36,23 @@ EXIT_CLOSED_PIPE = streams.EXIT_CLOSED_PIPE
 
 EPILOG = """exit status:
   0    success (run: stopped cleanly)
-  1    a document failed (ocr), a check failed (check), or a fault that may pass: a ledger that stayed
-       locked, a daemon that did not answer, a start-up fault of the machine
+  1    a document failed (ocr), a check failed (check), or a fault that may pass: a ledger
+       that stayed locked, a daemon that did not answer, a start-up fault of the machine
   2    usage or configuration error, or a state_dir or ledger that cannot be used: fix it first
        (the systemd unit does not restart on 2)
   130  interrupted (Ctrl-C; run: a second Ctrl-C while it stops)
   141  the reader of the output went away (a closed pipe: ocrwatch status | head): the command
        stopped quietly at that write; run drains and stops as on SIGTERM"""
 
-CONFIG_HELP = "TOML configuration file (default: " + ", else ".join(
-    ["$OCRWATCH_CONFIG if set"]
-    + [str(path) if path.is_absolute() else f"./{path}" for path in DEFAULT_CONFIG_PATHS]
-    + ["the built-in defaults"]
-) + ")"
+CONFIG_HELP = (
+    "TOML configuration file (default: "
+    + ", else ".join(
+        ["$OCRWATCH_CONFIG if set"]
+        + [str(path) if path.is_absolute() else f"./{path}" for path in DEFAULT_CONFIG_PATHS]
+        + ["the built-in defaults"]
+    )
+    + ")"
+)
 """The search order of ``config.load``, stated from the same constant."""
 
 DEFAULT_PATTERNS = InboxConfig.model_fields["patterns"].default
@@ -64,7 +68,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    common: dict[str, Any] = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    common: dict[str, Any] = {
+        "epilog": EPILOG,
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
     parser = _Parser(
         prog="ocrwatch", description="Watch folders and buckets; OCR every new document.", **common
     )
@@ -81,27 +88,49 @@ def _parser() -> argparse.ArgumentParser:
 
     command("run", "run the daemon")
     ocr = command(
-        "ocr", "OCR the given files, and the documents in the given folders, once; a running daemon does the work"
+        "ocr",
+        "OCR the given files, and the documents in the given folders, once; a running daemon does "
+        "the work",
     )
-    ocr.add_argument("--engine", choices=["auto", "tesseract", "vllm"], help="override [engine] kind")
-    ocr.add_argument("--lang", help="Tesseract language(s) for this run, e.g. deu or eng+deu (selects Tesseract)")
     ocr.add_argument(
-        "--text", choices=["ocr", "auto", "layer"],
-        help="a PDF page's text: OCR'd, its own text layer where good, or its layer where it has one "
-        "(default: the inbox's [[inbox]] text, else the engine's: auto for Tesseract, ocr for vLLM)",
-    )  # fmt: skip
-    ocr.add_argument("--out", type=Path, help="write sidecars under this folder instead of beside each file")
+        "--engine", choices=["auto", "tesseract", "vllm"], help="override [engine] kind"
+    )
     ocr.add_argument(
-        "--pattern", action="append", metavar="GLOB",
-        help="in a folder, take the files matching GLOB (repeatable; default: the patterns of the inbox the "
+        "--lang", help="Tesseract language(s) for this run, e.g. deu or eng+deu (selects Tesseract)"
+    )
+    ocr.add_argument(
+        "--text",
+        choices=["ocr", "auto", "layer"],
+        help="a PDF page's text: OCR'd, its own text layer where good, or its layer where it has "
+        "one "
+        "(default: the inbox's [[inbox]] text, else the engine's: auto for Tesseract, ocr for "
+        "vLLM)",
+    )
+    ocr.add_argument(
+        "--out", type=Path, help="write sidecars under this folder instead of beside each file"
+    )
+    ocr.add_argument(
+        "--pattern",
+        action="append",
+        metavar="GLOB",
+        help="in a folder, take the files matching GLOB (repeatable; default: the patterns of the "
+        "inbox the "
         f"folder lies in, else {' '.join(DEFAULT_PATTERNS)})",
-    )  # fmt: skip
-    ocr.add_argument("--force", action="store_true", help="OCR again documents whose sidecars are current")
+    )
+    ocr.add_argument(
+        "--force", action="store_true", help="OCR again documents whose sidecars are current"
+    )
     ocr.add_argument("paths", nargs="+", type=Path, metavar="FILE|DIR")
-    status = command("status", "the running documents, the queue by inbox and what the ledger holds")
+    status = command(
+        "status", "the running documents, the queue by inbox and what the ledger holds"
+    )
     status.add_argument("--json", action="store_true", help="print JSON")
-    retry = command("retry", "put failed jobs back in the queue; a running daemon starts them at once")
-    retry.add_argument("paths", nargs="*", help="only these files or keys (default: every failed job)")
+    retry = command(
+        "retry", "put failed jobs back in the queue; a running daemon starts them at once"
+    )
+    retry.add_argument(
+        "paths", nargs="*", help="only these files or keys (default: every failed job)"
+    )
     command("check", "validate the configuration and probe engine, folders and S3")
     return parser
 
@@ -137,7 +166,9 @@ def _main(argv: list[str] | None, logs: streams.LogStream) -> int:
     if args.command == "ocr" and sys.stderr.isatty() and log.level in ("debug", "info"):
         log = log.model_copy(update={"level": "warning"})  # the bar says what the info lines would
     configure(log, logs)  # type: ignore[arg-type]  # a TextIO in all that structlog uses
-    command = {"run": _run, "ocr": _ocr, "status": _status, "retry": _retry, "check": _check}[args.command]
+    command = {"run": _run, "ocr": _ocr, "status": _status, "retry": _retry, "check": _check}[
+        args.command
+    ]
     try:
         return command(cfg, args)
     except OcrwatchError as exc:
@@ -153,7 +184,7 @@ def _run(cfg: Config, args: argparse.Namespace) -> int:
     return asyncio.run(Daemon(cfg, args.config).serve())
 
 
-# --- ocr ------------------------------------------------------------------------------------------------------
+# --- ocr ------------------------------------------------------------------------------------------
 
 
 def _ocr(cfg: Config, args: argparse.Namespace) -> int:
@@ -170,7 +201,9 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     cfg = _ocr_config(cfg, args)
     files = _collect(cfg, args.paths, args.pattern)
     engine = "tesseract" if args.lang else None if args.engine in (None, "auto") else args.engine
-    order = OcrRequest(files, cfg.output.dir if args.out else None, args.force, engine, args.lang, args.text)
+    order = OcrRequest(
+        files, cfg.output.dir if args.out else None, args.force, engine, args.lang, args.text
+    )
     report = OcrReport(len(files))
     client = Client.connect(cfg.state_dir) if files else None
     if client is None or not _hand_over(client, order, report):
@@ -183,7 +216,10 @@ def _ocr_config(cfg: Config, args: argparse.Namespace) -> Config:
     engine = cfg.engine
     if args.lang is not None:
         engine = engine.model_copy(
-            update={"kind": "tesseract", "tesseract": engine.tesseract.model_copy(update={"lang": args.lang})}
+            update={
+                "kind": "tesseract",
+                "tesseract": engine.tesseract.model_copy(update={"lang": args.lang}),
+            }
         )
     elif args.engine:
         engine = engine.model_copy(update={"kind": args.engine})
@@ -196,14 +232,17 @@ def _check_lang(cfg: Config, lang: str, engine: str | None) -> None:
     from ocrwatch import checks
 
     if engine == "vllm":
-        raise ConfigError("--lang sets Tesseract's language; --engine vllm reads every language itself",
-                          hint="leave out --engine, or give --engine tesseract")  # fmt: skip
+        raise ConfigError(
+            "--lang sets Tesseract's language; --engine vllm reads every language itself",
+            hint="leave out --engine, or give --engine tesseract",
+        )
     checks.require_languages(cfg, lang, kind="tesseract")
 
 
 def _collect(cfg: Config, paths: list[Path], patterns: list[str] | None) -> list[tuple[Path, Path]]:
-    """Each file to OCR with the folder it was found under: a named file's own folder, or the named folder it
-    lies below (its sidecars are mirrored below ``--out`` from there). Each file once, in the order given."""
+    """Each file to OCR with the folder it was found under: a named file's own folder, or the named
+    folder it lies below (its sidecars are mirrored below ``--out`` from there). Each file once, in
+    the order given."""
     found: dict[Path, Path] = {}
     for given in paths:
         path = Path(os.path.abspath(given))
@@ -246,27 +285,36 @@ def _scan(root: Path, config: InboxConfig, template: str) -> list[Path]:
 
 
 def _hand_over(client: Client, order: OcrRequest, report: OcrReport) -> bool:
-    """The files OCRed by the running daemon, its events shown as they come; False when the daemon declines
-    (another engine or language asked for): they are then read here."""
+    """The files OCRed by the running daemon, its events shown as they come; False when the daemon
+    declines (another engine or language asked for): they are then read here."""
     for event in client.request(order.as_json()):
         kind = event.get("event")
         if kind == "waiting":
-            say(f"ocrwatch: the daemon (pid {event.get('pid')}) is starting its engine; waiting", "info")
+            say(
+                f"ocrwatch: the daemon (pid {event.get('pid')}) is starting its engine; waiting",
+                "info",
+            )
         elif kind == "declined":
-            say(f"ocrwatch: {event.get('reason')}: reading here, with an engine of this run's own", "warning")
+            say(
+                f"ocrwatch: {event.get('reason')}: reading here, with an engine of this run's own",
+                "warning",
+            )
             return False
         elif kind == "accepted":
             say(
-                f"ocrwatch: handed {len(order.files)} file(s) to the running daemon (pid {event.get('pid')}, "
-                f"engine {event.get('engine')})", "info",
-            )  # fmt: skip
+                f"ocrwatch: handed {len(order.files)} file(s) to the running daemon (pid "
+                f"{event.get('pid')}, "
+                f"engine {event.get('engine')})",
+                "info",
+            )
         else:
             report.show(event)
     return True
 
 
 async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
-    """No daemon runs (or it declined): this process builds the engine, only once a file needs it."""
+    """No daemon runs (or it declined): this process builds the engine, only once a file needs
+    it."""
     from ocrwatch.control.ocr import run_ocr
     from ocrwatch.metrics import Metrics
     from ocrwatch.pipeline import Pipeline
@@ -275,21 +323,30 @@ async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
     pipeline = Pipeline(cfg, None, Metrics())
 
     async def prepare() -> None:
-        await asyncio.to_thread(_make_state_dir, cfg.state_dir)  # the documents' spool folders go there
+        await asyncio.to_thread(
+            _make_state_dir, cfg.state_dir
+        )  # the documents' spool folders go there
         await pipeline.start()
 
     try:
         await run_ocr(
-            pipeline, LocalSink(cfg.output.name_template, cfg.output.dir), order.files, force=order.force,
-            emit=report.emit, lang=order.lang, before_first=prepare, text=order.text,
-        )  # fmt: skip
+            pipeline,
+            LocalSink(cfg.output.name_template, cfg.output.dir),
+            order.files,
+            force=order.force,
+            emit=report.emit,
+            lang=order.lang,
+            before_first=prepare,
+            text=order.text,
+        )
     finally:
         await pipeline.close()
 
 
 def _make_state_dir(state_dir: Path) -> None:
-    """Create state_dir as the daemon does, mode 0700 with any missing parents: a daemon started later keeps its
-    ledger and its control socket in the very folder this made."""
+    """Create state_dir as the daemon does, mode 0700 with any missing parents: a daemon started
+    later
+    keeps its ledger and its control socket in the very folder this made."""
     from ocrwatch.ledger import StateUnusable, make_private_dirs
 
     try:
@@ -297,15 +354,18 @@ def _make_state_dir(state_dir: Path) -> None:
     except OSError as exc:
         raise StateUnusable(
             f"state_dir: {exc.filename or state_dir} cannot be created: {exc.strerror or exc}",
-            hint="make its parent folder writable by this user, or point state_dir at another folder",
+            hint="make its parent folder writable by this user, or point state_dir at another "
+            "folder",
         ) from None
 
 
-# --- status and retry -----------------------------------------------------------------------------------------
+# --- status and retry -----------------------------------------------------------------------------
 
 
 def _existing_ledger(cfg: Config) -> Ledger | None:
-    """The ledger; None (and said so) where no daemon has run with this state_dir: nothing is created here."""
+    """The ledger; None (and said so) where no daemon has run with this state_dir: nothing is
+    created
+    here."""
     from ocrwatch.ledger import Ledger
 
     path = cfg.state_dir / "ledger.sqlite3"
@@ -323,8 +383,9 @@ def _existing_ledger(cfg: Config) -> Ledger | None:
 
 
 def _ask_daemon(cfg: Config, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The running daemon's one answer to ``payload``; None when no daemon holds the state_dir, or when one
-    holds it but does not answer (said so: the ledger is used instead)."""
+    """The running daemon's one answer to ``payload``; None when no daemon holds the state_dir, or
+    when
+    one holds it but does not answer (said so: the ledger is used instead)."""
     from ocrwatch.control.client import Client
     from ocrwatch.control.protocol import ControlError
 
@@ -359,7 +420,10 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     if daemon is None:
         print("daemon: not running")
     else:
-        print(f"daemon: {daemon['state']} (pid {daemon['pid']}, engine {daemon['engine'] or 'not started'})")
+        print(
+            f"daemon: {daemon['state']} (pid {daemon['pid']}, engine "
+            f"{daemon['engine'] or 'not started'})"
+        )
     for document in status.get("documents", []):
         total = document["pages_total"]
         pages = f"{document['pages_done']}/{total} pages" if total is not None else "preparing"
@@ -381,7 +445,9 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
 
 def _retry(cfg: Config, args: argparse.Namespace) -> int:
     # Absolute here: the daemon resolves them in a working directory of its own.
-    selectors = [p if "://" in p else str(Path(p).expanduser().absolute()) for p in args.paths] or None
+    selectors = [
+        p if "://" in p else str(Path(p).expanduser().absolute()) for p in args.paths
+    ] or None
     answer = _ask_daemon(cfg, {"op": "retry", "selectors": selectors})
     if answer is not None:
         count, pid = answer["count"], answer["pid"]
@@ -403,7 +469,10 @@ def _retry(cfg: Config, args: argparse.Namespace) -> int:
     if daemon_holds(cfg.state_dir):  # it did not answer (said above)
         print(f"{count} job(s) queued again; the daemon starts them at its next start or scan")
     else:
-        print(f"{count} job(s) queued again; no daemon is running: the next `ocrwatch run` starts them")
+        print(
+            f"{count} job(s) queued again; no daemon is running: the next `ocrwatch run` starts "
+            "them"
+        )
     return EXIT_OK
 
 

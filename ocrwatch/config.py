@@ -1,8 +1,8 @@
 """One frozen configuration, loaded from TOML and validated once at start.
 
-Every key has a default that works on a fresh machine, so ``ocrwatch run`` with no file at all watches
-``./inbox`` and keeps state in ``./.ocrwatch``. Any key can also be set by an environment variable
-(``config_env``), over the file's value. Values are taken as strictly as TOML types them
+Every key has a default that works on a fresh machine, so ``ocrwatch run`` with no file at all
+watches ``./inbox`` and keeps state in ``./.ocrwatch``. Any key can also be set by an environment
+variable (``config_env``), over the file's value. Values are taken as strictly as TOML types them
 (``"yes"`` is no boolean). Errors name the file and the key as the user wrote it, or the variable.
 The sections are declared in ``config_sections`` and ``config_sources``, each engine's own table in
 its package; this module composes them, checks what spans sections, and loads.
@@ -53,40 +53,76 @@ else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
 __all__ = [
-    "DEFAULT_PRIORITY", "ENGINE_ENTRY_POINTS", "MiB", "Config", "DaemonConfig", "Duplicates",
-    "EngineConfig", "HookConfig", "HookStatus", "InboxConfig", "KeyProblem", "LimitsConfig",
-    "LogConfig", "MetricsConfig", "OnSuccess", "OutputConfig", "RenderConfig", "RetryConfig",
-    "S3Config", "SchedulerConfig", "TextMode", "from_mapping", "load",
+    "DEFAULT_PRIORITY",
+    "ENGINE_ENTRY_POINTS",
+    "MiB",
+    "Config",
+    "DaemonConfig",
+    "Duplicates",
+    "EngineConfig",
+    "HookConfig",
+    "HookStatus",
+    "InboxConfig",
+    "KeyProblem",
+    "LimitsConfig",
+    "LogConfig",
+    "MetricsConfig",
+    "OnSuccess",
+    "OutputConfig",
+    "RenderConfig",
+    "RetryConfig",
+    "S3Config",
+    "SchedulerConfig",
+    "TextMode",
+    "from_mapping",
+    "load",
 ]
 
 DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml"))
 
 
 class Config(Model):
-    state_dir: Path = Field(Path(".ocrwatch"), description=(
-        "Where the ledger (SQLite) and temporary files live. Under systemd/ocrwatch.service: its"
-        " StateDirectory=, \"/var/lib/ocrwatch\" (as systemd/config.toml sets it)."))
+    state_dir: Path = Field(
+        Path(".ocrwatch"),
+        description=(
+            "Where the ledger (SQLite) and temporary files live. Under systemd/ocrwatch.service: "
+            "its"
+            ' StateDirectory=, "/var/lib/ocrwatch" (as systemd/config.toml sets it).'
+        ),
+    )
     engine: EngineConfig = Field(
-        default_factory=EngineConfig, description="The engine that reads the pages.")
+        default_factory=EngineConfig, description="The engine that reads the pages."
+    )
     render: RenderConfig = Field(RenderConfig(), description="How pages become images.")
     limits: LimitsConfig = Field(LimitsConfig(), description="What a document may be at most.")
     output: OutputConfig = Field(OutputConfig(), description="Sidecars, outputs, the source after.")
     log: LogConfig = Field(LogConfig(), description="Log lines.")
     metrics: MetricsConfig = Field(MetricsConfig(), description="Metrics and health endpoints.")
     scheduler: SchedulerConfig = Field(
-        SchedulerConfig(), description="Pages and documents at once.")
+        SchedulerConfig(), description="Pages and documents at once."
+    )
     retry: RetryConfig = Field(RetryConfig(), description="A document's attempts.")
     daemon: DaemonConfig = Field(DaemonConfig(), description="The daemon's own clocks.")
-    inbox: tuple[InboxConfig, ...] = Field((InboxConfig(),), description=(
-        "Any number of inboxes. With none configured, ./inbox is watched."))
-    s3: tuple[S3Config, ...] = Field((), description=(
-        "S3 sources (none by default): one [[s3]] per event stream."))
-    hook: tuple[HookConfig, ...] = Field((), description=(
-        "Completion hooks (none by default): one [[hook]] per program to run, or URL to POST to,"
-        " once a document's final status is known. Each gets the document's result JSON (the JSON"
-        " sidecar for ok and partial, the error document for failed). Delivery is at least once:"
-        " recorded in the ledger before the sidecars are written, retried with backoff, resumed"
-        " after a restart or a crash. A failing hook never fails the document."))
+    inbox: tuple[InboxConfig, ...] = Field(
+        (InboxConfig(),),
+        description=("Any number of inboxes. With none configured, ./inbox is watched."),
+    )
+    s3: tuple[S3Config, ...] = Field(
+        (), description=("S3 sources (none by default): one [[s3]] per event stream.")
+    )
+    hook: tuple[HookConfig, ...] = Field(
+        (),
+        description=(
+            "Completion hooks (none by default): one [[hook]] per program to run, or URL to POST "
+            "to,"
+            " once a document's final status is known. Each gets the document's result JSON (the "
+            "JSON"
+            " sidecar for ok and partial, the error document for failed). Delivery is at least "
+            "once:"
+            " recorded in the ledger before the sidecars are written, retried with backoff, resumed"
+            " after a restart or a crash. A failing hook never fails the document."
+        ),
+    )
     source_file: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -96,9 +132,13 @@ class Config(Model):
             resolved = inbox.path.expanduser().resolve()
             if resolved in seen:
                 first = ("inbox", seen[resolved], "path")
-                raise KeyProblem(("inbox", index, "path"), lambda name: (
-                    f"{name(('inbox', index, 'path'))}: same folder as {name(first)} ({resolved})"
-                ))  # fmt: skip
+                raise KeyProblem(
+                    ("inbox", index, "path"),
+                    lambda name: (
+                        f"{name(('inbox', index, 'path'))}: same folder as {name(first)} "
+                        f"({resolved})"
+                    ),
+                )
             seen[resolved] = index
         return self
 
@@ -128,28 +168,38 @@ class Config(Model):
 
     @model_validator(mode="after")
     def _archives_apart(self) -> "Config":
-        """A move needs a place to go that is no document's source: an archive inside an inbox (or a prefix a
-        bucket watches) would bring every archived file back as a new document."""
+        """A move needs a place to go that is no document's source: an archive inside an inbox (or a
+        prefix a bucket watches) would bring every archived file back as a new document."""
         default = self.output.on_success
-        archive = self.output.archive_dir.expanduser().resolve() if self.output.archive_dir else None
+        archive = (
+            self.output.archive_dir.expanduser().resolve() if self.output.archive_dir else None
+        )
         for index, inbox in enumerate(self.inbox):
             root = inbox.path.expanduser().resolve()
             if archive is None:
                 if (inbox.on_success or default) == "move":
-                    raise KeyProblem(_written("inbox", index, inbox.on_success),
-                                     "'move' needs [output] archive_dir")  # fmt: skip
+                    raise KeyProblem(
+                        _written("inbox", index, inbox.on_success),
+                        "'move' needs [output] archive_dir",
+                    )
             elif archive.is_relative_to(root) or root.is_relative_to(archive):
                 where = ("inbox", index, "path")
-                raise KeyProblem(("output", "archive_dir"), lambda name: (
-                    f"{name(('output', 'archive_dir'))}: {archive} and {name(where)} {root}"
-                    " must not contain one another"
-                ))  # fmt: skip
+                raise KeyProblem(
+                    ("output", "archive_dir"),
+                    lambda name: (
+                        f"{name(('output', 'archive_dir'))}: {archive} and {name(where)} {root}"
+                        " must not contain one another"
+                    ),
+                )
         for index, s3 in enumerate(self.s3):
             if (s3.on_success or default) == "move" and not s3.archive_prefix:
-                raise KeyProblem(_written("s3", index, s3.on_success), lambda name: (
-                    f"{name(_written('s3', index, s3.on_success))}: 'move' needs"
-                    f" {name(('s3', index, 'archive_prefix'))}"
-                ))  # fmt: skip
+                raise KeyProblem(
+                    _written("s3", index, s3.on_success),
+                    lambda name: (
+                        f"{name(_written('s3', index, s3.on_success))}: 'move' needs"
+                        f" {name(('s3', index, 'archive_prefix'))}"
+                    ),
+                )
         return self
 
     @model_validator(mode="after")
@@ -168,8 +218,13 @@ class Config(Model):
         return text
 
     def inbox_lang(self, root: Path) -> str | None:
-        """The ``lang`` of the inbox whose resolved folder is ``root``; None: ``[engine.tesseract] lang``."""
-        found = (inbox.lang for inbox in self.inbox if inbox.lang and inbox.path.expanduser().resolve() == root)
+        """The ``lang`` of the inbox whose resolved folder is ``root``; None: ``[engine.tesseract]
+        lang``."""
+        found = (
+            inbox.lang
+            for inbox in self.inbox
+            if inbox.lang and inbox.path.expanduser().resolve() == root
+        )
         return next(found, None)
 
 
@@ -223,14 +278,17 @@ def _flat(items: list[Any]) -> Iterator[Any]:
 def _auto_merged(items: list[Any]) -> Iterator[Any]:
     """A key that takes a value or ``"auto"`` fails once, not once per member of its union
     (pydantic names each member, ``dpi.constrained-int`` and ``dpi.literal['auto']``)."""
-    autos = {tuple(item["loc"][:-1]) for item in items
-             if item["loc"] and str(item["loc"][-1]).startswith("literal['auto'")}
+    autos = {
+        tuple(item["loc"][:-1])
+        for item in items
+        if item["loc"] and str(item["loc"][-1]).startswith("literal['auto'")
+    }
     for item in items:
         key = tuple(item["loc"][:-1])
         if key not in autos:
             yield item
         elif not str(item["loc"][-1]).startswith("literal["):
-            yield {**item, "loc": key, "msg": f"{item['msg']}, or \"auto\""}
+            yield {**item, "loc": key, "msg": f'{item["msg"]}, or "auto"'}
 
 
 def _origin(loc: Loc, origins: Mapping[Loc, str]) -> Loc | None:
@@ -242,7 +300,7 @@ def _named(loc: Loc, origins: Mapping[Loc, str]) -> str:
     origin = _origin(loc, origins)
     if origin is None:
         return config_env.shown(loc) or "(top level)"
-    rest = config_env.shown(loc[len(origin):])
+    rest = config_env.shown(loc[len(origin) :])
     return origins[origin] + (rest if rest.startswith("[") or not rest else f".{rest}")
 
 
@@ -274,7 +332,8 @@ def _dates(value: Any, loc: Loc) -> Iterator[Loc]:
 
 
 def _resolve_relative(data: dict[str, Any], base: Path) -> None:
-    """Relative paths in a config file mean relative to that file, as users expect of /etc configs."""
+    """Relative paths in a config file mean relative to that file, as users expect of /etc
+    configs."""
     if isinstance(data.get("state_dir"), str):  # anything else: validation names the key
         data["state_dir"] = str(base / Path(data["state_dir"]).expanduser())
     output = data.get("output")
@@ -286,9 +345,16 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> None:
             for key in ("path", "quarantine_dir"):
                 if isinstance(inbox.get(key), str):
                     inbox[key] = str(base / Path(inbox[key]).expanduser())
-    for hook in data.get("hook", []) or []:  # a program named by a path, not a bare name looked up on PATH
+    for hook in (
+        data.get("hook", []) or []
+    ):  # a program named by a path, not a bare name looked up on PATH
         command = hook.get("command") if isinstance(hook, dict) else None
-        if isinstance(command, list) and command and isinstance(command[0], str) and "/" in command[0]:
+        if (
+            isinstance(command, list)
+            and command
+            and isinstance(command[0], str)
+            and "/" in command[0]
+        ):
             hook["command"] = [str(base / Path(command[0]).expanduser()), *command[1:]]
 
 
@@ -300,10 +366,12 @@ def from_mapping(
     mode still takes text for a path and an array for a tuple, as TOML writes them."""
     origins = origins or {}
     if problems := list(_misshapen(data)):
-        raise ConfigError("\n".join(
-            f"{_where(source, loc, origins)}: {_named(loc, origins)}: {text}"
-            for loc, text in problems
-        ))  # fmt: skip
+        raise ConfigError(
+            "\n".join(
+                f"{_where(source, loc, origins)}: {_named(loc, origins)}: {text}"
+                for loc, text in problems
+            )
+        )
     text = json.dumps({**data, "source_file": str(source) if source else None})
     try:
         return Config.model_validate_json(text, strict=True)

@@ -68,7 +68,6 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-
 def no_zero_for_auto(value: object) -> object:
     """``0``, the old spelling of "automatic", stops the load naming its key, so a file written for
     that meaning never silently gets another."""

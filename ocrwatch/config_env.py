@@ -29,14 +29,25 @@ else:  # the same parser, before it joined the standard library
 
 PREFIX = "OCRWATCH_"
 
-OTHER_USES = frozenset({
-    "OCRWATCH_CONFIG",  # the configuration file (config.load)
-    "OCRWATCH_STATUS", "OCRWATCH_SOURCE", "OCRWATCH_ORIGINAL", "OCRWATCH_JSON", "OCRWATCH_MD",
-    # set for hook programs (hooks), so a daemon or command a hook starts finds them
-    "OCRWATCH_FAST_ENCODER", "OCRWATCH_ENCODER_GRAPHS", "OCRWATCH_NGRAM_GPU", "OCRWATCH_LANES",
-    # set for vLLM's processes (engines.deepseek.plugin), so a reload in the daemon finds them
-    "OCRWATCH_CORPUS", "OCRWATCH_TEST_WORKERS", "OCRWATCH_CRASH_SEED",  # the test suite's own
-})  # fmt: skip
+OTHER_USES = frozenset(
+    {
+        "OCRWATCH_CONFIG",  # the configuration file (config.load)
+        "OCRWATCH_STATUS",
+        "OCRWATCH_SOURCE",
+        "OCRWATCH_ORIGINAL",
+        "OCRWATCH_JSON",
+        "OCRWATCH_MD",
+        # set for hook programs (hooks), so a daemon or command a hook starts finds them
+        "OCRWATCH_FAST_ENCODER",
+        "OCRWATCH_ENCODER_GRAPHS",
+        "OCRWATCH_NGRAM_GPU",
+        "OCRWATCH_LANES",
+        # set for vLLM's processes (engines.deepseek.plugin), so a reload in the daemon finds them
+        "OCRWATCH_CORPUS",
+        "OCRWATCH_TEST_WORKERS",
+        "OCRWATCH_CRASH_SEED",  # the test suite's own
+    }
+)
 """``OCRWATCH_`` variables that are not keys: read or set by ocrwatch for another purpose."""
 
 Loc = tuple[str | int, ...]
@@ -96,7 +107,7 @@ def _fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
 
 
 def _resolve(model: type[BaseModel], name: str) -> tuple[Loc, FieldInfo]:
-    found = _walk(model, name[len(PREFIX):], ())
+    found = _walk(model, name[len(PREFIX) :], ())
     if found is None:
         known = [PREFIX + variable for variable, _ in names(model)]
         close = difflib.get_close_matches(name, known, n=1)
@@ -123,7 +134,7 @@ def _walk(model: type[BaseModel], rest: str, loc: Loc) -> tuple[Loc, FieldInfo] 
             return (*loc, key), field
         if not rest.startswith(upper + "_"):
             continue
-        tail = rest[len(upper) + 1:]
+        tail = rest[len(upper) + 1 :]
         if (inner := _table(field.annotation)) is not None:
             if (found := _walk(inner, tail, (*loc, key))) is not None:
                 return found

@@ -94,8 +94,13 @@ def toml_value(value: Any) -> str:
 
 
 def _comment(text: str, lead: str = "") -> list[str]:
-    return textwrap.wrap(text, WIDTH - len(lead) - 2, break_on_hyphens=False,
-                         initial_indent=f"{lead}# ", subsequent_indent=f"{lead}# ")
+    return textwrap.wrap(
+        text,
+        WIDTH - len(lead) - 2,
+        break_on_hyphens=False,
+        initial_indent=f"{lead}# ",
+        subsequent_indent=f"{lead}# ",
+    )
 
 
 def _description(loc: str, field: FieldInfo) -> str:
@@ -111,8 +116,10 @@ def _keys(model: type[BaseModel], where: str, off: bool) -> Iterator[str]:
     for key, field in _fields(model):
         if _is_table(field) or (model is Config and config_env.tables(field.annotation)):
             continue
-        yield from (line.replace("# ", lead + "# ", 1) if off else line
-                    for line in _comment(_description(f"{where}{key}", field)))
+        yield from (
+            line.replace("# ", lead + "# ", 1) if off else line
+            for line in _comment(_description(f"{where}{key}", field))
+        )
         value = _default(field)
         if value is None:
             if not field.examples:
@@ -165,8 +172,11 @@ def _rows(model: type[BaseModel], where: str) -> Iterator[str]:
             yield from _rows(inner, f"[[{key}]]")
             continue
         section, _, leaf = name.rpartition(".") if where else ("", "", name)
-        shown = f"`{where if where.startswith('[[') else '[' + section + ']'} {leaf}`" if where \
+        shown = (
+            f"`{where if where.startswith('[[') else '[' + section + ']'} {leaf}`"
+            if where
             else f"`{leaf}`"
+        )
         value = _default(field)
         default = "unset" if value is None else f"`{toml_value(value)}`".replace("\n", " ")
         text = _description(name, field).replace("|", "\\|")

@@ -1,10 +1,13 @@
-"""The daemon's life cycle: ``startup`` → ``main_loop`` → ``shutdown``, as gunicorn's arbiter runs its own.
+"""The daemon's life cycle: ``startup`` → ``main_loop`` → ``shutdown``, as gunicorn's arbiter runs
+its
+own.
 
-Start-up locks the state directory, opens the control socket (``control``: ``ocrwatch status``, ``retry`` and
-``ocr`` talk to the daemon through it), resumes what the ledger left unfinished, composes the sources with their
-sinks and tells systemd it is ready. Signal handlers only set events; the main loop and the shutdown act on
-them: SIGTERM or SIGINT drains and stops, SIGHUP reloads the inboxes, and a second SIGINT exits at once.
-A document's own steps live in ``pipeline``; the engine's supervision in ``supervisor``.
+Start-up locks the state directory, opens the control socket (``control``: ``ocrwatch status``,
+``retry`` and ``ocr`` talk to the daemon through it), resumes what the ledger left unfinished,
+composes the sources with their sinks and tells systemd it is ready. Signal handlers only set
+events; the main loop and the shutdown act on them: SIGTERM or SIGINT drains and stops, SIGHUP
+reloads the inboxes, and a second SIGINT exits at once. A document's own steps live in ``pipeline``;
+the engine's supervision in ``supervisor``.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ from ocrwatch.written import Written
 log = structlog.get_logger()
 
 FORCED_EXIT_CODE = 130  # as a shell reports a process ended by SIGINT
-# What the user must fix before a start can succeed (a broken ledger, a read-only state_dir, a second daemon):
-# the unit's RestartPreventExitStatus names it, so systemd does not restart into the same error.
+# What the user must fix before a start can succeed (a broken ledger, a read-only state_dir, a
+# second daemon): the unit's RestartPreventExitStatus names it, so systemd does not restart into the
+# same error.
 USAGE_EXIT_CODE = 2
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -54,15 +58,18 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 class SignalCatcher:
     """Catches ``SIGNALS`` with a Python-level handler that schedules ``handle`` on the loop.
 
-    Not ``loop.add_signal_handler``: asyncio learns of such a signal only from the byte Python writes to the
-    loop's self-pipe, the pipe every ``call_soon_threadsafe`` writes to as well, and when threads fill it the
-    byte is dropped ("Exception ignored when trying to write to the signal wakeup fd") and the signal with it.
-    A Python-level handler runs whatever became of that byte, at the main thread's next bytecode; the wakeup
-    descriptor is a socket of its own, written only by signals, so it wakes a loop asleep in its selector.
-    Installed and removed from the main thread, on the running loop.
+    Not ``loop.add_signal_handler``: asyncio learns of such a signal only from the byte Python
+    writes to the loop's self-pipe, the pipe every ``call_soon_threadsafe`` writes to as well, and
+    when threads fill it the byte is dropped ("Exception ignored when trying to write to the signal
+    wakeup fd") and the signal with it. A Python-level handler runs whatever became of that byte, at
+    the main thread's next bytecode; the wakeup descriptor is a socket of its own, written only by
+    signals, so it wakes a loop asleep in its selector. Installed and removed from the main thread,
+    on the running loop.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[signal.Signals], None]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, handle: Callable[[signal.Signals], None]
+    ) -> None:
         self._loop = loop
         self._handle = handle
         self._reader, self._writer = socket.socketpair()
@@ -77,7 +84,9 @@ class SignalCatcher:
         self._previous = {sig: signal.signal(sig, self._caught) for sig in SIGNALS}
 
     def uninstall(self) -> None:
-        """The handlers found at ``install`` back (a test's process lives on); a signal from now on is theirs."""
+        """The handlers found at ``install`` back (a test's process lives on); a signal from now on
+        is
+        theirs."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         signal.set_wakeup_fd(self._previous_fd)
@@ -90,14 +99,16 @@ class SignalCatcher:
             self._loop.call_soon_threadsafe(self._handle, signal.Signals(signum))
 
     def _drain(self) -> None:
-        """The wakeup bytes have done their work (the loop is awake); the handler has the signal itself."""
+        """The wakeup bytes have done their work (the loop is awake); the handler has the signal
+        itself."""
         with contextlib.suppress(OSError):
             while self._reader.recv(4096):
                 pass
 
 
 class Daemon:
-    """One running ``ocrwatch run``: owns the ledger, the pipeline, the health endpoint and the signals."""
+    """One running ``ocrwatch run``: owns the ledger, the pipeline, the health endpoint and the
+    signals."""
 
     def __init__(self, cfg: Config, config_path: Path | None = None) -> None:
         self.cfg = cfg
@@ -121,8 +132,10 @@ class Daemon:
         self._signals: SignalCatcher | None = None
 
     async def serve(self) -> int:
-        """Run until stopped; 0 after a clean stop, 2 when start-up found something only the user can fix and 1
-        for a start-up fault that a later start may not meet again, each said in one log line."""
+        """Run until stopped; 0 after a clean stop, 2 when start-up found something only the user
+        can
+        fix and 1 for a start-up fault that a later start may not meet again, each said in one log
+        line."""
         try:
             try:
                 await self.startup()
@@ -138,7 +151,7 @@ class Daemon:
                     self._signals.uninstall()
         return 0
 
-    # --- start-up ---------------------------------------------------------------------------------------------
+    # --- start-up ---------------------------------------------------------------------------------
 
     async def startup(self) -> None:
         cfg = self.cfg
@@ -146,44 +159,66 @@ class Daemon:
         self._spawn(self._exit_when_forced(), "forced-exit")
         self._spawn(self.lag_probe.run(), "loop-lag-probe")
         self._prepare_state_dir()
-        await asyncio.to_thread(checks.preflight, cfg)  # what only the user can fix stops the start (exit 2)
+        await asyncio.to_thread(
+            checks.preflight, cfg
+        )  # what only the user can fix stops the start (exit 2)
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
         await self._open_control()
         if cfg.metrics.enabled:
-            self.health = HealthServer(self.metrics, cfg.metrics.listen, lambda: self._ready, self._update_gauges)
+            self.health = HealthServer(
+                self.metrics, cfg.metrics.listen, lambda: self._ready, self._update_gauges
+            )
             await self.health.start()
         self.pipeline = Pipeline(cfg, self.ledger, self.metrics)
         await self.pipeline.start()
         self._add_sources(self.pipeline)
-        self._taking_work.set()  # before the ledger is read: a retry meanwhile starts its jobs itself
+        # before the ledger is read: a retry meanwhile starts its jobs itself
+        self._taking_work.set()
         resumed = await self.resume()
-        await self.pipeline.hooks.start()  # after resume: it marks done the jobs whose sidecars were written
+        await (
+            self.pipeline.hooks.start()
+        )  # after resume: it marks done the jobs whose sidecars were written
         self._spawn(intake.serve(self.outbox, self.pipeline.submit, self.pipeline.reject), "intake")
         for source in self.pipeline.sources.values():
             await source.start(self.outbox)
         self._ready = True
         sd_notify("READY=1")
         self._spawn(self._health_tick(), "health-tick")
-        log.info("daemon_ready", inboxes=[str(i.path) for i in cfg.inbox], s3=len(cfg.s3), resumed=resumed)
+        log.info(
+            "daemon_ready",
+            inboxes=[str(i.path) for i in cfg.inbox],
+            s3=len(cfg.s3),
+            resumed=resumed,
+        )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         self._background.append(asyncio.create_task(coroutine, name=name))
 
     def _add_sources(self, pipeline: Pipeline) -> None:
-        """The inboxes as one local source writing beside each file; each ``[[s3]]`` as a source of its own
-        (SQS or webhook), whose sink shares its S3 client and its threads."""
+        """The inboxes as one local source writing beside each file; each ``[[s3]]`` as a source of
+        its
+        own (SQS or webhook), whose sink shares its S3 client and its threads."""
         cfg = self.cfg
         template = cfg.output.name_template
         self.local = LocalSource(
-            cfg.inbox, reconcile_seconds=cfg.daemon.reconcile_seconds, name_template=template,
-            lapsed=pipeline.admission.lapsed, metrics=self.metrics,
+            cfg.inbox,
+            reconcile_seconds=cfg.daemon.reconcile_seconds,
+            name_template=template,
+            lapsed=pipeline.admission.lapsed,
+            metrics=self.metrics,
         )
         written = Written(pipeline.ledger) if pipeline.ledger is not None else None
-        pipeline.archive.written, self.local.owns_output = written, output_judge(written)  # the record decides
-        pipeline.add_source(self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox, written))
+        pipeline.archive.written, self.local.owns_output = (
+            written,
+            output_judge(written),
+        )  # the record decides
+        pipeline.add_source(
+            self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox, written)
+        )
         if not cfg.s3:
             return
-        # Imported only when a bucket is configured: boto3 costs start-up time and memory a folder watcher lacks.
+        # Imported only when a bucket is configured: boto3 costs start-up time and memory a folder
+        # watcher lacks.
         from ocrwatch.sinks.s3 import S3Sink
         from ocrwatch.sources.s3 import S3Source
         from ocrwatch.sources.webhook import WebhookSource
@@ -191,48 +226,67 @@ class Daemon:
         for index, s3cfg in enumerate(cfg.s3):
             source: S3Source | WebhookSource | AmqpSource
             if s3cfg.transport == "amqp":
-                from ocrwatch.sources.amqp import AmqpSource  # aio-pika: only where a queue is consumed
+                from ocrwatch.sources.amqp import (
+                    AmqpSource,
+                )  # aio-pika: only where a queue is consumed
 
                 source = AmqpSource(
-                    s3cfg, name=f"s3:{index}", limits=cfg.limits, name_template=template,
-                    max_inflight=pipeline.active_documents, metrics=self.metrics, index=index,
+                    s3cfg,
+                    name=f"s3:{index}",
+                    limits=cfg.limits,
+                    name_template=template,
+                    max_inflight=pipeline.active_documents,
+                    metrics=self.metrics,
+                    index=index,
                 )
             elif s3cfg.transport == "webhook":
                 source = WebhookSource(s3cfg, name=f"s3:{index}", limits=cfg.limits)
             else:
                 source = S3Source(
-                    s3cfg, name=f"s3:{index}", limits=cfg.limits, max_inflight=pipeline.active_documents
+                    s3cfg,
+                    name=f"s3:{index}",
+                    limits=cfg.limits,
+                    max_inflight=pipeline.active_documents,
                 )
             pipeline.add_source(source, S3Sink(s3cfg, source.client, template), source.executor)
 
     def _prepare_state_dir(self) -> None:
-        """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the start with its
-        name rather than failing every document later."""
+        """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the
+        start
+        with its name rather than failing every document later."""
         state = self.cfg.state_dir
         try:
-            make_private_dirs(state)  # as `ocrwatch ocr` makes it: 0700, and any missing parents too
+            make_private_dirs(
+                state
+            )  # as `ocrwatch ocr` makes it: 0700, and any missing parents too
             self._lock_state_dir()
-            _reset_private_dir(state / "tmp")  # what sessions killed with the last process left behind
+            _reset_private_dir(
+                state / "tmp"
+            )  # what sessions killed with the last process left behind
             for folder in (state, state / "tmp"):
                 tempfile.TemporaryFile(dir=folder).close()
         except OSError as exc:
             raise StateUnusable(
                 f"state_dir: {exc.filename or state} cannot be written: {exc.strerror or exc}",
-                hint=f"make {state} writable by the user ocrwatch runs as (on a writable filesystem), "
+                hint=f"make {state} writable by the user ocrwatch runs as (on a writable "
+                "filesystem), "
                 "or point state_dir at another folder",
             ) from None
 
     def _lock_state_dir(self) -> None:
-        """One daemon per state directory: a second would process every document twice. Released by the kernel
-        whenever this process ends, ``kill -9`` included. Tried for a second: a client probing whether a daemon
-        runs (``control.daemon_holds``) holds it for an instant."""
+        """One daemon per state directory: a second would process every document twice. Released by
+        the
+        kernel whenever this process ends, ``kill -9`` included. Tried for a second: a client
+        probing whether a daemon runs (``control.daemon_holds``) holds it for an instant."""
         path = self.cfg.state_dir / LOCK_NAME
         lock = open(path, "a", opener=open_private)  # noqa: SIM115 - held for the process's life
         try:
             for attempt in tenacity.Retrying(
-                retry=tenacity.retry_if_exception_type(BlockingIOError), stop=tenacity.stop_after_delay(1.0),
-                wait=tenacity.wait_fixed(0.05), reraise=True,
-            ):  # fmt: skip
+                retry=tenacity.retry_if_exception_type(BlockingIOError),
+                stop=tenacity.stop_after_delay(1.0),
+                wait=tenacity.wait_fixed(0.05),
+                reraise=True,
+            ):
                 with attempt:
                     fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -244,23 +298,27 @@ class Daemon:
         self._state_lock = lock
 
     async def _open_control(self) -> None:
-        """The control socket, right after the lock: a client that finds the lock held finds the socket too."""
+        """The control socket, right after the lock: a client that finds the lock held finds the
+        socket
+        too."""
         self.control = ControlServer(self.cfg.state_dir, self)
         try:
             await self.control.start()
         except OSError as exc:
             raise StateUnusable(
-                f"state_dir: the control socket {self.control.path} cannot be created: {exc.strerror or exc}",
+                f"state_dir: the control socket {self.control.path} cannot be created: "
+                f"{exc.strerror or exc}",
                 hint="put state_dir on a local filesystem that can hold Unix sockets",
             ) from None
 
     async def resume(self) -> int:
-        """Let every unfinished job of the ledger start (at start, and after ``ocrwatch retry``): they wait in
-        the ledger for a slot (``Pipeline.resume``); how many."""
+        """Let every unfinished job of the ledger start (at start, and after ``ocrwatch retry``):
+        they
+        wait in the ledger for a slot (``Pipeline.resume``); how many."""
         assert self.pipeline is not None
         return await self.pipeline.resume()
 
-    # --- what the control channel asks (``control.Host``) -----------------------------------------------------
+    # --- what the control channel asks (``control.Host``) -----------------------------------------
 
     def state(self) -> str:
         if self._stop.is_set():
@@ -271,7 +329,10 @@ class Daemon:
         return self.pipeline if self.state() == "running" else None
 
     async def wait_taking_work(self) -> Pipeline | None:
-        waits = [asyncio.create_task(self._taking_work.wait()), asyncio.create_task(self._stop.wait())]
+        waits = [
+            asyncio.create_task(self._taking_work.wait()),
+            asyncio.create_task(self._stop.wait()),
+        ]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -279,7 +340,7 @@ class Daemon:
                 task.cancel()
         return self.taking_work()
 
-    # --- signals: handlers only set events --------------------------------------------------------------------
+    # --- signals: handlers only set events --------------------------------------------------------
 
     def _install_signals(self) -> None:
         self._signals = SignalCatcher(asyncio.get_running_loop(), self._on_signal)
@@ -294,13 +355,13 @@ class Daemon:
         self._stop.set()
 
     async def _exit_when_forced(self) -> None:
-        """Acts on a second interrupt at any moment (start-up, running or draining), without any clean-up:
-        whatever was unfinished stays so in the ledger and resumes at the next start."""
+        """Acts on a second interrupt at any moment (start-up, running or draining), without any
+        clean-up: whatever was unfinished stays so in the ledger and resumes at the next start."""
         await self._force.wait()
         log.warning("forced_exit")
         os._exit(FORCED_EXIT_CODE)
 
-    # --- running ----------------------------------------------------------------------------------------------
+    # --- running ----------------------------------------------------------------------------------
 
     async def main_loop(self) -> None:
         while not self._stop.is_set():
@@ -314,7 +375,8 @@ class Daemon:
                 await self.reload()
 
     async def reload(self) -> None:
-        """SIGHUP: re-read the file; inboxes are added or removed live, other changes need a restart."""
+        """SIGHUP: re-read the file; inboxes are added or removed live, other changes need a
+        restart."""
         sd_notify("RELOADING=1")
         try:
             new = config_module.load(self.config_path)
@@ -326,7 +388,9 @@ class Daemon:
             sd_notify("READY=1")
             return
         changed = [
-            name for name in type(new).model_fields if name != "inbox" and getattr(new, name) != getattr(self.cfg, name)
+            name
+            for name in type(new).model_fields
+            if name != "inbox" and getattr(new, name) != getattr(self.cfg, name)
         ]
         self.cfg = self.cfg.model_copy(update={"inbox": new.inbox})
         if self.pipeline is not None:
@@ -337,28 +401,35 @@ class Daemon:
         sd_notify("READY=1")
 
     async def _health_tick(self) -> None:
-        """Gauges and the event loop's lag, refreshed; systemd's watchdog fed only while the loop keeps up."""
+        """Gauges and the event loop's lag, refreshed; systemd's watchdog fed only while the loop
+        keeps
+        up."""
         interval = watchdog_interval(self.cfg.daemon.health_interval_seconds)
         while True:
             start = time.monotonic()
             await asyncio.sleep(interval)
             lag = time.monotonic() - start - interval
             self.metrics.loop_lag.set(max(self.lag_probe.take_worst(), lag, 0.0))
-            self._gpus = await asyncio.to_thread(gpu_memory_used)  # NVML: blocking, and per tick is enough
+            self._gpus = await asyncio.to_thread(
+                gpu_memory_used
+            )  # NVML: blocking, and per tick is enough
             self._update_gauges()
             if lag < max(interval, 1.0):
                 sd_notify("WATCHDOG=1")
 
     def _update_gauges(self) -> None:
-        if self.pipeline is not None:  # None while the engine warms up: /metrics already answers then
+        if (
+            self.pipeline is not None
+        ):  # None while the engine warms up: /metrics already answers then
             self.pipeline.update_gauges()
         for gpu, used in self._gpus.items():
             self.metrics.gpu_memory.labels(gpu=gpu).set(used)
 
-    # --- shutdown ---------------------------------------------------------------------------------------------
+    # --- shutdown ---------------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
-        """Stop taking work, let running jobs finish for ``shutdown_timeout``, then close everything."""
+        """Stop taking work, let running jobs finish for ``shutdown_timeout``, then close
+        everything."""
         sd_notify("STOPPING=1")
         self._ready = False
         log.info("daemon_stopping")

@@ -26,8 +26,16 @@ import structlog
 import tenacity
 
 from ocrwatch.errors import (
-    SQLITE_BUSY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_LOCKED, SQLITE_NOTADB, ConfigError, DiskFull,
-    OcrwatchError, TransientError, sqlite_code,
+    SQLITE_BUSY,
+    SQLITE_CORRUPT,
+    SQLITE_FULL,
+    SQLITE_LOCKED,
+    SQLITE_NOTADB,
+    ConfigError,
+    DiskFull,
+    OcrwatchError,
+    TransientError,
+    sqlite_code,
 )
 
 T = TypeVar("T")
@@ -146,8 +154,9 @@ def migrate(
 def migrate_versioned(
     conn: sqlite3.Connection, table: str, steps: Sequence[Migration], *, path: Path, what: str
 ) -> None:
-    """``migrate`` for a set of tables that keeps its version in a one-row table of its own (``table``),
-    beside the ledger's ``user_version``: the hook deliveries, the record of outputs."""
+    """``migrate`` for a set of tables that keeps its version in a one-row table of its own
+    (``table``), beside the ledger's ``user_version``: the hook deliveries, the record of
+    outputs."""
     conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
     row = conn.execute(f"SELECT version FROM {table}").fetchone()
     migrate(conn, steps, 0 if row is None else int(row[0]), path=path, what=what)

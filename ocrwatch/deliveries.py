@@ -2,19 +2,19 @@
 
 A document's result is recorded here as an *event* (its status, where its source and sidecars are,
 where the source was dropped, the JSON sent to the hooks) with one *delivery* per hook that wants
-that status. The pipeline records the event **held**, by a
-token of its process, before it writes the sidecars, and releases it once the ledger knows the document is
-finished; only released deliveries run. A process killed between the two leaves the event held: the next
-start releases it when the ledger's row reached the event's final state (the sidecars were written), and
-drops it otherwise (the document runs again and records a new one). So a hook runs at least once for every
+that status. The pipeline records the event **held**, by a token of its process, before it writes
+the sidecars, and releases it once the ledger knows the document is finished; only released
+deliveries run. A process killed between the two leaves the event held: the next start releases it
+when the ledger's row reached the event's final state (the sidecars were written), and drops it
+otherwise (the document runs again and records a new one). So a hook runs at least once for every
 result that was published, and never for one that was not.
 
-The tables sit beside the ledger's ``jobs`` but have their own schema version (table ``hook_schema``), so the
-ledger's ``user_version`` stays the ledger's. They are read and written through the ``Ledger`` itself, on its
-connection and its one transaction helper: blocking, thread-safe methods, each one write transaction, retried
-whole while another connection holds the write lock. Where the sidecars are (``json``, ``md``) is
-kept as the path's bytes (``os.fsencode``, a BLOB): a file name need not be UTF-8, and SQLite's
-TEXT cannot hold one that is not.
+The tables sit beside the ledger's ``jobs`` but have their own schema version (table
+``hook_schema``), so the ledger's ``user_version`` stays the ledger's. They are read and written
+through the ``Ledger`` itself, on its connection and its one transaction helper: blocking,
+thread-safe methods, each one write transaction, retried whole while another connection holds the
+write lock. Where the sidecars are (``json``, ``md``) is kept as the path's bytes (``os.fsencode``,
+a BLOB): a file name need not be UTF-8, and SQLite's TEXT cannot hold one that is not.
 """
 
 from __future__ import annotations
@@ -113,22 +113,35 @@ class Deliveries:
         try:
             self.transact(self._migrate)
         except sqlite3.DatabaseError as exc:
-            raise StateUnusable(f"the ledger {ledger.path} cannot hold hook deliveries: {exc}") from None
+            raise StateUnusable(
+                f"the ledger {ledger.path} cannot hold hook deliveries: {exc}"
+            ) from None
 
     def hold(
-        self, token: str, key: str, status: str, source: str, json: str, md: str, payload: bytes,
+        self,
+        token: str,
+        key: str,
+        status: str,
+        source: str,
+        json: str,
+        md: str,
+        payload: bytes,
         hooks: Sequence[str],
-    ) -> int:  # fmt: skip
-        """Record a result not yet published, with a pending delivery per hook; its id. An event of the same
-        document that this process still holds is superseded (that attempt failed before publishing), and the
-        document's finished events are forgotten: only its latest result's deliveries are kept."""
+    ) -> int:
+        """Record a result not yet published, with a pending delivery per hook; its id. An event of
+        the
+        same document that this process still holds is superseded (that attempt failed before
+        publishing), and the document's finished events are forgotten: only its latest result's
+        deliveries are kept."""
 
         def tx(conn: sqlite3.Connection) -> int:
             stale = [
                 row[0]
                 for row in conn.execute(
-                    "SELECT e.id FROM hook_events e WHERE e.key = ? AND (e.held_by = ? OR (e.held_by IS NULL AND NOT"
-                    " EXISTS (SELECT 1 FROM hook_deliveries d WHERE d.event = e.id AND d.state = 'pending')))",
+                    "SELECT e.id FROM hook_events e WHERE e.key = ? AND (e.held_by = ? OR "
+                    "(e.held_by IS NULL AND NOT"
+                    " EXISTS (SELECT 1 FROM hook_deliveries d WHERE d.event = e.id AND d.state = "
+                    "'pending')))",
                     (key, token),
                 )
             ]
@@ -137,12 +150,22 @@ class Deliveries:
             event = conn.execute(
                 "INSERT INTO hook_events (key, status, source, original, json, md, payload,"
                 " held_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, status, source, source, os.fsencode(json), os.fsencode(md), payload, token,
-                 now),  # fmt: skip
+                (
+                    key,
+                    status,
+                    source,
+                    source,
+                    os.fsencode(json),
+                    os.fsencode(md),
+                    payload,
+                    token,
+                    now,
+                ),
             ).lastrowid
             assert event is not None
             conn.executemany(
-                "INSERT INTO hook_deliveries (event, hook, state, updated_at) VALUES (?, ?, 'pending', ?)",
+                "INSERT INTO hook_deliveries (event, hook, state, updated_at) VALUES (?, ?, "
+                "'pending', ?)",
                 [(event, hook, now) for hook in hooks],
             )
             return event
@@ -151,8 +174,9 @@ class Deliveries:
 
     def release(self, event: int, moved: Mapping[str, str] | None = None) -> list[str]:
         """Publish a held event: its deliveries may run. ``moved``: where its source (``source``)
-        and its ``json`` and ``md`` sidecars are now (``archive.apply_on_success``: ``on_success`` took them),
-        recorded first. The hooks with a pending delivery of it."""
+        and
+        its ``json`` and ``md`` sidecars are now (``archive.apply_on_success``: ``on_success`` took
+        them), recorded first. The hooks with a pending delivery of it."""
         columns, values = _moved(moved or {})
 
         def tx(conn: sqlite3.Connection) -> list[str]:
@@ -162,7 +186,9 @@ class Deliveries:
             return [
                 row[0]
                 for row in conn.execute(
-                    "SELECT hook FROM hook_deliveries WHERE event = ? AND state = 'pending' ORDER BY hook", (event,)
+                    "SELECT hook FROM hook_deliveries WHERE event = ? AND state = 'pending' ORDER "
+                    "BY hook",
+                    (event,),
                 )
             ]
 
@@ -186,12 +212,14 @@ class Deliveries:
         self.transact(lambda conn: _delete(conn, [event]))
 
     def held_elsewhere(self, token: str) -> list[tuple[int, str, str]]:
-        """Events held by other processes (ended before releasing them): id, document key, status."""
+        """Events held by other processes (ended before releasing them): id, document key,
+        status."""
         return self.transact(
             lambda conn: [
                 (row["id"], row["key"], row["status"])
                 for row in conn.execute(
-                    "SELECT id, key, status FROM hook_events WHERE held_by IS NOT NULL AND held_by != ? ORDER BY id",
+                    "SELECT id, key, status FROM hook_events WHERE held_by IS NOT NULL AND "
+                    "held_by != ? ORDER BY id",
                     (token,),
                 )
             ]
@@ -203,7 +231,8 @@ class Deliveries:
             lambda conn: [
                 (row[0], row[1])
                 for row in conn.execute(
-                    "SELECT d.hook, d.event FROM hook_deliveries d JOIN hook_events e ON e.id = d.event"
+                    "SELECT d.hook, d.event FROM hook_deliveries d JOIN hook_events e ON e.id = "
+                    "d.event"
                     " WHERE d.state = 'pending' AND e.held_by IS NULL ORDER BY d.event, d.hook"
                 )
             ]
@@ -220,10 +249,18 @@ class Deliveries:
             if row is None:
                 return None
             return Delivery(
-                event, hook, row["key"], row["status"], row["source"], row["original"],
-                os.fsdecode(row["json"]), os.fsdecode(row["md"]), bytes(row["payload"] or b""),
-                row["state"], row["attempts"],
-            )  # fmt: skip
+                event,
+                hook,
+                row["key"],
+                row["status"],
+                row["source"],
+                row["original"],
+                os.fsdecode(row["json"]),
+                os.fsdecode(row["md"]),
+                bytes(row["payload"] or b""),
+                row["state"],
+                row["attempts"],
+            )
 
         return self.transact(tx)
 
@@ -232,10 +269,13 @@ class Deliveries:
 
         def tx(conn: sqlite3.Connection) -> int:
             conn.execute(
-                "UPDATE hook_deliveries SET attempts = attempts + 1, updated_at = ? WHERE event = ? AND hook = ?",
+                "UPDATE hook_deliveries SET attempts = attempts + 1, updated_at = ? WHERE event = "
+                "? AND hook = ?",
                 (time.time(), event, hook),
             )
-            row = conn.execute("SELECT attempts FROM hook_deliveries WHERE event = ? AND hook = ?", (event, hook))
+            row = conn.execute(
+                "SELECT attempts FROM hook_deliveries WHERE event = ? AND hook = ?", (event, hook)
+            )
             return int(row.fetchone()[0])
 
         return self.transact(tx)
@@ -244,17 +284,20 @@ class Deliveries:
         """A clean stop interrupted the attempt: it does not count."""
         self.transact(
             lambda conn: conn.execute(
-                "UPDATE hook_deliveries SET attempts = max(attempts - 1, 0) WHERE event = ? AND hook = ?",
+                "UPDATE hook_deliveries SET attempts = max(attempts - 1, 0) WHERE event = ? AND "
+                "hook = ?",
                 (event, hook),
             )
         )
 
     def finish(self, event: int, hook: str, state: str, error: str | None) -> None:
-        """``done`` or ``failed`` (attempts spent); the payload goes once no delivery of the event waits."""
+        """``done`` or ``failed`` (attempts spent); the payload goes once no delivery of the event
+        waits."""
 
         def tx(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "UPDATE hook_deliveries SET state = ?, last_error = ?, updated_at = ? WHERE event = ? AND hook = ?",
+                "UPDATE hook_deliveries SET state = ?, last_error = ?, updated_at = ? WHERE event "
+                "= ? AND hook = ?",
                 (state, error, time.time(), event, hook),
             )
             conn.execute(
@@ -265,10 +308,12 @@ class Deliveries:
 
         self.transact(tx)
 
-    # --- plumbing ---------------------------------------------------------------------------------------------
+    # --- plumbing ---------------------------------------------------------------------------------
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        migrate_versioned(conn, "hook_schema", _MIGRATIONS, path=self._ledger.path, what="hook schema")
+        migrate_versioned(
+            conn, "hook_schema", _MIGRATIONS, path=self._ledger.path, what="hook schema"
+        )
 
     def transact(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._ledger.transact(body, write=True)  # the ledger's lock, connection and retries
@@ -291,4 +336,3 @@ def _moved(moved: Mapping[str, str]) -> tuple[str, tuple[str | bytes, ...]]:
 def _delete(conn: sqlite3.Connection, events: list[int]) -> None:
     conn.executemany("DELETE FROM hook_deliveries WHERE event = ?", [(event,) for event in events])
     conn.executemany("DELETE FROM hook_events WHERE id = ?", [(event,) for event in events])
-

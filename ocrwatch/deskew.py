@@ -42,8 +42,12 @@ def skew_angle(image: Image.Image) -> float:
     cache: dict[float, float] = {}
     # Only the middle is scored: the corners turned in are empty and would favour the widest turn.
     width, height = ink.size
-    window = (round(width * WINDOW), round(height * WINDOW),
-              round(width * (1 - WINDOW)), round(height * (1 - WINDOW)))  # fmt: skip
+    window = (
+        round(width * WINDOW),
+        round(height * WINDOW),
+        round(width * (1 - WINDOW)),
+        round(height * (1 - WINDOW)),
+    )
 
     def score(angle: float) -> float:
         angle = round(angle, 3)

@@ -1,12 +1,14 @@
-"""The error hierarchy: every failure is either transient (retry later) or permanent (write an error sidecar).
+"""The error hierarchy: every failure is either transient (retry later) or permanent (write an error
+sidecar).
 
-A ``PlaceFault`` is the transient kind that is not the document's doing (a full disk, a folder that cannot be
-written, an object store that does not answer): it is waited out however long it lasts and never
-becomes a failure of the document.
+A ``PlaceFault`` is the transient kind that is not the document's doing (a full disk, a folder that
+cannot be written, an object store that does not answer): it is waited out however long it lasts and
+never becomes a failure of the document.
 
-Each class carries a stable ``kind`` used in logs, the ledger and sidecars, and a ``hint`` that tells the
-user what to do about it. ``classify`` is the one place that maps an arbitrary exception onto this hierarchy,
-and ``quarantined`` the one place that says which failures an inbox's ``quarantine_dir`` takes.
+Each class carries a stable ``kind`` used in logs, the ledger and sidecars, and a ``hint`` that
+tells the user what to do about it. ``classify`` is the one place that maps an arbitrary exception
+onto this hierarchy, and ``quarantined`` the one place that says which failures an inbox's
+``quarantine_dir`` takes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class OcrwatchError(Exception):
     quarantined: bool = False
     """Whether a document failed so goes to its inbox's ``quarantine_dir``: only where its own bytes
     are at fault, so that only a new file can cure it. Any other stays where it was dropped, where
-    the fix its hint names (a file moved away, a setting, a package) and ``ocrwatch retry`` find it."""
+    the fix its hint names (a file moved away, a setting, a package) and ``ocrwatch retry`` find
+    it."""
     path_fault: bool = False
     """Whether the failure was only what the document's path was at that moment (vanished, a link,
     rewritten throughout), so the same file seen again whole at that path is processed again."""
@@ -42,22 +45,29 @@ class OcrwatchError(Exception):
             self.hint = hint
 
     def as_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "message": self.message, "retryable": self.retryable, "hint": self.hint}
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "retryable": self.retryable,
+            "hint": self.hint,
+        }
 
 
 _KINDS: dict[str, type[OcrwatchError]] = {OcrwatchError.kind: OcrwatchError}
-"""Each kind's class, so that a failure known only by its kind (a ledger row's) is judged as its class."""
+"""Each kind's class, so that a failure known only by its kind (a ledger row's) is judged as its
+class."""
 
 
 def quarantined(kind: str | None) -> bool:
-    """Whether a document failed as ``kind`` goes to ``quarantine_dir`` (``OcrwatchError.quarantined``);
-    an unknown kind, or none, stays."""
+    """Whether a document failed as ``kind`` goes to ``quarantine_dir``
+    (``OcrwatchError.quarantined``); an unknown kind, or none, stays."""
     found = _KINDS.get(kind or "")
     return found is not None and found.quarantined
 
 
 def path_fault(kind: str | None) -> bool:
-    """Whether a document failed as ``kind`` failed for its path only (``OcrwatchError.path_fault``)."""
+    """Whether a document failed as ``kind`` failed for its path only
+    (``OcrwatchError.path_fault``)."""
     found = _KINDS.get(kind or "")
     return found is not None and found.path_fault
 
@@ -81,7 +91,7 @@ class ConfigError(OcrwatchError):
     hint = "fix the named key in the configuration file"
 
 
-# --- permanent: the input ----------------------------------------------------------------------------------
+# --- permanent: the input -------------------------------------------------------------------------
 
 
 class EmptyFile(PermanentError):
@@ -98,7 +108,10 @@ class NotADocument(PermanentError):
 
 class EncryptedPdf(PermanentError):
     kind = "encrypted_pdf"
-    hint = "the PDF needs a password to open; remove the password (e.g. qpdf --decrypt) and drop it again"
+    hint = (
+        "the PDF needs a password to open; remove the password (e.g. qpdf --decrypt) and drop "
+        "it again"
+    )
     quarantined = True
 
 
@@ -127,7 +140,10 @@ class TooManyPages(PermanentError):
 
 class TooManyPixels(PermanentError):
     kind = "too_many_pixels"
-    hint = "the page cannot be rendered within [render] max_pixels even at the smallest usable resolution"
+    hint = (
+        "the page cannot be rendered within [render] max_pixels even at the smallest usable "
+        "resolution"
+    )
 
 
 class FileTooLarge(PermanentError):
@@ -138,29 +154,40 @@ class FileTooLarge(PermanentError):
 class NotARegularFile(PermanentError):
     kind = "not_a_regular_file"
     path_fault = True
-    hint = "only regular files inside the inbox are processed (no FIFOs, devices or escaping symlinks)"
+    hint = (
+        "only regular files inside the inbox are processed (no FIFOs, devices or escaping symlinks)"
+    )
 
 
 class NameTooLong(PermanentError):
     kind = "name_too_long"
-    hint = "a sidecar's name would exceed the folder's file-name limit (255 bytes on most filesystems); give the file a shorter name"
+    hint = (
+        "a sidecar's name would exceed the folder's file-name limit (255 bytes on most "
+        "filesystems); give the file a shorter name"
+    )
 
 
 class OutputConflict(PermanentError):
-    """Something ocrwatch did not write holds a sidecar's name: only the user can say what becomes of it."""
+    """Something ocrwatch did not write holds a sidecar's name: only the user can say what becomes
+    of
+    it."""
 
     kind = "output_conflict"
-    hint = "a file or folder that ocrwatch did not write holds a sidecar's name; move it away, then `ocrwatch retry`"
+    hint = (
+        "a file or folder that ocrwatch did not write holds a sidecar's name; move it away, "
+        "then `ocrwatch retry`"
+    )
 
 
 class PageFailed(PermanentError):
-    """Every rung of the retry ladder failed for a page (recorded per page; the document becomes partial)."""
+    """Every rung of the retry ladder failed for a page (recorded per page; the document becomes
+    partial)."""
 
     kind = "page_failed"
     hint = "the model could not produce stable output for this page"
 
 
-# --- transient: the world ------------------------------------------------------------------------------------
+# --- transient: the world -------------------------------------------------------------------------
 
 
 class RenderTimeout(TransientError):
@@ -170,7 +197,10 @@ class RenderTimeout(TransientError):
 
 class RenderFailed(TransientError):
     kind = "render_failed"
-    hint = "the renderer (pdftoppm) was killed while rendering a page, e.g. for memory; retried, then the document fails"
+    hint = (
+        "the renderer (pdftoppm) was killed while rendering a page, e.g. for memory; retried, "
+        "then the document fails"
+    )
 
 
 class EngineFailed(TransientError):
@@ -196,7 +226,10 @@ class SourceGone(PermanentError):
 
 class CrashLoop(PermanentError):
     kind = "crash_loop"
-    hint = "the daemon died repeatedly while processing this document; check the log, then `ocrwatch retry`"
+    hint = (
+        "the daemon died repeatedly while processing this document; check the log, then "
+        "`ocrwatch retry`"
+    )
 
 
 class SourceChanged(TransientError):
@@ -220,21 +253,26 @@ class SourceInUse(TransientError):
 
 
 class PlaceFault(TransientError):
-    """The place is at fault, not the document (a full disk, a folder that cannot be written): retried for as
-    long as it lasts, without using up the document's attempts."""
+    """The place is at fault, not the document (a full disk, a folder that cannot be written):
+    retried
+    for as long as it lasts, without using up the document's attempts."""
 
     kind = "place_fault"
 
 
 class DiskFull(PlaceFault):
     kind = "disk_full"
-    hint = "no space left for sidecars or temporary files; free space, ocrwatch retries until it can write"
+    hint = (
+        "no space left for sidecars or temporary files; free space, ocrwatch retries until it "
+        "can write"
+    )
 
 
 class OutputNotWritable(PlaceFault):
     kind = "output_not_writable"
     hint = (
-        "ocrwatch cannot write there (sidecars beside the source, or state_dir/tmp); make the folder writable "
+        "ocrwatch cannot write there (sidecars beside the source, or state_dir/tmp); make the "
+        "folder writable "
         "or set [output] dir; ocrwatch retries until it can write"
     )
 
@@ -246,10 +284,19 @@ class StorageUnavailable(PlaceFault):
     hint = "the object store or queue did not answer; ocrwatch retries with backoff"
 
 
-# SQLite's primary result codes that ocrwatch tells apart; the sqlite3 module names them from Python 3.11 on.
-SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_NOTADB = 5, 6, 8, 11, 13, 26
+# SQLite's primary result codes that ocrwatch tells apart; the sqlite3 module names them from Python
+# 3.11 on.
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_NOTADB = (
+    5,
+    6,
+    8,
+    11,
+    13,
+    26,
+)
 
-# How each one's message begins (SQLite's own English, fixed): Python 3.10's exceptions carry no code.
+# How each one's message begins (SQLite's own English, fixed): Python 3.10's exceptions carry no
+# code.
 _SQLITE_MESSAGES = {
     "database is locked": SQLITE_BUSY,
     "database table is locked": SQLITE_LOCKED,
@@ -262,7 +309,9 @@ _SQLITE_MESSAGES = {
 
 
 def sqlite_code(exc: BaseException) -> int:
-    """The primary SQLite result code behind ``exc`` (one of those above, or another), 0 when there is none."""
+    """The primary SQLite result code behind ``exc`` (one of those above, or another), 0 when there
+    is
+    none."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return int(code) & 0xFF
@@ -278,13 +327,19 @@ def classify(exc: BaseException) -> OcrwatchError:
         return exc
     if isinstance(exc, FileNotFoundError):
         return SourceGone(str(exc))
-    if isinstance(exc, sqlite3.Error):  # the ledger's folder full or read-only is the place's fault too
+    if isinstance(
+        exc, sqlite3.Error
+    ):  # the ledger's folder full or read-only is the place's fault too
         code = sqlite_code(exc)
         if code == SQLITE_FULL:
             return DiskFull(f"the ledger cannot grow: {exc}")
         if code == SQLITE_READONLY:
-            return OutputNotWritable(f"the ledger cannot be written: {exc}", hint="make state_dir writable")
-    if isinstance(exc, asyncio.TimeoutError):  # an OSError from Python 3.11 on, taken by the branch below
+            return OutputNotWritable(
+                f"the ledger cannot be written: {exc}", hint="make state_dir writable"
+            )
+    if isinstance(
+        exc, asyncio.TimeoutError
+    ):  # an OSError from Python 3.11 on, taken by the branch below
         return TransientError(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -295,4 +350,3 @@ def classify(exc: BaseException) -> OcrwatchError:
             return NameTooLong(str(exc))
         return TransientError(f"{type(exc).__name__}: {exc}")
     return OcrwatchError(f"{type(exc).__name__}: {exc}")
-

@@ -1,14 +1,15 @@
-"""Figures as files: each figure block's region cut out of the rendered page, as a PNG beside the Markdown.
+"""Figures as files: each figure block's region cut out of the rendered page, as a PNG beside the
+Markdown.
 
-DeepSeek-OCR marks a figure with a block of type ``image`` (``figure`` in some outputs) and its box, which
-grounding turns into page pixels and names ``page-N-figure-K``; the Markdown holds the placeholder
-``![](page-N-figure-K)``. The region is cut right after the page is recognised, while the scheduler still holds
-the page image, at the resolution it was rendered at and upright (the image the engine read, turned
-by ``orientation``: a page scanned sideways gives its figures upright, their boxes in that image's
-pixels), and kept as PNG bytes until the document is written: the page image itself is let go as
-usual. Every PNG carries a ``Software: ocrwatch`` text chunk ahead of its pixels, so a sink can tell
-a figure it wrote (left by a write that never reached its JSON) from a user's file by its first bytes.
-Engines without figure blocks (Tesseract) give no figures.
+DeepSeek-OCR marks a figure with a block of type ``image`` (``figure`` in some outputs) and its box,
+which grounding turns into page pixels and names ``page-N-figure-K``; the Markdown holds the
+placeholder ``![](page-N-figure-K)``. The region is cut right after the page is recognised, while
+the scheduler still holds the page image, at the resolution it was rendered at and upright (the
+image the engine read, turned by ``orientation``: a page scanned sideways gives its figures upright,
+their boxes in that image's pixels), and kept as PNG bytes until the document is written: the page
+image itself is let go as usual. Every PNG carries a ``Software: ocrwatch`` text chunk ahead of its
+pixels, so a sink can tell a figure it wrote (left by a write that never reached its JSON) from a
+user's file by its first bytes. Engines without figure blocks (Tesseract) give no figures.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class Figure:
 
 
 def crop(image: Image.Image, blocks: Sequence[dict[str, Any]], page: int) -> tuple[Figure, ...]:
-    """The figure blocks' regions of ``image`` (a block without a box, or whose box holds no pixel, gives
-    none: its placeholder stays). Blocking: PNG encoding takes a few ms per figure."""
+    """The figure blocks' regions of ``image`` (a block without a box, or whose box holds no pixel,
+    gives none: its placeholder stays). Blocking: PNG encoding takes a few ms per figure."""
     figures = []
     for block in blocks:
         if block.get("type") not in IMAGE_LABELS or not block.get("bbox") or not block.get("name"):
@@ -69,31 +70,45 @@ def crop(image: Image.Image, blocks: Sequence[dict[str, Any]], page: int) -> tup
 
 
 async def extract(request: PageRequest, result: Any) -> tuple[Figure, ...]:
-    """The scheduler's ``extract`` for ``[output] images = "extract"``: the figures of a page read well, cut in
-    a worker thread. Never raises: a figure that cannot be cut keeps its placeholder, and the page its text."""
+    """The scheduler's ``extract`` for ``[output] images = "extract"``: the figures of a page read
+    well, cut in a worker thread. Never raises: a figure that cannot be cut keeps its placeholder,
+    and the page its text."""
     recognition = getattr(result, "recognition", None)
     if getattr(result, "status", None) != "ok" or recognition is None:
         return ()
-    blocks = [block for block in recognition.blocks if block.get("type") in IMAGE_LABELS and block.get("bbox")]
+    blocks = [
+        block
+        for block in recognition.blocks
+        if block.get("type") in IMAGE_LABELS and block.get("bbox")
+    ]
     if not blocks or request.image is None:
         return ()
     try:
         return await asyncio.to_thread(crop, request.image, blocks, request.page_index + 1)
     except Exception as exc:
-        log.warning("figures_not_extracted", page=request.page_index + 1, kind=classify(exc).kind, error=str(exc))
+        log.warning(
+            "figures_not_extracted",
+            page=request.page_index + 1,
+            kind=classify(exc).kind,
+            error=str(exc),
+        )
         return ()
 
 
 def extractor(images: str) -> Callable[[PageRequest, Any], Awaitable[tuple[Figure, ...]]] | None:
-    """The scheduler's ``extract`` for ``[output] images``: ``extract`` only with ``images = "extract"``."""
+    """The scheduler's ``extract`` for ``[output] images``: ``extract`` only with ``images =
+    "extract"``."""
     return extract if images == "extract" else None
 
 
 def link(markdown: str, figures: Sequence[Figure], assets: str) -> str:
-    """The page's Markdown with each extracted figure's placeholder pointing at its file under ``assets`` (a
-    relative link, percent-encoded, so a name with spaces or brackets stays one link)."""
+    """The page's Markdown with each extracted figure's placeholder pointing at its file under
+    ``assets`` (a relative link, percent-encoded, so a name with spaces or brackets stays one
+    link)."""
     for figure in figures:
-        markdown = markdown.replace(f"![]({figure.name})", f"![]({quote(assets)}/{quote(figure.file)})")
+        markdown = markdown.replace(
+            f"![]({figure.name})", f"![]({quote(assets)}/{quote(figure.file)})"
+        )
     return markdown
 
 

@@ -1,18 +1,19 @@
 """Completion hooks: a program run, or a URL posted to, once a document's final status is known.
 
-Each ``[[hook]]`` gets the document's result JSON (the JSON sidecar for ``ok`` and ``partial``, the error document
-for ``failed``): a ``command`` on its stdin, never through a shell, with ``OCRWATCH_STATUS``,
-``OCRWATCH_SOURCE`` (the source's URI where it is now: ``on_success`` may have moved it, or deleted
-it: empty then), ``OCRWATCH_ORIGINAL`` (its URI where it was dropped), ``OCRWATCH_JSON`` and
-``OCRWATCH_MD`` in its environment; a ``url`` as the body of a POST, with the same three in its
-``Ocrwatch-Status``, ``Ocrwatch-Source`` and ``Ocrwatch-Original`` headers. A zero exit or a 2xx
-answer delivers it; anything else is tried again with backoff (tenacity) up to ``max_attempts``. A hook runs after
-the document is finished, so it never changes the document's status: it has its own log events, counters and
-attempts.
+Each ``[[hook]]`` gets the document's result JSON (the JSON sidecar for ``ok`` and ``partial``, the
+error document for ``failed``): a ``command`` on its stdin, never through a shell, with
+``OCRWATCH_STATUS``, ``OCRWATCH_SOURCE`` (the source's URI where it is now: ``on_success`` may have
+moved it, or deleted it: empty then), ``OCRWATCH_ORIGINAL`` (its URI where it was dropped),
+``OCRWATCH_JSON`` and ``OCRWATCH_MD`` in its environment; a ``url`` as the body of a POST, with the
+same three in its ``Ocrwatch-Status``, ``Ocrwatch-Source`` and ``Ocrwatch-Original`` headers. A zero
+exit or a 2xx answer delivers it; anything else is tried again with backoff (tenacity) up to
+``max_attempts``. A hook runs after the document is finished, so it never changes the document's
+status: it has its own log events, counters and attempts.
 
-Delivery is at least once: the pipeline records each result (``deliveries``) before its sidecars are written and
-releases it once the ledger knows the document is finished; every hook's worker takes released deliveries from
-an in-memory queue, filled from the ledger at start, so what a stop or a crash interrupted runs again.
+Delivery is at least once: the pipeline records each result (``deliveries``) before its sidecars are
+written and releases it once the ledger knows the document is finished; every hook's worker takes
+released deliveries from an in-memory queue, filled from the ledger at start, so what a stop or a
+crash interrupted runs again.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from urllib.parse import quote
 
 import aiohttp
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from ocrwatch.config import HookConfig
 from ocrwatch.deliveries import Deliveries, Delivery
@@ -43,11 +50,19 @@ from ocrwatch.sources.base import Job, key_id
 log = structlog.get_logger()
 
 OUTPUT_TAIL = 2048
-"""Bytes of a command's output (stdout and stderr together) or of a URL's answer kept for the log."""
+"""Bytes of a command's output (stdout and stderr together) or of a URL's answer kept for the
+log."""
 OUTPUT_GRACE = 0.5
 """Seconds a command's output is still read after it exits and its group is killed, for a child
 that left the group (``setsid``) and holds the pipe open."""
-_NOT_INHERITED = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+_NOT_INHERITED = (
+    "NOTIFY_SOCKET",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+)
 """systemd's hand-over to the daemon itself: a hook must not speak for it."""
 
 
@@ -57,7 +72,8 @@ class HookFailed(TransientError):
 
 
 class _Located(Protocol):
-    """``sinks.s3.S3Sink``, not imported here: it brings botocore in, which a folder watcher does without."""
+    """``sinks.s3.S3Sink``, not imported here: it brings botocore in, which a folder watcher does
+    without."""
 
     def location(self, job: Job) -> tuple[str, dict[str, str]]: ...
 
@@ -71,18 +87,23 @@ def sidecar_locations(sink: Sink, job: Job) -> dict[str, str]:
 
 
 class HookRunner:
-    """The configured hooks, their durable deliveries and one worker pool per hook (``concurrency`` each).
+    """The configured hooks, their durable deliveries and one worker pool per hook (``concurrency``
+    each).
 
     With no hook or no ledger (``ocrwatch ocr``) it does nothing: ``hold`` answers None."""
 
-    def __init__(self, hooks: Sequence[HookConfig], ledger: Ledger | None, metrics: Metrics) -> None:
+    def __init__(
+        self, hooks: Sequence[HookConfig], ledger: Ledger | None, metrics: Metrics
+    ) -> None:
         self.hooks = {hook.name: hook for hook in hooks} if ledger is not None else {}
         self._ledger = ledger
         self._store = Deliveries(ledger) if ledger is not None and self.hooks else None
         self._token = secrets.token_hex(8)  # marks the events this process holds
         self._metrics = metrics
         self._queues: dict[str, asyncio.Queue[int]] = {name: asyncio.Queue() for name in self.hooks}
-        self._queued: dict[str, set[int]] = {name: set() for name in self.hooks}  # waiting or running
+        self._queued: dict[str, set[int]] = {
+            name: set() for name in self.hooks
+        }  # waiting or running
         self._workers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()  # workers inside a delivery
         self._stopping = False
@@ -92,12 +113,15 @@ class HookRunner:
                 metrics.hook_deliveries.labels(hook=name, outcome=outcome)
             for result in ("ok", "error"):
                 metrics.hook_attempts.labels(hook=name, result=result)
-            metrics.hook_pending.labels(hook=name).set_function(lambda name=name: len(self._queued[name]))
+            metrics.hook_pending.labels(hook=name).set_function(
+                lambda name=name: len(self._queued[name])
+            )
 
     async def start(self) -> None:
-        """Settle what earlier processes left held, queue every pending delivery and start the workers. Call it
-        after the ledger's unfinished jobs were resumed: a job killed after its sidecars were written is marked
-        done then, which is what tells its held result was published."""
+        """Settle what earlier processes left held, queue every pending delivery and start the
+        workers.
+        Call it after the ledger's unfinished jobs were resumed: a job killed after its sidecars
+        were written is marked done then, which is what tells its held result was published."""
         if self._store is None:
             return
         self._session = aiohttp.ClientSession()
@@ -109,18 +133,29 @@ class HookRunner:
             else:
                 orphans[hook] = orphans.get(hook, 0) + 1
         if orphans:  # kept, so that configuring the hook again delivers them
-            log.warning("hook_deliveries_orphaned", hooks=orphans, hint="no [[hook]] has these names any more")
+            log.warning(
+                "hook_deliveries_orphaned",
+                hooks=orphans,
+                hint="no [[hook]] has these names any more",
+            )
         for hook in self.hooks.values():
             for index in range(hook.concurrency):
-                self._workers.append(asyncio.create_task(self._work(hook), name=f"hook:{hook.name}:{index}"))
-        log.info("hooks_ready", hooks=list(self.hooks), pending=sum(map(len, self._queued.values())),
-                 recovered=recovered)  # fmt: skip
+                self._workers.append(
+                    asyncio.create_task(self._work(hook), name=f"hook:{hook.name}:{index}")
+                )
+        log.info(
+            "hooks_ready",
+            hooks=list(self.hooks),
+            pending=sum(map(len, self._queued.values())),
+            recovered=recovered,
+        )
 
     async def stop(self, grace: float = 0.0) -> None:
-        """Start no delivery more, let those running finish for ``grace`` seconds, then interrupt the rest
-        (each command's process group killed, its attempt given back) and close the HTTP session (the
-        ledger is its owner's to close). A stop then never cuts short a hook that was about to end; what
-        was pending stays so in the ledger and runs at the next start."""
+        """Start no delivery more, let those running finish for ``grace`` seconds, then interrupt
+        the
+        rest (each command's process group killed, its attempt given back) and close the HTTP
+        session (the ledger is its owner's to close). A stop then never cuts short a hook that was
+        about to end; what was pending stays so in the ledger and runs at the next start."""
         self._stopping = True
         for task in self._workers:
             if task not in self._busy:
@@ -136,8 +171,9 @@ class HookRunner:
             self._session = None
 
     async def hold(self, job: Job, document: dict[str, Any], sink: Sink) -> int | None:
-        """Record ``document`` (a result or an error document) before it is published, with a delivery for each
-        hook that wants its status; the event's id, or None when no hook does."""
+        """Record ``document`` (a result or an error document) before it is published, with a
+        delivery
+        for each hook that wants its status; the event's id, or None when no hook does."""
         status = str(document["status"])
         wanted = [hook.name for hook in self.hooks.values() if status in hook.on]
         if self._store is None or not wanted:
@@ -146,41 +182,59 @@ class HookRunner:
         json, md = (where["error"], "") if status == "failed" else (where["json"], where["md"])
         payload = await asyncio.to_thread(dump_json, document)  # the very bytes of the sidecar
         return await asyncio.to_thread(
-            self._store.hold, self._token, job.key, status, job.origin.uri, json, md, payload, wanted
+            self._store.hold,
+            self._token,
+            job.key,
+            status,
+            job.origin.uri,
+            json,
+            md,
+            payload,
+            wanted,
         )
 
     async def release(self, event: int | None, moved: Mapping[str, str] | None = None) -> None:
-        """The event's result is published and its document finished: its deliveries may run. ``moved``: where
-        ``archive.apply_on_success`` took the ``json`` and ``md`` sidecars, if it did, so a hook never gets a path that no
-        longer exists. Never raises: an event left held is released by the next start."""
+        """The event's result is published and its document finished: its deliveries may run.
+        ``moved``: where ``archive.apply_on_success`` took the ``json`` and ``md`` sidecars, if it
+        did, so a hook never gets a path that no longer exists. Never raises: an event left held is
+        released by the next start."""
         if event is None or self._store is None:
             return
         try:
             hooks = await asyncio.to_thread(self._store.release, event, moved)
         except Exception as exc:
             error = classify(exc)
-            log.error("hook_release_failed", kind=error.kind, error=error.message, hint="released at the next start")
+            log.error(
+                "hook_release_failed",
+                kind=error.kind,
+                error=error.message,
+                hint="released at the next start",
+            )
             return
         for hook in hooks:
             if hook in self.hooks:
                 self._enqueue(hook, event)
 
     async def relocate(self, key: str, moved: Mapping[str, str] | None) -> None:
-        """The document ``key``'s sidecars were moved (``archive.apply_on_success``, at a start that found it done): its
-        recorded results name where they are now. Never raises: a hook is then told the old place."""
+        """The document ``key``'s sidecars were moved (``archive.apply_on_success``, at a start that
+        found it done): its recorded results name where they are now. Never raises: a hook is then
+        told the old place."""
         if moved is None or self._store is None:
             return
         try:
             await asyncio.to_thread(self._store.relocate, key, moved)
         except Exception as exc:
             error = classify(exc)
-            log.error("hook_relocate_failed", kind=error.kind, error=error.message, moved=dict(moved))
+            log.error(
+                "hook_relocate_failed", kind=error.kind, error=error.message, moved=dict(moved)
+            )
 
-    # --- the workers ------------------------------------------------------------------------------------------
+    # --- the workers ------------------------------------------------------------------------------
 
     def _settle_held(self) -> int:
-        """Events held by a process that ended before releasing them (blocking): released when the ledger says
-        the document reached the event's final state, dropped otherwise (it runs again)."""
+        """Events held by a process that ended before releasing them (blocking): released when the
+        ledger says the document reached the event's final state, dropped otherwise (it runs
+        again)."""
         assert self._store is not None and self._ledger is not None
         released = 0
         for event, key, status in self._store.held_elsewhere(self._token):
@@ -208,9 +262,13 @@ class HookRunner:
                 await self._deliver(hook, event)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the ledger, not the hook: the delivery stays pending, tried later
+            except (
+                Exception
+            ) as exc:  # the ledger, not the hook: the delivery stays pending, tried later
                 error = classify(exc)
-                log.error("hook_delivery_stalled", hook=hook.name, kind=error.kind, error=error.message)
+                log.error(
+                    "hook_delivery_stalled", hook=hook.name, kind=error.kind, error=error.message
+                )
                 await asyncio.sleep(max(hook.backoff_initial_seconds, 1.0))
                 queue.put_nowait(event)
                 continue
@@ -224,13 +282,23 @@ class HookRunner:
         delivery = await asyncio.to_thread(self._store.load, event, hook.name)
         if delivery is None or delivery.state != "pending":
             return
-        fields = {"hook": hook.name, "job_id": key_id(delivery.key), "uri": delivery.original,
-                  "status": delivery.status}  # fmt: skip
+        fields = {
+            "hook": hook.name,
+            "job_id": key_id(delivery.key),
+            "uri": delivery.original,
+            "status": delivery.status,
+        }
         left = hook.max_attempts - delivery.attempts
         if left <= 0:  # spent by runs of the daemon that ended while the hook ran
-            await self._give_up(hook, delivery, delivery.attempts, HookFailed(
-                f"hook {hook.name}: {delivery.attempts} attempts used up in runs of the daemon that ended uncleanly"
-            ))  # fmt: skip
+            await self._give_up(
+                hook,
+                delivery,
+                delivery.attempts,
+                HookFailed(
+                    f"hook {hook.name}: {delivery.attempts} attempts used up in runs of the "
+                    "daemon that ended uncleanly"
+                ),
+            )
             return
         started = time.monotonic()
         attempts = delivery.attempts
@@ -252,58 +320,101 @@ class HookRunner:
         self._metrics.hook_attempts.labels(hook=hook.name, result="ok").inc()
         await asyncio.to_thread(self._store.finish, event, hook.name, "done", None)
         self._metrics.hook_deliveries.labels(hook=hook.name, outcome="delivered").inc()
-        log.info("hook_delivered", **fields, attempts=attempts, seconds=round(time.monotonic() - started, 3))
+        log.info(
+            "hook_delivered",
+            **fields,
+            attempts=attempts,
+            seconds=round(time.monotonic() - started, 3),
+        )
 
-    def _retrying(self, hook: HookConfig, attempts: int, fields: Mapping[str, str]) -> AsyncRetrying:
+    def _retrying(
+        self, hook: HookConfig, attempts: int, fields: Mapping[str, str]
+    ) -> AsyncRetrying:
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            log.warning("hook_retry", **fields, attempt=state.attempt_number, error=str(exc),
-                        wait=round(state.upcoming_sleep, 2))  # fmt: skip
+            log.warning(
+                "hook_retry",
+                **fields,
+                attempt=state.attempt_number,
+                error=str(exc),
+                wait=round(state.upcoming_sleep, 2),
+            )
 
         return AsyncRetrying(
             stop=stop_after_attempt(attempts),
-            wait=wait_exponential_jitter(multiplier=hook.backoff_initial_seconds, max=hook.backoff_max_seconds),
+            wait=wait_exponential_jitter(
+                multiplier=hook.backoff_initial_seconds, max=hook.backoff_max_seconds
+            ),
             retry=retry_if_exception_type(HookFailed),
             before_sleep=before_sleep,
             reraise=True,
         )
 
-    async def _give_up(self, hook: HookConfig, delivery: Delivery, attempts: int, exc: OcrwatchError) -> None:
+    async def _give_up(
+        self, hook: HookConfig, delivery: Delivery, attempts: int, exc: OcrwatchError
+    ) -> None:
         assert self._store is not None
-        await asyncio.to_thread(self._store.finish, delivery.event, hook.name, "failed", exc.message)
+        await asyncio.to_thread(
+            self._store.finish, delivery.event, hook.name, "failed", exc.message
+        )
         self._metrics.hook_deliveries.labels(hook=hook.name, outcome="failed").inc()
-        log.error("hook_failed", hook=hook.name, job_id=key_id(delivery.key), uri=delivery.original,
-                  status=delivery.status, attempts=attempts, kind=exc.kind, error=exc.message,
-                  hint=exc.hint)  # fmt: skip
+        log.error(
+            "hook_failed",
+            hook=hook.name,
+            job_id=key_id(delivery.key),
+            uri=delivery.original,
+            status=delivery.status,
+            attempts=attempts,
+            kind=exc.kind,
+            error=exc.message,
+            hint=exc.hint,
+        )
 
     async def _attempt(self, hook: HookConfig, delivery: Delivery) -> None:
         if hook.command is not None:
             env = {key: value for key, value in os.environ.items() if key not in _NOT_INHERITED}
-            env.update(OCRWATCH_STATUS=delivery.status, OCRWATCH_SOURCE=delivery.source,
-                       OCRWATCH_ORIGINAL=delivery.original, OCRWATCH_JSON=delivery.json,
-                       OCRWATCH_MD=delivery.md)  # fmt: skip
+            env.update(
+                OCRWATCH_STATUS=delivery.status,
+                OCRWATCH_SOURCE=delivery.source,
+                OCRWATCH_ORIGINAL=delivery.original,
+                OCRWATCH_JSON=delivery.json,
+                OCRWATCH_MD=delivery.md,
+            )
             await run_command(hook.name, hook.command, delivery.payload, env, hook.timeout_seconds)
         else:
             assert hook.url is not None and self._session is not None
             about = {
-                "Ocrwatch-Status": delivery.status, "Ocrwatch-Source": _header(delivery.source),
+                "Ocrwatch-Status": delivery.status,
+                "Ocrwatch-Source": _header(delivery.source),
                 "Ocrwatch-Original": _header(delivery.original),
-            }  # fmt: skip
-            await post(self._session, hook.name, hook.url, hook.token, delivery.payload,
-                       hook.timeout_seconds, about)  # fmt: skip
+            }
+            await post(
+                self._session,
+                hook.name,
+                hook.url,
+                hook.token,
+                delivery.payload,
+                hook.timeout_seconds,
+                about,
+            )
 
 
-async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mapping[str, str], timeout: float) -> None:
+async def run_command(
+    name: str, argv: Sequence[str], payload: bytes, env: Mapping[str, str], timeout: float
+) -> None:
     """Run ``argv`` (no shell) with ``payload`` on stdin, in a process group of its own, killed
     whole when it exits, when ``timeout`` passes or when the caller is cancelled (a stop);
     HookFailed unless it exits 0.
 
-    stdin is an in-memory file rather than a pipe, so a hook that never reads it cannot block the daemon, and
-    one that does may seek it. Output goes to a pipe of ours, not asyncio's: asyncio's ``wait`` would wait for
-    every pipe to close, which a background child of the hook may never do."""
+    stdin is an in-memory file rather than a pipe, so a hook that never reads it cannot block the
+    daemon, and one that does may seek it. Output goes to a pipe of ours, not asyncio's: asyncio's
+    ``wait`` would wait for every pipe to close, which a background child of the hook may never
+    do."""
     stdin = os.memfd_create("ocrwatch-hook", os.MFD_CLOEXEC)
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    reading = os.fdopen(read_end, "rb", buffering=0)  # closed here and by the transport: a second close is a no-op
+    reading = os.fdopen(
+        read_end, "rb", buffering=0
+    )  # closed here and by the transport: a second close is a no-op
     try:
         await asyncio.to_thread(_fill, stdin, payload)
         output = asyncio.StreamReader()
@@ -313,10 +424,17 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
         try:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=stdin, stdout=write_end, stderr=write_end, env=dict(env), start_new_session=True
+                    *argv,
+                    stdin=stdin,
+                    stdout=write_end,
+                    stderr=write_end,
+                    env=dict(env),
+                    start_new_session=True,
                 )
             except OSError as exc:
-                raise HookFailed(f"hook {name}: cannot start {argv[0]}: {exc.strerror or exc}") from None
+                raise HookFailed(
+                    f"hook {name}: cannot start {argv[0]}: {exc.strerror or exc}"
+                ) from None
             finally:
                 os.close(write_end)
                 write_end = -1
@@ -324,7 +442,9 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
             try:
                 code = await asyncio.wait_for(proc.wait(), timeout)
             except asyncio.TimeoutError:
-                raise HookFailed(f"hook {name}: still running after {timeout:g}s: its process group killed") from None
+                raise HookFailed(
+                    f"hook {name}: still running after {timeout:g}s: its process group killed"
+                ) from None
             finally:
                 _kill_group(proc.pid)  # ended or not: what the hook left running goes too
                 if proc.returncode is None:
@@ -332,7 +452,11 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
                 await asyncio.wait([tail], timeout=OUTPUT_GRACE)
                 tail.cancel()
             if code != 0:
-                said = tail.result() if tail.done() and not tail.cancelled() and tail.exception() is None else b""
+                said = (
+                    tail.result()
+                    if tail.done() and not tail.cancelled() and tail.exception() is None
+                    else b""
+                )
                 reason = f"exit status {code}" if code > 0 else f"killed by signal {-code}"
                 raise HookFailed(f"hook {name}: {reason}: {_printable(said)}")
         finally:
@@ -345,9 +469,14 @@ async def run_command(name: str, argv: Sequence[str], payload: bytes, env: Mappi
 
 
 async def post(
-    session: aiohttp.ClientSession, name: str, url: str, token: str | None, payload: bytes,
-    timeout: float, about: Mapping[str, str] | None = None,
-) -> None:  # fmt: skip
+    session: aiohttp.ClientSession,
+    name: str,
+    url: str,
+    token: str | None,
+    payload: bytes,
+    timeout: float,
+    about: Mapping[str, str] | None = None,
+) -> None:
     """POST ``payload`` as JSON to ``url``, with the headers ``about``; HookFailed unless the answer
     is 2xx. Redirects are not followed, so the token goes nowhere but ``url``."""
     headers = {**(about or {}), "Content-Type": "application/json"}
@@ -355,11 +484,17 @@ async def post(
         headers["Authorization"] = f"Bearer {token}"
     try:
         async with session.post(
-            url, data=payload, headers=headers, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout)
+            url,
+            data=payload,
+            headers=headers,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             said = await response.content.read(OUTPUT_TAIL)
             if not 200 <= response.status < 300:
-                raise HookFailed(f"hook {name}: {url} answered {response.status}: {_printable(said)}")
+                raise HookFailed(
+                    f"hook {name}: {url} answered {response.status}: {_printable(said)}"
+                )
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise HookFailed(f"hook {name}: {url}: {type(exc).__name__}: {exc}") from None
 
@@ -381,7 +516,7 @@ def _kill_group(group: int) -> None:
 def _fill(fd: int, payload: bytes) -> None:
     view = memoryview(payload)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
 
 

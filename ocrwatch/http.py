@@ -1,20 +1,23 @@
 """The one HTTP layer: an aiohttp application on a HOST:PORT, guarded against connection floods.
 
-The metrics/health endpoints and the S3 webhook both listen through ``Listener``. aiohttp parses HTTP; this
-module bounds what a peer can hold, so a flood on one listener never takes file descriptors or memory from the
-rest of the daemon (the inbox watcher, the ledger, the engine), nor another listener's room:
+The metrics/health endpoints and the S3 webhook both listen through ``Listener``. aiohttp parses
+HTTP; this module bounds what a peer can hold, so a flood on one listener never takes file
+descriptors or memory from the rest of the daemon (the inbox watcher, the ledger, the engine), nor
+another listener's room:
 
-- at most ``max_connections`` open connections per listener, and never more than a sixteenth of the process's
-  descriptor limit (``RLIMIT_NOFILE``): all listeners together stay far from it, so ``accept()`` never meets
-  ``EMFILE`` because of them;
-- a listener that is full closes its least recently active connection that has no request in flight to admit
-  a new one (refusing the new one only when every connection is busy), so idle connections cannot lock out a
-  real request;
-- a connection that carries no request for ``idle_timeout`` seconds is closed, whether it never sent one,
-  trickles its head, or sits on keep-alive: aiohttp's own ``keepalive_timeout`` (measured on 3.14).
+- at most ``max_connections`` open connections per listener, and never more than a sixteenth of the
+  process's descriptor limit (``RLIMIT_NOFILE``): all listeners together stay far from it, so
+  ``accept()`` never meets ``EMFILE`` because of them;
+- a listener that is full closes its least recently active connection that has no request in flight
+  to admit a new one (refusing the new one only when every connection is busy), so idle connections
+  cannot lock out a real request;
+- a connection that carries no request for ``idle_timeout`` seconds is closed, whether it never sent
+  one, trickles its head, or sits on keep-alive: aiohttp's own ``keepalive_timeout`` (measured on
+  3.14).
 
-A full listener is logged once per episode, not per connection; so is an ``accept()`` that fails for want of
-descriptors (asyncio would log a traceback per attempt). A handler that reads a body bounds that read itself.
+A full listener is logged once per episode, not per connection; so is an ``accept()`` that fails for
+want of descriptors (asyncio would log a traceback per attempt). A handler that reads a body bounds
+that read itself.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from aiohttp import web
 log = structlog.get_logger()
 
 DESCRIPTOR_SHARE = 16
-"""A listener holds at most 1/16 of the soft descriptor limit (64 of systemd's default 1024), its accept
-backlog as much again."""
+"""A listener holds at most 1/16 of the soft descriptor limit (64 of systemd's default 1024), its
+accept backlog as much again."""
 
 MIN_CONNECTIONS = 4
 _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -46,7 +49,8 @@ def host_port(listen: str) -> tuple[str, int]:
 
 
 def connection_cap(wanted: int) -> int:
-    """``wanted``, bounded by a listener's share of descriptors (``DESCRIPTOR_SHARE``; never under a few)."""
+    """``wanted``, bounded by a listener's share of descriptors (``DESCRIPTOR_SHARE``; never under a
+    few)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return wanted
@@ -54,7 +58,8 @@ def connection_cap(wanted: int) -> int:
 
 
 class _Connection(asyncio.Protocol):
-    """One accepted connection: admitted (then handed to aiohttp's request handler) or refused at once.
+    """One accepted connection: admitted (then handed to aiohttp's request handler) or refused at
+    once.
 
     Stands between the transport and aiohttp's protocol, so the listener counts open connections
     exactly and knows which are busy and when each was last active: aiohttp's server counts neither.
@@ -119,14 +124,22 @@ class _Connection(asyncio.Protocol):
 class Listener:
     """Serve ``app`` on ``listen`` (``HOST:PORT``; port 0 picks a free one, ``.port`` tells which).
 
-    ``max_connections`` is what the caller wants; ``connection_cap`` bounds it by the descriptor limit.
-    ``stop`` stops accepting, closes idle connections and gives requests in flight ``shutdown_timeout`` seconds
-    in all to answer before they are cancelled. aiohttp's access log stays off: a request line may carry a token in
-    its query.
+    ``max_connections`` is what the caller wants; ``connection_cap`` bounds it by the descriptor
+    limit. ``stop`` stops accepting, closes idle connections and gives requests in flight
+    ``shutdown_timeout`` seconds in all to answer before they are cancelled. aiohttp's access log
+    stays off: a request line may carry a token in its query.
     """
 
-    def __init__(self, app: web.Application, listen: str, *, name: str, max_connections: int = 64,
-                 idle_timeout: float = 30.0, shutdown_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        listen: str,
+        *,
+        name: str,
+        max_connections: int = 64,
+        idle_timeout: float = 30.0,
+        shutdown_timeout: float = 2.0,
+    ) -> None:
         self.host, self._port = host_port(listen)
         self.name = name
         self.max_connections = connection_cap(max_connections)
@@ -136,16 +149,18 @@ class Listener:
         self._episode: dict[str, int] | None = None  # while full: connections evicted and refused
         self._exhausted = False  # accept() failed for want of descriptors, not yet recovered
         app.middlewares.append(self._track)
-        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout,
-                                     shutdown_timeout=shutdown_timeout)
+        self._runner = web.AppRunner(
+            app, access_log=None, keepalive_timeout=idle_timeout, shutdown_timeout=shutdown_timeout
+        )
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
         await self._runner.setup()
         loop = asyncio.get_running_loop()
         try:
-            self._server = await loop.create_server(lambda: _Connection(self), self.host, self._port,
-                                                    backlog=self.max_connections)
+            self._server = await loop.create_server(
+                lambda: _Connection(self), self.host, self._port, backlog=self.max_connections
+            )
         except BaseException:  # the address is taken, say: leave nothing set up
             await self._runner.cleanup()
             raise
@@ -156,7 +171,9 @@ class Listener:
             return
         _AcceptErrors.install(asyncio.get_running_loop()).listeners.discard(self)
         self._server.close()
-        if self._handling:  # aiohttp would wait twice as long, and not cancel a handler awaiting a shield
+        if (
+            self._handling
+        ):  # aiohttp would wait twice as long, and not cancel a handler awaiting a shield
             await asyncio.wait(set(self._handling), timeout=self.shutdown_timeout)
             for task in self._handling:
                 task.cancel()
@@ -180,9 +197,11 @@ class Listener:
     def open_connections(self) -> int:
         return len(self._connections)
 
-    def _admit(self, transport: asyncio.BaseTransport, connection: _Connection) -> asyncio.Protocol | None:
-        """aiohttp's protocol for a new connection, after making room if the listener is full; None when every
-        connection is busy."""
+    def _admit(
+        self, transport: asyncio.BaseTransport, connection: _Connection
+    ) -> asyncio.Protocol | None:
+        """aiohttp's protocol for a new connection, after making room if the listener is full; None
+        when every connection is busy."""
         server = self._runner.server
         if server is None:  # accepted while the listener stops
             return None
@@ -191,8 +210,11 @@ class Listener:
             log.info("http_accept_recovered", listener=self.name)
         if len(self._connections) >= self.max_connections:
             episode = self._full()
-            victim = min((c for c in self._connections.values() if c.requests == 0),
-                         key=lambda c: c.last_active, default=None)
+            victim = min(
+                (c for c in self._connections.values() if c.requests == 0),
+                key=lambda c: c.last_active,
+                default=None,
+            )
             if victim is None:
                 episode["refused"] += 1
                 return None
@@ -204,8 +226,12 @@ class Listener:
 
     def _full(self) -> dict[str, int]:
         if self._episode is None:
-            log.warning("http_connections_full", listener=self.name, max_connections=self.max_connections,
-                        action="closing the least recently active idle connection for each new one")
+            log.warning(
+                "http_connections_full",
+                listener=self.name,
+                max_connections=self.max_connections,
+                action="closing the least recently active idle connection for each new one",
+            )
             self._episode = {"evicted": 0, "refused": 0}
         return self._episode
 
@@ -217,20 +243,30 @@ class Listener:
             self._episode = None
 
     def _owns(self, sock: Any) -> bool:
-        return self._server is not None and any(own.fileno() == sock.fileno() for own in self._server.sockets)
+        return self._server is not None and any(
+            own.fileno() == sock.fileno() for own in self._server.sockets
+        )
 
     def _accept_failed(self, exc: BaseException | None) -> None:
-        """``accept()`` met a descriptor limit; asyncio retries every second. Logged once until it recovers."""
+        """``accept()`` met a descriptor limit; asyncio retries every second. Logged once until it
+        recovers."""
         if not self._exhausted:
             self._exhausted = True
-            log.error("http_accept_exhausted", listener=self.name, error=str(exc),
-                      hint="the process is out of file descriptors; raise LimitNOFILE or find what holds them")
+            log.error(
+                "http_accept_exhausted",
+                listener=self.name,
+                error=str(exc),
+                hint="the process is out of file descriptors; raise LimitNOFILE or find what "
+                "holds them",
+            )
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Mark the connection busy while a request is handled, so neither the idle timer nor a newcomer
-        closes it."""
-        connection = self._connections.get(request.transport) if request.transport is not None else None
+        """Mark the connection busy while a request is handled, so neither the idle timer nor a
+        newcomer closes it."""
+        connection = (
+            self._connections.get(request.transport) if request.transport is not None else None
+        )
         task = asyncio.current_task()
         if task is not None:
             self._handling.add(task)
@@ -247,8 +283,10 @@ class Listener:
 
 
 class _AcceptErrors:
-    """The loop's exception handler, wrapped once per loop: asyncio reports an ``accept()`` that failed for want
-    of descriptors there, with a traceback, at every retry; the listener concerned logs it once instead."""
+    """The loop's exception handler, wrapped once per loop: asyncio reports an ``accept()`` that
+    failed
+    for want of descriptors there, with a traceback, at every retry; the listener concerned logs it
+    once instead."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.listeners: set[Listener] = set()

@@ -46,12 +46,22 @@ the caps), the image file's record, ``[render] image_dpi``, or the size rule (mo
 image's DPI is scaled with the image when it is downscaled."""
 
 _T = Image.Transpose  # EXIF orientation to the transposition that undoes it, as exif_transpose does
-_ORIENTATION = {2: _T.FLIP_LEFT_RIGHT, 3: _T.ROTATE_180, 4: _T.FLIP_TOP_BOTTOM, 5: _T.TRANSPOSE,
-                6: _T.ROTATE_270, 7: _T.TRANSVERSE, 8: _T.ROTATE_90}  # fmt: skip
+_ORIENTATION = {
+    2: _T.FLIP_LEFT_RIGHT,
+    3: _T.ROTATE_180,
+    4: _T.FLIP_TOP_BOTTOM,
+    5: _T.TRANSPOSE,
+    6: _T.ROTATE_270,
+    7: _T.TRANSVERSE,
+    8: _T.ROTATE_90,
+}
 
 _PILLOW_FORMAT = {
-    "image/png": "PNG", "image/jpeg": "JPEG", "image/tiff": "TIFF", "image/webp": "WEBP",
-}  # fmt: skip
+    "image/png": "PNG",
+    "image/jpeg": "JPEG",
+    "image/tiff": "TIFF",
+    "image/webp": "WEBP",
+}
 
 
 def image_dpi(
@@ -101,9 +111,16 @@ def probe_image(
 
 
 def render_image_page(
-    path: Path, mime: str, index: int, *, max_side: int, max_pixels: int, limit_pixels: int,
-    configured_dpi: float | None, budget: DecodeBudget,
-) -> tuple[Image.Image, float, DpiFrom]:  # fmt: skip
+    path: Path,
+    mime: str,
+    index: int,
+    *,
+    max_side: int,
+    max_pixels: int,
+    limit_pixels: int,
+    configured_dpi: float | None,
+    budget: DecodeBudget,
+) -> tuple[Image.Image, float, DpiFrom]:
     """Frame ``index`` within the caps, with its DPI (``image_dpi``'s, times the scale) and where
     that came from; ``limit_pixels``: the configured cap the decode is bounded by."""
     with open_image(path, mime) as source:

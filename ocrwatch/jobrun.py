@@ -1,7 +1,8 @@
 """One job while this process holds it: its task, its slot, what it read, and its ledger calls.
 
-As rq keeps a job's status on its ``Job``, a ``JobRun`` is the one home of that state, so the pipeline
-keeps one table of runs; a run the ledger never hears of (``ocrwatch ocr``) says so once, in ``Record``.
+As rq keeps a job's status on its ``Job``, a ``JobRun`` is the one home of that state, so the
+pipeline keeps one table of runs; a run the ledger never hears of (``ocrwatch ocr``) says so once,
+in ``Record``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from ocrwatch.sources.base import Job
 
 @dataclass(frozen=True)
 class Asked:
-    """What ``ocrwatch ocr`` asks of a job instead of its inbox's settings; None keeps the inbox's."""
+    """What ``ocrwatch ocr`` asks of a job instead of its inbox's settings; None keeps the
+    inbox's."""
 
     lang: str | None = None
     text: TextMode | None = None
@@ -70,7 +72,8 @@ class JobRun:
     """A job's run in this process, from its task's start to its end.
 
     ``asked`` is None for a job a source found (recorded in the ledger, started in a slot the
-    dispatcher took for it: ``given`` until it enters it); ``ocrwatch ocr``'s jobs carry what it asked.
+    dispatcher took for it: ``given`` until it enters it); ``ocrwatch ocr``'s jobs carry what it
+    asked.
     """
 
     job: Job

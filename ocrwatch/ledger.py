@@ -1,4 +1,5 @@
-"""The ledger: one SQLite row per job, so work survives restarts and a changed file is processed again.
+"""The ledger: one SQLite row per job, so work survives restarts and a changed file is processed
+again.
 
 One file (``state_dir/ledger.sqlite3``, a ``database.Database``: private, WAL, checked whole at
 open): methods are blocking and thread-safe, so the daemon may call them from its event loop and
@@ -30,9 +31,14 @@ from ocrwatch.safefs import Signature, sha256_file
 from ocrwatch.sources.base import Job, LocalFile, Origin, S3Object
 
 __all__ = [
-    "Fingerprint", "JobRow", "Ledger", "StateUnusable", "make_private_dirs", "same_content",
+    "Fingerprint",
+    "JobRow",
+    "Ledger",
+    "StateUnusable",
+    "make_private_dirs",
+    "same_content",
     "sha256_file",
-]  # fmt: skip
+]
 
 State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
 STATES: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing", "done", "failed")
@@ -44,8 +50,9 @@ _SETTABLE = frozenset({"pages_total", "pages_done"})
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What identifies a source's content: stat fields are cheap, sha256 (or S3's ETag) is authoritative.
-    ``inode`` and ``ctime_ns`` (local files) only tell whether the stat fields may be trusted to skip hashing."""
+    """What identifies a source's content: stat fields are cheap, sha256 (or S3's ETag) is
+    authoritative. ``inode`` and ``ctime_ns`` (local files) only tell whether the stat fields may be
+    trusted to skip hashing."""
 
     size: int
     mtime_ns: int | None
@@ -82,8 +89,9 @@ class JobRow:
 def same_content(a: Fingerprint, b: Fingerprint) -> bool:
     """Whether two fingerprints name the same bytes, judged by the strongest evidence both carry.
 
-    A different size always means different content; then sha256 decides, else ETag with version, else
-    size with mtime. When neither can tell, the answer is no, so the caller hashes or processes again.
+    A different size always means different content; then sha256 decides, else ETag with version,
+    else size with mtime. When neither can tell, the answer is no, so the caller hashes or processes
+    again.
     """
     if a.size != b.size:
         return False
@@ -109,14 +117,15 @@ class Ledger(Database):
     def admit(self, job: Job, fp: Fingerprint) -> bool:
         """Record a job the source found; True when it must be started.
 
-        A new key, or a known key whose content changed (whatever its state), is queued afresh with its
-        attempts reset. A job still ``queued`` with the same content is True as well, so a job put back by
-        ``ocrwatch retry`` starts when a scan sees it again (the caller ignores jobs it is already running),
-        and so is a job that failed only for what its path was at the time (``source_gone``, ``not_a_regular_file``,
-        ``source_changed``: vanished, a link, rewritten throughout) and is seen again as a settled regular file.
-        Otherwise (done, failed or mid-stage with the same content) the answer is False. A stat change with
-        identical content refreshes the stored fingerprint, so the next cheap ``known()`` +
-        ``same_content()`` check hits without hashing.
+        A new key, or a known key whose content changed (whatever its state), is queued afresh with
+        its attempts reset. A job still ``queued`` with the same content is True as well, so a job
+        put back by ``ocrwatch retry`` starts when a scan sees it again (the caller ignores jobs it
+        is already running), and so is a job that failed only for what its path was at the time
+        (``source_gone``, ``not_a_regular_file``, ``source_changed``: vanished, a link, rewritten
+        throughout) and is seen again as a settled regular file. Otherwise (done, failed or
+        mid-stage with the same content) the answer is False. A stat change with identical content
+        refreshes the stored fingerprint, so the next cheap ``known()`` + ``same_content()`` check
+        hits without hashing.
         """
 
         def tx(conn: sqlite3.Connection) -> bool:
@@ -153,13 +162,15 @@ class Ledger(Database):
             )
             if merged != old:
                 conn.execute(
-                    "UPDATE jobs SET fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, fp_version_id = ?,"
+                    "UPDATE jobs SET fp_size = ?, fp_mtime_ns = ?, fp_sha256 = ?, fp_etag = ?, "
+                    "fp_version_id = ?,"
                     " fp_inode = ?, fp_ctime_ns = ? WHERE key = ?",
                     (*_fp_columns(merged), job.key),
                 )
             if row["state"] == "failed" and path_fault(_error_kind(row["last_error"])):
                 conn.execute(
-                    "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = ? WHERE key = ?",
+                    "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, "
+                    "updated_at = ? WHERE key = ?",
                     (now, job.key),
                 )
             elif row["state"] != "queued":
@@ -176,12 +187,15 @@ class Ledger(Database):
         return self.transact(tx, write=True)
 
     def known(self, key: str) -> JobRow | None:
-        return self.transact(lambda conn: _maybe_row(conn.execute("SELECT * FROM jobs WHERE key = ?", (key,))))
+        return self.transact(
+            lambda conn: _maybe_row(conn.execute("SELECT * FROM jobs WHERE key = ?", (key,)))
+        )
 
     def twins(self, job: Job, sha256: str, limit: int = 8) -> list[Job]:
-        """The jobs of the same source most recently done with the content ``job`` has (a local file's
-        sha256; an S3 object's ETag and size, which its row keeps instead), newest first: earlier results
-        this one may take (``reuse``)."""
+        """The jobs of the same source most recently done with the content ``job`` has (a local
+        file's
+        sha256; an S3 object's ETag and size, which its row keeps instead), newest first: earlier
+        results this one may take (``reuse``)."""
         origin = job.origin
         if isinstance(origin, S3Object):
             if not origin.etag:
@@ -193,7 +207,9 @@ class Ledger(Database):
             f"SELECT job FROM jobs WHERE state = 'done' AND source = ? AND {column} AND key != ?"
             " ORDER BY finished_at DESC LIMIT ?"
         )
-        found = self.transact(lambda conn: conn.execute(sql, (job.source, *values, job.key, limit)).fetchall())
+        found = self.transact(
+            lambda conn: conn.execute(sql, (job.source, *values, job.key, limit)).fetchall()
+        )
         return [_load_job(row[0]) for row in found]
 
     def set_state(self, key: str, state: State, **fields: Any) -> None:
@@ -209,10 +225,11 @@ class Ledger(Database):
         )
 
     def record_attempt(self, key: str, error: dict[str, Any] | None) -> int:
-        """Count one attempt and return the total; ``error`` (when given) becomes the job's last error.
+        """Count one attempt and return the total; ``error`` (when given) becomes the job's last
+        error.
 
-        Counting when an attempt starts (``error=None``) makes a document that kills the process count too,
-        so a crash loop still ends in ``failed``.
+        Counting when an attempt starts (``error=None``) makes a document that kills the process
+        count too, so a crash loop still ends in ``failed``.
         """
 
         def tx(conn: sqlite3.Connection) -> int:
@@ -220,33 +237,49 @@ class Ledger(Database):
             if error is None:
                 sql, params = "attempts = attempts + 1", ()
             else:
-                sql, params = "attempts = attempts + 1, last_error = ?, error_at = ?", (json.dumps(error), now)
-            if conn.execute(f"UPDATE jobs SET {sql}, updated_at = ? WHERE key = ?", (*params, now, key)).rowcount == 0:
+                sql, params = (
+                    "attempts = attempts + 1, last_error = ?, error_at = ?",
+                    (json.dumps(error), now),
+                )
+            if (
+                conn.execute(
+                    f"UPDATE jobs SET {sql}, updated_at = ? WHERE key = ?", (*params, now, key)
+                ).rowcount
+                == 0
+            ):
                 raise KeyError(key)
-            return int(conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0])
+            return int(
+                conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0]
+            )
 
         return self.transact(tx, write=True)
 
     def release_attempt(self, key: str) -> None:
-        """Give back the attempt counted at the start of a run that a clean shutdown interrupted: only an
-        unclean end (``kill -9``, power loss) counts toward the crash-loop bound. The row stays unfinished."""
+        """Give back the attempt counted at the start of a run that a clean shutdown interrupted:
+        only
+        an unclean end (``kill -9``, power loss) counts toward the crash-loop bound. The row stays
+        unfinished."""
         self._update(key, "attempts = max(attempts - 1, 0)", ())
 
     def park(self, key: str, error: dict[str, Any]) -> int:
-        """A fault of the place (disk full, folder unwritable) ended the run: its attempt given back as by
-        ``release_attempt`` (the document is not at fault), the job queued again with ``error`` as its last
-        error, so ``ocrwatch status`` shows what it waits for; returns the attempts."""
+        """A fault of the place (disk full, folder unwritable) ended the run: its attempt given back
+        as
+        by ``release_attempt`` (the document is not at fault), the job queued again with ``error``
+        as its last error, so ``ocrwatch status`` shows what it waits for; returns the attempts."""
 
         def tx(conn: sqlite3.Connection) -> int:
             now = time.time()
             cur = conn.execute(
-                "UPDATE jobs SET state = 'queued', attempts = max(attempts - 1, 0), last_error = ?, error_at = ?,"
+                "UPDATE jobs SET state = 'queued', attempts = max(attempts - 1, 0), last_error = "
+                "?, error_at = ?,"
                 " updated_at = ? WHERE key = ?",
                 (json.dumps(error), now, now, key),
             )
             if cur.rowcount == 0:
                 raise KeyError(key)
-            return int(conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0])
+            return int(
+                conn.execute("SELECT attempts FROM jobs WHERE key = ?", (key,)).fetchone()[0]
+            )
 
         return self.transact(tx, write=True)
 
@@ -312,16 +345,20 @@ class Ledger(Database):
     def retry(self, selectors: list[str] | None = None) -> int:
         """Put failed jobs back in the queue with attempts reset; returns how many.
 
-        A selector is a key (URI) or a local path, and matches the job it names or every job below it.
+        A selector is a key (URI) or a local path, and matches the job it names or every job below
+        it.
         """
         wanted = None if not selectors else [_selector_uri(s) for s in selectors]
 
         def tx(conn: sqlite3.Connection) -> int:
             keys = [r["key"] for r in conn.execute("SELECT key FROM jobs WHERE state = 'failed'")]
             now = time.time()
-            chosen = [(now, k) for k in keys if wanted is None or any(_matches(k, w) for w in wanted)]
+            chosen = [
+                (now, k) for k in keys if wanted is None or any(_matches(k, w) for w in wanted)
+            ]
             conn.executemany(
-                "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = ? WHERE key = ?",
+                "UPDATE jobs SET state = 'queued', attempts = 0, finished_at = NULL, updated_at = "
+                "? WHERE key = ?",
                 chosen,
             )
             return len(chosen)
@@ -329,15 +366,20 @@ class Ledger(Database):
         return self.transact(tx, write=True)
 
     def summary(self, errors: int = 10) -> dict[str, Any]:
-        """What ``ocrwatch status`` shows: counts by state, the oldest unfinished job, the latest errors."""
+        """What ``ocrwatch status`` shows: counts by state, the oldest unfinished job, the latest
+        errors."""
 
         def tx(conn: sqlite3.Connection) -> dict[str, Any]:
             now = time.time()
             counts = dict.fromkeys(STATES, 0)
-            counts.update(conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+            counts.update(
+                conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
+            )
             marks = ", ".join("?" * len(UNFINISHED))
             oldest = conn.execute(
-                f"SELECT key, created_at FROM jobs WHERE state IN ({marks}) ORDER BY created_at LIMIT 1", UNFINISHED
+                f"SELECT key, created_at FROM jobs WHERE state IN ({marks}) ORDER BY created_at "
+                "LIMIT 1",
+                UNFINISHED,
             ).fetchone()
             latest = conn.execute(
                 "SELECT key, state, last_error, error_at FROM jobs WHERE error_at IS NOT NULL"
@@ -346,7 +388,9 @@ class Ledger(Database):
             ).fetchall()
             return {
                 "counts": counts,
-                "oldest_waiting": None if oldest is None else {"key": oldest[0], "age": now - oldest[1]},
+                "oldest_waiting": None
+                if oldest is None
+                else {"key": oldest[0], "age": now - oldest[1]},
                 "last_errors": [
                     {
                         "key": r["key"],
@@ -369,7 +413,8 @@ class Ledger(Database):
     def _update(self, key: str, assignments: str, params: Iterable[Any]) -> None:
         def tx(conn: sqlite3.Connection) -> None:
             cur = conn.execute(
-                f"UPDATE jobs SET {assignments}, updated_at = ? WHERE key = ?", (*params, time.time(), key)
+                f"UPDATE jobs SET {assignments}, updated_at = ? WHERE key = ?",
+                (*params, time.time(), key),
             )
             if cur.rowcount == 0:
                 raise KeyError(key)
@@ -445,8 +490,14 @@ def _dump_job(job: Job) -> str:
         origin = {"type": "local", "path": str(job.origin.path), "inbox": str(job.origin.inbox)}
     else:
         o = job.origin
-        origin = {"type": "s3", "bucket": o.bucket, "key": o.key, "etag": o.etag,
-                  "version_id": o.version_id, "size": o.size}  # fmt: skip
+        origin = {
+            "type": "s3",
+            "bucket": o.bucket,
+            "key": o.key,
+            "etag": o.etag,
+            "version_id": o.version_id,
+            "size": o.size,
+        }
     return json.dumps(
         {
             "origin": origin,
@@ -474,13 +525,16 @@ def _load_job(text: str) -> Job:
 
 
 def _selector_uri(selector: str) -> str:
-    """A URI selector as given; a local path made absolute and resolved the way ``LocalFile.uri`` is."""
+    """A URI selector as given; a local path made absolute and resolved the way ``LocalFile.uri``
+    is."""
     if "://" in selector:
         return selector
     return Path(os.path.expanduser(selector)).resolve().as_uri()
 
 
 def _matches(key: str, selector: str) -> bool:
-    """The selector is the key itself, the same S3 object at some version, or a folder or prefix above it."""
+    """The selector is the key itself, the same S3 object at some version, or a folder or prefix
+    above
+    it."""
     base = selector.rstrip("/")
     return key == selector or key.startswith(f"{selector}?versionId=") or key.startswith(f"{base}/")

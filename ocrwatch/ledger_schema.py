@@ -1,4 +1,5 @@
-"""The ledger's schema: its migrations, in order, and the one spelling of "unfinished" its index needs.
+"""The ledger's schema: its migrations, in order, and the one spelling of "unfinished" its index
+needs.
 
 Kept apart from the queries (``ledger.py``), since a migration is appended once and never edited.
 """
@@ -36,12 +37,14 @@ def ordering_columns(conn: sqlite3.Connection) -> None:
     )
 
 
-# Each entry upgrades the schema from version i to i + 1; append, never edit, so old ledgers upgrade in place.
+# Each entry upgrades the schema from version i to i + 1; append, never edit, so old ledgers upgrade
+# in place.
 MIGRATIONS: tuple[Migration, ...] = (
     """
     CREATE TABLE jobs (
         key TEXT PRIMARY KEY,
-        state TEXT NOT NULL CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
+        state TEXT NOT NULL
+            CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
         attempts INTEGER NOT NULL DEFAULT 0,
         last_error TEXT,
         error_at REAL,
@@ -61,11 +64,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     CREATE INDEX jobs_by_state ON jobs (state, created_at);
     CREATE INDEX jobs_by_error ON jobs (error_at) WHERE error_at IS NOT NULL;
     """,
-    # next_attempt_at was never used. The table is rebuilt because ALTER TABLE ... DROP COLUMN needs SQLite 3.35.
+    # next_attempt_at was never used. The table is rebuilt because ALTER TABLE ... DROP COLUMN needs
+    # SQLite 3.35.
     """
     CREATE TABLE jobs_new (
         key TEXT PRIMARY KEY,
-        state TEXT NOT NULL CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
+        state TEXT NOT NULL
+            CHECK (state IN ('queued', 'rendering', 'recognizing', 'writing', 'done', 'failed')),
         attempts INTEGER NOT NULL DEFAULT 0,
         last_error TEXT,
         error_at REAL,
@@ -81,8 +86,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         updated_at REAL NOT NULL,
         finished_at REAL
     ) WITHOUT ROWID;
-    INSERT INTO jobs_new SELECT key, state, attempts, last_error, error_at, job, fp_size, fp_mtime_ns, fp_sha256,
-        fp_etag, fp_version_id, pages_total, pages_done, created_at, updated_at, finished_at FROM jobs;
+    INSERT INTO jobs_new SELECT key, state, attempts, last_error, error_at, job, fp_size,
+        fp_mtime_ns, fp_sha256, fp_etag, fp_version_id, pages_total, pages_done, created_at,
+        updated_at, finished_at FROM jobs;
     DROP TABLE jobs;
     ALTER TABLE jobs_new RENAME TO jobs;
     CREATE INDEX jobs_by_state ON jobs (state, created_at);

@@ -1,9 +1,9 @@
 """structlog set-up: JSON lines when not on a terminal (systemd, pipes), key=value on a terminal.
 
-Under systemd, each line also carries its level as sd-daemon(3)'s ``<N>`` prefix, so journald records the
-priority and ``journalctl -p err`` shows the failures alone; elsewhere the output is left as it is. The lines the
-command line writes itself (a configuration error before logging is set up, a progress line) go through ``say``,
-which prefixes them the same way.
+Under systemd, each line also carries its level as sd-daemon(3)'s ``<N>`` prefix, so journald
+records the priority and ``journalctl -p err`` shows the failures alone; elsewhere the output is
+left as it is. The lines the command line writes itself (a configuration error before logging is set
+up, a progress line) go through ``say``, which prefixes them the same way.
 """
 
 from __future__ import annotations
@@ -28,44 +28,53 @@ def use_json(cfg: LogConfig, stream: TextIO) -> bool:
 
 
 def writes_to_journal(stream: TextIO) -> bool:
-    """Whether ``stream`` is the journal's own connection: ``JOURNAL_STREAM`` names its device and inode
-    (systemd.exec(5)), and a stream that was redirected since (a pipe, a file) no longer matches them."""
+    """Whether ``stream`` is the journal's own connection: ``JOURNAL_STREAM`` names its device and
+    inode (systemd.exec(5)), and a stream that was redirected since (a pipe, a file) no longer
+    matches them."""
     device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
     try:
         stat = os.fstat(stream.fileno())
         return (stat.st_dev, stat.st_ino) == (int(device), int(inode))
-    except (OSError, ValueError):  # no such descriptor, not a real file (io.UnsupportedOperation), malformed
+    except (
+        OSError,
+        ValueError,
+    ):  # no such descriptor, not a real file (io.UnsupportedOperation), malformed
         return False
 
 
 def prefixed(text: str, level: str) -> str:
-    """``text`` with ``<N>`` before each of its lines: journald reads the prefix of each line apart."""
+    """``text`` with ``<N>`` before each of its lines: journald reads the prefix of each line
+    apart."""
     prefix = f"<{SYSLOG_PRIORITY.get(level, 6)}>"
     return "\n".join(prefix + line for line in text.split("\n"))
 
 
 def say(text: str, level: str = "error") -> None:
-    """Write ``text`` to stderr as the command line's own message at ``level``: prefixed where stderr is the
-    journal, unchanged on a terminal or a pipe."""
+    """Write ``text`` to stderr as the command line's own message at ``level``: prefixed where
+    stderr
+    is the journal, unchanged on a terminal or a pipe."""
     stream = sys.stderr
     print(prefixed(text, level) if writes_to_journal(stream) else text, file=stream, flush=True)
 
 
 class JournalPrefix:
-    """Wraps the final renderer and puts ``<N>`` before every line it renders (a console traceback spans
-    several, and journald reads the prefix of each)."""
+    """Wraps the final renderer and puts ``<N>`` before every line it renders (a console traceback
+    spans several, and journald reads the prefix of each)."""
 
     def __init__(self, renderer: structlog.typing.Processor) -> None:
         self._renderer = renderer
 
-    def __call__(self, logger: Any, method_name: str, event_dict: structlog.typing.EventDict) -> str:
+    def __call__(
+        self, logger: Any, method_name: str, event_dict: structlog.typing.EventDict
+    ) -> str:
         rendered = self._renderer(logger, method_name, event_dict)
         return prefixed(str(rendered), event_dict.get("level", method_name))
 
 
 class _Forward(logging.Handler):
-    """A library's record (stdlib logging: watchdog, botocore, aiohttp) as one of our lines, in the same format
-    and with the same journald priority, instead of Python's bare last-resort line on stderr."""
+    """A library's record (stdlib logging: watchdog, botocore, aiohttp) as one of our lines, in the
+    same format and with the same journald priority, instead of Python's bare last-resort line on
+    stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
         level = record.levelname.lower()
@@ -77,7 +86,8 @@ class _Forward(logging.Handler):
 
 
 def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
-    """Configure once at start-up; every module then logs through ``structlog.get_logger()``, and the
+    """Configure once at start-up; every module then logs through ``structlog.get_logger()``, and
+    the
     libraries' stdlib records (warnings and worse, stdlib's default) are forwarded to it."""
     level = getattr(logging, cfg.level.upper())
     renderer: structlog.typing.Processor = (

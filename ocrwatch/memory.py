@@ -1,7 +1,9 @@
-"""Bounding and returning the daemon's memory: the C heap's free memory handed back to the system (glibc's
-``malloc_trim``), and the one budget that bounds how many full-size page images are decoded at once.
+"""Bounding and returning the daemon's memory: the C heap's free memory handed back to the system
+(glibc's ``malloc_trim``), and the one budget that bounds how many full-size page images are decoded
+at once.
 
-Engines, the per-document session and the renderer all use them, so they sit at the bottom of the layers.
+Engines, the per-document session and the renderer all use them, so they sit at the bottom of the
+layers.
 """
 
 from __future__ import annotations
@@ -27,23 +29,29 @@ _MALLOC_TRIM = _find_malloc_trim()
 TRIM_INTERVAL_SECONDS = 10.0
 
 TRIM_AFTER_BYTES = 64 * 1024 * 1024
-"""A decode that held this much of a ``DecodeBudget`` is followed by a heap trim: glibc keeps a freed page
-image in its arenas otherwise, and RSS stays at its peak with nothing in flight."""
+"""A decode that held this much of a ``DecodeBudget`` is followed by a heap trim: glibc keeps a
+freed
+page image in its arenas otherwise, and RSS stays at its peak with nothing in flight."""
 
 
 def trim_heap() -> None:
-    """glibc may keep freed memory in its arenas instead of returning it: without a trim the daemon's RSS
-    climbs by gigabytes over a few hundred pages and stays there with nothing in flight."""
+    """glibc may keep freed memory in its arenas instead of returning it: without a trim the
+    daemon's
+    RSS climbs by gigabytes over a few hundred pages and stays there with nothing in flight."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
 
 class HeapTrimmer:
-    """``trim_heap`` at most once per ``interval`` seconds, and never twice at once: malloc_trim walks every
-    arena under its lock (tens of milliseconds with nothing to return, hundreds after a large free), so a wave
-    of documents finishing together must not queue one trim each behind the event loop's allocations."""
+    """``trim_heap`` at most once per ``interval`` seconds, and never twice at once: malloc_trim
+    walks
+    every arena under its lock (tens of milliseconds with nothing to return, hundreds after a large
+    free), so a wave of documents finishing together must not queue one trim each behind the event
+    loop's allocations."""
 
-    def __init__(self, interval: float = TRIM_INTERVAL_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float = TRIM_INTERVAL_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval = interval
         self._clock = clock
         self._last = -float("inf")
@@ -65,13 +73,14 @@ class HeapTrimmer:
 
 
 class DecodeBudget:
-    """Bytes of full-size page images that all render workers together may hold while a page is decoded and
-    brought down to its page size. One per process, shared by every worker: a bound per worker multiplies by
-    the number of workers, and one 160-megapixel image alone decodes to 635 MB.
+    """Bytes of full-size page images that all render workers together may hold while a page is
+    decoded
+    and brought down to its page size. One per process, shared by every worker: a bound per worker
+    multiplies by the number of workers, and one 160-megapixel image alone decodes to 635 MB.
 
-    Requests are served in arrival order, so a large page is not passed over for ever by small ones; a request
-    larger than the whole budget waits until nothing else is held and then runs alone. The counters are read by
-    tests and benchmarks.
+    Requests are served in arrival order, so a large page is not passed over for ever by small ones;
+    a request larger than the whole budget waits until nothing else is held and then runs alone. The
+    counters are read by tests and benchmarks.
     """
 
     def __init__(self, limit_bytes: int) -> None:
@@ -91,7 +100,8 @@ class DecodeBudget:
 
     @contextlib.contextmanager
     def hold(self, nbytes: int) -> Iterator[None]:
-        """Block until ``nbytes`` fit beside what others hold, and hold them while the block runs."""
+        """Block until ``nbytes`` fit beside what others hold, and hold them while the block
+        runs."""
         charge = max(0, min(nbytes, self.limit))
         ticket = object()
         with self._cond:
@@ -100,7 +110,9 @@ class DecodeBudget:
                 if not self._fits(ticket, charge):
                     self.waits += 1
                     self._cond.wait_for(lambda: self._fits(ticket, charge))
-            except BaseException:  # interrupted while waiting: never leave the ticket to block those behind it
+            except (
+                BaseException
+            ):  # interrupted while waiting: never leave the ticket to block those behind it
                 self._queue.remove(ticket)
                 self._cond.notify_all()
                 raise
@@ -114,7 +126,9 @@ class DecodeBudget:
         try:
             yield
         finally:
-            if nbytes >= TRIM_AFTER_BYTES:  # before the next one may start; the holder has dropped its image
+            if (
+                nbytes >= TRIM_AFTER_BYTES
+            ):  # before the next one may start; the holder has dropped its image
                 trim_heap()
             with self._cond:
                 self.held -= charge
@@ -130,6 +144,6 @@ UNBOUNDED = DecodeBudget(2**62)
 
 
 def image_bytes(mode: str, width: int, height: int) -> int:
-    """What a Pillow image of this mode and size takes in memory: one byte a pixel for 8-bit single-band modes,
-    two for 16-bit, four for the rest (RGB is stored as 32 bits)."""
+    """What a Pillow image of this mode and size takes in memory: one byte a pixel for 8-bit
+    single-band modes, two for 16-bit, four for the rest (RGB is stored as 32 bits)."""
     return width * height * (1 if mode in ("1", "L", "P") else 2 if mode.startswith("I;16") else 4)

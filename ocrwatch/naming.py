@@ -1,4 +1,5 @@
-"""Sidecar names, in one place: sinks write them, and sources must know them to never take one for a document."""
+"""Sidecar names, in one place: sinks write them, and sources must know them to never take one for a
+document."""
 
 from __future__ import annotations
 
@@ -13,21 +14,24 @@ FIGURE_FILE = re.compile(r"page-[1-9][0-9]*-figure-[1-9][0-9]*\.png")
 
 
 def sidecar_names(name: str, template: str) -> dict[str, str]:
-    """File names of the three sidecars for a source called ``name`` (template validated in config)."""
+    """File names of the three sidecars for a source called ``name`` (template validated in
+    config)."""
     base = _base(name, template)
     return {"md": f"{base}.md", "json": f"{base}.json", "error": f"{base}.error.json"}
 
 
 def output_names(name: str, template: str) -> dict[str, str]:
-    """Names of the further outputs beside the sidecars: the searchable PDF (``pdf``) and the figures' folder
-    (``assets``)."""
+    """Names of the further outputs beside the sidecars: the searchable PDF (``pdf``) and the
+    figures'
+    folder (``assets``)."""
     base = _base(name, template)
     return {"pdf": f"{base}{SEARCHABLE_SUFFIX}", "assets": f"{base}{ASSETS_SUFFIX}"}
 
 
 def is_output(path: str) -> bool:
-    """Whether a path or key (``/``-separated) names a searchable PDF or a figure ocrwatch writes, whatever the
-    template: such a file is never taken for a document, even with those outputs turned off since."""
+    """Whether a path or key (``/``-separated) names a searchable PDF or a figure ocrwatch writes,
+    whatever the template: such a file is never taken for a document, even with those outputs turned
+    off since."""
     folder, _, name = path.rpartition("/")
     if name.lower().endswith(SEARCHABLE_SUFFIX):
         return True
@@ -36,4 +40,6 @@ def is_output(path: str) -> bool:
 
 def _base(name: str, template: str) -> str:
     stem, dot, suffix = name.rpartition(".")
-    return template.format(name=name, stem=stem if dot else name, suffix=f".{suffix}" if dot else "")
+    return template.format(
+        name=name, stem=stem if dot else name, suffix=f".{suffix}" if dot else ""
+    )

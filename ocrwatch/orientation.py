@@ -171,9 +171,13 @@ def _then(first: tuple[float, ...], second: tuple[float, ...]) -> tuple[float, .
     a1, b1, c1, d1, e1, f1 = first
     a2, b2, c2, d2, e2, f2 = second
     return (
-        a1 * a2 + b1 * c2, a1 * b2 + b1 * d2, c1 * a2 + d1 * c2, c1 * b2 + d1 * d2,
-        e1 * a2 + f1 * c2 + e2, e1 * b2 + f1 * d2 + f2,
-    )  # fmt: skip
+        a1 * a2 + b1 * c2,
+        a1 * b2 + b1 * d2,
+        c1 * a2 + d1 * c2,
+        c1 * b2 + d1 * d2,
+        e1 * a2 + f1 * c2 + e2,
+        e1 * b2 + f1 * d2 + f2,
+    )
 
 
 def _decide(

@@ -65,11 +65,18 @@ class Copy(Protocol):
 
 
 async def prepare(
-    output: OutputConfig, origin: Origin, copy: Copy, pages: Sequence[PageOutcome], spool_dir: Path,
-    stages: dict[str, float], budget: DecodeBudget = UNBOUNDED,
-) -> Outputs:  # fmt: skip
-    """The outputs ``[output]`` asks for, for the document ``origin`` whose private copy is ``copy``. The
-    searchable PDF's build time goes into ``stages``; what it decodes is held within ``budget``."""
+    output: OutputConfig,
+    origin: Origin,
+    copy: Copy,
+    pages: Sequence[PageOutcome],
+    spool_dir: Path,
+    stages: dict[str, float],
+    budget: DecodeBudget = UNBOUNDED,
+) -> Outputs:
+    """The outputs ``[output]`` asks for, for the document ``origin`` whose private copy is
+    ``copy``.
+    The searchable PDF's build time goes into ``stages``; what it decodes is held within
+    ``budget``."""
     names = output_names(origin.name, output.name_template)
     source = copy.path
     result = Outputs()
@@ -91,8 +98,11 @@ async def prepare(
         else:
             result.files[names["pdf"]] = out
             result.sections["searchable_pdf"] = {
-                "path": names["pdf"], "bytes": size, "sha256": digest, "text_layer": layers.pages,
-            }  # fmt: skip
+                "path": names["pdf"],
+                "bytes": size,
+                "sha256": digest,
+                "text_layer": layers.pages,
+            }
             if layers.skipped:
                 result.sections["searchable_pdf"]["text_layer_skipped"] = layers.skipped
                 for skipped in layers.skipped:
@@ -105,8 +115,16 @@ async def prepare(
             for figure in outcome.figures:
                 path = f"{names['assets']}/{figure.file}"
                 result.files[path] = figure.png
-                listed.append({"page": figure.page, "name": figure.name, "bbox": list(figure.bbox), "path": path,
-                               "bytes": len(figure.png), "sha256": hashlib.sha256(figure.png).hexdigest()})  # fmt: skip
+                listed.append(
+                    {
+                        "page": figure.page,
+                        "name": figure.name,
+                        "bbox": list(figure.bbox),
+                        "path": path,
+                        "bytes": len(figure.png),
+                        "sha256": hashlib.sha256(figure.png).hexdigest(),
+                    }
+                )
         result.sections["figures"] = listed
     return result
 
@@ -121,18 +139,25 @@ def _shown_points(page: PageOutcome) -> tuple[float, float] | None:
 
 
 def _build(
-    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageOutcome], out: Path,
-    sha256: str, budget: DecodeBudget,
-) -> tuple[str, int, textlayer.Layers]:  # fmt: skip
-    """Write the searchable PDF to ``out``; its sha256, size and each page's text layer. Failed pages keep their
-    page and get no text; an image's pages are the size the sidecar records (pixels at its DPI)."""
+    source: Path,
+    kind: Literal["pdf", "image"],
+    pages: Sequence[PageOutcome],
+    out: Path,
+    sha256: str,
+    budget: DecodeBudget,
+) -> tuple[str, int, textlayer.Layers]:
+    """Write the searchable PDF to ``out``; its sha256, size and each page's text layer. Failed
+    pages
+    keep their page and get no text; an image's pages are the size the sidecar records (pixels at
+    its DPI)."""
     texts = [
         textlayer.page_text(
             page.width, page.height, page.result.recognition.blocks, page.orientation
         )
-        if page.result.status == "ok" and page.result.recognition is not None else None
+        if page.result.status == "ok" and page.result.recognition is not None
+        else None
         for page in pages
-    ]  # fmt: skip
+    ]
     sizes = [_shown_points(page) for page in pages]
     layers = textlayer.searchable_pdf(source, kind, texts, out, sha256, budget=budget, sizes=sizes)
     return sha256_file(out), out.stat().st_size, layers

@@ -83,11 +83,22 @@ past this is a content bomb's (``text_too_large``: OCR'd within the renderer's b
 LIST_TIMEOUT_SECONDS = 60.0
 
 REASONS = (
-    "good", "asked", "no_text", "little_text", "unreadable_codes", "unmapped_font",
-    "unknown_letters", "unknown_words", "no_dictionary", pdfcontent.CONTENT_TOO_LARGE,
-    pdfcontent.FORMS_TOO_DEEP, "unreadable_pdf", "extraction_failed", "extraction_timeout",
+    "good",
+    "asked",
+    "no_text",
+    "little_text",
+    "unreadable_codes",
+    "unmapped_font",
+    "unknown_letters",
+    "unknown_words",
+    "no_dictionary",
+    pdfcontent.CONTENT_TOO_LARGE,
+    pdfcontent.FORMS_TOO_DEEP,
+    "unreadable_pdf",
+    "extraction_failed",
+    "extraction_timeout",
     "text_too_large",
-)  # fmt: skip
+)
 """Every ``Check.reason``: the first two take the layer, the others OCR the page."""
 
 _LEADERS = re.compile(r"(?:[.·…_\-–—]\s*){4,}")
@@ -172,9 +183,15 @@ def _known(word: str, vocabulary: frozenset[str]) -> bool:
 
 
 def check(
-    path: Path, index: int, mode: TextMode, lang: str, knowledge: Knowledge, *,
-    budget: DecodeBudget, timeout: float,
-) -> Check:  # fmt: skip
+    path: Path,
+    index: int,
+    mode: TextMode,
+    lang: str,
+    knowledge: Knowledge,
+    *,
+    budget: DecodeBudget,
+    timeout: float,
+) -> Check:
     """Page ``index``'s own text, and whether to take it (``mode`` ``auto`` or ``layer``)."""
     started = time.perf_counter()
     text, reason = _extract(path, index, budget, timeout)
@@ -226,8 +243,11 @@ def _bounded(argv: list[str], timeout: float, limit: int) -> bytes | None:
     deadline = time.monotonic() + timeout
     chunks: list[bytes] = []
     size = 0
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as process, \
-            children.tracked(process), selectors.DefaultSelector() as selector:  # fmt: skip
+    with (
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as process,
+        children.tracked(process),
+        selectors.DefaultSelector() as selector,
+    ):
         assert process.stdout is not None
         selector.register(process.stdout, selectors.EVENT_READ)
         try:
@@ -288,7 +308,9 @@ class Tessdata:
     def _read_letters(self) -> frozenset[str] | None:
         try:
             done = children.run(
-                [self._binary, "--list-langs"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                [self._binary, "--list-langs"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
                 timeout=LIST_TIMEOUT_SECONDS,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -297,8 +319,11 @@ class Tessdata:
         listed = done.stdout.decode("utf-8", "replace")
         folder = plaintext.tessdata_dir(listed)
         if done.returncode != 0 or folder is None or plaintext.tools_missing():
-            log.warning("text_dictionary_missing", error="tesseract, its language data or its "
-                        "training tools (combine_tessdata, dawg2wordlist) not found")  # fmt: skip
+            log.warning(
+                "text_dictionary_missing",
+                error="tesseract, its language data or its "
+                "training tools (combine_tessdata, dawg2wordlist) not found",
+            )
             return None
         self._folder = folder
         letters: set[str] = set()
@@ -315,7 +340,9 @@ class Tessdata:
         try:
             children.run(
                 ["combine_tessdata", "-e", str(self._folder / f"{lang}.traineddata"), str(out)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=LIST_TIMEOUT_SECONDS,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=LIST_TIMEOUT_SECONDS,
             )
         except (OSError, subprocess.TimeoutExpired):
             return None
@@ -378,9 +405,15 @@ class Copy(Protocol):
 
 
 def pages(
-    cfg: Config, origin: Origin, copy: Copy, asked: TextMode | None, engine: str, lang: str | None,
-    budget: DecodeBudget, observe: Callable[[float], None],
-) -> Pages:  # fmt: skip
+    cfg: Config,
+    origin: Origin,
+    copy: Copy,
+    asked: TextMode | None,
+    engine: str,
+    lang: str | None,
+    budget: DecodeBudget,
+    observe: Callable[[float], None],
+) -> Pages:
     """The page maker for the job of ``origin`` read by ``engine`` in Tesseract's languages
     ``lang`` (None: ``[engine.tesseract] lang``); ``asked``: ``ocrwatch ocr --text``."""
     tess = cfg.engine.tesseract
@@ -407,8 +440,15 @@ class Pages:
     def __call__(self, index: int) -> render.RenderedPage | Checked:
         if self.mode == "ocr" or self.info.kind != "pdf":
             return self._render(index)
-        found = check(self.path, index, self.mode, self.lang, self.knowledge, budget=self.budget,
-                      timeout=self.spec.timeout_seconds)  # fmt: skip
+        found = check(
+            self.path,
+            index,
+            self.mode,
+            self.lang,
+            self.knowledge,
+            budget=self.budget,
+            timeout=self.spec.timeout_seconds,
+        )
         log.debug("text_checked", page=index + 1, reason=found.reason, seconds=found.seconds)
         if found.text is None:
             return Checked(found.record(), self._render(index))
@@ -429,6 +469,6 @@ class Pages:
         recognition = Recognition(markdown=text, raw=found.text, seconds=found.seconds, plain=plain)
         result = ladder.PageResult("ok", recognition, [])
         width, height = (max(1, math.ceil(side * dpi / 72)) for side in (width_pt, height_pt))
-        return PageOutcome(index, width, height, dpi, 0.0, result, text_source="layer",
-                           text_check=found.record())  # fmt: skip
-
+        return PageOutcome(
+            index, width, height, dpi, 0.0, result, text_source="layer", text_check=found.record()
+        )

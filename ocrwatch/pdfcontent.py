@@ -55,11 +55,24 @@ _ENDS = rb"(?=[\x00\t\n\x0c\r ()<>\[\]{}/%]|\Z)"
 # data follows. The rest (numbers, other names and operators) the regular expression engine skips.
 _NEXT = re.compile(
     rb"%[^\r\n]*"
-    + rb"|\(([^()\\]+)\)(?:[" + _WS + rb"]*(" + _REGULAR + rb"+)" + _ENDS + rb")?"
+    + rb"|\(([^()\\]+)\)(?:["
+    + _WS
+    + rb"]*("
+    + _REGULAR
+    + rb"+)"
+    + _ENDS
+    + rb")?"
     + rb"|\((?!\))|<<|>>|<(?!>)[^>]*>?|\[|\]"
-    + rb"|/(" + _REGULAR + rb"*)[" + _WS + rb"]+Do" + _ENDS
-    + rb"|I(?<=[\x00\t\n\x0c\r )>\]}]I)D(?=[" + _WS + rb"])"
-)  # fmt: skip
+    + rb"|/("
+    + _REGULAR
+    + rb"*)["
+    + _WS
+    + rb"]+Do"
+    + _ENDS
+    + rb"|I(?<=[\x00\t\n\x0c\r )>\]}]I)D(?=["
+    + _WS
+    + rb"])"
+)
 _FOLLOWING = re.compile(rb"(?:[" + _WS + rb"]|%[^\r\n]*)*(" + _REGULAR + rb"+)" + _ENDS)
 _HEX_DIGIT = re.compile(rb"[0-9A-Fa-f]")
 _IMAGE_END = re.compile(rb"[" + _WS + rb"]EI" + _ENDS)
@@ -81,9 +94,11 @@ class Drawn:
 
 
 def read_page(
-    page: pikepdf.Page, budget: DecodeBudget = UNBOUNDED, limit: int = MAX_PAGE_BYTES,
+    page: pikepdf.Page,
+    budget: DecodeBudget = UNBOUNDED,
+    limit: int = MAX_PAGE_BYTES,
     depth: int = MAX_FORM_DEPTH,
-) -> Drawn:  # fmt: skip
+) -> Drawn:
     """Whether ``page`` shows text of its own (a text-showing operator with a non-empty string, in
     its content or in a form it draws), reading at most ``limit`` decoded bytes and forms at most
     ``depth`` deep."""
@@ -285,10 +300,18 @@ def _decrypted(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 _STAGES: dict[str, Callable[[Iterable[bytes]], Iterator[bytes]]] = {
-    "/FlateDecode": _inflate, "/Fl": _inflate, "/ASCIIHexDecode": _ascii_hex, "/AHx": _ascii_hex,
-    "/ASCII85Decode": _ascii85, "/A85": _ascii85, "/RunLengthDecode": _run_length,
-    "/RL": _run_length, "/LZWDecode": _lzw, "/LZW": _lzw, "/Crypt": _decrypted,
-}  # fmt: skip
+    "/FlateDecode": _inflate,
+    "/Fl": _inflate,
+    "/ASCIIHexDecode": _ascii_hex,
+    "/AHx": _ascii_hex,
+    "/ASCII85Decode": _ascii85,
+    "/A85": _ascii85,
+    "/RunLengthDecode": _run_length,
+    "/RL": _run_length,
+    "/LZWDecode": _lzw,
+    "/LZW": _lzw,
+    "/Crypt": _decrypted,
+}
 
 
 # --- scanning decoded content ---------------------------------------------------------------------

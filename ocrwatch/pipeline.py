@@ -45,7 +45,10 @@ from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import Metrics
 from ocrwatch.recognition import Recognition
 from ocrwatch.scheduler import (
-    PageOutcome, PageScheduler, auto_active_documents, auto_render_ahead,
+    PageOutcome,
+    PageScheduler,
+    auto_active_documents,
+    auto_render_ahead,
     auto_render_workers,
 )
 from ocrwatch.session import DocumentSession
@@ -62,13 +65,18 @@ log = structlog.get_logger()
 
 @dataclass(frozen=True)
 class Progress:
-    """A job the pipeline holds: whether it has a slot now, and its pages once they are being recognised."""
+    """A job the pipeline holds: whether it has a slot now, and its pages once they are being
+    recognised."""
 
     job: Job
     running: bool
     pages_done: int
-    pages_total: int | None  # None until its pages are in the scheduler (fetching, probing, writing, waiting)
-    eta_seconds: float | None = None  # the pages left at the rate of those done; None before the first
+    pages_total: (
+        int | None
+    )  # None until its pages are in the scheduler (fetching, probing, writing, waiting)
+    eta_seconds: float | None = (
+        None  # the pages left at the rate of those done; None before the first
+    )
 
 
 class Pipeline:
@@ -80,11 +88,17 @@ class Pipeline:
         self.metrics = metrics
         self.supervisor = EngineSupervisor(cfg, metrics)
         self.recognition = Recognition(self.supervisor, metrics, cfg.output.images)
-        self.hooks = HookRunner(cfg.hook, ledger, metrics)  # started by the daemon, after it resumes the ledger
-        self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)  # one for every render worker
+        self.hooks = HookRunner(
+            cfg.hook, ledger, metrics
+        )  # started by the daemon, after it resumes the ledger
+        self.decode_budget = DecodeBudget(
+            cfg.render.decode_budget_mb * 1024 * 1024
+        )  # one for every render worker
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
-        self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)  # a source's fate once it is done
+        self.archive = Archiver(
+            cfg.output, self.sources, self.sinks, metrics
+        )  # a source's fate once it is done
         self.admission = Admission(
             ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload
         )
@@ -98,7 +112,8 @@ class Pipeline:
         self._executors: dict[str, Executor] = {}
 
     async def start(self) -> None:
-        """Start the engine, then size the scheduler and the document slots from what it can take."""
+        """Start the engine, then size the scheduler and the document slots from what it can
+        take."""
         render.check_renderer(self.cfg.render)
         engine = await self.supervisor.start()
         sched = self.cfg.scheduler
@@ -135,9 +150,10 @@ class Pipeline:
         )
 
     def add_source(self, source: Source, sink: Sink, executor: Executor | None = None) -> None:
-        """``executor``: where the sink's blocking calls run (an S3 source's own pool, so a bucket that does not
-        answer ties up no thread the ledger or another source needs); None for the default pool. The pipeline
-        shuts it down at ``close``."""
+        """``executor``: where the sink's blocking calls run (an S3 source's own pool, so a bucket
+        that
+        does not answer ties up no thread the ledger or another source needs); None for the default
+        pool. The pipeline shuts it down at ``close``."""
         self.sources[source.name] = source
         self.sinks[source.name] = sink
         if executor is not None:
@@ -153,15 +169,19 @@ class Pipeline:
             executor.shutdown(wait=False, cancel_futures=True)
 
     async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
-        """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with the caller's
-        context, as ``to_thread`` would: its log lines keep the job's id)."""
+        """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with
+        the
+        caller's context, as ``to_thread`` would: its log lines keep the job's id)."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._executors.get(job.source), call)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executors.get(job.source), call
+        )
 
     # --- admission (``admission.py``) ---------------------------------------------------------
 
     async def submit(self, job: Job) -> None:
-        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be done."""
+        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be
+        done."""
         await self.admission.submit(job)
 
     async def resume(self) -> int:
@@ -174,10 +194,10 @@ class Pipeline:
         return self._runs.keys()
 
     def start_job(self, job: Job, asked: Asked | None = None) -> asyncio.Task[str]:
-        """Run the job in a task of its own, unless it already runs; the task's result is its final status.
-        A job a source found is started by ``Admission.dispatch``, in the slot it took for it. One that
-        ``asked`` for languages or a text mode (``ocrwatch ocr``) is never recorded in the ledger, and its
-        task waits for a slot."""
+        """Run the job in a task of its own, unless it already runs; the task's result is its final
+        status. A job a source found is started by ``Admission.dispatch``, in the slot it took for
+        it. One that ``asked`` for languages or a text mode (``ocrwatch ocr``) is never recorded in
+        the ledger, and its task waits for a slot."""
         assert self._slots is not None, "Pipeline.start() first"
         existing = self._runs.get(job.key)
         if existing is not None and existing.task is not None and not existing.task.done():
@@ -204,11 +224,14 @@ class Pipeline:
             self.admission.wake()
 
     def progress(self) -> list[Progress]:
-        """Every job this pipeline runs or holds, and how far its pages are (``ocrwatch status``, ``ocr``)."""
+        """Every job this pipeline runs or holds, and how far its pages are (``ocrwatch status``,
+        ``ocr``)."""
         out = []
         for run in self._runs.values():
             document = run.document
-            done, total = (len(document.outcomes), document.pages) if document is not None else (0, None)
+            done, total = (
+                (len(document.outcomes), document.pages) if document is not None else (0, None)
+            )
             eta = None
             if document is not None and done:
                 eta = (document.pages - done) * (time.monotonic() - document.added) / done
@@ -216,7 +239,8 @@ class Pipeline:
         return out
 
     def update_gauges(self) -> None:
-        """Queue depths, documents admitted and the oldest unfinished job: cheap enough for every scrape."""
+        """Queue depths, documents admitted and the oldest unfinished job: cheap enough for every
+        scrape."""
         metrics = self.metrics
         if self.scheduler is not None:
             for stage, depth in self.scheduler.depth.items():
@@ -253,11 +277,12 @@ class Pipeline:
         await self.hooks.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
         return len(pending)
 
-    # --- one job: attempts ------------------------------------------------------------------------------------
+    # --- one job: attempts ------------------------------------------------------------------------
 
     async def _run(self, run: JobRun) -> str:
-        """The job's attempts, each in one of the ``max_active_documents`` slots (a job waiting out its backoff
-        holds none, so the others go on); its final status."""
+        """The job's attempts, each in one of the ``max_active_documents`` slots (a job waiting out
+        its
+        backoff holds none, so the others go on); its final status."""
         job = run.job
         structlog.contextvars.bind_contextvars(job_id=job_id(job))
         attempts = 0
@@ -274,7 +299,9 @@ class Pipeline:
                             await self._release_attempt(run)
                             raise
                         except Exception as exc:
-                            if is_place_fault(exc):  # not the document's fault: queued again, attempt given back
+                            if is_place_fault(
+                                exc
+                            ):  # not the document's fault: queued again, attempt given back
                                 attempts = await run.record.park(classify(exc).as_dict())
                             raise
         except asyncio.CancelledError:
@@ -302,25 +329,31 @@ class Pipeline:
             self._slots.release()
 
     async def _start_attempt(self, run: JobRun) -> int:
-        """Count the attempt before it runs, so a document that kills the process cannot resume forever."""
+        """Count the attempt before it runs, so a document that kills the process cannot resume
+        forever."""
         job = run.job
         attempts = await run.record.record_attempt()
         if attempts is not None and attempts > self.cfg.retry.attempts:
             raise CrashLoop(
-                f"{job.origin.uri}: {attempts - 1} attempts used up in runs of the daemon that ended uncleanly"
+                f"{job.origin.uri}: {attempts - 1} attempts used up in runs of the daemon that "
+                "ended uncleanly"
                 " (killed, out of memory, power lost)"
             )
         return attempts or 1
 
     async def _release_attempt(self, run: JobRun) -> None:
-        """A clean shutdown interrupted the attempt (the job task is cancelled only while draining): it is
-        given back, so only an unclean end (``kill -9``, power loss) counts toward ``crash_loop``."""
+        """A clean shutdown interrupted the attempt (the job task is cancelled only while draining):
+        it
+        is given back, so only an unclean end (``kill -9``, power loss) counts toward
+        ``crash_loop``."""
         try:
             await run.record.release_attempt()
-        except Exception as exc:  # never turns the stop into a failure: the attempt stays counted, no more
+        except (
+            Exception
+        ) as exc:  # never turns the stop into a failure: the attempt stays counted, no more
             log.warning("attempt_not_released", kind=classify(exc).kind, error=str(exc))
 
-    # --- one job: the steps -----------------------------------------------------------------------------------
+    # --- one job: the steps -----------------------------------------------------------------------
 
     async def _process(self, run: JobRun) -> str:
         """One attempt at a document: the steps in order, each timed into the sidecar's stages."""
@@ -329,7 +362,9 @@ class Pipeline:
         assert self.scheduler is not None and engine is not None
         started = time.time()
         stages: dict[str, float] = {"waiting": started - job.detected_at}
-        async with DocumentSession(job_id(job), self.cfg.state_dir / "tmp", engine, self.scheduler) as session:
+        async with DocumentSession(
+            job_id(job), self.cfg.state_dir / "tmp", engine, self.scheduler
+        ) as session:
             assert session.spool_dir is not None
             await record.set_state("rendering")
             with timed(stages, "fetch_probe"):
@@ -347,7 +382,13 @@ class Pipeline:
                     pages = await self.render_and_recognize(run, session, probed)
                 await record.set_state("writing")
                 made = await outputs.prepare(
-                    self.cfg.output, job.origin, probed, pages, session.spool_dir, stages, self.decode_budget
+                    self.cfg.output,
+                    job.origin,
+                    probed,
+                    pages,
+                    session.spool_dir,
+                    stages,
+                    self.decode_budget,
                 )
             with timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 if reused is None:
@@ -360,19 +401,29 @@ class Pipeline:
         pages = document["pages"]
         await record.set_state("writing", pages_done=len(pages))
         await record.mark_done()
-        moved = await self._offload(job, self.archive.apply_on_success, job, document["status"], probed.sha256, probed.changed)
+        moved = await self._offload(
+            job,
+            self.archive.apply_on_success,
+            job,
+            document["status"],
+            probed.sha256,
+            probed.changed,
+        )
         await self.hooks.release(event, moved)  # the hooks are told where a move took the sidecars
         self.recognition.record_success(job, document["status"], stages)
         await self.sources[job.source].finish(job, "done")
         log.info(
-            "job_done", status=document["status"], pages=len(pages), seconds=round(time.time() - started, 3),
+            "job_done",
+            status=document["status"],
+            pages=len(pages),
+            seconds=round(time.time() - started, 3),
             uri=job.origin.uri,
         )
         return str(document["status"])
 
     async def _hold(self, run: JobRun | None, job: Job, document: dict[str, Any]) -> int | None:
-        """The result recorded for the hooks before it is published; none for a job the ledger never hears of
-        (``ocrwatch ocr``, which runs no hooks without a daemon either)."""
+        """The result recorded for the hooks before it is published; none for a job the ledger never
+        hears of (``ocrwatch ocr``, which runs no hooks without a daemon either)."""
         if run is not None and not run.recorded:
             return None
         return await self.hooks.hold(job, document, self.sinks[job.source])
@@ -380,8 +431,8 @@ class Pipeline:
     async def render_and_recognize(
         self, run: JobRun, session: DocumentSession, probed: Probed
     ) -> list[PageOutcome]:
-        """Every page through the shared scheduler, in order. A source rewritten meanwhile is tried again
-        whole rather than given pages of two versions."""
+        """Every page through the shared scheduler, in order. A source rewritten meanwhile is tried
+        again whole rather than given pages of two versions."""
         assert self.scheduler is not None
         job = run.job
         run.lang = job_lang(self.cfg, run)
@@ -392,41 +443,61 @@ class Pipeline:
             detected_at=job.detected_at,
             pages=probed.info.pages,
             prompt=self.cfg.prompt_text(job.prompt),
-            render=pagetext.pages(self.cfg, job.origin, probed, text,
-                                  self.supervisor.kind, run.lang, self.decode_budget,
-                                  self.metrics.stage_seconds.labels(stage="render").observe),  # fmt: skip
+            render=pagetext.pages(
+                self.cfg,
+                job.origin,
+                probed,
+                text,
+                self.supervisor.kind,
+                run.lang,
+                self.decode_budget,
+                self.metrics.stage_seconds.labels(stage="render").observe,
+            ),
         )
         run.document = session.document
         try:
             with self.recognition.languages(session.job_id, run.lang):
                 with naming(probed.path, job.origin):
                     pages = await session.document.future
-        except PermanentError as exc:  # a page of the replacement, rendered with the old one's page count
+        except (
+            PermanentError
+        ) as exc:  # a page of the replacement, rendered with the old one's page count
             if await asyncio.to_thread(probed.changed):
-                raise SourceChanged(f"{job.origin.uri} changed while it was processed ({exc.kind})") from exc
+                raise SourceChanged(
+                    f"{job.origin.uri} changed while it was processed ({exc.kind})"
+                ) from exc
             raise
         finally:
             run.document = None
-        # Checked after recognition, before anything is written: sidecars never describe a version that was
-        # replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and mtime).
+        # Checked after recognition, before anything is written: sidecars never describe a version
+        # that was replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and
+        # mtime).
         if await asyncio.to_thread(probed.changed):
             raise SourceChanged(f"{job.origin.uri} changed while it was processed")
         return pages
 
     async def write_sidecars(
-        self, job: Job, markdown: str, document: dict[str, Any], made: outputs.Outputs, access: Access | None
+        self,
+        job: Job,
+        markdown: str,
+        document: dict[str, Any],
+        made: outputs.Outputs,
+        access: Access | None,
     ) -> None:
-        """The Markdown, the further outputs, then the JSON (the commit marker), through the job's sink."""
+        """The Markdown, the further outputs, then the JSON (the commit marker), through the job's
+        sink."""
         sink = self.sinks[job.source]
         await self._offload(job, sink.write, job, markdown, document, made.files, access)
 
-    # --- giving up --------------------------------------------------------------------------------------------
+    # --- giving up --------------------------------------------------------------------------------
 
     async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
-        """Give a job up: logged, counted, recorded in the ledger, its error sidecar written beside the source
-        (none for a vanished source: nothing to sit beside, and the ledger re-admits it if it returns), and
-        its source told. The pipeline calls it when a job's attempts are spent; a source calls it (it is
-        handed to ``Source.start``) for a job it must give up unprocessed, such as an S3 poison message."""
+        """Give a job up: logged, counted, recorded in the ledger, its error sidecar written beside
+        the
+        source (none for a vanished source: nothing to sit beside, and the ledger re-admits it if it
+        returns), and its source told. The pipeline calls it when a job's attempts are spent; a
+        source calls it (it is handed to ``Source.start``) for a job it must give up unprocessed,
+        such as an S3 poison message."""
         run = self._runs.get(job.key)
         record = run.record if run is not None else Record(self.ledger, job.key)
         if run is None:  # from a source: the job never ran here
@@ -437,13 +508,20 @@ class Pipeline:
                     return
                 await record.admit(job, fingerprint)  # so the failure has a row to be recorded in
         log.error(
-            "job_failed", uri=job.origin.uri, kind=error.kind, error=error.message, hint=error.hint,
-            retryable=error.retryable, attempts=attempts,
+            "job_failed",
+            uri=job.origin.uri,
+            kind=error.kind,
+            error=error.message,
+            hint=error.hint,
+            retryable=error.retryable,
+            attempts=attempts,
         )
         self.metrics.documents.labels(status="failed").inc()
         body = assemble.error_document(
             assemble.source_section(job, None, run.read if run is not None else None, None),
-            error.as_dict(), attempts, time.time(),
+            error.as_dict(),
+            attempts,
+            time.time(),
         )
         event = await self._hold(run, job, body)  # before the failure is recorded
         await record.mark_failed(error.as_dict())
@@ -454,4 +532,3 @@ class Pipeline:
                 log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
         moved = await self.sources[job.source].finish(job, "failed", error.kind)
         await self.hooks.release(event, moved)  # told where a quarantine took the source
-

@@ -227,8 +227,9 @@ def _wordlist(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
             if Path(prefix + dawg).is_file() and Path(prefix + unicharset).is_file():
                 listed = subprocess.run(
                     ["dawg2wordlist", prefix + unicharset, prefix + dawg, f"{folder}/words"],
-                    capture_output=True, timeout=WORDLIST_TIMEOUT,
-                )  # fmt: skip
+                    capture_output=True,
+                    timeout=WORDLIST_TIMEOUT,
+                )
                 if listed.returncode == 0:
                     text = Path(f"{folder}/words").read_text(encoding="utf-8", errors="replace")
                     return frozenset(word.lower() for word in text.split())

@@ -1,17 +1,18 @@
 """Documents to page images, lazily, one page at a time.
 
-``probe`` decides what a file is from its content (magic bytes, then a parse probe: ``pdfinfo`` for PDFs, the
-Pillow header for images), counts its pages and applies the size and page limits before anything is rendered.
-``render_page`` rasterises one page: PDFs through one ``pdftoppm`` run per page at a DPI lowered where a page is
-too large for the caps, images through Pillow (``imagepages``: every TIFF frame, EXIF orientation
-applied, downscaled to the caps, and a DPI even where the file records none); then each page is
-turned upright (``orientation``: ``[render] rotate_pages`` and ``deskew``). Both are blocking and
-meant for a worker thread; the heavy PDF work happens in a subprocess with a deadline. Decoding is
-bounded twice: oversized images are refused before decoding, and the full-size images that workers
-hold at once are bounded by one shared ``DecodeBudget``.
+``probe`` decides what a file is from its content (magic bytes, then a parse probe: ``pdfinfo`` for
+PDFs, the Pillow header for images), counts its pages and applies the size and page limits before
+anything is rendered. ``render_page`` rasterises one page: PDFs through one ``pdftoppm`` run per
+page at a DPI lowered where a page is too large for the caps, images through Pillow (``imagepages``:
+every TIFF frame, EXIF orientation applied, downscaled to the caps, and a DPI even where the file
+records none); then each page is turned upright (``orientation``: ``[render] rotate_pages`` and
+``deskew``). Both are blocking and meant for a worker thread; the heavy PDF work happens in a
+subprocess with a deadline. Decoding is bounded twice: oversized images are refused before decoding,
+and the full-size images that workers hold at once are bounded by one shared ``DecodeBudget``.
 
-Every failure is one of the specific errors in ``ocrwatch.errors``; no shell is ever involved, and file names
-reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are plain file names.
+Every failure is one of the specific errors in ``ocrwatch.errors``; no shell is ever involved, and
+file names reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are plain file
+names.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
 
 log = structlog.get_logger()
 
-# pdfinfo only reads the cross-reference table and the page tree; the deadline exists so that a pathological
-# file cannot hang the caller, not because a healthy probe ever comes near it.
+# pdfinfo only reads the cross-reference table and the page tree; the deadline exists so that a
+# pathological file cannot hang the caller, not because a healthy probe ever comes near it.
 PROBE_TIMEOUT_SECONDS = 60.0
 
 _PDFINFO_PAGES = re.compile(r"^Pages:\s+(\d+)\s*$", re.MULTILINE)
@@ -77,10 +78,10 @@ _PDFINFO_SIZE = re.compile(r"^Page\s+(\d+) size:\s+([\d.]+) x ([\d.]+) pts", re.
 _PDFINFO_ROT = re.compile(r"^Page\s+(\d+) rot:\s+(-?\d+)", re.MULTILINE)
 
 
-
 def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSpec:
-    """``[render] dpi`` when set, else the engine's DPI, else ``DEFAULT_DPI``; the engine's geometry may only
-    tighten the caps, so a page is never larger than the engine can use, whoever chose the DPI."""
+    """``[render] dpi`` when set, else the engine's DPI, else ``DEFAULT_DPI``; the engine's geometry
+    may only tighten the caps, so a page is never larger than the engine can use, whoever chose the
+    DPI."""
     max_side, max_pixels = cfg.max_side, cfg.max_pixels
     dpi = DEFAULT_DPI
     if geometry is not None:
@@ -105,12 +106,14 @@ def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSp
     )
 
 
-def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> DocumentInfo:
+def probe(
+    path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS
+) -> DocumentInfo:
     """Identify the document and check the limits, cheaply and before rendering anything.
 
-    Raises the specific permanent error (EmptyFile, FileTooLarge, NotADocument, EncryptedPdf, CorruptPdf,
-    CorruptImage, NoPages, TooManyPages, TooManyPixels, NotARegularFile), SourceGone if the file vanished, or
-    RenderTimeout if pdfinfo exceeded ``timeout_seconds``.
+    Raises the specific permanent error (EmptyFile, FileTooLarge, NotADocument, EncryptedPdf,
+    CorruptPdf, CorruptImage, NoPages, TooManyPages, TooManyPixels, NotARegularFile), SourceGone if
+    the file vanished, or RenderTimeout if pdfinfo exceeded ``timeout_seconds``.
     """
     try:
         st = os.stat(path)
@@ -122,17 +125,23 @@ def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_
         raise EmptyFile(f"{path}: zero bytes")
     if st.st_size > limits.max_bytes:
         raise FileTooLarge(f"{path}: {st.st_size} bytes, more than max_bytes={limits.max_bytes}")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # had it become a FIFO since stat, no block
+    fd = os.open(
+        path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+    )  # had it become a FIFO since stat, no block
     try:
         head = os.read(fd, HEAD_BYTES)
     finally:
         os.close(fd)
     kind = sniff(head)
-    if kind is None:  # a PDF if poppler reads pages from it, as tolerant readers do: a header after more than
+    if (
+        kind is None
+    ):  # a PDF if poppler reads pages from it, as tolerant readers do: a header after more than
         try:  # 1 KiB of junk, or none at all (poppler rebuilds the cross-reference table)
             pages, sizes = _probe_pdf(path, limits, timeout_seconds)
         except (CorruptPdf, NoPages):  # stray PDF keywords in a text give no pages
-            raise NotADocument(f"{path}: neither a PDF nor a PNG, JPEG, TIFF or WebP image (by content)") from None
+            raise NotADocument(
+                f"{path}: neither a PDF nor a PNG, JPEG, TIFF or WebP image (by content)"
+            ) from None
         kind = "pdf"
     elif kind == "pdf":
         pages, sizes = _probe_pdf(path, limits, timeout_seconds)
@@ -148,10 +157,15 @@ def probe(path: Path, limits: Limits, *, timeout_seconds: float = PROBE_TIMEOUT_
 
 
 def render_page(
-    path: Path, info: DocumentInfo, index: int, spec: RenderSpec, *, budget: DecodeBudget = UNBOUNDED
+    path: Path,
+    info: DocumentInfo,
+    index: int,
+    spec: RenderSpec,
+    *,
+    budget: DecodeBudget = UNBOUNDED,
 ) -> RenderedPage:
-    """Render page ``index`` (0-based). Blocking: call it from a worker thread. The page's full-size image is
-    decoded only within ``budget``, which every render worker of the process must share."""
+    """Render page ``index`` (0-based). Blocking: call it from a worker thread. The page's full-size
+    image is decoded only within ``budget``, which every render worker of the process must share."""
     if not 0 <= index < info.pages:
         raise IndexError(f"page {index} of a {info.pages}-page document")
     started = time.perf_counter()
@@ -161,35 +175,64 @@ def render_page(
         image, dpi = render_pdf(path, info, index, spec, budget)
     else:
         image, dpi, dpi_from = render_image_page(
-            path, info.mime, index, max_side=spec.max_side, max_pixels=spec.max_pixels,
-            limit_pixels=spec.limit_pixels, configured_dpi=spec.image_dpi, budget=budget,
-        )  # fmt: skip
+            path,
+            info.mime,
+            index,
+            max_side=spec.max_side,
+            max_pixels=spec.max_pixels,
+            limit_pixels=spec.limit_pixels,
+            configured_dpi=spec.image_dpi,
+            budget=budget,
+        )
     seconds = time.perf_counter() - started
     image, turned = orientation.upright(image, dpi, spec.upright)
     image.info["dpi"] = (dpi, dpi)  # what Tesseract is told, whatever the file recorded
-    log.debug("page_rendered", page=index, width=image.width, height=image.height, dpi=dpi,
-              dpi_from=dpi_from, seconds=seconds)  # fmt: skip
+    log.debug(
+        "page_rendered",
+        page=index,
+        width=image.width,
+        height=image.height,
+        dpi=dpi,
+        dpi_from=dpi_from,
+        seconds=seconds,
+    )
     if turned.turned or turned.decided_by == "failed":
-        log.info("page_turned", page=index, rotation=turned.rotation, detected=turned.detected,
-                 confidence=turned.confidence, decided_by=turned.decided_by,
-                 deskew=turned.deskew)  # fmt: skip
-    return RenderedPage(index=index, image=image, dpi=dpi, width=image.width, height=image.height,
-                        seconds=seconds, dpi_from=dpi_from, orientation=turned)  # fmt: skip
+        log.info(
+            "page_turned",
+            page=index,
+            rotation=turned.rotation,
+            detected=turned.detected,
+            confidence=turned.confidence,
+            decided_by=turned.decided_by,
+            deskew=turned.deskew,
+        )
+    return RenderedPage(
+        index=index,
+        image=image,
+        dpi=dpi,
+        width=image.width,
+        height=image.height,
+        seconds=seconds,
+        dpi_from=dpi_from,
+        orientation=turned,
+    )
 
 
 def page_dpi(width_pt: float, height_pt: float, spec: RenderSpec) -> float:
-    """The DPI for a page of this size: the wanted DPI, lowered until pdftoppm's output fits the caps.
+    """The DPI for a page of this size: the wanted DPI, lowered until pdftoppm's output fits the
+    caps.
 
-    pdftoppm makes ``ceil(points * dpi / 72)`` pixels per side; the result is rounded down to 1/100 DPI, which
-    is how it is passed on the command line. Raises TooManyPixels when the config's caps cannot be met at
-    ``min_dpi``.
+    pdftoppm makes ``ceil(points * dpi / 72)`` pixels per side; the result is rounded down to 1/100
+    DPI, which is how it is passed on the command line. Raises TooManyPixels when the config's caps
+    cannot be met at ``min_dpi``.
     """
     width_pt, height_pt = max(width_pt, 1.0), max(height_pt, 1.0)
     limit = _fit_dpi(width_pt, height_pt, spec.limit_side, spec.limit_pixels)
     if limit < spec.min_dpi:
         raise TooManyPixels(
             f"a {width_pt / 72:.0f} x {height_pt / 72:.0f} inch page needs {limit:.1f} dpi to fit "
-            f"max_side={spec.limit_side} and max_pixels={spec.limit_pixels}, below min_dpi={spec.min_dpi:g}"
+            f"max_side={spec.limit_side} and max_pixels={spec.limit_pixels}, below "
+            f"min_dpi={spec.min_dpi:g}"
         )
     return min(spec.dpi, _fit_dpi(width_pt, height_pt, spec.max_side, spec.max_pixels))
 
@@ -205,10 +248,16 @@ def plan_pdf(info: DocumentInfo, spec: RenderSpec, *, job_id: str, uri: str) -> 
             lowered[number] = dpi
     if lowered:
         log.info(
-            "page_dpi_lowered", job_id=job_id, uri=uri, pages=_ranges(list(lowered)),
-            count=len(lowered), of=info.pages, wanted=spec.dpi, dpi_min=min(lowered.values()),
+            "page_dpi_lowered",
+            job_id=job_id,
+            uri=uri,
+            pages=_ranges(list(lowered)),
+            count=len(lowered),
+            of=info.pages,
+            wanted=spec.dpi,
+            dpi_min=min(lowered.values()),
             dpi_max=max(lowered.values()),
-        )  # fmt: skip
+        )
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -223,7 +272,10 @@ def _ranges(numbers: list[int]) -> str:
 
 
 def _fit_dpi(width_pt: float, height_pt: float, max_side: int, max_pixels: int) -> float:
-    dpi = min(max_side * 72 / max(width_pt, height_pt), 72 * math.sqrt(max_pixels / (width_pt * height_pt)))
+    dpi = min(
+        max_side * 72 / max(width_pt, height_pt),
+        72 * math.sqrt(max_pixels / (width_pt * height_pt)),
+    )
     dpi = math.floor(dpi * 100) / 100
     while dpi > 0.01 and not fits(_pdftoppm_size(width_pt, height_pt, dpi), max_side, max_pixels):
         dpi = round(dpi - 0.01, 2)
@@ -234,11 +286,14 @@ def _pdftoppm_size(width_pt: float, height_pt: float, dpi: float) -> tuple[int, 
     return math.ceil(width_pt * dpi / 72), math.ceil(height_pt * dpi / 72)
 
 
-# --- PDF ----------------------------------------------------------------------------------------------------
+# --- PDF ------------------------------------------------------------------------------------------
 
 
-def _probe_pdf(path: Path, limits: Limits, timeout: float) -> tuple[int, tuple[tuple[float, float], ...]]:
-    """One pdfinfo call gives the page count and the size and rotation of every page up to max_pages."""
+def _probe_pdf(
+    path: Path, limits: Limits, timeout: float
+) -> tuple[int, tuple[tuple[float, float], ...]]:
+    """One pdfinfo call gives the page count and the size and rotation of every page up to
+    max_pages."""
     argv = ["pdfinfo", "-f", "1", "-l", str(limits.max_pages), os.path.abspath(path)]
     try:
         done = children.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
@@ -251,8 +306,8 @@ def _probe_pdf(path: Path, limits: Limits, timeout: float) -> tuple[int, tuple[t
     counts = list(_PDFINFO_PAGES.finditer(out))
     if done.returncode != 0 or not counts:
         raise _pdf_error(path, err)
-    # The document's Info strings (Title, Author...) come before "Pages:" and could imitate its lines, so only
-    # what follows the last "Pages:" line is trusted.
+    # The document's Info strings (Title, Author...) come before "Pages:" and could imitate its
+    # lines, so only what follows the last "Pages:" line is trusted.
     pages = int(counts[-1].group(1))
     out = out[counts[-1].end() :]
     if pages == 0:
@@ -266,17 +321,22 @@ def _probe_pdf(path: Path, limits: Limits, timeout: float) -> tuple[int, tuple[t
     page_sizes = []
     for number in range(1, pages + 1):
         width, height = sizes[number]
-        if width <= 0 or height <= 0:  # poppler's stand-in for a page it could not find (a looping page tree)
+        if (
+            width <= 0 or height <= 0
+        ):  # poppler's stand-in for a page it could not find (a looping page tree)
             raise CorruptPdf(f"{path}: page {number} has no size ({width:g} x {height:g} pts)")
-        page_sizes.append((height, width) if rotations.get(number, 0) in (90, 270) else (width, height))
+        page_sizes.append(
+            (height, width) if rotations.get(number, 0) in (90, 270) else (width, height)
+        )
     return pages, tuple(page_sizes)
 
 
 def _pdf_error(path: Path, stderr: str) -> PermanentError:
     """Map poppler's complaint onto the error kinds.
 
-    Zero pages is ``no_pages`` even when the page tree is also malformed (issue15590_zero_pages.pdf): the file
-    holds no page objects at all, so no repair could recover a page, and the corrupt_pdf hint would mislead.
+    Zero pages is ``no_pages`` even when the page tree is also malformed
+    (issue15590_zero_pages.pdf): the file holds no page objects at all, so no repair could recover a
+    page, and the corrupt_pdf hint would mislead.
     """
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     detail = lines[-1] if lines else "poppler could not read it"
@@ -293,7 +353,9 @@ def _pdf_error(path: Path, stderr: str) -> PermanentError:
 
 
 def _poppler_missing() -> OcrwatchError:
-    return OcrwatchError("pdfinfo/pdftoppm not found", hint="install poppler-utils; `ocrwatch check` verifies it")
+    return OcrwatchError(
+        "pdfinfo/pdftoppm not found", hint="install poppler-utils; `ocrwatch check` verifies it"
+    )
 
 
 def _render_pdf_page(
@@ -301,38 +363,57 @@ def _render_pdf_page(
 ) -> tuple[Image.Image, float]:
     width_pt, height_pt = info.page_sizes[index]
     dpi = page_dpi(width_pt, height_pt, spec)
-    # One pdftoppm per page, called directly (not through pdf2image, which runs pdfinfo and `pdftoppm -v` before
-    # every page and ignores the exit status), so a pdftoppm killed midway is told apart from a document poppler
-    # cannot read. The PPM goes to a private file, not a pipe: a pipe is read 32 KiB at a time, and each read
-    # gives up the GIL and waits for it again; beside GIL-bound threads (the vLLM front end's share of this
-    # process) a pipe gives several times fewer pages a second than the finished file.
+    # One pdftoppm per page, called directly (not through pdf2image, which runs pdfinfo and
+    # `pdftoppm -v` before every page and ignores the exit status), so a pdftoppm killed midway is
+    # told apart from a document poppler cannot read. The PPM goes to a private file, not a pipe: a
+    # pipe is read 32 KiB at a time, and each read gives up the GIL and waits for it again; beside
+    # GIL-bound threads (the vLLM front end's share of this process) a pipe gives several times
+    # fewer pages a second than the finished file.
     number = str(index + 1)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-page-") as tmp:
         root = os.path.join(tmp, "page")
         argv = ["pdftoppm", "-r", str(dpi), "-f", number, "-l", number, "-cropbox", "-singlefile"]
         argv += [os.path.abspath(path), root]
         try:
-            done = children.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=spec.timeout_seconds)
+            done = children.run(
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=spec.timeout_seconds,
+            )
         except subprocess.TimeoutExpired:
-            raise RenderTimeout(f"{path}: page {number} took longer than {spec.timeout_seconds:g}s") from None
+            raise RenderTimeout(
+                f"{path}: page {number} took longer than {spec.timeout_seconds:g}s"
+            ) from None
         except FileNotFoundError:
             raise _poppler_missing() from None
         if done.returncode < 0:
-            raise RenderFailed(f"{path}: pdftoppm was killed by signal {-done.returncode} while rendering page {number}")
+            raise RenderFailed(
+                f"{path}: pdftoppm was killed by signal {-done.returncode} while rendering page "
+                f"{number}"
+            )
         width, height = _pdftoppm_size(width_pt, height_pt, dpi)
         need = width * height * 3 + 64
         if done.returncode != 0:
             stderr = done.stderr.decode("utf-8", "replace")
             if "could not write image" in stderr.lower():
-                raise _scratch_error(tmp, need, f"{path}: pdftoppm could not write page {number}: {stderr.strip()}")
+                raise _scratch_error(
+                    tmp, need, f"{path}: pdftoppm could not write page {number}: {stderr.strip()}"
+                )
             raise _pdf_error(path, stderr)
         with budget.hold(width * height * PDF_BYTES_PER_PIXEL):
             try:
                 image = ppm_image(Path(root + ".ppm").read_bytes())
             except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-                if shutil.disk_usage(tmp).free < need:  # pdftoppm exits 0 when its write ran out of room
-                    raise _scratch_error(tmp, need, f"{path}: page {number}'s image was cut short: {exc}") from None
-                raise CorruptPdf(f"{path}: pdftoppm produced no usable image for page {number}: {exc}") from None
+                if (
+                    shutil.disk_usage(tmp).free < need
+                ):  # pdftoppm exits 0 when its write ran out of room
+                    raise _scratch_error(
+                        tmp, need, f"{path}: page {number}'s image was cut short: {exc}"
+                    ) from None
+                raise CorruptPdf(
+                    f"{path}: pdftoppm produced no usable image for page {number}: {exc}"
+                ) from None
             size = fit_size(image.size, spec.max_side, spec.max_pixels)
             if size != image.size:  # only if poppler's geometry disagrees with pdfinfo
                 dpi, image = dpi * size[0] / image.width, shrink(image, size)
@@ -342,25 +423,39 @@ def _render_pdf_page(
 def _scratch_error(folder: str, need: int, message: str) -> OcrwatchError:
     """The temporary folder failed a page, not the document: retried, never a permanent error."""
     if shutil.disk_usage(folder).free < need:
-        return DiskFull(f"{message} (temporary folder {os.path.dirname(folder)} has less than {need} bytes free)")
-    return RenderFailed(message, hint="check that the temporary folder (TMPDIR) is writable; ocrwatch retries")
+        return DiskFull(
+            f"{message} (temporary folder {os.path.dirname(folder)} has less than {need} bytes "
+            "free)"
+        )
+    return RenderFailed(
+        message, hint="check that the temporary folder (TMPDIR) is writable; ocrwatch retries"
+    )
 
 
 def ppm_image(data: bytes) -> Image.Image:
-    """A PPM decoded in one call. ``Image.open(...).load()`` decodes in 64 KiB steps and gives up the GIL at
-    each, so a render thread queued for the GIL ~90 times a page. Other flavours (16-bit, bitmaps) and short
-    data take that path, which reads them or raises."""
+    """A PPM decoded in one call. ``Image.open(...).load()`` decodes in 64 KiB steps and gives up
+    the
+    GIL at each, so a render thread queued for the GIL ~90 times a page. Other flavours (16-bit,
+    bitmaps) and short data take that path, which reads them or raises."""
     image = Image.open(io.BytesIO(data), formats=["PPM"])
     codec, _, offset, rawmode = image.tile[0]
     size = image.width * image.height * len(image.getbands())
-    if image.mode not in ("RGB", "L") or len(image.tile) != 1 or codec != "raw" or len(data) < offset + size:
+    if (
+        image.mode not in ("RGB", "L")
+        or len(image.tile) != 1
+        or codec != "raw"
+        or len(data) < offset + size
+    ):
         image.load()
         return image
-    return Image.frombytes(image.mode, image.size, memoryview(data)[offset : offset + size], "raw", rawmode)
+    return Image.frombytes(
+        image.mode, image.size, memoryview(data)[offset : offset + size], "raw", rawmode
+    )
 
 
 _PDFIUM_LOCK = threading.Lock()
-"""PDFium is not thread-safe: one call at a time in this process, whatever the number of render workers."""
+"""PDFium is not thread-safe: one call at a time in this process, whatever the number of render
+workers."""
 
 
 def check_renderer(cfg: RenderConfig) -> None:
@@ -369,23 +464,25 @@ def check_renderer(cfg: RenderConfig) -> None:
     orientation.check(cfg.rotate_pages)
     if cfg.renderer == "pdfium" and importlib.util.find_spec("pypdfium2") is None:
         raise ConfigError(
-            'render.renderer = "pdfium" needs pypdfium2', hint="pip install 'ocrwatch[pdfium]', or remove the key"
+            'render.renderer = "pdfium" needs pypdfium2',
+            hint="pip install 'ocrwatch[pdfium]', or remove the key",
         )
 
 
 def _render_pdf_page_pdfium(
     path: Path, info: DocumentInfo, index: int, spec: RenderSpec, budget: DecodeBudget
 ) -> tuple[Image.Image, float]:
-    """The optional renderer (``[render] renderer = "pdfium"``): several times pdftoppm's pages per core, but
-    inside this process, so it has no timeout and no isolation from a hostile PDF; pdftoppm stays the default
-    for that reason."""
+    """The optional renderer (``[render] renderer = "pdfium"``): several times pdftoppm's pages per
+    core, but inside this process, so it has no timeout and no isolation from a hostile PDF;
+    pdftoppm stays the default for that reason."""
     import pypdfium2 as pdfium
 
     width_pt, height_pt = info.page_sizes[index]
     dpi = page_dpi(width_pt, height_pt, spec)
-    # PDFium sizes the bitmap as ceil(points * scale) with its boxes stored as float32 (470.88 pt reads back as
-    # 470.8800049), so an exact 1962.0 px becomes 1963. Shaving a millionth off the scale, far more than float32's
-    # error and far less than a pixel, gives pdftoppm's ceil(points * dpi / 72) geometry.
+    # PDFium sizes the bitmap as ceil(points * scale) with its boxes stored as float32 (470.88 pt
+    # reads back as 470.8800049), so an exact 1962.0 px becomes 1963. Shaving a millionth off the
+    # scale, far more than float32's error and far less than a pixel, gives pdftoppm's ceil(points *
+    # dpi / 72) geometry.
     scale = dpi / 72 * (1 - 1e-6)
     width, height = _pdftoppm_size(width_pt, height_pt, dpi)
     with budget.hold(width * height * PDF_BYTES_PER_PIXEL), _PDFIUM_LOCK:
@@ -396,7 +493,9 @@ def _render_pdf_page_pdfium(
         try:
             page = document[index]
             try:
-                image: Image.Image = page.render(scale=scale).to_pil()  # BGR to RGB: a copy, not the bitmap
+                image: Image.Image = page.render(
+                    scale=scale
+                ).to_pil()  # BGR to RGB: a copy, not the bitmap
             finally:
                 page.close()
         except pdfium.PdfiumError as exc:

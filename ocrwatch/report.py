@@ -1,6 +1,7 @@
-"""What ``ocrwatch ocr`` prints while it runs: on a terminal one bar for the whole run (pages done of the
-pages known so far, pages a second, the time left), elsewhere one line per page step, as a log reader wants;
-each failure with its kind and hint on stderr, and a summary on stdout at the end."""
+"""What ``ocrwatch ocr`` prints while it runs: on a terminal one bar for the whole run (pages done
+of
+the pages known so far, pages a second, the time left), elsewhere one line per page step, as a log
+reader wants; each failure with its kind and hint on stderr, and a summary on stdout at the end."""
 
 from __future__ import annotations
 
@@ -15,14 +16,25 @@ from ocrwatch.logging import say
 
 
 class OcrReport:
-    """Takes the ``progress`` and ``result`` events of an ``ocr`` run (from this process or a daemon)."""
+    """Takes the ``progress`` and ``result`` events of an ``ocr`` run (from this process or a
+    daemon)."""
 
     def __init__(self, files: int, bar: bool | None = None) -> None:
         self.counts: Counter[str] = Counter()
         self._pages: dict[str, tuple[int, int]] = {}  # file -> (done, total)
         on_terminal = sys.stderr.isatty() if bar is None else bar
-        self._bar = tqdm(total=0, unit="page", file=sys.stderr, dynamic_ncols=True, smoothing=0.1,
-                         desc=f"0/{files} files") if on_terminal else None  # fmt: skip
+        self._bar = (
+            tqdm(
+                total=0,
+                unit="page",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                smoothing=0.1,
+                desc=f"0/{files} files",
+            )
+            if on_terminal
+            else None
+        )
         self._files = files
 
     async def emit(self, event: dict[str, Any]) -> None:
@@ -37,7 +49,9 @@ class OcrReport:
             if self._bar is not None:
                 self._bar.set_description(f"{sum(self.counts.values())}/{self._files} files")
             if error := event.get("error"):
-                self._say(f"ocrwatch: {name}: {error['kind']}: {error['message']} (hint: {error['hint']})")
+                self._say(
+                    f"ocrwatch: {name}: {error['kind']}: {error['message']} (hint: {error['hint']})"
+                )
 
     def _progress(self, name: str, done: int, total: int) -> None:
         if self._bar is None:
@@ -63,11 +77,15 @@ class OcrReport:
         counts = self.counts
         partial = f" ({counts['partial']} partial)" if counts["partial"] else ""
         failed = counts["failed"] + counts["interrupted"]
-        print(f"{counts['ok'] + counts['partial']} done{partial}, {counts['skipped']} skipped, {failed} failed")
+        print(
+            f"{counts['ok'] + counts['partial']} done{partial}, {counts['skipped']} skipped, "
+            f"{failed} failed"
+        )
         return failed > 0
 
 
 def shown(path: str) -> str:
-    """A path as the user would type it here: relative below the working directory, else absolute."""
+    """A path as the user would type it here: relative below the working directory, else
+    absolute."""
     relative = os.path.relpath(path)
     return path if relative.startswith("..") else relative

@@ -1,12 +1,13 @@
-"""The one S3 client module: boto3 clients, retries, error mapping, and the probe ``ocrwatch check`` runs.
+"""The one S3 client module: boto3 clients, retries, error mapping, and the probe ``ocrwatch check``
+runs.
 
-Sources and sinks share it, so a transient failure means the same thing everywhere. Clients are made on demand,
-never at import. One retry layer: botocore tries each request once (``total_max_attempts = 1``)
-and ``call`` retries a transient failure with tenacity, ``CALL_ATTEMPTS`` = 5 attempts 0.5, 1, 2
-and 4 s apart (plus up to 0.5 s of jitter each): an outage of 7.5 to 9.5 s (besides the attempts'
-own time, at most a 5 s connect or 60 s read timeout each) is ridden out within the call. What
-survives is ``StorageUnavailable``, a fault of the place that the pipeline retries for as long as
-it lasts; it is mapped without ever carrying credentials.
+Sources and sinks share it, so a transient failure means the same thing everywhere. Clients are made
+on demand, never at import. One retry layer: botocore tries each request once (``total_max_attempts
+= 1``) and ``call`` retries a transient failure with tenacity, ``CALL_ATTEMPTS`` = 5 attempts 0.5,
+1, 2 and 4 s apart (plus up to 0.5 s of jitter each): an outage of 7.5 to 9.5 s (besides the
+attempts' own time, at most a 5 s connect or 60 s read timeout each) is ridden out within the call.
+What survives is ``StorageUnavailable``, a fault of the place that the pipeline retries for as long
+as it lasts; it is mapped without ever carrying credentials.
 """
 
 from __future__ import annotations
@@ -52,16 +53,32 @@ NOT_FOUND = frozenset({"NoSuchKey", "NoSuchVersion", "NoSuchBucket", "404", "Not
 _INVALID_NAME = frozenset({"InvalidObjectName", "KeyTooLongError"})
 _INVALID_REQUEST = _INVALID_NAME | {"InvalidBucketName", "InvalidArgument", "InvalidURI"}
 _THROTTLING = frozenset(
-    {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestThrottledException",
-     "SlowDown", "RequestLimitExceeded", "TooManyRequestsException", "RequestTimeout", "RequestTimeoutException",
-     "ServiceUnavailable", "InternalError", "InternalFailure", "ServiceUnavailableException"}
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "SlowDown",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailableException",
+    }
 )
 
 
 def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOUT) -> Any:
-    """A boto3 client for ``service`` configured from ``cfg``; credentials from the config or the standard chain."""
+    """A boto3 client for ``service`` configured from ``cfg``; credentials from the config or the
+    standard chain."""
     session = boto3.session.Session(
-        aws_access_key_id=cfg.access_key_id, aws_secret_access_key=cfg.secret_access_key, region_name=cfg.region
+        aws_access_key_id=cfg.access_key_id,
+        aws_secret_access_key=cfg.secret_access_key,
+        region_name=cfg.region,
     )
     config = BotoConfig(
         retries={"mode": "standard", "total_max_attempts": 1},  # tenacity is the one retry layer
@@ -72,23 +89,28 @@ def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOU
     return session.client(service, endpoint_url=cfg.endpoint_url, config=config)
 
 
-_thread = threading.local()  # ``stopping``: the event of the S3Threads pool the current thread belongs to
+_thread = (
+    threading.local()
+)  # ``stopping``: the event of the S3Threads pool the current thread belongs to
 
 
 class S3Threads(Executor):
-    """A bounded pool of threads of its own for one bucket's blocking calls (``THREADS`` at most, started on
-    demand): an unreachable endpoint, each call retried with backoff, ties up these threads and never the
-    default pool that the ledger, the inbox and every other source use.
+    """A bounded pool of threads of its own for one bucket's blocking calls (``THREADS`` at most,
+    started on demand): an unreachable endpoint, each call retried with backoff, ties up these
+    threads and never the default pool that the ledger, the inbox and every other source use.
 
-    ``shutdown`` cuts short the retries of the calls still running here, and the threads are daemon threads:
-    a call stuck on a bucket that accepts and never answers (60 s read timeout) does not hold the process's
-    exit, which ``ThreadPoolExecutor`` would, since the interpreter joins its threads at exit.
+    ``shutdown`` cuts short the retries of the calls still running here, and the threads are daemon
+    threads: a call stuck on a bucket that accepts and never answers (60 s read timeout) does not
+    hold the process's exit, which ``ThreadPoolExecutor`` would, since the interpreter joins its
+    threads at exit.
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.stopping = threading.Event()
-        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
         self._idle = threading.Semaphore(0)
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -100,8 +122,11 @@ class S3Threads(Executor):
                 raise RuntimeError(f"{self.name}: cannot schedule new calls after shutdown")
             self._work.put((future, functools.partial(fn, *args, **kwargs)))
             if not self._idle.acquire(blocking=False) and len(self._threads) < THREADS:
-                thread = threading.Thread(target=self._serve, name=f"ocrwatch-{self.name}-{len(self._threads)}",
-                                          daemon=True)
+                thread = threading.Thread(
+                    target=self._serve,
+                    name=f"ocrwatch-{self.name}-{len(self._threads)}",
+                    daemon=True,
+                )
                 self._threads.append(thread)
                 thread.start()
         return future
@@ -137,16 +162,28 @@ class S3Threads(Executor):
 
 
 def error_code(exc: BaseException) -> str:
-    """S3's error code for a ``ClientError``, else the exception's class name: short enough to log."""
+    """S3's error code for a ``ClientError``, else the exception's class name: short enough to
+    log."""
     if isinstance(exc, botocore.exceptions.ClientError):
         return str(exc.response.get("Error", {}).get("Code", ""))
     return type(exc).__name__
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures of the world (connection refused, timeouts, 5xx, throttling) that a retry may cure."""
-    if isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError,
-                        botocore.exceptions.IncompleteReadError, ConnectionError, TimeoutError, asyncio.TimeoutError)):
+    """True for failures of the world (connection refused, timeouts, 5xx, throttling) that a retry
+    may
+    cure."""
+    if isinstance(
+        exc,
+        (
+            botocore.exceptions.ConnectionError,
+            botocore.exceptions.HTTPClientError,
+            botocore.exceptions.IncompleteReadError,
+            ConnectionError,
+            TimeoutError,
+            asyncio.TimeoutError,
+        ),
+    ):
         return True
     if isinstance(exc, botocore.exceptions.ClientError):
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
@@ -165,16 +202,24 @@ def is_invalid_name(exc: BaseException) -> bool:
 
 
 class InvalidRequest(PermanentError):
-    """S3 refused the request itself (an invalid bucket name or key): the same request fails every time."""
+    """S3 refused the request itself (an invalid bucket name or key): the same request fails every
+    time."""
 
     kind = "s3_request_invalid"
-    hint = "the event names a bucket or key S3 refuses; rename the object, or look for what sends such events"
+    hint = (
+        "the event names a bucket or key S3 refuses; rename the object, or look for what sends "
+        "such events"
+    )
 
 
 def _log_retry(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
-    log.warning("s3_call_retry", attempt=state.attempt_number, error=error_code(exc) if exc else None,
-                delay=round(state.upcoming_sleep, 2))
+    log.warning(
+        "s3_call_retry",
+        attempt=state.attempt_number,
+        error=error_code(exc) if exc else None,
+        delay=round(state.upcoming_sleep, 2),
+    )
 
 
 def _retry_kwargs(attempts: int) -> dict[str, Any]:
@@ -188,11 +233,13 @@ def _retry_kwargs(attempts: int) -> dict[str, Any]:
 
 
 def call(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, **kwargs: Any) -> T:
-    """One blocking boto3 call, retried with backoff while its failure is transient (for worker threads; in an
-    ``S3Threads`` pool that is shut down, no further attempt is made)."""
+    """One blocking boto3 call, retried with backoff while its failure is transient (for worker
+    threads; in an ``S3Threads`` pool that is shut down, no further attempt is made)."""
     stopping: threading.Event = getattr(_thread, "stopping", None) or threading.Event()
-    retry = _retry_kwargs(attempts) | {"stop": stop_after_attempt(attempts) | stop_when_event_set(stopping),
-                                       "sleep": stopping.wait}
+    retry = _retry_kwargs(attempts) | {
+        "stop": stop_after_attempt(attempts) | stop_when_event_set(stopping),
+        "sleep": stopping.wait,
+    }
     for attempt in Retrying(**retry):
         with attempt:
             if stopping.is_set() and attempt.retry_state.attempt_number > 1:
@@ -201,10 +248,16 @@ def call(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, **kwargs: An
     raise AssertionError("unreachable: tenacity reraises")
 
 
-async def acall(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, executor: Executor | None = None,
-                **kwargs: Any) -> T:
-    """``call`` for the event loop: each attempt runs in a thread of ``executor`` (the source's own; None: the
-    default pool), the backoff sleeps on the loop."""
+async def acall(
+    fn: Callable[..., T],
+    /,
+    *,
+    attempts: int = CALL_ATTEMPTS,
+    executor: Executor | None = None,
+    **kwargs: Any,
+) -> T:
+    """``call`` for the event loop: each attempt runs in a thread of ``executor`` (the source's own;
+    None: the default pool), the backoff sleeps on the loop."""
     loop = asyncio.get_running_loop()
     async for attempt in AsyncRetrying(**_retry_kwargs(attempts)):
         with attempt:
@@ -213,14 +266,26 @@ async def acall(fn: Callable[..., T], /, *, attempts: int = CALL_ATTEMPTS, execu
 
 
 def storage_error(exc: BaseException, what: str) -> OcrwatchError:
-    """Map a boto3 failure that survived the retries onto the hierarchy (never carrying credentials): a request
-    S3 refuses as invalid is permanent, everything else (outage, throttling, access) transient."""
+    """Map a boto3 failure that survived the retries onto the hierarchy (never carrying
+    credentials): a
+    request S3 refuses as invalid is permanent, everything else (outage, throttling, access)
+    transient."""
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
-        return StorageUnavailable(f"{what}: no credentials", hint="set access_key_id/secret_access_key in [[s3]] "
-                                  "or provide credentials through the AWS standard chain")
-    if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("AccessDenied", "403", "Forbidden"):
-        return StorageUnavailable(f"{what}: access denied", hint="grant the credentials access to the bucket")
+        return StorageUnavailable(
+            f"{what}: no credentials",
+            hint="set access_key_id/secret_access_key in [[s3]] "
+            "or provide credentials through the AWS standard chain",
+        )
+    if isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in (
+        "AccessDenied",
+        "403",
+        "Forbidden",
+    ):
+        return StorageUnavailable(
+            f"{what}: access denied", hint="grant the credentials access to the bucket"
+        )
     if isinstance(exc, botocore.exceptions.ParamValidationError) or (
-            isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in _INVALID_REQUEST):
+        isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in _INVALID_REQUEST
+    ):
         return InvalidRequest(f"{what}: {error_code(exc)}")
     return StorageUnavailable(f"{what}: {error_code(exc)}: {exc}")

@@ -1,22 +1,25 @@
 """The page scheduler: one priority queue of pages across every active document.
 
-It keeps the engine full without flooding it. Two bounds hold whatever arrives: at most ``max_inflight`` pages
-inside the engine, and at most ``render_ahead`` pages rendered (or rendering) but not yet handed to the engine.
-A document that outranks every rendered page may overdraw that by up to ``render_workers`` pages, so a one-page
-document arriving behind a large one waits for one engine slot, not for one to free its render slot and then
-another; memory is bounded by ``render_ahead + render_workers`` page images. Rendering overlaps recognition.
+It keeps the engine full without flooding it. Two bounds hold whatever arrives: at most
+``max_inflight`` pages inside the engine, and at most ``render_ahead`` pages rendered (or rendering)
+but not yet handed to the engine. A document that outranks every rendered page may overdraw that by
+up to ``render_workers`` pages, so a one-page document arriving behind a large one waits for one
+engine slot, not for one to free its render slot and then another; memory is bounded by
+``render_ahead + render_workers`` page images. Rendering overlaps recognition.
 
-Order: the inbox's priority lane first (higher lane wins outright), then the earliest *virtual deadline*:
-``detected_at + ageing_seconds * log2(1 + pages)``. Small documents get early deadlines, so they overtake a
-large one in progress; but a large document's deadline is fixed at arrival, so later arrivals eventually
-queue behind it and it is never starved. The decision logic (``DocumentOrder``, ``Budget``) is pure.
+Order: the inbox's priority lane first (higher lane wins outright), then the earliest *virtual
+deadline*: ``detected_at + ageing_seconds * log2(1 + pages)``. Small documents get early deadlines,
+so they overtake a large one in progress; but a large document's deadline is fixed at arrival, so
+later arrivals eventually queue behind it and it is never starved. The decision logic
+(``DocumentOrder``, ``Budget``) is pure.
 
-Urgent work ahead of a backlog: order alone cannot make a page of a higher lane fast, because an engine's step
-time grows with the pages inside it. While a document of a better lane is open, pages of worse lanes are
-admitted only while fewer than ``backlog_cap`` (an eighth of ``max_inflight``) of them are in flight, and pages
-of the better lane go to the engine even when worse lanes fill it; the engine makes room and leaves the
-backlog beyond the cap out of its steps (``engines.deepseek.lanes``, which reads the lane back from the
-priority with ``lane_of``). Up to ``max_inflight`` pages of the best lane may so join the backlog's.
+Urgent work ahead of a backlog: order alone cannot make a page of a higher lane fast, because an
+engine's step time grows with the pages inside it. While a document of a better lane is open, pages
+of worse lanes are admitted only while fewer than ``backlog_cap`` (an eighth of ``max_inflight``) of
+them are in flight, and pages of the better lane go to the engine even when worse lanes fill it; the
+engine makes room and leaves the backlog beyond the cap out of its steps
+(``engines.deepseek.lanes``, which reads the lane back from the priority with ``lane_of``). Up to
+``max_inflight`` pages of the best lane may so join the backlog's.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ RenderFn = Callable[[int], "RenderedPage | Checked"]
 LANE_STRIDE = 10**8
 """``engine_priority`` is ``(lane + 100) * LANE_STRIDE`` plus a deadline below the stride."""
 BACKLOG_SHARE = 8
-"""While a better lane has work, worse lanes keep at most 1/BACKLOG_SHARE of the engine's pages in flight."""
+"""While a better lane has work, worse lanes keep at most 1/BACKLOG_SHARE of the engine's pages in
+flight."""
 
 
 def lane_of(engine_priority: int) -> int:
@@ -58,8 +62,10 @@ def lane_of(engine_priority: int) -> int:
 
 
 def backlog_cap(max_inflight: int) -> int:
-    """Pages of worse lanes kept in flight while a better lane has work: few enough that the engine's step,
-    which grows with its batch, stays short for the urgent pages, enough that the backlog keeps moving."""
+    """Pages of worse lanes kept in flight while a better lane has work: few enough that the
+    engine's
+    step, which grows with its batch, stays short for the urgent pages, enough that the backlog
+    keeps moving."""
     return max(1, max_inflight // BACKLOG_SHARE)
 
 
@@ -69,44 +75,56 @@ def virtual_deadline(detected_at: float, pages: int, ageing_seconds: float) -> f
 
 @dataclass(frozen=True, order=True)
 class DocumentOrder:
-    """Sort key of a document: lane first (negated: higher priority sorts first), then deadline, then arrival."""
+    """Sort key of a document: lane first (negated: higher priority sorts first), then deadline,
+    then
+    arrival."""
 
     lane: int
     deadline: float
     seq: int
 
     @classmethod
-    def of(cls, priority: int, detected_at: float, pages: int, ageing_seconds: float, seq: int) -> DocumentOrder:
+    def of(
+        cls, priority: int, detected_at: float, pages: int, ageing_seconds: float, seq: int
+    ) -> DocumentOrder:
         return cls(-priority, virtual_deadline(detected_at, pages, ageing_seconds), seq)
 
     def engine_priority(self, epoch: float) -> int:
-        """An integer for the engine where lower runs first, preserving this order (lane, then deadline)."""
-        return (self.lane + 100) * LANE_STRIDE + max(0, min(LANE_STRIDE - 1, int((self.deadline - epoch) * 10)))
+        """An integer for the engine where lower runs first, preserving this order (lane, then
+        deadline)."""
+        return (self.lane + 100) * LANE_STRIDE + max(
+            0, min(LANE_STRIDE - 1, int((self.deadline - epoch) * 10))
+        )
 
 
 def auto_render_workers(cpus: int) -> int:
-    """``render_workers = "auto"``: half the CPUs, 2 to 16. Rendering a page takes 0.1-0.3 s of a core, so a
-    fixed two would cap a GPU engine, which reads pages faster than two cores render them, on a many-core host;
-    on a 2-core CPU machine Tesseract needs the cores more than rendering does (render is ~5 % of its time)."""
+    """``render_workers = "auto"``: half the CPUs, 2 to 16. Rendering a page takes 0.1-0.3 s of a
+    core,
+    so a fixed two would cap a GPU engine, which reads pages faster than two cores render them, on a
+    many-core host; on a 2-core CPU machine Tesseract needs the cores more than rendering does
+    (render is ~5 % of its time)."""
     return max(2, min(16, cpus // 2))
 
 
 def auto_render_ahead(max_inflight: int) -> int:
-    """``render_ahead = "auto"``: half the engine's pages in flight, at least 16. Pages of the same length finish
-    together, so the engine asks for many at once; a small fixed buffer would leave a large engine waiting for
-    each refill at the render rate. Costs one page image each (~6 MB at 144 dpi)."""
+    """``render_ahead = "auto"``: half the engine's pages in flight, at least 16. Pages of the same
+    length finish together, so the engine asks for many at once; a small fixed buffer would leave a
+    large engine waiting for each refill at the render rate. Costs one page image each (~6 MB at 144
+    dpi)."""
     return max(16, max_inflight // 2)
 
 
 def auto_active_documents(max_inflight: int) -> int:
-    """``max_active_documents = "auto"``: as many documents as pages in flight, at least 64, so one-page documents
-    can fill the engine: with fewer documents open than the engine has page slots, slots stay empty."""
+    """``max_active_documents = "auto"``: as many documents as pages in flight, at least 64, so
+    one-page documents can fill the engine: with fewer documents open than the engine has page
+    slots, slots stay empty."""
     return max(64, max_inflight)
 
 
 @dataclass
 class Budget:
-    """The two bounds and the backlog's share; pure counters so the decisions can be tested without I/O."""
+    """The two bounds and the backlog's share; pure counters so the decisions can be tested without
+    I/O."""
 
     max_inflight: int
     render_ahead: int
@@ -121,10 +139,10 @@ class Budget:
         return backlog_cap(self.max_inflight)
 
     def may_dispatch(self, lane: int = 0, best_lane: int | None = None) -> bool:
-        """Room for a page of ``lane`` while ``best_lane`` is the best lane with an open document. A page of the
-        best lane counts only its own lane's pages against ``max_inflight``: pages of worse lanes fill the
-        engine, which makes room for it (``engines.deepseek.lanes``). A page of a worse lane also needs fewer
-        than ``backlog_cap`` pages of worse lanes in flight."""
+        """Room for a page of ``lane`` while ``best_lane`` is the best lane with an open document. A
+        page of the best lane counts only its own lane's pages against ``max_inflight``: pages of
+        worse lanes fill the engine, which makes room for it (``engines.deepseek.lanes``). A page of
+        a worse lane also needs fewer than ``backlog_cap`` pages of worse lanes in flight."""
         if self.ready <= 0:
             return False
         if best_lane is None:
@@ -135,18 +153,23 @@ class Budget:
         return self.inflight < self.max_inflight and backlog < self.backlog_cap
 
     def may_render(self) -> bool:
-        return self.rendering < self.render_workers and self.rendering + self.ready < self.render_ahead
+        return (
+            self.rendering < self.render_workers and self.rendering + self.ready < self.render_ahead
+        )
 
     def may_overdraw(self) -> bool:
         """Room for a page that outranks every rendered one, beyond ``render_ahead``."""
         buffered = self.rendering + self.ready
-        return self.rendering < self.render_workers and buffered < self.render_ahead + self.render_workers
+        return (
+            self.rendering < self.render_workers
+            and buffered < self.render_ahead + self.render_workers
+        )
 
 
 @dataclass
 class PageOutcome:
-    """A finished page: the rendered geometry, what the recognition layer returned, and what ``extract`` took
-    from the page image while it was still held (the figures cut out of it)."""
+    """A finished page: the rendered geometry, what the recognition layer returned, and what
+    ``extract`` took from the page image while it was still held (the figures cut out of it)."""
 
     index: int
     width: int
@@ -209,7 +232,9 @@ class Document:
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     closed: bool = False
     retired: bool = False
-    added: float = field(default_factory=time.monotonic)  # when its pages came in: its rate, its ETA
+    added: float = field(
+        default_factory=time.monotonic
+    )  # when its pages came in: its rate, its ETA
 
     @property
     def unrendered(self) -> bool:
@@ -224,7 +249,8 @@ class _Ready:
 
 
 class PageScheduler:
-    """Drives render workers and engine requests for all documents. Runs on the daemon's event loop only."""
+    """Drives render workers and engine requests for all documents. Runs on the daemon's event loop
+    only."""
 
     def __init__(
         self, *, max_inflight: int, render_ahead: int, render_workers: int, ageing_seconds: float
@@ -243,20 +269,32 @@ class PageScheduler:
         self._engine_ready.set()
         self._open_lanes: Counter[int] = Counter()
 
-    # --- public surface -----------------------------------------------------------------------------------
+    # --- public surface ---------------------------------------------------------------------------
 
-    def add(self, doc_id: str, *, priority: int, detected_at: float, pages: int, prompt: str, render: RenderFn) -> Document:
+    def add(
+        self,
+        doc_id: str,
+        *,
+        priority: int,
+        detected_at: float,
+        pages: int,
+        prompt: str,
+        render: RenderFn,
+    ) -> Document:
         if not self._epoch:
             self._epoch = detected_at
         order = DocumentOrder.of(priority, detected_at, pages, self.ageing_seconds, next(self._seq))
-        doc = Document(doc_id, order, pages, prompt, render, asyncio.get_running_loop().create_future())
+        doc = Document(
+            doc_id, order, pages, prompt, render, asyncio.get_running_loop().create_future()
+        )
         self._open_lanes[order.lane] += 1
         heapq.heappush(self._render_queue, (order, doc))
         self._pump()
         return doc
 
     async def cancel(self, doc: Document) -> list[str]:
-        """Stop a document: drop its queued pages and cancel its in-flight requests; returns their ids."""
+        """Stop a document: drop its queued pages and cancel its in-flight requests; returns their
+        ids."""
         doc.closed = True
         self._retire(doc)
         dropped = [entry for entry in self._ready if entry[2].doc is doc]
@@ -294,7 +332,8 @@ class PageScheduler:
             yield await self._deaths.get()
 
     def requeue_inflight(self) -> int:
-        """After an engine death: cancel every in-flight request; each page goes back to the ready queue."""
+        """After an engine death: cancel every in-flight request; each page goes back to the ready
+        queue."""
         count = 0
         for task in list(self._tasks):
             if task.get_name().startswith("recognize:"):
@@ -305,7 +344,9 @@ class PageScheduler:
     @property
     def depth(self) -> dict[str, int]:
         return {
-            "render_queue": sum(doc.pages - doc.next_page for _, doc in self._render_queue if doc.unrendered),
+            "render_queue": sum(
+                doc.pages - doc.next_page for _, doc in self._render_queue if doc.unrendered
+            ),
             "rendering": self.budget.rendering,
             "ready": self.budget.ready,
             "inflight": self.budget.inflight,
@@ -317,7 +358,7 @@ class PageScheduler:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # --- the pump: every state change ends here -------------------------------------------------------------
+    # --- the pump: every state change ends here ---------------------------------------------------
 
     def _pump(self) -> None:
         best = self._best_lane()
@@ -349,7 +390,9 @@ class PageScheduler:
             self._open_lanes[doc.order.lane] -= 1
 
     def _next_to_render(self) -> Document | None:
-        """The best document with pages left to render, left on its heap (finished and closed ones are dropped)."""
+        """The best document with pages left to render, left on its heap (finished and closed ones
+        are
+        dropped)."""
         while self._render_queue and not self._render_queue[0][1].unrendered:
             heapq.heappop(self._render_queue)
         return self._render_queue[0][1] if self._render_queue else None
@@ -368,7 +411,9 @@ class PageScheduler:
 
     async def _render(self, doc: Document, index: int) -> None:
         try:
-            page = await asyncio.get_running_loop().run_in_executor(self._executor, doc.render, index)
+            page = await asyncio.get_running_loop().run_in_executor(
+                self._executor, doc.render, index
+            )
         except Exception as exc:  # any failure of one page fails its document, never the scheduler
             self.budget.rendering -= 1
             self._fail(doc, classify(exc))
@@ -409,14 +454,17 @@ class PageScheduler:
         doc.inflight[request.request_id] = task
         task.add_done_callback(functools.partial(self._page_done, ready, request))
 
-    async def _recognize_page(self, doc: Document, request: PageRequest) -> tuple[Any, tuple[Any, ...]]:
+    async def _recognize_page(
+        self, doc: Document, request: PageRequest
+    ) -> tuple[Any, tuple[Any, ...]]:
         """Asked of the layer above; cancelling this task cancels the ask, and so the answer."""
         ask = PageAsk(doc, request, asyncio.get_running_loop().create_future())
         self._asks.put_nowait(ask)
         return await ask.future
 
     def _page_done(self, ready: _Ready, request: PageRequest, task: asyncio.Task[Any]) -> None:
-        """Bookkeeping in a done-callback, so it also runs for a task cancelled before its first step."""
+        """Bookkeeping in a done-callback, so it also runs for a task cancelled before its first
+        step."""
         doc, page = ready.doc, ready.page
         self.budget.inflight -= 1
         self.budget.inflight_lanes[doc.order.lane] -= 1
@@ -426,7 +474,13 @@ class PageScheduler:
             requeue = not doc.closed
         elif isinstance(error := task.exception(), EngineDead):
             requeue = True
-            log.warning("page_requeued", doc_id=doc.doc_id, page=page.index, kind=error.kind, error=error.message)
+            log.warning(
+                "page_requeued",
+                doc_id=doc.doc_id,
+                page=page.index,
+                kind=error.kind,
+                error=error.message,
+            )
             if self._engine_ready.is_set():  # one death however many pages report it
                 self.pause_engine()
                 self._deaths.put_nowait(error)
@@ -434,10 +488,21 @@ class PageScheduler:
             self._fail(doc, classify(error))
         else:
             result, figures = task.result()
-            self._finish(doc, PageOutcome(
-                page.index, page.width, page.height, page.dpi, page.seconds, result, figures,
-                page.dpi_from, page.orientation, text_check=ready.check,
-            ))  # fmt: skip
+            self._finish(
+                doc,
+                PageOutcome(
+                    page.index,
+                    page.width,
+                    page.height,
+                    page.dpi,
+                    page.seconds,
+                    result,
+                    figures,
+                    page.dpi_from,
+                    page.orientation,
+                    text_check=ready.check,
+                ),
+            )
             request.image = None
         if requeue and not doc.closed:
             heapq.heappush(self._ready, (doc.order, page.index, ready))

@@ -27,7 +27,13 @@ from ocrwatch.scheduler import PageOutcome
 from ocrwatch.sources.base import Job, LocalFile, Origin, Source
 
 __all__ = [
-    "Probed", "assemble_document", "fetch_and_probe", "job_lang", "naming", "provenance", "timed",
+    "Probed",
+    "assemble_document",
+    "fetch_and_probe",
+    "job_lang",
+    "naming",
+    "provenance",
+    "timed",
 ]
 
 

@@ -25,7 +25,8 @@ CLOSE_TIMEOUT_SECONDS = 60.0
 
 
 class EngineSupervisor:
-    """Owns the current engine; rebuilds it with backoff after a death and requeues the pages in flight."""
+    """Owns the current engine; rebuilds it with backoff after a death and requeues the pages in
+    flight."""
 
     def __init__(self, cfg: Config, metrics: Metrics) -> None:
         self._cfg = cfg
@@ -39,7 +40,9 @@ class EngineSupervisor:
         self.kind = kind
         loud = kind == "tesseract" and self._cfg.engine.kind == "auto"
         (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
-        engine = registry.build(self._cfg.engine, self._cfg.output.images, kind=kind, log=self._cfg.log)
+        engine = registry.build(
+            self._cfg.engine, self._cfg.output.images, kind=kind, log=self._cfg.log
+        )
         await engine.start()
         self.engine = engine
         return engine
@@ -58,7 +61,9 @@ class EngineSupervisor:
                 await asyncio.wait_for(old.close(), CLOSE_TIMEOUT_SECONDS)
             except Exception as exc:
                 log.warning("engine_close_failed", error=str(exc))
-        async for attempt in AsyncRetrying(wait=wait_exponential_jitter(multiplier=1, max=60), reraise=True):
+        async for attempt in AsyncRetrying(
+            wait=wait_exponential_jitter(multiplier=1, max=60), reraise=True
+        ):
             with attempt:
                 self.engine = await self.start()
         log.info("engine_rebuilt")
@@ -70,7 +75,10 @@ class EngineSupervisor:
         if engine is None:
             raise EngineDead("engine is being rebuilt")
         return await ladder.recognize_page(
-            engine, request, ladder.rungs(self._cfg.engine, self.kind), self._cfg.engine.page_timeout_seconds,
+            engine,
+            request,
+            ladder.rungs(self._cfg.engine, self.kind),
+            self._cfg.engine.page_timeout_seconds,
             judge=ladder.judge_for(self.kind, self._cfg.engine),
         )
 

@@ -1,7 +1,9 @@
-"""Talking to systemd: ``sd_notify`` (READY, RELOADING, STOPPING, WATCHDOG) and how often to ping the watchdog.
+"""Talking to systemd: ``sd_notify`` (READY, RELOADING, STOPPING, WATCHDOG) and how often to ping
+the
+watchdog.
 
-Written against the socket protocol directly (a datagram to ``NOTIFY_SOCKET``), so there is no dependency on
-libsystemd, and every call is a no-op when the daemon does not run under systemd.
+Written against the socket protocol directly (a datagram to ``NOTIFY_SOCKET``), so there is no
+dependency on libsystemd, and every call is a no-op when the daemon does not run under systemd.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ log = structlog.get_logger()
 
 
 def sd_notify(message: str) -> bool:
-    """Send one notification to systemd when ``NOTIFY_SOCKET`` is set; silently a no-op otherwise."""
+    """Send one notification to systemd when ``NOTIFY_SOCKET`` is set; silently a no-op
+    otherwise."""
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return False
@@ -32,8 +35,10 @@ def sd_notify(message: str) -> bool:
 
 
 def watchdog_interval(health_interval: float) -> float:
-    """Seconds between health ticks: ``health_interval``, or half of systemd's ``WATCHDOG_USEC`` when that is
-    shorter, as sd_watchdog_enabled(3) advises, so one late tick does not get the daemon killed."""
+    """Seconds between health ticks: ``health_interval``, or half of systemd's ``WATCHDOG_USEC``
+    when
+    that is shorter, as sd_watchdog_enabled(3) advises, so one late tick does not get the daemon
+    killed."""
     watchdog_usec = os.environ.get("WATCHDOG_USEC")
     if not watchdog_usec:
         return health_interval

@@ -1,15 +1,18 @@
-"""The searchable PDF: the source's pages with an invisible text layer where the engine read the text.
+"""The searchable PDF: the source's pages with an invisible text layer where the engine read the
+text.
 
-A PDF source keeps its page objects and content streams as they are (saved without decoding a stream); each
-page gains one Form XObject holding its text, drawn before the page's own content through one new content
-stream. An image source becomes one page per frame (TIFF) or one page, the image at its DPI: a JPEG's own
-bytes, other formats as lossless Flate pixels, its EXIF orientation applied by the image's placement.
+A PDF source keeps its page objects and content streams as they are (saved without decoding a
+stream); each page gains one Form XObject holding its text, drawn before the page's own content
+through one new content stream. An image source becomes one page per frame (TIFF) or one page, the
+image at its DPI: a JPEG's own bytes, other formats as lossless Flate pixels, its EXIF orientation
+applied by the image's placement.
 
-The text follows OCRmyPDF's text layer: each line sits on one baseline at the bottom of its box, with the
-box's height as font size, so extractors group its words into a line; each word is stretched (``Tz``) over
-its own box and a space over the gap to the next word, so word breaks survive extraction. The font is
-Tesseract's glyphless font (Type0, Identity-H, UTF-16 codes mapped to themselves by the ToUnicode CMap): any
-character of the Basic Multilingual Plane is searchable, and the text is invisible (render mode 3).
+The text follows OCRmyPDF's text layer: each line sits on one baseline at the bottom of its box,
+with the box's height as font size, so extractors group its words into a line; each word is
+stretched (``Tz``) over its own box and a space over the gap to the next word, so word breaks
+survive extraction. The font is Tesseract's glyphless font (Type0, Identity-H, UTF-16 codes mapped
+to themselves by the ToUnicode CMap): any character of the Basic Multilingual Plane is searchable,
+and the text is invisible (render mode 3).
 
 Boxes come in the pixels of the page as it was read, turned upright (``orientation``); they map
 back onto the rendered page through ``orientation.to_shown`` and onto the PDF page through its
@@ -36,17 +39,17 @@ from pikepdf import Array, Dictionary, Matrix, Name, Pdf
 from pikepdf.canvas import ContentStreamBuilder
 from PIL import Image
 
-from ocrwatch import imagepages, orientation, pdfcontent
+from ocrwatch import imagepages, orientation, pdfcontent, pdfimage
 from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
 from ocrwatch.errors import CorruptImage, CorruptPdf, EncryptedPdf
-from ocrwatch.memory import UNBOUNDED, DecodeBudget, image_bytes
-from ocrwatch.render import BAND_BYTES
+from ocrwatch.memory import UNBOUNDED, DecodeBudget
 
 Box = tuple[float, float, float, float]
 """left, top, right, bottom in page pixels, as the engines' blocks give them."""
 
 MAX_PAGE_POINTS = 14400.0
-"""The largest page side PDF viewers accept (200 inches); an image whose DPI would exceed it is shrunk."""
+"""The largest page side PDF viewers accept (200 inches); an image whose DPI would exceed it is
+shrunk."""
 
 TextLayer = Literal["own", "ocr", "none"]
 """A page's text in the searchable PDF: its own (left as it is), the engine's, or none (a failed
@@ -61,7 +64,8 @@ _LAYER = "/OcrText"
 _CHAR_WIDTH = 0.5  # the glyphless font's advance, in text space units per unit of font size
 _SPACE = " ".encode("utf-16-be")
 
-# Tesseract's glyphless TrueType font (tessdata/pdf.ttf, Apache-2.0): one empty glyph, which every code maps to.
+# Tesseract's glyphless TrueType font (tessdata/pdf.ttf, Apache-2.0): one empty glyph, which every
+# code maps to.
 _GLYPHLESS_TTF = base64.b64decode(
     "AAEAAAAKAIAAAwAgT1MvMlbeyJQAAAEoAAAAYGNtYXAACgA0AAABkAAAAB5nbHlmFSJBJAAAAbgAAAAYaGVhZAt48WUAAACsAAAA"
     "NmhoZWEMAgQCAAAA5AAAACRobXR4BAAAAAAAAYgAAAAIbG9jYQAMAAAAAAGwAAAABm1heHAABAAFAAABCAAAACBuYW1l8usW2gAA"
@@ -73,7 +77,8 @@ _GLYPHLESS_TTF = base64.b64decode(
     "LgAwVmVyc2lvbiAxLjAAAAEAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAA="
 )
 _CID_TO_GID = zlib.compress(b"\x00\x01" * 65536)  # every code to the one glyph
-# Every two-byte code is its own UTF-16 unit: the text is written as UTF-16BE, so extraction reads it back.
+# Every two-byte code is its own UTF-16 unit: the text is written as UTF-16BE, so extraction reads
+# it back.
 _TO_UNICODE = b"""/CIDInit /ProcSet findresource begin
 12 dict begin
 begincmap
@@ -98,7 +103,8 @@ _SPACES = re.compile(r"\s+")
 
 @dataclass(frozen=True)
 class Word:
-    """A piece of text and the box it spans; spaces inside it are kept (a DeepSeek line is one Word)."""
+    """A piece of text and the box it spans; spaces inside it are kept (a DeepSeek line is one
+    Word)."""
 
     text: str
     box: Box
@@ -134,49 +140,67 @@ class PageText:
 
 
 def page_text(
-    width: int, height: int, blocks: Sequence[dict[str, Any]],
+    width: int,
+    height: int,
+    blocks: Sequence[dict[str, Any]],
     turned: orientation.Orientation = orientation.AS_RENDERED,
-) -> PageText:  # fmt: skip
+) -> PageText:
     """A page's text from its blocks as the engines give them (the JSON's ``pages[i].blocks``).
 
-    A block with ``words`` (Tesseract's lines) is a line of those words. Any other block with text (DeepSeek's
-    grounding blocks) has its lines spread evenly over its box, or over its ``boxes`` in order when it spans
-    several, each line stretched over the box's width; a block without a box spans the page. Figures carry no
-    text.
+    A block with ``words`` (Tesseract's lines) is a line of those words. Any other block with text
+    (DeepSeek's grounding blocks) has its lines spread evenly over its box, or over its ``boxes`` in
+    order when it spans several, each line stretched over the box's width; a block without a box
+    spans the page. Figures carry no text.
     """
     lines: list[Line] = []
     for block in blocks:
-        words = [Word(word["text"], _box(word["bbox"])) for word in block.get("words") or () if word.get("bbox")]
+        words = [
+            Word(word["text"], _box(word["bbox"]))
+            for word in block.get("words") or ()
+            if word.get("bbox")
+        ]
         if words:
-            lines.append(Line(_box(block.get("bbox")) if block.get("bbox") else _union(words), tuple(words)))
+            lines.append(
+                Line(_box(block.get("bbox")) if block.get("bbox") else _union(words), tuple(words))
+            )
         elif block.get("type") not in IMAGE_LABELS:
             texts = _plain_lines(str(block.get("text") or ""))
-            boxes = [_box(box) for box in block.get("boxes") or [block.get("bbox") or (0, 0, width, height)]]
+            boxes = [
+                _box(box)
+                for box in block.get("boxes") or [block.get("bbox") or (0, 0, width, height)]
+            ]
             lines.extend(_spread(texts, boxes))
     return PageText(width, height, tuple(lines), turned)
 
 
 def searchable_pdf(
-    source: Path, kind: Literal["pdf", "image"], pages: Sequence[PageText | None], out: BinaryIO | Path,
-    sha256: str, *, budget: DecodeBudget = UNBOUNDED,
+    source: Path,
+    kind: Literal["pdf", "image"],
+    pages: Sequence[PageText | None],
+    out: BinaryIO | Path,
+    sha256: str,
+    *,
+    budget: DecodeBudget = UNBOUNDED,
     sizes: Sequence[tuple[float, float] | None] = (),
-) -> Layers:  # fmt: skip
-    """Write ``source`` with its text layer to ``out``, marked as ocrwatch's for the source of ``sha256``
-    (``is_ours``); ``pages`` has one entry per page (None: the page failed and gets no text). Each page's layer:
-    ``own`` (a PDF page that already carries text keeps it and gets none, as OCRmyPDF's ``--skip-text`` does, so
-    no extractor reads its lines twice), ``ocr`` or ``none``. What it decodes (a page's content, an
-    image's pixels) is held within ``budget``, the one the renderer decodes within. An image
-    source's pages take ``sizes`` (points, as the renderer measured each page: its pixels at its
-    DPI, the sidecar's ``width``, ``height`` and ``dpi``); one without is sized by the renderer's
-    rule (``imagepages.image_dpi``). Raises
-    CorruptPdf, EncryptedPdf or CorruptImage when the source cannot be read again, and OSError when
-    ``out`` cannot be written."""
+) -> Layers:
+    """Write ``source`` with its text layer to ``out``, marked as ocrwatch's for the source of
+    ``sha256`` (``is_ours``); ``pages`` has one entry per page (None: the page failed and gets no
+    text). Each page's layer: ``own`` (a PDF page that already carries text keeps it and gets none,
+    as OCRmyPDF's ``--skip-text`` does, so no extractor reads its lines twice), ``ocr`` or ``none``.
+    What it decodes (a page's content, an image's pixels) is held within ``budget``, the one the
+    renderer decodes within. An image source's pages take ``sizes`` (points, as the renderer
+    measured each page: its pixels at its DPI, the sidecar's ``width``, ``height`` and ``dpi``); one
+    without is sized by the renderer's rule (``imagepages.image_dpi``). Raises CorruptPdf,
+    EncryptedPdf or CorruptImage when the source cannot be read again, and OSError when ``out``
+    cannot be written."""
     layers = Layers([])
     if kind == "pdf":
         pdf = _open_pdf(source)
         with pdf:
             if len(pdf.pages) != len(pages):
-                raise CorruptPdf(f"{source}: qpdf reads {len(pdf.pages)} pages, the renderer read {len(pages)}")
+                raise CorruptPdf(
+                    f"{source}: qpdf reads {len(pdf.pages)} pages, the renderer read {len(pages)}"
+                )
             font = _glyphless_font(pdf)
             for number, (page, text) in enumerate(zip(pdf.pages, pages), 1):
                 drawn = pdfcontent.read_page(page, budget)
@@ -192,12 +216,18 @@ def searchable_pdf(
                 else:
                     layers.pages.append("none")
             _mark(pdf, sha256)
-            # No stream is decoded, compressed or encoded again: the original pages keep their exact bytes. An
-            # encrypted source (one that opens without a password) keeps its encryption and permissions; qpdf
-            # encrypts its streams again at its own decode level, under a new random ID.
-            keep: dict[str, Any] = {"encryption": True} if pdf.is_encrypted else {
-                "stream_decode_level": pikepdf.StreamDecodeLevel.none, "deterministic_id": True,
-            }  # fmt: skip
+            # No stream is decoded, compressed or encoded again: the original pages keep their exact
+            # bytes. An encrypted source (one that opens without a password) keeps its encryption
+            # and permissions; qpdf encrypts its streams again at its own decode level, under a new
+            # random ID.
+            keep: dict[str, Any] = (
+                {"encryption": True}
+                if pdf.is_encrypted
+                else {
+                    "stream_decode_level": pikepdf.StreamDecodeLevel.none,
+                    "deterministic_id": True,
+                }
+            )
             pdf.save(out, compress_streams=False, **keep)
         return layers
     with Pdf.new() as pdf:
@@ -208,13 +238,17 @@ def searchable_pdf(
 
 
 def is_ours(content: BinaryIO) -> bool:
-    """Whether ``content`` (a seekable file) is a searchable PDF ocrwatch wrote (``_mark``): one that a write
-    killed before its JSON left is then ocrwatch's to replace, and anything else stays the user's. qpdf reads
-    only the cross-reference table and the document information, never the whole file."""
+    """Whether ``content`` (a seekable file) is a searchable PDF ocrwatch wrote (``_mark``): one
+    that a
+    write killed before its JSON left is then ocrwatch's to replace, and anything else stays the
+    user's. qpdf reads only the cross-reference table and the document information, never the whole
+    file."""
     try:
         with Pdf.open(content, attempt_recovery=False) as pdf:
             info = pdf.trailer.get(Name.Info)
-            return isinstance(info, Dictionary) and str(info.get(_MARK_KEY, "")).startswith(f"{MARK} ")
+            return isinstance(info, Dictionary) and str(info.get(_MARK_KEY, "")).startswith(
+                f"{MARK} "
+            )
     except (pikepdf.PdfError, pikepdf.PasswordError, ValueError, OSError):
         return False
 
@@ -240,7 +274,9 @@ def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) ->
     space."""
     left, bottom, right, top = _visible_box(page)
     rotation = page.rotation if page.rotation in (0, 90, 180, 270) else 0
-    width, height = (top - bottom, right - left) if rotation in (90, 270) else (right - left, top - bottom)
+    width, height = (
+        (top - bottom, right - left) if rotation in (90, 270) else (right - left, top - bottom)
+    )
     shown_w, shown_h = (text.width, text.height)
     if text.turned.rotation in (90, 270):
         shown_w, shown_h = shown_h, shown_w
@@ -251,16 +287,22 @@ def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) ->
         @ _display_to_user((left, bottom, right, top), rotation)
     )
     form = pdf.make_stream(
-        zlib.compress(_text_stream(text)), Filter=Name.FlateDecode, Type=Name.XObject,
-        Subtype=Name.Form, BBox=[0, 0, text.width, text.height], Matrix=Array(matrix.shorthand),
+        zlib.compress(_text_stream(text)),
+        Filter=Name.FlateDecode,
+        Type=Name.XObject,
+        Subtype=Name.Form,
+        BBox=[0, 0, text.width, text.height],
+        Matrix=Array(matrix.shorthand),
         Resources=Dictionary(Font=Dictionary({_FONT: font})),
-    )  # fmt: skip
-    # Pages often share one /Resources (and /XObject) dictionary: the page gets copies of its own, so the
-    # layer's name never reaches another page, whose own layer would then be drawn here.
+    )
+    # Pages often share one /Resources (and /XObject) dictionary: the page gets copies of its own,
+    # so the layer's name never reaches another page, whose own layer would then be drawn here.
     shared = page.obj.get(Name.Resources)
     resources = Dictionary(dict(shared.items())) if isinstance(shared, Dictionary) else Dictionary()
     xobjects = resources.get(Name.XObject)
-    resources[Name.XObject] = Dictionary(dict(xobjects.items())) if isinstance(xobjects, Dictionary) else Dictionary()
+    resources[Name.XObject] = (
+        Dictionary(dict(xobjects.items())) if isinstance(xobjects, Dictionary) else Dictionary()
+    )
     name, number = Name(_LAYER), 1
     while name in resources[Name.XObject]:
         number += 1
@@ -272,8 +314,8 @@ def _add_text(pdf: Pdf, page: pikepdf.Page, text: PageText, font: Dictionary) ->
 
 def _text_stream(text: PageText) -> bytes:
     """The text operators in the space of the page as read: its pixels, origin at the bottom left.
-    Written directly, not through pikepdf's builder, which costs ten times as much per word (the operators
-    are few, and the strings hexadecimal, so nothing needs escaping)."""
+    Written directly, not through pikepdf's builder, which costs ten times as much per word (the
+    operators are few, and the strings hexadecimal, so nothing needs escaping)."""
     operators = [b"BT 3 Tr"]
     for line in text.lines:
         size = line.box[3] - line.box[1]
@@ -285,7 +327,9 @@ def _text_stream(text: PageText) -> bytes:
         for (box, codes), following in zip(words, [*words[1:], None]):
             left, right = box[0], box[2]
             operators.append(_show(codes, left, right, baseline, size))
-            if following is not None:  # the space is stretched over the gap, so no two words run together
+            if (
+                following is not None
+            ):  # the space is stretched over the gap, so no two words run together
                 gap_end = max(following[0][0], right + 0.01)
                 operators.append(_show(_SPACE, right, gap_end, baseline, size))
     operators.append(b"ET\n")
@@ -293,7 +337,8 @@ def _text_stream(text: PageText) -> bytes:
 
 
 def _show(codes: bytes, left: float, right: float, baseline: float, size: float) -> bytes:
-    """Show ``codes`` from ``left`` on the baseline, stretched (Tz, in percent) to end at ``right``."""
+    """Show ``codes`` from ``left`` on the baseline, stretched (Tz, in percent) to end at
+    ``right``."""
     natural = len(codes) // 2 * _CHAR_WIDTH * size
     stretch = 100 * max(right - left, 0.01) / natural
     return b"1 0 0 1 %.2f %.2f Tm %.2f Tz <%s> Tj" % (left, baseline, stretch, codes.hex().encode())
@@ -302,13 +347,19 @@ def _show(codes: bytes, left: float, right: float, baseline: float, size: float)
 def _visible_box(page: pikepdf.Page) -> Box:
     """The CropBox clipped to the MediaBox, normalised (a box's corners may come in any order)."""
     media, crop = (_normal(box) for box in (page.mediabox, page.cropbox))
-    box = (max(media[0], crop[0]), max(media[1], crop[1]), min(media[2], crop[2]), min(media[3], crop[3]))
+    box = (
+        max(media[0], crop[0]),
+        max(media[1], crop[1]),
+        min(media[2], crop[2]),
+        min(media[3], crop[3]),
+    )
     return box if box[0] < box[2] and box[1] < box[3] else media
 
 
 def _display_to_user(box: Box, rotation: int) -> Matrix:
-    """The matrix from the displayed page's space (origin bottom left) to the page's user space, for a page
-    shown rotated ``rotation`` degrees clockwise."""
+    """The matrix from the displayed page's space (origin bottom left) to the page's user space, for
+    a
+    page shown rotated ``rotation`` degrees clockwise."""
     left, bottom, right, top = box
     matrix = {
         0: Matrix(1, 0, 0, 1, left, bottom),
@@ -319,13 +370,16 @@ def _display_to_user(box: Box, rotation: int) -> Matrix:
     return matrix
 
 
-# --- image sources ------------------------------------------------------------------------------------------
+# --- image sources --------------------------------------------------------------------------------
 
 
 def _image_pages(
-    pdf: Pdf, source: Path, pages: Sequence[PageText | None], budget: DecodeBudget,
+    pdf: Pdf,
+    source: Path,
+    pages: Sequence[PageText | None],
+    budget: DecodeBudget,
     sizes: Sequence[tuple[float, float] | None],
-) -> None:  # fmt: skip
+) -> None:
     """One page per frame, as the renderer counts them: a TIFF's frames, any other image's first
     one. The pixels are decoded within ``budget``, held for the largest frame until the last frame
     is closed."""
@@ -335,7 +389,9 @@ def _image_pages(
             frames = getattr(image, "n_frames", 1) if image.format == "TIFF" else 1
             if frames != len(pages):
                 raise CorruptImage(f"{source}: {frames} frames now, the renderer read {len(pages)}")
-            charge = _decode_bytes(image, frames)  # none for a JPEG: no place in the budget's queue
+            charge = pdfimage.decode_bytes(
+                image, frames
+            )  # none for a JPEG: no place in the budget's queue
             with budget.hold(charge) if charge else contextlib.nullcontext():
                 for index, text in enumerate(pages):
                     image.seek(index)
@@ -348,17 +404,6 @@ def _image_pages(
         raise
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
         raise CorruptImage(f"{source}: {exc}") from None
-
-
-def _decode_bytes(image: Image.Image, frames: int) -> int:
-    """What the largest frame holds while it becomes a PDF image: its decoded pixels and one band
-    converted from them (``_flate_pixels``); nothing for a JPEG, whose own bytes are kept."""
-    largest = 0
-    for index in range(frames):
-        image.seek(index)
-        if not _keeps_bytes(image):
-            largest = max(largest, image_bytes(image.mode, image.width, image.height))
-    return largest + 5 * BAND_BYTES if largest else 0
 
 
 def _image_page(
@@ -377,127 +422,93 @@ def _image_page(
     dpi = max(dpi, max(shown_w, shown_h) * 72 / MAX_PAGE_POINTS)
     width, height = shown_w * 72 / dpi, shown_h * 72 / dpi
     page = pdf.add_blank_page(page_size=(width, height))
-    name = page.add_resource(_image_xobject(pdf, image, source), Name.XObject, Name("/Im0"))
+    name = page.add_resource(pdfimage.image_xobject(pdf, image, source), Name.XObject, Name("/Im0"))
 
     def place(u: float, v: float) -> tuple[float, float]:  # the image's unit square to the page
-        x, y = _orient(u * stored_w, (1 - v) * stored_h, stored_w, stored_h, orientation)
+        x, y = pdfimage.orient(u * stored_w, (1 - v) * stored_h, stored_w, stored_h, orientation)
         return x * width / shown_w, height - y * height / shown_h
 
     e, f = place(0, 0)
     (a, b), (c, d) = ((x - e, y - f) for x, y in (place(1, 0), place(0, 1)))
     page.contents_add(
-        ContentStreamBuilder().push().cm(Matrix(a, b, c, d, e, f)).draw_xobject(name).pop().build(), prepend=False
+        ContentStreamBuilder().push().cm(Matrix(a, b, c, d, e, f)).draw_xobject(name).pop().build(),
+        prepend=False,
     )
     return page
 
 
-def _orient(x: float, y: float, w: float, h: float, orientation: int) -> tuple[float, float]:
-    """A stored pixel position (y down) to where EXIF ``orientation`` shows it."""
-    return {
-        1: (x, y), 2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y),
-        5: (y, x), 6: (h - y, x), 7: (h - y, w - x), 8: (y, w - x),
-    }[orientation]  # fmt: skip
-
-
-def _image_xobject(pdf: Pdf, image: Image.Image, source: Path) -> pikepdf.Stream:
-    """A JPEG's own bytes (not decoded and encoded again); other images' pixels, lossless."""
-    palette = b""
-    if _keeps_bytes(image):
-        data, filter_, mode = source.read_bytes(), Name.DCTDecode, image.mode
-    else:
-        (data, mode, palette), filter_ = _flate_pixels(image), Name.FlateDecode
-    space: Any = Name.DeviceRGB if mode == "RGB" else Name.DeviceGray
-    if mode == "P":  # one byte a pixel and the palette, a third of the RGB pixels
-        space = Array([Name.Indexed, Name.DeviceRGB, 255, pikepdf.String(palette)])
-    return pdf.make_stream(
-        data, Type=Name.XObject, Subtype=Name.Image, Width=image.width, Height=image.height, Filter=filter_,
-        ColorSpace=space, BitsPerComponent=1 if mode == "1" else 8,
-    )  # fmt: skip
-
-
-def _keeps_bytes(image: Image.Image) -> bool:
-    return image.format == "JPEG" and image.mode in ("L", "RGB")
-
-
-def _flate_pixels(image: Image.Image) -> tuple[bytes, str, bytes]:
-    """The frame's pixels as PDF takes them (``_pdf_pixels``), compressed, with their mode and a
-    palette's colours. Converted and compressed a band of rows at a time: besides the decoded frame
-    only one band is held, where the whole frame converted held up to three more copies of it."""
-    image.load()
-    rows = max(1, BAND_BYTES // (image.width * 4))
-    compressor = zlib.compressobj(6)
-    parts, mode, palette = [], image.mode, b""
-    for top in range(0, image.height, rows):
-        band = _pdf_pixels(image.crop((0, top, image.width, min(image.height, top + rows))))
-        mode = band.mode
-        if mode == "P":
-            palette = bytes(band.getpalette("RGB") or []).ljust(768, b"\0")  # every index a colour
-        parts.append(compressor.compress(band.tobytes()))
-    parts.append(compressor.flush())
-    return b"".join(parts), mode, palette
-
-
-def _pdf_pixels(image: Image.Image) -> Image.Image:
-    """Bilevel, grey, palette or RGB, as PDF takes them; 16-bit grey scaled down, transparency flattened onto
-    white."""
-    if image.mode in ("1", "L", "RGB") or (image.mode == "P" and "transparency" not in image.info):
-        return image
-    if image.mode.startswith("I"):
-        return image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
-    if image.mode in ("RGBA", "RGBa", "LA", "La", "PA") or "transparency" in image.info:
-        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
-    return image.convert("RGB")
-
-
-# --- text ---------------------------------------------------------------------------------------------------
+# --- text -----------------------------------------------------------------------------------------
 
 
 def _glyphless_font(pdf: Pdf) -> Dictionary:
-    """The Type0 font every page's text uses: two-byte codes, each drawn with the one empty glyph."""
+    """The Type0 font every page's text uses: two-byte codes, each drawn with the one empty
+    glyph."""
     descriptor = pdf.make_indirect(
         Dictionary(
-            Type=Name.FontDescriptor, FontName=Name.GlyphLessFont, Flags=5, FontBBox=[0, 0, 500, 1000],
-            ItalicAngle=0, Ascent=1000, Descent=-1, CapHeight=1000, StemV=80,
+            Type=Name.FontDescriptor,
+            FontName=Name.GlyphLessFont,
+            Flags=5,
+            FontBBox=[0, 0, 500, 1000],
+            ItalicAngle=0,
+            Ascent=1000,
+            Descent=-1,
+            CapHeight=1000,
+            StemV=80,
             FontFile2=pdf.make_stream(_GLYPHLESS_TTF),
         )
-    )  # fmt: skip
+    )
     cid_font = Dictionary(
-        Type=Name.Font, Subtype=Name.CIDFontType2, BaseFont=Name.GlyphLessFont, FontDescriptor=descriptor,
-        CIDSystemInfo=Dictionary(Registry="Adobe", Ordering="Identity", Supplement=0), DW=int(_CHAR_WIDTH * 1000),
+        Type=Name.Font,
+        Subtype=Name.CIDFontType2,
+        BaseFont=Name.GlyphLessFont,
+        FontDescriptor=descriptor,
+        CIDSystemInfo=Dictionary(Registry="Adobe", Ordering="Identity", Supplement=0),
+        DW=int(_CHAR_WIDTH * 1000),
         CIDToGIDMap=pdf.make_stream(_CID_TO_GID, Filter=Name.FlateDecode),
-    )  # fmt: skip
+    )
     return pdf.make_indirect(
         Dictionary(
-            Type=Name.Font, Subtype=Name.Type0, BaseFont=Name.GlyphLessFont, Encoding=Name("/Identity-H"),
-            DescendantFonts=[pdf.make_indirect(cid_font)], ToUnicode=pdf.make_stream(_TO_UNICODE),
+            Type=Name.Font,
+            Subtype=Name.Type0,
+            BaseFont=Name.GlyphLessFont,
+            Encoding=Name("/Identity-H"),
+            DescendantFonts=[pdf.make_indirect(cid_font)],
+            ToUnicode=pdf.make_stream(_TO_UNICODE),
         )
-    )  # fmt: skip
+    )
 
 
 def _codes(text: str) -> bytes:
-    """UTF-16BE of the text, NFKC-normalised (ligatures split); characters beyond the Basic Multilingual Plane
-    become U+FFFD, since the identity CMap maps single two-byte units; control characters are dropped."""
+    """UTF-16BE of the text, NFKC-normalised (ligatures split); characters beyond the Basic
+    Multilingual Plane become U+FFFD, since the identity CMap maps single two-byte units; control
+    characters are dropped."""
     text = unicodedata.normalize("NFKC", text)
-    kept = "".join("\ufffd" if ord(char) > 0xFFFF else char for char in text if unicodedata.category(char) != "Cc")
+    kept = "".join(
+        "\ufffd" if ord(char) > 0xFFFF else char
+        for char in text
+        if unicodedata.category(char) != "Cc"
+    )
     return kept.encode("utf-16-be")
 
 
 def _plain_lines(markdown: str) -> list[str]:
-    """A block's Markdown as the lines a reader sees: a table row per line, no tags, no heading marks."""
+    """A block's Markdown as the lines a reader sees: a table row per line, no tags, no heading
+    marks."""
     text = html.unescape(_TAG.sub(lambda tag: "\n" if _breaks(tag) else " ", markdown))
     lines = (_SPACES.sub(" ", _HEADING.sub("", line)).strip() for line in text.splitlines())
     return [line for line in lines if line]
 
 
 def _breaks(tag: re.Match[str]) -> bool:
-    """Whether an HTML tag ends a line: a table row, paragraph or list item closing, or a line break."""
+    """Whether an HTML tag ends a line: a table row, paragraph or list item closing, or a line
+    break."""
     name = tag.group(2).lower()
     return name == "br" or (tag.group(1) == "/" and name in ("tr", "p", "li", "div"))
 
 
 def _spread(texts: list[str], boxes: list[Box]) -> list[Line]:
-    """Lines of equal height down the boxes taken as one column, each in the box that holds its middle."""
+    """Lines of equal height down the boxes taken as one column, each in the box that holds its
+    middle."""
     heights = [max(box[3] - box[1], 0.0) for box in boxes]
     total = sum(heights)
     if not texts or total <= 0:
@@ -528,6 +539,8 @@ def _normal(values: Sequence[Any]) -> Box:
 
 def _union(words: Sequence[Word]) -> Box:
     return (
-        min(w.box[0] for w in words), min(w.box[1] for w in words),
-        max(w.box[2] for w in words), max(w.box[3] for w in words),
-    )  # fmt: skip
+        min(w.box[0] for w in words),
+        min(w.box[1] for w in words),
+        max(w.box[2] for w in words),
+        max(w.box[3] for w in words),
+    )

@@ -1,16 +1,18 @@
 """What ocrwatch wrote, recorded where no user can write: the one ownership rule for outputs.
 
-A mark inside a file (a JSON's ``schema``, a PDF's ``/OcrwatchSource``) can be copied by anyone, and an output
-given to its source's owner can be edited by them, so neither may decide that a file is ocrwatch's to replace,
-move or delete. The record can: one row per output file written (its folder root and name below it, the
-inode, size and sha256 written, the document it was written for and the uid of that document's source), in
-the ledger's file under ``state_dir``. A name holds ocrwatch's own file for a document only when the file
-there is the one recorded, bit for bit, and was made from a source of the same owner: Bob's new document
-never replaces or removes what was made from Alice's, even at the same name.
+A mark inside a file (a JSON's ``schema``, a PDF's ``/OcrwatchSource``) can be copied by anyone, and
+an output given to its source's owner can be edited by them, so neither may decide that a file is
+ocrwatch's to replace, move or delete. The record can: one row per output file written (its folder
+root and name below it, the inode, size and sha256 written, the document it was written for and the
+uid of that document's source), in the ledger's file under ``state_dir``. A name holds ocrwatch's
+own file for a document only when the file there is the one recorded, bit for bit, and was made from
+a source of the same owner: Bob's new document never replaces or removes what was made from Alice's,
+even at the same name.
 
-Outputs written before this record existed carry no row: such a file is taken as ocrwatch's once, where its
-own mark says so **and** it belongs to the daemon's user (which no other user can arrange), and recorded
-when it is next written. The tables have their own schema version (``written_schema``), beside the ledger's.
+Outputs written before this record existed carry no row: such a file is taken as ocrwatch's once,
+where its own mark says so **and** it belongs to the daemon's user (which no other user can
+arrange), and recorded when it is next written. The tables have their own schema version
+(``written_schema``), beside the ledger's.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ _MIGRATIONS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class Output:
-    """One output file as written: where (a root and the name below it), for which document, and what."""
+    """One output file as written: where (a root and the name below it), for which document, and
+    what."""
 
     root: Path
     name: str  # relative to ``root``, "/"-separated
@@ -68,21 +71,25 @@ def _key(root: Path, name: str) -> tuple[bytes, bytes]:
 
 
 class Written:
-    """The record of outputs, in ``ledger``'s file: blocking, thread-safe, each call one transaction."""
+    """The record of outputs, in ``ledger``'s file: blocking, thread-safe, each call one
+    transaction."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
         try:
             ledger.transact(self._migrate, write=True)
         except sqlite3.DatabaseError as exc:
-            raise StateUnusable(f"the ledger {ledger.path} cannot hold the record of outputs: {exc}") from None
+            raise StateUnusable(
+                f"the ledger {ledger.path} cannot hold the record of outputs: {exc}"
+            ) from None
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         what = "record of outputs schema"
         migrate_versioned(conn, "written_schema", _MIGRATIONS, path=self._ledger.path, what=what)
 
     def get(self, root: Path, name: str) -> list[Output]:
-        """The files recorded at ``name``: one, or two while a write is between its record and its rename."""
+        """The files recorded at ``name``: one, or two while a write is between its record and its
+        rename."""
 
         def tx(conn: sqlite3.Connection) -> list[Output]:
             rows = conn.execute(
@@ -94,13 +101,15 @@ class Written:
         return self._ledger.transact(tx)
 
     def put(self, output: Output) -> None:
-        """Record a file about to be renamed over its name, beside what the name holds now, so that whatever a
-        crash leaves there is recorded; ``drop_others`` drops the other rows once the rename is done."""
+        """Record a file about to be renamed over its name, beside what the name holds now, so that
+        whatever a crash leaves there is recorded; ``drop_others`` drops the other rows once the
+        rename is done."""
         row = (*_key(output.root, output.name), output.job, output.owner, output.inode, output.size)
 
         def tx(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT OR REPLACE INTO written (root, name, job, owner, inode, size, sha256, written_at)"
+                "INSERT OR REPLACE INTO written (root, name, job, owner, inode, size, sha256, "
+                "written_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (*row, output.sha256, time.time()),
             )
@@ -127,12 +136,14 @@ class Written:
         self._ledger.transact(tx, write=True)
 
     def move(self, output: Output, root: Path, name: str, inode: int) -> None:
-        """The recorded ``output`` is now at ``root``/``name`` as ``inode`` (the archive moved or copied it)."""
+        """The recorded ``output`` is now at ``root``/``name`` as ``inode`` (the archive moved or
+        copied it)."""
 
         def tx(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM written WHERE root = ? AND name = ?", _key(root, name))
             conn.execute(
-                "UPDATE written SET root = ?, name = ?, inode = ? WHERE root = ? AND name = ? AND inode = ?",
+                "UPDATE written SET root = ?, name = ?, inode = ? WHERE root = ? AND name = ? AND "
+                "inode = ?",
                 (*_key(root, name), inode, *_key(output.root, output.name), output.inode),
             )
 
@@ -143,29 +154,44 @@ class Written:
 
         def tx(conn: sqlite3.Connection) -> list[Output]:
             rows = conn.execute(
-                "SELECT root, name, owner, inode, size, sha256 FROM written WHERE job = ? ORDER BY written_at",
+                "SELECT root, name, owner, inode, size, sha256 FROM written WHERE job = ? ORDER "
+                "BY written_at",
                 (job,),
             ).fetchall()
-            return [Output(Path(os.fsdecode(r[0])), os.fsdecode(r[1]), job, r[2], r[3], r[4], r[5]) for r in rows]
+            return [
+                Output(Path(os.fsdecode(r[0])), os.fsdecode(r[1]), job, r[2], r[3], r[4], r[5])
+                for r in rows
+            ]
 
         return self._ledger.transact(tx)
 
 
 def vouched(records: list[Output], info: os.stat_result, digest: str, owner: int | None) -> bool:
-    """Whether the record holds the file of ``info`` whose content hashed to ``digest`` as ocrwatch's output,
-    unchanged since written, for a document of ``owner``'s: what ``judge`` asks, for bytes already read."""
+    """Whether the record holds the file of ``info`` whose content hashed to ``digest`` as
+    ocrwatch's
+    output, unchanged since written, for a document of ``owner``'s: what ``judge`` asks, for bytes
+    already read."""
     wanted = (info.st_ino, info.st_size, digest, owner)
-    return owner is not None and any((r.inode, r.size, r.sha256, r.owner) == wanted for r in records)
+    return owner is not None and any(
+        (r.inode, r.size, r.sha256, r.owner) == wanted for r in records
+    )
 
 
 def judge(
-    records: list[Output], folder: Folder, name: str, owner: int | None, marked: bool, *, verify: bool = True
+    records: list[Output],
+    folder: Folder,
+    name: str,
+    owner: int | None,
+    marked: bool,
+    *,
+    verify: bool = True,
 ) -> Verdict:
-    """Whether the file at ``name`` in ``folder`` is ocrwatch's to replace or remove for a document whose
-    source belongs to ``owner`` (None: unknown, so nothing is). ``records``: what the record says was written
-    there; ``marked``: the file carries ocrwatch's own mark, which counts only where no row exists and the
-    file belongs to the daemon's user (an output of an ocrwatch older than the record). ``verify``: compare
-    the content's sha256 too (before anything is replaced or removed), not only the inode and size."""
+    """Whether the file at ``name`` in ``folder`` is ocrwatch's to replace or remove for a document
+    whose source belongs to ``owner`` (None: unknown, so nothing is). ``records``: what the record
+    says was written there; ``marked``: the file carries ocrwatch's own mark, which counts only
+    where no row exists and the file belongs to the daemon's user (an output of an ocrwatch older
+    than the record). ``verify``: compare the content's sha256 too (before anything is replaced or
+    removed), not only the inode and size."""
     fd = folder.open_read(name)
     if fd is None:
         info = folder.lstat(name)

@@ -1,8 +1,8 @@
 """Chains of folders thousands of levels deep, made and removed through descriptors.
 
-Such a chain's paths are far longer than ``PATH_MAX``, so nothing here names a folder by its full path, and
-``shutil.rmtree`` (recursive, a level a frame) cannot remove one: ``remove_chain`` removes it from the bottom
-up, a few hundred levels a pass, with as many descriptors at most.
+Such a chain's paths are far longer than ``PATH_MAX``, so nothing here names a folder by its full
+path, and ``shutil.rmtree`` (recursive, a level a frame) cannot remove one: ``remove_chain`` removes
+it from the bottom up, a few hundred levels a pass, with as many descriptors at most.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 HELD = 256
 
 
-def make_chain(top: Path, depth: int, name: str = "d", files: dict[int, tuple[str, bytes]] | None = None) -> None:
-    """``top/name/name/...``, ``depth`` folders deep; ``files`` puts a file (name, bytes) in the folder at a level
-    (1 for ``top/name``)."""
+def make_chain(
+    top: Path, depth: int, name: str = "d", files: dict[int, tuple[str, bytes]] | None = None
+) -> None:
+    """``top/name/name/...``, ``depth`` folders deep; ``files`` puts a file (name, bytes) in the
+    folder
+    at a level (1 for ``top/name``)."""
     fd = os.open(top, FOLDER)
     try:
         for level in range(1, depth + 1):
@@ -29,7 +32,9 @@ def make_chain(top: Path, depth: int, name: str = "d", files: dict[int, tuple[st
             fd = inner
             if files and level in files:
                 file_name, data = files[level]
-                out = os.open(file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=fd)
+                out = os.open(
+                    file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=fd
+                )
                 os.write(out, data)
                 os.close(out)
     finally:
@@ -52,8 +57,10 @@ def chain_depth(top: Path, name: str = "d") -> int:
 
 
 def remove_chain(top: Path, name: str = "d") -> None:
-    """Remove ``top/name`` and the chain below it, files included, the deepest ``HELD`` levels a pass: each pass
-    walks down holding the descriptors of the last ``HELD`` folders only, then empties and removes those."""
+    """Remove ``top/name`` and the chain below it, files included, the deepest ``HELD`` levels a
+    pass:
+    each pass walks down holding the descriptors of the last ``HELD`` folders only, then empties and
+    removes those."""
     while True:
         held: list[int] = [os.open(top, FOLDER)]
         try:
@@ -80,8 +87,9 @@ def remove_chain(top: Path, name: str = "d") -> None:
 
 @contextlib.contextmanager
 def removed_after(*chains: tuple[Path, str]) -> Iterator[None]:
-    """Remove each (top, name) chain at the end, however the block ends: pytest's own clean-up of its temporary
-    folders recurses a level a frame and would fail on them."""
+    """Remove each (top, name) chain at the end, however the block ends: pytest's own clean-up of
+    its
+    temporary folders recurses a level a frame and would fail on them."""
     try:
         yield
     finally:

@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["tests.s3servers", "tests.rabbitmq", "tests.integration.users", "tests.xdist_groups"]
+pytest_plugins = [
+    "tests.s3servers",
+    "tests.rabbitmq",
+    "tests.integration.users",
+    "tests.xdist_groups",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 

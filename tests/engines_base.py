@@ -1,7 +1,8 @@
 """The part every test engine shares: a name, a geometry, a capacity, and requests it can abort.
 
-A test engine subclasses ``StubEngine`` and writes ``_work`` (one page) and, where it has settings worth
-recording, ``describe``. Built from keyword arguments only, so a configuration can name it as a plugin::
+A test engine subclasses ``StubEngine`` and writes ``_work`` (one page) and, where it has settings
+worth recording, ``describe``. Built from keyword arguments only, so a configuration can name it
+as a plugin::
 
     [engine]
     kind = "plugin"
@@ -19,7 +20,8 @@ from ocrwatch.render import Geometry
 
 
 class Requests:
-    """In-flight recognitions by request id, so ``abort`` cancels a request and its ladder attempts."""
+    """In-flight recognitions by request id, so ``abort`` cancels a request and its ladder
+    attempts."""
 
     def __init__(self) -> None:
         self._tasks: dict[str, asyncio.Task[Recognition]] = {}
@@ -54,7 +56,9 @@ class Requests:
 
 
 class StubEngine:
-    """The ``Engine`` protocol with nothing to load or free: each page runs ``_work`` in a task of its own."""
+    """The ``Engine`` protocol with nothing to load or free: each page runs ``_work`` in a task of
+    its
+    own."""
 
     name = "stub"
 

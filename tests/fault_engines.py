@@ -1,6 +1,7 @@
 """Tiny fault-injecting engines for the daemon's tests, after OCRmyPDF's ``tesseract_crash.py``.
 
-Each class is a ``tests.engines_base.StubEngine`` (the protocol's plumbing) with a page's work of its own, and
+Each class is a ``tests.engines_base.StubEngine`` (the protocol's plumbing) with a page's work of
+its own, and
 is built from keyword arguments only, so a configuration can name it::
 
     [engine]
@@ -8,14 +9,15 @@ is built from keyword arguments only, so a configuration can name it::
     plugin = "tests.fault_engines:CrashingEngine"
     plugin_args = { every = 3 }
 
-- ``EchoEngine``: deterministic text from the page's pixels, quickly (scheduler and daemon tests); ``start_delay``
-  stands for an engine that takes long to start, ``start_command`` for one that starts a process of its own
-  (vLLM's engine core).
-- ``CrashingEngine``: ``EngineDead`` on every Nth page, counted across the process, so a rebuilt engine
-  carries on counting and a requeued page succeeds; a dead engine fails its in-flight pages too. With
-  ``error = "failed"`` it raises ``EngineFailed`` for that page instead and lives on.
+- ``EchoEngine``: deterministic text from the page's pixels, quickly (scheduler and daemon tests);
+  ``start_delay`` stands for an engine that takes long to start, ``start_command`` for one that
+  starts a process of its own (vLLM's engine core).
+- ``CrashingEngine``: ``EngineDead`` on every Nth page, counted across the process, so a rebuilt
+  engine carries on counting and a requeued page succeeds; a dead engine fails its in-flight pages
+  too. With ``error = "failed"`` it raises ``EngineFailed`` for that page instead and lives on.
 - ``HangingEngine``: never answers pages whose request id matches; honours ``abort``.
-- ``LoopingEngine``: looping output for matching pages, only at temperature 0 (the ladder recovers) or always.
+- ``LoopingEngine``: looping output for matching pages, only at temperature 0 (the ladder recovers)
+  or always.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ async def _echo(page: PageRequest, text: str | None = None) -> Recognition:
     raw = (
         text
         if text is not None
-        else f"Echo of a {width}x{height} page, pixels {await asyncio.to_thread(_digest, page.image)}."
+        else f"Echo of a {width}x{height} page, pixels "
+        f"{await asyncio.to_thread(_digest, page.image)}."
     )
     return Recognition(
         markdown=raw,
@@ -66,14 +69,21 @@ async def _echo(page: PageRequest, text: str | None = None) -> Recognition:
 
 
 class EchoEngine(StubEngine):
-    """Answers every page after ``delay`` seconds with text derived from its pixels (or ``text``)."""
+    """Answers every page after ``delay`` seconds with text derived from its pixels (or
+    ``text``)."""
 
     name = "echo"
 
     def __init__(
-        self, *, delay: float = 0.0, max_concurrency: int = 8, dpi: int = 100, text: str | None = None,
-        start_delay: float = 0.0, start_command: list[str] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        delay: float = 0.0,
+        max_concurrency: int = 8,
+        dpi: int = 100,
+        text: str | None = None,
+        start_delay: float = 0.0,
+        start_command: list[str] | None = None,
+    ) -> None:
         super().__init__(max_concurrency=max_concurrency, dpi=dpi)
         self.delay = delay
         self.start_delay = start_delay
@@ -107,8 +117,8 @@ class EchoEngine(StubEngine):
 
 
 class CrashingEngine(StubEngine):
-    """Dies (``EngineDead``) on every ``every``-th page of the process; then fails everything until closed.
-    With ``error="failed"`` only that page fails (``EngineFailed``)."""
+    """Dies (``EngineDead``) on every ``every``-th page of the process; then fails everything until
+    closed. With ``error="failed"`` only that page fails (``EngineFailed``)."""
 
     name = "crashing"
 
@@ -156,13 +166,20 @@ class CrashingEngine(StubEngine):
 
 
 class HangingEngine(StubEngine):
-    """Never answers pages whose request id matches ``match`` (a regex; every ``every``-th such page when
-    ``every`` > 0); the rest are echoed after ``delay``. Only ``abort`` or cancellation ends a hung page."""
+    """Never answers pages whose request id matches ``match`` (a regex; every ``every``-th such page
+    when ``every`` > 0); the rest are echoed after ``delay``. Only ``abort`` or cancellation ends a
+    hung page."""
 
     name = "hanging"
 
     def __init__(
-        self, *, match: str = "", every: int = 0, delay: float = 0.0, max_concurrency: int = 4, dpi: int = 100
+        self,
+        *,
+        match: str = "",
+        every: int = 0,
+        delay: float = 0.0,
+        max_concurrency: int = 4,
+        dpi: int = 100,
     ) -> None:
         super().__init__(max_concurrency=max_concurrency, dpi=dpi)
         self.match = re.compile(match)
@@ -188,8 +205,9 @@ class HangingEngine(StubEngine):
 
 
 class LoopingEngine(StubEngine):
-    """Returns a repetition loop for pages matching ``match``: at temperature 0 only (``mode="greedy"``, so
-    the ladder's next rung recovers) or on every rung (``mode="always"``, so the page fails)."""
+    """Returns a repetition loop for pages matching ``match``: at temperature 0 only
+    (``mode="greedy"``, so the ladder's next rung recovers) or on every rung (``mode="always"``, so
+    the page fails)."""
 
     name = "looping"
 

@@ -1,5 +1,7 @@
-"""A test engine that answers every page with a recorded DeepSeek-OCR grounding output (the grounding parser's
-fixtures), parsed by the real parser for the page it is given: the figures' boxes land on the real rendered
+"""A test engine that answers every page with a recorded DeepSeek-OCR grounding output (the
+grounding
+parser's fixtures), parsed by the real parser for the page it is given: the figures' boxes land on
+the real rendered
 page, so a daemon can cut them out as it would with the model. Named as a plugin::
 
     [engine]
@@ -28,9 +30,17 @@ class RecordedEngine(StubEngine):
 
     async def _work(self, page: PageRequest) -> Recognition:
         width, height = page.image.size
-        parsed = grounding.parse(self.raw, width, height, images="extract", page_index=page.page_index)
-        return Recognition(markdown=parsed.markdown, raw=self.raw, blocks=parsed.blocks, prompt_tokens=1,
-                           completion_tokens=len(self.raw.split()), finish_reason="stop")  # fmt: skip
+        parsed = grounding.parse(
+            self.raw, width, height, images="extract", page_index=page.page_index
+        )
+        return Recognition(
+            markdown=parsed.markdown,
+            raw=self.raw,
+            blocks=parsed.blocks,
+            prompt_tokens=1,
+            completion_tokens=len(self.raw.split()),
+            finish_reason="stop",
+        )
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "fixture": self.fixture}

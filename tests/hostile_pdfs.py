@@ -44,14 +44,19 @@ def write_nested_forms(path: Path, depth: int, *, text: str = "") -> Path:
     font = Dictionary(Type=Name.Font, Subtype=Name.Type1, BaseFont=Name.Helvetica)
     inner = pdf.make_stream(
         f"BT /F1 12 Tf 72 72 Td ({text}) Tj ET".encode() if text else b"0 0 m 10 10 l S",
-        Type=Name.XObject, Subtype=Name.Form, BBox=[0, 0, 612, 792],
+        Type=Name.XObject,
+        Subtype=Name.Form,
+        BBox=[0, 0, 612, 792],
         Resources=Dictionary(Font=Dictionary(F1=font)),
-    )  # fmt: skip
+    )
     for _ in range(depth - 1):
         inner = pdf.make_stream(
-            b"q /Fn Do Q", Type=Name.XObject, Subtype=Name.Form, BBox=[0, 0, 612, 792],
+            b"q /Fn Do Q",
+            Type=Name.XObject,
+            Subtype=Name.Form,
+            BBox=[0, 0, 612, 792],
             Resources=Dictionary(XObject=Dictionary(Fn=inner)),
-        )  # fmt: skip
+        )
     page.obj.Resources = Dictionary(XObject=Dictionary(Fn=inner))
     page.obj.Contents = pdf.make_stream(b"q /Fn Do Q")
     pdf.save(path)

@@ -37,9 +37,13 @@ TURNED: dict[tuple[str, int], int] = {
 }
 
 ROTATED_DOCUMENTS = (
-    "ocr_test_rotated_90.pdf", "devatest-rotated-270.png", "test Orient.pdf", "rotated_skew.pdf",
-    "issue-914-xmp-data.pdf", "cardinal.pdf",
-)  # fmt: skip
+    "ocr_test_rotated_90.pdf",
+    "devatest-rotated-270.png",
+    "test Orient.pdf",
+    "rotated_skew.pdf",
+    "issue-914-xmp-data.pdf",
+    "cardinal.pdf",
+)
 """The issue's five and cardinal.pdf (linn.pdf's page four ways round)."""
 
 OCR_TEST_ROTATED_90 = (

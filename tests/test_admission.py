@@ -93,7 +93,7 @@ async def dispatching() -> AsyncIterator[list[asyncio.Task[None]]]:
 
 async def test_waiting_jobs_start_one_per_free_slot_best_first(
     tmp_path: Path, ledger: Ledger, dispatching: list[asyncio.Task[None]]
-) -> None:  # fmt: skip
+) -> None:
     backlog = [job(tmp_path, f"page-{n:04d}.png") for n in range(1000)]
     urgent = job(tmp_path, "urgent.png", priority=90)
     for waiting in (*backlog, urgent):
@@ -125,7 +125,7 @@ async def test_waiting_jobs_start_one_per_free_slot_best_first(
 
 async def test_a_job_left_writing_with_its_sidecars_written_is_only_marked_done(
     tmp_path: Path, ledger: Ledger
-) -> None:  # fmt: skip
+) -> None:
     written, unwritten, queued = (job(tmp_path, name) for name in ("done.png", "lost.png", "q.png"))
     for each in (written, unwritten, queued):
         ledger.admit(each, FP)
@@ -139,7 +139,7 @@ async def test_a_job_left_writing_with_its_sidecars_written_is_only_marked_done(
 
 async def test_a_file_seen_again_while_its_run_failed_source_changed_is_admitted_when_the_run_ends(
     tmp_path: Path, ledger: Ledger
-) -> None:  # fmt: skip
+) -> None:
     (tmp_path / "inbox").mkdir()
     (tmp_path / "inbox" / "swapped.png").write_bytes(b"png")
     seen = job(tmp_path, "swapped.png")

@@ -39,7 +39,9 @@ from tests.s3servers import MotoServer
 
 CONTENT = b"%PDF-1.4 the bytes that were read\n%%EOF\n"
 FIGURE = "page-1-figure-1.png"
-OTHER_UID = 54321  # a user of the files, not the daemon's (root): no account is needed to own a file
+OTHER_UID = (
+    54321  # a user of the files, not the daemon's (root): no account is needed to own a file
+)
 
 
 def sha(data: bytes) -> str:
@@ -57,9 +59,14 @@ def local_job(path: Path, inbox: Path) -> Job:
 
 
 def document_files(
-    folder: Path, inbox: Path, written: Written | None, name: str = "report.pdf", status: str = "ok",
-    owner: int = 0, mode: int = 0o644,
-) -> Path:  # fmt: skip
+    folder: Path,
+    inbox: Path,
+    written: Written | None,
+    name: str = "report.pdf",
+    status: str = "ok",
+    owner: int = 0,
+    mode: int = 0o644,
+) -> Path:
     """A source of ``owner`` and what the real sink writes for it (the record kept in ``written``):
     Markdown linking a figure, the figure, a searchable PDF, the JSON."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -67,9 +74,14 @@ def document_files(
     source.write_bytes(CONTENT)
     os.chown(source, owner, owner)
     source.chmod(mode)
-    body = {"schema": "ocrwatch/1", "status": status, "source": {"name": name, "sha256": sha(CONTENT)},
-            "searchable_pdf": {"path": f"{name}.ocr.pdf"}, "figures": [{"path": f"{name}.assets/{FIGURE}"}],
-            "pages": [{"markdown": f"![]({name}.assets/{FIGURE})"}]}  # fmt: skip
+    body = {
+        "schema": "ocrwatch/1",
+        "status": status,
+        "source": {"name": name, "sha256": sha(CONTENT)},
+        "searchable_pdf": {"path": f"{name}.ocr.pdf"},
+        "figures": [{"path": f"{name}.assets/{FIGURE}"}],
+        "pages": [{"markdown": f"![]({name}.assets/{FIGURE})"}],
+    }
     extras = {f"{name}.ocr.pdf": b"%PDF searchable", f"{name}.assets/{FIGURE}": b"\x89PNG figure"}
     markdown = f"<!-- page 1 -->\n\n![]({name}.assets/{FIGURE})\n"
     LocalSink(written=written).write(local_job(source, inbox), markdown, body, extras)
@@ -77,11 +89,21 @@ def document_files(
 
 
 def archiver(
-    inbox: Path, archive: Path, written: Written | None, on_success: str = "move", metrics: Metrics | None = None
+    inbox: Path,
+    archive: Path,
+    written: Written | None,
+    on_success: str = "move",
+    metrics: Metrics | None = None,
 ) -> Archiver:
-    source = LocalSource([InboxConfig(path=inbox, on_success=on_success)], reconcile_seconds=60, name_template="{name}")
+    source = LocalSource(
+        [InboxConfig(path=inbox, on_success=on_success)],
+        reconcile_seconds=60,
+        name_template="{name}",
+    )
     cfg = OutputConfig(archive_dir=archive)
-    return Archiver(cfg, {"local": source}, {"local": LocalSink(written=written)}, metrics or Metrics(), written)
+    return Archiver(
+        cfg, {"local": source}, {"local": LocalSink(written=written)}, metrics or Metrics(), written
+    )
 
 
 def test_move_takes_the_recorded_outputs_into_the_mirrored_folder_and_their_records_follow(
@@ -90,54 +112,90 @@ def test_move_takes_the_recorded_outputs_into_the_mirrored_folder_and_their_reco
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     source = document_files(inbox / "2024" / "march", inbox, written)
     job = local_job(source, inbox)
-    moved = archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), lambda: False)
+    moved = archiver(inbox, archive, written).apply_on_success(
+        job, "ok", sha(CONTENT), lambda: False
+    )
 
     folder = archive / "scans" / "2024" / "march"
     assert moved == {
         "source": (folder / "report.pdf").as_uri(),
-        "json": str(folder / "report.pdf.json"), "md": str(folder / "report.pdf.md"),
-    }  # fmt: skip
+        "json": str(folder / "report.pdf.json"),
+        "md": str(folder / "report.pdf.md"),
+    }
     assert sorted(p.name for p in folder.iterdir()) == [
-        "report.pdf", "report.pdf.assets", "report.pdf.json", "report.pdf.md", "report.pdf.ocr.pdf",
-    ]  # fmt: skip
+        "report.pdf",
+        "report.pdf.assets",
+        "report.pdf.json",
+        "report.pdf.md",
+        "report.pdf.ocr.pdf",
+    ]
     assert (folder / "report.pdf").read_bytes() == CONTENT
     assert (folder / "report.pdf.assets" / FIGURE).read_bytes() == b"\x89PNG figure"
     assert list((inbox / "2024" / "march").iterdir()) == []
     rows = {(row.root, row.name): row.inode for row in written.of_job(job.key)}
-    assert set(rows) == {(archive.resolve(), f"scans/2024/march/{name}") for name in (
-        "report.pdf.md", "report.pdf.ocr.pdf", f"report.pdf.assets/{FIGURE}", "report.pdf.json")}  # fmt: skip
-    assert rows[(archive.resolve(), "scans/2024/march/report.pdf.json")] == (folder / "report.pdf.json").stat().st_ino
+    assert set(rows) == {
+        (archive.resolve(), f"scans/2024/march/{name}")
+        for name in (
+            "report.pdf.md",
+            "report.pdf.ocr.pdf",
+            f"report.pdf.assets/{FIGURE}",
+            "report.pdf.json",
+        )
+    }
+    assert (
+        rows[(archive.resolve(), "scans/2024/march/report.pdf.json")]
+        == (folder / "report.pdf.json").stat().st_ino
+    )
 
 
-def test_a_taken_name_moves_the_group_under_a_number_and_its_links_follow(tmp_path: Path, written: Written) -> None:
+def test_a_taken_name_moves_the_group_under_a_number_and_its_links_follow(
+    tmp_path: Path, written: Written
+) -> None:
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     first = document_files(inbox, inbox, written)
-    archiver(inbox, archive, written).apply_on_success(local_job(first, inbox), "ok", sha(CONTENT), None)
+    archiver(inbox, archive, written).apply_on_success(
+        local_job(first, inbox), "ok", sha(CONTENT), None
+    )
     again = document_files(inbox, inbox, written, owner=OTHER_UID, mode=0o640)
-    moved = archiver(inbox, archive, written).apply_on_success(local_job(again, inbox), "ok", sha(CONTENT), None)
+    moved = archiver(inbox, archive, written).apply_on_success(
+        local_job(again, inbox), "ok", sha(CONTENT), None
+    )
 
     folder = archive / "scans"
     assert moved == {
         "source": (folder / "report.1.pdf").as_uri(),
-        "json": str(folder / "report.1.pdf.json"), "md": str(folder / "report.1.pdf.md"),
-    }  # fmt: skip
+        "json": str(folder / "report.1.pdf.json"),
+        "md": str(folder / "report.1.pdf.md"),
+    }
     assert (folder / "report.pdf.md").read_text().endswith(f"![](report.pdf.assets/{FIGURE})\n")
     assert (folder / "report.1.pdf").read_bytes() == CONTENT
     assert f"![](report.1.pdf.assets/{FIGURE})" in (folder / "report.1.pdf.md").read_text()
     assert (folder / "report.1.pdf.assets" / FIGURE).is_file()
     body = json.loads((folder / "report.1.pdf.json").read_text())
-    assert body["searchable_pdf"]["path"] == "report.1.pdf.ocr.pdf" and (folder / "report.1.pdf.ocr.pdf").is_file()
+    assert (
+        body["searchable_pdf"]["path"] == "report.1.pdf.ocr.pdf"
+        and (folder / "report.1.pdf.ocr.pdf").is_file()
+    )
     assert body["figures"][0]["path"] == f"report.1.pdf.assets/{FIGURE}"
     assert body["pages"][0]["markdown"] == f"![](report.1.pdf.assets/{FIGURE})"
-    for rewritten in ("report.1.pdf.md", "report.1.pdf.json"):  # written anew with the source's access
+    for rewritten in (
+        "report.1.pdf.md",
+        "report.1.pdf.json",
+    ):  # written anew with the source's access
         info = (folder / rewritten).stat()
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (OTHER_UID, 0o640), rewritten
-    row = [r for r in written.of_job(local_job(again, inbox).key) if r.name == "scans/report.1.pdf.json"]
+    row = [
+        r
+        for r in written.of_job(local_job(again, inbox).key)
+        if r.name == "scans/report.1.pdf.json"
+    ]
     assert row and row[0].sha256 == sha((folder / "report.1.pdf.json").read_bytes())
     assert not any(inbox.iterdir())
 
 
-def test_move_takes_only_what_the_record_holds_as_the_documents(tmp_path: Path, written: Written) -> None:
+def test_move_takes_only_what_the_record_holds_as_the_documents(
+    tmp_path: Path, written: Written
+) -> None:
     """Bob's own ``report.png.ocr.pdf`` and ``report.png.assets/chapter1.txt`` beside Alice's
     ``report.png``, and a file carrying ocrwatch's mark but not the daemon's user's, stay where they
     are, with their owners."""
@@ -152,14 +210,25 @@ def test_move_takes_only_what_the_record_holds_as_the_documents(tmp_path: Path, 
     (inbox / "report.png.assets" / FIGURE).write_bytes(b"\x89PNG not ocrwatch's")
     for bobs in (inbox / "report.png.ocr.pdf", inbox / "report.png.assets" / "chapter1.txt"):
         os.chown(bobs, OTHER_UID, OTHER_UID)
-    LocalSink(written=written).write(job, "<!-- page 1 -->\n\ntext\n", {"schema": "ocrwatch/1", "status": "ok"})
-    (inbox / "report.png.md").chmod(0o600)  # the owner's own change stays ocrwatch's file: the record says whose
+    LocalSink(written=written).write(
+        job, "<!-- page 1 -->\n\ntext\n", {"schema": "ocrwatch/1", "status": "ok"}
+    )
+    (inbox / "report.png.md").chmod(
+        0o600
+    )  # the owner's own change stays ocrwatch's file: the record says whose
 
     archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
-    assert sorted(p.name for p in (archive / "inbox").iterdir()) == ["report.png", "report.png.json", "report.png.md"]
+    assert sorted(p.name for p in (archive / "inbox").iterdir()) == [
+        "report.png",
+        "report.png.json",
+        "report.png.md",
+    ]
     assert (inbox / "report.png.ocr.pdf").read_bytes() == b"%PDF Bob's own"
     assert (inbox / "report.png.ocr.pdf").stat().st_uid == OTHER_UID
-    assert sorted(p.name for p in (inbox / "report.png.assets").iterdir()) == ["chapter1.txt", FIGURE]
+    assert sorted(p.name for p in (inbox / "report.png.assets").iterdir()) == [
+        "chapter1.txt",
+        FIGURE,
+    ]
 
 
 def test_an_output_written_before_the_record_goes_along_only_by_its_mark_and_the_daemons_owner(
@@ -167,12 +236,19 @@ def test_an_output_written_before_the_record_goes_along_only_by_its_mark_and_the
 ) -> None:
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     source = document_files(inbox, inbox, None)  # an older ocrwatch: no record
-    os.chown(inbox / "report.pdf.md", OTHER_UID, OTHER_UID)  # marked, but not the daemon's user's: a user's file
+    os.chown(
+        inbox / "report.pdf.md", OTHER_UID, OTHER_UID
+    )  # marked, but not the daemon's user's: a user's file
     job = local_job(source, inbox)
     archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
     assert (inbox / "report.pdf.md").exists() and not (archive / "scans" / "report.pdf.md").exists()
-    assert (archive / "scans" / "report.pdf.json").exists() and (archive / "scans" / "report.pdf.ocr.pdf").exists()
-    assert {row.name for row in written.of_job(job.key)} == {"scans/report.pdf.json", "scans/report.pdf.ocr.pdf"}
+    assert (archive / "scans" / "report.pdf.json").exists() and (
+        archive / "scans" / "report.pdf.ocr.pdf"
+    ).exists()
+    assert {row.name for row in written.of_job(job.key)} == {
+        "scans/report.pdf.json",
+        "scans/report.pdf.ocr.pdf",
+    }
 
 
 def test_move_across_filesystems_keeps_owner_mode_and_times_and_folders_no_more_readable(
@@ -194,14 +270,24 @@ def test_move_across_filesystems_keeps_owner_mode_and_times_and_folders_no_more_
         source.chmod(0o600)
         os.utime(source, ns=(1_000_000_000, 1_000_000_000))
         job = local_job(source, inbox)
-        LocalSink(written=written).write(job, "<!-- page 1 -->\n", {"schema": "ocrwatch/1", "status": "ok"})
+        LocalSink(written=written).write(
+            job, "<!-- page 1 -->\n", {"schema": "ocrwatch/1", "status": "ok"}
+        )
         archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
 
         moved = archive / "scans" / "alice" / "report.pdf"
         assert moved.read_bytes() == CONTENT and moved.stat().st_mtime_ns == 1_000_000_000
-        for path, mode in ((moved, 0o600), (moved.with_name("report.pdf.md"), 0o600), (moved.parent, 0o700)):
+        for path, mode in (
+            (moved, 0o600),
+            (moved.with_name("report.pdf.md"), 0o600),
+            (moved.parent, 0o700),
+        ):
             info = path.stat()
-            assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (OTHER_UID, OTHER_UID, mode), path
+            assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (
+                OTHER_UID,
+                OTHER_UID,
+                mode,
+            ), path
         assert not any(private.iterdir())
     finally:
         shutil.rmtree(archive)
@@ -213,11 +299,19 @@ def test_delete_removes_only_the_source(tmp_path: Path, written: Written) -> Non
     metrics = Metrics()
     deleter = archiver(inbox, tmp_path / "archive", written, "delete", metrics)
     # The source is no more; the sidecars stay where the hooks are told they are.
-    assert deleter.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) == {"source": ""}
-    assert metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": "delete"}) == 1
+    assert deleter.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) == {
+        "source": ""
+    }
+    assert (
+        metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": "delete"})
+        == 1
+    )
     assert sorted(p.name for p in inbox.iterdir()) == [
-        "report.pdf.assets", "report.pdf.json", "report.pdf.md", "report.pdf.ocr.pdf",
-    ]  # fmt: skip
+        "report.pdf.assets",
+        "report.pdf.json",
+        "report.pdf.md",
+        "report.pdf.ocr.pdf",
+    ]
     assert not (tmp_path / "archive").exists()
 
 
@@ -227,7 +321,9 @@ def test_a_source_with_another_name_is_kept(tmp_path: Path, written: Written, ac
     source = document_files(inbox, inbox, written)
     os.link(source, tmp_path / "elsewhere.pdf")
     with structlog.testing.capture_logs() as logs:
-        archiver(inbox, tmp_path / "archive", written, action).apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None)
+        archiver(inbox, tmp_path / "archive", written, action).apply_on_success(
+            local_job(source, inbox), "ok", sha(CONTENT), None
+        )
     assert source.read_bytes() == CONTENT and (inbox / "report.pdf.json").exists()
     assert [e["reason"] for e in logs if e["event"] == "source_kept"] == ["hard_linked"]
 
@@ -242,22 +338,36 @@ def test_a_source_held_open_for_writing_is_kept_until_it_is_closed(
     metrics = Metrics()
     writer = open(source, "ab")  # noqa: SIM115 - held open across the first settle
     with structlog.testing.capture_logs() as logs:
-        archiver(inbox, tmp_path / "archive", written, action, metrics).apply_on_success(job, "ok", sha(CONTENT), None)
+        archiver(inbox, tmp_path / "archive", written, action, metrics).apply_on_success(
+            job, "ok", sha(CONTENT), None
+        )
     assert source.read_bytes() == CONTENT
     assert [e["reason"] for e in logs if e["event"] == "source_kept"] == ["open_for_writing"]
-    assert metrics.registry.get_sample_value(
-        "ocrwatch_source_archive_failures_total", {"action": action, "reason": "in_use"}) == 1  # fmt: skip
+    assert (
+        metrics.registry.get_sample_value(
+            "ocrwatch_source_archive_failures_total", {"action": action, "reason": "in_use"}
+        )
+        == 1
+    )
     writer.close()
-    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(job, "ok", sha(CONTENT), None)
+    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(
+        job, "ok", sha(CONTENT), None
+    )
     assert not source.exists()
 
 
-def test_a_writer_opening_the_source_during_the_delete_keeps_it(tmp_path: Path, written: Written) -> None:
-    """The lease is taken before the final check: a writer opening the file meanwhile waits, and is seen."""
+def test_a_writer_opening_the_source_during_the_delete_keeps_it(
+    tmp_path: Path, written: Written
+) -> None:
+    """The lease is taken before the final check: a writer opening the file meanwhile waits, and is
+    seen."""
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
     with pytest.raises(SourceInUse) as kept:
-        with sourcefile.folders_of(source, inbox) as folders, sourcefile.held(folders[-1], source, sha(CONTENT)) as held:
+        with (
+            sourcefile.folders_of(source, inbox) as folders,
+            sourcefile.held(folders[-1], source, sha(CONTENT)) as held,
+        ):
             pid = os.fork()
             if pid == 0:  # the writer: its open waits for the lease to go
                 with open(source, "ab") as late:
@@ -288,14 +398,19 @@ def test_without_a_lease_a_delete_waits_for_quiet_and_is_tried_again(
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
     with structlog.testing.capture_logs() as logs:
-        archiver(inbox, tmp_path / "archive", written, "delete").apply_on_success(local_job(source, inbox), "ok", sha(CONTENT))
+        archiver(inbox, tmp_path / "archive", written, "delete").apply_on_success(
+            local_job(source, inbox), "ok", sha(CONTENT)
+        )
         assert source.exists()
         deadline = time.monotonic() + 10
         # The timer's thread logs the deletion just after it unlinks the file.
         while not any(e["event"] == "source_deleted" for e in logs) and time.monotonic() < deadline:
             time.sleep(0.1)
     assert not source.exists()
-    assert [e["event"] for e in logs if e["event"].startswith("source_")] == ["source_kept", "source_deleted"]
+    assert [e["event"] for e in logs if e["event"].startswith("source_")] == [
+        "source_kept",
+        "source_deleted",
+    ]
     assert logs[0]["reason"] == "not_quiet"
 
 
@@ -304,13 +419,19 @@ def test_a_partial_document_stays(tmp_path: Path, written: Written, action: str)
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written, status="partial")
     job = local_job(source, inbox)
-    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(job, "partial", sha(CONTENT), None)
-    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(job, None, sha(CONTENT), None)  # from the JSON
+    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(
+        job, "partial", sha(CONTENT), None
+    )
+    archiver(inbox, tmp_path / "archive", written, action).apply_on_success(
+        job, None, sha(CONTENT), None
+    )  # from the JSON
     assert source.read_bytes() == CONTENT and not (tmp_path / "archive").exists()
 
 
 @pytest.mark.parametrize("action", ["move", "delete"])
-def test_a_file_changed_since_it_was_read_stays(tmp_path: Path, written: Written, action: str) -> None:
+def test_a_file_changed_since_it_was_read_stays(
+    tmp_path: Path, written: Written, action: str
+) -> None:
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
     source.write_bytes(CONTENT + b"appended later")
@@ -318,12 +439,21 @@ def test_a_file_changed_since_it_was_read_stays(tmp_path: Path, written: Written
     refused = archiver(inbox, tmp_path / "archive", written, action, metrics)
     assert refused.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
     failures = {"action": action, "reason": "changed"}
-    assert metrics.registry.get_sample_value("ocrwatch_source_archive_failures_total", failures) == 1
-    assert metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": action}) == 0
+    assert (
+        metrics.registry.get_sample_value("ocrwatch_source_archive_failures_total", failures) == 1
+    )
+    assert (
+        metrics.registry.get_sample_value("ocrwatch_sources_archived_total", {"action": action})
+        == 0
+    )
     assert source.read_bytes() == CONTENT + b"appended later"
-    assert (inbox / "report.pdf.json").is_file() and not (tmp_path / "archive" / "scans" / "report.pdf").exists()
+    assert (inbox / "report.pdf.json").is_file() and not (
+        tmp_path / "archive" / "scans" / "report.pdf"
+    ).exists()
 
-    source.write_bytes(CONTENT)  # the very bytes again, but the fetch's own check says it was replaced
+    source.write_bytes(
+        CONTENT
+    )  # the very bytes again, but the fetch's own check says it was replaced
     again = archiver(inbox, tmp_path / "archive", written, action)
     again.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), lambda: True)
     assert source.exists()
@@ -346,37 +476,55 @@ def test_a_link_put_in_the_source_place_is_never_followed(tmp_path: Path, writte
         delete_local(source, inbox, sha(CONTENT))
 
 
-def test_a_folder_of_the_archive_made_a_link_is_never_followed(tmp_path: Path, written: Written) -> None:
+def test_a_folder_of_the_archive_made_a_link_is_never_followed(
+    tmp_path: Path, written: Written
+) -> None:
     inbox, archive, trap = tmp_path / "scans", tmp_path / "archive", tmp_path / "trap"
     source = document_files(inbox / "sub", inbox, written)
     (archive / "scans").mkdir(parents=True)
     trap.mkdir()
     (archive / "scans" / "sub").symlink_to(trap)
-    assert archiver(inbox, archive, written).apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
+    assert (
+        archiver(inbox, archive, written).apply_on_success(
+            local_job(source, inbox), "ok", sha(CONTENT), None
+        )
+        is None
+    )
     assert list(trap.iterdir()) == [] and source.read_bytes() == CONTENT
 
 
 def test_sidecars_under_an_output_dir_stay_there(tmp_path: Path, written: Written) -> None:
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     source = document_files(inbox, inbox, written)
-    source_cfg = LocalSource([InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{name}")
-    mover = Archiver(OutputConfig(archive_dir=archive, on_success="move"), {"local": source_cfg},
-                     {"local": LocalSink("{name}", tmp_path / "out")}, Metrics(), written)  # fmt: skip
+    source_cfg = LocalSource(
+        [InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{name}"
+    )
+    mover = Archiver(
+        OutputConfig(archive_dir=archive, on_success="move"),
+        {"local": source_cfg},
+        {"local": LocalSink("{name}", tmp_path / "out")},
+        Metrics(),
+        written,
+    )
     moved = mover.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None)
-    assert moved == {"source": (archive / "scans" / "report.pdf").as_uri()}  # the sidecars' paths stand
+    assert moved == {
+        "source": (archive / "scans" / "report.pdf").as_uri()
+    }  # the sidecars' paths stand
     assert sorted(p.name for p in (archive / "scans").iterdir()) == ["report.pdf"]
 
 
 def test_keep_and_jobs_of_no_inbox_are_left_alone(tmp_path: Path, written: Written) -> None:
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
-    archiver(inbox, tmp_path / "archive", written, "keep").apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None)
+    archiver(inbox, tmp_path / "archive", written, "keep").apply_on_success(
+        local_job(source, inbox), "ok", sha(CONTENT), None
+    )
     cli = Archiver(OutputConfig(on_success="delete"), {}, {}, Metrics())
     cli.apply_on_success(Job(LocalFile(source, inbox), "ocr-1"), "ok", sha(CONTENT), None)
     assert source.read_bytes() == CONTENT
 
 
-# --- the quarantine ----------------------------------------------------------------------------------------
+# --- the quarantine -------------------------------------------------------------------------------
 
 
 def failed_document(inbox: Path, written: Written, owner: int = 0) -> tuple[Path, Job]:
@@ -403,20 +551,28 @@ def test_quarantine_takes_the_recorded_error_sidecar_and_mirrors_the_inbox_folde
     assert stat.S_IMODE((place / "sub").stat().st_mode) == 0o750
 
 
-def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(tmp_path: Path, written: Written) -> None:
+def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(
+    tmp_path: Path, written: Written
+) -> None:
     inbox, place = tmp_path / "in", tmp_path / "failed"
     source, _ = failed_document(inbox, written)
     error = inbox / "sub" / "bad.pdf.error.json"
     error.unlink()
-    error.write_bytes(dump_json({"schema": "ocrwatch/1", "status": "failed", "by": "bob"}))  # no record holds it
+    error.write_bytes(
+        dump_json({"schema": "ocrwatch/1", "status": "failed", "by": "bob"})
+    )  # no record holds it
     os.chown(error, OTHER_UID, OTHER_UID)
     judge = output_judge(written)
     _, carried = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
-    assert (place / "sub" / "bad.pdf").exists() and error.exists() and error.stat().st_uid == OTHER_UID
+    assert (
+        (place / "sub" / "bad.pdf").exists() and error.exists() and error.stat().st_uid == OTHER_UID
+    )
     assert carried is None
 
 
-def test_quarantine_keeps_a_source_with_another_name_or_a_writer(tmp_path: Path, written: Written) -> None:
+def test_quarantine_keeps_a_source_with_another_name_or_a_writer(
+    tmp_path: Path, written: Written
+) -> None:
     inbox, place = tmp_path / "in", tmp_path / "failed"
     source, _ = failed_document(inbox, written)
     os.link(source, tmp_path / "elsewhere.pdf")
@@ -428,7 +584,7 @@ def test_quarantine_keeps_a_source_with_another_name_or_a_writer(tmp_path: Path,
     assert source.read_bytes() == CONTENT and not (place / "sub" / "bad.pdf").exists()
 
 
-# --- S3 ---------------------------------------------------------------------------------------------------
+# --- S3 -------------------------------------------------------------------------------------------
 
 
 class _S3Source:
@@ -445,11 +601,16 @@ def s3_archiver(server: MotoServer, **cfg: Any) -> Archiver:
 
 def put(server: MotoServer, bucket: str, key: str, body: bytes = CONTENT) -> S3Object:
     response = server.client("s3").put_object(Bucket=bucket, Key=key, Body=body)
-    return S3Object(bucket, key, etag=response["ETag"].strip('"'), version_id=response.get("VersionId"))
+    return S3Object(
+        bucket, key, etag=response["ETag"].strip('"'), version_id=response.get("VersionId")
+    )
 
 
 def keys(server: MotoServer, bucket: str) -> list[str]:
-    return sorted(item["Key"] for item in server.client("s3").list_objects_v2(Bucket=bucket).get("Contents", []))
+    return sorted(
+        item["Key"]
+        for item in server.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])
+    )
 
 
 def test_s3_delete_and_move(moto: MotoServer) -> None:
@@ -460,16 +621,22 @@ def test_s3_delete_and_move(moto: MotoServer) -> None:
     moved = put(moto, "docs", "in/b.pdf")
     mover = s3_archiver(moto, on_success="move", archive_prefix="done/")
     # Its sidecars stay at their keys.
-    assert mover.apply_on_success(Job(moved, "s3:0"), "ok", None, None) == {"source": "s3://docs/done/in/b.pdf"}
+    assert mover.apply_on_success(Job(moved, "s3:0"), "ok", None, None) == {
+        "source": "s3://docs/done/in/b.pdf"
+    }
     assert keys(moto, "docs") == ["done/in/b.pdf"]
     assert s3.get_object(Bucket="docs", Key="done/in/b.pdf")["Body"].read() == CONTENT
 
     replaced = put(moto, "docs", "in/c.pdf")
     put(moto, "docs", "in/c.pdf", b"a new version")
     s3_archiver(moto, on_success="delete").apply_on_success(Job(replaced, "s3:0"), "ok", None, None)
-    s3_archiver(moto, on_success="move", archive_prefix="done/").apply_on_success(Job(replaced, "s3:0"), "ok", None, None)
+    s3_archiver(moto, on_success="move", archive_prefix="done/").apply_on_success(
+        Job(replaced, "s3:0"), "ok", None, None
+    )
     partial = put(moto, "docs", "in/d.pdf")
-    s3_archiver(moto, on_success="delete").apply_on_success(Job(partial, "s3:0"), "partial", None, None)
+    s3_archiver(moto, on_success="delete").apply_on_success(
+        Job(partial, "s3:0"), "partial", None, None
+    )
     assert keys(moto, "docs") == ["done/in/b.pdf", "in/c.pdf", "in/d.pdf"]
 
 
@@ -480,9 +647,16 @@ def test_s3_versioned_bucket_acts_on_the_version_read(moto: MotoServer) -> None:
     read = put(moto, "versioned", "scan.pdf")
     assert read.version_id
     newer = put(moto, "versioned", "scan.pdf", b"written after the read")
-    s3_archiver(moto, on_success="move", archive_prefix="archive/").apply_on_success(Job(read, "s3:0"), "ok", None, None)
+    s3_archiver(moto, on_success="move", archive_prefix="archive/").apply_on_success(
+        Job(read, "s3:0"), "ok", None, None
+    )
 
     assert s3.get_object(Bucket="versioned", Key="archive/scan.pdf")["Body"].read() == CONTENT
     versions = s3.list_object_versions(Bucket="versioned", Prefix="scan.pdf")["Versions"]
-    assert [v["VersionId"] for v in versions] == [newer.version_id]  # the version read is gone, the newer stays
-    assert s3.get_object(Bucket="versioned", Key="scan.pdf")["Body"].read() == b"written after the read"
+    assert [v["VersionId"] for v in versions] == [
+        newer.version_id
+    ]  # the version read is gone, the newer stays
+    assert (
+        s3.get_object(Bucket="versioned", Key="scan.pdf")["Body"].read()
+        == b"written after the read"
+    )

@@ -1,4 +1,6 @@
-"""``children.run`` behaves as ``subprocess.run`` and ``kill_all`` ends what it waits for, from another thread."""
+"""``children.run`` behaves as ``subprocess.run`` and ``kill_all`` ends what it waits for, from
+another
+thread."""
 
 from __future__ import annotations
 
@@ -12,8 +14,12 @@ from ocrwatch import children
 
 
 def test_run_returns_what_subprocess_run_returns() -> None:
-    done = children.run(["sh", "-c", "echo out; echo err >&2; exit 3"], stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, timeout=10)  # fmt: skip
+    done = children.run(
+        ["sh", "-c", "echo out; echo err >&2; exit 3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=10,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
     assert done.args == ["sh", "-c", "echo out; echo err >&2; exit 3"]
     assert not children._running
@@ -29,7 +35,9 @@ def test_a_timeout_kills_the_child_and_raises() -> None:
 
 def test_kill_all_ends_a_child_a_thread_waits_for() -> None:
     result: list[subprocess.CompletedProcess[bytes]] = []
-    waiter = threading.Thread(target=lambda: result.append(children.run(["sleep", "30"], timeout=60)))
+    waiter = threading.Thread(
+        target=lambda: result.append(children.run(["sleep", "30"], timeout=60))
+    )
     waiter.start()
     deadline = time.monotonic() + 10
     while not children._running and time.monotonic() < deadline:

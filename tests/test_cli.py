@@ -1,4 +1,5 @@
-"""``ocrwatch ocr`` end to end (real pdftoppm, real Tesseract), and Tesseract's accuracy on the corpus."""
+"""``ocrwatch ocr`` end to end (real pdftoppm, real Tesseract), and Tesseract's accuracy on the
+corpus."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ from tests import docs
 def ocr(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ocrwatch", "ocr", "--engine", "tesseract", *map(str, args)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -39,7 +42,9 @@ def sidecar(path: Path, suffix: str) -> dict[str, Any]:
 
 
 def test_version() -> None:
-    proc = subprocess.run([sys.executable, "-m", "ocrwatch", "--version"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "--version"], capture_output=True, text=True
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == f"ocrwatch {__version__}"
 
 
@@ -54,7 +59,11 @@ def test_ocr_writes_sidecars_beside_each_file(tmp_path: Path) -> None:
     assert data["status"] == "ok" and data["source"]["sha256"] == source_hash
     assert [page["index"] for page in data["pages"]] == [1, 2]
     markdown = pdf.with_name("report.pdf.md").read_text()
-    assert markdown.index("<!-- page 1 -->") < markdown.index("4711") < markdown.index("<!-- page 2 -->")
+    assert (
+        markdown.index("<!-- page 1 -->")
+        < markdown.index("4711")
+        < markdown.index("<!-- page 2 -->")
+    )
     assert "Total amount" in markdown
     assert "Delivery note" in png.with_name("report.png.md").read_text()
     assert hashlib.sha256(pdf.read_bytes()).hexdigest() == source_hash
@@ -96,8 +105,9 @@ def test_an_image_without_a_resolution_gets_a_page_sized_searchable_pdf(tmp_path
     a4 = 297 / 25.4 * 72
     assert box == pytest.approx([0, 0, a4, 1432 / 2000 * a4], abs=0.1)
     word = page["blocks"][0]["words"][0]
-    found = subprocess.run(["pdftotext", "-bbox", searchable, "-"], capture_output=True, text=True,
-                           check=True).stdout  # fmt: skip
+    found = subprocess.run(
+        ["pdftotext", "-bbox", searchable, "-"], capture_output=True, text=True, check=True
+    ).stdout
     placed = re.search(r'xMin="([\d.]+)"[^>]*>Resolution<', found)
     assert placed is not None, found
     x_min = float(placed.group(1))
@@ -106,13 +116,21 @@ def test_an_image_without_a_resolution_gets_a_page_sized_searchable_pdf(tmp_path
 
 def test_ocr_usage_errors_exit_2(tmp_path: Path) -> None:
     assert ocr(tmp_path / "missing.pdf").returncode == 2
-    assert subprocess.run([sys.executable, "-m", "ocrwatch", "ocr"], capture_output=True).returncode == 2
+    assert (
+        subprocess.run([sys.executable, "-m", "ocrwatch", "ocr"], capture_output=True).returncode
+        == 2
+    )
 
 
-def test_corpus_outcomes_through_the_cli(corpus_dir: Path, manifest: list[dict[str, Any]], tmp_path: Path) -> None:
-    """Every small corpus entry gets the outcome its manifest states, sidecars written under --out."""
+def test_corpus_outcomes_through_the_cli(
+    corpus_dir: Path, manifest: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Every small corpus entry gets the outcome its manifest states, sidecars written under
+    --out."""
     entries = [e for e in manifest if (e.get("pages") or 0) <= 2]
-    config = tmp_path / "ocrwatch.toml"  # outcomes and page counts, not text: Tesseract's lowest resolution will do
+    config = (
+        tmp_path / "ocrwatch.toml"
+    )  # outcomes and page counts, not text: Tesseract's lowest resolution will do
     config.write_text('[engine]\nkind = "tesseract"\n[engine.tesseract]\ndpi = 70\n')
     out = tmp_path / "out"
     proc = ocr("--config", config, "--out", out, *(corpus_dir / e["file"] for e in entries))
@@ -126,7 +144,13 @@ def test_corpus_outcomes_through_the_cli(corpus_dir: Path, manifest: list[dict[s
             assert len(data["pages"]) == entry["pages"]
         else:
             error = sidecar(target, ".error.json")
-            assert error["error"]["kind"] in ("empty_file", "corrupt_pdf", "not_a_document", "encrypted_pdf", "no_pages")
+            assert error["error"]["kind"] in (
+                "empty_file",
+                "corrupt_pdf",
+                "not_a_document",
+                "encrypted_pdf",
+                "no_pages",
+            )
 
 
 def normalise(text: str) -> str:
@@ -138,17 +162,23 @@ def cer(reference: str, hypothesis: str) -> float:
     return Levenshtein.distance(reference, hypothesis) / max(len(reference), 1)
 
 
-def test_tesseract_character_error_rate_on_born_digital_pages(corpus_dir: Path, manifest: list[dict[str, Any]]) -> None:
-    """CER of the first page against its text layer (``pdftotext -layout``), for the Latin-script pages.
+def test_tesseract_character_error_rate_on_born_digital_pages(
+    corpus_dir: Path, manifest: list[dict[str, Any]]
+) -> None:
+    """CER of the first page against its text layer (``pdftotext -layout``), for the Latin-script
+    pages.
 
-    Bound: median ≤ 0.15 and clean single-column pages ≤ 0.10. The median is the defensible statistic because
-    ``pdftotext -layout`` keeps the page's geometry: on two-column papers, rotated text and drawings its reading
-    order differs from any OCR's, which inflates CER without a single misread character (measured: 0.4–0.65
-    there, against 0.00–0.07 on ordinary pages). CJK and Arabic pages are left out: ``eng`` cannot read them.
+    Bound: median ≤ 0.15 and clean single-column pages ≤ 0.10. The median is the defensible
+    statistic because ``pdftotext -layout`` keeps the page's geometry: on two-column papers, rotated
+    text and drawings its reading order differs from any OCR's, which inflates CER without a single
+    misread character (measured: 0.4–0.65 there, against 0.00–0.07 on ordinary pages). CJK and
+    Arabic pages are left out: ``eng`` cannot read them.
     """
     chosen = [
-        e for e in manifest
-        if (corpus_dir / f"{e['file']}.gt.txt").exists() and "born_digital" in e["tags"]
+        e
+        for e in manifest
+        if (corpus_dir / f"{e['file']}.gt.txt").exists()
+        and "born_digital" in e["tags"]
         and not {"cjk", "rtl"} & set(e["tags"])
     ]
     assert len(chosen) >= 5
@@ -172,9 +202,17 @@ def test_tesseract_character_error_rate_on_born_digital_pages(corpus_dir: Path, 
 
     rates = asyncio.run(measure())
     median = statistics.median(rates.values())
-    print("CER per page:", {name: round(rate, 3) for name, rate in sorted(rates.items())}, f"median {median:.3f}")
+    print(
+        "CER per page:",
+        {name: round(rate, 3) for name, rate in sorted(rates.items())},
+        f"median {median:.3f}",
+    )
     assert median <= 0.15
-    clean = {e["file"] for e in chosen if not {"rotated", "rotated_text", "drawing", "academic_paper"} & set(e["tags"])}
+    clean = {
+        e["file"]
+        for e in chosen
+        if not {"rotated", "rotated_text", "drawing", "academic_paper"} & set(e["tags"])
+    }
     assert clean and all(rates[name] <= 0.10 for name in clean), rates
 
 
@@ -183,19 +221,32 @@ def test_status_and_retry(tmp_path: Path) -> None:
     from ocrwatch.sources.base import Job, LocalFile
 
     config = tmp_path / "ocrwatch.toml"
-    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[[inbox]]\npath = "{tmp_path / "in"}"\n')
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[[inbox]]\npath = "{tmp_path / "in"}"\n'
+    )
     bad, waiting = tmp_path / "in" / "bad.pdf", tmp_path / "in" / "waiting.pdf"
     with Ledger(tmp_path / "state" / "ledger.sqlite3") as ledger:
         for path in (bad, waiting):
-            ledger.admit(Job(origin=LocalFile(path, path.parent), source="local"), Fingerprint(1, 1, "0" * 64))
-        ledger.mark_failed(bad.as_uri(), {"kind": "corrupt_pdf", "message": "xref broken", "retryable": False})
+            ledger.admit(
+                Job(origin=LocalFile(path, path.parent), source="local"),
+                Fingerprint(1, 1, "0" * 64),
+            )
+        ledger.mark_failed(
+            bad.as_uri(), {"kind": "corrupt_pdf", "message": "xref broken", "retryable": False}
+        )
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ocrwatch", *args, "--config", str(config)], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "ocrwatch", *args, "--config", str(config)],
+            capture_output=True,
+            text=True,
+        )
 
     status = cli("status")
     assert status.returncode == 0, status.stderr
-    assert re.search(r"^failed\s+1$", status.stdout, re.M) and re.search(r"^queued\s+1$", status.stdout, re.M)
+    assert re.search(r"^failed\s+1$", status.stdout, re.M) and re.search(
+        r"^queued\s+1$", status.stdout, re.M
+    )
     assert "oldest waiting: " + waiting.as_uri() in status.stdout
     assert "error: corrupt_pdf: xref broken [failed] " + bad.as_uri() in status.stdout
     assert "1 job(s) queued again" in cli("retry", str(bad)).stdout
@@ -203,8 +254,9 @@ def test_status_and_retry(tmp_path: Path) -> None:
 
 
 def test_ocr_dir_recurses_skips_current_sidecars_and_force_redoes(tmp_path: Path) -> None:
-    """A folder is walked as an inbox is scanned (its patterns, nothing hidden, no link followed); a second run
-    skips every document whose sidecars record its content, ``--force`` does them again."""
+    """A folder is walked as an inbox is scanned (its patterns, nothing hidden, no link followed); a
+    second run skips every document whose sidecars record its content, ``--force`` does them
+    again."""
     folder = tmp_path / "scans"
     (folder / "a").mkdir(parents=True)
     (folder / "b" / "deeper").mkdir(parents=True)
@@ -220,9 +272,14 @@ def test_ocr_dir_recurses_skips_current_sidecars_and_force_redoes(tmp_path: Path
     proc = ocr("--out", out, folder)
     assert proc.returncode == 0, proc.stderr
     assert "3 done, 0 skipped, 0 failed" in proc.stdout
-    assert "link.png: a symlink that leads to" in proc.stderr and "links are not followed" in proc.stderr
+    assert (
+        "link.png: a symlink that leads to" in proc.stderr
+        and "links are not followed" in proc.stderr
+    )
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.json")) == [
-        "a/page.png.json", "b/deeper/two.pdf.json", "b/page.png.json",
+        "a/page.png.json",
+        "b/deeper/two.pdf.json",
+        "b/page.png.json",
     ]  # mirrored below --out: two documents of one name in two folders never share a sidecar
     assert "Beta" in (out / "b" / "page.png.md").read_text()
     stamp = (out / "a" / "page.png.json").stat().st_mtime_ns
@@ -238,9 +295,10 @@ def test_ocr_dir_recurses_skips_current_sidecars_and_force_redoes(tmp_path: Path
 
     forced = ocr("--out", out, "--force", "--pattern", "*.PDF", folder)
     assert forced.returncode == 0 and "1 done, 0 skipped, 0 failed" in forced.stdout, forced.stderr
-    assert sidecar(out / "b" / "deeper" / "two.pdf", ".json")["source"]["sha256"] == hashlib.sha256(
-        third.read_bytes()
-    ).hexdigest()
+    assert (
+        sidecar(out / "b" / "deeper" / "two.pdf", ".json")["source"]["sha256"]
+        == hashlib.sha256(third.read_bytes()).hexdigest()
+    )
 
     beside = ocr(folder / "a")  # without --out, beside each file
     assert beside.returncode == 0 and (folder / "a" / "page.png.json").exists(), beside.stderr
@@ -255,52 +313,73 @@ def test_ocr_lang_is_tesseracts_for_this_run_and_must_be_installed(tmp_path: Pat
     assert missing.returncode == 2
     assert "no language data for xx_not_installed (installed: " in missing.stderr
     wrong_engine = ocr("--lang", "deu", "--engine", "vllm", page)
-    assert wrong_engine.returncode == 2 and "--lang sets Tesseract's language" in wrong_engine.stderr
+    assert (
+        wrong_engine.returncode == 2 and "--lang sets Tesseract's language" in wrong_engine.stderr
+    )
 
 
 def test_ocr_makes_state_dir_private_as_the_daemon_does(tmp_path: Path) -> None:
-    """state_dir will hold the ledger and the control socket: 0700, with each parent it had to make."""
+    """state_dir will hold the ledger and the control socket: 0700, with each parent it had to
+    make."""
     config = tmp_path / "ocrwatch.toml"
     config.write_text(f'state_dir = "{tmp_path / "var" / "state"}"\n')
     page = docs.write_png(tmp_path / "page.png", ["State folder"])
     proc = ocr("--config", config, page)
     assert proc.returncode == 0, proc.stderr
-    modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("var", "var/state", "var/state/tmp")}
+    modes = {
+        name: stat.S_IMODE((tmp_path / name).stat().st_mode)
+        for name in ("var", "var/state", "var/state/tmp")
+    }
     assert modes == {"var": 0o700, "var/state": 0o700, "var/state/tmp": 0o700}
 
 
 def test_help_states_exit_codes_and_the_config_search_order() -> None:
-    top = subprocess.run([sys.executable, "-m", "ocrwatch", "--help"], capture_output=True, text=True)
+    top = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "--help"], capture_output=True, text=True
+    )
     assert top.returncode == 0
     for code in ("0 ", "1 ", "2 ", "130 ", "141 "):
         assert re.search(rf"^  {code}\s*\S", top.stdout, re.M), top.stdout
-    run = subprocess.run([sys.executable, "-m", "ocrwatch", "run", "--help"], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "run", "--help"], capture_output=True, text=True
+    )
     said = " ".join(run.stdout.split())
     assert "$OCRWATCH_CONFIG if set, else ./ocrwatch.toml, else /etc/ocrwatch/config.toml" in said
 
 
 def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
-    """``ocrwatch --config X status`` as ``ocrwatch status --config X``; the one after the command wins."""
+    """``ocrwatch --config X status`` as ``ocrwatch status --config X``; the one after the command
+    wins."""
     state = tmp_path / "state"
     good = tmp_path / "good.toml"
     good.write_text(f'state_dir = "{state}"\n')
     bad = tmp_path / "bad.toml"
     bad.write_text("[render]\ndpi = 'high'\n")
-    for args in (["--config", good, "status"], ["-c", good, "status"], ["status", "--config", good],
-                 ["--config", bad, "status", "--config", good]):  # fmt: skip
+    for args in (
+        ["--config", good, "status"],
+        ["-c", good, "status"],
+        ["status", "--config", good],
+        ["--config", bad, "status", "--config", good],
+    ):
         command = [sys.executable, "-m", "ocrwatch", *map(str, args)]
         proc = subprocess.run(command, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-        said = f"no ledger at {state / 'ledger.sqlite3'}: the daemon has not run with this state_dir\n"
+        said = (
+            f"no ledger at {state / 'ledger.sqlite3'}: the daemon has not run with this state_dir\n"
+        )
         assert proc.stdout == said
-    refused = subprocess.run([sys.executable, "-m", "ocrwatch", "--config", str(bad), "check"],
-                             capture_output=True, text=True)  # fmt: skip
+    refused = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "--config", str(bad), "check"],
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode == 2 and f"{bad}: render.dpi" in refused.stderr
 
 
 def test_ocr_dir_skips_what_the_inbox_ignores(tmp_path: Path) -> None:
-    """The walk takes what the inbox's scan takes: the built-in ignore list and the inbox's ``ignore``, even
-    with ``patterns = ["*"]``; ``--pattern`` changes the patterns, never the ignore list."""
+    """The walk takes what the inbox's scan takes: the built-in ignore list and the inbox's
+    ``ignore``,
+    even with ``patterns = ["*"]``; ``--pattern`` changes the patterns, never the ignore list."""
     from tests.integration.test_ignore import IGNORED, drop
 
     folder = tmp_path / "scans"
@@ -308,7 +387,8 @@ def test_ocr_dir_skips_what_the_inbox_ignores(tmp_path: Path) -> None:
     kept = docs.write_png(folder / "keep.png", ["Kept sheet"])
     config = tmp_path / "ocrwatch.toml"
     config.write_text(
-        f'[engine]\nkind = "tesseract"\n[engine.tesseract]\ndpi = 70\n[[inbox]]\npath = "{folder}"\n'
+        '[engine]\nkind = "tesseract"\n[engine.tesseract]\ndpi = 70\n[[inbox]]\npath = '
+        f'"{folder}"\n'
         'patterns = ["*"]\nignore = ["*.bak", "drafts/"]\n'
     )
     out = tmp_path / "out"
@@ -324,15 +404,21 @@ def test_ocr_text_takes_a_good_layer_and_ocrs_the_rest(tmp_path: Path) -> None:
     """Tesseract's default is ``auto``: the born-digital page is taken from its layer (no engine,
     its searchable PDF page keeps its own text), the scanned page beside it is OCR'd; ``--text
     ocr`` OCRs both."""
-    lines = ["The committee met on Tuesday", "to review the annual report.", "Members agreed that the",
-             "budget for the coming year", "should be approved without", "further changes at all."]  # fmt: skip
+    lines = [
+        "The committee met on Tuesday",
+        "to review the annual report.",
+        "Members agreed that the",
+        "budget for the coming year",
+        "should be approved without",
+        "further changes at all.",
+    ]
     born = docs.write_pdf(tmp_path / "born.pdf", [lines], text_layer=True)
     scan = docs.write_pdf(tmp_path / "scan.pdf", [["Delivery note seven", "Second line here"]])
     with pikepdf.open(born, allow_overwriting_input=True) as pdf, pikepdf.open(scan) as other:
         pdf.pages.extend(other.pages)
         pdf.save(born)
     config = tmp_path / "ocrwatch.toml"
-    config.write_text('[output]\nsearchable_pdf = true\n')
+    config.write_text("[output]\nsearchable_pdf = true\n")
     proc = ocr("--config", config, born)
     assert proc.returncode == 0, proc.stderr
     data = sidecar(born, ".json")
@@ -347,15 +433,18 @@ def test_ocr_text_takes_a_good_layer_and_ocrs_the_rest(tmp_path: Path) -> None:
     proc = ocr("--config", config, "--force", "--text", "ocr", born)
     assert proc.returncode == 0, proc.stderr
     data = sidecar(born, ".json")
-    assert [(p["text_source"], p["text_check"]) for p in data["pages"]] == [("ocr", None), ("ocr", None)]
+    assert [(p["text_source"], p["text_check"]) for p in data["pages"]] == [
+        ("ocr", None),
+        ("ocr", None),
+    ]
     assert "annual" in data["pages"][0]["markdown"] and data["pages"][0]["blocks"]
 
 
 def test_ocr_dir_takes_what_the_inbox_scan_takes_max_depth_included(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``ocr DIR`` is the inbox's own scan (``cli._walk`` used to copy its name rules and walk
-    past ``max_depth``): a folder deeper than the inbox's limit is refused and said, as in the inbox."""
+    """``ocr DIR`` is the inbox's own scan (``cli._walk`` used to copy its name rules and walk past
+    ``max_depth``): a folder deeper than the inbox's limit is refused and said, as in the inbox."""
     from ocrwatch.cli import _scan
     from ocrwatch.config import InboxConfig
 
@@ -363,5 +452,9 @@ def test_ocr_dir_takes_what_the_inbox_scan_takes_max_depth_included(
     for name in ("top.pdf", "a/one.pdf", "a/b/two.pdf", "a/b/c/three.pdf", "a/notes.txt"):
         (tmp_path / name).write_bytes(b"%PDF-1.4\n%%EOF\n")
     taken = _scan(tmp_path, InboxConfig(path=tmp_path, max_depth=2), "{name}")
-    assert taken == [tmp_path / "a" / "b" / "two.pdf", tmp_path / "a" / "one.pdf", tmp_path / "top.pdf"]
+    assert taken == [
+        tmp_path / "a" / "b" / "two.pdf",
+        tmp_path / "a" / "one.pdf",
+        tmp_path / "top.pdf",
+    ]
     assert "deeper than max_depth = 2" in capsys.readouterr().err

@@ -45,10 +45,16 @@ def config(tmp_path: Path) -> Path:
         error = {"kind": "corrupt_pdf", "message": "xref broken", "retryable": False}
         ledger.mark_failed(failed.as_uri(), error)
     path = tmp_path / "ocrwatch.toml"
-    path.write_text(tomli_w.dumps({
-        "state_dir": str(state), "inbox": [{"path": str(tmp_path / "inbox")}],
-        "engine": {"kind": "tesseract"}, "metrics": {"enabled": False},
-    }))  # fmt: skip
+    path.write_text(
+        tomli_w.dumps(
+            {
+                "state_dir": str(state),
+                "inbox": [{"path": str(tmp_path / "inbox")}],
+                "engine": {"kind": "tesseract"},
+                "metrics": {"enabled": False},
+            }
+        )
+    )
     return path
 
 
@@ -85,8 +91,9 @@ def test_each_command_into_a_closed_pipe_ends_quietly_with_141(
     config: Path, closed_pipe: int, args: list[str]
 ) -> None:
     command = ocrwatch(*args) if args == ["--help"] else ocrwatch(*args, "--config", config)
-    done = subprocess.run(command, stdout=closed_pipe, stderr=subprocess.PIPE, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        command, stdout=closed_pipe, stderr=subprocess.PIPE, text=True, timeout=120
+    )
     assert done.returncode == CLOSED_PIPE and done.stderr == "", done.stderr
 
 
@@ -95,8 +102,13 @@ def test_ocr_into_a_closed_pipe_ends_quietly_with_141(
 ) -> None:
     """stdout closed: the summary is refused once the documents are done, their sidecars written."""
     png = docs.write_png(tmp_path / "note.png", ["Delivery note seven"])
-    done = subprocess.run(ocrwatch("ocr", "--config", config, png), stdout=closed_pipe,
-                          stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ocrwatch("ocr", "--config", config, png),
+        stdout=closed_pipe,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == CLOSED_PIPE and "Traceback" not in done.stderr, done.stderr
     assert "Delivery" in png.with_name("note.png.md").read_text()
 
@@ -107,8 +119,13 @@ def test_ocr_with_its_log_into_a_closed_pipe_stops_with_141(
     """stderr closed: the first log or progress line is refused and the run stops as on Ctrl-C, its
     document interrupted (no error sidecar for it), not failed."""
     pdf = docs.write_pdf(tmp_path / "long.pdf", [[f"Page {n}"] for n in range(1, 9)])
-    done = subprocess.run(ocrwatch("ocr", "--config", config, pdf), stdout=subprocess.PIPE,
-                          stderr=closed_pipe, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ocrwatch("ocr", "--config", config, pdf),
+        stdout=subprocess.PIPE,
+        stderr=closed_pipe,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == CLOSED_PIPE, done.stdout
     assert not pdf.with_name("long.pdf.error.json").exists()
 
@@ -119,12 +136,18 @@ def test_run_with_its_log_into_a_closed_pipe_drains_and_stops_with_141(
     """The daemon's log refused: it stops as on SIGTERM (drained, within shutdown_timeout), exit
     141, so a unit's ``Restart=on-failure`` starts it again with a new stream."""
     config = tmp_path / "ocrwatch.toml"
-    config.write_text(tomli_w.dumps({
-        "state_dir": str(tmp_path / "state"),
-        "inbox": [{"path": str(tmp_path / "inbox"), "settle_seconds": 0.3}],
-        "engine": {"kind": "tesseract"}, "metrics": {"enabled": False},
-        "daemon": {"shutdown_timeout": SHUTDOWN_TIMEOUT}, "log": {"format": "json"},
-    }))  # fmt: skip
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "inbox": [{"path": str(tmp_path / "inbox"), "settle_seconds": 0.3}],
+                "engine": {"kind": "tesseract"},
+                "metrics": {"enabled": False},
+                "daemon": {"shutdown_timeout": SHUTDOWN_TIMEOUT},
+                "log": {"format": "json"},
+            }
+        )
+    )
     command = ocrwatch("run", "--config", config)
     daemon = subprocess.Popen(command, stdout=closed_pipe, stderr=closed_pipe)
     try:

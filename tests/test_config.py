@@ -1,4 +1,5 @@
-"""Configuration: defaults that work, errors that name the file and the key, exit code 2 from the CLI."""
+"""Configuration: defaults that work, errors that name the file and the key, exit code 2 from the
+CLI."""
 
 from __future__ import annotations
 
@@ -33,26 +34,41 @@ def test_example_file_is_valid_and_documents_every_key() -> None:
     cfg = config.load(example)
     text = example.read_text()
     for section, model in (
-        ("render", config.RenderConfig), ("limits", config.LimitsConfig), ("output", config.OutputConfig),
-        ("log", config.LogConfig), ("metrics", config.MetricsConfig), ("scheduler", config.SchedulerConfig),
-        ("retry", config.RetryConfig), ("daemon", config.DaemonConfig), ("engine", config.EngineConfig),
-        ("engine.tesseract", TesseractConfig), ("engine.vllm", VllmConfig),
-        ("inbox", config.InboxConfig), ("s3", config.S3Config),
+        ("render", config.RenderConfig),
+        ("limits", config.LimitsConfig),
+        ("output", config.OutputConfig),
+        ("log", config.LogConfig),
+        ("metrics", config.MetricsConfig),
+        ("scheduler", config.SchedulerConfig),
+        ("retry", config.RetryConfig),
+        ("daemon", config.DaemonConfig),
+        ("engine", config.EngineConfig),
+        ("engine.tesseract", TesseractConfig),
+        ("engine.vllm", VllmConfig),
+        ("inbox", config.InboxConfig),
+        ("s3", config.S3Config),
     ):
         for key in model.model_fields:
             if key in ("vllm", "tesseract"):
                 continue
-            assert f"{key} =" in text or f"# {key} =" in text, f"config.example.toml does not document {section}.{key}"
+            assert f"{key} =" in text or f"# {key} =" in text, (
+                f"config.example.toml does not document {section}.{key}"
+            )
     assert cfg.engine.kind == "auto"
 
 
 def test_the_sampling_defaults_are_the_engine_contracts() -> None:
     default, vllm, rung = Sampling(), VllmConfig(), SamplingRung()
     assert (vllm.max_tokens, vllm.ngram_size, vllm.window_size) == (4096, 30, 90)
-    assert (vllm.max_tokens, vllm.ngram_size, vllm.window_size) == (default.max_tokens, default.ngram_size,
-                                                                    default.window_size)  # fmt: skip
-    assert (rung.temperature, rung.ngram_size, rung.window_size) == (0.0, 30, 90) == (
-        default.temperature, default.ngram_size, default.window_size
+    assert (vllm.max_tokens, vllm.ngram_size, vllm.window_size) == (
+        default.max_tokens,
+        default.ngram_size,
+        default.window_size,
+    )
+    assert (
+        (rung.temperature, rung.ngram_size, rung.window_size)
+        == (0.0, 30, 90)
+        == (default.temperature, default.ngram_size, default.window_size)
     )
 
 
@@ -63,7 +79,9 @@ def test_render_dpi_unset_means_the_engines_own(tmp_path: Path) -> None:
 
 
 def test_a_source_without_a_priority_gets_the_default_lane() -> None:
-    assert config.DEFAULT_PRIORITY == 50 and config.InboxConfig().priority == config.DEFAULT_PRIORITY
+    assert (
+        config.DEFAULT_PRIORITY == 50 and config.InboxConfig().priority == config.DEFAULT_PRIORITY
+    )
     s3 = config.S3Config(queue_url="https://sqs.example/q")
     assert s3.priority == config.DEFAULT_PRIORITY
 
@@ -71,7 +89,9 @@ def test_a_source_without_a_priority_gets_the_default_lane() -> None:
 def test_the_engine_kind_is_auto_or_an_installed_engine(tmp_path: Path) -> None:
     for kind in ("auto", "vllm", "tesseract", "plugin"):
         assert config.load(write(tmp_path, f"[engine]\nkind = '{kind}'\n")).engine.kind == kind
-    with pytest.raises(ConfigError, match="unknown engine 'gpu'.*installed: auto, plugin, tesseract, vllm"):
+    with pytest.raises(
+        ConfigError, match="unknown engine 'gpu'.*installed: auto, plugin, tesseract, vllm"
+    ):
         config.load(write(tmp_path, "[engine]\nkind = 'gpu'\n"))
 
 
@@ -124,7 +144,9 @@ def test_frozen() -> None:
 def test_cli_exit_code_2_on_invalid_config(tmp_path: Path) -> None:
     path = write(tmp_path, "[render]\ndpi = 'high'\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "ocrwatch", "ocr", "--config", str(path), str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "ocrwatch", "ocr", "--config", str(path), str(path)],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert "render.dpi" in proc.stderr and str(path) in proc.stderr
@@ -140,12 +162,16 @@ def test_cli_exit_code_2_on_invalid_config(tmp_path: Path) -> None:
         ("replicas = 1\nreplica_processes = 'auto'", False),
     ],
 )
-def test_replica_processes_auto_means_several_replicas(tmp_path: Path, text: str, expected: bool) -> None:
+def test_replica_processes_auto_means_several_replicas(
+    tmp_path: Path, text: str, expected: bool
+) -> None:
     cfg = config.load(write(tmp_path, f"[engine.vllm]\n{text}\n"))
     assert cfg.engine.vllm.in_processes is expected
 
 
-def test_a_relative_output_dir_is_relative_to_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_relative_output_dir_is_relative_to_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = tmp_path / "etc"
     folder.mkdir()
     monkeypatch.chdir(tmp_path)  # not the file's folder
@@ -155,10 +181,14 @@ def test_a_relative_output_dir_is_relative_to_the_file(tmp_path: Path, monkeypat
 
 
 def test_an_inbox_lang_is_tesseract_languages_found_by_its_folder(tmp_path: Path) -> None:
-    cfg = config.load(write(tmp_path, "[[inbox]]\npath = 'de'\nlang = 'deu+eng'\n[[inbox]]\npath = 'en'\n"))
+    cfg = config.load(
+        write(tmp_path, "[[inbox]]\npath = 'de'\nlang = 'deu+eng'\n[[inbox]]\npath = 'en'\n")
+    )
     assert cfg.inbox_lang(tmp_path / "de") == "deu+eng"
     assert cfg.inbox_lang(tmp_path / "en") is None  # [engine.tesseract] lang
-    assert cfg.inbox[0].lang == "deu+eng" and config.load(write(tmp_path, "[[inbox]]\nlang = 'script/Latin'\n"))
+    assert cfg.inbox[0].lang == "deu+eng" and config.load(
+        write(tmp_path, "[[inbox]]\nlang = 'script/Latin'\n")
+    )
     for bad in ("", "-psm 0", "eng+", "deu eng", "../eng"):
         with pytest.raises(ConfigError, match=r"inbox\[0\]\.lang"):
             config.load(write(tmp_path, f"[[inbox]]\nlang = '{bad}'\n"))
@@ -167,13 +197,15 @@ def test_an_inbox_lang_is_tesseract_languages_found_by_its_folder(tmp_path: Path
 @pytest.mark.parametrize(
     ("first", "second", "inner", "outer"),
     [
-        ("in", "in/sub", 1, 0), ("in/sub/deeper", "in", 0, 1), ("in", "link/sub", 1, 0),
+        ("in", "in/sub", 1, 0),
+        ("in/sub/deeper", "in", 0, 1),
+        ("in", "link/sub", 1, 0),
         ("in/../in/sub", "in", 0, 1),
     ],
 )
 def test_an_inbox_inside_a_recursive_inbox_is_refused_naming_both(
     tmp_path: Path, first: str, second: str, inner: int, outer: int
-) -> None:  # fmt: skip
+) -> None:
     (tmp_path / "in" / "sub").mkdir(parents=True)
     (tmp_path / "link").symlink_to(tmp_path / "in")  # hides the nesting until paths are resolved
     path = write(tmp_path, f"[[inbox]]\npath = '{first}'\n[[inbox]]\npath = '{second}'\n")
@@ -199,15 +231,21 @@ def test_inboxes_side_by_side_or_below_a_flat_one_are_accepted(tmp_path: Path) -
         ("[[inbox]]\nrecursive = 1\n", "inbox[0].recursive: Input should be a valid boolean"),
         ("[[inbox]]\nmax_depth = 2.0\n", "inbox[0].max_depth: Input should be a valid integer"),
         ("[[inbox]]\npatterns = '*.pdf'\n", "inbox[0].patterns: Input should be a valid array"),
-        ("[render]\ntimeout_seconds = '2.5'\n", "render.timeout_seconds: Input should be a valid number"),
+        (
+            "[render]\ntimeout_seconds = '2.5'\n",
+            "render.timeout_seconds: Input should be a valid number",
+        ),
         ("[metrics]\nenabled = 'false'\n", "metrics.enabled: Input should be a valid boolean"),
         ("[engine.vllm]\nseed = '7'\n", "engine.vllm.seed: Input should be a valid integer"),
         ("state_dir = 5\n", "state_dir: Input should be a valid"),
         ("[render]\ndpi = 1979-05-27\n", "render.dpi: a date or time, which no key takes"),
     ],
 )
-def test_values_are_taken_as_strictly_as_toml_types_them(tmp_path: Path, text: str, needle: str) -> None:
-    """ "yes" is text and 2.0 a float, as TOML itself says: neither is taken for a boolean or a count."""
+def test_values_are_taken_as_strictly_as_toml_types_them(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    """ "yes" is text and 2.0 a float, as TOML itself says: neither is taken for a boolean or a
+    count."""
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         config.load(path, {})
@@ -215,34 +253,47 @@ def test_values_are_taken_as_strictly_as_toml_types_them(tmp_path: Path, text: s
 
 
 def test_an_integer_is_taken_for_a_float_and_text_for_a_path(tmp_path: Path) -> None:
-    cfg = config.load(write(tmp_path, "[render]\ntimeout_seconds = 3\n[[inbox]]\npath = 'in'\n"), {})
+    cfg = config.load(
+        write(tmp_path, "[render]\ntimeout_seconds = 3\n[[inbox]]\npath = 'in'\n"), {}
+    )
     assert cfg.render.timeout_seconds == 3.0 and cfg.inbox[0].path == tmp_path / "in"
     assert cfg.inbox[0].patterns == config.InboxConfig().patterns  # an array read as the tuple
 
 
 @pytest.mark.parametrize("name", ["inbox", "s3", "hook"])
-def test_a_table_written_for_an_array_of_tables_says_which_to_write(tmp_path: Path, name: str) -> None:
+def test_a_table_written_for_an_array_of_tables_says_which_to_write(
+    tmp_path: Path, name: str
+) -> None:
     path = write(tmp_path, f"[{name}]\npath = 'x'\n")
     with pytest.raises(ConfigError) as info:
         config.load(path, {})
-    assert info.value.message == f"{path}: {name}: use [[{name}]], not [{name}]: an array of tables," \
-                                 f" one [[{name}]] each"  # fmt: skip
+    assert (
+        info.value.message == f"{path}: {name}: use [[{name}]], not [{name}]: an array of tables,"
+        f" one [[{name}]] each"
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
         ("[output]\non_success = 'move'\n", "output.on_success: 'move' needs [output] archive_dir"),
-        ("[[inbox]]\non_success = 'move'\n", "inbox[0].on_success: 'move' needs [output] archive_dir"),
-        ("[output]\non_success = 'move'\narchive_dir = 'a'\n[[s3]]\nqueue_url = 'q'\n",
-         "output.on_success: 'move' needs s3[0].archive_prefix"),
-        ("[[s3]]\nqueue_url = 'q'\non_success = 'move'\n",
-         "s3[0].on_success: 'move' needs s3[0].archive_prefix"),
+        (
+            "[[inbox]]\non_success = 'move'\n",
+            "inbox[0].on_success: 'move' needs [output] archive_dir",
+        ),
+        (
+            "[output]\non_success = 'move'\narchive_dir = 'a'\n[[s3]]\nqueue_url = 'q'\n",
+            "output.on_success: 'move' needs s3[0].archive_prefix",
+        ),
+        (
+            "[[s3]]\nqueue_url = 'q'\non_success = 'move'\n",
+            "s3[0].on_success: 'move' needs s3[0].archive_prefix",
+        ),
     ],
 )
 def test_a_move_without_its_archive_is_reported_against_the_key_written(
     tmp_path: Path, text: str, needle: str
-) -> None:  # fmt: skip
+) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         config.load(path, {})
@@ -250,21 +301,25 @@ def test_a_move_without_its_archive_is_reported_against_the_key_written(
 
 
 def test_a_buckets_prompt_is_checked_as_an_inboxs_is(tmp_path: Path) -> None:
-    """An unknown preset would fail every document of the bucket in ``prompt_text``: it stops the start."""
+    """An unknown preset would fail every document of the bucket in ``prompt_text``: it stops the
+    start."""
     path = write(tmp_path, "[[s3]]\nqueue_url = 'q'\nprompt = 'nope'\n")
     with pytest.raises(ConfigError, match=r"s3\[0\]\.prompt: unknown preset 'nope'"):
         config.load(path, {})
-    own = "[engine.vllm]\nprompts = {mine = \"<image>\\nRead it.\"}\n"
+    own = '[engine.vllm]\nprompts = {mine = "<image>\\nRead it."}\n'
     own += "[[s3]]\nqueue_url = 'q'\nprompt = 'mine'\n"
     cfg = config.load(write(tmp_path, own), {})
     assert cfg.prompt_text(cfg.s3[0].prompt) == "<image>\nRead it."
 
 
-# --- configuration by environment ------------------------------------------------------------------------
+# --- configuration by environment -----------------------------------------------------------------
 
 
 def test_variables_set_keys_over_the_file(tmp_path: Path) -> None:
-    text = "state_dir = 'state'\n[engine.tesseract]\nlang = 'eng'\n[[inbox]]\npath = 'in'\npriority = 10\n"
+    text = (
+        "state_dir = 'state'\n[engine.tesseract]\nlang = 'eng'\n[[inbox]]\npath = "
+        "'in'\npriority = 10\n"
+    )
     hook = tmp_path / "post.sh"
     hook.write_text("#!/bin/sh\n")
     hook.chmod(0o755)
@@ -286,22 +341,28 @@ def test_variables_set_keys_over_the_file(tmp_path: Path) -> None:
     }
     cfg = config.load(write(tmp_path, text), env)
     assert cfg.state_dir == Path("/srv/state")
-    assert (cfg.engine.kind, cfg.engine.tesseract.lang, cfg.engine.plugin_args) == ("tesseract", "deu+eng",
-                                                                                   {"size": 3})  # fmt: skip
+    assert (cfg.engine.kind, cfg.engine.tesseract.lang, cfg.engine.plugin_args) == (
+        "tesseract",
+        "deu+eng",
+        {"size": 3},
+    )
     assert (cfg.render.dpi, cfg.render.timeout_seconds) == (200, 2.5)
     first, second = cfg.inbox
     assert (first.path, first.priority) == (tmp_path / "in", 10)
     assert (first.recursive, first.polling) == (False, "auto")
     assert first.patterns == ("*.pdf",) and second.path == tmp_path / "second" and second.recursive
     default = VllmConfig().ladder  # one rung changed, the other kept
-    assert cfg.engine.vllm.ladder == (default[0], default[1].model_copy(update={"temperature": 0.3}))
+    assert cfg.engine.vllm.ladder == (
+        default[0],
+        default[1].model_copy(update={"temperature": 0.3}),
+    )
     assert (cfg.s3[0].queue_url, cfg.s3[0].bucket) == ("https://sqs.example/q", "2024")
     assert cfg.hook[0].command == (str(hook), "--now") and cfg.hook[0].name == "post.sh"
 
 
 def test_variables_without_a_file_change_the_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.chdir(tmp_path)  # no ./ocrwatch.toml here
     cfg = config.load(None, {"OCRWATCH_INBOX_0_PATH": "/data/inbox", "OCRWATCH_LOG_LEVEL": "debug"})
     assert [inbox.path for inbox in cfg.inbox] == [Path("/data/inbox")] and cfg.log.level == "debug"
@@ -310,41 +371,75 @@ def test_variables_without_a_file_change_the_defaults(
 
 
 OTHERS = {
-    "OCRWATCH_CONFIG": "", "OCRWATCH_CORPUS": "/x", "OCRWATCH_STATUS": "ok", "OCRWATCH_SOURCE": "file:///x",
-    "OCRWATCH_ORIGINAL": "file:///y", "OCRWATCH_JSON": "/x.json", "OCRWATCH_MD": "", "OCRWATCH_LANES": "1",
-}  # fmt: skip
+    "OCRWATCH_CONFIG": "",
+    "OCRWATCH_CORPUS": "/x",
+    "OCRWATCH_STATUS": "ok",
+    "OCRWATCH_SOURCE": "file:///x",
+    "OCRWATCH_ORIGINAL": "file:///y",
+    "OCRWATCH_JSON": "/x.json",
+    "OCRWATCH_MD": "",
+    "OCRWATCH_LANES": "1",
+}
 
 
 def test_variables_ocrwatch_uses_otherwise_are_no_keys(tmp_path: Path) -> None:
-    """A hook's own variables, or the engine's, reach a daemon or a command a hook starts: not keys."""
+    """A hook's own variables, or the engine's, reach a daemon or a command a hook starts: not
+    keys."""
     assert set(OTHERS) <= config_env.OTHER_USES
     documented = (REPO / "config.example.toml").read_text()
-    assert all(name in documented for name in config_env.OTHER_USES), "config.example.toml lists them all"
+    assert all(name in documented for name in config_env.OTHER_USES), (
+        "config.example.toml lists them all"
+    )
     assert config.load(write(tmp_path, ""), OTHERS) == config.load(write(tmp_path, ""), {})
 
 
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ({"OCRWATCH_INBOX_0_RECURSIVE": "yes"}, "OCRWATCH_INBOX_0_RECURSIVE: Input should be a valid boolean"),
+        (
+            {"OCRWATCH_INBOX_0_RECURSIVE": "yes"},
+            "OCRWATCH_INBOX_0_RECURSIVE: Input should be a valid boolean",
+        ),
         ({"OCRWATCH_RENDER_DPI": "high"}, "OCRWATCH_RENDER_DPI: Input should be a valid integer"),
         ({"OCRWATCH_RENDER_DPI": "300.0"}, "OCRWATCH_RENDER_DPI: Input should be a valid integer"),
         ({"OCRWATCH_RENDER_DPI": "1979-05-27"}, "OCRWATCH_RENDER_DPI: a date or time"),
         ({"OCRWATCH_ENGINE_KIND": "gpu"}, "OCRWATCH_ENGINE_KIND: unknown engine 'gpu'"),
-        ({"OCRWATCH_INBOX_0_PATTERNS": '["*.pdf", 3]'}, "OCRWATCH_INBOX_0_PATTERNS[1]: Input should be a valid"),
-        ({"OCRWATCH_METRICS_ENABLED": "true\nx = 1"}, "OCRWATCH_METRICS_ENABLED: Input should be a valid"),
-        ({"OCRWATCH_OUTPUT_ON_SUCCESS": "move"}, "OCRWATCH_OUTPUT_ON_SUCCESS: 'move' needs [output]"),
+        (
+            {"OCRWATCH_INBOX_0_PATTERNS": '["*.pdf", 3]'},
+            "OCRWATCH_INBOX_0_PATTERNS[1]: Input should be a valid",
+        ),
+        (
+            {"OCRWATCH_METRICS_ENABLED": "true\nx = 1"},
+            "OCRWATCH_METRICS_ENABLED: Input should be a valid",
+        ),
+        (
+            {"OCRWATCH_OUTPUT_ON_SUCCESS": "move"},
+            "OCRWATCH_OUTPUT_ON_SUCCESS: 'move' needs [output]",
+        ),
         ({"OCRWATCH_S3_0_PROMPT": "nope"}, "OCRWATCH_S3_0_PROMPT: unknown preset 'nope'"),
-        ({"OCRWATCH_ENGNE_KIND": "x"}, "OCRWATCH_ENGNE_KIND: no such key (did you mean OCRWATCH_ENGINE_KIND?)"),
-        ({"OCRWATCH_ENGINE": "{}"}, "OCRWATCH_ENGINE: names a table, not a key: set each key, e.g."),
+        (
+            {"OCRWATCH_ENGNE_KIND": "x"},
+            "OCRWATCH_ENGNE_KIND: no such key (did you mean OCRWATCH_ENGINE_KIND?)",
+        ),
+        (
+            {"OCRWATCH_ENGINE": "{}"},
+            "OCRWATCH_ENGINE: names a table, not a key: set each key, e.g.",
+        ),
         ({"OCRWATCH_INBOX_2_PATH": "/x"}, "OCRWATCH_INBOX_2_PATH: inbox has 1 table(s)"),
         ({"OCRWATCH_INBOX_01_PATH": "/x"}, "OCRWATCH_INBOX_01_PATH: no such key"),
-        ({"OCRWATCH_ENGINE_TESSERACT_LANGS": "deu"}, "did you mean OCRWATCH_ENGINE_TESSERACT_LANG?"),
+        (
+            {"OCRWATCH_ENGINE_TESSERACT_LANGS": "deu"},
+            "did you mean OCRWATCH_ENGINE_TESSERACT_LANG?",
+        ),
     ],
 )
-def test_a_variables_fault_names_the_variable(tmp_path: Path, env: dict[str, str], needle: str) -> None:
+def test_a_variables_fault_names_the_variable(
+    tmp_path: Path, env: dict[str, str], needle: str
+) -> None:
     with pytest.raises(ConfigError) as info:
-        config.load(write(tmp_path, "[[s3]]\nqueue_url = 'q'\n" if "S3" in next(iter(env)) else ""), env)
+        config.load(
+            write(tmp_path, "[[s3]]\nqueue_url = 'q'\n" if "S3" in next(iter(env)) else ""), env
+        )
     assert info.value.message.startswith("environment: ") and needle in info.value.message
 
 
@@ -353,7 +448,10 @@ def test_every_unknown_variable_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, ""), env)
     lines = info.value.message.splitlines()
-    assert [line.split(":")[1].strip() for line in lines] == ["OCRWATCH_ENGNE_KIND", "OCRWATCH_RENDER_DPY"]
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "OCRWATCH_ENGNE_KIND",
+        "OCRWATCH_RENDER_DPY",
+    ]
 
 
 def test_a_nesting_from_a_variable_names_it_and_the_files_key(tmp_path: Path) -> None:
@@ -361,7 +459,9 @@ def test_a_nesting_from_a_variable_names_it_and_the_files_key(tmp_path: Path) ->
     path = write(tmp_path, "[[inbox]]\npath = 'in'\n")
     with pytest.raises(ConfigError) as info:
         config.load(path, {"OCRWATCH_INBOX_1_PATH": str(tmp_path / "in" / "sub")})
-    said = f"environment: OCRWATCH_INBOX_1_PATH ({tmp_path / 'in' / 'sub'}) lies inside inbox[0].path"
+    said = (
+        f"environment: OCRWATCH_INBOX_1_PATH ({tmp_path / 'in' / 'sub'}) lies inside inbox[0].path"
+    )
     assert info.value.message.startswith(f"{said} ({tmp_path / 'in'})")
 
 
@@ -379,18 +479,24 @@ def test_every_key_has_one_variable_of_its_own() -> None:
 
 
 def test_every_ocrwatch_variable_in_the_repository_is_a_key_or_another_use() -> None:
-    """A new variable ocrwatch sets or reads must join ``OTHER_USES``, or every daemon that inherits it
-    refuses to start; and a variable a file of the repository sets (a unit, an image) must be a key."""
+    """A new variable ocrwatch sets or reads must join ``OTHER_USES``, or every daemon that inherits
+    it
+    refuses to start; and a variable a file of the repository sets (a unit, an image) must be a
+    key."""
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout")
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     files = listed.stdout
     keys = {config_env.PREFIX + name for name, _ in config_env.names(config.Config)}
     for name in files.split("\0"):
         path = REPO / name
         if name == "tests/test_config.py" or not path.is_file():  # this file names faulty variables
             continue
-        for variable in set(re.findall(r"OCRWATCH_[A-Z0-9][A-Z0-9_]*", path.read_text(errors="replace"))):
+        for variable in set(
+            re.findall(r"OCRWATCH_[A-Z0-9][A-Z0-9_]*", path.read_text(errors="replace"))
+        ):
             indexed = re.sub(r"_[1-9][0-9]*_", "_0_", variable)
             assert variable in config_env.OTHER_USES or indexed in keys, f"{name}: {variable}"
 
@@ -440,12 +546,20 @@ def test_tesseract_workers_automatic_is_auto_and_zero_is_refused(tmp_path: Path)
         config.load(path, environ={})
 
 
-@pytest.mark.parametrize(("text", "said"), [
-    ('[render]\ndpi = "high"\n', 'render.dpi: Input should be a valid integer, or "auto"'),
-    ("[render]\ndpi = 10\n", 'render.dpi: Input should be greater than or equal to 50, or "auto"'),
-    ('[[inbox]]\npolling = "maybe"\n',
-     'inbox[0].polling: Input should be a valid boolean, or "auto"'),
-])
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('[render]\ndpi = "high"\n', 'render.dpi: Input should be a valid integer, or "auto"'),
+        (
+            "[render]\ndpi = 10\n",
+            'render.dpi: Input should be greater than or equal to 50, or "auto"',
+        ),
+        (
+            '[[inbox]]\npolling = "maybe"\n',
+            'inbox[0].polling: Input should be a valid boolean, or "auto"',
+        ),
+    ],
+)
 def test_a_key_that_also_takes_auto_fails_in_one_line(tmp_path: Path, text: str, said: str) -> None:
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, text), environ={})

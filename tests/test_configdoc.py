@@ -35,8 +35,9 @@ def test_the_readme_key_table_is_the_one_the_declarations_write() -> None:
     assert configdoc.readme(text) == text, "README.md's key table drifted: configdoc --write"
 
 
-def test_check_says_which_file_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_says_which_file_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     stale = tmp_path / "config.example.toml"
     stale.write_text(configdoc.example().replace("max_pages = 2000", "max_pages = 1999"))
     monkeypatch.setattr(configdoc, "EXAMPLE", stale)
@@ -50,9 +51,12 @@ def test_check_says_which_file_differs(tmp_path: Path, monkeypatch: pytest.Monke
 def test_every_key_has_a_description() -> None:
     models = _models(config.Config)
     assert config.S3Config in models and VllmConfig in models and TesseractConfig in models
-    missing = [f"{model.__name__}.{key}" for model in models
-               for key, field in model.model_fields.items()
-               if not field.exclude and not (field.description or "").strip()]
+    missing = [
+        f"{model.__name__}.{key}"
+        for model in models
+        for key, field in model.model_fields.items()
+        if not field.exclude and not (field.description or "").strip()
+    ]
     assert not missing, missing
 
 
@@ -76,7 +80,12 @@ def test_the_generated_example_loads_as_the_defaults(tmp_path: Path) -> None:
 
 def test_every_key_is_in_the_readme_table() -> None:
     table = configdoc.table()
-    for key in ("`state_dir`", "`[engine.vllm] ladder`", "`[[s3]] receive_backoff_max_seconds`",
-                "`[[hook]] concurrency`", "`[engine.tesseract] lang`", "`[[inbox]] text`"):
+    for key in (
+        "`state_dir`",
+        "`[engine.vllm] ladder`",
+        "`[[s3]] receive_backoff_max_seconds`",
+        "`[[hook]] concurrency`",
+        "`[engine.tesseract] lang`",
+        "`[[inbox]] text`",
+    ):
         assert f"| {key} |" in table, key
-

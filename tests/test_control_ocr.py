@@ -1,4 +1,5 @@
-"""``ocr``'s skip check asks the one done rule (``sinks.base.records``), through a link the user named."""
+"""``ocr``'s skip check asks the one done rule (``sinks.base.records``), through a link the user
+named."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def test_a_named_link_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
     source = {"bytes": data.stat().st_size, "sha256": digest}
     paths["json"].write_text(json.dumps({"schema": "ocrwatch/1", "source": source}))
     assert _current(sink, job)
-    data.write_bytes(b"%PDF-1.4 other")  # the file named through the link changed: not done any more
+    data.write_bytes(
+        b"%PDF-1.4 other"
+    )  # the file named through the link changed: not done any more
     assert not _current(sink, job)
     os.mkfifo(tmp_path / "fifo.pdf")  # never read, never blocks
-    assert not _current(sink, Job(origin=LocalFile(tmp_path / "fifo.pdf", tmp_path), source="cli:1"))
+    assert not _current(
+        sink, Job(origin=LocalFile(tmp_path / "fifo.pdf", tmp_path), source="cli:1")
+    )

@@ -1,7 +1,9 @@
-"""The fast encoder's CUDA-graph dispatch (``ViewGraphs``): which captured batch size a stack of views
-replays, how it is padded and split. CUDA graphs need a GPU, so the graph is replaced by a replay that
-recomputes its captured function on the static buffers, as a real replay does; bench/gpu/encoder_check.py
-checks the captured graphs against vLLM's encoder on the GPU. Needs torch (the ``vllm`` extra)."""
+"""The fast encoder's CUDA-graph dispatch (``ViewGraphs``): which captured batch size a stack of
+views
+replays, how it is padded and split. CUDA graphs need a GPU, so the graph is replaced by a replay
+that recomputes its captured function on the static buffers, as a real replay does;
+bench/gpu/encoder_check.py checks the captured graphs against vLLM's encoder on the GPU. Needs torch
+(the ``vllm`` extra)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,10 @@ def test_a_batch_replays_the_smallest_graph_that_holds_it(graphs: Any) -> None:
     views = torch.rand(3, 3, 8, 8)
     out = graphs(views)
     assert torch.equal(out, encode(None, views))
-    assert graphs.captured == [(8, 2), (8, 4)]  # every size of the side, the first time the side is seen
+    assert graphs.captured == [
+        (8, 2),
+        (8, 4),
+    ]  # every size of the side, the first time the side is seen
     assert graphs.graphs[(8, 4)][0].replays == 1 and graphs.graphs[(8, 2)][0].replays == 0
 
 

@@ -27,7 +27,7 @@ def ledger(tmp_path: Path) -> Any:
 
 def test_a_name_that_is_not_utf8_is_held_moved_released_and_loaded_byte_for_byte(
     tmp_path: Path, ledger: Ledger
-) -> None:  # fmt: skip
+) -> None:
     store = Deliveries(ledger)
     inbox = tmp_path / "inbox"
     json_path, md_path = str(inbox / f"{LATIN1}.json"), str(inbox / f"{LATIN1}.md")
@@ -58,7 +58,9 @@ def test_the_source_moved_is_named_where_it_is_and_where_it_was_dropped(ledger: 
     assert (delivery.json, delivery.md) == ("/inbox/a.png.json", "/inbox/a.png.md")
 
     other = "file:///inbox/b.png"
-    held = store.hold("ended", other, "ok", other, "/inbox/b.png.json", "/inbox/b.png.md", b"{}", ["t"])
+    held = store.hold(
+        "ended", other, "ok", other, "/inbox/b.png.json", "/inbox/b.png.md", b"{}", ["t"]
+    )
     store.relocate(other, {"source": "", "json": "/x/b.png.json", "md": "/x/b.png.md"})  # deleted
     delivery = store.load(held, "t")
     assert delivery is not None and (delivery.source, delivery.original) == ("", other)

@@ -1,6 +1,6 @@
-"""An engine in a child process: the real Tesseract engine served by ``python -m ocrwatch.engines.process``,
-observed through its replies and /proc; the replica router (``EngineSet``) over those children and on its own,
-and the vLLM replica processes' arguments."""
+"""An engine in a child process: the real Tesseract engine served by ``python -m
+ocrwatch.engines.process``, observed through its replies and /proc; the replica router
+(``EngineSet``) over those children and on its own, and the vLLM replica processes' arguments."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineDead
 from tests.engines_base import StubEngine
 
-needs_tesseract = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
+needs_tesseract = pytest.mark.skipif(
+    shutil.which("tesseract") is None, reason="tesseract is not installed"
+)
 
 
 def text_page(lines: list[str], size: tuple[int, int] = (1400, 400)) -> Image.Image:
@@ -40,12 +42,16 @@ def text_page(lines: list[str], size: tuple[int, int] = (1400, 400)) -> Image.Im
 
 
 def slow_page() -> Image.Image:
-    return text_page([f"Line {i}: the committee reviewed the budget of the library again." for i in range(60)],
-                     size=(3400, 5000))  # fmt: skip
+    return text_page(
+        [f"Line {i}: the committee reviewed the budget of the library again." for i in range(60)],
+        size=(3400, 5000),
+    )
 
 
 def tesseract(workers: int = 2, binary: str = "tesseract") -> ProcessEngine:
-    cfg = EngineConfig(kind="tesseract", tesseract=TesseractConfig(dpi=150, workers=workers, binary=binary))
+    cfg = EngineConfig(
+        kind="tesseract", tesseract=TesseractConfig(dpi=150, workers=workers, binary=binary)
+    )
     return ProcessEngine("tesseract", cfg)
 
 
@@ -90,14 +96,25 @@ async def test_a_page_is_read_by_tesseract_in_a_child_process() -> None:
     await engine.start()
     try:
         (child,) = set(children()) - before
-        assert engine.name == "tesseract" and engine.max_concurrency == 2 and engine.geometry.dpi == 150
-        pages = [PageRequest(f"p{i}", text_page([f"Invoice {4711 + i} paid"]), "markdown") for i in range(3)]
+        assert (
+            engine.name == "tesseract"
+            and engine.max_concurrency == 2
+            and engine.geometry.dpi == 150
+        )
+        pages = [
+            PageRequest(f"p{i}", text_page([f"Invoice {4711 + i} paid"]), "markdown")
+            for i in range(3)
+        ]
         results = await asyncio.gather(*(engine.recognize(page) for page in pages))
         for index, result in enumerate(results):
             assert isinstance(result, Recognition)
             assert f"Invoice {4711 + index} paid" in result.markdown
-        os.kill(child, signal.SIGINT)  # Ctrl-C reaches the process group; the daemon alone acts on it
-        rgb = await engine.recognize(PageRequest("rgb", text_page(["Colour page"]).convert("RGB"), "markdown"))
+        os.kill(
+            child, signal.SIGINT
+        )  # Ctrl-C reaches the process group; the daemon alone acts on it
+        rgb = await engine.recognize(
+            PageRequest("rgb", text_page(["Colour page"]).convert("RGB"), "markdown")
+        )
         assert "Colour page" in rgb.markdown
         assert engine.describe()["name"] == "tesseract"
     finally:
@@ -116,12 +133,16 @@ async def test_abort_and_cancel_stop_a_page_and_the_child_serves_on() -> None:
         await engine.abort("slow")
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(slow, 10)
-        caller = asyncio.create_task(engine.recognize(PageRequest("slow2", slow_page(), "markdown")))
+        caller = asyncio.create_task(
+            engine.recognize(PageRequest("slow2", slow_page(), "markdown"))
+        )
         await asyncio.sleep(1.0)
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
             await caller
-        after = await engine.recognize(PageRequest("after", text_page(["Still serving"]), "markdown"))
+        after = await engine.recognize(
+            PageRequest("after", text_page(["Still serving"]), "markdown")
+        )
         assert "Still serving" in after.markdown
     finally:
         await engine.close()
@@ -160,18 +181,26 @@ async def test_a_dead_replica_is_restarted_alone_and_its_page_finished_by_anothe
     try:
         first, second = (engine._proc.pid for engine in engines.engines)  # type: ignore[attr-defined]
         assert set(children()) - before == {first, second}
-        slow = [asyncio.create_task(engines.recognize(PageRequest(f"slow{i}", slow_page(), "markdown")))
-                for i in range(2)]  # fmt: skip
+        slow = [
+            asyncio.create_task(engines.recognize(PageRequest(f"slow{i}", slow_page(), "markdown")))
+            for i in range(2)
+        ]
         await asyncio.sleep(1.0)  # one page in each child
         os.kill(first, signal.SIGKILL)
         for page in await asyncio.wait_for(asyncio.gather(*slow), 120):
-            assert "the committee reviewed the budget" in page.markdown  # the killed child's page too
+            assert (
+                "the committee reviewed the budget" in page.markdown
+            )  # the killed child's page too
         await wait_until(lambda: not engines._down)
         restarted = engines.engines[0]._proc.pid  # type: ignore[attr-defined]
         assert restarted != first and set(children()) - before == {restarted, second}
-        alone = await engines.engines[0].recognize(PageRequest("alone", text_page(["Restarted child"]), "markdown"))
+        alone = await engines.engines[0].recognize(
+            PageRequest("alone", text_page(["Restarted child"]), "markdown")
+        )
         assert "Restarted child" in alone.markdown
-        pages = [PageRequest(f"p{i}", text_page([f"Receipt {100 + i}"]), "markdown") for i in range(4)]
+        pages = [
+            PageRequest(f"p{i}", text_page([f"Receipt {100 + i}"]), "markdown") for i in range(4)
+        ]
         for index, page in enumerate(await asyncio.gather(*(engines.recognize(p) for p in pages))):
             assert f"Receipt {100 + index}" in page.markdown
     finally:
@@ -188,17 +217,22 @@ async def test_a_set_with_every_replica_down_fails_the_page_as_engine_dead() -> 
             os.kill(engine._proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
         await wait_until(lambda: all(engine._dead for engine in engines.engines))  # type: ignore[attr-defined]
         with pytest.raises(EngineDead):
-            await engines.recognize(PageRequest("late", text_page(["Nobody reads this"]), "markdown"))
+            await engines.recognize(
+                PageRequest("late", text_page(["Nobody reads this"]), "markdown")
+            )
         assert engines._down == {0, 1}
     finally:
         await engines.close()
 
 
 async def test_a_start_cancelled_while_the_child_starts_leaves_no_child() -> None:
-    """The daemon stopping while a replica restarts cancels its start: the child must go at once, not wait for
-    an engine start (minutes for vLLM) to finish."""
+    """The daemon stopping while a replica restarts cancels its start: the child must go at once,
+    not
+    wait for an engine start (minutes for vLLM) to finish."""
     before = set(children())
-    cfg = EngineConfig(kind="plugin", plugin="tests.fault_engines:EchoEngine", plugin_args={"start_delay": 60})
+    cfg = EngineConfig(
+        kind="plugin", plugin="tests.fault_engines:EchoEngine", plugin_args={"start_delay": 60}
+    )
     engine = ProcessEngine("plugin", cfg)
     starting = asyncio.create_task(engine.start())
     await wait_until(lambda: bool(set(children()) - before) and engine._ready is not None, 30)
@@ -211,11 +245,15 @@ async def test_a_start_cancelled_while_the_child_starts_leaves_no_child() -> Non
     assert engine._scratch is not None and not engine._scratch.exists()
 
 
-async def test_a_daemon_killed_outright_takes_its_engine_process_and_the_engines_own_along() -> None:
-    """Killed while its engine starts (the child reads no socket then), the daemon must not leave the child or
-    the engine's own process (vLLM's engine core, here ``sleep``) holding a GPU."""
+async def test_a_daemon_killed_outright_takes_its_engine_process_and_the_engines_own_along() -> (
+    None
+):
+    """Killed while its engine starts (the child reads no socket then), the daemon must not leave
+    the
+    child or the engine's own process (vLLM's engine core, here ``sleep``) holding a GPU."""
     daemon = subprocess.Popen([sys.executable, "-c", DAEMON], cwd=Path(__file__).parents[1])
     try:
+
         def started() -> bool:  # one reading of the daemon's children: a second one may find none
             kids = children(daemon.pid)
             return len(kids) == 1 and len(children(kids[0])) == 1
@@ -238,7 +276,9 @@ async def test_a_child_that_cannot_start_raises_the_engines_own_error() -> None:
 
 
 class Counting(StubEngine):
-    """A stand-in engine for the router's choice alone: it counts the pages in it and the aborts it is sent."""
+    """A stand-in engine for the router's choice alone: it counts the pages in it and the aborts it
+    is
+    sent."""
 
     def __init__(self, name: str, gate: asyncio.Event) -> None:
         super().__init__(max_concurrency=4, dpi=144)
@@ -260,18 +300,32 @@ async def test_the_set_sends_each_page_to_the_least_loaded_engine() -> None:
     engines = EngineSet([a, b])
     await engines.start()
     assert engines.max_concurrency == 8 and engines.describe() == {"name": "a", "processes": 2}
-    tasks = [asyncio.create_task(engines.recognize(PageRequest(f"p{i}", Image.new("L", (8, 8)), ""))) for i in range(6)]
+    tasks = [
+        asyncio.create_task(engines.recognize(PageRequest(f"p{i}", Image.new("L", (8, 8)), "")))
+        for i in range(6)
+    ]
     await asyncio.sleep(0)
     assert (len(a.requests.seen), len(b.requests.seen)) == (3, 3)
     await engines.abort("p1")
     assert a.aborted == b.aborted == ["p1"]
     gate.set()
-    assert sorted(r.markdown for r in await asyncio.gather(*tasks)) == ["a", "a", "a", "b", "b", "b"]
+    assert sorted(r.markdown for r in await asyncio.gather(*tasks)) == [
+        "a",
+        "a",
+        "a",
+        "b",
+        "b",
+        "b",
+    ]
 
 
-def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_replica_processes_are_one_engine_per_gpu_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7")
-    cfg = EngineConfig(kind="vllm", vllm=VllmConfig(replicas=2, tensor_parallel_size=2, replica_processes=True))
+    cfg = EngineConfig(
+        kind="vllm", vllm=VllmConfig(replicas=2, tensor_parallel_size=2, replica_processes=True)
+    )
     engine = registry.build(cfg, kind="vllm")
     assert isinstance(engine, EngineSet)
     envs = [child._env for child in engine.engines]  # type: ignore[attr-defined]
@@ -279,7 +333,12 @@ def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest
     for child in engine.engines:
         spec = child._spec  # type: ignore[attr-defined]
         inner = EngineConfig.model_validate(spec["engine"]).vllm
-        assert (spec["kind"], inner.replicas, inner.replica_processes, inner.tensor_parallel_size) == ("vllm", 1, False, 2)
+        assert (
+            spec["kind"],
+            inner.replicas,
+            inner.replica_processes,
+            inner.tensor_parallel_size,
+        ) == ("vllm", 1, False, 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(ConfigError, match="need 4 GPUs, 2 visible"):
         registry.build(cfg, kind="vllm")
@@ -288,18 +347,24 @@ def test_vllm_replica_processes_are_one_engine_per_gpu_group(monkeypatch: pytest
     by_default = registry.build(EngineConfig(kind="vllm", vllm=VllmConfig(replicas=2)), kind="vllm")
     assert isinstance(by_default, EngineSet)
     assert [child._env for child in by_default.engines] == [  # type: ignore[attr-defined]
-        {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        {"CUDA_VISIBLE_DEVICES": "1"},
     ]
-    one = registry.build(EngineConfig(kind="vllm", vllm=VllmConfig(replica_processes=True)), kind="vllm")
+    one = registry.build(
+        EngineConfig(kind="vllm", vllm=VllmConfig(replica_processes=True)), kind="vllm"
+    )
     assert isinstance(one, EngineSet) and len(one.engines) == 1
     assert one.engines[0]._env == {}  # type: ignore[attr-defined]  # one replica sees the daemon's GPUs
 
 
 async def test_a_vllm_replica_process_that_cannot_start_says_why() -> None:
-    """The real vLLM engine in the child: without vllm installed (or without a GPU, or without the model), its
-    start fails there and the daemon gets the engine's own error, retryable, with the child gone."""
+    """The real vLLM engine in the child: without vllm installed (or without a GPU, or without the
+    model), its start fails there and the daemon gets the engine's own error, retryable, with the
+    child gone."""
     before = set(children())
-    cfg = EngineConfig(kind="vllm", vllm=VllmConfig(model="/nonexistent/DeepSeek-OCR-2", enforce_eager=True))
+    cfg = EngineConfig(
+        kind="vllm", vllm=VllmConfig(model="/nonexistent/DeepSeek-OCR-2", enforce_eager=True)
+    )
     engine = ProcessEngine("vllm", cfg, env={"CUDA_VISIBLE_DEVICES": ""})
     with pytest.raises(EngineDead, match="vLLM engine could not start") as caught:
         await engine.start()
@@ -308,9 +373,12 @@ async def test_a_vllm_replica_process_that_cannot_start_says_why() -> None:
 
 
 @needs_tesseract
-async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The child's front end must hand freed memory back like the daemon does (a vLLM replica process grew by
-    gigabytes over a few hundred pages when only the daemon trimmed)."""
+async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's front end must hand freed memory back like the daemon does (a vLLM replica
+    process
+    grew by gigabytes over a few hundred pages when only the daemon trimmed)."""
     from ocrwatch import logging as ocw_logging
     from ocrwatch.engines import process
 
@@ -322,7 +390,9 @@ async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(monk
             return True
 
     monkeypatch.setattr(process, "HeapTrimmer", CountingTrimmer)
-    monkeypatch.setattr(ocw_logging, "configure", lambda config: None)  # the child's logging is this process's
+    monkeypatch.setattr(
+        ocw_logging, "configure", lambda config: None
+    )  # the child's logging is this process's
     parent, child = process.socket.socketpair()
     server = asyncio.create_task(process._serve(child))
     reader, writer = await asyncio.open_unix_connection(sock=parent)

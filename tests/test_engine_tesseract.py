@@ -22,7 +22,9 @@ from ocrwatch.engines.tesseract import TesseractEngine, parse_tsv
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineFailed
 
-pytestmark = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract is not installed")
+pytestmark = pytest.mark.skipif(
+    shutil.which("tesseract") is None, reason="tesseract is not installed"
+)
 
 T = TypeVar("T")
 PAGE = (1700, 2200)
@@ -46,13 +48,17 @@ def draw_page(lines: list[str], tops: list[int], mode: str = "L") -> Image.Image
 
 
 def slow_page() -> Image.Image:
-    """A 400 dpi letter page full of text: about six seconds of OCR, so a child killed early is seen as
+    """A 400 dpi letter page full of text: about six seconds of OCR, so a child killed early is seen
+    as
     killed (its page cannot have finished) rather than as done."""
     image = Image.new("L", (3400, 4400), 255)
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default(size=48)
     for i in range(68):
-        text = f"Line {i}: the committee reviewed the budget of the library and the river station, then met again."
+        text = (
+            f"Line {i}: the committee reviewed the budget of the library and the river "
+            "station, then met again."
+        )
         draw.text((60, 40 + 63 * i), text, font=font, fill="black")
     return image
 
@@ -76,12 +82,15 @@ def tesseract_children() -> dict[int, dict[str, str]]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        children[int(entry.name)] = dict(item.decode().partition("=")[::2] for item in environ if item)
+        children[int(entry.name)] = dict(
+            item.decode().partition("=")[::2] for item in environ if item
+        )
     return children
 
 
 async def busy_child(timeout: float = 10.0) -> int:
-    """The pid of this process's tesseract child, once it has had its image and is recognising: killed
+    """The pid of this process's tesseract child, once it has had its image and is recognising:
+    killed
     earlier, a child dies of its cut-off input anyway, which would hide a missing kill."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -120,7 +129,11 @@ def test_recognizes_drawn_text_with_line_boxes() -> None:
     result = run(main)
     assert char_error_rate(result.markdown, "\n\n".join(LINES)) < 0.03, result.markdown
     assert "\n\n" in result.markdown and "\n\n\n" not in result.markdown
-    assert result.finish_reason == "stop" and result.prompt_tokens is None and result.completion_tokens is None
+    assert (
+        result.finish_reason == "stop"
+        and result.prompt_tokens is None
+        and result.completion_tokens is None
+    )
     assert result.seconds > 0 and set(result.timings) == {"queue", "encode", "ocr"}
     assert len(result.blocks) == len(LINES)
     for block, text, top in zip(result.blocks, LINES, LINE_TOPS):
@@ -130,9 +143,14 @@ def test_recognizes_drawn_text_with_line_boxes() -> None:
         assert abs(left - LEFT) < 15 and top <= upper < top + 30 and 30 < lower - upper < 80
         assert 0 <= block["conf"] <= 100
         words = block["words"]
-        assert " ".join(word["text"] for word in words) == block["text"] and len(words) == len(text.split())
+        assert " ".join(word["text"] for word in words) == block["text"] and len(words) == len(
+            text.split()
+        )
         for word, following in zip(words, words[1:] + [None]):
-            assert left <= word["bbox"][0] < word["bbox"][2] <= right and upper <= word["bbox"][1] < lower
+            assert (
+                left <= word["bbox"][0] < word["bbox"][2] <= right
+                and upper <= word["bbox"][1] < lower
+            )
             assert following is None or word["bbox"][2] < following["bbox"][0]
     assert [block["paragraph"] for block in result.blocks] == [1, 2, 3]
 
@@ -141,7 +159,9 @@ def test_recognizes_drawn_text_with_line_boxes() -> None:
 def test_image_modes(mode: str) -> None:
     async def main() -> Any:
         engine = await started(workers=1)
-        return await engine.recognize(PageRequest("page-1", draw_page(LINES[:1], LINE_TOPS[:1], mode), prompt=""))
+        return await engine.recognize(
+            PageRequest("page-1", draw_page(LINES[:1], LINE_TOPS[:1], mode), prompt="")
+        )
 
     assert char_error_rate(run(main).markdown, LINES[0]) < 0.05
 
@@ -163,8 +183,13 @@ def test_describe_and_hints() -> None:
     description = engine.describe()
     assert description["name"] == "tesseract" and description["version"][0].isdigit()
     assert description | {"version": None} == {
-        "name": "tesseract", "version": None, "lang": "eng", "psm": 6, "dpi": 250, "workers": 3,
-    }  # fmt: skip
+        "name": "tesseract",
+        "version": None,
+        "lang": "eng",
+        "psm": 6,
+        "dpi": 250,
+        "workers": 3,
+    }
     assert engine.geometry.dpi == 250 and engine.max_concurrency == 3
     assert TesseractEngine(TesseractConfig()).max_concurrency == os.cpu_count()
     engine.release()
@@ -186,7 +211,10 @@ def test_concurrency_is_bounded_by_workers_and_threads_by_omp_limit() -> None:
         engine = await started(workers=2)
         stop = asyncio.Event()
         sampler = asyncio.create_task(sample(stop))
-        pages = [engine.recognize(PageRequest(f"p{i}", draw_page(LINES, LINE_TOPS), prompt="")) for i in range(6)]
+        pages = [
+            engine.recognize(PageRequest(f"p{i}", draw_page(LINES, LINE_TOPS), prompt=""))
+            for i in range(6)
+        ]
         results = await asyncio.gather(*pages)
         stop.set()
         await sampler
@@ -211,7 +239,9 @@ def test_abort_kills_the_child_and_frees_its_slot() -> None:
         await engine.abort("slow")  # finished by now: a no-op
         await engine.abort("never-seen")
         # the single slot is free again
-        return await engine.recognize(PageRequest("next", draw_page(LINES[:1], LINE_TOPS[:1]), prompt=""))
+        return await engine.recognize(
+            PageRequest("next", draw_page(LINES[:1], LINE_TOPS[:1]), prompt="")
+        )
 
     assert "quick brown fox" in run(main).markdown
     assert tesseract_children() == {}
@@ -222,7 +252,9 @@ def test_abort_of_a_queued_page_never_starts_it() -> None:
         engine = await started(workers=1)
         first = asyncio.create_task(engine.recognize(PageRequest("first", slow_page(), prompt="")))
         pid = await busy_child()
-        queued = asyncio.create_task(engine.recognize(PageRequest("queued", slow_page(), prompt="")))
+        queued = asyncio.create_task(
+            engine.recognize(PageRequest("queued", slow_page(), prompt=""))
+        )
         await asyncio.sleep(0.05)
         await engine.abort("queued")
         with pytest.raises(asyncio.CancelledError):
@@ -268,16 +300,23 @@ def test_close_kills_pages_in_flight() -> None:
 
 def test_tesseract_failure_raises_engine_failed_with_its_stderr() -> None:
     async def main() -> None:
-        engine = TesseractEngine(TesseractConfig(lang="xyz"))  # not started: start() would refuse the language
+        engine = TesseractEngine(
+            TesseractConfig(lang="xyz")
+        )  # not started: start() would refuse the language
         await engine.recognize(PageRequest("p", draw_page(LINES[:1], LINE_TOPS[:1]), prompt=""))
 
     with pytest.raises(EngineFailed) as failure:
         run(main)
-    assert "status 1" in failure.value.message and "Failed loading language 'xyz'" in failure.value.message
+    assert (
+        "status 1" in failure.value.message
+        and "Failed loading language 'xyz'" in failure.value.message
+    )
     assert failure.value.retryable
 
 
-DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")  # Pillow's bundled font has no umlauts
+DEJAVU = Path(
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+)  # Pillow's bundled font has no umlauts
 
 
 def german_page() -> Image.Image:
@@ -294,15 +333,28 @@ def test_a_request_s_lang_is_the_language_tesseract_reads() -> None:
         engine = await started(lang="eng")
         page = draw_page(LINES[:1], LINE_TOPS[:1])
         try:
-            assert "quick brown fox" in (await engine.recognize(PageRequest("own", page, prompt=""))).markdown
-            with pytest.raises(EngineFailed, match="Failed loading language 'zzz'"):  # it reached tesseract's -l
+            assert (
+                "quick brown fox"
+                in (await engine.recognize(PageRequest("own", page, prompt=""))).markdown
+            )
+            with pytest.raises(
+                EngineFailed, match="Failed loading language 'zzz'"
+            ):  # it reached tesseract's -l
                 await engine.recognize(PageRequest("other", page, prompt="", lang="zzz"))
-            if DEJAVU.exists() and "deu" in subprocess.run(["tesseract", "--list-langs"], capture_output=True,
-                                                           text=True).stdout.split():  # fmt: skip
+            if (
+                DEJAVU.exists()
+                and "deu"
+                in subprocess.run(
+                    ["tesseract", "--list-langs"], capture_output=True, text=True
+                ).stdout.split()
+            ):
                 german = german_page()
                 read = await engine.recognize(PageRequest("de", german, prompt="", lang="deu"))
                 assert "Größe der Straße" in read.markdown
-                assert "Größe" not in (await engine.recognize(PageRequest("en", german, prompt=""))).markdown
+                assert (
+                    "Größe"
+                    not in (await engine.recognize(PageRequest("en", german, prompt=""))).markdown
+                )
         finally:
             await engine.close()
 
@@ -324,7 +376,10 @@ def test_start_names_missing_language_data_and_its_package() -> None:
 
 
 def test_parse_tsv_groups_words_into_lines_and_paragraphs() -> None:
-    header = "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext"
+    header = (
+        "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num"
+        "\tleft\ttop\twidth\theight\tconf\ttext"
+    )
     rows = [
         "1\t1\t0\t0\t0\t0\t0\t0\t1700\t2200\t-1\t",
         "4\t1\t1\t1\t1\t0\t150\t200\t400\t40\t-1\t",
@@ -339,24 +394,36 @@ def test_parse_tsv_groups_words_into_lines_and_paragraphs() -> None:
     assert markdown == "Hello world,\nagain\n\nAnother paragraph."
     assert blocks == [
         {
-            "type": "line", "text": "Hello world,", "bbox": [150, 200, 550, 240], "conf": 95.0, "paragraph": 1,
+            "type": "line",
+            "text": "Hello world,",
+            "bbox": [150, 200, 550, 240],
+            "conf": 95.0,
+            "paragraph": 1,
             "words": [
                 {"text": "Hello", "bbox": [150, 200, 250, 240], "conf": 96.5},
                 {"text": "world,", "bbox": [260, 205, 550, 235], "conf": 93.5},
             ],
         },
         {
-            "type": "line", "text": "again", "bbox": [150, 250, 270, 290], "conf": 90.0, "paragraph": 1,
+            "type": "line",
+            "text": "again",
+            "bbox": [150, 250, 270, 290],
+            "conf": 90.0,
+            "paragraph": 1,
             "words": [{"text": "again", "bbox": [150, 250, 270, 290], "conf": 90.0}],
         },
         {
-            "type": "line", "text": "Another paragraph.", "bbox": [150, 900, 560, 945], "conf": 75.0, "paragraph": 2,
+            "type": "line",
+            "text": "Another paragraph.",
+            "bbox": [150, 900, 560, 945],
+            "conf": 75.0,
+            "paragraph": 2,
             "words": [
                 {"text": "Another", "bbox": [150, 900, 350, 940], "conf": 80.0},
                 {"text": "paragraph.", "bbox": [360, 900, 560, 945], "conf": 70.0},
             ],
         },
-    ]  # fmt: skip
+    ]
     assert parse_tsv("") == ("", [])
 
 
@@ -364,7 +431,11 @@ def test_corpus_linn_first_page(corpus_dir: Path, tmp_path: Path) -> None:
     if shutil.which("pdftoppm") is None:
         pytest.skip("pdftoppm (poppler-utils) is not installed")
     pdf, prefix = str(corpus_dir / "linn.pdf"), str(tmp_path / "page")
-    subprocess.run(["pdftoppm", "-r", "300", "-f", "1", "-l", "1", "-png", pdf, prefix], check=True, timeout=120)
+    subprocess.run(
+        ["pdftoppm", "-r", "300", "-f", "1", "-l", "1", "-png", pdf, prefix],
+        check=True,
+        timeout=120,
+    )
     (rendered,) = tmp_path.glob("page*.png")
 
     async def main() -> Any:

@@ -1,6 +1,6 @@
-"""The vLLM engine without a GPU: engine and sampling arguments, page geometry, error mapping, the request
-flow over a stand-in for ``AsyncLLM``, and replicas as the registry builds them. Where vllm is installed, the
-arguments are checked against its classes."""
+"""The vLLM engine without a GPU: engine and sampling arguments, page geometry, error mapping, the
+request flow over a stand-in for ``AsyncLLM``, and replicas as the registry builds them. Where vllm
+is installed, the arguments are checked against its classes."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ocrwatch import ladder
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, PageRequest
+from ocrwatch.engines.deepseek import arguments, geometry
 from ocrwatch.engines.deepseek import engine as engine_module
 from ocrwatch.engines.deepseek import plugin, spec
 from ocrwatch.engines.deepseek.engine import VllmEngine
@@ -31,7 +32,9 @@ from ocrwatch.engines.replicas import EngineSet
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm not installed"
+)
 
 A4_300DPI = (2480, 3508)
 LETTER_300DPI = (2550, 3300)
@@ -43,7 +46,7 @@ def fit(size: tuple[int, int], max_side: int) -> tuple[int, int]:
     return round(size[0] * scale), round(size[1] * scale)
 
 
-# --- geometry --------------------------------------------------------------------------------------------------
+# --- geometry -------------------------------------------------------------------------------------
 
 
 def test_ocr2_renders_a4_and_letter_onto_the_2x3_tile_grid_without_upscaling() -> None:
@@ -78,7 +81,7 @@ def test_tile_grid_matches_vllm_where_its_processor_imports() -> None:
 
 def test_architecture_from_a_local_config_json(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekOCRForCausalLM"]}))
-    assert engine_module.model_architecture(str(tmp_path)) == OCR1.architecture
+    assert geometry.model_architecture(str(tmp_path)) == OCR1.architecture
     engine = VllmEngine(VllmConfig(model=str(tmp_path)))
     assert engine.geometry.max_side == 1920
 
@@ -94,36 +97,46 @@ def test_architecture_from_a_local_config_json(tmp_path: Path) -> None:
     ],
 )
 def test_architecture_from_the_name(model: str, architecture: str) -> None:
-    assert engine_module.model_architecture(model) == architecture
+    assert geometry.model_architecture(model) == architecture
 
 
 def test_unreadable_config_json_falls_back_to_the_name(tmp_path: Path) -> None:
     model = tmp_path / "DeepSeek-OCR"
     model.mkdir()
     (model / "config.json").write_text("{not json")
-    assert engine_module.model_architecture(str(model)) == OCR1.architecture
+    assert geometry.model_architecture(str(model)) == OCR1.architecture
 
 
-# --- engine arguments ------------------------------------------------------------------------------------------
+# --- engine arguments -----------------------------------------------------------------------------
 
 
 def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
-    kwargs = engine_module.engine_kwargs(VllmConfig(ngram_processor="batched"))
+    kwargs = arguments.engine_kwargs(VllmConfig(ngram_processor="batched"))
     assert kwargs["model"] == "deepseek-ai/DeepSeek-OCR-2"
     assert kwargs["enable_prefix_caching"] is False
     assert kwargs["mm_processor_cache_gb"] == 0
-    assert kwargs["logits_processors"] == ["ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"]
-    assert kwargs["max_num_seqs"] == 128 and kwargs["max_num_batched_tokens"] == 16384  # GPU memory unknown
-    gpu = engine_module.engine_kwargs(VllmConfig(ngram_processor="gpu"))
+    assert kwargs["logits_processors"] == [
+        "ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"
+    ]
+    assert (
+        kwargs["max_num_seqs"] == 128 and kwargs["max_num_batched_tokens"] == 16384
+    )  # GPU memory unknown
+    gpu = arguments.engine_kwargs(VllmConfig(ngram_processor="gpu"))
     assert "logits_processors" not in gpu  # the guard runs inside vLLM's V2 sampler (ngram_gpu)
-    fallback = engine_module.engine_kwargs(VllmConfig(ngram_processor="gpu"), processor="batched")
+    fallback = arguments.engine_kwargs(VllmConfig(ngram_processor="gpu"), processor="batched")
     assert fallback["logits_processors"] == kwargs["logits_processors"]
-    per_request = engine_module.engine_kwargs(VllmConfig(ngram_processor="per_request"))
-    assert per_request["logits_processors"] == ["vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"]
+    per_request = arguments.engine_kwargs(VllmConfig(ngram_processor="per_request"))
+    assert per_request["logits_processors"] == [
+        "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+    ]
     unguarded = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=0),))
-    assert "logits_processors" not in engine_module.engine_kwargs(unguarded)
-    rung_only = VllmConfig(ngram_size=0, ladder=(SamplingRung(temperature=0.2, ngram_size=12),), ngram_processor="batched")
-    assert "logits_processors" in engine_module.engine_kwargs(rung_only)
+    assert "logits_processors" not in arguments.engine_kwargs(unguarded)
+    rung_only = VllmConfig(
+        ngram_size=0,
+        ladder=(SamplingRung(temperature=0.2, ngram_size=12),),
+        ngram_processor="batched",
+    )
+    assert "logits_processors" in arguments.engine_kwargs(rung_only)
     assert kwargs["scheduling_policy"] == "priority"
     assert kwargs["limit_mm_per_prompt"] == {"image": 1}
     assert kwargs["renderer_num_workers"] >= 1
@@ -143,47 +156,63 @@ def test_engine_kwargs_carry_the_config_and_engine_args_win() -> None:
         seed=7,
         load_format="dummy",
         enforce_eager=True,
-        engine_args={"gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "kv_cache_dtype": "fp8"},
+        engine_args={
+            "gpu_memory_utilization": 0.5,
+            "enable_prefix_caching": True,
+            "kv_cache_dtype": "fp8",
+        },
     )
-    kwargs = engine_module.engine_kwargs(cfg)
-    assert kwargs["revision"] == "abc123" and kwargs["max_num_batched_tokens"] == 16384 and kwargs["block_size"] == 32
-    assert (kwargs["tensor_parallel_size"], kwargs["data_parallel_size"], kwargs["seed"]) == (2, 4, 7)
+    kwargs = arguments.engine_kwargs(cfg)
+    assert (
+        kwargs["revision"] == "abc123"
+        and kwargs["max_num_batched_tokens"] == 16384
+        and kwargs["block_size"] == 32
+    )
+    assert (kwargs["tensor_parallel_size"], kwargs["data_parallel_size"], kwargs["seed"]) == (
+        2,
+        4,
+        7,
+    )
     assert kwargs["load_format"] == "dummy" and kwargs["enforce_eager"] is True
     assert kwargs["gpu_memory_utilization"] == 0.5 and kwargs["enable_prefix_caching"] is True
     assert kwargs["kv_cache_dtype"] == "fp8"
 
 
 def test_a_processor_cache_turns_parallel_input_preparation_off() -> None:
-    kwargs = engine_module.engine_kwargs(VllmConfig(engine_args={"mm_processor_cache_gb": 4}))
+    kwargs = arguments.engine_kwargs(VllmConfig(engine_args={"mm_processor_cache_gb": 4}))
     assert kwargs["renderer_num_workers"] == 1
-    kwargs = engine_module.engine_kwargs(
+    kwargs = arguments.engine_kwargs(
         VllmConfig(engine_args={"mm_processor_cache_gb": 4, "renderer_num_workers": 3})
     )
     assert kwargs["renderer_num_workers"] == 3
 
 
 def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
-    env = engine_module.engine_env(VllmConfig(ngram_processor="batched"), {})
+    env = arguments.engine_env(VllmConfig(ngram_processor="batched"), {})
     assert env == {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_NO_USAGE_STATS": "1",
         "OMP_NUM_THREADS": "1",
-        "VLLM_TUNED_CONFIG_FOLDER": str(engine_module.MOE_CONFIGS),
+        "VLLM_TUNED_CONFIG_FOLDER": str(arguments.MOE_CONFIGS),
         "OCRWATCH_FAST_ENCODER": "1",
         "OCRWATCH_ENCODER_GRAPHS": "0",
         "OCRWATCH_NGRAM_GPU": "0",
         "OCRWATCH_LANES": "0",
     }
-    assert engine_module.engine_env(VllmConfig(ngram_processor="gpu"), {})["OCRWATCH_NGRAM_GPU"] == "1"
-    cfg = VllmConfig(ngram_processor="batched", compile_cache_dir=tmp_path, encoder_cuda_graphs=True,
-                     priority_lanes=True)
+    assert arguments.engine_env(VllmConfig(ngram_processor="gpu"), {})["OCRWATCH_NGRAM_GPU"] == "1"
+    cfg = VllmConfig(
+        ngram_processor="batched",
+        compile_cache_dir=tmp_path,
+        encoder_cuda_graphs=True,
+        priority_lanes=True,
+    )
     user = {
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
         "OCRWATCH_FAST_ENCODER": "0",
         "OMP_NUM_THREADS": "8",
         "VLLM_TUNED_CONFIG_FOLDER": str(tmp_path),
     }
-    env = engine_module.engine_env(cfg, user)
+    env = arguments.engine_env(cfg, user)
     assert env == {
         "VLLM_NO_USAGE_STATS": "1",
         "OCRWATCH_FAST_ENCODER": "1",
@@ -193,25 +222,36 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
         "VLLM_CACHE_ROOT": str(tmp_path),
     }
     off = VllmConfig(fast_encoder=False, encoder_cuda_graphs=True)
-    assert engine_module.engine_env(off, {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
-    assert engine_module.engine_env(off, {})["OCRWATCH_FAST_ENCODER"] == "0"
+    assert arguments.engine_env(off, {})["OCRWATCH_ENCODER_GRAPHS"] == "0"
+    assert arguments.engine_env(off, {})["OCRWATCH_FAST_ENCODER"] == "0"
     unguarded = VllmConfig(ngram_size=0, ladder=(), ngram_processor="gpu")
-    assert engine_module.engine_env(unguarded, {})["OCRWATCH_NGRAM_GPU"] == "0"
+    assert arguments.engine_env(unguarded, {})["OCRWATCH_NGRAM_GPU"] == "0"
 
 
 def test_the_shipped_moe_tiles_are_in_vllms_format() -> None:
-    """vLLM reads ``E=..,N=..,device_name=...json`` from ``VLLM_TUNED_CONFIG_FOLDER``: token counts as keys,
-    each with the Triton kernel's tile parameters; a file it cannot parse would fail every MoE layer."""
-    files = sorted(engine_module.MOE_CONFIGS.glob("*.json"))
+    """vLLM reads ``E=..,N=..,device_name=...json`` from ``VLLM_TUNED_CONFIG_FOLDER``: token counts
+    as
+    keys, each with the Triton kernel's tile parameters; a file it cannot parse would fail every MoE
+    layer."""
+    files = sorted(arguments.MOE_CONFIGS.glob("*.json"))
     assert [f.name for f in files] == ["E=64,N=896,device_name=NVIDIA_H200.json"]
     tiles = json.loads(files[0].read_text())
     assert 256 in {int(m) for m in tiles} and 1 in {int(m) for m in tiles}
-    keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
+    keys = {
+        "BLOCK_SIZE_M",
+        "BLOCK_SIZE_N",
+        "BLOCK_SIZE_K",
+        "GROUP_SIZE_M",
+        "num_warps",
+        "num_stages",
+    }
     for config in tiles.values():
         assert set(config) == keys and all(isinstance(v, int) and v > 0 for v in config.values())
 
 
-@pytest.mark.parametrize(("value", "on"), [("1", True), ("yes", True), ("0", False), ("off", False), (" ", False)])
+@pytest.mark.parametrize(
+    ("value", "on"), [("1", True), ("yes", True), ("0", False), ("off", False), (" ", False)]
+)
 def test_the_plugin_switches_read_their_own_variable(value: str, on: bool) -> None:
     env = {plugin.GRAPHS_ENV: value}
     assert plugin.enabled(env, name=plugin.GRAPHS_ENV) is on
@@ -219,28 +259,36 @@ def test_the_plugin_switches_read_their_own_variable(value: str, on: bool) -> No
 
 
 def test_engine_args_this_vllm_lacks_are_a_config_error() -> None:
-    engine_module.check_engine_args({"model": "m", "seed": 0}, {"model", "seed", "dtype"}, "0.33.0")
-    with pytest.raises(ConfigError, match="vLLM 0.33.0 has no engine argument 'calculate_kv_scales'"):
-        engine_module.check_engine_args({"model": "m", "calculate_kv_scales": True}, {"model"}, "0.33.0")
+    arguments.check_engine_args({"model": "m", "seed": 0}, {"model", "seed", "dtype"}, "0.33.0")
+    with pytest.raises(
+        ConfigError, match="vLLM 0.33.0 has no engine argument 'calculate_kv_scales'"
+    ):
+        arguments.check_engine_args(
+            {"model": "m", "calculate_kv_scales": True}, {"model"}, "0.33.0"
+        )
 
 
-# --- sampling --------------------------------------------------------------------------------------------------
+# --- sampling -------------------------------------------------------------------------------------
 
 
 def test_sampling_kwargs_for_the_greedy_rung() -> None:
     cfg = VllmConfig()
-    kwargs = engine_module.sampling_kwargs(cfg, ladder.rungs(EngineConfig())[0])
+    kwargs = arguments.sampling_kwargs(cfg, ladder.rungs(EngineConfig())[0])
     assert kwargs == {
         "temperature": 0.0,
         "max_tokens": 4096,
         "skip_special_tokens": False,
         "ignore_eos": False,
-        "extra_args": {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]},
+        "extra_args": {
+            "ngram_size": 30,
+            "window_size": 90,
+            "whitelist_token_ids": [128821, 128822],
+        },
     }
 
 
 def test_sampling_kwargs_for_a_warmer_rung_seed_it() -> None:
-    kwargs = engine_module.sampling_kwargs(
+    kwargs = arguments.sampling_kwargs(
         VllmConfig(seed=3), Sampling(temperature=0.2, ngram_size=12, window_size=120)
     )
     assert kwargs["temperature"] == 0.2 and kwargs["seed"] == 3
@@ -250,11 +298,11 @@ def test_sampling_kwargs_for_a_warmer_rung_seed_it() -> None:
 
 @pytest.mark.parametrize("sampling", [Sampling(ngram_size=0), Sampling(window_size=0)])
 def test_a_zero_ngram_setting_turns_the_ngram_processor_off(sampling: Sampling) -> None:
-    assert "extra_args" not in engine_module.sampling_kwargs(VllmConfig(), sampling)
+    assert "extra_args" not in arguments.sampling_kwargs(VllmConfig(), sampling)
 
 
 def test_sampling_kwargs_pass_ignore_eos_and_a_rung_max_tokens() -> None:
-    kwargs = engine_module.sampling_kwargs(VllmConfig(ignore_eos=True), Sampling(max_tokens=1))
+    kwargs = arguments.sampling_kwargs(VllmConfig(ignore_eos=True), Sampling(max_tokens=1))
     assert kwargs["ignore_eos"] is True and kwargs["max_tokens"] == 1
 
 
@@ -262,9 +310,9 @@ def test_sampling_kwargs_pass_ignore_eos_and_a_rung_max_tokens() -> None:
 def test_engine_kwargs_construct_vllm_engine_args() -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    kwargs = engine_module.engine_kwargs(VllmConfig(load_format="dummy", seed=1))
+    kwargs = arguments.engine_kwargs(VllmConfig(load_format="dummy", seed=1))
     known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
-    engine_module.check_engine_args(kwargs, known, "installed")
+    arguments.check_engine_args(kwargs, known, "installed")
     args = AsyncEngineArgs(**kwargs)
     assert args.scheduling_policy == "priority" and args.enable_prefix_caching is False
     assert args.mm_processor_cache_gb == 0 and args.limit_mm_per_prompt == {"image": 1}
@@ -277,28 +325,42 @@ def test_sampling_kwargs_construct_vllm_sampling_params_the_ngram_processor_acce
 
     cfg = VllmConfig()
     for rung in ladder.rungs(EngineConfig(vllm=cfg)):
-        params = SamplingParams(**engine_module.sampling_kwargs(cfg, rung), output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            **arguments.sampling_kwargs(cfg, rung), output_kind=RequestOutputKind.FINAL_ONLY
+        )
         NGramPerReqLogitsProcessor.validate_params(params)
         assert params.skip_special_tokens is False and params.temperature == rung.temperature
 
 
-# --- small pure helpers ----------------------------------------------------------------------------------------
+# --- small pure helpers ---------------------------------------------------------------------------
 
 
 def test_priority_passes_unchanged_because_both_sides_run_the_lowest_first() -> None:
-    assert [engine_module.vllm_priority(p) for p in (0, 5, 10_050_000_000)] == [0, 5, 10_050_000_000]
+    assert [arguments.vllm_priority(p) for p in (0, 5, 10_050_000_000)] == [
+        0,
+        5,
+        10_050_000_000,
+    ]
 
 
 def test_a_prompt_without_an_image_tag_gets_one() -> None:
-    assert engine_module.model_prompt("<image>\nFree OCR.") == "<image>\nFree OCR."
-    assert engine_module.model_prompt("Describe the chart.") == "<image>\nDescribe the chart."
+    assert arguments.model_prompt("<image>\nFree OCR.") == "<image>\nFree OCR."
+    assert arguments.model_prompt("Describe the chart.") == "<image>\nDescribe the chart."
 
 
 def test_request_timings_from_vllm_metrics() -> None:
     metrics = SimpleNamespace(
-        queued_ts=10.0, scheduled_ts=10.5, first_token_ts=11.0, last_token_ts=13.0, first_token_latency=1.2
+        queued_ts=10.0,
+        scheduled_ts=10.5,
+        first_token_ts=11.0,
+        last_token_ts=13.0,
+        first_token_latency=1.2,
     )
-    assert engine_module.request_timings(metrics) == {"queue": 0.5, "first_token": 1.2, "decode": 2.0}
+    assert engine_module.request_timings(metrics) == {
+        "queue": 0.5,
+        "first_token": 1.2,
+        "decode": 2.0,
+    }
     assert engine_module.request_timings(None) == {}
     assert engine_module.request_timings(SimpleNamespace(queued_ts=0.0, scheduled_ts=0.0)) == {}
 
@@ -311,18 +373,22 @@ def test_engine_error_mapping() -> None:
     dead = (FakeDeadError,)
     assert isinstance(engine_module.engine_error(FakeDeadError(), dead, errored=False), EngineDead)
     assert isinstance(
-        engine_module.engine_error(RuntimeError("CUDA error: an illegal memory access"), dead, errored=False),
+        engine_module.engine_error(
+            RuntimeError("CUDA error: an illegal memory access"), dead, errored=False
+        ),
         EngineDead,
     )
     wrapped = RuntimeError("generate failed")
     wrapped.__cause__ = FakeDeadError("core gone")
     assert isinstance(engine_module.engine_error(wrapped, dead, errored=False), EngineDead)
-    assert isinstance(engine_module.engine_error(ValueError("prompt too long"), dead, errored=True), EngineDead)
+    assert isinstance(
+        engine_module.engine_error(ValueError("prompt too long"), dead, errored=True), EngineDead
+    )
     failed = engine_module.engine_error(ValueError("prompt too long"), dead, errored=False)
     assert isinstance(failed, EngineFailed) and "prompt too long" in failed.message
 
 
-# --- the request flow over a stand-in AsyncLLM -----------------------------------------------------------------
+# --- the request flow over a stand-in AsyncLLM ----------------------------------------------------
 
 GROUNDED = (
     "<|ref|>title<|/ref|><|det|>[[100, 50, 900, 120]]<|/det|>\n# Report\n\n"
@@ -333,10 +399,16 @@ GROUNDED = (
 
 def output(text: str = GROUNDED, finish_reason: str = "stop") -> SimpleNamespace:
     metrics = SimpleNamespace(
-        queued_ts=1.0, scheduled_ts=1.25, first_token_ts=2.0, last_token_ts=3.0, first_token_latency=0.9
+        queued_ts=1.0,
+        scheduled_ts=1.25,
+        first_token_ts=2.0,
+        last_token_ts=3.0,
+        first_token_latency=0.9,
     )
     completion = SimpleNamespace(text=text, token_ids=list(range(12)), finish_reason=finish_reason)
-    return SimpleNamespace(outputs=[completion], prompt_token_ids=list(range(1130)), metrics=metrics, finished=True)
+    return SimpleNamespace(
+        outputs=[completion], prompt_token_ids=list(range(1130)), metrics=metrics, finished=True
+    )
 
 
 class FakeLLM:
@@ -353,7 +425,14 @@ class FakeLLM:
     async def generate(
         self, engine_input: Any, params: Any, request_id: str, *, priority: int = 0
     ) -> AsyncIterator[Any]:
-        self.calls.append({"input": engine_input, "params": params, "request_id": request_id, "priority": priority})
+        self.calls.append(
+            {
+                "input": engine_input,
+                "params": params,
+                "request_id": request_id,
+                "priority": priority,
+            }
+        )
         self.generating.set()
         if self.hold:
             await asyncio.Event().wait()
@@ -460,7 +539,9 @@ def test_a_request_vllm_aborted_raises_cancelled() -> None:
         (ValueError("The decoder prompt is longer than the maximum model length"), EngineFailed),
     ],
 )
-def test_engine_exceptions_become_ocrwatch_errors(error: Exception, expected: type[Exception]) -> None:
+def test_engine_exceptions_become_ocrwatch_errors(
+    error: Exception, expected: type[Exception]
+) -> None:
     engine, _ = running_engine(FakeLLM(error))
     with pytest.raises(expected):
         asyncio.run(engine.recognize(request()))
@@ -503,18 +584,21 @@ def test_engine_contract_without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def unfrozen_heap() -> Iterator[None]:
-    """A started engine freezes the process's heap; the next test starts from a heap the collector sees."""
+    """A started engine freezes the process's heap; the next test starts from a heap the collector
+    sees."""
     yield
     gc.unfreeze()
 
 
 @pytest.fixture
 def vllm_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in engine_module.engine_env(VllmConfig(), {}).items():
+    for name, value in arguments.engine_env(VllmConfig(), {}).items():
         monkeypatch.setenv(name, value)
 
 
-def test_start_builds_the_engine_and_sends_one_warmup_page(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
+def test_start_builds_the_engine_and_sends_one_warmup_page(
+    monkeypatch: pytest.MonkeyPatch, vllm_env: None
+) -> None:
     llm = FakeLLM(output("Free", "length"))
     monkeypatch.setattr(FakeRuntime, "llm", llm)
     monkeypatch.setattr(engine_module, "_Runtime", FakeRuntime)
@@ -539,7 +623,7 @@ def test_the_gpu_guard_falls_back_to_the_host_processor_where_vllm_runs_its_v1_r
     runtime = engine._runtime
     assert isinstance(runtime, FakeRuntime) and "logits_processors" not in runtime.engine_kwargs
     assert runtime.fallback is not None
-    assert runtime.fallback["logits_processors"] == [engine_module.NGRAM_PROCESSORS["batched"]]
+    assert runtime.fallback["logits_processors"] == [arguments.NGRAM_PROCESSORS["batched"]]
     (call,) = llm.calls
     assert call["request_id"] == "ocrwatch-warmup"
     assert call["params"]["max_tokens"] == 1 and "extra_args" not in call["params"]
@@ -559,7 +643,9 @@ def test_a_failed_warmup_shuts_the_engine_down_and_is_engine_dead(
     assert llm.shut_down and engine._llm is None
 
 
-def test_a_missing_vllm_at_start_is_engine_dead_with_a_hint(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
+def test_a_missing_vllm_at_start_is_engine_dead_with_a_hint(
+    monkeypatch: pytest.MonkeyPatch, vllm_env: None
+) -> None:
     def no_vllm() -> None:
         raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
 
@@ -574,7 +660,7 @@ def test_an_engine_argument_vllm_lacks_stops_start_as_a_config_error(
 ) -> None:
     class OldRuntime(FakeRuntime):
         def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> FakeLLM:
-            engine_module.check_engine_args(kwargs, {"model"}, self.version)
+            arguments.check_engine_args(kwargs, {"model"}, self.version)
             return FakeLLM()
 
     monkeypatch.setattr(engine_module, "_Runtime", OldRuntime)
@@ -589,7 +675,12 @@ def test_an_engine_argument_vllm_lacks_stops_start_as_a_config_error(
         ({"replicas": 2}, None, 2, ["0", "1"]),
         ({"replicas": 2}, "3,5", 8, ["3", "5"]),
         ({"replicas": 2, "tensor_parallel_size": 2}, None, 4, ["0,1", "2,3"]),
-        ({"replicas": 2, "data_parallel_size": 2}, "GPU-a, GPU-b,GPU-c,GPU-d", 4, ["GPU-a,GPU-b", "GPU-c,GPU-d"]),
+        (
+            {"replicas": 2, "data_parallel_size": 2},
+            "GPU-a, GPU-b,GPU-c,GPU-d",
+            4,
+            ["GPU-a,GPU-b", "GPU-c,GPU-d"],
+        ),
         ({"replicas": 3}, None, 4, ["0", "1", "2"]),
     ],
 )
@@ -600,12 +691,15 @@ def test_each_replica_gets_its_own_gpus(
 
 
 def test_more_replicas_than_gpus_is_a_config_error_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"engine.vllm.replicas: 2 replicas of 2 GPU\(s\) need 4 GPUs, 3 visible"):
+    with pytest.raises(
+        ConfigError, match=r"engine.vllm.replicas: 2 replicas of 2 GPU\(s\) need 4 GPUs, 3 visible"
+    ):
         spec.replica_devices(VllmConfig(replicas=2, tensor_parallel_size=2), "0,1,2", 8)
 
 
 def test_release_after_a_document_never_runs_a_full_collection() -> None:
-    """A full collection walks the front end's whole heap and ran on the event loop after every document."""
+    """A full collection walks the front end's whole heap and ran on the event loop after every
+    document."""
     engine = VllmEngine(VllmConfig())
     full, young = gc.get_stats()[2]["collections"], gc.get_stats()[1]["collections"]
     engine.release()
@@ -613,7 +707,9 @@ def test_release_after_a_document_never_runs_a_full_collection() -> None:
     assert gc.get_stats()[1]["collections"] > young
 
 
-def test_the_start_up_heap_is_frozen_while_the_engine_runs(monkeypatch: pytest.MonkeyPatch, vllm_env: None) -> None:
+def test_the_start_up_heap_is_frozen_while_the_engine_runs(
+    monkeypatch: pytest.MonkeyPatch, vllm_env: None
+) -> None:
     monkeypatch.setattr(FakeRuntime, "llm", FakeLLM(output("Free", "length")))
     monkeypatch.setattr(engine_module, "_Runtime", FakeRuntime)
     engine = VllmEngine(VllmConfig())
@@ -630,13 +726,14 @@ def test_the_start_up_heap_is_frozen_while_the_engine_runs(monkeypatch: pytest.M
 
 def test_pinning_a_replica_restores_the_users_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    with engine_module.visible_devices("3"):
+    with arguments.visible_devices("3"):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
 class ReplicaRuntime(FakeRuntime):
-    """Builds one held ``FakeLLM`` per replica and records the GPUs each engine core would have seen."""
+    """Builds one held ``FakeLLM`` per replica and records the GPUs each engine core would have
+    seen."""
 
     built: list[tuple[str | None, FakeLLM]] = []
 
@@ -653,14 +750,22 @@ def test_replicas_start_pinned_warm_up_each_and_share_the_pages(
     monkeypatch.setattr(ReplicaRuntime, "built", [])
     monkeypatch.setattr(engine_module, "_Runtime", ReplicaRuntime)
     monkeypatch.setattr(registry, "gpu_count", lambda: 2)
-    engine = registry.build(EngineConfig(vllm=VllmConfig(replicas=2, replica_processes=False)), kind="vllm")
-    assert isinstance(engine, EngineSet) and all(isinstance(member, VllmEngine) for member in engine.engines)
+    engine = registry.build(
+        EngineConfig(vllm=VllmConfig(replicas=2, replica_processes=False)), kind="vllm"
+    )
+    assert isinstance(engine, EngineSet) and all(
+        isinstance(member, VllmEngine) for member in engine.engines
+    )
 
     async def scenario() -> None:
         await engine.start()
         assert "CUDA_VISIBLE_DEVICES" not in os.environ  # restored after each build
         (_, first), (_, second) = ReplicaRuntime.built
-        assert [c["request_id"] for c in first.calls] == [c["request_id"] for c in second.calls] == ["ocrwatch-warmup"]
+        assert (
+            [c["request_id"] for c in first.calls]
+            == [c["request_id"] for c in second.calls]
+            == ["ocrwatch-warmup"]
+        )
         for llm in (first, second):
             llm.hold, llm.generating = True, asyncio.Event()
         tasks = [asyncio.create_task(engine.recognize(request(f"doc/p{n}/a0"))) for n in range(5)]
@@ -679,15 +784,22 @@ def test_replicas_start_pinned_warm_up_each_and_share_the_pages(
 
 
 def test_a_one_gpu_engine_asks_for_vllms_v2_runner_unless_a_logits_processor_needs_v1() -> None:
-    """The shipped default (the n-gram guard as a kernel in the V2 sampler) on the V2 runner, measured faster and
-    equal in its greedy ids; a host logits processor, which the V2 runner refuses, or several GPUs keep vLLM's
-    choice, and the user's environment wins."""
+    """The shipped default (the n-gram guard as a kernel in the V2 sampler) on the V2 runner,
+    measured
+    faster and equal in its greedy ids; a host logits processor, which the V2 runner refuses, or
+    several GPUs keep vLLM's choice, and the user's environment wins."""
     assert VllmConfig().ngram_processor == "gpu"
-    assert engine_module.engine_env(VllmConfig(), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
-    assert engine_module.engine_env(VllmConfig(guard="stop"), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert arguments.engine_env(VllmConfig(), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert arguments.engine_env(VllmConfig(guard="stop"), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     unguarded = VllmConfig(ngram_size=0, ladder=(), ngram_processor="batched")
-    assert engine_module.engine_env(unguarded, {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
-    for v1 in (VllmConfig(ngram_processor="batched"), VllmConfig(ngram_processor="per_request"),
-               VllmConfig(tensor_parallel_size=2), VllmConfig(data_parallel_size=2)):
-        assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_module.engine_env(v1, {})
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_module.engine_env(VllmConfig(), {"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    assert arguments.engine_env(unguarded, {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    for v1 in (
+        VllmConfig(ngram_processor="batched"),
+        VllmConfig(ngram_processor="per_request"),
+        VllmConfig(tensor_parallel_size=2),
+        VllmConfig(data_parallel_size=2),
+    ):
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in arguments.engine_env(v1, {})
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in arguments.engine_env(
+        VllmConfig(), {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    )

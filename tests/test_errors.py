@@ -1,4 +1,5 @@
-"""The error hierarchy: which failures are the document's, which the place's, and how raw errors map onto it."""
+"""The error hierarchy: which failures are the document's, which the place's, and how raw errors map
+onto it."""
 
 from __future__ import annotations
 
@@ -31,7 +32,14 @@ def test_what_needs_the_user_is_permanent(kind: type[errors.OcrwatchError]) -> N
     assert not isinstance(error, errors.PlaceFault)
 
 
-OWN_FAULTS = {"empty_file", "not_a_document", "encrypted_pdf", "corrupt_pdf", "corrupt_image", "no_pages"}
+OWN_FAULTS = {
+    "empty_file",
+    "not_a_document",
+    "encrypted_pdf",
+    "corrupt_pdf",
+    "corrupt_image",
+    "no_pages",
+}
 """The failures whose cure is a new file: the only ones an inbox's ``quarantine_dir`` takes."""
 
 
@@ -46,20 +54,34 @@ def test_only_a_fault_of_the_documents_own_bytes_is_quarantined() -> None:
         if "ocrwatch retry" in cls.hint or "[" in cls.hint or cls.retryable:
             assert not errors.quarantined(kind), kind
     assert errors.quarantined("corrupt_pdf") and errors.CorruptPdf("x").quarantined
-    fixed_in_place = ("output_conflict", "crash_loop", "source_gone", "too_many_pages", "internal_error")
+    fixed_in_place = (
+        "output_conflict",
+        "crash_loop",
+        "source_gone",
+        "too_many_pages",
+        "internal_error",
+    )
     assert not any(errors.quarantined(kind) for kind in fixed_in_place)
     assert not errors.quarantined(None) and not errors.quarantined("a_kind_of_a_later_version")
 
 
-@pytest.mark.parametrize(("code", "kind"), [(errno.ENOSPC, "disk_full"), (errno.EDQUOT, "disk_full"),
-                                            (errno.EROFS, "output_not_writable"), (errno.EACCES, "output_not_writable"),
-                                            (errno.ENAMETOOLONG, "name_too_long")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (errno.ENOSPC, "disk_full"),
+        (errno.EDQUOT, "disk_full"),
+        (errno.EROFS, "output_not_writable"),
+        (errno.EACCES, "output_not_writable"),
+        (errno.ENAMETOOLONG, "name_too_long"),
+    ],
+)
 def test_os_errors(code: int, kind: str) -> None:
     assert classify(OSError(code, "x")).kind == kind
 
 
 def test_a_full_ledger_is_disk_full(tmp_path: Path) -> None:
-    """SQLite's own "database or disk is full" (here: a page limit) is the place's fault, like ENOSPC."""
+    """SQLite's own "database or disk is full" (here: a page limit) is the place's fault, like
+    ENOSPC."""
     with closing(sqlite3.connect(tmp_path / "l.sqlite3")) as db:
         db.execute("CREATE TABLE t (x BLOB)")
         db.execute("PRAGMA max_page_count = 4")
@@ -75,7 +97,10 @@ def test_a_read_only_ledger_is_not_writable(tmp_path: Path) -> None:
     with closing(sqlite3.connect(path)) as db:
         db.execute("CREATE TABLE t (x)")
         db.commit()
-    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db, pytest.raises(sqlite3.Error) as raised:
+    with (
+        closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db,
+        pytest.raises(sqlite3.Error) as raised,
+    ):
         db.execute("INSERT INTO t VALUES (1)")
     assert isinstance(classify(raised.value), errors.OutputNotWritable)
 
@@ -112,23 +137,33 @@ def _not_a_database(path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("cause", "code"),
-    [(_locked, errors.SQLITE_BUSY), (_read_only, errors.SQLITE_READONLY), (_full, errors.SQLITE_FULL),
-     (_not_a_database, errors.SQLITE_NOTADB)],
-)  # fmt: skip
+    [
+        (_locked, errors.SQLITE_BUSY),
+        (_read_only, errors.SQLITE_READONLY),
+        (_full, errors.SQLITE_FULL),
+        (_not_a_database, errors.SQLITE_NOTADB),
+    ],
+)
 def test_sqlite_code_reads_the_code_or_else_sqlites_message(
     tmp_path: Path, cause: Callable[[Path], None], code: int
 ) -> None:
-    """The code where Python gives it (3.11+), else SQLite's message (3.10): the same for real SQLite errors."""
+    """The code where Python gives it (3.11+), else SQLite's message (3.10): the same for real
+    SQLite
+    errors."""
     with pytest.raises(sqlite3.Error) as raised:
         cause(tmp_path / "l.sqlite3")
     assert errors.sqlite_code(raised.value) == code
-    assert errors.sqlite_code(type(raised.value)(*raised.value.args)) == code  # no code attached: the message
+    assert (
+        errors.sqlite_code(type(raised.value)(*raised.value.args)) == code
+    )  # no code attached: the message
     assert errors.sqlite_code(sqlite3.OperationalError("no such table: t")) == 0
     assert errors.sqlite_code(OSError(errno.ENOSPC, "x")) == 0
 
 
 def test_an_asyncio_timeout_is_transient_on_every_python() -> None:
-    """A class apart from the builtin ``TimeoutError`` (an ``OSError``) before 3.11; transient either way."""
+    """A class apart from the builtin ``TimeoutError`` (an ``OSError``) before 3.11; transient
+    either
+    way."""
     assert classify(asyncio.TimeoutError()).retryable and classify(TimeoutError()).retryable
 
 

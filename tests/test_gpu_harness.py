@@ -1,9 +1,9 @@
-"""The GPU harness on the CPU: a step cannot outlive its deadline or hold the caller's output, and compare.sh
-ends within its BUDGET with its JSON line whatever its steps do.
+"""The GPU harness on the CPU: a step cannot outlive its deadline or hold the caller's output, and
+compare.sh ends within its BUDGET with its JSON line whatever its steps do.
 
-The failures these stand for were seen on the device: a step piped through ``tee | grep`` waited for vLLM's
-engine-core child, which outlives its killed parent and holds the pipe, and compare.sh did not return for more
-than ten minutes after its last measurement.
+The failures these stand for were seen on the device: a step piped through ``tee | grep`` waited for
+vLLM's engine-core child, which outlives its killed parent and holds the pipe, and compare.sh did
+not return for more than ten minutes after its last measurement.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 STEP = REPO / "bench/gpu/step.py"
 
-# A tool that starts a grandchild in a session of its own, holding the tool's stdout, then hangs (like the
-# daemon e2e.py starts, or vLLM's engine core), printing a marker line first.
+# A tool that starts a grandchild in a session of its own, holding the tool's stdout, then hangs
+# (like the daemon e2e.py starts, or vLLM's engine core), printing a marker line first.
 HANGING_TOOL = textwrap.dedent(
     """
     import subprocess, sys, time
-    open(sys.argv[1], "w").write(str(subprocess.Popen(["sleep", "600"], start_new_session=True).pid))
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    open(sys.argv[1], "w").write(str(child.pid))
     print("[fake] started", flush=True)
     time.sleep(600)
     """
@@ -41,12 +42,28 @@ def alive(pid: int) -> bool:
         return False
 
 
-def step(tmp_path: Path, until_s: float, *cmd: str, grace: float = 2.0) -> tuple[subprocess.CompletedProcess, float]:
+def step(
+    tmp_path: Path, until_s: float, *cmd: str, grace: float = 2.0
+) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(STEP), "--until", str(time.time() + until_s), "--log", str(tmp_path / "step.log"),
-         "--show", r"^\[", "--grace", str(grace), "--", *cmd],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(STEP),
+            "--until",
+            str(time.time() + until_s),
+            "--log",
+            str(tmp_path / "step.log"),
+            "--show",
+            r"^\[",
+            "--grace",
+            str(grace),
+            "--",
+            *cmd,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return done, time.monotonic() - started
 
@@ -96,13 +113,24 @@ def test_compare_ends_within_its_budget_with_its_json_line(tmp_path: Path) -> No
     )
     started = time.monotonic()
     done = subprocess.run(
-        ["bash", "bench/gpu/compare.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=budget + 30
+        ["bash", "bench/gpu/compare.sh"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=budget + 30,
     )
     seconds = time.monotonic() - started
     assert seconds <= budget + 5, done.stdout[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     line = json.loads(last)
-    assert set(line) >= {"ratio", "daemon_pages_per_s", "script_pages_per_s", "cold_ready_s", "date"}
+    assert set(line) >= {
+        "ratio",
+        "daemon_pages_per_s",
+        "script_pages_per_s",
+        "cold_ready_s",
+        "date",
+    }
     assert json.loads((tmp_path / "out/compare.json").read_text()) == line
     assert (tmp_path / "out/results_compare.tgz").exists()
     assert not alive(int((tmp_path / "pid").read_text()))

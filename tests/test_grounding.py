@@ -1,4 +1,5 @@
-"""grounding: DeepSeek-OCR grounding output to blocks and Markdown, and loop detection, on realistic samples."""
+"""grounding: DeepSeek-OCR grounding output to blocks and Markdown, and loop detection, on realistic
+samples."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from ocrwatch.engines.deepseek.grounding import LoopInfo, clean_markdown, find_l
 
 EOS = "<｜end▁of▁sentence｜>"
 
-# A paper's first page as DeepSeek-OCR writes it with "<|grounding|>Convert the document to markdown.":
-# blocks in reading order, trailing spaces, a figure with its caption, an equation with \coloneqq,
-# an HTML table, and the end-of-sentence token left in by skip_special_tokens=False.
+# A paper's first page as DeepSeek-OCR writes it with "<|grounding|>Convert the document to
+# markdown.": blocks in reading order, trailing spaces, a figure with its caption, an equation with
+# \coloneqq, an HTML table, and the end-of-sentence token left in by skip_special_tokens=False.
 PAPER = (
     "<|ref|>title<|/ref|><|det|>[[172, 92, 826, 140]]<|/det|>\n"
     "# Watching Folders for Documents: A Field Report  \n\n"
@@ -22,7 +23,8 @@ PAPER = (
     "<|ref|>sub_title<|/ref|><|det|>[[460, 283, 537, 301]]<|/det|>\n"
     "## Abstract  \n\n"
     "<|ref|>text<|/ref|><|det|>[[114, 311, 884, 458]]<|/det|>\n"
-    "We describe a daemon that turns scanned documents into Markdown. It renders pages at the model's "
+    "We describe a daemon that turns scanned documents into Markdown. It renders pages at the "
+    "model's "
     "geometry and keeps the engine busy.  \n\n"
     "<|ref|>image<|/ref|><|det|>[[131, 470, 863, 640]]<|/det|>\n"
     "<|ref|>image_caption<|/ref|><|det|>[[115, 653, 883, 687]]<|/det|>\n"
@@ -40,7 +42,8 @@ PAPER_MARKDOWN = (
     "# Watching Folders for Documents: A Field Report\n\n"
     "Ada Example \\(^{1}\\) Bo Sample \\(^{2}\\)\n\n"
     "## Abstract\n\n"
-    "We describe a daemon that turns scanned documents into Markdown. It renders pages at the model's "
+    "We describe a daemon that turns scanned documents into Markdown. It renders pages at the "
+    "model's "
     "geometry and keeps the engine busy.\n\n"
     "![](page-3-figure-1)\n\n"
     "<center>Figure 1: Pages per second against pages in flight. </center>\n\n"
@@ -50,8 +53,8 @@ PAPER_MARKDOWN = (
     "1"
 )
 
-# A German worksheet in DeepSeek-OCR-2 style: a sub_title without '#', a list, two equations, a figure,
-# a paragraph spanning two columns (two boxes for one ref).
+# A German worksheet in DeepSeek-OCR-2 style: a sub_title without '#', a list, two equations, a
+# figure, a paragraph spanning two columns (two boxes for one ref).
 WORKSHEET = (
     "<|ref|>sub_title<|/ref|><|det|>[[77, 66, 315, 84]]<|/det|>\n"
     "3. Volumen durch Integration \n\n"
@@ -73,14 +76,27 @@ def test_paper_page_blocks_and_markdown() -> None:
 
     assert page.markdown == PAPER_MARKDOWN
     assert [b["type"] for b in page.blocks] == [
-        "title", "text", "sub_title", "text", "image", "image_caption", "equation", "table", "page_number",
-    ]  # fmt: skip
+        "title",
+        "text",
+        "sub_title",
+        "text",
+        "image",
+        "image_caption",
+        "equation",
+        "table",
+        "page_number",
+    ]
     title = page.blocks[0]
     assert title["text"] == "# Watching Folders for Documents: A Field Report"
     assert title["bbox"] == [344, 276, 1652, 420]
     assert all(isinstance(v, int) for b in page.blocks for v in b["bbox"])
     image = page.blocks[4]
-    assert image == {"type": "image", "text": "", "bbox": [262, 1410, 1726, 1920], "name": "page-3-figure-1"}
+    assert image == {
+        "type": "image",
+        "text": "",
+        "bbox": [262, 1410, 1726, 1920],
+        "name": "page-3-figure-1",
+    }
     assert page.blocks[6]["text"] == "\\[T := \\frac{N}{t}, \\quad t =: t_r + t_o\\]"
     assert "end▁of▁sentence" not in page.markdown + str(page.blocks)
 
@@ -160,23 +176,35 @@ def test_one_good_box_among_garbled_ones_is_kept() -> None:
 
 def test_output_cut_off_inside_tags() -> None:
     good = "<|ref|>text<|/ref|><|det|>[[10, 10, 500, 50]]<|/det|>\nFirst paragraph.\n\n"
-    for tail in ("<|ref|>tab", "<|ref|>table<|/ref|>", "<|ref|>table<|/ref|><|det|>[[115, 363, 88", "<|ref|>"):
+    for tail in (
+        "<|ref|>tab",
+        "<|ref|>table<|/ref|>",
+        "<|ref|>table<|/ref|><|det|>[[115, 363, 88",
+        "<|ref|>",
+    ):
         page = parse(good + tail, 999, 999)
         assert page.markdown == "First paragraph.", tail
         assert "<|" not in str(page.blocks)
-        assert page.blocks[0] == {"type": "text", "text": "First paragraph.", "bbox": [10, 10, 500, 50]}
+        assert page.blocks[0] == {
+            "type": "text",
+            "text": "First paragraph.",
+            "bbox": [10, 10, 500, 50],
+        }
 
 
 def test_unclosed_det_followed_by_text() -> None:
     raw = "<|ref|>text<|/ref|><|det|>[[10, 10, 500, 50]]\nText after an unclosed det.\n"
     page = parse(raw, 999, 999)
-    assert page.blocks == [{"type": "text", "text": "Text after an unclosed det.", "bbox": [10, 10, 500, 50]}]
+    assert page.blocks == [
+        {"type": "text", "text": "Text after an unclosed det.", "bbox": [10, 10, 500, 50]}
+    ]
 
 
 def test_missing_close_ref_and_stray_tags() -> None:
     raw = (
         "<|ref|>title<|det|>[[10, 10, 500, 50]]<|/det|>\n# Heading\n\n"
-        "<|ref|>text<|/ref|><|det|>[[10, 60, 500, 90]]<|/det|>Body <|/det|> with <|det|>[[1, 2]] stray tags."
+        "<|ref|>text<|/ref|><|det|>[[10, 60, 500, 90]]<|/det|>Body <|/det|> with <|det|>[[1, 2]] "
+        "stray tags."
     )
     page = parse(raw, 999, 999)
     assert [b["type"] for b in page.blocks] == ["title", "text"]
@@ -184,13 +212,22 @@ def test_missing_close_ref_and_stray_tags() -> None:
 
 
 def test_text_before_the_first_tag_is_kept_without_bbox() -> None:
-    raw = "Preamble the model wrote first.\n\n<|ref|>text<|/ref|><|det|>[[0, 0, 999, 100]]<|/det|>\nTagged."
+    raw = (
+        "Preamble the model wrote first.\n\n<|ref|>text<|/ref|><|det|>[[0, 0, 999, "
+        "100]]<|/det|>\nTagged."
+    )
     page = parse(raw, 100, 100)
-    assert page.blocks[0] == {"type": "text", "text": "Preamble the model wrote first.", "bbox": None}
+    assert page.blocks[0] == {
+        "type": "text",
+        "text": "Preamble the model wrote first.",
+        "bbox": None,
+    }
     assert page.markdown == "Preamble the model wrote first.\n\nTagged."
 
 
-@pytest.mark.parametrize("raw", ["", "   \n\n ", EOS, "<｜begin▁of▁sentence｜>" + EOS, "<|grounding|>\n"])
+@pytest.mark.parametrize(
+    "raw", ["", "   \n\n ", EOS, "<｜begin▁of▁sentence｜>" + EOS, "<|grounding|>\n"]
+)
 def test_empty_output(raw: str) -> None:
     page = parse(raw, 1700, 2200)
     assert page.markdown == "" and page.blocks == []
@@ -217,29 +254,39 @@ def test_grounded_text_refs_become_text_blocks() -> None:
 
 
 def test_unknown_layout_label_is_kept_as_type() -> None:
-    page = parse("<|ref|>algorithm<|/ref|><|det|>[[0, 0, 10, 10]]<|/det|>\nfor x in xs: f(x)", 999, 999)
+    page = parse(
+        "<|ref|>algorithm<|/ref|><|det|>[[0, 0, 10, 10]]<|/det|>\nfor x in xs: f(x)", 999, 999
+    )
     assert page.blocks[0]["type"] == "algorithm"
 
 
 def test_clean_markdown() -> None:
-    text = "a \\coloneqq b  \n\n\n\n\nc \\eqqcolon d\t\n<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>e" + EOS
+    text = (
+        "a \\coloneqq b  \n\n\n\n\nc \\eqqcolon d\t\n<|ref|>text<|/ref|><|det|>[[1, 2, 3, "
+        "4]]<|/det|>e" + EOS
+    )
     assert clean_markdown(text) == "a := b\n\nc =: d\ne"
     assert clean_markdown("\n\n# T\r\n\r\n\r\n\r\nx\n\n") == "# T\n\nx"
     assert clean_markdown("<|ref|>Grounded words<|/ref|>") == "Grounded words"
 
 
-# --- loops -------------------------------------------------------------------------------------------------
+# --- loops ----------------------------------------------------------------------------------------
 
 PROSE = (
     "The committee met on Tuesday to review the budget for the coming year. Several members raised "
-    "questions about the maintenance of the old library building, and the treasurer promised a report.\n\n"
+    "questions about the maintenance of the old library building, and the treasurer promised a "
+    "report.\n\n"
 )
 
 
 def _prose(words: int, seed: int = 7) -> str:
     rng = random.Random(seed)
-    vocabulary = "the of and a to in is was for on that with as by it at from this be are or an which".split()
-    vocabulary += "report library budget member council river station meeting engine page table".split()
+    vocabulary = (
+        "the of and a to in is was for on that with as by it at from this be are or an which"
+    ).split()
+    vocabulary += (
+        "report library budget member council river station meeting engine page table".split()
+    )
     return " ".join(rng.choice(vocabulary) for _ in range(words)) + "."
 
 
@@ -265,15 +312,19 @@ def test_loop_paragraph_repeated_and_cut_off_anywhere(cut: int) -> None:
     text = PROSE + PARAGRAPH * 7 + PARAGRAPH[:cut]
     loop = find_loop(text)
     assert loop is not None
-    assert loop.unit == "The results in Table 2 show that the method is robust to noise in the input."
+    assert (
+        loop.unit == "The results in Table 2 show that the method is robust to noise in the input."
+    )
     assert 6.9 < loop.repeats < 8.1
     assert text[: loop.start] == PROSE.rstrip()
 
 
 def test_loop_of_a_block_with_moving_coordinates() -> None:
-    """The model repeats a line, each time with the next box down the page: the tags do not hide it."""
+    """The model repeats a line, each time with the next box down the page: the tags do not hide
+    it."""
     blocks = "".join(
-        f"<|ref|>text<|/ref|><|det|>[[100, {y}, 900, {y + 20}]]<|/det|>\nContinued on the next page.\n\n"
+        f"<|ref|>text<|/ref|><|det|>[[100, {y}, 900, {y + 20}]]<|/det|>\nContinued on the next "
+        "page.\n\n"
         for y in range(100, 900, 25)
     )
     assert find_loop(PROSE + blocks) is not None
@@ -292,7 +343,9 @@ def test_loop_of_empty_table_cells_running_off_the_end() -> None:
         "我们的产品质量很好。" * 40,  # CJK, no spaces
         "ha" * 200,
         "the same the same the same " * 30,
-        "".join(f"Repeat this sentence please.{' ' * (i % 3)}\n" for i in range(40)),  # whitespace varies
+        "".join(
+            f"Repeat this sentence please.{' ' * (i % 3)}\n" for i in range(40)
+        ),  # whitespace varies
     ],
 )
 def test_loop_variants(tail: str) -> None:
@@ -316,7 +369,11 @@ def test_no_loop_in_table_rows_of_different_numbers() -> None:
 
 
 def test_no_loop_in_a_table_of_identical_empty_rows_that_is_closed() -> None:
-    table = "<table><tr><td>Name</td><td>Signature</td></tr>" + "<tr><td></td><td></td></tr>" * 40 + "</table>"
+    table = (
+        "<table><tr><td>Name</td><td>Signature</td></tr>"
+        + "<tr><td></td><td></td></tr>" * 40
+        + "</table>"
+    )
     assert find_loop(PROSE + table) is None
 
 
@@ -327,7 +384,9 @@ def test_no_loop_in_lists_of_short_items() -> None:
 
 
 def test_no_loop_in_a_table_of_contents_with_dot_leaders() -> None:
-    toc = "".join(f"{i}. Chapter about topic {i} {'.' * (60 - len(str(i)))} {7 * i}\n" for i in range(1, 40))
+    toc = "".join(
+        f"{i}. Chapter about topic {i} {'.' * (60 - len(str(i)))} {7 * i}\n" for i in range(1, 40)
+    )
     assert find_loop("## Contents\n\n" + toc) is None
     assert find_loop("## Contents\n\n" + toc + ("." * 80 + "\n") * 30) is None  # a page of dots
 

@@ -1,10 +1,10 @@
-"""``guard = "stop"``: vLLM's repetition stop as the first rung, and the ladder re-reading only the pages
-that stopped that way.
+"""``guard = "stop"``: vLLM's repetition stop as the first rung, and the ladder re-reading only the
+pages that stopped that way.
 
-``RecordedEngine`` replays recorded outputs token by token and ends an attempt the way vLLM 0.26's scheduler
-does (``vllm/v1/core/sched/utils.py``: ``check_stop`` after every token, ``check_sequence_repetition``, then
-finish reason ``repetition``), so the ladder sees what it would see from vLLM: a looping page cut short after
-``stop_count`` repeats, a good page whole.
+``RecordedEngine`` replays recorded outputs token by token and ends an attempt the way vLLM 0.26's
+scheduler does (``vllm/v1/core/sched/utils.py``: ``check_stop`` after every token,
+``check_sequence_repetition``, then finish reason ``repetition``), so the ladder sees what it would
+see from vLLM: a looping page cut short after ``stop_count`` repeats, a good page whole.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from PIL import Image
 from ocrwatch import ladder
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines.base import PageRequest, Recognition
-from ocrwatch.engines.deepseek import engine as engine_module
+from ocrwatch.engines.deepseek import arguments
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from tests.engines_base import StubEngine
@@ -25,39 +25,55 @@ from tests.engines_base import StubEngine
 TIMEOUT = 5.0
 STOP = EngineConfig(vllm=VllmConfig(guard="stop"))
 
-# A DeepSeek-OCR page's greedy output that falls into a loop after its first lines (the shape reported for
-# real weights: one line, here a table row, comes back until max_tokens), as words; and the same page read
-# with a repetition penalty, which leaves the loop.
+# A DeepSeek-OCR page's greedy output that falls into a loop after its first lines (the shape
+# reported for real weights: one line, here a table row, comes back until max_tokens), as words; and
+# the same page read with a repetition penalty, which leaves the loop.
 HEAD = (
     "<|ref|>title<|/ref|><|det|>[[92, 61, 905, 98]]<|/det|>\n# Quarterly results 2026\n\n"
-    "<|ref|>table<|/ref|><|det|>[[90, 120, 910, 640]]<|/det|>\n<table><tr><td>Region</td><td>Q1</td>"
+    "<|ref|>table<|/ref|><|det|>[[90, 120, 910, "
+    "640]]<|/det|>\n<table><tr><td>Region</td><td>Q1</td>"
     "<td>Q2</td></tr>"
 ).split(" ")
 LOOP = "<tr><td>North</td><td>1 204</td><td>1 311</td></tr>".split(" ")
-CLEAN = [*HEAD, *"<tr><td>North</td><td>1 204</td><td>1 311</td></tr><tr><td>South</td><td>877</td><td>902</td>"
-         "</tr></table>\n\nFigures in thousands of euros.".split(" ")]
+CLEAN = [
+    *HEAD,
+    *"<tr><td>North</td><td>1 204</td><td>1 311</td></tr><tr><td>South</td><td>877</td><td>902</td>"
+    "</tr></table>\n\nFigures in thousands of euros.".split(" "),
+]
 # A page whose real text repeats: a table row of empty cells, long enough to trip the stop.
-EMPTY_ROW = [*"<table><tr><td>Name</td><td>Notes</td></tr>".split(" "), *["<td></td>"] * 40, "</table>"]
+EMPTY_ROW = [
+    *"<table><tr><td>Name</td><td>Notes</td></tr>".split(" "),
+    *["<td></td>"] * 40,
+    "</table>",
+]
 
 
 def vllm_stops(tokens: Sequence[str], max_pattern: int, min_count: int) -> bool:
-    """vLLM 0.26's ``check_sequence_repetition`` (min_pattern_size 0, so 1): the tail is some pattern of
-    1..max_pattern tokens repeated min_count times."""
+    """vLLM 0.26's ``check_sequence_repetition`` (min_pattern_size 0, so 1): the tail is some
+    pattern
+    of 1..max_pattern tokens repeated min_count times."""
     for size in range(1, max_pattern + 1):
         if size * min_count > len(tokens):
             return False
-        if all(tokens[-n] == tokens[-(size * m + n)] for n in range(1, size + 1) for m in range(1, min_count)):
+        if all(
+            tokens[-n] == tokens[-(size * m + n)]
+            for n in range(1, size + 1)
+            for m in range(1, min_count)
+        ):
             return True
     return False
 
 
 class RecordedEngine(StubEngine):
-    """Replays ``outputs[page id]``: the greedy recording at temperature 0 without a penalty, the penalised one
-    otherwise (``penalised``, default the greedy one), a looping recording repeated up to ``max_tokens``."""
+    """Replays ``outputs[page id]``: the greedy recording at temperature 0 without a penalty, the
+    penalised one otherwise (``penalised``, default the greedy one), a looping recording repeated up
+    to ``max_tokens``."""
 
     name = "recorded"
 
-    def __init__(self, greedy: dict[str, list[str]], penalised: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self, greedy: dict[str, list[str]], penalised: dict[str, list[str]] | None = None
+    ) -> None:
         super().__init__(max_concurrency=4, dpi=100)
         self.greedy, self.penalised = greedy, penalised or {}
         self.attempts: list[tuple[str, Sampling]] = []
@@ -66,13 +82,17 @@ class RecordedEngine(StubEngine):
         page_id = page.request_id.rsplit("/a", 1)[0]
         self.attempts.append((page.request_id, page.sampling))
         plain = page.sampling.temperature == 0 and page.sampling.repetition_penalty == 1.0
-        source = self.greedy[page_id] if plain else self.penalised.get(page_id, self.greedy[page_id])
+        source = (
+            self.greedy[page_id] if plain else self.penalised.get(page_id, self.greedy[page_id])
+        )
         out: list[str] = []
         finish = "stop"
         for index in range(page.sampling.max_tokens):
-            if index >= len(source) and source[-len(LOOP):] != LOOP:
+            if index >= len(source) and source[-len(LOOP) :] != LOOP:
                 break
-            out.append(source[index] if index < len(source) else LOOP[(index - len(source)) % len(LOOP)])
+            out.append(
+                source[index] if index < len(source) else LOOP[(index - len(source)) % len(LOOP)]
+            )
             stop = page.sampling.stop_pattern
             if stop and vllm_stops(out, stop, page.sampling.stop_count):
                 finish = "repetition"
@@ -84,13 +104,19 @@ class RecordedEngine(StubEngine):
 
 
 def page(request_id: str) -> PageRequest:
-    return PageRequest(request_id=request_id, image=Image.new("L", (40, 60), 255), prompt="<image>\nFree OCR.")
+    return PageRequest(
+        request_id=request_id, image=Image.new("L", (40, 60), 255), prompt="<image>\nFree OCR."
+    )
 
 
-def read(engine: RecordedEngine, ids: list[str], cfg: EngineConfig = STOP) -> dict[str, ladder.PageResult]:
+def read(
+    engine: RecordedEngine, ids: list[str], cfg: EngineConfig = STOP
+) -> dict[str, ladder.PageResult]:
     async def all_pages() -> list[ladder.PageResult]:
         rungs = ladder.rungs(cfg)
-        return await asyncio.gather(*(ladder.recognize_page(engine, page(i), rungs, TIMEOUT) for i in ids))
+        return await asyncio.gather(
+            *(ladder.recognize_page(engine, page(i), rungs, TIMEOUT) for i in ids)
+        )
 
     return dict(zip(ids, asyncio.run(all_pages())))
 
@@ -107,18 +133,22 @@ def test_stop_rungs_ban_nothing_and_only_the_last_reads_to_the_end() -> None:
 
 def test_stop_registers_no_logits_processor_and_asks_vllm_to_stop() -> None:
     cfg = STOP.vllm
-    assert not engine_module.uses_ngram_guard(cfg)
-    assert "logits_processors" not in engine_module.engine_kwargs(cfg)
+    assert not arguments.uses_ngram_guard(cfg)
+    assert "logits_processors" not in arguments.engine_kwargs(cfg)
     first, second, last = ladder.rungs(STOP)
-    stop = engine_module.sampling_kwargs(cfg, first)["repetition_detection"]
+    stop = arguments.sampling_kwargs(cfg, first)["repetition_detection"]
     assert stop == {"max_pattern_size": 32, "min_count": 16}
-    retry = engine_module.sampling_kwargs(cfg, second)
+    retry = arguments.sampling_kwargs(cfg, second)
     assert retry["repetition_penalty"] == 1.05 and "extra_args" not in retry
-    assert "repetition_detection" not in engine_module.sampling_kwargs(cfg, last)
-    assert "repetition_penalty" not in engine_module.sampling_kwargs(cfg, first)
+    assert "repetition_detection" not in arguments.sampling_kwargs(cfg, last)
+    assert "repetition_penalty" not in arguments.sampling_kwargs(cfg, first)
     host = VllmConfig(ngram_processor="batched")
-    assert engine_module.engine_kwargs(host)["logits_processors"]  # "ban" on the host: DeepSeek's processor
-    assert "logits_processors" not in engine_module.engine_kwargs(VllmConfig(guard="stop", ngram_processor="batched"))
+    assert arguments.engine_kwargs(host)[
+        "logits_processors"
+    ]  # "ban" on the host: DeepSeek's processor
+    assert "logits_processors" not in arguments.engine_kwargs(
+        VllmConfig(guard="stop", ngram_processor="batched")
+    )
 
 
 def test_a_looping_page_stops_early_and_is_the_only_one_read_again() -> None:
@@ -128,7 +158,12 @@ def test_a_looping_page_stops_early_and_is_the_only_one_read_again() -> None:
     )
     results = read(engine, ["doc/p0", "doc/p1", "doc/p2"])
     assert all(result.status == "ok" for result in results.values())
-    assert sorted(request for request, _ in engine.attempts) == ["doc/p0/a0", "doc/p1/a0", "doc/p1/a1", "doc/p2/a0"]
+    assert sorted(request for request, _ in engine.attempts) == [
+        "doc/p0/a0",
+        "doc/p1/a0",
+        "doc/p1/a1",
+        "doc/p2/a0",
+    ]
     first, second = results["doc/p1"].attempts
     assert (first["outcome"], first["finish_reason"]) == ("loop", "repetition")
     # cut after 16 repeats of its shortest repeated tail, not at max_tokens (4096)
@@ -159,4 +194,6 @@ def test_the_ban_ladder_is_unchanged_by_the_stop() -> None:
     rungs = ladder.rungs(EngineConfig())
     assert rungs[0] == Sampling(ngram_size=30, window_size=90)
     assert all(r.stop_pattern == 0 for r in rungs)
-    assert ladder.needs_retry(Recognition(markdown="a", raw="a", finish_reason="repetition")) == "loop"
+    assert (
+        ladder.needs_retry(Recognition(markdown="a", raw="a", finish_reason="repetition")) == "loop"
+    )

@@ -1,6 +1,7 @@
-"""Completion hooks through ``HookRunner`` with real processes, a real HTTP server on 127.0.0.1 and a real ledger:
-what a command receives, the process group killed at its timeout, retries until a 2xx, the ``on`` filter, giving
-up, and results held by a process that ended, settled by the next one."""
+"""Completion hooks through ``HookRunner`` with real processes, a real HTTP server on 127.0.0.1 and
+a
+real ledger: what a command receives, the process group killed at its timeout, retries until a 2xx,
+the ``on`` filter, giving up, and results held by a process that ended, settled by the next one."""
 
 from __future__ import annotations
 
@@ -81,10 +82,16 @@ def script(tmp_path: Path, name: str, text: str) -> str:
 
 
 def records(folder: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    return (
+        [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+        if folder.is_dir()
+        else []
+    )
 
 
-async def eventually(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
+async def eventually(
+    predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition"
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -106,14 +113,20 @@ def alive(pid: int) -> bool:
 def rows(ledger: Ledger) -> list[dict[str, Any]]:
     with sqlite3.connect(ledger.path) as conn:
         conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute(
-            "SELECT e.key, e.status, e.json, e.md, e.held_by, d.hook, d.state, d.attempts, d.last_error"
-            " FROM hook_deliveries d JOIN hook_events e ON e.id = d.event ORDER BY e.id, d.hook"
-        )]  # fmt: skip
+        return [
+            dict(r)
+            for r in conn.execute(
+                "SELECT e.key, e.status, e.json, e.md, e.held_by, d.hook, d.state, d.attempts, "
+                "d.last_error"
+                " FROM hook_deliveries d JOIN hook_events e ON e.id = d.event ORDER BY e.id, d.hook"
+            )
+        ]
 
 
 def hook(**fields: Any) -> HookConfig:
-    return HookConfig.model_validate({"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **fields})
+    return HookConfig.model_validate(
+        {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **fields}
+    )
 
 
 @pytest.fixture
@@ -133,7 +146,12 @@ def job(tmp_path: Path, ledger: Ledger) -> Job:
 
 
 def result(job: Job, status: str = "ok") -> dict[str, Any]:
-    return {"schema": "ocrwatch/1", "status": status, "source": {"uri": job.origin.uri}, "pages": [{"page": 1}]}
+    return {
+        "schema": "ocrwatch/1",
+        "status": status,
+        "source": {"uri": job.origin.uri},
+        "pages": [{"page": 1}],
+    }
 
 
 @pytest.fixture
@@ -144,7 +162,9 @@ async def runners() -> AsyncIterator[list[HookRunner]]:
         await runner.stop()
 
 
-async def started(runners: list[HookRunner], hooks: list[HookConfig], ledger: Ledger, metrics: Metrics) -> HookRunner:
+async def started(
+    runners: list[HookRunner], hooks: list[HookConfig], ledger: Ledger, metrics: Metrics
+) -> HookRunner:
     runner = HookRunner(hooks, ledger, metrics)
     runners.append(runner)
     await runner.start()
@@ -163,9 +183,16 @@ async def finish(runner: HookRunner, ledger: Ledger, job: Job, document: dict[st
 
 async def test_a_command_gets_the_result_on_stdin_the_five_variables_and_its_argv_untouched(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
-    hostile = [f"$(touch {tmp_path}/by-subshell)", f"; touch {tmp_path}/by-semicolon", "*", "a b\tc", "'\"`|&<>", ""]
+    hostile = [
+        f"$(touch {tmp_path}/by-subshell)",
+        f"; touch {tmp_path}/by-semicolon",
+        "*",
+        "a b\tc",
+        "'\"`|&<>",
+        "",
+    ]
     command = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out), *hostile]
     runner = await started(runners, [hook(command=command)], ledger, Metrics())
     document = result(job)
@@ -182,40 +209,52 @@ async def test_a_command_gets_the_result_on_stdin_the_five_variables_and_its_arg
         "OCRWATCH_JSON": str(tmp_path / "inbox" / "report.pdf.json"),
         "OCRWATCH_MD": str(tmp_path / "inbox" / "report.pdf.md"),
     }
-    await eventually(lambda: rows(ledger) and rows(ledger)[0]["state"] == "done", what="the delivery done")
+    await eventually(
+        lambda: rows(ledger) and rows(ledger)[0]["state"] == "done", what="the delivery done"
+    )
     assert rows(ledger)[0]["attempts"] == 1
 
 
 async def test_a_hook_still_running_at_its_timeout_is_killed_with_its_process_group(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     pids = tmp_path / "pids"
     command = [sys.executable, script(tmp_path, "sleeper.py", SLEEPER), str(pids)]
     metrics = Metrics()
-    runner = await started(runners, [hook(name="slow", command=command, timeout_seconds=1, max_attempts=1)],
-                           ledger, metrics)  # fmt: skip
+    runner = await started(
+        runners,
+        [hook(name="slow", command=command, timeout_seconds=1, max_attempts=1)],
+        ledger,
+        metrics,
+    )
     with capture_logs() as logs:
         began = time.monotonic()
         await finish(runner, ledger, job, result(job))
         await eventually(lambda: rows(ledger)[0]["state"] == "failed", what="the delivery given up")
     assert time.monotonic() - began < 60  # not the 300 s the hook would sleep
     hook_pid, child_pid = map(int, pids.read_text().split())
-    await eventually(lambda: not alive(hook_pid) and not alive(child_pid), 10, "the hook and its child killed")
+    await eventually(
+        lambda: not alive(hook_pid) and not alive(child_pid), 10, "the hook and its child killed"
+    )
     (failed,) = [entry for entry in logs if entry["event"] == "hook_failed"]
     assert "still running after 1s" in failed["error"] and failed["hook"] == "slow"
-    failures = metrics.registry.get_sample_value("ocrwatch_hook_deliveries_total", {"hook": "slow", "outcome": "failed"})
+    failures = metrics.registry.get_sample_value(
+        "ocrwatch_hook_deliveries_total", {"hook": "slow", "outcome": "failed"}
+    )
     assert failures == 1
 
 
 async def test_a_hook_that_leaves_a_child_is_delivered_when_it_exits_and_its_child_is_killed(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     pid = tmp_path / "child"
     command = [sys.executable, script(tmp_path, "background.py", BACKGROUND), str(pid)]
     runner = await started(runners, [hook(command=command, timeout_seconds=120)], ledger, Metrics())
     try:
         await finish(runner, ledger, job, result(job))
-        await eventually(lambda: rows(ledger)[0]["state"] == "done", 60, "the delivery done, not the child's end")
+        await eventually(
+            lambda: rows(ledger)[0]["state"] == "done", 60, "the delivery done, not the child's end"
+        )
         assert rows(ledger)[0]["attempts"] == 1
         await eventually(lambda: not alive(int(pid.read_text())), 10, "the child killed")
     finally:
@@ -226,12 +265,14 @@ async def test_a_hook_that_leaves_a_child_is_delivered_when_it_exits_and_its_chi
 
 async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_attempts(
     ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     seen: list[tuple[dict[str, str], bytes]] = []
 
     async def receive(request: web.Request) -> web.Response:
         seen.append((dict(request.headers), await request.read()))
-        return web.Response(status=500 if len(seen) <= 2 else 200, text="busy" if len(seen) <= 2 else "thanks")
+        return web.Response(
+            status=500 if len(seen) <= 2 else 200, text="busy" if len(seen) <= 2 else "thanks"
+        )
 
     app = web.Application()
     app.router.add_post("/ocr-done", receive)
@@ -243,7 +284,9 @@ async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_
     try:
         metrics = Metrics()
         url = f"http://127.0.0.1:{port}/ocr-done"
-        runner = await started(runners, [hook(name="chat", url=url, token="s3cret")], ledger, metrics)
+        runner = await started(
+            runners, [hook(name="chat", url=url, token="s3cret")], ledger, metrics
+        )
         document = result(job, "partial")
         with capture_logs() as logs:
             await finish(runner, ledger, job, document)
@@ -260,7 +303,9 @@ async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_
         sample = metrics.registry.get_sample_value
         assert sample("ocrwatch_hook_attempts_total", {"hook": "chat", "result": "error"}) == 2
         assert sample("ocrwatch_hook_attempts_total", {"hook": "chat", "result": "ok"}) == 1
-        assert sample("ocrwatch_hook_deliveries_total", {"hook": "chat", "outcome": "delivered"}) == 1
+        assert (
+            sample("ocrwatch_hook_deliveries_total", {"hook": "chat", "outcome": "delivered"}) == 1
+        )
         assert sample("ocrwatch_hook_deliveries_total", {"hook": "chat", "outcome": "failed"}) == 0
         assert sample("ocrwatch_hook_pending", {"hook": "chat"}) == 0
         retries = [entry for entry in logs if entry["event"] == "hook_retry"]
@@ -274,7 +319,7 @@ async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_
 
 async def test_a_hook_runs_only_for_the_statuses_it_is_on_for(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
     command = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
     runner = await started(runners, [hook(command=command, on=["failed"])], ledger, Metrics())
@@ -293,34 +338,52 @@ async def test_a_hook_runs_only_for_the_statuses_it_is_on_for(
 
 async def test_a_hook_that_keeps_failing_is_given_up_after_max_attempts_with_its_output(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     metrics = Metrics()
     command = [sys.executable, script(tmp_path, "fail.py", FAILER)]
-    runner = await started(runners, [hook(name="ticket", command=command, max_attempts=2)], ledger, metrics)
+    runner = await started(
+        runners, [hook(name="ticket", command=command, max_attempts=2)], ledger, metrics
+    )
     with capture_logs() as logs:
         await finish(runner, ledger, job, result(job))
         await eventually(lambda: rows(ledger)[0]["state"] == "failed", what="the delivery given up")
     (row,) = rows(ledger)
     assert row["attempts"] == 2 and "exit status 3: the ticket system said no" in row["last_error"]
     (failed,) = [entry for entry in logs if entry["event"] == "hook_failed"]
-    assert failed["attempts"] == 2 and failed["kind"] == "hook_failed" and failed["uri"] == job.origin.uri
-    assert metrics.registry.get_sample_value("ocrwatch_hook_attempts_total", {"hook": "ticket", "result": "error"}) == 2
+    assert (
+        failed["attempts"] == 2
+        and failed["kind"] == "hook_failed"
+        and failed["uri"] == job.origin.uri
+    )
+    assert (
+        metrics.registry.get_sample_value(
+            "ocrwatch_hook_attempts_total", {"hook": "ticket", "result": "error"}
+        )
+        == 2
+    )
     assert ledger.known(job.key).state == "done"  # the document is not the hook's to fail
 
 
 async def test_results_held_by_a_process_that_ended_are_released_if_published_and_dropped_if_not(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
     command = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
-    other = Job(origin=LocalFile(path=job.origin.path.with_name("other.pdf"), inbox=job.origin.inbox), source="local")
+    other = Job(
+        origin=LocalFile(path=job.origin.path.with_name("other.pdf"), inbox=job.origin.inbox),
+        source="local",
+    )
     ledger.admit(other, Fingerprint(size=3, mtime_ns=1, sha256="cd" * 32))
 
-    ended = HookRunner([hook(command=command)], ledger, Metrics())  # holds, and "dies" before releasing
+    ended = HookRunner(
+        [hook(command=command)], ledger, Metrics()
+    )  # holds, and "dies" before releasing
     await ended.hold(job, result(job), LocalSink())
     await ended.hold(other, result(other), LocalSink())
     await ended.stop()
-    ledger.mark_done(job.key)  # what the next start's resume does for a job whose sidecars were written
+    ledger.mark_done(
+        job.key
+    )  # what the next start's resume does for a job whose sidecars were written
     assert [row["held_by"] is not None for row in rows(ledger)] == [True, True]
 
     with capture_logs() as logs:
@@ -328,13 +391,15 @@ async def test_results_held_by_a_process_that_ended_are_released_if_published_an
     (received,) = await eventually(lambda: records(out), what="the published result's hook")
     assert received["env"]["OCRWATCH_SOURCE"] == job.origin.uri
     published = [(job.key, "done")]  # and the unpublished one forgotten
-    await eventually(lambda: [(row["key"], row["state"]) for row in rows(ledger)] == published, what="settled")
+    await eventually(
+        lambda: [(row["key"], row["state"]) for row in rows(ledger)] == published, what="settled"
+    )
     assert [entry["recovered"] for entry in logs if entry["event"] == "hooks_ready"] == [1]
 
 
 async def test_a_stop_kills_a_running_hook_gives_its_attempt_back_and_the_next_start_runs_it_again(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     pids, out = tmp_path / "pids", tmp_path / "received"
     slow = [sys.executable, script(tmp_path, "sleeper.py", SLEEPER), str(pids)]
     first = HookRunner([hook(name="post", command=slow)], ledger, Metrics())
@@ -343,16 +408,22 @@ async def test_a_stop_kills_a_running_hook_gives_its_attempt_back_and_the_next_s
     await eventually(pids.exists, what="the hook running")
     hook_pid, child_pid = map(int, pids.read_text().split())
     await first.stop()
-    await eventually(lambda: not alive(hook_pid) and not alive(child_pid), 10, "the hook's group killed")
+    await eventually(
+        lambda: not alive(hook_pid) and not alive(child_pid), 10, "the hook's group killed"
+    )
     assert [(row["state"], row["attempts"]) for row in rows(ledger)] == [("pending", 0)]
 
     record = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
     metrics = Metrics()
     await started(runners, [hook(name="post", command=record)], ledger, metrics)
-    await eventually(lambda: rows(ledger)[0]["state"] == "done", what="the delivery done after the restart")
+    await eventually(
+        lambda: rows(ledger)[0]["state"] == "done", what="the delivery done after the restart"
+    )
     assert len(records(out)) == 1 and rows(ledger)[0]["attempts"] == 1
     # The worker lets the delivery go just after recording it done.
-    pending = functools.partial(metrics.registry.get_sample_value, "ocrwatch_hook_pending", {"hook": "post"})
+    pending = functools.partial(
+        metrics.registry.get_sample_value, "ocrwatch_hook_pending", {"hook": "post"}
+    )
     await eventually(lambda: pending() == 0, 5, "nothing pending")
 
 
@@ -367,7 +438,7 @@ open(os.path.join(sys.argv[1], "record.json"), "w").write(json.dumps({"stdin": p
 
 async def test_a_stop_lets_a_running_hook_finish_within_its_grace_and_records_it_done(
     tmp_path: Path, ledger: Ledger, job: Job
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
     command = [sys.executable, script(tmp_path, "paused.py", PAUSED_RECORDER), str(out)]
     runner = HookRunner([hook(name="post", command=command)], ledger, Metrics())
@@ -380,29 +451,41 @@ async def test_a_stop_lets_a_running_hook_finish_within_its_grace_and_records_it
 
 
 def archived(tmp_path: Path, job: Job) -> tuple[Archiver, Path]:
-    """An archiver moving ``job``'s inbox into ``archive/``, the job's sidecars written beside it; the folder its
-    sidecars go to."""
+    """An archiver moving ``job``'s inbox into ``archive/``, the job's sidecars written beside it;
+    the
+    folder its sidecars go to."""
     assert isinstance(job.origin, LocalFile)
     folder = job.origin.path.parent
     (folder / "report.pdf.md").write_text("<!-- page 1 -->\n\nText\n")
     (folder / "report.pdf.json").write_bytes(dump_json(result(job)))
-    inbox = LocalSource([InboxConfig(path=job.origin.inbox, on_success="move")], reconcile_seconds=60,
-                        name_template="{name}")  # fmt: skip
+    inbox = LocalSource(
+        [InboxConfig(path=job.origin.inbox, on_success="move")],
+        reconcile_seconds=60,
+        name_template="{name}",
+    )
     archive = OutputConfig(archive_dir=tmp_path / "archive")
-    return Archiver(archive, {"local": inbox}, {"local": LocalSink()}, Metrics()), tmp_path / "archive" / "inbox"
+    return Archiver(
+        archive, {"local": inbox}, {"local": LocalSink()}, Metrics()
+    ), tmp_path / "archive" / "inbox"
 
 
 def settle(archiver: Archiver, job: Job) -> dict[str, str] | None:
     assert isinstance(job.origin, LocalFile)
-    return archiver.apply_on_success(job, "ok", hashlib.sha256(job.origin.path.read_bytes()).hexdigest())
+    return archiver.apply_on_success(
+        job, "ok", hashlib.sha256(job.origin.path.read_bytes()).hexdigest()
+    )
 
 
 async def test_a_hook_after_a_move_is_given_the_sidecars_where_the_move_put_them(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
-    runner = await started(runners, [hook(command=[sys.executable, script(tmp_path, "r.py", RECORDER), str(out)])],
-                           ledger, Metrics())  # fmt: skip
+    runner = await started(
+        runners,
+        [hook(command=[sys.executable, script(tmp_path, "r.py", RECORDER), str(out)])],
+        ledger,
+        Metrics(),
+    )
     archiver, moved_to = archived(tmp_path, job)
     event = await runner.hold(job, result(job), LocalSink())  # what the pipeline does, in its order
     ledger.mark_done(job.key)
@@ -411,7 +494,10 @@ async def test_a_hook_after_a_move_is_given_the_sidecars_where_the_move_put_them
     (received,) = await eventually(lambda: records(out), what="the hook's record")
     assert received["env"]["OCRWATCH_JSON"] == str(moved_to / "report.pdf.json")
     assert received["env"]["OCRWATCH_MD"] == str(moved_to / "report.pdf.md")
-    assert Path(received["env"]["OCRWATCH_JSON"]).is_file() and Path(received["env"]["OCRWATCH_MD"]).is_file()
+    assert (
+        Path(received["env"]["OCRWATCH_JSON"]).is_file()
+        and Path(received["env"]["OCRWATCH_MD"]).is_file()
+    )
     assert received["env"]["OCRWATCH_SOURCE"] == (moved_to / "report.pdf").as_uri()
     assert received["env"]["OCRWATCH_ORIGINAL"] == job.origin.uri
     recorded = rows(ledger)[0]  # the paths' bytes (a name need not be UTF-8)
@@ -421,7 +507,7 @@ async def test_a_hook_after_a_move_is_given_the_sidecars_where_the_move_put_them
 
 async def test_a_webhook_after_a_move_is_told_both_places_in_its_headers(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     seen: list[dict[str, str]] = []
 
     async def receive(request: web.Request) -> web.Response:
@@ -456,18 +542,22 @@ def test_a_header_names_an_s3_key_in_printable_ascii() -> None:
 
 async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_moved_sidecars(
     tmp_path: Path, ledger: Ledger, job: Job, runners: list[HookRunner]
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
     command = [sys.executable, script(tmp_path, "r.py", RECORDER), str(out)]
     archiver, moved_to = archived(tmp_path, job)
-    ended = HookRunner([hook(command=command)], ledger, Metrics())  # holds, and "dies" before the move
+    ended = HookRunner(
+        [hook(command=command)], ledger, Metrics()
+    )  # holds, and "dies" before the move
     await ended.hold(job, result(job), LocalSink())
     await ended.stop()
     ledger.mark_done(job.key)
 
     runner = HookRunner([hook(command=command)], ledger, Metrics())
     runners.append(runner)
-    await runner.relocate(job.key, settle(archiver, job))  # the next start finds the document done and moves it
+    await runner.relocate(
+        job.key, settle(archiver, job)
+    )  # the next start finds the document done and moves it
     await runner.start()
     (received,) = await eventually(lambda: records(out), what="the hook's record")
     assert received["env"]["OCRWATCH_JSON"] == str(moved_to / "report.pdf.json")
@@ -477,7 +567,9 @@ async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_m
 
 
 def test_s3_documents_name_their_sidecars_as_s3_uris() -> None:
-    s3 = config.S3Config(queue_url="https://sqs.example/q", output_bucket="out", output_prefix="ocr/")
+    s3 = config.S3Config(
+        queue_url="https://sqs.example/q", output_bucket="out", output_prefix="ocr/"
+    )
     obj = Job(origin=S3Object(bucket="scans", key="in/Report 1.pdf", etag="e"), source="s3:0")
     where = sidecar_locations(S3Sink(s3, client=object()), obj)
     assert where == {
@@ -497,21 +589,34 @@ def test_the_hook_keys_are_validated(tmp_path: Path) -> None:
     program.parent.mkdir()
     program.write_text("#!/bin/sh\n")
     program.chmod(0o755)
-    cfg = load('[[hook]]\ncommand = ["bin/post.sh", "--quiet"]\n[[hook]]\nurl = "https://chat.example:8443/hooks/ocr"\n'
-               'token = "t"\non = ["failed"]\n')  # fmt: skip
-    assert cfg.hook[0].command == (str(program), "--quiet")  # relative to the file, like every path in it
-    assert (cfg.hook[0].name, cfg.hook[1].name, cfg.hook[1].on) == ("post.sh", "chat.example:8443", ("failed",))
+    cfg = load(
+        '[[hook]]\ncommand = ["bin/post.sh", "--quiet"]\n[[hook]]\nurl = '
+        '"https://chat.example:8443/hooks/ocr"\n'
+        'token = "t"\non = ["failed"]\n'
+    )
+    assert cfg.hook[0].command == (
+        str(program),
+        "--quiet",
+    )  # relative to the file, like every path in it
+    assert (cfg.hook[0].name, cfg.hook[1].name, cfg.hook[1].on) == (
+        "post.sh",
+        "chat.example:8443",
+        ("failed",),
+    )
     assert "s3cret" not in repr(load('[[hook]]\nurl = "http://h/x"\ntoken = "s3cret"\n'))
     for text, said in (
         ("[[hook]]\n", "give exactly one of command"),
         ('[[hook]]\ncommand = ["/bin/true"]\nurl = "http://h/"\n', "give exactly one of command"),
-        ('[[hook]]\ncommand = []\n', "a non-empty argv list"),
+        ("[[hook]]\ncommand = []\n", "a non-empty argv list"),
         ('[[hook]]\ncommand = ["bin/missing"]\n', "is not an executable file"),
         ('[[hook]]\nurl = "ftp://h/x"\n', "an http:// or https:// URL"),
         ('[[hook]]\ncommand = ["/bin/true"]\ntoken = "t"\n', "only for a url hook"),
         ('[[hook]]\ncommand = ["/bin/true"]\non = ["done"]\n', "hook[0].on[0]"),
         ('[[hook]]\ncommand = ["/bin/true"]\non = []\n', "at least one"),
-        ('[[hook]]\ncommand = ["/bin/true"]\n[[hook]]\ncommand = ["/bin/true", "x"]\n', "hook[1].name: 'true' is"),
+        (
+            '[[hook]]\ncommand = ["/bin/true"]\n[[hook]]\ncommand = ["/bin/true", "x"]\n',
+            "hook[1].name: 'true' is",
+        ),
         ('[[hook]]\ncommand = ["/bin/true"]\nmax_attempts = 0\n', "hook[0].max_attempts"),
         ('[[hook]]\ncommand = ["/bin/true"]\nshell = true\n', "hook[0].shell"),
     ):
@@ -522,5 +627,7 @@ def test_the_hook_keys_are_validated(tmp_path: Path) -> None:
 def test_the_example_configuration_documents_every_hook_key() -> None:
     text = (REPO / "config.example.toml").read_text()
     for key in HookConfig.model_fields:
-        assert f"# {key} =" in text or f"{key} =" in text, f"config.example.toml does not document hook.{key}"
+        assert f"# {key} =" in text or f"{key} =" in text, (
+            f"config.example.toml does not document hook.{key}"
+        )
     assert "[[hook]]" in text

@@ -1,4 +1,6 @@
-"""ocrwatch.http: the listener's address parsing, its connection limit and its idle timeout, over real sockets."""
+"""ocrwatch.http: the listener's address parsing, its connection limit and its idle timeout, over
+real
+sockets."""
 
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ async def test_port_zero_binds_a_free_port_on_the_given_host() -> None:
         listener.address  # noqa: B018 - stopped: no address
 
 
-async def test_a_full_listener_closes_its_least_recently_active_idle_connection_for_a_newcomer() -> None:
+async def test_a_full_listener_closes_its_longest_idle_connection_for_a_newcomer() -> None:
     """Idle connections cannot lock a real request out: the one quiet the longest makes room."""
     listener = Listener(app(), "127.0.0.1:0", name="test", max_connections=3, idle_timeout=30)
     await listener.start()
@@ -92,7 +94,9 @@ async def test_a_full_listener_closes_its_least_recently_active_idle_connection_
             for _ in range(3):
                 held.append(await asyncio.to_thread(connect, listener))
                 await asyncio.sleep(0.05)
-            held[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # the oldest stirs: the second is now the quietest
+            held[0].sendall(
+                b"GET / HTTP/1.1\r\nHost: x\r\n"
+            )  # the oldest stirs: the second is now the quietest
             await asyncio.sleep(0.1)
             assert listener.open_connections == 3
             for _ in range(5):
@@ -106,7 +110,9 @@ async def test_a_full_listener_closes_its_least_recently_active_idle_connection_
                     break
                 await asyncio.sleep(0.05)
         full = [entry for entry in logs if entry["event"] == "http_connections_full"]
-        assert len(full) == 1 and full[0]["max_connections"] == 3  # once per episode, not per connection
+        assert (
+            len(full) == 1 and full[0]["max_connections"] == 3
+        )  # once per episode, not per connection
         relieved = [entry for entry in logs if entry["event"] == "http_connections_relieved"]
         assert len(relieved) == 1 and relieved[0]["evicted"] >= 1 and relieved[0]["refused"] == 0
     finally:
@@ -116,13 +122,17 @@ async def test_a_full_listener_closes_its_least_recently_active_idle_connection_
 
 
 async def test_a_full_listener_of_busy_connections_refuses_a_newcomer_until_one_ends() -> None:
-    listener = Listener(app(delay=1.5), "127.0.0.1:0", name="test", max_connections=3, idle_timeout=30)
+    listener = Listener(
+        app(delay=1.5), "127.0.0.1:0", name="test", max_connections=3, idle_timeout=30
+    )
     await listener.start()
     try:
         busy = [asyncio.create_task(asyncio.to_thread(get, listener)) for _ in range(3)]
         await asyncio.sleep(0.5)
         assert listener.open_connections == 3
-        assert await asyncio.to_thread(get, listener) == b""  # every connection is answering: refused at once
+        assert (
+            await asyncio.to_thread(get, listener) == b""
+        )  # every connection is answering: refused at once
         assert all(answer.endswith(b"hello") for answer in await asyncio.gather(*busy))
         await asyncio.sleep(0.1)
         assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
@@ -154,7 +164,8 @@ async def main():
     application.router.add_get("/", lambda request: web.Response(text="hello"))
     listener = Listener(application, "127.0.0.1:0", name="test")
     await listener.start()
-    await asyncio.get_running_loop().run_in_executor(None, int)  # its thread exists before descriptors run out
+    # Its thread exists before descriptors run out.
+    await asyncio.get_running_loop().run_in_executor(None, int)
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     hogs = []
     try:
@@ -163,7 +174,8 @@ async def main():
     except OSError:
         pass
     print("PORT", listener.port, flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "free" from the parent
+    # "free" from the parent:
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     for fd in hogs:
         os.close(fd)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "stop"
@@ -174,9 +186,17 @@ asyncio.run(main())
 
 
 def test_accept_out_of_descriptors_is_logged_once_and_recovers() -> None:
-    """asyncio logs a traceback at every accept retry when descriptors run out; the listener logs one line."""
-    child = subprocess.Popen([sys.executable, "-c", EXHAUSTED_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    """asyncio logs a traceback at every accept retry when descriptors run out; the listener logs
+    one
+    line."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", EXHAUSTED_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
     assert child.stdin is not None and child.stdout is not None
     try:
         port = int(child.stdout.readline().split()[1])
@@ -224,7 +244,9 @@ async def test_idle_connections_are_closed_but_a_slow_answer_is_not_cut() -> Non
             assert await asyncio.to_thread(closed_within, sock, 5) < 2
             sock.close()
         started = time.monotonic()
-        assert (await asyncio.to_thread(get, listener)).endswith(b"hello")  # handled for 1 s > idle_timeout
+        assert (await asyncio.to_thread(get, listener)).endswith(
+            b"hello"
+        )  # handled for 1 s > idle_timeout
         assert time.monotonic() - started >= 1.0
 
         kept = await asyncio.to_thread(connect, listener)  # keep-alive: idle again after its answer
@@ -250,8 +272,9 @@ async def test_stop_closes_held_connections() -> None:
 
 
 async def test_stop_cancels_a_request_still_in_flight_after_shutdown_timeout() -> None:
-    """A handler awaiting a shielded step (the webhook's ledger submit) is cancelled once ``shutdown_timeout``
-    has passed, within ``stop``: aiohttp alone would wait twice as long and leave it pending."""
+    """A handler awaiting a shielded step (the webhook's ledger submit) is cancelled once
+    ``shutdown_timeout`` has passed, within ``stop``: aiohttp alone would wait twice as long and
+    leave it pending."""
     outcome: list[str] = []
 
     async def stuck(request: web.Request) -> web.Response:

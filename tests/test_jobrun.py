@@ -1,4 +1,5 @@
-"""A job's ledger calls through ``Record``: each lands in a real ledger, and none is made for a job the
+"""A job's ledger calls through ``Record``: each lands in a real ledger, and none is made for a job
+the
 ledger never hears of (``ocrwatch ocr``), which used to be a string lookup that skipped silently."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from ocrwatch.sources.base import Job, LocalFile
 
 
 def _job(tmp_path: Path) -> Job:
-    return Job(origin=LocalFile(path=tmp_path / "in" / "a.pdf", inbox=tmp_path / "in"), source="local")
+    return Job(
+        origin=LocalFile(path=tmp_path / "in" / "a.pdf", inbox=tmp_path / "in"), source="local"
+    )
 
 
 def test_a_recorded_run_moves_its_row_through_the_states(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The page retry ladder: its pure decisions, then whole pages driven through the fault-injecting engines."""
+"""The page retry ladder: its pure decisions, then whole pages driven through the fault-injecting
+engines."""
 
 from __future__ import annotations
 
@@ -13,13 +14,22 @@ from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import EngineDead
-from tests.fault_engines import LOOP_UNIT, CrashingEngine, EchoEngine, HangingEngine, LoopingEngine, reset_crash_count
+from tests.fault_engines import (
+    LOOP_UNIT,
+    CrashingEngine,
+    EchoEngine,
+    HangingEngine,
+    LoopingEngine,
+    reset_crash_count,
+)
 
 TIMEOUT = 5.0
 
 
 def page(request_id: str = "doc/p0") -> PageRequest:
-    return PageRequest(request_id=request_id, image=Image.new("L", (40, 60), 255), prompt="<image>\nFree OCR.")
+    return PageRequest(
+        request_id=request_id, image=Image.new("L", (40, 60), 255), prompt="<image>\nFree OCR."
+    )
 
 
 def rec(raw: str, finish_reason: str | None = "stop") -> Recognition:
@@ -31,19 +41,26 @@ def _fresh_crash_count() -> None:
     reset_crash_count()
 
 
-# --- pure decisions -----------------------------------------------------------------------------------------
+# --- pure decisions -------------------------------------------------------------------------------
 
 
 def test_rungs_start_greedy_then_follow_the_configured_ladder() -> None:
     cfg = EngineConfig()
     rungs = ladder.rungs(cfg)
-    assert rungs[0] == Sampling(temperature=0.0, ngram_size=30, window_size=90, max_tokens=cfg.vllm.max_tokens)
-    assert [(r.temperature, r.ngram_size, r.window_size) for r in rungs[1:]] == [(0.1, 20, 90), (0.2, 12, 120)]
+    assert rungs[0] == Sampling(
+        temperature=0.0, ngram_size=30, window_size=90, max_tokens=cfg.vllm.max_tokens
+    )
+    assert [(r.temperature, r.ngram_size, r.window_size) for r in rungs[1:]] == [
+        (0.1, 20, 90),
+        (0.2, 12, 120),
+    ]
     assert all(r.max_tokens == cfg.vllm.max_tokens for r in rungs)
 
 
 def test_rungs_are_capped_by_page_attempts_and_follow_vllm_settings() -> None:
-    vllm = VllmConfig(max_tokens=1000, ngram_size=25, window_size=80, ladder=(SamplingRung(temperature=0.3),) * 5)
+    vllm = VllmConfig(
+        max_tokens=1000, ngram_size=25, window_size=80, ladder=(SamplingRung(temperature=0.3),) * 5
+    )
     rungs = ladder.rungs(EngineConfig(page_attempts=4, vllm=vllm))
     assert len(rungs) == 4
     assert rungs[0] == Sampling(temperature=0.0, ngram_size=25, window_size=80, max_tokens=1000)
@@ -67,18 +84,26 @@ def test_needs_retry_names_the_reason() -> None:
     assert ladder.needs_retry(rec("# Title\n\n" + LOOP_UNIT * 40)) == "loop"
     assert ladder.needs_retry(rec("# Title\n\n" + LOOP_UNIT * 40, "length")) == "loop"
     assert ladder.needs_retry(rec("A page cut off in the midd", "length")) == "length"
-    table = "<table>" + "".join(f"<tr><td>row {i}</td><td>{i * 7}</td></tr>" for i in range(60)) + "</table>"
+    table = (
+        "<table>"
+        + "".join(f"<tr><td>row {i}</td><td>{i * 7}</td></tr>" for i in range(60))
+        + "</table>"
+    )
     assert ladder.needs_retry(rec(table)) is None
 
 
-# --- whole pages through fault engines ----------------------------------------------------------------------
+# --- whole pages through fault engines ------------------------------------------------------------
 
 
 def test_a_good_page_takes_one_attempt() -> None:
     engine = EchoEngine()
-    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+    result = asyncio.run(
+        ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT)
+    )
     assert result.status == "ok" and result.error is None
-    assert result.recognition is not None and result.recognition.raw.startswith("Echo of a 40x60 page")
+    assert result.recognition is not None and result.recognition.raw.startswith(
+        "Echo of a 40x60 page"
+    )
     assert [a["request_id"] for a in result.attempts] == ["doc/p0/a0"]
     assert result.attempts[0]["outcome"] == "ok" and result.attempts[0]["seconds"] >= 0
     assert engine.requests.seen == ["doc/p0/a0"]
@@ -86,7 +111,9 @@ def test_a_good_page_takes_one_attempt() -> None:
 
 def test_a_greedy_loop_recovers_on_the_next_rung() -> None:
     engine = LoopingEngine(mode="greedy")
-    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+    result = asyncio.run(
+        ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT)
+    )
     assert result.status == "ok"
     assert [a["outcome"] for a in result.attempts] == ["loop", "ok"]
     assert [a["request_id"] for a in result.attempts] == ["doc/p0/a0", "doc/p0/a1"]
@@ -105,7 +132,9 @@ def test_a_greedy_loop_recovers_on_the_next_rung() -> None:
 
 def test_a_page_looping_on_every_rung_fails_with_its_attempts() -> None:
     engine = LoopingEngine(mode="always")
-    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+    result = asyncio.run(
+        ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT)
+    )
     assert result.status == "failed"
     assert [a["outcome"] for a in result.attempts] == ["loop", "loop", "loop"]
     assert result.error is not None and result.error["kind"] == "page_failed"
@@ -114,7 +143,9 @@ def test_a_page_looping_on_every_rung_fails_with_its_attempts() -> None:
 
 def test_a_length_stop_is_retried() -> None:
     engine = LoopingEngine(mode="greedy", finish_reason="length", repeats=1)
-    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+    result = asyncio.run(
+        ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT)
+    )
     assert [a["outcome"] for a in result.attempts] == ["length", "ok"]
     assert result.attempts[0]["finish_reason"] == "length"
 
@@ -147,7 +178,9 @@ def test_a_page_that_always_hangs_fails_after_every_rung_timed_out() -> None:
 
 
 class OwnTimeoutEngine(EchoEngine):
-    """Times out on its own (a client's timeout, say) on a page's first attempt, long before the page timeout."""
+    """Times out on its own (a client's timeout, say) on a page's first attempt, long before the
+    page
+    timeout."""
 
     def __init__(self, error: type[Exception]) -> None:
         super().__init__()
@@ -159,10 +192,16 @@ class OwnTimeoutEngine(EchoEngine):
         return await super()._work(page)
 
 
-@pytest.mark.parametrize("error", [TimeoutError, asyncio.TimeoutError])  # one class from 3.11 on, two before
-def test_the_engines_own_timeout_is_a_failed_attempt_not_the_page_timeout(error: type[Exception]) -> None:
+@pytest.mark.parametrize(
+    "error", [TimeoutError, asyncio.TimeoutError]
+)  # one class from 3.11 on, two before
+def test_the_engines_own_timeout_is_a_failed_attempt_not_the_page_timeout(
+    error: type[Exception],
+) -> None:
     engine = OwnTimeoutEngine(error)
-    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+    result = asyncio.run(
+        ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT)
+    )
     assert [a["outcome"] for a in result.attempts] == ["engine_failed", "ok"]
     assert "timed out internally" in result.attempts[0]["error"]["message"]
     assert engine.requests.aborted == []
@@ -170,7 +209,9 @@ def test_the_engines_own_timeout_is_a_failed_attempt_not_the_page_timeout(error:
 
 def test_engine_failed_counts_as_a_failed_attempt() -> None:
     engine = CrashingEngine(every=1, error="failed")
-    result = asyncio.run(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+    result = asyncio.run(
+        ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT)
+    )
     assert result.status == "failed"
     assert [a["outcome"] for a in result.attempts] == ["engine_failed"] * 3
     assert not engine.dead
@@ -210,7 +251,9 @@ def test_abort_cancels_a_page_in_any_rung() -> None:
     engine = HangingEngine()
 
     async def scenario() -> None:
-        task = asyncio.create_task(ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT))
+        task = asyncio.create_task(
+            ladder.recognize_page(engine, page(), ladder.rungs(EngineConfig()), TIMEOUT)
+        )
         while not engine.hung:
             await asyncio.sleep(0.01)
         await engine.abort("doc/p0")

@@ -1,4 +1,5 @@
-"""The ledger against real SQLite files: admission, states, resume (also after kill -9), retry, locking."""
+"""The ledger against real SQLite files: admission, states, resume (also after kill -9), retry,
+locking."""
 
 from __future__ import annotations
 
@@ -41,7 +42,11 @@ def ledger(db: Path) -> Iterator[Ledger]:
 
 
 def local_job(tmp_path: Path, name: str) -> Job:
-    return Job(origin=LocalFile(path=tmp_path / "inbox" / name, inbox=tmp_path / "inbox"), source="inbox", priority=10)
+    return Job(
+        origin=LocalFile(path=tmp_path / "inbox" / name, inbox=tmp_path / "inbox"),
+        source="inbox",
+        priority=10,
+    )
 
 
 def fp(size: int = 100, mtime_ns: int | None = 1, sha256: str | None = "aa") -> Fingerprint:
@@ -52,12 +57,17 @@ def spawn(code: str) -> subprocess.Popen[str]:
     """A Python child that has the repository on its path; its stdout is read line by line."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
     )
 
 
 def hold(db: Path, begin: str, seconds: float) -> subprocess.Popen[str]:
-    """Another process holding a transaction on the ledger (as a stuck ``sqlite3`` shell would); returns once held."""
+    """Another process holding a transaction on the ledger (as a stuck ``sqlite3`` shell would);
+    returns once held."""
     child = spawn(
         f"""
         import sqlite3, time
@@ -73,35 +83,54 @@ def hold(db: Path, begin: str, seconds: float) -> subprocess.Popen[str]:
     return child
 
 
-# --- pure helpers ----------------------------------------------------------------------------------------------
+# --- pure helpers ---------------------------------------------------------------------------------
 
 
 def test_same_content_uses_the_strongest_evidence_both_carry() -> None:
-    assert same_content(fp(sha256="aa", mtime_ns=1), fp(sha256="aa", mtime_ns=2))  # touched, same bytes
+    assert same_content(
+        fp(sha256="aa", mtime_ns=1), fp(sha256="aa", mtime_ns=2)
+    )  # touched, same bytes
     assert not same_content(fp(sha256="aa"), fp(sha256="bb"))
     assert not same_content(fp(size=1), fp(size=2))
-    assert same_content(fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=5))  # the cheap scan check
+    assert same_content(
+        fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=5)
+    )  # the cheap scan check
     assert not same_content(fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=6))
     s3 = Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e1"', version_id="v1")
-    assert same_content(s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e1"', version_id="v1"))
-    assert not same_content(s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e2"', version_id="v1"))
-    assert not same_content(fp(mtime_ns=None, sha256=None), fp(mtime_ns=None, sha256=None))  # cannot tell
+    assert same_content(
+        s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e1"', version_id="v1")
+    )
+    assert not same_content(
+        s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e2"', version_id="v1")
+    )
+    assert not same_content(
+        fp(mtime_ns=None, sha256=None), fp(mtime_ns=None, sha256=None)
+    )  # cannot tell
 
 
-# --- admission and states --------------------------------------------------------------------------------------
+# --- admission and states -------------------------------------------------------------------------
 
 
-def test_admit_new_then_skip_then_readmit_on_change(tmp_path: Path, db: Path, ledger: Ledger) -> None:
+def test_admit_new_then_skip_then_readmit_on_change(
+    tmp_path: Path, db: Path, ledger: Ledger
+) -> None:
     job = local_job(tmp_path, "a.pdf")
     assert ledger.admit(job, fp())
-    assert ledger.admit(job, fp())  # still waiting in the queue: start it (the daemon dedups running jobs)
+    assert ledger.admit(
+        job, fp()
+    )  # still waiting in the queue: start it (the daemon dedups running jobs)
     ledger.set_state(job.key, "rendering")
     assert not ledger.admit(job, fp())  # taken
     ledger.record_attempt(job.key, ERROR)
     ledger.mark_done(job.key)
     assert not ledger.admit(job, fp(mtime_ns=99))  # touched only: still done, fingerprint refreshed
     row = ledger.known(job.key)
-    assert row is not None and row.state == "done" and row.fingerprint.mtime_ns == 99 and row.fingerprint.sha256 == "aa"
+    assert (
+        row is not None
+        and row.state == "done"
+        and row.fingerprint.mtime_ns == 99
+        and row.fingerprint.sha256 == "aa"
+    )
 
     assert ledger.admit(job, fp(sha256="bb"))  # new content: processed again from scratch
     row = ledger.known(job.key)
@@ -123,7 +152,12 @@ def test_state_transitions_and_attempts(tmp_path: Path, ledger: Ledger) -> None:
     ledger.set_state(job.key, "rendering", pages_total=12)
     ledger.set_state(job.key, "recognizing", pages_done=5)
     row = ledger.known(job.key)
-    assert row is not None and (row.state, row.pages_total, row.pages_done, row.attempts) == ("recognizing", 12, 5, 1)
+    assert row is not None and (row.state, row.pages_total, row.pages_done, row.attempts) == (
+        "recognizing",
+        12,
+        5,
+        1,
+    )
     assert row.updated_at >= row.created_at
 
     transient = {"kind": "engine_dead", "message": "CUDA error", "retryable": True}
@@ -150,14 +184,19 @@ def test_state_transitions_and_attempts(tmp_path: Path, ledger: Ledger) -> None:
         ledger.record_attempt("file:///nowhere", None)
 
 
-def test_an_attempt_a_clean_shutdown_interrupted_is_given_back(tmp_path: Path, ledger: Ledger) -> None:
+def test_an_attempt_a_clean_shutdown_interrupted_is_given_back(
+    tmp_path: Path, ledger: Ledger
+) -> None:
     job = local_job(tmp_path, "long.pdf")
     ledger.admit(job, fp())
     assert ledger.record_attempt(job.key, None) == 1
     ledger.set_state(job.key, "recognizing", pages_total=300)
     ledger.release_attempt(job.key)
     row = ledger.known(job.key)
-    assert row is not None and (row.attempts, row.state) == (0, "recognizing")  # still unfinished: it resumes
+    assert row is not None and (row.attempts, row.state) == (
+        0,
+        "recognizing",
+    )  # still unfinished: it resumes
     ledger.release_attempt(job.key)
     assert ledger.record_attempt(job.key, None) == 1  # never below zero
     with pytest.raises(KeyError):
@@ -175,7 +214,9 @@ def test_unfinished_jobs_resume_after_reopen(tmp_path: Path, db: Path) -> None:
     )
     local = [local_job(tmp_path, f"{i}.pdf") for i in range(4)]
     with Ledger(db) as ledger:
-        ledger.admit(s3, Fingerprint(size=10, mtime_ns=None, sha256=None, etag='"e"', version_id="v7"))
+        ledger.admit(
+            s3, Fingerprint(size=10, mtime_ns=None, sha256=None, etag='"e"', version_id="v7")
+        )
         for job in local:
             ledger.admit(job, fp())
         ledger.set_state(local[0].key, "recognizing", pages_total=3, pages_done=1)
@@ -186,7 +227,10 @@ def test_unfinished_jobs_resume_after_reopen(tmp_path: Path, db: Path) -> None:
         resumed = ledger.unfinished()
     assert [r.key for r in resumed] == [s3.key, local[0].key, local[3].key]  # oldest first
     assert resumed[0].job == s3 and resumed[0].key == "s3://b/in/x y.pdf?versionId=v7"
-    assert resumed[1].job == local[0] and (resumed[1].state, resumed[1].pages_done) == ("recognizing", 1)
+    assert resumed[1].job == local[0] and (resumed[1].state, resumed[1].pages_done) == (
+        "recognizing",
+        1,
+    )
 
 
 def test_retry_with_selectors(tmp_path: Path, ledger: Ledger) -> None:
@@ -200,26 +244,41 @@ def test_retry_with_selectors(tmp_path: Path, ledger: Ledger) -> None:
     ledger.set_state(jobs["ok.pdf"].key, "done")
 
     inbox = tmp_path / "inbox"
-    assert ledger.retry([str(inbox / "sub")]) == 2  # a folder: everything below it, not "subway.pdf"
-    assert ledger.retry([str(inbox / "a.pdf"), "s3://b/scans/d.pdf"]) == 2  # a path; an S3 URI at any version
+    assert (
+        ledger.retry([str(inbox / "sub")]) == 2
+    )  # a folder: everything below it, not "subway.pdf"
+    assert (
+        ledger.retry([str(inbox / "a.pdf"), "s3://b/scans/d.pdf"]) == 2
+    )  # a path; an S3 URI at any version
     assert ledger.retry([str(inbox / "a.pdf")]) == 0  # no longer failed
     assert ledger.admit(jobs["a.pdf"], fp())  # the running daemon's next scan starts it
     row = ledger.known(jobs["sub/b.pdf"].key)
     assert row is not None and (row.state, row.attempts, row.finished_at) == ("queued", 0, None)
     assert ledger.retry() == 1  # the rest: subway.pdf; the done job is untouched
     assert ledger.summary()["counts"] == {
-        "queued": 5, "rendering": 0, "recognizing": 0, "writing": 0, "done": 1, "failed": 0,
-    }  # fmt: skip
+        "queued": 5,
+        "rendering": 0,
+        "recognizing": 0,
+        "writing": 0,
+        "done": 1,
+        "failed": 0,
+    }
 
 
 def test_summary(tmp_path: Path, ledger: Ledger) -> None:
     empty = ledger.summary()
-    assert set(empty["counts"].values()) == {0} and empty["oldest_waiting"] is None and empty["last_errors"] == []
+    assert (
+        set(empty["counts"].values()) == {0}
+        and empty["oldest_waiting"] is None
+        and empty["last_errors"] == []
+    )
     jobs = [local_job(tmp_path, f"{i}.pdf") for i in range(3)]
     for job in jobs:
         ledger.admit(job, fp())
     ledger.mark_failed(jobs[0].key, ERROR)
-    ledger.record_attempt(jobs[1].key, {"kind": "engine_dead", "message": "boom", "retryable": True})
+    ledger.record_attempt(
+        jobs[1].key, {"kind": "engine_dead", "message": "boom", "retryable": True}
+    )
     summary = ledger.summary(errors=5)
     assert summary["counts"]["queued"] == 2 and summary["counts"]["failed"] == 1
     assert summary["oldest_waiting"]["key"] == jobs[1].key and summary["oldest_waiting"]["age"] >= 0
@@ -239,9 +298,12 @@ def test_newer_schema_is_refused(db: Path) -> None:
 
 
 @pytest.mark.parametrize("breaker", list(ledgers.BREAKERS))
-def test_a_broken_ledger_is_refused_at_open_and_left_as_it_is(tmp_path: Path, db: Path, breaker: str) -> None:
-    """Garbage, a copy cut short, a page damaged in the middle, a newer schema: each stops the open with the
-    file's name and what to do (a ``ConfigError``: exit 2), and the file is not touched, so it can be examined."""
+def test_a_broken_ledger_is_refused_at_open_and_left_as_it_is(
+    tmp_path: Path, db: Path, breaker: str
+) -> None:
+    """Garbage, a copy cut short, a page damaged in the middle, a newer schema: each stops the open
+    with the file's name and what to do (a ``ConfigError``: exit 2), and the file is not touched, so
+    it can be examined."""
     ledgers.make_ledger(db, tmp_path / "inbox")
     ledgers.BREAKERS[breaker](db)
     before = db.read_bytes()
@@ -253,9 +315,12 @@ def test_a_broken_ledger_is_refused_at_open_and_left_as_it_is(tmp_path: Path, db
     assert sorted(p.name for p in db.parent.iterdir()) == [db.name]
 
 
-def test_rows_hidden_by_a_damaged_page_are_caught_by_the_check_at_open(tmp_path: Path, db: Path) -> None:
-    """The damage that no query reports: rows are silently missing (a done document would be processed again,
-    a queued one never resumed). Only the whole-file check at open sees it."""
+def test_rows_hidden_by_a_damaged_page_are_caught_by_the_check_at_open(
+    tmp_path: Path, db: Path
+) -> None:
+    """The damage that no query reports: rows are silently missing (a done document would be
+    processed
+    again, a queued one never resumed). Only the whole-file check at open sees it."""
     jobs = ledgers.make_ledger(db, tmp_path / "inbox")
     ledgers.hide_rows_in_the_middle(db)
     with closing(sqlite3.connect(db)) as conn:
@@ -267,14 +332,17 @@ def test_rows_hidden_by_a_damaged_page_are_caught_by_the_check_at_open(tmp_path:
 
 
 def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: Path) -> None:
-    """Ledgers written before next_attempt_at was dropped open in place, with their rows and errors intact."""
+    """Ledgers written before next_attempt_at was dropped open in place, with their rows and errors
+    intact."""
     job = local_job(tmp_path, "old.pdf")
     db.parent.mkdir(mode=0o700)
     with closing(sqlite3.connect(db)) as conn:
         conn.executescript(ledger_schema.MIGRATIONS[0])
         conn.execute(
-            "INSERT INTO jobs (key, state, attempts, last_error, error_at, job, fp_size, fp_sha256, created_at,"
-            " updated_at, finished_at, next_attempt_at) VALUES (?, 'failed', 2, ?, 5.0, ?, 100, 'aa', 1.0, 2.0, 3.0,"
+            "INSERT INTO jobs (key, state, attempts, last_error, error_at, job, fp_size, "
+            "fp_sha256, created_at,"
+            " updated_at, finished_at, next_attempt_at) VALUES (?, 'failed', 2, ?, 5.0, ?, 100, "
+            "'aa', 1.0, 2.0, 3.0,"
             " 4.0)",
             (job.key, json.dumps(ERROR), ledger_module._dump_job(job)),
         )
@@ -296,7 +364,7 @@ def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: 
 
 def test_a_version_3_ledger_gets_source_and_priority_columns_from_each_rows_json(
     tmp_path: Path, db: Path
-) -> None:  # fmt: skip
+) -> None:
     """The queue reads source and priority as columns; older rows have them only in their JSON."""
     db.parent.mkdir(mode=0o700)
     jobs = [local_job(tmp_path, f"old-{n:04d}.pdf") for n in range(2500)]  # more than one batch
@@ -322,7 +390,7 @@ def test_a_version_3_ledger_gets_source_and_priority_columns_from_each_rows_json
 
 def test_waiting_jobs_come_out_by_priority_then_age_through_the_index(
     tmp_path: Path, ledger: Ledger
-) -> None:  # fmt: skip
+) -> None:
     """The dispatcher's read costs the rows it passes over, not the backlog: the unfinished rows are
     never sorted."""
     names = ("urgent", "a", "b", "done")
@@ -364,7 +432,7 @@ def test_waiting_jobs_come_out_by_priority_then_age_through_the_index(
 
 def test_a_queued_job_admitted_again_is_stored_as_handed_over_last(
     tmp_path: Path, ledger: Ledger
-) -> None:  # fmt: skip
+) -> None:
     """It waits in the ledger: a redelivered SQS message's new receipt is what acknowledges it when
     it runs."""
     origin = S3Object(bucket="b", key="k.pdf", etag='"e"', size=3)
@@ -381,7 +449,7 @@ def test_a_queued_job_admitted_again_is_stored_as_handed_over_last(
 
 def test_a_name_that_is_not_utf8_round_trips_through_the_ledger(
     tmp_path: Path, ledger: Ledger
-) -> None:  # fmt: skip
+) -> None:
     job = local_job(tmp_path, os.fsdecode(b"caf\xe9.png"))
     assert ledger.admit(job, fp())
     assert job.key.endswith("/inbox/caf%E9.png")
@@ -410,13 +478,15 @@ def test_threads_share_one_ledger(tmp_path: Path, ledger: Ledger) -> None:
     assert len(rows) == 400 and {r.attempts for r in rows} == {1}
 
 
-# --- crashes and other processes -------------------------------------------------------------------------------
+# --- crashes and other processes ------------------------------------------------------------------
 
 
 def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) -> None:
-    """A writer killed at a random moment: the ledger opens clean and holds every row it reported committed.
+    """A writer killed at a random moment: the ledger opens clean and holds every row it reported
+    committed.
 
-    The child keeps writing until killed, so the kill always lands mid-run, most often inside a transaction.
+    The child keeps writing until killed, so the kill always lands mid-run, most often inside a
+    transaction.
     """
     rng = random.Random()
     committed: list[int] = []
@@ -429,7 +499,8 @@ def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) ->
             from ocrwatch.sources.base import Job, LocalFile
             ledger = Ledger(Path({str(db)!r}))
             for i in itertools.count({round_ * 1_000_000}):
-                job = Job(origin=LocalFile(path=Path(f"/in/{{i}}.pdf"), inbox=Path("/in")), source="s", detected_at=i)
+                origin = LocalFile(path=Path(f"/in/{{i}}.pdf"), inbox=Path("/in"))
+                job = Job(origin=origin, source="s", detected_at=i)
                 ledger.admit(job, Fingerprint(size=i, mtime_ns=i, sha256=f"{{i:064x}}"))
                 ledger.set_state(job.key, "rendering", pages_total=i % 7)
                 print(i, flush=True)
@@ -448,14 +519,18 @@ def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) ->
             rows = {r.key: r for r in ledger.unfinished()}
         for i in committed:
             row = rows[f"file:///in/{i}.pdf"]
-            assert row.job.detected_at == i and row.fingerprint == Fingerprint(size=i, mtime_ns=i, sha256=f"{i:064x}")
+            assert row.job.detected_at == i and row.fingerprint == Fingerprint(
+                size=i, mtime_ns=i, sha256=f"{i:064x}"
+            )
             assert (row.state, row.pages_total) == ("rendering", i % 7)
 
 
 def test_write_waits_for_a_lock_held_by_another_process(tmp_path: Path, db: Path) -> None:
     job = local_job(tmp_path, "a.pdf")
     with Ledger(db, lock_budget=10) as ledger:
-        with hold(db, "BEGIN", 5) as reader:  # `ocrwatch status` mid-read never blocks the daemon (WAL)
+        with hold(
+            db, "BEGIN", 5
+        ) as reader:  # `ocrwatch status` mid-read never blocks the daemon (WAL)
             start = time.monotonic()
             assert ledger.admit(job, fp())
             assert time.monotonic() - start < 0.5

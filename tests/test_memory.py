@@ -1,5 +1,5 @@
-"""The C heap's free memory goes back to the system, a wave of callers trims it only once, and the decode budget
-bounds the full-size images that render workers hold at once."""
+"""The C heap's free memory goes back to the system, a wave of callers trims it only once, and the
+decode budget bounds the full-size images that render workers hold at once."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def rss_bytes() -> int:
 
 @pytest.mark.skipif(memory._MALLOC_TRIM is None, reason="not glibc: malloc_trim is absent")
 def test_trim_heap_returns_the_holes_freed_buffers_leave() -> None:
-    """Every other 64 KiB buffer freed: below glibc's mmap threshold, so the holes stay in the heap (and in
-    RSS) until malloc_trim releases them."""
+    """Every other 64 KiB buffer freed: below glibc's mmap threshold, so the holes stay in the heap
+    (and in RSS) until malloc_trim releases them."""
     trim_heap()
     kept, freed = [], []
     for i in range(4000):
@@ -48,7 +48,7 @@ def test_the_heap_is_trimmed_at_most_once_per_interval(monkeypatch: pytest.Monke
     assert trims == [100.0, 110.0]
 
 
-# --- the decode budget --------------------------------------------------------------------------------------
+# --- the decode budget ----------------------------------------------------------------------------
 
 
 def _holding(
@@ -84,7 +84,13 @@ def test_requests_that_fit_together_are_held_together() -> None:
     leave.set()
     for thread in threads:
         thread.join(30)
-    assert (budget.held, budget.holders, budget.peak, budget.peak_holders, budget.granted) == (0, 0, 90, 3, 3)
+    assert (budget.held, budget.holders, budget.peak, budget.peak_holders, budget.granted) == (
+        0,
+        0,
+        90,
+        3,
+        3,
+    )
 
 
 def test_a_request_waits_until_it_fits_and_one_over_the_limit_runs_alone() -> None:
@@ -93,7 +99,9 @@ def test_a_request_waits_until_it_fits_and_one_over_the_limit_runs_alone() -> No
     big_in, big_out = threading.Event(), threading.Event()
     first = _holding(budget, 60, first_in, first_out)
     assert first_in.wait(30)
-    big = _holding(budget, 500, big_in, big_out)  # more than the whole budget: waits until nothing is held
+    big = _holding(
+        budget, 500, big_in, big_out
+    )  # more than the whole budget: waits until nothing is held
     _wait_for(lambda: budget.waits == 1, "the large request to wait")
     assert not big_in.is_set()
     first_out.set()
@@ -106,8 +114,8 @@ def test_a_request_waits_until_it_fits_and_one_over_the_limit_runs_alone() -> No
 
 
 def test_requests_are_served_in_arrival_order() -> None:
-    """A small request that would fit does not pass a large one waiting ahead of it, which would otherwise
-    wait for ever behind a stream of small ones."""
+    """A small request that would fit does not pass a large one waiting ahead of it, which would
+    otherwise wait for ever behind a stream of small ones."""
     budget = memory.DecodeBudget(100)
     first_in, first_out = threading.Event(), threading.Event()
     large_in, large_out = threading.Event(), threading.Event()
@@ -116,7 +124,9 @@ def test_requests_are_served_in_arrival_order() -> None:
     assert first_in.wait(30)
     large = _holding(budget, 80, large_in, large_out)
     _wait_for(lambda: budget.waits == 1, "the large request to queue")
-    small = _holding(budget, 10, small_in, small_out)  # would fit beside the first, but the large one is ahead
+    small = _holding(
+        budget, 10, small_in, small_out
+    )  # would fit beside the first, but the large one is ahead
     _wait_for(lambda: budget.waits == 2, "the small request to queue")
     assert not small_in.is_set()
     first_out.set()
@@ -141,7 +151,9 @@ def test_an_interrupted_waiter_leaves_the_queue(monkeypatch: pytest.MonkeyPatch)
             with pytest.raises(KeyboardInterrupt):
                 with budget.hold(10):
                     pass
-    with budget.hold(10):  # had the interrupted ticket stayed at the head, this would block for ever
+    with budget.hold(
+        10
+    ):  # had the interrupted ticket stayed at the head, this would block for ever
         assert budget.holders == 1
 
 
@@ -154,7 +166,9 @@ def test_a_large_hold_trims_the_heap_when_it_ends(monkeypatch: pytest.MonkeyPatc
     assert trims == []
     with budget.hold(memory.TRIM_AFTER_BYTES):
         pass
-    assert trims == [1]  # before the budget is given back, so the next decode starts on a trimmed heap
+    assert trims == [
+        1
+    ]  # before the budget is given back, so the next decode starts on a trimmed heap
 
 
 def test_image_bytes_follow_pillows_storage() -> None:

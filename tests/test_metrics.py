@@ -1,4 +1,5 @@
-"""Metrics and health endpoints: the HTTP server in-process, then the real daemon scraped over HTTP."""
+"""Metrics and health endpoints: the HTTP server in-process, then the real daemon scraped over
+HTTP."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def status_of(url: str) -> int:
         return exc.code
 
 
-# --- in-process -----------------------------------------------------------------------------------------
+# --- in-process -----------------------------------------------------------------------------------
 
 
 async def test_health_server_paths_and_refresh_before_each_scrape() -> None:
@@ -60,7 +61,9 @@ async def test_health_server_paths_and_refresh_before_each_scrape() -> None:
         assert await asyncio.to_thread(status_of, f"{base}/readyz") == 200
         assert await asyncio.to_thread(status_of, f"{base}/nope") == 404
         for expected in (1, 2):
-            body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"{base}/metrics", timeout=5).read())
+            body = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"{base}/metrics", timeout=5).read()
+            )
             assert parse(body.decode())["ocrwatch_inflight_pages"] == expected
     finally:
         await server.stop()
@@ -72,15 +75,21 @@ async def test_metrics_speak_openmetrics_when_asked_and_answer_head() -> None:
     url = f"http://127.0.0.1:{server.port}/metrics"
 
     def fetch(method: str = "GET", accept: str | None = None) -> tuple[str, bytes]:
-        request = urllib.request.Request(url, method=method, headers={"Accept": accept} if accept else {})
+        request = urllib.request.Request(
+            url, method=method, headers={"Accept": accept} if accept else {}
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.headers["Content-Type"], response.read()
 
     try:
         plain_type, plain = await asyncio.to_thread(fetch)
         assert plain_type.startswith("text/plain") and b"ocrwatch_documents_total" in plain
-        open_type, openmetrics = await asyncio.to_thread(fetch, accept="application/openmetrics-text; version=1.0.0")
-        assert open_type.startswith("application/openmetrics-text") and openmetrics.endswith(b"# EOF\n")
+        open_type, openmetrics = await asyncio.to_thread(
+            fetch, accept="application/openmetrics-text; version=1.0.0"
+        )
+        assert open_type.startswith("application/openmetrics-text") and openmetrics.endswith(
+            b"# EOF\n"
+        )
         assert await asyncio.to_thread(fetch, "HEAD") == (plain_type, b"")
     finally:
         await server.stop()
@@ -114,7 +123,7 @@ async def test_loop_lag_probe_sees_a_blocking_call() -> None:
     assert probe.take_worst() == 0.0  # taken: the next health interval starts afresh
 
 
-# --- the real daemon --------------------------------------------------------------------------------------
+# --- the real daemon ------------------------------------------------------------------------------
 
 
 def drop(source: Path, inbox: Path) -> Path:
@@ -134,14 +143,19 @@ def test_daemon_metrics_follow_a_document_through_every_stage(tmp_path: Path) ->
         assert idle['ocrwatch_documents_total{status="ok"}'] == 0
         assert idle["ocrwatch_oldest_waiting_seconds"] == 0
 
-        pages = [[f"Metrics page {n}", "Quarterly report invoice", "number forty two"] for n in range(8)]
+        pages = [
+            [f"Metrics page {n}", "Quarterly report invoice", "number forty two"] for n in range(8)
+        ]
         pdf = drop(docs.write_pdf(tmp_path / "eight.pdf", pages), daemon.inbox)
 
         def busy() -> Samples | None:
             samples = parse(daemon.metrics())
-            return samples if samples['ocrwatch_active_documents{state="running"}'] == 1 and samples[
-                "ocrwatch_inflight_pages"
-            ] > 0 else None
+            return (
+                samples
+                if samples['ocrwatch_active_documents{state="running"}'] == 1
+                and samples["ocrwatch_inflight_pages"] > 0
+                else None
+            )
 
         during = wait_until(busy, 60, "a scrape while pages are in the engine", interval=0.02)
         assert during["ocrwatch_oldest_waiting_seconds"] > 0
@@ -149,8 +163,11 @@ def test_daemon_metrics_follow_a_document_through_every_stage(tmp_path: Path) ->
 
         wait_until(lambda: sidecars_done(pdf), 120, "the sidecars")
         done = wait_until(
-            lambda: (s := parse(daemon.metrics()))['ocrwatch_documents_total{status="ok"}'] == 1 and s,
-            10, "the document counted",
+            lambda: (
+                (s := parse(daemon.metrics()))['ocrwatch_documents_total{status="ok"}'] == 1 and s
+            ),
+            10,
+            "the document counted",
         )
         assert done['ocrwatch_pages_total{status="ok"}'] == 8
         assert done['ocrwatch_pages_total{status="failed"}'] == 0
@@ -160,7 +177,9 @@ def test_daemon_metrics_follow_a_document_through_every_stage(tmp_path: Path) ->
         for stage in ("waiting", "fetch_probe", "pages", "write", "end_to_end"):
             assert done[f'ocrwatch_stage_seconds_count{{stage="{stage}"}}'] == 1
         assert done['ocrwatch_stage_seconds_sum{stage="write"}'] > 0
-        end_to_end, pages_stage = (done[f'ocrwatch_stage_seconds_sum{{stage="{s}"}}'] for s in ("end_to_end", "pages"))
+        end_to_end, pages_stage = (
+            done[f'ocrwatch_stage_seconds_sum{{stage="{s}"}}'] for s in ("end_to_end", "pages")
+        )
         assert end_to_end >= pages_stage
         for stage in QUEUES:
             assert done[f'ocrwatch_queue_depth{{stage="{stage}"}}'] == 0
@@ -177,7 +196,9 @@ def test_daemon_metrics_follow_a_document_through_every_stage(tmp_path: Path) ->
             assert done[f'ocrwatch_retries_total{{stage="{stage}"}}'] == 0
         assert done["ocrwatch_event_loop_max_lag_seconds"] >= 0
         assert done["ocrwatch_event_loop_lag_seconds"] >= 0
-        assert not [name for name in done if name.startswith("ocrwatch_gpu_memory_bytes")]  # no GPU, no series
+        assert not [
+            name for name in done if name.startswith("ocrwatch_gpu_memory_bytes")
+        ]  # no GPU, no series
         assert done["ocrwatch_ready"] == 1
         assert done["process_open_fds"] > 0 and done["process_resident_memory_bytes"] > 0
         assert [name for name in done if name.startswith("ocrwatch_build_info{")]
@@ -185,8 +206,12 @@ def test_daemon_metrics_follow_a_document_through_every_stage(tmp_path: Path) ->
         bad = drop(docs.write_corrupt_pdf(tmp_path / "bad.pdf"), daemon.inbox)
         wait_until(lambda: bad.with_name("bad.pdf.error.json").exists(), 60, "the error sidecar")
         failed = wait_until(
-            lambda: (s := parse(daemon.metrics()))['ocrwatch_documents_total{status="failed"}'] == 1 and s,
-            10, "the failure counted",
+            lambda: (
+                (s := parse(daemon.metrics()))['ocrwatch_documents_total{status="failed"}'] == 1
+                and s
+            ),
+            10,
+            "the failure counted",
         )
         assert failed['ocrwatch_documents_total{status="ok"}'] == 1
     finally:

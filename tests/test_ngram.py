@@ -1,5 +1,7 @@
-"""The batched n-gram ban against vLLM's per-request rule (transcribed below), on looping token streams
-like the ones a repeating model produces, through the batch changes vLLM's persistent batch makes."""
+"""The batched n-gram ban against vLLM's per-request rule (transcribed below), on looping token
+streams
+like the ones a repeating model produces, through the batch changes vLLM's persistent batch
+makes."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def reference_bans(ids: list[int], n: int, window: int, whitelist: frozenset[int
 
 
 def looping_tokens(rng: random.Random, length: int, vocab: int = 12) -> list[int]:
-    """Random text that falls into loops of random period now and then, as random-weight models do."""
+    """Random text that falls into loops of random period now and then, as random-weight models
+    do."""
     out: list[int] = []
     while len(out) < length:
         if out and rng.random() < 0.5:
@@ -107,7 +110,9 @@ def test_rules_mixed_in_one_batch_follow_rows_through_moves_swaps_and_removals()
             ids.append(stream[len(ids)])
         got = as_sets(*bans.bans())
         for row, (rule, _, ids) in live.items():
-            assert got.get(row, set()) == reference_bans(ids, rule.ngram_size, rule.window_size, rule.whitelist)
+            assert got.get(row, set()) == reference_bans(
+                ids, rule.ngram_size, rule.window_size, rule.whitelist
+            )
         assert set(got) <= set(live), step
 
 
@@ -127,7 +132,9 @@ def test_placeholders_are_read_again_once_filled_and_a_shorter_list_is_read_afre
     assert as_sets(*bans.bans()) == {0: {7}}
 
 
-@pytest.mark.parametrize("extra", [None, {}, {"window_size": 5}, {"ngram_size": 1}, {"ngram_size": 9, "window_size": 4}])
+@pytest.mark.parametrize(
+    "extra", [None, {}, {"window_size": 5}, {"ngram_size": 1}, {"ngram_size": 9, "window_size": 4}]
+)
 def test_requests_without_a_usable_rule_are_not_tracked(extra: dict | None) -> None:
     bans = NGramBans(rows=2, max_len=8)
     bans.add(0, NGramRule.from_extra_args(extra), [1, 1, 1, 1, 1, 1, 1, 1, 1])

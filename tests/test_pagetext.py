@@ -30,13 +30,17 @@ ENGLISH = (
 LINES = [" ".join(ENGLISH.split()[i : i + 5]) for i in range(0, len(ENGLISH.split()), 5)]
 BUDGET = DecodeBudget(256 * 1024 * 1024)
 HAS_TOOLS = all(shutil.which(tool) for tool in ("tesseract", "combine_tessdata", "dawg2wordlist"))
-needs_tesseract = pytest.mark.skipif(not HAS_TOOLS, reason="tesseract and its training tools absent")
+needs_tesseract = pytest.mark.skipif(
+    not HAS_TOOLS, reason="tesseract and its training tools absent"
+)
 
 
 class Words:
     """A Knowledge with a fixed alphabet and word list: the judge's logic, apart from Tesseract."""
 
-    def __init__(self, words: str, letters: str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"):
+    def __init__(
+        self, words: str, letters: str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    ):
         self._words = frozenset(words.lower().split())
         self._letters = frozenset(letters)
 
@@ -65,7 +69,10 @@ def test_private_use_codes_are_unreadable() -> None:
 
 
 def test_punctuation_alone_is_a_font_poppler_could_not_map() -> None:
-    assert pagetext.judge(". , ; : ( ) . , 1 2 3 . , . ; " * 10 + " ab", KNOWN, "eng") == ("unmapped_font", None)
+    assert pagetext.judge(". , ; : ( ) . , 1 2 3 . , . ; " * 10 + " ab", KNOWN, "eng") == (
+        "unmapped_font",
+        None,
+    )
 
 
 def test_letters_no_language_has_fail() -> None:
@@ -79,8 +86,10 @@ def test_a_page_number_is_too_little_to_judge() -> None:
 
 
 def test_dot_leaders_do_not_count_as_punctuation() -> None:
-    contents = "\n".join(f"{word.title()} . . . . . . . . . . . . . . . . {n}" for n, word in
-                         enumerate(ENGLISH.split()[:20]))  # fmt: skip
+    contents = "\n".join(
+        f"{word.title()} . . . . . . . . . . . . . . . . {n}"
+        for n, word in enumerate(ENGLISH.split()[:20])
+    )
     assert pagetext.judge(contents, KNOWN, "eng")[0] == "good"
 
 
@@ -133,8 +142,9 @@ def _remapped(path: Path, first: int) -> Path:
 
 
 def check(path: Path, mode: Any = "auto", index: int = 0, timeout: float = 60.0) -> pagetext.Check:
-    return pagetext.check(path, index, mode, "eng", pagetext.tessdata("tesseract"), budget=BUDGET,
-                          timeout=timeout)  # fmt: skip
+    return pagetext.check(
+        path, index, mode, "eng", pagetext.tessdata("tesseract"), budget=BUDGET, timeout=timeout
+    )
 
 
 @needs_tesseract
@@ -142,7 +152,9 @@ def test_a_good_layer_is_taken_as_poppler_reads_it(tmp_path: Path) -> None:
     pdf = docs.write_pdf(tmp_path / "born.pdf", [LINES], text_layer=True)
     found = check(pdf)
     assert found.reason == "good" and found.known_words is not None and found.known_words > 0.9
-    assert found.text is not None and " ".join(found.text.split()) == " ".join(" ".join(LINES).split())
+    assert found.text is not None and " ".join(found.text.split()) == " ".join(
+        " ".join(LINES).split()
+    )
     assert found.record()["reason"] == "good"
 
 
@@ -164,13 +176,17 @@ def test_a_scan_shows_no_text_and_costs_no_extraction(tmp_path: Path) -> None:
 
 def test_a_page_too_large_to_read_is_ocrd_unextracted(tmp_path: Path) -> None:
     """pdfcontent's bound holds before pdftotext runs: a form of 64 MiB of zeros is not decoded."""
-    bomb = hostile_pdfs.write_form_bomb(tmp_path / "bomb.pdf", pdfcontent.MAX_PAGE_BYTES * 4, drawn=True)
+    bomb = hostile_pdfs.write_form_bomb(
+        tmp_path / "bomb.pdf", pdfcontent.MAX_PAGE_BYTES * 4, drawn=True
+    )
     started = time.monotonic()
     assert check(bomb).reason == pdfcontent.CONTENT_TOO_LARGE
     assert time.monotonic() - started < 30
 
 
-def test_a_page_whose_text_is_a_bomb_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_page_whose_text_is_a_bomb_is_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Text shown before a bomb ends pdfcontent's look (it only asks whether there is text), so
     pdftotext's output is bounded itself: a page of 1 MB of text, past a bound of 100 kB (the real
     one, 4 MiB, takes pdftotext a minute to reach: its time bound comes first then)."""
@@ -186,7 +202,9 @@ def test_a_page_whose_text_is_a_bomb_is_cut_off(tmp_path: Path, monkeypatch: pyt
 
 
 def test_nested_forms_are_ocrd(tmp_path: Path) -> None:
-    deep = hostile_pdfs.write_nested_forms(tmp_path / "deep.pdf", pdfcontent.MAX_FORM_DEPTH + 5, text="x")
+    deep = hostile_pdfs.write_nested_forms(
+        tmp_path / "deep.pdf", pdfcontent.MAX_FORM_DEPTH + 5, text="x"
+    )
     assert check(deep).reason == pdfcontent.FORMS_TOO_DEEP
 
 
@@ -211,8 +229,9 @@ def pages(path: Path, mode: Any) -> pagetext.Pages:
     info = render.probe(path, render.Limits(10**9, 100))
     spec = render.render_spec(RenderConfig(dpi=100))
     seen: list[float] = []
-    return pagetext.Pages(path, info, spec, mode, "eng", pagetext.tessdata("tesseract"), BUDGET,
-                          seen.append)  # fmt: skip
+    return pagetext.Pages(
+        path, info, spec, mode, "eng", pagetext.tessdata("tesseract"), BUDGET, seen.append
+    )
 
 
 @needs_tesseract
@@ -232,7 +251,10 @@ def test_a_layer_page_skips_the_render_and_a_scan_is_rendered(tmp_path: Path) ->
     assert taken.result.status == "ok" and "committee" in taken.result.recognition.markdown
     assert taken.result.attempts == [] and taken.result.recognition.blocks == []
     assert isinstance(second, Checked) and second.taken is None and second.page is not None
-    assert second.check["reason"] == "no_text" and second.page.image.size == (rendered.width, rendered.height)
+    assert second.check["reason"] == "no_text" and second.page.image.size == (
+        rendered.width,
+        rendered.height,
+    )
     plain = pages(born, "ocr")(0)
     assert isinstance(plain, render.RenderedPage)  # no check at all
 
@@ -244,7 +266,9 @@ def test_an_image_is_always_rendered(tmp_path: Path) -> None:
 
 def test_the_text_mode_asked_then_the_inboxs_then_the_engines(tmp_path: Path) -> None:
     inbox = tmp_path / "in"
-    cfg = Config(inbox=(InboxConfig(path=inbox, text="layer"), InboxConfig(path=tmp_path / "other")))
+    cfg = Config(
+        inbox=(InboxConfig(path=inbox, text="layer"), InboxConfig(path=tmp_path / "other"))
+    )
     here = LocalFile(inbox / "a.pdf", inbox.resolve())
     there = LocalFile(tmp_path / "other" / "a.pdf", (tmp_path / "other").resolve())
     bucket = S3Object("bucket", "a.pdf")
@@ -282,8 +306,13 @@ def test_corpus_born_digital_layers(corpus_dir: Path, manifest: list[dict[str, A
     """The first five pages of each born-digital English document with a text layer: taken, and
     word for word the ground truth (``pdftotext -layout``; order-free, since reading order and
     layout order differ on two columns). German pages pass with deu+eng."""
-    chosen = [e for e in manifest if e.get("has_text_layer") and "born_digital" in e["tags"]
-              and not {"cjk", "rtl"} & set(e["tags"])]  # fmt: skip
+    chosen = [
+        e
+        for e in manifest
+        if e.get("has_text_layer")
+        and "born_digital" in e["tags"]
+        and not {"cjk", "rtl"} & set(e["tags"])
+    ]
     assert len(chosen) >= 5
     taken = 0
     for entry in chosen:
@@ -291,10 +320,15 @@ def test_corpus_born_digital_layers(corpus_dir: Path, manifest: list[dict[str, A
         truth = (corpus_dir / f"{entry['file']}.gt.txt").read_text().split("\f")
         lang = "deu+eng" if "german" in entry["tags"] else "eng"
         for index in range(min(entry["pages"], 5)):
-            found = pagetext.check(path, index, "auto", lang, pagetext.tessdata("tesseract"),
-                                   budget=BUDGET, timeout=60)  # fmt: skip
+            found = pagetext.check(
+                path, index, "auto", lang, pagetext.tessdata("tesseract"), budget=BUDGET, timeout=60
+            )
             if found.text is None:
-                assert found.reason in ("little_text", "unmapped_font"), (entry["file"], index, found)
+                assert found.reason in ("little_text", "unmapped_font"), (
+                    entry["file"],
+                    index,
+                    found,
+                )
                 continue
             taken += 1
             score = words_similarity(pagetext.markdown(found.text), truth[index], ordered=False)

@@ -95,14 +95,16 @@ CONTENT = b"q BT /F1 12 Tf 72 700 Td (Hello \\) world) Tj ET Q\n" * 3000
     ("raw", "filters"),
     [
         (zlib.compress(CONTENT), Name.FlateDecode),
-        (base64.a85encode(zlib.compress(CONTENT), wrapcol=72) + b"~>",
-         Array([Name.ASCII85Decode, Name.FlateDecode])),
+        (
+            base64.a85encode(zlib.compress(CONTENT), wrapcol=72) + b"~>",
+            Array([Name.ASCII85Decode, Name.FlateDecode]),
+        ),
         (CONTENT.hex().encode() + b">", Name.ASCIIHexDecode),
         (_lzw(CONTENT), Name.LZWDecode),
         (_run_length(CONTENT), Name.RunLengthDecode),
     ],
     ids=["flate", "ascii85-flate", "asciihex", "lzw", "runlength"],
-)  # fmt: skip
+)
 def test_each_content_filter_is_counted_as_qpdf_decodes_it(raw: bytes, filters: object) -> None:
     """The count that decides whether a stream is decoded at all agrees with what qpdf makes of it,
     for every filter content may use."""

@@ -1,6 +1,7 @@
-"""``Pipeline.reject``, the one error-sidecar writer, as a source sees it: a job given up without being run is
-logged, recorded in the ledger, reported beside its source and acknowledged; a duplicate of a job already done
-is acknowledged as done instead."""
+"""``Pipeline.reject``, the one error-sidecar writer, as a source sees it: a job given up without
+being
+run is logged, recorded in the ledger, reported beside its source and acknowledged; a duplicate of a
+job already done is acknowledged as done instead."""
 
 from __future__ import annotations
 
@@ -70,10 +71,14 @@ def pipeline(tmp_path: Path, ledger: Ledger, sink: MemorySink) -> tuple[Pipeline
 
 
 def job(etag: str = '"e1"') -> Job:
-    return Job(origin=S3Object(bucket="docs", key="in/poison.pdf", etag=etag, size=12), source="s3:0")
+    return Job(
+        origin=S3Object(bucket="docs", key="in/poison.pdf", etag=etag, size=12), source="s3:0"
+    )
 
 
-async def test_a_source_rejection_is_logged_recorded_reported_and_acknowledged(tmp_path: Path, ledger: Ledger) -> None:
+async def test_a_source_rejection_is_logged_recorded_reported_and_acknowledged(
+    tmp_path: Path, ledger: Ledger
+) -> None:
     sink = MemorySink()
     made, source = pipeline(tmp_path, ledger, sink)
     with capture_logs() as logs:
@@ -83,13 +88,22 @@ async def test_a_source_rejection_is_logged_recorded_reported_and_acknowledged(t
     assert row is not None and row.state == "failed" and row.last_error is not None
     assert row.last_error["kind"] == "too_many_deliveries"
     [error] = sink.errors
-    assert (error["status"], error["attempts"], error["error"]["kind"]) == ("failed", 4, "too_many_deliveries")
-    assert error["source"] | {"uri": "s3://docs/in/poison.pdf", "etag": '"e1"', "bytes": 12} == error["source"]
+    assert (error["status"], error["attempts"], error["error"]["kind"]) == (
+        "failed",
+        4,
+        "too_many_deliveries",
+    )
+    assert (
+        error["source"] | {"uri": "s3://docs/in/poison.pdf", "etag": '"e1"', "bytes": 12}
+        == error["source"]
+    )
     assert source.finished == [(job().key, "failed")]
     assert made.metrics.documents.labels(status="failed")._value.get() == 1
 
 
-async def test_a_rejected_duplicate_of_a_done_job_is_acknowledged_as_done(tmp_path: Path, ledger: Ledger) -> None:
+async def test_a_rejected_duplicate_of_a_done_job_is_acknowledged_as_done(
+    tmp_path: Path, ledger: Ledger
+) -> None:
     sink = MemorySink(recorded={"uri": "s3://docs/in/poison.pdf", "bytes": 12, "etag": '"e1"'})
     made, source = pipeline(tmp_path, ledger, sink)
     await made.reject(job(), Poison("delivered 4 times"), 4)

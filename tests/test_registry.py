@@ -1,5 +1,5 @@
-"""Engine selection (``auto`` and its reason), the ``ocrwatch.engines`` entry points, building each kind,
-plugins, and the fault engines' contract."""
+"""Engine selection (``auto`` and its reason), the ``ocrwatch.engines`` entry points, building each
+kind, plugins, and the fault engines' contract."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def test_auto_with_vllm_but_no_cuda_device_is_tesseract(monkeypatch: pytest.Monk
     assert "no CUDA device is visible" in reason
 
 
-def test_auto_with_a_broken_vllm_is_tesseract(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_auto_with_a_broken_vllm_is_tesseract(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('driver too old')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -63,7 +65,10 @@ def test_auto_with_a_broken_vllm_is_tesseract(monkeypatch: pytest.MonkeyPatch, t
 
 
 def test_an_explicit_kind_is_taken_as_configured() -> None:
-    assert registry.choose(EngineConfig(kind="vllm")) == ("vllm", "[engine] kind = 'vllm' in the configuration")
+    assert registry.choose(EngineConfig(kind="vllm")) == (
+        "vllm",
+        "[engine] kind = 'vllm' in the configuration",
+    )
     assert registry.choose(EngineConfig(kind="tesseract"))[0] == "tesseract"
 
 
@@ -102,15 +107,23 @@ def test_load_plugin_builds_a_fault_engine_from_keyword_arguments() -> None:
         ("tests.fault_engines:reset_crash_count", {}, "did not build an engine"),
     ],
 )
-def test_load_plugin_explains_what_is_wrong(spec: str, args: dict[str, object], message: str) -> None:
+def test_load_plugin_explains_what_is_wrong(
+    spec: str, args: dict[str, object], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         registry.load_plugin(spec, args)
 
 
-@pytest.mark.skipif("plugin" not in EngineConfig.model_fields, reason="EngineConfig has no plugin fields yet")
+@pytest.mark.skipif(
+    "plugin" not in EngineConfig.model_fields, reason="EngineConfig has no plugin fields yet"
+)
 def test_build_plugin_from_the_config() -> None:
     cfg = EngineConfig.model_validate(
-        {"kind": "plugin", "plugin": "tests.fault_engines:LoopingEngine", "plugin_args": {"mode": "always"}}
+        {
+            "kind": "plugin",
+            "plugin": "tests.fault_engines:LoopingEngine",
+            "plugin_args": {"mode": "always"},
+        }
     )
     assert registry.choose(cfg)[0] == "plugin"
     engine = registry.build(cfg)
@@ -138,7 +151,9 @@ def test_gpu_count_reads_the_driver_folder_or_the_device_nodes(tmp_path: Path) -
     dev.mkdir()
     for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
         (dev / name).touch()
-    assert registry.gpu_count(str(proc), str(dev)) == 2  # a container: nodes, no /proc/driver/nvidia
+    assert (
+        registry.gpu_count(str(proc), str(dev)) == 2
+    )  # a container: nodes, no /proc/driver/nvidia
     proc.mkdir()
     for bus in ("0000:17:00.0", "0000:3d:00.0", "0000:63:00.0"):
         (proc / bus).mkdir()
@@ -152,12 +167,17 @@ def test_the_built_in_engines_are_entry_points_like_any_other() -> None:
         assert isinstance(spec, EngineSpec) and spec.name == kind
 
 
-def test_an_entry_point_that_names_no_engine_spec_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_entry_point_that_names_no_engine_spec_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from importlib.metadata import EntryPoint
 
-    bogus = EntryPoint(name="bogus", value="tests.fault_engines:EchoEngine", group="ocrwatch.engines")
+    bogus = EntryPoint(
+        name="bogus", value="tests.fault_engines:EchoEngine", group="ocrwatch.engines"
+    )
     monkeypatch.setattr(
-        config_engines, "entry_points",
+        config_engines,
+        "entry_points",
         lambda **select: [bogus] if select.get("name") in ("bogus", None) else [],
     )
     with pytest.raises(ConfigError, match="does not name an EngineSpec"):

@@ -1,4 +1,5 @@
-"""render.py against real files: the corpus where present, and documents made by tests/docs.py everywhere."""
+"""render.py against real files: the corpus where present, and documents made by tests/docs.py
+everywhere."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ LIMITS = Limits.from_config(LimitsConfig())
 SPEC = render_spec(RenderConfig())
 
 
-def render_first(path: Path, spec=SPEC, limits: Limits = LIMITS) -> tuple[DocumentInfo, RenderedPage]:
+def render_first(
+    path: Path, spec=SPEC, limits: Limits = LIMITS
+) -> tuple[DocumentInfo, RenderedPage]:
     info = probe(path, limits)
     return info, render_page(path, info, 0, spec)
 
@@ -57,14 +60,15 @@ def within(page: RenderedPage, max_side: int, max_pixels: int) -> bool:
     return max(page.image.size) <= max_side and page.width * page.height <= max_pixels
 
 
-# --- the corpus -------------------------------------------------------------------------------------------
+# --- the corpus -----------------------------------------------------------------------------------
 
 # The manifest's "expected" is prose; its tags say which kind of failure each bad file is.
 ERROR_KIND_BY_TAG = {
     "zero_byte": "empty_file",
     "encrypted": "encrypted_pdf",
     "not_pdf": "not_a_document",
-    "zero_pages": "no_pages",  # poppler finds no page at all; see render._pdf_error for why not corrupt_pdf
+    # poppler finds no page at all; see render._pdf_error for why not corrupt_pdf
+    "zero_pages": "no_pages",
     "truncated": "corrupt_pdf",
     "corrupt": "corrupt_pdf",
 }
@@ -94,7 +98,9 @@ def test_corpus_entry_gets_its_expected_outcome(corpus_dir: Path, entry: dict[st
 
 
 def test_corpus_bad_files_map_to_the_kinds_the_issue_names(manifest: list[dict[str, Any]]) -> None:
-    kinds = {entry["file"]: expected_error(entry) for entry in manifest if entry["expected"] != "ok"}
+    kinds = {
+        entry["file"]: expected_error(entry) for entry in manifest if entry["expected"] != "ok"
+    }
     assert kinds == {
         "invalid.pdf": "corrupt_pdf",
         "tagged_odt_named.pdf": "not_a_document",
@@ -105,7 +111,7 @@ def test_corpus_bad_files_map_to_the_kinds_the_issue_names(manifest: list[dict[s
     }
 
 
-# --- PDFs -------------------------------------------------------------------------------------------------
+# --- PDFs -----------------------------------------------------------------------------------------
 
 
 def _pages(path: Path, info: DocumentInfo, spec: RenderSpec) -> Iterator[RenderedPage]:
@@ -116,7 +122,12 @@ def _pages(path: Path, info: DocumentInfo, spec: RenderSpec) -> Iterator[Rendere
 def test_pdf_pages_render_lazily_in_order(tmp_path: Path) -> None:
     pdf = docs.write_pdf(tmp_path / "three.pdf", [["one"], ["two"], ["three"]])
     info = probe(pdf, LIMITS)
-    assert (info.kind, info.mime, info.pages, info.size_bytes) == ("pdf", "application/pdf", 3, pdf.stat().st_size)
+    assert (info.kind, info.mime, info.pages, info.size_bytes) == (
+        "pdf",
+        "application/pdf",
+        3,
+        pdf.stat().st_size,
+    )
     pages = _pages(pdf, info, SPEC)
     first = next(pages)
     assert (first.index, first.dpi, first.image.mode) == (0, 200.0, "RGB")
@@ -129,27 +140,41 @@ def test_rendered_text_is_readable_by_tesseract(tmp_path: Path) -> None:
     pdf = docs.write_pdf(tmp_path / "invoice.pdf", [["Invoice 4711", "Total 17.50 EUR"]])
     _, page = render_first(pdf)
     page.image.save(tmp_path / "page.png")
-    text = subprocess.run(["tesseract", str(tmp_path / "page.png"), "-"], capture_output=True, check=True).stdout
+    text = subprocess.run(
+        ["tesseract", str(tmp_path / "page.png"), "-"], capture_output=True, check=True
+    ).stdout
     assert "Invoice 4711" in text.decode() and "17.50 EUR" in text.decode()
 
 
 def test_text_layer_pdf_has_extractable_text(tmp_path: Path) -> None:
-    pdf = docs.write_pdf(tmp_path / "layer.pdf", [["Hello layer", "(second) line"]], text_layer=True)
-    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, check=True).stdout.decode()
+    pdf = docs.write_pdf(
+        tmp_path / "layer.pdf", [["Hello layer", "(second) line"]], text_layer=True
+    )
+    text = subprocess.run(
+        ["pdftotext", str(pdf), "-"], capture_output=True, check=True
+    ).stdout.decode()
     assert "Hello layer" in text and "(second) line" in text
     assert render_first(pdf)[1].width == 1654
 
 
 def test_each_page_uses_its_own_size_and_rotation(tmp_path: Path) -> None:
-    pdf = docs.write_sized_pdf(tmp_path / "mixed.pdf", [(612, 792), (300, 200), (300, 200)], rotate=[0, 90, 180])
+    pdf = docs.write_sized_pdf(
+        tmp_path / "mixed.pdf", [(612, 792), (300, 200), (300, 200)], rotate=[0, 90, 180]
+    )
     info = probe(pdf, LIMITS)
     assert info.page_sizes == ((612, 792), (200, 300), (300, 200))
     spec = render_spec(RenderConfig(dpi=72))
-    assert [page.image.size for page in _pages(pdf, info, spec)] == [(612, 792), (200, 300), (300, 200)]
+    assert [page.image.size for page in _pages(pdf, info, spec)] == [
+        (612, 792),
+        (200, 300),
+        (300, 200),
+    ]
 
 
 def test_the_crop_box_is_what_is_rendered(tmp_path: Path) -> None:
-    writer = PdfWriter(clone_from=PdfReader(docs.write_sized_pdf(tmp_path / "full.pdf", [(612, 792)])))
+    writer = PdfWriter(
+        clone_from=PdfReader(docs.write_sized_pdf(tmp_path / "full.pdf", [(612, 792)]))
+    )
     writer.pages[0].cropbox = RectangleObject([100, 100, 400.5, 500])
     writer.write(tmp_path / "cropped.pdf")
     info, page = render_first(tmp_path / "cropped.pdf", render_spec(RenderConfig(dpi=144)))
@@ -159,7 +184,11 @@ def test_the_crop_box_is_what_is_rendered(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("size_pt", "max_side", "max_pixels"),
-    [((595.2, 841.92), 1000, 40_000_000), ((612, 792), 4096, 1_000_003), ((2160, 1190.7), 2999, 3_000_000)],
+    [
+        ((595.2, 841.92), 1000, 40_000_000),
+        ((612, 792), 4096, 1_000_003),
+        ((2160, 1190.7), 2999, 3_000_000),
+    ],
 )
 def test_lowered_dpi_fills_the_caps_without_exceeding_them(
     tmp_path: Path, size_pt: tuple[float, float], max_side: int, max_pixels: int
@@ -182,17 +211,30 @@ def test_a_200_inch_page_is_rendered_at_a_lower_dpi_within_the_caps(tmp_path: Pa
 def test_a_page_the_caps_cannot_hold_at_min_dpi_is_refused(tmp_path: Path) -> None:
     pdf = docs.write_huge_page_pdf(tmp_path / "poster.pdf", inches=200)
     with pytest.raises(errors.TooManyPixels, match="below min_dpi=36"):
-        render_first(pdf, render_spec(RenderConfig(min_dpi=36)))  # 200 in x 36 dpi = 7200 px > max_side 4096
+        render_first(
+            pdf, render_spec(RenderConfig(min_dpi=36))
+        )  # 200 in x 36 dpi = 7200 px > max_side 4096
 
 
 def test_the_engine_geometry_sets_dpi_and_tightens_caps_without_refusing(tmp_path: Path) -> None:
-    spec = render_spec(RenderConfig(min_dpi=20), Geometry(dpi=300, max_side=1024, max_pixels=1_000_000))
-    assert (spec.dpi, spec.max_side, spec.max_pixels, spec.limit_side) == (300.0, 1024, 1_000_000, 4096)
+    spec = render_spec(
+        RenderConfig(min_dpi=20), Geometry(dpi=300, max_side=1024, max_pixels=1_000_000)
+    )
+    assert (spec.dpi, spec.max_side, spec.max_pixels, spec.limit_side) == (
+        300.0,
+        1024,
+        1_000_000,
+        4096,
+    )
     _, a4 = render_first(docs.write_pdf(tmp_path / "a4.pdf", [["A4"]]), spec)
     assert within(a4, 1024, 1_000_000) and a4.dpi < 300
     _, poster = render_first(docs.write_huge_page_pdf(tmp_path / "poster.pdf"), spec)
-    assert poster.image.size == (1000, 1000) and poster.dpi < 20  # below min_dpi: the engine wants it this small
-    assert render_spec(RenderConfig(max_side=2000), Geometry(dpi=100, max_side=9000)).max_side == 2000
+    assert (
+        poster.image.size == (1000, 1000) and poster.dpi < 20
+    )  # below min_dpi: the engine wants it this small
+    assert (
+        render_spec(RenderConfig(max_side=2000), Geometry(dpi=100, max_side=9000)).max_side == 2000
+    )
 
 
 def test_render_dpi_unset_is_the_engine_dpi_or_the_default() -> None:
@@ -213,9 +255,14 @@ def test_render_dpi_set_is_still_bounded_by_the_engine_geometry(tmp_path: Path) 
     spec = render_spec(RenderConfig(dpi=300), Geometry(dpi=144, max_side=1000, max_pixels=600_000))
     assert (spec.dpi, spec.max_side, spec.max_pixels) == (300.0, 1000, 600_000)
     _, letter = render_first(docs.write_sized_pdf(tmp_path / "letter.pdf", [(612, 792)]), spec)
-    assert within(letter, 1000, 600_000) and letter.dpi < 144  # the engine's bound wins over both DPIs
+    assert (
+        within(letter, 1000, 600_000) and letter.dpi < 144
+    )  # the engine's bound wins over both DPIs
     unbounded = render_spec(RenderConfig(dpi=300), Geometry(dpi=144))
-    assert (unbounded.max_side, unbounded.max_pixels) == (RenderConfig().max_side, RenderConfig().max_pixels)
+    assert (unbounded.max_side, unbounded.max_pixels) == (
+        RenderConfig().max_side,
+        RenderConfig().max_pixels,
+    )
 
 
 def test_page_dpi_keeps_the_wanted_dpi_when_the_page_fits() -> None:
@@ -224,7 +271,8 @@ def test_page_dpi_keeps_the_wanted_dpi_when_the_page_fits() -> None:
 
 
 def test_pages_rendered_below_the_wanted_dpi_are_said_once_numbered_from_1(tmp_path: Path) -> None:
-    """One line for the document, naming its pages as the sidecars do, and none while they render."""
+    """One line for the document, naming its pages as the sidecars do, and none while they
+    render."""
     a4, poster = (595, 842), (2160, 2160)  # at 200 dpi a poster needs 6000 px, above max_side
     path = docs.write_sized_pdf(tmp_path / "mixed.pdf", [a4, poster, poster, a4, poster, a4])
     info = probe(path, LIMITS)
@@ -232,15 +280,28 @@ def test_pages_rendered_below_the_wanted_dpi_are_said_once_numbered_from_1(tmp_p
         render_module.plan_pdf(info, SPEC, job_id="0123456789ab", uri=path.as_uri())
         pages = [render_page(path, info, index, SPEC) for index in range(info.pages)]
     lowered = [line for line in logs if line["event"] == "page_dpi_lowered"]
-    assert lowered == [{
-        "event": "page_dpi_lowered", "log_level": "info", "job_id": "0123456789ab", "uri": path.as_uri(),
-        "pages": "2-3,5", "count": 3, "of": 6, "wanted": 200.0, "dpi_min": pytest.approx(136.53),
-        "dpi_max": pytest.approx(136.53),
-    }]  # fmt: skip
+    assert lowered == [
+        {
+            "event": "page_dpi_lowered",
+            "log_level": "info",
+            "job_id": "0123456789ab",
+            "uri": path.as_uri(),
+            "pages": "2-3,5",
+            "count": 3,
+            "of": 6,
+            "wanted": 200.0,
+            "dpi_min": pytest.approx(136.53),
+            "dpi_max": pytest.approx(136.53),
+        }
+    ]
     assert [page.dpi < SPEC.dpi for page in pages] == [False, True, True, False, True, False]
     with capture_logs() as logs:
-        render_module.plan_pdf(probe(docs.write_sized_pdf(tmp_path / "a4.pdf", [a4]), LIMITS), SPEC,
-                               job_id="0123456789ab", uri="file:///a4.pdf")  # fmt: skip
+        render_module.plan_pdf(
+            probe(docs.write_sized_pdf(tmp_path / "a4.pdf", [a4]), LIMITS),
+            SPEC,
+            job_id="0123456789ab",
+            uri="file:///a4.pdf",
+        )
     assert logs == []
 
 
@@ -264,7 +325,9 @@ def test_password_pdf_is_encrypted_pdf(tmp_path: Path) -> None:
     ],
     ids=["zero-pages", "truncated", "corrupt", "executable"],
 )
-def test_bad_pdfs_raise_their_kind(tmp_path: Path, make, error: type[errors.PermanentError]) -> None:
+def test_bad_pdfs_raise_their_kind(
+    tmp_path: Path, make, error: type[errors.PermanentError]
+) -> None:
     path = tmp_path / "bad.pdf"
     make(path)
     with pytest.raises(error):
@@ -278,13 +341,17 @@ def test_zero_byte_file_is_empty_file(tmp_path: Path) -> None:
 
 
 def test_type_is_decided_by_content_not_name(tmp_path: Path) -> None:
-    info, page = render_first(docs.write_pdf(tmp_path / "actually-a-pdf.png", [["PDF in disguise"]]))
+    info, page = render_first(
+        docs.write_pdf(tmp_path / "actually-a-pdf.png", [["PDF in disguise"]])
+    )
     assert (info.kind, page.dpi) == ("pdf", 200.0)
     info = probe(docs.write_png(tmp_path / "actually-a-png.pdf", ["PNG in disguise"]), LIMITS)
     assert (info.kind, info.mime) == ("image", "image/png")
 
 
-def test_names_with_dashes_spaces_and_non_ascii_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_names_with_dashes_spaces_and_non_ascii_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     for name in ("-f 1 --help.pdf", "-ünïcödé 文字 ünd spaces.pdf", "--.tiff"):
         path = Path(name)
@@ -309,7 +376,9 @@ def test_render_timeout_is_render_timeout(tmp_path: Path) -> None:
 def test_ppm_image_reads_what_pillow_reads(mode: str) -> None:
     original = Image.linear_gradient("L").resize((301, 77)).convert("RGB" if mode == "RGB" else "L")
     if mode == "I;16":
-        original = Image.frombytes("I;16", original.size, bytes(b for v in original.tobytes() for b in (v, v)))
+        original = Image.frombytes(
+            "I;16", original.size, bytes(b for v in original.tobytes() for b in (v, v))
+        )
     elif mode == "1":
         original = original.convert("1")
     buffer = io.BytesIO()
@@ -341,7 +410,8 @@ def test_pdf_pages_leave_no_files_behind(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def fake_pdftoppm(folder: Path, script: str) -> Path:
-    """A pdftoppm that fails the way a full or unwritable temporary folder makes the real one fail."""
+    """A pdftoppm that fails the way a full or unwritable temporary folder makes the real one
+    fail."""
     folder.mkdir()
     tool = folder / "pdftoppm"
     tool.write_text("#!/bin/sh\n" + script)
@@ -353,29 +423,46 @@ SHORT_WRITE = 'for last; do :; done; printf "P6\\n100 100\\n255\\nabc" > "$last.
 NO_WRITE = 'for last; do :; done; echo "Could not write image to $last.ppm; exiting" >&2; exit 1\n'
 
 
-@pytest.mark.parametrize(("script", "free", "error"), [
-    (SHORT_WRITE, 0, errors.DiskFull),
-    (SHORT_WRITE, 10**12, errors.CorruptPdf),
-    (NO_WRITE, 0, errors.DiskFull),
-    (NO_WRITE, 10**12, errors.RenderFailed),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "free", "error"),
+    [
+        (SHORT_WRITE, 0, errors.DiskFull),
+        (SHORT_WRITE, 10**12, errors.CorruptPdf),
+        (NO_WRITE, 0, errors.DiskFull),
+        (NO_WRITE, 10**12, errors.RenderFailed),
+    ],
+)
 def test_a_temporary_folder_that_fails_the_page_is_retried_not_blamed_on_the_pdf(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, free: int, error: type[errors.OcrwatchError]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    script: str,
+    free: int,
+    error: type[errors.OcrwatchError],
 ) -> None:
     pdf = docs.write_pdf(tmp_path / "one.pdf", [["one"]])
     info = probe(pdf, LIMITS)
-    monkeypatch.setenv("PATH", f"{fake_pdftoppm(tmp_path / 'bin', script)}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(render_module.shutil, "disk_usage", lambda folder: SimpleNamespace(total=free, used=0, free=free))
+    monkeypatch.setenv(
+        "PATH", f"{fake_pdftoppm(tmp_path / 'bin', script)}{os.pathsep}{os.environ['PATH']}"
+    )
+    monkeypatch.setattr(
+        render_module.shutil,
+        "disk_usage",
+        lambda folder: SimpleNamespace(total=free, used=0, free=free),
+    )
     with pytest.raises(errors.OcrwatchError) as caught:
         render_page(pdf, info, 0, SPEC)
     assert type(caught.value) is error
     assert caught.value.retryable == (error is not errors.CorruptPdf)
 
 
-def test_a_really_full_temporary_folder_is_disk_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_really_full_temporary_folder_is_disk_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     small = tmp_path / "small"
     small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -388,7 +475,7 @@ def test_a_really_full_temporary_folder_is_disk_full(tmp_path: Path, monkeypatch
         subprocess.run(["umount", str(small)], check=True)
 
 
-# --- limits -----------------------------------------------------------------------------------------------
+# --- limits ---------------------------------------------------------------------------------------
 
 
 def test_max_pages_is_checked_before_rendering(tmp_path: Path) -> None:
@@ -434,7 +521,7 @@ def test_non_regular_and_missing_files(tmp_path: Path) -> None:
         probe(tmp_path / "missing.pdf", LIMITS)
 
 
-# --- images -----------------------------------------------------------------------------------------------
+# --- images ---------------------------------------------------------------------------------------
 
 
 def test_multi_frame_tiff_gives_every_frame(tmp_path: Path) -> None:
@@ -457,7 +544,9 @@ def test_multi_frame_tiff_gives_every_frame(tmp_path: Path) -> None:
 
 
 def test_group4_tiff_renders_as_grey(tmp_path: Path) -> None:
-    tif = docs.write_tiff(tmp_path / "g4.tif", [docs.text_image(["fax"]).convert("1")], compression="group4")
+    tif = docs.write_tiff(
+        tmp_path / "g4.tif", [docs.text_image(["fax"]).convert("1")], compression="group4"
+    )
     _, page = render_first(tif)
     assert page.image.mode == "L" and page.image.getextrema() == (0, 255)
 
@@ -489,7 +578,11 @@ def test_alpha_is_flattened_onto_white(tmp_path: Path) -> None:
     rgba.paste((200, 0, 0, 255), (0, 0, 100, 100))
     _, page = render_first(docs.write_png(tmp_path / "rgba.png", rgba))
     assert page.image.mode == "RGB"
-    assert page.image.getpixel((250, 150)) == (255, 255, 255) and page.image.getpixel((50, 50)) == (200, 0, 0)
+    assert page.image.getpixel((250, 150)) == (255, 255, 255) and page.image.getpixel((50, 50)) == (
+        200,
+        0,
+        0,
+    )
     grey_alpha = Image.new("LA", (300, 200), (0, 0))
     _, page = render_first(docs.write_png(tmp_path / "la.png", grey_alpha))
     assert page.image.mode == "L" and page.image.getpixel((10, 10)) == 255
@@ -499,7 +592,10 @@ def test_palette_with_transparency_is_flattened(tmp_path: Path) -> None:
     palette = _marked((200, 200)).convert("P")
     palette.info["transparency"] = palette.getpixel((150, 150))
     _, page = render_first(docs.write_png(tmp_path / "p.png", palette))
-    assert page.image.mode in ("RGB", "L") and page.image.getpixel((150, 150)) in ((255, 255, 255), 255)
+    assert page.image.mode in ("RGB", "L") and page.image.getpixel((150, 150)) in (
+        (255, 255, 255),
+        255,
+    )
 
 
 def test_sixteen_bit_grey_is_scaled_not_clipped(tmp_path: Path) -> None:
@@ -514,12 +610,16 @@ def test_cmyk_jpeg_becomes_rgb(tmp_path: Path) -> None:
 
 
 def test_large_images_are_downscaled_to_the_caps(tmp_path: Path) -> None:
-    png = docs.write_png(tmp_path / "wide.png", docs.text_image(["wide"], size=(5000, 1000)), dpi=300)
+    png = docs.write_png(
+        tmp_path / "wide.png", docs.text_image(["wide"], size=(5000, 1000)), dpi=300
+    )
     _, page = render_first(png, render_spec(RenderConfig(max_side=2000)))
     assert page.image.size == (2000, 400) and page.dpi == pytest.approx(120)
     jpeg = docs.write_jpeg(tmp_path / "big.jpg", Image.new("RGB", (6000, 4000), "white"))
     _, page = render_first(jpeg, render_spec(RenderConfig(max_pixels=1_000_000)))
-    assert page.width * page.height <= 1_000_000 and page.image.size[0] == pytest.approx(1224, abs=2)
+    assert page.width * page.height <= 1_000_000 and page.image.size[0] == pytest.approx(
+        1224, abs=2
+    )
 
 
 # --- an image's resolution ---------------------------------------------------------------------
@@ -612,7 +712,8 @@ from ocrwatch.config import RenderConfig
 from ocrwatch.render import Limits, probe, render_page, render_spec
 warnings.simplefilter("ignore")  # Pillow's DecompressionBombWarning
 spec = render_spec(RenderConfig(max_pixels=10_000_000))
-vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
+status = open("/proc/self/status").read().splitlines()
+vm = next(int(line.split()[1]) for line in status if line.startswith("VmSize:")) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + 64 * 2**20, resource.RLIM_INFINITY))
 for name in sys.argv[1:]:
     try:
@@ -628,12 +729,17 @@ for name in sys.argv[1:]:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from Linux /proc")
 def test_huge_declared_dimensions_are_refused_without_allocating(tmp_path: Path) -> None:
-    """A child with 64 MiB of address space to spare: decoding either image would need 144 MB or more.
+    """A child with 64 MiB of address space to spare: decoding either image would need 144 MB or
+    more.
 
     (Resident memory would prove nothing: Pillow's untouched pages never become resident.)
     """
-    beyond_pillow = docs.write_png_bomb(tmp_path / "bomb.png", 100_000, 100_000)  # Pillow's bomb error
-    beyond_cap = docs.write_png_bomb(tmp_path / "big.png", 12_000, 12_000)  # 144 Mpx > 4 x max_pixels
+    beyond_pillow = docs.write_png_bomb(
+        tmp_path / "bomb.png", 100_000, 100_000
+    )  # Pillow's bomb error
+    beyond_cap = docs.write_png_bomb(
+        tmp_path / "big.png", 12_000, 12_000
+    )  # 144 Mpx > 4 x max_pixels
     child = subprocess.run(
         [sys.executable, "-c", _BOMB_CHILD, str(beyond_pillow), str(beyond_cap)],
         cwd=REPO,
@@ -647,14 +753,20 @@ def test_huge_declared_dimensions_are_refused_without_allocating(tmp_path: Path)
 
 def test_pdfium_renderer_gives_pdftoppm_geometry(tmp_path: Path) -> None:
     pytest.importorskip("pypdfium2")
-    pdf = docs.write_sized_pdf(tmp_path / "sizes.pdf", [(612, 792), (384, 470.88), (841.92, 595.32)], rotate=[0, 0, 90])
+    pdf = docs.write_sized_pdf(
+        tmp_path / "sizes.pdf", [(612, 792), (384, 470.88), (841.92, 595.32)], rotate=[0, 0, 90]
+    )
     info = render_module.probe(pdf, render_module.Limits(max_bytes=10**8, max_pages=10))
     pdfium = render_module.render_spec(RenderConfig(renderer="pdfium"), Geometry(dpi=300))
     pdftoppm = dataclasses.replace(pdfium, renderer="pdftoppm")
     for index in range(info.pages):
         a = render_module.render_page(pdf, info, index, pdftoppm)
         b = render_module.render_page(pdf, info, index, pdfium)
-        assert abs(a.width - b.width) <= 1 and abs(a.height - b.height) <= 1, (index, a.image.size, b.image.size)
+        assert abs(a.width - b.width) <= 1 and abs(a.height - b.height) <= 1, (
+            index,
+            a.image.size,
+            b.image.size,
+        )
         assert b.image.mode == "RGB" and b.dpi == a.dpi
 
 
@@ -665,11 +777,12 @@ def test_pdfium_renderer_missing_is_a_config_error(monkeypatch: pytest.MonkeyPat
     render_module.check_renderer(RenderConfig())
 
 
-# --- memory: one decode budget, band-by-band shrinking --------------------------------------------------------
+# --- memory: one decode budget, band-by-band shrinking --------------------------------------------
 
 
 def _transparent_page(size: tuple[int, int]) -> Image.Image:
-    """RGBA, transparent but for black text and a half-transparent red block: the flattening shows."""
+    """RGBA, transparent but for black text and a half-transparent red block: the flattening
+    shows."""
     image = Image.new("RGBA", size, (0, 0, 0, 0))
     text = docs.text_image(["Memory of one image", "band by band"], size=size)
     image.paste((0, 0, 0, 255), mask=text.point(lambda value: 255 - value))
@@ -681,11 +794,14 @@ def _transparent_page(size: tuple[int, int]) -> Image.Image:
 def test_a_large_image_is_flattened_and_downscaled_band_by_band(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_side: int
 ) -> None:
-    """Bands of 256 KiB cut a 1600 x 1200 RGBA image into about thirty; the result is the whole-image
+    """Bands of 256 KiB cut a 1600 x 1200 RGBA image into about thirty; the result is the
+    whole-image
     flattening and Lanczos resize, within one level of rounding (exact where nothing is resized)."""
     monkeypatch.setattr(imagepages, "BAND_BYTES", 256 * 1024)
     rgba = _transparent_page((1600, 1200))
-    _, page = render_first(docs.write_png(tmp_path / "rgba.png", rgba), render_spec(RenderConfig(max_side=max_side)))
+    _, page = render_first(
+        docs.write_png(tmp_path / "rgba.png", rgba), render_spec(RenderConfig(max_side=max_side))
+    )
     expected = imagepages._ocr_mode(rgba)
     if max_side < 1600:
         expected = expected.resize((700, 525), Image.Resampling.LANCZOS)
@@ -697,9 +813,9 @@ def test_a_large_image_is_flattened_and_downscaled_band_by_band(
 def test_one_budget_keeps_two_large_pages_from_decoding_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two workers start a large page each at the same moment; the budget has room for one. Its own counters
-    show that they never held it together, that each was charged its decoded image and its result, and that the
-    heap was trimmed after each."""
+    """Two workers start a large page each at the same moment; the budget has room for one. Its own
+    counters show that they never held it together, that each was charged its decoded image and its
+    result, and that the heap was trimmed after each."""
     trims: list[int] = []
     monkeypatch.setattr(memory, "trim_heap", lambda: trims.append(1))
     png = docs.write_png(tmp_path / "big.png", _transparent_page((3000, 3000)))
@@ -724,10 +840,13 @@ def test_pdf_pages_are_decoded_within_the_budget(tmp_path: Path) -> None:
     info = probe(pdf, LIMITS)
     budget = DecodeBudget(2**30)
     page = render_page(pdf, info, 0, SPEC, budget=budget)
-    assert budget.granted == 1 and budget.peak == page.width * page.height * render_module.PDF_BYTES_PER_PIXEL
+    assert (
+        budget.granted == 1
+        and budget.peak == page.width * page.height * render_module.PDF_BYTES_PER_PIXEL
+    )
 
 
-# --- PDFs without their header ------------------------------------------------------------------------------
+# --- PDFs without their header --------------------------------------------------------------------
 
 
 def _junk(size: int) -> bytes:
@@ -736,9 +855,13 @@ def _junk(size: int) -> bytes:
     return junk
 
 
-def test_a_pdf_whose_header_is_buried_or_missing_is_read_as_poppler_reads_it(tmp_path: Path) -> None:
-    """2 KiB of junk before ``%PDF-`` (beyond the sniffer's 1 KiB), or no header line at all: poppler rebuilds
-    the cross-reference table and renders the page, so the file is a PDF, not ``not_a_document``."""
+def test_a_pdf_whose_header_is_buried_or_missing_is_read_as_poppler_reads_it(
+    tmp_path: Path,
+) -> None:
+    """2 KiB of junk before ``%PDF-`` (beyond the sniffer's 1 KiB), or no header line at all:
+    poppler
+    rebuilds the cross-reference table and renders the page, so the file is a PDF, not
+    ``not_a_document``."""
     pdf = docs.write_pdf(tmp_path / "a.pdf", [["Invoice 42"]]).read_bytes()
     buried, bare = tmp_path / "buried.pdf", tmp_path / "bare.pdf"
     buried.write_bytes(_junk(2048) + pdf)
@@ -750,8 +873,13 @@ def test_a_pdf_whose_header_is_buried_or_missing_is_read_as_poppler_reads_it(tmp
 
 
 def test_content_that_poppler_cannot_read_is_still_not_a_document(tmp_path: Path) -> None:
-    """Random bytes, and a text holding stray PDF keywords (poppler finds a trailer, a catalog, but no page)."""
-    keywords = b"1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj 2 0 obj << /Type /Pages /Kids [] /Count 0 >> endobj"
+    """Random bytes, and a text holding stray PDF keywords (poppler finds a trailer, a catalog, but
+    no
+    page)."""
+    keywords = (
+        b"1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj 2 0 obj << /Type /Pages /Kids "
+        b"[] /Count 0 >> endobj"
+    )
     for name, content in [
         ("random.pdf", _junk(50_000)),
         ("trailer.pdf", b"trailer\n<< /Root 1 0 R >>\n"),

@@ -1,5 +1,6 @@
-"""What ``ocrwatch ocr`` prints: on a terminal one bar for the run, with pages, pages a second and the time
-left (the real command under a pseudo-terminal), elsewhere one line per page step."""
+"""What ``ocrwatch ocr`` prints: on a terminal one bar for the run, with pages, pages a second and
+the
+time left (the real command under a pseudo-terminal), elsewhere one line per page step."""
 
 from __future__ import annotations
 
@@ -49,16 +50,22 @@ def test_off_a_terminal_each_page_step_is_a_line(capsys: pytest.CaptureFixture[s
 
 
 def test_ocr_on_a_terminal_draws_one_bar_with_the_rate_and_the_time_left(tmp_path: Path) -> None:
-    pdf = docs.write_pdf(tmp_path / "three.pdf", [["Page one"], ["Page two"], ["Page three"]], dpi=72)
+    pdf = docs.write_pdf(
+        tmp_path / "three.pdf", [["Page one"], ["Page two"], ["Page three"]], dpi=72
+    )
     config = tmp_path / "ocrwatch.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n[engine]\nkind = "tesseract"\n')
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     command = [sys.executable, "-m", "ocrwatch", "ocr", "--config", str(config), str(pdf)]
     proc = subprocess.Popen(
-        command, stdin=follower, stdout=subprocess.PIPE, stderr=follower, cwd=tmp_path,
+        command,
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        cwd=tmp_path,
         env={**os.environ, "COLUMNS": "120"},
-    )  # fmt: skip
+    )
     os.close(follower)
     shown = b""
     deadline = time.monotonic() + 300

@@ -18,8 +18,14 @@ READ = Provenance(source={}, engine=ENGINE, render=RENDER)
 
 
 def result(**members: Any) -> dict[str, Any]:
-    return {"status": "ok", "source": {"uri": "file:///in/a.png", "sha256": SHA}, "engine": ENGINE,
-            "render": RENDER, "pages": [{"page": 1}], **members}  # fmt: skip
+    return {
+        "status": "ok",
+        "source": {"uri": "file:///in/a.png", "sha256": SHA},
+        "engine": ENGINE,
+        "render": RENDER,
+        "pages": [{"page": 1}],
+        **members,
+    }
 
 
 def test_only_an_ok_result_of_the_same_bytes_with_no_further_outputs_is_reusable() -> None:

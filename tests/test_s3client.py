@@ -9,19 +9,34 @@ from ocrwatch.s3client import error_code, is_not_found, is_transient, storage_er
 
 
 def client_error(status: int, code: str) -> botocore.exceptions.ClientError:
-    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "m"},
-                                            "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+    return botocore.exceptions.ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "GetObject",
+    )
 
 
 def test_failures_of_the_world_are_transient_and_map_to_storage_unavailable() -> None:
-    for exc in (client_error(503, "SlowDown"), client_error(400, "RequestTimeout"), client_error(429, "x"),
-                botocore.exceptions.EndpointConnectionError(endpoint_url="http://s3")):
+    for exc in (
+        client_error(503, "SlowDown"),
+        client_error(400, "RequestTimeout"),
+        client_error(429, "x"),
+        botocore.exceptions.EndpointConnectionError(endpoint_url="http://s3"),
+    ):
         assert is_transient(exc), exc
     assert not is_transient(client_error(404, "NoSuchKey")) and not is_transient(ValueError("x"))
-    assert error_code(client_error(404, "NoSuchKey")) == "NoSuchKey" and error_code(ValueError()) == "ValueError"
+    assert (
+        error_code(client_error(404, "NoSuchKey")) == "NoSuchKey"
+        and error_code(ValueError()) == "ValueError"
+    )
     denied = storage_error(client_error(403, "AccessDenied"), "reading s3://b/k")
-    assert isinstance(denied, StorageUnavailable) and "access denied" in str(denied) and denied.retryable
-    assert "no credentials" in str(storage_error(botocore.exceptions.NoCredentialsError(), "reading"))
+    assert (
+        isinstance(denied, StorageUnavailable)
+        and "access denied" in str(denied)
+        and denied.retryable
+    )
+    assert "no credentials" in str(
+        storage_error(botocore.exceptions.NoCredentialsError(), "reading")
+    )
 
 
 def test_one_rule_says_nothing_is_there() -> None:

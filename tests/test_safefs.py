@@ -19,7 +19,16 @@ import pytest
 
 from ocrwatch.ledger import Fingerprint
 from ocrwatch.safefs import (
-    Access, FolderGone, Replaced, Signature, TooLarge, folder, hash_fd, read_lease, sha256_file, walk,
+    Access,
+    FolderGone,
+    Replaced,
+    Signature,
+    TooLarge,
+    folder,
+    hash_fd,
+    read_lease,
+    sha256_file,
+    walk,
 )
 
 OTHER_UID = 54321
@@ -34,7 +43,9 @@ def test_remove_if_puts_back_a_file_swapped_in_after_the_check(tmp_path: Path) -
         with pytest.raises(Replaced):
             here.remove_if("doc.pdf", checked)
         assert (tmp_path / "doc.pdf").read_bytes() == b"someone else's"
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.pdf", "old.pdf"], "nothing left aside"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.pdf", "old.pdf"], (
+            "nothing left aside"
+        )
 
         def refuse() -> None:
             raise RuntimeError("a writer waits")
@@ -63,7 +74,10 @@ def test_carry_never_replaces_and_never_takes_a_swapped_name(tmp_path: Path) -> 
         (tmp_path / "a" / "doc.pdf").write_bytes(b"swapped in")
         with pytest.raises(Replaced):
             source.move_to("doc.pdf", target, "doc.pdf", fd, info, None)
-        assert not (tmp_path / "b" / "doc.pdf").exists() and (tmp_path / "a" / "doc.pdf").read_bytes() == b"swapped in"
+        assert (
+            not (tmp_path / "b" / "doc.pdf").exists()
+            and (tmp_path / "a" / "doc.pdf").read_bytes() == b"swapped in"
+        )
         os.close(fd)
     assert (tmp_path / "b" / "taken.pdf").read_bytes() == b"theirs"
 
@@ -84,8 +98,15 @@ def test_copy_in_keeps_owner_mode_and_times_across_filesystems(tmp_path: Path) -
             assert fd is not None
             made = here.move_to("doc.pdf", there, "doc.pdf", fd, os.fstat(fd), None)
             os.close(fd)
-        assert (made.st_uid, made.st_gid, stat.S_IMODE(made.st_mode)) == (OTHER_UID, OTHER_UID, 0o640)
-        assert made.st_mtime_ns == 1_000_000_000 and (other / "doc.pdf").read_bytes() == b"private text"
+        assert (made.st_uid, made.st_gid, stat.S_IMODE(made.st_mode)) == (
+            OTHER_UID,
+            OTHER_UID,
+            0o640,
+        )
+        assert (
+            made.st_mtime_ns == 1_000_000_000
+            and (other / "doc.pdf").read_bytes() == b"private text"
+        )
         assert not source.exists()
     finally:
         shutil.rmtree(other)
@@ -97,18 +118,24 @@ def test_commit_without_replace_refuses_a_taken_name(tmp_path: Path) -> None:
         staged = here.stage("x.md", b"ocrwatch's", Access(0o600, os.geteuid(), os.getegid()))
         with pytest.raises(FileExistsError):
             here.commit(staged, replace=False)
-        here.commit(here.stage("y.md", b"new", Access(0o600, os.geteuid(), os.getegid())), replace=False)
+        here.commit(
+            here.stage("y.md", b"new", Access(0o600, os.geteuid(), os.getegid())), replace=False
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.md", "y.md"]
     assert (tmp_path / "x.md").read_bytes() == b"a user's"
 
 
-def test_walk_makes_each_folder_as_readable_as_the_one_it_mirrors_and_follows_no_link(tmp_path: Path) -> None:
+def test_walk_makes_each_folder_as_readable_as_the_one_it_mirrors_and_follows_no_link(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "trap").mkdir()
     shared, private = Access(0o1777, 0, 0), Access(0o700, OTHER_UID, OTHER_UID)
     with walk(tmp_path / "out", ["inbox", "alice"], make=[shared, private]) as chain:
         assert [f.path.name for f in chain] == ["out", "inbox", "alice"]
-    assert stat.S_IMODE((tmp_path / "out" / "inbox").stat().st_mode) == 0o755  # no write for others, no sticky
+    assert (
+        stat.S_IMODE((tmp_path / "out" / "inbox").stat().st_mode) == 0o755
+    )  # no write for others, no sticky
     alice = (tmp_path / "out" / "inbox" / "alice").stat()
     if os.geteuid() == 0:
         assert (alice.st_uid, stat.S_IMODE(alice.st_mode)) == (OTHER_UID, 0o700)
@@ -119,7 +146,9 @@ def test_walk_makes_each_folder_as_readable_as_the_one_it_mirrors_and_follows_no
     assert list((tmp_path / "trap").iterdir()) == []
 
 
-def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that_opens_it(tmp_path: Path) -> None:
+def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that_opens_it(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "doc.pdf"
     path.write_bytes(b"%PDF")
     fd = os.open(path, os.O_RDONLY)
@@ -129,7 +158,9 @@ def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that
                 pass
         with read_lease(fd) as writer_waits:
             assert writer_waits is not None and not writer_waits()
-            writer = subprocess.Popen([sys.executable, "-c", f"open({str(path)!r}, 'ab').write(b'more')"])
+            writer = subprocess.Popen(
+                [sys.executable, "-c", f"open({str(path)!r}, 'ab').write(b'more')"]
+            )
             deadline = time.monotonic() + 10
             while not writer_waits() and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -138,7 +169,9 @@ def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that
         assert writer.wait(10) == 0
     finally:
         os.close(fd)
-    assert path.read_bytes() == b"%PDFmore"  # and this process was not ended by the lease's break signal
+    assert (
+        path.read_bytes() == b"%PDFmore"
+    )  # and this process was not ended by the lease's break signal
 
 
 def test_one_read_loop_hashes_copies_and_stops_at_its_limit(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The scheduler's decisions (pure) and its bounds under load (a test double stands in for the engine)."""
+"""The scheduler's decisions (pure) and its bounds under load (a test double stands in for the
+engine)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def renderer(delay: float = 0.0, fail_at: int | None = None):
 
 
 def test_lane_beats_everything() -> None:
-    urgent_big = DocumentOrder.of(priority=90, detected_at=1000, pages=500, ageing_seconds=30, seq=2)
+    urgent_big = DocumentOrder.of(
+        priority=90, detected_at=1000, pages=500, ageing_seconds=30, seq=2
+    )
     normal_small = DocumentOrder.of(priority=50, detected_at=0, pages=1, ageing_seconds=30, seq=1)
     assert urgent_big < normal_small
 
@@ -63,7 +66,9 @@ def test_small_document_overtakes_a_large_one_that_arrived_just_before() -> None
 
 def test_ageing_means_a_large_document_is_never_starved() -> None:
     big = DocumentOrder.of(50, detected_at=0, pages=1000, ageing_seconds=30, seq=1)
-    later = DocumentOrder.of(50, detected_at=virtual_deadline(0, 1000, 30), pages=1, ageing_seconds=30, seq=2)
+    later = DocumentOrder.of(
+        50, detected_at=virtual_deadline(0, 1000, 30), pages=1, ageing_seconds=30, seq=2
+    )
     assert big < later
 
 
@@ -96,7 +101,12 @@ def test_budget_bounds() -> None:
 class Recorder:
     """Records concurrency while pretending to recognise pages."""
 
-    def __init__(self, scheduler_ref: list[PageScheduler], delay: float = 0.01, gate: asyncio.Event | None = None) -> None:
+    def __init__(
+        self,
+        scheduler_ref: list[PageScheduler],
+        delay: float = 0.01,
+        gate: asyncio.Event | None = None,
+    ) -> None:
         self.ref = scheduler_ref
         self.delay = delay
         self.gate = gate
@@ -137,7 +147,9 @@ async def test_bounds_hold_and_pages_come_back_in_order() -> None:
     scheduler = make(recorder, ref)
     now = time.time()
     docs = [
-        scheduler.add(f"d{i}", priority=50, detected_at=now, pages=12, prompt="p", render=renderer(0.002))
+        scheduler.add(
+            f"d{i}", priority=50, detected_at=now, pages=12, prompt="p", render=renderer(0.002)
+        )
         for i in range(3)
     ]
     results = await asyncio.wait_for(asyncio.gather(*(d.future for d in docs)), 30)
@@ -159,16 +171,28 @@ async def test_a_page_taken_from_its_text_layer_skips_the_engine() -> None:
 
     def render(index: int) -> Checked:
         if index % 2 == 0:
-            taken = PageOutcome(index, 10, 10, 72.0, 0.0, "layer text", text_source="layer",
-                                text_check={"reason": "good"})
+            taken = PageOutcome(
+                index,
+                10,
+                10,
+                72.0,
+                0.0,
+                "layer text",
+                text_source="layer",
+                text_check={"reason": "good"},
+            )
             return Checked({"reason": "good"}, taken=taken)
         return Checked({"reason": "no_text"}, FakePage(index, Image.new("L", (10, 10))))  # type: ignore[arg-type]
 
-    doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=4, prompt="p", render=render)
+    doc = scheduler.add(
+        "d", priority=50, detected_at=time.time(), pages=4, prompt="p", render=render
+    )
     pages = await asyncio.wait_for(doc.future, 30)
     assert [p.result for p in pages] == ["layer text", "text of d/p1", "layer text", "text of d/p3"]
     assert [p.text_source for p in pages] == ["layer", "ocr", "layer", "ocr"]
-    assert [p.text_check for p in pages] == [{"reason": r} for r in ("good", "no_text", "good", "no_text")]
+    assert [p.text_check for p in pages] == [
+        {"reason": r} for r in ("good", "no_text", "good", "no_text")
+    ]
     assert sorted(recorder.order) == ["d/p1", "d/p3"]
     assert scheduler.budget.inflight == scheduler.budget.ready == scheduler.budget.rendering == 0
     await scheduler.close()
@@ -179,9 +203,13 @@ async def test_small_document_jumps_the_queue() -> None:
     recorder = Recorder(ref, delay=0.02)
     scheduler = make(recorder, ref, inflight=1, ahead=2)
     now = time.time()
-    big = scheduler.add("big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer())
+    big = scheduler.add(
+        "big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer()
+    )
     await asyncio.sleep(0.1)
-    small = scheduler.add("small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer())
+    small = scheduler.add(
+        "small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer()
+    )
     await asyncio.wait_for(small.future, 10)
     assert not big.future.done()
     assert sum(1 for r in recorder.order if r.startswith("big")) < 15
@@ -194,8 +222,12 @@ async def test_render_failure_fails_only_its_document() -> None:
     recorder = Recorder(ref)
     scheduler = make(recorder, ref)
     now = time.time()
-    bad = scheduler.add("bad", priority=50, detected_at=now, pages=5, prompt="p", render=renderer(fail_at=2))
-    good = scheduler.add("good", priority=50, detected_at=now, pages=5, prompt="p", render=renderer())
+    bad = scheduler.add(
+        "bad", priority=50, detected_at=now, pages=5, prompt="p", render=renderer(fail_at=2)
+    )
+    good = scheduler.add(
+        "good", priority=50, detected_at=now, pages=5, prompt="p", render=renderer()
+    )
     with pytest.raises(CorruptPdf):
         await asyncio.wait_for(bad.future, 10)
     assert len(await asyncio.wait_for(good.future, 10)) == 5
@@ -222,7 +254,9 @@ async def test_engine_death_requeues_pages() -> None:
     sized = PageScheduler(max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30)
     scheduler = answered(sized, flaky)
     reviver = asyncio.create_task(revive())
-    doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer())
+    doc = scheduler.add(
+        "d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer()
+    )
     pages = await asyncio.wait_for(doc.future, 10)
     assert [p.result for p in pages] == ["ok"] * 6
     assert len(deaths) == 2
@@ -234,7 +268,9 @@ async def test_cancel_aborts_inflight_and_drops_queue() -> None:
     ref: list[PageScheduler] = []
     recorder = Recorder(ref, delay=5)
     scheduler = make(recorder, ref, inflight=2, ahead=3)
-    doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=10, prompt="p", render=renderer())
+    doc = scheduler.add(
+        "d", priority=50, detected_at=time.time(), pages=10, prompt="p", render=renderer()
+    )
     while scheduler.budget.inflight < 2:
         await asyncio.sleep(0.01)
     cancelled = await scheduler.cancel(doc)
@@ -257,11 +293,15 @@ def test_budget_overdraw_stays_within_render_workers() -> None:
 
 async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
     ref: list[PageScheduler] = []
-    gate = asyncio.Event()  # big/p0 stays in flight until the small page is rendered, however slow the machine
+    gate = (
+        asyncio.Event()
+    )  # big/p0 stays in flight until the small page is rendered, however slow the machine
     recorder = Recorder(ref, gate=gate)
     scheduler = make(recorder, ref, inflight=1, ahead=2)
     now = time.time()
-    big = scheduler.add("big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer())
+    big = scheduler.add(
+        "big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer()
+    )
 
     async def until(condition: Callable[[], bool]) -> None:
         deadline = time.monotonic() + 10
@@ -270,12 +310,14 @@ async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
             await asyncio.sleep(0.005)
 
     await until(lambda: scheduler.budget.ready == 2 and scheduler.budget.inflight == 1)
-    small = scheduler.add("small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer())
+    small = scheduler.add(
+        "small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer()
+    )
     await until(lambda: scheduler.budget.ready == 3)  # rendered beyond render_ahead (the overdraft)
     gate.set()
     await asyncio.wait_for(small.future, 10)
-    # Behind the page in flight only, not one more. Which big page that is depends on which of the two render
-    # threads finished first (CI once saw big/p1 go ahead of big/p0).
+    # Behind the page in flight only, not one more. Which big page that is depends on which of the
+    # two render threads finished first (CI once saw big/p1 go ahead of big/p0).
     first, *rest = recorder.order
     assert first.startswith("big/p") and rest == ["small/p0"]
     await scheduler.cancel(big)
@@ -283,15 +325,21 @@ async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
 
 
 @pytest.mark.parametrize(("cpus", "workers"), [(1, 2), (2, 2), (8, 4), (32, 16), (128, 16)])
-def test_automatic_render_workers_scale_with_the_cpus_within_bounds(cpus: int, workers: int) -> None:
+def test_automatic_render_workers_scale_with_the_cpus_within_bounds(
+    cpus: int, workers: int
+) -> None:
     assert auto_render_workers(cpus) == workers
 
 
-@pytest.mark.parametrize(("inflight", "ahead"), [(1, 16), (2, 16), (32, 16), (256, 128), (512, 256)])
+@pytest.mark.parametrize(
+    ("inflight", "ahead"), [(1, 16), (2, 16), (32, 16), (256, 128), (512, 256)]
+)
 def test_automatic_render_ahead_follows_the_pages_in_flight(inflight: int, ahead: int) -> None:
     assert auto_render_ahead(inflight) == ahead
 
 
 @pytest.mark.parametrize(("inflight", "documents"), [(2, 64), (64, 64), (256, 256), (512, 512)])
-def test_automatic_active_documents_can_fill_the_engine_with_one_page_documents(inflight: int, documents: int) -> None:
+def test_automatic_active_documents_can_fill_the_engine_with_one_page_documents(
+    inflight: int, documents: int
+) -> None:
     assert auto_active_documents(inflight) == documents

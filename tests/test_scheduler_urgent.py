@@ -1,8 +1,8 @@
-"""Urgent pages ahead of a backlog: a one-page document of a better lane dropped while a 300-page document fills
-the engine. The engine is a test double of vLLM's continuous batching (at most INFLIGHT sequences, a waiting
-queue in priority order) whose step time grows with the pages it decodes, on a virtual clock (the figures are
-steps, not wall time); with ``lanes`` it makes room and leaves worse lanes out of its steps as
-``engines.deepseek.experimental.lanes`` makes vLLM do."""
+"""Urgent pages ahead of a backlog: a one-page document of a better lane dropped while a 300-page
+document fills the engine. The engine is a test double of vLLM's continuous batching (at most
+INFLIGHT sequences, a waiting queue in priority order) whose step time grows with the pages it
+decodes, on a virtual clock (the figures are steps, not wall time); with ``lanes`` it makes room and
+leaves worse lanes out of its steps as ``engines.deepseek.experimental.lanes`` makes vLLM do."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ class _Run:
 
 @dataclass
 class BatchEngine:
-    """Every running page advances one token a step; a step costs BASE + PER_PAGE × the pages in it. A preempted
-    page starts over (pessimistic: vLLM only recomputes its prefill)."""
+    """Every running page advances one token a step; a step costs BASE + PER_PAGE × the pages in it.
+    A
+    preempted page starts over (pessimistic: vLLM only recomputes its prefill)."""
 
     lanes: bool
     clock: float = 0.0
@@ -59,7 +60,9 @@ class BatchEngine:
         return request.request_id
 
     def admit(self) -> set[int]:
-        """One scheduling decision: make room, hold back, admit; returns the positions left out of the step."""
+        """One scheduling decision: make room, hold back, admit; returns the positions left out of
+        the
+        step."""
         self.waiting.sort(key=lambda run: run.priority)  # stable: arrival order among equals
         head = self.waiting[0].priority if self.waiting else None
         held: set[int] = set()
@@ -70,7 +73,9 @@ class BatchEngine:
                 preempted.remaining = TOKENS
                 self.waiting.insert(0, preempted)
                 self.waiting.sort(key=lambda run: run.priority)
-            held = set(held_back([run.priority for run in self.running], head, backlog_cap(INFLIGHT)))
+            held = set(
+                held_back([run.priority for run in self.running], head, backlog_cap(INFLIGHT))
+            )
         while self.waiting and len(self.running) < INFLIGHT:
             self.running.append(self.waiting.pop(0))
         return held
@@ -94,8 +99,8 @@ class BatchEngine:
 
 
 async def settle(scheduler: PageScheduler) -> None:
-    """Let the scheduler render and dispatch everything it may before the next step, so the virtual clock
-    does not depend on how fast this machine renders."""
+    """Let the scheduler render and dispatch everything it may before the next step, so the virtual
+    clock does not depend on how fast this machine renders."""
     for _ in range(3):
         for _ in range(8):
             await asyncio.sleep(0)
@@ -104,7 +109,8 @@ async def settle(scheduler: PageScheduler) -> None:
 
 
 async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> dict[str, float]:
-    """Virtual seconds: the urgent document from its drop to its page's end, and the big document's run."""
+    """Virtual seconds: the urgent document from its drop to its page's end, and the big document's
+    run."""
     engine = BatchEngine(lanes=lanes)
     sized = PageScheduler(
         max_inflight=INFLIGHT, render_ahead=16, render_workers=2, ageing_seconds=30
@@ -118,19 +124,34 @@ async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> 
         done = sum(1 for key in engine.finished if key.startswith("big/"))
         if urgent_after is not None and not urgent and done >= urgent_after:
             out["urgent_dropped"] = engine.clock
-            urgent.append(scheduler.add("urgent", priority=URGENT, detected_at=now + 1, pages=1, prompt="p", render=render))
+            urgent.append(
+                scheduler.add(
+                    "urgent",
+                    priority=URGENT,
+                    detected_at=now + 1,
+                    pages=1,
+                    prompt="p",
+                    render=render,
+                )
+            )
 
     stepper = asyncio.ensure_future(engine.run(scheduler, on_step))
     try:
         if big_pages:
-            big = scheduler.add("big", priority=BACKLOG, detected_at=now, pages=big_pages, prompt="p", render=render)
+            big = scheduler.add(
+                "big", priority=BACKLOG, detected_at=now, pages=big_pages, prompt="p", render=render
+            )
             await asyncio.wait_for(big.future, 120)
             out["big"] = engine.clock
             if urgent_after is None:
                 return out
         else:
             out["urgent_dropped"] = 0.0
-            urgent.append(scheduler.add("urgent", priority=URGENT, detected_at=now, pages=1, prompt="p", render=render))
+            urgent.append(
+                scheduler.add(
+                    "urgent", priority=URGENT, detected_at=now, pages=1, prompt="p", render=render
+                )
+            )
         await asyncio.wait_for(urgent[0].future, 120)  # type: ignore[attr-defined]
         out["urgent"] = engine.finished["urgent/p0"] - out["urgent_dropped"]
     finally:
@@ -139,7 +160,9 @@ async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> 
     return out
 
 
-async def test_an_urgent_page_finishes_within_three_times_its_time_alone_and_the_backlog_keeps_its_pace() -> None:
+async def test_an_urgent_page_takes_at_most_thrice_its_time_alone_and_the_backlog_keeps_pace() -> (
+    None
+):
     alone = (await scenario(big_pages=0, urgent_after=None, lanes=True))["urgent"]
     assert alone == pytest.approx(TOKENS * (BASE + PER_PAGE))
     baseline = (await scenario(big_pages=300, urgent_after=None, lanes=True))["big"]
@@ -149,15 +172,21 @@ async def test_an_urgent_page_finishes_within_three_times_its_time_alone_and_the
 
 
 async def test_without_the_engine_making_room_the_urgent_page_decodes_in_the_full_batch() -> None:
-    """Why the engine takes part: the scheduler alone cannot shorten the steps of the pages already inside."""
+    """Why the engine takes part: the scheduler alone cannot shorten the steps of the pages already
+    inside."""
     alone = TOKENS * (BASE + PER_PAGE)
     loaded = await scenario(big_pages=300, urgent_after=40, lanes=False)
     assert loaded["urgent"] > 3 * alone
 
 
-def test_a_worse_lane_is_held_to_an_eighth_while_a_better_lane_has_work_and_the_better_lane_gets_in() -> None:
+def test_a_worse_lane_is_held_to_an_eighth_while_a_better_one_has_work_and_that_one_gets_in() -> (
+    None
+):
     budget = Budget(max_inflight=32, render_ahead=16, render_workers=2, ready=1)
-    urgent, backlog = DocumentOrder.of(URGENT, 0, 1, 30, 1).lane, DocumentOrder.of(BACKLOG, 0, 300, 30, 2).lane
+    urgent, backlog = (
+        DocumentOrder.of(URGENT, 0, 1, 30, 1).lane,
+        DocumentOrder.of(BACKLOG, 0, 300, 30, 2).lane,
+    )
     budget.inflight, budget.inflight_lanes[backlog] = 10, 10
     assert budget.may_dispatch(backlog, best_lane=backlog)
     assert not budget.may_dispatch(backlog, best_lane=urgent)

@@ -24,11 +24,13 @@ from ocrwatch.sources.base import Job, LocalFile
 from tests.conftest import REPO
 
 PUBLISHED = REPO / "docs" / "schema"
-TSV = "\n".join([
-    "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext",
-    "5\t1\t1\t1\t1\t1\t100\t100\t200\t40\t96.5\tInvoice",
-    "5\t1\t1\t1\t1\t2\t320\t100\t120\t40\t91.0\t4711",
-])  # fmt: skip
+TSV = "\n".join(
+    [
+        "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext",
+        "5\t1\t1\t1\t1\t1\t100\t100\t200\t40\t96.5\tInvoice",
+        "5\t1\t1\t1\t1\t2\t320\t100\t120\t40\t91.0\t4711",
+    ]
+)
 
 
 def published(name: str) -> dict[str, Any]:
@@ -68,9 +70,15 @@ def sidecar() -> dict[str, Any]:
     markdown, blocks = parse_tsv(TSV)
     recognition = Recognition(markdown=markdown, raw=markdown, blocks=blocks, finish_reason="stop")
     attempt = {
-        "rung": 0, "request_id": "j/p0/a0", "sampling": {"temperature": 0.0}, "outcome": "ok",
-        "seconds": 0.2, "prompt_tokens": None, "completion_tokens": None, "finish_reason": "stop",
-    }  # fmt: skip
+        "rung": 0,
+        "request_id": "j/p0/a0",
+        "sampling": {"temperature": 0.0},
+        "outcome": "ok",
+        "seconds": 0.2,
+        "prompt_tokens": None,
+        "completion_tokens": None,
+        "finish_reason": "stop",
+    }
     failed = {"kind": "page_failed", "message": "all rungs failed", "retryable": False, "hint": "h"}
     read, lost = PageResult("ok", recognition, [attempt]), PageResult("failed", None, [], failed)
     pages = [
@@ -82,24 +90,41 @@ def sidecar() -> dict[str, Any]:
         source=assemble.source_section(job, None, "0" * 64, "image/tiff"),
         engine={"name": "tesseract", "version": "5.3.0", "lang": "eng", "psm": 3, "prompt": ""},
         render={"dpi": 300.0, "max_side": 4096, "max_pixels": 40_000_000},
-    )  # fmt: skip
-    return assemble.document(provenance, pages, detected=1.0, started=2.0, finished=3.0,
-                             stages={"waiting": 1.0, "pages": 0.5})  # fmt: skip
+    )
+    return assemble.document(
+        provenance,
+        pages,
+        detected=1.0,
+        started=2.0,
+        finished=3.0,
+        stages={"waiting": 1.0, "pages": 0.5},
+    )
 
 
 def test_an_assembled_sidecar_and_error_sidecar_validate() -> None:
     jsonschema.validate(sidecar(), published("sidecar.schema.json"))
     job = Job(origin=LocalFile(Path("/in/bad.pdf"), Path("/in")), source="local")
-    error = assemble.error_document(assemble.source_section(job, None, None, None),
-                                    CorruptPdf("xref broken").as_dict(), 1, 4.0)  # fmt: skip
+    error = assemble.error_document(
+        assemble.source_section(job, None, None, None), CorruptPdf("xref broken").as_dict(), 1, 4.0
+    )
     jsonschema.validate(error, published("error.schema.json"))
 
 
 @pytest.mark.parametrize(
     "where",
-    [(), ("source",), ("render",), ("timing",), ("ocrwatch",), ("pages", 0), ("pages", 0, "tokens"),
-     ("pages", 0, "tries", 0), ("pages", 0, "blocks", 0, "words", 0), ("pages", 1, "error")],
-)  # fmt: skip
+    [
+        (),
+        ("source",),
+        ("render",),
+        ("timing",),
+        ("ocrwatch",),
+        ("pages", 0),
+        ("pages", 0, "tokens"),
+        ("pages", 0, "tries", 0),
+        ("pages", 0, "blocks", 0, "words", 0),
+        ("pages", 1, "error"),
+    ],
+)
 def test_a_member_no_schema_describes_is_refused(where: tuple[str | int, ...]) -> None:
     """Where ocrwatch fills the object itself, a new member must come with its description."""
     document = copy.deepcopy(sidecar())

@@ -1,9 +1,10 @@
 """Security properties, each checked directly.
 
-Covered elsewhere and not repeated here: the webhook's token (401 without, 403 wrong, ``?token=`` accepted)
-and its body limit (413) in ``tests/test_sources_s3.py::test_webhook_authentication_and_limits``; the S3
-spool file's mode in ``test_fetch_streams_to_a_private_spool_file``; hostile file names reaching no shell
-in ``tests/integration/test_hardening.py::test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes``.
+Covered elsewhere and not repeated here: the webhook's token (401 without, 403 wrong, ``?token=``
+accepted) and its body limit (413) in
+``tests/test_sources_s3.py::test_webhook_authentication_and_limits``; the S3 spool file's mode in
+``test_fetch_streams_to_a_private_spool_file``; hostile file names reaching no shell in
+``tests/integration/test_hardening.py::test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes``.
 """
 
 from __future__ import annotations
@@ -37,13 +38,22 @@ TOKEN = "t0ken-Do-Not-Log-55e1b2"
 ACCESS_KEY = "AKIADONOTLOG0000KEY"
 
 
-# --- no shell, ever -------------------------------------------------------------------------------------------
+# --- no shell, ever -------------------------------------------------------------------------------
 
 SHELL_FUNCTIONS = {
-    ("os", "system"), ("os", "popen"), ("subprocess", "getoutput"), ("subprocess", "getstatusoutput"),
-    ("asyncio", "create_subprocess_shell"), ("pty", "spawn"),
-}  # fmt: skip
-SHELL_METHODS = {"create_subprocess_shell", "subprocess_shell", "getoutput", "getstatusoutput"}  # on any object
+    ("os", "system"),
+    ("os", "popen"),
+    ("subprocess", "getoutput"),
+    ("subprocess", "getstatusoutput"),
+    ("asyncio", "create_subprocess_shell"),
+    ("pty", "spawn"),
+}
+SHELL_METHODS = {
+    "create_subprocess_shell",
+    "subprocess_shell",
+    "getoutput",
+    "getstatusoutput",
+}  # on any object
 
 
 def _shell_calls(tree: ast.AST) -> list[tuple[int, str]]:
@@ -52,22 +62,29 @@ def _shell_calls(tree: ast.AST) -> list[tuple[int, str]]:
         if not isinstance(node, ast.Call):
             continue
         for keyword in node.keywords:
-            if keyword.arg == "shell" and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is False):
+            if keyword.arg == "shell" and not (
+                isinstance(keyword.value, ast.Constant) and keyword.value.value is False
+            ):
                 found.append((node.lineno, "shell=..."))
         func = node.func
         if isinstance(func, ast.Attribute):
             owner = func.value.id if isinstance(func.value, ast.Name) else None
             if (owner, func.attr) in SHELL_FUNCTIONS or func.attr in SHELL_METHODS:
                 found.append((node.lineno, ast.unparse(func)))
-        elif isinstance(func, ast.Name) and func.id in {"system", "popen", "getoutput", "getstatusoutput"}:
+        elif isinstance(func, ast.Name) and func.id in {
+            "system",
+            "popen",
+            "getoutput",
+            "getstatusoutput",
+        }:
             found.append((node.lineno, func.id))
     return found
 
 
 def test_no_shell_is_ever_invoked() -> None:
-    """No ``shell=True``, ``os.system``, ``os.popen``, ``create_subprocess_shell`` or ``getoutput`` anywhere in
-    the package: every child (pdfinfo, pdftoppm, tesseract) gets an argument list, so a file name is one
-    argument whatever it contains."""
+    """No ``shell=True``, ``os.system``, ``os.popen``, ``create_subprocess_shell`` or ``getoutput``
+    anywhere in the package: every child (pdfinfo, pdftoppm, tesseract) gets an argument list, so a
+    file name is one argument whatever it contains."""
     offenders = []
     sources = sorted(PACKAGE.rglob("*.py"))
     assert len(sources) > 10
@@ -79,21 +96,47 @@ def test_no_shell_is_ever_invoked() -> None:
 
 
 def test_the_shell_detector_detects() -> None:
-    sample = "import os, subprocess, asyncio\nos.system('x')\nsubprocess.run('x', shell=True)\n" \
-             "asyncio.create_subprocess_shell('x')\nloop.subprocess_shell(f, 'x')\nsubprocess.run(['x'], shell=False)\n"  # fmt: skip
+    sample = (
+        "import os, subprocess, asyncio\nos.system('x')\nsubprocess.run('x', shell=True)\n"
+        "asyncio.create_subprocess_shell('x')\nloop.subprocess_shell(f, "
+        "'x')\nsubprocess.run(['x'], shell=False)\n"
+    )
     assert [line for line, _ in _shell_calls(ast.parse(sample))] == [2, 3, 4, 5]
 
 
-# --- sidecar names stay in the source's folder ----------------------------------------------------------------
+# --- sidecar names stay in the source's folder ----------------------------------------------------
 
-ESCAPING_TEMPLATES = ["../{name}", "{name}/../../x", "/etc/{name}", "{stem}/{suffix}", "{name}\\..\\x", "..", "."]
-# Each contains {name} or {stem}, passes the separator check when rendered for "x.pdf", and is still no plain
-# template: attribute and index lookups, conversions, unknown fields, and a format spec that pads an empty
-# suffix with slashes, so that "README" would get the sidecar "/../README.md".
+ESCAPING_TEMPLATES = [
+    "../{name}",
+    "{name}/../../x",
+    "/etc/{name}",
+    "{stem}/{suffix}",
+    "{name}\\..\\x",
+    "..",
+    ".",
+]
+# Each contains {name} or {stem}, passes the separator check when rendered for "x.pdf", and is still
+# no plain template: attribute and index lookups, conversions, unknown fields, and a format spec
+# that pads an empty suffix with slashes, so that "README" would get the sidecar "/../README.md".
 FORMAT_SPEC_ESCAPE = "{suffix:/<1}..{suffix:/<1}{name}"
-FIELD_TRICKS = ["{name}{name.__class__}", "{name}-{name[0]}", "{name}{0}", "{name}{nope}", "{stem}{name!r}",
-                FORMAT_SPEC_ESCAPE]
-HOSTILE_NAMES = ["..pdf", "a..b.pdf", "x\\..\\..\\y.pdf", "new\nline.pdf", "$(reboot).pdf", "-rf.pdf", " .pdf", "é.pdf"]
+FIELD_TRICKS = [
+    "{name}{name.__class__}",
+    "{name}-{name[0]}",
+    "{name}{0}",
+    "{name}{nope}",
+    "{stem}{name!r}",
+    FORMAT_SPEC_ESCAPE,
+]
+HOSTILE_NAMES = [
+    "..pdf",
+    "a..b.pdf",
+    "x\\..\\..\\y.pdf",
+    "new\nline.pdf",
+    "$(reboot).pdf",
+    "-rf.pdf",
+    " .pdf",
+    "é.pdf",
+]
 
 
 def _with_template(template: str) -> Any:
@@ -112,9 +155,13 @@ def test_templates_may_use_only_the_three_plain_fields(template: str) -> None:
         _with_template(template)
 
 
-@pytest.mark.parametrize("template", ["{name}", "{stem}", "{stem}.ocr", "ocr-{name}", "{stem}{suffix}.out"])
+@pytest.mark.parametrize(
+    "template", ["{name}", "{stem}", "{stem}.ocr", "ocr-{name}", "{stem}{suffix}.out"]
+)
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
-def test_sidecars_of_any_name_stay_beside_the_source(tmp_path: Path, template: str, name: str) -> None:
+def test_sidecars_of_any_name_stay_beside_the_source(
+    tmp_path: Path, template: str, name: str
+) -> None:
     _with_template(template)  # a template the config accepts
     source = tmp_path / name
     paths = LocalSink(template).paths(Job(origin=LocalFile(source, tmp_path), source="local"))
@@ -122,13 +169,15 @@ def test_sidecars_of_any_name_stay_beside_the_source(tmp_path: Path, template: s
         assert path.parent == tmp_path and path.name not in (".", "..") and "/" not in path.name
 
 
-@pytest.mark.parametrize(("template", "name"), [("../{name}", "doc.pdf"), ("{name}/x", "doc.pdf"),
-                                               (FORMAT_SPEC_ESCAPE, "README")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("template", "name"),
+    [("../{name}", "doc.pdf"), ("{name}/x", "doc.pdf"), (FORMAT_SPEC_ESCAPE, "README")],
+)
 def test_the_sink_refuses_an_escaping_template_even_if_config_let_it_through(
     tmp_path: Path, template: str, name: str
 ) -> None:
-    """Defence in depth: LocalSink checks the names it makes, whatever built it (the last template passes
-    today's config validation)."""
+    """Defence in depth: LocalSink checks the names it makes, whatever built it (the last template
+    passes today's config validation)."""
     folder = tmp_path / "a" / "b"
     folder.mkdir(parents=True)
     job = Job(origin=LocalFile(folder / name, folder), source="local")
@@ -141,7 +190,7 @@ def test_the_sink_refuses_an_escaping_template_even_if_config_let_it_through(
     assert not Path("/README.md").exists()
 
 
-# --- endpoints on loopback by default -------------------------------------------------------------------------
+# --- endpoints on loopback by default -------------------------------------------------------------
 
 
 def test_metrics_and_webhook_listen_on_loopback_by_default() -> None:
@@ -168,7 +217,7 @@ def test_the_webhook_cannot_be_configured_without_a_token() -> None:
         config.from_mapping({"s3": [{"transport": "webhook"}]})
 
 
-# --- private temporary files ----------------------------------------------------------------------------------
+# --- private temporary files ----------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -180,21 +229,29 @@ def open_umask() -> Iterator[None]:
         os.umask(old)
 
 
-def test_session_folders_are_private_even_with_an_open_umask(tmp_path: Path, open_umask: None) -> None:
+def test_session_folders_are_private_even_with_an_open_umask(
+    tmp_path: Path, open_umask: None
+) -> None:
     from ocrwatch.session import DocumentSession
     from tests.fault_engines import EchoEngine
 
     async def modes() -> tuple[int, int]:
         async with DocumentSession("job", tmp_path / "state" / "tmp", EchoEngine()) as session:
             assert session.spool_dir is not None
-            return stat.S_IMODE(session.spool_dir.stat().st_mode), stat.S_IMODE(session.spool_dir.parent.stat().st_mode)
+            return stat.S_IMODE(session.spool_dir.stat().st_mode), stat.S_IMODE(
+                session.spool_dir.parent.stat().st_mode
+            )
 
     assert asyncio.run(modes()) == (0o700, 0o700)
 
 
-def test_a_sidecar_is_private_until_it_is_complete(tmp_path: Path, open_umask: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The temporary is created 0600 (whatever the umask) and opened only in the way that cannot follow a
-    planted symlink; it becomes 0644 only once its content is written, and then takes the final name."""
+def test_a_sidecar_is_private_until_it_is_complete(
+    tmp_path: Path, open_umask: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary is created 0600 (whatever the umask) and opened only in the way that cannot
+    follow
+    a planted symlink; it becomes 0644 only once its content is written, and then takes the final
+    name."""
     seen: list[tuple[int, bytes]] = []
     real_fchmod = os.fchmod
 
@@ -223,7 +280,7 @@ def test_a_symlink_planted_at_the_temporary_name_is_not_followed(tmp_path: Path)
     assert target.read_bytes() == b"{}" and not target.is_symlink()
 
 
-# --- a running daemon: sockets, folders, and no credential in its log -----------------------------------------
+# --- a running daemon: sockets, folders, and no credential in its log -----------------------------
 
 
 def _listening(pid: int) -> list[tuple[str, int]]:
@@ -250,18 +307,24 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 
 @pytest.mark.integration
-def test_a_running_daemon_listens_on_loopback_only_and_keeps_its_state_private(tmp_path: Path) -> None:
+def test_a_running_daemon_listens_on_loopback_only_and_keeps_its_state_private(
+    tmp_path: Path,
+) -> None:
     from tests.integration.conftest import PluginDaemon
 
     daemon = PluginDaemon(tmp_path, "tests.fault_engines:EchoEngine")
     try:
         daemon.start()
         listening = _listening(daemon.proc.pid)
-        assert listening and all(address in ("127.0.0.1", "::1") for address, _ in listening), listening
+        assert listening and all(address in ("127.0.0.1", "::1") for address, _ in listening), (
+            listening
+        )
         assert stat.S_IMODE(daemon.state.stat().st_mode) == 0o700
         assert stat.S_IMODE((daemon.state / "tmp").stat().st_mode) == 0o700
         assert daemon.stop() == 0
-        (daemon.state / "tmp").chmod(0o777)  # opened up by someone: private again after the next start
+        (daemon.state / "tmp").chmod(
+            0o777
+        )  # opened up by someone: private again after the next start
         daemon.start()
         assert stat.S_IMODE((daemon.state / "tmp").stat().st_mode) == 0o700
         assert daemon.stop() == 0
@@ -272,18 +335,29 @@ def test_a_running_daemon_listens_on_loopback_only_and_keeps_its_state_private(t
 
 def _daemon_config(tmp_path: Path, port: int, webhook_port: int) -> Path:
     path = tmp_path / "ocrwatch.toml"
-    path.write_text(tomli_w.dumps({
-        "state_dir": str(tmp_path / "state"),
-        "engine": {"kind": "tesseract", "tesseract": {"workers": 1}},
-        "log": {"format": "json", "level": "debug"},
-        "metrics": {"listen": f"127.0.0.1:{port}"},
-        "inbox": [{"path": str(tmp_path / "inbox")}],
-        "s3": [{
-            "transport": "webhook", "listen": f"127.0.0.1:{webhook_port}", "token": TOKEN,
-            "endpoint_url": "http://127.0.0.1:9", "region": "us-east-1", "bucket": "docs",
-            "access_key_id": ACCESS_KEY, "secret_access_key": SECRET,
-        }],
-    }))  # fmt: skip
+    path.write_text(
+        tomli_w.dumps(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "engine": {"kind": "tesseract", "tesseract": {"workers": 1}},
+                "log": {"format": "json", "level": "debug"},
+                "metrics": {"listen": f"127.0.0.1:{port}"},
+                "inbox": [{"path": str(tmp_path / "inbox")}],
+                "s3": [
+                    {
+                        "transport": "webhook",
+                        "listen": f"127.0.0.1:{webhook_port}",
+                        "token": TOKEN,
+                        "endpoint_url": "http://127.0.0.1:9",
+                        "region": "us-east-1",
+                        "bucket": "docs",
+                        "access_key_id": ACCESS_KEY,
+                        "secret_access_key": SECRET,
+                    }
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -300,10 +374,28 @@ def _assert_no_credentials(text: str) -> None:
 
 def test_an_invalid_config_does_not_echo_credentials(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text(tomli_w.dumps({"s3": [{"transport": "webhook", "token": [TOKEN], "secret_access_key": {"k": SECRET},
-                                           "access_key_id": ACCESS_KEY, "queue_url": 7}]}))  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "ocrwatch", "run", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    path.write_text(
+        tomli_w.dumps(
+            {
+                "s3": [
+                    {
+                        "transport": "webhook",
+                        "token": [TOKEN],
+                        "secret_access_key": {"k": SECRET},
+                        "access_key_id": ACCESS_KEY,
+                        "queue_url": 7,
+                    }
+                ]
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     assert "s3[0].token" in done.stderr
     _assert_no_credentials(done.stdout + done.stderr)
@@ -311,9 +403,10 @@ def test_an_invalid_config_does_not_echo_credentials(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_credentials_never_appear_in_the_daemon_log(tmp_path: Path) -> None:
-    """A daemon with an ``[[s3]]`` webhook source whose token and keys are set, at debug level: start-up,
-    rejected requests (no token, a wrong one, the right one in the query string, an oversized body), a
-    reload and shutdown; none of the three credentials may appear in its output."""
+    """A daemon with an ``[[s3]]`` webhook source whose token and keys are set, at debug level:
+    start-up, rejected requests (no token, a wrong one, the right one in the query string, an
+    oversized body), a reload and shutdown; none of the three credentials may appear in its
+    output."""
     import urllib.error
     import urllib.request
 
@@ -321,14 +414,20 @@ def test_credentials_never_appear_in_the_daemon_log(tmp_path: Path) -> None:
     path = _daemon_config(tmp_path, port, webhook_port)
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ocrwatch", "run", "--config", str(path)],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ocrwatch", "run", "--config", str(path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
     try:
         deadline = time.monotonic() + 60
         ready = False
         while time.monotonic() < deadline and proc.poll() is None and not ready:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/readyz", timeout=1
+                ) as response:
                     ready = response.status == 200
             except OSError:
                 time.sleep(0.2)
@@ -337,8 +436,13 @@ def test_credentials_never_appear_in_the_daemon_log(tmp_path: Path) -> None:
             proc.wait(10)
             text = log.read_text(errors="replace")
             _assert_no_credentials(text)  # not even in a start-up traceback
-            first_error = next((line for line in text.splitlines() if "Error" in line), "no error line")
-            pytest.skip(f"the daemon does not start with an [[s3]] section yet (log checked, clean): {first_error[:200]}")
+            first_error = next(
+                (line for line in text.splitlines() if "Error" in line), "no error line"
+            )
+            pytest.skip(
+                "the daemon does not start with an [[s3]] section yet (log checked, clean): "
+                f"{first_error[:200]}"
+            )
         url = f"http://127.0.0.1:{webhook_port}/s3/events"
         body = b'{"Records": []}'
         for target, headers, data in (

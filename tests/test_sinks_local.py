@@ -1,4 +1,5 @@
-"""Sidecars beside the source: names, atomicity, stale sidecars, and what else may lie at their names."""
+"""Sidecars beside the source: names, atomicity, stale sidecars, and what else may lie at their
+names."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def job_for(path: Path) -> Job:
 
 def test_names_keep_report_pdf_and_report_png_apart() -> None:
     assert sidecar_names("report.pdf", "{name}") == {
-        "md": "report.pdf.md", "json": "report.pdf.json", "error": "report.pdf.error.json",
+        "md": "report.pdf.md",
+        "json": "report.pdf.json",
+        "error": "report.pdf.error.json",
     }
     assert sidecar_names("report.png", "{name}")["md"] == "report.png.md"
     assert sidecar_names("report.pdf", "{stem}")["json"] == "report.json"
@@ -35,11 +38,17 @@ def test_write_then_error_then_success_removes_error(tmp_path: Path) -> None:
     job = job_for(source)
     sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
     assert (tmp_path / "a b é.pdf.error.json").exists()
-    sink.write(job, "<!-- page 1 -->\n\nhello\n", {"schema": SCHEMA_ID, "source": {"sha256": "0" * 64}})
+    sink.write(
+        job, "<!-- page 1 -->\n\nhello\n", {"schema": SCHEMA_ID, "source": {"sha256": "0" * 64}}
+    )
     assert (tmp_path / "a b é.pdf.md").read_text() == "<!-- page 1 -->\n\nhello\n"
     assert sink.recorded(job) == {"sha256": "0" * 64}
     assert not (tmp_path / "a b é.pdf.error.json").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a b é.pdf", "a b é.pdf.json", "a b é.pdf.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a b é.pdf",
+        "a b é.pdf.json",
+        "a b é.pdf.md",
+    ]
 
 
 def test_out_dir_mirrors_inbox_layout(tmp_path: Path) -> None:
@@ -47,12 +56,16 @@ def test_out_dir_mirrors_inbox_layout(tmp_path: Path) -> None:
     (inbox / "sub").mkdir(parents=True)
     source = inbox / "sub" / "x.png"
     source.write_bytes(b"x")
-    LocalSink(out_dir=out).write(Job(origin=LocalFile(source, inbox), source="local"), "m", {"source": {}})
+    LocalSink(out_dir=out).write(
+        Job(origin=LocalFile(source, inbox), source="local"), "m", {"source": {}}
+    )
     assert (out / "sub" / "x.png.json").exists()
     assert not (inbox / "sub" / "x.png.json").exists()
 
 
-def test_a_write_failing_midway_leaves_old_content_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_failing_midway_leaves_old_content_and_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "doc.pdf.json"
     target.write_text("old")
 
@@ -68,7 +81,8 @@ def test_a_write_failing_midway_leaves_old_content_and_no_temp(tmp_path: Path, m
 
 
 def test_a_write_killed_midway_never_shows_a_torn_file(tmp_path: Path) -> None:
-    """A writer process killed with SIGKILL at random moments: the final name holds old or new, whole."""
+    """A writer process killed with SIGKILL at random moments: the final name holds old or new,
+    whole."""
     import signal
     import subprocess
     import sys
@@ -82,7 +96,8 @@ def test_a_write_killed_midway_never_shows_a_torn_file(tmp_path: Path) -> None:
         "p=Path(sys.argv[1])\n"
         "with safefs.folder(p.parent) as f:\n"
         "    for i in range(1000):\n"
-        "        f.write(p.name, json.dumps({'v': i, 'pad': 'y'*2_000_000}).encode(), safefs.PUBLIC)\n"
+        "        f.write(p.name, json.dumps({'v': i, 'pad': 'y'*2_000_000}).encode(), "
+        "safefs.PUBLIC)\n"
     )
     for delay in (0.05, 0.1, 0.17, 0.23, 0.3):
         proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
@@ -112,7 +127,7 @@ def test_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
         source.parent.chmod(0o755)
 
 
-# --- what else may lie at a sidecar's name ---------------------------------------------------------------------
+# --- what else may lie at a sidecar's name --------------------------------------------------------
 
 OURS = {"schema": SCHEMA_ID, "status": "ok", "source": {"sha256": "1" * 64, "bytes": 3}}
 PAGES = "<!-- page 1 -->\n\nnew text\n"
@@ -136,7 +151,9 @@ def _plant(path: Path, what: str) -> None:
 
 
 def _recorded_in_thread(sink: LocalSink, job: Job) -> object:
-    """``recorded`` in a daemon thread, so a blocking read (a FIFO) fails the test instead of hanging it."""
+    """``recorded`` in a daemon thread, so a blocking read (a FIFO) fails the test instead of
+    hanging
+    it."""
     import threading
 
     result: list[object] = []
@@ -149,9 +166,12 @@ def _recorded_in_thread(sink: LocalSink, job: Job) -> object:
 
 @pytest.mark.parametrize("what", ["fifo", "dev-zero-link", "folder", "user-file"])
 @pytest.mark.parametrize("kind", ["json", "md"])
-def test_a_foreign_occupant_is_refused_before_anything_is_written(tmp_path: Path, what: str, kind: str) -> None:
-    """A FIFO, a link to /dev/zero, a folder or a user's file at NAME.json or NAME.md: ``recorded`` neither
-    blocks nor reads it, ``write`` refuses with ``output_conflict`` naming it, and nothing is written."""
+def test_a_foreign_occupant_is_refused_before_anything_is_written(
+    tmp_path: Path, what: str, kind: str
+) -> None:
+    """A FIFO, a link to /dev/zero, a folder or a user's file at NAME.json or NAME.md: ``recorded``
+    neither blocks nor reads it, ``write`` refuses with ``output_conflict`` naming it, and nothing
+    is written."""
     from ocrwatch.errors import OutputConflict
 
     _, job = _source(tmp_path)
@@ -178,13 +198,15 @@ def test_a_user_file_at_the_error_name_is_neither_overwritten_nor_removed(tmp_pa
     sink = LocalSink()
     with pytest.raises(OutputConflict):
         sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
-    sink.write(job, PAGES, OURS)  # a result may be written; only ocrwatch's own error sidecar is removed
+    sink.write(
+        job, PAGES, OURS
+    )  # a result may be written; only ocrwatch's own error sidecar is removed
     assert theirs.read_text() == "{}" and sink.recorded(job) == OURS["source"]
 
 
 def test_own_sidecars_are_replaced_and_a_leftover_markdown_too(tmp_path: Path) -> None:
-    """ocrwatch's own JSON (schema first) and Markdown (page marker first) are replaced, also a Markdown left
-    alone by a write killed before its JSON."""
+    """ocrwatch's own JSON (schema first) and Markdown (page marker first) are replaced, also a
+    Markdown left alone by a write killed before its JSON."""
     _, job = _source(tmp_path)
     sink = LocalSink()
     (tmp_path / "x.pdf.md").write_text("<!-- page 1 -->\n\nkilled before the JSON\n")
@@ -195,7 +217,8 @@ def test_own_sidecars_are_replaced_and_a_leftover_markdown_too(tmp_path: Path) -
 
 
 def test_recorded_reads_a_bounded_head_of_a_large_sidecar(tmp_path: Path) -> None:
-    """The source section comes first; a 40 MB JSON sidecar (a long document) is recognised from its head."""
+    """The source section comes first; a 40 MB JSON sidecar (a long document) is recognised from its
+    head."""
     _, job = _source(tmp_path)
     big = OURS | {"pages": [{"markdown": "y" * 1000}] * 40_000}
     (tmp_path / "x.pdf.md").write_text("<!-- page 1 -->\n")
@@ -207,8 +230,9 @@ def test_recorded_reads_a_bounded_head_of_a_large_sidecar(tmp_path: Path) -> Non
 
 
 def test_a_result_without_its_markdown_is_not_recorded_and_an_edited_one_is(tmp_path: Path) -> None:
-    """The Markdown sidecar deleted, or something else than a file at its name: nothing records the document,
-    so it is done again. Edited by a user: it still counts, and no scan overwrites the edits."""
+    """The Markdown sidecar deleted, or something else than a file at its name: nothing records the
+    document, so it is done again. Edited by a user: it still counts, and no scan overwrites the
+    edits."""
     source = tmp_path / "x.pdf"
     source.write_bytes(b"%PDF-1.4")
     sink, job = LocalSink(), job_for(source)
@@ -222,7 +246,9 @@ def test_a_result_without_its_markdown_is_not_recorded_and_an_edited_one_is(tmp_
     assert sink.recorded(job) is None
 
 
-def test_a_failure_removes_the_previous_versions_result_but_not_a_users_file(tmp_path: Path) -> None:
+def test_a_failure_removes_the_previous_versions_result_but_not_a_users_file(
+    tmp_path: Path,
+) -> None:
     _, job = _source(tmp_path)
     sink = LocalSink()
     sink.write(job, PAGES, OURS)
@@ -233,7 +259,9 @@ def test_a_failure_removes_the_previous_versions_result_but_not_a_users_file(tmp
     assert (tmp_path / "x.pdf.md").read_text() == "my own notes about x.pdf\n"
 
 
-def test_a_name_whose_error_sidecar_cannot_exist_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+def test_a_name_whose_error_sidecar_cannot_exist_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
     """250 bytes: NAME.md and NAME.json would fit in 255, NAME.error.json would not."""
     from ocrwatch.errors import NameTooLong
 
@@ -245,8 +273,9 @@ def test_a_name_whose_error_sidecar_cannot_exist_is_refused_before_anything_is_w
 
 
 def test_each_inbox_is_mirrored_in_a_folder_of_its_own(tmp_path: Path) -> None:
-    """Two inboxes holding the same relative name never share a sidecar under ``[output] dir``; the folder is the
-    inbox's name, with a suffix from its path only where two inboxes share a name, whatever their order."""
+    """Two inboxes holding the same relative name never share a sidecar under ``[output] dir``; the
+    folder is the inbox's name, with a suffix from its path only where two inboxes share a name,
+    whatever their order."""
     from ocrwatch.config import InboxConfig
 
     a, b, scans = tmp_path / "a", tmp_path / "b", tmp_path / "site" / "a"
@@ -259,31 +288,53 @@ def test_each_inbox_is_mirrored_in_a_folder_of_its_own(tmp_path: Path) -> None:
         (inbox / "sub" / "report.pdf").write_bytes(b"%PDF-1.4")
         jobs[inbox] = Job(origin=LocalFile(inbox / "sub" / "report.pdf", inbox), source="local")
         sink.write(jobs[inbox], PAGES, OURS | {"source": {"sha256": inbox.name * 64, "bytes": 8}})
-    assert sink.recorded(jobs[a])["sha256"] == "a" * 64 and sink.recorded(jobs[b])["sha256"] == "b" * 64
+    assert (
+        sink.recorded(jobs[a])["sha256"] == "a" * 64
+        and sink.recorded(jobs[b])["sha256"] == "b" * 64
+    )
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.json")) == [
-        "a/sub/report.pdf.json", "b/sub/report.pdf.json",
+        "a/sub/report.pdf.json",
+        "b/sub/report.pdf.json",
     ]
     assert local_sink.inbox_folder(a, {a, b}) == "a"
     named = local_sink.inbox_folder(a, {b, scans, a})
-    assert named.startswith("a-") and len(named) == 10 and named == local_sink.inbox_folder(a, {scans, a})
+    assert (
+        named.startswith("a-")
+        and len(named) == 10
+        and named == local_sink.inbox_folder(a, {scans, a})
+    )
     assert local_sink.inbox_folder(scans, {a, scans}) not in (named, "a")
 
 
 def test_a_sidecar_name_two_documents_share_is_a_conflict_not_an_overwrite(tmp_path: Path) -> None:
-    """``{stem}`` gives report.pdf and report.png one ``report.json``: the second is refused, naming the first,
-    whose sidecars its error sidecar leaves alone; once report.pdf is gone, its stale sidecar is replaced."""
+    """``{stem}`` gives report.pdf and report.png one ``report.json``: the second is refused, naming
+    the first, whose sidecars its error sidecar leaves alone; once report.pdf is gone, its stale
+    sidecar is replaced."""
     from ocrwatch.errors import OutputConflict
 
     sink = LocalSink("{stem}")
     pdf, first = _source(tmp_path, "report.pdf")
     _, second = _source(tmp_path, "report.png")
-    sink.write(first, PAGES, OURS | {"source": {"name": "report.pdf", "sha256": "1" * 64, "bytes": 8}})
+    sink.write(
+        first, PAGES, OURS | {"source": {"name": "report.pdf", "sha256": "1" * 64, "bytes": 8}}
+    )
     with pytest.raises(OutputConflict, match="the sidecar of report.pdf"):
         sink.write(second, PAGES.replace("new", "other"), OURS | {"source": {"name": "report.png"}})
-    assert sink.recorded(second) == sink.recorded(first) == {"name": "report.pdf", "sha256": "1" * 64, "bytes": 8}
-    sink.write_error(second, {"schema": SCHEMA_ID, "status": "failed", "source": {"name": "report.png"}})
-    assert (tmp_path / "report.json").exists() and "new text" in (tmp_path / "report.md").read_text()
+    assert (
+        sink.recorded(second)
+        == sink.recorded(first)
+        == {"name": "report.pdf", "sha256": "1" * 64, "bytes": 8}
+    )
+    sink.write_error(
+        second, {"schema": SCHEMA_ID, "status": "failed", "source": {"name": "report.png"}}
+    )
+    assert (tmp_path / "report.json").exists() and "new text" in (
+        tmp_path / "report.md"
+    ).read_text()
     pdf.unlink()
     sink.write(second, PAGES.replace("new", "other"), OURS | {"source": {"name": "report.png"}})
     assert "other text" in (tmp_path / "report.md").read_text()
-    assert sink.recorded(second) == {"name": "report.png"} and not (tmp_path / "report.error.json").exists()
+    assert (
+        sink.recorded(second) == {"name": "report.png"}
+        and not (tmp_path / "report.error.json").exists()
+    )

@@ -1,5 +1,7 @@
-"""The further outputs through the real sinks (local folders, moto): the searchable PDF and the figures are written
-before the JSON, a previous version's are removed, and a user's file at their names is never replaced."""
+"""The further outputs through the real sinks (local folders, moto): the searchable PDF and the
+figures
+are written before the JSON, a previous version's are removed, and a user's file at their names is
+never replaced."""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ ERROR = {"schema": SCHEMA_ID, "status": "failed", "source": {}, "error": {"kind"
 
 def figure_png(number: int = 1) -> bytes:
     image = Image.new("RGB", (300, 200), (number * 40, 90, 200))
-    return crop(image, [{"type": "image", "bbox": [10, 10, 110, 60], "name": f"page-1-figure-{number}"}], 1)[0].png
+    return crop(
+        image, [{"type": "image", "bbox": [10, 10, 110, 60], "name": f"page-1-figure-{number}"}], 1
+    )[0].png
 
 
 def document(pdf: bool = True) -> dict[str, Any]:
@@ -39,7 +43,9 @@ def document(pdf: bool = True) -> dict[str, Any]:
 
 
 def extras(tmp_path: Path, *figures: int, pdf: bool = True) -> dict[str, bytes | Path]:
-    out: dict[str, bytes | Path] = {f"report.pdf.assets/page-1-figure-{n}.png": figure_png(n) for n in figures}
+    out: dict[str, bytes | Path] = {
+        f"report.pdf.assets/page-1-figure-{n}.png": figure_png(n) for n in figures
+    }
     if pdf:
         built = tmp_path / "spool-searchable.pdf"
         built.write_bytes(b"%PDF-1.7 searchable")
@@ -59,7 +65,9 @@ def job_for(path: Path) -> Job:
     return Job(LocalFile(path, path.parent), "local")
 
 
-def test_outputs_are_written_before_the_json(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outputs_are_written_before_the_json(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     order: list[str] = []
     real = safefs.Folder.commit
 
@@ -72,19 +80,27 @@ def test_outputs_are_written_before_the_json(source: Path, tmp_path: Path, monke
 
     folder = source.parent
     assert order[-1] == "report.pdf.json" and set(order[:-1]) == {
-        "report.pdf.md", "page-1-figure-1.png", "page-1-figure-2.png", "report.pdf.ocr.pdf",
-    }  # fmt: skip
+        "report.pdf.md",
+        "page-1-figure-1.png",
+        "page-1-figure-2.png",
+        "report.pdf.ocr.pdf",
+    }
     assert (folder / "report.pdf.ocr.pdf").read_bytes() == b"%PDF-1.7 searchable"
     assert (folder / "report.pdf.assets" / "page-1-figure-2.png").read_bytes() == figure_png(2)
     assert LocalSink().status(job_for(source)) == "ok"
 
 
-def test_a_new_version_removes_what_the_old_one_had_and_keeps_a_users_file(source: Path, tmp_path: Path) -> None:
+def test_a_new_version_removes_what_the_old_one_had_and_keeps_a_users_file(
+    source: Path, tmp_path: Path
+) -> None:
     sink, folder = LocalSink(), source.parent
     sink.write(job_for(source), MD, document(), extras(tmp_path, 1, 2))
     (folder / "report.pdf.assets" / "notes.txt").write_text("mine")
     sink.write(job_for(source), MD, document(pdf=False), extras(tmp_path, 1, pdf=False))
-    assert sorted(p.name for p in (folder / "report.pdf.assets").iterdir()) == ["notes.txt", "page-1-figure-1.png"]
+    assert sorted(p.name for p in (folder / "report.pdf.assets").iterdir()) == [
+        "notes.txt",
+        "page-1-figure-1.png",
+    ]
     assert not (folder / "report.pdf.ocr.pdf").exists()
 
     (folder / "report.pdf.assets" / "notes.txt").unlink()
@@ -92,14 +108,21 @@ def test_a_new_version_removes_what_the_old_one_had_and_keeps_a_users_file(sourc
     assert sorted(p.name for p in folder.iterdir()) == ["report.pdf", "report.pdf.error.json"]
 
 
-def test_a_users_files_at_the_output_names_are_refused_or_left(source: Path, tmp_path: Path) -> None:
+def test_a_users_files_at_the_output_names_are_refused_or_left(
+    source: Path, tmp_path: Path
+) -> None:
     sink, folder = LocalSink(), source.parent
     (folder / "report.pdf.ocr.pdf").write_bytes(b"%PDF made by someone else")
     with pytest.raises(OutputConflict, match="report.pdf.ocr.pdf"):
         sink.write(job_for(source), MD, document(), extras(tmp_path))
-    assert sorted(p.name for p in folder.iterdir()) == ["report.pdf", "report.pdf.ocr.pdf"]  # nothing written
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "report.pdf",
+        "report.pdf.ocr.pdf",
+    ]  # nothing written
 
-    sink.write(job_for(source), MD, document(pdf=False), {})  # not writing one: the user's file is left alone
+    sink.write(
+        job_for(source), MD, document(pdf=False), {}
+    )  # not writing one: the user's file is left alone
     sink.write(job_for(source), MD, document(pdf=False), {})
     assert (folder / "report.pdf.ocr.pdf").read_bytes() == b"%PDF made by someone else"
 
@@ -109,7 +132,9 @@ def test_a_users_files_at_the_output_names_are_refused_or_left(source: Path, tmp
         sink.write(job_for(source), MD, document(pdf=False), extras(tmp_path, 1, pdf=False))
 
 
-def test_figures_left_by_a_write_that_never_reached_its_json_are_replaced(source: Path, tmp_path: Path) -> None:
+def test_figures_left_by_a_write_that_never_reached_its_json_are_replaced(
+    source: Path, tmp_path: Path
+) -> None:
     assets = source.parent / "report.pdf.assets"
     assets.mkdir()
     (assets / "page-1-figure-1.png").write_bytes(figure_png(3))  # ocrwatch's mark, no JSON yet
@@ -118,7 +143,8 @@ def test_figures_left_by_a_write_that_never_reached_its_json_are_replaced(source
 
 
 def marked_pdf(path: Path, sha256: str = "ab" * 32) -> Path:
-    """A searchable PDF as ocrwatch writes it (through ``textlayer``), of a one-page PDF with no text."""
+    """A searchable PDF as ocrwatch writes it (through ``textlayer``), of a one-page PDF with no
+    text."""
     blank = path.with_name("blank.pdf")
     with pikepdf.new() as pdf:
         pdf.add_blank_page()
@@ -129,8 +155,10 @@ def marked_pdf(path: Path, sha256: str = "ab" * 32) -> Path:
 
 def test_a_searchable_pdf_left_by_a_write_that_never_reached_its_json_is_replaced(
     source: Path, tmp_path: Path
-) -> None:  # fmt: skip
-    left = marked_pdf(source.parent / "report.pdf.ocr.pdf")  # the PDF renamed in place, killed before the JSON
+) -> None:
+    left = marked_pdf(
+        source.parent / "report.pdf.ocr.pdf"
+    )  # the PDF renamed in place, killed before the JSON
     LocalSink().write(job_for(source), MD, document(), extras(tmp_path))
     assert left.read_bytes() == b"%PDF-1.7 searchable"
 
@@ -168,18 +196,30 @@ def test_s3_outputs_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
     sink.write(job, MD, document(), extras(tmp_path, 1, 2))
 
     listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="docs")["Contents"])
-    assert listed == ["in/report.pdf.assets/page-1-figure-1.png", "in/report.pdf.assets/page-1-figure-2.png",
-                      "in/report.pdf.json", "in/report.pdf.md", "in/report.pdf.ocr.pdf"]  # fmt: skip
+    assert listed == [
+        "in/report.pdf.assets/page-1-figure-1.png",
+        "in/report.pdf.assets/page-1-figure-2.png",
+        "in/report.pdf.json",
+        "in/report.pdf.md",
+        "in/report.pdf.ocr.pdf",
+    ]
     pdf = s3.get_object(Bucket="docs", Key="in/report.pdf.ocr.pdf")
     assert pdf["ContentType"] == "application/pdf" and pdf["Body"].read() == b"%PDF-1.7 searchable"
-    assert s3.head_object(Bucket="docs", Key="in/report.pdf.assets/page-1-figure-1.png")["ContentType"] == "image/png"
+    assert (
+        s3.head_object(Bucket="docs", Key="in/report.pdf.assets/page-1-figure-1.png")["ContentType"]
+        == "image/png"
+    )
     assert sink.status(job) == "ok"
 
     s3.put_object(Bucket="docs", Key="in/report.pdf.assets/readme.txt", Body=b"mine")
     sink.write(job, MD, document(pdf=False), extras(tmp_path, 2, pdf=False))
     listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="docs")["Contents"])
-    assert listed == ["in/report.pdf.assets/page-1-figure-2.png", "in/report.pdf.assets/readme.txt",
-                      "in/report.pdf.json", "in/report.pdf.md"]  # fmt: skip
+    assert listed == [
+        "in/report.pdf.assets/page-1-figure-2.png",
+        "in/report.pdf.assets/readme.txt",
+        "in/report.pdf.json",
+        "in/report.pdf.md",
+    ]
 
     sink.write_error(job, ERROR)
     listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="docs")["Contents"])
@@ -189,9 +229,18 @@ def test_s3_outputs_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
     with pytest.raises(OutputConflict):
         sink.write(job, MD, document(), extras(tmp_path))
 
-    s3.put_object(Bucket="docs", Key="in/report.pdf.ocr.pdf", Body=marked_pdf(tmp_path / "left.pdf").read_bytes())
-    sink.write(job, MD, document(), extras(tmp_path))  # left by a write that never reached its JSON: ocrwatch's
-    assert s3.get_object(Bucket="docs", Key="in/report.pdf.ocr.pdf")["Body"].read() == b"%PDF-1.7 searchable"
+    s3.put_object(
+        Bucket="docs",
+        Key="in/report.pdf.ocr.pdf",
+        Body=marked_pdf(tmp_path / "left.pdf").read_bytes(),
+    )
+    sink.write(
+        job, MD, document(), extras(tmp_path)
+    )  # left by a write that never reached its JSON: ocrwatch's
+    assert (
+        s3.get_object(Bucket="docs", Key="in/report.pdf.ocr.pdf")["Body"].read()
+        == b"%PDF-1.7 searchable"
+    )
 
 
 def test_outputs_and_archived_copies_are_never_taken_for_documents(tmp_path: Path) -> None:
@@ -202,11 +251,15 @@ def test_outputs_and_archived_copies_are_never_taken_for_documents(tmp_path: Pat
 
     assert is_output("in/report.pdf.ocr.pdf") and is_output("report.OCR.PDF")
     assert is_output("in/report.pdf.assets/page-12-figure-3.png")
-    assert not is_output("in/report.pdf.assets/cover.png") and not is_output("in/page-1-figure-1.png")
+    assert not is_output("in/report.pdf.assets/cover.png") and not is_output(
+        "in/page-1-figure-1.png"
+    )
     inbox = tmp_path / "inbox"
     source = LocalSource([InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{stem}")
     (watched,) = source._inboxes.values()
-    assert watched.accepts(inbox / "scan.pdf") and watched.accepts(inbox / "report.pdf.assets" / "cover.png")
+    assert watched.accepts(inbox / "scan.pdf") and watched.accepts(
+        inbox / "report.pdf.assets" / "cover.png"
+    )
     assert not watched.accepts(inbox / "scan.ocr.pdf")
     assert not watched.accepts(inbox / "sub" / "scan.assets" / "page-1-figure-1.png")
 

@@ -19,10 +19,18 @@ from tests.s3servers import MotoServer, RgwServer
 pytestmark = pytest.mark.s3
 
 KEY = "scans/2024/Report é+1.pdf"
-DOCUMENT = {"schema": "ocrwatch/1", "status": "ok", "source": {"uri": f"s3://docs/{KEY}", "etag": "abc123"},
-            "pages": [{"index": 1, "markdown": "Grüße"}]}
-ERROR = {"schema": "ocrwatch/1", "status": "failed", "source": {"uri": f"s3://docs/{KEY}"},
-         "error": {"kind": "corrupt_pdf"}}
+DOCUMENT = {
+    "schema": "ocrwatch/1",
+    "status": "ok",
+    "source": {"uri": f"s3://docs/{KEY}", "etag": "abc123"},
+    "pages": [{"index": 1, "markdown": "Grüße"}],
+}
+ERROR = {
+    "schema": "ocrwatch/1",
+    "status": "failed",
+    "source": {"uri": f"s3://docs/{KEY}"},
+    "error": {"kind": "corrupt_pdf"},
+}
 
 
 def job(key: str = KEY, bucket: str = "docs") -> Job:
@@ -44,15 +52,22 @@ def assert_round_trip(server: MotoServer | RgwServer, cfg: S3Config) -> None:
     markdown, response = get(s3, "docs", f"{KEY}.md")
     assert markdown.decode("utf-8") == "<!-- page 1 -->\nGrüße\n"
     assert response["ContentType"] == "text/markdown; charset=utf-8"
-    assert response["Metadata"] == {"ocrwatch-source-etag": "abc123", "ocrwatch-source-version-id": "v1"}
+    assert response["Metadata"] == {
+        "ocrwatch-source-etag": "abc123",
+        "ocrwatch-source-version-id": "v1",
+    }
     document, response = get(s3, "docs", f"{KEY}.json")
     assert json.loads(document) == DOCUMENT and response["ContentType"] == "application/json"
     assert response["Metadata"]["ocrwatch-source-etag"] == "abc123"
-    assert "Contents" not in s3.list_objects_v2(Bucket="docs", Prefix=f"{KEY}.error")  # stale error removed
+    assert "Contents" not in s3.list_objects_v2(
+        Bucket="docs", Prefix=f"{KEY}.error"
+    )  # stale error removed
     assert sink.recorded(job()) == DOCUMENT["source"]
     s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"")  # emptied by hand: still there
     assert sink.recorded(job()) == DOCUMENT["source"]
-    s3.delete_object(Bucket="docs", Key=f"{KEY}.md")  # without its Markdown the document is done again
+    s3.delete_object(
+        Bucket="docs", Key=f"{KEY}.md"
+    )  # without its Markdown the document is done again
     assert sink.recorded(job()) is None
 
 
@@ -63,15 +78,18 @@ def test_sidecars_beside_the_key_round_trip(moto: MotoServer) -> None:
 def test_sidecars_on_ceph_rgw(rgw: RgwServer) -> None:
     cfg = S3Config(transport="webhook", token="t", **rgw.s3_config())
     assert_round_trip(rgw, cfg)
-    with pytest.raises(NameTooLong):  # the key fits S3's 1024 bytes, its sidecar's does not (moto does not check)
+    with pytest.raises(
+        NameTooLong
+    ):  # the key fits S3's 1024 bytes, its sidecar's does not (moto does not check)
         S3Sink(cfg).write_error(job("k" * 1020 + ".pdf"), ERROR)
 
 
 @pytest.mark.parametrize("server_name", ["moto", "rgw"])
 def test_a_key_whose_sidecars_cannot_exist_is_recorded_as_nothing_and_refused_before_writing(
-        server_name: str, request: pytest.FixtureRequest) -> None:
-    """RGW refuses a read of a key over 1024 bytes (InvalidObjectName): that must mean "nothing recorded", not
-    "storage unavailable", or the sender is asked to resend the event for ever."""
+    server_name: str, request: pytest.FixtureRequest
+) -> None:
+    """RGW refuses a read of a key over 1024 bytes (InvalidObjectName): that must mean "nothing
+    recorded", not "storage unavailable", or the sender is asked to resend the event for ever."""
     server: MotoServer | RgwServer = request.getfixturevalue(server_name)
     s3 = server.client("s3")
     bucket = f"long-{server_name}"
@@ -84,10 +102,14 @@ def test_a_key_whose_sidecars_cannot_exist_is_recorded_as_nothing_and_refused_be
         sink.write(job(long_key, bucket), "<!-- page 1 -->\n", DOCUMENT)
     with pytest.raises(NameTooLong):
         sink.write_error(job(long_key, bucket), ERROR)
-    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [long_key]  # nothing written
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [
+        long_key
+    ]  # nothing written
 
 
-def test_a_failure_removes_the_previous_versions_result_but_never_a_users_object(moto: MotoServer) -> None:
+def test_a_failure_removes_the_previous_versions_result_but_never_a_users_object(
+    moto: MotoServer,
+) -> None:
     s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
     s3.create_bucket(Bucket="docs")
     sink.write(job(), "<!-- page 1 -->\nold\n", DOCUMENT)
@@ -96,33 +118,48 @@ def test_a_failure_removes_the_previous_versions_result_but_never_a_users_object
     assert keys == {f"{KEY}.error.json"}
     assert sink.recorded(job()) is None
 
-    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"my own notes")  # a user's object at a sidecar's key
+    s3.put_object(
+        Bucket="docs", Key=f"{KEY}.md", Body=b"my own notes"
+    )  # a user's object at a sidecar's key
     sink.write_error(job(), ERROR)
     assert get(s3, "docs", f"{KEY}.md")[0] == b"my own notes"
     with pytest.raises(OutputConflict, match="did not write"):
         sink.write(job(), "<!-- page 1 -->\nnew\n", DOCUMENT)
     assert get(s3, "docs", f"{KEY}.md")[0] == b"my own notes"
-    assert "Contents" not in s3.list_objects_v2(Bucket="docs", Prefix=f"{KEY}.json")  # nothing half-written
+    assert "Contents" not in s3.list_objects_v2(
+        Bucket="docs", Prefix=f"{KEY}.json"
+    )  # nothing half-written
 
 
 def test_recorded_reads_only_the_head_of_a_large_sidecar(moto: MotoServer) -> None:
     s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
     s3.create_bucket(Bucket="docs")
-    large = DOCUMENT | {"pages": [{"index": n, "markdown": "x" * 1000} for n in range(3000)]}  # 3 MB
+    large = DOCUMENT | {
+        "pages": [{"index": n, "markdown": "x" * 1000} for n in range(3000)]
+    }  # 3 MB
     sink.write(job(), "<!-- page 1 -->\n", large)
     assert sink.recorded(job()) == DOCUMENT["source"]
-    s3.put_object(Bucket="docs", Key=f"{KEY}.json", Body=b"[" * 5_000_000)  # not ours, and not JSON at all
+    s3.put_object(
+        Bucket="docs", Key=f"{KEY}.json", Body=b"[" * 5_000_000
+    )  # not ours, and not JSON at all
     assert sink.recorded(job()) is None
 
 
 def test_output_bucket_prefix_and_template(moto: MotoServer) -> None:
     s3 = moto.client("s3")
     s3.create_bucket(Bucket="ocr-out")
-    cfg = S3Config(queue_url="q", output_bucket="ocr-out", output_prefix="results/", **moto.s3_config())
+    cfg = S3Config(
+        queue_url="q", output_bucket="ocr-out", output_prefix="results/", **moto.s3_config()
+    )
     sink = S3Sink(cfg, name_template="{stem}.ocr")
-    assert sink.location(job()) == ("ocr-out", {"md": "results/scans/2024/Report é+1.ocr.md",
-                                                 "json": "results/scans/2024/Report é+1.ocr.json",
-                                                 "error": "results/scans/2024/Report é+1.ocr.error.json"})
+    assert sink.location(job()) == (
+        "ocr-out",
+        {
+            "md": "results/scans/2024/Report é+1.ocr.md",
+            "json": "results/scans/2024/Report é+1.ocr.json",
+            "error": "results/scans/2024/Report é+1.ocr.error.json",
+        },
+    )
     sink.write_error(job("top.png"), ERROR)
     error, response = get(s3, "ocr-out", "results/top.ocr.error.json")
     assert json.loads(error) == ERROR
@@ -143,10 +180,14 @@ def test_writing_to_a_missing_bucket_is_a_fault_of_the_place(moto: MotoServer) -
     sink = S3Sink(S3Config(queue_url="q", **moto.s3_config()))
     with pytest.raises(OutputNotWritable) as raised:
         sink.write(job(bucket="no-such-bucket"), "x", DOCUMENT)
-    assert raised.value.retryable  # waited out until the bucket exists, never a failure of the document
+    assert (
+        raised.value.retryable
+    )  # waited out until the bucket exists, never a failure of the document
 
 
-def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it(moto: MotoServer) -> None:
+def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it(
+    moto: MotoServer,
+) -> None:
     """A model can answer with a lone surrogate, which strict UTF-8 cannot encode: the bucket's
     Markdown gets "?" for it, the bytes the local sink writes, rather than a failed document."""
     s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
@@ -160,7 +201,8 @@ def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it
 
 @pytest.mark.parametrize("server_name", ["moto", "rgw"])
 def test_a_first_result_reads_no_key_that_does_not_exist_yet(
-        server_name: str, request: pytest.FixtureRequest) -> None:
+    server_name: str, request: pytest.FixtureRequest
+) -> None:
     """The sink's calls for a document's first result, counted at the client: the one read
     ``recorded`` needs, then one listing stands for every sidecar and output key a write checks
     (it used to read each of them, six reads of keys not there), then the two PUTs."""
@@ -178,8 +220,12 @@ def test_a_first_result_reads_no_key_that_does_not_exist_yet(
     sink = S3Sink(cfg, client)
     assert sink.recorded(job(bucket=bucket)) is None
     sink.write(job(bucket=bucket), "<!-- page 1 -->\nGrüße\n", DOCUMENT)
-    assert calls == [("GetObject", f"{KEY}.json"), ("ListObjectsV2", f"{KEY}."),
-                     ("PutObject", f"{KEY}.md"), ("PutObject", f"{KEY}.json")]
+    assert calls == [
+        ("GetObject", f"{KEY}.json"),
+        ("ListObjectsV2", f"{KEY}."),
+        ("PutObject", f"{KEY}.md"),
+        ("PutObject", f"{KEY}.json"),
+    ]
     calls.clear()
     sink.write_error(job(bucket=bucket), ERROR)  # over a result: what is there is read, no other
     absent = (".error.json", ".ocr.pdf")

@@ -1,4 +1,6 @@
-"""The one sniffer: every format either old sniffer knew, and the inbox and the renderer agreeing on a file."""
+"""The one sniffer: every format either old sniffer knew, and the inbox and the renderer agreeing on
+a
+file."""
 
 from __future__ import annotations
 
@@ -45,7 +47,14 @@ def test_a_pdf_header_may_follow_junk_within_the_head() -> None:
 
 
 def test_unknown_and_short_content_is_none() -> None:
-    for head in (b"", b"%PD", b"plain text\n", b"GIF89a\x01\x00", b"BM\x36\x00", b"RIFF\x24\x00\x00\x00WAVEfmt "):
+    for head in (
+        b"",
+        b"%PD",
+        b"plain text\n",
+        b"GIF89a\x01\x00",
+        b"BM\x36\x00",
+        b"RIFF\x24\x00\x00\x00WAVEfmt ",
+    ):
         assert sniff(head) is None, head
 
 

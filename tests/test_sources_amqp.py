@@ -231,7 +231,9 @@ def test_without_aio_pika_the_error_names_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "aio_pika" else real(name, *a)
     )
-    with pytest.raises(ConfigError, match=r"s3\[0\]\.transport: 'amqp'.*pip install 'ocrwatch\[amqp\]'"):
+    with pytest.raises(
+        ConfigError, match=r"s3\[0\]\.transport: 'amqp'.*pip install 'ocrwatch\[amqp\]'"
+    ):
         config.from_mapping({"s3": [{**BASE, "url": "amqp://h/"}]})
 
 

@@ -20,11 +20,22 @@ SIDECARS = sidecar_suffixes("{name}")
 @pytest.mark.parametrize(
     "name",
     [
-        ".DS_Store", "._scan.pdf", "Thumbs.db", "THUMBS.DB", "desktop.ini", "Desktop.INI",
-        "scan.pdf.part", "scan.pdf.crdownload", "scan.pdf.tmp", "~$report.docx", ".hidden.pdf",
-        "scan.pdf.md", "scan.pdf.json", "scan.pdf.error.json",
+        ".DS_Store",
+        "._scan.pdf",
+        "Thumbs.db",
+        "THUMBS.DB",
+        "desktop.ini",
+        "Desktop.INI",
+        "scan.pdf.part",
+        "scan.pdf.crdownload",
+        "scan.pdf.tmp",
+        "~$report.docx",
+        ".hidden.pdf",
+        "scan.pdf.md",
+        "scan.pdf.json",
+        "scan.pdf.error.json",
     ],
-)  # fmt: skip
+)
 def test_built_in_and_hidden_files_are_never_taken(name: str) -> None:
     rules = NameRules(EVERYTHING, (), SIDECARS)
     assert rules.ignores(name) and not rules.takes(PurePath("/inbox") / name)

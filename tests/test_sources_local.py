@@ -1,8 +1,8 @@
 """LocalSource on real folders, watched by real watchdog observers, driven by a real asyncio loop.
 
-Waits are polling loops with deadlines. A claim that something is *not* taken waits for a sentinel written
-after it to be taken, then a short grace period: the only fixed sleeps are those grace periods and the pauses
-of deliberately slow writers.
+Waits are polling loops with deadlines. A claim that something is *not* taken waits for a sentinel
+written after it to be taken, then a short grace period: the only fixed sleeps are those grace
+periods and the pauses of deliberately slow writers.
 """
 
 from __future__ import annotations
@@ -31,12 +31,16 @@ from tests.outboxes import fed
 
 SETTLE = 0.2
 PAUSE = 6 * SETTLE  # a writer's pause: long enough for the file to look settled, though incomplete
-GRACE = 3 * SETTLE  # how long to wait, after a sentinel is taken, before saying something else was not
+GRACE = (
+    3 * SETTLE
+)  # how long to wait, after a sentinel is taken, before saying something else was not
 
 
 def pdf_bytes(pages: int = 3) -> bytes:
     buffer = io.BytesIO()
-    first, *rest = (Image.new("RGB", (300, 200), shade) for shade in ("white", "gray", "black")[:pages])
+    first, *rest = (
+        Image.new("RGB", (300, 200), shade) for shade in ("white", "gray", "black")[:pages]
+    )
     first.save(buffer, "PDF", save_all=True, append_images=rest)
     return buffer.getvalue()
 
@@ -57,7 +61,8 @@ def inbox(path: Path, **overrides: Any) -> InboxConfig:
 
 
 class Collector:
-    """The daemon's ``submit``: records each job with the file's size at the moment it was submitted."""
+    """The daemon's ``submit``: records each job with the file's size at the moment it was
+    submitted."""
 
     def __init__(self) -> None:
         self.jobs: list[Job] = []
@@ -88,10 +93,14 @@ async def until(predicate: Callable[[], object], what: str, timeout: float = 10.
 
 @contextlib.asynccontextmanager
 async def watching(
-    *inboxes: InboxConfig, reconcile_seconds: float = 60.0, lapsed: Callable[[Job], bool] = lambda job: False
+    *inboxes: InboxConfig,
+    reconcile_seconds: float = 60.0,
+    lapsed: Callable[[Job], bool] = lambda job: False,
 ) -> AsyncIterator[tuple[LocalSource, Collector]]:
     collector = Collector()
-    source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}", lapsed=lapsed)
+    source = LocalSource(
+        inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}", lapsed=lapsed
+    )
     await source.start(fed(collector, never_reject))
     try:
         yield source, collector
@@ -103,12 +112,14 @@ def run(scenario: Coroutine[Any, Any, None]) -> None:
     asyncio.run(asyncio.wait_for(scenario, 30))
 
 
-# --- readiness ---------------------------------------------------------------------------------------------
+# --- readiness ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
 @pytest.mark.parametrize("writer", ["pauses", "closes-and-reopens"])
-def test_slow_writer_is_taken_once_and_only_when_complete(tmp_path: Path, writer: str, polling: bool) -> None:
+def test_slow_writer_is_taken_once_and_only_when_complete(
+    tmp_path: Path, writer: str, polling: bool
+) -> None:
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in", polling=polling)) as (_, got):
             target = (tmp_path / "in").resolve() / "slow.pdf"
@@ -133,7 +144,8 @@ def test_slow_writer_is_taken_once_and_only_when_complete(tmp_path: Path, writer
 
 def test_a_burst_of_files_settles_without_a_task_per_file(tmp_path: Path) -> None:
     """Files waiting to settle wait in one heap of deadlines, not as a task (and an Event) each: a
-    backlog dropped at once cost about 1.5 KB a file that way. Each is still taken once, when due."""
+    backlog dropped at once cost about 1.5 KB a file that way. Each is still taken once, when
+    due."""
     files = 300
     folder = tmp_path / "in"
     folder.mkdir()
@@ -147,7 +159,9 @@ def test_a_burst_of_files_settles_without_a_task_per_file(tmp_path: Path) -> Non
             assert tasks <= 50, f"{tasks} tasks for {files} files settling"
             await until(lambda: len(got.jobs) >= files, "every file", timeout=20)
             await asyncio.sleep(GRACE)
-            assert sorted(got.names()) == sorted(f"page-{number:03d}.pdf" for number in range(files))
+            assert sorted(got.names()) == sorted(
+                f"page-{number:03d}.pdf" for number in range(files)
+            )
             assert len(got.jobs) == files
 
     run(scenario())
@@ -176,9 +190,9 @@ def test_an_empty_file_closed_is_submitted_once_quiet_without_the_probes_give_up
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, polling: bool
 ) -> None:
     """A close with nothing written is decided after settle_seconds (the pipeline fails it as
-    empty_file), not after the give-up, an hour here; where no close is seen (polling), an empty file
-    waits for the give-up, since its writer may hold it open; a writer that closes and comes back
-    within settle_seconds is waited for."""
+    empty_file), not after the give-up, an hour here; where no close is seen (polling), an empty
+    file waits for the give-up, since its writer may hold it open; a writer that closes and comes
+    back within settle_seconds is waited for."""
     monkeypatch.setattr(settling, "PROBE_GIVE_UP_MIN_SECONDS", 3600.0)
 
     async def scenario() -> None:
@@ -199,7 +213,9 @@ def test_an_empty_file_closed_is_submitted_once_quiet_without_the_probes_give_up
                 await until(lambda: "empty.pdf" in got.names(), "the empty file")
             await asyncio.sleep(GRACE)
             taken = [(job.origin.name, size) for job, size in zip(got.jobs, got.sizes)]
-            expected = {"sentinel.pdf": len(PDF), "reopened.pdf": len(PDF)} | ({} if polling else {"empty.pdf": 0})
+            expected = {"sentinel.pdf": len(PDF), "reopened.pdf": len(PDF)} | (
+                {} if polling else {"empty.pdf": 0}
+            )
             assert len(taken) == len(expected) and dict(taken) == expected, taken
 
     run(scenario())
@@ -208,7 +224,8 @@ def test_an_empty_file_closed_is_submitted_once_quiet_without_the_probes_give_up
 def test_an_empty_file_found_untouched_for_the_give_up_is_submitted_once_quiet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No close is seen of a file already there (a restart's scan, a polled inbox): an empty one that
+    """No close is seen of a file already there (a restart's scan, a polled inbox): an empty one
+    that
     nothing has changed (its ctime) for the give-up has waited for it already."""
     give_up = 2.0
     monkeypatch.setattr(settling, "PROBE_GIVE_UP_MIN_SECONDS", give_up)
@@ -223,14 +240,18 @@ def test_an_empty_file_found_untouched_for_the_give_up_is_submitted_once_quiet(
         async with watching(inbox(folder, polling=True)) as (_, got):
             started = asyncio.get_running_loop().time()
             await until(lambda: got.jobs, "the empty file")
-            assert asyncio.get_running_loop().time() - started < give_up, "waited for the give-up again"
+            assert asyncio.get_running_loop().time() - started < give_up, (
+                "waited for the give-up again"
+            )
             assert got.names() == {"empty.pdf"}
             await until(lambda: len(got.jobs) == 2, "the young one, after the give-up")
 
     run(scenario())
 
 
-def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_is(tmp_path: Path) -> None:
+def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_is(
+    tmp_path: Path,
+) -> None:
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3) as (_, got):
             target = tmp_path / "in" / "doc.pdf"
@@ -248,15 +269,19 @@ def test_unchanged_file_is_not_resubmitted_by_reconciliation_but_a_changed_one_i
 def test_a_document_failed_for_its_path_only_is_submitted_again_once_a_scan_finds_it_whole(
     tmp_path: Path,
 ) -> None:
-    """A run that met its folder swapped for a link fails ``source_gone`` and leaves no error sidecar:
-    the file, whole at its path again, is submitted by the next scan; one failed for its bytes is not."""
+    """A run that met its folder swapped for a link fails ``source_gone`` and leaves no error
+    sidecar:
+    the file, whole at its path again, is submitted by the next scan; one failed for its bytes is
+    not."""
 
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3) as (source, got):
             (tmp_path / "in" / "gone.pdf").write_bytes(PDF)
             (tmp_path / "in" / "bad.pdf").write_bytes(PDF)
             await until(lambda: got.names() == {"gone.pdf", "bad.pdf"}, "both files")
-            jobs = {job.origin.path.name: job for job in got.jobs if isinstance(job.origin, LocalFile)}
+            jobs = {
+                job.origin.path.name: job for job in got.jobs if isinstance(job.origin, LocalFile)
+            }
             await source.finish(jobs["bad.pdf"], "failed", "corrupt_pdf")
             await source.finish(jobs["gone.pdf"], "failed", "source_gone")
             await until(lambda: len(got.jobs) == 3, "gone.pdf submitted again")
@@ -267,8 +292,9 @@ def test_a_document_failed_for_its_path_only_is_submitted_again_once_a_scan_find
 
 
 class Lapsed:
-    """The daemon's ``lapsed``: a document is done once submitted, and its sidecars lapse when its JSON sidecar
-    (beside it, or in ``out``) is gone. Records what it was asked."""
+    """The daemon's ``lapsed``: a document is done once submitted, and its sidecars lapse when its
+    JSON
+    sidecar (beside it, or in ``out``) is gone. Records what it was asked."""
 
     def __init__(self, out: Path | None = None) -> None:
         self.out = out
@@ -280,10 +306,15 @@ class Lapsed:
         return not ((self.out or job.origin.path.parent) / f"{job.origin.name}.json").exists()
 
 
-def test_a_sidecar_deleted_or_moved_away_beside_its_document_has_it_submitted_again_at_once(tmp_path: Path) -> None:
+def test_a_sidecar_deleted_or_moved_away_beside_its_document_has_it_submitted_again_at_once(
+    tmp_path: Path,
+) -> None:
     async def scenario() -> None:
         lapsed = Lapsed()
-        async with watching(inbox(tmp_path / "in"), lapsed=lapsed) as (_, got):  # no reconciliation meanwhile
+        async with watching(inbox(tmp_path / "in"), lapsed=lapsed) as (
+            _,
+            got,
+        ):  # no reconciliation meanwhile
             folder = (tmp_path / "in").resolve()
             for name in ("a.pdf", "b.pdf"):
                 (folder / name).write_bytes(PDF)
@@ -301,32 +332,42 @@ def test_a_sidecar_deleted_or_moved_away_beside_its_document_has_it_submitted_ag
             (folder / "b.pdf.md").unlink()  # asked, but its JSON is there: not lapsed
             await asyncio.sleep(GRACE)
             assert got.names() == {"a.pdf", "b.pdf"} and len(got.jobs) == 4
-            assert lapsed.asked.count("b.pdf") >= 3  # the JSON written, moved away, the Markdown deleted
+            assert (
+                lapsed.asked.count("b.pdf") >= 3
+            )  # the JSON written, moved away, the Markdown deleted
 
     run(scenario())
 
 
 def test_reconciliation_submits_again_only_documents_whose_sidecars_lapsed(tmp_path: Path) -> None:
-    """Sidecars under ``[output] dir`` raise no event in the inbox: the periodic scan asks for every document it
-    submitted before and finds unchanged, and submits again only those whose sidecars lapsed."""
+    """Sidecars under ``[output] dir`` raise no event in the inbox: the periodic scan asks for every
+    document it submitted before and finds unchanged, and submits again only those whose sidecars
+    lapsed."""
     out = tmp_path / "out"
     out.mkdir()
 
     async def scenario() -> None:
         lapsed = Lapsed(out)
-        async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3, lapsed=lapsed) as (_, got):
+        async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3, lapsed=lapsed) as (
+            _,
+            got,
+        ):
             for name in ("kept.pdf", "lost.pdf"):
                 (tmp_path / "in" / name).write_bytes(PDF)
                 (out / f"{name}.json").write_text("{}")
             await until(lambda: len(got.jobs) == 2, "both files")
-            await until(lambda: lapsed.asked.count("kept.pdf") >= 2, "two scans asking for each document")
+            await until(
+                lambda: lapsed.asked.count("kept.pdf") >= 2, "two scans asking for each document"
+            )
             assert len(got.jobs) == 2
             (out / "lost.pdf.json").unlink()
             await until(lambda: len(got.jobs) == 3, "the document whose sidecar was deleted")
             assert got.jobs[2].origin.name == "lost.pdf"
             (out / "lost.pdf.json").write_text("{}")  # written again
             asked = len(lapsed.asked)
-            await until(lambda: len(lapsed.asked) >= asked + 4, "two scans: one that asked before is over")
+            await until(
+                lambda: len(lapsed.asked) >= asked + 4, "two scans: one that asked before is over"
+            )
             submitted, asked = len(got.jobs), len(lapsed.asked)
             await until(lambda: len(lapsed.asked) >= asked + 4, "two more scans")
             assert len(got.jobs) == submitted
@@ -351,17 +392,23 @@ def test_probe_knows_whole_files_from_partial_ones(tmp_path: Path) -> None:
         assert probe(whole, tmp_path), kind
         assert not probe(partial, tmp_path), kind
     (tmp_path / "notes.pdf").write_bytes(b"plain text that merely ends in .pdf\n")
-    assert probe(tmp_path / "notes.pdf", tmp_path), "unknown content is submitted so the renderer says not_a_document"
+    assert probe(tmp_path / "notes.pdf", tmp_path), (
+        "unknown content is submitted so the renderer says not_a_document"
+    )
     (tmp_path / "empty.pdf").write_bytes(b"")
     (tmp_path / "tiny.pdf").write_bytes(b"%PD")
-    assert not probe(tmp_path / "empty.pdf", tmp_path) and not probe(tmp_path / "tiny.pdf", tmp_path)
+    assert not probe(tmp_path / "empty.pdf", tmp_path) and not probe(
+        tmp_path / "tiny.pdf", tmp_path
+    )
     os.mkfifo(tmp_path / "fifo.pdf")
     assert not probe(tmp_path / "fifo.pdf", tmp_path)  # returns at once: never blocks on a FIFO
     (tmp_path / "link.pdf").symlink_to(whole.with_suffix(".pdf"))
-    assert not probe(tmp_path / "link.pdf", tmp_path), "a link is never opened, even to a whole file"
+    assert not probe(tmp_path / "link.pdf", tmp_path), (
+        "a link is never opened, even to a whole file"
+    )
 
 
-# --- arrival -----------------------------------------------------------------------------------------------
+# --- arrival --------------------------------------------------------------------------------------
 
 
 def test_files_and_folders_moved_in_are_taken(tmp_path: Path) -> None:
@@ -379,7 +426,11 @@ def test_files_and_folders_moved_in_are_taken(tmp_path: Path) -> None:
             await until(lambda: len(got.jobs) == 3, "three moved-in files")
             await asyncio.sleep(GRACE)
             assert sorted(got.paths()) == sorted(
-                [root / "moved.pdf", root / "batch" / "one.pdf", root / "batch" / "deeper" / "two.png"]
+                [
+                    root / "moved.pdf",
+                    root / "batch" / "one.pdf",
+                    root / "batch" / "deeper" / "two.png",
+                ]
             )
 
     run(scenario())
@@ -396,7 +447,10 @@ def test_recursive_inbox_takes_nested_folders_and_flat_inbox_ignores_them(tmp_pa
             (flat / "top.pdf").write_bytes(PDF)
             await until(lambda: len(got.jobs) == 2, "nested.pdf and top.pdf")
             await asyncio.sleep(GRACE)
-            assert sorted(got.paths()) == [deep.resolve() / "a" / "b" / "nested.pdf", flat.resolve() / "top.pdf"]
+            assert sorted(got.paths()) == [
+                deep.resolve() / "a" / "b" / "nested.pdf",
+                flat.resolve() / "top.pdf",
+            ]
             assert got.jobs[0].origin.inbox in (deep.resolve(), flat.resolve())
 
     run(scenario())
@@ -406,7 +460,10 @@ def test_names_with_spaces_non_ascii_and_upper_case(tmp_path: Path) -> None:
     names = ["rapport annuel été 2024.pdf", "日本語 スキャン.png", "SCAN 0001.PDF"]
 
     async def scenario() -> None:
-        async with watching(inbox(tmp_path / "in", priority=80, prompt="free", max_pages=7)) as (_, got):
+        async with watching(inbox(tmp_path / "in", priority=80, prompt="free", max_pages=7)) as (
+            _,
+            got,
+        ):
             for name in names:
                 data = image_bytes("PNG") if name.endswith(".png") else PDF
                 (tmp_path / "in" / name).write_bytes(data)
@@ -436,14 +493,22 @@ def test_files_present_before_start_are_found_by_the_startup_scan(tmp_path: Path
     run(scenario())
 
 
-# --- what is refused ---------------------------------------------------------------------------------------
+# --- what is refused ------------------------------------------------------------------------------
 
 
 def test_temporaries_sidecars_and_hidden_files_are_ignored(tmp_path: Path) -> None:
     ignored = [
-        "copy.pdf.part", "copy.pdf.tmp", "copy.pdf.crdownload", "UPPER.PDF.PART", "~$locked.pdf", ".hidden.pdf",
-        "report.pdf.md", "report.pdf.json", "report.pdf.error.json", ".report.pdf.json.ocrwatch-tmp-1a2b",
-    ]  # fmt: skip
+        "copy.pdf.part",
+        "copy.pdf.tmp",
+        "copy.pdf.crdownload",
+        "UPPER.PDF.PART",
+        "~$locked.pdf",
+        ".hidden.pdf",
+        "report.pdf.md",
+        "report.pdf.json",
+        "report.pdf.error.json",
+        ".report.pdf.json.ocrwatch-tmp-1a2b",
+    ]
 
     async def scenario() -> None:
         root = tmp_path / "in"
@@ -463,7 +528,9 @@ def test_temporaries_sidecars_and_hidden_files_are_ignored(tmp_path: Path) -> No
     run(scenario())
 
 
-def test_directories_and_fifos_named_like_documents_are_ignored_without_blocking(tmp_path: Path) -> None:
+def test_directories_and_fifos_named_like_documents_are_ignored_without_blocking(
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "in"
     root.mkdir()
     os.mkfifo(root / "early-fifo.pdf")
@@ -477,7 +544,9 @@ def test_directories_and_fifos_named_like_documents_are_ignored_without_blocking
             await until(lambda: len(got.jobs) == 2, "good.pdf and folder.pdf/inside.pdf")
             await asyncio.sleep(GRACE)
             assert got.names() == {"good.pdf", "inside.pdf"}
-            fifo_job = Job(origin=LocalFile(root.resolve() / "late-fifo.pdf", root.resolve()), source="local")
+            fifo_job = Job(
+                origin=LocalFile(root.resolve() / "late-fifo.pdf", root.resolve()), source="local"
+            )
             with pytest.raises(NotARegularFile):
                 await source.fetch(fifo_job, tmp_path)
 
@@ -486,20 +555,27 @@ def test_directories_and_fifos_named_like_documents_are_ignored_without_blocking
 
 @pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
 @pytest.mark.parametrize("when", ["before start", "while watching"])
-def test_no_link_is_followed_and_each_is_refused_once(tmp_path: Path, polling: bool, when: str) -> None:
-    """Choice: a link is never a document and never a way in, whether it leads out of the inbox or within it,
-    to a file or to a folder (``ln -s . a; ln -s .. b`` must not make either watcher walk for ever). The
-    native and the polling watcher treat them alike: one ``local_refused`` line each."""
+def test_no_link_is_followed_and_each_is_refused_once(
+    tmp_path: Path, polling: bool, when: str
+) -> None:
+    """Choice: a link is never a document and never a way in, whether it leads out of the inbox or
+    within it, to a file or to a folder (``ln -s . a; ln -s .. b`` must not make either watcher walk
+    for ever). The native and the polling watcher treat them alike: one ``local_refused`` line
+    each."""
     root = tmp_path / "in"
     (root / ".private").mkdir(parents=True)
     (tmp_path / "elsewhere.pdf").write_bytes(PDF)
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "beyond.pdf").write_bytes(PDF)
     links = {
-        "passwd.pdf": Path("/etc/passwd"), "escape.pdf": tmp_path / "elsewhere.pdf",
-        "peek.pdf": root / ".private" / "secret.pdf", "alias.pdf": Path("real.pdf"), "a": Path("."),
-        "b": Path(".."), "out": tmp_path / "folder",
-    }  # fmt: skip
+        "passwd.pdf": Path("/etc/passwd"),
+        "escape.pdf": tmp_path / "elsewhere.pdf",
+        "peek.pdf": root / ".private" / "secret.pdf",
+        "alias.pdf": Path("real.pdf"),
+        "a": Path("."),
+        "b": Path(".."),
+        "out": tmp_path / "folder",
+    }
 
     def make_links() -> None:
         (root / ".private" / "secret.pdf").write_bytes(PDF)
@@ -516,14 +592,24 @@ def test_no_link_is_followed_and_each_is_refused_once(tmp_path: Path, polling: b
                 if when == "while watching":
                     make_links()
                 await until(lambda: got.names() == {"real.pdf"}, "real.pdf")
-                await until(lambda: {Path(e["path"]).name for e in logs if e["event"] == "local_refused"} >= set(links),
-                            "every link refused")  # fmt: skip
+                await until(
+                    lambda: (
+                        {Path(e["path"]).name for e in logs if e["event"] == "local_refused"}
+                        >= set(links)
+                    ),
+                    "every link refused",
+                )
                 (root / "sentinel.pdf").write_bytes(PDF)
                 await until(lambda: len(got.jobs) == 2, "sentinel.pdf")
                 await asyncio.sleep(GRACE)
-                assert sorted(got.paths()) == [root.resolve() / "real.pdf", root.resolve() / "sentinel.pdf"]
+                assert sorted(got.paths()) == [
+                    root.resolve() / "real.pdf",
+                    root.resolve() / "sentinel.pdf",
+                ]
         refused = [entry for entry in logs if entry["event"] == "local_refused"]
-        assert sorted(Path(entry["path"]).name for entry in refused) == sorted(links), "one line per link"
+        assert sorted(Path(entry["path"]).name for entry in refused) == sorted(links), (
+            "one line per link"
+        )
         reasons = {Path(entry["path"]).name: entry["reason"] for entry in refused}
         assert "outside the inbox" in reasons["passwd.pdf"] and "outside the inbox" in reasons["b"]
         assert all("links are not followed" in reason for reason in reasons.values())
@@ -531,7 +617,7 @@ def test_no_link_is_followed_and_each_is_refused_once(tmp_path: Path, polling: b
     run(scenario())
 
 
-# --- observers, scans, reloads -----------------------------------------------------------------------------
+# --- observers, scans, reloads --------------------------------------------------------------------
 
 
 def test_filesystem_type_from_mountinfo() -> None:
@@ -552,7 +638,9 @@ def test_filesystem_type_from_mountinfo() -> None:
     assert filesystem_type(Path("/srv/nfsish/inbox"), mountinfo) == "ext4"  # whole components only
     assert filesystem_type(Path("/mnt/my share/inbox"), mountinfo) == "cifs"
     assert filesystem_type(Path("/home/u/remote/scans"), mountinfo) == "fuse.sshfs"
-    assert filesystem_type(Path("/data"), mountinfo) == "nfs"  # mounted over xfs: the last mount wins
+    assert (
+        filesystem_type(Path("/data"), mountinfo) == "nfs"
+    )  # mounted over xfs: the last mount wins
     assert filesystem_type(Path("/anything"), "") is None
 
     assert choose_polling("auto", "nfs4")[0] and choose_polling("auto", "fuse.sshfs")[0]
@@ -569,7 +657,9 @@ def test_filesystem_type_from_mountinfo() -> None:
 def test_observer_choice_is_logged_and_polling_mode_takes_files(tmp_path: Path) -> None:
     async def scenario() -> None:
         with structlog.testing.capture_logs() as logs:
-            async with watching(inbox(tmp_path / "polled", polling=True), inbox(tmp_path / "native")) as (_, got):
+            async with watching(
+                inbox(tmp_path / "polled", polling=True), inbox(tmp_path / "native")
+            ) as (_, got):
                 (tmp_path / "polled" / "a.pdf").write_bytes(PDF)
                 (tmp_path / "native" / "b.pdf").write_bytes(PDF)
                 await until(lambda: len(got.jobs) == 2, "a file in each inbox")
@@ -584,9 +674,13 @@ def test_observer_choice_is_logged_and_polling_mode_takes_files(tmp_path: Path) 
     run(scenario())
 
 
-def test_reconciliation_finds_a_file_whose_events_were_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fault injection at the one seam events pass through: every event about ``lost.pdf`` is dropped, as an
-    inotify queue overflow or a restart of the observer would; only the periodic scan can find it."""
+def test_reconciliation_finds_a_file_whose_events_were_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection at the one seam events pass through: every event about ``lost.pdf`` is
+    dropped,
+    as an inotify queue overflow or a restart of the observer would; only the periodic scan can find
+    it."""
     dropped: list[object] = []
 
     class LosingBridge(watch.EventBridge):
@@ -624,7 +718,9 @@ def test_update_inboxes_adds_and_removes_without_dropping_pending_work(tmp_path:
             assert got.jobs[0].priority == 90
             slow.write(PDF[1000:])
             slow.close()
-            await until(lambda: len(got.jobs) == 2, "slow.pdf, which was settling during the reload")
+            await until(
+                lambda: len(got.jobs) == 2, "slow.pdf, which was settling during the reload"
+            )
             with pytest.raises(ConfigError):
                 await source.update_inboxes([second, inbox(tmp_path / "second")])
             await source.update_inboxes([second])
@@ -637,10 +733,12 @@ def test_update_inboxes_adds_and_removes_without_dropping_pending_work(tmp_path:
     run(scenario())
 
 
-# --- fetch and finish ----------------------------------------------------------------------------------------
+# --- fetch and finish -----------------------------------------------------------------------------
 
 
-def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(tmp_path: Path) -> None:
+def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "in"
     quarantine = root / "failed"
     spool = tmp_path / "spool"
@@ -659,14 +757,16 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             (root / "sub" / "bad.pdf.error.json").write_text('{"kind": "corrupt_pdf"}')
             await source.finish(job, "done")
             for kind in ("output_conflict", "source_gone", "crash_loop", "no_such_kind", None):
-                await source.finish(job, "failed", kind)  # faults fixed beside it: it stays for its hint
+                await source.finish(
+                    job, "failed", kind
+                )  # faults fixed beside it: it stays for its hint
                 assert (root / "sub" / "bad.pdf").exists(), kind
 
             await source.finish(job, "failed", "corrupt_pdf")
             assert not (root / "sub" / "bad.pdf").exists()
             assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF
-            # Written by the test, so no record of outputs holds it as ocrwatch's: it stays (tests/test_archive.py
-            # has the quarantine take a recorded one along).
+            # Written by the test, so no record of outputs holds it as ocrwatch's: it stays
+            # (tests/test_archive.py has the quarantine take a recorded one along).
             assert (root / "sub" / "bad.pdf.error.json").exists()
             with pytest.raises(SourceGone):
                 await source.fetch(job, spool)
@@ -682,8 +782,12 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
                 fixed.write(PDF[:1000])
                 fixed.flush()
                 await asyncio.sleep(SETTLE)
-                await source.finish(got.jobs[1], "failed", "corrupt_pdf")  # late news about the old version
-                assert (root / "sub" / "bad.pdf").exists(), "a version being written is never quarantined"
+                await source.finish(
+                    got.jobs[1], "failed", "corrupt_pdf"
+                )  # late news about the old version
+                assert (root / "sub" / "bad.pdf").exists(), (
+                    "a version being written is never quarantined"
+                )
                 fixed.write(PDF[1000:])
             await until(lambda: len(got.jobs) == 3, "the fixed bad.pdf")
 
@@ -694,14 +798,18 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             (root / "sentinel.pdf").write_bytes(PDF)
             await until(lambda: len(got.jobs) == 4, "sentinel.pdf")
             await asyncio.sleep(GRACE)
-            assert got.names() == {"bad.pdf", "sentinel.pdf"}, "quarantined files are not taken again"
+            assert got.names() == {"bad.pdf", "sentinel.pdf"}, (
+                "quarantined files are not taken again"
+            )
 
     run(scenario())
 
 
 def test_quarantine_follows_no_link_on_either_side(tmp_path: Path) -> None:
-    """A folder of the quarantine made a link in advance, or the document's folder swapped for a link to a
-    folder outside with a file of the same name: the move is refused and nothing outside is touched."""
+    """A folder of the quarantine made a link in advance, or the document's folder swapped for a
+    link
+    to a folder outside with a file of the same name: the move is refused and nothing outside is
+    touched."""
     root, outside = tmp_path / "in", tmp_path / "outside"
     quarantine = root / "failed"
     (quarantine).mkdir(parents=True)
@@ -720,7 +828,9 @@ def test_quarantine_follows_no_link_on_either_side(tmp_path: Path) -> None:
                 await until(lambda: len(got.jobs) == 2, "both documents")
                 bad, doc = sorted(got.jobs, key=lambda job: job.origin.path.name)
                 await source.finish(bad, "failed", "not_a_document")
-                assert (root / "sub" / "bad.pdf").read_bytes() == PDF, "moved through the quarantine's link"
+                assert (root / "sub" / "bad.pdf").read_bytes() == PDF, (
+                    "moved through the quarantine's link"
+                )
                 os.rename(root / "other", tmp_path / "gone")
                 (root / "other").symlink_to(outside / "theirs")
                 await source.finish(doc, "failed", "not_a_document")

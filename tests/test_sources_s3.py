@@ -1,4 +1,5 @@
-"""S3 events, and S3Source (SQS) against moto_server on 127.0.0.1 (S3 + SQS, the AWS event shape)."""
+"""S3 events, and S3Source (SQS) against moto_server on 127.0.0.1 (S3 + SQS, the AWS event
+shape)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ ODD_KEYS = ["inbox/My Scan é+1.pdf", "inbox/a+b.pdf", "inbox/déjà vu/ü 100%.
 
 
 class Submitted:
-    """A ``submit`` that records jobs, optionally slowly or failing, so tests can observe the source; its
-    ``reject`` records the jobs a source gives up."""
+    """A ``submit`` that records jobs, optionally slowly or failing, so tests can observe the
+    source;
+    its ``reject`` records the jobs a source gives up."""
 
     def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
         self.jobs: list[Job] = []
@@ -50,7 +52,9 @@ class Submitted:
         self.rejected.append((job, error, attempts))
 
     async def wait(self, count: int, timeout: float = 20.0) -> list[Job]:
-        await until(lambda: len(self.jobs) >= count, timeout, f"{count} jobs (have {len(self.jobs)})")
+        await until(
+            lambda: len(self.jobs) >= count, timeout, f"{count} jobs (have {len(self.jobs)})"
+        )
         return self.jobs
 
 
@@ -67,28 +71,43 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 
 
 def sqs_config(server: MotoServer, queue_url: str, **keys: Any) -> S3Config:
-    return S3Config(**server.s3_config(**{"transport": "sqs", "queue_url": queue_url, "wait_time_seconds": 1, **keys}))
+    return S3Config(
+        **server.s3_config(
+            **{"transport": "sqs", "queue_url": queue_url, "wait_time_seconds": 1, **keys}
+        )
+    )
 
 
 def queue_counts(server: MotoServer, queue_url: str) -> tuple[int, int]:
     """(visible, in flight) messages."""
-    attributes = server.client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
-        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
-    return int(attributes["ApproximateNumberOfMessages"]), int(attributes["ApproximateNumberOfMessagesNotVisible"])
+    attributes = server.client("sqs").get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]), int(
+        attributes["ApproximateNumberOfMessagesNotVisible"]
+    )
 
 
-# --- events, without a server ---------------------------------------------------------------------------------
+# --- events, without a server ---------------------------------------------------------------------
 
 
-def record(key: str, source: str = "aws:s3", name: str = "ObjectCreated:Put", **obj: Any) -> dict[str, Any]:
-    return {"eventSource": source, "eventName": name,
-            "s3": {"bucket": {"name": "bucket"}, "object": {"key": key, **obj}}}
+def record(
+    key: str, source: str = "aws:s3", name: str = "ObjectCreated:Put", **obj: Any
+) -> dict[str, Any]:
+    return {
+        "eventSource": source,
+        "eventName": name,
+        "s3": {"bucket": {"name": "bucket"}, "object": {"key": key, **obj}},
+    }
 
 
 def test_keys_are_decoded_as_their_producer_encoded_them() -> None:
     aws = created_object(record("inbox%2FMy+Scan+%C3%A9%2B1.pdf", size=14, eTag="abc"))
     assert aws == S3Object("bucket", "inbox/My Scan é+1.pdf", etag="abc", size=14)
-    minio = created_object(record("inbox/a%2Bb+c.pdf", "minio:s3", "s3:ObjectCreated:Put", eTag='"q"'))
+    minio = created_object(
+        record("inbox/a%2Bb+c.pdf", "minio:s3", "s3:ObjectCreated:Put", eTag='"q"')
+    )
     assert minio is not None and (minio.key, minio.etag) == ("inbox/a+b c.pdf", "q")
     ceph = created_object(record("inbox/a+b c%20.pdf", "ceph:s3", versionId="", eTag="e", size=3))
     assert ceph == S3Object("bucket", "inbox/a+b c%20.pdf", etag="e", version_id=None, size=3)
@@ -104,7 +123,9 @@ def test_notification_bodies() -> None:
 
 
 def test_own_sidecars_are_refused_whatever_the_suffix_filter_says() -> None:
-    cfg = S3Config(queue_url="q", prefix="inbox/", suffixes=(".pdf", ".md", ".json"), output_prefix="ocr/")
+    cfg = S3Config(
+        queue_url="q", prefix="inbox/", suffixes=(".pdf", ".md", ".json"), output_prefix="ocr/"
+    )
     for key in ("inbox/a.pdf.md", "inbox/a.pdf.json", "inbox/a.pdf.error.json"):
         assert refusal(cfg, S3Object("b", key)) == "own_sidecar"
     assert refusal(cfg, S3Object("b", "inbox/A.PDF")) is None
@@ -114,7 +135,7 @@ def test_own_sidecars_are_refused_whatever_the_suffix_filter_says() -> None:
     assert refusal(S3Config(queue_url="q", bucket="b"), S3Object("c", "a.pdf")) == "other_bucket"
 
 
-# --- SQS (moto) ------------------------------------------------------------------------------------------------
+# --- SQS (moto) -----------------------------------------------------------------------------------
 
 
 def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -> None:
@@ -135,10 +156,14 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
         assert sorted(job.origin.key for job in jobs) == sorted(ODD_KEYS)
         for job in jobs:
             head = s3.head_object(Bucket="docs", Key=job.origin.key)
-            assert job.origin == S3Object("docs", job.origin.key, etag=head["ETag"].strip('"'),
-                                          size=head["ContentLength"])
+            assert job.origin == S3Object(
+                "docs", job.origin.key, etag=head["ETag"].strip('"'), size=head["ContentLength"]
+            )
             assert job.source == "s3-test" and job.key == f"s3://docs/{job.origin.key}"
-        assert queue_counts(moto, queue) == (0, len(ODD_KEYS))  # test event and sidecars deleted, jobs held
+        assert queue_counts(moto, queue) == (
+            0,
+            len(ODD_KEYS),
+        )  # test event and sidecars deleted, jobs held
         for job in jobs:
             await source.finish(job, "done")
         assert queue_counts(moto, queue) == (0, 0)
@@ -149,9 +174,12 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
     run(scenario)
 
 
-def test_a_message_the_parser_cannot_take_is_deleted_not_redelivered_for_ever(moto: MotoServer) -> None:
-    """A body nested too deeply for the JSON parser (a RecursionError, not a ValueError) is a message like any
-    unreadable one: deleted with a log line, never left to come back."""
+def test_a_message_the_parser_cannot_take_is_deleted_not_redelivered_for_ever(
+    moto: MotoServer,
+) -> None:
+    """A body nested too deeply for the JSON parser (a RecursionError, not a ValueError) is a
+    message
+    like any unreadable one: deleted with a log line, never left to come back."""
     sqs = moto.client("sqs")
     queue = sqs.create_queue(QueueName="poison", Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
     sqs.send_message(QueueUrl=queue, MessageBody="[" * 100_000 + "]" * 100_000)
@@ -164,7 +192,8 @@ def test_a_message_the_parser_cannot_take_is_deleted_not_redelivered_for_ever(mo
             await until(lambda: queue_counts(moto, queue) == (0, 0), 20, "the message deleted")
             await source.stop()
         assert [entry["reason"] for entry in logs if entry["event"] == "s3_message_ignored"] == [
-            "JSON nested too deeply"]
+            "JSON nested too deeply"
+        ]
         assert not [entry for entry in logs if entry["event"] == "s3_message_failed"]
 
     run(scenario)
@@ -175,10 +204,18 @@ def test_multipart_upload_announced_twice_is_one_ledger_key(moto: MotoServer) ->
     cfg = sqs_config(moto, queue)
     s3, key = moto.client("s3"), "scans/big scan+1.pdf"
     upload = s3.create_multipart_upload(Bucket="docs", Key=key)["UploadId"]
-    parts = [{"PartNumber": n, "ETag": s3.upload_part(Bucket="docs", Key=key, UploadId=upload, PartNumber=n,
-                                                       Body=body)["ETag"]}
-             for n, body in ((1, b"a" * 5 * 1024 * 1024), (2, b"b" * 10))]
-    s3.complete_multipart_upload(Bucket="docs", Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+    parts = [
+        {
+            "PartNumber": n,
+            "ETag": s3.upload_part(
+                Bucket="docs", Key=key, UploadId=upload, PartNumber=n, Body=body
+            )["ETag"],
+        }
+        for n, body in ((1, b"a" * 5 * 1024 * 1024), (2, b"b" * 10))
+    ]
+    s3.complete_multipart_upload(
+        Bucket="docs", Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+    )
 
     async def scenario() -> None:
         submitted = Submitted()
@@ -187,7 +224,9 @@ def test_multipart_upload_announced_twice_is_one_ledger_key(moto: MotoServer) ->
         jobs = await submitted.wait(2)
         assert {job.key for job in jobs} == {f"s3://docs/{key}"}
         assert jobs[-1].origin.etag == s3.head_object(Bucket="docs", Key=key)["ETag"].strip('"')
-        await source.finish(jobs[-1], "done")  # the daemon folds the duplicate into one job: one finish
+        await source.finish(
+            jobs[-1], "done"
+        )  # the daemon folds the duplicate into one job: one finish
         assert queue_counts(moto, queue) == (0, 0)
         await source.finish(jobs[0], "done")  # a second finish is harmless
         await source.stop()
@@ -218,7 +257,12 @@ def test_heartbeat_keeps_the_message_invisible_until_finish(moto: MotoServer) ->
 def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: MotoServer) -> None:
     queue = moto.bucket_with_queue("docs", "events")
     cfg = sqs_config(moto, queue)
-    body = {"Records": [record("two%2Fa.pdf", size=1, eTag="1"), record("two%2Fb.pdf", size=1, eTag="2")]}
+    body = {
+        "Records": [
+            record("two%2Fa.pdf", size=1, eTag="1"),
+            record("two%2Fb.pdf", size=1, eTag="2"),
+        ]
+    }
     sqs = moto.client("sqs")
 
     async def scenario() -> None:
@@ -239,18 +283,24 @@ def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: 
         assert queue_counts(moto, queue) == (0, 1)  # left to reappear when its visibility lapses
 
         for etag in ("old", "new"):  # the key overwritten while its first version is processed
-            sqs.send_message(QueueUrl=queue, MessageBody=json.dumps({"Records": [record("d.pdf", eTag=etag)]}))
+            sqs.send_message(
+                QueueUrl=queue, MessageBody=json.dumps({"Records": [record("d.pdf", eTag=etag)]})
+            )
         [*_, old, new] = await submitted.wait(5)
         assert (old.origin.etag, new.origin.etag) == ("old", "new") and old.key == new.key
         await source.finish(old, "done")
-        assert queue_counts(moto, queue) == (0, 2)  # the new version's message is not deleted with the old one
+        assert queue_counts(moto, queue) == (
+            0,
+            2,
+        )  # the new version's message is not deleted with the old one
         await source.stop()
 
     run(scenario)
 
 
 class RejectedLikeThePipeline(Submitted):
-    """``reject`` as the pipeline does it: the error sidecar through the job's sink, then ``finish(failed)``."""
+    """``reject`` as the pipeline does it: the error sidecar through the job's sink, then
+    ``finish(failed)``."""
 
     def __init__(self, source: S3Source) -> None:
         super().__init__()
@@ -260,8 +310,14 @@ class RejectedLikeThePipeline(Submitted):
         await super().reject(job, error, attempts)
         obj = job.origin
         assert isinstance(obj, S3Object)
-        source = {"uri": obj.uri, "name": obj.name, "bytes": obj.size or 0, "sha256": None, "etag": obj.etag,
-                  "version_id": obj.version_id}
+        source = {
+            "uri": obj.uri,
+            "name": obj.name,
+            "bytes": obj.size or 0,
+            "sha256": None,
+            "etag": obj.etag,
+            "version_id": obj.version_id,
+        }
         document = error_document(source, error.as_dict(), attempts, time.time())
         await asyncio.to_thread(self.sink.write_error, job, document)
         await self.source.finish(job, "failed")
@@ -283,10 +339,16 @@ def test_max_receives_rejects_the_job_and_deletes_once_it_is_finished(moto: Moto
         await source.stop()
         assert pipeline.jobs == []
         [(job, error, attempts)] = pipeline.rejected
-        assert (job.origin.uri, error.kind, attempts) == ("s3://docs/in/poison.pdf", "too_many_deliveries", 4)
+        assert (job.origin.uri, error.kind, attempts) == (
+            "s3://docs/in/poison.pdf",
+            "too_many_deliveries",
+            4,
+        )
 
     run(scenario)
-    sidecar = json.loads(moto.client("s3").get_object(Bucket="docs", Key="in/poison.pdf.error.json")["Body"].read())
+    sidecar = json.loads(
+        moto.client("s3").get_object(Bucket="docs", Key="in/poison.pdf.error.json")["Body"].read()
+    )
     assert sidecar["error"]["kind"] == "too_many_deliveries" and sidecar["attempts"] == 4
     assert sidecar["source"]["uri"] == "s3://docs/in/poison.pdf"
 
@@ -305,7 +367,9 @@ def test_a_failed_reject_leaves_the_message_to_come_back(moto: MotoServer) -> No
 
         with capture_logs() as logs:
             await source.start(fed(Submitted(), failing))
-            await until(lambda: any(e["event"] == "s3_message_left" for e in logs), 15, "the message left")
+            await until(
+                lambda: any(e["event"] == "s3_message_left" for e in logs), 15, "the message left"
+            )
         await source.stop()
         assert queue_counts(moto, queue) == (0, 1)  # reappears when its visibility lapses
 
@@ -324,7 +388,9 @@ def test_max_receives_left_to_the_dead_letter_queue(moto: MotoServer) -> None:
         source = S3Source(cfg)
         with capture_logs() as logs:
             await source.start(fed(submitted, submitted.reject))
-            await until(lambda: any(e["event"] == "s3_max_receives" for e in logs), 15, "s3_max_receives")
+            await until(
+                lambda: any(e["event"] == "s3_max_receives" for e in logs), 15, "s3_max_receives"
+            )
         await source.stop()
         assert submitted.jobs == [] and queue_counts(moto, queue) == (0, 1)
 
@@ -361,7 +427,7 @@ def test_polling_survives_an_outage_of_the_server() -> None:
         server.stop()
 
 
-# --- fetch ---------------------------------------------------------------------------------------------------------
+# --- fetch ----------------------------------------------------------------------------------------
 
 
 def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path) -> None:
@@ -375,10 +441,14 @@ def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path)
         source = S3Source(cfg, limits=LimitsConfig(max_bytes=len(data)))
         submitted = Submitted()
         await source.start(fed(submitted, submitted.reject))
-        fetched = await source.fetch(Job(S3Object("docs", "a b+é.pdf", etag=etag, size=len(data)), "s3"), tmp_path)
+        fetched = await source.fetch(
+            Job(S3Object("docs", "a b+é.pdf", etag=etag, size=len(data)), "s3"), tmp_path
+        )
         path = fetched.path
         assert path.parent == tmp_path and path.suffix == ".pdf" and path.read_bytes() == data
-        assert fetched.sha256 == hashlib.sha256(data).hexdigest()  # taken of the very bytes downloaded
+        assert (
+            fetched.sha256 == hashlib.sha256(data).hexdigest()
+        )  # taken of the very bytes downloaded
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         unknown_size = await source.fetch(Job(S3Object("docs", "a b+é.pdf"), "s3"), tmp_path)
         assert unknown_size.path.read_bytes() == data
@@ -387,7 +457,9 @@ def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path)
     run(scenario)
 
 
-def test_fetch_refuses_oversize_before_downloading_and_reports_gone(moto: MotoServer, tmp_path: Path) -> None:
+def test_fetch_refuses_oversize_before_downloading_and_reports_gone(
+    moto: MotoServer, tmp_path: Path
+) -> None:
     s3 = moto.client("s3")
     s3.create_bucket(Bucket="docs")
     s3.put_object(Bucket="docs", Key="big.pdf", Body=b"x" * 5000)
@@ -398,7 +470,9 @@ def test_fetch_refuses_oversize_before_downloading_and_reports_gone(moto: MotoSe
         submitted = Submitted()
         await source.start(fed(submitted, submitted.reject))
         with pytest.raises(FileTooLarge):  # decided from the event: the key need not even exist
-            await source.fetch(Job(S3Object("docs", "never-uploaded.pdf", size=4097), "s3"), tmp_path)
+            await source.fetch(
+                Job(S3Object("docs", "never-uploaded.pdf", size=4097), "s3"), tmp_path
+            )
         with pytest.raises(FileTooLarge):  # no size in the event: decided from Content-Length
             await source.fetch(Job(S3Object("docs", "big.pdf"), "s3"), tmp_path)
         with pytest.raises(SourceGone):

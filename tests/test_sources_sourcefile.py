@@ -96,7 +96,10 @@ def test_fetch_copies_privately_keeps_mtime_and_tells_a_replacement_with_the_sam
     with open(source, "r+b") as handle:  # rewritten in place: same inode, same size, mtime put back
         handle.write(b"%PDF other version")
     os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert (source.stat().st_size, source.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert (source.stat().st_size, source.stat().st_mtime_ns) == (
+        before.st_size,
+        before.st_mtime_ns,
+    )
     assert fetched.changed(), "ctime tells the rewrite"
 
     fetched.path.unlink()
@@ -113,7 +116,9 @@ def test_fetch_copies_privately_keeps_mtime_and_tells_a_replacement_with_the_sam
     assert list(spool.iterdir()) == [], "refused before anything was copied"
 
 
-def test_a_file_written_while_it_is_copied_is_refused_as_changed(root: Path, tmp_path: Path) -> None:
+def test_a_file_written_while_it_is_copied_is_refused_as_changed(
+    root: Path, tmp_path: Path
+) -> None:
     source = root / "growing.pdf"
     with open(source, "wb") as handle:
         handle.truncate(256 << 20)  # sparse: reading it takes a while, writing it nothing
@@ -138,9 +143,13 @@ def test_a_file_written_while_it_is_copied_is_refused_as_changed(root: Path, tmp
     assert not (tmp_path / "copy").exists()
 
 
-def test_fetch_under_a_swap_race_only_ever_copies_the_inbox_file(root: Path, tmp_path: Path) -> None:
-    """``renameat2(RENAME_EXCHANGE)`` swaps the document with a link to a private file, as fast as it can, while
-    the document is fetched again and again: every fetch either copies the inbox's own bytes or refuses."""
+def test_fetch_under_a_swap_race_only_ever_copies_the_inbox_file(
+    root: Path, tmp_path: Path
+) -> None:
+    """``renameat2(RENAME_EXCHANGE)`` swaps the document with a link to a private file, as fast as
+    it
+    can, while the document is fetched again and again: every fetch either copies the inbox's own
+    bytes or refuses."""
     secret = tmp_path / "secret.pdf"
     secret.write_bytes(b"%PDF secret bytes")
     secret.chmod(0o600)
@@ -178,14 +187,18 @@ def test_fetch_under_a_swap_race_only_ever_copies_the_inbox_file(root: Path, tmp
     assert outcomes["copied"] and outcomes["refused"], outcomes
 
 
-def test_given_files_follow_the_link_the_user_named_and_copy_through_one_descriptor(tmp_path: Path) -> None:
+def test_given_files_follow_the_link_the_user_named_and_copy_through_one_descriptor(
+    tmp_path: Path,
+) -> None:
     real = tmp_path / "real.png"
     real.write_bytes(b"\x89PNG\r\n\x1a\n bytes")
     (tmp_path / "named.png").symlink_to(real)
     os.mkfifo(tmp_path / "pipe.png")
     spool = tmp_path / "spool"
     spool.mkdir(mode=0o700)
-    source = GivenFiles([tmp_path / "named.png", tmp_path / "pipe.png", tmp_path / "sub" / ".." / "gone.png"])
+    source = GivenFiles(
+        [tmp_path / "named.png", tmp_path / "pipe.png", tmp_path / "sub" / ".." / "gone.png"]
+    )
     named, pipe, gone = source.jobs()
     assert named.origin == LocalFile(tmp_path / "named.png", tmp_path)
     assert gone.origin.uri == (tmp_path / "gone.png").as_uri()
@@ -193,7 +206,10 @@ def test_given_files_follow_the_link_the_user_named_and_copy_through_one_descrip
     async def scenario() -> None:
         fetched = await source.fetch(named, spool)
         assert fetched.path.read_bytes() == real.read_bytes()
-        assert fetched.sha256 == hashlib.sha256(real.read_bytes()).hexdigest() and not fetched.changed()
+        assert (
+            fetched.sha256 == hashlib.sha256(real.read_bytes()).hexdigest()
+            and not fetched.changed()
+        )
         with pytest.raises(NotARegularFile):
             await source.fetch(pipe, spool)  # returns at once: opened non-blocking
         with pytest.raises(SourceGone):
@@ -204,7 +220,9 @@ def test_given_files_follow_the_link_the_user_named_and_copy_through_one_descrip
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-def test_a_job_key_does_not_move_when_a_link_appears_on_its_path(root: Path, tmp_path: Path) -> None:
+def test_a_job_key_does_not_move_when_a_link_appears_on_its_path(
+    root: Path, tmp_path: Path
+) -> None:
     job = Job(origin=LocalFile(root / "sub" / "doc.pdf", root), source="local")
     key = job.key
     os.rename(root / "sub", tmp_path / "moved")
@@ -212,7 +230,9 @@ def test_a_job_key_does_not_move_when_a_link_appears_on_its_path(root: Path, tmp
     assert job.key == key == (root / "sub" / "doc.pdf").as_uri()
 
 
-def test_the_ledger_keeps_inode_and_ctime_and_restarts_a_job_failed_for_what_its_path_was(tmp_path: Path) -> None:
+def test_the_ledger_keeps_inode_and_ctime_and_restarts_a_job_failed_for_what_its_path_was(
+    tmp_path: Path,
+) -> None:
     job = Job(origin=LocalFile(tmp_path / "in" / "doc.pdf", tmp_path / "in"), source="local")
     first = Fingerprint(size=10, mtime_ns=5, sha256="a" * 64, inode=42, ctime_ns=7)
     with Ledger(tmp_path / "state" / "ledger.sqlite3") as ledger:
@@ -220,7 +240,11 @@ def test_the_ledger_keeps_inode_and_ctime_and_restarts_a_job_failed_for_what_its
         assert ledger.known(job.key).fingerprint == first
         ledger.mark_failed(job.key, NotARegularFile("a symlink").as_dict())
         seen_again = Fingerprint(size=10, mtime_ns=5, sha256="a" * 64, inode=43, ctime_ns=9)
-        assert ledger.admit(job, seen_again), "failed for what the path was: taken again once it is a file"
+        assert ledger.admit(job, seen_again), (
+            "failed for what the path was: taken again once it is a file"
+        )
         assert ledger.known(job.key).fingerprint == seen_again
-        ledger.mark_failed(job.key, {"kind": "corrupt_pdf", "message": "bad", "retryable": False, "hint": ""})
+        ledger.mark_failed(
+            job.key, {"kind": "corrupt_pdf", "message": "bad", "retryable": False, "hint": ""}
+        )
         assert not ledger.admit(job, seen_again), "a fault of the document stays failed"

@@ -1,8 +1,9 @@
-"""Watching an inbox that users may fill with anything (issue 24, items 7 and 8): a chain of folders 2,500
-deep neither stops the start nor deafens a watcher, a watcher that dies is replaced, and events reach the loop
-in batches that wake it once each, so that a signal is never crowded out.
+"""Watching an inbox that users may fill with anything (issue 24, items 7 and 8): a chain of folders
+2,500 deep neither stops the start nor deafens a watcher, a watcher that dies is replaced, and
+events reach the loop in batches that wake it once each, so that a signal is never crowded out.
 
-The LocalSource tests run real watchers on real folders, as ``test_sources_local`` does, with its helpers.
+The LocalSource tests run real watchers on real folders, as ``test_sources_local`` does, with its
+helpers.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ LONG = "d" * 130  # 32 of these make a path longer than PATH_MAX
 
 @pytest.fixture(scope="module")
 def chain_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Where the module's one chain waits between tests (a folder operation costs milliseconds on a busy disk:
-    the chain is made once, and each test renames it in and back), with a document 32 levels deep and one 33."""
+    """Where the module's one chain waits between tests (a folder operation costs milliseconds on a
+    busy disk: the chain is made once, and each test renames it in and back), with a document 32
+    levels deep and one 33."""
     home = tmp_path_factory.mktemp("chain")
     make_chain(home, DEEP, NAME, files={32: ("deepest.pdf", PDF), 33: ("too-deep.pdf", PDF)})
     yield home
@@ -69,10 +71,12 @@ def refusals(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == "local_refused"]
 
 
-# --- the walk ------------------------------------------------------------------------------------------------
+# --- the walk -------------------------------------------------------------------------------------
 
 
-def test_the_walk_goes_2400_levels_deep_past_path_max_on_two_descriptors(tmp_path: Path, chain_home: Path) -> None:
+def test_the_walk_goes_2400_levels_deep_past_path_max_on_two_descriptors(
+    tmp_path: Path, chain_home: Path
+) -> None:
     (tmp_path / "link").symlink_to(tmp_path / NAME)
     with chain_in(chain_home, tmp_path):
         before, most = open_descriptors(), 0
@@ -83,12 +87,17 @@ def test_the_walk_goes_2400_levels_deep_past_path_max_on_two_descriptors(tmp_pat
     assert [listing.depth for listing in listings] == list(range(2401))
     assert listings[0].folder_links == listings[0].files == ("link",)
     assert listings[32].files == ("deepest.pdf",) and len(str(listings[2400].folder)) > 4096
-    assert listings[2400].too_deep == (NAME,) and all(not listing.too_deep for listing in listings[:2400])
-    assert most <= 2 and open_descriptors() == before, "a chain holds two descriptors, all closed at the end"
+    assert listings[2400].too_deep == (NAME,) and all(
+        not listing.too_deep for listing in listings[:2400]
+    )
+    assert most <= 2 and open_descriptors() == before, (
+        "a chain holds two descriptors, all closed at the end"
+    )
 
 
 def test_a_document_whose_path_is_longer_than_path_max_is_taken(tmp_path: Path) -> None:
-    """Before: ``os.walk`` lists a folder by its path, which fails with ``ENAMETOOLONG`` past ``PATH_MAX``."""
+    """Before: ``os.walk`` lists a folder by its path, which fails with ``ENAMETOOLONG`` past
+    ``PATH_MAX``."""
     root = tmp_path / "in"
     root.mkdir()
     make_chain(root, 33, LONG, files={32: ("deepest.pdf", PDF), 33: ("too-deep.pdf", PDF)})
@@ -114,32 +123,38 @@ def test_max_depth_is_bounded_as_watchdogs_poller_needs() -> None:
             InboxConfig(max_depth=wrong)
 
 
-# --- a deep chain at start and while watching ------------------------------------------------------------------
+# --- a deep chain at start and while watching -----------------------------------------------------
 
 
 @pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
 def test_a_chain_2500_deep_present_at_start_stops_neither_the_start_nor_the_rest(
     tmp_path: Path, chain_home: Path, polling: bool
 ) -> None:
-    """Before: ``RecursionError`` out of ``start`` (watchdog's recursive walk adding watches, or taking the poller's
-    first snapshot), which made the daemon exit 1 at every start."""
+    """Before: ``RecursionError`` out of ``start`` (watchdog's recursive walk adding watches, or
+    taking
+    the poller's first snapshot), which made the daemon exit 1 at every start."""
     root = tmp_path / "in"
     root.mkdir()
 
     async def scenario() -> None:
         with structlog.testing.capture_logs() as logs:
             collector = Collector()
-            source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}")
+            source = LocalSource(
+                [inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}"
+            )
             await source.start(fed(collector, never_reject))
             try:
                 (root / "top.pdf").write_bytes(PDF)
-                await until(lambda: collector.names() == {"deepest.pdf", "top.pdf"}, "top.pdf and deepest.pdf")
+                await until(
+                    lambda: collector.names() == {"deepest.pdf", "top.pdf"},
+                    "top.pdf and deepest.pdf",
+                )
             finally:
                 await source.stop()
         deep = root.resolve().joinpath(*[NAME] * 33)
-        assert [(entry["path"], "max_depth = 32" in entry["reason"]) for entry in refusals(logs)] == [
-            (str(deep), True)
-        ], "one line for the folder too deep, nothing below it"
+        assert [
+            (entry["path"], "max_depth = 32" in entry["reason"]) for entry in refusals(logs)
+        ] == [(str(deep), True)], "one line for the folder too deep, nothing below it"
         assert not [entry for entry in logs if entry["log_level"] in ("error", "critical")]
 
     with chain_in(chain_home, root):
@@ -150,20 +165,28 @@ def test_a_chain_2500_deep_present_at_start_stops_neither_the_start_nor_the_rest
 def test_a_chain_2500_deep_moved_in_while_watching_leaves_the_watcher_hearing(
     tmp_path: Path, chain_home: Path, polling: bool
 ) -> None:
-    """Before: the watcher's thread died of ``RecursionError`` without a word (watchdog's ``InotifyFD`` reader or
-    the poller's emitter) and no later file was noticed until a reconciliation scan."""
+    """Before: the watcher's thread died of ``RecursionError`` without a word (watchdog's
+    ``InotifyFD``
+    reader or the poller's emitter) and no later file was noticed until a reconciliation scan."""
     root = tmp_path / "in"
     root.mkdir()
 
     async def scenario() -> None:
         with structlog.testing.capture_logs() as logs:
             collector = Collector()
-            source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}")
+            source = LocalSource(
+                [inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}"
+            )
             await source.start(fed(collector, never_reject))
             try:
                 os.rename(chain_home / NAME, root / NAME)
-                (root / "after.pdf").write_bytes(PDF)  # its events come after the move's, whichever the watcher
-                await until(lambda: {"after.pdf", "deepest.pdf"} <= collector.names(), "after.pdf, by an event")
+                (root / "after.pdf").write_bytes(
+                    PDF
+                )  # its events come after the move's, whichever the watcher
+                await until(
+                    lambda: {"after.pdf", "deepest.pdf"} <= collector.names(),
+                    "after.pdf, by an event",
+                )
                 await until(lambda: refusals(logs), "the folder too deep refused")
                 assert source._inboxes[root.resolve()].observer.alive()  # noqa: SLF001
             finally:
@@ -178,10 +201,13 @@ def test_a_chain_2500_deep_moved_in_while_watching_leaves_the_watcher_hearing(
             os.rename(root / NAME, chain_home / NAME)
 
 
-def test_the_native_watcher_watches_max_depth_levels_and_no_more(tmp_path: Path, chain_home: Path) -> None:
+def test_the_native_watcher_watches_max_depth_levels_and_no_more(
+    tmp_path: Path, chain_home: Path
+) -> None:
     with chain_in(chain_home, tmp_path):
-        watcher = InotifyWatcher(tmp_path, 5, lambda folder: True, FileSystemEventHandler(), died=print,
-                                 overflowed=print)  # fmt: skip
+        watcher = InotifyWatcher(
+            tmp_path, 5, lambda folder: True, FileSystemEventHandler(), died=print, overflowed=print
+        )
         watcher.start()
         try:
             assert watcher.watched == 6  # the inbox and five levels below it
@@ -190,20 +216,26 @@ def test_the_native_watcher_watches_max_depth_levels_and_no_more(tmp_path: Path,
     assert not watcher.alive()
 
 
-# --- watchers that die ------------------------------------------------------------------------------------------
+# --- watchers that die ----------------------------------------------------------------------------
 
 
 def restarts(metrics: Metrics, root: Path) -> float | None:
-    return metrics.registry.get_sample_value("ocrwatch_inbox_watcher_restarts_total", {"inbox": str(root)})
+    return metrics.registry.get_sample_value(
+        "ocrwatch_inbox_watcher_restarts_total", {"inbox": str(root)}
+    )
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the injected death
+@pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning"
+)  # the injected death
 @pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
 def test_a_watcher_that_dies_is_replaced_with_a_log_line_and_a_metric(
     tmp_path: Path, polling: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Fault injection where each watcher's thread works: the native one's event handling, the poller's emitter
-    (whose death watchdog's observer thread outlives). Before: the inbox stayed deaf until restarted by hand."""
+    """Fault injection where each watcher's thread works: the native one's event handling, the
+    poller's
+    emitter (whose death watchdog's observer thread outlives). Before: the inbox stayed deaf until
+    restarted by hand."""
     root = tmp_path / "in"
     root.mkdir()
     broken = threading.Event()
@@ -227,26 +259,39 @@ def test_a_watcher_that_dies_is_replaced_with_a_log_line_and_a_metric(
         metrics = Metrics()
         with structlog.testing.capture_logs() as logs:
             collector = Collector()
-            source = LocalSource([inbox(root, polling=polling)], reconcile_seconds=60, name_template="{name}",
-                                 metrics=metrics)  # fmt: skip
+            source = LocalSource(
+                [inbox(root, polling=polling)],
+                reconcile_seconds=60,
+                name_template="{name}",
+                metrics=metrics,
+            )
             await source.start(fed(collector, never_reject))
             try:
                 assert restarts(metrics, root.resolve()) == 0
                 (root / "boom.pdf").write_bytes(PDF)
-                await until(lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a restart")
+                await until(
+                    lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a restart"
+                )
                 (root / "after.pdf").write_bytes(PDF)
-                await until(lambda: "after.pdf" in collector.names(), "after.pdf, seen by the new watcher")
+                await until(
+                    lambda: "after.pdf" in collector.names(), "after.pdf, seen by the new watcher"
+                )
             finally:
                 await source.stop()
         died = [entry for entry in logs if entry["event"] == "inbox_watcher_died"]
         assert len(died) == 1 and died[0]["restart_in"] == 0
-        assert "injected fault" in died[0]["reason"] or "thread of the watcher ended" in died[0]["reason"]
+        assert (
+            "injected fault" in died[0]["reason"]
+            or "thread of the watcher ended" in died[0]["reason"]
+        )
         assert restarts(metrics, root.resolve()) == 1
 
     run(scenario())
 
 
-def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(tmp_path: Path) -> None:
+def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "in"
 
     async def scenario() -> None:
@@ -256,8 +301,13 @@ def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(t
             await source.start(fed(collector, never_reject))
             try:
                 root.rmdir()
-                await until(lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a new watcher")
-                (root / "back.pdf").write_bytes(PDF)  # the restart made the folder again (create = true)
+                await until(
+                    lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs),
+                    "a new watcher",
+                )
+                (root / "back.pdf").write_bytes(
+                    PDF
+                )  # the restart made the folder again (create = true)
                 await until(lambda: collector.names() == {"back.pdf"}, "back.pdf")
             finally:
                 await source.stop()
@@ -265,9 +315,9 @@ def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(t
     run(scenario())
 
 
-
 class WatchLimit:
-    """libc, but ``inotify_add_watch`` fails as at the kernel's watch limit (``ENOSPC``) after ``allowed`` calls."""
+    """libc, but ``inotify_add_watch`` fails as at the kernel's watch limit (``ENOSPC``) after
+    ``allowed`` calls."""
 
     def __init__(self, libc: Any, allowed: int) -> None:
         self._libc, self.allowed = libc, allowed
@@ -286,7 +336,9 @@ class WatchLimit:
 def test_the_inotify_watch_limit_reached_while_watching_hands_the_inbox_to_the_poller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A folder that cannot be watched would be a deaf corner of the inbox: the watcher gives way to a poller."""
+    """A folder that cannot be watched would be a deaf corner of the inbox: the watcher gives way to
+    a
+    poller."""
     root = tmp_path / "in"
     (root / "a").mkdir(parents=True)
     monkeypatch.setattr(inotify, "_libc", WatchLimit(inotify._libc, allowed=2))  # noqa: SLF001
@@ -295,7 +347,10 @@ def test_the_inotify_watch_limit_reached_while_watching_hands_the_inbox_to_the_p
         with structlog.testing.capture_logs() as logs:
             async with watching(inbox(root)) as (_, got):
                 (root / "b").mkdir()  # the third watch: refused
-                await until(lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs), "a new watcher")
+                await until(
+                    lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs),
+                    "a new watcher",
+                )
                 (root / "b" / "late.pdf").write_bytes(PDF)
                 await until(lambda: got.names() == {"late.pdf"}, "late.pdf, polled")
         watching_logs = [entry for entry in logs if entry["event"] == "inbox_watching"]
@@ -306,12 +361,14 @@ def test_the_inotify_watch_limit_reached_while_watching_hands_the_inbox_to_the_p
 
     run(scenario())
 
-# --- events to the loop: batches -------------------------------------------------------------------------------
+
+# --- events to the loop: batches ------------------------------------------------------------------
 
 
 def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
-    """Before: one ``call_soon_threadsafe`` per event, each a byte in the loop's self-pipe, the pipe a signal's
-    byte must get through."""
+    """Before: one ``call_soon_threadsafe`` per event, each a byte in the loop's self-pipe, the pipe
+    a
+    signal's byte must get through."""
     loop = asyncio.new_event_loop()
     wakes: list[object] = []
     real = loop.call_soon_threadsafe
@@ -326,7 +383,9 @@ def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
     events = [FileCreatedEvent(f"/in/{index}.pdf") for index in range(60)]
 
     def storm(count: int) -> None:
-        for event in [event for event in events for _ in range(2)][: 2 * count]:  # each twice in a row
+        for event in [event for event in events for _ in range(2)][
+            : 2 * count
+        ]:  # each twice in a row
             bridge.dispatch(event)
 
     try:
@@ -335,12 +394,16 @@ def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
         thread.join()
         loop.run_until_complete(asyncio.sleep(0.01))
         assert len(wakes) == 1 and len(batches) == 1
-        assert batches[0].events == events and not batches[0].overflowed, "a run of identical events is one"
+        assert batches[0].events == events and not batches[0].overflowed, (
+            "a run of identical events is one"
+        )
 
         for index in range(150):
             bridge.dispatch(FileCreatedEvent(f"/in/more-{index}.pdf"))
         loop.run_until_complete(asyncio.sleep(0.01))
-        assert len(wakes) == 2 and batches[1].overflowed and batches[1].events == [], "past the limit: a scan"
+        assert len(wakes) == 2 and batches[1].overflowed and batches[1].events == [], (
+            "past the limit: a scan"
+        )
 
         bridge.died("gone")
         bridge.dispatch(events[0])
@@ -348,7 +411,9 @@ def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
         assert len(wakes) == 3 and batches[2] == Batch([events[0]], overflowed=False, died="gone")
     finally:
         loop.close()
-    bridge.dispatch(events[1])  # after the loop closed: dropped, never raised into the watcher's thread
+    bridge.dispatch(
+        events[1]
+    )  # after the loop closed: dropped, never raised into the watcher's thread
 
 
 def test_a_signal_is_caught_while_the_loops_self_pipe_is_full() -> None:
@@ -362,7 +427,9 @@ def test_a_signal_is_caught_while_the_loops_self_pipe_is_full() -> None:
         catcher = SignalCatcher(loop, caught.append)
         catcher.install()
         try:
-            flood = threading.Thread(target=lambda: [loop.call_soon_threadsafe(int) for _ in range(20_000)])
+            flood = threading.Thread(
+                target=lambda: [loop.call_soon_threadsafe(int) for _ in range(20_000)]
+            )
             flood.start()
             flood.join()  # on the loop's thread: nothing reads the self-pipe meanwhile
             self_pipe = getattr(loop, "_csock", None)
@@ -383,11 +450,14 @@ def test_a_signal_is_caught_while_the_loops_self_pipe_is_full() -> None:
 
 
 def test_a_polled_inbox_is_looked_at_every_poll_seconds(tmp_path: Path) -> None:
-    """``[[inbox]] poll_seconds`` reaches the poller (watchdog's ``timeout``: its wait between two looks)."""
+    """``[[inbox]] poll_seconds`` reaches the poller (watchdog's ``timeout``: its wait between two
+    looks)."""
 
     async def main() -> tuple[Any, bool]:
         bridge = EventBridge(asyncio.get_running_loop(), lambda batch: None)
-        watcher, polling, _ = await asyncio.to_thread(start_watcher, tmp_path, 0, lambda p: True, True, bridge, 0.25)
+        watcher, polling, _ = await asyncio.to_thread(
+            start_watcher, tmp_path, 0, lambda p: True, True, bridge, 0.25
+        )
         try:
             assert isinstance(watcher, PollingWatcher)
             return watcher.observer.timeout, polling

@@ -1,7 +1,7 @@
 """The package's shape: data flows one way, no import circles, no module over 600 lines.
 
-Imports are read from the source (ast), lazy ones inside functions and ``TYPE_CHECKING`` blocks included,
-because a lazy import is still a dependency: it only moves the failure to run time.
+Imports are read from the source (ast), lazy ones inside functions and ``TYPE_CHECKING`` blocks
+included, because a lazy import is still a dependency: it only moves the failure to run time.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "ocrwatch"
 MAX_LINES = 600
 
-# Rank of each layer, in the order the data flows (docs/design.md, "Layers"). A module imports only modules
-# of its own rank or lower. Matched by longest prefix of the dotted name below ``ocrwatch``.
+# Rank of each layer, in the order the data flows (docs/design.md, "Layers"). A module imports only
+# modules of its own rank or lower. Matched by longest prefix of the dotted name below ``ocrwatch``.
 RANKS: dict[str, int] = {
     "errors": 0,
     "config": 0,
@@ -58,6 +58,7 @@ RANKS: dict[str, int] = {
     "assemble": 6,
     "schema": 6,
     "textlayer": 6,
+    "pdfimage": 6,
     "pdfcontent": 6,
     "pagetext": 6,
     "figures": 6,
@@ -99,7 +100,9 @@ def _rank(module: str) -> int:
     for prefix, value in RANKS.items():
         if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
             best, rank = len(prefix), value
-    assert rank is not None, f"ocrwatch.{module} has no layer: add it to RANKS and to docs/design.md"
+    assert rank is not None, (
+        f"ocrwatch.{module} has no layer: add it to RANKS and to docs/design.md"
+    )
     return rank
 
 
@@ -122,7 +125,9 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
             if name == "ocrwatch" or not name.startswith("ocrwatch."):
                 continue
             target = name.removeprefix("ocrwatch.")
-            while target and target not in known:  # "from ocrwatch.x import y": y may be a name, not a module
+            while (
+                target and target not in known
+            ):  # "from ocrwatch.x import y": y may be a name, not a module
                 target = target.rpartition(".")[0]
             if target and target != module:
                 found.add(target)
@@ -161,7 +166,7 @@ def test_no_import_circle() -> None:
         stack.append(module)
         for target in sorted(GRAPH.get(module, ())):
             if state.get(target) == 1:
-                cycle = stack[stack.index(target):] + [target]
+                cycle = stack[stack.index(target) :] + [target]
                 pytest.fail("import circle: " + " -> ".join(f"ocrwatch.{m}" for m in cycle))
             if target not in state:
                 visit(target)
@@ -198,7 +203,9 @@ def test_no_comment_cites_a_benchmark_run() -> None:
     """A comment gives the reason, not the run that showed it."""
     import re
 
-    pattern = re.compile(r"bench/README[^\n]*run|\brun [0-9]+\b|\bruns [0-9]+ and [0-9]+\b", re.IGNORECASE)
+    pattern = re.compile(
+        r"bench/README[^\n]*run|\brun [0-9]+\b|\bruns [0-9]+ and [0-9]+\b", re.IGNORECASE
+    )
     cited = [
         f"{path.relative_to(PACKAGE.parent)}:{number}"
         for path in PACKAGE.rglob("*")

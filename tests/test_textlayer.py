@@ -1,9 +1,10 @@
-"""textlayer: searchable PDFs from real Tesseract output, checked with the real pdftotext, qpdf and PDFium.
+"""textlayer: searchable PDFs from real Tesseract output, checked with the real pdftotext, qpdf and
+PDFium.
 
-Pages are made here (tests/docs.py, or pikepdf for page geometry docs.py does not write), rendered by the
-renderer, read by the Tesseract engine, then the text layer is built and read back: text (similarity to the
-engine's Markdown), word positions (``pdftotext -bbox``), the file's structure (``qpdf --check``), and the
-original page content, which must come through byte for byte.
+Pages are made here (tests/docs.py, or pikepdf for page geometry docs.py does not write), rendered
+by the renderer, read by the Tesseract engine, then the text layer is built and read back: text
+(similarity to the engine's Markdown), word positions (``pdftotext -bbox``), the file's structure
+(``qpdf --check``), and the original page content, which must come through byte for byte.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 from PIL import Image, ImageChops, ImageStat
 from rapidfuzz import fuzz
 
-from ocrwatch import deskew, orientation, render, textlayer
+from ocrwatch import deskew, orientation, render, textlayer, pdfimage
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek.grounding import parse
@@ -44,13 +45,19 @@ pytestmark = pytest.mark.skipif(
     reason="needs tesseract, poppler-utils and qpdf",
 )
 
-PAGE_ONE = ["Invoice 4711 was paid", "on the twelfth of March.", "", "Total amount 17.50 EUR", "Thank you kindly"]
+PAGE_ONE = [
+    "Invoice 4711 was paid",
+    "on the twelfth of March.",
+    "",
+    "Total amount 17.50 EUR",
+    "Thank you kindly",
+]
 PAGE_TWO = ["Second page of the letter", "with two lines of text"]
 TOLERANCE_PT = 1.5
 SHA = "ab" * 32  # the sha256 of the source, as the mark records it
 
 
-# --- helpers ------------------------------------------------------------------------------------------------
+# --- helpers --------------------------------------------------------------------------------------
 
 
 def ocr(
@@ -66,7 +73,9 @@ def ocr(
         done = []
         for index in range(info.pages):
             page = await asyncio.to_thread(render.render_page, path, info, index, spec)
-            done.append((page, await engine.recognize(PageRequest(f"page-{index}", page.image, prompt=""))))
+            done.append(
+                (page, await engine.recognize(PageRequest(f"page-{index}", page.image, prompt="")))
+            )
         await engine.close()
         return done
 
@@ -81,7 +90,9 @@ def texts(pages: Sequence[tuple[render.RenderedPage, Recognition]]) -> list[Page
 
 
 def pdftotext(path: Path, *args: str) -> str:
-    return subprocess.run(["pdftotext", *args, str(path), "-"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["pdftotext", *args, str(path), "-"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def page_texts(path: Path) -> list[str]:
@@ -89,13 +100,17 @@ def page_texts(path: Path) -> list[str]:
 
 
 def bbox_words(path: Path) -> list[list[tuple[str, tuple[float, float, float, float]]]]:
-    """Each page's words with their boxes in points, top-left origin of the page as displayed (CropBox)."""
+    """Each page's words with their boxes in points, top-left origin of the page as displayed
+    (CropBox)."""
     root = ElementTree.fromstring(pdftotext(path, "-bbox", "-cropbox"))
     pages = []
     for page in root.iter("{http://www.w3.org/1999/xhtml}page"):
         pages.append(
             [
-                (word.text or "", tuple(float(word.get(key)) for key in ("xMin", "yMin", "xMax", "yMax")))
+                (
+                    word.text or "",
+                    tuple(float(word.get(key)) for key in ("xMin", "yMin", "xMax", "yMax")),
+                )
                 for word in page.iter("{http://www.w3.org/1999/xhtml}word")
             ]
         )
@@ -108,7 +123,9 @@ def similarity(got: str, want: str) -> float:
 
 def qpdf_check(path: Path) -> None:
     done = subprocess.run(["qpdf", "--check", str(path)], capture_output=True, text=True)
-    assert done.returncode == 0 and "No syntax or stream encoding errors" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "No syntax or stream encoding errors" in done.stdout, (
+        done.stdout + done.stderr
+    )
 
 
 def pdfium_texts(path: Path) -> list[str]:
@@ -119,7 +136,9 @@ def pdfium_texts(path: Path) -> list[str]:
         document.close()
 
 
-def assert_words_placed(path: Path, pages: Sequence[tuple[render.RenderedPage, Recognition]]) -> None:
+def assert_words_placed(
+    path: Path, pages: Sequence[tuple[render.RenderedPage, Recognition]]
+) -> None:
     """Every word Tesseract found is where pdftotext finds it: its pixel box at the page's scale."""
     for (page, recognition), found in zip(pages, bbox_words(path)):
         scale = 72 / page.dpi
@@ -127,13 +146,21 @@ def assert_words_placed(path: Path, pages: Sequence[tuple[render.RenderedPage, R
         assert [text for text, _ in found] == [word["text"] for word in wanted]
         for word, (_, box) in zip(wanted, found):
             left, _, right, _ = (value * scale for value in word["bbox"])
-            assert abs(box[0] - left) < TOLERANCE_PT and abs(box[2] - right) < TOLERANCE_PT, (word, box)
-        for block in recognition.blocks:  # a line's words share its box: top and bottom within the line's
+            assert abs(box[0] - left) < TOLERANCE_PT and abs(box[2] - right) < TOLERANCE_PT, (
+                word,
+                box,
+            )
+        for (
+            block
+        ) in recognition.blocks:  # a line's words share its box: top and bottom within the line's
             top, bottom = block["bbox"][1] * scale, block["bbox"][3] * scale
             for text, box in found:
                 if text == block["words"][0]["text"]:
                     break
-            assert abs(box[1] - top) < TOLERANCE_PT and abs(box[3] - bottom) < TOLERANCE_PT, (block, box)
+            assert abs(box[1] - top) < TOLERANCE_PT and abs(box[3] - bottom) < TOLERANCE_PT, (
+                block,
+                box,
+            )
 
 
 def content_streams(page: pikepdf.Page) -> list[pikepdf.Object]:
@@ -144,19 +171,27 @@ def content_streams(page: pikepdf.Page) -> list[pikepdf.Object]:
 
 
 def page_pdf(
-    path: Path, image: Image.Image, *, rotate: int = 0, origin: tuple[float, float] = (0.0, 0.0), margin: float = 0.0,
+    path: Path,
+    image: Image.Image,
+    *,
+    rotate: int = 0,
+    origin: tuple[float, float] = (0.0, 0.0),
+    margin: float = 0.0,
     dpi: float = 150,
 ) -> Path:
-    """One page showing ``image`` upright at ``dpi`` whatever its /Rotate: the image is drawn turned the other
-    way in user space. The CropBox starts at ``origin``; the MediaBox reaches ``margin`` beyond it."""
+    """One page showing ``image`` upright at ``dpi`` whatever its /Rotate: the image is drawn turned
+    the other way in user space. The CropBox starts at ``origin``; the MediaBox reaches ``margin``
+    beyond it."""
     shown_w, shown_h = image.width * 72 / dpi, image.height * 72 / dpi
     width, height = (shown_h, shown_w) if rotate in (90, 270) else (shown_w, shown_h)
     x0, y0 = origin
     x1, y1 = x0 + width, y0 + height
     placement = {
-        0: (shown_w, 0, 0, shown_h, x0, y0), 90: (0, shown_w, -shown_h, 0, x1, y0),
-        180: (-shown_w, 0, 0, -shown_h, x1, y1), 270: (0, -shown_w, shown_h, 0, x0, y1),
-    }[rotate]  # fmt: skip
+        0: (shown_w, 0, 0, shown_h, x0, y0),
+        90: (0, shown_w, -shown_h, 0, x1, y0),
+        180: (-shown_w, 0, 0, -shown_h, x1, y1),
+        270: (0, -shown_w, shown_h, 0, x0, y1),
+    }[rotate]
     with pikepdf.new() as pdf:
         page = pdf.add_blank_page(page_size=(width, height))
         page.obj.MediaBox = [x0 - margin, y0 - margin, x1 + margin, y1 + margin]
@@ -164,17 +199,24 @@ def page_pdf(
         page.obj.Rotate = rotate
         grey = image.convert("L")
         picture = pdf.make_stream(
-            zlib.compress(grey.tobytes()), Type=pikepdf.Name.XObject, Subtype=pikepdf.Name.Image,
-            Width=grey.width, Height=grey.height, ColorSpace=pikepdf.Name.DeviceGray, BitsPerComponent=8,
+            zlib.compress(grey.tobytes()),
+            Type=pikepdf.Name.XObject,
+            Subtype=pikepdf.Name.Image,
+            Width=grey.width,
+            Height=grey.height,
+            ColorSpace=pikepdf.Name.DeviceGray,
+            BitsPerComponent=8,
             Filter=pikepdf.Name.FlateDecode,
-        )  # fmt: skip
+        )
         page.obj.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(Im0=picture))
-        page.obj.Contents = pdf.make_stream(b"q %.4f %.4f %.4f %.4f %.4f %.4f cm /Im0 Do Q\n" % placement)
+        page.obj.Contents = pdf.make_stream(
+            b"q %.4f %.4f %.4f %.4f %.4f %.4f cm /Im0 Do Q\n" % placement
+        )
         pdf.save(path)
     return path
 
 
-# --- PDF sources --------------------------------------------------------------------------------------------
+# --- PDF sources ----------------------------------------------------------------------------------
 
 
 def test_pdf_gets_the_text_in_reading_order_and_keeps_its_pages(tmp_path: Path) -> None:
@@ -188,7 +230,9 @@ def test_pdf_gets_the_text_in_reading_order_and_keeps_its_pages(tmp_path: Path) 
     assert len(extracted) == 2
     for (_, recognition), text in zip(pages, extracted):
         assert similarity(text, recognition.markdown) >= 0.9, (text, recognition.markdown)
-    assert "Invoice 4711 was paid" in extracted[0] and extracted[0].index("Invoice") < extracted[0].index("Thank")
+    assert "Invoice 4711 was paid" in extracted[0] and extracted[0].index("Invoice") < extracted[
+        0
+    ].index("Thank")
     assert_words_placed(out, pages)
     for (_, recognition), text in zip(pages, pdfium_texts(out)):
         assert similarity(text, recognition.markdown) >= 0.9, text
@@ -196,18 +240,24 @@ def test_pdf_gets_the_text_in_reading_order_and_keeps_its_pages(tmp_path: Path) 
     with pikepdf.open(source) as before, pikepdf.open(out) as after:
         for old, new in zip(before.pages, after.pages):
             kept, added = content_streams(new)[1:], content_streams(new)[0]
-            assert [s.read_raw_bytes() for s in kept] == [s.read_raw_bytes() for s in content_streams(old)]
-            assert [dict(s.stream_dict) for s in kept] == [dict(s.stream_dict) for s in content_streams(old)]
+            assert [s.read_raw_bytes() for s in kept] == [
+                s.read_raw_bytes() for s in content_streams(old)
+            ]
+            assert [dict(s.stream_dict) for s in kept] == [
+                dict(s.stream_dict) for s in content_streams(old)
+            ]
             drawn = [str(operator) for _, operator in pikepdf.parse_content_stream(added)]
             assert drawn == ["q", "Do", "Q"]  # the new stream only draws the layer
-            assert new.mediabox == old.mediabox and new.obj.Resources.XObject.Im0.read_raw_bytes() == (
-                old.obj.Resources.XObject.Im0.read_raw_bytes()
+            assert (
+                new.mediabox == old.mediabox
+                and new.obj.Resources.XObject.Im0.read_raw_bytes()
+                == (old.obj.Resources.XObject.Im0.read_raw_bytes())
             )
 
 
 def test_a_page_with_text_of_its_own_keeps_it_and_gets_no_second_layer(tmp_path: Path) -> None:
-    """OCRmyPDF's ``--skip-text``: pdftotext reads each line of a born-digital page once; a scanned page beside
-    it gets the engine's text. The file is marked as ocrwatch's; its source is not."""
+    """OCRmyPDF's ``--skip-text``: pdftotext reads each line of a born-digital page once; a scanned
+    page beside it gets the engine's text. The file is marked as ocrwatch's; its source is not."""
     born = docs.write_pdf(tmp_path / "born.pdf", [PAGE_ONE], text_layer=True)
     scan = docs.write_pdf(tmp_path / "scan.pdf", [PAGE_TWO])
     source = tmp_path / "mixed.pdf"
@@ -248,10 +298,15 @@ def test_a_failed_page_keeps_its_page_and_gets_no_text(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("rotate", [90, 0, 180, 270])
-def test_rotated_page_with_offset_boxes_places_words_where_they_are_shown(tmp_path: Path, rotate: int) -> None:
-    """/Rotate and a CropBox inside a MediaBox whose origin is far from (0, 0): words land on their pixels."""
+def test_rotated_page_with_offset_boxes_places_words_where_they_are_shown(
+    tmp_path: Path, rotate: int
+) -> None:
+    """/Rotate and a CropBox inside a MediaBox whose origin is far from (0, 0): words land on their
+    pixels."""
     image = docs.text_image(["Rotated page of text", "with a second line"], size=(1100, 700))
-    source = page_pdf(tmp_path / "rotated.pdf", image, rotate=rotate, origin=(137.0, -250.0), margin=40.0)
+    source = page_pdf(
+        tmp_path / "rotated.pdf", image, rotate=rotate, origin=(137.0, -250.0), margin=40.0
+    )
     pages = ocr(source)
     assert similarity(pages[0][1].markdown, "Rotated page of text with a second line") >= 0.9
     out = tmp_path / "rotated.pdf.ocr.pdf"
@@ -310,13 +365,18 @@ def test_a_page_read_upright_gets_its_text_over_its_glyphs_as_shown(
 
 
 def test_pages_sharing_their_resources_each_get_their_own_text(tmp_path: Path) -> None:
-    """One /Resources dictionary inherited by every page from the page tree, another shared by reference."""
-    source = docs.write_pdf(tmp_path / "shared.pdf", [["Alpha page"], ["Bravo page"], ["Charlie page"]])
+    """One /Resources dictionary inherited by every page from the page tree, another shared by
+    reference."""
+    source = docs.write_pdf(
+        tmp_path / "shared.pdf", [["Alpha page"], ["Bravo page"], ["Charlie page"]]
+    )
     with pikepdf.open(source) as pdf:
         images = {f"/Im{n}": page.obj.Resources.XObject.Im0 for n, page in enumerate(pdf.pages)}
         shared = pdf.make_indirect(pikepdf.Dictionary(XObject=pikepdf.Dictionary(images)))
         for number, page in enumerate(pdf.pages):
-            page.obj.Contents = pdf.make_stream(page.obj.Contents.read_bytes().replace(b"/Im0", b"/Im%d" % number))
+            page.obj.Contents = pdf.make_stream(
+                page.obj.Contents.read_bytes().replace(b"/Im0", b"/Im%d" % number)
+            )
             page.obj.Resources = shared
         pdf.Root.Pages.Resources = shared
         del pdf.pages[2].obj["/Resources"]  # this one inherits from the page tree
@@ -336,7 +396,9 @@ def test_pages_sharing_their_resources_each_get_their_own_text(tmp_path: Path) -
 
 
 def test_encrypted_pdf_that_opens_without_a_password_stays_encrypted(tmp_path: Path) -> None:
-    source = docs.write_encrypted_pdf(tmp_path / "open.pdf", user_password="", pages=[["Locked but open"]])
+    source = docs.write_encrypted_pdf(
+        tmp_path / "open.pdf", user_password="", pages=[["Locked but open"]]
+    )
     out = tmp_path / "open.pdf.ocr.pdf"
     textlayer.searchable_pdf(source, "pdf", texts(ocr(source)), out, SHA)
 
@@ -347,10 +409,14 @@ def test_encrypted_pdf_that_opens_without_a_password_stays_encrypted(tmp_path: P
 
 
 def test_non_latin_text_is_extracted_as_written(tmp_path: Path) -> None:
-    """The glyphless font maps UTF-16 codes to themselves: Greek, Cyrillic, CJK and accents come back."""
+    """The glyphless font maps UTF-16 codes to themselves: Greek, Cyrillic, CJK and accents come
+    back."""
     words = ["Grüße", "Ελληνικά", "Привет", "日本語の文書", "naïve", "ﬁnal"]
     lines = tuple(
-        Line((100, 100 + 80 * n, 900, 150 + 80 * n), (Word(word, (100, 100 + 80 * n, 400, 150 + 80 * n)),))
+        Line(
+            (100, 100 + 80 * n, 900, 150 + 80 * n),
+            (Word(word, (100, 100 + 80 * n, 400, 150 + 80 * n)),),
+        )
         for n, word in enumerate(words)
     )
     source = docs.write_pdf(tmp_path / "blank.pdf", [Image.new("L", docs.A4_150DPI, 255)])
@@ -373,8 +439,15 @@ def test_deepseek_blocks_spread_their_lines_over_their_boxes(tmp_path: Path) -> 
 
     qpdf_check(out)
     extracted = [" ".join(line.split()) for line in pdftotext(out).splitlines() if line.strip()]
-    assert extracted[0] == "Watching Folders for Documents: A Field Report"  # the heading mark is not text
-    assert extracted[-4:] == ["Engine Pages/s", "vLLM 5.4", "Tesseract 0.8", "1"]  # a table row per line
+    assert (
+        extracted[0] == "Watching Folders for Documents: A Field Report"
+    )  # the heading mark is not text
+    assert extracted[-4:] == [
+        "Engine Pages/s",
+        "vLLM 5.4",
+        "Tesseract 0.8",
+        "1",
+    ]  # a table row per line
     scale = 72 / 150
     table = next(block["bbox"] for block in blocks if block["type"] == "table")
     rows = [box for word, box in bbox_words(out)[0] if word in ("Engine", "vLLM", "Tesseract")]
@@ -387,20 +460,31 @@ def test_deepseek_blocks_spread_their_lines_over_their_boxes(tmp_path: Path) -> 
 
 
 def test_page_text_spreads_a_block_over_several_boxes_in_order() -> None:
-    block = {"type": "text", "text": "one\ntwo\nthree\nfour", "bbox": [0, 0, 200, 100],
-             "boxes": [[0, 0, 90, 100], [110, 0, 200, 100]]}  # fmt: skip
+    block = {
+        "type": "text",
+        "text": "one\ntwo\nthree\nfour",
+        "bbox": [0, 0, 200, 100],
+        "boxes": [[0, 0, 90, 100], [110, 0, 200, 100]],
+    }
     lines = textlayer.page_text(200, 100, [block]).lines
     assert [line.words[0].text for line in lines] == ["one", "two", "three", "four"]
     assert [line.box for line in lines] == [
-        (0, 0, 90, 50), (0, 50, 90, 100), (110, 0, 200, 50), (110, 50, 200, 100),
-    ]  # fmt: skip
+        (0, 0, 90, 50),
+        (0, 50, 90, 100),
+        (110, 0, 200, 50),
+        (110, 50, 200, 100),
+    ]
     worksheet = textlayer.page_text(1000, 1000, parse(WORKSHEET, 1000, 1000).blocks).lines
-    assert all(line.words[0].text.strip() for line in worksheet) and not any("figure" in str(l) for l in worksheet)
-    no_box = textlayer.page_text(300, 600, [{"type": "text", "text": "free\nocr", "bbox": None}]).lines
+    assert all(line.words[0].text.strip() for line in worksheet) and not any(
+        "figure" in str(l) for l in worksheet
+    )
+    no_box = textlayer.page_text(
+        300, 600, [{"type": "text", "text": "free\nocr", "bbox": None}]
+    ).lines
     assert [line.box for line in no_box] == [(0, 0, 300, 300), (0, 300, 300, 600)]
 
 
-# --- image sources ------------------------------------------------------------------------------------------
+# --- image sources --------------------------------------------------------------------------------
 
 
 def test_png_becomes_a_page_at_its_dpi_with_its_text(tmp_path: Path) -> None:
@@ -411,9 +495,13 @@ def test_png_becomes_a_page_at_its_dpi_with_its_text(tmp_path: Path) -> None:
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
-        assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx([0, 0, 1240 * 72 / 200, 1754 * 72 / 200])
+        assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx(
+            [0, 0, 1240 * 72 / 200, 1754 * 72 / 200]
+        )
         (image,) = pdf.pages[0].get_images().values()
-        assert pikepdf.PdfImage(image).as_pil_image().tobytes() == Image.open(source).tobytes()  # lossless
+        assert (
+            pikepdf.PdfImage(image).as_pil_image().tobytes() == Image.open(source).tobytes()
+        )  # lossless
     assert similarity(page_texts(out)[0], pages[0][1].markdown) >= 0.9
     assert_words_placed(out, pages)
 
@@ -431,7 +519,8 @@ def test_jpeg_keeps_its_bytes_and_its_orientation(tmp_path: Path, orientation: i
         assert image.Filter == "/DCTDecode" and image.read_raw_bytes() == source.read_bytes()
     assert similarity(page_texts(out)[0], pages[0][1].markdown) >= 0.9
     assert_words_placed(out, pages)
-    # The page looks like the upright image the engine read (PDFium draws it, the renderer made the other).
+    # The page looks like the upright image the engine read (PDFium draws it, the renderer made the
+    # other).
     document = pdfium.PdfDocument(str(out))
     try:
         shown = document[0].render(scale=150 / 72).to_pil().convert("L")
@@ -451,23 +540,33 @@ def test_tiff_frames_become_pages_and_a_failed_one_has_no_text(tmp_path: Path) -
 
     qpdf_check(out)
     extracted = page_texts(out)
-    assert "Invoice" in extracted[0] and extracted[1].strip() == "" and "Third frame" in extracted[2]
+    assert (
+        "Invoice" in extracted[0] and extracted[1].strip() == "" and "Third frame" in extracted[2]
+    )
     with pikepdf.open(out) as pdf:
         assert len(pdf.pages) == 3 and all(len(page.get_images()) == 1 for page in pdf.pages)
 
 
 @pytest.mark.parametrize("mode", ["1", "P"])
-def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(tmp_path: Path, mode: str) -> None:
+def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(
+    tmp_path: Path, mode: str
+) -> None:
     drawn = docs.text_image(["Bilevel scan"], size=(800, 300)).convert("RGB")
     drawn.paste((200, 30, 30), (600, 200, 700, 280))
-    picture = drawn.convert("1") if mode == "1" else drawn.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    picture = (
+        drawn.convert("1")
+        if mode == "1"
+        else drawn.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    )
     source = docs.write_png(tmp_path / "picture.png", picture, dpi=None)
     out = tmp_path / "picture.png.ocr.pdf"
     textlayer.searchable_pdf(source, "image", texts(ocr(source)), out, SHA)
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
-        assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx([0, 0, 800 * 0.75, 300 * 0.75])  # 96 dpi
+        assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx(
+            [0, 0, 800 * 0.75, 300 * 0.75]
+        )  # 96 dpi
         (image,) = pdf.pages[0].get_images().values()
         assert image.BitsPerComponent == (1 if mode == "1" else 8)
         embedded = pikepdf.PdfImage(image).as_pil_image()
@@ -542,13 +641,13 @@ def test_an_image_is_decoded_within_the_budget_and_converted_a_band_at_a_time(
     assert budget.granted == 1
     with Image.open(source) as decoded:
         assert budget.peak == image_bytes(decoded.mode, width, height) + 5 * BAND_BYTES
-        whole = textlayer._pdf_pixels(decoded.convert(decoded.mode))
+        whole = pdfimage.pdf_pixels(decoded.convert(decoded.mode))
     with pikepdf.open(out) as pdf:
         (image,) = pdf.pages[0].get_images().values()
         assert pikepdf.PdfImage(image).as_pil_image().tobytes() == whole.tobytes()
 
 
-# --- errors -------------------------------------------------------------------------------------------------
+# --- errors ---------------------------------------------------------------------------------------
 
 
 def test_unreadable_sources_raise_the_document_errors(tmp_path: Path) -> None:
@@ -565,14 +664,17 @@ def test_unreadable_sources_raise_the_document_errors(tmp_path: Path) -> None:
         textlayer.searchable_pdf(tmp_path / "gone.png", "image", [None], io.BytesIO(), SHA)
 
 
-# --- the shared corpus: born-digital pages rendered as images ------------------------------------------------
+# --- the shared corpus: born-digital pages rendered as images -------------------------------------
 
 CORPUS_PAGES = [("google-doc-document.pdf", 0), ("small-table.pdf", 0), ("tracemonkey.pdf", 0)]
 
 
-def test_corpus_born_digital_pages(corpus_dir: Path, manifest: list[dict[str, Any]], tmp_path: Path) -> None:
-    """Born-digital pages rendered as images (a scan of them, no text of their own): the text layer gives back
-    what Tesseract read (>= 0.9); how close that is to the page's own text is printed, not asserted."""
+def test_corpus_born_digital_pages(
+    corpus_dir: Path, manifest: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Born-digital pages rendered as images (a scan of them, no text of their own): the text layer
+    gives back what Tesseract read (>= 0.9); how close that is to the page's own text is printed,
+    not asserted."""
     known = {entry["file"]: entry for entry in manifest}
     figures = {}
     for name, index in CORPUS_PAGES:
@@ -580,14 +682,20 @@ def test_corpus_born_digital_pages(corpus_dir: Path, manifest: list[dict[str, An
         original = corpus_dir / name
         info = render.probe(original, render.Limits.from_config(LimitsConfig()))
         spec = render.render_spec(RenderConfig(), TesseractEngine(TesseractConfig()).geometry)
-        scan = page_pdf(tmp_path / f"scan-{name}", render.render_page(original, info, index, spec).image, dpi=spec.dpi)
+        scan = page_pdf(
+            tmp_path / f"scan-{name}",
+            render.render_page(original, info, index, spec).image,
+            dpi=spec.dpi,
+        )
         pages = ocr(scan)
         out = tmp_path / f"{name}.ocr.pdf"
         textlayer.searchable_pdf(scan, "pdf", texts(pages), out, SHA)
         qpdf_check(out)
         layer, markdown = page_texts(out)[0], pages[0][1].markdown
         own = pdftotext(original, "-f", str(index + 1), "-l", str(index + 1))
-        figures[name] = {"layer_vs_markdown": round(similarity(layer, markdown), 3),
-                         "layer_vs_page_text": round(similarity(layer, own), 3)}  # fmt: skip
+        figures[name] = {
+            "layer_vs_markdown": round(similarity(layer, markdown), 3),
+            "layer_vs_page_text": round(similarity(layer, own), 3),
+        }
     print(json.dumps(figures))
     assert all(figure["layer_vs_markdown"] >= 0.9 for figure in figures.values()), figures

@@ -1,5 +1,7 @@
-"""``BatchedNoRepeatNGram`` against vLLM's own ``NGramPerReqLogitsProcessor``, both driven by the same
-``BatchUpdate`` sequence and logits: the same entries must end up ``-inf``. Needs vLLM (skipped without)."""
+"""``BatchedNoRepeatNGram`` against vLLM's own ``NGramPerReqLogitsProcessor``, both driven by the
+same
+``BatchUpdate`` sequence and logits: the same entries must end up ``-inf``. Needs vLLM (skipped
+without)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,19 @@ VOCAB = 64
 
 def test_batched_processor_bans_exactly_what_vllms_per_request_processor_bans() -> None:
     rng = random.Random(3)
-    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8), model_config=SimpleNamespace(max_model_len=64))
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
     ours = BatchedNoRepeatNGram(config, torch.device("cpu"), False)
     theirs = NGramPerReqLogitsProcessor(config, torch.device("cpu"), False)
     rows: dict[int, tuple[list[int], list[int]]] = {}
-    rules = [dict(ngram_size=30, window_size=90, whitelist_token_ids=[3]), dict(ngram_size=12, window_size=120),
-             dict(ngram_size=4, window_size=16), None]
+    rules = [
+        dict(ngram_size=30, window_size=90, whitelist_token_ids=[3]),
+        dict(ngram_size=12, window_size=120),
+        dict(ngram_size=4, window_size=16),
+        None,
+    ]
     compared = 0
     for step in range(400):
         added, removed, moved = [], [], []
@@ -37,7 +46,9 @@ def test_batched_processor_bans_exactly_what_vllms_per_request_processor_bans() 
             for row in rng.sample(free, rng.randint(1, len(free))):
                 ids: list[int] = []
                 rows[row] = (looping_tokens(rng, 600, vocab=rng.choice([3, 9])), ids)
-                added.append((row, SamplingParams(max_tokens=600, extra_args=rng.choice(rules)), None, ids))
+                added.append(
+                    (row, SamplingParams(max_tokens=600, extra_args=rng.choice(rules)), None, ids)
+                )
         elif len(rows) > 1 and rng.random() < 0.05:
             row = rng.choice(list(rows))
             del rows[row]
@@ -46,7 +57,11 @@ def test_batched_processor_bans_exactly_what_vllms_per_request_processor_bans() 
             a, b = rng.sample(list(rows), 2)
             rows[a], rows[b] = rows[b], rows[a]
             moved.append((a, b, MoveDirectionality.SWAP))
-        update = BatchUpdate(batch_size=len(rows), removed=removed, added=added, moved=moved) if added or removed or moved else None
+        update = (
+            BatchUpdate(batch_size=len(rows), removed=removed, added=added, moved=moved)
+            if added or removed or moved
+            else None
+        )
         ours.update_state(update)
         theirs.update_state(update)
         for stream, ids in rows.values():

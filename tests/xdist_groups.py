@@ -23,8 +23,10 @@ _WORKER_INPUT = "ocrwatch_xdist_groups"
 
 def group_of(item: pytest.Item) -> str | None:
     """The item's group as xdist names it: its ``xdist_group`` names, sorted and joined by ``_``."""
-    names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-             for mark in item.iter_markers("xdist_group")}  # fmt: skip
+    names = {
+        str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        for mark in item.iter_markers("xdist_group")
+    }
     return "_".join(sorted(names)) or None
 
 

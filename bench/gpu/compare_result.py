@@ -1,6 +1,7 @@
-"""The one JSON line of compare.sh, from its results folder: e2e_cold.json, e2e_warm.json, engine.jsonl.
+"""The one JSON line of compare.sh, from its results folder: e2e_cold.json, e2e_warm.json,
+engine.jsonl.
 
-  python3 bench/gpu/compare_result.py /tmp/ocw-results
+python3 bench/gpu/compare_result.py /tmp/ocw-results
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ def load(path: Path) -> dict:
 
 
 def guard(run: dict) -> str:
-    """How the run's first rung guarded against loops: ``off``, ``stop`` (vLLM's repetition stop), ``gpu``
-    (the n-gram kernel in the V2 sampler) or ``host`` (the n-gram logits processor)."""
+    """How the run's first rung guarded against loops: ``off``, ``stop`` (vLLM's repetition stop),
+    ``gpu`` (the n-gram kernel in the V2 sampler) or ``host`` (the n-gram logits processor)."""
     config = run.get("config", "")
     if 'guard = "stop"' in config:
         return "stop"
@@ -30,11 +31,20 @@ def guard(run: dict) -> str:
 
 def result(folder: Path) -> dict:
     cold, warm = load(folder / "e2e_cold.json"), load(folder / "e2e_warm.json")
-    scripts = [json.loads(line) for line in (folder / "engine.jsonl").read_text().splitlines() if line.strip()] \
-        if (folder / "engine.jsonl").exists() else []
+    scripts = (
+        [
+            json.loads(line)
+            for line in (folder / "engine.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+        if (folder / "engine.jsonl").exists()
+        else []
+    )
     script = next((s for s in reversed(scripts) if s.get("label") == "script"), {})
     phase = next((p for p in script.get("phases", []) if p.get("max_tokens") == 1000), {})
-    load_run = warm if "a" in warm or "d" in warm else cold  # the run that carried the load (the cold one)
+    load_run = (
+        warm if "a" in warm or "d" in warm else cold
+    )  # the run that carried the load (the cold one)
     daemon = load_run.get("a", {}).get("pages_per_s")
     script_rate = phase.get("pages_per_s")
     d, d0 = load_run.get("d", {}), load_run.get("d0", {})
@@ -51,11 +61,17 @@ def result(folder: Path) -> dict:
         "pages": load_run.get("a", {}).get("pages"),
         "doc300_pages_per_s": d.get("doc300_pages_per_s"),
         "doc300_alone_pages_per_s": d0.get("doc300_pages_per_s"),
-        "sizing": [load_run.get("restart", {}).get(k) for k in ("max_concurrency", "max_num_batched_tokens", "sizing")],
+        "sizing": [
+            load_run.get("restart", {}).get(k)
+            for k in ("max_concurrency", "max_num_batched_tokens", "sizing")
+        ],
         "guard": guard(load_run),
         "runner": load_run.get("restart", {}).get("runner"),
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(result(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ocw-results"))), flush=True)
+    print(
+        json.dumps(result(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ocw-results"))),
+        flush=True,
+    )

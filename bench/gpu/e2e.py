@@ -1,22 +1,25 @@
 """The daemon end to end on a GPU machine: `ocrwatch run` with the vLLM engine (random weights,
-forced output length), files dropped into its inbox, sidecars awaited.  Run by device_run.sh and run_x2.sh.
+forced
+output length), files dropped into its inbox, sidecars awaited.  Run by device_run.sh and run_x2.sh.
 
 Phases, one daemon process, same engine settings throughout:
   start   cold or warm start to /readyz (compile cache in --cache-dir)
-  solo    one one-page PDF alone, into the urgent inbox: latency drop -> NAME.json   (the reference for d)
+solo    one one-page PDF alone, into the urgent inbox: latency drop -> NAME.json   (the reference
+for d)
   a       every corpus PDF, --repeat times, dropped at once: pages/s, output tokens/s
   d0      doc300.pdf (>= 300 pages) alone: its pages/s (the reference for d)
-  d       doc300.pdf dropped; once --d-after pages of it are done, a one-page PDF is dropped into the
-          urgent inbox (priority 90, the main inbox has the default 50): its latency against `solo`; then
+d       doc300.pdf dropped; once --d-after pages of it are done, a one-page PDF is dropped into the
+urgent inbox (priority 90, the main inbox has the default 50): its latency against `solo`; then
           doc300 is awaited to the end: its pages/s against d0
   e       GPU memory (NVML) and host RSS of the daemon's process tree at ready and at the end;
-          the daemon's /metrics (loop lag, tokens, stage latencies) saved at the end
-The config names the model, the forced output length and only the keys given as options, so a run without
-options measures the shipped defaults.  Start to ready is broken down from the daemon's log (``restart``:
-ocrwatch's import, engine build and warm-up seconds, and vLLM's weights, compilation, graph capture and
-engine-core initialisation).  Prints one line per phase and ends with ``RESULT {json}``; writes
-e2e_<label>.json, series_<label>.jsonl (/metrics once a second), metrics_<label>.txt and daemon_<label>.log
-under --out.  ``--engine tesseract`` is a dry run of the harness on a machine without a GPU.
+the daemon's /metrics (loop lag, tokens, stage latencies) saved at the end The config names the
+model, the forced output length and only the keys given as options, so a run without options
+measures the shipped defaults.  Start to ready is broken down from the daemon's log (``restart``:
+ocrwatch's import, engine build and warm-up seconds, and vLLM's weights, compilation, graph capture
+and engine-core initialisation).  Prints one line per phase and ends with ``RESULT {json}``; writes
+e2e_<label>.json, series_<label>.jsonl (/metrics once a second), metrics_<label>.txt and
+daemon_<label>.log under --out.  ``--engine tesseract`` is a dry run of the harness on a machine
+without a GPU.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def visible_gpus() -> list[int]:
 
 
 class Probe:
-    """GPU memory (NVML, summed over the visible GPUs) and RSS of a process tree (psutil); zeros where
+    """GPU memory (NVML, summed over the visible GPUs) and RSS of a process tree (psutil); zeros
+    where
     either is missing (a CPU dry run)."""
 
     def __init__(self):
@@ -76,7 +80,8 @@ class Probe:
         return sum(self.tree(pid).values())
 
     def tree(self, pid: int) -> dict[str, int]:
-        """RSS of each process of the tree, named by its title (vLLM names its processes, e.g. EngineCore_DP0)."""
+        """RSS of each process of the tree, named by its title (vLLM names its processes, e.g.
+        EngineCore_DP0)."""
         if self.ps is None:
             return {}
         out: dict[str, int] = {}
@@ -118,8 +123,10 @@ SERIES = {
 
 
 class Series(threading.Thread):
-    """/metrics once a second while the phases run: pages done, pages inside the engine, the ready and render
-    queues, so the steady-state rate and how full the engine was can be read off, not only the totals."""
+    """/metrics once a second while the phases run: pages done, pages inside the engine, the ready
+    and
+    render queues, so the steady-state rate and how full the engine was can be read off, not only
+    the totals."""
 
     def __init__(self, base: str, path: Path):
         super().__init__(daemon=True)
@@ -138,8 +145,8 @@ class Series(threading.Thread):
                 handle.flush()
 
     def steady(self, t_start: float, base_ok: float, pages: int) -> dict:
-        """Pages/s between 25 % and 75 % of the phase's pages, and the mean pages in the engine meanwhile: the
-        rate without the ramp-up and the last, part-empty wave."""
+        """Pages/s between 25 % and 75 % of the phase's pages, and the mean pages in the engine
+        meanwhile: the rate without the ramp-up and the last, part-empty wave."""
         rows = [r for r in self.rows if r["t"] >= t_start and r["ok"] is not None]
         lo = next((r for r in rows if r["ok"] - base_ok >= 0.25 * pages), None)
         hi = next((r for r in rows if r["ok"] - base_ok >= 0.75 * pages), None)
@@ -147,9 +154,14 @@ class Series(threading.Thread):
             return {}
         window = [r for r in rows if lo["t"] <= r["t"] <= hi["t"]]
         mean = lambda k: round(sum(r[k] or 0 for r in window) / len(window), 1)  # noqa: E731
-        return dict(pages_per_s=round((hi["ok"] - lo["ok"]) / (hi["t"] - lo["t"]), 3), window_s=round(hi["t"] - lo["t"], 1),
-                    mean_inflight=mean("inflight"), mean_ready=mean("ready"), mean_rendering=mean("rendering"),
-                    mean_render_queue=mean("render_queue"))
+        return dict(
+            pages_per_s=round((hi["ok"] - lo["ok"]) / (hi["t"] - lo["t"]), 3),
+            window_s=round(hi["t"] - lo["t"], 1),
+            mean_inflight=mean("inflight"),
+            mean_ready=mean("ready"),
+            mean_rendering=mean("rendering"),
+            mean_render_queue=mean("render_queue"),
+        )
 
 
 def engine_phases(text: str) -> dict:
@@ -165,7 +177,8 @@ def engine_phases(text: str) -> dict:
 
 
 def drop(src: Path, inbox: Path, name: str) -> float:
-    """Copy under a dot-name (ignored by the watcher), then rename into place: one moved-in event."""
+    """Copy under a dot-name (ignored by the watcher), then rename into place: one moved-in
+    event."""
     tmp = inbox / f".{name}.part"
     shutil.copyfile(src, tmp)
     os.rename(tmp, inbox / name)
@@ -177,7 +190,9 @@ def sidecar(inbox: Path, name: str) -> Path | None:
     return ok if ok.exists() else err if err.exists() else None
 
 
-def wait_for(inbox: Path, names: list[str], deadline: float, proc: subprocess.Popen) -> dict[str, float]:
+def wait_for(
+    inbox: Path, names: list[str], deadline: float, proc: subprocess.Popen
+) -> dict[str, float]:
     done: dict[str, float] = {}
     while len(done) < len(names) and time.time() < deadline:
         if proc.poll() is not None:
@@ -213,7 +228,13 @@ def doc_stats(inbox: Path, names: list[str]) -> dict:
             failed += pg.get("status") not in (None, "ok")
             reason = str(pg.get("finish_reason"))
             finish[reason] = finish.get(reason, 0) + 1
-    return dict(pages=pages, completion_tokens=tokens, failed_pages=failed, status=status, finish_reasons=finish)
+    return dict(
+        pages=pages,
+        completion_tokens=tokens,
+        failed_pages=failed,
+        status=status,
+        finish_reasons=finish,
+    )
 
 
 def pdf_pages(path: Path) -> int:
@@ -239,8 +260,9 @@ RESTART = {  # what the daemon's log says about where start-up time went (vLLM 0
 
 
 def restart_breakdown(log_text: str) -> dict:
-    """Seconds of each start-up step from the daemon's log: vLLM's lines (RESTART, the first match each) and
-    ocrwatch's ``vllm_engine_ready`` event (import, engine build, warm-up page, sizing)."""
+    """Seconds of each start-up step from the daemon's log: vLLM's lines (RESTART, the first match
+    each) and ocrwatch's ``vllm_engine_ready`` event (import, engine build, warm-up page,
+    sizing)."""
     out: dict = {}
     for key, pattern in RESTART.items():
         m = re.search(pattern, log_text)
@@ -252,30 +274,59 @@ def restart_breakdown(log_text: str) -> dict:
     for line in log_text.splitlines():
         if '"vllm_engine_ready"' in line:
             try:
-                ev = json.loads(line[line.index("{"):])
+                ev = json.loads(line[line.index("{") :])
             except ValueError:
                 continue
-            out.update({k: ev.get(k) for k in ("seconds", "seconds_import", "seconds_engine", "seconds_warmup",
-                                               "max_concurrency", "max_num_batched_tokens", "sizing", "vllm")})
+            out.update(
+                {
+                    k: ev.get(k)
+                    for k in (
+                        "seconds",
+                        "seconds_import",
+                        "seconds_engine",
+                        "seconds_warmup",
+                        "max_concurrency",
+                        "max_num_batched_tokens",
+                        "sizing",
+                        "vllm",
+                    )
+                }
+            )
             break
     return out
 
 
 def vllm_keys(a) -> dict:
     """The [engine.vllm] keys this run sets; an option left out keeps the daemon's own default."""
-    keys: dict = dict(model=a.model, load_format="dummy", ignore_eos=True, max_tokens=a.max_tokens,
-                      compile_cache_dir=a.cache_dir)
-    given = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                 data_parallel_size=a.dp, tensor_parallel_size=a.tp, replicas=a.replicas, guard=a.guard,
-                 stop_pattern=a.stop_pattern, stop_count=a.stop_count)
+    keys: dict = dict(
+        model=a.model,
+        load_format="dummy",
+        ignore_eos=True,
+        max_tokens=a.max_tokens,
+        compile_cache_dir=a.cache_dir,
+    )
+    given = dict(
+        max_num_seqs=a.max_num_seqs,
+        max_num_batched_tokens=a.max_num_batched_tokens,
+        data_parallel_size=a.dp,
+        tensor_parallel_size=a.tp,
+        replicas=a.replicas,
+        guard=a.guard,
+        stop_pattern=a.stop_pattern,
+        stop_count=a.stop_count,
+    )
     keys.update({k: v for k, v in given.items() if v is not None})
     if a.fast:
         keys["fast_encoder"] = True
     if a.encoder_graphs:
         keys["encoder_cuda_graphs"] = True
     if a.replica_processes is not None:
-        keys["replica_processes"] = a.replica_processes if a.replica_processes == "auto" else a.replica_processes == "true"
-    if a.ngram_processor == "none":  # the guard off in every rung: no logits processor is registered
+        keys["replica_processes"] = (
+            a.replica_processes if a.replica_processes == "auto" else a.replica_processes == "true"
+        )
+    if (
+        a.ngram_processor == "none"
+    ):  # the guard off in every rung: no logits processor is registered
         keys.update(ngram_size=0, window_size=0, ladder=[])
     elif a.ngram_processor is not None:
         keys["ngram_processor"] = a.ngram_processor
@@ -323,13 +374,23 @@ priority = 90
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", default="daemon")
-    ap.add_argument("--engine", default="vllm", help="engine kind; tesseract for a dry run of this harness without a GPU")
+    ap.add_argument(
+        "--engine",
+        default="vllm",
+        help="engine kind; tesseract for a dry run of this harness without a GPU",
+    )
     ap.add_argument("--fast", action="store_true", help="[engine.vllm] fast_encoder = true")
-    ap.add_argument("--encoder-graphs", action="store_true", help="[engine.vllm] encoder_cuda_graphs (with --fast)")
+    ap.add_argument(
+        "--encoder-graphs",
+        action="store_true",
+        help="[engine.vllm] encoder_cuda_graphs (with --fast)",
+    )
     ap.add_argument("--model", default=str(REPO / ".gpu/dsocr2"))
     ap.add_argument("--corpus", default=str(REPO / ".gpu/corpus"))
     ap.add_argument("--repeat", type=int, default=3, help="drops of every corpus PDF in phase a")
-    ap.add_argument("--dpi", type=int, default=None, help="[render] dpi (default: the engine's own)")
+    ap.add_argument(
+        "--dpi", type=int, default=None, help="[render] dpi (default: the engine's own)"
+    )
     ap.add_argument("--max-tokens", type=int, default=1000)
     ap.add_argument("--max-num-seqs", type=int, default=None)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -337,14 +398,30 @@ def main() -> None:
     ap.add_argument("--dp", type=int, default=None, help="[engine.vllm] data_parallel_size")
     ap.add_argument("--tp", type=int, default=None, help="[engine.vllm] tensor_parallel_size")
     ap.add_argument("--replicas", type=int, default=None, help="[engine.vllm] replicas")
-    ap.add_argument("--replica-processes", nargs="?", const="true", default=None, choices=["auto", "true", "false"],
-                    help="[engine.vllm] replica_processes (the option alone: true)")
-    ap.add_argument("--ngram-processor", choices=("batched", "per_request", "gpu", "none"), default=None,
-                    help="none: the guard off in every rung, so no logits processor is registered; gpu: the kernel "
-                    "in vLLM's V2 sampler (with VLLM_USE_V2_MODEL_RUNNER=1 in the environment)")
-    ap.add_argument("--guard", choices=("ban", "stop"), default=None,
-                    help="[engine.vllm] guard: ban (DeepSeek's n-gram rule, a logits processor) or stop (vLLM's "
-                    "repetition stop, no processor; with --stop-pattern, --stop-count)")
+    ap.add_argument(
+        "--replica-processes",
+        nargs="?",
+        const="true",
+        default=None,
+        choices=["auto", "true", "false"],
+        help="[engine.vllm] replica_processes (the option alone: true)",
+    )
+    ap.add_argument(
+        "--ngram-processor",
+        choices=("batched", "per_request", "gpu", "none"),
+        default=None,
+        help="none: the guard off in every rung, so no logits processor is registered; gpu: the "
+        "kernel "
+        "in vLLM's V2 sampler (with VLLM_USE_V2_MODEL_RUNNER=1 in the environment)",
+    )
+    ap.add_argument(
+        "--guard",
+        choices=("ban", "stop"),
+        default=None,
+        help="[engine.vllm] guard: ban (DeepSeek's n-gram rule, a logits processor) or stop "
+        "(vLLM's "
+        "repetition stop, no processor; with --stop-pattern, --stop-count)",
+    )
     ap.add_argument("--stop-pattern", type=int, default=None, help="[engine.vllm] stop_pattern")
     ap.add_argument("--stop-count", type=int, default=None, help="[engine.vllm] stop_count")
     ap.add_argument("--max-inflight", type=int, default=None, help="[scheduler] max_inflight_pages")
@@ -352,7 +429,9 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/ocw-e2e")
     ap.add_argument("--port", type=int, default=9464)
     ap.add_argument("--phases", default="solo,a,d")
-    ap.add_argument("--d-after", type=int, default=30, help="doc300 pages done before the urgent page drops")
+    ap.add_argument(
+        "--d-after", type=int, default=30, help="doc300 pages done before the urgent page drops"
+    )
     ap.add_argument("--timeout", type=float, default=420, help="seconds for each phase")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
@@ -366,8 +445,13 @@ def main() -> None:
     write_config(cfg, work, a)
     corpus = Path(a.corpus)
     docs = sorted((corpus / "docs").glob("*.pdf"))
-    res: dict = dict(label=a.label, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), fast=a.fast,
-                     config=cfg.read_text(), cache_warm=Path(a.cache_dir).exists() and any(Path(a.cache_dir).iterdir()))
+    res: dict = dict(
+        label=a.label,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        fast=a.fast,
+        config=cfg.read_text(),
+        cache_warm=Path(a.cache_dir).exists() and any(Path(a.cache_dir).iterdir()),
+    )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -376,8 +460,14 @@ def main() -> None:
     res["gpu_mem_before_gib"] = gib(probe.gpu())
     log = open(out / f"daemon_{a.label}.log", "w")
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "ocrwatch", "run", "--config", str(cfg)], cwd=str(REPO),
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ocrwatch", "run", "--config", str(cfg)],
+        cwd=str(REPO),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     (out / f"daemon_{a.label}.pid").write_text(str(proc.pid))
     base = f"http://127.0.0.1:{a.port}"
     inbox, urgent_inbox = work / "inbox", work / "urgent"
@@ -390,7 +480,9 @@ def main() -> None:
             time.sleep(0.5)
         res["start_to_ready_s"] = round(time.time() - t0, 1)
         log.flush()
-        res["restart"] = restart_breakdown((out / f"daemon_{a.label}.log").read_text(errors="replace"))
+        res["restart"] = restart_breakdown(
+            (out / f"daemon_{a.label}.log").read_text(errors="replace")
+        )
         res["gpu_mem_ready_gib"] = gib(probe.gpu())
         res["rss_ready_gib"] = gib(probe.rss(proc.pid))
         res["rss_tree"] = {"ready": {k: gib(v) for k, v in probe.tree(proc.pid).items()}}
@@ -415,19 +507,37 @@ def main() -> None:
                     drop(d, inbox, names[-1])
             try:
                 done = wait_for(inbox, names, w0 + a.timeout, proc)
-            except KeyboardInterrupt:  # the step's time limit (timeout -s INT): keep what (a) got done
-                res["a"] = dict(cut=True, t_start=round(w0, 2), elapsed_s=round(time.time() - w0, 1), **doc_stats(inbox, names))
+            except (
+                KeyboardInterrupt
+            ):  # the step's time limit (timeout -s INT): keep what (a) got done
+                res["a"] = dict(
+                    cut=True,
+                    t_start=round(w0, 2),
+                    elapsed_s=round(time.time() - w0, 1),
+                    **doc_stats(inbox, names),
+                )
                 raise
             w1 = max(done.values()) if done else time.time()
             st = doc_stats(inbox, names)
             el = w1 - w0
-            res["a"] = dict(documents=len(names), finished=len(done), t_start=round(w0, 2), t_end=round(w1, 2),
-                            elapsed_s=round(el, 1), pages_per_s=round(st["pages"] / el, 3),
-                            out_tok_per_s=round(st["completion_tokens"] / el, 1), **st)
+            res["a"] = dict(
+                documents=len(names),
+                finished=len(done),
+                t_start=round(w0, 2),
+                t_end=round(w1, 2),
+                elapsed_s=round(el, 1),
+                pages_per_s=round(st["pages"] / el, 3),
+                out_tok_per_s=round(st["completion_tokens"] / el, 1),
+                **st,
+            )
             res["a"]["steady"] = series.steady(w0, base_ok, st["pages"])
             res["rss_tree"]["after_a"] = {k: gib(v) for k, v in probe.tree(proc.pid).items()}
-            print(f"[{a.label}] a: {res['a']['pages']} pages in {el:.1f} s = {res['a']['pages_per_s']} pages/s, "
-                  f"{res['a']['out_tok_per_s']} tok/s; steady {res['a']['steady']}", flush=True)
+            print(
+                f"[{a.label}] a: {res['a']['pages']} pages in {el:.1f} s = "
+                f"{res['a']['pages_per_s']} pages/s, "
+                f"{res['a']['out_tok_per_s']} tok/s; steady {res['a']['steady']}",
+                flush=True,
+            )
 
         big = corpus / "doc300.pdf"
         n_big = pdf_pages(big) if phases & {"d0", "d"} else 0
@@ -436,15 +546,23 @@ def main() -> None:
             w0 = drop(big, inbox, "alone300.pdf")
             big_done = wait_for(inbox, ["alone300.pdf"], w0 + a.timeout, proc)
             el = big_done["alone300.pdf"] - w0 if big_done else None
-            res["d0"] = dict(doc_pages=n_big, doc300_s=round(el, 1) if el else None,
-                             doc300_pages_per_s=round(n_big / el, 3) if el else None, t_start=round(w0, 2))
-            print(f"[{a.label}] d0: doc300 alone {res['d0']['doc300_s']} s = {res['d0']['doc300_pages_per_s']} pages/s",
-                  flush=True)
+            res["d0"] = dict(
+                doc_pages=n_big,
+                doc300_s=round(el, 1) if el else None,
+                doc300_pages_per_s=round(n_big / el, 3) if el else None,
+                t_start=round(w0, 2),
+            )
+            print(
+                f"[{a.label}] d0: doc300 alone {res['d0']['doc300_s']} s = "
+                f"{res['d0']['doc300_pages_per_s']} pages/s",
+                flush=True,
+            )
 
         if "d" in phases:
             ok_before = done_before()
             w0 = drop(big, inbox, "doc300.pdf")
-            # wait until the big document is well under way: --d-after of its pages finished (metrics), at most 30 s
+            # wait until the big document is well under way: --d-after of its pages finished
+            # (metrics), at most 30 s
             t_urgent = None
             while time.time() - w0 < a.timeout:
                 ok = done_before()
@@ -455,17 +573,27 @@ def main() -> None:
             done = wait_for(urgent_inbox, ["urgent.pdf"], t_urgent + a.timeout, proc)
             urgent = round(done["urgent.pdf"] - t_urgent, 2) if done else None
             big_done = wait_for(inbox, ["doc300.pdf"], w0 + a.timeout, proc)
-            res["d"] = dict(doc_pages=n_big, urgent_dropped_after_s=round(t_urgent - w0, 1),
-                            urgent_latency_s=urgent, solo_latency_s=res.get("solo_latency_s"),
-                            doc300_s=round(big_done["doc300.pdf"] - w0, 1) if big_done else None,
-                            doc300=doc_stats(inbox, ["doc300.pdf"]), t_start=round(w0, 2), t_end=round(time.time(), 2))
+            res["d"] = dict(
+                doc_pages=n_big,
+                urgent_dropped_after_s=round(t_urgent - w0, 1),
+                urgent_latency_s=urgent,
+                solo_latency_s=res.get("solo_latency_s"),
+                doc300_s=round(big_done["doc300.pdf"] - w0, 1) if big_done else None,
+                doc300=doc_stats(inbox, ["doc300.pdf"]),
+                t_start=round(w0, 2),
+                t_end=round(time.time(), 2),
+            )
             if big_done:
                 res["d"]["doc300_pages_per_s"] = round(n_big / (big_done["doc300.pdf"] - w0), 3)
                 alone = res.get("d0", {}).get("doc300_pages_per_s")
                 if alone:
                     res["d"]["doc300_vs_alone"] = round(res["d"]["doc300_pages_per_s"] / alone, 3)
-            print(f"[{a.label}] d: urgent page {urgent} s while doc300 ran (alone {res.get('solo_latency_s')} s); "
-                  f"doc300 {res['d']['doc300_s']} s", flush=True)
+            print(
+                f"[{a.label}] d: urgent page {urgent} s while doc300 ran (alone "
+                f"{res.get('solo_latency_s')} s); "
+                f"doc300 {res['d']['doc300_s']} s",
+                flush=True,
+            )
 
         res["gpu_mem_end_gib"] = gib(probe.gpu())
         res["rss_end_gib"] = gib(probe.rss(proc.pid))
@@ -478,7 +606,8 @@ def main() -> None:
         res["loop_lag_s"] = m.get("ocrwatch_event_loop_lag_seconds")
         res["loop_max_lag_s"] = m.get("ocrwatch_event_loop_max_lag_seconds")
     finally:
-        # written before the stop too: a daemon slow to stop under `timeout -k` must not lose what was measured
+        # written before the stop too: a daemon slow to stop under `timeout -k` must not lose what
+        # was measured
         (out / f"e2e_{a.label}.json").write_text(json.dumps(res, indent=1))
         t_stop = time.time()
         if proc.poll() is None:

@@ -5,17 +5,18 @@ decoder-as-encoder, the linear projector, the view separator), fills it with ran
 realistic scale (rel-pos tables included, so the bias matters), prepares real pages with vLLM's
 own DeepseekOCRProcessor (v2: 1024 global view + 768 tiles), and compares, per page:
   stock bf16 vs an fp32 reference of the stock path  (what bf16 costs anyway),
-  fast bf16 (eager, and replayed as CUDA graphs with --graphs) vs the same reference, and fast vs stock,
-  and the registered class's own entry point (parse, process, batched path) vs stock.
-A page passes when it is finite and within 1.5x the stock path's own bf16 error (+2e-3) of the reference.
-Then times the stock per-page loop against the batched path (median of --reps, CUDA-synchronised),
-and with --profile writes torch-profiler tables of both.  Prints one line per check and timing, and ends
+fast bf16 (eager, and replayed as CUDA graphs with --graphs) vs the same reference, and fast vs
+stock,
+and the registered class's own entry point (parse, process, batched path) vs stock. A page passes
+when it is finite and within 1.5x the stock path's own bf16 error (+2e-3) of the reference. Then
+times the stock per-page loop against the batched path (median of --reps, CUDA-synchronised), and
+with --profile writes torch-profiler tables of both.  Prints one line per check and timing, and ends
 with ``RESULT {json}`` (appended to --out as well).
 
 The checked pages are first the page geometries that take different paths through the encoder
-(``GEOMETRIES``: no tiles, the tile size itself, the fewest tiles, the most tiles, a landscape page, a page at
-the renderer's size limit; synthetic, seeded), then --pages corpus pages. Exits 1 if any page of any variant
-fails.
+(``GEOMETRIES``: no tiles, the tile size itself, the fewest tiles, the most tiles, a landscape page,
+a page at the renderer's size limit; synthetic, seeded), then --pages corpus pages. Exits 1 if any
+page of any variant fails.
 
   python3 bench/gpu/encoder_check.py --model .gpu/dsocr2 --pdfs .gpu/corpus/docs --pages 12
   (CPU smoke test: --device cpu --dtype float32 --pages 1 --no-ref --no-bench)
@@ -53,7 +54,8 @@ GEOMETRIES = {  # (width, height) -> DeepSeek-OCR-2's tile grid (vLLM's processo
 
 
 def synthetic_page(size: tuple[int, int], seed: int):
-    """A page of dark text-like strokes on white, seeded: real structure at every scale, never zeros."""
+    """A page of dark text-like strokes on white, seeded: real structure at every scale, never
+    zeros."""
     import numpy as np
     from PIL import Image, ImageDraw
 
@@ -91,10 +93,20 @@ def build_tower(model_dir: str, device: str, dtype: torch.dtype, seed: int):
         def __init__(self):
             super().__init__()
             self.sam_model = ImageEncoderViT(
-                depth=12, embed_dim=768, img_size=1024, mlp_ratio=4,
-                norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), num_heads=12, patch_size=16,
-                qkv_bias=True, use_rel_pos=True, global_attn_indexes=[2, 5, 8, 11], window_size=14,
-                out_chans=256, last_conv_output=896)
+                depth=12,
+                embed_dim=768,
+                img_size=1024,
+                mlp_ratio=4,
+                norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
+                num_heads=12,
+                patch_size=16,
+                qkv_bias=True,
+                use_rel_pos=True,
+                global_attn_indexes=[2, 5, 8, 11],
+                window_size=14,
+                out_chans=256,
+                last_conv_output=896,
+            )
             self.qwen2_model = build_qwen2_decoder_as_encoder()
             self.projector = MlpProjector(cfg.projector_config)
             n_embed = cfg.projector_config.n_embed
@@ -144,7 +156,9 @@ def prepare(model_dir: str, images, device: str, dtype: torch.dtype):
             crops.append(out["images_crop"].reshape(-1, 3, 768, 768))
         ntok.append(int(out["input_ids"].shape[-1]))
     pixel_values = torch.cat(pv).to(device=device, dtype=dtype)
-    images_crop = (torch.cat(crops) if crops else torch.zeros(0, 3, 768, 768)).to(device=device, dtype=dtype)
+    images_crop = (torch.cat(crops) if crops else torch.zeros(0, 3, 768, 768)).to(
+        device=device, dtype=dtype
+    )
     images_spatial_crop = torch.cat(spatial).to(device=device, dtype=torch.long)
     return pixel_values, images_crop, images_spatial_crop, ntok
 
@@ -203,11 +217,18 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="directory for torch-profiler tables")
     ap.add_argument("--out", default=None, help="append a JSON result line here")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--graphs", action="store_true", help="also check and time the encoder replayed as CUDA graphs")
+    ap.add_argument(
+        "--graphs",
+        action="store_true",
+        help="also check and time the encoder replayed as CUDA graphs",
+    )
     a = ap.parse_args()
     dtype = getattr(torch, a.dtype)
-    res: dict = dict(device=torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
-                     torch=torch.__version__, dtype=a.dtype)
+    res: dict = dict(
+        device=torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
+        torch=torch.__version__,
+        dtype=a.dtype,
+    )
 
     import pages as pagelib
 
@@ -222,7 +243,9 @@ def main() -> None:
     synthetic = [synthetic_page(size, a.seed + i) for i, size in enumerate(GEOMETRIES.values())]
     check_imgs = synthetic + pick[: a.pages]
     images = images or synthetic
-    res["check_names"] = list(GEOMETRIES) + [f"corpus{i}" for i in range(len(check_imgs) - len(synthetic))]
+    res["check_names"] = list(GEOMETRIES) + [
+        f"corpus{i}" for i in range(len(check_imgs) - len(synthetic))
+    ]
     res["check_sizes"] = [im.size for im in check_imgs]
     print(f"pages for the check: {res['check_sizes']}", flush=True)
 
@@ -241,34 +264,59 @@ def main() -> None:
             res["stock_vs_ref32"] = [float(f"{rel(s, r):.3g}") for s, r in zip(stock, ref)]
         checks = {}
         variants: list[tuple[str, dict]] = [("fast", {})]
-        if a.graphs:  # the same kernels replayed as CUDA graphs, batches padded to the graphs' sizes
+        if (
+            a.graphs
+        ):  # the same kernels replayed as CUDA graphs, batches padded to the graphs' sizes
             variants.append(("fast+graphs", dict(graphs=fast.ViewGraphs(tower))))
         for name, kw in variants:
             try:
                 chunks = {} if "graphs" in kw else dict(global_chunk=8, tile_chunk=24)
                 out = fast.pages_to_embeddings(tower, pv, crops, spatial, **kw, **chunks)
-            except Exception as exc:  # record and go on: one variant failing must not hide the others
+            except (
+                Exception
+            ) as exc:  # record and go on: one variant failing must not hide the others
                 checks[name] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
                 print(f"{name}: FAILED {exc!r}"[:800], flush=True)
                 continue
-            assert [o.shape for o in out] == [s.shape for s in stock], (name, [o.shape for o in out])
-            c = dict(vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock)],
-                     max_abs_vs_stock=round(max(float((o.float() - s.float()).abs().max()) for o, s in zip(out, stock)), 5),
-                     finite=all(bool(torch.isfinite(o).all()) for o in out))
+            assert [o.shape for o in out] == [s.shape for s in stock], (
+                name,
+                [o.shape for o in out],
+            )
+            c = dict(
+                vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock)],
+                max_abs_vs_stock=round(
+                    max(float((o.float() - s.float()).abs().max()) for o, s in zip(out, stock)), 5
+                ),
+                finite=all(bool(torch.isfinite(o).all()) for o in out),
+            )
             if ref is not None:
                 c["vs_ref32"] = [float(f"{rel(o, r):.3g}") for o, r in zip(out, ref)]
                 worst = max(x / max(y, 1e-6) for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"]))
                 c["worst_ratio_to_stock_error"] = round(worst, 3)
-                c["pass"] = c["finite"] and all(x <= 1.5 * y + 2e-3 for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"]))
+                c["pass"] = c["finite"] and all(
+                    x <= 1.5 * y + 2e-3 for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"])
+                )
             else:
                 tol = 1e-4 if dtype == torch.float32 else 3e-2
                 c["pass"] = c["finite"] and max(c["vs_stock"]) < tol
             checks[name] = c
-            print(f"{name}: pass={c['pass']} vs_stock max {max(c['vs_stock']):.2e}"
-                  + (f" vs_ref32 max {max(c['vs_ref32']):.2e} (stock {max(res['stock_vs_ref32']):.2e})" if ref is not None else ""),
-                  flush=True)
-        # The registered class's own entry point (parse -> process -> batched path), bound to this tower.
-        bound = ("_parse_and_validate_image_input", "_process_image_input", "_pixel_values_to_embedding")
+            print(
+                f"{name}: pass={c['pass']} vs_stock max {max(c['vs_stock']):.2e}"
+                + (
+                    f" vs_ref32 max {max(c['vs_ref32']):.2e} (stock "
+                    f"{max(res['stock_vs_ref32']):.2e})"
+                    if ref is not None
+                    else ""
+                ),
+                flush=True,
+            )
+        # The registered class's own entry point (parse -> process -> batched path), bound to this
+        # tower.
+        bound = (
+            "_parse_and_validate_image_input",
+            "_process_image_input",
+            "_pixel_values_to_embedding",
+        )
         stock_methods = {m: type(tower).__dict__.get(m) for m in bound}
         try:
             cls = fast.FastDeepseekOCR2ForCausalLM
@@ -276,10 +324,14 @@ def main() -> None:
             tower.ocw_graphs = None
             for m in bound:
                 setattr(type(tower), m, getattr(cls, m))
-            inp = tower._parse_and_validate_image_input(pixel_values=pv, images_crop=crops, images_spatial_crop=spatial)
+            inp = tower._parse_and_validate_image_input(
+                pixel_values=pv, images_crop=crops, images_spatial_crop=spatial
+            )
             out = tower._process_image_input(inp)
             c = dict(vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock)])
-            c["pass"] = [o.shape for o in out] == [s.shape for s in stock] and max(c["vs_stock"]) < (1e-4 if dtype == torch.float32 else 3e-2)
+            c["pass"] = [o.shape for o in out] == [s.shape for s in stock] and max(
+                c["vs_stock"]
+            ) < (1e-4 if dtype == torch.float32 else 3e-2)
             checks["class"] = c
             print(f"class path: pass={c['pass']} vs_stock max {max(c['vs_stock']):.2e}", flush=True)
         except Exception as exc:
@@ -308,8 +360,11 @@ def main() -> None:
 
             run_stock()  # warm-up
             med, ts = timed(run_stock, a.device, a.reps)
-            timing["stock_loop"] = dict(ms_per_page=round(1000 * med / n, 2), pages_per_s=round(n / med, 1),
-                                        tflops=round(fl * n / med / 1e12, 1))
+            timing["stock_loop"] = dict(
+                ms_per_page=round(1000 * med / n, 2),
+                pages_per_s=round(n / med, 1),
+                tflops=round(fl * n / med / 1e12, 1),
+            )
             print(f"stock per-page loop: {1000 * med / n:.1f} ms/page", flush=True)
             variants = [(name, kw) for name, kw in variants if checks.get(name, {}).get("pass")]
             for name, kw in variants:
@@ -318,11 +373,22 @@ def main() -> None:
                     fast.pages_to_embeddings(tower, pv, crops, spatial, **kw)  # warm-up / compile
                     sync(a.device)
                     first = time.perf_counter() - t0
-                    med, ts = timed(lambda kw=kw: fast.pages_to_embeddings(tower, pv, crops, spatial, **kw), a.device, a.reps)
-                    timing[name] = dict(ms_per_page=round(1000 * med / n, 2), pages_per_s=round(n / med, 1),
-                                        tflops=round(fl * n / med / 1e12, 1), first_call_s=round(first, 1),
-                                        spread_ms=[round(1000 * t / n, 2) for t in ts])
-                    print(f"{name}: {1000 * med / n:.2f} ms/page (first call {first:.1f} s)", flush=True)
+                    med, ts = timed(
+                        lambda kw=kw: fast.pages_to_embeddings(tower, pv, crops, spatial, **kw),
+                        a.device,
+                        a.reps,
+                    )
+                    timing[name] = dict(
+                        ms_per_page=round(1000 * med / n, 2),
+                        pages_per_s=round(n / med, 1),
+                        tflops=round(fl * n / med / 1e12, 1),
+                        first_call_s=round(first, 1),
+                        spread_ms=[round(1000 * t / n, 2) for t in ts],
+                    )
+                    print(
+                        f"{name}: {1000 * med / n:.2f} ms/page (first call {first:.1f} s)",
+                        flush=True,
+                    )
                 except Exception as exc:
                     timing[name] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
                     print(f"{name}: FAILED {exc!r}"[:800], flush=True)
@@ -336,33 +402,66 @@ def main() -> None:
                 os.makedirs(a.profile, exist_ok=True)
                 best = "fast" if "ms_per_page" in timing.get("fast", {}) else None
                 small = 4
-                pv4, crops4, sp4 = pv[:small], crops[: int(sum(w * h if (w > 1 or h > 1) else 0 for w, h in spatial[:small].tolist()))], spatial[:small]
+                pv4, crops4, sp4 = (
+                    pv[:small],
+                    crops[
+                        : int(
+                            sum(
+                                w * h if (w > 1 or h > 1) else 0
+                                for w, h in spatial[:small].tolist()
+                            )
+                        )
+                    ],
+                    spatial[:small],
+                )
                 runs = [("stock", lambda: tower._pixel_values_to_embedding(pv4, crops4, sp4))]
                 if best:
                     runs.append((best, lambda: fast.pages_to_embeddings(tower, pv4, crops4, sp4)))
                 prof_summary = {}
                 for name, fn in runs:
-                    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])
+                    acts = [ProfilerActivity.CPU] + (
+                        [ProfilerActivity.CUDA] if a.device.startswith("cuda") else []
+                    )
                     with profile(activities=acts) as prof:
                         t0 = time.perf_counter()
                         fn()
                         sync(a.device)
                         wall = time.perf_counter() - t0
                     ka = prof.key_averages()
-                    table = ka.table(sort_by="self_device_time_total" if a.device.startswith("cuda") else "cpu_time_total", row_limit=30)
+                    table = ka.table(
+                        sort_by="self_device_time_total"
+                        if a.device.startswith("cuda")
+                        else "cpu_time_total",
+                        row_limit=30,
+                    )
                     Path(a.profile, f"profile_{name}.txt").write_text(table)
-                    gpu_us = sum(e.self_device_time_total for e in ka if str(e.device_type).endswith("CUDA"))
+                    gpu_us = sum(
+                        e.self_device_time_total for e in ka if str(e.device_type).endswith("CUDA")
+                    )
                     kernels = sum(e.count for e in ka if str(e.device_type).endswith("CUDA"))
-                    prof_summary[name] = dict(pages=small, kernels=kernels, gpu_busy_ms=round(gpu_us / 1000, 1),
-                                              wall_ms=round(1000 * wall, 1))
+                    prof_summary[name] = dict(
+                        pages=small,
+                        kernels=kernels,
+                        gpu_busy_ms=round(gpu_us / 1000, 1),
+                        wall_ms=round(1000 * wall, 1),
+                    )
                 res["profile_4_pages"] = prof_summary
     failed = [name for name, c in res.get("checks", {}).items() if not c.get("pass")]
     res["all_pass"] = not failed
     if "fast" in res.get("checks", {}) and "vs_ref32" in res["checks"]["fast"]:
         c = res["checks"]["fast"]
-        for name, size, grid, err, stock in zip(res["check_names"], res["check_sizes"], res["tiles"], c["vs_ref32"],
-                                                res["stock_vs_ref32"]):
-            print(f"  {name:20s} {size[0]}x{size[1]} grid {grid}: fast {err:.2e} vs fp32, stock {stock:.2e}", flush=True)
+        for name, size, grid, err, stock in zip(
+            res["check_names"],
+            res["check_sizes"],
+            res["tiles"],
+            c["vs_ref32"],
+            res["stock_vs_ref32"],
+        ):
+            print(
+                f"  {name:20s} {size[0]}x{size[1]} grid {grid}: fast {err:.2e} vs fp32, stock "
+                f"{stock:.2e}",
+                flush=True,
+            )
     print(f"encoder check: {'PASS' if not failed else 'FAIL ' + ', '.join(failed)}", flush=True)
     print("RESULT " + json.dumps(res), flush=True)
     if a.out:

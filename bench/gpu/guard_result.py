@@ -1,6 +1,6 @@
-"""guard.sh's one JSON line, from its results folder: per lane (e2e_<label>.json) pages/s, output tokens/s,
-how the pages finished, start to ready and the runner vLLM chose, each lane's pages/s against ``off``'s; and
-the engine's import seconds without and with bytecode (imports.log).
+"""guard.sh's one JSON line, from its results folder: per lane (e2e_<label>.json) pages/s, output
+tokens/s, how the pages finished, start to ready and the runner vLLM chose, each lane's pages/s
+against ``off``'s; and the engine's import seconds without and with bytecode (imports.log).
 
   python3 bench/gpu/guard_result.py /tmp/ocw-results
 """
@@ -26,7 +26,9 @@ def lane(run: dict) -> dict:
         "pages": a.get("pages"),
         "pages_per_s": a.get("pages_per_s"),
         "out_tok_per_s": a.get("out_tok_per_s"),
-        "tokens_per_page": round(a["completion_tokens"] / a["pages"], 1) if a.get("pages") else None,
+        "tokens_per_page": round(a["completion_tokens"] / a["pages"], 1)
+        if a.get("pages")
+        else None,
         "finish": a.get("finish_reasons"),
         "cut": a.get("cut", False),
         "ready_s": run.get("start_to_ready_s"),
@@ -36,16 +38,21 @@ def lane(run: dict) -> dict:
 
 
 def result(folder: Path) -> dict:
-    lanes = {p.stem[len("e2e_"):]: lane(load(p)) for p in sorted(folder.glob("e2e_*.json"))}
+    lanes = {p.stem[len("e2e_") :]: lane(load(p)) for p in sorted(folder.glob("e2e_*.json"))}
     off = (lanes.get("off") or {}).get("pages_per_s")
     for value in lanes.values():
         rate = value.get("pages_per_s")
         value["vs_off"] = round(rate / off, 3) if rate and off else None
     text = (folder / "imports.log").read_text() if (folder / "imports.log").exists() else ""
-    imports = dict(zip(("no_bytecode_s", "bytecode_s"), map(float, re.findall(r"IMPORT ([\d.]+) s", text)[:2])))
+    imports = dict(
+        zip(("no_bytecode_s", "bytecode_s"), map(float, re.findall(r"IMPORT ([\d.]+) s", text)[:2]))
+    )
     dates = [load(p).get("date", "") for p in folder.glob("e2e_*.json")]
     return {"date": (min(dates) if dates else "")[:10], "lanes": lanes, "imports": imports}
 
 
 if __name__ == "__main__":
-    print(json.dumps(result(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ocw-results"))), flush=True)
+    print(
+        json.dumps(result(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ocw-results"))),
+        flush=True,
+    )

@@ -1,10 +1,10 @@
-"""The n-gram guard's cost per decode step, on the device: vLLM's ``NGramPerReqLogitsProcessor`` against
-ocrwatch's ``BatchedNoRepeatNGram``, both fed the same ``BatchUpdate`` and the same CUDA logits (rows x
-129,280 fp32, as the engine holds them), with looping token streams like a random-weight model's; then
-(``gpu``) ocrwatch's kernel for vLLM's V2 sampler (``ngram_gpu``) against ``BatchedNoRepeatNGram``, reading
-the tokens from a UVA tensor after a prompt as the V2 runner keeps them, with three rules (the ladder's) and
-rows without one. Checks at every step that both leave exactly the same entries at -inf (fails otherwise);
-prints one ``RESULT {json}`` line.
+"""The n-gram guard's cost per decode step, on the device: vLLM's ``NGramPerReqLogitsProcessor``
+against ocrwatch's ``BatchedNoRepeatNGram``, both fed the same ``BatchUpdate`` and the same CUDA
+logits (rows x 129,280 fp32, as the engine holds them), with looping token streams like a
+random-weight model's; then (``gpu``) ocrwatch's kernel for vLLM's V2 sampler (``ngram_gpu``)
+against ``BatchedNoRepeatNGram``, reading the tokens from a UVA tensor after a prompt as the V2
+runner keeps them, with three rules (the ladder's) and rows without one. Checks at every step that
+both leave exactly the same entries at -inf (fails otherwise); prints one ``RESULT {json}`` line.
 
   python3 bench/gpu/ngram_bench.py --rows 128,256 --steps 300 [--only gpu]
 """
@@ -42,13 +42,28 @@ def sync() -> None:
 
 def run(rows: int, steps: int, warm: int) -> dict:
     rng = random.Random(rows)
-    cfg = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=rows), model_config=SimpleNamespace(max_model_len=8192))
-    procs = {"per_request": NGramPerReqLogitsProcessor(cfg, DEVICE, True),
-             "batched": BatchedNoRepeatNGram(cfg, DEVICE, True)}
-    streams = [looping_tokens(rng, warm + steps + 1, vocab=rng.choice([50, 400, 5000])) for _ in range(rows)]
+    cfg = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=rows),
+        model_config=SimpleNamespace(max_model_len=8192),
+    )
+    procs = {
+        "per_request": NGramPerReqLogitsProcessor(cfg, DEVICE, True),
+        "batched": BatchedNoRepeatNGram(cfg, DEVICE, True),
+    }
+    streams = [
+        looping_tokens(rng, warm + steps + 1, vocab=rng.choice([50, 400, 5000]))
+        for _ in range(rows)
+    ]
     lists = [s[:warm] for s in streams]
-    update = BatchUpdate(batch_size=rows, removed=[], moved=[],
-                         added=[(i, SamplingParams(max_tokens=8192, extra_args=RULE), None, lists[i]) for i in range(rows)])
+    update = BatchUpdate(
+        batch_size=rows,
+        removed=[],
+        moved=[],
+        added=[
+            (i, SamplingParams(max_tokens=8192, extra_args=RULE), None, lists[i])
+            for i in range(rows)
+        ],
+    )
     for p in procs.values():
         p.update_state(update)
     spent = {k: 0.0 for k in procs}
@@ -70,12 +85,21 @@ def run(rows: int, steps: int, warm: int) -> dict:
         if not torch.equal(masks["batched"], masks["per_request"]):
             raise SystemExit(f"MISMATCH at rows={rows} step={step}")
         bans += int(masks["batched"].sum())
-    return dict(rows=rows, steps=steps, bans=bans, equal=True,
-                **{f"{k}_ms_per_step": round(1000 * v / steps, 3) for k, v in spent.items()})
+    return dict(
+        rows=rows,
+        steps=steps,
+        bans=bans,
+        equal=True,
+        **{f"{k}_ms_per_step": round(1000 * v / steps, 3) for k, v in spent.items()},
+    )
 
 
-RULES = [RULE, dict(ngram_size=20, window_size=90, whitelist_token_ids=[128821, 128822]),
-         dict(ngram_size=12, window_size=120, whitelist_token_ids=[128821, 128822]), None]
+RULES = [
+    RULE,
+    dict(ngram_size=20, window_size=90, whitelist_token_ids=[128821, 128822]),
+    dict(ngram_size=12, window_size=120, whitelist_token_ids=[128821, 128822]),
+    None,
+]
 
 
 def run_gpu(rows: int, steps: int, warm: int, prompt: int = 57) -> dict:
@@ -91,13 +115,25 @@ def run_gpu(rows: int, steps: int, warm: int, prompt: int = 57) -> dict:
     prompt_len.np[:] = prompt
     prompt_len.copy_to_uva()
     total = torch.full((rows,), prompt + warm, dtype=torch.int32, device=DEVICE)
-    req_states = SimpleNamespace(max_num_reqs=rows, all_token_ids=tokens, prompt_len=prompt_len,
-                                 total_len=SimpleNamespace(gpu=total))
+    req_states = SimpleNamespace(
+        max_num_reqs=rows,
+        all_token_ids=tokens,
+        prompt_len=prompt_len,
+        total_len=SimpleNamespace(gpu=total),
+    )
     state = NGramGpuState(req_states)
-    cfg = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=rows), model_config=SimpleNamespace(max_model_len=8192))
+    cfg = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=rows),
+        model_config=SimpleNamespace(max_model_len=8192),
+    )
     host = BatchedNoRepeatNGram(cfg, DEVICE, True)
-    streams = [looping_tokens(rng, warm + steps + 1, vocab=rng.choice([50, 400, 5000])) for _ in range(rows)]
-    streams = [[128821 if rng.random() < 0.03 else t for t in s] for s in streams]  # exempt <td> in loops too
+    streams = [
+        looping_tokens(rng, warm + steps + 1, vocab=rng.choice([50, 400, 5000]))
+        for _ in range(rows)
+    ]
+    streams = [
+        [128821 if rng.random() < 0.03 else t for t in s] for s in streams
+    ]  # exempt <td> in loops too
     lists = [s[:warm] for s in streams]
     rules = [RULES[i % len(RULES)] for i in range(rows)]
     params = [SamplingParams(max_tokens=8192, extra_args=r) for r in rules]
@@ -106,8 +142,14 @@ def run_gpu(rows: int, steps: int, warm: int, prompt: int = 57) -> dict:
         tokens.np[i, prompt : prompt + warm] = lists[i]
         state.add_request(i, params[i])
     state.apply_staged_writes()
-    host.update_state(BatchUpdate(batch_size=rows, removed=[], moved=[],
-                                  added=[(i, params[i], None, lists[i]) for i in range(rows)]))
+    host.update_state(
+        BatchUpdate(
+            batch_size=rows,
+            removed=[],
+            moved=[],
+            added=[(i, params[i], None, lists[i]) for i in range(rows)],
+        )
+    )
     idx = torch.arange(rows, dtype=torch.int32, device=DEVICE)
     idx_np = np.arange(rows, dtype=np.int32)
     base = torch.randn(rows, VOCAB, device=DEVICE)
@@ -137,15 +179,23 @@ def run_gpu(rows: int, steps: int, warm: int, prompt: int = 57) -> dict:
             diff = (masks["gpu"] != masks["batched"]).nonzero()[:5].tolist()
             raise SystemExit(f"GPU MISMATCH at rows={rows} step={step}: {diff}")
         bans += int(masks["gpu"].sum())
-    return dict(rows=rows, steps=steps, bans=bans, equal=True, check="gpu",
-                **{f"{k}_ms_per_step": round(1000 * v / steps, 3) for k, v in spent.items()})
+    return dict(
+        rows=rows,
+        steps=steps,
+        bans=bans,
+        equal=True,
+        check="gpu",
+        **{f"{k}_ms_per_step": round(1000 * v / steps, 3) for k, v in spent.items()},
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="128,256")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--warm", type=int, default=200, help="output tokens each request has before timing")
+    ap.add_argument(
+        "--warm", type=int, default=200, help="output tokens each request has before timing"
+    )
     ap.add_argument("--only", choices=("host", "gpu"), default=None)
     a = ap.parse_args()
     res = []
@@ -154,8 +204,13 @@ def main() -> None:
     if a.only != "host":
         res += [run_gpu(int(r), a.steps, a.warm) for r in a.rows.split(",")]
     for r in res:
-        times = ", ".join(f"{k[:-12]} {v} ms/step" for k, v in r.items() if k.endswith("_ms_per_step"))
-        print(f"[ngram] rows={r['rows']}: {times}, equal over {r['steps']} steps ({r['bans']} bans)", flush=True)
+        times = ", ".join(
+            f"{k[:-12]} {v} ms/step" for k, v in r.items() if k.endswith("_ms_per_step")
+        )
+        print(
+            f"[ngram] rows={r['rows']}: {times}, equal over {r['steps']} steps ({r['bans']} bans)",
+            flush=True,
+        )
     print("RESULT " + json.dumps(dict(label="ngram", results=res)), flush=True)
 
 

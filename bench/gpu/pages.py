@@ -1,5 +1,6 @@
 """Render benchmark pages from PDFs: pdftoppm where it exists, else pypdfium2 (carried as a wheel).
-Used by the device scripts; also runs here.  python3 bench/gpu/pages.py DIR_OR_PDF... --dpi 144 --out D
+Used by the device scripts; also runs here.  python3 bench/gpu/pages.py DIR_OR_PDF... --dpi 144
+--out D
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ def _render_one(args: tuple[str, int]) -> list[Image.Image]:
     pdf, dpi = args
     if shutil.which("pdftoppm"):
         with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run(["pdftoppm", "-r", str(dpi), "-png", pdf, f"{tmp}/p"], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                ["pdftoppm", "-r", str(dpi), "-png", pdf, f"{tmp}/p"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             files = sorted(Path(tmp).glob("p-*.png"), key=lambda f: int(f.stem.split("-")[-1]))
             return [Image.open(f).convert("RGB") for f in files]
     import pypdfium2 as pdfium

@@ -1,10 +1,11 @@
 """The host cost of vLLM's repetition stop (``guard = "stop"``) a decode step: vLLM's own
-``check_sequence_repetition``, which its scheduler calls for every running request after every token, timed
-over ``--rows`` requests of random (never repeating) output, so every pattern size is tried, as on a page that
-does not loop. Runs on a CPU; reads the function from the installed vLLM or from a vLLM wheel (``--wheel``)
-without importing the rest of vLLM.
+``check_sequence_repetition``, which its scheduler calls for every running request after every
+token, timed over ``--rows`` requests of random (never repeating) output, so every pattern size is
+tried, as on a page that does not loop. Runs on a CPU; reads the function from the installed vLLM or
+from a vLLM wheel (``--wheel``) without importing the rest of vLLM.
 
-  python3 bench/gpu/repetition_cost.py --wheel /tmp/gpuwheels/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
+  python3 bench/gpu/repetition_cost.py \\
+      --wheel /tmp/gpuwheels/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ MODULE = "vllm/v1/core/sched/utils.py"
 
 
 def load(wheel: str | None) -> Callable[[Any, Any], bool]:
-    """``check_sequence_repetition``, from the wheel's source with its two vLLM imports left out (it needs
-    neither to run)."""
+    """``check_sequence_repetition``, from the wheel's source with its two vLLM imports left out (it
+    needs neither to run)."""
     if wheel is None:
         from vllm.v1.core.sched.utils import check_sequence_repetition
 
@@ -37,7 +38,11 @@ class Params:
     """``RepetitionDetectionParams``' three fields."""
 
     def __init__(self, max_pattern_size: int, min_count: int) -> None:
-        self.max_pattern_size, self.min_pattern_size, self.min_count = max_pattern_size, 0, min_count
+        self.max_pattern_size, self.min_pattern_size, self.min_count = (
+            max_pattern_size,
+            0,
+            min_count,
+        )
 
 
 def main() -> None:
@@ -65,8 +70,11 @@ def main() -> None:
                         check(view, params)
                 runs.append((time.perf_counter() - started) / a.steps * 1e3)
             ms = min(runs)
-            print(f"stop_pattern {pattern}, stop_count {a.count}, {length} tokens a row, {a.rows} rows: "
-                  f"{ms:.2f} ms a step")
+            print(
+                f"stop_pattern {pattern}, stop_count {a.count}, {length} tokens a row, {a.rows} "
+                "rows: "
+                f"{ms:.2f} ms a step"
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""How far two runs' greedy output ids agree, page by page (engine_bench.py --tokens-out files): pages equal
-to the end, and the mean and least length of the common prefix.
+"""How far two runs' greedy output ids agree, page by page (engine_bench.py --tokens-out files):
+pages
+equal to the end, and the mean and least length of the common prefix.
 
   python3 bench/gpu/runners_tokens.py tokens_v1.json tokens_v2.json
 """
@@ -22,9 +23,13 @@ def prefix(a: list[int], b: list[int]) -> int:
 def compare(a: list[list[int]], b: list[list[int]]) -> dict:
     common = [prefix(x, y) for x, y in zip(a, b)]
     equal = sum(1 for x, y in zip(a, b) if x == y)
-    return {"pages": len(common), "equal_pages": equal, "mean_common_prefix": round(sum(common) / len(common), 1)
-            if common else None, "least_common_prefix": min(common) if common else None,
-            "tokens_per_page": round(sum(map(len, a)) / len(a), 1) if a else None}
+    return {
+        "pages": len(common),
+        "equal_pages": equal,
+        "mean_common_prefix": round(sum(common) / len(common), 1) if common else None,
+        "least_common_prefix": min(common) if common else None,
+        "tokens_per_page": round(sum(map(len, a)) / len(a), 1) if a else None,
+    }
 
 
 if __name__ == "__main__":

@@ -2,16 +2,18 @@
 
     python3 bench/gpu/step.py --until EPOCH_S --log FILE [--show REGEX] [--grace S] -- CMD [ARG...]
 
-CMD runs in a process group and session of its own with stdin from /dev/null and stdout and stderr in FILE,
-never a pipe: a pipe is held open by every process that inherits it, and vLLM's engine-core child outlives a
-killed parent, so a ``cmd | tee | grep`` waited for it long after the step ended. This process is the
-*subreaper* of everything CMD starts (``PR_SET_CHILD_SUBREAPER``): a grandchild that leads a session of its
-own (e2e.py's daemon) or is orphaned (the engine core) is re-parented here, not to init, so it is still found.
+CMD runs in a process group and session of its own with stdin from /dev/null and stdout and stderr
+in FILE, never a pipe: a pipe is held open by every process that inherits it, and vLLM's engine-core
+child outlives a killed parent, so a ``cmd | tee | grep`` waited for it long after the step ended.
+This process is the *subreaper* of everything CMD starts (``PR_SET_CHILD_SUBREAPER``): a grandchild
+that leads a session of its own (e2e.py's daemon) or is orphaned (the engine core) is re-parented
+here, not to init, so it is still found.
 
-At ``--until`` (seconds since the epoch) CMD's group gets SIGINT, so a Python step writes what it measured;
-``--grace`` seconds later every process left below this one gets SIGKILL. When CMD ends on its own, whatever it
-left running is stopped the same way (SIGTERM, then SIGKILL). Lines of FILE matching ``--show`` are printed as
-they come (cut to 300 characters). Exits with CMD's status; 124 when the deadline cut it.
+At ``--until`` (seconds since the epoch) CMD's group gets SIGINT, so a Python step writes what it
+measured; ``--grace`` seconds later every process left below this one gets SIGKILL. When CMD ends on
+its own, whatever it left running is stopped the same way (SIGTERM, then SIGKILL). Lines of FILE
+matching ``--show`` are printed as they come (cut to 300 characters). Exits with CMD's status; 124
+when the deadline cut it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ CUT = 124
 
 
 def become_subreaper() -> bool:
-    """Orphans below this process are re-parented to it (Linux 3.4+); False where the call is refused."""
+    """Orphans below this process are re-parented to it (Linux 3.4+); False where the call is
+    refused."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
@@ -79,7 +82,8 @@ def reap() -> None:
 
 
 def stop_tree(grace: float, first: int = signal.SIGTERM) -> None:
-    """``first`` to every process below this one, then SIGKILL to what is left after ``grace`` seconds."""
+    """``first`` to every process below this one, then SIGKILL to what is left after ``grace``
+    seconds."""
     signal_all(descendants(os.getpid()), first)
     end = time.monotonic() + grace
     while time.monotonic() < end:
@@ -99,7 +103,12 @@ class Follower:
     """Prints the lines of the step's log that match a pattern, as the log grows."""
 
     def __init__(self, path: Path, pattern: str | None) -> None:
-        self.path, self.pattern, self.offset, self.rest = path, re.compile(pattern) if pattern else None, 0, b""
+        self.path, self.pattern, self.offset, self.rest = (
+            path,
+            re.compile(pattern) if pattern else None,
+            0,
+            b"",
+        )
 
     def poll(self, final: bool = False) -> None:
         if self.pattern is None:
@@ -125,7 +134,9 @@ def run(cmd: list[str], until: float, log: Path, show: str | None, grace: float)
     follower = Follower(log, show)
     with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
         try:
-            proc = subprocess.Popen(cmd, stdin=devnull, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdin=devnull, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         except OSError as exc:
             out.write(f"step.py: could not start {cmd[0]}: {exc}\n".encode())
             return 127
@@ -157,8 +168,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--until", type=float, required=True, help="deadline, seconds since the epoch")
     ap.add_argument("--log", type=Path, required=True)
-    ap.add_argument("--show", default=None, help="print the log's lines that match this regular expression")
-    ap.add_argument("--grace", type=float, default=10.0, help="seconds from SIGINT (or the end) to SIGKILL")
+    ap.add_argument(
+        "--show", default=None, help="print the log's lines that match this regular expression"
+    )
+    ap.add_argument(
+        "--grace", type=float, default=10.0, help="seconds from SIGINT (or the end) to SIGKILL"
+    )
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd

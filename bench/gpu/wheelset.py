@@ -1,18 +1,20 @@
-"""The device wheel set, derived from ``pyproject.toml``: what ``prepare.sh wheels`` downloads for ocrwatch
-itself, and the check that nothing the package needs at run time is missing from what it packed.
+"""The device wheel set, derived from ``pyproject.toml``: what ``prepare.sh wheels`` downloads for
+ocrwatch itself, and the check that nothing the package needs at run time is missing from what it
+packed.
 
-The GPU image already holds torch, NumPy, Pillow and many more (``image-packages.txt``, read off a machine of
-that image); every other runtime dependency of the package (``[project] dependencies`` and the ``vllm`` extra,
-markers evaluated for CPython 3.12 on x86-64 Linux) must travel. A hand-kept list missed ``pikepdf`` once and
-every daemon run died at import, so the list is computed here and checked against the downloaded wheels.
+The GPU image already holds torch, NumPy, Pillow and many more (``image-packages.txt``, read off a
+machine of that image); every other runtime dependency of the package (``[project] dependencies``
+and the ``vllm`` extra, markers evaluated for CPython 3.12 on x86-64 Linux) must travel. A hand-kept
+list missed ``pikepdf`` once and every daemon run died at import, so the list is computed here and
+checked against the downloaded wheels.
 
-    python3 bench/gpu/wheelset.py requirements            requirement lines to download (pip -r), vLLM aside
-    python3 bench/gpu/wheelset.py lock WHEEL_DIR          the pins of what pip resolved from those lines, less
-                                                          what the image holds: deps-ocrwatch.txt
-    python3 bench/gpu/wheelset.py check WHEEL_DIR [...]   exit 1, naming them, if a runtime dependency of the
-                                                          package (and, as far as this machine's installed
-                                                          metadata shows, of those) is in none of the folders
-                                                          and not on the image
+    python3 bench/gpu/wheelset.py requirements
+        requirement lines to download (pip -r), vLLM aside
+    python3 bench/gpu/wheelset.py lock WHEEL_DIR
+        the pins of what pip resolved from those lines, less what the image holds: deps-ocrwatch.txt
+    python3 bench/gpu/wheelset.py check WHEEL_DIR [...]
+        exit 1, naming them, if a runtime dependency of the package (and, as far as this machine's
+        installed metadata shows, of those) is in none of the folders and not on the image
 """
 
 from __future__ import annotations
@@ -50,12 +52,14 @@ TARGET = {
 
 
 def canonical(name: str) -> str:
-    """PEP 503's normal form, so ``Pillow``, ``pillow`` and a wheel file's ``pillow`` compare equal."""
+    """PEP 503's normal form, so ``Pillow``, ``pillow`` and a wheel file's ``pillow`` compare
+    equal."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def applies(req: Requirement, extra: str = "") -> bool:
-    """Whether ``req`` is needed on the device (its marker evaluated there, with ``extra`` asked for)."""
+    """Whether ``req`` is needed on the device (its marker evaluated there, with ``extra`` asked
+    for)."""
     return req.marker is None or req.marker.evaluate({**TARGET, "extra": extra})
 
 
@@ -66,7 +70,9 @@ def runtime_requirements(
     project = tomllib.loads(pyproject.read_text())["project"]
     reqs = [Requirement(line) for line in project.get("dependencies", [])]
     for extra in extras:
-        reqs += [Requirement(line) for line in project.get("optional-dependencies", {}).get(extra, [])]
+        reqs += [
+            Requirement(line) for line in project.get("optional-dependencies", {}).get(extra, [])
+        ]
     return [req for req in reqs if applies(req)]
 
 
@@ -77,13 +83,18 @@ def image_packages(path: Path = IMAGE) -> set[str]:
 
 
 def to_download(reqs: Iterable[Requirement], image: set[str]) -> list[Requirement]:
-    """What must travel: every requirement not on the image; vLLM itself is downloaded (and slimmed) apart."""
-    return [req for req in reqs if canonical(req.name) not in image and canonical(req.name) != "vllm"]
+    """What must travel: every requirement not on the image; vLLM itself is downloaded (and slimmed)
+    apart."""
+    return [
+        req for req in reqs if canonical(req.name) not in image and canonical(req.name) != "vllm"
+    ]
 
 
 def closure(reqs: Iterable[Requirement], stop: set[str]) -> set[str]:
-    """``reqs`` and, for each one installed on this machine, its own requirements, recursively, without
-    descending into ``stop`` (what the image or vLLM's pinned set already brings with its own needs)."""
+    """``reqs`` and, for each one installed on this machine, its own requirements, recursively,
+    without
+    descending into ``stop`` (what the image or vLLM's pinned set already brings with its own
+    needs)."""
     seen: set[str] = set()
     todo = list(reqs)
     while todo:
@@ -103,7 +114,8 @@ def closure(reqs: Iterable[Requirement], stop: set[str]) -> set[str]:
 
 
 def wheel_names(folders: Iterable[Path]) -> set[str]:
-    """The projects of the wheels in ``folders`` (``name-version-...whl``) and of pinned lists (``name==v``)."""
+    """The projects of the wheels in ``folders`` (``name-version-...whl``) and of pinned lists
+    (``name==v``)."""
     names: set[str] = set()
     for folder in folders:
         if folder.is_file():
@@ -127,11 +139,12 @@ def lock(folder: Path, image: set[str]) -> list[str]:
 LOCK_HEADER = """# ocrwatch's runtime dependencies that the GPU image lacks, as pip resolved them from pyproject.toml (its
 # dependencies and the vllm extra) for CPython 3.12: written by `bash bench/gpu/prepare.sh wheels`
 # (wheelset.py lock), checked by tests/test_gpu_wheelset.py. Do not edit by hand: change pyproject.toml, then
-# prepare again."""
+# prepare again."""  # noqa: E501 - the lock file's own header, as committed
 
 
 def missing(have: set[str], image: set[str], reqs: list[Requirement] | None = None) -> list[str]:
-    """Runtime dependencies of the package found neither in ``have`` (the wheel set) nor on the image."""
+    """Runtime dependencies of the package found neither in ``have`` (the wheel set) nor on the
+    image."""
     reqs = runtime_requirements() if reqs is None else reqs
     needed = closure(reqs, stop=image | {"vllm", "torch"})
     return sorted(needed - have - image)
@@ -147,7 +160,10 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["check"] and len(argv) > 1:
         lost = missing(wheel_names(Path(arg) for arg in argv[1:]), image_packages())
         if lost:
-            print(f"runtime dependencies missing from the device wheel set: {', '.join(lost)}", file=sys.stderr)
+            print(
+                f"runtime dependencies missing from the device wheel set: {', '.join(lost)}",
+                file=sys.stderr,
+            )
             return 1
         print("device wheel set: every runtime dependency is packed or on the image")
         return 0

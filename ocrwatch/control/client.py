@@ -20,8 +20,9 @@ from ocrwatch.errors import ConfigError
 
 
 def daemon_holds(state_dir: Path) -> bool:
-    """Whether a daemon holds ``state_dir``'s lock now. Probed with a shared lock held for an instant (a daemon
-    starting meanwhile retries its own for a while)."""
+    """Whether a daemon holds ``state_dir``'s lock now. Probed with a shared lock held for an
+    instant
+    (a daemon starting meanwhile retries its own for a while)."""
     path = state_dir / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -49,8 +50,9 @@ class Client:
 
     @classmethod
     def connect(cls, state_dir: Path, *, wait: float = CONNECT_SECONDS) -> Client | None:
-        """A connection to the daemon holding ``state_dir``; None when none holds it. ControlError when one holds
-        it but does not answer within ``wait`` seconds (stopping, or hung)."""
+        """A connection to the daemon holding ``state_dir``; None when none holds it. ControlError
+        when
+        one holds it but does not answer within ``wait`` seconds (stopping, or hung)."""
         path = state_dir / SOCKET_NAME
         deadline = time.monotonic() + wait
         while True:
@@ -71,13 +73,14 @@ class Client:
             if time.monotonic() > deadline:
                 raise ControlError(
                     f"a daemon holds {state_dir} but does not answer on {path}",
-                    hint="it may be stopping: wait for it, or look at its log (journalctl -u ocrwatch)",
+                    hint="it may be stopping: wait for it, or look at its log (journalctl -u "
+                    "ocrwatch)",
                 )
             time.sleep(0.1)
 
     def request(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """Send ``payload``; yield each event the daemon answers, up to ``end`` (not included). An ``error``
-        event raises ControlError, as does a connection that ends before ``end``."""
+        """Send ``payload``; yield each event the daemon answers, up to ``end`` (not included). An
+        ``error`` event raises ControlError, as does a connection that ends before ``end``."""
         try:
             self._sock.sendall(json.dumps(payload).encode() + b"\n")
             with self._sock.makefile("rb") as lines:
@@ -85,15 +88,18 @@ class Client:
                     try:
                         event = json.loads(line)
                     except ValueError:
-                        raise ControlError(f"the daemon answered something else than JSON: {line[:80]!r}") from None
+                        raise ControlError(
+                            f"the daemon answered something else than JSON: {line[:80]!r}"
+                        ) from None
                     if event.get("event") == "end":
                         return
                     if event.get("event") == "error":
-                        raise ControlError(f"the daemon refused: {event.get('message')}", hint=event.get("hint"))
+                        raise ControlError(
+                            f"the daemon refused: {event.get('message')}", hint=event.get("hint")
+                        )
                     yield event
         except OSError as exc:
             raise ControlError(f"the connection to the daemon failed: {exc}") from None
         finally:
             self._sock.close()
         raise ControlError("the daemon closed the connection before it was done (it stopped?)")
-

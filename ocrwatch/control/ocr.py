@@ -30,17 +30,26 @@ _requests = itertools.count(1)
 
 
 async def run_ocr(
-    pipeline: Pipeline, sink: LocalSink, files: list[tuple[Path, Path]], *, force: bool, emit: Emit,
-    lang: str | None = None, before_first: Callable[[], Awaitable[None]] | None = None,
-    accepting: Callable[[], bool] = lambda: True, text: TextMode | None = None,
-) -> None:  # fmt: skip
-    """OCR ``files`` through ``pipeline`` without the ledger, emitting each file's page progress and result.
+    pipeline: Pipeline,
+    sink: LocalSink,
+    files: list[tuple[Path, Path]],
+    *,
+    force: bool,
+    emit: Emit,
+    lang: str | None = None,
+    before_first: Callable[[], Awaitable[None]] | None = None,
+    accepting: Callable[[], bool] = lambda: True,
+    text: TextMode | None = None,
+) -> None:
+    """OCR ``files`` through ``pipeline`` without the ledger, emitting each file's page progress and
+    result.
 
-    A file whose JSON sidecar records its very content is skipped unless ``force``; ``lang``: Tesseract's
-    languages for these files, ``text``: where their pages' text comes from. ``before_first``
-    runs once, before the first job starts (a CLI's own engine is started only when something is left to do);
-    ``accepting`` turns False when the daemon stops, and the files not started yet are reported interrupted.
-    Cancelled (the client went away), it stops the jobs it started and returns once they have ended."""
+    A file whose JSON sidecar records its very content is skipped unless ``force``; ``lang``:
+    Tesseract's languages for these files, ``text``: where their pages' text comes from.
+    ``before_first`` runs once, before the first job starts (a CLI's own engine is started only when
+    something is left to do); ``accepting`` turns False when the daemon stops, and the files not
+    started yet are reported interrupted. Cancelled (the client went away), it stops the jobs it
+    started and returns once they have ended."""
     name = f"{REQUEST_PREFIX}{next(_requests)}"
     source = GivenFiles([path for path, _ in files])
     source.name = name
@@ -66,15 +75,20 @@ async def run_ocr(
     admitting = asyncio.create_task(admit(), name=f"ocr-admit:{name}")
     try:
         while not admitting.done() or waiting:
-            await asyncio.wait({admitting, *waiting}, timeout=PROGRESS_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {admitting, *waiting}, timeout=PROGRESS_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
             if admitting.done():
-                admitting.result()  # raises what stopped it (a file that cannot be checked, an engine that failed)
+                # raises what stopped it (a file that cannot be checked, an engine that failed)
+                admitting.result()
             await _emit_progress(pipeline, waiting, shown, emit)
             for task in [task for task in waiting if task.done()]:
                 job = waiting.pop(task)
                 done, total = shown.pop(job.key, (0, 0))
                 if done < total and not task.cancelled() and task.result() != "failed":
-                    await emit(_progress(job, total, total))  # its last pages finished between two looks
+                    await emit(
+                        _progress(job, total, total)
+                    )  # its last pages finished between two looks
                 await emit(await _outcome(sink, job, task))
     finally:
         admitting.cancel()
@@ -87,9 +101,9 @@ async def run_ocr(
 
 
 def _current(sink: LocalSink, job: Job) -> bool:
-    """Whether the job's JSON sidecar records its content now (blocking: hashes the file, when a sidecar is
-    there to compare with). Anything that is not a regular file is left to the pipeline, which names what it is;
-    it is never read here (a FIFO would block)."""
+    """Whether the job's JSON sidecar records its content now (blocking: hashes the file, when a
+    sidecar is there to compare with). Anything that is not a regular file is left to the pipeline,
+    which names what it is; it is never read here (a FIFO would block)."""
     assert isinstance(job.origin, LocalFile)
     if (recorded := sink.recorded(job)) is None:
         return False
@@ -109,12 +123,19 @@ def _current(sink: LocalSink, job: Job) -> bool:
 
 
 async def _emit_progress(
-    pipeline: Pipeline, waiting: dict[asyncio.Task[str], Job], shown: dict[str, tuple[int, int]], emit: Emit
+    pipeline: Pipeline,
+    waiting: dict[asyncio.Task[str], Job],
+    shown: dict[str, tuple[int, int]],
+    emit: Emit,
 ) -> None:
     by_key = {p.job.key: p for p in pipeline.progress()}
     for job in waiting.values():
         now = by_key.get(job.key)
-        if now is None or now.pages_total is None or shown.get(job.key) == (now.pages_done, now.pages_total):
+        if (
+            now is None
+            or now.pages_total is None
+            or shown.get(job.key) == (now.pages_done, now.pages_total)
+        ):
             continue
         shown[job.key] = (now.pages_done, now.pages_total)
         await emit(_progress(job, now.pages_done, now.pages_total))
@@ -131,11 +152,20 @@ async def _outcome(sink: LocalSink, job: Job, task: asyncio.Task[str]) -> dict[s
 
 def _progress(job: Job, done: int, total: int) -> dict[str, Any]:
     assert isinstance(job.origin, LocalFile)
-    return {"event": "progress", "file": str(job.origin.path), "pages_done": done, "pages_total": total}
+    return {
+        "event": "progress",
+        "file": str(job.origin.path),
+        "pages_done": done,
+        "pages_total": total,
+    }
 
 
 def _interrupted(path: Path) -> dict[str, Any]:
-    error = {"kind": "interrupted", "message": "the daemon stopped before it was done", "hint": "run it again"}
+    error = {
+        "kind": "interrupted",
+        "message": "the daemon stopped before it was done",
+        "hint": "run it again",
+    }
     return {"event": "result", "file": str(path), "status": "interrupted", "error": error}
 
 
@@ -145,15 +175,19 @@ def _recorded_error(sink: LocalSink, job: Job) -> dict[str, Any]:
         error = json.loads(sink.paths(job)["error"].read_text())["error"]
         return {key: error[key] for key in ("kind", "message", "hint")}
     except (OSError, ValueError, KeyError, TypeError):
-        return {"kind": "failed", "message": "no error sidecar could be read", "hint": "see the log"}
+        return {
+            "kind": "failed",
+            "message": "no error sidecar could be read",
+            "hint": "see the log",
+        }
 
 
 def declines(pipeline: Pipeline, order: OcrRequest) -> str | None:
     """Why the daemon's engine cannot serve a request (another engine asked for: ``--lang`` asks for
-    Tesseract); None when it can. The client then reads the files with an engine of its own, which never means
-    a second vLLM engine beside the daemon's: it is declined only for an engine the daemon does not run."""
+    Tesseract); None when it can. The client then reads the files with an engine of its own, which
+    never means a second vLLM engine beside the daemon's: it is declined only for an engine the
+    daemon does not run."""
     running = pipeline.supervisor.kind
     if order.engine is not None and order.engine != running:
         return f"the running daemon reads with {running}, not {order.engine}"
     return None
-

@@ -1,4 +1,5 @@
-"""The control channel's wire: where the socket and the lock live, what a request looks like, and the
+"""The control channel's wire: where the socket and the lock live, what a request looks like, and
+the
 error either end raises. Client and server both import it; it imports neither.
 """
 
@@ -21,7 +22,9 @@ SUN_PATH_MAX = 108
 REQUEST_LIMIT = 64 * 1024 * 1024
 """The longest request line: an ``ocr DIR`` request names every file found."""
 CONNECT_SECONDS = 5.0
-"""How long a client waits for a daemon that holds the lock to answer (it binds the socket right after locking)."""
+"""How long a client waits for a daemon that holds the lock to answer (it binds the socket right
+after
+locking)."""
 REQUEST_PREFIX = "cli:"
 """Source names of ``ocr`` requests: one source per request, so each has its own output folder."""
 
@@ -33,8 +36,6 @@ class ControlError(TransientError):
 
     kind = "control_error"
     hint = "look at the daemon's log (journalctl -u ocrwatch), then try again"
-
-
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,22 @@ class OcrRequest:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "op": "ocr", "files": [[str(path), str(root)] for path, root in self.files],
-            "out": None if self.out is None else str(self.out), "force": self.force, "engine": self.engine,
-            "lang": self.lang, "text": self.text,
-        }  # fmt: skip
+            "op": "ocr",
+            "files": [[str(path), str(root)] for path, root in self.files],
+            "out": None if self.out is None else str(self.out),
+            "force": self.force,
+            "engine": self.engine,
+            "lang": self.lang,
+            "text": self.text,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OcrRequest:
         """The request a client sent; ValueError for one that does not have this shape."""
         files = data.get("files")
-        if not isinstance(files, list) or not all(isinstance(f, list) and len(f) == 2 for f in files):
+        if not isinstance(files, list) or not all(
+            isinstance(f, list) and len(f) == 2 for f in files
+        ):
             raise ValueError("files: a list of [path, root] pairs")
         out, engine, lang = data.get("out"), data.get("engine"), data.get("lang")
         if not all(value is None or isinstance(value, str) for value in (out, engine, lang)):
@@ -67,16 +74,20 @@ class OcrRequest:
         if (text := data.get("text")) not in (None, *get_args(TextMode)):
             raise ValueError(f"text: one of {', '.join(get_args(TextMode))} or null")
         return cls(
-            [(Path(str(path)), Path(str(root))) for path, root in files], None if out is None else Path(out),
-            bool(data.get("force")), engine, lang, text,
-        )  # fmt: skip
-
+            [(Path(str(path)), Path(str(root))) for path, root in files],
+            None if out is None else Path(out),
+            bool(data.get("force")),
+            engine,
+            lang,
+            text,
+        )
 
 
 @contextlib.contextmanager
 def address(path: Path) -> Iterator[str]:
-    """``path`` as an AF_UNIX address. ``sun_path`` holds 107 bytes; a deeper state_dir is reached through a
-    descriptor of its folder (``/proc/self/fd/N/control.sock``), which Linux resolves like any other path."""
+    """``path`` as an AF_UNIX address. ``sun_path`` holds 107 bytes; a deeper state_dir is reached
+    through a descriptor of its folder (``/proc/self/fd/N/control.sock``), which Linux resolves like
+    any other path."""
     if len(os.fsencode(path)) < SUN_PATH_MAX:
         yield str(path)
         return

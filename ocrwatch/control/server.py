@@ -15,7 +15,12 @@ import structlog
 from ocrwatch.config import Config
 from ocrwatch.control.ocr import declines, run_ocr
 from ocrwatch.control.protocol import (
-    REQUEST_LIMIT, SOCKET_NAME, ControlError, Emit, OcrRequest, address,
+    REQUEST_LIMIT,
+    SOCKET_NAME,
+    ControlError,
+    Emit,
+    OcrRequest,
+    address,
 )
 from ocrwatch.control.status import listeners, pipeline_status, place
 from ocrwatch.errors import classify
@@ -58,8 +63,9 @@ class ControlServer:
         self._clients: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
-        """Bind (replacing a killed daemon's socket: the caller holds the lock), make it 0600, then listen:
-        nobody can connect before the mode is set. OSError when the folder cannot hold a socket."""
+        """Bind (replacing a killed daemon's socket: the caller holds the lock), make it 0600, then
+        listen: nobody can connect before the mode is set. OSError when the folder cannot hold a
+        socket."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -70,14 +76,17 @@ class ControlServer:
             sock.listen(64)
             info = os.stat(self.path)
             self._identity = (info.st_dev, info.st_ino)
-            self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=REQUEST_LIMIT)
+            self._server = await asyncio.start_unix_server(
+                self._serve, sock=sock, limit=REQUEST_LIMIT
+            )
         except BaseException:
             sock.close()
             raise
         log.info("control_listening", path=str(self.path))
 
     async def stop(self) -> None:
-        """Stop listening, end the requests still open and remove the socket, if it is still this one."""
+        """Stop listening, end the requests still open and remove the socket, if it is still this
+        one."""
         if self._server is not None:
             self._server.close()
         for task in list(self._clients):
@@ -102,14 +111,18 @@ class ControlServer:
                 request = json.loads(await reader.readline())
                 if not isinstance(request, dict):
                     raise ValueError("not a JSON object")
-                handler = {"status": self._status, "retry": self._retry, "ocr": self._ocr}[request.get("op")]
+                handler = {"status": self._status, "retry": self._retry, "ocr": self._ocr}[
+                    request.get("op")
+                ]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ControlError(f"not a request: {exc}") from None
             await handler(request, send, reader)
             await send({"event": "end"})
         except ConnectionError:
             pass  # the client went away; what it started was stopped (``_ocr``)
-        except Exception as exc:  # said to the client, in one line, rather than a connection closed without a word
+        except (
+            Exception
+        ) as exc:  # said to the client, in one line, rather than a connection closed without a word
             error = classify(exc)
             if not isinstance(exc, ControlError):
                 log.error("control_request_failed", kind=error.kind, error=error.message)
@@ -119,11 +132,17 @@ class ControlServer:
             self._clients.discard(task)
             writer.close()
 
-    async def _status(self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader) -> None:
+    async def _status(
+        self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader
+    ) -> None:
         host = self._host
         summary = await asyncio.to_thread(host.ledger.summary) if host.ledger is not None else {}
         pipeline = host.pipeline
-        engine = pipeline.supervisor.kind if pipeline is not None and pipeline.supervisor.engine else None
+        engine = (
+            pipeline.supervisor.kind
+            if pipeline is not None and pipeline.supervisor.engine
+            else None
+        )
         daemon = {"pid": os.getpid(), "state": host.state(), "engine": engine}
         daemon["listening"] = listeners(host.cfg)
         live = pipeline_status(pipeline.progress() if pipeline is not None else [])
@@ -133,11 +152,15 @@ class ControlServer:
                 live["queue"].setdefault(where, {"running": 0, "waiting": 0})["waiting"] += count
         await send({"event": "status", **summary, "daemon": daemon, **live})
 
-    async def _retry(self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader) -> None:
-        """Failed jobs back to the queue, and started now. Started by the start-up's own resume when the
-        daemon is not taking work yet: the ledger was updated before it reads the queue."""
+    async def _retry(
+        self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader
+    ) -> None:
+        """Failed jobs back to the queue, and started now. Started by the start-up's own resume when
+        the daemon is not taking work yet: the ledger was updated before it reads the queue."""
         selectors = request.get("selectors")
-        if selectors is not None and not (isinstance(selectors, list) and all(isinstance(s, str) for s in selectors)):
+        if selectors is not None and not (
+            isinstance(selectors, list) and all(isinstance(s, str) for s in selectors)
+        ):
             raise ControlError("not a valid request: selectors must be a list of strings, or null")
         ledger = self._host.ledger
         if ledger is None:
@@ -146,7 +169,9 @@ class ControlServer:
         started = self._host.taking_work() is not None
         if started and count:
             await self._host.resume()
-        await send({"event": "retried", "count": count, "pid": os.getpid(), "state": self._host.state()})
+        await send(
+            {"event": "retried", "count": count, "pid": os.getpid(), "state": self._host.state()}
+        )
 
     async def _ocr(self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader) -> None:
         try:
@@ -156,8 +181,16 @@ class ControlServer:
         pipeline = self._host.taking_work()
         if pipeline is None:
             if self._host.state() == "stopping":
-                raise ControlError("the daemon is stopping", hint="run the command again once it has restarted")
-            await send({"event": "waiting", "pid": os.getpid(), "reason": "the daemon is starting its engine"})
+                raise ControlError(
+                    "the daemon is stopping", hint="run the command again once it has restarted"
+                )
+            await send(
+                {
+                    "event": "waiting",
+                    "pid": os.getpid(),
+                    "reason": "the daemon is starting its engine",
+                }
+            )
             pipeline = await self._host.wait_taking_work()
             if pipeline is None:
                 raise ControlError("the daemon stopped before it took any work")
@@ -166,19 +199,33 @@ class ControlServer:
             await send({"event": "declined", "pid": os.getpid(), "reason": reason})
             return
         await send({"event": "accepted", "pid": os.getpid(), "engine": pipeline.supervisor.kind})
-        log.info("control_ocr", files=len(order.files), out=None if order.out is None else str(order.out))
+        log.info(
+            "control_ocr", files=len(order.files), out=None if order.out is None else str(order.out)
+        )
         written = Written(pipeline.ledger) if pipeline.ledger is not None else None
-        sink = LocalSink(pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir, written=written)
-        work = asyncio.create_task(run_ocr(
-            pipeline, sink, order.files, force=order.force, emit=send, lang=order.lang,
-            accepting=lambda: self._host.taking_work() is not None, text=order.text,
-        ))  # fmt: skip
+        sink = LocalSink(
+            pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir, written=written
+        )
+        work = asyncio.create_task(
+            run_ocr(
+                pipeline,
+                sink,
+                order.files,
+                force=order.force,
+                emit=send,
+                lang=order.lang,
+                accepting=lambda: self._host.taking_work() is not None,
+                text=order.text,
+            )
+        )
         gone = asyncio.create_task(_closed(reader))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not work.done():  # it left (Ctrl-C) or the daemon stops: its documents are stopped, not orphaned
+            if (
+                not work.done()
+            ):  # it left (Ctrl-C) or the daemon stops: its documents are stopped, not orphaned
                 work.cancel()
                 log.info("control_ocr_abandoned")
             await asyncio.gather(work, gone, return_exceptions=True)
@@ -187,7 +234,7 @@ class ControlServer:
 
 
 async def _closed(reader: asyncio.StreamReader) -> None:
-    """Returns when the client closes its end: a request is one line, whatever follows it is ignored."""
+    """Returns when the client closes its end: a request is one line, whatever follows it is
+    ignored."""
     while await reader.read(65536):
         pass
-

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
 
 def place(job: Job) -> str:
-    """Where a job waits, as ``ocrwatch status`` groups the queue: its inbox, its bucket, or ``ocrwatch ocr``."""
+    """Where a job waits, as ``ocrwatch status`` groups the queue: its inbox, its bucket, or
+    ``ocrwatch
+    ocr``."""
     origin = job.origin
     if isinstance(origin, S3Object):
         return f"s3://{origin.bucket}"
@@ -28,25 +30,34 @@ def place(job: Job) -> str:
 
 
 def ledger_status(ledger: Ledger) -> dict[str, Any]:
-    """What ``ocrwatch status`` shows with no daemon running (blocking): the ledger's summary, and its unfinished
-    jobs by inbox, all waiting for the next start."""
+    """What ``ocrwatch status`` shows with no daemon running (blocking): the ledger's summary, and
+    its
+    unfinished jobs by inbox, all waiting for the next start."""
     queue: Counter[str] = Counter(place(row.job) for row in ledger.unfinished())
     return ledger.summary() | {
-        "daemon": None, "documents": [], "queue": {where: {"running": 0, "waiting": n} for where, n in queue.items()},
-    }  # fmt: skip
+        "daemon": None,
+        "documents": [],
+        "queue": {where: {"running": 0, "waiting": n} for where, n in queue.items()},
+    }
 
 
 def pipeline_status(progress: list[Progress]) -> dict[str, Any]:
-    """The running documents with their pages, and the queue by inbox, as a running daemon holds them."""
+    """The running documents with their pages, and the queue by inbox, as a running daemon holds
+    them."""
     queue: dict[str, dict[str, int]] = {}
     for p in progress:
         counts = queue.setdefault(place(p.job), {"running": 0, "waiting": 0})
         counts["running" if p.running else "waiting"] += 1
     documents = [
-        {"uri": p.job.origin.uri, "pages_done": p.pages_done, "pages_total": p.pages_total,
-         "eta_seconds": None if p.eta_seconds is None else round(p.eta_seconds, 1)}
-        for p in sorted(progress, key=lambda p: p.job.detected_at) if p.running
-    ]  # fmt: skip
+        {
+            "uri": p.job.origin.uri,
+            "pages_done": p.pages_done,
+            "pages_total": p.pages_total,
+            "eta_seconds": None if p.eta_seconds is None else round(p.eta_seconds, 1),
+        }
+        for p in sorted(progress, key=lambda p: p.job.detected_at)
+        if p.running
+    ]
     return {"documents": documents, "queue": queue}
 
 
@@ -59,4 +70,3 @@ def listeners(cfg: Config) -> dict[str, str]:
         if s3.transport == "webhook":
             found[f"s3[{index}].listen"] = s3.listen
     return found
-

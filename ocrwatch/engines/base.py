@@ -2,17 +2,20 @@
 
 Concurrency contract (every engine must honour it):
 - ``start`` and ``close`` are called once each, from the daemon's event loop, never concurrently.
-- ``recognize`` is a coroutine that may be called concurrently from many tasks; the engine bounds its own
-  parallelism (``max_concurrency`` is a hint to the scheduler of how many pages it should keep in flight).
-  It must never block the event loop: CPU or GPU work runs in threads, subprocesses or the engine's own process.
-- ``abort`` may be called at any time for a request id that is in flight, finished or unknown; it must not
-  raise for an unknown id. A recognize() whose request is aborted raises ``asyncio.CancelledError``.
-- ``release`` is called after each document; it frees caches it can (gc, CUDA cache) and must be cheap.
+- ``recognize`` is a coroutine that may be called concurrently from many tasks; the engine bounds
+  its own parallelism (``max_concurrency`` is a hint to the scheduler of how many pages it should
+  keep in flight). It must never block the event loop: CPU or GPU work runs in threads, subprocesses
+  or the engine's own process.
+- ``abort`` may be called at any time for a request id that is in flight, finished or unknown; it
+  must not raise for an unknown id. A recognize() whose request is aborted raises
+  ``asyncio.CancelledError``.
+- ``release`` is called after each document; it frees caches it can (gc, CUDA cache) and must be
+  cheap.
 - Errors: ``EngineFailed`` for a page-level failure, ``EngineDead`` when the engine must be rebuilt
   (the daemon then calls ``close`` and builds a new one), ``PageTimeout`` is raised by the caller.
 
-An engine is found by name through the ``ocrwatch.engines`` entry-point group (``engines.registry``): each
-entry point names an ``EngineSpec``.
+An engine is found by name through the ``ocrwatch.engines`` entry-point group
+(``engines.registry``): each entry point names an ``EngineSpec``.
 """
 
 from __future__ import annotations
@@ -31,15 +34,16 @@ from ocrwatch.plaintext import PlainText
 from ocrwatch.render import Geometry
 
 Images = Literal["placeholder", "drop", "extract"]
-"""What becomes of figures in the Markdown (``[output] images``); with ``extract`` an engine writes the
+"""What becomes of figures in the Markdown (``[output] images``); with ``extract`` an engine writes
+the
 placeholder, which the assembler turns into a link to the figure's file."""
 
 
 @dataclass
 class PageRequest:
-    """One page for the engine; ``priority``: lower runs first; ``page_index`` is 0-based; ``lang``: the
-    Tesseract languages of the page's inbox (``deu+eng``), None for the engine's own; engines that take no
-    language (vLLM) ignore it."""
+    """One page for the engine; ``priority``: lower runs first; ``page_index`` is 0-based; ``lang``:
+    the Tesseract languages of the page's inbox (``deu+eng``), None for the engine's own; engines
+    that take no language (vLLM) ignore it."""
 
     request_id: str
     image: Image.Image
@@ -52,9 +56,11 @@ class PageRequest:
 
 @dataclass
 class Recognition:
-    """What an engine returns for one page; ``raw`` keeps the model's exact output; ``plain``: set by an engine
-    whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose line-break hyphens it
-    joins; None (a model that writes Markdown) leaves the Markdown as the engine wrote it."""
+    """What an engine returns for one page; ``raw`` keeps the model's exact output; ``plain``: set
+    by
+    an engine whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose
+    line-break hyphens it joins; None (a model that writes Markdown) leaves the Markdown as the
+    engine wrote it."""
 
     markdown: str
     raw: str
@@ -142,18 +148,19 @@ def no_checks(cfg: Config, probe: bool, wanted: Wanted | None) -> Iterator[Check
 
 
 Build = Callable[[EngineConfig, Images, LogConfig | None], Engine]
-"""Builds (does not start) an engine from ``[engine]``; the log settings reach engines that run processes
-of their own."""
+"""Builds (does not start) an engine from ``[engine]``; the log settings reach engines that run
+processes of their own."""
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What an ``ocrwatch.engines`` entry point names: the engine's ``[engine] kind`` and how to build it.
-    Its ``options`` are its own table under ``[engine]`` (``[engine.vllm]``), validated through that
-    model; ``kind = "plugin"`` reads ``plugin_args`` instead. ``text``: the engine's
-    default ``[[inbox]] text``, where an inbox sets none: ``auto`` where a good text layer reads as
-    well as the engine would, ``ocr`` where the engine gives more (DeepSeek's Markdown keeps the
-    structure a text layer lacks)."""
+    """What an ``ocrwatch.engines`` entry point names: the engine's ``[engine] kind`` and how to
+    build
+    it. Its ``options`` are its own table under ``[engine]`` (``[engine.vllm]``), validated through
+    that model; ``kind = "plugin"`` reads ``plugin_args`` instead. ``text``: the engine's default
+    ``[[inbox]] text``, where an inbox sets none: ``auto`` where a good text layer reads as well as
+    the engine would, ``ocr`` where the engine gives more (DeepSeek's Markdown keeps the structure a
+    text layer lacks)."""
 
     name: str
     build: Build

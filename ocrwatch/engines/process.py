@@ -1,20 +1,22 @@
 """An engine in a child process of its own (``engines.replicas.EngineSet`` puts several behind one).
 
-Why: every vLLM replica's front end (input preparation in its processor threads, output handling on the event
-loop) runs in the process that built it. With ``replicas`` in the daemon's process they all share its GIL with
-rendering and the scheduler; with ``replica_processes`` (by default when ``replicas`` > 1) each replica's front
-end gets a process (and a GIL) of its own, and the daemon only routes pages, which scales better with the GPUs.
+Why: every vLLM replica's front end (input preparation in its processor threads, output handling on
+the event loop) runs in the process that built it. With ``replicas`` in the daemon's process they
+all share its GIL with rendering and the scheduler; with ``replica_processes`` (by default when
+``replicas`` > 1) each replica's front end gets a process (and a GIL) of its own, and the daemon
+only routes pages, which scales better with the GPUs.
 
-The wire is a Unix socket pair (vLLM logs to stdout, so stdout cannot be it): length-prefixed pickles of small
-messages. A page's pixels do not cross the socket: the daemon writes them to a file in a private folder in one
-call and the child reads them in one call (a socket is written and read in pieces, each a wait for the GIL).
-The child inherits the daemon's environment plus its own (``CUDA_VISIBLE_DEVICES`` for a replica), logs to the
-same stderr, leads a process group of its own (with its engine's processes: Ctrl-C and signals to the daemon's
-group are the daemon's to act on), and exits when the daemon closes it or the socket; on Linux also when the
-daemon dies outright, taking its group along, so neither it nor a vLLM engine core outlives the daemon.
+The wire is a Unix socket pair (vLLM logs to stdout, so stdout cannot be it): length-prefixed
+pickles of small messages. A page's pixels do not cross the socket: the daemon writes them to a file
+in a private folder in one call and the child reads them in one call (a socket is written and read
+in pieces, each a wait for the GIL). The child inherits the daemon's environment plus its own
+(``CUDA_VISIBLE_DEVICES`` for a replica), logs to the same stderr, leads a process group of its own
+(with its engine's processes: Ctrl-C and signals to the daemon's group are the daemon's to act on),
+and exits when the daemon closes it or the socket; on Linux also when the daemon dies outright,
+taking its group along, so neither it nor a vLLM engine core outlives the daemon.
 
-The child builds its engine through ``engines.registry`` (the kind names the engine's entry point); the
-registry never imports this module, so the two form no circle.
+The child builds its engine through ``engines.registry`` (the kind names the engine's entry point);
+the registry never imports this module, so the two form no circle.
 """
 
 from __future__ import annotations
@@ -87,14 +89,23 @@ class ProcessEngine:
     """One engine built and run by ``python -m ocrwatch.engines.process`` in a child process."""
 
     def __init__(
-        self, kind: str, cfg: EngineConfig, images: Images = "placeholder", *, env: dict[str, str] | None = None,
+        self,
+        kind: str,
+        cfg: EngineConfig,
+        images: Images = "placeholder",
+        *,
+        env: dict[str, str] | None = None,
         log_config: LogConfig | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.name = kind
         self.geometry = Geometry(dpi=144)  # until the child says its engine's
         self.max_concurrency = 1
-        self._spec = {"kind": kind, "engine": cfg.model_dump(mode="json"), "images": images,
-                      "logging": (log_config or LogConfig()).model_dump(mode="json")}  # fmt: skip
+        self._spec = {
+            "kind": kind,
+            "engine": cfg.model_dump(mode="json"),
+            "images": images,
+            "logging": (log_config or LogConfig()).model_dump(mode="json"),
+        }
         self._env = env or {}
         self._describe: dict[str, Any] = {"name": kind}
         self._proc: asyncio.subprocess.Process | None = None
@@ -107,15 +118,26 @@ class ProcessEngine:
         self._closing = False
 
     async def start(self) -> None:
-        self._dead, self._closing, self._pending = None, False, {}  # a restart after close() starts afresh
+        self._dead, self._closing, self._pending = (
+            None,
+            False,
+            {},
+        )  # a restart after close() starts afresh
         parent, child = socket.socketpair()
         self._scratch = Path(tempfile.mkdtemp(prefix="ocrwatch-engine-"))
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ocrwatch.engines.process", str(child.fileno()), str(os.getpid()),
-                pass_fds=(child.fileno(),), env={**os.environ, **self._env}, stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,  # its own process group, with its engine's processes: see main()
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "ocrwatch.engines.process",
+                str(child.fileno()),
+                str(os.getpid()),
+                pass_fds=(child.fileno(),),
+                env={**os.environ, **self._env},
+                stdin=asyncio.subprocess.DEVNULL,
+                # its own process group, with its engine's processes: see main()
+                start_new_session=True,
+            )
         finally:
             child.close()
         reader, self._writer = await asyncio.open_unix_connection(sock=parent)
@@ -124,7 +146,9 @@ class ProcessEngine:
         await _send(self._writer, ("start", self._spec))
         try:
             message = await self._ready
-        except asyncio.CancelledError:  # a daemon stopping while a replica restarts: no child may stay behind
+        except (
+            asyncio.CancelledError
+        ):  # a daemon stopping while a replica restarts: no child may stay behind
             self._kill()
             await self.close()
             raise
@@ -136,7 +160,8 @@ class ProcessEngine:
         self.name = self._describe.get("name", self.name)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        """Resolve each page's future from the child's replies; on EOF every waiting page fails as dead."""
+        """Resolve each page's future from the child's replies; on EOF every waiting page fails as
+        dead."""
         while (message := await _receive(reader)) is not None:
             kind, *rest = message
             if kind in ("ready", "start_failed"):
@@ -158,7 +183,9 @@ class ProcessEngine:
             "engine_process_exited", engine=self.name, status=code, pages_lost=len(self._pending)
         )
         if self._ready is not None and not self._ready.done():
-            self._ready.set_result(("start_failed", "EngineDead", f"{self._dead} before it was ready", None))
+            self._ready.set_result(
+                ("start_failed", "EngineDead", f"{self._dead} before it was ready", None)
+            )
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(EngineDead(f"{self.name}: {self._dead}"))
@@ -173,15 +200,31 @@ class ProcessEngine:
         future: asyncio.Future[Recognition] = asyncio.get_running_loop().create_future()
         self._pending[page.request_id] = future
         try:
-            if self._dead is not None:  # the child went while the pixels were written: nobody would answer
+            if (
+                self._dead is not None
+            ):  # the child went while the pixels were written: nobody would answer
                 raise EngineDead(f"{self.name}: {self._dead}")
-            await _send(self._writer, ("page", page.request_id, str(pixels), image.mode, image.size, page.prompt,
-                                       page.priority, page.sampling, page.page_index))  # fmt: skip
+            await _send(
+                self._writer,
+                (
+                    "page",
+                    page.request_id,
+                    str(pixels),
+                    image.mode,
+                    image.size,
+                    page.prompt,
+                    page.priority,
+                    page.sampling,
+                    page.page_index,
+                ),
+            )
             return await future
         except ConnectionError as exc:
             raise EngineDead(f"{self.name}: the engine process's socket failed: {exc}") from exc
         except asyncio.CancelledError:
-            if self._pending.pop(page.request_id, None) is future:  # cancelled here, not aborted by the child
+            if (
+                self._pending.pop(page.request_id, None) is future
+            ):  # cancelled here, not aborted by the child
                 future.cancel()
                 await self.abort(page.request_id)
             raise
@@ -221,7 +264,9 @@ class ProcessEngine:
         self._dead = self._dead or "engine process closed"
 
     def _kill(self) -> None:
-        """The child and its process group: a vLLM engine core killed with its front end would hold its GPU."""
+        """The child and its process group: a vLLM engine core killed with its front end would hold
+        its
+        GPU."""
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
@@ -239,33 +284,48 @@ async def _serve(sock: socket.socket) -> None:
     spec = message[1]
     ocw_logging.configure(LogConfig.model_validate(spec["logging"]))
     try:
-        engine = registry.build(EngineConfig.model_validate(spec["engine"]), spec["images"], kind=spec["kind"])
+        engine = registry.build(
+            EngineConfig.model_validate(spec["engine"]), spec["images"], kind=spec["kind"]
+        )
         await engine.start()
     except Exception as exc:  # noqa: BLE001 - whatever stopped the start is the daemon's to report
         error = errors.classify(exc)
         await _send(writer, ("start_failed", type(error).__name__, error.message, error.hint))
         return
-    await _send(writer, ("ready", dataclasses.asdict(engine.geometry), engine.max_concurrency, engine.describe()))
+    await _send(
+        writer,
+        ("ready", dataclasses.asdict(engine.geometry), engine.max_concurrency, engine.describe()),
+    )
     tasks: dict[str, asyncio.Task[None]] = {}
-    # The daemon trims its own heap after each document; the child's front end allocates each page's inputs
-    # and outputs and needs the same (without it a vLLM replica process grew by gigabytes over a few hundred
-    # pages).
+    # The daemon trims its own heap after each document; the child's front end allocates each page's
+    # inputs and outputs and needs the same (without it a vLLM replica process grew by gigabytes
+    # over a few hundred pages).
     trimmer = HeapTrimmer()
     trims: set[asyncio.Task[bool]] = set()
 
     async def page(
-        request_id: str, path: str, mode: str, size: tuple[int, int], prompt: str, priority: int,
-        sampling: Sampling, page_index: int,
-    ) -> None:  # fmt: skip
+        request_id: str,
+        path: str,
+        mode: str,
+        size: tuple[int, int],
+        prompt: str,
+        priority: int,
+        sampling: Sampling,
+        page_index: int,
+    ) -> None:
         try:
             image = Image.frombytes(mode, size, await asyncio.to_thread(Path(path).read_bytes))
-            request = PageRequest(request_id, image, prompt, priority, sampling=sampling, page_index=page_index)
+            request = PageRequest(
+                request_id, image, prompt, priority, sampling=sampling, page_index=page_index
+            )
             result = await engine.recognize(request)
         except asyncio.CancelledError:
             await _send(writer, ("cancelled", request_id))
         except Exception as exc:  # noqa: BLE001 - a page's failure goes back to the daemon, never ends the child
             error = errors.classify(exc)
-            await _send(writer, ("error", request_id, type(error).__name__, error.message, error.hint))
+            await _send(
+                writer, ("error", request_id, type(error).__name__, error.message, error.hint)
+            )
         else:
             await _send(writer, ("result", request_id, result))
         finally:
@@ -291,18 +351,24 @@ PR_SET_PDEATHSIG = 1
 
 
 def _die_with_the_daemon(daemon: int) -> None:
-    """The child notices the daemon's end on its socket only between pages, not during an engine start (minutes
-    for vLLM): a daemon killed outright would leave it, and its engine core, holding a GPU. So Linux sends it
-    SIGTERM when the daemon goes, and SIGTERM takes down its whole process group (it leads one of its own)."""
+    """The child notices the daemon's end on its socket only between pages, not during an engine
+    start
+    (minutes for vLLM): a daemon killed outright would leave it, and its engine core, holding a GPU.
+    So Linux sends it SIGTERM when the daemon goes, and SIGTERM takes down its whole process group
+    (it leads one of its own)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: _end())
-    with contextlib.suppress(OSError, AttributeError):  # not Linux or not glibc: the socket alone tells
+    with contextlib.suppress(
+        OSError, AttributeError
+    ):  # not Linux or not glibc: the socket alone tells
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != daemon:  # gone before the request was made
         _end()
 
 
 def _end() -> None:
-    """This process and its group when it leads one (as ``ProcessEngine`` starts it), else this process alone."""
+    """This process and its group when it leads one (as ``ProcessEngine`` starts it), else this
+    process
+    alone."""
     if os.getpgrp() == os.getpid():
         os.killpg(0, signal.SIGKILL)
     os._exit(128 + signal.SIGTERM)

@@ -1,12 +1,13 @@
 """Which engine runs, and why: ``[engine] kind`` resolved into a built (not yet started) engine.
 
-Engines are found by name in the ``ocrwatch.engines`` entry-point group, as OCRmyPDF finds its plugins and
-gunicorn its workers; the built-in ones (``tesseract``, ``vllm``, ``plugin``) are registered there too, in
-pyproject.toml. Each entry point names an ``EngineSpec`` whose ``build`` makes the engine, so an engine is
-imported only when chosen and a machine without vllm or torch never imports them.
+Engines are found by name in the ``ocrwatch.engines`` entry-point group, as OCRmyPDF finds its
+plugins and gunicorn its workers; the built-in ones (``tesseract``, ``vllm``, ``plugin``) are
+registered there too, in pyproject.toml. Each entry point names an ``EngineSpec`` whose ``build``
+makes the engine, so an engine is imported only when chosen and a machine without vllm or torch
+never imports them.
 
-``auto`` picks vLLM only when vllm imports and torch sees a CUDA device, otherwise Tesseract; the reason is
-returned so the daemon can say it loudly.
+``auto`` picks vLLM only when vllm imports and torch sees a CUDA device, otherwise Tesseract; the
+reason is returned so the daemon can say it loudly.
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ def load_plugin(spec: str, args: dict[str, Any]) -> Engine:
     except TypeError as exc:
         raise ConfigError(f"engine.plugin_args: {spec!r} rejects them: {exc}") from None
     if not isinstance(engine, Engine):
-        raise ConfigError(f"engine.plugin: {spec!r} did not build an engine (missing parts of the Engine protocol)")
+        raise ConfigError(
+            f"engine.plugin: {spec!r} did not build an engine (missing parts of the Engine "
+            "protocol)"
+        )
     return engine
 
 
@@ -101,10 +105,11 @@ PLUGIN = EngineSpec("plugin", _build_plugin)
 
 
 def gpu_count(proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> int:
-    """GPUs the NVIDIA driver lists, read without importing torch (which would stall the event loop).
+    """GPUs the NVIDIA driver lists, read without importing torch (which would stall the event
+    loop).
 
-    A container often has the device nodes (``/dev/nvidia0`` …) but not the driver's ``/proc`` folder, so the
-    nodes count too."""
+    A container often has the device nodes (``/dev/nvidia0`` …) but not the driver's ``/proc``
+    folder, so the nodes count too."""
     counts = []
     with contextlib.suppress(OSError):
         counts.append(len(os.listdir(proc)))
@@ -114,8 +119,13 @@ def gpu_count(proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> int:
 
 
 def build(
-    cfg: EngineConfig, output_images: Images = "placeholder", *, kind: str | None = None, log: LogConfig | None = None
+    cfg: EngineConfig,
+    output_images: Images = "placeholder",
+    *,
+    kind: str | None = None,
+    log: LogConfig | None = None,
 ) -> Engine:
-    """The engine of ``kind`` (default: ``choose(cfg)``), built but not started; ``log`` is passed to engines
-    that run in processes of their own."""
+    """The engine of ``kind`` (default: ``choose(cfg)``), built but not started; ``log`` is passed
+    to
+    engines that run in processes of their own."""
     return find(kind or choose(cfg)[0]).build(cfg, output_images, log)

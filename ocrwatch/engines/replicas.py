@@ -1,9 +1,10 @@
-"""Several engines behind one: the one replica router, whether its members run in this process or each in a
-child process of its own (``engines.process``).
+"""Several engines behind one: the one replica router, whether its members run in this process or
+each
+in a child process of its own (``engines.process``).
 
-``[engine.vllm] replicas`` are independent engines, each on its own GPUs: unlike vLLM's data parallelism, whose
-ranks step in lockstep for a mixture-of-experts decoder such as DeepSeek-OCR's, replicas never wait for each
-other, so each page goes to the one with the fewest pages in flight.
+``[engine.vllm] replicas`` are independent engines, each on its own GPUs: unlike vLLM's data
+parallelism, whose ranks step in lockstep for a mixture-of-experts decoder such as DeepSeek-OCR's,
+replicas never wait for each other, so each page goes to the one with the fewest pages in flight.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from typing import Any
 
 import structlog
 from tenacity import (
-    AsyncRetrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter,
+    AsyncRetrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
 )
 
 from ocrwatch import errors
@@ -26,13 +31,14 @@ log = structlog.get_logger()
 class EngineSet:
     """Several engines behind one: each page goes to the one with the fewest pages in flight.
 
-    A member that dies is restarted on its own while the others go on, and its pages go to them: one replica's
-    death must not stop every GPU for a rebuild (a vLLM start is 1-2 minutes). Only when every member is down
-    does the page fail as ``EngineDead``, and the daemon's supervisor rebuilds the whole set.
+    A member that dies is restarted on its own while the others go on, and its pages go to them: one
+    replica's death must not stop every GPU for a rebuild (a vLLM start is 1-2 minutes). Only when
+    every member is down does the page fail as ``EngineDead``, and the daemon's supervisor rebuilds
+    the whole set.
 
-    ``describe()`` is the first member's, with the number of members under ``count_as``: ``"processes"`` for
-    members in child processes (each of which describes itself as one replica), ``"replicas"`` for members in
-    this process."""
+    ``describe()`` is the first member's, with the number of members under ``count_as``:
+    ``"processes"`` for members in child processes (each of which describes itself as one replica),
+    ``"replicas"`` for members in this process."""
 
     def __init__(self, engines: list[Engine], *, count_as: str = "processes") -> None:
         self.engines = engines
@@ -44,14 +50,17 @@ class EngineSet:
         self._adopt()
 
     def _adopt(self) -> None:
-        """Name, geometry and capacity from the engines; a ``ProcessEngine`` learns its own only at start."""
+        """Name, geometry and capacity from the engines; a ``ProcessEngine`` learns its own only at
+        start."""
         self.name = self.engines[0].name
         self.geometry = self.engines[0].geometry
         self.max_concurrency = sum(engine.max_concurrency for engine in self.engines)
 
     async def start(self) -> None:
         try:
-            for engine in self.engines:  # one after the other: a vLLM engine finds the first one's compile cache
+            for engine in (
+                self.engines
+            ):  # one after the other: a vLLM engine finds the first one's compile cache
                 await engine.start()
         except BaseException:
             await self.close()
@@ -61,7 +70,9 @@ class EngineSet:
     async def recognize(self, page: PageRequest) -> Recognition:
         result: Recognition | None = None
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(EngineDead), stop=stop_after_attempt(len(self.engines)), reraise=True
+            retry=retry_if_exception_type(EngineDead),
+            stop=stop_after_attempt(len(self.engines)),
+            reraise=True,
         ):
             with attempt:
                 result = await self._recognize_on_one(page)
@@ -86,15 +97,25 @@ class EngineSet:
         if index in self._down or self._closing:
             return
         self._down.add(index)
-        log.error("engine_replica_dead", engine=self.name, replica=index, error=exc.message,
-                  replicas_up=len(self.engines) - len(self._down))  # fmt: skip
-        self._restarts[index] = asyncio.create_task(self._restart(index), name=f"restart-replica-{index}")
+        log.error(
+            "engine_replica_dead",
+            engine=self.name,
+            replica=index,
+            error=exc.message,
+            replicas_up=len(self.engines) - len(self._down),
+        )
+        self._restarts[index] = asyncio.create_task(
+            self._restart(index), name=f"restart-replica-{index}"
+        )
 
     async def _restart(self, index: int) -> None:
-        """Close what is left of the member, then start it again with backoff until it runs or cannot."""
+        """Close what is left of the member, then start it again with backoff until it runs or
+        cannot."""
         engine = self.engines[index]
         try:
-            await engine.close()  # bounded: a ProcessEngine kills a child that does not stop in CLOSE_SECONDS
+            await (
+                engine.close()
+            )  # bounded: a ProcessEngine kills a child that does not stop in CLOSE_SECONDS
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(lambda exc: errors.classify(exc).retryable),
                 wait=wait_exponential_jitter(multiplier=1, max=60),
@@ -104,7 +125,13 @@ class EngineSet:
                     await engine.start()
         except Exception as exc:  # noqa: BLE001 - a member that cannot start stays down; the others go on
             error = errors.classify(exc)
-            log.error("engine_replica_failed", engine=self.name, replica=index, kind=error.kind, error=error.message)
+            log.error(
+                "engine_replica_failed",
+                engine=self.name,
+                replica=index,
+                kind=error.kind,
+                error=error.message,
+            )
             return
         self._down.discard(index)
         up = len(self.engines) - len(self._down)

@@ -1,17 +1,17 @@
 """The Tesseract engine: CPU OCR through the ``tesseract`` command, one subprocess per page.
 
-Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on stdin, in the
-languages of its request (its inbox's ``lang``) or else ``[engine.tesseract] lang``, and the TSV answer gives
-both the text (paragraphs separated by blank lines; plain, so ``PlainText`` goes with it, with the
-languages' dictionary for the assembler's hyphen joining) and line blocks with boxes, each with its words and
-their boxes (what a searchable PDF places), from one run. No temporary files, so nothing to clean up after a
-kill.
+Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on
+stdin, in the languages of its request (its inbox's ``lang``) or else ``[engine.tesseract] lang``,
+and the TSV answer gives both the text (paragraphs separated by blank lines; plain, so ``PlainText``
+goes with it, with the languages' dictionary for the assembler's hyphen joining) and line blocks
+with boxes, each with its words and their boxes (what a searchable PDF places), from one run. No
+temporary files, so nothing to clean up after a kill.
 
 Concurrency: at most ``max_concurrency`` children run at once (``[engine.tesseract] workers``,
 "auto" = one per core), each with ``OMP_THREAD_LIMIT=1`` so the cores are not oversubscribed by
-Tesseract's own threads.
-A page runs in its own task: ``abort`` cancels that task, whose cleanup kills and reaps the child, and the
-caller's ``recognize`` raises ``CancelledError``; cancelling the caller cancels the page task the same way.
+Tesseract's own threads. A page runs in its own task: ``abort`` cancels that task, whose cleanup
+kills and reaps the child, and the caller's ``recognize`` raises ``CancelledError``; cancelling the
+caller cancels the page task the same way.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ class TesseractEngine:
                 "or set [engine.tesseract] binary to its path",
             )
         if self._config.psm == 0:
-            raise ConfigError("[engine.tesseract] psm 0 only detects orientation and recognises no text")
+            raise ConfigError(
+                "[engine.tesseract] psm 0 only detects orientation and recognises no text"
+            )
         version = (await self._run_command("--version")).split()
         self._version = version[1] if len(version) > 1 and version[0] == "tesseract" else "unknown"
         listing = await self._run_command("--list-langs")
@@ -88,20 +90,32 @@ class TesseractEngine:
         self._tessdata = plaintext.tessdata_dir(listing)
         missing = [lang for lang in self._config.lang.split("+") if lang not in available]
         if missing:
-            packages = " ".join(f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing)
+            packages = " ".join(
+                f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing
+            )
             raise ConfigError(
-                f"[engine.tesseract] lang: tesseract has no language data for {', '.join(missing)}; "
+                "[engine.tesseract] lang: tesseract has no language data for "
+                f"{', '.join(missing)}; "
                 f"installed: {', '.join(sorted(available))}",
                 hint=f"install the Debian package(s) {packages}, or change [engine.tesseract] lang",
             )
         missing_tools = plaintext.tools_missing()
         if missing_tools:
-            log.info("tesseract.no_wordlist", missing=missing_tools, reason="hyphens joined by the page's words only")
-        await self.recognize(PageRequest(request_id="tesseract-warmup", image=_warmup_page(), prompt=""))
+            log.info(
+                "tesseract.no_wordlist",
+                missing=missing_tools,
+                reason="hyphens joined by the page's words only",
+            )
+        await self.recognize(
+            PageRequest(request_id="tesseract-warmup", image=_warmup_page(), prompt="")
+        )
         log.info(
-            "tesseract.started", version=self._version, lang=self._config.lang, workers=self.max_concurrency,
+            "tesseract.started",
+            version=self._version,
+            lang=self._config.lang,
+            workers=self.max_concurrency,
             words=len(self._plain[self._config.lang].known),
-        )  # fmt: skip
+        )
 
     async def recognize(self, page: PageRequest) -> Recognition:
         """OCR one page in its own task, so ``abort`` can cancel exactly this page."""
@@ -156,13 +170,19 @@ class TesseractEngine:
             blocks=blocks,
             finish_reason="stop",
             seconds=finished - started,
-            timings={"queue": started - queued, "encode": encoded - started, "ocr": finished - encoded},
+            timings={
+                "queue": started - queued,
+                "encode": encoded - started,
+                "ocr": finished - encoded,
+            },
             plain=plain,
         )
 
     async def _plain_text(self, lang: str) -> plaintext.PlainText:
-        """What goes with the text of ``lang``: its dictionary, read once per engine and languages (in a thread:
-        half a second a language); without one (no tools, no word list), the page's own words decide."""
+        """What goes with the text of ``lang``: its dictionary, read once per engine and languages
+        (in
+        a thread: half a second a language); without one (no tools, no word list), the page's own
+        words decide."""
         async with self._reading:
             found = self._plain.get(lang)
             if found is None:
@@ -177,13 +197,23 @@ class TesseractEngine:
 
     async def _run_page(self, request_id: str, payload: bytes, dpi: int, lang: str) -> str:
         command = [
-            self._config.binary, "-", "-", "--dpi", str(dpi), "-l", lang,
-            "--psm", str(self._config.psm), "tsv",
-        ]  # fmt: skip
+            self._config.binary,
+            "-",
+            "-",
+            "--dpi",
+            str(dpi),
+            "-l",
+            lang,
+            "--psm",
+            str(self._config.psm),
+            "tsv",
+        ]
         stdout, stderr, returncode = await self._communicate(command, payload)
         if returncode != 0:
             tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
-            log.warning("tesseract.page_failed", request_id=request_id, returncode=returncode, stderr=tail)
+            log.warning(
+                "tesseract.page_failed", request_id=request_id, returncode=returncode, stderr=tail
+            )
             raise EngineFailed(f"tesseract exited with status {returncode}: {tail}")
         return stdout.decode(errors="replace")
 
@@ -191,11 +221,14 @@ class TesseractEngine:
         stdout, stderr, returncode = await self._communicate([self._config.binary, *args], b"")
         if returncode != 0:
             tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
-            raise EngineDead(f"{self._config.binary} {' '.join(args)} failed with status {returncode}: {tail}")
+            raise EngineDead(
+                f"{self._config.binary} {' '.join(args)} failed with status {returncode}: {tail}"
+            )
         return stdout.decode(errors="replace")
 
     async def _communicate(self, command: list[str], payload: bytes) -> tuple[bytes, bytes, int]:
-        """Run one child to completion; if the awaiting task is cancelled, kill the child and reap it
+        """Run one child to completion; if the awaiting task is cancelled, kill the child and reap
+        it
         before the cancellation goes on, so no Tesseract outlives its page."""
         try:
             process = await asyncio.create_subprocess_exec(
@@ -207,7 +240,10 @@ class TesseractEngine:
             )
         except OSError as exc:  # the binary vanished or cannot run (package upgrade, no memory)
             raise EngineDead(f"cannot run {command[0]}: {exc}") from exc
-        if sys.version_info < (3, 11):  # 3.10 logs the broken stdin pipe of a killed child that nobody awaited
+        if sys.version_info < (
+            3,
+            11,
+        ):  # 3.10 logs the broken stdin pipe of a killed child that nobody awaited
             closed = process._protocol._stdin_closed  # type: ignore[attr-defined]
             closed.add_done_callback(lambda future: future.cancelled() or future.exception())
         try:
@@ -221,10 +257,11 @@ class TesseractEngine:
 
 
 def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
-    """Markdown and line blocks from Tesseract's TSV: words joined into lines, lines into paragraphs,
-    paragraphs separated by a blank line. Each line block keeps its words (text, box, confidence), the
-    finest level Tesseract gives, and its paragraph's number on the page (1-based); a line's box is the
-    union of its words' boxes."""
+    """Markdown and line blocks from Tesseract's TSV: words joined into lines, lines into
+    paragraphs,
+    paragraphs separated by a blank line. Each line block keeps its words (text, box, confidence),
+    the finest level Tesseract gives, and its paragraph's number on the page (1-based); a line's box
+    is the union of its words' boxes."""
     paragraphs: dict[tuple[str, ...], list[_Line]] = {}
     lines: dict[tuple[str, ...], _Line] = {}
     for row in tsv.splitlines()[1:]:
@@ -239,10 +276,13 @@ def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
             # The TSV walks its tree in order, so a new line belongs to the paragraph seen last.
             line = lines[tuple(fields[1:5])] = _Line(len(paragraphs), [], box)
             group.append(line)
-        line.words.append({"text": fields[11].strip(), "bbox": box, "conf": round(float(fields[10]), 1)})
+        line.words.append(
+            {"text": fields[11].strip(), "bbox": box, "conf": round(float(fields[10]), 1)}
+        )
         line.box = [*map(min, line.box[:2], box[:2]), *map(max, line.box[2:], box[2:])]
     markdown = "\n\n".join(
-        "\n".join(" ".join(word["text"] for word in line.words) for line in group) for group in paragraphs.values()
+        "\n".join(" ".join(word["text"] for word in line.words) for line in group)
+        for group in paragraphs.values()
     )
     blocks = [
         {
@@ -269,12 +309,15 @@ def _encode(image: Image.Image, default_dpi: int) -> tuple[bytes, int]:
     mode = image.mode
     if mode.startswith("I;16") or mode == "I":  # 16-bit grey: convert("L") would clip at 255
         image = image.convert("I").point(lambda value: value * (1 / 257)).convert("L")
-    elif mode in ("RGBA", "RGBa", "LA", "La", "PA") or (mode == "P" and "transparency" in image.info):
+    elif mode in ("RGBA", "RGBa", "LA", "La", "PA") or (
+        mode == "P" and "transparency" in image.info
+    ):
         white = Image.new("RGBA", image.size, "white")
         image = Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
     elif mode not in ("1", "L", "RGB"):
         image = image.convert("RGB")
-    # Always an image Pillow just wrote: Tesseract reads stdin that is no image as a list of file names.
+    # Always an image Pillow just wrote: Tesseract reads stdin that is no image as a list of file
+    # names.
     buffer = io.BytesIO()
     image.save(buffer, format="PPM")
     return buffer.getvalue(), resolution
@@ -291,7 +334,12 @@ def _build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
 
 
 SPEC = EngineSpec(  # its plain text is what a good layer holds: text "auto"
-    "tesseract", _build, text="auto", options=TesseractConfig, checks=tesseract_checks.checks,
-    languages=tesseract_checks.languages, trial="start",
+    "tesseract",
+    _build,
+    text="auto",
+    options=TesseractConfig,
+    checks=tesseract_checks.checks,
+    languages=tesseract_checks.languages,
+    trial="start",
 )
 """Entry point ``ocrwatch.engines: tesseract``."""

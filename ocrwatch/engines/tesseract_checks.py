@@ -25,13 +25,20 @@ def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[C
     options = cfg.engine.tesseract
     path = shutil.which(options.binary)
     if path is None:
-        yield Check(False, f"[engine.tesseract] binary {options.binary}", "not found",
-                    "install tesseract-ocr (apt-get install tesseract-ocr),"
-                    " or set the binary's path")
+        yield Check(
+            False,
+            f"[engine.tesseract] binary {options.binary}",
+            "not found",
+            "install tesseract-ocr (apt-get install tesseract-ocr), or set the binary's path",
+        )
         return
     if command_output([path, "--list-langs"]) is None:
-        yield Check(False, f"[engine.tesseract] binary {path}", "`--list-langs` failed",
-                    "reinstall tesseract-ocr, or set [engine.tesseract] binary to a working one")
+        yield Check(
+            False,
+            f"[engine.tesseract] binary {path}",
+            "`--list-langs` failed",
+            "reinstall tesseract-ocr, or set [engine.tesseract] binary to a working one",
+        )
         return
     version = (command_output([path, "--version"]) or "").split()
     found = version[1] if len(version) > 1 else "(version unknown)"
@@ -39,8 +46,11 @@ def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[C
     installed = languages(options)
     if wanted is None:
         wanted = [("[engine.tesseract] lang", options.lang)]
-        wanted += [(f"inbox[{index}].lang", inbox.lang)
-                   for index, inbox in enumerate(cfg.inbox) if inbox.lang]
+        wanted += [
+            (f"inbox[{index}].lang", inbox.lang)
+            for index, inbox in enumerate(cfg.inbox)
+            if inbox.lang
+        ]
     for key, lang in wanted:
         yield _installed(key, lang, installed)
 
@@ -52,6 +62,10 @@ def _installed(key: str, lang: str, installed: frozenset[str]) -> Check:
         return Check(True, f"{key} {lang}", "is installed")
     packages = " ".join(f"tesseract-ocr-{name.lower().replace('_', '-')}" for name in missing)
     fix = f"install {packages}" if all(missing) else "name languages as eng or eng+deu"
-    return Check(False, f"{key} {lang}",
-                 f"tesseract has no language data for {', '.join(missing)} (installed: "
-                 f"{', '.join(sorted(installed))})", f"{fix}, or change {key.split()[0]}")
+    return Check(
+        False,
+        f"{key} {lang}",
+        f"tesseract has no language data for {', '.join(missing)} (installed: "
+        f"{', '.join(sorted(installed))})",
+        f"{fix}, or change {key.split()[0]}",
+    )

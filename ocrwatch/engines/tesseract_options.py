@@ -9,21 +9,34 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ocrwatch.config_base import Lang, no_zero_for_auto
 
+
 class TesseractConfig(BaseModel):
     """The Tesseract engine's options."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lang: Lang = Field("eng", description=(
-        "Tesseract language packs joined with \"+\", e.g. \"eng+deu\" (install"
-        " tesseract-ocr-deu)."))
-    dpi: Annotated[int, Field(ge=70, le=600)] = Field(300, description=(
-        "The resolution pages are rendered at for Tesseract, which reads best at about 300 DPI."))
-    psm: Annotated[int, Field(ge=0, le=13)] = Field(3, description=(
-        "Page segmentation mode; 3 = fully automatic."))
-    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field("auto", description=(
-        "Pages OCRed at once; \"auto\" = one per CPU core (each Tesseract limited to one thread)."
-        " 0, its old spelling, is refused."))
+    lang: Lang = Field(
+        "eng",
+        description=(
+            'Tesseract language packs joined with "+", e.g. "eng+deu" (install tesseract-ocr-deu).'
+        ),
+    )
+    dpi: Annotated[int, Field(ge=70, le=600)] = Field(
+        300,
+        description=(
+            "The resolution pages are rendered at for Tesseract, which reads best at about 300 DPI."
+        ),
+    )
+    psm: Annotated[int, Field(ge=0, le=13)] = Field(
+        3, description=("Page segmentation mode; 3 = fully automatic.")
+    )
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
+        "auto",
+        description=(
+            'Pages OCRed at once; "auto" = one per CPU core (each Tesseract limited to one thread).'
+            " 0, its old spelling, is refused."
+        ),
+    )
 
     _old_auto = field_validator("workers", mode="before")(no_zero_for_auto)
     binary: str = Field("tesseract", description="The Tesseract executable.")

@@ -1,12 +1,15 @@
-"""Every read, write, move and removal under a folder that others can write to: descriptors all the way down.
+"""Every read, write, move and removal under a folder that others can write to: descriptors all the
+way
+down.
 
-A root daemon on a shared inbox must never be turned into one user's tool against another. Checking a path and
-then using it are two steps a user can race, by swapping a folder on the way for a symlink between them. So a
-folder here is reached from a configured root one component at a time with ``O_NOFOLLOW | O_DIRECTORY``, and
-everything done inside it goes through that folder's descriptor (``dir_fd=``): no path is resolved again
-after it was checked, and no link is followed, to a file or a folder. Files written get no more readers than
-the source they were made from (``Access``), set on the descriptor before the rename makes them visible.
-Everything here is blocking.
+A root daemon on a shared inbox must never be turned into one user's tool against another. Checking
+a path and then using it are two steps a user can race, by swapping a folder on the way for a
+symlink between them. So a folder here is reached from a configured root one component at a time
+with ``O_NOFOLLOW | O_DIRECTORY``, and everything done inside it goes through that folder's
+descriptor (``dir_fd=``): no path is resolved again after it was checked, and no link is followed,
+to a file or a folder. Files written get no more readers than the source they were made from
+(``Access``), set on the descriptor before the rename makes them visible. Everything here is
+blocking.
 """
 
 from ocrwatch.safefs.base import (

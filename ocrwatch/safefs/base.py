@@ -1,4 +1,5 @@
-"""The safe filesystem's parts that need no open folder: flags, names, signatures, access, hashing."""
+"""The safe filesystem's parts that need no open folder: flags, names, signatures, access,
+hashing."""
 
 from __future__ import annotations
 
@@ -27,9 +28,14 @@ ASIDE_MARKER = ".ocrwatch-gone-"
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 """``link`` cannot join two names (another filesystem, or one without hard links): it is copied."""
 NO_LEASE = (
-    errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOLCK, errno.ENOSYS,
-    errno.EACCES, errno.EPERM,
-)  # fmt: skip
+    errno.EINVAL,
+    errno.ENOTSUP,
+    errno.EOPNOTSUPP,
+    errno.ENOLCK,
+    errno.ENOSYS,
+    errno.EACCES,
+    errno.EPERM,
+)
 """A lease refused for the filesystem (NFS, SMB, FUSE) or the daemon's rights, not for a writer."""
 LEASE_SIGNAL = signal.SIGURG
 """Sent to a lease's holder when a writer opens the file: the default, SIGIO, would end the process;
@@ -44,7 +50,8 @@ def _umask() -> int:
 
 
 UMASK = _umask()
-"""The process's umask (the unit's ``UMask``), read once at import: ``os.umask`` cannot be read alone."""
+"""The process's umask (the unit's ``UMask``), read once at import: ``os.umask`` cannot be read
+alone."""
 
 
 class Signature(NamedTuple):
@@ -76,7 +83,8 @@ class Replaced(OSError):
 
 
 class FolderGone(OSError):
-    """A folder on the way is missing, a link or not a folder: what the name meant is no longer there."""
+    """A folder on the way is missing, a link or not a folder: what the name meant is no longer
+    there."""
 
     def __init__(self, path: Path, why: str) -> None:
         super().__init__(errno.ENOENT, f"{path}: {why}")
@@ -86,8 +94,8 @@ class FolderGone(OSError):
 
 @dataclass(frozen=True)
 class Access:
-    """Who may read a file: its mode bits and owner. An output is given its source's, so it is never readable
-    by more people than the source (the source's read and write bits, less the umask)."""
+    """Who may read a file: its mode bits and owner. An output is given its source's, so it is never
+    readable by more people than the source (the source's read and write bits, less the umask)."""
 
     mode: int
     uid: int
@@ -113,7 +121,8 @@ class Access:
 
 
 PUBLIC = Access(0o644, os.geteuid(), os.getegid())
-"""For outputs of no local source (``ocrwatch ocr`` of a stream, an error of a vanished file): the daemon's."""
+"""For outputs of no local source (``ocrwatch ocr`` of a stream, an error of a vanished file): the
+daemon's."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +136,14 @@ class Occupant:
 
 
 def describe(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):  # fmt: skip
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -143,7 +158,8 @@ def parts_below(path: Path, root: Path) -> tuple[str, ...]:
 
 
 def temporary_name(name: str) -> str:
-    """The hidden name ``name`` is written under before the rename: fixed per target, at most 108 bytes."""
+    """The hidden name ``name`` is written under before the rename: fixed per target, at most 108
+    bytes."""
     raw = os.fsencode(name)
     tag = hashlib.sha1(raw).hexdigest()[:12]
     return os.fsdecode(b"." + raw[:80]) + TMP_MARKER + tag

@@ -1,7 +1,7 @@
 """Folders reached one component at a time without following a link, and what is done inside them.
 
-``Folder`` wraps one folder's descriptor; every read, write, rename and removal inside it goes through
-that descriptor (``dir_fd=``), so no path is resolved again after it was checked.
+``Folder`` wraps one folder's descriptor; every read, write, rename and removal inside it goes
+through that descriptor (``dir_fd=``), so no path is resolved again after it was checked.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class Staged:
 
 
 class Folder:
-    """An open folder reached without following a link; ``path`` names it in messages only, never to act."""
+    """An open folder reached without following a link; ``path`` names it in messages only, never to
+    act."""
 
     def __init__(self, fd: int, path: Path) -> None:
         self.fd = fd
@@ -66,7 +67,9 @@ class Folder:
             raise
 
     def open_read(self, name: str) -> int | None:
-        """A read-only descriptor of the regular file ``name`` (None: nothing there, or not a regular file)."""
+        """A read-only descriptor of the regular file ``name`` (None: nothing there, or not a
+        regular
+        file)."""
         try:
             fd = os.open(name, FILE_FLAGS, dir_fd=self.fd)
         except OSError as exc:
@@ -79,9 +82,10 @@ class Folder:
         return fd
 
     def look(self, name: str, limit: int) -> Occupant | None:
-        """What lies at ``name`` (None: nothing, or a name too long to exist), reading at most ``limit``
-        bytes. Never follows a link, never blocks on a FIFO, never reads a device: the type is checked with
-        ``lstat`` and again with ``fstat`` on a descriptor opened ``O_NOFOLLOW | O_NONBLOCK``."""
+        """What lies at ``name`` (None: nothing, or a name too long to exist), reading at most
+        ``limit`` bytes. Never follows a link, never blocks on a FIFO, never reads a device: the
+        type is checked with ``lstat`` and again with ``fstat`` on a descriptor opened ``O_NOFOLLOW
+        | O_NONBLOCK``."""
         path = self.path / name
         info = self.lstat(name)
         if info is None:
@@ -117,9 +121,11 @@ class Folder:
             os.close(fd)
 
     def stage(self, name: str, data: bytes | Path, access: Access) -> Staged:
-        """Write ``data`` (bytes, or a file's content) under ``name``'s fixed hidden temporary name (a leftover
-        of a killed write is replaced), created exclusively, given ``access`` and fsynced; ``commit`` renames
-        it over ``name``. Between the two, the caller may record what it is about to publish."""
+        """Write ``data`` (bytes, or a file's content) under ``name``'s fixed hidden temporary name
+        (a
+        leftover of a killed write is replaced), created exclusively, given ``access`` and fsynced;
+        ``commit`` renames it over ``name``. Between the two, the caller may record what it is about
+        to publish."""
         tmp = temporary_name(name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=self.fd)  # unlinking a symlink never touches its target
@@ -146,9 +152,10 @@ class Folder:
         return Staged(self, name, tmp, info.st_ino, info.st_size, digest)
 
     def commit(self, staged: Staged, *, replace: bool = True) -> None:
-        """Rename a staged file over its name, so that the name is always absent, the old file or all of the
-        new one; then the folder is fsynced. ``replace=False``: only while the name is free, else
-        ``FileExistsError`` (the temporary file goes)."""
+        """Rename a staged file over its name, so that the name is always absent, the old file or
+        all
+        of the new one; then the folder is fsynced. ``replace=False``: only while the name is free,
+        else ``FileExistsError`` (the temporary file goes)."""
         try:
             if replace:
                 os.replace(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -163,8 +170,13 @@ class Folder:
     def _commit_new(self, staged: Staged) -> None:
         """A hard link fails where the name is taken, atomically; else the name is checked first."""
         try:
-            os.link(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd,
-                    follow_symlinks=False)  # fmt: skip
+            os.link(
+                staged.tmp,
+                staged.name,
+                src_dir_fd=self.fd,
+                dst_dir_fd=self.fd,
+                follow_symlinks=False,
+            )
         except OSError as exc:
             if exc.errno not in NO_LINK:
                 raise
@@ -182,7 +194,8 @@ class Folder:
         return staged
 
     def unlink(self, name: str) -> bool:
-        """Remove the file ``name`` (a link itself, never its target); False where nothing was there."""
+        """Remove the file ``name`` (a link itself, never its target); False where nothing was
+        there."""
         try:
             os.unlink(name, dir_fd=self.fd)
         except OSError as exc:
@@ -242,9 +255,14 @@ class Folder:
         return made
 
     def move_to(
-        self, name: str, target: Folder, new: str, fd: int, info: os.stat_result,
+        self,
+        name: str,
+        target: Folder,
+        new: str,
+        fd: int,
+        info: os.stat_result,
         check: Callable[[], None] | None,
-    ) -> os.stat_result:  # fmt: skip
+    ) -> os.stat_result:
         """Move the file ``name`` here (open as ``fd``, of ``info``) to ``new`` in ``target``:
         ``carry``, then ``remove_if`` (``check`` as there), undoing the new name where the old one
         cannot go."""
@@ -297,7 +315,8 @@ class Folder:
         os.unlink(aside, dir_fd=self.fd)
 
     def rmdir(self, name: str) -> bool:
-        """Remove the folder ``name`` once it is empty; False where it is not (a user's file keeps it)."""
+        """Remove the folder ``name`` once it is empty; False where it is not (a user's file keeps
+        it)."""
         try:
             os.rmdir(name, dir_fd=self.fd)
         except OSError:
@@ -312,7 +331,8 @@ class Folder:
 
     @contextlib.contextmanager
     def sub(self, name: str, make: Access | None = None) -> Iterator[Folder]:
-        """The folder ``name`` inside this one, never a link; made with ``make``'s access where missing."""
+        """The folder ``name`` inside this one, never a link; made with ``make``'s access where
+        missing."""
         path = self.path / name
         if make is not None:
             try:
@@ -356,9 +376,11 @@ def _why(parent: Folder, name: str) -> str:
 
 @contextlib.contextmanager
 def folder(root: Path, parts: Sequence[str] = (), make: Access | None = None) -> Iterator[Folder]:
-    """The folder ``root/parts...``, reached from ``root`` (a configured folder, resolved at start) one
-    component at a time without following a link. With ``make``, each missing folder below ``root`` is made
-    (owned and moded by ``make``); else a missing one, a link or a non-folder on the way is ``FolderGone``."""
+    """The folder ``root/parts...``, reached from ``root`` (a configured folder, resolved at start)
+    one
+    component at a time without following a link. With ``make``, each missing folder below ``root``
+    is made (owned and moded by ``make``); else a missing one, a link or a non-folder on the way is
+    ``FolderGone``."""
     try:
         fd = os.open(root, FOLDER_FLAGS)
     except OSError as exc:

@@ -2,24 +2,26 @@
 
 Sink contract: methods are blocking and called from worker threads, one job at a time per document.
 
-- ``write`` writes the Markdown first, then the further outputs (``extras``: the searchable PDF, the figures
-  under ``NAME.assets/``), and the JSON last (the JSON is the commit marker); each object appears whole or not
-  at all. It checks everything it can before writing anything (every sidecar's name fits, the place is
-  writable, no foreign file holds a name it writes), so a known fault never leaves half a result; once the JSON
-  is written, removing a stale error sidecar, or outputs a previous version wrote and this one does not, never
-  fails the document.
-- ``write_error`` writes the error sidecar, and once it is durable removes the ``md`` and ``json`` sidecars (and
-  the further outputs) a previous version of the source left: a failed document never keeps an "ok" result for
-  content that is no longer there.
-- Only what ocrwatch wrote is ever replaced or removed. A JSON sidecar is ocrwatch's when its first member is
-  ``"schema": "ocrwatch/1"``; a Markdown sidecar when it begins with ``<!-- page`` (``marked``: one mark
-  rule for both sinks; a local sink asks it only for outputs its record of outputs predates). Anything else at a sidecar's name (a user's file, a folder, a FIFO, a link) is refused as
-  ``output_conflict``, naming it. A further output is ocrwatch's when the JSON sidecar beside it is (a figure
-  also by its own mark, ``figures.is_ours``); only the names ``naming.FIGURE_FILE`` are touched in
-  ``NAME.assets/``.
-- ``recorded`` returns the ``source`` section of the existing JSON sidecar, so a job whose content is unchanged
-  is recognised as done without a ledger; it reads a bounded head (``HEAD_BYTES``, through ``json_member``)
-  and never blocks on, or reads without limit from, whatever lies at the name.
+- ``write`` writes the Markdown first, then the further outputs (``extras``: the searchable PDF, the
+  figures under ``NAME.assets/``), and the JSON last (the JSON is the commit marker); each object
+  appears whole or not at all. It checks everything it can before writing anything (every sidecar's
+  name fits, the place is writable, no foreign file holds a name it writes), so a known fault never
+  leaves half a result; once the JSON is written, removing a stale error sidecar, or outputs a
+  previous version wrote and this one does not, never fails the document.
+- ``write_error`` writes the error sidecar, and once it is durable removes the ``md`` and ``json``
+  sidecars (and the further outputs) a previous version of the source left: a failed document never
+  keeps an "ok" result for content that is no longer there.
+- Only what ocrwatch wrote is ever replaced or removed. A JSON sidecar is ocrwatch's when its first
+  member is ``"schema": "ocrwatch/1"``; a Markdown sidecar when it begins with ``<!-- page``
+  (``marked``: one mark rule for both sinks; a local sink asks it only for outputs its record of
+  outputs predates). Anything else at a sidecar's name (a user's file, a folder, a FIFO, a link) is
+  refused as ``output_conflict``, naming it. A further output is ocrwatch's when the JSON sidecar
+  beside it is (a figure also by its own mark, ``figures.is_ours``); only the names
+  ``naming.FIGURE_FILE`` are touched in ``NAME.assets/``.
+- ``recorded`` returns the ``source`` section of the existing JSON sidecar, so a job whose content
+  is unchanged is recognised as done without a ledger; it reads a bounded head (``HEAD_BYTES``,
+  through ``json_member``) and never blocks on, or reads without limit from, whatever lies at the
+  name.
 
 Sidecars are named by ``ocrwatch.naming.sidecar_names``, which sources share to ignore them.
 """
@@ -41,13 +43,15 @@ from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job
 
 HEAD_BYTES = 256 * 1024
-"""How much of a JSON sidecar is read to learn whose it is and what it describes: ``schema`` and ``source`` come
-first and take a few kB at most, while the whole file grows with the pages (tens of MB for a long document)."""
+"""How much of a JSON sidecar is read to learn whose it is and what it describes: ``schema`` and
+``source`` come first and take a few kB at most, while the whole file grows with the pages (tens of
+MB for a long document)."""
 
 _SPACE = re.compile(r"\s*")
 
 RECALL_BYTES = 64 * 1024 * 1024
-"""The largest sidecar ``recall`` reads whole; a larger result is done again rather than held in memory."""
+"""The largest sidecar ``recall`` reads whole; a larger result is done again rather than held in
+memory."""
 
 Extra = bytes | Path
 """A further output's content: bytes, or a file (in the job's spool folder) copied as it is."""
@@ -55,11 +59,14 @@ NO_EXTRAS: Mapping[str, Extra] = {}
 
 
 def extra_names(extras: Mapping[str, Extra], outputs: dict[str, str]) -> None:
-    """Check that every extra is named as ``naming.output_names`` says (``outputs``): the searchable PDF, or one
-    figure file right inside the assets folder; anything else is a bug, never a path to follow."""
+    """Check that every extra is named as ``naming.output_names`` says (``outputs``): the searchable
+    PDF, or one figure file right inside the assets folder; anything else is a bug, never a path to
+    follow."""
     for name in extras:
         folder, _, file = name.rpartition("/")
-        if name != outputs["pdf"] and not (folder == outputs["assets"] and FIGURE_FILE.fullmatch(file)):
+        if name != outputs["pdf"] and not (
+            folder == outputs["assets"] and FIGURE_FILE.fullmatch(file)
+        ):
             raise ValueError(f"{name!r} is not a name ocrwatch writes beside {outputs['pdf']!r}")
 
 
@@ -88,21 +95,30 @@ class Sink(Protocol):
         """The ``source`` section of the job's existing JSON sidecar, or None."""
 
     def write(
-        self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS,
+        self,
+        job: Job,
+        markdown: str,
+        document: dict[str, Any],
+        extras: Mapping[str, Extra] = NO_EXTRAS,
         access: Access | None = None,
     ) -> None:
-        """Write ``NAME.md``, the ``extras``, then ``NAME.json`` atomically, and remove ``NAME.error.json``.
-        ``access``: who may read the local source (None where a sink's place has rules of its own, S3's)."""
+        """Write ``NAME.md``, the ``extras``, then ``NAME.json`` atomically, and remove
+        ``NAME.error.json``. ``access``: who may read the local source (None where a sink's place
+        has rules of its own, S3's)."""
 
     def status(self, job: Job) -> str | None:
         """The ``status`` of the job's existing JSON sidecar (``ok``, ``partial``), or None."""
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
-        """Write ``NAME.error.json`` atomically, then remove the ``NAME.md`` and ``NAME.json`` ocrwatch wrote."""
+        """Write ``NAME.error.json`` atomically, then remove the ``NAME.md`` and ``NAME.json``
+        ocrwatch
+        wrote."""
 
     def recall(self, job: Job, owner: int | None) -> Recalled | None:
-        """The job's sidecars read whole where they are ocrwatch's own for it, unchanged since written, for a
-        source of ``owner`` (a local file's user; None for S3): a result a copy of the same bytes may take."""
+        """The job's sidecars read whole where they are ocrwatch's own for it, unchanged since
+        written,
+        for a source of ``owner`` (a local file's user; None for S3): a result a copy of the same
+        bytes may take."""
 
 
 def markdown_bytes(markdown: str) -> bytes:
@@ -112,8 +128,9 @@ def markdown_bytes(markdown: str) -> bytes:
 
 
 def json_member(head: bytes, name: str) -> Any:
-    """The value of the top-level member ``name`` of the JSON object whose first bytes are ``head``, or None
-    when ``head`` does not hold it whole (the rest of the file is never needed)."""
+    """The value of the top-level member ``name`` of the JSON object whose first bytes are ``head``,
+    or
+    None when ``head`` does not hold it whole (the rest of the file is never needed)."""
     for key, value in _members(head.decode("utf-8", "replace")):
         if key == name:
             return value
@@ -123,29 +140,37 @@ def json_member(head: bytes, name: str) -> Any:
 def recorded_fingerprint(recorded: dict[str, Any]) -> Fingerprint:
     """The fingerprint a JSON sidecar's ``source`` section (what ``recorded`` returns) records."""
     return Fingerprint(
-        size=int(recorded.get("bytes") or 0), mtime_ns=None, sha256=recorded.get("sha256"),
-        etag=recorded.get("etag"), version_id=recorded.get("version_id"),
+        size=int(recorded.get("bytes") or 0),
+        mtime_ns=None,
+        sha256=recorded.get("sha256"),
+        etag=recorded.get("etag"),
+        version_id=recorded.get("version_id"),
     )
 
 
 def records(recorded: dict[str, Any] | None, fingerprint: Fingerprint) -> bool:
-    """Whether a sidecar's ``source`` section (``recorded``'s answer) describes this very content."""
+    """Whether a sidecar's ``source`` section (``recorded``'s answer) describes this very
+    content."""
     return recorded is not None and same_content(recorded_fingerprint(recorded), fingerprint)
 
 
 def done(sink: Sink, job: Job, fingerprint: Fingerprint) -> bool:
     """The one answer to "is this document already done?": its own sidecars record this content
-    (blocking: the sink reads them). A ledger row only says a run ended, not that its result stands."""
+    (blocking: the sink reads them). A ledger row only says a run ended, not that its result
+    stands."""
     return records(sink.recorded(job), fingerprint)
 
 
 def owns_json(head: bytes) -> bool:
-    """Whether a JSON file beginning with ``head`` is one ocrwatch wrote (a result or an error sidecar)."""
+    """Whether a JSON file beginning with ``head`` is one ocrwatch wrote (a result or an error
+    sidecar)."""
     return json_member(head, "schema") == SCHEMA_ID
 
 
 def owns_markdown(head: bytes) -> bool:
-    """Whether a Markdown file beginning with ``head`` is one ocrwatch wrote (it always opens with page 1)."""
+    """Whether a Markdown file beginning with ``head`` is one ocrwatch wrote (it always opens with
+    page
+    1)."""
     return head.startswith(PAGE_MARK.encode())
 
 
@@ -173,7 +198,8 @@ def pdf_recorded(json_head: bytes | None) -> bool:
 
 
 def _members(text: str) -> Iterator[tuple[str, Any]]:
-    """The top-level members of the JSON object ``text`` begins with, in order, as far as ``text`` holds them."""
+    """The top-level members of the JSON object ``text`` begins with, in order, as far as ``text``
+    holds them."""
     decoder = json.JSONDecoder()
     at = _skip(text, 0)
     if not text.startswith("{", at):

@@ -1,17 +1,19 @@
-"""Sidecars beside a local source (or mirrored under ``[output] dir``, each inbox in a folder of its own),
-written atomically through descriptors, with no more readers than the source.
+"""Sidecars beside a local source (or mirrored under ``[output] dir``, each inbox in a folder of its
+own), written atomically through descriptors, with no more readers than the source.
 
-The sidecars' folder is opened from its root (the inbox, or ``[output] dir``) one component at a time without
-following a link (``safefs.folder``), and every file is staged, recorded, renamed and removed through that one
-descriptor: a folder on the way swapped for a symlink meanwhile can redirect nothing. Each file is written to
-a fixed hidden temporary name, fsynced and renamed over the final name, then the folder is fsynced; the JSON
-goes last, so its presence means the Markdown is complete. Every output gets the source's mode bits (less the
-umask) and, where the daemon runs as root, its owner, set before the rename (``safefs.Access``).
+The sidecars' folder is opened from its root (the inbox, or ``[output] dir``) one component at a
+time without following a link (``safefs.folder``), and every file is staged, recorded, renamed and
+removed through that one descriptor: a folder on the way swapped for a symlink meanwhile can
+redirect nothing. Each file is written to a fixed hidden temporary name, fsynced and renamed over
+the final name, then the folder is fsynced; the JSON goes last, so its presence means the Markdown
+is complete. Every output gets the source's mode bits (less the umask) and, where the daemon runs as
+root, its owner, set before the rename (``safefs.Access``).
 
-What already lies at an output's name is ocrwatch's to replace or remove only by the record of what it wrote
-(``written.judge``): anything else is a user's file, and the document fails as ``output_conflict``, naming
-it; so is the sidecar of another document beside the source that shares its sidecar's name (``{stem}`` makes
-``report.json`` of ``report.pdf`` and ``report.png``): the first keeps it, the other is told why.
+What already lies at an output's name is ocrwatch's to replace or remove only by the record of what
+it wrote (``written.judge``): anything else is a user's file, and the document fails as
+``output_conflict``, naming it; so is the sidecar of another document beside the source that shares
+its sidecar's name (``{stem}`` makes ``report.json`` of ``report.pdf`` and ``report.png``): the
+first keeps it, the other is told why.
 """
 
 from __future__ import annotations
@@ -34,8 +36,17 @@ from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, Sour
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder
 from ocrwatch.sinks.base import (
-    HEAD_BYTES, NO_EXTRAS, RECALL_BYTES, Extra, Recalled, extra_names, json_member, markdown_bytes,
-    marked, owns_json, pdf_recorded,
+    HEAD_BYTES,
+    NO_EXTRAS,
+    RECALL_BYTES,
+    Extra,
+    Recalled,
+    extra_names,
+    json_member,
+    markdown_bytes,
+    marked,
+    owns_json,
+    pdf_recorded,
 )
 from ocrwatch.sources.base import Job, LocalFile, Origin
 from ocrwatch.written import OURS, Output, Verdict, Written, judge, vouched
@@ -43,17 +54,21 @@ from ocrwatch.written import OURS, Output, Verdict, Written, judge, vouched
 log = structlog.get_logger()
 
 Marker = Callable[[Folder, str], bool]
-"""Whether a file carries ocrwatch's own mark (an output written before the record of outputs existed)."""
+"""Whether a file carries ocrwatch's own mark (an output written before the record of outputs
+existed)."""
 
 NAME_MAX = 255
 """File-name limit where the folder's own (``fpathconf``) cannot be learnt."""
 PROBE_BYTES = 4096
-"""Read of a file at a sidecar's name to tell whose it is: its first members, or its first line, are enough."""
+"""Read of a file at a sidecar's name to tell whose it is: its first members, or its first line, are
+enough."""
 
 
 def dump_json(document: dict[str, Any]) -> bytes:
-    """UTF-8 JSON; strings that are not valid Unicode (a file name in another encoding, a model's lone
-    surrogate) are kept as ``\\udcXX`` escapes, which round-trip, rather than failing the document."""
+    """UTF-8 JSON; strings that are not valid Unicode (a file name in another encoding, a model's
+    lone
+    surrogate) are kept as ``\\udcXX`` escapes, which round-trip, rather than failing the
+    document."""
     text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     try:
         return text.encode("utf-8")
@@ -62,9 +77,11 @@ def dump_json(document: dict[str, Any]) -> bytes:
 
 
 def inbox_folder(root: Path, roots: Collection[Path]) -> str:
-    """The folder under ``[output] dir`` that mirrors the inbox ``root``: the inbox folder's name, and where
-    several of ``roots`` (every configured inbox) share that name, ``-`` and 8 hex digits of the sha256 of its
-    path after it. Derived from paths alone: the same across restarts and whatever the order of the inboxes."""
+    """The folder under ``[output] dir`` that mirrors the inbox ``root``: the inbox folder's name,
+    and
+    where several of ``roots`` (every configured inbox) share that name, ``-`` and 8 hex digits of
+    the sha256 of its path after it. Derived from paths alone: the same across restarts and whatever
+    the order of the inboxes."""
     name = root.name or "root"
     if sum((other.name or "root") == name for other in roots) < 2:
         return name
@@ -72,11 +89,18 @@ def inbox_folder(root: Path, roots: Collection[Path]) -> str:
 
 
 class Claims:
-    """The ownership rule applied in one open folder for one document: which names hold ocrwatch's own files
-    for it, and the record kept of each file written there."""
+    """The ownership rule applied in one open folder for one document: which names hold ocrwatch's
+    own
+    files for it, and the record kept of each file written there."""
 
     def __init__(
-        self, here: Folder, root: Path, prefix: str, job: Job, owner: int | None, written: Written | None
+        self,
+        here: Folder,
+        root: Path,
+        prefix: str,
+        job: Job,
+        owner: int | None,
+        written: Written | None,
     ) -> None:
         self.here, self.root, self.prefix, self.job = here, root, prefix, job
         self.owner, self._written = owner, written
@@ -86,8 +110,9 @@ class Claims:
         return self.prefix + name
 
     def verdict(self, name: str, marked: Marker, *, verify: bool = True) -> Verdict:
-        """Whether ``name`` in this folder (or ``folder/file`` one level down) is free or ocrwatch's own for
-        this document; ``marked`` tells ocrwatch's own mark, which counts for outputs the record predates."""
+        """Whether ``name`` in this folder (or ``folder/file`` one level down) is free or ocrwatch's
+        own for this document; ``marked`` tells ocrwatch's own mark, which counts for outputs the
+        record predates."""
         records = self._written.get(self.root, self.name(name)) if self._written is not None else []
         try:
             with self._inner(name) as (here, file):
@@ -100,7 +125,8 @@ class Claims:
 
     @contextlib.contextmanager
     def _inner(self, name: str) -> Iterator[tuple[Folder | None, str]]:
-        """The folder ``name`` lies in (this one, or one level down; None where that folder is missing)."""
+        """The folder ``name`` lies in (this one, or one level down; None where that folder is
+        missing)."""
         folder_name, _, file = name.rpartition("/")
         if not folder_name:
             yield self.here, file
@@ -111,7 +137,8 @@ class Claims:
                 yield inner, file
 
     def refuse(self, name: str, marked: Marker) -> None:
-        """Raise ``output_conflict`` where ``name`` holds what ocrwatch may not replace for this document."""
+        """Raise ``output_conflict`` where ``name`` holds what ocrwatch may not replace for this
+        document."""
         if reason := self.verdict(name, marked):
             raise conflict(self.here.path / name, reason)
 
@@ -127,10 +154,19 @@ class Claims:
 
     def _output(self, name: str, staged: Staged) -> Output:
         owner = self.owner if self.owner is not None else os.geteuid()
-        return Output(self.root, self.name(name), self.job.key, owner, staged.inode, staged.size, staged.sha256)
+        return Output(
+            self.root,
+            self.name(name),
+            self.job.key,
+            owner,
+            staged.inode,
+            staged.size,
+            staged.sha256,
+        )
 
     def remove(self, name: str, marked: Marker) -> bool:
-        """Remove ``name`` where it holds ocrwatch's own file for this document; a failure is logged."""
+        """Remove ``name`` where it holds ocrwatch's own file for this document; a failure is
+        logged."""
         try:
             if self.verdict(name, marked) or self.here.lstat(name.partition("/")[0]) is None:
                 return False
@@ -146,8 +182,10 @@ class Claims:
             return False
 
     def read_vouched(self, name: str) -> bytes | None:
-        """The whole file at ``name`` in this folder where the record vouches for the very bytes read through
-        one descriptor as ocrwatch's for this document's user; None otherwise, or when it is too large."""
+        """The whole file at ``name`` in this folder where the record vouches for the very bytes
+        read
+        through one descriptor as ocrwatch's for this document's user; None otherwise, or when it is
+        too large."""
         if self._written is None:
             return None
         found = self.here.look(name, RECALL_BYTES)
@@ -160,11 +198,15 @@ class Claims:
         return found.head if vouched(records, found.info, digest, self.owner) else None
 
     def recorded_here(self) -> list[str]:
-        """The names in this folder that the record holds for this document (relative to the folder)."""
+        """The names in this folder that the record holds for this document (relative to the
+        folder)."""
         if self._written is None:
             return []
-        return [o.name[len(self.prefix):] for o in self._written.of_job(self.job.key)
-                if o.root == self.root and o.name.startswith(self.prefix)]  # fmt: skip
+        return [
+            o.name[len(self.prefix) :]
+            for o in self._written.of_job(self.job.key)
+            if o.root == self.root and o.name.startswith(self.prefix)
+        ]
 
 
 def marker(kind: str) -> Marker:
@@ -182,7 +224,8 @@ json_marked, markdown_marked, figure_marked = marker("json"), marker("md"), mark
 
 
 def pdf_marked(here: Folder, name: str) -> bool:
-    """Whether the regular file ``name`` is a searchable PDF ocrwatch marked (``textlayer.is_ours``)."""
+    """Whether the regular file ``name`` is a searchable PDF ocrwatch marked
+    (``textlayer.is_ours``)."""
     fd = here.open_read(name)
     if fd is None:
         return False
@@ -191,8 +234,10 @@ def pdf_marked(here: Folder, name: str) -> bool:
 
 
 def _pdf_marker(here: Folder, json_name: str) -> Marker:
-    """An older ocrwatch's searchable PDF is known by its mark, or by its JSON sidecar (ocrwatch's by its
-    own mark) recording it, as the JSON is now; either counts only where the record holds no row for it."""
+    """An older ocrwatch's searchable PDF is known by its mark, or by its JSON sidecar (ocrwatch's
+    by
+    its own mark) recording it, as the JSON is now; either counts only where the record holds no row
+    for it."""
     found = here.look(json_name, HEAD_BYTES)
     recorded = found is not None and found.other is None and pdf_recorded(found.head)
 
@@ -203,7 +248,8 @@ def _pdf_marker(here: Folder, json_name: str) -> Marker:
 
 
 def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
-    """The mark of each kind of output (``md``, ``json``, ``pdf``, ``assets``: a figure) in ``here``,
+    """The mark of each kind of output (``md``, ``json``, ``pdf``, ``assets``: a figure) in
+    ``here``,
     which counts only for outputs the record predates: the archive takes along what this rule holds
     as ocrwatch's."""
     pdf = _pdf_marker(here, json_name)
@@ -213,22 +259,28 @@ def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
 def conflict(path: Path, what: str) -> OutputConflict:
     return OutputConflict(
         f"{path} is {what}; ocrwatch writes an output there and replaces only its own",
-        hint=f"move {path} away (or set [output] dir or a different [output] name_template), then `ocrwatch retry`",
+        hint=f"move {path} away (or set [output] dir or a different [output] name_template), then "
+        "`ocrwatch retry`",
     )
 
 
 class LocalSink:
-    """Writes ``NAME.md`` / ``NAME.json`` / ``NAME.error.json`` beside the source file, or under ``out_dir``.
+    """Writes ``NAME.md`` / ``NAME.json`` / ``NAME.error.json`` beside the source file, or under
+    ``out_dir``.
 
-    ``inboxes`` returns the configured inboxes as they are now (a reload changes them): with it, each inbox is
-    mirrored under ``out_dir`` in a folder of its own (``inbox_folder``), so two inboxes never share a sidecar;
-    without it (``ocrwatch ocr --out``), every file's sidecars go straight into ``out_dir``. ``written`` is
-    the record of outputs (None for ``ocrwatch ocr`` without a daemon: only marks then, on the user's files)."""
+    ``inboxes`` returns the configured inboxes as they are now (a reload changes them): with it,
+    each inbox is mirrored under ``out_dir`` in a folder of its own (``inbox_folder``), so two
+    inboxes never share a sidecar; without it (``ocrwatch ocr --out``), every file's sidecars go
+    straight into ``out_dir``. ``written`` is the record of outputs (None for ``ocrwatch ocr``
+    without a daemon: only marks then, on the user's files)."""
 
     def __init__(
-        self, name_template: str = "{name}", out_dir: Path | None = None,
-        inboxes: Callable[[], Sequence[InboxConfig]] | None = None, written: Written | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        name_template: str = "{name}",
+        out_dir: Path | None = None,
+        inboxes: Callable[[], Sequence[InboxConfig]] | None = None,
+        written: Written | None = None,
+    ) -> None:
         self._template = name_template
         self._out_dir = out_dir
         self._inboxes = inboxes
@@ -238,16 +290,23 @@ class LocalSink:
     def paths(self, job: Job) -> dict[str, Path]:
         root, parts = self._where(job)
         names = sidecar_names(job.origin.name, self._template)
-        for name in names.values():  # the config validates the template; this holds whatever it let through
+        for name in (
+            names.values()
+        ):  # the config validates the template; this holds whatever it let through
             if "/" in name or "\0" in name or name in (".", ".."):
-                raise OutputNotWritable(f"the sidecar name {name!r} for {job.origin.uri} would leave its folder")
+                raise OutputNotWritable(
+                    f"the sidecar name {name!r} for {job.origin.uri} would leave its folder"
+                )
         return {kind: root.joinpath(*parts, name) for kind, name in names.items()}
 
     def outputs(self, job: Job) -> dict[str, Path]:
-        """Where the job's further outputs go, beside its JSON sidecar: ``pdf``, the searchable PDF, and
-        ``assets``, the figures' folder."""
+        """Where the job's further outputs go, beside its JSON sidecar: ``pdf``, the searchable PDF,
+        and ``assets``, the figures' folder."""
         folder_path = self.paths(job)["json"].parent
-        return {kind: folder_path / name for kind, name in output_names(job.origin.name, self._template).items()}
+        return {
+            kind: folder_path / name
+            for kind, name in output_names(job.origin.name, self._template).items()
+        }
 
     def _where(self, job: Job) -> tuple[Path, tuple[str, ...]]:
         """The root the sidecars' folder is reached from, and the folders below it."""
@@ -268,7 +327,10 @@ class LocalSink:
         """The folder under ``out_dir`` where the documents of ``inbox`` (resolved) are mirrored."""
         configs = self._inboxes() if self._inboxes is not None else ()
         if self._roots[0] is not configs:  # resolved once per configuration, not per document
-            self._roots = (configs, frozenset(config.path.expanduser().resolve() for config in configs))
+            self._roots = (
+                configs,
+                frozenset(config.path.expanduser().resolve() for config in configs),
+            )
         return inbox_folder(inbox, self._roots[1] | {inbox})
 
     @contextlib.contextmanager
@@ -276,7 +338,9 @@ class LocalSink:
         root, parts = self._where(job)
         made = PUBLIC if make and self._out_dir is not None else None
         if made is not None:
-            root.mkdir(parents=True, exist_ok=True)  # the configured folder itself, resolved at start
+            root.mkdir(
+                parents=True, exist_ok=True
+            )  # the configured folder itself, resolved at start
         try:
             with folder(root, parts, make=made) as here:
                 prefix = "".join(f"{part}/" for part in parts)
@@ -285,8 +349,9 @@ class LocalSink:
             raise SourceGone(f"{job.origin.uri}: its folder {exc.path} {exc.why}") from None
 
     def source_access(self, job: Job) -> Access | None:
-        """The source's access as it is now (the error sidecar of a document never read, or read by an older
-        call), through its inbox without following a link; None where it is gone."""
+        """The source's access as it is now (the error sidecar of a document never read, or read by
+        an
+        older call), through its inbox without following a link; None where it is gone."""
         origin = job.origin
         assert isinstance(origin, LocalFile)
         try:
@@ -298,16 +363,20 @@ class LocalSink:
         return Access.of(info) if info is not None else None
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
-        """The ``source`` section of the job's JSON sidecar where it is ocrwatch's own for this document (by the
-        record: a JSON anyone could have written proves nothing); None too when the Markdown sidecar is gone
-        or no regular file: the document is then done again (a user's edits to it stand)."""
+        """The ``source`` section of the job's JSON sidecar where it is ocrwatch's own for this
+        document (by the record: a JSON anyone could have written proves nothing); None too when the
+        Markdown sidecar is gone or no regular file: the document is then done again (a user's edits
+        to it stand)."""
         access = self.source_access(job)
         try:
             with self._claims(job, access.uid if access else None) as claims:
                 names = {kind: path.name for kind, path in self.paths(job).items()}
                 if claims.verdict(names["json"], json_marked, verify=False):
                     return None
-                found, markdown = claims.here.look(names["json"], HEAD_BYTES), claims.here.lstat(names["md"])
+                found, markdown = (
+                    claims.here.look(names["json"], HEAD_BYTES),
+                    claims.here.lstat(names["md"]),
+                )
         except (OSError, SourceGone):
             return None
         if found is None or found.other is not None or not owns_json(found.head):
@@ -321,7 +390,9 @@ class LocalSink:
         try:
             with self._claims(job, owner) as claims:
                 names = {kind: path.name for kind, path in self.paths(job).items()}
-                return Recalled.parse(claims.read_vouched(names["md"]), claims.read_vouched(names["json"]))
+                return Recalled.parse(
+                    claims.read_vouched(names["md"]), claims.read_vouched(names["json"])
+                )
         except (OSError, SourceGone):
             return None
 
@@ -339,7 +410,11 @@ class LocalSink:
         return status if isinstance(status, str) else None
 
     def write(
-        self, job: Job, markdown: str, document: dict[str, Any], extras: Mapping[str, Extra] = NO_EXTRAS,
+        self,
+        job: Job,
+        markdown: str,
+        document: dict[str, Any],
+        extras: Mapping[str, Extra] = NO_EXTRAS,
         access: Access | None = None,
     ) -> None:
         paths, outputs = self.paths(job), self.outputs(job)
@@ -359,7 +434,9 @@ class LocalSink:
                 else:
                     claims.publish(claims.here, name, content, access)
             claims.publish(claims.here, names["json"], dump_json(document), access)
-            claims.remove(names["error"], json_marked)  # a stale error sidecar left behind is only untidy
+            claims.remove(
+                names["error"], json_marked
+            )  # a stale error sidecar left behind is only untidy
             self._remove_stale(claims, outputs, set(extras), pdf_ours)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
@@ -367,7 +444,9 @@ class LocalSink:
         access = self.source_access(job) or PUBLIC
         with self._claims(job, access.uid, make=True) as claims:
             self._prepare(claims, names, "error")
-            pdf_ours = _pdf_marker(claims.here, names["json"])  # asked before the JSON that may record it goes
+            pdf_ours = _pdf_marker(
+                claims.here, names["json"]
+            )  # asked before the JSON that may record it goes
             claims.publish(claims.here, names["error"], dump_json(error), access)
             if _other_document(claims.here, names["json"], job.origin) is None:
                 for kind, marked in (("json", json_marked), ("md", markdown_marked)):
@@ -375,9 +454,10 @@ class LocalSink:
             self._remove_stale(claims, self.outputs(job), (), pdf_ours)
 
     def _prepare(self, claims: Claims, names: dict[str, str], *kinds: str) -> None:
-        """Check before writing anything, so a document never gets half of its outputs for a known reason:
-        every sidecar's name fits the folder (all three: a result whose error sidecar cannot exist is refused
-        too), the folder is writable, and nothing but ocrwatch's own files holds the names about to be written."""
+        """Check before writing anything, so a document never gets half of its outputs for a known
+        reason: every sidecar's name fits the folder (all three: a result whose error sidecar cannot
+        exist is refused too), the folder is writable, and nothing but ocrwatch's own files holds
+        the names about to be written."""
         here = claims.here
         try:
             limit = int(os.fpathconf(here.fd, "PC_NAME_MAX"))
@@ -386,31 +466,41 @@ class LocalSink:
         for name in names.values():
             if (size := len(os.fsencode(name))) > limit:
                 raise NameTooLong(
-                    f"the sidecar {name[:40]}... would be {size} bytes long; {here.path}'s filesystem allows {limit}",
+                    f"the sidecar {name[:40]}... would be {size} bytes long; {here.path}'s "
+                    f"filesystem allows {limit}",
                     hint=f"rename the file {size - limit} or more bytes shorter, "
                     "or set a shorter [output] name_template",
                 )
         if not _writable(here):
-            raise OutputNotWritable(f"cannot write sidecars in {here.path}: {_why_not_writable(here)}")
+            raise OutputNotWritable(
+                f"cannot write sidecars in {here.path}: {_why_not_writable(here)}"
+            )
         markers = {"md": markdown_marked, "json": json_marked, "error": json_marked}
         for kind in kinds:
             claims.refuse(names[kind], markers[kind])
-            if kind == "json" and (other := _other_document(here, names["json"], claims.job.origin)):
+            if kind == "json" and (
+                other := _other_document(here, names["json"], claims.job.origin)
+            ):
                 raise conflict(here.path / names["json"], other)
 
     def _remove_stale(
         self, claims: Claims, outputs: dict[str, Path], kept: Collection[str], pdf_ours: Marker
     ) -> None:
-        """Remove the further outputs a previous version left and this one did not write: those the record
-        holds for this document, and those of an older ocrwatch by their marks; then the figures' folder
-        once empty. A failure is logged, never raised: what was just written stands."""
+        """Remove the further outputs a previous version left and this one did not write: those the
+        record holds for this document, and those of an older ocrwatch by their marks; then the
+        figures' folder once empty. A failure is logged, never raised: what was just written
+        stands."""
         pdf, assets = outputs["pdf"].name, outputs["assets"].name
-        doomed = {name for name in claims.recorded_here() if name.partition("/")[0] in (pdf, assets)}
+        doomed = {
+            name for name in claims.recorded_here() if name.partition("/")[0] in (pdf, assets)
+        }
         doomed.add(pdf)
         with contextlib.suppress(OSError):
             if claims.here.lstat(assets) is not None:
                 with claims.here.sub(assets) as inner:
-                    doomed.update(f"{assets}/{name}" for name in inner.names() if FIGURE_FILE.fullmatch(name))
+                    doomed.update(
+                        f"{assets}/{name}" for name in inner.names() if FIGURE_FILE.fullmatch(name)
+                    )
         for name in sorted(doomed - set(kept)):
             claims.remove(name, figure_marked if "/" in name else pdf_ours)
         if claims.here.rmdir(assets):  # only once empty: a user's file in it keeps it
@@ -418,7 +508,8 @@ class LocalSink:
 
 
 def _writable(here: Folder) -> bool:
-    """Whether the daemon may create files in ``here`` (root may anywhere but on a read-only filesystem)."""
+    """Whether the daemon may create files in ``here`` (root may anywhere but on a read-only
+    filesystem)."""
     try:
         read_only = bool(os.fstatvfs(here.fd).f_flag & os.ST_RDONLY)
     except OSError:
@@ -436,7 +527,8 @@ def _why_not_writable(here: Folder) -> str:
 
 
 def _other_document(here: Folder, json_name: str, origin: Origin) -> str | None:
-    """Whose JSON sidecar lies at ``json_name`` where it is another document's that still lies beside
+    """Whose JSON sidecar lies at ``json_name`` where it is another document's that still lies
+    beside
     ``origin`` (two names one template maps to one sidecar); None otherwise."""
     found = here.look(json_name, PROBE_BYTES)
     if found is None or found.other is not None or not owns_json(found.head):
@@ -445,8 +537,9 @@ def _other_document(here: Folder, json_name: str, origin: Origin) -> str | None:
 
 
 def _whose(head: bytes, origin: Origin) -> str | None:
-    """None when a JSON sidecar beginning with ``head`` is for ``origin``, or for a document that is gone;
-    else that of another document still beside ``origin`` (whose sidecar takes the same name)."""
+    """None when a JSON sidecar beginning with ``head`` is for ``origin``, or for a document that is
+    gone; else that of another document still beside ``origin`` (whose sidecar takes the same
+    name)."""
     source = json_member(head, "source")
     other = source.get("name") if isinstance(source, dict) else None
     if not isinstance(origin, LocalFile) or not isinstance(other, str) or other == origin.name:

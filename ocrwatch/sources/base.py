@@ -37,8 +37,9 @@ class LocalFile:
 
     @property
     def uri(self) -> str:
-        """Not resolved: a job's ledger key must not move when a link appears on its path (a folder swapped
-        for a symlink while the job waits). ``path`` is absolute and, from an inbox, free of links."""
+        """Not resolved: a job's ledger key must not move when a link appears on its path (a folder
+        swapped for a symlink while the job waits). ``path`` is absolute and, from an inbox, free of
+        links."""
         return self.path.as_uri()
 
     @property
@@ -99,13 +100,14 @@ def _unchanged() -> bool:
 
 @dataclass(frozen=True)
 class Fetched:
-    """A document's bytes as the pipeline renders them: a file private to the job, and what was measured.
+    """A document's bytes as the pipeline renders them: a file private to the job, and what was
+    measured.
 
-    ``sha256`` is the digest of exactly those bytes when the source took it while copying them (None: the
-    pipeline hashes ``path``). ``changed`` (blocking) says whether the source no longer holds the version that
-    was fetched, so that sidecars are never published for a version replaced while it was processed.
-    ``access`` is the local file's, taken from the descriptor it was copied through (None: an S3 object,
-    whose outputs follow the bucket's rules).
+    ``sha256`` is the digest of exactly those bytes when the source took it while copying them
+    (None: the pipeline hashes ``path``). ``changed`` (blocking) says whether the source no longer
+    holds the version that was fetched, so that sidecars are never published for a version replaced
+    while it was processed. ``access`` is the local file's, taken from the descriptor it was copied
+    through (None: an S3 object, whose outputs follow the bucket's rules).
     """
 
     path: Path
@@ -116,7 +118,8 @@ class Fetched:
 
 Submit = Callable[[Job], Awaitable[None]]
 Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
-"""``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts`` tries."""
+"""``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts``
+tries."""
 
 
 @dataclass(eq=False)
@@ -130,7 +133,8 @@ class Delivery:
     answered: asyncio.Future[None]
 
     def answer(self, exc: BaseException | None = None) -> None:
-        """The consumer's answer: the source's ``submit`` or ``reject`` returns, or raises ``exc``."""
+        """The consumer's answer: the source's ``submit`` or ``reject`` returns, or raises
+        ``exc``."""
         if self.answered.done():
             return
         if exc is None:
@@ -176,7 +180,8 @@ class Source(Protocol):
         """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""
 
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
-        """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading them."""
+        """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading
+        them."""
 
     async def finish(
         self, job: Job, outcome: Outcome, kind: str | None = None

@@ -1,8 +1,9 @@
-"""The files named on the command line (``ocrwatch ocr FILE...``) as a source: no watching, no settling.
+"""The files named on the command line (``ocrwatch ocr FILE...``) as a source: no watching, no
+settling.
 
-A file named by the user is theirs to name through a link, so the name is followed; it is still opened once
-(non-blocking, a regular file only) and copied through that descriptor while hashed, so the bytes rendered are
-the bytes hashed even when the name is swapped meanwhile.
+A file named by the user is theirs to name through a link, so the name is followed; it is still
+opened once (non-blocking, a regular file only) and copied through that descriptor while hashed, so
+the bytes rendered are the bytes hashed even when the name is swapped meanwhile.
 """
 
 from __future__ import annotations
@@ -22,18 +23,26 @@ from ocrwatch.sources.sourcefile import copy_out, spool_name
 
 
 class GivenFiles:
-    """A ``Source`` over a fixed list of files; ``ocrwatch ocr`` starts its jobs itself, from ``jobs()``."""
+    """A ``Source`` over a fixed list of files; ``ocrwatch ocr`` starts its jobs itself, from
+    ``jobs()``."""
 
     name = "cli"
 
-    def __init__(self, paths: list[Path], *, prompt: str = "markdown", priority: int = DEFAULT_PRIORITY) -> None:
+    def __init__(
+        self, paths: list[Path], *, prompt: str = "markdown", priority: int = DEFAULT_PRIORITY
+    ) -> None:
         self._paths = [Path(os.path.abspath(path)) for path in paths]
         self._prompt = prompt
         self._priority = priority
 
     def jobs(self) -> list[Job]:
         return [
-            Job(origin=LocalFile(path, path.parent), source=self.name, priority=self._priority, prompt=self._prompt)
+            Job(
+                origin=LocalFile(path, path.parent),
+                source=self.name,
+                priority=self._priority,
+                prompt=self._prompt,
+            )
             for path in self._paths
         ]
 
@@ -53,7 +62,8 @@ class GivenFiles:
 
 
 def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
-    """Open ``path`` once (links followed: the user named it) and copy it into ``spool_dir`` while hashing."""
+    """Open ``path`` once (links followed: the user named it) and copy it into ``spool_dir`` while
+    hashing."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -63,7 +73,9 @@ def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
         if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"{path}: not a regular file")
         target = spool_dir / spool_name(path)
-        sha256, signature = copy_out(fd, path, target, sys.maxsize if max_bytes is None else max_bytes)
+        sha256, signature = copy_out(
+            fd, path, target, sys.maxsize if max_bytes is None else max_bytes
+        )
     finally:
         os.close(fd)
     access = Access.of(info)

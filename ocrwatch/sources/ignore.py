@@ -19,9 +19,18 @@ from pathlib import PurePath
 from ocrwatch.naming import is_output, sidecar_names
 
 BUILTIN_IGNORE: tuple[str, ...] = (
-    ".DS_Store", "._*", "Thumbs.db", "desktop.ini", "@eaDir/", ".stfolder/", "__MACOSX/", "*.part",
-    "*.crdownload", "*.tmp", "~$*",
-)  # fmt: skip
+    ".DS_Store",
+    "._*",
+    "Thumbs.db",
+    "desktop.ini",
+    "@eaDir/",
+    ".stfolder/",
+    "__MACOSX/",
+    "*.part",
+    "*.crdownload",
+    "*.tmp",
+    "~$*",
+)
 """macOS Finder and its resource forks, Windows Explorer, Synology's thumbnails, Syncthing, a zip's
 macOS folder, downloads and copies under way (browsers, rsync, Samba), Office's lock files."""
 

@@ -1,9 +1,11 @@
-"""One watched inbox folder: which folders and names belong to it, and the scan that lists its documents.
+"""One watched inbox folder: which folders and names belong to it, and the scan that lists its
+documents.
 
-The rules are by name alone (``ignore``'s, quarantined, how deep), so that events and scans
-agree on what a document is before any file is looked at. The scan walks with ``tree.walk``: iteratively, by
-descriptor, never through a link and never below ``max_depth``; each folder too deep and each link to a folder
-is a refusal, logged once by ``local``. Blocking where it says so; the rest is called from the event loop.
+The rules are by name alone (``ignore``'s, quarantined, how deep), so that events and scans agree on
+what a document is before any file is looked at. The scan walks with ``tree.walk``: iteratively, by
+descriptor, never through a link and never below ``max_depth``; each folder too deep and each link
+to a folder is a refusal, logged once by ``local``. Blocking where it says so; the rest is called
+from the event loop.
 """
 
 from __future__ import annotations
@@ -27,27 +29,36 @@ from ocrwatch.sources.watch import EventBridge, Watcher
 
 
 class Inbox:
-    """One watched folder: its config, its watcher, files settling, and what was already submitted."""
+    """One watched folder: its config, its watcher, files settling, and what was already
+    submitted."""
 
     def __init__(self, root: Path, config: InboxConfig, ignored_suffixes: tuple[str, ...]) -> None:
         self.root = root
         self.ignored_suffixes = ignored_suffixes
         self.observer: Watcher | None = None
-        self.bridge: EventBridge | None = None  # the current watcher's: a batch from another is stale
-        self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder the observer watches
+        self.bridge: EventBridge | None = (
+            None  # the current watcher's: a batch from another is stale
+        )
+        self.identity: tuple[int, int] | None = (
+            None  # (st_dev, st_ino) of the folder the observer watches
+        )
         self.watched_since = 0.0  # monotonic time the current watcher started
-        self.deaths = 0  # watchers that died in a row, each soon after it started: the restart backs off
+        self.deaths = (
+            0  # watchers that died in a row, each soon after it started: the restart backs off
+        )
         self.restarting = False
         self.rescanning = False
         self.rescan_again = False  # events were dropped again while a rescan ran
         self.overflows_unlogged = 0
-        self.link_checks: set[Path] = set()  # new names to look at for links to folders, in one thread call
+        self.link_checks: set[Path] = (
+            set()
+        )  # new names to look at for links to folders, in one thread call
         self.overflow_logged_at = float("-inf")
         # Files settling, by path as text: a Path object costs about 400 bytes more.
         self.pending: dict[str, Pending] = {}
         self.settled = Settled()
-        # Paths whose refusal was logged, kept until a scan no longer finds them refused: a name swapped back
-        # and forth between a file and a link is logged once, not at every swap.
+        # Paths whose refusal was logged, kept until a scan no longer finds them refused: a name
+        # swapped back and forth between a file and a link is logged once, not at every swap.
         self.refused: set[str] = set()
         # Files submitted that admission found done or failed with the same content, by outcome, not
         # yet said (``local._say_unchanged``), and since when (monotonic; 0: none).
@@ -57,16 +68,22 @@ class Inbox:
 
     def configure(self, config: InboxConfig) -> None:
         self.config = config
-        # Names by compiled expressions, and folders compared as text: both are asked of every event.
+        # Names by compiled expressions, and folders compared as text: both are asked of every
+        # event.
         self.names = NameRules(config.patterns, config.ignore, self.ignored_suffixes)
-        self.quarantine = config.quarantine_dir.expanduser().resolve() if config.quarantine_dir else None
+        self.quarantine = (
+            config.quarantine_dir.expanduser().resolve() if config.quarantine_dir else None
+        )
         self._quarantine_text = None if self.quarantine is None else str(self.quarantine)
-        self._quarantine_prefix = None if self.quarantine is None else str(self.quarantine).rstrip(os.sep) + os.sep
+        self._quarantine_prefix = (
+            None if self.quarantine is None else str(self.quarantine).rstrip(os.sep) + os.sep
+        )
         self._root_text = str(self.root)
         self._root_prefix = self._root_text.rstrip(os.sep) + os.sep
 
     def _parts(self, folder: Path) -> list[str] | None:
-        """The names leading from the inbox folder to ``folder`` (resolved), or None when it lies outside."""
+        """The names leading from the inbox folder to ``folder`` (resolved), or None when it lies
+        outside."""
         text = str(folder)
         if text == self._root_text:
             return []
@@ -80,9 +97,9 @@ class Inbox:
         return self.config.max_depth if self.config.recursive else 0
 
     def allows(self, folder: Path) -> bool:
-        """Whether ``folder`` may hold this inbox's documents by its name: inside it, neither hidden nor
-        ignored nor quarantined, and the inbox recursive if it is a subfolder (its depth is ``covers``'s
-        business)."""
+        """Whether ``folder`` may hold this inbox's documents by its name: inside it, neither hidden
+        nor ignored nor quarantined, and the inbox recursive if it is a subfolder (its depth is
+        ``covers``'s business)."""
         parts = self._parts(folder)
         if parts is None or (parts and not self.config.recursive):
             return False
@@ -94,23 +111,30 @@ class Inbox:
         return not (text == self._quarantine_text or text.startswith(self._quarantine_prefix))
 
     def covers(self, folder: Path) -> bool:
-        """Whether documents directly in ``folder`` belong to this inbox: allowed, and not too deep."""
+        """Whether documents directly in ``folder`` belong to this inbox: allowed, and not too
+        deep."""
         parts = self._parts(folder)
         return parts is not None and len(parts) <= self.max_depth and self.allows(folder)
 
     def accepts(self, path: Path) -> bool:
-        """Whether ``path`` names a document of this inbox, by name alone (the file is looked at later)."""
+        """Whether ``path`` names a document of this inbox, by name alone (the file is looked at
+        later)."""
         return self.names.takes(path) and self.covers(path.parent)
 
     def too_deep(self, folder: Path) -> str:
-        """Why ``folder`` is refused: a refusal, said once, rather than a walk as deep as a user makes it."""
+        """Why ``folder`` is refused: a refusal, said once, rather than a walk as deep as a user
+        makes
+        it."""
         return (
-            f"{folder}: a folder {depth_of(folder, self.root)} levels below the inbox, deeper than max_depth = "
+            f"{folder}: a folder {depth_of(folder, self.root)} levels below the inbox, deeper "
+            "than max_depth = "
             f"{self.max_depth}; not watched and not scanned"
         )
 
     def prepare(self) -> tuple[int, int]:
-        """The folder's identity, creating it first where configured. Blocking; OSError when it is not there."""
+        """The folder's identity, creating it first where configured. Blocking; OSError when it is
+        not
+        there."""
         if self.config.create:
             self.root.mkdir(parents=True, exist_ok=True)
         info = os.stat(self.root)
@@ -124,8 +148,8 @@ class Inbox:
         a tuple: a scan of a whole inbox of 100,000 files holds them all at once, at a third of
         the cost.
 
-        Raises OSError when ``top`` itself cannot be reached (gone, or a link: the scan of its parent refuses
-        that) or listed, so an unreachable inbox never reads as empty.
+        Raises OSError when ``top`` itself cannot be reached (gone, or a link: the scan of its
+        parent refuses that) or listed, so an unreachable inbox never reads as empty.
         """
         found: dict[str, bytes | str] = {}
         if top != self.root and not self.allows(top):
@@ -147,8 +171,10 @@ class Inbox:
         return found
 
     def _entry(self, path: Path, document: bool = False) -> dict[str, bytes | str]:
-        """What the scan records of ``path``: its signature when it is a document's regular file, why it is
-        refused when it is anything else, nothing when it is gone (or a regular file named as a link was)."""
+        """What the scan records of ``path``: its signature when it is a document's regular file,
+        why
+        it is refused when it is anything else, nothing when it is gone (or a regular file named as
+        a link was)."""
         try:
             signature = inspect(path, self.root)
         except SourceGone:
@@ -219,9 +245,15 @@ class Pending:
     Slots and the path as text: a burst of files holds one of these each."""
 
     __slots__ = (
-        "key", "inbox", "detected_at", "closed", "reopened", "generation", "signature",
+        "key",
+        "inbox",
+        "detected_at",
+        "closed",
+        "reopened",
+        "generation",
+        "signature",
         "stable_since",
-    )  # fmt: skip
+    )
 
     def __init__(self, key: str, inbox: Inbox) -> None:
         self.key = key

@@ -1,15 +1,17 @@
 """The native watcher: inotify, one watch per folder, each added by a walk that never recurses.
 
-watchdog's inotify emitter adds the watches of a new folder tree with a recursive ``os.walk`` (Python 3.11 and
-older), in ``InotifyWatchGroup._add_all_callbacks``: at start that walk runs in the caller, and a chain of
-folders about 1,000 deep raises ``RecursionError`` out of ``observer.start()``; once running it runs in the
-``InotifyFD`` reading thread, which a deep chain moved in kills without a word while the observer's other
-threads live on, so the inbox hears nothing more and nothing looks wrong. This watcher walks with ``tree.walk``
-(by descriptor, a stack of its own, at most ``max_depth`` levels), adds each watch through the folder's
-descriptor (``/proc/self/fd/N``), so that neither a path longer than ``PATH_MAX`` nor a folder swapped for a
-link can misdirect it, and never ends unannounced: whatever stops its thread, other than ``stop``, is told to
-the loop (``EventBridge.died``), which starts another. Events are handed over as watchdog's event types, as
-the polling observer's are, so ``local`` sees one kind of event whichever watcher runs. Linux only.
+watchdog's inotify emitter adds the watches of a new folder tree with a recursive ``os.walk``
+(Python 3.11 and older), in ``InotifyWatchGroup._add_all_callbacks``: at start that walk runs in the
+caller, and a chain of folders about 1,000 deep raises ``RecursionError`` out of
+``observer.start()``; once running it runs in the ``InotifyFD`` reading thread, which a deep chain
+moved in kills without a word while the observer's other threads live on, so the inbox hears nothing
+more and nothing looks wrong. This watcher walks with ``tree.walk`` (by descriptor, a stack of its
+own, at most ``max_depth`` levels), adds each watch through the folder's descriptor
+(``/proc/self/fd/N``), so that neither a path longer than ``PATH_MAX`` nor a folder swapped for a
+link can misdirect it, and never ends unannounced: whatever stops its thread, other than ``stop``,
+is told to the loop (``EventBridge.died``), which starts another. Events are handed over as
+watchdog's event types, as the polling observer's are, so ``local`` sees one kind of event whichever
+watcher runs. Linux only.
 """
 
 from __future__ import annotations
@@ -41,16 +43,34 @@ from ocrwatch.sources.tree import depth_of, walk
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE, IN_MOVE_SELF = 0x40, 0x80, 0x100, 0x200, 0x800
-IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_DONT_FOLLOW, IN_EXCL_UNLINK = 0x4000, 0x8000, 0x1000000, 0x2000000, 0x4000000
+IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_DONT_FOLLOW, IN_EXCL_UNLINK = (
+    0x4000,
+    0x8000,
+    0x1000000,
+    0x2000000,
+    0x4000000,
+)
 IN_ISDIR = 0x40000000
 IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
-MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVE_SELF
+MASK = (
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_CLOSE_WRITE
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_CREATE
+    | IN_DELETE
+    | IN_MOVE_SELF
+)
 MASK |= IN_ONLYDIR | IN_EXCL_UNLINK
-HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name, NUL-padded
+HEADER = struct.Struct(
+    "iIII"
+)  # struct inotify_event: wd, mask, cookie, len; then the name, NUL-padded
 READ_BYTES = 64 * 1024
 PROC_FD = Path("/proc/self/fd")
 BY_DESCRIPTOR = PROC_FD.is_dir()
-# watchdog 7 reports a change of metadata apart; 6 (Python 3.10) reports it as a modification, and so do we.
+# watchdog 7 reports a change of metadata apart; 6 (Python 3.10) reports it as a modification, and
+# so do we.
 ATTRIB_EVENT: type[FileSystemEvent] = getattr(watchdog.events, "FileAttribEvent", FileModifiedEvent)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -65,21 +85,28 @@ def _error(what: str) -> OSError:
 
 
 class InotifyWatcher(threading.Thread):
-    """Watches ``root`` and the folders below it that ``enter`` allows, down to ``max_depth`` levels.
+    """Watches ``root`` and the folders below it that ``enter`` allows, down to ``max_depth``
+    levels.
 
-    ``start`` adds the first watches in the calling thread and raises OSError there (``ENOSPC``: the watch
-    limit, ``EMFILE``: the instance limit, or the root unreadable), so the caller can fall back to polling.
-    Concurrency: ``start`` and ``stop`` are called from one thread; everything else runs on the watcher's own,
-    which owns the descriptors once started and closes them as it ends (under ``_lock``, so ``stop`` never
-    writes to a number closed and given to another file meanwhile).
+    ``start`` adds the first watches in the calling thread and raises OSError there (``ENOSPC``: the
+    watch limit, ``EMFILE``: the instance limit, or the root unreadable), so the caller can fall
+    back to polling. Concurrency: ``start`` and ``stop`` are called from one thread; everything else
+    runs on the watcher's own, which owns the descriptors once started and closes them as it ends
+    (under ``_lock``, so ``stop`` never writes to a number closed and given to another file
+    meanwhile).
     """
 
     def __init__(
-        self, root: Path, max_depth: int, enter: Callable[[Path], bool], handler: FileSystemEventHandler,
-        died: Callable[[str], None], overflowed: Callable[[], None],
-    ) -> None:  # fmt: skip
-        """``handler.dispatch`` takes each event; ``died`` hears why the thread ended unasked, ``overflowed`` that
-        the kernel dropped events (the watches are rebuilt first)."""
+        self,
+        root: Path,
+        max_depth: int,
+        enter: Callable[[Path], bool],
+        handler: FileSystemEventHandler,
+        died: Callable[[str], None],
+        overflowed: Callable[[], None],
+    ) -> None:
+        """``handler.dispatch`` takes each event; ``died`` hears why the thread ended unasked,
+        ``overflowed`` that the kernel dropped events (the watches are rebuilt first)."""
         super().__init__(name=f"inotify {root}", daemon=True)
         self.root = root
         self._max_depth = max_depth
@@ -149,7 +176,7 @@ class InotifyWatcher(threading.Thread):
         finally:
             self._close()
 
-    # --- on the watcher's thread ----------------------------------------------------------------------------
+    # --- on the watcher's thread ------------------------------------------------------------------
 
     def _read_all(self) -> str | None:
         """Handle what the kernel has queued; why the watch ends, if it does."""
@@ -171,9 +198,9 @@ class InotifyWatcher(threading.Thread):
         return None
 
     def _handle(self, wd: int, mask: int, name: str) -> str | None:
-        """One kernel event: watches kept in step with the folders, and the event passed on. Returns why the
-        watch ends when the inbox folder itself went away (removed, moved, unmounted): its events would no
-        longer name its paths."""
+        """One kernel event: watches kept in step with the folders, and the event passed on. Returns
+        why the watch ends when the inbox folder itself went away (removed, moved, unmounted): its
+        events would no longer name its paths."""
         if mask & IN_Q_OVERFLOW:
             self._rebuild()
             self._overflowed()
@@ -218,12 +245,16 @@ class InotifyWatcher(threading.Thread):
         self._handler.dispatch(event)
 
     def _add_tree(self, top: Path) -> None:
-        """Watch ``top`` and the folders below it, as deep as allowed; a folder gone meanwhile is passed over.
+        """Watch ``top`` and the folders below it, as deep as allowed; a folder gone meanwhile is
+        passed over.
 
-        Raises OSError ``ENOSPC`` when the kernel's watch limit is reached: a partly watched inbox would miss
-        events without a word, so the thread ends and its successor falls back to polling.
+        Raises OSError ``ENOSPC`` when the kernel's watch limit is reached: a partly watched inbox
+        would miss events without a word, so the thread ends and its successor falls back to
+        polling.
         """
-        if top != self.root and (not self._enter(top) or depth_of(top, self.root) > self._max_depth):
+        if top != self.root and (
+            not self._enter(top) or depth_of(top, self.root) > self._max_depth
+        ):
             return
         try:
             for listing in walk(self.root, top, self._max_depth, self._enter):
@@ -253,7 +284,9 @@ class InotifyWatcher(threading.Thread):
             self._root_wd = wd
 
     def _drop_tree(self, top: str) -> None:
-        """Forget the watches of ``top`` and below: it was moved away, and its move in, if any, re-adds them."""
+        """Forget the watches of ``top`` and below: it was moved away, and its move in, if any,
+        re-adds
+        them."""
         prefix = top + os.sep
         for folder, wd in list(self._watches.items()):
             if folder == top or folder.startswith(prefix):

@@ -1,16 +1,20 @@
-"""Local inbox folders as a source: watchdog events plus scans, and a file is submitted only once it is whole.
+"""Local inbox folders as a source: watchdog events plus scans, and a file is submitted only once it
+is
+whole.
 
-Each ``[[inbox]]`` gets its own watcher (``watch`` chooses inotify or polling), which hands its events over in
-batches (``watch.EventBridge``), watches no deeper than the inbox's ``max_depth``, and is replaced when it dies:
-at once when its thread says so, within ``WATCH_CHECK_SECONDS`` when a thread ends without a word; no fault of
-one inbox stops the start or the other inboxes. Events only say *where to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and every candidate passes the
-same readiness check (``settling``: closed or stable, then the probe) before ``submit``. A document
-submitted before is submitted again, and so redone, once its sidecars are gone or no longer its own while its
-ledger row says done (``lapsed``, the daemon's question): asked as soon as an event names one of its sidecars,
-and of every unchanged document at each scan, at the cost of a ledger read and a sidecar's head, never a hash.
-Every stat, probe and scan runs in a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened
-before ``lstat`` says it is a regular file, so a FIFO cannot hang a reader. No link is followed, to a file or
-to a folder, inside the inbox or out of it: each is refused with one log line (``sourcefile``).
+Each ``[[inbox]]`` gets its own watcher (``watch`` chooses inotify or polling), which hands its
+events over in batches (``watch.EventBridge``), watches no deeper than the inbox's ``max_depth``,
+and is replaced when it dies: at once when its thread says so, within ``WATCH_CHECK_SECONDS`` when a
+thread ends without a word; no fault of one inbox stops the start or the other inboxes. Events only
+say *where to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and
+every candidate passes the same readiness check (``settling``: closed or stable, then the probe)
+before ``submit``. A document submitted before is submitted again, and so redone, once its sidecars
+are gone or no longer its own while its ledger row says done (``lapsed``, the daemon's question):
+asked as soon as an event names one of its sidecars, and of every unchanged document at each scan,
+at the cost of a ledger read and a sidecar's head, never a hash. Every stat, probe and scan runs in
+a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened before
+``lstat`` says it is a regular file, so a FIFO cannot hang a reader. No link is followed, to a file
+or to a folder, inside the inbox or out of it: each is refused with one log line (``sourcefile``).
 
 Concurrency: all methods are called from the event loop; ``stop`` once, after ``start``.
 """
@@ -38,7 +42,14 @@ from watchdog.events import (
 )
 
 from ocrwatch.config import InboxConfig
-from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone, path_fault, quarantined
+from ocrwatch.errors import (
+    ConfigError,
+    NotARegularFile,
+    OcrwatchError,
+    SourceGone,
+    path_fault,
+    quarantined,
+)
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit
@@ -59,7 +70,7 @@ STEADY_SECONDS = 60.0
 OVERFLOW_LOG_SECONDS = 60.0
 
 
-# --- the source ---------------------------------------------------------------------------------------------
+# --- the source -----------------------------------------------------------------------------------
 
 
 class LocalSource:
@@ -68,17 +79,24 @@ class LocalSource:
     name = "local"
 
     def __init__(
-        self, inboxes: Sequence[InboxConfig], *, reconcile_seconds: float, name_template: str,
-        lapsed: Callable[[Job], bool] = lambda job: False, metrics: Metrics | None = None,
-    ) -> None:  # fmt: skip
-        """``lapsed``: whether a document submitted before was done and has lost its sidecars since (blocking);
-        ``metrics``: where watcher restarts and dropped events are counted."""
+        self,
+        inboxes: Sequence[InboxConfig],
+        *,
+        reconcile_seconds: float,
+        name_template: str,
+        lapsed: Callable[[Job], bool] = lambda job: False,
+        metrics: Metrics | None = None,
+    ) -> None:
+        """``lapsed``: whether a document submitted before was done and has lost its sidecars since
+        (blocking); ``metrics``: where watcher restarts and dropped events are counted."""
         self._reconcile_seconds = reconcile_seconds
         self._metrics = metrics
         self._name_template = name_template
         self._lapsed = lapsed
         self._ignored = sidecar_suffixes(name_template)
-        self._inboxes = {root: Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()}
+        self._inboxes = {
+            root: Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()
+        }
         self._submit: Submit | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reconciler: asyncio.Task[None] | None = None
@@ -86,10 +104,13 @@ class LocalSource:
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._settler = Settler(self.name)
-        self.owns_output: Owns | None = None  # the record of outputs (the daemon's): may an error sidecar go along?
+        self.owns_output: Owns | None = (
+            None  # the record of outputs (the daemon's): may an error sidecar go along?
+        )
 
     async def start(self, outbox: Outbox) -> None:
-        """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile periodically.
+        """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile
+        periodically.
 
         ``outbox.reject`` is never called: a file is only ever submitted, even one that never passes
         the probe, so that the pipeline names its defect.
@@ -100,10 +121,13 @@ class LocalSource:
             for inbox in self._inboxes.values():
                 await self._refresh_guarded(inbox)
         self._reconciler = asyncio.create_task(self._reconcile_forever(), name="local-reconcile")
-        self._checker = asyncio.create_task(self._check_watchers_forever(), name="local-watch-check")
+        self._checker = asyncio.create_task(
+            self._check_watchers_forever(), name="local-watch-check"
+        )
 
     async def stop(self) -> None:
-        """Stop observers and drop files still settling: the scan at the next start finds them again."""
+        """Stop observers and drop files still settling: the scan at the next start finds them
+        again."""
         self._submit = None
         tasks = [*self._background]
         tasks += [task for task in (self._reconciler, self._checker) if task is not None]
@@ -118,8 +142,8 @@ class LocalSource:
     async def update_inboxes(self, inboxes: Sequence[InboxConfig]) -> None:
         """Apply a reloaded config: watch new inboxes, forget removed ones, re-watch changed ones.
 
-        Files settling in an inbox that stays are kept. Raises ``ConfigError`` before changing anything when
-        two inboxes name the same folder.
+        Files settling in an inbox that stays are kept. Raises ``ConfigError`` before changing
+        anything when two inboxes name the same folder.
         """
         wanted = _by_root(inboxes)
         async with self._lock:
@@ -147,12 +171,16 @@ class LocalSource:
         return {root: inbox.config for root, inbox in self._inboxes.items()}
 
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
-        """Open the file once, beneath its inbox and without following links, and copy it through that
-        descriptor into the spool folder while hashing it: what is rendered is what was checked and hashed."""
+        """Open the file once, beneath its inbox and without following links, and copy it through
+        that
+        descriptor into the spool folder while hashing it: what is rendered is what was checked and
+        hashed."""
         origin = job.origin
         if not isinstance(origin, LocalFile):
             raise TypeError(f"LocalSource cannot fetch {origin!r}")
-        return await asyncio.to_thread(fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes)
+        return await asyncio.to_thread(
+            fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes
+        )
 
     async def finish(
         self, job: Job, outcome: Outcome, kind: str | None = None
@@ -176,11 +204,20 @@ class LocalSource:
             return None
         pending = inbox.pending.get(str(origin.path))
         if pending is not None and not inbox.settled.matches(origin.path, pending.signature):
-            log.info("local_quarantine_skipped", path=str(origin.path), reason="a new version is being written")
+            log.info(
+                "local_quarantine_skipped",
+                path=str(origin.path),
+                reason="a new version is being written",
+            )
             return None
         try:
             moved, error = await asyncio.to_thread(
-                quarantine, origin.path, origin.inbox, inbox.quarantine, self._name_template, self.owns_output
+                quarantine,
+                origin.path,
+                origin.inbox,
+                inbox.quarantine,
+                self._name_template,
+                self.owns_output,
             )
         except (OSError, OcrwatchError) as exc:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
@@ -189,10 +226,12 @@ class LocalSource:
         carried = {} if error is None else {"json": str(error), "md": ""}
         return {"source": moved.as_uri(), **carried}
 
-    # --- watching ------------------------------------------------------------------------------------------
+    # --- watching ---------------------------------------------------------------------------------
 
     async def _refresh(self, inbox: Inbox) -> None:
-        """Make sure the inbox is watched (again, if its folder was replaced or remounted), then scan it."""
+        """Make sure the inbox is watched (again, if its folder was replaced or remounted), then
+        scan
+        it."""
         try:
             identity = await asyncio.to_thread(inbox.prepare)
             if inbox.observer is None or identity != inbox.identity:
@@ -211,8 +250,8 @@ class LocalSource:
         await self._redo_lapsed(inbox, unchanged)
 
     async def _redo_lapsed(self, inbox: Inbox, paths: Iterable[Path]) -> None:
-        """Submit again those of ``paths`` that were submitted, are not being looked at, and whose sidecars have
-        lapsed; one worker thread asks for them all."""
+        """Submit again those of ``paths`` that were submitted, are not being looked at, and whose
+        sidecars have lapsed; one worker thread asks for them all."""
         settled, pending = inbox.settled, inbox.pending
         asked = [path for path in paths if settled.submitted(path) and str(path) not in pending]
         if not asked:
@@ -231,8 +270,9 @@ class LocalSource:
                 self._consider(inbox, path, closed=True)
 
     def _sidecar_of(self, inbox: Inbox, path: Path) -> Path | None:
-        """The submitted document whose Markdown or JSON sidecar ``path`` names, beside it; None for any other
-        file (looked for only when such a name goes away or is written over, which is rare)."""
+        """The submitted document whose Markdown or JSON sidecar ``path`` names, beside it; None for
+        any other file (looked for only when such a name goes away or is written over, which is
+        rare)."""
         if not path.name.endswith((".md", ".json")):
             return None
         for document in inbox.settled.submitted_in(path.parent):
@@ -250,7 +290,12 @@ class LocalSource:
 
         bridge = EventBridge(self._loop, deliver)
         watcher, polling, reason = await asyncio.to_thread(
-            start_watcher, inbox.root, inbox.max_depth, inbox.allows, inbox.config.polling, bridge,
+            start_watcher,
+            inbox.root,
+            inbox.max_depth,
+            inbox.allows,
+            inbox.config.polling,
+            bridge,
             inbox.config.poll_seconds,
         )
         inbox.observer, inbox.bridge, inbox.watched_since = watcher, bridge, time.monotonic()
@@ -258,9 +303,13 @@ class LocalSource:
             self._metrics.inbox_watcher_restarts.labels(inbox=str(inbox.root))
             self._metrics.inbox_event_overflows.labels(inbox=str(inbox.root))
         log.info(
-            "inbox_watching", path=str(inbox.root), observer="polling" if polling else "native", reason=reason,
-            recursive=inbox.config.recursive, max_depth=inbox.max_depth,
-        )  # fmt: skip
+            "inbox_watching",
+            path=str(inbox.root),
+            observer="polling" if polling else "native",
+            reason=reason,
+            recursive=inbox.config.recursive,
+            max_depth=inbox.max_depth,
+        )
 
     async def _unwatch(self, inbox: Inbox) -> None:
         observer, inbox.observer, inbox.identity, inbox.bridge = inbox.observer, None, None, None
@@ -268,7 +317,8 @@ class LocalSource:
             await asyncio.to_thread(observer.stop)
 
     async def _refresh_guarded(self, inbox: Inbox) -> None:
-        """``_refresh``, where no fault of one inbox, whatever it is, stops the start or the other inboxes."""
+        """``_refresh``, where no fault of one inbox, whatever it is, stops the start or the other
+        inboxes."""
         try:
             await self._refresh(inbox)
         except Exception:
@@ -282,19 +332,27 @@ class LocalSource:
                     await self._refresh_guarded(inbox)
 
     async def _check_watchers_forever(self) -> None:
-        """A watcher whose thread ended unannounced (watchdog's poller can) is found within seconds."""
+        """A watcher whose thread ended unannounced (watchdog's poller can) is found within
+        seconds."""
         while True:
             await asyncio.sleep(WATCH_CHECK_SECONDS)
             for inbox in list(self._inboxes.values()):
-                if inbox.observer is not None and not inbox.restarting and not inbox.observer.alive():
+                if (
+                    inbox.observer is not None
+                    and not inbox.restarting
+                    and not inbox.observer.alive()
+                ):
                     self._watcher_died(inbox, "a thread of the watcher ended")
 
     def _watcher_died(self, inbox: Inbox, reason: str) -> None:
-        """Start a new watcher for ``inbox``, at once unless its watchers keep dying as soon as they start."""
+        """Start a new watcher for ``inbox``, at once unless its watchers keep dying as soon as they
+        start."""
         if inbox.restarting or self._submit is None:
             return
         inbox.restarting = True
-        inbox.deaths = 1 if time.monotonic() - inbox.watched_since > STEADY_SECONDS else inbox.deaths + 1
+        inbox.deaths = (
+            1 if time.monotonic() - inbox.watched_since > STEADY_SECONDS else inbox.deaths + 1
+        )
         delay = min(2.0 ** (inbox.deaths - 1) - 1, RESTART_BACKOFF_MAX_SECONDS)
         log.warning("inbox_watcher_died", path=str(inbox.root), reason=reason, restart_in=delay)
         self._spawn(self._restart(inbox, delay))
@@ -316,8 +374,13 @@ class LocalSource:
 
     def _on_batch(self, inbox: Inbox, bridge: EventBridge, batch: Batch) -> None:
         """On the loop: what one watcher said since the last batch, in the order it said it."""
-        if self._submit is None or self._inboxes.get(inbox.root) is not inbox or inbox.bridge is not bridge:
-            return  # stopped, or from a watcher since replaced (its successor's scan covers what it saw)
+        if (
+            self._submit is None
+            or self._inboxes.get(inbox.root) is not inbox
+            or inbox.bridge is not bridge
+        ):
+            # stopped, or from a watcher since replaced (its successor's scan covers what it saw)
+            return
         for event in batch.events:
             self._on_event(inbox, event)
         if batch.overflowed:
@@ -326,13 +389,16 @@ class LocalSource:
             self._watcher_died(inbox, batch.died)
 
     def _overflowed(self, inbox: Inbox) -> None:
-        """Events were dropped (by the kernel, or waiting for a busy loop): one scan, however many batches say
-        so meanwhile, finds what they named; logged at most once a minute, counted always."""
+        """Events were dropped (by the kernel, or waiting for a busy loop): one scan, however many
+        batches say so meanwhile, finds what they named; logged at most once a minute, counted
+        always."""
         if self._metrics is not None:
             self._metrics.inbox_event_overflows.labels(inbox=str(inbox.root)).inc()
         inbox.overflows_unlogged += 1
         if time.monotonic() - inbox.overflow_logged_at >= OVERFLOW_LOG_SECONDS:
-            log.warning("inbox_events_overflowed", path=str(inbox.root), times=inbox.overflows_unlogged)
+            log.warning(
+                "inbox_events_overflowed", path=str(inbox.root), times=inbox.overflows_unlogged
+            )
             inbox.overflow_logged_at, inbox.overflows_unlogged = time.monotonic(), 0
         if inbox.rescanning:
             inbox.rescan_again = True
@@ -357,7 +423,8 @@ class LocalSource:
         if isinstance(event, DirCreatedEvent) and source is not None:
             self._spawn(self._scan_into(inbox, source, closed=False))
         elif isinstance(event, DirMovedEvent) and target is not None:
-            # Files inside a moved-in folder emit no events of their own; they were whole when moved.
+            # Files inside a moved-in folder emit no events of their own; they were whole when
+            # moved.
             self._spawn(self._scan_into(inbox, target, closed=True))
         elif isinstance(event, (FileMovedEvent, FileDeletedEvent)):
             if source is not None:
@@ -365,13 +432,17 @@ class LocalSource:
                 self._sidecar_changed(inbox, source)
             if target is not None:
                 self._consider(inbox, target, closed=True)
-        elif isinstance(event, FileCreatedEvent) and source is not None and not inbox.accepts(source):
+        elif (
+            isinstance(event, FileCreatedEvent) and source is not None and not inbox.accepts(source)
+        ):
             if inbox.covers(source.parent):
                 if not inbox.link_checks:
                     self._spawn(self._refuse_folder_links(inbox))
                 inbox.link_checks.add(source)
         elif source is not None and not event.is_directory:
-            if isinstance(event, FileClosedEvent):  # the sink writes by rename: a close there is someone else's
+            if isinstance(
+                event, FileClosedEvent
+            ):  # the sink writes by rename: a close there is someone else's
                 self._sidecar_changed(inbox, source)
             self._consider(
                 inbox,
@@ -381,7 +452,9 @@ class LocalSource:
             )
 
     def _sidecar_changed(self, inbox: Inbox, path: Path) -> None:
-        """A sidecar beside a submitted document was removed, moved away or written over: is it still done?"""
+        """A sidecar beside a submitted document was removed, moved away or written over: is it
+        still
+        done?"""
         document = self._sidecar_of(inbox, path)
         if document is not None:
             self._spawn(self._redo_lapsed(inbox, [document]))
@@ -405,9 +478,9 @@ class LocalSource:
                 self._consider(inbox, Path(key), closed=closed)
 
     async def _refuse_folder_links(self, inbox: Inbox) -> None:
-        """A link to a folder is refused as it appears, as the scan would refuse it (both watchers report a
-        new link as a file: neither follows it). The names created meanwhile are looked at together, in one
-        worker thread: an event storm of new files costs one task, not one each."""
+        """A link to a folder is refused as it appears, as the scan would refuse it (both watchers
+        report a new link as a file: neither follows it). The names created meanwhile are looked at
+        together, in one worker thread: an event storm of new files costs one task, not one each."""
         await asyncio.sleep(0)  # the rest of this batch's names join the set first
         paths, inbox.link_checks = inbox.link_checks, set()
 
@@ -430,11 +503,18 @@ class LocalSource:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _consider(self, inbox: Inbox, path: Path, *, closed: bool = False, wrote: bool = False) -> None:
+    def _consider(
+        self, inbox: Inbox, path: Path, *, closed: bool = False, wrote: bool = False
+    ) -> None:
         """Have ``path`` followed until whole, unless stopped, its inbox retired or not its name."""
-        if self._submit is None or self._inboxes.get(inbox.root) is not inbox or not inbox.accepts(path):
+        if (
+            self._submit is None
+            or self._inboxes.get(inbox.root) is not inbox
+            or not inbox.accepts(path)
+        ):
             return
         self._settler.follow(inbox, path, closed=closed, wrote=wrote)
+
 
 def _by_root(inboxes: Sequence[InboxConfig]) -> dict[Path, InboxConfig]:
     """Inbox configs by resolved folder; two sections for one folder is a configuration error."""
@@ -442,6 +522,8 @@ def _by_root(inboxes: Sequence[InboxConfig]) -> dict[Path, InboxConfig]:
     for index, config in enumerate(inboxes):
         root = config.path.expanduser().resolve()
         if root in by_root:
-            raise ConfigError(f"inbox[{index}].path: {root} is already watched by another [[inbox]]")
+            raise ConfigError(
+                f"inbox[{index}].path: {root} is already watched by another [[inbox]]"
+            )
         by_root[root] = config
     return by_root

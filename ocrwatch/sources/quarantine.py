@@ -5,10 +5,10 @@ Both sides are reached through ``safefs``, walking down from the inbox and from 
 inbox swapped for a link, or a folder of the quarantine made a link in advance, can neither move a
 file from outside the inbox nor put one outside the quarantine. Each folder the quarantine makes is
 as readable as the inbox folder it stands for, never more (``safefs.Access``). The document is held
-as ``sourcefile.held`` holds it (one name, no writer), and its name is removed only while it is still
-the file moved (``Folder.remove_if``). Its error sidecar goes along only where the record of outputs
-holds it as ocrwatch's (``owns``, given by the daemon). Nothing is overwritten: a taken name gets a
-number.
+as ``sourcefile.held`` holds it (one name, no writer), and its name is removed only while it is
+still the file moved (``Folder.remove_if``). Its error sidecar goes along only where the record of
+outputs holds it as ocrwatch's (``owns``, given by the daemon). Nothing is overwritten: a taken name
+gets a number.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def quarantine(
         with contextlib.ExitStack() as stack:
             source = stack.enter_context(held(here, path, None))
             target = stack.enter_context(_target(root, quarantine_dir, folders, relative))
-            moved = _move_exclusive(here, path.name, target, path.name, source.fd, source.info,
-                                    source.check)  # fmt: skip
+            moved = _move_exclusive(
+                here, path.name, target, path.name, source.fd, source.info, source.check
+            )
             error = sidecar_names(path.name, name_template)["error"]
             fd = here.open_read(error) if owns is not None else None
             carried = None
@@ -59,8 +60,9 @@ def quarantine(
                         new = sidecar_names(moved, name_template)["error"]
                         # Replaced meanwhile: not ocrwatch's to move.
                         with contextlib.suppress(SourceChanged):
-                            carried = _move_exclusive(here, error, target, new, fd,
-                                                      os.fstat(fd), None)  # fmt: skip
+                            carried = _move_exclusive(
+                                here, error, target, new, fd, os.fstat(fd), None
+                            )
                 finally:
                     os.close(fd)
     folder = quarantine_dir.joinpath(*relative)
@@ -87,9 +89,14 @@ def _target(
 
 
 def _move_exclusive(
-    source: Folder, name: str, target: Folder, wanted: str, fd: int, info: os.stat_result,
+    source: Folder,
+    name: str,
+    target: Folder,
+    wanted: str,
+    fd: int,
+    info: os.stat_result,
     check: Callable[[], None] | None,
-) -> str:  # fmt: skip
+) -> str:
     """Move the file ``name`` (open as ``fd``, of ``info``) from ``source`` into ``target`` as
     ``wanted``, or ``stem.N.suffix`` when taken (``Folder.move_to``: a hard link, or across
     filesystems a copy keeping owner and mode). The name it got; ``SourceChanged`` where ``name`` no

@@ -1,10 +1,11 @@
 """What settling looks at: whether the file a name stands for is whole yet (its signature is
 ``sourcefile.inspect``).
 
-It is blocking and cheap (a ``stat``, a header and a trailer, never a full parse), and both go through
-``sourcefile``: no link is followed, on the way or at the end, and nothing but a regular file is opened, so a
-FIFO dropped in an inbox cannot hang a worker thread. The format comes from ``ocrwatch.sniff``, the
-renderer's own sniffer, so a file is waited on as the format it will be rendered as.
+It is blocking and cheap (a ``stat``, a header and a trailer, never a full parse), and both go
+through ``sourcefile``: no link is followed, on the way or at the end, and nothing but a regular
+file is opened, so a FIFO dropped in an inbox cannot hang a worker thread. The format comes from
+``ocrwatch.sniff``, the renderer's own sniffer, so a file is waited on as the format it will be
+rendered as.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def _tiff_complete(handle: BinaryIO, size: int) -> bool:
             for index in range(getattr(image, "n_frames", 1)):
                 image.seek(index)
                 tags = image.tag_v2
-                offsets, counts = tags.get(273) or tags.get(324) or (), tags.get(279) or tags.get(325) or ()
+                offsets, counts = (
+                    tags.get(273) or tags.get(324) or (),
+                    tags.get(279) or tags.get(325) or (),
+                )
                 if isinstance(offsets, int):
                     offsets, counts = (offsets,), (counts,)
                 if any(offset + length > size for offset, length in zip(offsets, counts)):
@@ -56,9 +60,10 @@ def _tiff_complete(handle: BinaryIO, size: int) -> bool:
 def probe(path: Path, root: Path) -> bool:
     """Whether the file looks whole: its format's header and trailer, never a full parse. Blocking.
 
-    Content no probe knows passes, so the renderer can report ``not_a_document``; a file too short to
-    recognise does not, because a copy often starts that way. Opened as ``sourcefile`` opens (no link, only a
-    regular file, non-blocking), so a FIFO or link swapped in since the last look is merely "not whole".
+    Content no probe knows passes, so the renderer can report ``not_a_document``; a file too short
+    to recognise does not, because a copy often starts that way. Opened as ``sourcefile`` opens (no
+    link, only a regular file, non-blocking), so a FIFO or link swapped in since the last look is
+    merely "not whole".
     """
     try:
         descriptor, signature = open_file(path, root)

@@ -1,11 +1,11 @@
 """S3 as a source, SQS transport: object-created events delivered to an SQS queue, long-polled.
 
-A message is deleted only once every job it announced is finished (sidecars written or given up); while a job
-runs, a heartbeat keeps the message invisible; a job finished with ``retry`` leaves its message to reappear
-when the visibility timeout lapses. SQS is a distributed work queue: several daemons may consume one queue,
-each message goes to one of them. A message delivered more than ``max_receives`` times is given up: its jobs
-go to ``reject`` (the pipeline writes their error sidecars), or the message is left to the queue's
-dead-letter policy.
+A message is deleted only once every job it announced is finished (sidecars written or given up);
+while a job runs, a heartbeat keeps the message invisible; a job finished with ``retry`` leaves its
+message to reappear when the visibility timeout lapses. SQS is a distributed work queue: several
+daemons may consume one queue, each message goes to one of them. A message delivered more than
+``max_receives`` times is given up: its jobs go to ``reject`` (the pipeline writes their error
+sidecars), or the message is left to the queue's dead-letter policy.
 
 The SQS client is made when the source starts, never at import; its long poll runs in the source's
 own threads, which never delay shutdown. The polling loop itself never gives up
@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_exponential, wait_random
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_never,
+    wait_exponential,
+    wait_random,
+)
 
 from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError
@@ -35,15 +42,21 @@ log = structlog.get_logger()
 
 
 class TooManyDeliveries(PermanentError):
-    """The queue delivered the same event more than ``max_receives`` times: processing it keeps failing."""
+    """The queue delivered the same event more than ``max_receives`` times: processing it keeps
+    failing."""
 
     kind = "too_many_deliveries"
-    hint = "the document failed every delivery; see the log for why, then upload it again or run ocrwatch retry"
+    hint = (
+        "the document failed every delivery; see the log for why, then upload it again or run "
+        "ocrwatch retry"
+    )
 
 
 @dataclass
 class _Delivery:
-    """One SQS message in flight here: its latest receipt, its heartbeat, and the jobs it still waits for."""
+    """One SQS message in flight here: its latest receipt, its heartbeat, and the jobs it still
+    waits
+    for."""
 
     message_id: str
     receipt_handle: str
@@ -55,16 +68,23 @@ class _Delivery:
 class S3Source(S3EventSource):
     """A ``Source`` for one ``[[s3]]`` table with ``transport = "sqs"``.
 
-    At most ``max_inflight`` SQS messages are held (invisible to other consumers) at once, so several daemons
-    share a queue by their capacity.
+    At most ``max_inflight`` SQS messages are held (invisible to other consumers) at once, so
+    several daemons share a queue by their capacity.
 
-    Concurrency: every method is called from the event loop. A message is deleted once all its jobs are
-    finished; ``finish`` for a job also finishes the other jobs in flight here for the same ledger key and
-    content (a duplicate delivery the daemon folded into a running job gets no ``finish`` of its own).
+    Concurrency: every method is called from the event loop. A message is deleted once all its jobs
+    are finished; ``finish`` for a job also finishes the other jobs in flight here for the same
+    ledger key and content (a duplicate delivery the daemon folded into a running job gets no
+    ``finish`` of its own).
     """
 
-    def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None,
-                 max_inflight: int = 64) -> None:
+    def __init__(
+        self,
+        cfg: S3Config,
+        *,
+        name: str = "s3",
+        limits: LimitsConfig | None = None,
+        max_inflight: int = 64,
+    ) -> None:
         super().__init__(cfg, name=name, limits=limits)
         self.max_inflight = max_inflight
         self._sqs: Any = None
@@ -80,11 +100,15 @@ class S3Source(S3EventSource):
         self._submit, self._reject = outbox.submit, outbox.reject
         read_timeout = self.cfg.wait_time_seconds + READ_TIMEOUT
         self._sqs = await asyncio.to_thread(new_client, self.cfg, "sqs", read_timeout=read_timeout)
-        self._poller = asyncio.get_running_loop().create_task(self._poll(), name=f"{self.name}:poll")
+        self._poller = asyncio.get_running_loop().create_task(
+            self._poll(), name=f"{self.name}:poll"
+        )
         log.info("s3_source_started", source=self.name, transport="sqs", queue=self.cfg.queue_url)
 
     async def stop(self) -> None:
-        """Stop taking events. Jobs in flight keep their heartbeat until ``finish``; nothing is deleted here."""
+        """Stop taking events. Jobs in flight keep their heartbeat until ``finish``; nothing is
+        deleted
+        here."""
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,15 +118,19 @@ class S3Source(S3EventSource):
     # -- jobs
 
     async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
-        """Delete the messages announcing this job once all their jobs are done or failed; on ``retry`` (or for
-        a job of the same key whose content differs: it was never processed) let them reappear instead."""
+        """Delete the messages announcing this job once all their jobs are done or failed; on
+        ``retry``
+        (or for a job of the same key whose content differs: it was never processed) let them
+        reappear instead."""
         for delivery in finished_by(self._deliveries.values(), job, outcome):
             await self._answer(delivery)
 
     async def _answer(self, delivery: _Delivery) -> None:
         self._forget(delivery)
         if delivery.retry:
-            log.info("s3_message_left", source=self.name, message_id=delivery.message_id, reason="retry")
+            log.info(
+                "s3_message_left", source=self.name, message_id=delivery.message_id, reason="retry"
+            )
             return
         await self._delete(delivery.message_id, delivery.receipt_handle)
 
@@ -114,17 +142,24 @@ class S3Source(S3EventSource):
 
     async def _delete(self, message_id: str, receipt_handle: str) -> None:
         try:
-            await acall(self._sqs.delete_message, executor=self.executor, QueueUrl=self.cfg.queue_url,
-                        ReceiptHandle=receipt_handle)
+            await acall(
+                self._sqs.delete_message,
+                executor=self.executor,
+                QueueUrl=self.cfg.queue_url,
+                ReceiptHandle=receipt_handle,
+            )
         except Exception as exc:  # a later redelivery is recognised as done by the sidecar's ETag
-            log.error("s3_delete_failed", source=self.name, message_id=message_id, error=error_code(exc))
+            log.error(
+                "s3_delete_failed", source=self.name, message_id=message_id, error=error_code(exc)
+            )
         else:
             log.debug("s3_message_deleted", source=self.name, message_id=message_id)
 
     # -- polling
 
     async def _poll(self) -> None:
-        """Receive messages for as long as the source runs, through any outage, within ``max_inflight``."""
+        """Receive messages for as long as the source runs, through any outage, within
+        ``max_inflight``."""
         while True:
             room = self.max_inflight - len(self._deliveries)
             if room <= 0:
@@ -135,8 +170,12 @@ class S3Source(S3EventSource):
                 try:
                     await self._handle(message)
                 except Exception as exc:  # the message reappears after its visibility timeout
-                    log.exception("s3_message_failed", source=self.name, message_id=message.get("MessageId"),
-                                  error=error_code(exc))
+                    log.exception(
+                        "s3_message_failed",
+                        source=self.name,
+                        message_id=message.get("MessageId"),
+                        error=error_code(exc),
+                    )
 
     async def _receive(self, count: int) -> list[dict[str, Any]]:
         """One long poll, in a thread of the source's pool (daemon threads: a poll pending at
@@ -144,20 +183,24 @@ class S3Source(S3EventSource):
         loop = asyncio.get_running_loop()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=1.0, max=self.cfg.receive_backoff_max_seconds) + wait_random(0, 1.0),
+            wait=wait_exponential(multiplier=1.0, max=self.cfg.receive_backoff_max_seconds)
+            + wait_random(0, 1.0),
             stop=stop_never,
             before_sleep=self._log_outage,
         )
         async for attempt in retrying:
             with attempt:
-                response = await loop.run_in_executor(self.executor, functools.partial(
-                    self._sqs.receive_message,
-                    QueueUrl=self.cfg.queue_url,
-                    MaxNumberOfMessages=count,
-                    WaitTimeSeconds=self.cfg.wait_time_seconds,
-                    VisibilityTimeout=self.cfg.visibility_timeout_seconds,
-                    MessageSystemAttributeNames=["ApproximateReceiveCount"],
-                ))
+                response = await loop.run_in_executor(
+                    self.executor,
+                    functools.partial(
+                        self._sqs.receive_message,
+                        QueueUrl=self.cfg.queue_url,
+                        MaxNumberOfMessages=count,
+                        WaitTimeSeconds=self.cfg.wait_time_seconds,
+                        VisibilityTimeout=self.cfg.visibility_timeout_seconds,
+                        MessageSystemAttributeNames=["ApproximateReceiveCount"],
+                    ),
+                )
         if self._unreachable_since is not None:
             outage = round(time.monotonic() - self._unreachable_since, 1)
             log.info("s3_reachable", source=self.name, outage_seconds=outage)
@@ -169,18 +212,28 @@ class S3Source(S3EventSource):
         if self._unreachable_since is None:
             self._unreachable_since = time.monotonic()
         event = "s3_unreachable" if exc is not None and is_transient(exc) else "s3_poll_failed"
-        log.warning(event, source=self.name, queue=self.cfg.queue_url, attempt=state.attempt_number,
-                    error=error_code(exc) if exc else None, retry_in=round(state.upcoming_sleep, 1))
+        log.warning(
+            event,
+            source=self.name,
+            queue=self.cfg.queue_url,
+            attempt=state.attempt_number,
+            error=error_code(exc) if exc else None,
+            retry_in=round(state.upcoming_sleep, 1),
+        )
 
     async def _handle(self, message: dict[str, Any]) -> None:
         message_id, receipt = message["MessageId"], message["ReceiptHandle"]
-        if message_id in self._deliveries:  # redelivered while still in flight here: keep the newest receipt
+        if (
+            message_id in self._deliveries
+        ):  # redelivered while still in flight here: keep the newest receipt
             self._deliveries[message_id].receipt_handle = receipt
             return
         try:
             objects = self._accepted(parse(message["Body"]))
         except ValueError as exc:
-            log.warning("s3_message_ignored", source=self.name, message_id=message_id, reason=str(exc))
+            log.warning(
+                "s3_message_ignored", source=self.name, message_id=message_id, reason=str(exc)
+            )
             objects = []
         if not objects:
             await self._delete(message_id, receipt)
@@ -189,16 +242,32 @@ class S3Source(S3EventSource):
         if receives <= self.cfg.max_receives:
             await self._hold(message_id, receipt, objects, self._submit_job)
             return
-        log.warning("s3_max_receives", source=self.name, message_id=message_id, receives=receives,
-                    action=self.cfg.on_max_receives, uris=[obj.uri for obj in objects])
+        log.warning(
+            "s3_max_receives",
+            source=self.name,
+            message_id=message_id,
+            receives=receives,
+            action=self.cfg.on_max_receives,
+            uris=[obj.uri for obj in objects],
+        )
         if self.cfg.on_max_receives == "dead_letter":
             return
-        error = TooManyDeliveries(f"delivered {receives} times, more than max_receives = {self.cfg.max_receives}")
-        await self._hold(message_id, receipt, objects, lambda job: self._reject_job(job, error, receives))
+        error = TooManyDeliveries(
+            f"delivered {receives} times, more than max_receives = {self.cfg.max_receives}"
+        )
+        await self._hold(
+            message_id, receipt, objects, lambda job: self._reject_job(job, error, receives)
+        )
 
-    async def _hold(self, message_id: str, receipt: str, objects: list[S3Object],
-                    hand_over: Callable[[Job], Awaitable[None]]) -> None:
-        """Keep the message (heartbeat) and hand each of its jobs over; it is settled when all are finished."""
+    async def _hold(
+        self,
+        message_id: str,
+        receipt: str,
+        objects: list[S3Object],
+        hand_over: Callable[[Job], Awaitable[None]],
+    ) -> None:
+        """Keep the message (heartbeat) and hand each of its jobs over; it is settled when all are
+        finished."""
         tokens = [f"{message_id}#{index}" for index in range(len(objects))]
         jobs = {token: self._job(obj, token) for token, obj in zip(tokens, objects, strict=True)}
         delivery = _Delivery(message_id, receipt, pending=dict(jobs))
@@ -217,21 +286,35 @@ class S3Source(S3EventSource):
         try:
             await self._reject(job, error, receives)
         except Exception as exc:
-            log.exception("s3_reject_failed", source=self.name, uri=job.origin.uri, error=error_code(exc))
+            log.exception(
+                "s3_reject_failed", source=self.name, uri=job.origin.uri, error=error_code(exc)
+            )
             raise
 
     async def _heartbeat(self, delivery: _Delivery) -> None:
-        """Keep the message invisible while its documents are processed, so no other consumer takes it."""
+        """Keep the message invisible while its documents are processed, so no other consumer takes
+        it."""
         timeout = self.cfg.visibility_timeout_seconds
         while True:
             await asyncio.sleep(max(1.0, timeout / 3))
             try:
-                await acall(self._sqs.change_message_visibility, attempts=2, executor=self.executor,
-                            QueueUrl=self.cfg.queue_url,
-                            ReceiptHandle=delivery.receipt_handle, VisibilityTimeout=timeout)
+                await acall(
+                    self._sqs.change_message_visibility,
+                    attempts=2,
+                    executor=self.executor,
+                    QueueUrl=self.cfg.queue_url,
+                    ReceiptHandle=delivery.receipt_handle,
+                    VisibilityTimeout=timeout,
+                )
             except Exception as exc:
-                log.warning("s3_heartbeat_failed", source=self.name, message_id=delivery.message_id,
-                            error=error_code(exc))
-                if not is_transient(exc):  # receipt invalid or the 12 h limit reached: no longer ours to delete
+                log.warning(
+                    "s3_heartbeat_failed",
+                    source=self.name,
+                    message_id=delivery.message_id,
+                    error=error_code(exc),
+                )
+                if not is_transient(
+                    exc
+                ):  # receipt invalid or the 12 h limit reached: no longer ours to delete
                     self._forget(delivery)
                     return

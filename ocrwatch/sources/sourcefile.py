@@ -1,12 +1,13 @@
 """One source file of an inbox that others can write to, looked at, copied and held: no link is
 followed, and a document is read once.
 
-Checking a path and then opening it are two steps that another user can race, by swapping the file for a
-symlink between them. So every lookup here walks down from the inbox folder through ``safefs``, the
-one module that reaches folders others can write to (``O_NOFOLLOW`` on every component), and every
-later question is put to the descriptor (``fstat``). A fetched document is copied through
-its descriptor into the job's private spool folder while it is hashed: the bytes rendered are the bytes hashed,
-whatever happens to the name afterwards. Everything here is blocking and cheap apart from the copy.
+Checking a path and then opening it are two steps that another user can race, by swapping the file
+for a symlink between them. So every lookup here walks down from the inbox folder through
+``safefs``, the one module that reaches folders others can write to (``O_NOFOLLOW`` on every
+component), and every later question is put to the descriptor (``fstat``). A fetched document is
+copied through its descriptor into the job's private spool folder while it is hashed: the bytes
+rendered are the bytes hashed, whatever happens to the name afterwards. Everything here is blocking
+and cheap apart from the copy.
 """
 
 from __future__ import annotations
@@ -25,14 +26,30 @@ from pathlib import Path
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone, SourceInUse
 from ocrwatch.safefs import (
-    FILE_FLAGS, Access, Folder, FolderGone, Signature, TooLarge, hash_fd, read_lease, walk,
+    FILE_FLAGS,
+    Access,
+    Folder,
+    FolderGone,
+    Signature,
+    TooLarge,
+    hash_fd,
+    read_lease,
+    walk,
 )
 from ocrwatch.sources.base import Fetched
 
 __all__ = [
-    "QUIET_WITHOUT_LEASE", "Held", "changed_since", "copy_out",
-    "fetch_copy", "folders_of", "held", "inspect", "measure", "open_file",
-]  # fmt: skip
+    "QUIET_WITHOUT_LEASE",
+    "Held",
+    "changed_since",
+    "copy_out",
+    "fetch_copy",
+    "folders_of",
+    "held",
+    "inspect",
+    "measure",
+    "open_file",
+]
 
 QUIET_WITHOUT_LEASE = 60.0
 """Where no lease can be had (NFS, SMB, a daemon that is not root on another user's file), how long
@@ -51,7 +68,8 @@ def _relative_parts(path: Path, root: Path) -> tuple[str, ...]:
 
 
 def _symlink_refusal(path: Path, root: Path) -> NotARegularFile:
-    """The refusal of a link, saying where it points: its text is only read, never resolved or opened."""
+    """The refusal of a link, saying where it points: its text is only read, never resolved or
+    opened."""
     try:
         target = Path(os.path.normpath(path.parent / os.readlink(path)))
     except OSError:  # no longer a link by now
@@ -106,8 +124,9 @@ def inspect(path: Path, root: Path) -> Signature:
 
 
 def open_file(path: Path, root: Path) -> tuple[int, Signature]:
-    """A read-only descriptor of the regular file ``path`` inside ``root``, and its signature by ``fstat``.
-    The caller closes it. Raises as ``inspect`` does; nothing but a regular file is ever opened."""
+    """A read-only descriptor of the regular file ``path`` inside ``root``, and its signature by
+    ``fstat``. The caller closes it. Raises as ``inspect`` does; nothing but a regular file is ever
+    opened."""
     with _folder_of(path, root) as (folder, device):
         try:
             _check(path, root, os.stat(path.name, dir_fd=folder.fd, follow_symlinks=False), device)
@@ -128,7 +147,8 @@ def open_file(path: Path, root: Path) -> tuple[int, Signature]:
 
 
 def changed_since(path: Path, root: Path, before: Signature) -> bool:
-    """Whether ``path`` no longer is the file that had signature ``before`` (gone, replaced or written)."""
+    """Whether ``path`` no longer is the file that had signature ``before`` (gone, replaced or
+    written)."""
     try:
         return not inspect(path, root).unchanged(before)
     except (SourceGone, NotARegularFile, OSError):
@@ -136,16 +156,20 @@ def changed_since(path: Path, root: Path, before: Signature) -> bool:
 
 
 def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, Signature]:
-    """Copy the open file ``fd`` (named ``source`` in messages) to the new file ``target`` (mode 0600), hashing
-    what is copied; the sha256 of the copy and the signature it was read under.
+    """Copy the open file ``fd`` (named ``source`` in messages) to the new file ``target`` (mode
+    0600),
+    hashing what is copied; the sha256 of the copy and the signature it was read under.
 
     Raises ``FileTooLarge`` over ``max_bytes`` (before copying anything when ``fstat`` says so), and
-    ``SourceChanged`` when the file was written while it was copied: the copy could mix two versions.
+    ``SourceChanged`` when the file was written while it was copied: the copy could mix two
+    versions.
     """
     before = Signature.of(os.fstat(fd))
     if before.size > max_bytes:
         raise FileTooLarge(f"{source}: {before.size} bytes, more than max_bytes={max_bytes}")
-    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    out = os.open(
+        target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
     try:
         try:
             digest = hash_fd(fd, out=out, limit=max_bytes)
@@ -154,7 +178,9 @@ def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, 
         after = Signature.of(os.fstat(fd))
         if not after.unchanged(before) or os.fstat(out).st_size != after.size:
             raise SourceChanged(f"{source} changed while it was read")
-        os.utime(out, ns=(os.fstat(fd).st_atime_ns, before.mtime_ns))  # the sidecar reports the source's mtime
+        os.utime(
+            out, ns=(os.fstat(fd).st_atime_ns, before.mtime_ns)
+        )  # the sidecar reports the source's mtime
     except BaseException:
         os.close(out)
         target.unlink(missing_ok=True)
@@ -164,19 +190,23 @@ def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, 
 
 
 def spool_name(path: Path) -> str:
-    """A short fixed name for the private copy, keeping a plain suffix for whoever reads the folder."""
+    """A short fixed name for the private copy, keeping a plain suffix for whoever reads the
+    folder."""
     suffix = path.suffix
     return "source" + (suffix if re.fullmatch(r"\.\w{1,8}", suffix) else "")
 
 
 def fetch_copy(path: Path, root: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
-    """The file ``path`` of the inbox ``root``, opened once as ``open_file`` does and copied through that
-    descriptor into ``spool_dir``; the copy, its sha256, and how to tell later that ``path`` has changed."""
+    """The file ``path`` of the inbox ``root``, opened once as ``open_file`` does and copied through
+    that descriptor into ``spool_dir``; the copy, its sha256, and how to tell later that ``path``
+    has changed."""
     fd, _ = open_file(path, root)
     target = spool_dir / spool_name(path)
     try:
         info = os.fstat(fd)
-        sha256, signature = copy_out(fd, path, target, sys.maxsize if max_bytes is None else max_bytes)
+        sha256, signature = copy_out(
+            fd, path, target, sys.maxsize if max_bytes is None else max_bytes
+        )
     finally:
         os.close(fd)
     access = Access.of(info)
@@ -184,8 +214,8 @@ def fetch_copy(path: Path, root: Path, spool_dir: Path, max_bytes: int | None) -
 
 
 def measure(path: Path, root: Path) -> tuple[Signature, str]:
-    """The signature and sha256 of the file ``path`` of the inbox ``root``, both read through one descriptor
-    opened as ``open_file`` does (blocking; hashlib releases the GIL)."""
+    """The signature and sha256 of the file ``path`` of the inbox ``root``, both read through one
+    descriptor opened as ``open_file`` does (blocking; hashlib releases the GIL)."""
     fd, signature = open_file(path, root)
     try:
         return signature, hash_fd(fd)
@@ -245,8 +275,9 @@ def held(
                         f"{path}: written {max(age, 0):.0f} s ago, and its filesystem cannot tell "
                         f"whether a writer still holds it open (no lease); it must be quiet for "
                         f"{quiet:.0f} s",
-                        "not_quiet", retry_in=quiet - age,
-                    )  # fmt: skip
+                        "not_quiet",
+                        retry_in=quiet - age,
+                    )
             unwritten = os.fstat(fd).st_mtime_ns == info.st_mtime_ns
             if sha256 is not None and (hash_fd(fd) != sha256 or not unwritten):
                 raise SourceChanged(f"{path}: its content is no longer what was read")

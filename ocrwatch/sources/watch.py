@@ -1,14 +1,16 @@
-"""How an inbox folder is watched: inotify where the kernel sees every change, polling where it cannot.
+"""How an inbox folder is watched: inotify where the kernel sees every change, polling where it
+cannot.
 
-A file on a network or FUSE mount (told from /proc/self/mountinfo) can change without this kernel seeing it, so
-inotify would miss what the file server writes; such inboxes are polled. Neither watcher follows a link: the
-native one (``inotify``, ours) adds each watch through a folder's descriptor reached without following one,
-and the poller looks with ``lstat``, so a link to a folder (``ln -s .. b``) is listed as the link it is rather
-than walked into for ever. Neither goes deeper than the inbox's ``max_depth``: a chain of folders thousands of
-levels deep costs one level more than the limit, never a ``RecursionError`` (watchdog's poller recurses once per
-level, hence the bound on ``max_depth``). Watcher threads hand events to the event loop through
-``EventBridge``, in batches, and never run the source's code themselves. Kept apart from ``local`` because none
-of it knows about documents.
+A file on a network or FUSE mount (told from /proc/self/mountinfo) can change without this kernel
+seeing it, so inotify would miss what the file server writes; such inboxes are polled. Neither
+watcher follows a link: the native one (``inotify``, ours) adds each watch through a folder's
+descriptor reached without following one, and the poller looks with ``lstat``, so a link to a folder
+(``ln -s .. b``) is listed as the link it is rather than walked into for ever. Neither goes deeper
+than the inbox's ``max_depth``: a chain of folders thousands of levels deep costs one level more
+than the limit, never a ``RecursionError`` (watchdog's poller recurses once per level, hence the
+bound on ``max_depth``). Watcher threads hand events to the event loop through ``EventBridge``, in
+batches, and never run the source's code themselves. Kept apart from ``local`` because none of it
+knows about documents.
 """
 
 from __future__ import annotations
@@ -46,21 +48,49 @@ from ocrwatch.sources.tree import depth_of
 
 POLLING_FSTYPES = frozenset(
     {
-        "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "sshfs", "davfs", "ceph", "glusterfs", "vboxsf",
-        "virtiofs", "fuse", "afs", "lustre", "gpfs", "beegfs", "ocfs2", "gfs2", "ncpfs", "coda", "vmhgfs",
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "9p",
+        "sshfs",
+        "davfs",
+        "ceph",
+        "glusterfs",
+        "vboxsf",
+        "virtiofs",
+        "fuse",
+        "afs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ocfs2",
+        "gfs2",
+        "ncpfs",
+        "coda",
+        "vmhgfs",
     }
-)  # fmt: skip
+)
 MAX_QUEUED_EVENTS = 2048
-"""Events waiting for the loop, at most: what the loop handles in one go, tens of milliseconds, so that a storm
-never keeps it from a signal for long; beyond, they are dropped and a scan finds what they named."""
+"""Events waiting for the loop, at most: what the loop handles in one go, tens of milliseconds, so
+that
+a storm never keeps it from a signal for long; beyond, they are dropped and a scan finds what they
+named."""
 # watchdog 7 (Python 3.11+) reports a change of metadata apart; 6 reports it as a FileModifiedEvent.
 OBSERVED_EVENTS = [
-    FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent,
-    DirMovedEvent, *([watchdog.events.FileAttribEvent] if hasattr(watchdog.events, "FileAttribEvent") else []),
-]  # fmt: skip
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileClosedEvent,
+    FileMovedEvent,
+    FileDeletedEvent,
+    DirCreatedEvent,
+    DirMovedEvent,
+    *([watchdog.events.FileAttribEvent] if hasattr(watchdog.events, "FileAttribEvent") else []),
+]
 
 
-# --- pure: mounts ------------------------------------------------------------------------------------------
+# --- pure: mounts ---------------------------------------------------------------------------------
 
 
 def parse_mountinfo(text: str) -> list[tuple[Path, str]]:
@@ -77,7 +107,9 @@ def parse_mountinfo(text: str) -> list[tuple[Path, str]]:
 
 
 def filesystem_type(path: Path, mountinfo: str) -> str | None:
-    """Type of the mount holding the absolute ``path``: the deepest mount point, the last one mounted on a tie."""
+    """Type of the mount holding the absolute ``path``: the deepest mount point, the last one
+    mounted
+    on a tie."""
     found, depth = None, -1
     for point, fstype in parse_mountinfo(mountinfo):
         if (point == path or point in path.parents) and len(point.parts) >= depth:
@@ -86,7 +118,8 @@ def filesystem_type(path: Path, mountinfo: str) -> str | None:
 
 
 def choose_polling(setting: Literal["auto"] | bool, fstype: str | None) -> tuple[bool, str]:
-    """Whether to poll, and why: inotify only sees changes made through this kernel, not by a file server."""
+    """Whether to poll, and why: inotify only sees changes made through this kernel, not by a file
+    server."""
     if isinstance(setting, bool):
         return setting, f"configured polling = {str(setting).lower()}"
     if fstype is None:
@@ -96,27 +129,32 @@ def choose_polling(setting: Literal["auto"] | bool, fstype: str | None) -> tuple
     return False, f"{fstype} pushes events"
 
 
-# --- blocking: watchers ------------------------------------------------------------------------------------
+# --- blocking: watchers ---------------------------------------------------------------------------
 
 
 class Watcher(Protocol):
     """A running watcher of one inbox, native or polling, as ``local`` drives it."""
 
     def alive(self) -> bool:
-        """Whether every thread it needs still runs: one that ended must be replaced, or the inbox goes deaf."""
+        """Whether every thread it needs still runs: one that ended must be replaced, or the inbox
+        goes
+        deaf."""
 
     def stop(self) -> None:
         """End its threads and wait for them. Blocking."""
 
 
 class PollingWatcher:
-    """watchdog's polling observer, whose emitter thread can end while its dispatcher thread lives on."""
+    """watchdog's polling observer, whose emitter thread can end while its dispatcher thread lives
+    on."""
 
     def __init__(self, observer: BaseObserver) -> None:
         self.observer = observer
 
     def alive(self) -> bool:
-        return self.observer.is_alive() and all(emitter.is_alive() for emitter in list(self.observer.emitters))
+        return self.observer.is_alive() and all(
+            emitter.is_alive() for emitter in list(self.observer.emitters)
+        )
 
     def stop(self) -> None:
         self.observer.stop()
@@ -130,10 +168,14 @@ def _read_mountinfo() -> str:
         return ""
 
 
-def bounded_listdir(root: Path, max_depth: int, enter: Callable[[Path], bool]) -> Callable[[str], Iterator[Any]]:
-    """The poller's ``listdir``: a folder deeper than ``max_depth`` or not entered is listed as empty, so
-    watchdog's recursive snapshot stops there; a folder below the root that cannot be listed (a path longer
-    than ``PATH_MAX``, gone, unreadable) is empty too, rather than failing the snapshot of the whole inbox."""
+def bounded_listdir(
+    root: Path, max_depth: int, enter: Callable[[Path], bool]
+) -> Callable[[str], Iterator[Any]]:
+    """The poller's ``listdir``: a folder deeper than ``max_depth`` or not entered is listed as
+    empty,
+    so watchdog's recursive snapshot stops there; a folder below the root that cannot be listed (a
+    path longer than ``PATH_MAX``, gone, unreadable) is empty too, rather than failing the snapshot
+    of the whole inbox."""
 
     def listdir(path: str) -> Iterator[Any]:
         folder = Path(path)
@@ -151,16 +193,22 @@ def bounded_listdir(root: Path, max_depth: int, enter: Callable[[Path], bool]) -
 
 
 def _start_watcher(
-    polling: bool, root: Path, max_depth: int, enter: Callable[[Path], bool], bridge: EventBridge,
+    polling: bool,
+    root: Path,
+    max_depth: int,
+    enter: Callable[[Path], bool],
+    bridge: EventBridge,
     poll_seconds: float,
-) -> Watcher:  # fmt: skip
+) -> Watcher:
     if not polling and sys.platform.startswith("linux"):
         watcher = InotifyWatcher(root, max_depth, enter, bridge, bridge.died, bridge.overflowed)
         watcher.start()
         return watcher
     if polling:
         observer: BaseObserver = PollingObserverVFS(
-            stat=os.lstat, listdir=bounded_listdir(root, max_depth, enter), polling_interval=poll_seconds
+            stat=os.lstat,
+            listdir=bounded_listdir(root, max_depth, enter),
+            polling_interval=poll_seconds,
         )
     else:
         observer = Observer()
@@ -174,15 +222,24 @@ def _start_watcher(
 
 
 def start_watcher(
-    root: Path, max_depth: int, enter: Callable[[Path], bool], setting: Literal["auto"] | bool, bridge: EventBridge,
+    root: Path,
+    max_depth: int,
+    enter: Callable[[Path], bool],
+    setting: Literal["auto"] | bool,
+    bridge: EventBridge,
     poll_seconds: float,
-) -> tuple[Watcher, bool, str]:  # fmt: skip
-    """Start the watcher that suits the inbox's filesystem, and say which and why. Blocking (the native one
-    walks the tree to add its watches). ``max_depth`` 0 watches the inbox folder alone; ``poll_seconds``: how
-    often a poller looks."""
+) -> tuple[Watcher, bool, str]:
+    """Start the watcher that suits the inbox's filesystem, and say which and why. Blocking (the
+    native
+    one walks the tree to add its watches). ``max_depth`` 0 watches the inbox folder alone;
+    ``poll_seconds``: how often a poller looks."""
     polling, reason = choose_polling(setting, filesystem_type(root, _read_mountinfo()))
     try:
-        return _start_watcher(polling, root, max_depth, enter, bridge, poll_seconds), polling, reason
+        return (
+            _start_watcher(polling, root, max_depth, enter, bridge, poll_seconds),
+            polling,
+            reason,
+        )
     except OSError as exc:
         if polling or exc.errno not in (errno.ENOSPC, errno.EMFILE, errno.ENOMEM):
             raise
@@ -190,7 +247,7 @@ def start_watcher(
     return _start_watcher(True, root, max_depth, enter, bridge, poll_seconds), True, reason
 
 
-# --- the hand-over to the loop -------------------------------------------------------------------------------
+# --- the hand-over to the loop --------------------------------------------------------------------
 
 
 @dataclass
@@ -203,17 +260,22 @@ class Batch:
 
 
 class EventBridge(FileSystemEventHandler):
-    """Runs on watcher threads: queues each event and wakes the event loop once per batch, not once per event.
+    """Runs on watcher threads: queues each event and wakes the event loop once per batch, not once
+    per
+    event.
 
-    Each ``call_soon_threadsafe`` writes a byte to the loop's one self-pipe, the pipe asyncio's own signal
-    handling reads signals from too (``daemon.SignalCatcher`` no longer depends on it), and a loop that reads a
-    byte per event falls behind in a storm. So a thread wakes the loop only when nothing it queued is waiting
-    for the loop already. At most ``limit`` events wait; beyond,
-    they are dropped for one ``overflowed`` batch (a scan), so a storm cannot grow memory without bound.
+    Each ``call_soon_threadsafe`` writes a byte to the loop's one self-pipe, the pipe asyncio's own
+    signal handling reads signals from too (``daemon.SignalCatcher`` no longer depends on it), and a
+    loop that reads a byte per event falls behind in a storm. So a thread wakes the loop only when
+    nothing it queued is waiting for the loop already. At most ``limit`` events wait; beyond, they
+    are dropped for one ``overflowed`` batch (a scan), so a storm cannot grow memory without bound.
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, deliver: Callable[[Batch], None], limit: int = MAX_QUEUED_EVENTS
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[Batch], None],
+        limit: int = MAX_QUEUED_EVENTS,
     ) -> None:
         self._loop = loop
         self._deliver = deliver

@@ -1,13 +1,15 @@
-"""S3 as a source, webhook transport: Ceph RGW or MinIO POST ``{"Records": [...]}`` to an HTTP endpoint.
+"""S3 as a source, webhook transport: Ceph RGW or MinIO POST ``{"Records": [...]}`` to an HTTP
+endpoint.
 
-The endpoint is guarded by a shared token (``Authorization: Bearer`` or ``?token=``, since RGW's push endpoint
-is a bare URL) and answers 2xx only after every job of the request is in the ledger, so the sender resends what
-a crash lost. With RGW that needs a persistent topic (``persistent=true``): a plain topic makes the upload wait
-for the answer and drops the event when it fails. RGW resends a refused event at once, in a tight loop, so
-refusals are answered after ``reject_delay_seconds``, which also paces token guessers.
+The endpoint is guarded by a shared token (``Authorization: Bearer`` or ``?token=``, since RGW's
+push endpoint is a bare URL) and answers 2xx only after every job of the request is in the ledger,
+so the sender resends what a crash lost. With RGW that needs a persistent topic
+(``persistent=true``): a plain topic makes the upload wait for the answer and drops the event when
+it fails. RGW resends a refused event at once, in a tight loop, so refusals are answered after
+``reject_delay_seconds``, which also paces token guessers.
 
-HTTP is ``ocrwatch.http`` (aiohttp, with a connection limit and idle timeout); the body is bounded by
-``max_body_bytes`` and must arrive within ``READ_TIMEOUT`` seconds.
+HTTP is ``ocrwatch.http`` (aiohttp, with a connection limit and idle timeout); the body is bounded
+by ``max_body_bytes`` and must arrive within ``READ_TIMEOUT`` seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ MAX_CONNECTIONS = 64
 
 
 class _Refused(Exception):
-    """An answer other than 200: its status, a reason for the JSON body and the log, and extra headers."""
+    """An answer other than 200: its status, a reason for the JSON body and the log, and extra
+    headers."""
 
     def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(reason)
@@ -40,14 +43,18 @@ class _Refused(Exception):
 class WebhookSource(S3EventSource):
     """A ``Source`` for one ``[[s3]]`` table with ``transport = "webhook"``.
 
-    A webhook holds no messages (the sender keeps what is not answered 2xx). An event is refused (5xx, the sender resends it) only for a failure a retry may cure; one that no
-    retry can cure is given up through ``reject`` and answered 2xx, or the sender would resend it for ever,
-    holding back every event behind it. A request that is not an S3 event gets a 4xx answer, whatever it holds.
+    A webhook holds no messages (the sender keeps what is not answered 2xx). An event is refused
+    (5xx, the sender resends it) only for a failure a retry may cure; one that no retry can cure is
+    given up through ``reject`` and answered 2xx, or the sender would resend it for ever, holding
+    back every event behind it. A request that is not an S3 event gets a 4xx answer, whatever it
+    holds.
     """
 
     reject_delay_seconds = 1.0
 
-    def __init__(self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None) -> None:
+    def __init__(
+        self, cfg: S3Config, *, name: str = "s3", limits: LimitsConfig | None = None
+    ) -> None:
         super().__init__(cfg, name=name, limits=limits)
         self._listener: Listener | None = None
         self._submits: set[asyncio.Task[None]] = set()
@@ -56,15 +63,26 @@ class WebhookSource(S3EventSource):
         self._submit, self._reject = outbox.submit, outbox.reject
         app = web.Application(client_max_size=self.cfg.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle, expect_handler=self._expect)
-        self._listener = Listener(app, self.cfg.listen, name=self.name, max_connections=MAX_CONNECTIONS,
-                                  idle_timeout=READ_TIMEOUT)
+        self._listener = Listener(
+            app,
+            self.cfg.listen,
+            name=self.name,
+            max_connections=MAX_CONNECTIONS,
+            idle_timeout=READ_TIMEOUT,
+        )
         await self._listener.start()
-        log.info("s3_source_started", source=self.name, transport="webhook", listen=self.address,
-                 path=self.cfg.path)
+        log.info(
+            "s3_source_started",
+            source=self.name,
+            transport="webhook",
+            listen=self.address,
+            path=self.cfg.path,
+        )
 
     async def stop(self) -> None:
-        """Stop listening. A request being submitted has the listener's shutdown time to finish (its submit is
-        shielded from the request's cancellation); then it is cancelled, and the sender resends the event."""
+        """Stop listening. A request being submitted has the listener's shutdown time to finish (its
+        submit is shielded from the request's cancellation); then it is cancelled, and the sender
+        resends the event."""
         if self._listener is not None:
             await self._listener.stop()
         for submit in list(self._submits):
@@ -72,8 +90,10 @@ class WebhookSource(S3EventSource):
         log.info("s3_source_stopped", source=self.name)
 
     def _submitting(self, job: Job) -> asyncio.Task[None]:
-        """The job's submit as a task of its own, held here: it outlives a request cancelled at stop, and its
-        failure (already logged by ``_submit_job``) is taken even when no request is left to answer."""
+        """The job's submit as a task of its own, held here: it outlives a request cancelled at
+        stop,
+        and its failure (already logged by ``_submit_job``) is taken even when no request is left to
+        answer."""
         submit = asyncio.get_running_loop().create_task(self._submit_job(job))
         self._submits.add(submit)
         submit.add_done_callback(self._submitted)
@@ -124,7 +144,8 @@ class WebhookSource(S3EventSource):
         return web.json_response({"accepted": len(objects)})
 
     def _check(self, request: web.Request) -> None:
-        """Path, token, method and declared length, in that order: what can be refused before the body."""
+        """Path, token, method and declared length, in that order: what can be refused before the
+        body."""
         if request.rel_url.raw_path != self.cfg.path:  # as sent: no percent-decoding games
             raise _Refused(404, "not found")
         self._authorize(request.headers.get("Authorization"), request.query.getall("token", None))
@@ -134,7 +155,9 @@ class WebhookSource(S3EventSource):
             raise _Refused(413, f"body larger than max_body_bytes = {self.cfg.max_body_bytes}")
 
     def _authorize(self, authorization: str | None, query_tokens: list[str] | None) -> None:
-        """The shared token, as ``Authorization: Bearer`` or ``?token=`` (RGW's push endpoint is a bare URL)."""
+        """The shared token, as ``Authorization: Bearer`` or ``?token=`` (RGW's push endpoint is a
+        bare
+        URL)."""
         presented: str | None = None
         if authorization is not None:
             scheme, _, credentials = authorization.partition(" ")
@@ -147,24 +170,36 @@ class WebhookSource(S3EventSource):
         if not presented:
             raise _Refused(401, "token required", {"WWW-Authenticate": 'Bearer realm="ocrwatch"'})
         assert self.cfg.token is not None
-        if not hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), self.cfg.token.encode()):
+        if not hmac.compare_digest(
+            presented.encode("utf-8", "surrogatepass"), self.cfg.token.encode()
+        ):
             raise _Refused(403, "wrong token")
 
     async def _body(self, request: web.Request) -> bytes:
-        """The body, at most ``max_body_bytes`` (a chunked body is cut off there too), within ``READ_TIMEOUT``."""
+        """The body, at most ``max_body_bytes`` (a chunked body is cut off there too), within
+        ``READ_TIMEOUT``."""
         try:
             return await asyncio.wait_for(request.read(), READ_TIMEOUT)
         except web.HTTPRequestEntityTooLarge:
-            raise _Refused(413, f"body larger than max_body_bytes = {self.cfg.max_body_bytes}") from None
+            raise _Refused(
+                413, f"body larger than max_body_bytes = {self.cfg.max_body_bytes}"
+            ) from None
         except asyncio.TimeoutError:
             raise _Refused(408, "request body too slow") from None
 
     async def _refuse(self, request: web.Request, refused: _Refused) -> web.StreamResponse:
-        log.warning("s3_webhook_rejected", source=self.name, status=refused.status, reason=refused.reason,
-                    peer=request.remote)
-        # RGW resends a refused event at once, in a tight loop: answering slowly paces it (and guessers)
+        log.warning(
+            "s3_webhook_rejected",
+            source=self.name,
+            status=refused.status,
+            reason=refused.reason,
+            peer=request.remote,
+        )
+        # RGW resends a refused event at once, in a tight loop: answering slowly paces it (and
+        # guessers)
         await asyncio.sleep(self.reject_delay_seconds)
-        response: web.StreamResponse = web.json_response({"error": refused.reason}, status=refused.status,
-                                                         headers=refused.headers)
+        response: web.StreamResponse = web.json_response(
+            {"error": refused.reason}, status=refused.status, headers=refused.headers
+        )
         response.force_close()
         return response

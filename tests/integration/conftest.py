@@ -1,4 +1,5 @@
-"""Run ``ocrwatch run`` as a real subprocess on temporary folders, with the real Tesseract engine."""
+"""Run ``ocrwatch run`` as a real subprocess on temporary folders, with the real Tesseract
+engine."""
 
 from __future__ import annotations
 
@@ -33,14 +34,18 @@ def children_named(pid: int, name: str) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        comm, rest = (
+            stat[stat.index("(") + 1 : stat.rindex(")")],
+            stat[stat.rindex(")") + 2 :].split(),
+        )
         if comm == name and int(rest[1]) == pid:
             found.append(int(entry.name))
     return found
 
 
 def alive(pid: int) -> bool:
-    """Whether ``pid`` runs: it exists and is no zombie (an orphan's parent changes, so ask for the pid)."""
+    """Whether ``pid`` runs: it exists and is no zombie (an orphan's parent changes, so ask for the
+    pid)."""
     try:
         stat = (Path("/proc") / str(pid) / "stat").read_text()
     except OSError:
@@ -48,7 +53,9 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -61,7 +68,9 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 class DaemonProcess:
     """One ``ocrwatch run`` subprocess with its folders, config and log."""
 
-    def __init__(self, root: Path, inboxes: list[dict[str, Any]] | None = None, **overrides: Any) -> None:
+    def __init__(
+        self, root: Path, inboxes: list[dict[str, Any]] | None = None, **overrides: Any
+    ) -> None:
         self.root = root
         self.inbox = root / "inbox"
         self.inbox.mkdir(parents=True, exist_ok=True)
@@ -76,7 +85,11 @@ class DaemonProcess:
             "render": {"rotate_pages": False},
             "log": {"format": "json", "level": "debug"},
             "metrics": {"listen": f"127.0.0.1:{self.port}"},
-            "daemon": {"reconcile_seconds": 60.0, "shutdown_timeout": 20.0, "health_interval_seconds": 0.5},
+            "daemon": {
+                "reconcile_seconds": 60.0,
+                "shutdown_timeout": 20.0,
+                "health_interval_seconds": 0.5,
+            },
             "retry": {"attempts": 3, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 1.0},
             "inbox": inboxes or [{"path": str(self.inbox), "settle_seconds": 0.3}],
         }
@@ -95,7 +108,9 @@ class DaemonProcess:
         self._log_handle = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)],
-            stdout=self._log_handle, stderr=subprocess.STDOUT, cwd=self.root,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         if wait_ready:
@@ -107,7 +122,9 @@ class DaemonProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log_text()}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as response:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.port}/readyz", timeout=1
+            ) as response:
                 return response.status == 200
         except OSError:
             return False
@@ -151,13 +168,18 @@ class DaemonProcess:
 
 
 class PluginDaemon(DaemonProcess):
-    """``DaemonProcess`` whose engine is a test engine (``tests.fault_engines``, ``tests.hardening_engines``),
-    loaded through ``[engine] kind = "plugin"``: the daemon is the real one; only the engine differs."""
+    """``DaemonProcess`` whose engine is a test engine (``tests.fault_engines``,
+    ``tests.hardening_engines``), loaded through ``[engine] kind = "plugin"``: the daemon is the
+    real one; only the engine differs."""
 
     def __init__(
-        self, root: Path, spec: str, engine_args: dict[str, Any] | None = None,
-        inboxes: list[dict[str, Any]] | None = None, **overrides: Any,
-    ) -> None:  # fmt: skip
+        self,
+        root: Path,
+        spec: str,
+        engine_args: dict[str, Any] | None = None,
+        inboxes: list[dict[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> None:
         plugin = {"kind": "plugin", "plugin": spec, "plugin_args": engine_args or {}}
         overrides["engine"] = {**plugin, **overrides.get("engine", {})}
         super().__init__(root, inboxes, **overrides)
@@ -200,9 +222,11 @@ def make_daemon(tmp_path: Path, spawned: list[DaemonProcess]) -> Callable[..., D
 @pytest.fixture
 def plugin_daemon(tmp_path: Path, spawned: list[DaemonProcess]) -> Callable[..., PluginDaemon]:
     def factory(
-        spec: str = "tests.fault_engines:EchoEngine", engine_args: dict[str, Any] | None = None,
-        root: Path | None = None, **kwargs: Any,
-    ) -> PluginDaemon:  # fmt: skip
+        spec: str = "tests.fault_engines:EchoEngine",
+        engine_args: dict[str, Any] | None = None,
+        root: Path | None = None,
+        **kwargs: Any,
+    ) -> PluginDaemon:
         daemon = PluginDaemon(root or tmp_path, spec, engine_args, **kwargs)
         spawned.append(daemon)
         return daemon
@@ -218,7 +242,8 @@ def published_schema(name: str) -> jsonschema.Draft202012Validator:
 
 
 def sidecars_done(path: Path) -> dict[str, Any] | None:
-    """The parsed JSON sidecar once it exists (it is written last, so the Markdown is complete too)."""
+    """The parsed JSON sidecar once it exists (it is written last, so the Markdown is complete
+    too)."""
     sidecar = path.with_name(path.name + ".json")
     if not sidecar.exists():
         return None
@@ -238,15 +263,22 @@ def error_sidecar(path: Path) -> dict[str, Any] | None:
 
 @pytest.fixture
 def tmpfs() -> Iterator[Callable[[Path, str], Path]]:
-    """Mount a tmpfs of the given size at the given folder; skips where mounting is not permitted."""
+    """Mount a tmpfs of the given size at the given folder; skips where mounting is not
+    permitted."""
     mounted: list[Path] = []
 
     def mount(point: Path, size: str) -> Path:
         point.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+            pytest.skip(
+                f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}"
+            )
         mounted.append(point)
         return point
 

@@ -41,11 +41,12 @@ def unfinished(ledger: Path) -> list[tuple[str, int]]:
 
 def test_a_backlog_waits_in_the_ledger_and_a_stop_leaves_it_there_in_one_line(
     plugin_daemon: Callable[..., PluginDaemon], tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     daemon = plugin_daemon(
-        "tests.fault_engines:HangingEngine", {"match": "."},
+        "tests.fault_engines:HangingEngine",
+        {"match": "."},
         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT, "reconcile_seconds": 3600.0},
-    )  # fmt: skip
+    )
     page = docs.write_png(tmp_path / "page.png", ["waiting"], dpi=None).read_bytes()
     staged = tmp_path / "staged"
     folders = [staged / f"folder-{n:02d}" for n in range(FOLDERS)]

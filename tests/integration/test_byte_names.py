@@ -26,7 +26,7 @@ NAME = os.fsdecode(b"caf\xe9.png")
 
 def test_a_name_that_is_not_utf8_gets_its_sidecars_and_its_hook(
     plugin_daemon: Callable[..., PluginDaemon], tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
     record = [sys.executable, script(tmp_path, "r.py", RECORDER), str(out)]
     daemon = plugin_daemon(hook=[{"name": "record", "command": record}])

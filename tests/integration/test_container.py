@@ -71,19 +71,32 @@ class Podman:
         self.seconds: dict[str, float] = {}
 
     def __call__(self, *argv: str, timeout: float = 120, check: bool = True) -> str:
-        done = subprocess.run(["podman", *argv], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["podman", *argv],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and done.returncode != 0:
-            raise AssertionError(f"podman {' '.join(argv)}: exit {done.returncode}\n"
-                                 f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")  # fmt: skip
+            raise AssertionError(
+                f"podman {' '.join(argv)}: exit {done.returncode}\n"
+                f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+            )
         return done.stdout
 
     def logs(self, name: str) -> str:
         """The container's output, stdout and stderr together (ocrwatch logs to stderr)."""
         done = subprocess.run(
-            ["podman", "logs", name], env=self.env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            ["podman", "logs", name],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         return done.stdout
 
     def timed(self, step: str, argv: list[str], timeout: float) -> None:
@@ -91,8 +104,14 @@ class Podman:
         started = time.monotonic()
         log = self.root / f"{step}.log"
         with open(log, "wb") as out:
-            done = subprocess.run(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout, check=False)  # fmt: skip
+            done = subprocess.run(
+                argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            )
         self.seconds[step] = round(time.monotonic() - started, 1)
         tail = log.read_text(errors="replace")[-6000:]
         assert done.returncode == 0, f"{step}: {' '.join(argv)}: exit {done.returncode}\n{tail}"
@@ -130,14 +149,32 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     try:
         sources = next(path for path in APT_SOURCES if path.exists())
         rootfs = podman.root / "rootfs.tar"
-        base = ["mmdebstrap", "--variant=apt", "--format=tar", "bookworm", str(rootfs),
-                str(sources)]  # fmt: skip
+        base = [
+            "mmdebstrap",
+            "--variant=apt",
+            "--format=tar",
+            "bookworm",
+            str(rootfs),
+            str(sources),
+        ]
         podman.timed("base", base, timeout=600)
         podman("import", str(rootfs), BASE, timeout=300)
         rootfs.unlink()
         secret = ["--secret", f"id=ca,src={CA_BUNDLE}"] if CA_BUNDLE.exists() else []
-        build = ["podman", "build", "--network", "host", "--build-arg", f"BASE={BASE}", *secret,
-                 "--tag", IMAGE, "--file", str(REPO / "Containerfile"), str(REPO)]  # fmt: skip
+        build = [
+            "podman",
+            "build",
+            "--network",
+            "host",
+            "--build-arg",
+            f"BASE={BASE}",
+            *secret,
+            "--tag",
+            IMAGE,
+            "--file",
+            str(REPO / "Containerfile"),
+            str(REPO),
+        ]
         podman.timed("build", build, timeout=900)
         yield podman
     finally:
@@ -175,8 +212,19 @@ def test_a_png_in_the_bind_mounted_inbox_gets_its_sidecars_and_stop_exits_0(
         os.chown(folder, IMAGE_UID, IMAGE_UID)  # as the README says: the image's user writes them
     name = f"ocrwatch-test-{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
-    image("run", "--detach", "--name", name, "--network", "none",
-          "--volume", f"{inbox}:/inbox", "--volume", f"{state}:/state", IMAGE)  # fmt: skip
+    image(
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--network",
+        "none",
+        "--volume",
+        f"{inbox}:/inbox",
+        "--volume",
+        f"{state}:/state",
+        IMAGE,
+    )
     try:
 
         def logged(event: str) -> bool:
@@ -185,8 +233,9 @@ def test_a_png_in_the_bind_mounted_inbox_gets_its_sidecars_and_stop_exits_0(
         within(image, name, lambda: logged("daemon_ready") or _exited(image, name), "daemon_ready")
         assert logged("daemon_ready"), image.logs(name)
         top = image("top", name, "pid", "user", "args")
-        assert any(line.split()[:2] == ["1", "ocrwatch"] and "tini" in line
-                   for line in top.splitlines()), top  # fmt: skip
+        assert any(
+            line.split()[:2] == ["1", "ocrwatch"] and "tini" in line for line in top.splitlines()
+        ), top
         assert any("ocrwatch run" in line and "tini" not in line for line in top.splitlines()), top
 
         png = docs.write_png(inbox / "scan.png", ["Container test 42", "Sidecars come out"])
@@ -218,5 +267,9 @@ def within(podman: Podman, name: str, predicate: Callable[[], Any], what: str) -
 
 
 def _exited(podman: Podman, name: str) -> bool:
-    return podman("inspect", "--type", "container", "--format", "{{.State.Status}}", name,
-                  check=False).strip() == "exited"  # fmt: skip
+    return (
+        podman(
+            "inspect", "--type", "container", "--format", "{{.State.Status}}", name, check=False
+        ).strip()
+        == "exited"
+    )

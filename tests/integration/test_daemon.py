@@ -1,4 +1,5 @@
-"""``ocrwatch run`` as a real process: real inotify/polling watchers, real pdftoppm, real Tesseract."""
+"""``ocrwatch run`` as a real process: real inotify/polling watchers, real pdftoppm, real
+Tesseract."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ import pytest
 
 from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
 from tests import docs
-from tests.integration.conftest import alive, children_named, error_sidecar, sidecars_done, wait_until
+from tests.integration.conftest import (
+    alive,
+    children_named,
+    error_sidecar,
+    sidecars_done,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +68,9 @@ def test_drop_to_sidecar_and_the_many_ways_files_arrive(make_daemon, tmp_path: P
 
     outside = tmp_path / "outside"
     outside.mkdir()
-    moved_src = docs.write_pdf(outside / "moved.pdf", [page_lines("moved"), page_lines("moved two")])
+    moved_src = docs.write_pdf(
+        outside / "moved.pdf", [page_lines("moved"), page_lines("moved two")]
+    )
     os.rename(moved_src, inbox / "moved.pdf")
 
     (inbox / "a" / "b").mkdir(parents=True)
@@ -136,8 +145,12 @@ def test_kill_9_mid_batch_then_restart_completes_every_document(make_daemon) -> 
 def test_sigterm_drains_and_exits_zero_with_a_consistent_ledger(make_daemon) -> None:
     daemon = make_daemon()
     daemon.start()
-    paths = [docs.write_pdf(daemon.inbox / f"t{i}.pdf", [page_lines(f"t{i}")] * 2) for i in range(4)]
-    wait_until(lambda: any(e.get("event") == "job_started" for e in daemon.events()), 30, "a job to start")
+    paths = [
+        docs.write_pdf(daemon.inbox / f"t{i}.pdf", [page_lines(f"t{i}")] * 2) for i in range(4)
+    ]
+    wait_until(
+        lambda: any(e.get("event") == "job_started" for e in daemon.events()), 30, "a job to start"
+    )
     t0 = time.monotonic()
     daemon.signal(signal.SIGTERM)
     assert daemon.proc.wait(40) == 0
@@ -152,7 +165,9 @@ def test_sigterm_drains_and_exits_zero_with_a_consistent_ledger(make_daemon) -> 
         else:
             assert state in (None, "queued", "rendering", "recognizing", "writing")
     daemon.start()
-    wait_until(lambda: all(sidecars_done(p) for p in paths), 120, "remaining documents after restart")
+    wait_until(
+        lambda: all(sidecars_done(p) for p in paths), 120, "remaining documents after restart"
+    )
     assert daemon.stop() == 0
 
 
@@ -170,26 +185,40 @@ def terminated_in_time(daemon) -> float:
 
 
 @pytest.mark.parametrize("engine", ["tesseract", "hanging"])
-def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(make_daemon, plugin_daemon, engine) -> None:
-    """Documents rendering and in the engine (real Tesseract processes, or pages the engine never answers):
-    SIGTERM ends the process within ``shutdown_timeout`` + 5 s, with exit 0, and its output stays JSON lines
-    to the end: no traceback, no error, no stray line from a task cancelled on the way out. (A page a render
-    worker finished as the stop came may still be logged after ``daemon_stopped``; one still rendering is killed.)"""
+def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(
+    make_daemon, plugin_daemon, engine
+) -> None:
+    """Documents rendering and in the engine (real Tesseract processes, or pages the engine never
+    answers): SIGTERM ends the process within ``shutdown_timeout`` + 5 s, with exit 0, and its
+    output stays JSON lines to the end: no traceback, no error, no stray line from a task cancelled
+    on the way out. (A page a render worker finished as the stop came may still be logged after
+    ``daemon_stopped``; one still rendering is killed.)"""
     daemon_cfg = {"shutdown_timeout": SHUTDOWN_TIMEOUT}
     if engine == "tesseract":
         daemon = make_daemon(daemon=daemon_cfg)
     else:
-        daemon = plugin_daemon("tests.fault_engines:HangingEngine", {"match": "", "max_concurrency": 4}, daemon=daemon_cfg)
+        daemon = plugin_daemon(
+            "tests.fault_engines:HangingEngine",
+            {"match": "", "max_concurrency": 4},
+            daemon=daemon_cfg,
+        )
     daemon.start()
-    paths = [docs.write_pdf(daemon.inbox / f"busy {i}.pdf", [page_lines(f"busy {i} {n}") for n in range(6)])
-             for i in range(4)]  # fmt: skip
+    paths = [
+        docs.write_pdf(
+            daemon.inbox / f"busy {i}.pdf", [page_lines(f"busy {i} {n}") for n in range(6)]
+        )
+        for i in range(4)
+    ]
 
     def recognizing() -> int:
         with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
             return db.execute("select count(*) from jobs where state = 'recognizing'").fetchone()[0]
 
     wait_until(lambda: recognizing() >= 2, 60, "documents in the engine")
-    print(f"{engine}: SIGTERM to exit {terminated_in_time(daemon):.2f} s (shutdown_timeout {SHUTDOWN_TIMEOUT} s)")
+    print(
+        f"{engine}: SIGTERM to exit {terminated_in_time(daemon):.2f} s (shutdown_timeout "
+        f"{SHUTDOWN_TIMEOUT} s)"
+    )
     text = daemon.log_text()
     assert "Traceback" not in text
     lines = text.splitlines()
@@ -206,30 +235,45 @@ def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(make_da
     assert not [p for p in paths if error_sidecar(p)]
 
 
-def test_sigterm_while_pdftoppm_hangs_kills_it_and_exits_in_time(make_daemon, tmp_path: Path) -> None:
-    """A page whose pdftoppm never ends (a stand-in that sleeps for a minute, well inside the render timeout):
-    SIGTERM still exits 0 within ``shutdown_timeout`` + 5 s, and no pdftoppm is left behind. A worker thread
-    waiting for the child cannot be cancelled; without killing the child, the exit waited for it."""
+def test_sigterm_while_pdftoppm_hangs_kills_it_and_exits_in_time(
+    make_daemon, tmp_path: Path
+) -> None:
+    """A page whose pdftoppm never ends (a stand-in that sleeps for a minute, well inside the render
+    timeout): SIGTERM still exits 0 within ``shutdown_timeout`` + 5 s, and no pdftoppm is left
+    behind. A worker thread waiting for the child cannot be cancelled; without killing the child,
+    the exit waited for it."""
     fake = tmp_path / "bin" / "pdftoppm"
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\ncase "$*" in *-singlefile*) exec sleep 60 ;; esac\nexec {shutil.which("pdftoppm")} "$@"\n')
+    fake.write_text(
+        '#!/bin/sh\ncase "$*" in *-singlefile*) exec sleep 60 ;; esac\nexec '
+        f'{shutil.which("pdftoppm")} "$@"\n'
+    )
     fake.chmod(0o755)
-    daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT}, render={"timeout_seconds": 300})
+    daemon = make_daemon(
+        daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT}, render={"timeout_seconds": 300}
+    )
     daemon.start(env={"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"})
     docs.write_pdf(daemon.inbox / "hangs.pdf", [page_lines("hangs")])
-    hanging = wait_until(lambda: children_named(daemon.proc.pid, "sleep"), 30, "the stand-in pdftoppm running")
+    hanging = wait_until(
+        lambda: children_named(daemon.proc.pid, "sleep"), 30, "the stand-in pdftoppm running"
+    )
     print(f"SIGTERM to exit with pdftoppm hanging: {terminated_in_time(daemon):.2f} s")
     assert not [pid for pid in hanging if alive(pid)]
 
 
 def test_a_second_ctrl_c_while_draining_exits_at_once(plugin_daemon) -> None:
-    """The first SIGINT drains (up to shutdown_timeout, 20 s here); a second one does not wait for it."""
+    """The first SIGINT drains (up to shutdown_timeout, 20 s here); a second one does not wait for
+    it."""
     daemon = plugin_daemon(engine_args={"delay": 120.0})
     daemon.start()
     docs.write_png(daemon.inbox / "slow.png", page_lines("slow"))
-    wait_until(lambda: any(e.get("event") == "job_started" for e in daemon.events()), 30, "a job to start")
+    wait_until(
+        lambda: any(e.get("event") == "job_started" for e in daemon.events()), 30, "a job to start"
+    )
     daemon.signal(signal.SIGINT)
-    wait_until(lambda: any(e.get("event") == "daemon_stopping" for e in daemon.events()), 10, "draining")
+    wait_until(
+        lambda: any(e.get("event") == "daemon_stopping" for e in daemon.events()), 10, "draining"
+    )
     t0 = time.monotonic()
     daemon.signal(signal.SIGINT)
     assert daemon.proc.wait(10) == 130
@@ -244,13 +288,19 @@ def test_polling_inbox_and_sighup_adds_an_inbox(make_daemon, tmp_path: Path) -> 
     daemon.start()
     first = docs.write_png(polled / "polled.png", page_lines("polled"))
     wait_until(lambda: sidecars_done(first), 60, "sidecar in the polled inbox")
-    assert any(e.get("event") == "inbox_watching" and "olling" in json.dumps(e) for e in daemon.events())
+    assert any(
+        e.get("event") == "inbox_watching" and "olling" in json.dumps(e) for e in daemon.events()
+    )
 
     second_inbox = tmp_path / "added"
     text = daemon.config_path.read_text()
-    daemon.config_path.write_text(text + f'\n[[inbox]]\npath = "{second_inbox}"\nsettle_seconds = 0.3\n')
+    daemon.config_path.write_text(
+        text + f'\n[[inbox]]\npath = "{second_inbox}"\nsettle_seconds = 0.3\n'
+    )
     daemon.signal(signal.SIGHUP)
-    wait_until(lambda: any(e.get("event") == "config_reloaded" for e in daemon.events()), 20, "reload")
+    wait_until(
+        lambda: any(e.get("event") == "config_reloaded" for e in daemon.events()), 20, "reload"
+    )
     wait_until(second_inbox.exists, 10, "new inbox created")
     added = docs.write_png(second_inbox / "added.png", page_lines("added"))
     wait_until(lambda: sidecars_done(added), 60, "sidecar in the added inbox")
@@ -274,7 +324,9 @@ def test_systemd_notifications(make_daemon, tmp_path: Path) -> None:
             pass
         return messages
 
-    wait_until(lambda: "READY=1" in drain() and "WATCHDOG=1" in messages, 20, "READY=1 and WATCHDOG=1")
+    wait_until(
+        lambda: "READY=1" in drain() and "WATCHDOG=1" in messages, 20, "READY=1 and WATCHDOG=1"
+    )
     assert daemon.stop() == 0
     drain()
     assert "STOPPING=1" in messages
@@ -292,24 +344,39 @@ def test_restart_skips_done_files_and_reprocesses_changed_ones(make_daemon) -> N
     time.sleep(2)
     assert sidecars_done(path)["timing"] == first["timing"], "unchanged file was processed again"
     docs.write_png(path, page_lines("changed"))
-    wait_until(lambda: "changed" in path.with_name(path.name + ".md").read_text().lower(), 60, "reprocessed")
+    wait_until(
+        lambda: "changed" in path.with_name(path.name + ".md").read_text().lower(),
+        60,
+        "reprocessed",
+    )
     assert daemon.stop() == 0
 
 
 def test_one_page_documents_fill_the_pages_in_flight_beyond_64_open_documents(make_daemon) -> None:
-    """``max_active_documents = "auto"`` follows the pages in flight: 70 one-page documents are all open at once
-    when the engine takes 80 pages, where the old fixed 64 held the rest back."""
+    """``max_active_documents = "auto"`` follows the pages in flight: 70 one-page documents are all
+    open at once when the engine takes 80 pages, where the old fixed 64 held the rest back."""
     daemon = make_daemon(scheduler={"max_inflight_pages": 80})
     daemon.start()
     (ready,) = [e for e in daemon.events() if e.get("event") == "scheduler_ready"]
-    assert (ready["max_inflight"], ready["max_active_documents"], ready["render_ahead"]) == (80, 80, 40)
+    assert (ready["max_inflight"], ready["max_active_documents"], ready["render_ahead"]) == (
+        80,
+        80,
+        40,
+    )
     paths = [
-        docs.write_png(daemon.inbox / f"card {index:02d}.png", docs.text_image([f"card {index}"], size=(600, 120)))
+        docs.write_png(
+            daemon.inbox / f"card {index:02d}.png",
+            docs.text_image([f"card {index}"], size=(600, 120)),
+        )
         for index in range(70)
     ]
 
     def running() -> float:
-        line = next(x for x in daemon.metrics().splitlines() if x.startswith('ocrwatch_active_documents{state="running"}'))
+        line = next(
+            x
+            for x in daemon.metrics().splitlines()
+            if x.startswith('ocrwatch_active_documents{state="running"}')
+        )
         return float(line.split()[-1])
 
     wait_until(lambda: running() > 64, 60, "more than 64 documents open at once")
@@ -322,10 +389,14 @@ def test_log_lines_name_their_job_and_a_restart_counts_the_files_done_before(mak
     said once, numbered as the sidecars number them; an empty file closed is failed once quiet, not
     after the probe's give-up; a restart that finds every file as it was says so in one line for the
     inbox, not a line a file."""
-    daemon = make_daemon(render={"max_side": 1000})  # at 150 dpi a 300 pt page fits, a 1000 pt one does not
+    daemon = make_daemon(
+        render={"max_side": 1000}
+    )  # at 150 dpi a 300 pt page fits, a 1000 pt one does not
     daemon.start()
     pngs = [docs.write_png(daemon.inbox / f"{tag}.png", page_lines(tag)) for tag in ("a", "b")]
-    poster = docs.write_sized_pdf(daemon.inbox / "poster.pdf", [(300, 300), (1000, 1000), (300, 300)])
+    poster = docs.write_sized_pdf(
+        daemon.inbox / "poster.pdf", [(300, 300), (1000, 1000), (300, 300)]
+    )
     bad = daemon.inbox / "bad.pdf"
     bad.write_bytes(b"MZ\x90\x00" + os.urandom(2000))
     empty = daemon.inbox / "empty.pdf"
@@ -337,22 +408,44 @@ def test_log_lines_name_their_job_and_a_restart_counts_the_files_done_before(mak
         assert error["error"]["kind"] == kind
     events = daemon.events()
     [said] = [e for e in events if e["event"] == "local_submitted" and e["path"] == str(empty)]
-    assert said["probe"] == "empty" and said["bytes"] == 0, said  # decided by its close, not given up on
+    assert said["probe"] == "empty" and said["bytes"] == 0, (
+        said
+    )  # decided by its close, not given up on
     started = {e["uri"]: e["job_id"] for e in events if e["event"] == "job_started"}
     submitted = {e["path"]: e["job_id"] for e in events if e["event"] == "local_submitted"}
     assert submitted == {str(path): started[path.as_uri()] for path in (*pngs, poster, bad, empty)}
     [lowered] = [e for e in events if e["event"] == "page_dpi_lowered"]
-    assert (lowered["job_id"], lowered["uri"], lowered["pages"]) == (started[poster.as_uri()], poster.as_uri(), "2")
-    assert (lowered["level"], lowered["count"], lowered["of"], lowered["wanted"]) == ("info", 1, 3, 150.0)
+    assert (lowered["job_id"], lowered["uri"], lowered["pages"]) == (
+        started[poster.as_uri()],
+        poster.as_uri(),
+        "2",
+    )
+    assert (lowered["level"], lowered["count"], lowered["of"], lowered["wanted"]) == (
+        "info",
+        1,
+        3,
+        150.0,
+    )
     assert daemon.stop() == 0
-    for path in (empty, empty.with_name("empty.pdf.error.json")):  # found at a start, it waits the give-up
+    for path in (
+        empty,
+        empty.with_name("empty.pdf.error.json"),
+    ):  # found at a start, it waits the give-up
         path.unlink()
 
     daemon.start()
-    said = wait_until(lambda: [e for e in daemon.events() if e["event"] == "local_unchanged"], 30, "the count")
-    assert said == [{**said[0], "inbox": str(daemon.inbox), "done": 3, "failed": 1, "level": "info"}]
+    said = wait_until(
+        lambda: [e for e in daemon.events() if e["event"] == "local_unchanged"], 30, "the count"
+    )
+    assert said == [
+        {**said[0], "inbox": str(daemon.inbox), "done": 3, "failed": 1, "level": "info"}
+    ]
     names = ("a.png", "b.png", "poster.pdf", "bad.pdf", "empty.pdf")
-    per_file = [e for e in daemon.events() if e["level"] != "debug" and any(n in json.dumps(e) for n in names)]
+    per_file = [
+        e
+        for e in daemon.events()
+        if e["level"] != "debug" and any(n in json.dumps(e) for n in names)
+    ]
     assert per_file == [], per_file
     assert len([e for e in daemon.events() if e["event"] == "job_already_done"]) == 3  # at debug
     assert daemon.stop() == 0

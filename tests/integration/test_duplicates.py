@@ -1,7 +1,7 @@
 """The same bytes dropped twice through ``ocrwatch run``: the copy takes the earlier result (its
 Markdown as written, ``reused_from`` naming the first file) with no second OCR, and its hook runs;
-``duplicates = "ocr"`` reads it again; and a copy dropped by another user is read again, so a drop never
-tells one user what another has."""
+``duplicates = "ocr"`` reads it again; and a copy dropped by another user is read again, so a drop
+never tells one user what another has."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def dropped(daemon: DaemonProcess, name: str, like: Path | None = None) -> Path:
 
 def test_a_copy_of_a_done_file_takes_its_result_without_a_second_ocr_and_runs_its_hook(
     make_daemon: Any, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "received"
     record = [sys.executable, script(tmp_path, "r.py", RECORDER), str(out)]
     daemon = make_daemon(hook=[{"name": "record", "command": record}]).start()
@@ -60,7 +60,9 @@ def test_a_copy_of_a_done_file_takes_its_result_without_a_second_ocr_and_runs_it
     assert result["source"]["uri"] == copy.as_uri() and result["source"]["name"] == "invoice.1.png"
     assert result["source"]["sha256"] == original["source"]["sha256"]
     assert result["pages"] == original["pages"]
-    assert (daemon.inbox / "invoice.1.png.md").read_bytes() == (daemon.inbox / "invoice.png.md").read_bytes()
+    assert (daemon.inbox / "invoice.1.png.md").read_bytes() == (
+        daemon.inbox / "invoice.png.md"
+    ).read_bytes()
     assert recognised_pages(daemon) == read  # the engine read nothing more
     received = wait_until(lambda: len(records(out)) == 2 and records(out), 30, "both hooks")
     assert {r["env"]["OCRWATCH_SOURCE"] for r in received} == {first.as_uri(), copy.as_uri()}
@@ -87,7 +89,7 @@ def test_duplicates_ocr_reads_every_copy_again(make_daemon: Any, tmp_path: Path)
 
 def test_a_copy_dropped_by_another_user_is_read_again(
     make_daemon: Any, users: tuple[User, User], shared_root: Path
-) -> None:  # fmt: skip
+) -> None:
     alice, bob = users
     inbox = shared_root / "inbox"
     daemon = daemon_on(make_daemon, shared_root).start()

@@ -1,10 +1,11 @@
 """Hardening: hostile inputs and injected faults, against ``ocrwatch run`` as a real process.
 
-What every test here proves, besides its own point: the daemon stays alive, every document ends either with
-sidecars or with its specific error kind (none is lost), the sources stay byte-identical, and nothing is
-written outside the configured folders. The engine is a tiny test engine (``tests.fault_engines``,
-``tests.hardening_engines``) loaded as a plugin, so the faults are exact and the runs fast; rendering,
-probing, the ledger, the scheduler and the sinks are the real ones.
+What every test here proves, besides its own point: the daemon stays alive, every document ends
+either with sidecars or with its specific error kind (none is lost), the sources stay
+byte-identical, and nothing is written outside the configured folders. The engine is a tiny test
+engine (``tests.fault_engines``, ``tests.hardening_engines``) loaded as a plugin, so the faults are
+exact and the runs fast; rendering, probing, the ledger, the scheduler and the sinks are the real
+ones.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ ECHO = "tests.fault_engines:EchoEngine"
 SIDECAR_SUFFIXES = (".error.json", ".json", ".md")
 
 
-# --- hostile documents, made here ----------------------------------------------------------------------------
+# --- hostile documents, made here -----------------------------------------------------------------
 
 
 def raw_pdf(objects: list[bytes], root: int = 1) -> bytes:
@@ -52,7 +53,11 @@ def raw_pdf(objects: list[bytes], root: int = 1) -> bytes:
     xref = len(out)
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, root, xref)
+    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        root,
+        xref,
+    )
     return bytes(out)
 
 
@@ -64,8 +69,14 @@ def blank_pages_pdf(count: int) -> bytes:
     """``count`` blank Letter pages sharing one empty content stream (5,000 pages in 0.6 MB)."""
     kids = b" ".join(b"%d 0 R" % (number + 4) for number in range(count))
     page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R >>"
-    return raw_pdf([CATALOG, b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, count),
-                    b"<< /Length 0 >>\nstream\n\nendstream", *[page] * count])  # fmt: skip
+    return raw_pdf(
+        [
+            CATALOG,
+            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, count),
+            b"<< /Length 0 >>\nstream\n\nendstream",
+            *[page] * count,
+        ]
+    )
 
 
 def pages_tree_loop_pdf() -> bytes:
@@ -77,19 +88,39 @@ def deeply_nested_pdf(depth: int = 100_000) -> bytes:
     """A page carrying an array nested ``depth`` deep and a dictionary nested ``depth`` deep."""
     arrays = b"[" * depth + b"]" * depth
     dicts = b"<< /A " * depth + b"1" + b" >>" * depth
-    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Junk " + arrays + b" /Info " + dicts + b" >>"
+    page = (
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Junk "
+        + arrays
+        + b" /Info "
+        + dicts
+        + b" >>"
+    )
     return raw_pdf([CATALOG, ONE_KID, page])
 
 
 def reference_cycle_pdf() -> bytes:
-    """A content stream whose /Length is a reference to a reference to itself, and a form that draws itself."""
-    page = (b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject << /X 7 0 R >> >>"
-            b" /Contents 4 0 R >>")  # fmt: skip
-    return raw_pdf([
-        CATALOG, ONE_KID, page, b"<< /Length 5 0 R >>\nstream\n/X Do 0 0 m 10 10 l S\nendstream", b"6 0 R", b"5 0 R",
-        (b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /XObject << /X 7 0 R >> >>"
-         b" /Length 6 >>\nstream\n/X Do\n\nendstream"),
-    ])  # fmt: skip
+    """A content stream whose /Length is a reference to a reference to itself, and a form that draws
+    itself."""
+    page = (
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject << /X 7 0 R "
+        b">> >>"
+        b" /Contents 4 0 R >>"
+    )
+    return raw_pdf(
+        [
+            CATALOG,
+            ONE_KID,
+            page,
+            b"<< /Length 5 0 R >>\nstream\n/X Do 0 0 m 10 10 l S\nendstream",
+            b"6 0 R",
+            b"5 0 R",
+            (
+                b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /XObject << "
+                b"/X 7 0 R >> >>"
+                b" /Length 6 >>\nstream\n/X Do\n\nendstream"
+            ),
+        ]
+    )
 
 
 def deep_page_tree_pdf(depth: int = 5_000) -> bytes:
@@ -104,28 +135,52 @@ def deep_page_tree_pdf(depth: int = 5_000) -> bytes:
 
 
 def flate_image_pdf(side: int) -> bytes:
-    """One Letter page showing a ``side`` x ``side`` grey image whose Flate stream is ~1/1000 of its pixels:
-    a decompression bomb for the renderer (12,000 px: 144 MB of pixels in 140 kB, about a second of pdftoppm)."""
+    """One Letter page showing a ``side`` x ``side`` grey image whose Flate stream is ~1/1000 of its
+    pixels: a decompression bomb for the renderer (12,000 px: 144 MB of pixels in 140 kB, about a
+    second of pdftoppm)."""
     compressor = zlib.compressobj(9)
     row = b"\x80" * side
     data = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
-    image = (b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceGray /BitsPerComponent 8"
-             b" /Filter /FlateDecode /Length %d >>\nstream\n" % (side, side, len(data)) + data + b"\nendstream")  # fmt: skip
+    image = (
+        b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceGray "
+        b"/BitsPerComponent 8"
+        b" /Filter /FlateDecode /Length %d >>\nstream\n"
+        % (side, side, len(data))
+        + data
+        + b"\nendstream"
+    )
     content = b"q 612 0 0 792 0 0 cm /Im0 Do Q\n"
-    page = (b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject << /Im0 4 0 R >> >>"
-            b" /Contents 5 0 R >>")  # fmt: skip
-    return raw_pdf([CATALOG, ONE_KID, page, image, b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream"])
+    page = (
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject << /Im0 4 0 "
+        b"R >> >>"
+        b" /Contents 5 0 R >>"
+    )
+    return raw_pdf(
+        [
+            CATALOG,
+            ONE_KID,
+            page,
+            image,
+            b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream",
+        ]
+    )
 
 
 def small_pdf(path: Path, tag: str, pages: int = 1) -> Path:
-    return docs.write_pdf(path, [docs.text_image([f"{tag} page {n + 1}"], size=(420, 160), font_px=30) for n in range(pages)])
+    return docs.write_pdf(
+        path,
+        [
+            docs.text_image([f"{tag} page {n + 1}"], size=(420, 160), font_px=30)
+            for n in range(pages)
+        ],
+    )
 
 
 def small_png(path: Path, tag: str) -> Path:
     return docs.write_png(path, docs.text_image([tag], size=(420, 160), font_px=30))
 
 
-# --- checks shared by the tests ------------------------------------------------------------------------------
+# --- checks shared by the tests -------------------------------------------------------------------
 
 
 def tree(root: Path) -> set[Path]:
@@ -138,18 +193,28 @@ def tree(root: Path) -> set[Path]:
 
 
 def hashes(paths: list[Path]) -> dict[Path, str]:
-    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file() and not p.is_symlink()}
+    return {
+        p: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in paths
+        if p.is_file() and not p.is_symlink()
+    }
 
 
-def assert_only_sidecars_were_added(before: set[Path], after: set[Path], allowed_roots: list[Path]) -> None:
-    """New paths are sidecars of inputs that existed before, or lie under ``allowed_roots`` (state, logs...)."""
+def assert_only_sidecars_were_added(
+    before: set[Path], after: set[Path], allowed_roots: list[Path]
+) -> None:
+    """New paths are sidecars of inputs that existed before, or lie under ``allowed_roots`` (state,
+    logs...)."""
     stray = []
     for path in sorted(after - before):
-        if any(path.is_relative_to(root) for root in allowed_roots) or path.name.startswith("daemon-"):
+        if any(path.is_relative_to(root) for root in allowed_roots) or path.name.startswith(
+            "daemon-"
+        ):
             continue
         name = os.fsencode(path.name)
         source = next(
-            (name[: -len(s)] for s in (x.encode() for x in SIDECAR_SUFFIXES) if name.endswith(s)), None
+            (name[: -len(s)] for s in (x.encode() for x in SIDECAR_SUFFIXES) if name.endswith(s)),
+            None,
         )
         if source is None or path.with_name(os.fsdecode(source)) not in before:
             stray.append(path)
@@ -162,8 +227,11 @@ def failures(daemon: Any) -> dict[str, dict[str, Any]]:
 
 
 def outcome(daemon: Any, path: Path) -> str | None:
-    """"ok"/"partial" from the JSON sidecar, else the error kind from the error sidecar or the log."""
-    with contextlib.suppress(OSError):  # ENAMETOOLONG: no sidecar name can exist for a 255-byte source name
+    """ "ok"/"partial" from the JSON sidecar, else the error kind from the error sidecar or the
+    log."""
+    with contextlib.suppress(
+        OSError
+    ):  # ENAMETOOLONG: no sidecar name can exist for a 255-byte source name
         data = sidecars_done(path)
         if data is not None:
             return str(data["status"])
@@ -177,18 +245,27 @@ def outcome(daemon: Any, path: Path) -> str | None:
 def events_for(daemon: Any, path: Path, event: str) -> list[dict[str, Any]]:
     uri = path.resolve().as_uri()
     jid = job_id_of(path)
-    return [e for e in daemon.events() if e.get("event") == event and (e.get("uri") == uri or e.get("job_id") == jid)]
+    return [
+        e
+        for e in daemon.events()
+        if e.get("event") == event and (e.get("uri") == uri or e.get("job_id") == jid)
+    ]
 
 
-# --- adversarial inputs ----------------------------------------------------------------------------------------
+# --- adversarial inputs ---------------------------------------------------------------------------
 
 
-def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(plugin_daemon, tmp_path: Path) -> None:
-    """Bombs, hostile PDFs, broken and hostile files, FIFOs, symlinks and hostile names, all in one inbox."""
+def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(
+    plugin_daemon, tmp_path: Path
+) -> None:
+    """Bombs, hostile PDFs, broken and hostile files, FIFOs, symlinks and hostile names, all in one
+    inbox."""
     daemon = plugin_daemon(
-        inboxes=[{"path": str(tmp_path / "inbox"), "settle_seconds": 0.3},
-                 {"path": str(tmp_path / "other"), "settle_seconds": 0.3}],
-    )  # fmt: skip
+        inboxes=[
+            {"path": str(tmp_path / "inbox"), "settle_seconds": 0.3},
+            {"path": str(tmp_path / "other"), "settle_seconds": 0.3},
+        ],
+    )
     inbox, other = tmp_path / "inbox", tmp_path / "other"
     inbox.mkdir(exist_ok=True)
     other.mkdir()
@@ -209,14 +286,20 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(plugin_
     # Hostile PDF structures.
     put("5000 blank pages.pdf", blank_pages_pdf(5000), "too_many_pages")
     put("pages tree loop.pdf", pages_tree_loop_pdf(), "corrupt_pdf")
-    put("deeply nested.pdf", deeply_nested_pdf(), "ok")  # poppler gives up on the junk, renders a blank page
+    put(
+        "deeply nested.pdf", deeply_nested_pdf(), "ok"
+    )  # poppler gives up on the junk, renders a blank page
     put("reference cycle.pdf", reference_cycle_pdf(), "ok")
     put("deep page tree.pdf", deep_page_tree_pdf(), "ok")
     # Broken, locked, or no document at all.
     put("truncated.pdf", docs.write_truncated_pdf(outside / "t.pdf").read_bytes(), "corrupt_pdf")
     put("truncated.png", docs.write_truncated_png(outside / "t.png").read_bytes(), "corrupt_image")
     put("locked.pdf", docs.write_encrypted_pdf(outside / "l.pdf").read_bytes(), "encrypted_pdf")
-    put("open encrypted.pdf", docs.write_encrypted_pdf(outside / "o.pdf", user_password="").read_bytes(), "ok")
+    put(
+        "open encrypted.pdf",
+        docs.write_encrypted_pdf(outside / "o.pdf", user_password="").read_bytes(),
+        "ok",
+    )
     put("program.pdf", docs.write_executable(outside / "p").read_bytes(), "not_a_document")
     put("zero bytes.pdf", b"", "empty_file")
     # Hostile names: each is processed as what it is, sidecars beside it, no shell ever sees it.
@@ -264,8 +347,11 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(plugin_
     writer = threading.Thread(target=grow)
     writer.start()
     try:
-        wait_until(lambda: all(outcome(daemon, p) for p in expected if p != growing), 75,
-                   "an outcome for every hostile input")  # fmt: skip
+        wait_until(
+            lambda: all(outcome(daemon, p) for p in expected if p != growing),
+            75,
+            "an outcome for every hostile input",
+        )
         writer.join()
         wait_until(lambda: outcome(daemon, growing), 30, "the grown file")
         assert daemon.proc.poll() is None, "the daemon died"
@@ -289,18 +375,29 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(plugin_
         assert poster["pages"][0]["dpi"] < 100
         # The 5,000-page PDF was refused by the probe: nothing rendered, and quickly.
         blank = inbox / "5000 blank pages.pdf"
-        started, failed = events_for(daemon, blank, "job_started"), events_for(daemon, blank, "job_failed")
+        started, failed = (
+            events_for(daemon, blank, "job_started"),
+            events_for(daemon, blank, "job_failed"),
+        )
         assert "5000 pages" in failed[0]["error"]
         with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
-            row = db.execute("select pages_total, pages_done from jobs where key = ?", (blank.resolve().as_uri(),)).fetchone()
+            row = db.execute(
+                "select pages_total, pages_done from jobs where key = ?",
+                (blank.resolve().as_uri(),),
+            ).fetchone()
         assert row == (None, 0), "pages of the 5,000-page PDF were rendered"
         assert _seconds(failed[0]) - _seconds(started[0]) < 5
         # The growing file was taken once, when complete.
         assert len(events_for(daemon, growing, "job_started")) == 1
         assert sidecars_done(growing)["source"]["bytes"] == len(growing_bytes)
         assert len(sidecars_done(growing)["pages"]) == 3
-        # Refused without a job: the FIFO, the link out of the inbox, the directory, the link into another inbox.
-        refused = {Path(e["path"]).name: e["reason"] for e in daemon.events() if e.get("event") == "local_refused"}
+        # Refused without a job: the FIFO, the link out of the inbox, the directory, the link into
+        # another inbox.
+        refused = {
+            Path(e["path"]).name: e["reason"]
+            for e in daemon.events()
+            if e.get("event") == "local_refused"
+        }
         assert "not a regular file" in refused["pipe.pdf"]
         assert "outside the inbox" in refused["passwd.pdf"]
         assert "outside the inbox" in refused["into other inbox.png"]
@@ -326,25 +423,37 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(plugin_
 def _seconds(event: dict[str, Any]) -> float:
     from datetime import datetime
 
-    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()  # 3.10 reads no Z
+    return datetime.fromisoformat(
+        event["timestamp"].replace("Z", "+00:00")
+    ).timestamp()  # 3.10 reads no Z
 
 
-def test_a_file_deleted_before_processing_and_one_replaced_during_it(plugin_daemon, tmp_path: Path) -> None:
-    """One document at a time, each page 1 s: B waits behind A and is deleted while it waits; C is replaced
-    (renamed over) while its pages are being recognised."""
+def test_a_file_deleted_before_processing_and_one_replaced_during_it(
+    plugin_daemon, tmp_path: Path
+) -> None:
+    """One document at a time, each page 1 s: B waits behind A and is deleted while it waits; C is
+    replaced (renamed over) while its pages are being recognised."""
     log = tmp_path / "recognitions.log"
     daemon = plugin_daemon(
-        "tests.hardening_engines:CountingEngine", {"log": str(log), "delay": 1.0},
+        "tests.hardening_engines:CountingEngine",
+        {"log": str(log), "delay": 1.0},
         scheduler={"max_active_documents": 1, "render_ahead": 1},
-    )  # fmt: skip
+    )
     daemon.start()
     inbox = daemon.inbox
     a = small_pdf(inbox / "a.pdf", "blocker", pages=2)
     wait_until(lambda: events_for(daemon, a, "job_started"), 20, "A started")
     b = small_png(inbox / "b.png", "deleted")
     b_bytes = b.read_bytes()
-    wait_until(lambda: [e for e in daemon.events() if e.get("event") == "local_submitted" and e["path"] == str(b)],
-               20, "B submitted")  # fmt: skip
+    wait_until(
+        lambda: [
+            e
+            for e in daemon.events()
+            if e.get("event") == "local_submitted" and e["path"] == str(b)
+        ],
+        20,
+        "B submitted",
+    )
     b.unlink()
     wait_until(lambda: events_for(daemon, b, "job_failed"), 30, "B failed")
     assert events_for(daemon, b, "job_failed")[-1]["kind"] == "source_gone"
@@ -355,23 +464,36 @@ def test_a_file_deleted_before_processing_and_one_replaced_during_it(plugin_daem
 
     c = small_pdf(inbox / "c.pdf", "before the replacement", pages=3)
     jid = job_id_of(c)
-    wait_until(lambda: log.exists() and f" {jid}/p0/" in log.read_text(), 30, "C's first page in the engine")
+    wait_until(
+        lambda: log.exists() and f" {jid}/p0/" in log.read_text(),
+        30,
+        "C's first page in the engine",
+    )
     replacement = small_pdf(tmp_path / "c-new.pdf", "after the replacement", pages=1)
     os.replace(replacement, c)
     new_hash = hashlib.sha256(c.read_bytes()).hexdigest()
-    data = wait_until(lambda: (d := sidecars_done(c)) and d["source"]["sha256"] == new_hash and d, 40, "C's new sidecars")
+    data = wait_until(
+        lambda: (d := sidecars_done(c)) and d["source"]["sha256"] == new_hash and d,
+        40,
+        "C's new sidecars",
+    )
     assert data["status"] == "ok" and len(data["pages"]) == 1
     assert c.with_name("c.pdf.md").read_text().count("<!-- page ") == 1
-    assert any(e.get("kind") == "source_changed" for e in events_for(daemon, c, "job_retry")), "no source_changed retry"
+    assert any(e.get("kind") == "source_changed" for e in events_for(daemon, c, "job_retry")), (
+        "no source_changed retry"
+    )
     assert not error_sidecar(c)
     assert sidecars_done(a)["status"] == "ok"
     assert daemon.proc.poll() is None
     assert daemon.stop() == 0
 
 
-def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(plugin_daemon, tmpfs, tmp_path: Path) -> None:
-    """The inbox's filesystem is full: ``disk_full`` is retried with backoff, no partial or temporary file
-    is left, and once space is freed the sidecars appear whole."""
+def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(
+    plugin_daemon, tmpfs, tmp_path: Path
+) -> None:
+    """The inbox's filesystem is full: ``disk_full`` is retried with backoff, no partial or
+    temporary
+    file is left, and once space is freed the sidecars appear whole."""
     small = tmpfs(tmp_path / "small-inbox", "512k")
     doc = small_pdf(small / "doc.pdf", "full disk", pages=2)
     source_hash = hashes([doc])
@@ -383,13 +505,21 @@ def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(plugin_daemon, 
     daemon = plugin_daemon(
         inboxes=[{"path": str(small), "settle_seconds": 0.3}],
         retry={"attempts": 8, "backoff_initial_seconds": 0.5, "backoff_max_seconds": 1.0},
-    )  # fmt: skip
+    )
     daemon.start()
-    wait_until(lambda: any(e.get("kind") == "disk_full" for e in events_for(daemon, doc, "job_retry")), 30,
-               "a disk_full retry")  # fmt: skip
+    wait_until(
+        lambda: any(e.get("kind") == "disk_full" for e in events_for(daemon, doc, "job_retry")),
+        30,
+        "a disk_full retry",
+    )
     names = sorted(p.name for p in small.iterdir())
-    assert names in (sorted([".filler", "doc.pdf"]), sorted([".filler", "doc.pdf", "doc.pdf.md"])), names
-    if (small / "doc.pdf.md").exists():  # the Markdown fitted; it is whole, and the JSON (the marker) is not there
+    assert names in (
+        sorted([".filler", "doc.pdf"]),
+        sorted([".filler", "doc.pdf", "doc.pdf.md"]),
+    ), names
+    if (
+        small / "doc.pdf.md"
+    ).exists():  # the Markdown fitted; it is whole, and the JSON (the marker) is not there
         assert (small / "doc.pdf.md").read_text().count("<!-- page ") == 2
     filler.unlink()
     data = wait_until(lambda: sidecars_done(doc), 30, "sidecars once space is free")
@@ -400,7 +530,7 @@ def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(plugin_daemon, 
     assert daemon.stop() == 0
 
 
-# --- injected faults -------------------------------------------------------------------------------------------
+# --- injected faults ------------------------------------------------------------------------------
 
 
 def _pages_ok(path: Path, pages: int) -> bool:
@@ -409,15 +539,24 @@ def _pages_ok(path: Path, pages: int) -> bool:
 
 
 def test_engine_crashing_on_every_7th_page_loses_nothing(plugin_daemon) -> None:
-    """``EngineDead`` on every 7th page: the engine is rebuilt, the pages in flight are requeued, every
+    """``EngineDead`` on every 7th page: the engine is rebuilt, the pages in flight are requeued,
+    every
     document ends ok."""
     daemon = plugin_daemon("tests.fault_engines:CrashingEngine", {"every": 7, "delay": 0.05})
     daemon.start()
     paths = [small_pdf(daemon.inbox / f"crash {n}.pdf", f"crash {n}", pages=3) for n in range(8)]
-    wait_until(lambda: all(sidecars_done(p) for p in paths), 90, "every document despite the crashes")
+    wait_until(
+        lambda: all(sidecars_done(p) for p in paths), 90, "every document despite the crashes"
+    )
     assert all(_pages_ok(p, 3) for p in paths)
     metrics = daemon.metrics()
-    restarts = float(next(line.split()[-1] for line in metrics.splitlines() if line.startswith("ocrwatch_engine_restarts_total")))
+    restarts = float(
+        next(
+            line.split()[-1]
+            for line in metrics.splitlines()
+            if line.startswith("ocrwatch_engine_restarts_total")
+        )
+    )
     assert restarts >= 3, metrics
     assert len([e for e in daemon.events() if e.get("event") == "page_requeued"]) >= 3
     assert not failures(daemon)
@@ -425,13 +564,17 @@ def test_engine_crashing_on_every_7th_page_loses_nothing(plugin_daemon) -> None:
 
 
 def test_hanging_engine_is_cut_off_by_the_page_timeout(plugin_daemon, tmp_path: Path) -> None:
-    """A page whose first attempt never answers is aborted after ``page_timeout_seconds`` and succeeds on the
-    next rung; a page that never answers at all is marked failed and its document is partial, not lost."""
+    """A page whose first attempt never answers is aborted after ``page_timeout_seconds`` and
+    succeeds
+    on the next rung; a page that never answers at all is marked failed and its document is partial,
+    not lost."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     recovers, never = inbox / "recovers.pdf", inbox / "never.png"
     match = f"^{job_id_of(recovers)}/p1/a0$|^{job_id_of(never)}/p0/"
-    daemon = plugin_daemon("tests.fault_engines:HangingEngine", {"match": match}, engine={"page_timeout_seconds": 1.0})
+    daemon = plugin_daemon(
+        "tests.fault_engines:HangingEngine", {"match": match}, engine={"page_timeout_seconds": 1.0}
+    )
     daemon.start()
     small_pdf(recovers, "recovers", pages=2)
     small_png(never, "never answered")
@@ -446,23 +589,31 @@ def test_hanging_engine_is_cut_off_by_the_page_timeout(plugin_daemon, tmp_path: 
     assert daemon.stop() == 0
 
 
-def test_looping_and_garbage_output_still_make_valid_sidecars(plugin_daemon, tmp_path: Path) -> None:
-    """Output that loops on every rung fails its page (document partial); output that is garbage (surrogates,
-    NULs, bidi overrides, fake page markers, broken layout tags, 1 MB, nothing) is written as valid UTF-8."""
+def test_looping_and_garbage_output_still_make_valid_sidecars(
+    plugin_daemon, tmp_path: Path
+) -> None:
+    """Output that loops on every rung fails its page (document partial); output that is garbage
+    (surrogates, NULs, bidi overrides, fake page markers, broken layout tags, 1 MB, nothing) is
+    written as valid UTF-8."""
     inbox = tmp_path / "loops" / "inbox"
     inbox.mkdir(parents=True)
     loops, fine = inbox / "loops.png", inbox / "fine.png"
     daemon = plugin_daemon(
-        "tests.fault_engines:LoopingEngine", {"mode": "always", "match": f"^{job_id_of(loops)}/"},
+        "tests.fault_engines:LoopingEngine",
+        {"mode": "always", "match": f"^{job_id_of(loops)}/"},
         root=tmp_path / "loops",
-    )  # fmt: skip
+    )
     daemon.start()
     small_png(loops, "loops")
     small_png(fine, "fine")
-    wait_until(lambda: sidecars_done(loops) and sidecars_done(fine), 30, "looping and fine documents")
+    wait_until(
+        lambda: sidecars_done(loops) and sidecars_done(fine), 30, "looping and fine documents"
+    )
     data = sidecars_done(loops)
     assert data["status"] == "partial" and data["pages"][0]["status"] == "failed"
-    assert {t["outcome"] for t in data["pages"][0]["tries"]} == {"loop"} and len(data["pages"][0]["tries"]) >= 2
+    assert {t["outcome"] for t in data["pages"][0]["tries"]} == {"loop"} and len(
+        data["pages"][0]["tries"]
+    ) >= 2
     assert sidecars_done(fine)["status"] == "ok"
     assert daemon.stop() == 0
 
@@ -473,7 +624,9 @@ def test_looping_and_garbage_output_still_make_valid_sidecars(plugin_daemon, tmp
     doc = small_pdf(daemon.inbox / "garbage.pdf", "garbage", pages=len(GARBAGE))
     data = wait_until(lambda: sidecars_done(doc), 60, "the garbage document")
     jsonschema.validate(data, JSON_SCHEMA)
-    json.loads(doc.with_name("garbage.pdf.json").read_bytes().decode("utf-8"))  # strict UTF-8, strict JSON
+    json.loads(
+        doc.with_name("garbage.pdf.json").read_bytes().decode("utf-8")
+    )  # strict UTF-8, strict JSON
     markdown = doc.with_name("garbage.pdf.md").read_bytes().decode("utf-8")
     assert markdown.startswith("<!-- page 1 -->") and len(data["pages"]) == len(GARBAGE)
     assert daemon.proc.poll() is None
@@ -481,8 +634,12 @@ def test_looping_and_garbage_output_still_make_valid_sidecars(plugin_daemon, tmp
 
 
 def test_pdftoppm_killed_mid_page_is_retried_not_called_corrupt(plugin_daemon) -> None:
-    """SIGKILL to ``pdftoppm`` (as the OOM killer would) while it renders: ``render_failed``, retried, then ok."""
-    daemon = plugin_daemon(retry={"attempts": 5, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 0.5})
+    """SIGKILL to ``pdftoppm`` (as the OOM killer would) while it renders: ``render_failed``,
+    retried,
+    then ok."""
+    daemon = plugin_daemon(
+        retry={"attempts": 5, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 0.5}
+    )
     daemon.start()
     killed: list[int] = []
     stop = threading.Event()
@@ -511,50 +668,71 @@ def test_pdftoppm_killed_mid_page_is_retried_not_called_corrupt(plugin_daemon) -
     assert daemon.stop() == 0
 
 
-def test_ledger_locked_by_another_process_delays_but_loses_nothing(plugin_daemon, tmp_path: Path) -> None:
-    """Another process holds the ledger's write lock for 5 s: the daemon keeps answering /healthz (the
-    event loop never blocks on the lock), waits, and then processes everything that arrived meanwhile."""
+def test_ledger_locked_by_another_process_delays_but_loses_nothing(
+    plugin_daemon, tmp_path: Path
+) -> None:
+    """Another process holds the ledger's write lock for 5 s: the daemon keeps answering /healthz
+    (the
+    event loop never blocks on the lock), waits, and then processes everything that arrived
+    meanwhile."""
     daemon = plugin_daemon()
     daemon.start()
     warm = small_png(daemon.inbox / "before.png", "before the lock")
     wait_until(lambda: sidecars_done(warm), 20, "a document before the lock")
-    script = ("import sqlite3, sys, time\n"
-              "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-              "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True)\n"
-              "time.sleep(5); db.execute('COMMIT')\n")  # fmt: skip
-    locker = subprocess.Popen([sys.executable, "-c", script, str(daemon.state / "ledger.sqlite3")], stdout=subprocess.PIPE, text=True)
+    script = (
+        "import sqlite3, sys, time\n"
+        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True)\n"
+        "time.sleep(5); db.execute('COMMIT')\n"
+    )
+    locker = subprocess.Popen(
+        [sys.executable, "-c", script, str(daemon.state / "ledger.sqlite3")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert locker.stdout.readline().strip() == "locked"
         paths = [small_png(daemon.inbox / f"during {n}.png", f"during {n}") for n in range(3)]
         health_latencies = []
         while locker.poll() is None:
             t0 = time.monotonic()
-            with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/healthz", timeout=2) as response:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{daemon.port}/healthz", timeout=2
+            ) as response:
                 assert response.status == 200
             health_latencies.append(time.monotonic() - t0)
             time.sleep(0.25)
         assert max(health_latencies) < 1.0, health_latencies
     finally:
         locker.wait(10)
-    wait_until(lambda: all(sidecars_done(p) for p in paths), 40, "documents that arrived during the lock")
+    wait_until(
+        lambda: all(sidecars_done(p) for p in paths), 40, "documents that arrived during the lock"
+    )
     assert any(e.get("event") == "ledger_locked" for e in daemon.events())
     assert not failures(daemon)
     assert daemon.stop() == 0
 
 
 def test_s3_errors_and_slowness_are_retried_not_failed() -> None:
-    """S3 answering 500/503/SlowDown or timing out: each call is retried with backoff, and what survives
-    the retries is ``storage_unavailable`` (transient: the document is retried, never failed for it).
-    The source's outage handling end to end is ``tests/test_sources_s3.py::test_polling_survives_an_outage...``."""
+    """S3 answering 500/503/SlowDown or timing out: each call is retried with backoff, and what
+    survives the retries is ``storage_unavailable`` (transient: the document is retried, never
+    failed for it). The source's outage handling end to end is
+    ``tests/test_sources_s3.py::test_polling_survives_an_outage...``."""
     botocore = pytest.importorskip("botocore.exceptions")
     from ocrwatch import s3client as s3
 
     def client_error(status: int, code: str) -> Exception:
-        return botocore.ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+        return botocore.ClientError(
+            {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
+        )
 
-    for exc in (client_error(500, "InternalError"), client_error(503, "ServiceUnavailable"),
-                client_error(503, "SlowDown"), botocore.ReadTimeoutError(endpoint_url="http://s3"),
-                botocore.EndpointConnectionError(endpoint_url="http://s3")):  # fmt: skip
+    for exc in (
+        client_error(500, "InternalError"),
+        client_error(503, "ServiceUnavailable"),
+        client_error(503, "SlowDown"),
+        botocore.ReadTimeoutError(endpoint_url="http://s3"),
+        botocore.EndpointConnectionError(endpoint_url="http://s3"),
+    ):
         assert s3.is_transient(exc), exc
         assert s3.storage_error(exc, "downloading").retryable
     assert not s3.is_transient(client_error(404, "NoSuchKey"))
@@ -570,8 +748,9 @@ def test_s3_errors_and_slowness_are_retried_not_failed() -> None:
 
 
 def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> None:
-    """The exact interleaving behind the stall the crashing-engine test found (and that a document failing
-    on one page while another was just dispatched can still hit): dispatch, then cancel in the same step."""
+    """The exact interleaving behind the stall the crashing-engine test found (and that a document
+    failing on one page while another was just dispatched can still hit): dispatch, then cancel in
+    the same step."""
     from PIL import Image
 
     from ocrwatch.render import RenderedPage
@@ -586,8 +765,12 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
         sized = PageScheduler(max_inflight=2, render_ahead=2, render_workers=1, ageing_seconds=30)
         scheduler = answered(sized, recognize)
         scheduler.pause_engine()
-        page = RenderedPage(index=0, image=Image.new("L", (8, 8)), dpi=72.0, width=8, height=8, seconds=0.0)
-        doc = scheduler.add("d", priority=50, detected_at=time.time(), pages=1, prompt="p", render=lambda i: page)
+        page = RenderedPage(
+            index=0, image=Image.new("L", (8, 8)), dpi=72.0, width=8, height=8, seconds=0.0
+        )
+        doc = scheduler.add(
+            "d", priority=50, detected_at=time.time(), pages=1, prompt="p", render=lambda i: page
+        )
         while scheduler.budget.ready < 1:
             await asyncio.sleep(0.01)
         scheduler.resume_engine()  # dispatches: the page's task is created, not yet run
@@ -601,9 +784,11 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
 
 
 def test_a_flate_bomb_page_is_cut_off_by_the_render_deadline(tmp_path: Path) -> None:
-    """A 140 kB PDF whose page holds 144 MB of pixels: pdftoppm stays small in memory (poppler streams the
-    image) but takes its time; past ``[render] timeout_seconds`` it is killed and the page is
-    ``render_timeout`` (transient: retried, then the document fails with that kind). No pdftoppm outlives it."""
+    """A 140 kB PDF whose page holds 144 MB of pixels: pdftoppm stays small in memory (poppler
+    streams
+    the image) but takes its time; past ``[render] timeout_seconds`` it is killed and the page is
+    ``render_timeout`` (transient: retried, then the document fails with that kind). No pdftoppm
+    outlives it."""
     from ocrwatch.config import RenderConfig
     from ocrwatch.errors import RenderTimeout
     from ocrwatch.render import Limits, probe, render_page, render_spec

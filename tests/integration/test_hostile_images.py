@@ -1,10 +1,12 @@
-"""Hostile documents for the renderer, end to end: huge images that are small on disk, and PDFs whose header is
-buried under junk or missing; and for the searchable PDF, pages made to exhaust a reader of content.
+"""Hostile documents for the renderer, end to end: huge images that are small on disk, and PDFs
+whose
+header is buried under junk or missing; and for the searchable PDF, pages made to exhaust a reader
+of content.
 
-The PDFs go through ``ocrwatch run`` as a real process with Tesseract. The memory test runs the render step as
-the pipeline runs it (the daemon's default render workers and its one decode budget) in a child process of its
-own, so that the kernel's peak (``VmHWM``) is that of the render step alone; ``bench/image_memory.py`` measures
-the whole daemon.
+The PDFs go through ``ocrwatch run`` as a real process with Tesseract. The memory test runs the
+render step as the pipeline runs it (the daemon's default render workers and its one decode budget)
+in a child process of its own, so that the kernel's peak (``VmHWM``) is that of the render step
+alone; ``bench/image_memory.py`` measures the whole daemon.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def _junk(size: int) -> bytes:
 def test_pdfs_with_a_buried_or_missing_header_are_read_and_random_bytes_are_not(
     make_daemon: Callable[..., DaemonProcess], tmp_path: Path
 ) -> None:
-    """2 KiB of junk before ``%PDF-``, and no header line at all: poppler renders both, so they end ``ok`` with
-    the page's text; random bytes named ``.pdf`` still end as ``not_a_document``."""
+    """2 KiB of junk before ``%PDF-``, and no header line at all: poppler renders both, so they end
+    ``ok`` with the page's text; random bytes named ``.pdf`` still end as ``not_a_document``."""
     pdf = docs.write_pdf(tmp_path / "source.pdf", [["Invoice 42", "Total 17.50"]]).read_bytes()
     contents = {
         "buried.pdf": _junk(2048) + pdf,
@@ -54,13 +56,17 @@ def test_pdfs_with_a_buried_or_missing_header_are_read_and_random_bytes_are_not(
             os.replace(hidden, daemon.inbox / name)
         for name in ("buried.pdf", "bare.pdf"):
             path = daemon.inbox / name
-            document = wait_until(lambda: sidecars_done(path) or error_sidecar(path), 120, f"a sidecar for {name}")
+            document = wait_until(
+                lambda: sidecars_done(path) or error_sidecar(path), 120, f"a sidecar for {name}"
+            )
             assert document.get("status") == "ok", document
             markdown = path.with_name(name + ".md").read_text()
             assert "Invoice 42" in markdown and "17.50" in markdown, markdown
             assert document["source"]["mime"] == "application/pdf"
         random_pdf = daemon.inbox / "random.pdf"
-        error = wait_until(lambda: error_sidecar(random_pdf), 120, "the error sidecar of random.pdf")
+        error = wait_until(
+            lambda: error_sidecar(random_pdf), 120, "the error sidecar of random.pdf"
+        )
         assert error["error"]["kind"] == "not_a_document", error
         assert not random_pdf.with_name("random.pdf.md").exists()
     finally:
@@ -130,11 +136,13 @@ spec = render.render_spec(cfg.render, TesseractEngine(cfg.engine.tesseract).geom
 budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)
 def one(name):
     path = Path(name)
-    page = render.render_page(path, render.probe(path, render.Limits.from_config(cfg.limits)), 0, spec, budget=budget)
+    info = render.probe(path, render.Limits.from_config(cfg.limits))
+    page = render.render_page(path, info, 0, spec, budget=budget)
     return page.image.size, page.image.mode
 with ThreadPoolExecutor(auto_render_workers(len(os.sched_getaffinity(0)))) as pool:
     pages = list(pool.map(one, sys.argv[1:]))
-peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) * 1024
+status = open("/proc/self/status").read().splitlines()
+peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
 print(json.dumps({"peak": peak, "pages": pages, "peak_holders": budget.peak_holders}))
 """
 
@@ -172,10 +180,12 @@ print(json.dumps({"peak": peak, "layers": layers, "peak_holders": budget.peak_ho
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from Linux /proc")
 @pytest.mark.timeout(900)
 def test_five_huge_pngs_at_once_stay_far_below_five_decoded_images(tmp_path: Path) -> None:
-    """Five 12,600 x 12,600 RGBA PNGs (a megabyte or two each on disk, 635 MB each decoded) rendered at once:
-    every render worker used to decode, flatten and convert its own, 2.5 GB each, and five peaked at 5.1 GB.
-    With one budget they are decoded one after another, each a band at a time: 0.75 GiB on 2 cores. The bound,
-    2 GiB, leaves room for any allocator and still fails where either half is lost (the budget alone: 2.5 GB)."""
+    """Five 12,600 x 12,600 RGBA PNGs (a megabyte or two each on disk, 635 MB each decoded) rendered
+    at
+    once: every render worker used to decode, flatten and convert its own, 2.5 GB each, and five
+    peaked at 5.1 GB. With one budget they are decoded one after another, each a band at a time:
+    0.75 GiB on 2 cores. The bound, 2 GiB, leaves room for any allocator and still fails where
+    either half is lost (the budget alone: 2.5 GB)."""
     big = tmp_path / "big-0.png"
     subprocess.run([sys.executable, "-c", _BUILD, str(big)], check=True, timeout=300)
     files = [big]
@@ -184,8 +194,11 @@ def test_five_huge_pngs_at_once_stay_far_below_five_decoded_images(tmp_path: Pat
         os.link(big, files[-1])
     child = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", _RENDER_FIVE, *map(str, files)],
-        cwd=REPO, capture_output=True, text=True, timeout=800,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     figures = json.loads(child.stdout.strip().splitlines()[-1])
     assert figures["pages"] == [[[4096, 4096], "RGB"]] * 5
@@ -210,8 +223,11 @@ def test_five_huge_pngs_made_searchable_at_once_are_decoded_within_one_budget(
         os.link(big, files[-1])
     child = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", _SEARCHABLE_FIVE, str(256 * MiB), *map(str, files)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     figures = json.loads(child.stdout.strip().splitlines()[-1])
     assert figures["layers"] == [["none"]] * 5

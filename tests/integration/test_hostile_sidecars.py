@@ -1,9 +1,11 @@
-"""Hostile things at sidecar names, and faults of the place, against ``ocrwatch run`` with Tesseract (issue 18).
+"""Hostile things at sidecar names, and faults of the place, against ``ocrwatch run`` with Tesseract
+(issue 18).
 
 A FIFO, a link to /dev/zero, a folder or a user's file where a sidecar goes ends its document in
-``output_conflict``; a full disk, a read-only output folder or a read-only ``state_dir/tmp`` is waited out,
-without using up the document's attempts, and the document ends ``ok`` once the place is fixed, without a
-restart. Every test also shows that the daemon stays ready and stops on SIGTERM in time.
+``output_conflict``; a full disk, a read-only output folder or a read-only ``state_dir/tmp`` is
+waited out, without using up the document's attempts, and the document ends ``ok`` once the place is
+fixed, without a restart. Every test also shows that the daemon stays ready and stops on SIGTERM in
+time.
 """
 
 from __future__ import annotations
@@ -41,24 +43,40 @@ def remount(point: Path, mode: str) -> None:
 
 def events(daemon: DaemonProcess, event: str, path: Path | None = None) -> list[dict[str, Any]]:
     uri = path.resolve().as_uri() if path is not None else None
-    return [e for e in daemon.events() if e.get("event") == event and (uri is None or e.get("uri") == uri)]
+    return [
+        e
+        for e in daemon.events()
+        if e.get("event") == event and (uri is None or e.get("uri") == uri)
+    ]
 
 
 def ledger_row(daemon: DaemonProcess, path: Path) -> dict[str, Any]:
-    with contextlib.closing(sqlite3.connect(f"file:{daemon.state / 'ledger.sqlite3'}?mode=ro", uri=True,
-                                            timeout=10)) as db:  # fmt: skip
+    with contextlib.closing(
+        sqlite3.connect(f"file:{daemon.state / 'ledger.sqlite3'}?mode=ro", uri=True, timeout=10)
+    ) as db:
         db.row_factory = sqlite3.Row
-        row = db.execute("SELECT state, attempts, last_error FROM jobs WHERE key LIKE ?", (f"%{path.name}",)).fetchone()
+        row = db.execute(
+            "SELECT state, attempts, last_error FROM jobs WHERE key LIKE ?", (f"%{path.name}",)
+        ).fetchone()
     assert row is not None, f"no ledger row for {path}"
-    return {"state": row["state"], "attempts": row["attempts"], "error": json.loads(row["last_error"] or "null")}
+    return {
+        "state": row["state"],
+        "attempts": row["attempts"],
+        "error": json.loads(row["last_error"] or "null"),
+    }
 
 
 def carries_on(daemon: DaemonProcess, folder: Path, tag: str) -> float:
-    """A normal file dropped now gets its sidecars; returns how long it took (the target is 10 s)."""
+    """A normal file dropped now gets its sidecars; returns how long it took (the target is 10
+    s)."""
     assert daemon.ready()
     started = time.monotonic()
     normal = docs.write_png(folder / f"normal {tag}.png", lines(tag))
-    wait_until(lambda: sidecars_done(normal), 60, f"sidecars of a normal file dropped afterwards ({normal.name})")
+    wait_until(
+        lambda: sidecars_done(normal),
+        60,
+        f"sidecars of a normal file dropped afterwards ({normal.name})",
+    )
     seconds = time.monotonic() - started
     assert sidecars_done(normal)["status"] == "ok"
     print(f"{tag}: a normal file dropped afterwards had its sidecars after {seconds:.1f}s")
@@ -82,16 +100,19 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-# --- things at sidecar names ------------------------------------------------------------------------------------
+# --- things at sidecar names ----------------------------------------------------------------------
 
 
 def test_fifos_a_dev_zero_link_folders_and_a_users_file_at_sidecar_names(make_daemon) -> None:
-    """Seven FIFOs named NAME.json (more than the worker threads), NAME.json linked to /dev/zero, folders named
-    NAME.json and NAME.md, a user's NAME.json: each document ends in ``output_conflict`` naming what is there,
-    nothing planted is touched, memory stays flat, and the daemon goes on and stops on time."""
+    """Seven FIFOs named NAME.json (more than the worker threads), NAME.json linked to /dev/zero,
+    folders named NAME.json and NAME.md, a user's NAME.json: each document ends in
+    ``output_conflict`` naming what is there, nothing planted is touched, memory stays flat, and the
+    daemon goes on and stops on time."""
     daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})
     inbox = daemon.inbox
-    planted: dict[Path, tuple[Path, str]] = {}  # document -> (what lies at its sidecar name, its description)
+    planted: dict[
+        Path, tuple[Path, str]
+    ] = {}  # document -> (what lies at its sidecar name, its description)
     for index in range(7):
         os.mkfifo(inbox / f"fifo{index}.png.json")
         planted[inbox / f"fifo{index}.png"] = (inbox / f"fifo{index}.png.json", "a FIFO")
@@ -107,7 +128,9 @@ def test_fifos_a_dev_zero_link_folders_and_a_users_file_at_sidecar_names(make_da
         docs.write_png(document, lines(document.stem))
 
     for document, (occupant, what) in planted.items():
-        error = wait_until(lambda d=document: error_sidecar(d), 120, f"the error sidecar of {document.name}")
+        error = wait_until(
+            lambda d=document: error_sidecar(d), 120, f"the error sidecar of {document.name}"
+        )
         jsonschema.validate(error, ERROR_SCHEMA)
         assert error["error"]["kind"] == "output_conflict", error
         assert what in error["error"]["message"] and str(occupant) in error["error"]["hint"], error
@@ -121,8 +144,13 @@ def test_fifos_a_dev_zero_link_folders_and_a_users_file_at_sidecar_names(make_da
     assert (inbox / "theirs.png.json").read_text() == USER_JSON
     assert {e["kind"] for e in events(daemon, "job_failed")} == {"output_conflict"}
     assert daemon.proc is not None
-    peak_kib = int(next(line.split()[1] for line in Path(f"/proc/{daemon.proc.pid}/status").read_text().splitlines()
-                        if line.startswith("VmHWM:")))  # fmt: skip
+    peak_kib = int(
+        next(
+            line.split()[1]
+            for line in Path(f"/proc/{daemon.proc.pid}/status").read_text().splitlines()
+            if line.startswith("VmHWM:")
+        )
+    )
     print(f"daemon peak RSS: {peak_kib / 1024:.0f} MiB")
     assert peak_kib < 1024 * 1024, "the daemon read from /dev/zero"
 
@@ -130,18 +158,22 @@ def test_fifos_a_dev_zero_link_folders_and_a_users_file_at_sidecar_names(make_da
     stops_in_time(daemon)
 
 
-# --- names whose sidecars cannot exist, and stale results ---------------------------------------------------------
+# --- names whose sidecars cannot exist, and stale results -----------------------------------------
 
 
 def test_a_250_byte_name_gets_one_clear_error_and_no_result(make_daemon) -> None:
-    """NAME.md and NAME.json would fit in 255 bytes, NAME.error.json would not: the document fails with
-    ``name_too_long`` before any sidecar is written, instead of writing a result and then failing."""
+    """NAME.md and NAME.json would fit in 255 bytes, NAME.error.json would not: the document fails
+    with
+    ``name_too_long`` before any sidecar is written, instead of writing a result and then
+    failing."""
     daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})
     daemon.start()
     long = docs.write_png(daemon.inbox / ("n" * 246 + ".png"), lines("long name"))
     assert len(os.fsencode(long.name)) == 250
     failed = wait_until(lambda: events(daemon, "job_failed", long), 60, "the long name's failure")
-    assert sorted(p.name for p in daemon.inbox.iterdir()) == [long.name]  # no .md, no .json, no temporary
+    assert sorted(p.name for p in daemon.inbox.iterdir()) == [
+        long.name
+    ]  # no .md, no .json, no temporary
     assert len(failed) == 1 and failed[0]["kind"] == "name_too_long", failed
     assert "261 bytes" in failed[0]["error"] and "shorter" in failed[0]["hint"]
     carries_on(daemon, daemon.inbox, "after a long name")
@@ -150,12 +182,16 @@ def test_a_250_byte_name_gets_one_clear_error_and_no_result(make_daemon) -> None
 
 
 def test_a_new_version_that_fails_removes_the_previous_result(make_daemon, tmp_path: Path) -> None:
-    """report.pdf is OCR'd, then replaced by an encrypted PDF: the error sidecar appears and the previous
-    content's report.pdf.md and report.pdf.json are gone, so no "ok" result stands for content no longer there."""
+    """report.pdf is OCR'd, then replaced by an encrypted PDF: the error sidecar appears and the
+    previous content's report.pdf.md and report.pdf.json are gone, so no "ok" result stands for
+    content no longer there."""
     daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})
     daemon.start()
     report = docs.write_pdf(daemon.inbox / "report.pdf", [lines("first version")])
-    assert wait_until(lambda: sidecars_done(report), 60, "the first version's sidecars")["status"] == "ok"
+    assert (
+        wait_until(lambda: sidecars_done(report), 60, "the first version's sidecars")["status"]
+        == "ok"
+    )
     replacement = docs.write_encrypted_pdf(tmp_path / "replacement.pdf")
     os.replace(replacement, report)
     error = wait_until(lambda: error_sidecar(report), 60, "the new version's error sidecar")
@@ -165,7 +201,7 @@ def test_a_new_version_that_fails_removes_the_previous_result(make_daemon, tmp_p
     stops_in_time(daemon)
 
 
-# --- faults of the place -----------------------------------------------------------------------------------------
+# --- faults of the place --------------------------------------------------------------------------
 
 
 def _waits_without_using_attempts(daemon: DaemonProcess, document: Path, kind: str) -> None:
@@ -183,12 +219,16 @@ def _waits_without_using_attempts(daemon: DaemonProcess, document: Path, kind: s
     assert row["state"] != "failed" and row["attempts"] <= 1 and row["error"]["kind"] == kind, row
 
 
-def test_a_full_disk_is_waited_out_and_the_document_ends_ok_without_a_restart(make_daemon, tmpfs, tmp_path: Path) -> None:
+def test_a_full_disk_is_waited_out_and_the_document_ends_ok_without_a_restart(
+    make_daemon, tmpfs, tmp_path: Path
+) -> None:
     small = tmpfs(tmp_path / "small", "1m")
     document = docs.write_png(small / "doc.png", lines("full disk"))
     filler = fill(small)
-    daemon = make_daemon(inboxes=[{"path": str(small), "settle_seconds": 0.3}],
-                         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})  # fmt: skip
+    daemon = make_daemon(
+        inboxes=[{"path": str(small), "settle_seconds": 0.3}],
+        daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT},
+    )
     daemon.start()
     _waits_without_using_attempts(daemon, document, "disk_full")
     assert not sidecars_done(document)
@@ -197,27 +237,36 @@ def test_a_full_disk_is_waited_out_and_the_document_ends_ok_without_a_restart(ma
     assert data["status"] == "ok" and not error_sidecar(document)
     assert sorted(p.name for p in small.iterdir()) == ["doc.png", "doc.png.json", "doc.png.md"]
     # The JSON is the completion marker; the ledger row follows it a moment later.
-    wait_until(lambda: ledger_row(daemon, document)["state"] == "done", 10, "the ledger row marked done")
+    wait_until(
+        lambda: ledger_row(daemon, document)["state"] == "done", 10, "the ledger row marked done"
+    )
     carries_on(daemon, small, "after the full disk")
     stops_in_time(daemon)
 
 
 def test_a_read_only_output_folder_is_waited_out(make_daemon, tmpfs, tmp_path: Path) -> None:
-    """``output_not_writable`` is the place's fault: once the folder is writable again the document ends ok."""
+    """``output_not_writable`` is the place's fault: once the folder is writable again the document
+    ends ok."""
     folder = tmpfs(tmp_path / "ro", "4m")
     document = docs.write_png(folder / "scan.png", lines("read only"))
     remount(folder, "ro")
-    daemon = make_daemon(inboxes=[{"path": str(folder), "settle_seconds": 0.3}],
-                         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})  # fmt: skip
+    daemon = make_daemon(
+        inboxes=[{"path": str(folder), "settle_seconds": 0.3}],
+        daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT},
+    )
     daemon.start()
     _waits_without_using_attempts(daemon, document, "output_not_writable")
     remount(folder, "rw")
-    assert wait_until(lambda: sidecars_done(document), 60, "the sidecars once writable")["status"] == "ok"
+    assert (
+        wait_until(lambda: sidecars_done(document), 60, "the sidecars once writable")["status"]
+        == "ok"
+    )
     stops_in_time(daemon)
 
 
 def test_a_read_only_state_tmp_is_waited_out(make_daemon, tmpfs, tmp_path: Path) -> None:
-    """The document's private temporary folder under ``state_dir/tmp`` cannot be made: waited out too."""
+    """The document's private temporary folder under ``state_dir/tmp`` cannot be made: waited out
+    too."""
     daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})
     scratch = tmpfs(daemon.state / "tmp", "4m")
     daemon.start()
@@ -225,35 +274,50 @@ def test_a_read_only_state_tmp_is_waited_out(make_daemon, tmpfs, tmp_path: Path)
     document = docs.write_png(daemon.inbox / "doc.png", lines("state tmp"))
     _waits_without_using_attempts(daemon, document, "output_not_writable")
     remount(scratch, "rw")
-    assert wait_until(lambda: sidecars_done(document), 60, "the sidecars once writable")["status"] == "ok"
+    assert (
+        wait_until(lambda: sidecars_done(document), 60, "the sidecars once writable")["status"]
+        == "ok"
+    )
     stops_in_time(daemon)
 
 
-def test_a_read_only_inbox_waits_and_output_dir_is_the_remedy(make_daemon, tmpfs, tmp_path: Path) -> None:
-    """Sources on a mount that stays read-only: the documents wait (never ``failed``, so no ``ocrwatch retry``
-    is needed), and SIGTERM ends their backoff at once instead of waiting ``shutdown_timeout`` for it; with
-    ``[output] dir`` set and a restart, the sidecars go there and the sources are untouched."""
+def test_a_read_only_inbox_waits_and_output_dir_is_the_remedy(
+    make_daemon, tmpfs, tmp_path: Path
+) -> None:
+    """Sources on a mount that stays read-only: the documents wait (never ``failed``, so no
+    ``ocrwatch
+    retry`` is needed), and SIGTERM ends their backoff at once instead of waiting
+    ``shutdown_timeout`` for it; with ``[output] dir`` set and a restart, the sidecars go there and
+    the sources are untouched."""
     folder = tmpfs(tmp_path / "ro-inbox", "4m")
     scan = docs.write_png(folder / "scan.png", lines("read only"))
     (folder / "sub").mkdir()
     nested = docs.write_png(folder / "sub" / "photo.png", lines("nested"))
     remount(folder, "ro")
     sources = {path: path.read_bytes() for path in (scan, nested)}
-    daemon = make_daemon(inboxes=[{"path": str(folder), "settle_seconds": 0.3}],
-                         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT}, retry={"backoff_max_seconds": 60.0})  # fmt: skip
+    daemon = make_daemon(
+        inboxes=[{"path": str(folder), "settle_seconds": 0.3}],
+        daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT},
+        retry={"backoff_max_seconds": 60.0},
+    )
     daemon.start()
     _waits_without_using_attempts(daemon, scan, "output_not_writable")
     retry = next(e for e in events(daemon, "job_retry") if e.get("kind") == "output_not_writable")
     assert "read-only" in retry["error"] and "[output] dir" in retry["hint"]
     stops_in_time(daemon)
-    assert not events(daemon, "jobs_requeued_at_shutdown"), "the shutdown waited for a backoff to end"
+    assert not events(daemon, "jobs_requeued_at_shutdown"), (
+        "the shutdown waited for a backoff to end"
+    )
 
     out = tmp_path / "out"
     daemon.config_path.write_text(daemon.config_path.read_text() + f'\n[output]\ndir = "{out}"\n')
     daemon.start()
     out = out / "ro-inbox"  # the inbox's own folder there
-    wait_until(lambda: (out / "scan.png.json").exists() and (out / "sub" / "photo.png.json").exists(), 60,
-               "sidecars under [output] dir")  # fmt: skip
+    wait_until(
+        lambda: (out / "scan.png.json").exists() and (out / "sub" / "photo.png.json").exists(),
+        60,
+        "sidecars under [output] dir",
+    )
     assert json.loads((out / "scan.png.json").read_text())["status"] == "ok"
     assert {path: path.read_bytes() for path in sources} == sources
     stops_in_time(daemon)

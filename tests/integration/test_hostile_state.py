@@ -1,9 +1,9 @@
 """Start-up on a broken state, through the real CLI: ``run``, ``status`` and ``retry`` as processes.
 
-A ledger that is garbage, cut short, damaged in the middle or from a newer ocrwatch, a state_dir the daemon
-cannot write, a state_dir another daemon holds: each is something only the user can fix, so each ends in one
-line that names the file and says what to do, exit 2 (which the systemd unit does not restart on) and no
-traceback; the broken ledger is left exactly as it was.
+A ledger that is garbage, cut short, damaged in the middle or from a newer ocrwatch, a state_dir the
+daemon cannot write, a state_dir another daemon holds: each is something only the user can fix, so
+each ends in one line that names the file and says what to do, exit 2 (which the systemd unit does
+not restart on) and no traceback; the broken ledger is left exactly as it was.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ pytestmark = pytest.mark.integration
 
 COMMANDS = ("run", "status", "retry")
 # Root writes anywhere; without these capabilities it meets a folder's mode as any user would.
-AS_A_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+AS_A_USER = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+)
 
 
 @pytest.fixture
@@ -39,24 +41,47 @@ def daemon(tmp_path: Path) -> PluginDaemon:
     return PluginDaemon(tmp_path, "tests.fault_engines:EchoEngine")
 
 
-def ocrwatch(daemon: PluginDaemon, command: str, prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def ocrwatch(
+    daemon: PluginDaemon, command: str, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [*(prefix or []), sys.executable, "-m", "ocrwatch", command, "--config", str(daemon.config_path)],
-        capture_output=True, text=True, timeout=90, env=env, cwd=daemon.root,
-    )  # fmt: skip
+        [
+            *(prefix or []),
+            sys.executable,
+            "-m",
+            "ocrwatch",
+            command,
+            "--config",
+            str(daemon.config_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=daemon.root,
+    )
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess[str], command: str, names: Path) -> str:
-    """Exit 2, no traceback, and exactly one error line, which names ``names``; returns that line."""
+    """Exit 2, no traceback, and exactly one error line, which names ``names``; returns that
+    line."""
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output
     assert "Traceback" not in output, output
-    if command == "run":  # the daemon logs JSON lines (as under systemd): all of them parse, one is the error
+    if (
+        command == "run"
+    ):  # the daemon logs JSON lines (as under systemd): all of them parse, one is the error
         lines = proc.stderr.splitlines()
         events = [json.loads(line) for line in lines]
-        errors = [line for line, event in zip(lines, events, strict=True) if event["level"] in ("error", "critical")]
-        assert [e["event"] for e in events if e["level"] in ("error", "critical")] == ["startup_failed"], output
+        errors = [
+            line
+            for line, event in zip(lines, events, strict=True)
+            if event["level"] in ("error", "critical")
+        ]
+        assert [e["event"] for e in events if e["level"] in ("error", "critical")] == [
+            "startup_failed"
+        ], output
         assert not proc.stdout
     else:
         errors = proc.stderr.splitlines()
@@ -68,7 +93,9 @@ def assert_one_error_line(proc: subprocess.CompletedProcess[str], command: str, 
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("breaker", list(ledgers.BREAKERS))
-def test_a_broken_ledger_is_one_line_and_exit_2(daemon: PluginDaemon, breaker: str, command: str) -> None:
+def test_a_broken_ledger_is_one_line_and_exit_2(
+    daemon: PluginDaemon, breaker: str, command: str
+) -> None:
     ledger = daemon.state / "ledger.sqlite3"
     ledgers.make_ledger(ledger, daemon.inbox)
     ledgers.BREAKERS[breaker](ledger)
@@ -89,23 +116,30 @@ def read_only_state(daemon: PluginDaemon) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_read_only_state_dir_is_one_line_and_exit_2(daemon: PluginDaemon, read_only_state: Path, command: str) -> None:
+def test_a_read_only_state_dir_is_one_line_and_exit_2(
+    daemon: PluginDaemon, read_only_state: Path, command: str
+) -> None:
     assert_one_error_line(ocrwatch(daemon, command, AS_A_USER), command, read_only_state)
     assert sorted(p.name for p in read_only_state.iterdir()) == ["ledger.sqlite3"]
 
 
 def test_a_state_dir_held_by_another_daemon(daemon: PluginDaemon) -> None:
-    """``run`` refuses (two daemons would process every document twice); ``status`` and ``retry`` are meant
-    to be used beside a running daemon, and work."""
+    """``run`` refuses (two daemons would process every document twice); ``status`` and ``retry``
+    are
+    meant to be used beside a running daemon, and work."""
     ledgers.make_ledger(daemon.state / "ledger.sqlite3", daemon.inbox, rows=10)
     with open(daemon.state / "daemon.lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the other daemon holds it
         line = assert_one_error_line(ocrwatch(daemon, "run"), "run", daemon.state)
         assert "in use by another running ocrwatch" in line
         status = ocrwatch(daemon, "status")
-        assert status.returncode == 0 and "done         10" in status.stdout, status.stdout + status.stderr
+        assert status.returncode == 0 and "done         10" in status.stdout, (
+            status.stdout + status.stderr
+        )
         retry = ocrwatch(daemon, "retry")
-        assert retry.returncode == 0 and retry.stdout.startswith("0 job(s)"), retry.stdout + retry.stderr
+        assert retry.returncode == 0 and retry.stdout.startswith("0 job(s)"), (
+            retry.stdout + retry.stderr
+        )
 
 
 def test_status_and_retry_on_a_state_dir_never_used_create_nothing(daemon: PluginDaemon) -> None:
@@ -122,11 +156,12 @@ def test_status_and_retry_on_a_state_dir_never_used_create_nothing(daemon: Plugi
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777], ids=lambda mode: f"{mode:04o}")
 def test_a_state_dir_others_may_write_is_refused_in_one_line(
     daemon: PluginDaemon, mode: int, command: str
-) -> None:  # fmt: skip
+) -> None:
     """Anyone who may write in state_dir may replace the ledger (and read every path in it): nothing
     starts, and nothing is made or changed there."""
     ledgers.make_ledger(daemon.state / "ledger.sqlite3", daemon.inbox, rows=10)
     daemon.state.chmod(mode)
+
     def listing() -> list[tuple[str, int, int]]:
         return sorted((p.name, p.stat().st_mode, p.stat().st_size) for p in daemon.state.iterdir())
 
@@ -138,7 +173,7 @@ def test_a_state_dir_others_may_write_is_refused_in_one_line(
 
 def test_a_state_dir_of_another_user_is_refused_in_one_line(
     daemon: PluginDaemon, users: Any
-) -> None:  # fmt: skip
+) -> None:
     _, bob = users
     daemon.state.mkdir(mode=0o700)
     os.chown(daemon.state, bob.uid, bob.gid)

@@ -1,6 +1,6 @@
-"""What a user of a shared inbox can do to its watching, through the real daemon process (issue 24, items 7 and
-8): a chain of folders 2,500 deep, present at start and moved in while running, and an event storm with a
-SIGTERM in the middle of it."""
+"""What a user of a shared inbox can do to its watching, through the real daemon process (issue 24,
+items 7 and 8): a chain of folders 2,500 deep, present at start and moved in while running, and an
+event storm with a SIGTERM in the middle of it."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ DEEP = 2500
 SHUTDOWN_TIMEOUT = 3.0
 ROUNDS = 20
 STORM_SECONDS = 1.0
-# Files made, written, renamed and removed as fast as a process can, until it is killed: every other name a
-# document's, so the source follows each, the rest temporaries. On the old code a SIGTERM sent in the middle
-# of it was lost in about two rounds of five.
+# Files made, written, renamed and removed as fast as a process can, until it is killed: every other
+# name a document's, so the source follows each, the rest temporaries. On the old code a SIGTERM
+# sent in the middle of it was lost in about two rounds of five.
 STORM = """
 import os, sys
 folder = sys.argv[1]
@@ -47,9 +47,12 @@ def refused_folders(daemon: DaemonProcess) -> list[str]:
     return [event["path"] for event in daemon.events() if event.get("event") == "local_refused"]
 
 
-def test_a_folder_chain_2500_deep_stops_neither_the_inbox_nor_the_daemon(plugin_daemon, tmp_path: Path) -> None:
-    """Before: the start with the chain present exited 1 (``RecursionError`` adding the watches), a restart loop
-    under ``Restart=on-failure``; a chain moved in while running killed the watcher's thread without a word."""
+def test_a_folder_chain_2500_deep_stops_neither_the_inbox_nor_the_daemon(
+    plugin_daemon, tmp_path: Path
+) -> None:
+    """Before: the start with the chain present exited 1 (``RecursionError`` adding the watches), a
+    restart loop under ``Restart=on-failure``; a chain moved in while running killed the watcher's
+    thread without a word."""
     daemon = plugin_daemon(ECHO, inboxes=[{"path": str(tmp_path / "inbox"), "settle_seconds": 0.2}])
     inbox, outside = daemon.inbox, tmp_path / "outside"
     outside.mkdir()
@@ -58,37 +61,55 @@ def test_a_folder_chain_2500_deep_stops_neither_the_inbox_nor_the_daemon(plugin_
         make_chain(outside, DEEP, "e")
         daemon.start()
         first = docs.write_png(inbox / "first.png", ["FIRST"])
-        wait_until(lambda: sidecars_done(first), 60, f"first.png's sidecars:\n{daemon.log_text()[-3000:]}")
+        wait_until(
+            lambda: sidecars_done(first), 60, f"first.png's sidecars:\n{daemon.log_text()[-3000:]}"
+        )
 
         os.rename(outside / "e", inbox / "e")
-        second = docs.write_png(inbox / "second.png", ["SECOND"])  # by an event: the scan is a minute away
-        wait_until(lambda: sidecars_done(second), 30, f"second.png's sidecars:\n{daemon.log_text()[-3000:]}")
+        second = docs.write_png(
+            inbox / "second.png", ["SECOND"]
+        )  # by an event: the scan is a minute away
+        wait_until(
+            lambda: sidecars_done(second),
+            30,
+            f"second.png's sidecars:\n{daemon.log_text()[-3000:]}",
+        )
         too_deep = [str(inbox.resolve().joinpath(*[name] * 33)) for name in ("d", "e")]
-        wait_until(lambda: sorted(refused_folders(daemon)) == too_deep, 10, "each chain refused once")
+        wait_until(
+            lambda: sorted(refused_folders(daemon)) == too_deep, 10, "each chain refused once"
+        )
         assert 'ocrwatch_inbox_watcher_restarts_total{inbox="' in daemon.metrics()
         assert daemon.stop(timeout=30) == 0
         assert "Traceback" not in daemon.log_text() and "RecursionError" not in daemon.log_text()
 
         daemon.start()  # a restart with both chains present serves the rest
         third = docs.write_png(inbox / "third.png", ["THIRD"])
-        wait_until(lambda: sidecars_done(third), 60, f"third.png's sidecars:\n{daemon.log_text()[-3000:]}")
+        wait_until(
+            lambda: sidecars_done(third), 60, f"third.png's sidecars:\n{daemon.log_text()[-3000:]}"
+        )
         assert sorted(refused_folders(daemon)) == too_deep
         assert daemon.stop(timeout=30) == 0
         assert "Traceback" not in daemon.log_text()
 
 
-def test_a_sigterm_in_an_event_storm_stops_the_daemon_every_time(plugin_daemon, tmp_path: Path) -> None:
-    """Before: watchdog's events reached the loop a ``call_soon_threadsafe`` each, a byte each in the loop's
-    self-pipe; the storm filled it, the byte of the SIGTERM was dropped ("Exception ignored when trying to write
-    to the signal wakeup fd") and the daemon ran on. Now the events come in batches and the signal is caught by
-    a handler of its own: ``ROUNDS`` storms in a row, each SIGTERM ends the daemon with 0 in its bound."""
+def test_a_sigterm_in_an_event_storm_stops_the_daemon_every_time(
+    plugin_daemon, tmp_path: Path
+) -> None:
+    """Before: watchdog's events reached the loop a ``call_soon_threadsafe`` each, a byte each in
+    the
+    loop's self-pipe; the storm filled it, the byte of the SIGTERM was dropped ("Exception ignored
+    when trying to write to the signal wakeup fd") and the daemon ran on. Now the events come in
+    batches and the signal is caught by a handler of its own: ``ROUNDS`` storms in a row, each
+    SIGTERM ends the daemon with 0 in its bound."""
     bound = SHUTDOWN_TIMEOUT + 5
     for round_ in range(ROUNDS):
         root = tmp_path / f"round-{round_}"
         daemon = plugin_daemon(
-            ECHO, root=root, inboxes=[{"path": str(root / "inbox"), "settle_seconds": 0.3}],
+            ECHO,
+            root=root,
+            inboxes=[{"path": str(root / "inbox"), "settle_seconds": 0.3}],
             daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT},
-        )  # fmt: skip
+        )
         daemon.start()
         storm = subprocess.Popen([sys.executable, "-c", STORM, str(daemon.inbox / "storm")])
         try:
@@ -106,6 +127,8 @@ def test_a_sigterm_in_an_event_storm_stops_the_daemon_every_time(plugin_daemon, 
             code = None
         took = time.monotonic() - sent
         log = daemon.log_text()
-        assert code == 0, f"round {round_}: exit {code} after {took:.1f}s (bound {bound:g}s):\n{log[-3000:]}"
+        assert code == 0, (
+            f"round {round_}: exit {code} after {took:.1f}s (bound {bound:g}s):\n{log[-3000:]}"
+        )
         assert "daemon_stopped" in log and "wakeup fd" not in log, f"round {round_}:\n{log[-3000:]}"
         daemon.stop()

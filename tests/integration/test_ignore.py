@@ -16,11 +16,22 @@ from tests.integration.conftest import error_sidecar, sidecars_done, wait_until
 pytestmark = pytest.mark.integration
 
 IGNORED = [
-    ".DS_Store", "._scan.png", "Thumbs.db", "THUMBS.DB", "desktop.ini",
-    "@eaDir/scan.png/SYNOFILE_THUMB_M.jpg", "@eaDir/other.png", ".stfolder/scan.png",
-    "__MACOSX/scan.png", "scan.png.part", "scan.png.crdownload", "~$scan.png",
-    "scan.png.bak", "drafts/scan.png", "sub/Drafts/deeper/scan.png",
-]  # fmt: skip
+    ".DS_Store",
+    "._scan.png",
+    "Thumbs.db",
+    "THUMBS.DB",
+    "desktop.ini",
+    "@eaDir/scan.png/SYNOFILE_THUMB_M.jpg",
+    "@eaDir/other.png",
+    ".stfolder/scan.png",
+    "__MACOSX/scan.png",
+    "scan.png.part",
+    "scan.png.crdownload",
+    "~$scan.png",
+    "scan.png.bak",
+    "drafts/scan.png",
+    "sub/Drafts/deeper/scan.png",
+]
 """Built-ins and the configured ``*.bak`` and ``drafts/``; each a real PNG that would be OCRed
 otherwise."""
 
@@ -45,10 +56,18 @@ def untouched(path: Path) -> bool:
 def test_ignored_names_are_dropped_silently_and_documents_beside_them_done(
     make_daemon, tmp_path: Path, polling: bool
 ) -> None:
-    daemon = make_daemon(inboxes=[{
-        "path": str(tmp_path / "inbox"), "patterns": ["*"], "ignore": ["*.bak", "drafts/"],
-        "settle_seconds": 0.2, "polling": polling, "poll_seconds": 0.2,
-    }])  # fmt: skip
+    daemon = make_daemon(
+        inboxes=[
+            {
+                "path": str(tmp_path / "inbox"),
+                "patterns": ["*"],
+                "ignore": ["*.bak", "drafts/"],
+                "settle_seconds": 0.2,
+                "polling": polling,
+                "poll_seconds": 0.2,
+            }
+        ]
+    )
     inbox = daemon.inbox
     before = drop(inbox / "before", IGNORED, "before")
     first = docs.write_png(inbox / "before" / "keep.png", ["Kept before start"])

@@ -1,5 +1,6 @@
-"""``[[inbox]] lang``: each inbox's documents are read by Tesseract in its own languages, with the daemon and
-Tesseract real (the German data comes from tesseract-ocr-deu, which tests/run.sh installs)."""
+"""``[[inbox]] lang``: each inbox's documents are read by Tesseract in its own languages, with the
+daemon and Tesseract real (the German data comes from tesseract-ocr-deu, which tests/run.sh
+installs)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
 
 pytestmark = pytest.mark.integration
 
-DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")  # Pillow's bundled font has no umlauts
+DEJAVU = Path(
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+)  # Pillow's bundled font has no umlauts
 GERMAN = "Die Größe der Straße"
 
 
@@ -24,13 +27,21 @@ def german_page(path: Path) -> Path:
     return path
 
 
-def test_each_inbox_is_read_in_its_own_language(tmp_path: Path, spawned: list[DaemonProcess]) -> None:
-    listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True).stdout.split()
+def test_each_inbox_is_read_in_its_own_language(
+    tmp_path: Path, spawned: list[DaemonProcess]
+) -> None:
+    listed = subprocess.run(
+        ["tesseract", "--list-langs"], capture_output=True, text=True
+    ).stdout.split()
     if "deu" not in listed or not DEJAVU.exists():
-        pytest.skip("needs tesseract-ocr-deu and fonts-dejavu-core (tests/run.sh installs the first)")
+        pytest.skip(
+            "needs tesseract-ocr-deu and fonts-dejavu-core (tests/run.sh installs the first)"
+        )
     german, english = tmp_path / "german", tmp_path / "english"
-    inboxes = [{"path": str(german), "lang": "deu", "settle_seconds": 0.2},
-               {"path": str(english), "settle_seconds": 0.2}]  # fmt: skip
+    inboxes = [
+        {"path": str(german), "lang": "deu", "settle_seconds": 0.2},
+        {"path": str(english), "settle_seconds": 0.2},
+    ]
     daemon = DaemonProcess(tmp_path, inboxes)
     spawned.append(daemon)
     daemon.start()
@@ -42,5 +53,10 @@ def test_each_inbox_is_read_in_its_own_language(tmp_path: Path, spawned: list[Da
             done[inbox] = wait_until(lambda page=page: sidecars_done(page), 60, f"{page}'s sidecar")
     finally:
         assert daemon.stop() == 0
-    assert done[german]["engine"]["lang"] == "deu" and GERMAN in done[german]["pages"][0]["markdown"]
-    assert done[english]["engine"]["lang"] == "eng" and "Größe" not in done[english]["pages"][0]["markdown"]
+    assert (
+        done[german]["engine"]["lang"] == "deu" and GERMAN in done[german]["pages"][0]["markdown"]
+    )
+    assert (
+        done[english]["engine"]["lang"] == "eng"
+        and "Größe" not in done[english]["pages"][0]["markdown"]
+    )

@@ -22,7 +22,7 @@ pytestmark = [
         not all(shutil.which(tool) for tool in ("tesseract", "pdftoppm", "pdftotext")),
         reason="needs tesseract and poppler-utils",
     ),
-]  # fmt: skip
+]
 
 LINES = list(rotated.PANGRAMS[:6])
 
@@ -62,8 +62,12 @@ def test_turned_pages_are_read_upright_through_the_daemon(make_daemon: Any, tmp_
         assert page["seconds"]["orient"] > 0
         markdown = (daemon.inbox / f"{path.name}.md").read_text()
         assert rotated.word_similarity(markdown, text) >= 0.9, (path.name, markdown)
-        layer = subprocess.run(["pdftotext", str(daemon.inbox / f"{path.name}.ocr.pdf"), "-"],
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        layer = subprocess.run(
+            ["pdftotext", str(daemon.inbox / f"{path.name}.ocr.pdf"), "-"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert sorted(rotated.words(layer)) == sorted(rotated.words(page["markdown"])), path.name
     turned = [event for event in daemon.events() if event.get("event") == "page_turned"]
     assert len(turned) == len(wanted)

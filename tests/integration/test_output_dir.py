@@ -1,5 +1,6 @@
-"""``[output] dir`` with the daemon as a real process: relative to the configuration file, one folder per inbox,
-and a sidecar that goes missing is noticed and its document done again."""
+"""``[output] dir`` with the daemon as a real process: relative to the configuration file, one
+folder
+per inbox, and a sidecar that goes missing is noticed and its document done again."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.integration
 
 
 def two_inboxes(root: Path, plugin_daemon: Any) -> PluginDaemon:
-    """Inboxes ``a`` and ``b``, each with ``sub/report.pdf`` (different content); the configuration in
+    """Inboxes ``a`` and ``b``, each with ``sub/report.pdf`` (different content); the configuration
+    in
     ``root/etc`` names ``dir = "out"``, while the daemon runs in ``root``."""
     inboxes = [{"path": str(root / name), "settle_seconds": 0.2} for name in ("a", "b")]
     daemon: PluginDaemon = plugin_daemon(inboxes=inboxes)
@@ -44,13 +46,23 @@ def sidecar(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def test_two_inboxes_with_the_same_names_keep_their_sidecars_apart(tmp_path: Path, plugin_daemon: Any) -> None:
+def test_two_inboxes_with_the_same_names_keep_their_sidecars_apart(
+    tmp_path: Path, plugin_daemon: Any
+) -> None:
     daemon = two_inboxes(tmp_path, plugin_daemon)
-    out = tmp_path / "etc" / "out"  # beside the configuration file, not in the daemon's working folder
+    out = (
+        tmp_path / "etc" / "out"
+    )  # beside the configuration file, not in the daemon's working folder
     daemon.start()
     try:
-        done = {name: wait_until(lambda name=name: sidecar(out / name / "sub" / "report.pdf.json"), 60,
-                                 f"{name}'s sidecar in {out}") for name in ("a", "b")}  # fmt: skip
+        done = {
+            name: wait_until(
+                lambda name=name: sidecar(out / name / "sub" / "report.pdf.json"),
+                60,
+                f"{name}'s sidecar in {out}",
+            )
+            for name in ("a", "b")
+        }
     finally:
         assert daemon.stop() == 0
     for name in ("a", "b"):
@@ -62,13 +74,19 @@ def test_two_inboxes_with_the_same_names_keep_their_sidecars_apart(tmp_path: Pat
     assert not (tmp_path / "out").exists() and not list((tmp_path / "a").rglob("*.json"))
 
 
-def test_a_deleted_sidecar_is_noticed_at_the_next_start_and_redone(tmp_path: Path, plugin_daemon: Any) -> None:
+def test_a_deleted_sidecar_is_noticed_at_the_next_start_and_redone(
+    tmp_path: Path, plugin_daemon: Any
+) -> None:
     daemon = two_inboxes(tmp_path, plugin_daemon)
     out = tmp_path / "etc" / "out"
     daemon.start()
     try:
         for name in ("a", "b"):
-            wait_until(lambda name=name: sidecar(out / name / "sub" / "report.pdf.json"), 60, f"{name}'s sidecar")
+            wait_until(
+                lambda name=name: sidecar(out / name / "sub" / "report.pdf.json"),
+                60,
+                f"{name}'s sidecar",
+            )
     finally:
         assert daemon.stop() == 0
     lost, kept = out / "a" / "sub" / "report.pdf.json", out / "b" / "sub" / "report.pdf.json"
@@ -79,12 +97,22 @@ def test_a_deleted_sidecar_is_noticed_at_the_next_start_and_redone(tmp_path: Pat
         redone = wait_until(lambda: sidecar(lost), 60, "the deleted sidecar written again")
     finally:
         assert daemon.stop() == 0
-    assert redone["source"]["sha256"] == hashlib.sha256((tmp_path / "a" / "sub" / "report.pdf").read_bytes()).hexdigest()
+    assert (
+        redone["source"]["sha256"]
+        == hashlib.sha256((tmp_path / "a" / "sub" / "report.pdf").read_bytes()).hexdigest()
+    )
     events = daemon.events()  # the second run's
     assert [e["uri"] for e in events if e["event"] == "job_sidecars_missing"] == [
         (tmp_path / "a" / "sub" / "report.pdf").as_uri()
     ]
-    assert kept.stat().st_mtime_ns == kept_before, "a document whose sidecar is there was done again"
+    assert kept.stat().st_mtime_ns == kept_before, (
+        "a document whose sidecar is there was done again"
+    )
     assert sum(e["event"] == "job_done" for e in events) == 1
-    with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:  # a redo never counts toward crash_loop
-        assert db.execute("SELECT state, attempts FROM jobs").fetchall() == [("done", 1), ("done", 1)]
+    with sqlite3.connect(
+        daemon.state / "ledger.sqlite3"
+    ) as db:  # a redo never counts toward crash_loop
+        assert db.execute("SELECT state, attempts FROM jobs").fetchall() == [
+            ("done", 1),
+            ("done", 1),
+        ]

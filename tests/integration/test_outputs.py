@@ -1,6 +1,7 @@
-"""What users do with a result, through ``ocrwatch run`` as a real process: the searchable PDF (real Tesseract,
-checked with pdftotext and qpdf), the source moved to the archive or deleted on success (and kept when it must
-be), on local inboxes and on S3 (moto), and figures cut out of real rendered pages (recorded DeepSeek output)."""
+"""What users do with a result, through ``ocrwatch run`` as a real process: the searchable PDF (real
+Tesseract, checked with pdftotext and qpdf), the source moved to the archive or deleted on success
+(and kept when it must be), on local inboxes and on S3 (moto), and figures cut out of real rendered
+pages (recorded DeepSeek output)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,16 @@ from tests.test_textlayer import page_pdf
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not all(shutil.which(tool) for tool in ("tesseract", "pdftoppm", "pdftotext", "qpdf")),
-                       reason="needs tesseract, poppler-utils and qpdf"),
-]  # fmt: skip
+    pytest.mark.skipif(
+        not all(shutil.which(tool) for tool in ("tesseract", "pdftoppm", "pdftotext", "qpdf")),
+        reason="needs tesseract, poppler-utils and qpdf",
+    ),
+]
 
-LETTER = [["Invoice 4711 was paid", "on the twelfth of March.", "Total amount 17.50 EUR"],
-          ["Second page of the letter", "with two lines of text"]]  # fmt: skip
+LETTER = [
+    ["Invoice 4711 was paid", "on the twelfth of March.", "Total amount 17.50 EUR"],
+    ["Second page of the letter", "with two lines of text"],
+]
 BORN_DIGITAL = [("google-doc-document.pdf", 0), ("small-table.pdf", 0), ("tracemonkey.pdf", 0)]
 
 
@@ -49,12 +54,16 @@ def similarity(got: str, want: str) -> float:
 
 
 def pdftotext(path: Path) -> str:
-    return subprocess.run(["pdftotext", str(path), "-"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["pdftotext", str(path), "-"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def qpdf_check(path: Path) -> None:
     done = subprocess.run(["qpdf", "--check", str(path)], capture_output=True, text=True)
-    assert done.returncode == 0 and "No syntax or stream encoding errors" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "No syntax or stream encoding errors" in done.stdout, (
+        done.stdout + done.stderr
+    )
 
 
 def events(daemon: DaemonProcess, name: str) -> list[dict[str, Any]]:
@@ -62,11 +71,15 @@ def events(daemon: DaemonProcess, name: str) -> list[dict[str, Any]]:
 
 
 def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> None:
-    """Born-digital pages rendered as images (a scan, no text of its own) and a PNG: NAME.ocr.pdf beside the
-    sidecars holds the text Tesseract read, where pdftotext finds it, in a file qpdf finds sound."""
+    """Born-digital pages rendered as images (a scan, no text of its own) and a PNG: NAME.ocr.pdf
+    beside the sidecars holds the text Tesseract read, where pdftotext finds it, in a file qpdf
+    finds sound."""
     scans = tmp_path / "scans"
     scans.mkdir()
-    sources = [docs.write_pdf(scans / "letter.pdf", LETTER), docs.write_png(scans / "note.png", LETTER[0])]
+    sources = [
+        docs.write_pdf(scans / "letter.pdf", LETTER),
+        docs.write_png(scans / "note.png", LETTER[0]),
+    ]
     corpus = corpus_path()
     if corpus is not None:
         spec = render.render_spec(RenderConfig(), TesseractEngine(TesseractConfig()).geometry)
@@ -75,13 +88,20 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
             info = render.probe(original, render.Limits.from_config(LimitsConfig()))
             image = render.render_page(original, info, index, spec).image
             sources.append(page_pdf(scans / f"scan-{name}", image, dpi=spec.dpi))
-    tesseract = {"kind": "tesseract", "tesseract": {"workers": 2}}  # at its default 300 dpi, as users run it
+    tesseract = {
+        "kind": "tesseract",
+        "tesseract": {"workers": 2},
+    }  # at its default 300 dpi, as users run it
     daemon = make_daemon(output={"searchable_pdf": True}, engine=tesseract).start()
     try:
         for path in sources:
             shutil.copy(path, daemon.inbox / path.name)
-        done = {path.name: wait_until(lambda p=path: json_of(daemon.inbox / p.name), 300, f"{path.name} done")
-                for path in sources}  # fmt: skip
+        done = {
+            path.name: wait_until(
+                lambda p=path: json_of(daemon.inbox / p.name), 300, f"{path.name} done"
+            )
+            for path in sources
+        }
     finally:
         daemon.stop()
 
@@ -89,26 +109,38 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
     for name, document in done.items():
         layer = daemon.inbox / f"{name}.ocr.pdf"
         assert document["status"] == "ok" and document["searchable_pdf"] == {
-            "path": f"{name}.ocr.pdf", "bytes": layer.stat().st_size,
-            "sha256": hashlib.sha256(layer.read_bytes()).hexdigest(), "text_layer": ["ocr"] * len(document["pages"]),
-        }  # fmt: skip
+            "path": f"{name}.ocr.pdf",
+            "bytes": layer.stat().st_size,
+            "sha256": hashlib.sha256(layer.read_bytes()).hexdigest(),
+            "text_layer": ["ocr"] * len(document["pages"]),
+        }
         qpdf_check(layer)
         extracted = pdftotext(layer).split("\f")[:-1]
         assert len(extracted) == len(document["pages"])
         for page, text in zip(document["pages"], extracted):
             assert similarity(text, page["markdown"]) >= 0.9, (name, text, page["markdown"])
         stages = document["timing"]["stages"]
-        figures[name] = {"pages": len(document["pages"]), "searchable_pdf_s": stages["searchable_pdf"],
-                         "per_page_s": round(stages["searchable_pdf"] / len(document["pages"]), 4),
-                         "pages_s": stages["pages"],
-                         "similarity": [round(similarity(t, p["markdown"]), 3)
-                                        for p, t in zip(document["pages"], pdftotext(daemon.inbox / f"{name}.ocr.pdf")
-                                                        .split("\f")[:-1])]}  # fmt: skip
+        figures[name] = {
+            "pages": len(document["pages"]),
+            "searchable_pdf_s": stages["searchable_pdf"],
+            "per_page_s": round(stages["searchable_pdf"] / len(document["pages"]), 4),
+            "pages_s": stages["pages"],
+            "similarity": [
+                round(similarity(t, p["markdown"]), 3)
+                for p, t in zip(
+                    document["pages"], pdftotext(daemon.inbox / f"{name}.ocr.pdf").split("\f")[:-1]
+                )
+            ],
+        }
     print("searchable PDF through the daemon:", json.dumps(figures))
-    assert not any((daemon.inbox / f"{name}.ocr.pdf.json").exists() for name in done)  # never taken as documents
+    assert not any(
+        (daemon.inbox / f"{name}.ocr.pdf.json").exists() for name in done
+    )  # never taken as documents
 
 
-def test_move_on_success_archives_the_group_and_a_restart_leaves_it(make_daemon: Any, tmp_path: Path) -> None:
+def test_move_on_success_archives_the_group_and_a_restart_leaves_it(
+    make_daemon: Any, tmp_path: Path
+) -> None:
     archive = tmp_path / "archive"
     inbox = tmp_path / "inbox"
     daemon = make_daemon(
@@ -120,28 +152,45 @@ def test_move_on_success_archives_the_group_and_a_restart_leaves_it(make_daemon:
         (inbox / "2024").mkdir(parents=True)
         docs.write_pdf(inbox / "2024" / "letter.pdf", LETTER[:1])
         wait_until(lambda: json_of(moved), 120, "the JSON sidecar in the archive")
-        wait_until(lambda: events(daemon, "source_archived"), 30, "the move logged")  # logged after it ends
+        wait_until(
+            lambda: events(daemon, "source_archived"), 30, "the move logged"
+        )  # logged after it ends
         assert sorted(p.name for p in moved.parent.iterdir()) == [
-            "letter.pdf", "letter.pdf.json", "letter.pdf.md", "letter.pdf.ocr.pdf",
-        ]  # fmt: skip
+            "letter.pdf",
+            "letter.pdf.json",
+            "letter.pdf.md",
+            "letter.pdf.ocr.pdf",
+        ]
         assert list((inbox / "2024").iterdir()) == []
         assert [e["to"] for e in events(daemon, "source_archived")] == [str(moved)]
         daemon.stop()
         daemon.start()
         wait_until(lambda: events(daemon, "daemon_ready"), 60, "the restarted daemon")
-        docs.write_png(inbox / "later.png", ["A later document"])  # a scan has run once this one is archived
-        wait_until(lambda: json_of(archive / "inbox" / "later.png"), 120, "the later document archived")
+        docs.write_png(
+            inbox / "later.png", ["A later document"]
+        )  # a scan has run once this one is archived
+        wait_until(
+            lambda: json_of(archive / "inbox" / "later.png"), 120, "the later document archived"
+        )
     finally:
         daemon.stop()
-    every = [json.loads(line) for log in sorted(tmp_path.glob("daemon-*.log")) for line in log.read_text().splitlines()
-             if line.startswith("{")]  # fmt: skip
+    every = [
+        json.loads(line)
+        for log in sorted(tmp_path.glob("daemon-*.log"))
+        for line in log.read_text().splitlines()
+        if line.startswith("{")
+    ]
     runs = [e["uri"] for e in every if e.get("event") == "job_started"]
     assert runs.count((inbox / "2024" / "letter.pdf").as_uri()) == 1 and len(runs) == 2
     assert not [e for e in every if e.get("level") in ("warning", "error")]
 
 
-def test_delete_on_success_removes_the_source_and_keeps_the_sidecars(make_daemon: Any, tmp_path: Path) -> None:
-    daemon = make_daemon(inboxes=[{"path": str(tmp_path / "inbox"), "settle_seconds": 0.3, "on_success": "delete"}])
+def test_delete_on_success_removes_the_source_and_keeps_the_sidecars(
+    make_daemon: Any, tmp_path: Path
+) -> None:
+    daemon = make_daemon(
+        inboxes=[{"path": str(tmp_path / "inbox"), "settle_seconds": 0.3, "on_success": "delete"}]
+    )
     daemon.start()
     try:
         source = docs.write_png(daemon.inbox / "note.png", LETTER[0])
@@ -154,7 +203,8 @@ def test_delete_on_success_removes_the_source_and_keeps_the_sidecars(make_daemon
 
 def test_a_partial_document_is_kept(plugin_daemon: Any, tmp_path: Path) -> None:
     daemon = plugin_daemon(
-        "tests.fault_engines:LoopingEngine", {"mode": "always", "match": "/p1/"},
+        "tests.fault_engines:LoopingEngine",
+        {"mode": "always", "match": "/p1/"},
         inboxes=[{"path": str(tmp_path / "inbox"), "settle_seconds": 0.3, "on_success": "delete"}],
     ).start()
     try:
@@ -177,36 +227,55 @@ def test_s3_on_success(moto: MotoServer, tmp_path: Path, action: str) -> None:
         body = docs.write_png(tmp_path / "page.png", LETTER[0]).read_bytes()
         s3.put_object(Bucket="docs", Key=key, Body=body)
         wait_until(lambda: sidecar(s3, "docs", f"{key}.json"), 120, "the JSON sidecar")
-        wait_until(lambda: events(daemon, "source_archived" if action == "move" else "source_deleted"), 30, action)
+        wait_until(
+            lambda: events(daemon, "source_archived" if action == "move" else "source_deleted"),
+            30,
+            action,
+        )
         wait_until(lambda: queue_empty(moto, queue), 30, "every message deleted")
         listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="docs")["Contents"])
         wanted = ["scans/page.png.json", "scans/page.png.md", "scans/page.png.ocr.pdf"]
         assert listed == sorted(wanted + (["archive/scans/page.png"] if action == "move" else []))
         if action == "move":
             assert s3.get_object(Bucket="docs", Key="archive/scans/page.png")["Body"].read() == body
-            wait_until(lambda: any(e.get("reason") == "archive_prefix" for e in daemon.events()), 30, "copy refused")
+            wait_until(
+                lambda: any(e.get("reason") == "archive_prefix" for e in daemon.events()),
+                30,
+                "copy refused",
+            )
     finally:
         daemon.stop()
     assert started(daemon, f"s3://docs/{key}") == 1
-    assert not any(e.get("uri", "").startswith("s3://docs/archive/") for e in events(daemon, "job_started"))
+    assert not any(
+        e.get("uri", "").startswith("s3://docs/archive/") for e in events(daemon, "job_started")
+    )
 
 
 def test_figures_are_extracted_linked_and_moved_along(plugin_daemon: Any, tmp_path: Path) -> None:
-    """Recorded DeepSeek-OCR output for a paper page, on a real rendered page: its figure as a PNG of that
-    page's pixels, linked from the Markdown, listed in the JSON; a move takes the assets along."""
+    """Recorded DeepSeek-OCR output for a paper page, on a real rendered page: its figure as a PNG
+    of
+    that page's pixels, linked from the Markdown, listed in the JSON; a move takes the assets
+    along."""
     keep, move, archive = tmp_path / "keep", tmp_path / "move", tmp_path / "archive"
     daemon = plugin_daemon(
-        "tests.figure_engines:RecordedEngine", {"fixture": "PAPER", "dpi": 100},
-        inboxes=[{"path": str(keep), "settle_seconds": 0.3},
-                 {"path": str(move), "settle_seconds": 0.3, "on_success": "move"}],
+        "tests.figure_engines:RecordedEngine",
+        {"fixture": "PAPER", "dpi": 100},
+        inboxes=[
+            {"path": str(keep), "settle_seconds": 0.3},
+            {"path": str(move), "settle_seconds": 0.3, "on_success": "move"},
+        ],
         output={"images": "extract", "archive_dir": str(archive)},
-    ).start()  # fmt: skip
-    paper = docs.write_pdf(tmp_path / "paper.pdf", [["Watching Folders for Documents", "A Field Report"]])
+    ).start()
+    paper = docs.write_pdf(
+        tmp_path / "paper.pdf", [["Watching Folders for Documents", "A Field Report"]]
+    )
     try:
         shutil.copy(paper, keep / "paper.pdf")
         shutil.copy(paper, move / "paper.pdf")
         document = wait_until(lambda: json_of(keep / "paper.pdf"), 120, "the JSON sidecar")
-        moved = wait_until(lambda: json_of(archive / "move" / "paper.pdf"), 120, "the archived JSON")
+        moved = wait_until(
+            lambda: json_of(archive / "move" / "paper.pdf"), 120, "the archived JSON"
+        )
     finally:
         daemon.stop()
 
@@ -215,11 +284,21 @@ def test_figures_are_extracted_linked_and_moved_along(plugin_daemon: Any, tmp_pa
     png = (keep / figure["path"]).read_bytes()
     assert hashlib.sha256(png).hexdigest() == figure["sha256"] and len(png) == figure["bytes"]
     info = render.probe(paper, render.Limits.from_config(LimitsConfig()))
-    page = render.render_page(paper, info, 0, render.render_spec(RenderConfig(), Geometry(dpi=100))).image
+    page = render.render_page(
+        paper, info, 0, render.render_spec(RenderConfig(), Geometry(dpi=100))
+    ).image
     with Image.open(io.BytesIO(png)) as image:
-        assert ImageChops.difference(image.convert(page.mode), page.crop(tuple(figure["bbox"]))).getbbox() is None
+        assert (
+            ImageChops.difference(
+                image.convert(page.mode), page.crop(tuple(figure["bbox"]))
+            ).getbbox()
+            is None
+        )
     markdown = (keep / "paper.pdf.md").read_text()
-    assert "![](paper.pdf.assets/page-1-figure-1.png)" in markdown and "![](page-1-figure-1)" not in markdown
+    assert (
+        "![](paper.pdf.assets/page-1-figure-1.png)" in markdown
+        and "![](page-1-figure-1)" not in markdown
+    )
 
     assert moved["figures"] == document["figures"]
     assert (archive / "move" / "paper.pdf.assets" / "page-1-figure-1.png").read_bytes() == png

@@ -1,6 +1,6 @@
-"""``quarantine_dir`` and the hints of the failures it sees, through ``ocrwatch run`` as a real process:
-a document failed for a fault beside it (a file at its sidecar's name) stays where its hint's fix and
-``ocrwatch retry`` find it, while one whose own bytes are at fault is moved aside."""
+"""``quarantine_dir`` and the hints of the failures it sees, through ``ocrwatch run`` as a real
+process: a document failed for a fault beside it (a file at its sidecar's name) stays where its
+hint's fix and ``ocrwatch retry`` find it, while one whose own bytes are at fault is moved aside."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ pytestmark = pytest.mark.integration
 def cli(daemon: DaemonProcess, *args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ocrwatch", *map(str, args), "--config", str(daemon.config_path)],
-        capture_output=True, text=True, timeout=120, cwd=daemon.root,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=daemon.root,
+    )
 
 
 def named(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
@@ -32,7 +35,7 @@ def named(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
 
 def test_an_output_conflict_stays_in_place_so_its_hint_and_retry_work(
     plugin_daemon: Any, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     quarantine, inbox, out = tmp_path / "quarantine", tmp_path / "inbox", tmp_path / "received"
     recorder = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
     daemon = plugin_daemon(
@@ -68,6 +71,9 @@ def test_an_output_conflict_stays_in_place_so_its_hint_and_retry_work(
         assert data["status"] == "ok" and source.with_name("report.pdf.md").is_file()
         assert not error_sidecar(source) and source.exists()
         assert not named(daemon, "local_quarantine_failed")
-        assert sorted(e["kind"] for e in named(daemon, "job_failed")) == ["corrupt_pdf", "output_conflict"]
+        assert sorted(e["kind"] for e in named(daemon, "job_failed")) == [
+            "corrupt_pdf",
+            "output_conflict",
+        ]
     finally:
         assert daemon.stop() == 0

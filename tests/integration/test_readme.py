@@ -1,7 +1,7 @@
 """The README's first command, run as written the way a newcomer meets it: in a fresh copy of the
-project, with the system's ``python3`` first on ``PATH`` (whose ``pip`` refuses to install under PEP 668),
-the daemon on its embedded defaults; a PNG dropped into ``./inbox`` gets its sidecars, and SIGTERM ends
-the command with exit 0."""
+project, with the system's ``python3`` first on ``PATH`` (whose ``pip`` refuses to install under PEP
+668), the daemon on its embedded defaults; a PNG dropped into ``./inbox`` gets its sidecars, and
+SIGTERM ends the command with exit 0."""
 
 from __future__ import annotations
 
@@ -62,9 +62,13 @@ def test_the_first_command_runs_the_daemon_as_written_with_the_systems_python(
     env = {"PATH": SYSTEM_PATH, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
     log = (tmp_path / "command.log").open("wb")
     command = subprocess.Popen(
-        ["bash", "-c", readme_commands()[0]], cwd=project, env=env, stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        ["bash", "-c", readme_commands()[0]],
+        cwd=project,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
 
         def daemon() -> int | None:
@@ -78,7 +82,9 @@ def test_the_first_command_runs_the_daemon_as_written_with_the_systems_python(
 
         pid = wait_until(daemon, 420, "the daemon started by the README's command", 0.5)
         (project / "inbox" / ".incoming").mkdir()
-        hidden = docs.write_png(project / "inbox" / ".incoming" / "hello.png", ["Hello from the README"])
+        hidden = docs.write_png(
+            project / "inbox" / ".incoming" / "hello.png", ["Hello from the README"]
+        )
         os.replace(hidden, project / "inbox" / "hello.png")
         sidecar = project / "inbox" / "hello.png.json"
         wait_until(sidecar.exists, 60, "the sidecars")

@@ -1,4 +1,6 @@
-"""``ocrwatch run`` as a real process with S3 sources: moto_server (SQS) and Ceph RGW (webhook), real Tesseract."""
+"""``ocrwatch run`` as a real process with S3 sources: moto_server (SQS) and Ceph RGW (webhook),
+real
+Tesseract."""
 
 from __future__ import annotations
 
@@ -31,20 +33,39 @@ def text(client: Any, bucket: str, key: str) -> str:
 
 
 def queue_empty(server: MotoServer, queue: str) -> bool:
-    attributes = server.client("sqs").get_queue_attributes(QueueUrl=queue, AttributeNames=[
-        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
-    return attributes == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
+    attributes = server.client("sqs").get_queue_attributes(
+        QueueUrl=queue,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return attributes == {
+        "ApproximateNumberOfMessages": "0",
+        "ApproximateNumberOfMessagesNotVisible": "0",
+    }
 
 
-def sqs_daemon(root: Path, server: MotoServer, queue: str, s3_keys: dict[str, Any] | None = None,
-               **overrides: Any) -> DaemonProcess:
-    s3 = server.s3_config(transport="sqs", queue_url=queue, wait_time_seconds=2, visibility_timeout_seconds=30,
-                          **(s3_keys or {}))
+def sqs_daemon(
+    root: Path,
+    server: MotoServer,
+    queue: str,
+    s3_keys: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> DaemonProcess:
+    s3 = server.s3_config(
+        transport="sqs",
+        queue_url=queue,
+        wait_time_seconds=2,
+        visibility_timeout_seconds=30,
+        **(s3_keys or {}),
+    )
     return DaemonProcess(root, s3=[s3], **overrides)
 
 
 def started(daemon: DaemonProcess, uri: str) -> int:
-    return sum(1 for event in daemon.events() if event.get("event") == "job_started" and event.get("uri") == uri)
+    return sum(
+        1
+        for event in daemon.events()
+        if event.get("event") == "job_started" and event.get("uri") == uri
+    )
 
 
 def test_upload_to_sidecars_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
@@ -52,12 +73,16 @@ def test_upload_to_sidecars_beside_the_key(moto: MotoServer, tmp_path: Path) -> 
     daemon = sqs_daemon(tmp_path, moto, queue).start()
     try:
         s3, key = moto.client("s3"), "scans/Report é+1.png"
-        body = docs.write_png(tmp_path / "page.png", ["Document S3", "Quarterly report invoice"]).read_bytes()
+        body = docs.write_png(
+            tmp_path / "page.png", ["Document S3", "Quarterly report invoice"]
+        ).read_bytes()
         uploaded = time.monotonic()
         etag = s3.put_object(Bucket="docs", Key=key, Body=body)["ETag"].strip('"')
         document = wait_until(lambda: sidecar(s3, "docs", f"{key}.json"), 60, "the JSON sidecar")
         print(f"moto SQS upload-to-sidecar, one page: {time.monotonic() - uploaded:.2f}s")
-        assert document["source"]["uri"] == f"s3://docs/{key}" and document["source"]["etag"] == etag
+        assert (
+            document["source"]["uri"] == f"s3://docs/{key}" and document["source"]["etag"] == etag
+        )
         assert "quarterly report" in text(s3, "docs", f"{key}.md").lower()
         head = s3.head_object(Bucket="docs", Key=f"{key}.md")
         assert head["ContentType"] == "text/markdown; charset=utf-8"
@@ -65,65 +90,100 @@ def test_upload_to_sidecars_beside_the_key(moto: MotoServer, tmp_path: Path) -> 
         wait_until(lambda: queue_empty(moto, queue), 10, "every message deleted")
 
         s3.put_object(Bucket="docs", Key=key, Body=body)  # the same bytes again: recognised as done
-        wait_until(lambda: any(e.get("event") == "job_already_done" for e in daemon.events()), 30, "dedup")
+        wait_until(
+            lambda: any(e.get("event") == "job_already_done" for e in daemon.events()), 30, "dedup"
+        )
         wait_until(lambda: queue_empty(moto, queue), 10, "the duplicate's message deleted")
         assert started(daemon, f"s3://docs/{key}") == 1
     finally:
         daemon.stop()
 
 
-def test_an_upload_of_bytes_done_under_another_key_takes_that_result(moto: MotoServer, tmp_path: Path) -> None:
+def test_an_upload_of_bytes_done_under_another_key_takes_that_result(
+    moto: MotoServer, tmp_path: Path
+) -> None:
     queue = moto.bucket_with_queue("dupes", "dupe-events")
     daemon = sqs_daemon(tmp_path, moto, queue).start()
     try:
         s3 = moto.client("s3")
-        body = docs.write_png(tmp_path / "invoice.png", ["INVOICE 4711", "Total 120 EUR"]).read_bytes()
+        body = docs.write_png(
+            tmp_path / "invoice.png", ["INVOICE 4711", "Total 120 EUR"]
+        ).read_bytes()
         s3.put_object(Bucket="dupes", Key="in/invoice.png", Body=body)
-        first = wait_until(lambda: sidecar(s3, "dupes", "in/invoice.png.json"), 60, "the first sidecars")
+        first = wait_until(
+            lambda: sidecar(s3, "dupes", "in/invoice.png.json"), 60, "the first sidecars"
+        )
         s3.put_object(Bucket="dupes", Key="again/invoice.1.png", Body=body)
-        copy = wait_until(lambda: sidecar(s3, "dupes", "again/invoice.1.png.json"), 60, "the copy's sidecars")
+        copy = wait_until(
+            lambda: sidecar(s3, "dupes", "again/invoice.1.png.json"), 60, "the copy's sidecars"
+        )
         assert copy["reused_from"] == "s3://dupes/in/invoice.png"
-        assert copy["source"]["uri"] == "s3://dupes/again/invoice.1.png" and copy["pages"] == first["pages"]
+        assert (
+            copy["source"]["uri"] == "s3://dupes/again/invoice.1.png"
+            and copy["pages"] == first["pages"]
+        )
         assert text(s3, "dupes", "again/invoice.1.png.md") == text(s3, "dupes", "in/invoice.png.md")
         assert [e for e in daemon.events() if e.get("event") == "job_reused"]
     finally:
         daemon.stop()
 
 
-def test_poison_object_gets_an_error_sidecar_and_is_not_redelivered(moto: MotoServer, tmp_path: Path) -> None:
+def test_poison_object_gets_an_error_sidecar_and_is_not_redelivered(
+    moto: MotoServer, tmp_path: Path
+) -> None:
     queue = moto.bucket_with_queue("docs", "events")
     daemon = sqs_daemon(tmp_path, moto, queue).start()
     try:
         s3, key = moto.client("s3"), "in/locked.pdf"
-        s3.put_object(Bucket="docs", Key=key, Body=docs.write_encrypted_pdf(tmp_path / "locked.pdf").read_bytes())
-        error = wait_until(lambda: sidecar(s3, "docs", f"{key}.error.json"), 60, "the error sidecar")
+        s3.put_object(
+            Bucket="docs",
+            Key=key,
+            Body=docs.write_encrypted_pdf(tmp_path / "locked.pdf").read_bytes(),
+        )
+        error = wait_until(
+            lambda: sidecar(s3, "docs", f"{key}.error.json"), 60, "the error sidecar"
+        )
         assert error["error"]["kind"] == "encrypted_pdf"
         wait_until(lambda: queue_empty(moto, queue), 10, "the poison message deleted")
-        assert sidecar(s3, "docs", f"{key}.json") is None and started(daemon, f"s3://docs/{key}") == 1
+        assert (
+            sidecar(s3, "docs", f"{key}.json") is None and started(daemon, f"s3://docs/{key}") == 1
+        )
     finally:
         daemon.stop()
 
 
-def test_a_message_delivered_too_often_is_given_up_through_the_pipeline(moto: MotoServer, tmp_path: Path) -> None:
-    """Past ``max_receives`` the source rejects the job unprocessed; the pipeline writes its error sidecar and
-    the message is deleted once that job is finished."""
+def test_a_message_delivered_too_often_is_given_up_through_the_pipeline(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """Past ``max_receives`` the source rejects the job unprocessed; the pipeline writes its error
+    sidecar and the message is deleted once that job is finished."""
     queue = moto.bucket_with_queue("docs", "events")
     s3, key = moto.client("s3"), "in/crashed on.png"
-    s3.put_object(Bucket="docs", Key=key, Body=docs.write_png(tmp_path / "p.png", ["Poison"]).read_bytes())
+    s3.put_object(
+        Bucket="docs", Key=key, Body=docs.write_png(tmp_path / "p.png", ["Poison"]).read_bytes()
+    )
     for _ in range(2):  # two deliveries that never finished, as if two daemons had crashed on it
-        moto.client("sqs").receive_message(QueueUrl=queue, MaxNumberOfMessages=10, VisibilityTimeout=0)
+        moto.client("sqs").receive_message(
+            QueueUrl=queue, MaxNumberOfMessages=10, VisibilityTimeout=0
+        )
     daemon = sqs_daemon(tmp_path, moto, queue, s3_keys={"max_receives": 2}).start()
     try:
-        error = wait_until(lambda: sidecar(s3, "docs", f"{key}.error.json"), 60, "the error sidecar")
+        error = wait_until(
+            lambda: sidecar(s3, "docs", f"{key}.error.json"), 60, "the error sidecar"
+        )
         assert error["error"]["kind"] == "too_many_deliveries" and error["attempts"] == 3
         assert error["source"]["uri"] == f"s3://docs/{key}"
         wait_until(lambda: queue_empty(moto, queue), 10, "the poison message deleted")
-        assert sidecar(s3, "docs", f"{key}.json") is None and started(daemon, f"s3://docs/{key}") == 0
+        assert (
+            sidecar(s3, "docs", f"{key}.json") is None and started(daemon, f"s3://docs/{key}") == 0
+        )
     finally:
         daemon.stop()
 
 
-def test_two_daemons_on_one_queue_process_each_document_once(moto: MotoServer, tmp_path: Path) -> None:
+def test_two_daemons_on_one_queue_process_each_document_once(
+    moto: MotoServer, tmp_path: Path
+) -> None:
     queue = moto.bucket_with_queue("docs", "events")
     daemons = [sqs_daemon(tmp_path / name, moto, queue) for name in ("a", "b")]
     try:
@@ -135,13 +195,22 @@ def test_two_daemons_on_one_queue_process_each_document_once(moto: MotoServer, t
             page = docs.write_png(tmp_path / f"{n}.png", [f"Document {n}", "Quarterly report"])
             s3.put_object(Bucket="docs", Key=key, Body=page.read_bytes())
         for key in keys:
-            wait_until(lambda key=key: sidecar(s3, "docs", f"{key}.json"), 120, f"sidecars of {key}")
+            wait_until(
+                lambda key=key: sidecar(s3, "docs", f"{key}.json"), 120, f"sidecars of {key}"
+            )
         wait_until(lambda: queue_empty(moto, queue), 10, "every message deleted")
+
         def done() -> Counter[str]:  # job_done is logged just after the message is deleted
-            return Counter(e["uri"] for d in daemons for e in d.events() if e.get("event") == "job_done")
+            return Counter(
+                e["uri"] for d in daemons for e in d.events() if e.get("event") == "job_done"
+            )
 
         expected = Counter({f"s3://docs/{key}": 1 for key in keys})
-        wait_until(lambda: done() == expected or sum(done().values()) > len(keys), 10, "every job_done logged")
+        wait_until(
+            lambda: done() == expected or sum(done().values()) > len(keys),
+            10,
+            "every job_done logged",
+        )
         assert done() == expected
     finally:
         for daemon in daemons:
@@ -160,12 +229,22 @@ def test_rgw_webhook_upload_to_sidecars(rgw: RgwServer, tmp_path: Path) -> None:
     daemon = webhook_daemon(tmp_path, rgw, "daemon-docs")
     try:
         s3 = rgw.client("s3")
-        body = docs.write_png(tmp_path / "page.png", ["Document RGW", "Quarterly report invoice"]).read_bytes()
-        for key in ("inbox/first.png", "inbox/a+b c é.png"):  # RGW's first write to a bucket takes ~2 s
+        body = docs.write_png(
+            tmp_path / "page.png", ["Document RGW", "Quarterly report invoice"]
+        ).read_bytes()
+        for key in (
+            "inbox/first.png",
+            "inbox/a+b c é.png",
+        ):  # RGW's first write to a bucket takes ~2 s
             uploaded = time.monotonic()
             s3.put_object(Bucket="daemon-docs", Key=key, Body=body)
-            document = wait_until(lambda key=key: sidecar(s3, "daemon-docs", f"{key}.json"), 60, "the sidecar")
-            print(f"Ceph RGW webhook upload-to-sidecar, one page: {time.monotonic() - uploaded:.2f}s ({key})")
+            document = wait_until(
+                lambda key=key: sidecar(s3, "daemon-docs", f"{key}.json"), 60, "the sidecar"
+            )
+            print(
+                "Ceph RGW webhook upload-to-sidecar, one page: "
+                f"{time.monotonic() - uploaded:.2f}s ({key})"
+            )
             assert document["source"]["uri"] == f"s3://daemon-docs/{key}"
             assert "quarterly report" in text(s3, "daemon-docs", f"{key}.md").lower()
     finally:
@@ -178,14 +257,20 @@ def test_daemon_finishes_through_an_s3_outage(rgw: RgwServer, tmp_path: Path) ->
     try:
         s3, key = rgw.client("s3"), "long report.pdf"
         pages = [[f"Page {n} of the long report", "Quarterly report invoice"] for n in range(10)]
-        s3.put_object(Bucket="outage-docs", Key=key, Body=docs.write_pdf(tmp_path / "long.pdf", pages).read_bytes())
+        s3.put_object(
+            Bucket="outage-docs",
+            Key=key,
+            Body=docs.write_pdf(tmp_path / "long.pdf", pages).read_bytes(),
+        )
         wait_until(lambda: started(daemon, f"s3://outage-docs/{key}"), 30, "the job started")
         rgw.stop_gateway()  # mid-job: the sidecar writes (or the download) meet a dead endpoint
         try:
             time.sleep(20)
         finally:
             rgw.start_gateway()
-        document = wait_until(lambda: sidecar(s3, "outage-docs", f"{key}.json"), 120, "the JSON sidecar")
+        document = wait_until(
+            lambda: sidecar(s3, "outage-docs", f"{key}.json"), 120, "the JSON sidecar"
+        )
         assert len(document["pages"]) == 10
         events = {e.get("event") for e in daemon.events()}
         assert events & {"s3_call_retry", "job_retry"}, "the outage was never noticed"

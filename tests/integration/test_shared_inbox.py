@@ -1,9 +1,10 @@
-"""A shared, sticky inbox used by two real users through a root daemon: what one user can do to another.
+"""A shared, sticky inbox used by two real users through a root daemon: what one user can do to
+another.
 
-Each test acts as real local users (``useradd``, then ``setpriv``), so the kernel's permission checks decide:
-outputs are never readable by more people than their source, another user's file is never replaced or
-removed for a document that is not its owner's, and a folder swapped for a symlink never sends a write
-outside the inbox.
+Each test acts as real local users (``useradd``, then ``setpriv``), so the kernel's permission
+checks decide: outputs are never readable by more people than their source, another user's file is
+never replaced or removed for a document that is not its owner's, and a folder swapped for a symlink
+never sends a write outside the inbox.
 """
 
 from __future__ import annotations
@@ -54,10 +55,20 @@ if os.path.islink(a):
 print(flips)
 """
 
+
 def drop(user: User, staged: Path, target: Path, mode: int = 0o644) -> None:
-    """``user`` copies ``staged`` into the inbox as ``target``, theirs with ``mode``, as a person would."""
-    done = user.run(["sh", "-c", f'cp "$1" "$2.part" && chmod {mode:o} "$2.part" && mv "$2.part" "$2"',
-                     "sh", str(staged), str(target)])  # fmt: skip
+    """``user`` copies ``staged`` into the inbox as ``target``, theirs with ``mode``, as a person
+    would."""
+    done = user.run(
+        [
+            "sh",
+            "-c",
+            f'cp "$1" "$2.part" && chmod {mode:o} "$2.part" && mv "$2.part" "$2"',
+            "sh",
+            str(staged),
+            str(target),
+        ]
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -78,15 +89,30 @@ def daemon_on(make_daemon, shared_root: Path, **output: object) -> DaemonProcess
     return make_daemon(inboxes=[inbox], output=output) if output else make_daemon(inboxes=[inbox])
 
 
-def test_a_private_documents_outputs_are_readable_by_its_owner_alone(make_daemon, users, shared_root: Path) -> None:
+def test_a_private_documents_outputs_are_readable_by_its_owner_alone(
+    make_daemon, users, shared_root: Path
+) -> None:
     alice, bob = users
     inbox = shared_root / "inbox"
     daemon = daemon_on(make_daemon, shared_root, searchable_pdf=True).start()
-    drop(alice, staged_png(shared_root, "salary.png", "SALARY LIST FOR MARCH"), inbox / "salary.png", 0o600)
-    wait_until(lambda: sidecars_done(inbox / "salary.png"), 90, f"the sidecars:\n{daemon.log_text()[-3000:]}")
+    drop(
+        alice,
+        staged_png(shared_root, "salary.png", "SALARY LIST FOR MARCH"),
+        inbox / "salary.png",
+        0o600,
+    )
+    wait_until(
+        lambda: sidecars_done(inbox / "salary.png"),
+        90,
+        f"the sidecars:\n{daemon.log_text()[-3000:]}",
+    )
     for name in ("salary.png.md", "salary.png.json", "salary.png.ocr.pdf"):
         info = (inbox / name).lstat()
-        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (alice.uid, alice.gid, 0o600), name
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (
+            alice.uid,
+            alice.gid,
+            0o600,
+        ), name
         assert bob.run(["cat", str(inbox / name)]).returncode != 0, f"{bob.name} read {name}"
     mine = alice.run(["cat", str(inbox / "salary.png.md")])
     assert mine.returncode == 0 and "SALARY" in mine.stdout.upper(), mine
@@ -105,22 +131,36 @@ def test_a_private_documents_outputs_are_readable_by_its_owner_alone(make_daemon
 def test_outputs_made_for_one_user_are_never_replaced_or_removed_for_another(
     make_daemon, users, shared_root: Path
 ) -> None:
-    """Alice keeps what ocrwatch made of her report.png after removing the scan itself; Bob drops his own
-    report.png. Her outputs carry ocrwatch's marks and the record of them matches, but they were made from
-    her document, not his: his document fails as ``output_conflict`` naming them, and they stay as they are."""
+    """Alice keeps what ocrwatch made of her report.png after removing the scan itself; Bob drops
+    his
+    own report.png. Her outputs carry ocrwatch's marks and the record of them matches, but they were
+    made from her document, not his: his document fails as ``output_conflict`` naming them, and they
+    stay as they are."""
     alice, bob = users
     inbox = shared_root / "inbox"
     daemon = daemon_on(make_daemon, shared_root, searchable_pdf=True).start()
     drop(alice, staged_png(shared_root, "a.png", "ALICE QUARTERLY REPORT"), inbox / "report.png")
-    wait_until(lambda: sidecars_done(inbox / "report.png"), 90, f"Alice's sidecars:\n{daemon.log_text()[-3000:]}")
-    outputs = {name: inbox / name for name in ("report.png.md", "report.png.json", "report.png.ocr.pdf")}
+    wait_until(
+        lambda: sidecars_done(inbox / "report.png"),
+        90,
+        f"Alice's sidecars:\n{daemon.log_text()[-3000:]}",
+    )
+    outputs = {
+        name: inbox / name for name in ("report.png.md", "report.png.json", "report.png.ocr.pdf")
+    }
     before = {name: sha(path) for name, path in outputs.items()}
     assert alice.run(["rm", str(inbox / "report.png")]).returncode == 0
 
     drop(bob, staged_png(shared_root, "b.png", "BOB JUNK"), inbox / "report.png")
-    error = wait_until(lambda: error_sidecar(inbox / "report.png"), 90, f"Bob's error:\n{daemon.log_text()[-3000:]}")
+    error = wait_until(
+        lambda: error_sidecar(inbox / "report.png"),
+        90,
+        f"Bob's error:\n{daemon.log_text()[-3000:]}",
+    )
     assert error["error"]["kind"] == "output_conflict", error
-    assert "another user" in error["error"]["message"] and "report.png." in error["error"]["message"]
+    assert (
+        "another user" in error["error"]["message"] and "report.png." in error["error"]["message"]
+    )
     assert {name: sha(path) for name, path in outputs.items()} == before
     assert all(path.lstat().st_uid == alice.uid for path in outputs.values())
     assert (inbox / "report.png.error.json").lstat().st_uid == bob.uid
@@ -131,8 +171,9 @@ def test_outputs_made_for_one_user_are_never_replaced_or_removed_for_another(
 def test_a_folder_swapped_for_a_symlink_never_sends_a_write_outside_the_inbox(
     make_daemon, users, shared_root: Path
 ) -> None:
-    """Bob swaps his folder for a symlink to a root-only folder, back and forth as fast as he can, while his
-    documents are processed with every output on: nothing is written, renamed or removed there."""
+    """Bob swaps his folder for a symlink to a root-only folder, back and forth as fast as he can,
+    while his documents are processed with every output on: nothing is written, renamed or removed
+    there."""
     alice, bob = users
     inbox, vault = shared_root / "inbox", shared_root / "vault"
     vault.mkdir(mode=0o700)
@@ -142,24 +183,40 @@ def test_a_folder_swapped_for_a_symlink_never_sends_a_write_outside_the_inbox(
     assert bob.run(["mkdir", "-m", "755", str(inbox / "bob")]).returncode == 0
     assert bob.run(["ln", "-s", str(vault), str(inbox / "bob-link")]).returncode == 0
     inbox_cfg = {"path": str(inbox), "settle_seconds": 0.3, "polling": False}
-    daemon = make_daemon(inboxes=[inbox_cfg], output={"searchable_pdf": True}, daemon={"reconcile_seconds": 2.0})
+    daemon = make_daemon(
+        inboxes=[inbox_cfg], output={"searchable_pdf": True}, daemon={"reconcile_seconds": 2.0}
+    )
     daemon.start()
     for index in range(1, 6):
         staged = staged_png(shared_root, f"doc-{index}.png", f"BOB PAGE {index}")
         drop(bob, staged, inbox / "bob" / f"doc-{index}.png")
-    racer = bob.popen([sys_python(), "-c", EXCHANGE, str(inbox / "bob"), str(inbox / "bob-link"), str(RACE_SECONDS)],
-                      stdout=-1, stderr=-1)  # fmt: skip
+    racer = bob.popen(
+        [
+            sys_python(),
+            "-c",
+            EXCHANGE,
+            str(inbox / "bob"),
+            str(inbox / "bob-link"),
+            str(RACE_SECONDS),
+        ],
+        stdout=-1,
+        stderr=-1,
+    )
     deadline = time.monotonic() + RACE_SECONDS + 30
     out, err = racer.communicate(timeout=RACE_SECONDS + 30)
     assert racer.returncode == 0 and int(out) > 1000, (out, err)
     assert {p.name: sha(p) for p in vault.iterdir()} == before, sorted(os.listdir(vault))
     assert all(p.lstat().st_uid == 0 for p in vault.iterdir())
     assert not (inbox / "bob").is_symlink()
-    # Once the race is over every document ends with its sidecars or an error sidecar, in Bob's folder.
+    # Once the race is over every document ends with its sidecars or an error sidecar, in Bob's
+    # folder.
     for index in range(1, 6):
         source = inbox / "bob" / f"doc-{index}.png"
-        wait_until(lambda: sidecars_done(source) or error_sidecar(source), max(deadline - time.monotonic(), 60),
-                   f"{source.name}'s outcome:\n{daemon.log_text()[-3000:]}")  # fmt: skip
+        wait_until(
+            lambda: sidecars_done(source) or error_sidecar(source),
+            max(deadline - time.monotonic(), 60),
+            f"{source.name}'s outcome:\n{daemon.log_text()[-3000:]}",
+        )
     assert {p.name: sha(p) for p in vault.iterdir()} == before
     assert daemon.proc is not None and daemon.proc.poll() is None
     assert daemon.stop() == 0

@@ -1,5 +1,7 @@
-"""Start-up errors a user causes are configuration errors: ``ocrwatch run`` as a process ends with exit 2 (which
-the systemd unit does not restart on), one error line naming the file and the key with a hint, and no traceback."""
+"""Start-up errors a user causes are configuration errors: ``ocrwatch run`` as a process ends with
+exit
+2 (which the systemd unit does not restart on), one error line naming the file and the key with a
+hint, and no traceback."""
 
 from __future__ import annotations
 
@@ -26,23 +28,42 @@ else:
 pytestmark = pytest.mark.integration
 
 # Root writes anywhere; without these capabilities it meets a folder's mode as any user would.
-AS_A_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+AS_A_USER = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+)
 
 
 def configure(daemon: DaemonProcess, **changes: Any) -> None:
     settings = tomllib.loads(daemon.config_path.read_text())
     for key, value in changes.items():
-        settings[key] = {**settings[key], **value} if isinstance(value, dict) and key in settings else value
+        settings[key] = (
+            {**settings[key], **value} if isinstance(value, dict) and key in settings else value
+        )
     daemon.config_path.write_text(tomli_w.dumps(settings))
 
 
-def start_refused(daemon: DaemonProcess, key: str, prefix: list[str] | None = None) -> dict[str, Any]:
-    """Run the daemon; assert exit 2, no traceback and one error line naming the file and ``key``; return it."""
+def start_refused(
+    daemon: DaemonProcess, key: str, prefix: list[str] | None = None
+) -> dict[str, Any]:
+    """Run the daemon; assert exit 2, no traceback and one error line naming the file and ``key``;
+    return it."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [*(prefix or []), sys.executable, "-m", "ocrwatch", "run", "--config", str(daemon.config_path)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=daemon.root,
-    )  # fmt: skip
+        [
+            *(prefix or []),
+            sys.executable,
+            "-m",
+            "ocrwatch",
+            "run",
+            "--config",
+            str(daemon.config_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=daemon.root,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output
     assert "Traceback" not in output, output
@@ -67,7 +88,9 @@ def test_a_metrics_port_in_use(daemon: PluginDaemon) -> None:
         taken.listen()
         error = start_refused(daemon, "[metrics] listen")
     assert f"127.0.0.1:{daemon.port}" in error["error"] and "in use" in error["error"]
-    assert not (daemon.state / "ledger.sqlite3").exists(), "the start went on past the refused address"
+    assert not (daemon.state / "ledger.sqlite3").exists(), (
+        "the start went on past the refused address"
+    )
 
 
 def test_an_inbox_that_cannot_be_created(daemon: PluginDaemon) -> None:
@@ -100,7 +123,9 @@ def test_an_output_dir_without_write_permission(daemon: PluginDaemon, read_only_
     assert list(read_only_out.iterdir()) == []
 
 
-@pytest.mark.parametrize("listen", ["taken", "nowhere", "127.0.0.1:99999", "no-such-host.invalid:8787"])
+@pytest.mark.parametrize(
+    "listen", ["taken", "nowhere", "127.0.0.1:99999", "no-such-host.invalid:8787"]
+)
 def test_a_webhook_address_that_cannot_be_listened_on(daemon: PluginDaemon, listen: str) -> None:
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -108,8 +133,15 @@ def test_a_webhook_address_that_cannot_be_listened_on(daemon: PluginDaemon, list
         taken.listen()
         if listen == "taken":
             listen = "127.0.0.1:%d" % taken.getsockname()[1]
-        s3 = {"transport": "webhook", "token": "t", "listen": listen, "endpoint_url": "http://127.0.0.1:1",
-              "access_key_id": "k", "secret_access_key": "s", "region": "us-east-1"}  # fmt: skip
+        s3 = {
+            "transport": "webhook",
+            "token": "t",
+            "listen": listen,
+            "endpoint_url": "http://127.0.0.1:1",
+            "access_key_id": "k",
+            "secret_access_key": "s",
+            "region": "us-east-1",
+        }
         configure(daemon, s3=[s3])
         error = start_refused(daemon, "s3[0].listen")
     assert listen in error["error"]
@@ -146,8 +178,12 @@ def test_an_inbox_inside_another_stops_the_start_naming_both_keys(daemon: Plugin
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "ocrwatch", "run", "--config", str(daemon.config_path)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=daemon.root,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=daemon.root,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in output, output
     assert str(daemon.config_path) in output and "processed twice" in output, output

@@ -72,8 +72,11 @@ def _install_toy(root: Path) -> Path:
 
 
 def _env(site: Path) -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(REPO),
-                                                         os.environ.get("PYTHONPATH")]))}
+    return {
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(site), str(REPO), os.environ.get("PYTHONPATH")])
+        )
+    }
 
 
 def _page(path: Path) -> None:
@@ -100,9 +103,11 @@ def test_a_third_engine_runs_through_the_daemon_with_its_own_options(
 def test_check_runs_the_toy_check_and_an_unknown_key_is_a_config_error(tmp_path: Path) -> None:
     site = _install_toy(tmp_path)
     config = tmp_path / "ocrwatch.toml"
-    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[engine]\nkind = "toy"\n'
-                      '[engine.toy]\ngreeting = "servus"\n'
-                      f'[[inbox]]\npath = "{tmp_path / "inbox"}"\n')
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[engine]\nkind = "toy"\n'
+        '[engine.toy]\ngreeting = "servus"\n'
+        f'[[inbox]]\npath = "{tmp_path / "inbox"}"\n'
+    )
     command = [sys.executable, "-m", "ocrwatch", "check", "--config", str(config)]
     env = {**os.environ, **_env(site)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)

@@ -1,8 +1,8 @@
 """Real second users of a shared inbox: made with ``useradd``, run through ``setpriv``.
 
-A shared-inbox promise is about what one ordinary user can do to another through a root daemon, so the
-tests that check one act as those users for real: the kernel's permission checks decide, not a double.
-The users are made once per run, named after the pid of the process that makes them (the
+A shared-inbox promise is about what one ordinary user can do to another through a root daemon, so
+the tests that check one act as those users for real: the kernel's permission checks decide, not a
+double. The users are made once per run, named after the pid of the process that makes them (the
 pytest-xdist controller, or the one test process), and removed at its end; the shared folder lies
 outside pytest's 0700 temporary root so they can reach it.
 """
@@ -33,13 +33,21 @@ class User:
 
     def argv(self, command: Sequence[str]) -> list[str]:
         return [
-            "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--", *command,
-        ]  # fmt: skip
+            "setpriv",
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--init-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+            *command,
+        ]
 
     def run(self, command: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         """Run ``command`` as this user; the caller checks the outcome."""
-        return subprocess.run(self.argv(command), capture_output=True, text=True, check=False, **kwargs)
+        return subprocess.run(
+            self.argv(command), capture_output=True, text=True, check=False, **kwargs
+        )
 
     def popen(self, command: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
         return subprocess.Popen(self.argv(command), text=True, **kwargs)
@@ -50,15 +58,24 @@ class User:
 
 
 def sys_python() -> str:
-    """An interpreter every user may run: the system's, since pyenv's lives under root's 0700 home."""
-    return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.realpath(sys.executable)
+    """An interpreter every user may run: the system's, since pyenv's lives under root's 0700
+    home."""
+    return (
+        "/usr/bin/python3"
+        if os.access("/usr/bin/python3", os.X_OK)
+        else os.path.realpath(sys.executable)
+    )
 
 
 def _make(name: str) -> User | str:
     """The user ``name``, made afresh; or why it cannot be made."""
     subprocess.run(["userdel", "-r", name], capture_output=True, check=False)
-    done = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/bin/sh", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         return f"cannot add the user {name}: {done.stderr.strip()}"
     entry = pwd.getpwnam(name)
@@ -133,8 +150,8 @@ def users(request: pytest.FixtureRequest) -> Iterator[tuple[User, User]]:
 
 @pytest.fixture
 def shared_root() -> Iterator[Path]:
-    """A folder every user can reach, holding a sticky, world-writable ``inbox`` (mode 1777), as a shared
-    inbox is; removed after the test."""
+    """A folder every user can reach, holding a sticky, world-writable ``inbox`` (mode 1777), as a
+    shared inbox is; removed after the test."""
     root = Path(tempfile.mkdtemp(prefix="ocrwatch-shared-"))
     root.chmod(0o755)
     (root / "inbox").mkdir()

@@ -15,15 +15,15 @@ pixels to embeddings:
 - the Qwen2 mask (image tokens see each other, query tokens see all image tokens and the earlier
   queries) is one cached tensor, built without a loop;
 - the SAM encoder's global-attention layers fold the decomposed relative-position bias into the dot
-  product (the rel-pos terms appended to q, one-hot key coordinates to k), so a flash attention kernel runs
-  instead of an explicit-mask SDPA over a (heads x 4096 x 4096) bias. Of the kernels tried (FlexAttention
-  with a ``score_mod``, the stock arithmetic batched) this was the fastest on an H200, several times faster
-  than vLLM's per-page path, and within the stock path's own bf16 error of an fp32 reference. The windowed
-  layers keep vLLM's own attention.
+  product (the rel-pos terms appended to q, one-hot key coordinates to k), so a flash attention
+  kernel runs instead of an explicit-mask SDPA over a (heads x 4096 x 4096) bias. Of the kernels
+  tried (FlexAttention with a ``score_mod``, the stock arithmetic batched) this was the fastest on
+  an H200, several times faster than vLLM's per-page path, and within the stock path's own bf16
+  error of an fp32 reference. The windowed layers keep vLLM's own attention.
 
-It is selected by ``ocrwatch.engines.deepseek.plugin`` (``[engine.vllm] fast_encoder``), and replays the
-encoder as CUDA graphs (``ViewGraphs``) with ``[engine.vllm] encoder_cuda_graphs``. bench/gpu/encoder_check.py
-proves it equal to the stock class on random weights.
+It is selected by ``ocrwatch.engines.deepseek.plugin`` (``[engine.vllm] fast_encoder``), and replays
+the encoder as CUDA graphs (``ViewGraphs``) with ``[engine.vllm] encoder_cuda_graphs``.
+bench/gpu/encoder_check.py proves it equal to the stock class on random weights.
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def qwen2_encode(qwen2_model: torch.nn.Module, features: torch.Tensor) -> torch.
     x = torch.cat([x, queries.unsqueeze(0).expand(bs, -1, -1)], dim=1)
     mask = prefix_lm_mask(n_query, x.dtype, x.device).expand(bs, 1, 2 * n_query, 2 * n_query)
     inner = qwen2_model.model.model  # CustomQwen2Decoder -> its transformers Qwen2Model subclass
-    out = Qwen2Model.forward(inner, inputs_embeds=x, attention_mask={"full_attention": mask}, use_cache=False)
+    out = Qwen2Model.forward(
+        inner, inputs_embeds=x, attention_mask={"full_attention": mask}, use_cache=False
+    )
     return out[0][:, n_query:, :]
 
 
@@ -107,13 +109,20 @@ def _key_coords(height: int, width: int, dtype: torch.dtype, device: torch.devic
     t = _ONE_HOT.get(key)
     if t is None:
         idx = torch.arange(height * width, device=device)
-        t = torch.cat([F.one_hot(idx // width, height), F.one_hot(idx % width, width)], dim=-1).to(dtype)
+        t = torch.cat([F.one_hot(idx // width, height), F.one_hot(idx % width, width)], dim=-1).to(
+            dtype
+        )
         _ONE_HOT[key] = t
     return t
 
 
 def _concat_attention(
-    attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, height: int, width: int
+    attn: torch.nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    height: int,
+    width: int,
 ) -> torch.Tensor:
     """softmax(q.k*s + rel_h[kh] + rel_w[kw]) as one plain attention:
     [q*s, rel_h, rel_w] . [k, onehot(kh), onehot(kw)] = q.k*s + rel_h[kh] + rel_w[kw]."""
@@ -132,7 +141,9 @@ def _concat_attention(
 
 
 def rel_pos_attention(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """vLLM's ``RelPosAttention.forward`` with the bias folded into the attention kernel; x is (B, H, W, C)."""
+    """vLLM's ``RelPosAttention.forward`` with the bias folded into the attention kernel; x is (B,
+    H,
+    W, C)."""
     if not attn.use_rel_pos:
         return attn(x)
     b, height, width, _ = x.shape
@@ -145,7 +156,8 @@ def rel_pos_attention(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def sam_encode(sam: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """vLLM's ``ImageEncoderViT.forward``, its global-attention layers through ``rel_pos_attention``."""
+    """vLLM's ``ImageEncoderViT.forward``, its global-attention layers through
+    ``rel_pos_attention``."""
     from vllm.model_executor.models.deepencoder import window_partition, window_unpartition
 
     x = sam.patch_embed(x)
@@ -169,29 +181,34 @@ def sam_encode(sam: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- whole vision path
 def encode_chunk(model: Any, views: torch.Tensor) -> torch.Tensor:
-    """SAM -> Qwen2 -> projector for a stack of same-size views: (views, tokens_per_view, n_embed)."""
+    """SAM -> Qwen2 -> projector for a stack of same-size views: (views, tokens_per_view,
+    n_embed)."""
     return model.projector(qwen2_encode(model.qwen2_model, sam_encode(model.sam_model, views)))
 
 
 GRAPH_SIZES = {1024: (1, 2, 3, 4, 6, 8, 12, 16), 768: (6, 12, 18, 24, 36, 48)}
-"""Batch sizes captured per view side: global views come one per page, 768 tiles six per A4/Letter page."""
+"""Batch sizes captured per view side: global views come one per page, 768 tiles six per A4/Letter
+page."""
 
 
 class ViewGraphs:
-    """CUDA graphs of ``encode_chunk`` for each view side and batch size of ``GRAPH_SIZES``; a batch is padded
-    with blank views up to the next size, and a larger one runs as several graphs.
+    """CUDA graphs of ``encode_chunk`` for each view side and batch size of ``GRAPH_SIZES``; a batch
+    is
+    padded with blank views up to the next size, and a larger one runs as several graphs.
 
-    Why: run eagerly, the encoder launches thousands of small kernels from Python, one at a time, and the
-    engine core's only thread spent about half its time there while the GPU idled. A replay launches them
-    all at once. Views never interact inside the encoder, so padding changes no view's output beyond the
-    kernels' bf16 rounding (checked by bench/gpu/encoder_check.py). All sizes of a side are captured the
-    first time that side is seen, which is vLLM's memory-profiling run, so the graphs' memory is counted
-    before the KV cache is sized."""
+    Why: run eagerly, the encoder launches thousands of small kernels from Python, one at a time,
+    and the engine core's only thread spent about half its time there while the GPU idled. A replay
+    launches them all at once. Views never interact inside the encoder, so padding changes no view's
+    output beyond the kernels' bf16 rounding (checked by bench/gpu/encoder_check.py). All sizes of a
+    side are captured the first time that side is seen, which is vLLM's memory-profiling run, so the
+    graphs' memory is counted before the KV cache is sized."""
 
     def __init__(self, model: Any, sizes: dict[int, tuple[int, ...]] | None = None) -> None:
         self.model = model
         self.sizes = sizes or GRAPH_SIZES
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[
+            tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]
+        ] = {}
         self.pool: Any = None
 
     def __call__(self, views: torch.Tensor) -> torch.Tensor:
@@ -199,26 +216,36 @@ class ViewGraphs:
         sizes = self.sizes.get(side)
         if sizes is None:  # a view size no graph was made for: eager, as before
             return encode_chunk(self.model, views)
-        with torch.inference_mode():  # the static buffers are inference tensors (made in vLLM's profiling run)
+        with (
+            torch.inference_mode()
+        ):  # the static buffers are inference tensors (made in vLLM's profiling run)
             if (side, sizes[0]) not in self.graphs:
                 self._capture_side(side, sizes, views.dtype, views.device)
             outs = []
             for start in range(0, views.shape[0], sizes[-1]):
                 part = views[start : start + sizes[-1]]
                 n = part.shape[0]
-                graph, static_in, static_out = self.graphs[(side, next(size for size in sizes if size >= n))]
+                graph, static_in, static_out = self.graphs[
+                    (side, next(size for size in sizes if size >= n))
+                ]
                 static_in[:n].copy_(part)
                 static_in[n:].zero_()
                 graph.replay()
                 outs.append(static_out[:n].clone())  # the next replay overwrites static_out
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
-    def _capture_side(self, side: int, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        for size in sorted(sizes, reverse=True):  # the largest first, so the smaller reuse its pool memory
+    def _capture_side(
+        self, side: int, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> None:
+        for size in sorted(
+            sizes, reverse=True
+        ):  # the largest first, so the smaller reuse its pool memory
             static_in = torch.zeros((size, 3, side, side), dtype=dtype, device=device)
             stream = torch.cuda.Stream(device=device)
             stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):  # warm-up outside the graph: lazy inits, caches, kernel choice
+            with torch.cuda.stream(
+                stream
+            ):  # warm-up outside the graph: lazy inits, caches, kernel choice
                 for _ in range(2):
                     encode_chunk(self.model, static_in)
             torch.cuda.current_stream(device).wait_stream(stream)
@@ -229,12 +256,17 @@ class ViewGraphs:
             self.graphs[(side, size)] = (graph, static_in, static_out)
 
 
-def encode_views(model: Any, views: torch.Tensor, chunk: int, graphs: ViewGraphs | None = None) -> torch.Tensor:
-    """``encode_chunk`` for a stack of same-size views, ``chunk`` views at a time, or through ``graphs``.
-    Returns (views, tokens_per_view, n_embed)."""
+def encode_views(
+    model: Any, views: torch.Tensor, chunk: int, graphs: ViewGraphs | None = None
+) -> torch.Tensor:
+    """``encode_chunk`` for a stack of same-size views, ``chunk`` views at a time, or through
+    ``graphs``. Returns (views, tokens_per_view, n_embed)."""
     if graphs is not None:
         return graphs(views)
-    outs = [encode_chunk(model, views[start : start + chunk]) for start in range(0, views.shape[0], chunk)]
+    outs = [
+        encode_chunk(model, views[start : start + chunk])
+        for start in range(0, views.shape[0], chunk)
+    ]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
@@ -263,7 +295,9 @@ def pages_to_embeddings(
     out, pos = [], 0
     for page, count in enumerate(tiles):
         if count:
-            out.append(torch.cat([local[pos : pos + count].reshape(-1, dim), glob[page], sep], dim=0))
+            out.append(
+                torch.cat([local[pos : pos + count].reshape(-1, dim), glob[page], sep], dim=0)
+            )
             pos += count
         else:
             out.append(torch.cat([glob[page], sep], dim=0))
@@ -283,7 +317,8 @@ def _make_class() -> type:
             graphs = plugin.enabled(name=plugin.GRAPHS_ENV)
             self.ocw_graphs = ViewGraphs(self) if graphs else None
             init_logger("vllm.ocrwatch.deepseek.encoder").info(
-                "ocrwatch: fast DeepSeek-OCR-2 vision encoder active (CUDA graphs %s)", "on" if graphs else "off"
+                "ocrwatch: fast DeepSeek-OCR-2 vision encoder active (CUDA graphs %s)",
+                "on" if graphs else "off",
             )
 
         def _parse_and_validate_image_input(self, **kwargs: object) -> Any:
@@ -301,9 +336,14 @@ def _make_class() -> type:
             )
 
         def _pixel_values_to_embedding(
-            self, pixel_values: torch.Tensor, images_crop: torch.Tensor | None, images_spatial_crop: torch.Tensor
+            self,
+            pixel_values: torch.Tensor,
+            images_crop: torch.Tensor | None,
+            images_spatial_crop: torch.Tensor,
         ) -> list[torch.Tensor]:
-            return pages_to_embeddings(self, pixel_values, images_crop, images_spatial_crop, graphs=self.ocw_graphs)
+            return pages_to_embeddings(
+                self, pixel_values, images_crop, images_spatial_crop, graphs=self.ocw_graphs
+            )
 
     FastDeepseekOCR2ForCausalLM.__module__ = __name__
     FastDeepseekOCR2ForCausalLM.__qualname__ = "FastDeepseekOCR2ForCausalLM"
@@ -311,8 +351,9 @@ def _make_class() -> type:
 
 
 def __getattr__(name: str) -> type:
-    # The class is built on first access: importing this module needs torch but not vLLM (the plugin,
-    # ocrwatch.engines.deepseek.plugin, needs neither and only names this module for vLLM to import).
+    # The class is built on first access: importing this module needs torch but not vLLM (the
+    # plugin, ocrwatch.engines.deepseek.plugin, needs neither and only names this module for vLLM to
+    # import).
     if name == "FastDeepseekOCR2ForCausalLM":
         cls = _make_class()
         globals()[name] = cls

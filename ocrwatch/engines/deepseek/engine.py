@@ -1,16 +1,17 @@
-"""The embedded vLLM engine: an in-process ``AsyncLLM`` (vLLM v1) serving DeepSeek-OCR-2 or DeepSeek-OCR.
+"""The embedded vLLM engine: an in-process ``AsyncLLM`` (vLLM v1) serving DeepSeek-OCR-2 or
+DeepSeek-OCR.
 
-vLLM is imported in ``start()`` only, so this module imports on machines without it. Engine and sampling
-arguments are built by pure functions (``engine_kwargs``, ``sampling_kwargs``) that follow vLLM's DeepSeek-OCR
-recipe and are tested without vLLM; ``_Runtime`` is the one place that touches vLLM's API, checked against
-vLLM 0.26.0 and 0.33.0.
+vLLM is imported in ``start()`` only, so this module imports on machines without it. Engine and
+sampling arguments are built by pure functions (``arguments.engine_kwargs``, ``sampling_kwargs``)
+that follow vLLM's DeepSeek-OCR recipe and are tested without vLLM; ``_Runtime`` is the one place
+that touches vLLM's API, checked against vLLM 0.26.0 and 0.33.0.
 
-Throughput needs many pages in flight (continuous batching does the batching) and a free event loop: each
-page's multimodal input is prepared by vLLM's renderer in its worker threads (``render_cmpl_async``), never
-in the loop, and the engine core runs in its own process.
+Throughput needs many pages in flight (continuous batching does the batching) and a free event loop:
+each page's multimodal input is prepared by vLLM's renderer in its worker threads
+(``render_cmpl_async``), never in the loop, and the engine core runs in its own process.
 
-One ``VllmEngine`` is one replica on one group of GPUs; ``[engine.vllm] replicas`` is several of them behind
-``engines.replicas.EngineSet`` (see ``engines.deepseek.spec``).
+One ``VllmEngine`` is one replica on one group of GPUs; ``[engine.vllm] replicas`` is several of
+them behind ``engines.replicas.EngineSet`` (see ``engines.deepseek.spec``).
 """
 
 from __future__ import annotations
@@ -22,215 +23,39 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import structlog
 from PIL import Image
 
 from ocrwatch.engines.base import Images, PageRequest, Recognition
-from ocrwatch.engines.deepseek import grounding, plugin, sizing
-from ocrwatch.engines.deepseek.geometry import VISIONS, VisionGeometry, model_architecture, model_config
+from ocrwatch.engines.deepseek import grounding
 from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed, OcrwatchError
+from ocrwatch.engines.deepseek.arguments import (
+    vision,
+    engine_sizing,
+    engine_env,
+    engine_kwargs,
+    visible_devices,
+    uses_ngram_guard,
+    check_engine_args,
+    sampling_kwargs,
+    vllm_priority,
+    model_prompt,
+)
 
 log = structlog.get_logger()
 
-NGRAM_PROCESSORS = {
-    "batched": "ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram",
-    "per_request": "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor",
-}
-IMAGE_TOKEN = "<image>"
 WARMUP_REQUEST_ID = "ocrwatch-warmup"
-RENDERER_WORKERS = 4
-MOE_CONFIGS = Path(__file__).with_name("moe_configs")
-def vision(cfg: VllmConfig) -> VisionGeometry:
-    """How the configured model sees a page."""
-    return VISIONS[model_architecture(cfg.model)]
-
-
-def engine_sizing(cfg: VllmConfig, gpu_bytes: int | None) -> sizing.Sizing:
-    """``max_num_seqs`` and ``max_num_batched_tokens``: the config's, else the rule of ``sizing`` for this
-    model on a GPU of ``gpu_bytes``."""
-    language = model_config(cfg.model).get("language_config")
-    facts = sizing.model_facts(language if isinstance(language, dict) else None, vision(cfg).max_image_tokens())
-    return sizing.resolve(
-        max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        gpu_bytes=gpu_bytes,
-        utilization=cfg.gpu_memory_utilization,
-        facts=facts,
-        max_tokens=cfg.max_tokens,
-        max_model_len=cfg.max_model_len,
-        tensor_parallel=cfg.tensor_parallel_size,
-    )
-
-
-def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
-    """Environment for vLLM, given the current one: spawn (the daemon is multi-threaded, so forking the
-    engine core is unsafe), one OpenMP thread per torch call and no usage reporting unless the user chose
-    otherwise; the fast encoder's switches (``[engine.vllm] fast_encoder`` and ``encoder_cuda_graphs``), which
-    ``plugin`` and the fast class read in every vLLM process, since vLLM's engine core and workers are
-    processes of their own; the compile cache where the config puts it.
-
-    One OpenMP thread: vLLM does so for its multi-GPU workers but not for a one-GPU engine core, and the
-    daemon's input-preparation threads each ran torch ops over every core at once, which made input
-    preparation several times slower on a many-core host and capped the daemon's throughput.
-
-    ``VLLM_TUNED_CONFIG_FOLDER``: the fused-MoE tiles tuned for DeepSeek-OCR's experts (``MOE_CONFIGS``);
-    vLLM has none for that shape and falls back to generic tiles. The n-gram guard on the GPU
-    (``ngram_processor = "gpu"``) and the priority lanes (``lanes``, ``priority_lanes``) are switched on the same way.
-
-    ``VLLM_USE_V2_MODEL_RUNNER``: vLLM 0.26 keeps mixture-of-experts models such as DeepSeek-OCR(-2) on its V1
-    runner unless asked. On one H200 its V2 runner gave the same greedy output ids (64 pages, 1,000 tokens each)
-    and was faster in every lane measured (docs/performance.md, 2026-12-01: 12.65 against 9.91 pages/s with the
-    guard off, 11.43 with the guard as one kernel in its sampler against 9.06 with it on the host), so a
-    one-GPU engine without a custom logits processor (which the V2 runner refuses) asks for it; several GPUs
-    were not measured on it and keep vLLM's choice."""
-    defaults = {
-        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-        "VLLM_NO_USAGE_STATS": "1",
-        "OMP_NUM_THREADS": "1",
-        "VLLM_TUNED_CONFIG_FOLDER": str(MOE_CONFIGS),
-    }
-    host_processor = uses_ngram_guard(cfg) and cfg.ngram_processor in NGRAM_PROCESSORS
-    if cfg.tensor_parallel_size == 1 and cfg.data_parallel_size == 1 and not host_processor:
-        defaults["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    env = {key: value for key, value in defaults.items() if key not in environ}
-    env[plugin.ENV] = "1" if cfg.fast_encoder else "0"
-    env[plugin.GRAPHS_ENV] = "1" if cfg.fast_encoder and cfg.encoder_cuda_graphs else "0"
-    env[plugin.NGRAM_ENV] = "1" if uses_ngram_guard(cfg) and cfg.ngram_processor == "gpu" else "0"
-    env[plugin.LANES_ENV] = "1" if cfg.priority_lanes else "0"
-    if cfg.compile_cache_dir is not None:
-        env["VLLM_CACHE_ROOT"] = str(cfg.compile_cache_dir.expanduser())
-    return env
-
-
-def engine_kwargs(cfg: VllmConfig, sizes: sizing.Sizing | None = None, *, processor: str | None = None) -> dict[str, Any]:
-    """``AsyncEngineArgs`` keyword arguments: vLLM's DeepSeek-OCR recipe, the sizes (default: the config's or
-    the fallback, for a GPU of unknown memory), then ``[engine.vllm.engine_args]``. ``processor``: the n-gram
-    guard's logits processor instead of the configured one (the engine falls back to ``batched`` where
-    vLLM does not choose its V2 runner, which ``gpu`` needs)."""
-    sizes = sizes or engine_sizing(cfg, None)
-    kwargs: dict[str, Any] = {
-        "model": cfg.model,
-        "dtype": cfg.dtype,
-        "max_model_len": cfg.max_model_len,
-        "gpu_memory_utilization": cfg.gpu_memory_utilization,
-        "max_num_seqs": sizes.max_num_seqs,
-        "max_num_batched_tokens": sizes.max_num_batched_tokens,
-        "enforce_eager": cfg.enforce_eager,
-        "tensor_parallel_size": cfg.tensor_parallel_size,
-        "data_parallel_size": cfg.data_parallel_size,
-        "seed": cfg.seed,
-        "load_format": cfg.load_format,
-        "enable_prefix_caching": False,
-        "mm_processor_cache_gb": 0,
-        "scheduling_policy": "priority",
-        "limit_mm_per_prompt": {"image": 1},
-        "renderer_num_workers": RENDERER_WORKERS,
-    }
-    optional = {
-        "revision": cfg.revision,
-        "tokenizer": cfg.tokenizer,
-        "block_size": cfg.block_size,
-    }
-    kwargs.update({key: value for key, value in optional.items() if value is not None})
-    processor = processor or cfg.ngram_processor
-    if uses_ngram_guard(cfg) and processor in NGRAM_PROCESSORS:
-        kwargs["logits_processors"] = [NGRAM_PROCESSORS[processor]]
-    kwargs.update(cfg.engine_args)
-    if kwargs["mm_processor_cache_gb"] and "renderer_num_workers" not in cfg.engine_args:
-        kwargs["renderer_num_workers"] = 1
-    return kwargs
-
-
-@contextmanager
-def visible_devices(devices: str | None) -> Iterator[None]:
-    """vLLM's engine core is a spawned process that reads ``CUDA_VISIBLE_DEVICES`` when it starts (vLLM pins
-    its own data-parallel ranks the same way), so a replica is pinned by the variable while it is built;
-    ``None`` leaves the environment as it is."""
-    if devices is None:
-        yield
-        return
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = devices
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
-
-
-def uses_ngram_guard(cfg: VllmConfig) -> bool:
-    """Any custom logits processor moves vLLM (0.26) from its V2 model runner to the older V1 one, whose host
-    work per decode step makes a step half as long again on an H200, so none is registered when no rung can
-    use the guard, nor for ``ngram_processor = "gpu"`` (``ngram_gpu``, inside the V2 runner), nor for
-    ``guard = "stop"``, whose rungs never ban n-grams (``ladder.rungs``)."""
-    if cfg.guard == "stop":
-        return False
-    rungs = [(cfg.ngram_size, cfg.window_size), *((r.ngram_size, r.window_size) for r in cfg.ladder)]
-    return any(n > 0 and w > 0 for n, w in rungs)
-
-
-def check_engine_args(kwargs: Mapping[str, Any], known: set[str], version: str) -> None:
-    """Engine arguments differ between vLLM releases (0.33 dropped ``max_num_partial_prefills``,
-    ``calculate_kv_scales`` and others): name the ones this vLLM lacks instead of a bare ``TypeError``."""
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise ConfigError(
-            f"engine.vllm.engine_args: vLLM {version} has no engine argument {', '.join(map(repr, unknown))}",
-            hint="remove it from [engine.vllm.engine_args] or install the vLLM release it belongs to",
-        )
-
-
-def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments for one rung; the n-gram settings travel in ``extra_args`` to
-    DeepSeek-OCR's ``NGramPerReqLogitsProcessor`` (off when ``ngram_size`` or ``window_size`` is 0); the
-    repetition stop as the fields of vLLM's ``RepetitionDetectionParams``
-    (``_Runtime.sampling_params`` builds it: this function imports nothing of vLLM)."""
-    kwargs: dict[str, Any] = {
-        "temperature": sampling.temperature,
-        "max_tokens": sampling.max_tokens,
-        "skip_special_tokens": False,
-        "ignore_eos": cfg.ignore_eos,
-    }
-    if sampling.temperature > 0:
-        kwargs["seed"] = cfg.seed
-    if sampling.repetition_penalty != 1.0:
-        kwargs["repetition_penalty"] = sampling.repetition_penalty
-    if sampling.stop_pattern > 0 and sampling.stop_count > 1:
-        kwargs["repetition_detection"] = {"max_pattern_size": sampling.stop_pattern, "min_count": sampling.stop_count}
-    if sampling.ngram_size > 0 and sampling.window_size > 0:
-        kwargs["extra_args"] = {
-            "ngram_size": sampling.ngram_size,
-            "window_size": sampling.window_size,
-            "whitelist_token_ids": list(cfg.whitelist_token_ids),
-        }
-    return kwargs
-
-
-def vllm_priority(priority: int) -> int:
-    """``PageRequest.priority`` is the scheduler's ``engine_priority``: lower runs first, as in vLLM's
-    priority scheduler (``Request.__lt__``: priority, then arrival), so it passes unchanged; its values
-    (up to about 10**10) fit the 64-bit integers of vLLM's msgpack transport."""
-    return priority
-
-
-def model_prompt(prompt: str) -> str:
-    """DeepSeek-OCR needs exactly one image tag; a custom prompt without one gets it in front."""
-    return prompt if IMAGE_TOKEN in prompt else f"{IMAGE_TOKEN}\n{prompt}"
 
 
 def request_timings(metrics: Any) -> dict[str, float]:
-    """Queue, first-token and decode seconds from ``RequestOutput.metrics`` (``RequestStateStats``, present
-    in 0.26 and 0.33 while vLLM's stats are on); empty where vLLM kept none."""
+    """Queue, first-token and decode seconds from ``RequestOutput.metrics`` (``RequestStateStats``,
+    present in 0.26 and 0.33 while vLLM's stats are on); empty where vLLM kept none."""
     if metrics is None:
         return {}
     queued = getattr(metrics, "queued_ts", 0.0)
@@ -264,8 +89,11 @@ def _is_cuda_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "CUDA" in str(exc)
 
 
-def engine_error(exc: BaseException, dead_errors: tuple[type[BaseException], ...], *, errored: bool) -> OcrwatchError:
-    """An engine exception as ocrwatch sees it: the engine is dead (rebuild it) or only this page failed."""
+def engine_error(
+    exc: BaseException, dead_errors: tuple[type[BaseException], ...], *, errored: bool
+) -> OcrwatchError:
+    """An engine exception as ocrwatch sees it: the engine is dead (rebuild it) or only this page
+    failed."""
     for cause in _causes(exc):
         if isinstance(cause, dead_errors) or _is_cuda_failure(cause):
             return EngineDead(f"vLLM engine died: {type(cause).__name__}: {cause}")
@@ -275,7 +103,13 @@ def engine_error(exc: BaseException, dead_errors: tuple[type[BaseException], ...
 
 
 def recognition(
-    output: Any, width: int, height: int, *, images: Images, page_index: int, timings: dict[str, float]
+    output: Any,
+    width: int,
+    height: int,
+    *,
+    images: Images,
+    page_index: int,
+    timings: dict[str, float],
 ) -> Recognition:
     """A finished ``RequestOutput`` as a ``Recognition``; ``raw`` keeps the model's exact text."""
     completion = output.outputs[0]
@@ -294,19 +128,26 @@ def recognition(
 
 
 class _Runtime:
-    """The installed vLLM: the only code that calls its API (identical in 0.26 and 0.33 where used here)."""
+    """The installed vLLM: the only code that calls its API (identical in 0.26 and 0.33 where used
+    here)."""
 
     def __init__(self) -> None:
         import torch
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.renderers.inputs.preprocess import parse_model_prompt
-        from vllm.sampling_params import RepetitionDetectionParams, RequestOutputKind, SamplingParams
+        from vllm.sampling_params import (
+            RepetitionDetectionParams,
+            RequestOutputKind,
+            SamplingParams,
+        )
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))  # torch read it before engine_env
+        torch.set_num_threads(
+            int(os.environ.get("OMP_NUM_THREADS") or 1)
+        )  # torch read it before engine_env
         self.version: str = vllm.__version__
         self._engine_args = AsyncEngineArgs
         self._usage = UsageContext.ENGINE_CONTEXT
@@ -318,16 +159,23 @@ class _Runtime:
         self.dead_errors: tuple[type[BaseException], ...] = (EngineDeadError,)
 
     def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> Any:
-        """The engine. ``fallback``: the arguments to build with instead where vLLM would not run its V2 model
-        runner, which the GPU n-gram guard needs (``AsyncLLM.from_engine_args`` in its two steps, to see the
-        runner vLLM chose before starting it)."""
-        check_engine_args(kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version)
+        """The engine. ``fallback``: the arguments to build with instead where vLLM would not run
+        its
+        V2 model runner, which the GPU n-gram guard needs (``AsyncLLM.from_engine_args`` in its two
+        steps, to see the runner vLLM chose before starting it)."""
+        check_engine_args(
+            kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version
+        )
         args = self._engine_args(**kwargs)
         if fallback is None:
             return self._async_llm.from_engine_args(args)
         config = args.create_engine_config(self._usage)
         if not getattr(config, "use_v2_model_runner", False):
-            log.warning("vllm_ngram_guard_on_the_host", reason="vLLM chose its V1 model runner", processor="batched")
+            log.warning(
+                "vllm_ngram_guard_on_the_host",
+                reason="vLLM chose its V1 model runner",
+                processor="batched",
+            )
             return self.engine(fallback)
         return self._async_llm.from_vllm_config(
             config,
@@ -337,7 +185,8 @@ class _Runtime:
         )
 
     def gpu_memory(self) -> int | None:
-        """Total memory of the first GPU this process sees (NVML, through vLLM's platform); None if unknown."""
+        """Total memory of the first GPU this process sees (NVML, through vLLM's platform); None if
+        unknown."""
         try:
             from vllm.platforms import current_platform
 
@@ -357,20 +206,25 @@ class _Runtime:
         return self._sampling_params(**kwargs, output_kind=self._final_only)
 
     async def prepare(self, llm: Any, prompt: str, image: Image.Image) -> Any:
-        """The page as an ``EngineInput``, processed in the renderer's threads (0.26: ``renderer_num_workers``
-        threads; 0.33: a dedicated single multimodal thread), so the event loop never runs the processor."""
-        parsed = self._parse_prompt(llm.model_config, {"prompt": prompt, "multi_modal_data": {"image": image}})
+        """The page as an ``EngineInput``, processed in the renderer's threads (0.26:
+        ``renderer_num_workers`` threads; 0.33: a dedicated single multimodal thread), so the event
+        loop never runs the processor."""
+        parsed = self._parse_prompt(
+            llm.model_config, {"prompt": prompt, "multi_modal_data": {"image": image}}
+        )
         (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
         return engine_input
 
 
 class VllmEngine:
-    """DeepSeek-OCR(-2) in an embedded vLLM engine on the GPUs ``devices`` names (None: those this process
-    sees); see ``ocrwatch.engines.base`` for the contract."""
+    """DeepSeek-OCR(-2) in an embedded vLLM engine on the GPUs ``devices`` names (None: those this
+    process sees); see ``ocrwatch.engines.base`` for the contract."""
 
     name = "vllm"
 
-    def __init__(self, cfg: VllmConfig, *, images: Images = "placeholder", devices: str | None = None) -> None:
+    def __init__(
+        self, cfg: VllmConfig, *, images: Images = "placeholder", devices: str | None = None
+    ) -> None:
         self.cfg = cfg
         self.images = images
         self.devices = devices
@@ -397,7 +251,8 @@ class VllmEngine:
             await self.close()
             raise EngineDead(
                 f"vLLM engine could not start: {type(exc).__name__}: {exc}",
-                hint="check [engine.vllm] model, GPU memory and the vLLM install; ocrwatch retries with backoff",
+                hint="check [engine.vllm] model, GPU memory and the vLLM install; ocrwatch "
+                "retries with backoff",
             ) from exc
         try:
             await self.recognize(self._warmup_request())
@@ -408,7 +263,8 @@ class VllmEngine:
                 raise EngineDead(f"vLLM engine failed its warm-up request: {exc.message}") from exc
             raise
         gc.collect()
-        gc.freeze()  # see release(): what vLLM, torch and transformers built at start is never garbage
+        # see release(): what vLLM, torch and transformers built at start is never garbage
+        gc.freeze()
         log.info(
             "vllm_engine_ready",
             vllm=runtime.version,
@@ -465,7 +321,11 @@ class VllmEngine:
         started = time.monotonic()
         width, height = page.image.size
         try:
-            image = page.image if page.image.mode == "RGB" else await asyncio.to_thread(page.image.convert, "RGB")
+            image = (
+                page.image
+                if page.image.mode == "RGB"
+                else await asyncio.to_thread(page.image.convert, "RGB")
+            )
             engine_input = await runtime.prepare(llm, model_prompt(page.prompt), image)
             prepared = time.monotonic()
             params = runtime.sampling_params(sampling_kwargs(self.cfg, page.sampling))
@@ -478,7 +338,12 @@ class VllmEngine:
             raise
         except Exception as exc:
             error = engine_error(exc, runtime.dead_errors, errored=bool(llm.errored))
-            log.warning("vllm_request_failed", request_id=page.request_id, kind=error.kind, error=error.message)
+            log.warning(
+                "vllm_request_failed",
+                request_id=page.request_id,
+                kind=error.kind,
+                error=error.message,
+            )
             raise error from exc
         if final is None or not final.outputs:
             raise EngineFailed(f"vLLM returned no output for {page.request_id}")
@@ -487,26 +352,31 @@ class VllmEngine:
         finished = time.monotonic()
         timings = {"prepare": prepared - started, "total": finished - started}
         return await asyncio.to_thread(
-            functools.partial(recognition, images=self.images, page_index=page.page_index, timings=timings),
+            functools.partial(
+                recognition, images=self.images, page_index=page.page_index, timings=timings
+            ),
             final,
             width,
             height,
         )
 
     async def abort(self, request_id: str) -> None:
-        """Cancel ``request_id`` and its ladder attempts (``request_id/aN``); cancelling the task makes vLLM's
-        ``generate()`` abort the request in the engine core."""
+        """Cancel ``request_id`` and its ladder attempts (``request_id/aN``); cancelling the task
+        makes
+        vLLM's ``generate()`` abort the request in the engine core."""
         prefix = f"{request_id}/"
         for key, task in list(self._inflight.items()):
             if key == request_id or key.startswith(prefix):
                 task.cancel()
 
     def release(self) -> None:
-        """The young generations only: a full ``gc.collect()`` walks the whole front end's heap (vLLM, torch,
-        transformers: 630k objects, a third of a second) and, run on the event loop after every document, held
-        the loop for seconds whenever a wave of documents finished together, the GPU idle meanwhile. Python's
-        own collector still runs full collections; ``start()`` freezes the start-up heap (``gc.freeze``, as
-        vLLM's engine core does), so those walk only what came later (0.35 s → under 1 ms)."""
+        """The young generations only: a full ``gc.collect()`` walks the whole front end's heap
+        (vLLM,
+        torch, transformers: 630k objects, a third of a second) and, run on the event loop after
+        every document, held the loop for seconds whenever a wave of documents finished together,
+        the GPU idle meanwhile. Python's own collector still runs full collections; ``start()``
+        freezes the start-up heap (``gc.freeze``, as vLLM's engine core does), so those walk only
+        what came later (0.35 s → under 1 ms)."""
         gc.collect(1)
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
@@ -520,7 +390,8 @@ class VllmEngine:
         llm, self._llm = self._llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
-        gc.unfreeze()  # a rebuilt engine must not keep this one's objects out of the collector's reach
+        # a rebuilt engine must not keep this one's objects out of the collector's reach
+        gc.unfreeze()
         self.release()
 
     def describe(self) -> dict[str, Any]:
@@ -538,7 +409,9 @@ class VllmEngine:
             "replicas": self.cfg.replicas,
             "tensor_parallel_size": self.cfg.tensor_parallel_size,
             "data_parallel_size": self.cfg.data_parallel_size,
-            "sampling": asdict(first),  # the first rung as configured (greedy); the ladder's rungs follow
+            "sampling": asdict(
+                first
+            ),  # the first rung as configured (greedy); the ladder's rungs follow
             "guard": self.cfg.guard,
             "ladder": [rung.model_dump() for rung in self.cfg.ladder],
             "geometry": asdict(self.geometry),

@@ -1,15 +1,18 @@
-"""DeepSeek-OCR's grounding output: its tags to page blocks and clean Markdown, and repetition loops.
+"""DeepSeek-OCR's grounding output: its tags to page blocks and clean Markdown, and repetition
+loops.
 
 With the ``<|grounding|>`` prompt the model writes, for each layout block in reading order::
 
     <|ref|>LABEL<|/ref|><|det|>[[x1, y1, x2, y2], ...]<|/det|>
-    the block's Markdown (a heading with its ``#``, a paragraph, an HTML ``<table>``, ``\\[ ... \\]``)
+    the block's Markdown (a heading with its ``#``, a paragraph, an HTML ``<table>``,
+    ``\\[ ... \\]``)
 
 Coordinates lie on a 0-999 grid of the page (the official scripts scale by ``/ 999``). Image regions
-(``image``; ``figure`` in some outputs) carry no text. Output read with ``skip_special_tokens=False`` keeps
-``<｜end▁of▁sentence｜>`` and friends. A truncated or sampled output may hold unclosed tags and garbled
-coordinates (full-width commas, a missing bracket), so parsing here never raises: what cannot be read
-becomes a block without a bbox, and stray tag fragments never reach the Markdown.
+(``image``; ``figure`` in some outputs) carry no text. Output read with
+``skip_special_tokens=False`` keeps ``<｜end▁of▁sentence｜>`` and friends. A truncated or sampled
+output may hold unclosed tags and garbled coordinates (full-width commas, a missing bracket), so
+parsing here never raises: what cannot be read becomes a block without a bbox, and stray tag
+fragments never reach the Markdown.
 
 Everything here is pure: no I/O, no logging, safe to call from any thread.
 """
@@ -26,14 +29,35 @@ GRID = 999
 IMAGE_LABELS = frozenset({"image", "figure"})
 KNOWN_LABELS = frozenset(
     {
-        "title", "sub_title", "text", "table", "table_caption", "table_footnote", "image", "image_caption",
-        "figure", "figure_title", "figure_caption", "equation", "formula", "code", "header", "footer",
-        "page_header", "page_footer", "page_number", "footnote", "list", "reference", "abstract", "caption",
+        "title",
+        "sub_title",
+        "text",
+        "table",
+        "table_caption",
+        "table_footnote",
+        "image",
+        "image_caption",
+        "figure",
+        "figure_title",
+        "figure_caption",
+        "equation",
+        "formula",
+        "code",
+        "header",
+        "footer",
+        "page_header",
+        "page_footer",
+        "page_number",
+        "footnote",
+        "list",
+        "reference",
+        "abstract",
+        "caption",
     }
-)  # fmt: skip
+)
 
-# Special tokens the tokenizer leaves in when skip_special_tokens=False: the full-width DeepSeek ones
-# (<｜end▁of▁sentence｜>) and ASCII ones other than the grounding tags this module parses.
+# Special tokens the tokenizer leaves in when skip_special_tokens=False: the full-width DeepSeek
+# ones (<｜end▁of▁sentence｜>) and ASCII ones other than the grounding tags this module parses.
 _SPECIAL = r"<｜[^｜<>\n]{1,40}｜>|<\|(?!/?(?:ref|det)\|>)/?[A-Za-z_▁]{1,40}\|>"
 _SPECIAL_RE = re.compile(_SPECIAL)
 _REF_OPEN = "<|ref|>"
@@ -44,7 +68,8 @@ _COORDS_PREFIX_RE = re.compile(r"[\s\d.,，、\-+\[\]［］]*")
 _BOX_GROUP_RE = re.compile(r"\[([^\[\]]*)\]")
 _NUMBER_SPLIT_RE = re.compile(r"[\s,;]+")
 _LAYOUT_LABEL_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
-# Tag fragments that may survive in text: a det span (closed or not) with its coordinates, lone tags.
+# Tag fragments that may survive in text: a det span (closed or not) with its coordinates, lone
+# tags.
 _STRAY_TAG_RE = re.compile(r"<\|det\|>[\s\d.,，、\-+\[\]［］]*(?:<\|/det\|>)?|<\|/?(?:ref|det)\|>")
 _REF_PAIR_RE = re.compile(r"<\|ref\|>(.*?)<\|/ref\|>", re.DOTALL)
 _BLANK_RUN_RE = re.compile(r"\n{3,}")
@@ -68,13 +93,14 @@ def parse(
     images: Literal["placeholder", "drop", "extract"] = "placeholder",
     page_index: int = 0,
 ) -> ParsedPage:
-    """Turn one page of model output into blocks and Markdown; ``width``/``height`` are the page's pixels.
+    """Turn one page of model output into blocks and Markdown; ``width``/``height`` are the page's
+    pixels.
 
-    A block spanning several boxes (a paragraph across columns) gets their union as ``bbox`` and all of
-    them as ``boxes``. Image blocks get a ``name`` (``page-N-figure-K``, 1-based) that the Markdown
-    placeholder ``![](page-N-figure-K)`` points to, so a sink can crop and store the region under it.
-    Text before the first tag (or a whole output without tags, as from the "Free OCR." prompt) is one
-    ``text`` block without a bbox.
+    A block spanning several boxes (a paragraph across columns) gets their union as ``bbox`` and all
+    of them as ``boxes``. Image blocks get a ``name`` (``page-N-figure-K``, 1-based) that the
+    Markdown placeholder ``![](page-N-figure-K)`` points to, so a sink can crop and store the region
+    under it. Text before the first tag (or a whole output without tags, as from the "Free OCR."
+    prompt) is one ``text`` block without a bbox.
     """
     text = _SPECIAL_RE.sub("", raw)
     blocks: list[dict[str, Any]] = []
@@ -89,7 +115,9 @@ def parse(
         if kind in IMAGE_LABELS:
             figures += 1
             block["name"] = f"page-{page_index + 1}-figure-{figures}"
-            if images != "drop":  # "extract": the assembler links the placeholder to the figure's file
+            if (
+                images != "drop"
+            ):  # "extract": the assembler links the placeholder to the figure's file
                 parts.append(f"![]({block['name']})")
         if kind == "text" and not body and not boxes:
             continue
@@ -103,7 +131,9 @@ def clean_markdown(text: str) -> str:
     """Markdown fit for the sidecar: no special tokens or grounding tags, the model's LaTeX colon
     macros rewritten as the official scripts do, no trailing spaces, no runs of blank lines."""
     text = _SPECIAL_RE.sub("", text)
-    text = _REF_PAIR_RE.sub(lambda m: "" if _is_layout_label(m.group(1).strip()) else m.group(1), text)
+    text = _REF_PAIR_RE.sub(
+        lambda m: "" if _is_layout_label(m.group(1).strip()) else m.group(1), text
+    )
     text = _strip_stray_tags(text)
     for macro, replacement in _LATEX_REPLACEMENTS:
         text = text.replace(macro, replacement)
@@ -138,7 +168,8 @@ def _segments(text: str) -> list[tuple[str | None, str, str]]:
 
 
 def _block_kind(label: str | None, body: str) -> tuple[str, str]:
-    """The block type; a ref that holds text rather than a layout label (the "OCR this image." prompt
+    """The block type; a ref that holds text rather than a layout label (the "OCR this image."
+    prompt
     grounds words and lines) is a text block whose text is the ref itself."""
     if label is None:
         return "text", body
@@ -174,33 +205,45 @@ def _boxes(coords: str) -> list[tuple[float, float, float, float]]:
 
 
 def _to_pixels(box: tuple[float, float, float, float], width: int, height: int) -> list[int]:
-    """Grid box to page pixels, clamped to the grid and ordered, as the official scripts scale it."""
+    """Grid box to page pixels, clamped to the grid and ordered, as the official scripts scale
+    it."""
     x1, y1, x2, y2 = (min(max(value, 0.0), GRID) for value in box)
     x1, x2 = sorted((x1, x2))
     y1, y2 = sorted((y1, y2))
-    return [int(x1 / GRID * width), int(y1 / GRID * height), int(x2 / GRID * width), int(y2 / GRID * height)]
+    return [
+        int(x1 / GRID * width),
+        int(y1 / GRID * height),
+        int(x2 / GRID * width),
+        int(y2 / GRID * height),
+    ]
 
 
 def _union(boxes: list[list[int]]) -> list[int] | None:
     if not boxes:
         return None
-    return [min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)]
+    return [
+        min(b[0] for b in boxes),
+        min(b[1] for b in boxes),
+        max(b[2] for b in boxes),
+        max(b[3] for b in boxes),
+    ]
 
 
 def _strip_stray_tags(text: str) -> str:
     return _STRAY_TAG_RE.sub("", text)
 
 
-# --- repetition loops ---------------------------------------------------------------------------------------
+# --- repetition loops -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class LoopInfo:
     """A repetition running to the end of the output.
 
-    ``unit`` is one period of it (whitespace collapsed, tags removed), ``repeats`` how many periods the
-    tail holds (fractional: the last copy is usually cut off), ``start`` the offset in the text where the
-    repetition begins (``text[:start]`` is what came before it), ``chars`` how long the tail is.
+    ``unit`` is one period of it (whitespace collapsed, tags removed), ``repeats`` how many periods
+    the tail holds (fractional: the last copy is usually cut off), ``start`` the offset in the text
+    where the repetition begins (``text[:start]`` is what came before it), ``chars`` how long the
+    tail is.
     """
 
     unit: str
@@ -209,8 +252,8 @@ class LoopInfo:
     chars: int
 
 
-# Tags, special tokens and whitespace count as one space, so a loop that repeats a block with its tags,
-# or a line with varying spaces, is still seen as periodic.
+# Tags, special tokens and whitespace count as one space, so a loop that repeats a block with its
+# tags, or a line with varying spaces, is still seen as periodic.
 _LOOP_SKIP_RE = re.compile(
     rf"(?:{_SPECIAL}|<\|ref\|>[a-z_]{{1,32}}<\|/ref\|>|{_STRAY_TAG_RE.pattern}|\s)+"
 )
@@ -229,15 +272,16 @@ def find_loop(
 ) -> LoopInfo | None:
     """The repetition loop at the end of ``text``, or None.
 
-    A decoding loop never stops by itself, so only the tail is looked at: the shortest period ``p`` with
-    which the end of the text is exactly periodic, found for every ``p`` at once with the Z-function of
-    the reversed text. It counts as a loop when the periodic tail is at least ``min_chars`` long and holds
-    at least ``max(min_repeats, min_chars / p)`` copies, so a short unit needs many copies ("ha" 120 times)
-    and a paragraph needs four. Legitimate repetition passes: table rows of different numbers break the
-    period within a row; a table of identical rows still ends with ``</table>``; units without a single
-    letter (dot leaders, rules, underscores for a form, pipes and zeros of an empty table) are ignored,
-    since a model stuck on those is caught by ``finish_reason == "length"`` instead.
-    Only the last ``window`` characters are examined, which bounds the cost (linear) on runaway output.
+    A decoding loop never stops by itself, so only the tail is looked at: the shortest period ``p``
+    with which the end of the text is exactly periodic, found for every ``p`` at once with the
+    Z-function of the reversed text. It counts as a loop when the periodic tail is at least
+    ``min_chars`` long and holds at least ``max(min_repeats, min_chars / p)`` copies, so a short
+    unit needs many copies ("ha" 120 times) and a paragraph needs four. Legitimate repetition
+    passes: table rows of different numbers break the period within a row; a table of identical rows
+    still ends with ``</table>``; units without a single letter (dot leaders, rules, underscores for
+    a form, pipes and zeros of an empty table) are ignored, since a model stuck on those is caught
+    by ``finish_reason == "length"`` instead. Only the last ``window`` characters are examined,
+    which bounds the cost (linear) on runaway output.
     """
     chars, offsets = _normalised_tail(text[: _complete_end(text)], window)
     n = len(chars)
@@ -253,10 +297,15 @@ def find_loop(
         first = n - length
         if not any(char.isalpha() for char in tail[first : first + period]):
             continue
-        # Begin the loop at a word boundary within its first period, so the unit reads naturally, and
-        # with the whitespace and tags before it, so text[:start] ends where the good output ended.
-        aligned = next((i for i in range(first, first + period) if i == 0 or tail[i - 1] == " "), first)
-        start = offsets[aligned - 1] if aligned > 0 and tail[aligned - 1] == " " else offsets[aligned]
+        # Begin the loop at a word boundary within its first period, so the unit reads naturally,
+        # and with the whitespace and tags before it, so text[:start] ends where the good output
+        # ended.
+        aligned = next(
+            (i for i in range(first, first + period) if i == 0 or tail[i - 1] == " "), first
+        )
+        start = (
+            offsets[aligned - 1] if aligned > 0 and tail[aligned - 1] == " " else offsets[aligned]
+        )
         return LoopInfo(
             unit=tail[aligned : aligned + period].strip(),
             repeats=round((n - aligned) / period, 2),

@@ -1,16 +1,16 @@
 """DeepSeek-OCR's no-repeat-n-gram rule for a whole decode batch at once (NumPy, no vLLM).
 
-vLLM's ``NGramPerReqLogitsProcessor`` runs, for every request on every decode step, a Python loop over
-each window position and then one indexing kernel per request that bans something. At 128-256 sequences
-that is milliseconds of host time per step while the GPU waits. ``NGramBans`` keeps a copy of each
-request's output tokens (only the new ones are copied on each step), matches all requests that share
-``(ngram_size, window_size, whitelist)`` in one vectorised comparison and returns every ban as two index
-arrays, so the caller touches the logits once.
+vLLM's ``NGramPerReqLogitsProcessor`` runs, for every request on every decode step, a Python loop
+over each window position and then one indexing kernel per request that bans something. At 128-256
+sequences that is milliseconds of host time per step while the GPU waits. ``NGramBans`` keeps a copy
+of each request's output tokens (only the new ones are copied on each step), matches all requests
+that share ``(ngram_size, window_size, whitelist)`` in one vectorised comparison and returns every
+ban as two index arrays, so the caller touches the logits once.
 
 The rule is vLLM's, exactly: with ``L`` output tokens, ``L >= n``, every n-gram that starts at
-``max(0, L - window) <= i <= L - n`` and whose first ``n - 1`` tokens equal the last ``n - 1`` output
-tokens bans its last token, unless that token is whitelisted. For ``n == 1`` vLLM compares against the
-whole output (``ids[-0:]``) and so never bans; ``n < 2`` bans nothing here too.
+``max(0, L - window) <= i <= L - n`` and whose first ``n - 1`` tokens equal the last ``n - 1``
+output tokens bans its last token, unless that token is whitelisted. For ``n == 1`` vLLM compares
+against the whole output (``ids[-0:]``) and so never bans; ``n < 2`` bans nothing here too.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class NGramRule:
 
     @classmethod
     def from_extra_args(cls, extra: dict | None) -> NGramRule | None:
-        """vLLM's reading of ``SamplingParams.extra_args``: no ``ngram_size``, no rule; window default 100."""
+        """vLLM's reading of ``SamplingParams.extra_args``: no ``ngram_size``, no rule; window
+        default
+        100."""
         if not extra or extra.get("ngram_size") is None:
             return None
         return cls(
@@ -88,7 +90,8 @@ class NGramBans:
             self._hist[dst] = self._hist[src]
 
     def bans(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows, tokens)`` to set to ``-inf``: one entry per banned token (duplicates possible)."""
+        """``(rows, tokens)`` to set to ``-inf``: one entry per banned token (duplicates
+        possible)."""
         self._sync()
         if self._groups is None:
             groups: dict[NGramRule, list[int]] = {}
@@ -98,7 +101,9 @@ class NGramBans:
         found_rows: list[np.ndarray] = []
         found_tokens: list[np.ndarray] = []
         for rule, rows in self._groups.items():
-            lens = np.fromiter((self._rows[r].have for r in rows.tolist()), dtype=np.int64, count=len(rows))
+            lens = np.fromiter(
+                (self._rows[r].have for r in rows.tolist()), dtype=np.int64, count=len(rows)
+            )
             ready = lens >= rule.ngram_size
             if ready.any():
                 r, t = self._group_bans(rule, rows[ready], lens[ready])
@@ -109,7 +114,9 @@ class NGramBans:
             return empty, empty
         return np.concatenate(found_rows), np.concatenate(found_tokens)
 
-    def _group_bans(self, rule: NGramRule, rows: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _group_bans(
+        self, rule: NGramRule, rows: np.ndarray, lens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         n, w = rule.ngram_size, rule.window_size
         pos = lens[:, None] - w + np.arange(w)
         valid = pos >= 0
@@ -117,7 +124,8 @@ class NGramBans:
         prefix = window[:, w - n + 1 :]
         starts = sliding_window_view(window, n - 1, axis=1)[:, : w - n + 1]
         following = window[:, n - 1 :]
-        # Only n-grams whose (n-1)-th token equals the last output token can match: compare those alone.
+        # Only n-grams whose (n-1)-th token equals the last output token can match: compare those
+        # alone.
         maybe = (window[:, n - 2 : w - 1] == window[:, -1:]) & valid[:, : w - n + 1]
         if rule.whitelist:
             maybe &= ~np.isin(following, np.fromiter(rule.whitelist, dtype=np.int64))

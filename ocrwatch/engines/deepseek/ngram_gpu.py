@@ -1,19 +1,21 @@
 """DeepSeek-OCR's no-repeat-n-gram rule inside vLLM's V2 model runner, as one kernel on the GPU
 (``[engine.vllm] ngram_processor = "gpu"``).
 
-vLLM 0.26-0.30 refuse custom logits processors on their V2 model runner (a model then runs on the V1 runner),
-so a guard for V2 must live inside its sampler. (vLLM 0.26 runs DeepSeek-OCR and DeepSeek-OCR-2 on V1 anyway,
-unless ``VLLM_USE_V2_MODEL_RUNNER=1``: they are mixtures of experts outside its default-V2 list.) The V2 runner
-keeps every request's tokens on the GPU (``RequestState.all_token_ids``: the prompt, then the output, with
-``prompt_len`` and ``total_len``) for its own bad-words kernel; this module adds a kernel that reads the same
-tensors and, for each row of the logits, sets to ``-inf`` every token that would repeat an n-gram of the
-window: the rule of ``ngram.py`` (and of vLLM's ``NGramPerReqLogitsProcessor``), exactly. Its settings come
-from ``SamplingParams.extra_args``, as that processor's do; nothing runs on the host per step but one launch.
+vLLM 0.26-0.30 refuse custom logits processors on their V2 model runner (a model then runs on the V1
+runner), so a guard for V2 must live inside its sampler. (vLLM 0.26 runs DeepSeek-OCR and
+DeepSeek-OCR-2 on V1 anyway, unless ``VLLM_USE_V2_MODEL_RUNNER=1``: they are mixtures of experts
+outside its default-V2 list.) The V2 runner keeps every request's tokens on the GPU
+(``RequestState.all_token_ids``: the prompt, then the output, with ``prompt_len`` and ``total_len``)
+for its own bad-words kernel; this module adds a kernel that reads the same tensors and, for each
+row of the logits, sets to ``-inf`` every token that would repeat an n-gram of the window: the rule
+of ``ngram.py`` (and of vLLM's ``NGramPerReqLogitsProcessor``), exactly. Its settings come from
+``SamplingParams.extra_args``, as that processor's do; nothing runs on the host per step but one
+launch.
 
 ``install()`` adds it to vLLM's V2 ``Sampler`` (``add_request``, ``apply_staged_writes`` and
-``apply_sampling_params``), in vLLM's worker processes, through the plugin (``OCRWATCH_NGRAM_GPU``). The
-engine checks that vLLM chose the V2 runner and registers the batched logits processor otherwise.
-Speculative decoding is not supported (one logits row per request is assumed).
+``apply_sampling_params``), in vLLM's worker processes, through the plugin (``OCRWATCH_NGRAM_GPU``).
+The engine checks that vLLM chose the V2 runner and registers the batched logits processor
+otherwise. Speculative decoding is not supported (one logits row per request is assumed).
 """
 
 from __future__ import annotations
@@ -60,17 +62,20 @@ def _ngram_ban_kernel(
     length = tl.load(total_len_ptr + slot) - prompt_len
     if length < n:
         return
-    # The window (the last w output tokens, -1 before the first) goes to a scratch row once: the tokens live in
-    # host memory the GPU reads over the bus (vLLM's UVA tensor), and the comparisons below read it n - 1 times.
+    # The window (the last w output tokens, -1 before the first) goes to a scratch row once: the
+    # tokens live in host memory the GPU reads over the bus (vLLM's UVA tensor), and the comparisons
+    # below read it n - 1 times.
     offs = tl.arange(0, BLOCK)
     pos = length - w + offs
     inside = (offs < w) & (pos >= 0)
-    window = tl.load(tokens_ptr + slot.to(tl.int64) * tokens_stride + prompt_len + pos, mask=inside, other=-1)
+    window = tl.load(
+        tokens_ptr + slot.to(tl.int64) * tokens_stride + prompt_len + pos, mask=inside, other=-1
+    )
     scratch = scratch_ptr + row * BLOCK
     tl.store(scratch + offs, window)
     tl.debug_barrier()
-    # An n-gram starting at window index j (pos >= 0, j <= w - n) whose first n - 1 tokens equal the last n - 1
-    # output tokens (window indexes w - n + 1 .. w - 1) bans the token that followed it.
+    # An n-gram starting at window index j (pos >= 0, j <= w - n) whose first n - 1 tokens equal the
+    # last n - 1 output tokens (window indexes w - n + 1 .. w - 1) bans the token that followed it.
     match = (offs <= w - n) & (pos >= 0)
     for k in range(0, n - 1):
         candidate = tl.load(scratch + offs + k, mask=match, other=-2)
@@ -84,8 +89,8 @@ def _ngram_ban_kernel(
 
 
 class NGramGpuState:
-    """Per request slot of the V2 runner: n-gram size (0 = off), window, exempt tokens; staged like vLLM's own
-    sampling states and copied to the GPU before each step."""
+    """Per request slot of the V2 runner: n-gram size (0 = off), window, exempt tokens; staged like
+    vLLM's own sampling states and copied to the GPU before each step."""
 
     def __init__(self, req_states: Any) -> None:
         self.req_states = req_states
@@ -112,7 +117,9 @@ class NGramGpuState:
         self.window.copy_to_uva()
         self.whitelist.copy_to_uva()
 
-    def apply(self, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, idx_mapping_np: np.ndarray) -> None:
+    def apply(
+        self, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, idx_mapping_np: np.ndarray
+    ) -> None:
         """Ban in place; no launch when no request of the step has the rule."""
         slots = idx_mapping_np[idx_mapping_np >= 0]
         active = self.ngram.np[slots] > 0
@@ -158,7 +165,9 @@ def install() -> None:
         self.ocrwatch_ngram = NGramGpuState(self.req_states)
         from vllm.logger import init_logger
 
-        init_logger("vllm.ocrwatch.deepseek.ngram_gpu").info("ocrwatch: n-gram guard in the V2 sampler")
+        init_logger("vllm.ocrwatch.deepseek.ngram_gpu").info(
+            "ocrwatch: n-gram guard in the V2 sampler"
+        )
 
     @functools.wraps(add)
     def add_request(self: Any, req_idx: int, prompt_len: int, sampling_params: Any) -> None:
@@ -172,7 +181,12 @@ def install() -> None:
 
     @functools.wraps(apply)
     def apply_sampling_params(
-        self: Any, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, idx_mapping_np: np.ndarray, *args: Any, **kwargs: Any
+        self: Any,
+        logits: torch.Tensor,
+        expanded_idx_mapping: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        *args: Any,
+        **kwargs: Any,
     ) -> torch.Tensor:
         self.ocrwatch_ngram.apply(logits, expanded_idx_mapping, idx_mapping_np)
         return apply(self, logits, expanded_idx_mapping, idx_mapping_np, *args, **kwargs)

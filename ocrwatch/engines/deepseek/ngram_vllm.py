@@ -1,9 +1,9 @@
 """vLLM batch-level logits processor for DeepSeek-OCR's no-repeat-n-gram rule (``[engine.vllm]
 ngram_processor = "batched"``), loaded by name in vLLM's engine core.
 
-It reads the same ``SamplingParams.extra_args`` as vLLM's ``NGramPerReqLogitsProcessor`` and bans the same
-tokens (``ngram``), but does the whole batch in one NumPy pass and one indexing call on the logits instead
-of a Python loop and a kernel per request. Imports vLLM, so only the engine names it.
+It reads the same ``SamplingParams.extra_args`` as vLLM's ``NGramPerReqLogitsProcessor`` and bans
+the same tokens (``ngram``), but does the whole batch in one NumPy pass and one indexing call on the
+logits instead of a Python loop and a kernel per request. Imports vLLM, so only the engine names it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class BatchedNoRepeatNGram(LogitsProcessor):
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:  # noqa: ANN001
         self._bans = NGramBans(
-            rows=vllm_config.scheduler_config.max_num_seqs, max_len=vllm_config.model_config.max_model_len
+            rows=vllm_config.scheduler_config.max_num_seqs,
+            max_len=vllm_config.model_config.max_model_len,
         )
         self._pin = is_pin_memory
 
@@ -48,10 +49,11 @@ class BatchedNoRepeatNGram(LogitsProcessor):
         return logits
 
     def _to_device(self, index: np.ndarray, device: torch.device) -> torch.Tensor:
-        """The ban indices on the logits' device without waiting for the GPU: a copy from pageable memory
-        synchronises the stream, which made every decode step wait for its own forward pass before the host
-        could go on (seen in a py-spy dump of the engine core). From pinned memory the copy is queued behind
-        the forward pass; torch keeps the pinned block until the copy has run."""
+        """The ban indices on the logits' device without waiting for the GPU: a copy from pageable
+        memory synchronises the stream, which made every decode step wait for its own forward pass
+        before the host could go on (seen in a py-spy dump of the engine core). From pinned memory
+        the copy is queued behind the forward pass; torch keeps the pinned block until the copy has
+        run."""
         host = torch.from_numpy(index)
         if self._pin and device.type == "cuda":
             return host.pin_memory().to(device, non_blocking=True)

@@ -1,25 +1,25 @@
-"""``max_num_seqs`` and ``max_num_batched_tokens`` chosen from the GPU and the model when ``[engine.vllm]``
-leaves them unset; explicit values win. Pure functions: the GPU's memory is read by the engine (NVML through
-vLLM) and passed in.
+"""``max_num_seqs`` and ``max_num_batched_tokens`` chosen from the GPU and the model when
+``[engine.vllm]`` leaves them unset; explicit values win. Pure functions: the GPU's memory is read
+by the engine (NVML through vLLM) and passed in.
 
 The rule, per GPU of one replica (tensor parallelism splits the weights and the KV cache):
 
 1. KV-cache bytes = total GPU memory × ``gpu_memory_utilization`` − the weights − ``RESERVE_BYTES``
-   (activations, CUDA graphs, the vision encoder's working memory, the sampler). The weights are counted
-   from the model's ``config.json`` (DeepSeek-OCR and DeepSeek-OCR-2 share the same 3B mixture-of-experts
-   decoder) plus ``VISION_PARAMS`` for the vision tower, two bytes each.
+   (activations, CUDA graphs, the vision encoder's working memory, the sampler). The weights are
+   counted from the model's ``config.json`` (DeepSeek-OCR and DeepSeek-OCR-2 share the same 3B
+   mixture-of-experts decoder) plus ``VISION_PARAMS`` for the vision tower, two bytes each.
 2. KV tokens = those bytes / (2 × layers × KV heads × head size × 2 bytes).
-3. Sequences = KV tokens / (the longest page prompt + ``max_tokens``, at most ``max_model_len``): every page
-   in flight can reach its token limit without vLLM preempting another. Rounded down to a multiple of 8,
-   then bounded to 8–``MAX_SEQS``.
-4. Batched tokens = ``TOKENS_PER_SEQ`` × sequences, bounded to 8,192–32,768: one token per sequence for the
-   decode step, the rest admits new pages (about 1,130 prompt tokens each for DeepSeek-OCR-2), so a full
-   batch is refilled in about nine steps.
+3. Sequences = KV tokens / (the longest page prompt + ``max_tokens``, at most ``max_model_len``):
+   every page in flight can reach its token limit without vLLM preempting another. Rounded down to a
+   multiple of 8, then bounded to 8–``MAX_SEQS``.
+4. Batched tokens = ``TOKENS_PER_SEQ`` × sequences, bounded to 8,192–32,768: one token per sequence
+   for the decode step, the rest admits new pages (about 1,130 prompt tokens each for
+   DeepSeek-OCR-2), so a full batch is refilled in about nine steps.
 
-On an H200 (140 GiB) with DeepSeek-OCR-2 and the default ``max_tokens = 4096``: 112 GiB of KV cache, 1.96 M
-tokens, 374 sequences → 256 sequences and 32,768 batched tokens, the fastest set-up measured (256 is the
-largest batch measured, hence the cap). On an 80 GB H100: 184 and 23,552. Unknown GPU memory (no NVML):
-``FALLBACK_SEQS``.
+On an H200 (140 GiB) with DeepSeek-OCR-2 and the default ``max_tokens = 4096``: 112 GiB of KV cache,
+1.96 M tokens, 374 sequences → 256 sequences and 32,768 batched tokens, the fastest set-up measured
+(256 is the largest batch measured, hence the cap). On an 80 GB H100: 184 and 23,552. Unknown GPU
+memory (no NVML): ``FALLBACK_SEQS``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import Any
 GIB = 2**30
 RESERVE_BYTES = 8 * GIB
 VISION_PARAMS = 500_000_000
-"""SAM ViT-B plus DeepSeek-OCR-2's Qwen2 encoder (about 0.46 B) or DeepSeek-OCR's CLIP-L (about 0.40 B)."""
+"""SAM ViT-B plus DeepSeek-OCR-2's Qwen2 encoder (about 0.46 B) or DeepSeek-OCR's CLIP-L (about 0.40
+B)."""
 BYTES_PER_PARAM = 2  # bf16 / fp16
 MAX_SEQS = 256
 MIN_SEQS = 8
@@ -55,7 +56,8 @@ PUBLISHED_LANGUAGE_CONFIG: dict[str, Any] = {
     "n_shared_experts": 2,
     "first_k_dense_replace": 1,
 }
-"""The decoder of DeepSeek-OCR and DeepSeek-OCR-2 as published (``language_config``), for a hub id."""
+"""The decoder of DeepSeek-OCR and DeepSeek-OCR-2 as published (``language_config``), for a hub
+id."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class Sizing:
 
 
 def model_facts(language_config: Mapping[str, Any] | None, max_image_tokens: int) -> ModelFacts:
-    """Weights and KV bytes per token of a DeepSeek-V2 decoder without MLA, as vLLM builds it (head size =
-    hidden / heads), plus the vision tower; the longest prompt is the image tokens plus the text."""
+    """Weights and KV bytes per token of a DeepSeek-V2 decoder without MLA, as vLLM builds it (head
+    size = hidden / heads), plus the vision tower; the longest prompt is the image tokens plus the
+    text."""
     lc = {**PUBLISHED_LANGUAGE_CONFIG, **(language_config or {})}
     hidden, layers = int(lc["hidden_size"]), int(lc["num_hidden_layers"])
     heads = int(lc["num_attention_heads"])
@@ -83,7 +86,12 @@ def model_facts(language_config: Mapping[str, Any] | None, max_image_tokens: int
     head_dim = hidden // heads
     dense = min(int(lc.get("first_k_dense_replace") or 0), layers)
     experts = int(lc.get("n_routed_experts") or 0)
-    moe_layer = (experts + int(lc.get("n_shared_experts") or 0)) * 3 * hidden * int(lc["moe_intermediate_size"])
+    moe_layer = (
+        (experts + int(lc.get("n_shared_experts") or 0))
+        * 3
+        * hidden
+        * int(lc["moe_intermediate_size"])
+    )
     params = (
         2 * int(lc["vocab_size"]) * hidden
         + layers * (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim)
@@ -99,7 +107,12 @@ def model_facts(language_config: Mapping[str, Any] | None, max_image_tokens: int
 
 
 def auto_seqs(
-    gpu_bytes: int, utilization: float, facts: ModelFacts, max_tokens: int, max_model_len: int, tensor_parallel: int
+    gpu_bytes: int,
+    utilization: float,
+    facts: ModelFacts,
+    max_tokens: int,
+    max_model_len: int,
+    tensor_parallel: int,
 ) -> int:
     """Steps 1-3 of the rule."""
     kv_bytes = gpu_bytes * utilization - facts.weight_bytes / tensor_parallel - RESERVE_BYTES
@@ -135,5 +148,7 @@ def resolve(
         source = "auto" if max_num_batched_tokens is None else "mixed"
     else:
         seqs, source = FALLBACK_SEQS, "fallback"
-    batched = max_num_batched_tokens if max_num_batched_tokens is not None else auto_batched_tokens(seqs)
+    batched = (
+        max_num_batched_tokens if max_num_batched_tokens is not None else auto_batched_tokens(seqs)
+    )
     return Sizing(seqs, batched, source)

@@ -1,6 +1,6 @@
-"""The ``vllm`` engine as the registry builds it (entry point ``ocrwatch.engines: vllm``): one ``VllmEngine``, or
-with ``[engine.vllm] replicas`` > 1 one per group of GPUs behind ``EngineSet``, each in this process or in a
-child process of its own (``replica_processes``).
+"""The ``vllm`` engine as the registry builds it (entry point ``ocrwatch.engines: vllm``): one
+``VllmEngine``, or with ``[engine.vllm] replicas`` > 1 one per group of GPUs behind ``EngineSet``,
+each in this process or in a child process of its own (``replica_processes``).
 """
 
 from __future__ import annotations
@@ -20,17 +20,23 @@ from ocrwatch.errors import ConfigError
 
 def replica_devices(cfg: VllmConfig, visible: str | None, count: int) -> list[str | None]:
     """``CUDA_VISIBLE_DEVICES`` for each replica: consecutive groups of ``tensor_parallel_size ×
-    data_parallel_size`` of the GPUs this process may use (its own ``CUDA_VISIBLE_DEVICES``, else all
-    ``count``); one replica inherits the environment unchanged."""
+    data_parallel_size`` of the GPUs this process may use (its own ``CUDA_VISIBLE_DEVICES``, else
+    all ``count``); one replica inherits the environment unchanged."""
     if cfg.replicas == 1:
         return [None]
-    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(count)]
+    ids = (
+        [d.strip() for d in visible.split(",") if d.strip()]
+        if visible
+        else [str(i) for i in range(count)]
+    )
     per = cfg.tensor_parallel_size * cfg.data_parallel_size
     if cfg.replicas * per > len(ids):
         raise ConfigError(
-            f"engine.vllm.replicas: {cfg.replicas} replicas of {per} GPU(s) need {cfg.replicas * per} GPUs, "
+            f"engine.vllm.replicas: {cfg.replicas} replicas of {per} GPU(s) need "
+            f"{cfg.replicas * per} GPUs, "
             f"{len(ids)} visible",
-            hint="lower replicas (or tensor_parallel_size × data_parallel_size), or make more GPUs visible",
+            hint="lower replicas (or tensor_parallel_size × data_parallel_size), or make more "
+            "GPUs visible",
         )
     return [",".join(ids[i * per : (i + 1) * per]) for i in range(cfg.replicas)]
 
@@ -41,7 +47,8 @@ def _visible(devices: str | None) -> dict[str, str]:
 
 
 def build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
-    """The engine ``[engine.vllm]`` describes, built but not started: vLLM is imported only at its start."""
+    """The engine ``[engine.vllm]`` describes, built but not started: vLLM is imported only at its
+    start."""
     if not cfg.vllm.in_processes and cfg.vllm.replicas == 1:
         return VllmEngine(cfg.vllm, images=images)
     one = cfg.vllm.model_copy(update={"replicas": 1, "replica_processes": False})
@@ -49,9 +56,14 @@ def build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
     if cfg.vllm.in_processes:
         single = cfg.model_copy(update={"vllm": one})
         return EngineSet(
-            [ProcessEngine("vllm", single, images, env=_visible(group), log_config=log) for group in groups]
+            [
+                ProcessEngine("vllm", single, images, env=_visible(group), log_config=log)
+                for group in groups
+            ]
         )
-    return EngineSet([VllmEngine(one, images=images, devices=group) for group in groups], count_as="replicas")
+    return EngineSet(
+        [VllmEngine(one, images=images, devices=group) for group in groups], count_as="replicas"
+    )
 
 
 SPEC = EngineSpec(  # its Markdown keeps tables and headings: text "ocr"
