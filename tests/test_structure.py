@@ -407,3 +407,22 @@ def test_no_callable_or_object_handed_down() -> None:
 )
 def test_the_callable_check_finds_what_is_planted(planted: str) -> None:
     assert _handed_down("daemon", planted)
+
+
+def test_no_class_defines_a_method_twice() -> None:
+    """A second ``def`` of a name silently replaces the first (a rename onto a name in use)."""
+    twice = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                names = [
+                    item.name
+                    for item in node.body
+                    if isinstance(item, FUNCTIONS)
+                    and not any("setter" in ast.unparse(mark) for mark in item.decorator_list)
+                    and not any("overload" in ast.unparse(mark) for mark in item.decorator_list)
+                ]
+                twice += [
+                    f"{module}.{node.name}.{name}" for name in set(names) if names.count(name) > 1
+                ]
+    assert not twice, twice

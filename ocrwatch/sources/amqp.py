@@ -153,9 +153,9 @@ class AmqpSource(S3EventSource):
         dead-lettered past ``max_receives``, or put back on ``retry`` (and for a job of the same key
         whose content differs: it was never processed)."""
         for delivery in finished_by(self._deliveries.values(), job, outcome):
-            await self._answer(delivery)
+            await self._finish_delivery(delivery)
 
-    async def _answer(self, delivery: _Delivery) -> None:
+    async def _finish_delivery(self, delivery: _Delivery) -> None:
         if self._deliveries.pop(delivery.token, None) is None:
             return
         if delivery.retry:
@@ -373,7 +373,7 @@ class AmqpSource(S3EventSource):
             except Exception:  # already logged by _submit_job or _reject_job
                 delivery.retry = True
                 if delivery.pending.pop(token, None) is not None and not delivery.pending:
-                    await self._answer(delivery)
+                    await self._finish_delivery(delivery)
 
     async def _reject_job(self, job: Job, error: OcrwatchError, seen: int) -> None:
         assert self._reject is not None

@@ -123,9 +123,9 @@ class S3Source(S3EventSource):
         (or for a job of the same key whose content differs: it was never processed) let them
         reappear instead."""
         for delivery in finished_by(self._deliveries.values(), job, outcome):
-            await self._answer(delivery)
+            await self._finish_delivery(delivery)
 
-    async def _answer(self, delivery: _Delivery) -> None:
+    async def _finish_delivery(self, delivery: _Delivery) -> None:
         self._forget(delivery)
         if delivery.retry:
             log.info(
@@ -279,7 +279,7 @@ class S3Source(S3EventSource):
             except Exception:  # not handed over: the message must come back
                 delivery.retry = True
                 if delivery.pending.pop(token, None) is not None and not delivery.pending:
-                    await self._answer(delivery)
+                    await self._finish_delivery(delivery)
 
     async def _reject_job(self, job: Job, error: OcrwatchError, receives: int) -> None:
         assert self._reject is not None
