@@ -101,6 +101,12 @@ async def eventually(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def logged(logs: list[dict[str, Any]], event: str) -> bool:
+    """Whether ``event`` was logged: a delivery logs its end after its ledger row and its metric,
+    so a test that waits for the line reads both as they end, not between the two."""
+    return any(entry["event"] == event for entry in logs)
+
+
 def alive(pid: int) -> bool:
     """Running, not a zombie waiting for a reaper that a container may not have."""
     try:
@@ -230,7 +236,8 @@ async def test_a_hook_still_running_at_its_timeout_is_killed_with_its_process_gr
     with capture_logs() as logs:
         began = time.monotonic()
         await finish(runner, ledger, job, result(job))
-        await eventually(lambda: rows(ledger)[0]["state"] == "failed", what="the delivery given up")
+        await eventually(lambda: logged(logs, "hook_failed"), what="the delivery given up")
+    assert rows(ledger)[0]["state"] == "failed"
     assert time.monotonic() - began < 60  # not the 300 s the hook would sleep
     hook_pid, child_pid = map(int, pids.read_text().split())
     await eventually(
@@ -290,7 +297,7 @@ async def test_a_webhook_answered_500_twice_then_200_is_delivered_once_in_three_
         document = result(job, "partial")
         with capture_logs() as logs:
             await finish(runner, ledger, job, document)
-            await eventually(lambda: rows(ledger)[0]["state"] == "done", what="the delivery done")
+            await eventually(lambda: logged(logs, "hook_delivered"), what="the delivery done")
         assert len(seen) == 3
         for headers, body in seen:
             assert headers["Authorization"] == "Bearer s3cret"
@@ -346,9 +353,13 @@ async def test_a_hook_that_keeps_failing_is_given_up_after_max_attempts_with_its
     )
     with capture_logs() as logs:
         await finish(runner, ledger, job, result(job))
-        await eventually(lambda: rows(ledger)[0]["state"] == "failed", what="the delivery given up")
+        await eventually(lambda: logged(logs, "hook_failed"), what="the delivery given up")
     (row,) = rows(ledger)
-    assert row["attempts"] == 2 and "exit status 3: the ticket system said no" in row["last_error"]
+    assert (
+        row["state"] == "failed"
+        and row["attempts"] == 2
+        and "exit status 3: the ticket system said no" in row["last_error"]
+    )
     (failed,) = [entry for entry in logs if entry["event"] == "hook_failed"]
     assert (
         failed["attempts"] == 2

@@ -68,9 +68,11 @@ def test_retry_starts_a_fixed_document_within_seconds(make_daemon) -> None:
         in proc.stdout
     )
     data = wait_until(
-        lambda: sidecars_done(source), 10, "the retried document done, without a restart"
+        lambda: not error_sidecar(source) and sidecars_done(source),
+        10,
+        "the retried document done and its error sidecar gone, without a restart",
     )
-    assert data["status"] == "ok" and not error_sidecar(source)
+    assert data["status"] == "ok"
     assert daemon.proc.poll() is None and len(events_named(daemon, "daemon_ready")) == 1
 
 
