@@ -1,35 +1,30 @@
 """The page retry ladder: a page whose output loops or runs out of tokens is tried again on the next
 rung.
 
-This is the content-retry layer, engine-agnostic, and the only place that sets per-attempt sampling:
-each rung is a ``Sampling`` (greedy first, then the configured ``[engine.vllm] ladder``: higher
-temperature, tighter n-gram block or, with ``guard = "stop"``, a repetition penalty); an engine uses
-the one it is given. An attempt that fails on its own (``EngineFailed``, or no answer within the
-page timeout, which aborts the request) counts as a failed rung too. ``EngineDead`` is not handled
-here: it propagates so the daemon rebuilds the engine and requeues the page. A page that fails every
-rung is ``failed``; its document becomes ``partial``.
+This is the content-retry layer, engine-agnostic, and the only place that sets per-attempt
+sampling: the rungs (each a ``Sampling``) and the judge of each output are the engine's own, its
+``EngineSpec``'s ``rungs`` and ``judge``; an engine uses the sampling it is given. An attempt that
+fails on its own (``EngineFailed``, or no answer within the page timeout, which aborts the request)
+counts as a failed rung too. ``EngineDead`` is not handled here: it propagates so the daemon
+rebuilds the engine and requeues the page. A page that fails every rung is ``failed``; its document
+becomes ``partial``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import structlog
 
-from ocrwatch.config import EngineConfig
-from ocrwatch.engines.base import Engine, PageRequest, Recognition
-from ocrwatch.engines.deepseek import grounding
-from ocrwatch.engines.deepseek.options import VllmConfig
+from ocrwatch.engines.base import Engine, Judge, PageRequest, Recognition
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import EngineFailed, PageFailed, PageTimeout
 
 log = structlog.get_logger()
-
-Judge = Callable[[Recognition], str | None]
 
 
 @dataclass
@@ -43,80 +38,12 @@ class PageResult:
     error: dict[str, Any] | None = None
 
 
-def base_sampling(cfg: VllmConfig) -> Sampling:
-    """Rung 0: greedy decoding (``Sampling``'s default) with the configured guard
-    (``VllmConfig.first_rung``): DeepSeek-OCR's n-gram block, as vLLM's recipe does, or vLLM's own
-    repetition stop."""
-    return cfg.first_rung()
-
-
-def rungs(cfg: EngineConfig, kind: str | None = None) -> list[Sampling]:
-    """The rungs for the engine ``kind`` (default: the configured one), at most ``page_attempts`` of
-    them.
-
-    Tesseract has no sampling to change, so it gets the base rung only. With ``guard = "stop"`` no
-    rung bans n-grams (a logits processor would put every decode step of the engine on the host's
-    slow path, not only the retried pages'): the rungs after the first re-read a page that stopped
-    repeating itself with their temperature and vLLM's built-in ``repetition_penalty``, every one
-    but the last with the repetition stop too; the last runs to its end, so a page whose real text
-    repeats (a long table of empty cells) is still read whole, and judged by ``needs_retry`` like
-    any other.
-    """
-    vllm = cfg.vllm
-    base = base_sampling(vllm)
-    if (kind or cfg.kind) == "tesseract":
-        return [base]
-    stop = vllm.guard == "stop"
-    ladder = [
-        Sampling(
-            temperature=rung.temperature,
-            ngram_size=0 if stop else rung.ngram_size,
-            window_size=0 if stop else rung.window_size,
-            max_tokens=vllm.max_tokens,
-            repetition_penalty=rung.repetition_penalty,
-            stop_pattern=base.stop_pattern,
-            stop_count=base.stop_count,
-        )
-        for rung in vllm.ladder
-    ]
-    chosen = [base, *ladder][: cfg.page_attempts]
-    if stop and len(chosen) > 1:
-        chosen[-1] = replace(chosen[-1], stop_pattern=0, stop_count=0)
-    return chosen
-
-
-def needs_retry(rec: Recognition) -> str | None:
-    """Why this output should be tried again (``"loop"``, ``"length"``), or None when it is good.
-    vLLM's repetition stop (finish reason ``repetition``) is a loop whatever the text cut short
-    before it shows."""
-    if rec.finish_reason == "repetition" or grounding.find_loop(rec.raw) is not None:
-        return "loop"
-    if rec.finish_reason == "length":
-        return "length"
-    return None
-
-
-def accept(rec: Recognition) -> str | None:
-    """Every output is final: for engines that cannot loop, where repeated text on a page is
-    real."""
-    return None
-
-
-def judge_for(kind: str, cfg: EngineConfig | None = None) -> Judge:
-    """Tesseract cannot loop; under ``ignore_eos`` (benchmarks) every page ends at max_tokens by
-    design."""
-    if kind == "tesseract" or (kind == "vllm" and cfg is not None and cfg.vllm.ignore_eos):
-        return accept
-    return needs_retry
-
-
 async def recognize_page(
     engine: Engine,
     request: PageRequest,
     rungs: Sequence[Sampling],
     timeout_s: float,
-    *,
-    judge: Judge = needs_retry,
+    judge: Judge,
 ) -> PageResult:
     """Run one attempt per rung (request id ``{request_id}/a{n}``) until one is good or the rungs
     run

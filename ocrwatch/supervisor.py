@@ -14,7 +14,8 @@ from tenacity import AsyncRetrying, wait_exponential_jitter
 from ocrwatch import ladder
 from ocrwatch.config import Config
 from ocrwatch.engines import registry
-from ocrwatch.engines.base import Engine, PageRequest
+from ocrwatch.engines.base import Engine, Judge, PageRequest
+from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import EngineDead
 from ocrwatch.metrics import Metrics
 from ocrwatch.scheduler import PageScheduler
@@ -33,16 +34,17 @@ class EngineSupervisor:
         self._metrics = metrics
         self.engine: Engine | None = None
         self.kind = cfg.engine.kind
+        self._rungs: list[Sampling] = []
+        self._judge: Judge | None = None
 
     async def start(self) -> Engine:
         """Choose, build and start the engine; ``auto`` falling back to Tesseract is said loudly."""
         kind, reason = registry.choose(self._cfg.engine)
-        self.kind = kind
-        loud = kind == "tesseract" and self._cfg.engine.kind == "auto"
+        spec, cfg = registry.find(kind), self._cfg.engine
+        self.kind, self._rungs, self._judge = kind, spec.rungs(cfg), spec.judge(cfg)
+        loud = kind == "tesseract" and cfg.kind == "auto"
         (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
-        engine = registry.build(
-            self._cfg.engine, self._cfg.output.images, kind=kind, log=self._cfg.log
-        )
+        engine = spec.build(cfg, self._cfg.output.images, self._cfg.log)
         await engine.start()
         self.engine = engine
         return engine
@@ -71,15 +73,11 @@ class EngineSupervisor:
 
     async def recognize(self, request: PageRequest) -> ladder.PageResult:
         """One page through the retry ladder of the engine now running."""
-        engine = self.engine
-        if engine is None:
+        engine, judge = self.engine, self._judge
+        if engine is None or judge is None:
             raise EngineDead("engine is being rebuilt")
         return await ladder.recognize_page(
-            engine,
-            request,
-            ladder.rungs(self._cfg.engine, self.kind),
-            self._cfg.engine.page_timeout_seconds,
-            judge=ladder.judge_for(self.kind, self._cfg.engine),
+            engine, request, self._rungs, self._cfg.engine.page_timeout_seconds, judge
         )
 
     async def close(self) -> None:

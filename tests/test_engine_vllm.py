@@ -18,13 +18,12 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from ocrwatch import ladder
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.engines.deepseek import arguments, geometry
 from ocrwatch.engines.deepseek import engine as engine_module
-from ocrwatch.engines.deepseek import plugin, spec
+from ocrwatch.engines.deepseek import plugin, rungs, spec
 from ocrwatch.engines.deepseek.engine import VllmEngine
 from ocrwatch.engines.deepseek.geometry import OCR1, OCR2
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
@@ -273,7 +272,7 @@ def test_engine_args_this_vllm_lacks_are_a_config_error() -> None:
 
 def test_sampling_kwargs_for_the_greedy_rung() -> None:
     cfg = VllmConfig()
-    kwargs = arguments.sampling_kwargs(cfg, ladder.rungs(EngineConfig())[0])
+    kwargs = arguments.sampling_kwargs(cfg, rungs.rungs(EngineConfig())[0])
     assert kwargs == {
         "temperature": 0.0,
         "max_tokens": 4096,
@@ -324,7 +323,7 @@ def test_sampling_kwargs_construct_vllm_sampling_params_the_ngram_processor_acce
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     cfg = VllmConfig()
-    for rung in ladder.rungs(EngineConfig(vllm=cfg)):
+    for rung in rungs.rungs(EngineConfig(vllm=cfg)):
         params = SamplingParams(
             **arguments.sampling_kwargs(cfg, rung), output_kind=RequestOutputKind.FINAL_ONLY
         )

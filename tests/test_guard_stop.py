@@ -17,7 +17,7 @@ from PIL import Image
 from ocrwatch import ladder
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines.base import PageRequest, Recognition
-from ocrwatch.engines.deepseek import arguments
+from ocrwatch.engines.deepseek import arguments, rungs as deepseek
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from tests.engines_base import StubEngine
@@ -113,21 +113,24 @@ def read(
     engine: RecordedEngine, ids: list[str], cfg: EngineConfig = STOP
 ) -> dict[str, ladder.PageResult]:
     async def all_pages() -> list[ladder.PageResult]:
-        rungs = ladder.rungs(cfg)
+        rungs = deepseek.rungs(cfg)
         return await asyncio.gather(
-            *(ladder.recognize_page(engine, page(i), rungs, TIMEOUT) for i in ids)
+            *(
+                ladder.recognize_page(engine, page(i), rungs, TIMEOUT, deepseek.judge(cfg))
+                for i in ids
+            )
         )
 
     return dict(zip(ids, asyncio.run(all_pages())))
 
 
 def test_stop_rungs_ban_nothing_and_only_the_last_reads_to_the_end() -> None:
-    rungs = ladder.rungs(STOP)
+    rungs = deepseek.rungs(STOP)
     assert rungs[0] == Sampling(ngram_size=0, window_size=0, stop_pattern=32, stop_count=16)
     assert all(r.ngram_size == 0 and r.window_size == 0 for r in rungs)
     assert [(r.temperature, r.repetition_penalty) for r in rungs[1:]] == [(0.1, 1.05), (0.2, 1.1)]
     assert [(r.stop_pattern, r.stop_count) for r in rungs] == [(32, 16), (32, 16), (0, 0)]
-    two = ladder.rungs(EngineConfig(page_attempts=1, vllm=VllmConfig(guard="stop")))
+    two = deepseek.rungs(EngineConfig(page_attempts=1, vllm=VllmConfig(guard="stop")))
     assert two == [rungs[0]]
 
 
@@ -135,7 +138,7 @@ def test_stop_registers_no_logits_processor_and_asks_vllm_to_stop() -> None:
     cfg = STOP.vllm
     assert not arguments.uses_ngram_guard(cfg)
     assert "logits_processors" not in arguments.engine_kwargs(cfg)
-    first, second, last = ladder.rungs(STOP)
+    first, second, last = deepseek.rungs(STOP)
     stop = arguments.sampling_kwargs(cfg, first)["repetition_detection"]
     assert stop == {"max_pattern_size": 32, "min_count": 16}
     retry = arguments.sampling_kwargs(cfg, second)
@@ -191,9 +194,10 @@ def test_a_page_that_loops_on_every_rung_fails_after_reading_to_max_tokens() -> 
 
 
 def test_the_ban_ladder_is_unchanged_by_the_stop() -> None:
-    rungs = ladder.rungs(EngineConfig())
+    rungs = deepseek.rungs(EngineConfig())
     assert rungs[0] == Sampling(ngram_size=30, window_size=90)
     assert all(r.stop_pattern == 0 for r in rungs)
     assert (
-        ladder.needs_retry(Recognition(markdown="a", raw="a", finish_reason="repetition")) == "loop"
+        deepseek.needs_retry(Recognition(markdown="a", raw="a", finish_reason="repetition"))
+        == "loop"
     )

@@ -147,6 +147,27 @@ def no_checks(cfg: Config, probe: bool, wanted: Wanted | None) -> Iterator[Check
     return iter(())
 
 
+Judge = Callable[[Recognition], str | None]
+"""Why an engine's output for a page should be tried again on the next rung (``"loop"``), or None
+when it is final."""
+
+
+def accept(rec: Recognition) -> str | None:
+    """Every output is final: the judge of an engine that cannot loop, where repeated text on a
+    page is real."""
+    return None
+
+
+def one_rung(cfg: EngineConfig) -> list[Sampling]:
+    """One attempt at the default sampling: for an engine with no sampling to change."""
+    return [Sampling()]
+
+
+def accepting(cfg: EngineConfig) -> Judge:
+    """``accept``, whatever the options: for an engine whose output never needs a second try."""
+    return accept
+
+
 Build = Callable[[EngineConfig, Images, LogConfig | None], Engine]
 """Builds (does not start) an engine from ``[engine]``; the log settings reach engines that run
 processes of their own."""
@@ -172,3 +193,8 @@ class EngineSpec:
     """The languages it can read under its options (Tesseract: its installed language data); None:
     it takes no language."""
     trial: Trial = "build"
+    rungs: Callable[[EngineConfig], list[Sampling]] = one_rung
+    """The page ladder's attempts under its options, each a ``Sampling``: the first, then the
+    retries of a page that failed or that ``judge`` sent back."""
+    judge: Callable[[EngineConfig], Judge] = accepting
+    """The judge of its output under its options."""

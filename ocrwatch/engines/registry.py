@@ -21,6 +21,7 @@ from typing import Any
 from ocrwatch import config_engines
 from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines.base import Engine, EngineSpec, Images
+from ocrwatch.engines.deepseek import rungs
 from ocrwatch.errors import ConfigError
 
 
@@ -100,8 +101,11 @@ def _build_plugin(cfg: EngineConfig, images: Images, log: LogConfig | None) -> E
     return load_plugin(cfg.plugin, dict(cfg.plugin_args))
 
 
-PLUGIN = EngineSpec("plugin", _build_plugin)
-"""``kind = "plugin"``: an engine named by ``[engine] plugin`` without an entry point of its own."""
+PLUGIN = EngineSpec("plugin", _build_plugin, rungs=rungs.rungs, judge=rungs.judge)
+"""``kind = "plugin"``: an engine named by ``[engine] plugin`` without an entry point of its own.
+It has no spec to bring rungs and a judge, so it gets DeepSeek-OCR's (``[engine.vllm] ladder``):
+such an engine usually wraps a generative model, which loops as DeepSeek's does; one that does not
+registers an ``EngineSpec`` of its own."""
 
 
 def gpu_count(proc: str = "/proc/driver/nvidia/gpus", dev: str = "/dev") -> int:

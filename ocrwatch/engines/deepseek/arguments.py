@@ -172,7 +172,7 @@ def uses_ngram_guard(cfg: VllmConfig) -> bool:
     whose host work per decode step makes a step half as long again on an H200, so none is
     registered when no rung can use the guard, nor for ``ngram_processor = "gpu"`` (``ngram_gpu``,
     inside the V2 runner), nor for ``guard = "stop"``, whose rungs never ban n-grams
-    (``ladder.rungs``)."""
+    (``rungs.rungs``)."""
     if cfg.guard == "stop":
         return False
     rungs = [

@@ -267,7 +267,7 @@ class VllmConfig(_Model):
         """The first attempt at every page: greedy, with the guard ``guard`` names. ``ban``:
         DeepSeek-OCR's no-repeat n-gram rule, a logits processor (on vLLM 0.26's V1 runner every
         decode step then waits for the host); ``stop``: no processor, vLLM's scheduler ends an
-        attempt that repeats itself and the ladder re-reads only those pages (``ladder.rungs``)."""
+        attempt that repeats itself and the ladder re-reads only those pages (``rungs.rungs``)."""
         if self.guard == "stop":
             return Sampling(
                 ngram_size=0,

@@ -10,7 +10,7 @@ import os
 from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, EngineSpec, Images
-from ocrwatch.engines.deepseek import checks
+from ocrwatch.engines.deepseek import checks, rungs
 from ocrwatch.engines.deepseek.engine import VllmEngine
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.process import ProcessEngine
@@ -67,5 +67,12 @@ def build(cfg: EngineConfig, images: Images, log: LogConfig | None) -> Engine:
 
 
 SPEC = EngineSpec(  # its Markdown keeps tables and headings: text "ocr"
-    "vllm", build, text="ocr", options=VllmConfig, checks=checks.checks, trial="none"
+    "vllm",
+    build,
+    text="ocr",
+    options=VllmConfig,
+    checks=checks.checks,
+    trial="none",
+    rungs=rungs.rungs,
+    judge=rungs.judge,
 )
