@@ -129,8 +129,7 @@ class Folder:
         tmp = temporary_name(name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=self.fd)  # unlinking a symlink never touches its target
-        fd = os.open(tmp, NEW_FLAGS, 0o600, dir_fd=self.fd)
-        try:
+        with self._new_file(tmp) as fd:
             if isinstance(data, Path):
                 content = os.open(data, os.O_RDONLY | os.O_CLOEXEC)  # the job's own spool file
                 try:
@@ -143,12 +142,6 @@ class Folder:
             access.apply(fd)
             os.fsync(fd)
             info = os.fstat(fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self.fd)
-            raise
-        finally:
-            os.close(fd)
         return Staged(self, name, tmp, info.st_ino, info.st_size, digest)
 
     def commit(self, staged: Staged, *, replace: bool = True) -> None:
@@ -210,13 +203,26 @@ class Folder:
         ``NO_LINK`` where the two folders cannot share a file (the caller copies it instead)."""
         os.link(name, new, src_dir_fd=self.fd, dst_dir_fd=target.fd, follow_symlinks=False)
 
+    @contextlib.contextmanager
+    def _new_file(self, name: str) -> Iterator[int]:
+        """A descriptor of the new file ``name`` here, created exclusively and private; whatever
+        fails while it is filled takes the file away again, so no half-written file is left."""
+        fd = os.open(name, NEW_FLAGS, 0o600, dir_fd=self.fd)
+        try:
+            yield fd
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self.fd)
+            raise
+        finally:
+            os.close(fd)
+
     def copy_in(self, fd: int, new: str) -> tuple[os.stat_result, str]:
         """The open file ``fd`` copied to the new file ``new`` here (never replacing one), with its
         owner (where the daemon may set it), mode and times, fsynced: a move across filesystems
         leaves the file as its owner had it. Its ``fstat`` and the sha256 of what was copied."""
         info = os.fstat(fd)
-        out = os.open(new, NEW_FLAGS, 0o600, dir_fd=self.fd)
-        try:
+        with self._new_file(new) as out:
             digest = hash_fd(fd, out=out)
             if os.geteuid() == 0:
                 os.fchown(out, info.st_uid, info.st_gid)
@@ -224,12 +230,6 @@ class Folder:
             os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
             os.fsync(out)
             made = os.fstat(out)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(new, dir_fd=self.fd)
-            raise
-        finally:
-            os.close(out)
         return made, digest
 
     def carry(
