@@ -108,8 +108,7 @@ class Archiver:
 
     def action(self, job: Job) -> OnSuccess:
         """The job's ``on_success``: its bucket's or its inbox's, else ``[output]``'s; ``keep`` for
-        a
-        job of no inbox or bucket (``ocrwatch ocr``: the files named are the user's)."""
+        a job of no inbox or bucket (``ocrwatch ocr``: the files named are the user's)."""
         source = self._sources.get(job.source)
         cfg = getattr(source, "cfg", None)
         if isinstance(job.origin, S3Object) and isinstance(cfg, S3Config):

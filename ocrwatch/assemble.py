@@ -149,8 +149,7 @@ def document(
     outputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON sidecar; ``assets``: the folder the figures were written to, ``outputs``: the
-    members
-    that describe further outputs (``searchable_pdf``, ``figures``)."""
+    members that describe further outputs (``searchable_pdf``, ``figures``)."""
     status = "ok" if all(p.result.status == "ok" for p in pages) else "partial"
     return {
         "schema": SCHEMA_ID,

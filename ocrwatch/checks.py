@@ -258,8 +258,7 @@ _USER_FAULTS = frozenset(
     }
 )
 """What a folder that cannot be made or written at start is, when the user must fix it; anything
-else
-(EIO, a stale NFS handle) may pass, and is left to the source's and the sink's retries."""
+else (EIO, a stale NFS handle) may pass, and is left to the source's and the sink's retries."""
 
 
 def _user() -> str:

@@ -23,8 +23,7 @@ _running: set[subprocess.Popen[bytes]] = set()
 
 def run(argv: Sequence[str], *, timeout: float, **popen: Any) -> subprocess.CompletedProcess[bytes]:
     """``subprocess.run(argv, timeout=timeout, **popen)``: the same result and ``TimeoutExpired``
-    (the
-    child killed first), with the child in reach of ``kill_all`` while it runs."""
+    (the child killed first), with the child in reach of ``kill_all`` while it runs."""
     with subprocess.Popen(argv, **popen) as process, tracked(process):
         try:
             stdout, stderr = process.communicate(timeout=timeout)

@@ -345,8 +345,7 @@ async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
 
 def _make_state_dir(state_dir: Path) -> None:
     """Create state_dir as the daemon does, mode 0700 with any missing parents: a daemon started
-    later
-    keeps its ledger and its control socket in the very folder this made."""
+    later keeps its ledger and its control socket in the very folder this made."""
     from ocrwatch.ledger import StateUnusable, make_private_dirs
 
     try:
@@ -384,8 +383,7 @@ def _existing_ledger(cfg: Config) -> Ledger | None:
 
 def _ask_daemon(cfg: Config, payload: dict[str, Any]) -> dict[str, Any] | None:
     """The running daemon's one answer to ``payload``; None when no daemon holds the state_dir, or
-    when
-    one holds it but does not answer (said so: the ledger is used instead)."""
+    when one holds it but does not answer (said so: the ledger is used instead)."""
     from ocrwatch.control.client import Client
     from ocrwatch.control.protocol import ControlError
 

@@ -133,9 +133,8 @@ class Daemon:
 
     async def serve(self) -> int:
         """Run until stopped; 0 after a clean stop, 2 when start-up found something only the user
-        can
-        fix and 1 for a start-up fault that a later start may not meet again, each said in one log
-        line."""
+        can fix and 1 for a start-up fault that a later start may not meet again, each said in one
+        log line."""
         try:
             try:
                 await self.startup()
@@ -196,8 +195,7 @@ class Daemon:
 
     def _add_sources(self, pipeline: Pipeline) -> None:
         """The inboxes as one local source writing beside each file; each ``[[s3]]`` as a source of
-        its
-        own (SQS or webhook), whose sink shares its S3 client and its threads."""
+        its own (SQS or webhook), whose sink shares its S3 client and its threads."""
         cfg = self.cfg
         template = cfg.output.name_template
         self.local = LocalSource(
@@ -252,8 +250,7 @@ class Daemon:
 
     def _prepare_state_dir(self) -> None:
         """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the
-        start
-        with its name rather than failing every document later."""
+        start with its name rather than failing every document later."""
         state = self.cfg.state_dir
         try:
             make_private_dirs(
@@ -275,8 +272,7 @@ class Daemon:
 
     def _lock_state_dir(self) -> None:
         """One daemon per state directory: a second would process every document twice. Released by
-        the
-        kernel whenever this process ends, ``kill -9`` included. Tried for a second: a client
+        the kernel whenever this process ends, ``kill -9`` included. Tried for a second: a client
         probing whether a daemon runs (``control.daemon_holds``) holds it for an instant."""
         path = self.cfg.state_dir / LOCK_NAME
         lock = open(path, "a", opener=open_private)  # noqa: SIM115 - held for the process's life
@@ -313,8 +309,7 @@ class Daemon:
 
     async def resume(self) -> int:
         """Let every unfinished job of the ledger start (at start, and after ``ocrwatch retry``):
-        they
-        wait in the ledger for a slot (``Pipeline.resume``); how many."""
+        they wait in the ledger for a slot (``Pipeline.resume``); how many."""
         assert self.pipeline is not None
         return await self.pipeline.resume()
 

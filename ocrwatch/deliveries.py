@@ -129,8 +129,7 @@ class Deliveries:
         hooks: Sequence[str],
     ) -> int:
         """Record a result not yet published, with a pending delivery per hook; its id. An event of
-        the
-        same document that this process still holds is superseded (that attempt failed before
+        the same document that this process still holds is superseded (that attempt failed before
         publishing), and the document's finished events are forgotten: only its latest result's
         deliveries are kept."""
 
@@ -174,9 +173,8 @@ class Deliveries:
 
     def release(self, event: int, moved: Mapping[str, str] | None = None) -> list[str]:
         """Publish a held event: its deliveries may run. ``moved``: where its source (``source``)
-        and
-        its ``json`` and ``md`` sidecars are now (``archive.apply_on_success``: ``on_success`` took
-        them), recorded first. The hooks with a pending delivery of it."""
+        and its ``json`` and ``md`` sidecars are now (``archive.apply_on_success``: ``on_success``
+        took them), recorded first. The hooks with a pending delivery of it."""
         columns, values = _moved(moved or {})
 
         def tx(conn: sqlite3.Connection) -> list[str]:

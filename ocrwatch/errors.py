@@ -254,8 +254,7 @@ class SourceInUse(TransientError):
 
 class PlaceFault(TransientError):
     """The place is at fault, not the document (a full disk, a folder that cannot be written):
-    retried
-    for as long as it lasts, without using up the document's attempts."""
+    retried for as long as it lasts, without using up the document's attempts."""
 
     kind = "place_fault"
 

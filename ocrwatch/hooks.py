@@ -119,9 +119,9 @@ class HookRunner:
 
     async def start(self) -> None:
         """Settle what earlier processes left held, queue every pending delivery and start the
-        workers.
-        Call it after the ledger's unfinished jobs were resumed: a job killed after its sidecars
-        were written is marked done then, which is what tells its held result was published."""
+        workers. Call it after the ledger's unfinished jobs were resumed: a job killed after its
+        sidecars were written is marked done then, which is what tells its held result was
+        published."""
         if self._store is None:
             return
         self._session = aiohttp.ClientSession()
@@ -152,8 +152,7 @@ class HookRunner:
 
     async def stop(self, grace: float = 0.0) -> None:
         """Start no delivery more, let those running finish for ``grace`` seconds, then interrupt
-        the
-        rest (each command's process group killed, its attempt given back) and close the HTTP
+        the rest (each command's process group killed, its attempt given back) and close the HTTP
         session (the ledger is its owner's to close). A stop then never cuts short a hook that was
         about to end; what was pending stays so in the ledger and runs at the next start."""
         self._stopping = True
@@ -172,8 +171,7 @@ class HookRunner:
 
     async def hold(self, job: Job, document: dict[str, Any], sink: Sink) -> int | None:
         """Record ``document`` (a result or an error document) before it is published, with a
-        delivery
-        for each hook that wants its status; the event's id, or None when no hook does."""
+        delivery for each hook that wants its status; the event's id, or None when no hook does."""
         status = str(document["status"])
         wanted = [hook.name for hook in self.hooks.values() if status in hook.on]
         if self._store is None or not wanted:

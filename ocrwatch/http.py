@@ -284,9 +284,8 @@ class Listener:
 
 class _AcceptErrors:
     """The loop's exception handler, wrapped once per loop: asyncio reports an ``accept()`` that
-    failed
-    for want of descriptors there, with a traceback, at every retry; the listener concerned logs it
-    once instead."""
+    failed for want of descriptors there, with a traceback, at every retry; the listener concerned
+    logs it once instead."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.listeners: set[Listener] = set()

@@ -193,9 +193,8 @@ class Ledger(Database):
 
     def twins(self, job: Job, sha256: str, limit: int = 8) -> list[Job]:
         """The jobs of the same source most recently done with the content ``job`` has (a local
-        file's
-        sha256; an S3 object's ETag and size, which its row keeps instead), newest first: earlier
-        results this one may take (``reuse``)."""
+        file's sha256; an S3 object's ETag and size, which its row keeps instead), newest first:
+        earlier results this one may take (``reuse``)."""
         origin = job.origin
         if isinstance(origin, S3Object):
             if not origin.etag:
@@ -256,16 +255,15 @@ class Ledger(Database):
 
     def release_attempt(self, key: str) -> None:
         """Give back the attempt counted at the start of a run that a clean shutdown interrupted:
-        only
-        an unclean end (``kill -9``, power loss) counts toward the crash-loop bound. The row stays
-        unfinished."""
+        only an unclean end (``kill -9``, power loss) counts toward the crash-loop bound. The row
+        stays unfinished."""
         self._update(key, "attempts = max(attempts - 1, 0)", ())
 
     def park(self, key: str, error: dict[str, Any]) -> int:
         """A fault of the place (disk full, folder unwritable) ended the run: its attempt given back
-        as
-        by ``release_attempt`` (the document is not at fault), the job queued again with ``error``
-        as its last error, so ``ocrwatch status`` shows what it waits for; returns the attempts."""
+        as by ``release_attempt`` (the document is not at fault), the job queued again with
+        ``error`` as its last error, so ``ocrwatch status`` shows what it waits for; returns the
+        attempts."""
 
         def tx(conn: sqlite3.Connection) -> int:
             now = time.time()

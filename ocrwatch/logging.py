@@ -87,8 +87,7 @@ class _Forward(logging.Handler):
 
 def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
     """Configure once at start-up; every module then logs through ``structlog.get_logger()``, and
-    the
-    libraries' stdlib records (warnings and worse, stdlib's default) are forwarded to it."""
+    the libraries' stdlib records (warnings and worse, stdlib's default) are forwarded to it."""
     level = getattr(logging, cfg.level.upper())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(ensure_ascii=False)

@@ -30,24 +30,22 @@ TRIM_INTERVAL_SECONDS = 10.0
 
 TRIM_AFTER_BYTES = 64 * 1024 * 1024
 """A decode that held this much of a ``DecodeBudget`` is followed by a heap trim: glibc keeps a
-freed
-page image in its arenas otherwise, and RSS stays at its peak with nothing in flight."""
+freed page image in its arenas otherwise, and RSS stays at its peak with nothing in flight."""
 
 
 def trim_heap() -> None:
     """glibc may keep freed memory in its arenas instead of returning it: without a trim the
-    daemon's
-    RSS climbs by gigabytes over a few hundred pages and stays there with nothing in flight."""
+    daemon's RSS climbs by gigabytes over a few hundred pages and stays there with nothing in
+    flight."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
 
 class HeapTrimmer:
     """``trim_heap`` at most once per ``interval`` seconds, and never twice at once: malloc_trim
-    walks
-    every arena under its lock (tens of milliseconds with nothing to return, hundreds after a large
-    free), so a wave of documents finishing together must not queue one trim each behind the event
-    loop's allocations."""
+    walks every arena under its lock (tens of milliseconds with nothing to return, hundreds after a
+    large free), so a wave of documents finishing together must not queue one trim each behind the
+    event loop's allocations."""
 
     def __init__(
         self, interval: float = TRIM_INTERVAL_SECONDS, clock: Callable[[], float] = time.monotonic
@@ -74,9 +72,8 @@ class HeapTrimmer:
 
 class DecodeBudget:
     """Bytes of full-size page images that all render workers together may hold while a page is
-    decoded
-    and brought down to its page size. One per process, shared by every worker: a bound per worker
-    multiplies by the number of workers, and one 160-megapixel image alone decodes to 635 MB.
+    decoded and brought down to its page size. One per process, shared by every worker: a bound per
+    worker multiplies by the number of workers, and one 160-megapixel image alone decodes to 635 MB.
 
     Requests are served in arrival order, so a large page is not passed over for ever by small ones;
     a request larger than the whole budget waits until nothing else is held and then runs alone. The

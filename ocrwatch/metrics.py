@@ -32,8 +32,7 @@ _STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600
 
 STAGES = ("waiting", "fetch_probe", "render", "recognize", "pages", "write", "end_to_end")
 """Latency stages: detected → started (``waiting``), the document's fetch and probe, each page's
-render
-and recognition, all of a document's pages, writing the sidecars, and detected → sidecars
+render and recognition, all of a document's pages, writing the sidecars, and detected → sidecars
 (``end_to_end``)."""
 
 ENGINE_PHASES = ("prepare", "queue", "first_token", "decode", "total", "encode", "ocr")

@@ -74,8 +74,7 @@ async def prepare(
     budget: DecodeBudget = UNBOUNDED,
 ) -> Outputs:
     """The outputs ``[output]`` asks for, for the document ``origin`` whose private copy is
-    ``copy``.
-    The searchable PDF's build time goes into ``stages``; what it decodes is held within
+    ``copy``. The searchable PDF's build time goes into ``stages``; what it decodes is held within
     ``budget``."""
     names = output_names(origin.name, output.name_template)
     source = copy.path
@@ -147,9 +146,8 @@ def _build(
     budget: DecodeBudget,
 ) -> tuple[str, int, textlayer.Layers]:
     """Write the searchable PDF to ``out``; its sha256, size and each page's text layer. Failed
-    pages
-    keep their page and get no text; an image's pages are the size the sidecar records (pixels at
-    its DPI)."""
+    pages keep their page and get no text; an image's pages are the size the sidecar records (pixels
+    at its DPI)."""
     texts = [
         textlayer.page_text(
             page.width, page.height, page.result.recognition.blocks, page.orientation

@@ -151,9 +151,8 @@ class Pipeline:
 
     def add_source(self, source: Source, sink: Sink, executor: Executor | None = None) -> None:
         """``executor``: where the sink's blocking calls run (an S3 source's own pool, so a bucket
-        that
-        does not answer ties up no thread the ledger or another source needs); None for the default
-        pool. The pipeline shuts it down at ``close``."""
+        that does not answer ties up no thread the ledger or another source needs); None for the
+        default pool. The pipeline shuts it down at ``close``."""
         self.sources[source.name] = source
         self.sinks[source.name] = sink
         if executor is not None:
@@ -170,8 +169,7 @@ class Pipeline:
 
     async def _offload(self, job: Job, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call about ``job``'s sidecars, in the thread pool of the job's source (with
-        the
-        caller's context, as ``to_thread`` would: its log lines keep the job's id)."""
+        the caller's context, as ``to_thread`` would: its log lines keep the job's id)."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(
             self._executors.get(job.source), call
@@ -281,8 +279,7 @@ class Pipeline:
 
     async def _run(self, run: JobRun) -> str:
         """The job's attempts, each in one of the ``max_active_documents`` slots (a job waiting out
-        its
-        backoff holds none, so the others go on); its final status."""
+        its backoff holds none, so the others go on); its final status."""
         job = run.job
         structlog.contextvars.bind_contextvars(job_id=job_id(job))
         attempts = 0
@@ -343,8 +340,7 @@ class Pipeline:
 
     async def _release_attempt(self, run: JobRun) -> None:
         """A clean shutdown interrupted the attempt (the job task is cancelled only while draining):
-        it
-        is given back, so only an unclean end (``kill -9``, power loss) counts toward
+        it is given back, so only an unclean end (``kill -9``, power loss) counts toward
         ``crash_loop``."""
         try:
             await run.record.release_attempt()
@@ -493,10 +489,9 @@ class Pipeline:
 
     async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
         """Give a job up: logged, counted, recorded in the ledger, its error sidecar written beside
-        the
-        source (none for a vanished source: nothing to sit beside, and the ledger re-admits it if it
-        returns), and its source told. The pipeline calls it when a job's attempts are spent; a
-        source calls it (it is handed to ``Source.start``) for a job it must give up unprocessed,
+        the source (none for a vanished source: nothing to sit beside, and the ledger re-admits it
+        if it returns), and its source told. The pipeline calls it when a job's attempts are spent;
+        a source calls it (it is handed to ``Source.start``) for a job it must give up unprocessed,
         such as an S3 poison message."""
         run = self._runs.get(job.key)
         record = run.record if run is not None else Record(self.ledger, job.key)

@@ -434,8 +434,7 @@ def _scratch_error(folder: str, need: int, message: str) -> OcrwatchError:
 
 def ppm_image(data: bytes) -> Image.Image:
     """A PPM decoded in one call. ``Image.open(...).load()`` decodes in 64 KiB steps and gives up
-    the
-    GIL at each, so a render thread queued for the GIL ~90 times a page. Other flavours (16-bit,
+    the GIL at each, so a render thread queued for the GIL ~90 times a page. Other flavours (16-bit,
     bitmaps) and short data take that path, which reads them or raises."""
     image = Image.open(io.BytesIO(data), formats=["PPM"])
     codec, _, offset, rawmode = image.tile[0]

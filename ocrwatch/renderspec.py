@@ -25,8 +25,7 @@ engine): enough for print-size text, and an A4 page stays near 4 megapixels."""
 @dataclass(frozen=True)
 class Geometry:
     """The page size an engine reads best: its DPI, and the largest page it can use (None: no bound
-    of
-    its own). An engine declares it; ``render_spec`` turns it and ``[render]`` into a
+    of its own). An engine declares it; ``render_spec`` turns it and ``[render]`` into a
     ``RenderSpec``."""
 
     dpi: int

@@ -1,7 +1,7 @@
 """What ``ocrwatch ocr`` prints while it runs: on a terminal one bar for the whole run (pages done
-of
-the pages known so far, pages a second, the time left), elsewhere one line per page step, as a log
-reader wants; each failure with its kind and hint on stderr, and a summary on stdout at the end."""
+of the pages known so far, pages a second, the time left), elsewhere one line per page step, as a
+log reader wants; each failure with its kind and hint on stderr, and a summary on stdout at the
+end."""
 
 from __future__ import annotations
 

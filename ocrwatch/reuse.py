@@ -47,8 +47,7 @@ class Reused:
 
 class Reuse:
     """Finds and adapts the earlier result of a job's bytes. Blocking calls run in threads
-    (``offload``
-    for the sinks', ``asyncio.to_thread`` for the ledger's)."""
+    (``offload`` for the sinks', ``asyncio.to_thread`` for the ledger's)."""
 
     def __init__(
         self, ledger: Ledger | None, sinks: dict[str, Sink], output: OutputConfig, offload: Offload
@@ -62,9 +61,8 @@ class Reuse:
         self, job: Job, sha256: str, provenance: Provenance, owner: int | None
     ) -> Reused | None:
         """The earlier result this job may take (``provenance``: what its own sidecar would say of
-        its
-        source, engine and rendering; ``owner``: its local file's user), or None: it is then read as
-        any other."""
+        its source, engine and rendering; ``owner``: its local file's user), or None: it is then
+        read as any other."""
         if job.duplicates != "reuse" or self.ledger is None or self.makes_more:
             return None
         sink = self.sinks.get(job.source)

@@ -63,9 +63,8 @@ def lane_of(engine_priority: int) -> int:
 
 def backlog_cap(max_inflight: int) -> int:
     """Pages of worse lanes kept in flight while a better lane has work: few enough that the
-    engine's
-    step, which grows with its batch, stays short for the urgent pages, enough that the backlog
-    keeps moving."""
+    engine's step, which grows with its batch, stays short for the urgent pages, enough that the
+    backlog keeps moving."""
     return max(1, max_inflight // BACKLOG_SHARE)
 
 
@@ -99,10 +98,9 @@ class DocumentOrder:
 
 def auto_render_workers(cpus: int) -> int:
     """``render_workers = "auto"``: half the CPUs, 2 to 16. Rendering a page takes 0.1-0.3 s of a
-    core,
-    so a fixed two would cap a GPU engine, which reads pages faster than two cores render them, on a
-    many-core host; on a 2-core CPU machine Tesseract needs the cores more than rendering does
-    (render is ~5 % of its time)."""
+    core, so a fixed two would cap a GPU engine, which reads pages faster than two cores render
+    them, on a many-core host; on a 2-core CPU machine Tesseract needs the cores more than rendering
+    does (render is ~5 % of its time)."""
     return max(2, min(16, cpus // 2))
 
 

@@ -36,9 +36,8 @@ def sd_notify(message: str) -> bool:
 
 def watchdog_interval(health_interval: float) -> float:
     """Seconds between health ticks: ``health_interval``, or half of systemd's ``WATCHDOG_USEC``
-    when
-    that is shorter, as sd_watchdog_enabled(3) advises, so one late tick does not get the daemon
-    killed."""
+    when that is shorter, as sd_watchdog_enabled(3) advises, so one late tick does not get the
+    daemon killed."""
     watchdog_usec = os.environ.get("WATCHDOG_USEC")
     if not watchdog_usec:
         return health_interval

@@ -239,10 +239,9 @@ def searchable_pdf(
 
 def is_ours(content: BinaryIO) -> bool:
     """Whether ``content`` (a seekable file) is a searchable PDF ocrwatch wrote (``_mark``): one
-    that a
-    write killed before its JSON left is then ocrwatch's to replace, and anything else stays the
-    user's. qpdf reads only the cross-reference table and the document information, never the whole
-    file."""
+    that a write killed before its JSON left is then ocrwatch's to replace, and anything else stays
+    the user's. qpdf reads only the cross-reference table and the document information, never the
+    whole file."""
     try:
         with Pdf.open(content, attempt_recovery=False) as pdf:
             info = pdf.trailer.get(Name.Info)

@@ -168,9 +168,8 @@ class Written:
 
 def vouched(records: list[Output], info: os.stat_result, digest: str, owner: int | None) -> bool:
     """Whether the record holds the file of ``info`` whose content hashed to ``digest`` as
-    ocrwatch's
-    output, unchanged since written, for a document of ``owner``'s: what ``judge`` asks, for bytes
-    already read."""
+    ocrwatch's output, unchanged since written, for a document of ``owner``'s: what ``judge`` asks,
+    for bytes already read."""
     wanted = (info.st_ino, info.st_size, digest, owner)
     return owner is not None and any(
         (r.inode, r.size, r.sha256, r.owner) == wanted for r in records

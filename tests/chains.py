@@ -88,8 +88,7 @@ def remove_chain(top: Path, name: str = "d") -> None:
 @contextlib.contextmanager
 def removed_after(*chains: tuple[Path, str]) -> Iterator[None]:
     """Remove each (top, name) chain at the end, however the block ends: pytest's own clean-up of
-    its
-    temporary folders recurses a level a frame and would fail on them."""
+    its temporary folders recurses a level a frame and would fail on them."""
     try:
         yield
     finally:

@@ -1,7 +1,6 @@
 """A test engine that answers every page with a recorded DeepSeek-OCR grounding output (the
-grounding
-parser's fixtures), parsed by the real parser for the page it is given: the figures' boxes land on
-the real rendered
+grounding parser's fixtures), parsed by the real parser for the page it is given: the figures' boxes
+land on the real rendered
 page, so a daemon can cut them out as it would with the model. Named as a plugin::
 
     [engine]

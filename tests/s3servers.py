@@ -336,8 +336,7 @@ def _alive(pid: int) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``, through ``tests.xdist_groups``) send every test
-    that
-    uses ``rgw`` to one worker: each would otherwise start a cluster of its own (about 12 s
+    that uses ``rgw`` to one worker: each would otherwise start a cluster of its own (about 12 s
     each)."""
     if not config.pluginmanager.hasplugin("xdist"):
         return

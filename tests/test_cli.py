@@ -378,8 +378,8 @@ def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
 
 def test_ocr_dir_skips_what_the_inbox_ignores(tmp_path: Path) -> None:
     """The walk takes what the inbox's scan takes: the built-in ignore list and the inbox's
-    ``ignore``,
-    even with ``patterns = ["*"]``; ``--pattern`` changes the patterns, never the ignore list."""
+    ``ignore``, even with ``patterns = ["*"]``; ``--pattern`` changes the patterns, never the ignore
+    list."""
     from tests.integration.test_ignore import IGNORED, drop
 
     folder = tmp_path / "scans"

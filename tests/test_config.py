@@ -480,8 +480,7 @@ def test_every_key_has_one_variable_of_its_own() -> None:
 
 def test_every_ocrwatch_variable_in_the_repository_is_a_key_or_another_use() -> None:
     """A new variable ocrwatch sets or reads must join ``OTHER_USES``, or every daemon that inherits
-    it
-    refuses to start; and a variable a file of the repository sets (a unit, an image) must be a
+    it refuses to start; and a variable a file of the repository sets (a unit, an image) must be a
     key."""
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout")

@@ -1,7 +1,6 @@
 """The fast encoder's CUDA-graph dispatch (``ViewGraphs``): which captured batch size a stack of
-views
-replays, how it is padded and split. CUDA graphs need a GPU, so the graph is replaced by a replay
-that recomputes its captured function on the static buffers, as a real replay does;
+views replays, how it is padded and split. CUDA graphs need a GPU, so the graph is replaced by a
+replay that recomputes its captured function on the static buffers, as a real replay does;
 bench/gpu/encoder_check.py checks the captured graphs against vLLM's encoder on the GPU. Needs torch
 (the ``vllm`` extra)."""
 

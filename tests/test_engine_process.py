@@ -227,8 +227,7 @@ async def test_a_set_with_every_replica_down_fails_the_page_as_engine_dead() -> 
 
 async def test_a_start_cancelled_while_the_child_starts_leaves_no_child() -> None:
     """The daemon stopping while a replica restarts cancels its start: the child must go at once,
-    not
-    wait for an engine start (minutes for vLLM) to finish."""
+    not wait for an engine start (minutes for vLLM) to finish."""
     before = set(children())
     cfg = EngineConfig(
         kind="plugin", plugin="tests.fault_engines:EchoEngine", plugin_args={"start_delay": 60}
@@ -249,8 +248,7 @@ async def test_a_daemon_killed_outright_takes_its_engine_process_and_the_engines
     None
 ):
     """Killed while its engine starts (the child reads no socket then), the daemon must not leave
-    the
-    child or the engine's own process (vLLM's engine core, here ``sleep``) holding a GPU."""
+    the child or the engine's own process (vLLM's engine core, here ``sleep``) holding a GPU."""
     daemon = subprocess.Popen([sys.executable, "-c", DAEMON], cwd=Path(__file__).parents[1])
     try:
 
@@ -377,8 +375,7 @@ async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The child's front end must hand freed memory back like the daemon does (a vLLM replica
-    process
-    grew by gigabytes over a few hundred pages when only the daemon trimmed)."""
+    process grew by gigabytes over a few hundred pages when only the daemon trimmed)."""
     from ocrwatch import logging as ocw_logging
     from ocrwatch.engines import process
 

@@ -49,8 +49,7 @@ def draw_page(lines: list[str], tops: list[int], mode: str = "L") -> Image.Image
 
 def slow_page() -> Image.Image:
     """A 400 dpi letter page full of text: about six seconds of OCR, so a child killed early is seen
-    as
-    killed (its page cannot have finished) rather than as done."""
+    as killed (its page cannot have finished) rather than as done."""
     image = Image.new("L", (3400, 4400), 255)
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default(size=48)
@@ -90,8 +89,7 @@ def tesseract_children() -> dict[int, dict[str, str]]:
 
 async def busy_child(timeout: float = 10.0) -> int:
     """The pid of this process's tesseract child, once it has had its image and is recognising:
-    killed
-    earlier, a child dies of its cut-off input anyway, which would hide a missing kill."""
+    killed earlier, a child dies of its cut-off input anyway, which would hide a missing kill."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:

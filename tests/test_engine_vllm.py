@@ -229,9 +229,8 @@ def test_engine_env_spawns_and_keeps_what_the_user_set(tmp_path: Path) -> None:
 
 def test_the_shipped_moe_tiles_are_in_vllms_format() -> None:
     """vLLM reads ``E=..,N=..,device_name=...json`` from ``VLLM_TUNED_CONFIG_FOLDER``: token counts
-    as
-    keys, each with the Triton kernel's tile parameters; a file it cannot parse would fail every MoE
-    layer."""
+    as keys, each with the Triton kernel's tile parameters; a file it cannot parse would fail every
+    MoE layer."""
     files = sorted(arguments.MOE_CONFIGS.glob("*.json"))
     assert [f.name for f in files] == ["E=64,N=896,device_name=NVIDIA_H200.json"]
     tiles = json.loads(files[0].read_text())
@@ -784,9 +783,8 @@ def test_replicas_start_pinned_warm_up_each_and_share_the_pages(
 
 def test_a_one_gpu_engine_asks_for_vllms_v2_runner_unless_a_logits_processor_needs_v1() -> None:
     """The shipped default (the n-gram guard as a kernel in the V2 sampler) on the V2 runner,
-    measured
-    faster and equal in its greedy ids; a host logits processor, which the V2 runner refuses, or
-    several GPUs keep vLLM's choice, and the user's environment wins."""
+    measured faster and equal in its greedy ids; a host logits processor, which the V2 runner
+    refuses, or several GPUs keep vLLM's choice, and the user's environment wins."""
     assert VllmConfig().ngram_processor == "gpu"
     assert arguments.engine_env(VllmConfig(), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert arguments.engine_env(VllmConfig(guard="stop"), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"

@@ -1,7 +1,6 @@
 """figures and outputs: figure blocks of recorded DeepSeek-OCR output cut out of real rendered
-pages,
-linked from the Markdown and listed in the JSON; the searchable PDF's section, and its failure kept
-off the document."""
+pages, linked from the Markdown and listed in the JSON; the searchable PDF's section, and its
+failure kept off the document."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Completion hooks through ``HookRunner`` with real processes, a real HTTP server on 127.0.0.1 and
-a
-real ledger: what a command receives, the process group killed at its timeout, retries until a 2xx,
-the ``on`` filter, giving up, and results held by a process that ended, settled by the next one."""
+a real ledger: what a command receives, the process group killed at its timeout, retries until a
+2xx, the ``on`` filter, giving up, and results held by a process that ended, settled by the next
+one."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A job's ledger calls through ``Record``: each lands in a real ledger, and none is made for a job
-the
-ledger never hears of (``ocrwatch ocr``), which used to be a string lookup that skipped silently."""
+the ledger never hears of (``ocrwatch ocr``), which used to be a string lookup that skipped
+silently."""
 
 from __future__ import annotations
 

@@ -319,8 +319,7 @@ def test_rows_hidden_by_a_damaged_page_are_caught_by_the_check_at_open(
     tmp_path: Path, db: Path
 ) -> None:
     """The damage that no query reports: rows are silently missing (a done document would be
-    processed
-    again, a queued one never resumed). Only the whole-file check at open sees it."""
+    processed again, a queued one never resumed). Only the whole-file check at open sees it."""
     jobs = ledgers.make_ledger(db, tmp_path / "inbox")
     ledgers.hide_rows_in_the_middle(db)
     with closing(sqlite3.connect(db)) as conn:

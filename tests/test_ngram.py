@@ -1,6 +1,5 @@
 """The batched n-gram ban against vLLM's per-request rule (transcribed below), on looping token
-streams
-like the ones a repeating model produces, through the batch changes vLLM's persistent batch
+streams like the ones a repeating model produces, through the batch changes vLLM's persistent batch
 makes."""
 
 from __future__ import annotations

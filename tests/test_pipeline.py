@@ -1,7 +1,6 @@
 """``Pipeline.reject``, the one error-sidecar writer, as a source sees it: a job given up without
-being
-run is logged, recorded in the ledger, reported beside its source and acknowledged; a duplicate of a
-job already done is acknowledged as done instead."""
+being run is logged, recorded in the ledger, reported beside its source and acknowledged; a
+duplicate of a job already done is acknowledged as done instead."""
 
 from __future__ import annotations
 

@@ -795,8 +795,8 @@ def test_a_large_image_is_flattened_and_downscaled_band_by_band(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_side: int
 ) -> None:
     """Bands of 256 KiB cut a 1600 x 1200 RGBA image into about thirty; the result is the
-    whole-image
-    flattening and Lanczos resize, within one level of rounding (exact where nothing is resized)."""
+    whole-image flattening and Lanczos resize, within one level of rounding (exact where nothing is
+    resized)."""
     monkeypatch.setattr(imagepages, "BAND_BYTES", 256 * 1024)
     rgba = _transparent_page((1600, 1200))
     _, page = render_first(
@@ -859,8 +859,7 @@ def test_a_pdf_whose_header_is_buried_or_missing_is_read_as_poppler_reads_it(
     tmp_path: Path,
 ) -> None:
     """2 KiB of junk before ``%PDF-`` (beyond the sniffer's 1 KiB), or no header line at all:
-    poppler
-    rebuilds the cross-reference table and renders the page, so the file is a PDF, not
+    poppler rebuilds the cross-reference table and renders the page, so the file is a PDF, not
     ``not_a_document``."""
     pdf = docs.write_pdf(tmp_path / "a.pdf", [["Invoice 42"]]).read_bytes()
     buried, bare = tmp_path / "buried.pdf", tmp_path / "bare.pdf"

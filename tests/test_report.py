@@ -1,6 +1,5 @@
 """What ``ocrwatch ocr`` prints: on a terminal one bar for the run, with pages, pages a second and
-the
-time left (the real command under a pseudo-terminal), elsewhere one line per page step."""
+the time left (the real command under a pseudo-terminal), elsewhere one line per page step."""
 
 from __future__ import annotations
 

@@ -42,8 +42,7 @@ class _Run:
 @dataclass
 class BatchEngine:
     """Every running page advances one token a step; a step costs BASE + PER_PAGE × the pages in it.
-    A
-    preempted page starts over (pessimistic: vLLM only recomputes its prefill)."""
+    A preempted page starts over (pessimistic: vLLM only recomputes its prefill)."""
 
     lanes: bool
     clock: float = 0.0

@@ -249,9 +249,8 @@ def test_a_sidecar_is_private_until_it_is_complete(
     tmp_path: Path, open_umask: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The temporary is created 0600 (whatever the umask) and opened only in the way that cannot
-    follow
-    a planted symlink; it becomes 0644 only once its content is written, and then takes the final
-    name."""
+    follow a planted symlink; it becomes 0644 only once its content is written, and then takes the
+    final name."""
     seen: list[tuple[int, bytes]] = []
     real_fchmod = os.fchmod
 

@@ -1,7 +1,6 @@
 """The further outputs through the real sinks (local folders, moto): the searchable PDF and the
-figures
-are written before the JSON, a previous version's are removed, and a user's file at their names is
-never replaced."""
+figures are written before the JSON, a previous version's are removed, and a user's file at their
+names is never replaced."""
 
 from __future__ import annotations
 

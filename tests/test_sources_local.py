@@ -225,8 +225,7 @@ def test_an_empty_file_found_untouched_for_the_give_up_is_submitted_once_quiet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No close is seen of a file already there (a restart's scan, a polled inbox): an empty one
-    that
-    nothing has changed (its ctime) for the give-up has waited for it already."""
+    that nothing has changed (its ctime) for the give-up has waited for it already."""
     give_up = 2.0
     monkeypatch.setattr(settling, "PROBE_GIVE_UP_MIN_SECONDS", give_up)
     folder = (tmp_path / "in").resolve()
@@ -293,8 +292,7 @@ def test_a_document_failed_for_its_path_only_is_submitted_again_once_a_scan_find
 
 class Lapsed:
     """The daemon's ``lapsed``: a document is done once submitted, and its sidecars lapse when its
-    JSON
-    sidecar (beside it, or in ``out``) is gone. Records what it was asked."""
+    JSON sidecar (beside it, or in ``out``) is gone. Records what it was asked."""
 
     def __init__(self, out: Path | None = None) -> None:
         self.out = out
@@ -678,9 +676,8 @@ def test_reconciliation_finds_a_file_whose_events_were_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fault injection at the one seam events pass through: every event about ``lost.pdf`` is
-    dropped,
-    as an inotify queue overflow or a restart of the observer would; only the periodic scan can find
-    it."""
+    dropped, as an inotify queue overflow or a restart of the observer would; only the periodic scan
+    can find it."""
     dropped: list[object] = []
 
     class LosingBridge(watch.EventBridge):
@@ -807,9 +804,8 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
 
 def test_quarantine_follows_no_link_on_either_side(tmp_path: Path) -> None:
     """A folder of the quarantine made a link in advance, or the document's folder swapped for a
-    link
-    to a folder outside with a file of the same name: the move is refused and nothing outside is
-    touched."""
+    link to a folder outside with a file of the same name: the move is refused and nothing outside
+    is touched."""
     root, outside = tmp_path / "in", tmp_path / "outside"
     quarantine = root / "failed"
     (quarantine).mkdir(parents=True)

@@ -178,8 +178,7 @@ def test_a_message_the_parser_cannot_take_is_deleted_not_redelivered_for_ever(
     moto: MotoServer,
 ) -> None:
     """A body nested too deeply for the JSON parser (a RecursionError, not a ValueError) is a
-    message
-    like any unreadable one: deleted with a log line, never left to come back."""
+    message like any unreadable one: deleted with a log line, never left to come back."""
     sqs = moto.client("sqs")
     queue = sqs.create_queue(QueueName="poison", Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
     sqs.send_message(QueueUrl=queue, MessageBody="[" * 100_000 + "]" * 100_000)

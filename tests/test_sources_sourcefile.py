@@ -147,8 +147,7 @@ def test_fetch_under_a_swap_race_only_ever_copies_the_inbox_file(
     root: Path, tmp_path: Path
 ) -> None:
     """``renameat2(RENAME_EXCHANGE)`` swaps the document with a link to a private file, as fast as
-    it
-    can, while the document is fetched again and again: every fetch either copies the inbox's own
+    it can, while the document is fetched again and again: every fetch either copies the inbox's own
     bytes or refuses."""
     secret = tmp_path / "secret.pdf"
     secret.write_bytes(b"%PDF secret bytes")

@@ -133,8 +133,7 @@ def test_a_chain_2500_deep_present_at_start_stops_neither_the_start_nor_the_rest
     tmp_path: Path, chain_home: Path, polling: bool
 ) -> None:
     """Before: ``RecursionError`` out of ``start`` (watchdog's recursive walk adding watches, or
-    taking
-    the poller's first snapshot), which made the daemon exit 1 at every start."""
+    taking the poller's first snapshot), which made the daemon exit 1 at every start."""
     root = tmp_path / "in"
     root.mkdir()
 
@@ -168,8 +167,8 @@ def test_a_chain_2500_deep_moved_in_while_watching_leaves_the_watcher_hearing(
     tmp_path: Path, chain_home: Path, polling: bool
 ) -> None:
     """Before: the watcher's thread died of ``RecursionError`` without a word (watchdog's
-    ``InotifyFD``
-    reader or the poller's emitter) and no later file was noticed until a reconciliation scan."""
+    ``InotifyFD`` reader or the poller's emitter) and no later file was noticed until a
+    reconciliation scan."""
     root = tmp_path / "in"
     root.mkdir()
 
@@ -235,9 +234,8 @@ def test_a_watcher_that_dies_is_replaced_with_a_log_line_and_a_metric(
     tmp_path: Path, polling: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fault injection where each watcher's thread works: the native one's event handling, the
-    poller's
-    emitter (whose death watchdog's observer thread outlives). Before: the inbox stayed deaf until
-    restarted by hand."""
+    poller's emitter (whose death watchdog's observer thread outlives). Before: the inbox stayed
+    deaf until restarted by hand."""
     root = tmp_path / "in"
     root.mkdir()
     broken = threading.Event()

@@ -344,9 +344,8 @@ def test_every_bad_request_gets_a_4xx_answer_and_the_listener_stays_healthy() ->
 
 def test_a_failure_no_retry_can_cure_is_given_up_and_answered_2xx() -> None:
     """A 5xx would make the sender resend the event for ever (RGW: every later event with it); an
-    event
-    whose failure is permanent is handed to ``reject`` (recorded, logged, counted) and answered
-    200."""
+    event whose failure is permanent is handed to ``reject`` (recorded, logged, counted) and
+    answered 200."""
     cfg = webhook_config()
     event = json.dumps({"Records": [record("in/poison.pdf", "ceph:s3")]}).encode()
 
@@ -375,9 +374,8 @@ def test_a_failure_no_retry_can_cure_is_given_up_and_answered_2xx() -> None:
 
 def test_a_submit_outliving_its_request_at_stop_leaves_nothing_unretrieved() -> None:
     """Stopping cancels a request whose submit is still running (shielded); that submit must not
-    fail
-    later with nobody to take its exception, which asyncio prints as a traceback outside the JSON
-    log."""
+    fail later with nobody to take its exception, which asyncio prints as a traceback outside the
+    JSON log."""
     cfg = webhook_config()
     event = json.dumps({"Records": [record("in/slow.pdf", "ceph:s3")]}).encode()
 

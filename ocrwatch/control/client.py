@@ -21,8 +21,7 @@ from ocrwatch.errors import ConfigError
 
 def daemon_holds(state_dir: Path) -> bool:
     """Whether a daemon holds ``state_dir``'s lock now. Probed with a shared lock held for an
-    instant
-    (a daemon starting meanwhile retries its own for a while)."""
+    instant (a daemon starting meanwhile retries its own for a while)."""
     path = state_dir / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -51,8 +50,7 @@ class Client:
     @classmethod
     def connect(cls, state_dir: Path, *, wait: float = CONNECT_SECONDS) -> Client | None:
         """A connection to the daemon holding ``state_dir``; None when none holds it. ControlError
-        when
-        one holds it but does not answer within ``wait`` seconds (stopping, or hung)."""
+        when one holds it but does not answer within ``wait`` seconds (stopping, or hung)."""
         path = state_dir / SOCKET_NAME
         deadline = time.monotonic() + wait
         while True:

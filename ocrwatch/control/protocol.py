@@ -1,6 +1,5 @@
 """The control channel's wire: where the socket and the lock live, what a request looks like, and
-the
-error either end raises. Client and server both import it; it imports neither.
+the error either end raises. Client and server both import it; it imports neither.
 """
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ def place(job: Job) -> str:
 
 def ledger_status(ledger: Ledger) -> dict[str, Any]:
     """What ``ocrwatch status`` shows with no daemon running (blocking): the ledger's summary, and
-    its
-    unfinished jobs by inbox, all waiting for the next start."""
+    its unfinished jobs by inbox, all waiting for the next start."""
     queue: Counter[str] = Counter(place(row.job) for row in ledger.unfinished())
     return ledger.summary() | {
         "daemon": None,

@@ -35,8 +35,7 @@ from ocrwatch.render import Geometry
 
 Images = Literal["placeholder", "drop", "extract"]
 """What becomes of figures in the Markdown (``[output] images``); with ``extract`` an engine writes
-the
-placeholder, which the assembler turns into a link to the figure's file."""
+the placeholder, which the assembler turns into a link to the figure's file."""
 
 
 @dataclass
@@ -57,8 +56,7 @@ class PageRequest:
 @dataclass
 class Recognition:
     """What an engine returns for one page; ``raw`` keeps the model's exact output; ``plain``: set
-    by
-    an engine whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose
+    by an engine whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose
     line-break hyphens it joins; None (a model that writes Markdown) leaves the Markdown as the
     engine wrote it."""
 
@@ -176,12 +174,11 @@ processes of their own."""
 @dataclass(frozen=True)
 class EngineSpec:
     """What an ``ocrwatch.engines`` entry point names: the engine's ``[engine] kind`` and how to
-    build
-    it. Its ``options`` are its own table under ``[engine]`` (``[engine.vllm]``), validated through
-    that model; ``kind = "plugin"`` reads ``plugin_args`` instead. ``text``: the engine's default
-    ``[[inbox]] text``, where an inbox sets none: ``auto`` where a good text layer reads as well as
-    the engine would, ``ocr`` where the engine gives more (DeepSeek's Markdown keeps the structure a
-    text layer lacks)."""
+    build it. Its ``options`` are its own table under ``[engine]`` (``[engine.vllm]``), validated
+    through that model; ``kind = "plugin"`` reads ``plugin_args`` instead. ``text``: the engine's
+    default ``[[inbox]] text``, where an inbox sets none: ``auto`` where a good text layer reads as
+    well as the engine would, ``ocr`` where the engine gives more (DeepSeek's Markdown keeps the
+    structure a text layer lacks)."""
 
     name: str
     build: Build

@@ -352,10 +352,9 @@ PR_SET_PDEATHSIG = 1
 
 def _die_with_the_daemon(daemon: int) -> None:
     """The child notices the daemon's end on its socket only between pages, not during an engine
-    start
-    (minutes for vLLM): a daemon killed outright would leave it, and its engine core, holding a GPU.
-    So Linux sends it SIGTERM when the daemon goes, and SIGTERM takes down its whole process group
-    (it leads one of its own)."""
+    start (minutes for vLLM): a daemon killed outright would leave it, and its engine core, holding
+    a GPU. So Linux sends it SIGTERM when the daemon goes, and SIGTERM takes down its whole process
+    group (it leads one of its own)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: _end())
     with contextlib.suppress(
         OSError, AttributeError

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Sampling:
     """One rung of the page retry ladder: greedy decoding with DeepSeek-OCR's no-repeat n-gram guard
-    by
-    default (``ngram_size`` or ``window_size`` 0: no guard). Only the ladder sets them per attempt;
-    an engine uses what it is given.
+    by default (``ngram_size`` or ``window_size`` 0: no guard). Only the ladder sets them per
+    attempt; an engine uses what it is given.
 
     ``stop_pattern`` and ``stop_count`` end an attempt whose output ends in a pattern of at most
     ``stop_pattern`` tokens repeated ``stop_count`` times (vLLM's ``repetition_detection``, checked

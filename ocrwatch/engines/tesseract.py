@@ -180,9 +180,8 @@ class TesseractEngine:
 
     async def _plain_text(self, lang: str) -> plaintext.PlainText:
         """What goes with the text of ``lang``: its dictionary, read once per engine and languages
-        (in
-        a thread: half a second a language); without one (no tools, no word list), the page's own
-        words decide."""
+        (in a thread: half a second a language); without one (no tools, no word list), the page's
+        own words decide."""
         async with self._reading:
             found = self._plain.get(lang)
             if found is None:
@@ -228,8 +227,7 @@ class TesseractEngine:
 
     async def _communicate(self, command: list[str], payload: bytes) -> tuple[bytes, bytes, int]:
         """Run one child to completion; if the awaiting task is cancelled, kill the child and reap
-        it
-        before the cancellation goes on, so no Tesseract outlives its page."""
+        it before the cancellation goes on, so no Tesseract outlives its page."""
         try:
             process = await asyncio.create_subprocess_exec(
                 *command,
@@ -258,10 +256,9 @@ class TesseractEngine:
 
 def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
     """Markdown and line blocks from Tesseract's TSV: words joined into lines, lines into
-    paragraphs,
-    paragraphs separated by a blank line. Each line block keeps its words (text, box, confidence),
-    the finest level Tesseract gives, and its paragraph's number on the page (1-based); a line's box
-    is the union of its words' boxes."""
+    paragraphs, paragraphs separated by a blank line. Each line block keeps its words (text, box,
+    confidence), the finest level Tesseract gives, and its paragraph's number on the page (1-based);
+    a line's box is the union of its words' boxes."""
     paragraphs: dict[tuple[str, ...], list[_Line]] = {}
     lines: dict[tuple[str, ...], _Line] = {}
     for row in tsv.splitlines()[1:]:

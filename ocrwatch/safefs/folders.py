@@ -122,10 +122,9 @@ class Folder:
 
     def stage(self, name: str, data: bytes | Path, access: Access) -> Staged:
         """Write ``data`` (bytes, or a file's content) under ``name``'s fixed hidden temporary name
-        (a
-        leftover of a killed write is replaced), created exclusively, given ``access`` and fsynced;
-        ``commit`` renames it over ``name``. Between the two, the caller may record what it is about
-        to publish."""
+        (a leftover of a killed write is replaced), created exclusively, given ``access`` and
+        fsynced; ``commit`` renames it over ``name``. Between the two, the caller may record what it
+        is about to publish."""
         tmp = temporary_name(name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=self.fd)  # unlinking a symlink never touches its target
@@ -146,9 +145,8 @@ class Folder:
 
     def commit(self, staged: Staged, *, replace: bool = True) -> None:
         """Rename a staged file over its name, so that the name is always absent, the old file or
-        all
-        of the new one; then the folder is fsynced. ``replace=False``: only while the name is free,
-        else ``FileExistsError`` (the temporary file goes)."""
+        all of the new one; then the folder is fsynced. ``replace=False``: only while the name is
+        free, else ``FileExistsError`` (the temporary file goes)."""
         try:
             if replace:
                 os.replace(staged.tmp, staged.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -377,10 +375,9 @@ def _why(parent: Folder, name: str) -> str:
 @contextlib.contextmanager
 def folder(root: Path, parts: Sequence[str] = (), make: Access | None = None) -> Iterator[Folder]:
     """The folder ``root/parts...``, reached from ``root`` (a configured folder, resolved at start)
-    one
-    component at a time without following a link. With ``make``, each missing folder below ``root``
-    is made (owned and moded by ``make``); else a missing one, a link or a non-folder on the way is
-    ``FolderGone``."""
+    one component at a time without following a link. With ``make``, each missing folder below
+    ``root`` is made (owned and moded by ``make``); else a missing one, a link or a non-folder on
+    the way is ``FolderGone``."""
     try:
         fd = os.open(root, FOLDER_FLAGS)
     except OSError as exc:

@@ -116,9 +116,8 @@ class Sink(Protocol):
 
     def recall(self, job: Job, owner: int | None) -> Recalled | None:
         """The job's sidecars read whole where they are ocrwatch's own for it, unchanged since
-        written,
-        for a source of ``owner`` (a local file's user; None for S3): a result a copy of the same
-        bytes may take."""
+        written, for a source of ``owner`` (a local file's user; None for S3): a result a copy of
+        the same bytes may take."""
 
 
 def markdown_bytes(markdown: str) -> bytes:
@@ -129,8 +128,7 @@ def markdown_bytes(markdown: str) -> bytes:
 
 def json_member(head: bytes, name: str) -> Any:
     """The value of the top-level member ``name`` of the JSON object whose first bytes are ``head``,
-    or
-    None when ``head`` does not hold it whole (the rest of the file is never needed)."""
+    or None when ``head`` does not hold it whole (the rest of the file is never needed)."""
     for key, value in _members(head.decode("utf-8", "replace")):
         if key == name:
             return value

@@ -66,8 +66,7 @@ enough."""
 
 def dump_json(document: dict[str, Any]) -> bytes:
     """UTF-8 JSON; strings that are not valid Unicode (a file name in another encoding, a model's
-    lone
-    surrogate) are kept as ``\\udcXX`` escapes, which round-trip, rather than failing the
+    lone surrogate) are kept as ``\\udcXX`` escapes, which round-trip, rather than failing the
     document."""
     text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     try:
@@ -78,10 +77,9 @@ def dump_json(document: dict[str, Any]) -> bytes:
 
 def inbox_folder(root: Path, roots: Collection[Path]) -> str:
     """The folder under ``[output] dir`` that mirrors the inbox ``root``: the inbox folder's name,
-    and
-    where several of ``roots`` (every configured inbox) share that name, ``-`` and 8 hex digits of
-    the sha256 of its path after it. Derived from paths alone: the same across restarts and whatever
-    the order of the inboxes."""
+    and where several of ``roots`` (every configured inbox) share that name, ``-`` and 8 hex digits
+    of the sha256 of its path after it. Derived from paths alone: the same across restarts and
+    whatever the order of the inboxes."""
     name = root.name or "root"
     if sum((other.name or "root") == name for other in roots) < 2:
         return name
@@ -90,8 +88,7 @@ def inbox_folder(root: Path, roots: Collection[Path]) -> str:
 
 class Claims:
     """The ownership rule applied in one open folder for one document: which names hold ocrwatch's
-    own
-    files for it, and the record kept of each file written there."""
+    own files for it, and the record kept of each file written there."""
 
     def __init__(
         self,
@@ -183,9 +180,8 @@ class Claims:
 
     def read_vouched(self, name: str) -> bytes | None:
         """The whole file at ``name`` in this folder where the record vouches for the very bytes
-        read
-        through one descriptor as ocrwatch's for this document's user; None otherwise, or when it is
-        too large."""
+        read through one descriptor as ocrwatch's for this document's user; None otherwise, or when
+        it is too large."""
         if self._written is None:
             return None
         found = self.here.look(name, RECALL_BYTES)
@@ -235,9 +231,8 @@ def pdf_marked(here: Folder, name: str) -> bool:
 
 def _pdf_marker(here: Folder, json_name: str) -> Marker:
     """An older ocrwatch's searchable PDF is known by its mark, or by its JSON sidecar (ocrwatch's
-    by
-    its own mark) recording it, as the JSON is now; either counts only where the record holds no row
-    for it."""
+    by its own mark) recording it, as the JSON is now; either counts only where the record holds no
+    row for it."""
     found = here.look(json_name, HEAD_BYTES)
     recorded = found is not None and found.other is None and pdf_recorded(found.head)
 
@@ -249,9 +244,8 @@ def _pdf_marker(here: Folder, json_name: str) -> Marker:
 
 def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
     """The mark of each kind of output (``md``, ``json``, ``pdf``, ``assets``: a figure) in
-    ``here``,
-    which counts only for outputs the record predates: the archive takes along what this rule holds
-    as ocrwatch's."""
+    ``here``, which counts only for outputs the record predates: the archive takes along what this
+    rule holds as ocrwatch's."""
     pdf = _pdf_marker(here, json_name)
     return {"md": markdown_marked, "json": json_marked, "pdf": pdf, "assets": figure_marked}
 
@@ -350,8 +344,7 @@ class LocalSink:
 
     def source_access(self, job: Job) -> Access | None:
         """The source's access as it is now (the error sidecar of a document never read, or read by
-        an
-        older call), through its inbox without following a link; None where it is gone."""
+        an older call), through its inbox without following a link; None where it is gone."""
         origin = job.origin
         assert isinstance(origin, LocalFile)
         try:

@@ -214,9 +214,8 @@ class S3Sink:
         self, bucket: str, outputs: dict[str, str], kept: set[str], pdf_ours: bool, there: Listed
     ) -> None:
         """Delete the outputs a previous version wrote that are not in ``kept``: the searchable PDF
-        its
-        JSON recorded, and the figures under the assets prefix that carry ocrwatch's mark. Logged,
-        never raised."""
+        its JSON recorded, and the figures under the assets prefix that carry ocrwatch's mark.
+        Logged, never raised."""
         doomed = [outputs["pdf"]] if pdf_ours and outputs["pdf"] not in kept else []
         prefix = outputs["assets"] + "/"
         try:

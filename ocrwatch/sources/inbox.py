@@ -172,9 +172,8 @@ class Inbox:
 
     def _entry(self, path: Path, document: bool = False) -> dict[str, bytes | str]:
         """What the scan records of ``path``: its signature when it is a document's regular file,
-        why
-        it is refused when it is anything else, nothing when it is gone (or a regular file named as
-        a link was)."""
+        why it is refused when it is anything else, nothing when it is gone (or a regular file named
+        as a link was)."""
         try:
             signature = inspect(path, self.root)
         except SourceGone:

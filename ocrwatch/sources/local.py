@@ -172,9 +172,8 @@ class LocalSource:
 
     async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
         """Open the file once, beneath its inbox and without following links, and copy it through
-        that
-        descriptor into the spool folder while hashing it: what is rendered is what was checked and
-        hashed."""
+        that descriptor into the spool folder while hashing it: what is rendered is what was checked
+        and hashed."""
         origin = job.origin
         if not isinstance(origin, LocalFile):
             raise TypeError(f"LocalSource cannot fetch {origin!r}")

@@ -119,9 +119,8 @@ class S3Source(S3EventSource):
 
     async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         """Delete the messages announcing this job once all their jobs are done or failed; on
-        ``retry``
-        (or for a job of the same key whose content differs: it was never processed) let them
-        reappear instead."""
+        ``retry`` (or for a job of the same key whose content differs: it was never processed) let
+        them reappear instead."""
         for delivery in finished_by(self._deliveries.values(), job, outcome):
             await self._finish_delivery(delivery)
 

@@ -143,8 +143,7 @@ def finished_by(deliveries: Iterable[D], job: Job, outcome: Outcome) -> list[D]:
 
 def is_sidecar(key: str) -> bool:
     """ocrwatch's own outputs end like ``sidecar_names`` makes them, whatever the naming template
-    (the
-    searchable PDF and the figures too: ``naming.is_output``)."""
+    (the searchable PDF and the figures too: ``naming.is_output``)."""
     return key.endswith(_SIDECAR_TAILS) or is_output(key)
 
 

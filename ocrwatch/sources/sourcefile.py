@@ -157,8 +157,7 @@ def changed_since(path: Path, root: Path, before: Signature) -> bool:
 
 def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, Signature]:
     """Copy the open file ``fd`` (named ``source`` in messages) to the new file ``target`` (mode
-    0600),
-    hashing what is copied; the sha256 of the copy and the signature it was read under.
+    0600), hashing what is copied; the sha256 of the copy and the signature it was read under.
 
     Raises ``FileTooLarge`` over ``max_bytes`` (before copying anything when ``fstat`` says so), and
     ``SourceChanged`` when the file was written while it was copied: the copy could mix two

@@ -74,9 +74,8 @@ POLLING_FSTYPES = frozenset(
 )
 MAX_QUEUED_EVENTS = 2048
 """Events waiting for the loop, at most: what the loop handles in one go, tens of milliseconds, so
-that
-a storm never keeps it from a signal for long; beyond, they are dropped and a scan finds what they
-named."""
+that a storm never keeps it from a signal for long; beyond, they are dropped and a scan finds what
+they named."""
 # watchdog 7 (Python 3.11+) reports a change of metadata apart; 6 reports it as a FileModifiedEvent.
 OBSERVED_EVENTS = [
     FileCreatedEvent,
@@ -172,10 +171,9 @@ def bounded_listdir(
     root: Path, max_depth: int, enter: Callable[[Path], bool]
 ) -> Callable[[str], Iterator[Any]]:
     """The poller's ``listdir``: a folder deeper than ``max_depth`` or not entered is listed as
-    empty,
-    so watchdog's recursive snapshot stops there; a folder below the root that cannot be listed (a
-    path longer than ``PATH_MAX``, gone, unreadable) is empty too, rather than failing the snapshot
-    of the whole inbox."""
+    empty, so watchdog's recursive snapshot stops there; a folder below the root that cannot be
+    listed (a path longer than ``PATH_MAX``, gone, unreadable) is empty too, rather than failing the
+    snapshot of the whole inbox."""
 
     def listdir(path: str) -> Iterator[Any]:
         folder = Path(path)
@@ -230,8 +228,7 @@ def start_watcher(
     poll_seconds: float,
 ) -> tuple[Watcher, bool, str]:
     """Start the watcher that suits the inbox's filesystem, and say which and why. Blocking (the
-    native
-    one walks the tree to add its watches). ``max_depth`` 0 watches the inbox folder alone;
+    native one walks the tree to add its watches). ``max_depth`` 0 watches the inbox folder alone;
     ``poll_seconds``: how often a poller looks."""
     polling, reason = choose_polling(setting, filesystem_type(root, _read_mountinfo()))
     try:

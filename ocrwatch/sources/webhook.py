@@ -91,9 +91,8 @@ class WebhookSource(S3EventSource):
 
     def _submitting(self, job: Job) -> asyncio.Task[None]:
         """The job's submit as a task of its own, held here: it outlives a request cancelled at
-        stop,
-        and its failure (already logged by ``_submit_job``) is taken even when no request is left to
-        answer."""
+        stop, and its failure (already logged by ``_submit_job``) is taken even when no request is
+        left to answer."""
         submit = asyncio.get_running_loop().create_task(self._submit_job(job))
         self._submits.add(submit)
         submit.add_done_callback(self._submitted)

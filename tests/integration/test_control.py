@@ -286,9 +286,8 @@ def test_check_beside_the_running_daemon_passes_its_own_port_and_fails_a_strange
     make_daemon,
 ) -> None:
     """``ocrwatch check`` on a live host: the port the daemon holding state_dir listens on is its
-    own
-    (its status answer says so), one a stranger holds is still a failure; nothing but the table is
-    printed, not even at the daemon's log level debug."""
+    own (its status answer says so), one a stranger holds is still a failure; nothing but the table
+    is printed, not even at the daemon's log level debug."""
     daemon = make_daemon().start()
     done = cli(daemon, "check")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -174,9 +174,8 @@ def test_a_kill_between_the_sidecars_and_the_ledger_is_not_redone(
     plugin_daemon, tmp_path: Path
 ) -> None:
     """The window the random kills rarely hit, made exact: the sidecars are written, the ledger
-    still
-    says ``writing``. On restart the document is recognised as done from its sidecar, not processed
-    again."""
+    still says ``writing``. On restart the document is recognised as done from its sidecar, not
+    processed again."""
     log = tmp_path / "recognitions.log"
     daemon = plugin_daemon(COUNTING, {"log": str(log)})
     daemon.start()
@@ -253,9 +252,8 @@ def ledger_row(daemon, path: Path) -> tuple[str, int] | None:
 
 def interrupt_while_recognizing(daemon, path: Path, how: str) -> int:
     """Start the daemon, wait until the document's pages are being recognised, end the daemon:
-    ``term``
-    (a clean stop, as systemctl restart does) or ``kill`` (kill -9). -> the attempts the ledger held
-    meanwhile"""
+    ``term`` (a clean stop, as systemctl restart does) or ``kill`` (kill -9). -> the attempts the
+    ledger held meanwhile"""
     ledger = daemon.state / "ledger.sqlite3"
     before = (
         ledger_row(daemon, path) if ledger.exists() else None
@@ -282,8 +280,7 @@ def interrupt_while_recognizing(daemon, path: Path, how: str) -> int:
 
 def test_graceful_restarts_are_not_crashes(plugin_daemon) -> None:
     """Five clean stops in the middle of a long document (more than ``[retry] attempts``): each
-    gives
-    its attempt back, and the document still ends ``ok`` on the next start."""
+    gives its attempt back, and the document still ends ``ok`` on the next start."""
     daemon, path = slow_document_daemon(plugin_daemon)
     seen = [interrupt_while_recognizing(daemon, path, "term") for _ in range(5)]
     assert seen == [1] * 5, seen

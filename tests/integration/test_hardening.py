@@ -492,8 +492,7 @@ def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(
     plugin_daemon, tmpfs, tmp_path: Path
 ) -> None:
     """The inbox's filesystem is full: ``disk_full`` is retried with backoff, no partial or
-    temporary
-    file is left, and once space is freed the sidecars appear whole."""
+    temporary file is left, and once space is freed the sidecars appear whole."""
     small = tmpfs(tmp_path / "small-inbox", "512k")
     doc = small_pdf(small / "doc.pdf", "full disk", pages=2)
     source_hash = hashes([doc])
@@ -565,9 +564,8 @@ def test_engine_crashing_on_every_7th_page_loses_nothing(plugin_daemon) -> None:
 
 def test_hanging_engine_is_cut_off_by_the_page_timeout(plugin_daemon, tmp_path: Path) -> None:
     """A page whose first attempt never answers is aborted after ``page_timeout_seconds`` and
-    succeeds
-    on the next rung; a page that never answers at all is marked failed and its document is partial,
-    not lost."""
+    succeeds on the next rung; a page that never answers at all is marked failed and its document is
+    partial, not lost."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     recovers, never = inbox / "recovers.pdf", inbox / "never.png"
@@ -672,8 +670,7 @@ def test_ledger_locked_by_another_process_delays_but_loses_nothing(
     plugin_daemon, tmp_path: Path
 ) -> None:
     """Another process holds the ledger's write lock for 5 s: the daemon keeps answering /healthz
-    (the
-    event loop never blocks on the lock), waits, and then processes everything that arrived
+    (the event loop never blocks on the lock), waits, and then processes everything that arrived
     meanwhile."""
     daemon = plugin_daemon()
     daemon.start()
@@ -785,10 +782,9 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
 
 def test_a_flate_bomb_page_is_cut_off_by_the_render_deadline(tmp_path: Path) -> None:
     """A 140 kB PDF whose page holds 144 MB of pixels: pdftoppm stays small in memory (poppler
-    streams
-    the image) but takes its time; past ``[render] timeout_seconds`` it is killed and the page is
-    ``render_timeout`` (transient: retried, then the document fails with that kind). No pdftoppm
-    outlives it."""
+    streams the image) but takes its time; past ``[render] timeout_seconds`` it is killed and the
+    page is ``render_timeout`` (transient: retried, then the document fails with that kind). No
+    pdftoppm outlives it."""
     from ocrwatch.config import RenderConfig
     from ocrwatch.errors import RenderTimeout
     from ocrwatch.render import Limits, probe, render_page, render_spec

@@ -1,7 +1,6 @@
 """Completion hooks through ``ocrwatch run`` as a real process: a command that records what it got,
-a
-webhook on 127.0.0.1 that fails twice, a daemon killed with SIGKILL while its hook runs, and a hook
-for an S3 document."""
+a webhook on 127.0.0.1 that fails twice, a daemon killed with SIGKILL while its hook runs, and a
+hook for an S3 document."""
 
 from __future__ import annotations
 

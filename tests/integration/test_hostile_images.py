@@ -1,7 +1,6 @@
 """Hostile documents for the renderer, end to end: huge images that are small on disk, and PDFs
-whose
-header is buried under junk or missing; and for the searchable PDF, pages made to exhaust a reader
-of content.
+whose header is buried under junk or missing; and for the searchable PDF, pages made to exhaust a
+reader of content.
 
 The PDFs go through ``ocrwatch run`` as a real process with Tesseract. The memory test runs the
 render step as the pipeline runs it (the daemon's default render workers and its one decode budget)
@@ -181,8 +180,7 @@ print(json.dumps({"peak": peak, "layers": layers, "peak_holders": budget.peak_ho
 @pytest.mark.timeout(900)
 def test_five_huge_pngs_at_once_stay_far_below_five_decoded_images(tmp_path: Path) -> None:
     """Five 12,600 x 12,600 RGBA PNGs (a megabyte or two each on disk, 635 MB each decoded) rendered
-    at
-    once: every render worker used to decode, flatten and convert its own, 2.5 GB each, and five
+    at once: every render worker used to decode, flatten and convert its own, 2.5 GB each, and five
     peaked at 5.1 GB. With one budget they are decoded one after another, each a band at a time:
     0.75 GiB on 2 cores. The bound, 2 GiB, leaves room for any allocator and still fails where
     either half is lost (the budget alone: 2.5 GB)."""

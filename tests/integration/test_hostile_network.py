@@ -1,8 +1,7 @@
 """The network side of a hostile world, against ``ocrwatch run`` as a real process (issue 18,
-defects
-5, 6 and 13): connection floods under systemd's descriptor limit, a bucket that does not answer,
-keys whose sidecars cannot exist, failing new versions, and a stop while the webhook refuses. Real
-S3 servers (moto, Ceph RGW) and Tesseract.
+defects 5, 6 and 13): connection floods under systemd's descriptor limit, a bucket that does not
+answer, keys whose sidecars cannot exist, failing new versions, and a stop while the webhook
+refuses. Real S3 servers (moto, Ceph RGW) and Tesseract.
 """
 
 from __future__ import annotations
@@ -138,9 +137,8 @@ def test_an_idle_connection_flood_leaves_health_the_webhook_and_the_inbox_workin
     tmp_path: Path,
 ) -> None:
     """1,100 idle connections to the webhook with the descriptor limit at 1024: the listener keeps
-    at
-    most its share, the least recently active idle connection makes room for a newcomer, and nothing
-    else notices."""
+    at most its share, the least recently active idle connection makes room for a newcomer, and
+    nothing else notices."""
     hook_port = free_port()
     daemon = DaemonProcess(tmp_path, s3=[unreachable_webhook(hook_port)])
     start_limited(daemon, 1024)

@@ -285,8 +285,7 @@ def test_a_read_only_inbox_waits_and_output_dir_is_the_remedy(
     make_daemon, tmpfs, tmp_path: Path
 ) -> None:
     """Sources on a mount that stays read-only: the documents wait (never ``failed``, so no
-    ``ocrwatch
-    retry`` is needed), and SIGTERM ends their backoff at once instead of waiting
+    ``ocrwatch retry`` is needed), and SIGTERM ends their backoff at once instead of waiting
     ``shutdown_timeout`` for it; with ``[output] dir`` set and a restart, the sidecars go there and
     the sources are untouched."""
     folder = tmpfs(tmp_path / "ro-inbox", "4m")

@@ -96,11 +96,10 @@ def test_a_sigterm_in_an_event_storm_stops_the_daemon_every_time(
     plugin_daemon, tmp_path: Path
 ) -> None:
     """Before: watchdog's events reached the loop a ``call_soon_threadsafe`` each, a byte each in
-    the
-    loop's self-pipe; the storm filled it, the byte of the SIGTERM was dropped ("Exception ignored
-    when trying to write to the signal wakeup fd") and the daemon ran on. Now the events come in
-    batches and the signal is caught by a handler of its own: ``ROUNDS`` storms in a row, each
-    SIGTERM ends the daemon with 0 in its bound."""
+    the loop's self-pipe; the storm filled it, the byte of the SIGTERM was dropped ("Exception
+    ignored when trying to write to the signal wakeup fd") and the daemon ran on. Now the events
+    come in batches and the signal is caught by a handler of its own: ``ROUNDS`` storms in a row,
+    each SIGTERM ends the daemon with 0 in its bound."""
     bound = SHUTDOWN_TIMEOUT + 5
     for round_ in range(ROUNDS):
         root = tmp_path / f"round-{round_}"

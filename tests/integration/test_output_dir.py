@@ -1,6 +1,5 @@
 """``[output] dir`` with the daemon as a real process: relative to the configuration file, one
-folder
-per inbox, and a sidecar that goes missing is noticed and its document done again."""
+folder per inbox, and a sidecar that goes missing is noticed and its document done again."""
 
 from __future__ import annotations
 

@@ -253,8 +253,7 @@ def test_s3_on_success(moto: MotoServer, tmp_path: Path, action: str) -> None:
 
 def test_figures_are_extracted_linked_and_moved_along(plugin_daemon: Any, tmp_path: Path) -> None:
     """Recorded DeepSeek-OCR output for a paper page, on a real rendered page: its figure as a PNG
-    of
-    that page's pixels, linked from the Markdown, listed in the JSON; a move takes the assets
+    of that page's pixels, linked from the Markdown, listed in the JSON; a move takes the assets
     along."""
     keep, move, archive = tmp_path / "keep", tmp_path / "move", tmp_path / "archive"
     daemon = plugin_daemon(

@@ -132,10 +132,9 @@ def test_outputs_made_for_one_user_are_never_replaced_or_removed_for_another(
     make_daemon, users, shared_root: Path
 ) -> None:
     """Alice keeps what ocrwatch made of her report.png after removing the scan itself; Bob drops
-    his
-    own report.png. Her outputs carry ocrwatch's marks and the record of them matches, but they were
-    made from her document, not his: his document fails as ``output_conflict`` naming them, and they
-    stay as they are."""
+    his own report.png. Her outputs carry ocrwatch's marks and the record of them matches, but they
+    were made from her document, not his: his document fails as ``output_conflict`` naming them, and
+    they stay as they are."""
     alice, bob = users
     inbox = shared_root / "inbox"
     daemon = daemon_on(make_daemon, shared_root, searchable_pdf=True).start()

@@ -1,7 +1,6 @@
 """Start-up errors a user causes are configuration errors: ``ocrwatch run`` as a process ends with
-exit
-2 (which the systemd unit does not restart on), one error line naming the file and the key with a
-hint, and no traceback."""
+exit 2 (which the systemd unit does not restart on), one error line naming the file and the key with
+a hint, and no traceback."""
 
 from __future__ import annotations
 

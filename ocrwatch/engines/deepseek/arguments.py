@@ -64,9 +64,8 @@ def engine_sizing(cfg: VllmConfig, gpu_bytes: int | None) -> sizing.Sizing:
 
 def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """Environment for vLLM, given the current one: spawn (the daemon is multi-threaded, so forking
-    the
-    engine core is unsafe), one OpenMP thread per torch call and no usage reporting unless the user
-    chose otherwise; the fast encoder's switches (``[engine.vllm] fast_encoder`` and
+    the engine core is unsafe), one OpenMP thread per torch call and no usage reporting unless the
+    user chose otherwise; the fast encoder's switches (``[engine.vllm] fast_encoder`` and
     ``encoder_cuda_graphs``), which ``plugin`` and the fast class read in every vLLM process, since
     vLLM's engine core and workers are processes of their own; the compile cache where the config
     puts it.
@@ -150,9 +149,8 @@ def engine_kwargs(
 @contextmanager
 def visible_devices(devices: str | None) -> Iterator[None]:
     """vLLM's engine core is a spawned process that reads ``CUDA_VISIBLE_DEVICES`` when it starts
-    (vLLM
-    pins its own data-parallel ranks the same way), so a replica is pinned by the variable while it
-    is built; ``None`` leaves the environment as it is."""
+    (vLLM pins its own data-parallel ranks the same way), so a replica is pinned by the variable
+    while it is built; ``None`` leaves the environment as it is."""
     if devices is None:
         yield
         return
@@ -198,9 +196,8 @@ def check_engine_args(kwargs: Mapping[str, Any], known: set[str], version: str) 
 
 def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
     """``SamplingParams`` keyword arguments for one rung; the n-gram settings travel in
-    ``extra_args``
-    to DeepSeek-OCR's ``NGramPerReqLogitsProcessor`` (off when ``ngram_size`` or ``window_size`` is
-    0); the repetition stop as the fields of vLLM's ``RepetitionDetectionParams``
+    ``extra_args`` to DeepSeek-OCR's ``NGramPerReqLogitsProcessor`` (off when ``ngram_size`` or
+    ``window_size`` is 0); the repetition stop as the fields of vLLM's ``RepetitionDetectionParams``
     (``_Runtime.sampling_params`` builds it: this function imports nothing of vLLM)."""
     kwargs: dict[str, Any] = {
         "temperature": sampling.temperature,
@@ -228,9 +225,8 @@ def sampling_kwargs(cfg: VllmConfig, sampling: Sampling) -> dict[str, Any]:
 
 def vllm_priority(priority: int) -> int:
     """``PageRequest.priority`` is the scheduler's ``engine_priority``: lower runs first, as in
-    vLLM's
-    priority scheduler (``Request.__lt__``: priority, then arrival), so it passes unchanged; its
-    values (up to about 10**10) fit the 64-bit integers of vLLM's msgpack transport."""
+    vLLM's priority scheduler (``Request.__lt__``: priority, then arrival), so it passes unchanged;
+    its values (up to about 10**10) fit the 64-bit integers of vLLM's msgpack transport."""
     return priority
 
 

@@ -193,8 +193,7 @@ page."""
 
 class ViewGraphs:
     """CUDA graphs of ``encode_chunk`` for each view side and batch size of ``GRAPH_SIZES``; a batch
-    is
-    padded with blank views up to the next size, and a larger one runs as several graphs.
+    is padded with blank views up to the next size, and a larger one runs as several graphs.
 
     Why: run eagerly, the encoder launches thousands of small kernels from Python, one at a time,
     and the engine core's only thread spent about half its time there while the GPU idled. A replay

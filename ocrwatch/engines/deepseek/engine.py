@@ -160,9 +160,8 @@ class _Runtime:
 
     def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> Any:
         """The engine. ``fallback``: the arguments to build with instead where vLLM would not run
-        its
-        V2 model runner, which the GPU n-gram guard needs (``AsyncLLM.from_engine_args`` in its two
-        steps, to see the runner vLLM chose before starting it)."""
+        its V2 model runner, which the GPU n-gram guard needs (``AsyncLLM.from_engine_args`` in its
+        two steps, to see the runner vLLM chose before starting it)."""
         check_engine_args(
             kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version
         )
@@ -362,8 +361,7 @@ class VllmEngine:
 
     async def abort(self, request_id: str) -> None:
         """Cancel ``request_id`` and its ladder attempts (``request_id/aN``); cancelling the task
-        makes
-        vLLM's ``generate()`` abort the request in the engine core."""
+        makes vLLM's ``generate()`` abort the request in the engine core."""
         prefix = f"{request_id}/"
         for key, task in list(self._inflight.items()):
             if key == request_id or key.startswith(prefix):
@@ -371,12 +369,11 @@ class VllmEngine:
 
     def release(self) -> None:
         """The young generations only: a full ``gc.collect()`` walks the whole front end's heap
-        (vLLM,
-        torch, transformers: 630k objects, a third of a second) and, run on the event loop after
-        every document, held the loop for seconds whenever a wave of documents finished together,
-        the GPU idle meanwhile. Python's own collector still runs full collections; ``start()``
-        freezes the start-up heap (``gc.freeze``, as vLLM's engine core does), so those walk only
-        what came later (0.35 s → under 1 ms)."""
+        (vLLM, torch, transformers: 630k objects, a third of a second) and, run on the event loop
+        after every document, held the loop for seconds whenever a wave of documents finished
+        together, the GPU idle meanwhile. Python's own collector still runs full collections;
+        ``start()`` freezes the start-up heap (``gc.freeze``, as vLLM's engine core does), so those
+        walk only what came later (0.35 s → under 1 ms)."""
         gc.collect(1)
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():

@@ -169,8 +169,7 @@ def _segments(text: str) -> list[tuple[str | None, str, str]]:
 
 def _block_kind(label: str | None, body: str) -> tuple[str, str]:
     """The block type; a ref that holds text rather than a layout label (the "OCR this image."
-    prompt
-    grounds words and lines) is a text block whose text is the ref itself."""
+    prompt grounds words and lines) is a text block whose text is the ref itself."""
     if label is None:
         return "text", body
     normal = label.strip().lower()
