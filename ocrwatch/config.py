@@ -114,13 +114,10 @@ class Config(Model):
         (),
         description=(
             "Completion hooks (none by default): one [[hook]] per program to run, or URL to POST "
-            "to,"
-            " once a document's final status is known. Each gets the document's result JSON (the "
-            "JSON"
-            " sidecar for ok and partial, the error document for failed). Delivery is at least "
-            "once:"
-            " recorded in the ledger before the sidecars are written, retried with backoff, resumed"
-            " after a restart or a crash. A failing hook never fails the document."
+            "to, once a document's final status is known. Each gets the document's result JSON "
+            "(the JSON sidecar for ok and partial, the error document for failed). Delivery is at "
+            "least once: recorded in the ledger before the sidecars are written, retried with "
+            "backoff, resumed after a restart or a crash. A failing hook never fails the document."
         ),
     )
     source_file: Path | None = Field(default=None, exclude=True)

@@ -45,8 +45,8 @@ class RenderConfig(Model):
     min_dpi: Annotated[int, Field(ge=10, le=600)] = Field(
         20,
         description=(
-            "Below this DPI a page is refused as too_many_pixels instead of rendered unreadably"
-            " small."
+            "Below this DPI a page is refused as too_many_pixels instead of rendered unreadably "
+            "small."
         ),
     )
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
@@ -62,12 +62,10 @@ class RenderConfig(Model):
     decode_budget_mb: Annotated[int, Field(ge=64, le=1_048_576)] = Field(
         1024,
         description=(
-            "MiB of full-size page images that all render workers together may hold while decoding"
-            " (one budget, not one per worker). A 12,600 x 12,600 RGBA PNG decodes to 635 MB "
-            "whatever"
-            " its size on disk; a page that needs more than the budget decodes alone. Ordinary "
-            "pages"
-            " (an A4 page at 300 dpi: 60 MB) never wait."
+            "MiB of full-size page images that all render workers together may hold while decoding "
+            "(one budget, not one per worker). A 12,600 x 12,600 RGBA PNG decodes to 635 MB "
+            "whatever its size on disk; a page that needs more than the budget decodes alone. "
+            "Ordinary pages (an A4 page at 300 dpi: 60 MB) never wait."
         ),
     )
     image_dpi: Annotated[int, Field(ge=50, le=2400)] | Auto = Field(
@@ -82,23 +80,21 @@ class RenderConfig(Model):
     rotate_pages: bool = Field(
         True,
         description=(
-            "Turn each page upright before it is read (either engine): Tesseract's orientation"
-            " detection (`tesseract --psm 0`; needs tesseract-ocr and tesseract-ocr-osd, checked at"
-            " start), in the render workers, about a second of one core per page here. The source "
-            "is"
-            " never changed: the JSON records each page's rotation, the boxes and figures are the"
-            " upright page's, and the searchable PDF's text lies over the glyphs as the page is"
-            " shown. false: pages are read as they are rendered."
+            "Turn each page upright before it is read (either engine): Tesseract's orientation "
+            "detection (`tesseract --psm 0`; needs tesseract-ocr and tesseract-ocr-osd, checked at "
+            "start), in the render workers, about a second of one core per page here. The source "
+            "is never changed: the JSON records each page's rotation, the boxes and figures are "
+            "the upright page's, and the searchable PDF's text lies over the glyphs as the page is "
+            "shown. false: pages are read as they are rendered."
         ),
     )
     rotate_pages_threshold: Annotated[float, Field(ge=0, le=100)] = Field(
         14.0,
         description=(
-            "OSD's confidence from which its answer is taken as it is (OCRmyPDF's"
-            " --rotate-pages-threshold). Below it (a page with little text, where OSD is often "
-            "wrong)"
-            " the page is read both ways and turned only if turned it reads twice as many confident"
-            " characters; below 1.0 it is kept as it is."
+            "OSD's confidence from which its answer is taken as it is (OCRmyPDF's "
+            "--rotate-pages-threshold). Below it (a page with little text, where OSD is often "
+            "wrong) the page is read both ways and turned only if turned it reads twice as many "
+            "confident characters; below 1.0 it is kept as it is."
         ),
     )
     deskew: bool = Field(
@@ -162,14 +158,12 @@ class OutputConfig(Model):
     searchable_pdf: bool = Field(
         False,
         description=(
-            "Also write NAME.ocr.pdf (report.pdf -> report.pdf.ocr.pdf, beside the sidecars, before"
-            " the JSON): the source's pages untouched (an image source: the image at its DPI) "
-            "with an"
-            " invisible text layer where the engine read the text, for search and copy in any PDF"
-            " viewer. The JSON records it (searchable_pdf: path, bytes, sha256); a source whose "
-            "layer"
-            " cannot be made (a PDF qpdf cannot read) keeps its .md and .json, and searchable_pdf"
-            " says why. Files named *.ocr.pdf are never taken as documents."
+            "Also write NAME.ocr.pdf (report.pdf -> report.pdf.ocr.pdf, beside the sidecars, "
+            "before the JSON): the source's pages untouched (an image source: the image at its "
+            "DPI) with an invisible text layer where the engine read the text, for search and copy "
+            "in any PDF viewer. The JSON records it (searchable_pdf: path, bytes, sha256); a "
+            "source whose layer cannot be made (a PDF qpdf cannot read) keeps its .md and .json, "
+            "and searchable_pdf says why. Files named *.ocr.pdf are never taken as documents."
         ),
     )
     on_success: OnSuccess = Field(
@@ -217,8 +211,8 @@ class LogConfig(Model):
     format: Literal["auto", "json", "console"] = Field(
         "auto",
         description=(
-            '"auto" = JSON when not on a terminal (systemd), key=value on a terminal; or "json" /'
-            ' "console".'
+            '"auto" = JSON when not on a terminal (systemd), key=value on a terminal; or "json" / '
+            '"console".'
         ),
     )
     level: Literal["debug", "info", "warning", "error"] = Field(
@@ -231,9 +225,8 @@ class MetricsConfig(Model):
         True,
         description=(
             "Serve Prometheus /metrics and the health endpoints /healthz and /readyz on listen; "
-            "false"
-            " switches off all three, health checks included (the daemon's own health tick and"
-            " systemd's watchdog run either way)."
+            "false switches off all three, health checks included (the daemon's own health tick "
+            "and systemd's watchdog run either way)."
         ),
     )
     listen: str = Field(
@@ -299,16 +292,12 @@ class RetryConfig(Model):
     attempts: Annotated[int, Field(ge=1, le=100)] = Field(
         5,
         description=(
-            "Two limits of one number. Attempts for a transiently failing document (engine died, S3"
-            " down) before it is marked failed; a fault of the place (disk full, a sidecar folder "
-            "or"
-            " state_dir/tmp that cannot be written) uses none of them: it is retried for as long "
-            "as it"
-            " lasts, at most backoff_max_seconds apart. And the crash limit: a document in whose "
-            "middle"
-            " the daemon ended uncleanly (kill -9, OOM, power loss) more than this many times "
-            "fails as"
-            " crash_loop; a clean stop never counts."
+            "Two limits of one number. Attempts for a transiently failing document (engine died, "
+            "S3 down) before it is marked failed; a fault of the place (disk full, a sidecar "
+            "folder or state_dir/tmp that cannot be written) uses none of them: it is retried for "
+            "as long as it lasts, at most backoff_max_seconds apart. And the crash limit: a "
+            "document in whose middle the daemon ended uncleanly (kill -9, OOM, power loss) more "
+            "than this many times fails as crash_loop; a clean stop never counts."
         ),
     )
     backoff_initial_seconds: Annotated[float, Field(ge=0)] = Field(
@@ -346,19 +335,17 @@ class EngineConfig(Model):
     page_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         600.0,
         description=(
-            "A page the engine has not answered after this long is aborted and retried on the next"
-            " rung."
+            "A page the engine has not answered after this long is aborted and retried on the next "
+            "rung."
         ),
     )
     page_attempts: Annotated[int, Field(ge=1, le=20)] = Field(
         3,
         description=(
             "Attempts at a page before it is marked failed (the document becomes partial): the "
-            "first"
-            " attempt, then the rungs of [engine.vllm] ladder. At most 1 + the ladder's rungs are"
-            " made, whatever this says (3 with the default ladder); the Tesseract engine reads a "
-            "page"
-            " once and ignores this key."
+            "first attempt, then the rungs of [engine.vllm] ladder. At most 1 + the ladder's rungs "
+            "are made, whatever this says (3 with the default ladder); the Tesseract engine reads "
+            "a page once and ignores this key."
         ),
     )
 

@@ -36,8 +36,7 @@ class InboxConfig(Model):
         32,
         description=(
             "Levels of subfolders watched and scanned (1..256); a deeper folder is refused with "
-            "one log"
-            " line and its documents are not taken."
+            "one log line and its documents are not taken."
         ),
     )
     patterns: tuple[str, ...] = Field(
@@ -58,19 +57,17 @@ class InboxConfig(Model):
         1.0,
         description=(
             "Seconds between two looks of a polled inbox (0.1..3600); a look lists every folder, "
-            "so a"
-            " big inbox on a file server may want more. Native events do not poll."
+            "so a big inbox on a file server may want more. Native events do not poll."
         ),
     )
     ignore: tuple[Annotated[str, Field(pattern=r"^[^/\x00]+/?$")], ...] = Field(
         (),
         description=(
-            "Names never taken, on top of the built-ins (hidden names; .DS_Store, ._*, Thumbs.db,"
-            " desktop.ini, @eaDir/, .stfolder/, __MACOSX/, *.part, *.crdownload, *.tmp, ~$*). Globs"
-            " (*, ?, [...]) matched case-insensitively against one file or folder name, never a "
-            "path;"
-            " a trailing / names a folder, neither watched nor scanned, nor anything below it."
-            " `ocrwatch ocr DIR` inside this inbox skips the same names."
+            "Names never taken, on top of the built-ins (hidden names; .DS_Store, ._*, Thumbs.db, "
+            "desktop.ini, @eaDir/, .stfolder/, __MACOSX/, *.part, *.crdownload, *.tmp, ~$*). Globs "
+            "(*, ?, [...]) matched case-insensitively against one file or folder name, never a "
+            "path; a trailing / names a folder, neither watched nor scanned, nor anything below "
+            "it. `ocrwatch ocr DIR` inside this inbox skips the same names."
         ),
     )
     settle_seconds: Annotated[float, Field(ge=0, le=3600)] = Field(
@@ -102,8 +99,7 @@ class InboxConfig(Model):
         True,
         description=(
             "Create the inbox folder if it does not exist (at start; a folder that cannot be "
-            "created"
-            " stops the start)."
+            "created stops the start)."
         ),
     )
     lang: Lang | None = Field(
@@ -253,8 +249,7 @@ class S3Config(Model):
         5,
         description=(
             "sqs, amqp: deliveries of one message before the error sidecar, or the dead-letter "
-            "queue"
-            " (amqp: dead-lettered, after the error sidecar)."
+            "queue (amqp: dead-lettered, after the error sidecar)."
         ),
     )
     on_max_receives: Literal["error_sidecar", "dead_letter"] = Field(
@@ -350,9 +345,9 @@ class HookConfig(Model):
         None,
         examples=["https://chat.example.com/hooks/ocr"],
         description=(
-            "Instead of command: the JSON POSTed as application/json, with Ocrwatch-Status,"
-            " Ocrwatch-Source, Ocrwatch-Original headers; a 2xx delivers it; redirects are not"
-            " followed."
+            "Instead of command: the JSON POSTed as application/json, with Ocrwatch-Status, "
+            "Ocrwatch-Source, Ocrwatch-Original headers; a 2xx delivers it; redirects are not "
+            "followed."
         ),
     )
     token: str | None = Field(
@@ -368,8 +363,7 @@ class HookConfig(Model):
         5,
         description=(
             "Attempts (a non-zero exit, a non-2xx answer, no connection), then hook_failed; "
-            "counted in"
-            " the ledger across restarts."
+            "counted in the ledger across restarts."
         ),
     )
     backoff_initial_seconds: Annotated[float, Field(ge=0, le=3600)] = Field(

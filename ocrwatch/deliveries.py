@@ -138,9 +138,8 @@ class Deliveries:
                 row[0]
                 for row in conn.execute(
                     "SELECT e.id FROM hook_events e WHERE e.key = ? AND (e.held_by = ? OR "
-                    "(e.held_by IS NULL AND NOT"
-                    " EXISTS (SELECT 1 FROM hook_deliveries d WHERE d.event = e.id AND d.state = "
-                    "'pending')))",
+                    "(e.held_by IS NULL AND NOT EXISTS (SELECT 1 FROM hook_deliveries d WHERE "
+                    "d.event = e.id AND d.state = 'pending')))",
                     (key, token),
                 )
             ]
@@ -230,8 +229,8 @@ class Deliveries:
                 (row[0], row[1])
                 for row in conn.execute(
                     "SELECT d.hook, d.event FROM hook_deliveries d JOIN hook_events e ON e.id = "
-                    "d.event"
-                    " WHERE d.state = 'pending' AND e.held_by IS NULL ORDER BY d.event, d.hook"
+                    "d.event WHERE d.state = 'pending' AND e.held_by IS NULL ORDER BY d.event, "
+                    "d.hook"
                 )
             ]
         )

@@ -109,8 +109,8 @@ class NotADocument(PermanentError):
 class EncryptedPdf(PermanentError):
     kind = "encrypted_pdf"
     hint = (
-        "the PDF needs a password to open; remove the password (e.g. qpdf --decrypt) and drop "
-        "it again"
+        "the PDF needs a password to open; remove the password (e.g. qpdf --decrypt) and drop it "
+        "again"
     )
     quarantined = True
 
@@ -262,8 +262,8 @@ class PlaceFault(TransientError):
 class DiskFull(PlaceFault):
     kind = "disk_full"
     hint = (
-        "no space left for sidecars or temporary files; free space, ocrwatch retries until it "
-        "can write"
+        "no space left for sidecars or temporary files; free space, ocrwatch retries until it can "
+        "write"
     )
 
 

@@ -133,10 +133,9 @@ class Ledger(Database):
             row = conn.execute("SELECT * FROM jobs WHERE key = ?", (job.key,)).fetchone()
             if row is None:
                 conn.execute(
-                    "INSERT INTO jobs (key, state, job, source, priority, fp_size, fp_mtime_ns,"
-                    " fp_sha256, fp_etag, fp_version_id, fp_inode, fp_ctime_ns, created_at,"
-                    " updated_at)"
-                    " VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO jobs (key, state, job, source, priority, fp_size, fp_mtime_ns, "
+                    "fp_sha256, fp_etag, fp_version_id, fp_inode, fp_ctime_ns, created_at, "
+                    "updated_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job.key, *_job_columns(job), *_fp_columns(fp), now, now),
                 )
                 return True

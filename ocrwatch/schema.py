@@ -134,8 +134,8 @@ BLOCK = _object(
         "text": _text("The block's text (Markdown for DeepSeek-OCR)."),
         "bbox": {
             **_box(
-                "Its box in page pixels (of several boxes: their union); null: the engine "
-                "gave none."
+                "Its box in page pixels (of several boxes: their union); null: the engine gave "
+                "none."
             ),
             "type": ["array", "null"],
         },

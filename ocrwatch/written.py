@@ -109,8 +109,7 @@ class Written:
         def tx(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT OR REPLACE INTO written (root, name, job, owner, inode, size, sha256, "
-                "written_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "written_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (*row, output.sha256, time.time()),
             )
 
@@ -154,8 +153,8 @@ class Written:
 
         def tx(conn: sqlite3.Connection) -> list[Output]:
             rows = conn.execute(
-                "SELECT root, name, owner, inode, size, sha256 FROM written WHERE job = ? ORDER "
-                "BY written_at",
+                "SELECT root, name, owner, inode, size, sha256 FROM written WHERE job = ? ORDER BY "
+                "written_at",
                 (job,),
             ).fetchall()
             return [

@@ -202,9 +202,9 @@ def test_unclosed_det_followed_by_text() -> None:
 
 def test_missing_close_ref_and_stray_tags() -> None:
     raw = (
-        "<|ref|>title<|det|>[[10, 10, 500, 50]]<|/det|>\n# Heading\n\n"
-        "<|ref|>text<|/ref|><|det|>[[10, 60, 500, 90]]<|/det|>Body <|/det|> with <|det|>[[1, 2]] "
-        "stray tags."
+        "<|ref|>title<|det|>[[10, 10, 500, 50]]<|/det|>\n# "
+        "Heading\n\n<|ref|>text<|/ref|><|det|>[[10, 60, 500, 90]]<|/det|>Body <|/det|> with "
+        "<|det|>[[1, 2]] stray tags."
     )
     page = parse(raw, 999, 999)
     assert [b["type"] for b in page.blocks] == ["title", "text"]

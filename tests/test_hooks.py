@@ -123,8 +123,8 @@ def rows(ledger: Ledger) -> list[dict[str, Any]]:
             dict(r)
             for r in conn.execute(
                 "SELECT e.key, e.status, e.json, e.md, e.held_by, d.hook, d.state, d.attempts, "
-                "d.last_error"
-                " FROM hook_deliveries d JOIN hook_events e ON e.id = d.event ORDER BY e.id, d.hook"
+                "d.last_error FROM hook_deliveries d JOIN hook_events e ON e.id = d.event ORDER BY "
+                "e.id, d.hook"
             )
         ]
 

@@ -339,10 +339,8 @@ def test_a_version_1_ledger_opens_and_loses_next_attempt_at(tmp_path: Path, db: 
         conn.executescript(ledger_schema.MIGRATIONS[0])
         conn.execute(
             "INSERT INTO jobs (key, state, attempts, last_error, error_at, job, fp_size, "
-            "fp_sha256, created_at,"
-            " updated_at, finished_at, next_attempt_at) VALUES (?, 'failed', 2, ?, 5.0, ?, 100, "
-            "'aa', 1.0, 2.0, 3.0,"
-            " 4.0)",
+            "fp_sha256, created_at, updated_at, finished_at, next_attempt_at) VALUES (?, 'failed', "
+            "2, ?, 5.0, ?, 100, 'aa', 1.0, 2.0, 3.0, 4.0)",
             (job.key, json.dumps(ERROR), ledger_module._dump_job(job)),
         )
         conn.execute("PRAGMA user_version = 1")

@@ -136,8 +136,7 @@ def test_vermin_catches_what_the_oldest_python_lacks(tmp_path: Path) -> None:
     sample = tmp_path / "newer.py"
     sample.write_text(
         "import asyncio\nimport tomllib\n\nasync def f() -> None:\n    async with "
-        "asyncio.timeout(1):\n"
-        "        pass\n"
+        "asyncio.timeout(1):\n        pass\n"
     )
     result = _vermin(sample)
     assert result.returncode != 0

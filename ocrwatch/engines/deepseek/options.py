@@ -50,8 +50,8 @@ class VllmConfig(_Model):
     model: str = Field(
         "deepseek-ai/DeepSeek-OCR-2",
         description=(
-            "Local model directory or hub id: DeepSeek-OCR-2 (DeepseekOCR2ForCausalLM) or"
-            " DeepSeek-OCR."
+            "Local model directory or hub id: DeepSeek-OCR-2 (DeepseekOCR2ForCausalLM) or "
+            "DeepSeek-OCR."
         ),
     )
     revision: str | None = Field(
@@ -75,24 +75,21 @@ class VllmConfig(_Model):
         None,
         examples=[256],
         description=(
-            "Sequences decoded together; the scheduler keeps this many pages in flight per"
-            " data-parallel rank and replica. Unset (with max_num_batched_tokens): chosen from "
-            "the GPU"
-            " and the model. Per GPU: KV cache = total memory x gpu_memory_utilization - the "
-            "weights -"
-            " 8 GiB; sequences = KV tokens / (the longest page prompt + max_tokens), a multiple "
-            "of 8, 8"
-            " to 256; batched tokens = 128 x sequences, 8,192 to 32,768. H200 + DeepSeek-OCR-2: "
-            "256 and"
-            " 32,768 (the fastest measured); 80 GB H100: 184 and 23,552. Explicit values win."
+            "Sequences decoded together; the scheduler keeps this many pages in flight per "
+            "data-parallel rank and replica. Unset (with max_num_batched_tokens): chosen from the "
+            "GPU and the model. Per GPU: KV cache = total memory x gpu_memory_utilization - the "
+            "weights - 8 GiB; sequences = KV tokens / (the longest page prompt + max_tokens), a "
+            "multiple of 8, 8 to 256; batched tokens = 128 x sequences, 8,192 to 32,768. H200 + "
+            "DeepSeek-OCR-2: 256 and 32,768 (the fastest measured); 80 GB H100: 184 and 23,552. "
+            "Explicit values win."
         ),
     )
     max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = Field(
         None,
         examples=[32768],
         description=(
-            "Token budget per engine step (decode plus new pages' prompts); unset = the rule of"
-            " max_num_seqs."
+            "Token budget per engine step (decode plus new pages' prompts); unset = the rule of "
+            "max_num_seqs."
         ),
     )
     block_size: Annotated[int, Field(ge=1)] | None = Field(
@@ -116,10 +113,9 @@ class VllmConfig(_Model):
     replicas: Annotated[int, Field(ge=1, le=64)] = Field(
         1,
         description=(
-            "Independent engines, each on its own tensor_parallel_size x data_parallel_size GPUs"
-            " (consecutive GPUs of CUDA_VISIBLE_DEVICES, or all); each page goes to the one with "
-            "the"
-            " fewest pages in flight."
+            "Independent engines, each on its own tensor_parallel_size x data_parallel_size GPUs "
+            "(consecutive GPUs of CUDA_VISIBLE_DEVICES, or all); each page goes to the one with "
+            "the fewest pages in flight."
         ),
     )
     replica_processes: bool | Literal["auto"] = Field(
@@ -151,9 +147,8 @@ class VllmConfig(_Model):
     encoder_cuda_graphs: bool = Field(
         False,
         description=(
-            "With fast_encoder: replay the vision encoder as CUDA graphs (captured at start, a "
-            "few GiB"
-            " of GPU memory) instead of launching its kernels one by one from Python."
+            "With fast_encoder: replay the vision encoder as CUDA graphs (captured at start, a few "
+            "GiB of GPU memory) instead of launching its kernels one by one from Python."
         ),
     )
     max_tokens: Annotated[int, Field(ge=1)] = Field(
@@ -166,8 +161,8 @@ class VllmConfig(_Model):
         _DEFAULT.ngram_size,
         description=(
             "No-repeat n-gram guard of DeepSeek-OCR: n-gram size (0 = off here and in every rung: "
-            "no"
-            " guard; looping pages are then caught by the loop detector and retried on the ladder)."
+            "no guard; looping pages are then caught by the loop detector and retried on the "
+            "ladder)."
         ),
     )
     window_size: Annotated[int, Field(ge=0, le=4096)] = Field(
@@ -176,8 +171,8 @@ class VllmConfig(_Model):
     whitelist_token_ids: tuple[int, ...] = Field(
         (128821, 128822),
         description=(
-            "Token ids exempt from the n-gram guard: <td> and </td>, which tables repeat"
-            " legitimately."
+            "Token ids exempt from the n-gram guard: <td> and </td>, which tables repeat "
+            "legitimately."
         ),
     )
     ngram_processor: Literal["batched", "gpu", "per_request"] = Field(
@@ -215,11 +210,10 @@ class VllmConfig(_Model):
         False,
         description=(
             "Make room inside vLLM's scheduler for pages of a better inbox priority: when one "
-            "waits,"
-            " a page of the worst lane is preempted, and worse lanes are held to an eighth of the"
-            " batch while it runs (a patch of vLLM 0.26's scheduler, installed by ocrwatch's vLLM"
-            " plugin). Off by default: its preemption path has not yet run on a GPU with mixed"
-            " priorities. ocrwatch's own page scheduler holds worse lanes back either way."
+            "waits, a page of the worst lane is preempted, and worse lanes are held to an eighth "
+            "of the batch while it runs (a patch of vLLM 0.26's scheduler, installed by ocrwatch's "
+            "vLLM plugin). Off by default: its preemption path has not yet run on a GPU with mixed "
+            "priorities. ocrwatch's own page scheduler holds worse lanes back either way."
         ),
     )
     ladder: tuple[SamplingRung, ...] = Field(
@@ -238,8 +232,8 @@ class VllmConfig(_Model):
     prompts: dict[str, str] = Field(
         default_factory=dict,
         description=(
-            "Custom prompt presets by name, usable as an inbox's prompt; built in: markdown, free,"
-            " figure."
+            "Custom prompt presets by name, usable as an inbox's prompt; built in: markdown, free, "
+            "figure."
         ),
     )
     compile_cache_dir: Path | None = Field(
