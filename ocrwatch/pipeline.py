@@ -158,6 +158,11 @@ class Pipeline:
         if executor is not None:
             self._executors[source.name] = executor
 
+    def remove_source(self, name: str) -> None:
+        """Forget the source ``name`` and its sink, once none of its jobs runs any more (an ``ocr``
+        request's, when it ends)."""
+        del self.sources[name], self.sinks[name]
+
     async def close(self) -> None:
         await self.hooks.stop()
         await self.recognition.stop()

@@ -222,8 +222,6 @@ def test_no_comment_cites_a_benchmark_run() -> None:
 # produces (an ``Outbox`` of jobs, page asks) rather than calling up; an entry is a debt.
 DEBT = "issue 29 item 4, not yet turned: the lower layer should return what it produces"
 HANDED_DOWN: dict[str, str] = {
-    "control.ocr: del pipeline.sinks[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
-    "control.ocr: del pipeline.sources[name]": DEBT + " (``ocr`` as a source of its own, item 5)",
     "daemon: ControlServer <- self": DEBT + " (control answers from the daemon's state)",
     "daemon: HealthServer <- lambda": DEBT + " (readiness read at each probe)",
     "daemon: HealthServer <- self._update_gauges": DEBT + " (gauges refreshed at each scrape)",

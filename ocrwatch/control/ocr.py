@@ -97,7 +97,7 @@ async def run_ocr(
         for task in stopping:
             task.cancel()
         await asyncio.gather(admitting, *stopping, return_exceptions=True)
-        del pipeline.sources[name], pipeline.sinks[name]  # none of its jobs runs any more
+        pipeline.remove_source(name)  # none of its jobs runs any more
 
 
 def _current(sink: LocalSink, job: Job) -> bool:
