@@ -389,7 +389,7 @@ class Daemon:
         ]
         self.cfg = self.cfg.model_copy(update={"inbox": new.inbox})
         if self.pipeline is not None:
-            self.pipeline.cfg = self.cfg  # each inbox's lang
+            self.pipeline.reconfigure(self.cfg)
         if changed:
             log.warning("reload_needs_restart", keys=changed)
         log.info("config_reloaded", inboxes=[str(i.path) for i in new.inbox])

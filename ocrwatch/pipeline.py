@@ -158,6 +158,11 @@ class Pipeline:
         if executor is not None:
             self._executors[source.name] = executor
 
+    def reconfigure(self, cfg: Config) -> None:
+        """The configuration as reloaded: its inboxes' settings (lang, prompt, text) hold for the
+        jobs that start from now on; the other sections take a restart, which the daemon says."""
+        self.cfg = cfg
+
     def remove_source(self, name: str) -> None:
         """Forget the source ``name`` and its sink, once none of its jobs runs any more (an ``ocr``
         request's, when it ends)."""
