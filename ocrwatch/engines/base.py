@@ -41,8 +41,9 @@ the placeholder, which the assembler turns into a link to the figure's file."""
 @dataclass
 class PageRequest:
     """One page for the engine; ``priority``: lower runs first; ``page_index`` is 0-based; ``lang``:
-    the Tesseract languages of the page's inbox (``deu+eng``), None for the engine's own; engines
-    that take no language (vLLM) ignore it."""
+    the languages its inbox or request names (``deu+eng``), which the engine spec's ``languages``
+    checked at start; None for the engine's own; an engine that reads every language (vLLM) ignores
+    it."""
 
     request_id: str
     image: Image.Image
