@@ -67,9 +67,13 @@ def test_an_output_conflict_stays_in_place_so_its_hint_and_retry_work(
         assert "`ocrwatch retry`" in error["error"]["hint"]
         proc = cli(daemon, "retry", source)
         assert proc.returncode == 0, proc.stderr
-        data = wait_until(lambda: sidecars_done(source), 60, "the retried document's sidecars")
+        data = wait_until(
+            lambda: not error_sidecar(source) and sidecars_done(source),
+            60,
+            "the retried document's sidecars, its error sidecar gone",
+        )
         assert data["status"] == "ok" and source.with_name("report.pdf.md").is_file()
-        assert not error_sidecar(source) and source.exists()
+        assert source.exists()
         assert not named(daemon, "local_quarantine_failed")
         assert sorted(e["kind"] for e in named(daemon, "job_failed")) == [
             "corrupt_pdf",
