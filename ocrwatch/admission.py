@@ -3,7 +3,7 @@
 ``submit`` is where every source's job comes in. The ledger and the sidecars decide whether it runs:
 a job whose sidecars already describe its content is done without a run, one the ledger holds as
 done or failed with the same content is not run again. A job that must run is recorded ``queued``
-and waits **in the ledger**, not in memory: ``dispatch`` takes a document slot, reads the next
+and waits **in the ledger**, not in memory: ``waiting_jobs`` takes a document slot, reads the next
 waiting row (higher priority first, then the oldest) and hands the job to the pipeline, again each
 time a slot frees. So a backlog of a hundred thousand files costs rows on disk rather than tasks, a
 stop leaves them where they are (one line says how many), and a start resumes them in the same
@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from typing import Any
 
 import structlog
 
@@ -51,17 +51,6 @@ COUNT_SECONDS = 5.0
 def job_id(job: Job) -> str:
     """A short stable id for logs and temporary folders (``key_id``)."""
     return key_id(job.key)
-
-
-class Runner(Protocol):
-    """What ``dispatch`` hands the waiting jobs to (the pipeline)."""
-
-    def running(self) -> Collection[str]:
-        """Keys of the jobs held in memory now (in a slot, waiting for one, or waiting out a
-        backoff): their rows are not to be started again."""
-
-    def start_job(self, job: Job) -> object:
-        """Run ``job`` in the slot ``dispatch`` took for it."""
 
 
 class Admission:
@@ -266,20 +255,24 @@ class Admission:
             self.ledger.waiting_by, list(self.sources), list(running), place
         )
 
-    async def dispatch(self, slots: asyncio.Semaphore, runner: Runner, held: int) -> None:
+    async def waiting_jobs(
+        self, slots: asyncio.Semaphore, running: Collection[str], held: int
+    ) -> AsyncIterator[Job]:
         """Until cancelled: whenever a slot is free and fewer than ``held`` recorded jobs are in
-        memory (those in a backoff hold no slot, and must not pile up while a fault of the place
-        lasts), the next waiting job is read from the ledger and started in that slot."""
+        memory (``running``, the keys of those the pipeline holds, a live view; those in a backoff
+        hold no slot, and must not pile up while a fault of the place lasts), the next waiting job
+        is read from the ledger and yielded, to be started in that slot before the next is asked
+        for."""
         ledger = self.ledger
         assert ledger is not None
         while True:
             await self._wanted.wait()
             self._wanted.clear()
-            while len(runner.running()) < held:
+            while len(running) < held:
                 await slots.acquire()
                 try:
                     rows = await asyncio.to_thread(
-                        ledger.waiting, 1, list(self.sources), list(runner.running())
+                        ledger.waiting, 1, list(self.sources), list(running)
                     )
                 except asyncio.CancelledError:
                     slots.release()
@@ -300,6 +293,6 @@ class Admission:
                     slots.release()
                     self.backlog, self.oldest = 0, None
                     break
-                runner.start_job(rows[0].job)
+                yield rows[0].job
                 if time.monotonic() - self._counted >= COUNT_SECONDS:
-                    await self.count(runner.running())
+                    await self.count(running)

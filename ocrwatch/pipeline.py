@@ -137,9 +137,8 @@ class Pipeline:
             documents if isinstance(documents, int) else auto_active_documents(max_inflight)
         )
         self._slots = asyncio.Semaphore(self.active_documents)
-        if self.ledger is not None:  # a job in a backoff holds no slot: as many again may be held
-            dispatch = self.admission.dispatch(self._slots, self, 2 * self.active_documents)
-            self._dispatcher = asyncio.create_task(dispatch, name="admission")
+        if self.ledger is not None:
+            self._dispatcher = asyncio.create_task(self._dispatch(), name="admission")
         budget = self.scheduler.budget
         log.info(
             "scheduler_ready",
@@ -197,13 +196,19 @@ class Pipeline:
         wait."""
         return await self.admission.resume(self.running())
 
+    async def _dispatch(self) -> None:
+        """Start each job the ledger has waiting, in the slot admission took for it."""
+        held = 2 * self.active_documents  # a job in a backoff holds no slot: as many again
+        async for job in self.admission.waiting_jobs(self._slots, self._runs.keys(), held):
+            self.start_job(job)
+
     def running(self) -> Collection[str]:
         """Keys of the jobs held in memory: in a slot, waiting for one, or waiting out a backoff."""
         return self._runs.keys()
 
     def start_job(self, job: Job, asked: Asked | None = None) -> asyncio.Task[str]:
         """Run the job in a task of its own, unless it already runs; the task's result is its final
-        status. A job a source found is started by ``Admission.dispatch``, in the slot it took for
+        status. A job a source found is started by ``_dispatch``, in the slot admission took for
         it. One that ``asked`` for languages or a text mode (``ocrwatch ocr``) is never recorded in
         the ledger, and its task waits for a slot."""
         assert self._slots is not None, "Pipeline.start() first"

@@ -22,8 +22,8 @@ FP = Fingerprint(size=3, mtime_ns=1, sha256="ab" * 32)
 
 
 class Runner:
-    """What the pipeline is to the dispatcher: the jobs it was handed, held until a test lets them
-    go."""
+    """What the pipeline is to ``waiting_jobs``: it starts the jobs yielded and holds them until a
+    test lets them go."""
 
     def __init__(self) -> None:
         self.held: dict[str, Job] = {}
@@ -35,6 +35,11 @@ class Runner:
     def start_job(self, job: Job) -> None:
         self.held[job.key] = job
         self.started.append(job.key)
+
+    async def dispatch(self, made: Admission, slots: asyncio.Semaphore, held: int) -> None:
+        """As ``Pipeline._dispatch``: each job yielded is started before the next is asked for."""
+        async for waiting in made.waiting_jobs(slots, self.running(), held):
+            self.start_job(waiting)
 
 
 class RecordedSink:
@@ -99,7 +104,7 @@ async def test_waiting_jobs_start_one_per_free_slot_best_first(
     for waiting in (*backlog, urgent):
         assert ledger.admit(waiting, FP)
     made, runner, slots = admission(ledger), Runner(), asyncio.Semaphore(4)
-    dispatching.append(asyncio.create_task(made.dispatch(slots, runner, 8)))
+    dispatching.append(asyncio.create_task(runner.dispatch(made, slots, 8)))
     made.wake()
     await eventually(lambda: len(runner.started) == 4, "four jobs in the four slots")
     assert runner.started == [urgent.key, *(j.key for j in backlog[:3])]

@@ -228,7 +228,6 @@ HANDED_DOWN: dict[str, str] = {
     "daemon: LocalSink <- lambda": DEBT + " (the inboxes as reloaded)",
     "daemon: LocalSource <- pipeline.admission.lapsed": DEBT
     + " (the ledger's word on a lost sidecar)",
-    "pipeline: self.admission.dispatch <- self": DEBT + " (admission starts jobs in the pipeline)",
     "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (renders as asks, too)",
     "report: self._bar.total = ...": "tqdm's bar is set by assigning its total: its API",
 }
