@@ -317,7 +317,11 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(
     (inbox / "folder.pdf").mkdir()
     put("folder.pdf/inside.png", png, "ok")
     os.mkfifo(inbox / "pipe.pdf")
-    (inbox / "passwd.pdf").symlink_to("/etc/passwd")
+    # A private file outside every inbox (/etc/passwd itself changes under the suite's useradd)
+    secret = outside / "passwd"
+    secret.write_bytes(Path("/etc/passwd").read_bytes())
+    secret.chmod(0o600)
+    (inbox / "passwd.pdf").symlink_to(secret)
     theirs = small_png(other / "theirs.png", "the other inbox")
     expected[theirs] = "ok"
     (inbox / "into other inbox.png").symlink_to(theirs)
@@ -327,7 +331,7 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(
     growing = inbox / "growing.pdf"
     growing_bytes = small_pdf(outside / "g.pdf", "grown", pages=3).read_bytes()
     expected[growing] = "ok"
-    etc_before = hashes([Path("/etc/passwd")])
+    secret_before = hashes([secret])
     before = tree(tmp_path)
     inputs = [p for p in expected if p != growing]
     source_hashes = hashes(inputs)
@@ -414,9 +418,9 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(
         writer.join()
     assert daemon.stop(timeout=30) == 0, "the daemon did not stop cleanly (a FIFO may block it)"
     assert hashes(inputs) == source_hashes, "a source was modified"
-    assert hashes([Path("/etc/passwd")]) == etc_before
+    assert hashes([secret]) == secret_before
     for suffix in SIDECAR_SUFFIXES:
-        assert not Path("/etc/passwd" + suffix).exists()
+        assert not secret.with_name(secret.name + suffix).exists()
     assert_only_sidecars_were_added(before | {growing}, tree(tmp_path), [daemon.state])
 
 
