@@ -119,6 +119,7 @@ class Daemon:
         self.pipeline: Pipeline | None = None
         self.health: HealthServer | None = None
         self.local: LocalSource | None = None
+        self.local_sink: LocalSink | None = None
         self.control: ControlServer | None = None
         self._taking_work = asyncio.Event()  # set once the ledger's jobs are being resumed
         self._stop = asyncio.Event()
@@ -210,9 +211,8 @@ class Daemon:
             written,
             output_judge(written),
         )  # the record decides
-        pipeline.add_source(
-            self.local, LocalSink(template, cfg.output.dir, lambda: self.cfg.inbox, written)
-        )
+        self.local_sink = LocalSink(template, cfg.output.dir, cfg.inbox, written)
+        pipeline.add_source(self.local, self.local_sink)
         if not cfg.s3:
             return
         # Imported only when a bucket is configured: boto3 costs start-up time and memory a folder
@@ -378,6 +378,8 @@ class Daemon:
             await asyncio.to_thread(checks.require_languages, new)
             assert self.local is not None
             await self.local.update_inboxes(new.inbox)
+            assert self.local_sink is not None
+            self.local_sink.update_inboxes(new.inbox)
         except OcrwatchError as exc:
             log.error("reload_failed", kind=exc.kind, error=exc.message)
             sd_notify("READY=1")

@@ -281,7 +281,7 @@ def test_each_inbox_is_mirrored_in_a_folder_of_its_own(tmp_path: Path) -> None:
     a, b, scans = tmp_path / "a", tmp_path / "b", tmp_path / "site" / "a"
     configs = (InboxConfig(path=a), InboxConfig(path=b))
     out = tmp_path / "out"
-    sink = LocalSink(out_dir=out, inboxes=lambda: configs)
+    sink = LocalSink(out_dir=out, inboxes=configs)
     jobs = {}
     for inbox in (a, b):
         (inbox / "sub").mkdir(parents=True)

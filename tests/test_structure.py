@@ -225,7 +225,6 @@ HANDED_DOWN: dict[str, str] = {
     "daemon: ControlServer <- self": DEBT + " (control answers from the daemon's state)",
     "daemon: HealthServer <- lambda": DEBT + " (readiness read at each probe)",
     "daemon: HealthServer <- self._update_gauges": DEBT + " (gauges refreshed at each scrape)",
-    "daemon: LocalSink <- lambda": DEBT + " (the inboxes as reloaded)",
     "daemon: LocalSource <- pipeline.admission.lapsed": DEBT
     + " (the ledger's word on a lost sidecar)",
     "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (renders as asks, too)",

@@ -262,24 +262,30 @@ class LocalSink:
     """Writes ``NAME.md`` / ``NAME.json`` / ``NAME.error.json`` beside the source file, or under
     ``out_dir``.
 
-    ``inboxes`` returns the configured inboxes as they are now (a reload changes them): with it,
-    each inbox is mirrored under ``out_dir`` in a folder of its own (``inbox_folder``), so two
-    inboxes never share a sidecar; without it (``ocrwatch ocr --out``), every file's sidecars go
-    straight into ``out_dir``. ``written`` is the record of outputs (None for ``ocrwatch ocr``
+    ``inboxes``: the configured inboxes (``update_inboxes`` after a reload); with them, each inbox
+    is mirrored under ``out_dir`` in a folder of its own (``inbox_folder``), so two inboxes never
+    share a sidecar; without (``ocrwatch ocr --out``), every file's sidecars go straight into
+    ``out_dir``. ``written`` is the record of outputs (None for ``ocrwatch ocr``
     without a daemon: only marks then, on the user's files)."""
 
     def __init__(
         self,
         name_template: str = "{name}",
         out_dir: Path | None = None,
-        inboxes: Callable[[], Sequence[InboxConfig]] | None = None,
+        inboxes: Sequence[InboxConfig] | None = None,
         written: Written | None = None,
     ) -> None:
         self._template = name_template
         self._out_dir = out_dir
-        self._inboxes = inboxes
         self._written = written
-        self._roots: tuple[Sequence[InboxConfig] | None, frozenset[Path]] = (None, frozenset())
+        self._roots: frozenset[Path] | None = None
+        if inboxes is not None:
+            self.update_inboxes(inboxes)
+
+    def update_inboxes(self, inboxes: Sequence[InboxConfig]) -> None:
+        """The inboxes as configured now; their folders are resolved once here, not per
+        document."""
+        self._roots = frozenset(config.path.expanduser().resolve() for config in inboxes)
 
     def paths(self, job: Job) -> dict[str, Path]:
         root, parts = self._where(job)
@@ -313,19 +319,9 @@ class LocalSink:
             relative = ()
         if self._out_dir is None:
             return origin.inbox, relative
-        if self._inboxes is None:
+        if self._roots is None:
             return self._out_dir, relative
-        return self._out_dir, (self._mirror(origin.inbox), *relative)
-
-    def _mirror(self, inbox: Path) -> str:
-        """The folder under ``out_dir`` where the documents of ``inbox`` (resolved) are mirrored."""
-        configs = self._inboxes() if self._inboxes is not None else ()
-        if self._roots[0] is not configs:  # resolved once per configuration, not per document
-            self._roots = (
-                configs,
-                frozenset(config.path.expanduser().resolve() for config in configs),
-            )
-        return inbox_folder(inbox, self._roots[1] | {inbox})
+        return self._out_dir, (inbox_folder(origin.inbox, self._roots | {origin.inbox}), *relative)
 
     @contextlib.contextmanager
     def _claims(self, job: Job, owner: int | None, make: bool = False) -> Iterator[Claims]:
