@@ -306,6 +306,24 @@ def test_each_inbox_is_mirrored_in_a_folder_of_its_own(tmp_path: Path) -> None:
     assert local_sink.inbox_folder(scans, {a, scans}) not in (named, "a")
 
 
+def test_a_reload_that_adds_an_inbox_of_the_same_name_moves_later_sidecars_apart(
+    tmp_path: Path,
+) -> None:
+    """After ``update_inboxes`` the mirror folders are the new configuration's: an inbox that now
+    shares its name with another gets its suffixed folder for the documents that follow."""
+    from ocrwatch.config import InboxConfig
+
+    a, scans = tmp_path / "a", tmp_path / "site" / "a"
+    sink = LocalSink(out_dir=tmp_path / "out", inboxes=(InboxConfig(path=a),))
+    job = Job(origin=LocalFile(a / "report.pdf", a), source="local")
+    assert sink.paths(job)["json"] == tmp_path / "out" / "a" / "report.pdf.json"
+    sink.update_inboxes((InboxConfig(path=a), InboxConfig(path=scans)))
+    folder = local_sink.inbox_folder(a, {a, scans})
+    assert (
+        folder != "a" and sink.paths(job)["json"] == tmp_path / "out" / folder / "report.pdf.json"
+    )
+
+
 def test_a_sidecar_name_two_documents_share_is_a_conflict_not_an_overwrite(tmp_path: Path) -> None:
     """``{stem}`` gives report.pdf and report.png one ``report.json``: the second is refused, naming
     the first, whose sidecars its error sidecar leaves alone; once report.pdf is gone, its stale
