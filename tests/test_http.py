@@ -1,6 +1,5 @@
 """ocrwatch.http: the listener's address parsing, its connection limit and its idle timeout, over
-real
-sockets."""
+real sockets."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,14 @@ from structlog.testing import capture_logs
 from ocrwatch.http import Listener, connection_cap, host_port
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait for what the listener's own task does in its time, however loaded the machine."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
 
 
 def test_host_port() -> None:
@@ -91,8 +99,9 @@ async def test_a_full_listener_closes_its_longest_idle_connection_for_a_newcomer
     held: list[socket.socket] = []
     try:
         with capture_logs() as logs:
-            for _ in range(3):
+            for count in range(1, 4):
                 held.append(await asyncio.to_thread(connect, listener))
+                await until(lambda: listener.open_connections == count, f"{count} connections")
                 await asyncio.sleep(0.05)
             held[0].sendall(
                 b"GET / HTTP/1.1\r\nHost: x\r\n"
@@ -128,8 +137,7 @@ async def test_a_full_listener_of_busy_connections_refuses_a_newcomer_until_one_
     await listener.start()
     try:
         busy = [asyncio.create_task(asyncio.to_thread(get, listener)) for _ in range(3)]
-        await asyncio.sleep(0.5)
-        assert listener.open_connections == 3
+        await until(lambda: listener.open_connections == 3, "three busy connections")
         assert (
             await asyncio.to_thread(get, listener) == b""
         )  # every connection is answering: refused at once
@@ -253,8 +261,7 @@ async def test_idle_connections_are_closed_but_a_slow_answer_is_not_cut() -> Non
         kept.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert await asyncio.to_thread(closed_within, kept, 5) < 3
         kept.close()
-        await asyncio.sleep(0.1)
-        assert listener.open_connections == 0
+        await until(lambda: listener.open_connections == 0, "every connection closed")
     finally:
         await listener.stop()
 
