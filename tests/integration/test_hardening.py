@@ -698,12 +698,13 @@ def test_ledger_locked_by_another_process_delays_but_loses_nothing(
         while locker.poll() is None:
             t0 = time.monotonic()
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{daemon.port}/healthz", timeout=2
+                f"http://127.0.0.1:{daemon.port}/healthz", timeout=4
             ) as response:
                 assert response.status == 200
             health_latencies.append(time.monotonic() - t0)
             time.sleep(0.25)
-        assert max(health_latencies) < 1.0, health_latencies
+        # a loop blocked on the lock would answer only once it ends, seconds later
+        assert max(health_latencies) < 2.5, health_latencies
     finally:
         locker.wait(10)
     wait_until(
