@@ -530,7 +530,7 @@ def test_write_waits_for_a_lock_held_by_another_process(tmp_path: Path, db: Path
         ) as reader:  # `ocrwatch status` mid-read never blocks the daemon (WAL)
             start = time.monotonic()
             assert ledger.admit(job, fp())
-            assert time.monotonic() - start < 0.5
+            assert time.monotonic() - start < 2.5  # half the read: a blocked write waits it out
             reader.kill()
 
         with hold(db, "BEGIN EXCLUSIVE", 2) as writer:

@@ -169,7 +169,7 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
         assert queue_counts(moto, queue) == (0, 0)
         started = time.monotonic()
         await source.stop()  # a 20 s long poll is pending: stop must not wait for it
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5
 
     run(scenario)
 
