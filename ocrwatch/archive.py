@@ -348,8 +348,7 @@ def move_local(
 
 def _group(name: str, template: str) -> dict[str, str]:
     """The names that follow the source ``name``: its sidecars (no error sidecar: the document is
-    ok)
-    and outputs."""
+    ok) and outputs."""
     return {**sidecar_names(name, template), **output_names(name, template)}
 
 

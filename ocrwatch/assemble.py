@@ -19,8 +19,7 @@ from ocrwatch.sources.base import Job, LocalFile, S3Object
 
 PAGE_MARK = "<!-- page "
 """Opens every page of the Markdown sidecar, so the file always begins with it: sinks tell their own
-by
-it."""
+by it."""
 
 
 def iso(timestamp: float | None) -> str | None:

@@ -1,6 +1,5 @@
 """The child processes that worker threads wait for (pdfinfo, pdftoppm), known so that a stop can
-end
-them.
+end them.
 
 A thread blocked in ``subprocess.run`` cannot be cancelled: the task awaiting it can, but the
 interpreter waits for every worker thread at exit, so one slow page would hold a SIGTERM for up to

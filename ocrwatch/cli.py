@@ -363,8 +363,7 @@ def _make_state_dir(state_dir: Path) -> None:
 
 def _existing_ledger(cfg: Config) -> Ledger | None:
     """The ledger; None (and said so) where no daemon has run with this state_dir: nothing is
-    created
-    here."""
+    created here."""
     from ocrwatch.ledger import Ledger
 
     path = cfg.state_dir / "ledger.sqlite3"

@@ -1,6 +1,5 @@
 """The daemon's life cycle: ``startup`` → ``main_loop`` → ``shutdown``, as gunicorn's arbiter runs
-its
-own.
+its own.
 
 Start-up locks the state directory, opens the control socket (``control``: ``ocrwatch status``,
 ``retry`` and ``ocr`` talk to the daemon through it), resumes what the ledger left unfinished,
@@ -85,8 +84,7 @@ class SignalCatcher:
 
     def uninstall(self) -> None:
         """The handlers found at ``install`` back (a test's process lives on); a signal from now on
-        is
-        theirs."""
+        is theirs."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         signal.set_wakeup_fd(self._previous_fd)
@@ -295,8 +293,7 @@ class Daemon:
 
     async def _open_control(self) -> None:
         """The control socket, right after the lock: a client that finds the lock held finds the
-        socket
-        too."""
+        socket too."""
         self.control = ControlServer(self.cfg.state_dir, self)
         try:
             await self.control.start()
@@ -399,8 +396,7 @@ class Daemon:
 
     async def _health_tick(self) -> None:
         """Gauges and the event loop's lag, refreshed; systemd's watchdog fed only while the loop
-        keeps
-        up."""
+        keeps up."""
         interval = watchdog_interval(self.cfg.daemon.health_interval_seconds)
         while True:
             start = time.monotonic()

@@ -169,8 +169,7 @@ class NameTooLong(PermanentError):
 
 class OutputConflict(PermanentError):
     """Something ocrwatch did not write holds a sidecar's name: only the user can say what becomes
-    of
-    it."""
+    of it."""
 
     kind = "output_conflict"
     hint = (
@@ -309,8 +308,7 @@ _SQLITE_MESSAGES = {
 
 def sqlite_code(exc: BaseException) -> int:
     """The primary SQLite result code behind ``exc`` (one of those above, or another), 0 when there
-    is
-    none."""
+    is none."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return int(code) & 0xFF

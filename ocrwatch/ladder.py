@@ -46,8 +46,7 @@ async def recognize_page(
     judge: Judge,
 ) -> PageResult:
     """Run one attempt per rung (request id ``{request_id}/a{n}``) until one is good or the rungs
-    run
-    out."""
+    run out."""
     attempts: list[dict[str, Any]] = []
     last: Recognition | None = None
     for number, sampling in enumerate(rungs):

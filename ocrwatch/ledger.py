@@ -531,7 +531,6 @@ def _selector_uri(selector: str) -> str:
 
 def _matches(key: str, selector: str) -> bool:
     """The selector is the key itself, the same S3 object at some version, or a folder or prefix
-    above
-    it."""
+    above it."""
     base = selector.rstrip("/")
     return key == selector or key.startswith(f"{selector}?versionId=") or key.startswith(f"{base}/")

@@ -51,8 +51,7 @@ def prefixed(text: str, level: str) -> str:
 
 def say(text: str, level: str = "error") -> None:
     """Write ``text`` to stderr as the command line's own message at ``level``: prefixed where
-    stderr
-    is the journal, unchanged on a terminal or a pipe."""
+    stderr is the journal, unchanged on a terminal or a pipe."""
     stream = sys.stderr
     print(prefixed(text, level) if writes_to_journal(stream) else text, file=stream, flush=True)
 

@@ -22,8 +22,7 @@ def sidecar_names(name: str, template: str) -> dict[str, str]:
 
 def output_names(name: str, template: str) -> dict[str, str]:
     """Names of the further outputs beside the sidecars: the searchable PDF (``pdf``) and the
-    figures'
-    folder (``assets``)."""
+    figures' folder (``assets``)."""
     base = _base(name, template)
     return {"pdf": f"{base}{SEARCHABLE_SUFFIX}", "assets": f"{base}{ASSETS_SUFFIX}"}
 

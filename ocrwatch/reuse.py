@@ -1,6 +1,5 @@
 """Duplicates: a document whose very bytes its source already did takes that result instead of a
-second
-OCR.
+second OCR.
 
 The same file dropped twice (``invoice.tif``, ``invoice.1.tif``) costs the engine nothing the second
 time: the ledger finds the earlier job of the same source with the same content (its sha256, or an
@@ -108,8 +107,7 @@ def _adapted(
 
 def _reusable(document: dict[str, Any], sha256: str, provenance: Provenance) -> bool:
     """An ``ok`` result of these very bytes with nothing beyond its two sidecars, read by the
-    engine,
-    languages, prompt and rendering this job would get."""
+    engine, languages, prompt and rendering this job would get."""
     source = document.get("source")
     recorded = source.get("sha256") if isinstance(source, dict) else None
     return (

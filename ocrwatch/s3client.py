@@ -171,8 +171,7 @@ def error_code(exc: BaseException) -> str:
 
 def is_transient(exc: BaseException) -> bool:
     """True for failures of the world (connection refused, timeouts, 5xx, throttling) that a retry
-    may
-    cure."""
+    may cure."""
     if isinstance(
         exc,
         (
@@ -267,9 +266,8 @@ async def acall(
 
 def storage_error(exc: BaseException, what: str) -> OcrwatchError:
     """Map a boto3 failure that survived the retries onto the hierarchy (never carrying
-    credentials): a
-    request S3 refuses as invalid is permanent, everything else (outage, throttling, access)
-    transient."""
+    credentials): a request S3 refuses as invalid is permanent, everything else (outage, throttling,
+    access) transient."""
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return StorageUnavailable(
             f"{what}: no credentials",

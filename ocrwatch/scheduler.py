@@ -75,8 +75,7 @@ def virtual_deadline(detected_at: float, pages: int, ageing_seconds: float) -> f
 @dataclass(frozen=True, order=True)
 class DocumentOrder:
     """Sort key of a document: lane first (negated: higher priority sorts first), then deadline,
-    then
-    arrival."""
+    then arrival."""
 
     lane: int
     deadline: float
@@ -389,8 +388,7 @@ class PageScheduler:
 
     def _next_to_render(self) -> Document | None:
         """The best document with pages left to render, left on its heap (finished and closed ones
-        are
-        dropped)."""
+        are dropped)."""
         while self._render_queue and not self._render_queue[0][1].unrendered:
             heapq.heappop(self._render_queue)
         return self._render_queue[0][1] if self._render_queue else None

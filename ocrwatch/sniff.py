@@ -12,8 +12,7 @@ Kind = Literal["pdf", "png", "jpeg", "tiff", "webp"]
 
 HEAD_BYTES = 1024
 """Bytes a caller reads for ``sniff``: a PDF header may follow up to 1 KiB of junk; poppler and
-Acrobat
-accept that."""
+Acrobat accept that."""
 
 MIME: dict[Kind, str] = {
     "pdf": "application/pdf",

@@ -1,6 +1,5 @@
 """Talking to systemd: ``sd_notify`` (READY, RELOADING, STOPPING, WATCHDOG) and how often to ping
-the
-watchdog.
+the watchdog.
 
 Written against the socket protocol directly (a datagram to ``NOTIFY_SOCKET``), so there is no
 dependency on libsystemd, and every call is a no-op when the daemon does not run under systemd.

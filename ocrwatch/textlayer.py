@@ -357,8 +357,7 @@ def _visible_box(page: pikepdf.Page) -> Box:
 
 def _display_to_user(box: Box, rotation: int) -> Matrix:
     """The matrix from the displayed page's space (origin bottom left) to the page's user space, for
-    a
-    page shown rotated ``rotation`` degrees clockwise."""
+    a page shown rotated ``rotation`` degrees clockwise."""
     left, bottom, right, top = box
     matrix = {
         0: Matrix(1, 0, 0, 1, left, bottom),

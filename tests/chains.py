@@ -20,8 +20,7 @@ def make_chain(
     top: Path, depth: int, name: str = "d", files: dict[int, tuple[str, bytes]] | None = None
 ) -> None:
     """``top/name/name/...``, ``depth`` folders deep; ``files`` puts a file (name, bytes) in the
-    folder
-    at a level (1 for ``top/name``)."""
+    folder at a level (1 for ``top/name``)."""
     fd = os.open(top, FOLDER)
     try:
         for level in range(1, depth + 1):

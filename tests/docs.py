@@ -94,8 +94,7 @@ def write_encrypted_pdf(
     path: Path, user_password: str = "secret", pages: Sequence[Page] = (("Encrypted page",),)
 ) -> Path:
     """An RC4-128 encrypted PDF (pypdf, no crypto library needed); ``user_password=""`` opens
-    without
-    one."""
+    without one."""
     plain = io.BytesIO(_pdf_bytes(_image_pages(pages)))
     writer = PdfWriter(clone_from=PdfReader(plain))
     writer.encrypt(user_password=user_password, owner_password="owner-secret", algorithm="RC4-128")

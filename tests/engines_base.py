@@ -57,8 +57,7 @@ class Requests:
 
 class StubEngine:
     """The ``Engine`` protocol with nothing to load or free: each page runs ``_work`` in a task of
-    its
-    own."""
+    its own."""
 
     name = "stub"
 

@@ -3,12 +3,11 @@
 ``RabbitServer`` runs Debian's ``rabbitmq-server`` (``bash tests/install_rabbitmq.sh``) as a node of
 its own: its own AMQP port (``RABBITMQ_NODE_PORT``), distribution port (``RABBITMQ_DIST_PORT``) and
 epmd (``ERL_EPMD_PORT``, an ``epmd`` started and stopped here), its data and logs in a temporary
-folder (``RABBITMQ_MNESIA_BASE``, ``RABBITMQ_LOG_BASE``), no plugins, no system
-configuration. Users: ``guest`` (what RGW's push endpoint logs in as without credentials) and
-``ocrwatch`` with a random password, which the daemons use and which must never appear in their
-logs. It starts in about 6 s,
-so the fixture is session-scoped, and its tests join the ``rgw`` xdist group: one server per run.
-``restart`` keeps the data (durable queues, persistent messages), as a broker restart does.
+folder (``RABBITMQ_MNESIA_BASE``, ``RABBITMQ_LOG_BASE``), no plugins, no system configuration.
+Users: ``guest`` (what RGW's push endpoint logs in as without credentials) and ``ocrwatch`` with a
+random password, which the daemons use and which must never appear in their logs. It starts in about
+6 s, so the fixture is session-scoped, and its tests join the ``rgw`` xdist group: one server per
+run. ``restart`` keeps the data (durable queues, persistent messages), as a broker restart does.
 PYTEST_DONT_REWRITE
 """
 

@@ -116,8 +116,7 @@ def test_language_data_missing(tmp_path: Path) -> None:
 
 def test_a_lang_given_on_the_command_line_is_checked_by_the_same_rule(tmp_path: Path) -> None:
     """``ocrwatch ocr --lang``: the language check of ``check`` and of a start, naming the option,
-    not
-    the file."""
+    not the file."""
     cfg = config.load(write_config(tmp_path))
     checks.require_languages(cfg, "eng")
     with pytest.raises(ConfigError) as raised:
@@ -155,8 +154,7 @@ def read_only_inbox(tmp_path: Path) -> Iterator[Path]:
 
 def test_an_inbox_the_user_cannot_write(tmp_path: Path, read_only_inbox: Path) -> None:
     """Sidecars go beside the documents, so the inbox must be writable; with ``[output] dir`` it
-    need
-    not be."""
+    need not be."""
     code, lines = check(write_config(tmp_path), prefix=AS_A_USER)
     assert code != 0
     [failed] = failures(lines)

@@ -1,6 +1,5 @@
 """``children.run`` behaves as ``subprocess.run`` and ``kill_all`` ends what it waits for, from
-another
-thread."""
+another thread."""
 
 from __future__ import annotations
 

@@ -275,8 +275,7 @@ async def test_a_child_that_cannot_start_raises_the_engines_own_error() -> None:
 
 class Counting(StubEngine):
     """A stand-in engine for the router's choice alone: it counts the pages in it and the aborts it
-    is
-    sent."""
+    is sent."""
 
     def __init__(self, name: str, gate: asyncio.Event) -> None:
         super().__init__(max_concurrency=4, dpi=144)

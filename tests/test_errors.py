@@ -148,8 +148,7 @@ def test_sqlite_code_reads_the_code_or_else_sqlites_message(
     tmp_path: Path, cause: Callable[[Path], None], code: int
 ) -> None:
     """The code where Python gives it (3.11+), else SQLite's message (3.10): the same for real
-    SQLite
-    errors."""
+    SQLite errors."""
     with pytest.raises(sqlite3.Error) as raised:
         cause(tmp_path / "l.sqlite3")
     assert errors.sqlite_code(raised.value) == code
@@ -162,8 +161,7 @@ def test_sqlite_code_reads_the_code_or_else_sqlites_message(
 
 def test_an_asyncio_timeout_is_transient_on_every_python() -> None:
     """A class apart from the builtin ``TimeoutError`` (an ``OSError``) before 3.11; transient
-    either
-    way."""
+    either way."""
     assert classify(asyncio.TimeoutError()).retryable and classify(TimeoutError()).retryable
 
 

@@ -50,8 +50,7 @@ EMPTY_ROW = [
 
 def vllm_stops(tokens: Sequence[str], max_pattern: int, min_count: int) -> bool:
     """vLLM 0.26's ``check_sequence_repetition`` (min_pattern_size 0, so 1): the tail is some
-    pattern
-    of 1..max_pattern tokens repeated min_count times."""
+    pattern of 1..max_pattern tokens repeated min_count times."""
     for size in range(1, max_pattern + 1):
         if size * min_count > len(tokens):
             return False

@@ -463,8 +463,7 @@ async def test_a_stop_lets_a_running_hook_finish_within_its_grace_and_records_it
 
 def archived(tmp_path: Path, job: Job) -> tuple[Archiver, Path]:
     """An archiver moving ``job``'s inbox into ``archive/``, the job's sidecars written beside it;
-    the
-    folder its sidecars go to."""
+    the folder its sidecars go to."""
     assert isinstance(job.origin, LocalFile)
     folder = job.origin.path.parent
     (folder / "report.pdf.md").write_text("<!-- page 1 -->\n\nText\n")

@@ -195,8 +195,7 @@ asyncio.run(main())
 
 def test_accept_out_of_descriptors_is_logged_once_and_recovers() -> None:
     """asyncio logs a traceback at every accept retry when descriptors run out; the listener logs
-    one
-    line."""
+    one line."""
     child = subprocess.Popen(
         [sys.executable, "-c", EXHAUSTED_CHILD],
         stdin=subprocess.PIPE,

@@ -130,8 +130,7 @@ def test_a_page_that_always_hangs_fails_after_every_rung_timed_out() -> None:
 
 class OwnTimeoutEngine(EchoEngine):
     """Times out on its own (a client's timeout, say) on a page's first attempt, long before the
-    page
-    timeout."""
+    page timeout."""
 
     def __init__(self, error: type[Exception]) -> None:
         super().__init__()

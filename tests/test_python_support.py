@@ -1,6 +1,5 @@
 """The oldest Python ocrwatch supports (``requires-python``, 3.10) can run every module, test and
-CPU
-benchmark.
+CPU benchmark.
 
 No 3.10 interpreter runs the suite, so the source is read instead: ``vermin`` knows the version each
 standard library name, keyword and syntax needs, and two checks of our own cover what it does not

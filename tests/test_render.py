@@ -873,8 +873,7 @@ def test_a_pdf_whose_header_is_buried_or_missing_is_read_as_poppler_reads_it(
 
 def test_content_that_poppler_cannot_read_is_still_not_a_document(tmp_path: Path) -> None:
     """Random bytes, and a text holding stray PDF keywords (poppler finds a trailer, a catalog, but
-    no
-    page)."""
+    no page)."""
     keywords = (
         b"1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj 2 0 obj << /Type /Pages /Kids "
         b"[] /Count 0 >> endobj"

@@ -60,8 +60,7 @@ class BatchEngine:
 
     def admit(self) -> set[int]:
         """One scheduling decision: make room, hold back, admit; returns the positions left out of
-        the
-        step."""
+        the step."""
         self.waiting.sort(key=lambda run: run.priority)  # stable: arrival order among equals
         head = self.waiting[0].priority if self.waiting else None
         held: set[int] = set()

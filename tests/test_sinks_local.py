@@ -152,8 +152,7 @@ def _plant(path: Path, what: str) -> None:
 
 def _recorded_in_thread(sink: LocalSink, job: Job) -> object:
     """``recorded`` in a daemon thread, so a blocking read (a FIFO) fails the test instead of
-    hanging
-    it."""
+    hanging it."""
     import threading
 
     result: list[object] = []

@@ -1,6 +1,5 @@
 """The one sniffer: every format either old sniffer knew, and the inbox and the renderer agreeing on
-a
-file."""
+a file."""
 
 from __future__ import annotations
 

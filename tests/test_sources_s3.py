@@ -32,8 +32,7 @@ ODD_KEYS = ["inbox/My Scan é+1.pdf", "inbox/a+b.pdf", "inbox/déjà vu/ü 100%.
 
 class Submitted:
     """A ``submit`` that records jobs, optionally slowly or failing, so tests can observe the
-    source;
-    its ``reject`` records the jobs a source gives up."""
+    source; its ``reject`` records the jobs a source gives up."""
 
     def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
         self.jobs: list[Job] = []

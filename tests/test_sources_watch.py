@@ -337,8 +337,7 @@ def test_the_inotify_watch_limit_reached_while_watching_hands_the_inbox_to_the_p
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A folder that cannot be watched would be a deaf corner of the inbox: the watcher gives way to
-    a
-    poller."""
+    a poller."""
     root = tmp_path / "in"
     (root / "a").mkdir(parents=True)
     monkeypatch.setattr(inotify, "_libc", WatchLimit(inotify._libc, allowed=2))  # noqa: SLF001
@@ -367,8 +366,7 @@ def test_the_inotify_watch_limit_reached_while_watching_hands_the_inbox_to_the_p
 
 def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
     """Before: one ``call_soon_threadsafe`` per event, each a byte in the loop's self-pipe, the pipe
-    a
-    signal's byte must get through."""
+    a signal's byte must get through."""
     loop = asyncio.new_event_loop()
     wakes: list[object] = []
     real = loop.call_soon_threadsafe

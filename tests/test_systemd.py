@@ -231,8 +231,7 @@ def test_the_shipped_configuration_passes_check_under_the_units_folders(tmp_path
 
 def test_the_example_configuration_copied_to_etc_fails_check_there(tmp_path: Path) -> None:
     """What the shipped file is for: config.example.toml's relative state_dir, copied into /etc as
-    it
-    stands, points into the read-only folder beside it."""
+    it stands, points into the read-only folder beside it."""
     root = tmp_path / "root"
     example = tomllib.loads((REPO / "config.example.toml").read_text())
     code, said = check_as_the_unit(root, install(root, tomli_w.dumps(under(root, example))))

@@ -21,8 +21,7 @@ L4 = 23034 * MIB
 
 def test_image_tokens_of_the_largest_page_match_vllms_count() -> None:
     """vLLM's ``get_num_image_tokens``: DeepSeek-OCR-2 256 + 6 × 144 + 1; DeepSeek-OCR 16 × 17 + 60
-    ×
-    11 + 1."""
+    × 11 + 1."""
     assert OCR2.max_image_tokens() == 1121
     assert OCR1.max_image_tokens() == 933
 

@@ -22,8 +22,7 @@ REQUEST_LIMIT = 64 * 1024 * 1024
 """The longest request line: an ``ocr DIR`` request names every file found."""
 CONNECT_SECONDS = 5.0
 """How long a client waits for a daemon that holds the lock to answer (it binds the socket right
-after
-locking)."""
+after locking)."""
 REQUEST_PREFIX = "cli:"
 """Source names of ``ocr`` requests: one source per request, so each has its own output folder."""
 

@@ -19,8 +19,7 @@ if TYPE_CHECKING:
 
 def place(job: Job) -> str:
     """Where a job waits, as ``ocrwatch status`` groups the queue: its inbox, its bucket, or
-    ``ocrwatch
-    ocr``."""
+    ``ocrwatch ocr``."""
     origin = job.origin
     if isinstance(origin, S3Object):
         return f"s3://{origin.bucket}"

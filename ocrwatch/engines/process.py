@@ -265,8 +265,7 @@ class ProcessEngine:
 
     def _kill(self) -> None:
         """The child and its process group: a vLLM engine core killed with its front end would hold
-        its
-        GPU."""
+        its GPU."""
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
@@ -366,8 +365,7 @@ def _die_with_the_daemon(daemon: int) -> None:
 
 def _end() -> None:
     """This process and its group when it leads one (as ``ProcessEngine`` starts it), else this
-    process
-    alone."""
+    process alone."""
     if os.getpgrp() == os.getpid():
         os.killpg(0, signal.SIGKILL)
     os._exit(128 + signal.SIGTERM)

@@ -130,6 +130,5 @@ def build(
     log: LogConfig | None = None,
 ) -> Engine:
     """The engine of ``kind`` (default: ``choose(cfg)``), built but not started; ``log`` is passed
-    to
-    engines that run in processes of their own."""
+    to engines that run in processes of their own."""
     return find(kind or choose(cfg)[0]).build(cfg, output_images, log)

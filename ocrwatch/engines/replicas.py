@@ -1,6 +1,5 @@
 """Several engines behind one: the one replica router, whether its members run in this process or
-each
-in a child process of its own (``engines.process``).
+each in a child process of its own (``engines.process``).
 
 ``[engine.vllm] replicas`` are independent engines, each on its own GPUs: unlike vLLM's data
 parallelism, whose ranks step in lockstep for a mixture-of-experts decoder such as DeepSeek-OCR's,

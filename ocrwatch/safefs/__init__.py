@@ -1,6 +1,5 @@
 """Every read, write, move and removal under a folder that others can write to: descriptors all the
-way
-down.
+way down.
 
 A root daemon on a shared inbox must never be turned into one user's tool against another. Checking
 a path and then using it are two steps a user can race, by swapping a folder on the way for a

@@ -68,8 +68,7 @@ class Folder:
 
     def open_read(self, name: str) -> int | None:
         """A read-only descriptor of the regular file ``name`` (None: nothing there, or not a
-        regular
-        file)."""
+        regular file)."""
         try:
             fd = os.open(name, FILE_FLAGS, dir_fd=self.fd)
         except OSError as exc:

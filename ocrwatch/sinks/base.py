@@ -111,8 +111,7 @@ class Sink(Protocol):
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         """Write ``NAME.error.json`` atomically, then remove the ``NAME.md`` and ``NAME.json``
-        ocrwatch
-        wrote."""
+        ocrwatch wrote."""
 
     def recall(self, job: Job, owner: int | None) -> Recalled | None:
         """The job's sidecars read whole where they are ocrwatch's own for it, unchanged since
@@ -167,8 +166,7 @@ def owns_json(head: bytes) -> bool:
 
 def owns_markdown(head: bytes) -> bool:
     """Whether a Markdown file beginning with ``head`` is one ocrwatch wrote (it always opens with
-    page
-    1)."""
+    page 1)."""
     return head.startswith(PAGE_MARK.encode())
 
 

@@ -267,8 +267,7 @@ class S3Sink:
 
     def _remove_own(self, bucket: str, keys: dict[str, str], there: Listed, *kinds: str) -> None:
         """Delete the named sidecars where ocrwatch wrote them (in order); a failure is logged,
-        never
-        raised: what was just written stands."""
+        never raised: what was just written stands."""
         owned = self._owned(bucket, keys, kinds, there)
         for kind in kinds:
             if owned[kind] is not True:

@@ -123,8 +123,7 @@ class Inbox:
 
     def too_deep(self, folder: Path) -> str:
         """Why ``folder`` is refused: a refusal, said once, rather than a walk as deep as a user
-        makes
-        it."""
+        makes it."""
         return (
             f"{folder}: a folder {depth_of(folder, self.root)} levels below the inbox, deeper "
             "than max_depth = "
@@ -133,8 +132,7 @@ class Inbox:
 
     def prepare(self) -> tuple[int, int]:
         """The folder's identity, creating it first where configured. Blocking; OSError when it is
-        not
-        there."""
+        not there."""
         if self.config.create:
             self.root.mkdir(parents=True, exist_ok=True)
         info = os.stat(self.root)

@@ -285,8 +285,7 @@ class InotifyWatcher(threading.Thread):
 
     def _drop_tree(self, top: str) -> None:
         """Forget the watches of ``top`` and below: it was moved away, and its move in, if any,
-        re-adds
-        them."""
+        re-adds them."""
         prefix = top + os.sep
         for folder, wd in list(self._watches.items()):
             if folder == top or folder.startswith(prefix):

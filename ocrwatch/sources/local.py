@@ -1,6 +1,5 @@
 """Local inbox folders as a source: watchdog events plus scans, and a file is submitted only once it
-is
-whole.
+is whole.
 
 Each ``[[inbox]]`` gets its own watcher (``watch`` chooses inotify or polling), which hands its
 events over in batches (``watch.EventBridge``), watches no deeper than the inbox's ``max_depth``,
@@ -229,8 +228,7 @@ class LocalSource:
 
     async def _refresh(self, inbox: Inbox) -> None:
         """Make sure the inbox is watched (again, if its folder was replaced or remounted), then
-        scan
-        it."""
+        scan it."""
         try:
             identity = await asyncio.to_thread(inbox.prepare)
             if inbox.observer is None or identity != inbox.identity:
@@ -452,8 +450,7 @@ class LocalSource:
 
     def _sidecar_changed(self, inbox: Inbox, path: Path) -> None:
         """A sidecar beside a submitted document was removed, moved away or written over: is it
-        still
-        done?"""
+        still done?"""
         document = self._sidecar_of(inbox, path)
         if document is not None:
             self._spawn(self._redo_lapsed(inbox, [document]))

@@ -55,8 +55,7 @@ class TooManyDeliveries(PermanentError):
 @dataclass
 class _Delivery:
     """One SQS message in flight here: its latest receipt, its heartbeat, and the jobs it still
-    waits
-    for."""
+    waits for."""
 
     message_id: str
     receipt_handle: str
@@ -107,8 +106,7 @@ class S3Source(S3EventSource):
 
     async def stop(self) -> None:
         """Stop taking events. Jobs in flight keep their heartbeat until ``finish``; nothing is
-        deleted
-        here."""
+        deleted here."""
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):

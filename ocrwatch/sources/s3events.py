@@ -174,8 +174,7 @@ def refusal(cfg: S3Config, obj: S3Object) -> str | None:
 
 def _valid_key(key: str) -> bool:
     """What S3 can hold as a key: UTF-8 (no lone surrogate from a JSON escape), at most 1024 bytes,
-    no
-    NUL."""
+    no NUL."""
     try:
         return len(key.encode()) <= MAX_KEY_BYTES and "\0" not in key
     except UnicodeEncodeError:
@@ -187,8 +186,7 @@ def _valid_key(key: str) -> bool:
 
 class S3EventSource:
     """The base of the SQS and webhook sources: turns notification bodies into jobs and fetches
-    their
-    objects.
+    their objects.
 
     ``client`` (the S3 client, made here, shared with the daemon's ``S3Sink``) downloads documents;
     ``limits.max_bytes`` is checked against the event's size before downloading. ``executor`` runs

@@ -65,8 +65,7 @@ def open_folder(folder: Path, root: Path) -> int:
 
 def _leads_to_folder(name: str, fd: int) -> bool:
     """Whether the link ``name`` in the folder ``fd`` points at a folder: a ``stat`` through it,
-    never
-    an open."""
+    never an open."""
     try:
         return stat.S_ISDIR(os.stat(name, dir_fd=fd).st_mode)
     except OSError:
@@ -99,8 +98,7 @@ def _list(
 
 def walk(root: Path, top: Path, max_depth: int, enter: Callable[[Path], bool]) -> Iterator[Listing]:
     """Every folder from ``top`` down (``top`` inside ``root``, both resolved), each listed before
-    its
-    subfolders.
+    its subfolders.
 
     A subfolder is walked when ``enter`` allows its path and it lies at most ``max_depth`` levels
     below ``root``; one that ``enter`` allows but lies deeper is named in its parent's ``too_deep``.

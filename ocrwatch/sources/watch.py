@@ -107,8 +107,7 @@ def parse_mountinfo(text: str) -> list[tuple[Path, str]]:
 
 def filesystem_type(path: Path, mountinfo: str) -> str | None:
     """Type of the mount holding the absolute ``path``: the deepest mount point, the last one
-    mounted
-    on a tie."""
+    mounted on a tie."""
     found, depth = None, -1
     for point, fstype in parse_mountinfo(mountinfo):
         if (point == path or point in path.parents) and len(point.parts) >= depth:
@@ -136,8 +135,7 @@ class Watcher(Protocol):
 
     def alive(self) -> bool:
         """Whether every thread it needs still runs: one that ended must be replaced, or the inbox
-        goes
-        deaf."""
+        goes deaf."""
 
     def stop(self) -> None:
         """End its threads and wait for them. Blocking."""
@@ -258,8 +256,7 @@ class Batch:
 
 class EventBridge(FileSystemEventHandler):
     """Runs on watcher threads: queues each event and wakes the event loop once per batch, not once
-    per
-    event.
+    per event.
 
     Each ``call_soon_threadsafe`` writes a byte to the loop's one self-pipe, the pipe asyncio's own
     signal handling reads signals from too (``daemon.SignalCatcher`` no longer depends on it), and a

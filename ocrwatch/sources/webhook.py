@@ -155,8 +155,7 @@ class WebhookSource(S3EventSource):
 
     def _authorize(self, authorization: str | None, query_tokens: list[str] | None) -> None:
         """The shared token, as ``Authorization: Bearer`` or ``?token=`` (RGW's push endpoint is a
-        bare
-        URL)."""
+        bare URL)."""
         presented: str | None = None
         if authorization is not None:
             scheme, _, credentials = authorization.partition(" ")

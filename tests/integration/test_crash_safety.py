@@ -36,8 +36,7 @@ KILLS = 10
 
 def make_documents(inbox: Path) -> dict[Path, int]:
     """200 documents: 150 one-page PNGs and 50 PDFs of 2-4 pages, each with its own text. -> pages
-    per
-    path"""
+    per path"""
     made = {}
     for number in range(DOCUMENTS):
         if number % 4 == 3:

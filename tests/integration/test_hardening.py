@@ -543,8 +543,7 @@ def _pages_ok(path: Path, pages: int) -> bool:
 
 def test_engine_crashing_on_every_7th_page_loses_nothing(plugin_daemon) -> None:
     """``EngineDead`` on every 7th page: the engine is rebuilt, the pages in flight are requeued,
-    every
-    document ends ok."""
+    every document ends ok."""
     daemon = plugin_daemon("tests.fault_engines:CrashingEngine", {"every": 7, "delay": 0.05})
     daemon.start()
     paths = [small_pdf(daemon.inbox / f"crash {n}.pdf", f"crash {n}", pages=3) for n in range(8)]
@@ -637,8 +636,7 @@ def test_looping_and_garbage_output_still_make_valid_sidecars(
 
 def test_pdftoppm_killed_mid_page_is_retried_not_called_corrupt(plugin_daemon) -> None:
     """SIGKILL to ``pdftoppm`` (as the OOM killer would) while it renders: ``render_failed``,
-    retried,
-    then ok."""
+    retried, then ok."""
     daemon = plugin_daemon(
         retry={"attempts": 5, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 0.5}
     )

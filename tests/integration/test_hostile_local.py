@@ -57,8 +57,7 @@ def sidecar_files(root: Path) -> list[Path]:
 
 def _exchange(a: Path, b: Path, stop: threading.Event, flips: list[int]) -> None:
     """renameat2(RENAME_EXCHANGE) in a loop, as ``shared/redteam/swap_race.py`` does; ends with
-    ``a``
-    regular."""
+    ``a`` regular."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     renameat2 = libc.renameat2
     pa, pb = os.fsencode(a), os.fsencode(b)

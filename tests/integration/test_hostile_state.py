@@ -125,8 +125,7 @@ def test_a_read_only_state_dir_is_one_line_and_exit_2(
 
 def test_a_state_dir_held_by_another_daemon(daemon: PluginDaemon) -> None:
     """``run`` refuses (two daemons would process every document twice); ``status`` and ``retry``
-    are
-    meant to be used beside a running daemon, and work."""
+    are meant to be used beside a running daemon, and work."""
     ledgers.make_ledger(daemon.state / "ledger.sqlite3", daemon.inbox, rows=10)
     with open(daemon.state / "daemon.lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the other daemon holds it

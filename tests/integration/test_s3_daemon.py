@@ -1,6 +1,5 @@
 """``ocrwatch run`` as a real process with S3 sources: moto_server (SQS) and Ceph RGW (webhook),
-real
-Tesseract."""
+real Tesseract."""
 
 from __future__ import annotations
 

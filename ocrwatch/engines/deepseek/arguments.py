@@ -44,8 +44,7 @@ def vision(cfg: VllmConfig) -> VisionGeometry:
 
 def engine_sizing(cfg: VllmConfig, gpu_bytes: int | None) -> sizing.Sizing:
     """``max_num_seqs`` and ``max_num_batched_tokens``: the config's, else the rule of ``sizing``
-    for
-    this model on a GPU of ``gpu_bytes``."""
+    for this model on a GPU of ``gpu_bytes``."""
     language = model_config(cfg.model).get("language_config")
     facts = sizing.model_facts(
         language if isinstance(language, dict) else None, vision(cfg).max_image_tokens()

@@ -142,8 +142,7 @@ def _concat_attention(
 
 def rel_pos_attention(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """vLLM's ``RelPosAttention.forward`` with the bias folded into the attention kernel; x is (B,
-    H,
-    W, C)."""
+    H, W, C)."""
     if not attn.use_rel_pos:
         return attn(x)
     b, height, width, _ = x.shape

@@ -35,8 +35,7 @@ class VisionGeometry:
     min_tiles: int = 2
     newlines: bool = False
     """DeepSeek-OCR ends each row of a view's tokens with a newline token (vLLM's processor,
-    strategy
-    v1)."""
+    strategy v1)."""
 
     @property
     def max_side(self) -> int:
@@ -78,8 +77,7 @@ class VisionGeometry:
 
     def tile_grid(self, width: int, height: int) -> tuple[int, int]:
         """(columns, rows) the processor cuts a ``width``×``height`` image into; (1, 1) is the
-        global
-        view only."""
+        global view only."""
         if width <= self.tile_size and height <= self.tile_size:
             return (1, 1)
         ratios = self.grids()

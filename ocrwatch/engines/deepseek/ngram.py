@@ -33,8 +33,7 @@ class NGramRule:
     @classmethod
     def from_extra_args(cls, extra: dict | None) -> NGramRule | None:
         """vLLM's reading of ``SamplingParams.extra_args``: no ``ngram_size``, no rule; window
-        default
-        100."""
+        default 100."""
         if not extra or extra.get("ngram_size") is None:
             return None
         return cls(

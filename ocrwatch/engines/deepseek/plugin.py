@@ -20,8 +20,7 @@ from collections.abc import Mapping
 ENV = "OCRWATCH_FAST_ENCODER"
 GRAPHS_ENV = "OCRWATCH_ENCODER_GRAPHS"
 """Read by the fast class (``encoder``), which imports torch; named here so the engine sets it
-without
-importing torch."""
+without importing torch."""
 NGRAM_ENV = "OCRWATCH_NGRAM_GPU"
 LANES_ENV = "OCRWATCH_LANES"
 ARCH = "DeepseekOCR2ForCausalLM"
@@ -36,8 +35,7 @@ def enabled(environ: Mapping[str, str] | None = None, name: str = ENV) -> bool:
 
 def register() -> None:
     """Register the fast DeepSeek-OCR-2 class with vLLM's model registry, the GPU n-gram guard and
-    the
-    lanes, each when enabled; idempotent."""
+    the lanes, each when enabled; idempotent."""
     if enabled():
         from vllm import ModelRegistry
 
