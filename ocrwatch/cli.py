@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ocrwatch import __version__, config as config_module, streams
+from ocrwatch import __version__, config as config_module, config_engines, streams
 from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure, say
@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         "the work",
     )
     ocr.add_argument(
-        "--engine", choices=["auto", "tesseract", "vllm"], help="override [engine] kind"
+        "--engine", choices=["auto", *config_engines.names()], help="override [engine] kind"
     )
     ocr.add_argument(
         "--lang", help="Tesseract language(s) for this run, e.g. deu or eng+deu (selects Tesseract)"

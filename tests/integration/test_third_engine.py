@@ -117,3 +117,25 @@ def test_check_runs_the_toy_check_and_an_unknown_key_is_a_config_error(tmp_path:
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{config}: engine.toy.greting: Extra inputs are not permitted" in done.stderr
+
+
+def test_ocr_engine_names_the_third_engine_and_reads_with_it(tmp_path: Path) -> None:
+    """``ocrwatch ocr --engine toy`` with no daemon running: the CLI's own engine is the one the
+    entry point registers, with its table's options, and its one rung's output is final."""
+    site = _install_toy(tmp_path)
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[engine.toy]\ngreeting = "moin"\n'
+        f'[[inbox]]\npath = "{tmp_path / "inbox"}"\n'
+    )
+    document = tmp_path / "page.png"
+    _page(document)
+    command = [sys.executable, "-m", "ocrwatch", "--config", str(config), "ocr", "--engine", "toy"]
+    env = {**os.environ, **_env(site)}
+    done = subprocess.run(
+        [*command, str(document)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    data: Any = sidecars_done(document)
+    assert data["status"] == "ok" and "TOY-MARKER moin" in str(data)
+    assert [len(page["tries"]) for page in data["pages"]] == [1]
