@@ -23,7 +23,7 @@ import structlog
 from ocrwatch.archive import Archiver
 from ocrwatch.errors import OcrwatchError, classify
 from ocrwatch.hooks import HookRunner
-from ocrwatch.ledger import Fingerprint, Ledger
+from ocrwatch.ledger import Fingerprint, Ledger, State
 from ocrwatch.sinks.base import Sink, done
 from ocrwatch.sources.base import Job, S3Object, Source, key_id
 from ocrwatch.sources.sourcefile import inspect, measure
@@ -211,10 +211,12 @@ class Admission:
     async def resume(self, running: Collection[str]) -> int:
         """At start (and after ``ocrwatch retry``): a job a killed process left ``writing`` whose
         sidecars were written is only marked done (before the hooks settle what that process held);
-        the rest wait for ``dispatch``. How many unfinished jobs of the configured sources wait."""
+        the rest wait for ``waiting_jobs``. How many unfinished jobs of the configured sources
+        wait."""
         ledger = self.ledger
         assert ledger is not None
-        for row in await asyncio.to_thread(ledger.unfinished, ("writing",)):
+        writing: tuple[State, ...] = ("writing",)
+        for row in await asyncio.to_thread(ledger.unfinished, writing):
             if row.key in running or row.job.source not in self.sinks:
                 continue
             if await self._offload(row.job, self.already_written, row.job, row.fingerprint):

@@ -41,11 +41,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import structlog
 
-from ocrwatch.config import OnSuccess, OutputConfig, S3Config
+from ocrwatch.config import OnSuccess, OutputConfig
 from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse, classify
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
@@ -70,7 +71,7 @@ from ocrwatch.sinks.local import (
     json_marked,
     output_markers,
 )
-from ocrwatch.sources.base import Job, LocalFile, S3Object, Source
+from ocrwatch.sources.base import Bucketed, Job, LocalFile, S3Object, Source
 from ocrwatch.sources.sourcefile import folders_of, held
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import Owns
@@ -110,9 +111,8 @@ class Archiver:
         """The job's ``on_success``: its bucket's or its inbox's, else ``[output]``'s; ``keep`` for
         a job of no inbox or bucket (``ocrwatch ocr``: the files named are the user's)."""
         source = self._sources.get(job.source)
-        cfg = getattr(source, "cfg", None)
-        if isinstance(job.origin, S3Object) and isinstance(cfg, S3Config):
-            return cfg.on_success or self.output.on_success
+        if isinstance(job.origin, S3Object) and isinstance(source, Bucketed):
+            return source.cfg.on_success or self.output.on_success
         if isinstance(job.origin, LocalFile) and isinstance(source, LocalSource):
             inbox = source.inboxes().get(job.origin.inbox)
             if inbox is not None:
@@ -207,21 +207,20 @@ class Archiver:
             return None, None
         source, sink = self._sources[job.source], self._sinks[job.source]
         assert self.output.archive_dir is not None and isinstance(source, LocalSource)
-        beside = (
-            isinstance(sink, LocalSink) and sink.paths(job)["json"].parent == origin.path.parent
-        )
+        paths = sink.paths(job) if isinstance(sink, LocalSink) else None
+        beside = paths is not None and paths["json"].parent == origin.path.parent
         roots = set(source.inboxes()) | {origin.inbox}
         archive = self.output.archive_dir.expanduser().resolve()
         place = Place(archive, inbox_folder(origin.inbox, roots), self.output.name_template)
         moved, names = move_local(job, sha256, place, self.written, sidecars=beside)
-        if not beside:
+        if not beside or paths is None:
             return moved, None
-        paths = sink.paths(job)
         return moved, {kind: str(names.get(kind, paths[kind])) for kind in ("json", "md")}
 
     def _s3(self, obj: S3Object, action: OnSuccess, source: Source) -> str | None:
-        client, cfg = getattr(source, "client"), getattr(source, "cfg")
-        version = {"VersionId": obj.version_id} if obj.version_id else {}
+        assert isinstance(source, Bucketed)
+        client, cfg = source.client, source.cfg
+        version: dict[str, Any] = {"VersionId": obj.version_id} if obj.version_id else {}
         if not version:
             if not obj.etag:
                 raise SourceChanged(
@@ -238,7 +237,7 @@ class Archiver:
         target = None
         if action == "move":
             target = cfg.archive_prefix + obj.key
-            condition = {"CopySourceIfMatch": f'"{obj.etag}"'} if obj.etag else {}
+            condition: dict[str, Any] = {"CopySourceIfMatch": f'"{obj.etag}"'} if obj.etag else {}
             try:
                 call(
                     client.copy_object,

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from ocrwatch import __version__, config as config_module, config_engines, streams
 from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
@@ -27,6 +27,8 @@ from ocrwatch.report import OcrReport
 from ocrwatch.sources.ignore import sidecar_suffixes
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
     from ocrwatch.control.client import Client
     from ocrwatch.control.protocol import OcrRequest
     from ocrwatch.ledger import Ledger
@@ -62,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse drops a help or usage text whose write fails; here a closed pipe reaches ``main``
     as any other command's output does (its subparsers are of this class too)."""
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:
             (file or sys.stderr).write(message)
 

@@ -180,7 +180,7 @@ def _default(model: type[BaseModel], loc: Loc) -> list[Any]:
         if isinstance(part, str):
             field = fields(current)[part]
             current = _table(field.annotation) or tables(field.annotation)
-    default = fields(current)[loc[-1]].get_default(call_default_factory=True)
+    default = fields(current)[str(loc[-1])].get_default(call_default_factory=True)
     return [table.model_dump(mode="json") for table in default]
 
 

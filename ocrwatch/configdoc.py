@@ -114,7 +114,7 @@ def _keys(model: type[BaseModel], where: str, off: bool) -> Iterator[str]:
     default (its example shown), or where the whole table is an example (``off``)."""
     lead = "# " if off else ""
     for key, field in _fields(model):
-        if _is_table(field) or (model is Config and config_env.tables(field.annotation)):
+        if _table(field) or (model is Config and config_env.tables(field.annotation)):
             continue
         yield from (
             line.replace("# ", lead + "# ", 1) if off else line
@@ -131,19 +131,23 @@ def _keys(model: type[BaseModel], where: str, off: bool) -> Iterator[str]:
         yield lead_key + written
 
 
-def _is_table(field: FieldInfo) -> bool:
-    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+def _table(field: FieldInfo) -> type[BaseModel] | None:
+    """The model of a ``[section]`` key; None for any other key."""
+    annotation = field.annotation
+    return (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
 
 
 def _sections(model: type[BaseModel], path: str) -> Iterator[str]:
     for key, field in _fields(model):
         name = f"{path}.{key}" if path else key
-        if _is_table(field):
+        if (table := _table(field)) is not None:
             yield ""
             yield from _comment(_description(name, field))
             yield f"[{name}]"
-            yield from _keys(field.annotation, f"[{name}] ", off=False)
-            yield from _sections(field.annotation, name)
+            yield from _keys(table, f"[{name}] ", off=False)
+            yield from _sections(table, name)
         elif (inner := config_env.tables(field.annotation)) and not path:
             off = not field.get_default()
             yield ""
@@ -165,8 +169,8 @@ def _comment_block(text: str) -> list[str]:
 def _rows(model: type[BaseModel], where: str) -> Iterator[str]:
     for key, field in _fields(model):
         name = f"{where}.{key}" if where else key
-        if _is_table(field):
-            yield from _rows(field.annotation, name)
+        if (table := _table(field)) is not None:
+            yield from _rows(table, name)
             continue
         if (inner := config_env.tables(field.annotation)) and not where:
             yield from _rows(inner, f"[[{key}]]")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import signal
@@ -114,8 +115,12 @@ class HookRunner:
             for result in ("ok", "error"):
                 metrics.hook_attempts.labels(hook=name, result=result)
             metrics.hook_pending.labels(hook=name).set_function(
-                lambda name=name: len(self._queued[name])
+                functools.partial(self._pending, name)
             )
+
+    def _pending(self, name: str) -> int:
+        """The deliveries of hook ``name`` queued in memory, which its gauge reads at a scrape."""
+        return len(self._queued[name])
 
     async def start(self) -> None:
         """Settle what earlier processes left held, queue every pending delivery and start the
@@ -127,11 +132,11 @@ class HookRunner:
         self._session = aiohttp.ClientSession()
         recovered = await asyncio.to_thread(self._settle_held)
         orphans: dict[str, int] = {}
-        for hook, event in await asyncio.to_thread(self._store.pending):
-            if hook in self.hooks:
-                self._enqueue(hook, event)
+        for name, event in await asyncio.to_thread(self._store.pending):
+            if name in self.hooks:
+                self._enqueue(name, event)
             else:
-                orphans[hook] = orphans.get(hook, 0) + 1
+                orphans[name] = orphans.get(name, 0) + 1
         if orphans:  # kept, so that configuring the hook again delivers them
             log.warning(
                 "hook_deliveries_orphaned",

@@ -198,7 +198,8 @@ class Ledger(Database):
         if isinstance(origin, S3Object):
             if not origin.etag:
                 return []
-            column, values = "fp_etag = ? AND fp_size = ?", (origin.etag, origin.size or 0)
+            column = "fp_etag = ? AND fp_size = ?"
+            values: tuple[str | int, ...] = (origin.etag, origin.size or 0)
         else:
             column, values = "fp_sha256 = ?", (sha256,)
         sql = (
@@ -232,8 +233,9 @@ class Ledger(Database):
 
         def tx(conn: sqlite3.Connection) -> int:
             now = time.time()
+            params: tuple[str | float, ...] = ()
             if error is None:
-                sql, params = "attempts = attempts + 1", ()
+                sql = "attempts = attempts + 1"
             else:
                 sql, params = (
                     "attempts = attempts + 1, last_error = ?, error_at = ?",

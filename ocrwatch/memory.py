@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 
-def _find_malloc_trim() -> ctypes._CFuncPtr | None:
+def _find_malloc_trim() -> Callable[..., int] | None:
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim

@@ -199,6 +199,7 @@ class Pipeline:
     async def _dispatch(self) -> None:
         """Start each job the ledger has waiting, in the slot admission took for it."""
         held = 2 * self.active_documents  # a job in a backoff holds no slot: as many again
+        assert self._slots is not None
         async for job in self.admission.waiting_jobs(self._slots, self._runs.keys(), held):
             self.start_job(job)
 

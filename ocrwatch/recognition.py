@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -72,7 +73,7 @@ class Recognition:
             answering.add(task)
             task.add_done_callback(answering.discard)
             task.add_done_callback(ask.take)
-            ask.future.add_done_callback(lambda _, task=task: task.cancel())
+            ask.future.add_done_callback(functools.partial(_cancel, task))
 
     async def _answer_page(self, ask: PageAsk) -> tuple[ladder.PageResult, tuple[Any, ...]]:
         """One page recognised in its inbox's languages, and the figures cut from its image."""
@@ -109,3 +110,8 @@ class Recognition:
         self.metrics.stage_seconds.labels(stage="end_to_end").observe(time.time() - job.detected_at)
         for stage, seconds in stages.items():  # not the sidecar's copy: taken before the write
             self.metrics.stage_seconds.labels(stage=stage).observe(seconds)
+
+
+def _cancel(task: asyncio.Task[Any], future: object) -> None:
+    """A page's answer is dropped once nobody waits for it (its document cancelled)."""
+    task.cancel()

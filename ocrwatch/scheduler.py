@@ -499,7 +499,7 @@ class PageScheduler:
                     text_check=ready.check,
                 ),
             )
-            request.image = None
+            request.image = None  # type: ignore[assignment]  # its pixels freed: the page is read
         if requeue and not doc.closed:
             heapq.heappush(self._ready, (doc.order, page.index, ready))
             self.budget.ready += 1

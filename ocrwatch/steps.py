@@ -59,7 +59,9 @@ async def fetch_and_probe(
     limits = render.Limits.for_job(cfg.limits, job)
     fetched = await source.fetch(dataclasses.replace(job, max_bytes=limits.max_bytes), spool_dir)
     path = fetched.path
-    digest = fetched.sha256 or await asyncio.to_thread(sha256_file, path)
+    digest = fetched.sha256
+    if not digest:
+        digest = await asyncio.to_thread(sha256_file, path)
     run.read = digest  # an error sidecar names the bytes read, whatever fails next
     with naming(path, job.origin):
         info = await asyncio.to_thread(render.probe, path, limits)

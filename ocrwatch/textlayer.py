@@ -29,7 +29,7 @@ import html
 import re
 import unicodedata
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -161,7 +161,7 @@ def page_text(
         ]
         if words:
             lines.append(
-                Line(_box(block.get("bbox")) if block.get("bbox") else _union(words), tuple(words))
+                Line(_box(box) if (box := block.get("bbox")) else _union(words), tuple(words))
             )
         elif block.get("type") not in IMAGE_LABELS:
             texts = _plain_lines(str(block.get("text") or ""))
@@ -530,7 +530,7 @@ def _box(values: Sequence[float]) -> Box:
     return left, top, right, bottom
 
 
-def _normal(values: Sequence[Any]) -> Box:
+def _normal(values: Iterable[Any]) -> Box:
     x0, y0, x1, y1 = (float(value) for value in values)
     return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
 

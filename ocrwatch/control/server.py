@@ -112,7 +112,7 @@ class ControlServer:
                 if not isinstance(request, dict):
                     raise ValueError("not a JSON object")
                 handler = {"status": self._status, "retry": self._retry, "ocr": self._ocr}[
-                    request.get("op")
+                    str(request.get("op"))
                 ]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ControlError(f"not a request: {exc}") from None

@@ -301,8 +301,8 @@ def _encode(image: Image.Image, default_dpi: int) -> tuple[bytes, int]:
     ``default_dpi`` for an image that records none. The renderer already hands over L or RGB;
     other modes are flattened here the same way."""
     dpi = image.info.get("dpi")
-    recorded = isinstance(dpi, tuple) and dpi and float(dpi[0]) > 0
-    resolution = min(max(round(float(dpi[0])), 70), 2400) if recorded else default_dpi
+    first = float(dpi[0]) if isinstance(dpi, tuple) and dpi else 0.0
+    resolution = min(max(round(first), 70), 2400) if first > 0 else default_dpi
     mode = image.mode
     if mode.startswith("I;16") or mode == "I":  # 16-bit grey: convert("L") would clip at 255
         image = image.convert("I").point(lambda value: value * (1 / 257)).convert("L")

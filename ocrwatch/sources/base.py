@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from ocrwatch.config import DEFAULT_PRIORITY
+from ocrwatch.config import DEFAULT_PRIORITY, S3Config
 from ocrwatch.errors import OcrwatchError
 from ocrwatch.safefs import Access
 
@@ -189,3 +189,12 @@ class Source(Protocol):
         """Acknowledge the job's event now that its sidecars are written (or it is given up as
         ``kind``). Where the source and its error sidecar went, if this moved them (as
         ``archive.Archiver.apply_on_success`` says it), so its hooks are told."""
+
+
+@runtime_checkable
+class Bucketed(Protocol):
+    """A source that reads a bucket: its S3 client and its ``[[s3]]`` table, which the on-success
+    action uses. A protocol, so that code beside a local source never imports boto3."""
+
+    client: Any
+    cfg: S3Config

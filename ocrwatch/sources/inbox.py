@@ -206,7 +206,7 @@ class Settled:
 
     def matches(self, path: Path | str, seen: Signature | bytes | str | None) -> bool:
         """Whether ``seen`` is what was recorded for ``path`` (None: nothing was)."""
-        return self._entries.get(os.fspath(path)) == packed(seen)
+        return self._entries.get(os.fspath(path)) == (None if seen is None else packed(seen))
 
     def submitted(self, path: Path | str) -> bool:
         """Whether ``path`` was submitted (rather than refused, or never seen)."""
@@ -225,14 +225,14 @@ class Settled:
     def forget(self, path: Path | str) -> None:
         self._entries.pop(os.fspath(path), None)
 
-    def keep_only(self, paths: Iterable[Path]) -> None:
+    def keep_only(self, paths: Iterable[Path | str]) -> None:
         """Forget every file but ``paths``: what a scan of the whole inbox found."""
         kept = {os.fspath(path) for path in paths}
         for key in self._entries.keys() - kept:
             del self._entries[key]
 
 
-def packed(seen: Signature | bytes | str | None) -> bytes | str | None:
+def packed(seen: Signature | bytes | str) -> bytes | str:
     """A signature as ``Settled`` and the scan keep it (40 bytes); anything else as it is."""
     return _SIGNATURE.pack(*seen) if isinstance(seen, Signature) else seen
 

@@ -190,7 +190,7 @@ class LocalSource:
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         comes_back = outcome == "failed" and path_fault(kind)
         self._settler.heard(job.key, "retry" if comes_back else outcome)
-        if comes_back and inbox is not None:
+        if comes_back and inbox is not None and isinstance(origin, LocalFile):
             # Failed for what its path was then: the next scan finding it whole submits it again.
             inbox.settled.forget(origin.path)
         if outcome != "failed" or inbox is None or inbox.quarantine is None:

@@ -43,7 +43,7 @@ def _tiff_complete(handle: BinaryIO, size: int) -> bool:
         with Image.open(handle) as image:
             for index in range(getattr(image, "n_frames", 1)):
                 image.seek(index)
-                tags = image.tag_v2
+                tags = getattr(image, "tag_v2", {})
                 offsets, counts = (
                     tags.get(273) or tags.get(324) or (),
                     tags.get(279) or tags.get(325) or (),

@@ -76,7 +76,10 @@ def _list(
     fd: int, folder: Path, depth: int, max_depth: int, enter: Callable[[Path], bool]
 ) -> tuple[Listing, list[str]]:
     """The listing of the open folder ``fd`` and the names of the subfolders to walk next."""
-    files, links, deep, inner = [], [], [], []
+    files: list[str] = []
+    links: list[str] = []
+    deep: list[str] = []
+    inner: list[str] = []
     with os.scandir(fd) as entries:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):

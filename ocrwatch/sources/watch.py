@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import watchdog.events
 from watchdog.events import (
@@ -167,13 +167,14 @@ def _read_mountinfo() -> str:
 
 def bounded_listdir(
     root: Path, max_depth: int, enter: Callable[[Path], bool]
-) -> Callable[[str], Iterator[Any]]:
+) -> Callable[[str | None], Iterator[os.DirEntry[str]]]:
     """The poller's ``listdir``: a folder deeper than ``max_depth`` or not entered is listed as
     empty, so watchdog's recursive snapshot stops there; a folder below the root that cannot be
     listed (a path longer than ``PATH_MAX``, gone, unreadable) is empty too, rather than failing the
     snapshot of the whole inbox."""
 
-    def listdir(path: str) -> Iterator[Any]:
+    def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+        path = str(root) if path is None else path
         folder = Path(path)
         if folder != root and (depth_of(folder, root) > max_depth or not enter(folder)):
             return iter(())

@@ -287,12 +287,14 @@ def pages_to_embeddings(
     n_tiles = sum(tiles)
     local = None
     if n_tiles:
+        assert images_crop is not None  # vLLM passes the crops whenever a page has tiles
         local = encode_views(model, images_crop[:n_tiles], tile_chunk, graphs)
     dim = glob.shape[-1]
     sep = model.view_seperator[None, :]
     out, pos = [], 0
     for page, count in enumerate(tiles):
         if count:
+            assert local is not None  # a page with tiles: they were encoded above
             out.append(
                 torch.cat([local[pos : pos + count].reshape(-1, dim), glob[page], sep], dim=0)
             )
