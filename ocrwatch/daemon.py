@@ -123,7 +123,6 @@ class Daemon:
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._force = asyncio.Event()
-        self._ready = False
         self._gpus: dict[str, int] = {}
         self._state_lock: IO[str] | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -163,9 +162,7 @@ class Daemon:
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
         await self._open_control()
         if cfg.metrics.enabled:
-            self.health = HealthServer(
-                self.metrics, cfg.metrics.listen, lambda: self._ready, self._update_gauges
-            )
+            self.health = HealthServer(self.metrics, cfg.metrics.listen, self._update_gauges)
             await self.health.start()
         self.pipeline = Pipeline(cfg, self.ledger, self.metrics)
         await self.pipeline.start()
@@ -179,7 +176,8 @@ class Daemon:
         self._spawn(intake.serve(self.outbox, self.pipeline.submit, self.pipeline.reject), "intake")
         for source in self.pipeline.sources.values():
             await source.start(self.outbox)
-        self._ready = True
+        if self.health is not None:
+            self.health.set_ready(True)
         sd_notify("READY=1")
         self._spawn(self._health_tick(), "health-tick")
         log.info(
@@ -424,7 +422,8 @@ class Daemon:
         """Stop taking work, let running jobs finish for ``shutdown_timeout``, then close
         everything."""
         sd_notify("STOPPING=1")
-        self._ready = False
+        if self.health is not None:
+            self.health.set_ready(False)
         log.info("daemon_stopping")
         if self.pipeline is not None:
             for source in self.pipeline.sources.values():

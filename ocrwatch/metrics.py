@@ -245,20 +245,19 @@ class HealthServer:
     ``/metrics`` speaks whatever format the scraper's ``Accept`` asks for (Prometheus text or
     OpenMetrics), through prometheus_client's own exposition. ``update_gauges`` runs before each
     /metrics answer, on the loop, so gauges read at scrape time are exact rather than a tick old; it
-    must be cheap.
+    must be cheap. ``/readyz`` says what ``set_ready`` last said (not ready until then).
     """
 
     def __init__(
         self,
         metrics: Metrics,
         listen: str,
-        ready: Callable[[], bool],
         update_gauges: Callable[[], None] | None = None,
     ) -> None:
         self._metrics = metrics
-        self._ready = ready
+        self._ready = False
         self._update_gauges = update_gauges
-        metrics.ready.set_function(lambda: float(ready()))
+        metrics.ready.set(0)
         app = web.Application()
         app.router.add_get("/metrics", self._scrape)
         app.router.add_get("/healthz", self._healthz)
@@ -274,6 +273,11 @@ class HealthServer:
     @property
     def address(self) -> tuple[str, int]:
         return self._listener.address
+
+    def set_ready(self, ready: bool) -> None:
+        """Ready (the engine warm, the sources watching) or no longer (stopping)."""
+        self._ready = ready
+        self._metrics.ready.set(float(ready))
 
     async def start(self) -> None:
         await self._listener.start()
@@ -294,7 +298,7 @@ class HealthServer:
         return web.Response(text="ok\n")  # answering at all proves the event loop turns
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        if self._ready():
+        if self._ready:
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready\n")
 

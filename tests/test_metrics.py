@@ -43,7 +43,6 @@ def status_of(url: str) -> int:
 
 async def test_health_server_paths_and_refresh_before_each_scrape() -> None:
     metrics = Metrics()
-    ready = False
     scrapes = 0
 
     def refresh() -> None:
@@ -51,13 +50,13 @@ async def test_health_server_paths_and_refresh_before_each_scrape() -> None:
         scrapes += 1
         metrics.inflight_pages.set(scrapes)
 
-    server = HealthServer(metrics, "127.0.0.1:0", lambda: ready, refresh)
+    server = HealthServer(metrics, "127.0.0.1:0", refresh)
     await server.start()
     base = f"http://127.0.0.1:{server.port}"
     try:
         assert await asyncio.to_thread(status_of, f"{base}/healthz") == 200
         assert await asyncio.to_thread(status_of, f"{base}/readyz") == 503
-        ready = True
+        server.set_ready(True)
         assert await asyncio.to_thread(status_of, f"{base}/readyz") == 200
         assert await asyncio.to_thread(status_of, f"{base}/nope") == 404
         for expected in (1, 2):
@@ -70,7 +69,7 @@ async def test_health_server_paths_and_refresh_before_each_scrape() -> None:
 
 
 async def test_metrics_speak_openmetrics_when_asked_and_answer_head() -> None:
-    server = HealthServer(Metrics(), "127.0.0.1:0", lambda: True)
+    server = HealthServer(Metrics(), "127.0.0.1:0")
     await server.start()
     url = f"http://127.0.0.1:{server.port}/metrics"
 

@@ -202,7 +202,7 @@ def test_metrics_and_webhook_listen_on_loopback_by_default() -> None:
 
 def test_a_listen_address_without_a_host_binds_loopback() -> None:
     async def bound_host() -> str:
-        server = HealthServer(Metrics(), ":0", lambda: True)
+        server = HealthServer(Metrics(), ":0")
         await server.start()
         try:
             return server.address[0]  # the bound socket's address

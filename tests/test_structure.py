@@ -223,7 +223,6 @@ def test_no_comment_cites_a_benchmark_run() -> None:
 DEBT = "issue 29 item 4, not yet turned: the lower layer should return what it produces"
 HANDED_DOWN: dict[str, str] = {
     "daemon: ControlServer <- self": DEBT + " (control answers from the daemon's state)",
-    "daemon: HealthServer <- lambda": DEBT + " (readiness read at each probe)",
     "daemon: HealthServer <- self._update_gauges": DEBT + " (gauges refreshed at each scrape)",
     "daemon: LocalSource <- pipeline.admission.lapsed": DEBT
     + " (the ledger's word on a lost sidecar)",
