@@ -223,7 +223,8 @@ def test_no_comment_cites_a_benchmark_run() -> None:
 DEBT = "issue 29 item 4, not yet turned: the lower layer should return what it produces"
 HANDED_DOWN: dict[str, str] = {
     "daemon: ControlServer <- self": DEBT + " (control answers from the daemon's state)",
-    "daemon: HealthServer <- self._update_gauges": DEBT + " (gauges refreshed at each scrape)",
+    "daemon: HealthServer <- self._update_gauges": "gauges exact at each scrape: prometheus_client"
+    " reads such a value through a callback (set_function, a collector), its API",
     "daemon: LocalSource <- pipeline.admission.lapsed": DEBT
     + " (the ledger's word on a lost sidecar)",
     "pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (renders as asks, too)",
