@@ -64,9 +64,8 @@ def main() -> None:
     )
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
-    rule = NGramRule(
-        ngram_size=30, window_size=90, whitelist=frozenset({1, 2})
-    )  # DeepSeek-OCR's, two exempt ids
+    # DeepSeek-OCR's, two exempt ids
+    rule = NGramRule(ngram_size=30, window_size=90, whitelist=frozenset({1, 2}))
     for vocab in (int(v) for v in a.vocab.split(",")):
         results = [
             run(a.rows, vocab, a.steps, a.start, a.max_len, rule, seed) for seed in range(a.runs)

@@ -115,9 +115,8 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side, interleaved")
     args = parser.parse_args()
-    logging.configure(
-        LogConfig(level="warning")
-    )  # the naive loop's engine logs like the daemon's, quietly
+    # the naive loop's engine logs like the daemon's, quietly
+    logging.configure(LogConfig(level="warning"))
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as tmp:
         scratch = Path(tmp)
         docs, origin = corpus_documents(args.pages, scratch / "generated")

@@ -75,9 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=40)
     args = parser.parse_args()
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
-    )  # the renderer's lines
+    # the renderer's lines
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with tempfile.TemporaryDirectory(prefix="ocrwatch-bench-") as folder:
         root = Path(folder)
         documents, origin = corpus_documents(args.pages, root / "generated")

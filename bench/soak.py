@@ -70,9 +70,8 @@ def main() -> None:
                 while pending and len(outstanding) < args.window:
                     source = pending.pop()
                     target = daemon.inbox / source.name
-                    source.replace(
-                        target
-                    )  # same filesystem: a rename, seen as a whole file moved in
+                    # same filesystem: a rename, seen as a whole file moved in
+                    source.replace(target)
                     outstanding.append(target)
                 finished = [path for path in outstanding if sidecar(path).exists()]
                 for path in finished:

@@ -61,9 +61,8 @@ def preflight(cfg: Config) -> None:
     needs = itertools.chain(
         _poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True)
     )
-    _raise_first(
-        needs, cfg.source_file
-    )  # folders last: a start refused for another reason creates none
+    # folders last: a start refused for another reason creates none
+    _raise_first(needs, cfg.source_file)
 
 
 def require_languages(cfg: Config, lang: str | None = None, *, kind: str | None = None) -> None:

@@ -325,9 +325,8 @@ async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
     pipeline = Pipeline(cfg, None, Metrics())
 
     async def prepare() -> None:
-        await asyncio.to_thread(
-            _make_state_dir, cfg.state_dir
-        )  # the documents' spool folders go there
+        # the documents' spool folders go there
+        await asyncio.to_thread(_make_state_dir, cfg.state_dir)
         await pipeline.start()
 
     try:

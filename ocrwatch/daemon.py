@@ -156,9 +156,8 @@ class Daemon:
         self._spawn(self._exit_when_forced(), "forced-exit")
         self._spawn(self.lag_probe.run(), "loop-lag-probe")
         self._prepare_state_dir()
-        await asyncio.to_thread(
-            checks.preflight, cfg
-        )  # what only the user can fix stops the start (exit 2)
+        # what only the user can fix stops the start (exit 2)
+        await asyncio.to_thread(checks.preflight, cfg)
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
         await self._open_control()
         if cfg.metrics.enabled:
@@ -170,9 +169,8 @@ class Daemon:
         # before the ledger is read: a retry meanwhile starts its jobs itself
         self._taking_work.set()
         resumed = await self.resume()
-        await (
-            self.pipeline.hooks.start()
-        )  # after resume: it marks done the jobs whose sidecars were written
+        # after resume: it marks done the jobs whose sidecars were written
+        await self.pipeline.hooks.start()
         self._spawn(intake.serve(self.outbox, self.pipeline.submit, self.pipeline.reject), "intake")
         for source in self.pipeline.sources.values():
             await source.start(self.outbox)
@@ -203,10 +201,8 @@ class Daemon:
             metrics=self.metrics,
         )
         written = Written(pipeline.ledger) if pipeline.ledger is not None else None
-        pipeline.archive.written, self.local.owns_output = (
-            written,
-            output_judge(written),
-        )  # the record decides
+        # the record decides
+        pipeline.archive.written, self.local.owns_output = (written, output_judge(written))
         self.local_sink = LocalSink(template, cfg.output.dir, cfg.inbox, written)
         pipeline.add_source(self.local, self.local_sink)
         if not cfg.s3:
@@ -220,9 +216,8 @@ class Daemon:
         for index, s3cfg in enumerate(cfg.s3):
             source: S3Source | WebhookSource | AmqpSource
             if s3cfg.transport == "amqp":
-                from ocrwatch.sources.amqp import (
-                    AmqpSource,
-                )  # aio-pika: only where a queue is consumed
+                # aio-pika: only where a queue is consumed
+                from ocrwatch.sources.amqp import AmqpSource
 
                 source = AmqpSource(
                     s3cfg,
@@ -249,13 +244,11 @@ class Daemon:
         start with its name rather than failing every document later."""
         state = self.cfg.state_dir
         try:
-            make_private_dirs(
-                state
-            )  # as `ocrwatch ocr` makes it: 0700, and any missing parents too
+            # as `ocrwatch ocr` makes it: 0700, and any missing parents too
+            make_private_dirs(state)
             self._lock_state_dir()
-            _reset_private_dir(
-                state / "tmp"
-            )  # what sessions killed with the last process left behind
+            # what sessions killed with the last process left behind
+            _reset_private_dir(state / "tmp")
             for folder in (state, state / "tmp"):
                 tempfile.TemporaryFile(dir=folder).close()
         except OSError as exc:
@@ -401,9 +394,8 @@ class Daemon:
             await asyncio.sleep(interval)
             lag = time.monotonic() - start - interval
             self.metrics.loop_lag.set(max(self.lag_probe.take_worst(), lag, 0.0))
-            self._gpus = await asyncio.to_thread(
-                gpu_memory_used
-            )  # NVML: blocking, and per tick is enough
+            # NVML: blocking, and per tick is enough
+            self._gpus = await asyncio.to_thread(gpu_memory_used)
             self._update_gauges()
             if lag < max(interval, 1.0):
                 sd_notify("WATCHDOG=1")

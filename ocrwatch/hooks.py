@@ -102,9 +102,8 @@ class HookRunner:
         self._token = secrets.token_hex(8)  # marks the events this process holds
         self._metrics = metrics
         self._queues: dict[str, asyncio.Queue[int]] = {name: asyncio.Queue() for name in self.hooks}
-        self._queued: dict[str, set[int]] = {
-            name: set() for name in self.hooks
-        }  # waiting or running
+        # waiting or running
+        self._queued: dict[str, set[int]] = {name: set() for name in self.hooks}
         self._workers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()  # workers inside a delivery
         self._stopping = False
@@ -415,9 +414,8 @@ async def run_command(
     do."""
     stdin = os.memfd_create("ocrwatch-hook", os.MFD_CLOEXEC)
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    reading = os.fdopen(
-        read_end, "rb", buffering=0
-    )  # closed here and by the transport: a second close is a no-op
+    # closed here and by the transport: a second close is a no-op
+    reading = os.fdopen(read_end, "rb", buffering=0)
     try:
         await asyncio.to_thread(_fill, stdin, payload)
         output = asyncio.StreamReader()

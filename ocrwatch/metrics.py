@@ -121,9 +121,8 @@ class Metrics:
             registry=r,
         )
         self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
-        ProcessCollector(
-            registry=r
-        )  # process_*: resident memory, CPU, open descriptors, as exporters have
+        # process_*: resident memory, CPU, open descriptors, as exporters have
+        ProcessCollector(registry=r)
         self.engine_restarts = Counter(
             "ocrwatch_engine_restarts", "Engine rebuilds after a death", registry=r
         )

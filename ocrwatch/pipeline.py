@@ -71,9 +71,8 @@ class Progress:
     job: Job
     running: bool
     pages_done: int
-    pages_total: (
-        int | None
-    )  # None until its pages are in the scheduler (fetching, probing, writing, waiting)
+    # None until its pages are in the scheduler (fetching, probing, writing, waiting)
+    pages_total: int | None
     eta_seconds: float | None = (
         None  # the pages left at the rate of those done; None before the first
     )
@@ -88,17 +87,14 @@ class Pipeline:
         self.metrics = metrics
         self.supervisor = EngineSupervisor(cfg, metrics)
         self.recognition = Recognition(self.supervisor, metrics, cfg.output.images)
-        self.hooks = HookRunner(
-            cfg.hook, ledger, metrics
-        )  # started by the daemon, after it resumes the ledger
-        self.decode_budget = DecodeBudget(
-            cfg.render.decode_budget_mb * 1024 * 1024
-        )  # one for every render worker
+        # started by the daemon, after it resumes the ledger
+        self.hooks = HookRunner(cfg.hook, ledger, metrics)
+        # one for every render worker
+        self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
-        self.archive = Archiver(
-            cfg.output, self.sources, self.sinks, metrics
-        )  # a source's fate once it is done
+        # a source's fate once it is done
+        self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)
         self.admission = Admission(
             ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload
         )

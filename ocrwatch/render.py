@@ -125,9 +125,8 @@ def probe(
         raise EmptyFile(f"{path}: zero bytes")
     if st.st_size > limits.max_bytes:
         raise FileTooLarge(f"{path}: {st.st_size} bytes, more than max_bytes={limits.max_bytes}")
-    fd = os.open(
-        path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
-    )  # had it become a FIFO since stat, no block
+    # had it become a FIFO since stat, no block
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         head = os.read(fd, HEAD_BYTES)
     finally:

@@ -89,9 +89,8 @@ def new_client(cfg: S3Config, service: str, *, read_timeout: float = READ_TIMEOU
     return session.client(service, endpoint_url=cfg.endpoint_url, config=config)
 
 
-_thread = (
-    threading.local()
-)  # ``stopping``: the event of the S3Threads pool the current thread belongs to
+# ``stopping``: the event of the S3Threads pool the current thread belongs to
+_thread = threading.local()
 
 
 class S3Threads(Executor):

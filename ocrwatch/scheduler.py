@@ -229,9 +229,8 @@ class Document:
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     closed: bool = False
     retired: bool = False
-    added: float = field(
-        default_factory=time.monotonic
-    )  # when its pages came in: its rate, its ETA
+    # when its pages came in: its rate, its ETA
+    added: float = field(default_factory=time.monotonic)
 
     @property
     def unrendered(self) -> bool:

@@ -387,9 +387,8 @@ def _image_pages(
             frames = getattr(image, "n_frames", 1) if image.format == "TIFF" else 1
             if frames != len(pages):
                 raise CorruptImage(f"{source}: {frames} frames now, the renderer read {len(pages)}")
-            charge = pdfimage.decode_bytes(
-                image, frames
-            )  # none for a JPEG: no place in the budget's queue
+            # none for a JPEG: no place in the budget's queue
+            charge = pdfimage.decode_bytes(image, frames)
             with budget.hold(charge) if charge else contextlib.nullcontext():
                 for index, text in enumerate(pages):
                     image.seek(index)

@@ -77,9 +77,8 @@ def hide_rows_in_the_middle(path: Path, hidden: int = 4) -> int:
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     page = sorted(leaves)[len(leaves) // 2]
     with open(path, "r+b") as f:
-        f.seek(
-            (page - 1) * page_size + 3
-        )  # b-tree page header: type (1), first freeblock (2), cell count (2)
+        # b-tree page header: type (1), first freeblock (2), cell count (2)
+        f.seek((page - 1) * page_size + 3)
         (cells,) = struct.unpack(">H", f.read(2))
         assert cells > hidden
         f.seek((page - 1) * page_size + 3)

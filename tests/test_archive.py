@@ -213,9 +213,8 @@ def test_move_takes_only_what_the_record_holds_as_the_documents(
     LocalSink(written=written).write(
         job, "<!-- page 1 -->\n\ntext\n", {"schema": "ocrwatch/1", "status": "ok"}
     )
-    (inbox / "report.png.md").chmod(
-        0o600
-    )  # the owner's own change stays ocrwatch's file: the record says whose
+    # the owner's own change stays ocrwatch's file: the record says whose
+    (inbox / "report.png.md").chmod(0o600)
 
     archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
     assert sorted(p.name for p in (archive / "inbox").iterdir()) == [
@@ -236,9 +235,8 @@ def test_an_output_written_before_the_record_goes_along_only_by_its_mark_and_the
 ) -> None:
     inbox, archive = tmp_path / "scans", tmp_path / "archive"
     source = document_files(inbox, inbox, None)  # an older ocrwatch: no record
-    os.chown(
-        inbox / "report.pdf.md", OTHER_UID, OTHER_UID
-    )  # marked, but not the daemon's user's: a user's file
+    # marked, but not the daemon's user's: a user's file
+    os.chown(inbox / "report.pdf.md", OTHER_UID, OTHER_UID)
     job = local_job(source, inbox)
     archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
     assert (inbox / "report.pdf.md").exists() and not (archive / "scans" / "report.pdf.md").exists()
@@ -422,9 +420,10 @@ def test_a_partial_document_stays(tmp_path: Path, written: Written, action: str)
     archiver(inbox, tmp_path / "archive", written, action).apply_on_success(
         job, "partial", sha(CONTENT), None
     )
+    # from the JSON
     archiver(inbox, tmp_path / "archive", written, action).apply_on_success(
         job, None, sha(CONTENT), None
-    )  # from the JSON
+    )
     assert source.read_bytes() == CONTENT and not (tmp_path / "archive").exists()
 
 
@@ -451,9 +450,8 @@ def test_a_file_changed_since_it_was_read_stays(
         tmp_path / "archive" / "scans" / "report.pdf"
     ).exists()
 
-    source.write_bytes(
-        CONTENT
-    )  # the very bytes again, but the fetch's own check says it was replaced
+    # the very bytes again, but the fetch's own check says it was replaced
+    source.write_bytes(CONTENT)
     again = archiver(inbox, tmp_path / "archive", written, action)
     again.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), lambda: True)
     assert source.exists()
@@ -507,9 +505,8 @@ def test_sidecars_under_an_output_dir_stay_there(tmp_path: Path, written: Writte
         written,
     )
     moved = mover.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None)
-    assert moved == {
-        "source": (archive / "scans" / "report.pdf").as_uri()
-    }  # the sidecars' paths stand
+    # the sidecars' paths stand
+    assert moved == {"source": (archive / "scans" / "report.pdf").as_uri()}
     assert sorted(p.name for p in (archive / "scans").iterdir()) == ["report.pdf"]
 
 
@@ -558,9 +555,8 @@ def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(
     source, _ = failed_document(inbox, written)
     error = inbox / "sub" / "bad.pdf.error.json"
     error.unlink()
-    error.write_bytes(
-        dump_json({"schema": "ocrwatch/1", "status": "failed", "by": "bob"})
-    )  # no record holds it
+    # no record holds it
+    error.write_bytes(dump_json({"schema": "ocrwatch/1", "status": "failed", "by": "bob"}))
     os.chown(error, OTHER_UID, OTHER_UID)
     judge = output_judge(written)
     _, carried = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
@@ -653,9 +649,8 @@ def test_s3_versioned_bucket_acts_on_the_version_read(moto: MotoServer) -> None:
 
     assert s3.get_object(Bucket="versioned", Key="archive/scan.pdf")["Body"].read() == CONTENT
     versions = s3.list_object_versions(Bucket="versioned", Prefix="scan.pdf")["Versions"]
-    assert [v["VersionId"] for v in versions] == [
-        newer.version_id
-    ]  # the version read is gone, the newer stays
+    # the version read is gone, the newer stays
+    assert [v["VersionId"] for v in versions] == [newer.version_id]
     assert (
         s3.get_object(Bucket="versioned", Key="scan.pdf")["Body"].read()
         == b"written after the read"

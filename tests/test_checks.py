@@ -60,9 +60,8 @@ def check(
         proc.stdout + proc.stderr
     )
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert not [line for line in proc.stderr.splitlines() if line.startswith("{")], (
-        proc.stderr
-    )  # the table only
+    # the table only
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("{")], proc.stderr
     return proc.returncode, lines
 
 

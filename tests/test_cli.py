@@ -128,9 +128,8 @@ def test_corpus_outcomes_through_the_cli(
     """Every small corpus entry gets the outcome its manifest states, sidecars written under
     --out."""
     entries = [e for e in manifest if (e.get("pages") or 0) <= 2]
-    config = (
-        tmp_path / "ocrwatch.toml"
-    )  # outcomes and page counts, not text: Tesseract's lowest resolution will do
+    # outcomes and page counts, not text: Tesseract's lowest resolution will do
+    config = tmp_path / "ocrwatch.toml"
     config.write_text('[engine]\nkind = "tesseract"\n[engine.tesseract]\ndpi = 70\n')
     out = tmp_path / "out"
     proc = ocr("--config", config, "--out", out, *(corpus_dir / e["file"] for e in entries))
@@ -276,11 +275,12 @@ def test_ocr_dir_recurses_skips_current_sidecars_and_force_redoes(tmp_path: Path
         "link.png: a symlink that leads to" in proc.stderr
         and "links are not followed" in proc.stderr
     )
+    # mirrored below --out: two documents of one name in two folders never share a sidecar
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.json")) == [
         "a/page.png.json",
         "b/deeper/two.pdf.json",
         "b/page.png.json",
-    ]  # mirrored below --out: two documents of one name in two folders never share a sidecar
+    ]
     assert "Beta" in (out / "b" / "page.png.md").read_text()
     stamp = (out / "a" / "page.png.json").stat().st_mtime_ns
 

@@ -27,9 +27,8 @@ def test_a_named_link_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
     source = {"bytes": data.stat().st_size, "sha256": digest}
     paths["json"].write_text(json.dumps({"schema": "ocrwatch/1", "source": source}))
     assert _current(sink, job)
-    data.write_bytes(
-        b"%PDF-1.4 other"
-    )  # the file named through the link changed: not done any more
+    # the file named through the link changed: not done any more
+    data.write_bytes(b"%PDF-1.4 other")
     assert not _current(sink, job)
     os.mkfifo(tmp_path / "fifo.pdf")  # never read, never blocks
     assert not _current(

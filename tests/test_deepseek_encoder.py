@@ -51,10 +51,8 @@ def test_a_batch_replays_the_smallest_graph_that_holds_it(graphs: Any) -> None:
     views = torch.rand(3, 3, 8, 8)
     out = graphs(views)
     assert torch.equal(out, encode(None, views))
-    assert graphs.captured == [
-        (8, 2),
-        (8, 4),
-    ]  # every size of the side, the first time the side is seen
+    # every size of the side, the first time the side is seen
+    assert graphs.captured == [(8, 2), (8, 4)]
     assert graphs.graphs[(8, 4)][0].replays == 1 and graphs.graphs[(8, 2)][0].replays == 0
 
 

@@ -109,9 +109,8 @@ async def test_a_page_is_read_by_tesseract_in_a_child_process() -> None:
         for index, result in enumerate(results):
             assert isinstance(result, Recognition)
             assert f"Invoice {4711 + index} paid" in result.markdown
-        os.kill(
-            child, signal.SIGINT
-        )  # Ctrl-C reaches the process group; the daemon alone acts on it
+        # Ctrl-C reaches the process group; the daemon alone acts on it
+        os.kill(child, signal.SIGINT)
         rgb = await engine.recognize(
             PageRequest("rgb", text_page(["Colour page"]).convert("RGB"), "markdown")
         )
@@ -188,9 +187,8 @@ async def test_a_dead_replica_is_restarted_alone_and_its_page_finished_by_anothe
         await asyncio.sleep(1.0)  # one page in each child
         os.kill(first, signal.SIGKILL)
         for page in await asyncio.wait_for(asyncio.gather(*slow), 120):
-            assert (
-                "the committee reviewed the budget" in page.markdown
-            )  # the killed child's page too
+            # the killed child's page too
+            assert "the committee reviewed the budget" in page.markdown
         await wait_until(lambda: not engines._down)
         restarted = engines.engines[0]._proc.pid  # type: ignore[attr-defined]
         assert restarted != first and set(children()) - before == {restarted, second}
@@ -386,9 +384,8 @@ async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(
             return True
 
     monkeypatch.setattr(process, "HeapTrimmer", CountingTrimmer)
-    monkeypatch.setattr(
-        ocw_logging, "configure", lambda config: None
-    )  # the child's logging is this process's
+    # the child's logging is this process's
+    monkeypatch.setattr(ocw_logging, "configure", lambda config: None)
     parent, child = process.socket.socketpair()
     server = asyncio.create_task(process._serve(child))
     reader, writer = await asyncio.open_unix_connection(sock=parent)

@@ -298,9 +298,8 @@ def test_close_kills_pages_in_flight() -> None:
 
 def test_tesseract_failure_raises_engine_failed_with_its_stderr() -> None:
     async def main() -> None:
-        engine = TesseractEngine(
-            TesseractConfig(lang="xyz")
-        )  # not started: start() would refuse the language
+        # not started: start() would refuse the language
+        engine = TesseractEngine(TesseractConfig(lang="xyz"))
         await engine.recognize(PageRequest("p", draw_page(LINES[:1], LINE_TOPS[:1]), prompt=""))
 
     with pytest.raises(EngineFailed) as failure:
@@ -312,9 +311,8 @@ def test_tesseract_failure_raises_engine_failed_with_its_stderr() -> None:
     assert failure.value.retryable
 
 
-DEJAVU = Path(
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
-)  # Pillow's bundled font has no umlauts
+# Pillow's bundled font has no umlauts
+DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 
 
 def german_page() -> Image.Image:

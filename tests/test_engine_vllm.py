@@ -117,9 +117,8 @@ def test_engine_kwargs_follow_the_deepseek_ocr_recipe() -> None:
     assert kwargs["logits_processors"] == [
         "ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram"
     ]
-    assert (
-        kwargs["max_num_seqs"] == 128 and kwargs["max_num_batched_tokens"] == 16384
-    )  # GPU memory unknown
+    # GPU memory unknown
+    assert kwargs["max_num_seqs"] == 128 and kwargs["max_num_batched_tokens"] == 16384
     gpu = arguments.engine_kwargs(VllmConfig(ngram_processor="gpu"))
     assert "logits_processors" not in gpu  # the guard runs inside vLLM's V2 sampler (ngram_gpu)
     fallback = arguments.engine_kwargs(VllmConfig(ngram_processor="gpu"), processor="batched")

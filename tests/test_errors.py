@@ -152,9 +152,8 @@ def test_sqlite_code_reads_the_code_or_else_sqlites_message(
     with pytest.raises(sqlite3.Error) as raised:
         cause(tmp_path / "l.sqlite3")
     assert errors.sqlite_code(raised.value) == code
-    assert (
-        errors.sqlite_code(type(raised.value)(*raised.value.args)) == code
-    )  # no code attached: the message
+    # no code attached: the message
+    assert errors.sqlite_code(type(raised.value)(*raised.value.args)) == code
     assert errors.sqlite_code(sqlite3.OperationalError("no such table: t")) == 0
     assert errors.sqlite_code(OSError(errno.ENOSPC, "x")) == 0
 

@@ -193,18 +193,16 @@ def test_searchable_pdf_section_and_a_source_it_cannot_be_made_of(tmp_path: Path
     }
     jsonschema.validate(_document(job, pages, made), assemble.JSON_SCHEMA)
 
-    docs.write_corrupt_pdf(
-        pdf
-    )  # the copy read again for the layer is no longer a PDF: the document stands
+    # the copy read again for the layer is no longer a PDF: the document stands
+    docs.write_corrupt_pdf(pdf)
     made = asyncio.run(
         outputs.prepare(OutputConfig(searchable_pdf=True), job.origin, copy, pages, tmp_path, {})
     )
     assert made.files == {}
     error = made.sections["searchable_pdf"]["error"]
     assert error["kind"] == "corrupt_pdf" and str(pdf) not in error["message"]
-    assert (
-        str(job.origin.path) in error["message"]
-    )  # named as the user knows it, not as the spool copy
+    # named as the user knows it, not as the spool copy
+    assert str(job.origin.path) in error["message"]
     jsonschema.validate(_document(job, pages, made), assemble.JSON_SCHEMA)
 
 

@@ -145,9 +145,8 @@ def test_stop_registers_no_logits_processor_and_asks_vllm_to_stop() -> None:
     assert "repetition_detection" not in arguments.sampling_kwargs(cfg, last)
     assert "repetition_penalty" not in arguments.sampling_kwargs(cfg, first)
     host = VllmConfig(ngram_processor="batched")
-    assert arguments.engine_kwargs(host)[
-        "logits_processors"
-    ]  # "ban" on the host: DeepSeek's processor
+    # "ban" on the host: DeepSeek's processor
+    assert arguments.engine_kwargs(host)["logits_processors"]
     assert "logits_processors" not in arguments.engine_kwargs(
         VllmConfig(guard="stop", ngram_processor="batched")
     )

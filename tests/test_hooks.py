@@ -386,15 +386,13 @@ async def test_results_held_by_a_process_that_ended_are_released_if_published_an
     )
     ledger.admit(other, Fingerprint(size=3, mtime_ns=1, sha256="cd" * 32))
 
-    ended = HookRunner(
-        [hook(command=command)], ledger, Metrics()
-    )  # holds, and "dies" before releasing
+    # holds, and "dies" before releasing
+    ended = HookRunner([hook(command=command)], ledger, Metrics())
     await ended.hold(job, result(job), LocalSink())
     await ended.hold(other, result(other), LocalSink())
     await ended.stop()
-    ledger.mark_done(
-        job.key
-    )  # what the next start's resume does for a job whose sidecars were written
+    # what the next start's resume does for a job whose sidecars were written
+    ledger.mark_done(job.key)
     assert [row["held_by"] is not None for row in rows(ledger)] == [True, True]
 
     with capture_logs() as logs:
@@ -556,18 +554,16 @@ async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_m
     out = tmp_path / "received"
     command = [sys.executable, script(tmp_path, "r.py", RECORDER), str(out)]
     archiver, moved_to = archived(tmp_path, job)
-    ended = HookRunner(
-        [hook(command=command)], ledger, Metrics()
-    )  # holds, and "dies" before the move
+    # holds, and "dies" before the move
+    ended = HookRunner([hook(command=command)], ledger, Metrics())
     await ended.hold(job, result(job), LocalSink())
     await ended.stop()
     ledger.mark_done(job.key)
 
     runner = HookRunner([hook(command=command)], ledger, Metrics())
     runners.append(runner)
-    await runner.relocate(
-        job.key, settle(archiver, job)
-    )  # the next start finds the document done and moves it
+    # the next start finds the document done and moves it
+    await runner.relocate(job.key, settle(archiver, job))
     await runner.start()
     (received,) = await eventually(lambda: records(out), what="the hook's record")
     assert received["env"]["OCRWATCH_JSON"] == str(moved_to / "report.pdf.json")
@@ -604,10 +600,8 @@ def test_the_hook_keys_are_validated(tmp_path: Path) -> None:
         '"https://chat.example:8443/hooks/ocr"\n'
         'token = "t"\non = ["failed"]\n'
     )
-    assert cfg.hook[0].command == (
-        str(program),
-        "--quiet",
-    )  # relative to the file, like every path in it
+    # relative to the file, like every path in it
+    assert cfg.hook[0].command == (str(program), "--quiet")
     assert (cfg.hook[0].name, cfg.hook[1].name, cfg.hook[1].on) == (
         "post.sh",
         "chat.example:8443",

@@ -103,9 +103,8 @@ async def test_a_full_listener_closes_its_longest_idle_connection_for_a_newcomer
                 held.append(await asyncio.to_thread(connect, listener))
                 await until(lambda: listener.open_connections == count, f"{count} connections")
                 await asyncio.sleep(0.05)
-            held[0].sendall(
-                b"GET / HTTP/1.1\r\nHost: x\r\n"
-            )  # the oldest stirs: the second is now the quietest
+            # the oldest stirs: the second is now the quietest
+            held[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
             await asyncio.sleep(0.1)
             assert listener.open_connections == 3
             for _ in range(5):
@@ -119,9 +118,8 @@ async def test_a_full_listener_closes_its_longest_idle_connection_for_a_newcomer
                     break
                 await asyncio.sleep(0.05)
         full = [entry for entry in logs if entry["event"] == "http_connections_full"]
-        assert (
-            len(full) == 1 and full[0]["max_connections"] == 3
-        )  # once per episode, not per connection
+        # once per episode, not per connection
+        assert len(full) == 1 and full[0]["max_connections"] == 3
         relieved = [entry for entry in logs if entry["event"] == "http_connections_relieved"]
         assert len(relieved) == 1 and relieved[0]["evicted"] >= 1 and relieved[0]["refused"] == 0
     finally:
@@ -138,9 +136,8 @@ async def test_a_full_listener_of_busy_connections_refuses_a_newcomer_until_one_
     try:
         busy = [asyncio.create_task(asyncio.to_thread(get, listener)) for _ in range(3)]
         await until(lambda: listener.open_connections == 3, "three busy connections")
-        assert (
-            await asyncio.to_thread(get, listener) == b""
-        )  # every connection is answering: refused at once
+        # every connection is answering: refused at once
+        assert await asyncio.to_thread(get, listener) == b""
         assert all(answer.endswith(b"hello") for answer in await asyncio.gather(*busy))
         await asyncio.sleep(0.1)
         assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
@@ -251,9 +248,8 @@ async def test_idle_connections_are_closed_but_a_slow_answer_is_not_cut() -> Non
             assert await asyncio.to_thread(closed_within, sock, 5) < 2
             sock.close()
         started = time.monotonic()
-        assert (await asyncio.to_thread(get, listener)).endswith(
-            b"hello"
-        )  # handled for 1 s > idle_timeout
+        # handled for 1 s > idle_timeout
+        assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
         assert time.monotonic() - started >= 1.0
 
         kept = await asyncio.to_thread(connect, listener)  # keep-alive: idle again after its answer

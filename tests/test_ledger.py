@@ -87,14 +87,12 @@ def hold(db: Path, begin: str, seconds: float) -> subprocess.Popen[str]:
 
 
 def test_same_content_uses_the_strongest_evidence_both_carry() -> None:
-    assert same_content(
-        fp(sha256="aa", mtime_ns=1), fp(sha256="aa", mtime_ns=2)
-    )  # touched, same bytes
+    # touched, same bytes
+    assert same_content(fp(sha256="aa", mtime_ns=1), fp(sha256="aa", mtime_ns=2))
     assert not same_content(fp(sha256="aa"), fp(sha256="bb"))
     assert not same_content(fp(size=1), fp(size=2))
-    assert same_content(
-        fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=5)
-    )  # the cheap scan check
+    # the cheap scan check
+    assert same_content(fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=5))
     assert not same_content(fp(sha256="aa", mtime_ns=5), fp(sha256=None, mtime_ns=6))
     s3 = Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e1"', version_id="v1")
     assert same_content(
@@ -103,9 +101,8 @@ def test_same_content_uses_the_strongest_evidence_both_carry() -> None:
     assert not same_content(
         s3, Fingerprint(size=9, mtime_ns=None, sha256=None, etag='"e2"', version_id="v1")
     )
-    assert not same_content(
-        fp(mtime_ns=None, sha256=None), fp(mtime_ns=None, sha256=None)
-    )  # cannot tell
+    # cannot tell
+    assert not same_content(fp(mtime_ns=None, sha256=None), fp(mtime_ns=None, sha256=None))
 
 
 # --- admission and states -------------------------------------------------------------------------
@@ -116,9 +113,8 @@ def test_admit_new_then_skip_then_readmit_on_change(
 ) -> None:
     job = local_job(tmp_path, "a.pdf")
     assert ledger.admit(job, fp())
-    assert ledger.admit(
-        job, fp()
-    )  # still waiting in the queue: start it (the daemon dedups running jobs)
+    # still waiting in the queue: start it (the daemon dedups running jobs)
+    assert ledger.admit(job, fp())
     ledger.set_state(job.key, "rendering")
     assert not ledger.admit(job, fp())  # taken
     ledger.record_attempt(job.key, ERROR)
@@ -193,10 +189,8 @@ def test_an_attempt_a_clean_shutdown_interrupted_is_given_back(
     ledger.set_state(job.key, "recognizing", pages_total=300)
     ledger.release_attempt(job.key)
     row = ledger.known(job.key)
-    assert row is not None and (row.attempts, row.state) == (
-        0,
-        "recognizing",
-    )  # still unfinished: it resumes
+    # still unfinished: it resumes
+    assert row is not None and (row.attempts, row.state) == (0, "recognizing")
     ledger.release_attempt(job.key)
     assert ledger.record_attempt(job.key, None) == 1  # never below zero
     with pytest.raises(KeyError):
@@ -244,12 +238,10 @@ def test_retry_with_selectors(tmp_path: Path, ledger: Ledger) -> None:
     ledger.set_state(jobs["ok.pdf"].key, "done")
 
     inbox = tmp_path / "inbox"
-    assert (
-        ledger.retry([str(inbox / "sub")]) == 2
-    )  # a folder: everything below it, not "subway.pdf"
-    assert (
-        ledger.retry([str(inbox / "a.pdf"), "s3://b/scans/d.pdf"]) == 2
-    )  # a path; an S3 URI at any version
+    # a folder: everything below it, not "subway.pdf"
+    assert ledger.retry([str(inbox / "sub")]) == 2
+    # a path; an S3 URI at any version
+    assert ledger.retry([str(inbox / "a.pdf"), "s3://b/scans/d.pdf"]) == 2
     assert ledger.retry([str(inbox / "a.pdf")]) == 0  # no longer failed
     assert ledger.admit(jobs["a.pdf"], fp())  # the running daemon's next scan starts it
     row = ledger.known(jobs["sub/b.pdf"].key)

@@ -77,9 +77,8 @@ def test_ocr_under_journal_prefixes_each_event_with_its_priority(tmp_path: Path)
     bad.write_bytes(b"not a document at all")
     good = docs.write_png(tmp_path / "good.png", ["Journal page"])
     output = run_ocr([bad, good], "pipe")
-    assert not [line for line in output.splitlines() if line.startswith("{")], (
-        output
-    )  # no event unprefixed
+    # no event unprefixed
+    assert not [line for line in output.splitlines() if line.startswith("{")], output
     events = records(output)
     assert events and all(priority == PRIORITY[event["level"]] for priority, event in events), (
         output
@@ -90,9 +89,8 @@ def test_ocr_under_journal_prefixes_each_event_with_its_priority(tmp_path: Path)
     said = [line for line in output.splitlines() if not re.sub(r"^<\d>", "", line).startswith("{")]
     summary = "1 done, 0 skipped, 1 failed"  # on stdout, which the user reads: never prefixed
     assert [line for line in said if not PREFIXED.match(line)] == [summary], output
-    [error] = [
-        line for line in said if line.startswith("<3>")
-    ]  # the CLI's own line for the failed file
+    # the CLI's own line for the failed file
+    [error] = [line for line in said if line.startswith("<3>")]
     assert error.startswith("<3>ocrwatch: bad.pdf: not_a_document: "), output
 
 
@@ -159,9 +157,8 @@ def test_daemon_under_journal_err_priority_holds_the_failed_jobs_and_nothing_els
     assert all(priority == PRIORITY[event["level"]] for priority, event in events)
     errors = [event for priority, event in events if priority <= 3]
     assert [(e["event"], e["uri"]) for e in errors] == [("job_failed", bad.as_uri())], errors
-    assert {7, 6} <= {
-        priority for priority, _ in events
-    }  # debug and info lines were written and kept apart
+    # debug and info lines were written and kept apart
+    assert {7, 6} <= {priority for priority, _ in events}
 
 
 @pytest.fixture
@@ -246,9 +243,8 @@ def test_writes_to_journal_only_for_the_named_stream(
             monkeypatch.setenv("JOURNAL_STREAM", malformed)
             assert not writes_to_journal(a)
     monkeypatch.setenv("JOURNAL_STREAM", "1:2")
-    assert not writes_to_journal(
-        io.StringIO()
-    )  # no descriptor at all (pytest's capture, a test's buffer)
+    # no descriptor at all (pytest's capture, a test's buffer)
+    assert not writes_to_journal(io.StringIO())
 
 
 def run_cli(tmp_path: Path, *args: str, journal: bool) -> tuple[int, list[str], str]:
@@ -290,9 +286,8 @@ def test_the_command_lines_own_lines_carry_their_priority_under_journal(
     status, lines, stdout = run_cli(
         tmp_path, "ocr", "--config", str(good), str(tmp_path / "empty"), journal=journal
     )
-    assert (
-        status == 0 and stdout == "0 done, 0 skipped, 0 failed\n"
-    )  # stdout: for the user, never prefixed
+    # stdout: for the user, never prefixed
+    assert status == 0 and stdout == "0 done, 0 skipped, 0 failed\n"
     assert lines == [
         ("<4>" if journal else "")
         + f"ocrwatch: {tmp_path / 'empty'}: no documents matching "

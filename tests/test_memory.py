@@ -99,9 +99,8 @@ def test_a_request_waits_until_it_fits_and_one_over_the_limit_runs_alone() -> No
     big_in, big_out = threading.Event(), threading.Event()
     first = _holding(budget, 60, first_in, first_out)
     assert first_in.wait(30)
-    big = _holding(
-        budget, 500, big_in, big_out
-    )  # more than the whole budget: waits until nothing is held
+    # more than the whole budget: waits until nothing is held
+    big = _holding(budget, 500, big_in, big_out)
     _wait_for(lambda: budget.waits == 1, "the large request to wait")
     assert not big_in.is_set()
     first_out.set()
@@ -124,9 +123,8 @@ def test_requests_are_served_in_arrival_order() -> None:
     assert first_in.wait(30)
     large = _holding(budget, 80, large_in, large_out)
     _wait_for(lambda: budget.waits == 1, "the large request to queue")
-    small = _holding(
-        budget, 10, small_in, small_out
-    )  # would fit beside the first, but the large one is ahead
+    # would fit beside the first, but the large one is ahead
+    small = _holding(budget, 10, small_in, small_out)
     _wait_for(lambda: budget.waits == 2, "the small request to queue")
     assert not small_in.is_set()
     first_out.set()
@@ -166,9 +164,8 @@ def test_a_large_hold_trims_the_heap_when_it_ends(monkeypatch: pytest.MonkeyPatc
     assert trims == []
     with budget.hold(memory.TRIM_AFTER_BYTES):
         pass
-    assert trims == [
-        1
-    ]  # before the budget is given back, so the next decode starts on a trimmed heap
+    # before the budget is given back, so the next decode starts on a trimmed heap
+    assert trims == [1]
 
 
 def test_image_bytes_follow_pillows_storage() -> None:

@@ -195,9 +195,8 @@ def test_daemon_metrics_follow_a_document_through_every_stage(tmp_path: Path) ->
             assert done[f'ocrwatch_retries_total{{stage="{stage}"}}'] == 0
         assert done["ocrwatch_event_loop_max_lag_seconds"] >= 0
         assert done["ocrwatch_event_loop_lag_seconds"] >= 0
-        assert not [
-            name for name in done if name.startswith("ocrwatch_gpu_memory_bytes")
-        ]  # no GPU, no series
+        # no GPU, no series
+        assert not [name for name in done if name.startswith("ocrwatch_gpu_memory_bytes")]
         assert done["ocrwatch_ready"] == 1
         assert done["process_open_fds"] > 0 and done["process_resident_memory_bytes"] > 0
         assert [name for name in done if name.startswith("ocrwatch_build_info{")]

@@ -151,9 +151,8 @@ def test_gpu_count_reads_the_driver_folder_or_the_device_nodes(tmp_path: Path) -
     dev.mkdir()
     for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
         (dev / name).touch()
-    assert (
-        registry.gpu_count(str(proc), str(dev)) == 2
-    )  # a container: nodes, no /proc/driver/nvidia
+    # a container: nodes, no /proc/driver/nvidia
+    assert registry.gpu_count(str(proc), str(dev)) == 2
     proc.mkdir()
     for bus in ("0000:17:00.0", "0000:3d:00.0", "0000:63:00.0"):
         (proc / bus).mkdir()

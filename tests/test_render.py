@@ -211,9 +211,8 @@ def test_a_200_inch_page_is_rendered_at_a_lower_dpi_within_the_caps(tmp_path: Pa
 def test_a_page_the_caps_cannot_hold_at_min_dpi_is_refused(tmp_path: Path) -> None:
     pdf = docs.write_huge_page_pdf(tmp_path / "poster.pdf", inches=200)
     with pytest.raises(errors.TooManyPixels, match="below min_dpi=36"):
-        render_first(
-            pdf, render_spec(RenderConfig(min_dpi=36))
-        )  # 200 in x 36 dpi = 7200 px > max_side 4096
+        # 200 in x 36 dpi = 7200 px > max_side 4096
+        render_first(pdf, render_spec(RenderConfig(min_dpi=36)))
 
 
 def test_the_engine_geometry_sets_dpi_and_tightens_caps_without_refusing(tmp_path: Path) -> None:
@@ -229,9 +228,8 @@ def test_the_engine_geometry_sets_dpi_and_tightens_caps_without_refusing(tmp_pat
     _, a4 = render_first(docs.write_pdf(tmp_path / "a4.pdf", [["A4"]]), spec)
     assert within(a4, 1024, 1_000_000) and a4.dpi < 300
     _, poster = render_first(docs.write_huge_page_pdf(tmp_path / "poster.pdf"), spec)
-    assert (
-        poster.image.size == (1000, 1000) and poster.dpi < 20
-    )  # below min_dpi: the engine wants it this small
+    # below min_dpi: the engine wants it this small
+    assert poster.image.size == (1000, 1000) and poster.dpi < 20
     assert (
         render_spec(RenderConfig(max_side=2000), Geometry(dpi=100, max_side=9000)).max_side == 2000
     )
@@ -255,9 +253,8 @@ def test_render_dpi_set_is_still_bounded_by_the_engine_geometry(tmp_path: Path) 
     spec = render_spec(RenderConfig(dpi=300), Geometry(dpi=144, max_side=1000, max_pixels=600_000))
     assert (spec.dpi, spec.max_side, spec.max_pixels) == (300.0, 1000, 600_000)
     _, letter = render_first(docs.write_sized_pdf(tmp_path / "letter.pdf", [(612, 792)]), spec)
-    assert (
-        within(letter, 1000, 600_000) and letter.dpi < 144
-    )  # the engine's bound wins over both DPIs
+    # the engine's bound wins over both DPIs
+    assert within(letter, 1000, 600_000) and letter.dpi < 144
     unbounded = render_spec(RenderConfig(dpi=300), Geometry(dpi=144))
     assert (unbounded.max_side, unbounded.max_pixels) == (
         RenderConfig().max_side,
@@ -734,12 +731,10 @@ def test_huge_declared_dimensions_are_refused_without_allocating(tmp_path: Path)
 
     (Resident memory would prove nothing: Pillow's untouched pages never become resident.)
     """
-    beyond_pillow = docs.write_png_bomb(
-        tmp_path / "bomb.png", 100_000, 100_000
-    )  # Pillow's bomb error
-    beyond_cap = docs.write_png_bomb(
-        tmp_path / "big.png", 12_000, 12_000
-    )  # 144 Mpx > 4 x max_pixels
+    # Pillow's bomb error
+    beyond_pillow = docs.write_png_bomb(tmp_path / "bomb.png", 100_000, 100_000)
+    # 144 Mpx > 4 x max_pixels
+    beyond_cap = docs.write_png_bomb(tmp_path / "big.png", 12_000, 12_000)
     child = subprocess.run(
         [sys.executable, "-c", _BOMB_CHILD, str(beyond_pillow), str(beyond_cap)],
         cwd=REPO,

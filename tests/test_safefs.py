@@ -133,9 +133,8 @@ def test_walk_makes_each_folder_as_readable_as_the_one_it_mirrors_and_follows_no
     shared, private = Access(0o1777, 0, 0), Access(0o700, OTHER_UID, OTHER_UID)
     with walk(tmp_path / "out", ["inbox", "alice"], make=[shared, private]) as chain:
         assert [f.path.name for f in chain] == ["out", "inbox", "alice"]
-    assert (
-        stat.S_IMODE((tmp_path / "out" / "inbox").stat().st_mode) == 0o755
-    )  # no write for others, no sticky
+    # no write for others, no sticky
+    assert stat.S_IMODE((tmp_path / "out" / "inbox").stat().st_mode) == 0o755
     alice = (tmp_path / "out" / "inbox" / "alice").stat()
     if os.geteuid() == 0:
         assert (alice.st_uid, stat.S_IMODE(alice.st_mode)) == (OTHER_UID, 0o700)
@@ -169,9 +168,8 @@ def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that
         assert writer.wait(10) == 0
     finally:
         os.close(fd)
-    assert (
-        path.read_bytes() == b"%PDFmore"
-    )  # and this process was not ended by the lease's break signal
+    # and this process was not ended by the lease's break signal
+    assert path.read_bytes() == b"%PDFmore"
 
 
 def test_one_read_loop_hashes_copies_and_stops_at_its_limit(tmp_path: Path) -> None:

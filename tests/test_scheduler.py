@@ -297,9 +297,8 @@ def test_budget_overdraw_stays_within_render_workers() -> None:
 
 async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
     ref: list[PageScheduler] = []
-    gate = (
-        asyncio.Event()
-    )  # big/p0 stays in flight until the small page is rendered, however slow the machine
+    # big/p0 stays in flight until the small page is rendered, however slow the machine
+    gate = asyncio.Event()
     recorder = Recorder(ref, gate=gate)
     scheduler = make(recorder, ref, inflight=1, ahead=2)
     now = time.time()

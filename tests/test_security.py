@@ -48,12 +48,8 @@ SHELL_FUNCTIONS = {
     ("asyncio", "create_subprocess_shell"),
     ("pty", "spawn"),
 }
-SHELL_METHODS = {
-    "create_subprocess_shell",
-    "subprocess_shell",
-    "getoutput",
-    "getstatusoutput",
-}  # on any object
+# on any object
+SHELL_METHODS = {"create_subprocess_shell", "subprocess_shell", "getoutput", "getstatusoutput"}
 
 
 def _shell_calls(tree: ast.AST) -> list[tuple[int, str]]:
@@ -321,9 +317,8 @@ def test_a_running_daemon_listens_on_loopback_only_and_keeps_its_state_private(
         assert stat.S_IMODE(daemon.state.stat().st_mode) == 0o700
         assert stat.S_IMODE((daemon.state / "tmp").stat().st_mode) == 0o700
         assert daemon.stop() == 0
-        (daemon.state / "tmp").chmod(
-            0o777
-        )  # opened up by someone: private again after the next start
+        # opened up by someone: private again after the next start
+        (daemon.state / "tmp").chmod(0o777)
         daemon.start()
         assert stat.S_IMODE((daemon.state / "tmp").stat().st_mode) == 0o700
         assert daemon.stop() == 0

@@ -197,9 +197,8 @@ def test_a_user_file_at_the_error_name_is_neither_overwritten_nor_removed(tmp_pa
     sink = LocalSink()
     with pytest.raises(OutputConflict):
         sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
-    sink.write(
-        job, PAGES, OURS
-    )  # a result may be written; only ocrwatch's own error sidecar is removed
+    # a result may be written; only ocrwatch's own error sidecar is removed
+    sink.write(job, PAGES, OURS)
     assert theirs.read_text() == "{}" and sink.recorded(job) == OURS["source"]
 
 

@@ -114,14 +114,11 @@ def test_a_users_files_at_the_output_names_are_refused_or_left(
     (folder / "report.pdf.ocr.pdf").write_bytes(b"%PDF made by someone else")
     with pytest.raises(OutputConflict, match="report.pdf.ocr.pdf"):
         sink.write(job_for(source), MD, document(), extras(tmp_path))
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "report.pdf",
-        "report.pdf.ocr.pdf",
-    ]  # nothing written
+    # nothing written
+    assert sorted(p.name for p in folder.iterdir()) == ["report.pdf", "report.pdf.ocr.pdf"]
 
-    sink.write(
-        job_for(source), MD, document(pdf=False), {}
-    )  # not writing one: the user's file is left alone
+    # not writing one: the user's file is left alone
+    sink.write(job_for(source), MD, document(pdf=False), {})
     sink.write(job_for(source), MD, document(pdf=False), {})
     assert (folder / "report.pdf.ocr.pdf").read_bytes() == b"%PDF made by someone else"
 
@@ -155,9 +152,8 @@ def marked_pdf(path: Path, sha256: str = "ab" * 32) -> Path:
 def test_a_searchable_pdf_left_by_a_write_that_never_reached_its_json_is_replaced(
     source: Path, tmp_path: Path
 ) -> None:
-    left = marked_pdf(
-        source.parent / "report.pdf.ocr.pdf"
-    )  # the PDF renamed in place, killed before the JSON
+    # the PDF renamed in place, killed before the JSON
+    left = marked_pdf(source.parent / "report.pdf.ocr.pdf")
     LocalSink().write(job_for(source), MD, document(), extras(tmp_path))
     assert left.read_bytes() == b"%PDF-1.7 searchable"
 
@@ -233,9 +229,8 @@ def test_s3_outputs_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
         Key="in/report.pdf.ocr.pdf",
         Body=marked_pdf(tmp_path / "left.pdf").read_bytes(),
     )
-    sink.write(
-        job, MD, document(), extras(tmp_path)
-    )  # left by a write that never reached its JSON: ocrwatch's
+    # left by a write that never reached its JSON: ocrwatch's
+    sink.write(job, MD, document(), extras(tmp_path))
     assert (
         s3.get_object(Bucket="docs", Key="in/report.pdf.ocr.pdf")["Body"].read()
         == b"%PDF-1.7 searchable"

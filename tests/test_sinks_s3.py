@@ -59,15 +59,13 @@ def assert_round_trip(server: MotoServer | RgwServer, cfg: S3Config) -> None:
     document, response = get(s3, "docs", f"{KEY}.json")
     assert json.loads(document) == DOCUMENT and response["ContentType"] == "application/json"
     assert response["Metadata"]["ocrwatch-source-etag"] == "abc123"
-    assert "Contents" not in s3.list_objects_v2(
-        Bucket="docs", Prefix=f"{KEY}.error"
-    )  # stale error removed
+    # stale error removed
+    assert "Contents" not in s3.list_objects_v2(Bucket="docs", Prefix=f"{KEY}.error")
     assert sink.recorded(job()) == DOCUMENT["source"]
     s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"")  # emptied by hand: still there
     assert sink.recorded(job()) == DOCUMENT["source"]
-    s3.delete_object(
-        Bucket="docs", Key=f"{KEY}.md"
-    )  # without its Markdown the document is done again
+    # without its Markdown the document is done again
+    s3.delete_object(Bucket="docs", Key=f"{KEY}.md")
     assert sink.recorded(job()) is None
 
 
@@ -102,9 +100,8 @@ def test_a_key_whose_sidecars_cannot_exist_is_recorded_as_nothing_and_refused_be
         sink.write(job(long_key, bucket), "<!-- page 1 -->\n", DOCUMENT)
     with pytest.raises(NameTooLong):
         sink.write_error(job(long_key, bucket), ERROR)
-    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [
-        long_key
-    ]  # nothing written
+    # nothing written
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [long_key]
 
 
 def test_a_failure_removes_the_previous_versions_result_but_never_a_users_object(
@@ -118,30 +115,26 @@ def test_a_failure_removes_the_previous_versions_result_but_never_a_users_object
     assert keys == {f"{KEY}.error.json"}
     assert sink.recorded(job()) is None
 
-    s3.put_object(
-        Bucket="docs", Key=f"{KEY}.md", Body=b"my own notes"
-    )  # a user's object at a sidecar's key
+    # a user's object at a sidecar's key
+    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"my own notes")
     sink.write_error(job(), ERROR)
     assert get(s3, "docs", f"{KEY}.md")[0] == b"my own notes"
     with pytest.raises(OutputConflict, match="did not write"):
         sink.write(job(), "<!-- page 1 -->\nnew\n", DOCUMENT)
     assert get(s3, "docs", f"{KEY}.md")[0] == b"my own notes"
-    assert "Contents" not in s3.list_objects_v2(
-        Bucket="docs", Prefix=f"{KEY}.json"
-    )  # nothing half-written
+    # nothing half-written
+    assert "Contents" not in s3.list_objects_v2(Bucket="docs", Prefix=f"{KEY}.json")
 
 
 def test_recorded_reads_only_the_head_of_a_large_sidecar(moto: MotoServer) -> None:
     s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
     s3.create_bucket(Bucket="docs")
-    large = DOCUMENT | {
-        "pages": [{"index": n, "markdown": "x" * 1000} for n in range(3000)]
-    }  # 3 MB
+    # 3 MB
+    large = DOCUMENT | {"pages": [{"index": n, "markdown": "x" * 1000} for n in range(3000)]}
     sink.write(job(), "<!-- page 1 -->\n", large)
     assert sink.recorded(job()) == DOCUMENT["source"]
-    s3.put_object(
-        Bucket="docs", Key=f"{KEY}.json", Body=b"[" * 5_000_000
-    )  # not ours, and not JSON at all
+    # not ours, and not JSON at all
+    s3.put_object(Bucket="docs", Key=f"{KEY}.json", Body=b"[" * 5_000_000)
     assert sink.recorded(job()) is None
 
 
@@ -180,9 +173,8 @@ def test_writing_to_a_missing_bucket_is_a_fault_of_the_place(moto: MotoServer) -
     sink = S3Sink(S3Config(queue_url="q", **moto.s3_config()))
     with pytest.raises(OutputNotWritable) as raised:
         sink.write(job(bucket="no-such-bucket"), "x", DOCUMENT)
-    assert (
-        raised.value.retryable
-    )  # waited out until the bucket exists, never a failure of the document
+    # waited out until the bucket exists, never a failure of the document
+    assert raised.value.retryable
 
 
 def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it(

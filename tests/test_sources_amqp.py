@@ -185,10 +185,11 @@ def test_deliveries_are_counted_from_the_headers() -> None:
     assert receives(None, False, "ocr") == 1
     assert receives({}, True, "ocr") == 2  # classic queue: at least one earlier delivery
     assert receives({"x-delivery-count": 4}, True, "ocr") == 5  # quorum queue
+    # another queue's deaths are not ours
     deaths = [
         {"count": 3, "reason": b"rejected", "queue": b"ocr", "exchange": "s3"},
         {"count": 7, "reason": "rejected", "queue": "other"},
-    ]  # another queue's deaths are not ours
+    ]
     assert receives({"x-death": deaths}, False, "ocr") == 4
     assert receives({"x-delivery-count": True, "x-death": "junk"}, False, "ocr") == 1
 

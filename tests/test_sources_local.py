@@ -31,9 +31,8 @@ from tests.outboxes import fed
 
 SETTLE = 0.2
 PAUSE = 6 * SETTLE  # a writer's pause: long enough for the file to look settled, though incomplete
-GRACE = (
-    3 * SETTLE
-)  # how long to wait, after a sentinel is taken, before saying something else was not
+# how long to wait, after a sentinel is taken, before saying something else was not
+GRACE = 3 * SETTLE
 
 
 def pdf_bytes(pages: int = 3) -> bytes:
@@ -330,9 +329,8 @@ def test_a_sidecar_deleted_or_moved_away_beside_its_document_has_it_submitted_ag
             (folder / "b.pdf.md").unlink()  # asked, but its JSON is there: not lapsed
             await asyncio.sleep(GRACE)
             assert got.names() == {"a.pdf", "b.pdf"} and len(got.jobs) == 4
-            assert (
-                lapsed.asked.count("b.pdf") >= 3
-            )  # the JSON written, moved away, the Markdown deleted
+            # the JSON written, moved away, the Markdown deleted
+            assert lapsed.asked.count("b.pdf") >= 3
 
     run(scenario())
 
@@ -636,9 +634,8 @@ def test_filesystem_type_from_mountinfo() -> None:
     assert filesystem_type(Path("/srv/nfsish/inbox"), mountinfo) == "ext4"  # whole components only
     assert filesystem_type(Path("/mnt/my share/inbox"), mountinfo) == "cifs"
     assert filesystem_type(Path("/home/u/remote/scans"), mountinfo) == "fuse.sshfs"
-    assert (
-        filesystem_type(Path("/data"), mountinfo) == "nfs"
-    )  # mounted over xfs: the last mount wins
+    # mounted over xfs: the last mount wins
+    assert filesystem_type(Path("/data"), mountinfo) == "nfs"
     assert filesystem_type(Path("/anything"), "") is None
 
     assert choose_polling("auto", "nfs4")[0] and choose_polling("auto", "fuse.sshfs")[0]
@@ -754,9 +751,8 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             (root / "sub" / "bad.pdf.error.json").write_text('{"kind": "corrupt_pdf"}')
             await source.finish(job, "done")
             for kind in ("output_conflict", "source_gone", "crash_loop", "no_such_kind", None):
-                await source.finish(
-                    job, "failed", kind
-                )  # faults fixed beside it: it stays for its hint
+                # faults fixed beside it: it stays for its hint
+                await source.finish(job, "failed", kind)
                 assert (root / "sub" / "bad.pdf").exists(), kind
 
             await source.finish(job, "failed", "corrupt_pdf")
@@ -779,9 +775,8 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
                 fixed.write(PDF[:1000])
                 fixed.flush()
                 await asyncio.sleep(SETTLE)
-                await source.finish(
-                    got.jobs[1], "failed", "corrupt_pdf"
-                )  # late news about the old version
+                # late news about the old version
+                await source.finish(got.jobs[1], "failed", "corrupt_pdf")
                 assert (root / "sub" / "bad.pdf").exists(), (
                     "a version being written is never quarantined"
                 )

@@ -159,10 +159,8 @@ def test_sqs_events_become_jobs_and_are_deleted_after_finish(moto: MotoServer) -
                 "docs", job.origin.key, etag=head["ETag"].strip('"'), size=head["ContentLength"]
             )
             assert job.source == "s3-test" and job.key == f"s3://docs/{job.origin.key}"
-        assert queue_counts(moto, queue) == (
-            0,
-            len(ODD_KEYS),
-        )  # test event and sidecars deleted, jobs held
+        # test event and sidecars deleted, jobs held
+        assert queue_counts(moto, queue) == (0, len(ODD_KEYS))
         for job in jobs:
             await source.finish(job, "done")
         assert queue_counts(moto, queue) == (0, 0)
@@ -222,9 +220,8 @@ def test_multipart_upload_announced_twice_is_one_ledger_key(moto: MotoServer) ->
         jobs = await submitted.wait(2)
         assert {job.key for job in jobs} == {f"s3://docs/{key}"}
         assert jobs[-1].origin.etag == s3.head_object(Bucket="docs", Key=key)["ETag"].strip('"')
-        await source.finish(
-            jobs[-1], "done"
-        )  # the daemon folds the duplicate into one job: one finish
+        # the daemon folds the duplicate into one job: one finish
+        await source.finish(jobs[-1], "done")
         assert queue_counts(moto, queue) == (0, 0)
         await source.finish(jobs[0], "done")  # a second finish is harmless
         await source.stop()
@@ -287,10 +284,8 @@ def test_retry_leaves_the_message_and_a_message_waits_for_all_its_records(moto: 
         [*_, old, new] = await submitted.wait(5)
         assert (old.origin.etag, new.origin.etag) == ("old", "new") and old.key == new.key
         await source.finish(old, "done")
-        assert queue_counts(moto, queue) == (
-            0,
-            2,
-        )  # the new version's message is not deleted with the old one
+        # the new version's message is not deleted with the old one
+        assert queue_counts(moto, queue) == (0, 2)
         await source.stop()
 
     run(scenario)
@@ -444,9 +439,8 @@ def test_fetch_streams_to_a_private_spool_file(moto: MotoServer, tmp_path: Path)
         )
         path = fetched.path
         assert path.parent == tmp_path and path.suffix == ".pdf" and path.read_bytes() == data
-        assert (
-            fetched.sha256 == hashlib.sha256(data).hexdigest()
-        )  # taken of the very bytes downloaded
+        # taken of the very bytes downloaded
+        assert fetched.sha256 == hashlib.sha256(data).hexdigest()
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         unknown_size = await source.fetch(Job(S3Object("docs", "a b+é.pdf"), "s3"), tmp_path)
         assert unknown_size.path.read_bytes() == data

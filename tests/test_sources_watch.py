@@ -181,9 +181,8 @@ def test_a_chain_2500_deep_moved_in_while_watching_leaves_the_watcher_hearing(
             await source.start(fed(collector, never_reject))
             try:
                 os.rename(chain_home / NAME, root / NAME)
-                (root / "after.pdf").write_bytes(
-                    PDF
-                )  # its events come after the move's, whichever the watcher
+                # its events come after the move's, whichever the watcher
+                (root / "after.pdf").write_bytes(PDF)
                 await until(
                     lambda: {"after.pdf", "deepest.pdf"} <= collector.names(),
                     "after.pdf, by an event",
@@ -305,9 +304,8 @@ def test_an_inbox_folder_removed_while_watched_is_watched_again_once_recreated(
                     lambda: any(e["event"] == "inbox_watcher_restarted" for e in logs),
                     "a new watcher",
                 )
-                (root / "back.pdf").write_bytes(
-                    PDF
-                )  # the restart made the folder again (create = true)
+                # the restart made the folder again (create = true)
+                (root / "back.pdf").write_bytes(PDF)
                 await until(lambda: collector.names() == {"back.pdf"}, "back.pdf")
             finally:
                 await source.stop()
@@ -409,9 +407,8 @@ def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
         assert len(wakes) == 3 and batches[2] == Batch([events[0]], overflowed=False, died="gone")
     finally:
         loop.close()
-    bridge.dispatch(
-        events[1]
-    )  # after the loop closed: dropped, never raised into the watcher's thread
+    # after the loop closed: dropped, never raised into the watcher's thread
+    bridge.dispatch(events[1])
 
 
 def test_a_signal_is_caught_while_the_loops_self_pipe_is_full() -> None:

@@ -198,10 +198,8 @@ def test_rgw_pushes_raw_keys_to_the_webhook(rgw: RgwServer, tmp_path: Path) -> N
         )
         jobs = await submitted.wait(len(ODD_KEYS) + 1)
         await asyncio.sleep(0.5)
-        assert [job.origin.key for job in submitted.jobs] == [
-            *ODD_KEYS,
-            key,
-        ]  # one event per multipart upload
+        # one event per multipart upload
+        assert [job.origin.key for job in submitted.jobs] == [*ODD_KEYS, key]
         for job in jobs:
             head = s3.head_object(Bucket="webhook-docs", Key=job.origin.key)
             assert job.origin == S3Object(
@@ -314,9 +312,8 @@ def test_every_bad_request_gets_a_4xx_answer_and_the_listener_stays_healthy() ->
                 200,
                 {"accepted": 0},
             )
-        assert (
-            sum(entry.get("reason") == "malformed" for entry in logs) <= len(ignored) + 1
-        )  # a line per body
+        # a line per body
+        assert sum(entry.get("reason") == "malformed" for entry in logs) <= len(ignored) + 1
         strange = {
             "Authorization": "Bearer \udcff\udcfe".encode("utf-8", "surrogateescape").decode(
                 "latin-1"

@@ -88,9 +88,8 @@ def test_sd_notify_sends_one_datagram_and_is_a_no_op_outside_systemd(
         assert sd_notify("READY=1") is True
         assert sock.recv(4096) == b"READY=1"
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "gone.sock"))
-    assert (
-        sd_notify("WATCHDOG=1") is False
-    )  # logged, never raised: systemd going away must not stop the daemon
+    # logged, never raised: systemd going away must not stop the daemon
+    assert sd_notify("WATCHDOG=1") is False
 
 
 def test_the_watchdog_is_fed_at_half_its_timeout_or_the_health_interval(
@@ -171,9 +170,8 @@ def test_the_shipped_configuration_writes_only_where_the_unit_lets_it() -> None:
         assert any(Path(value).is_relative_to(place) for place in places), (
             f"{key} = {value!r}: not in {places}"
         )
-    assert (
-        Path(paths["state_dir"]) == places[0]
-    )  # the StateDirectory= systemd makes 0700 for the user
+    # the StateDirectory= systemd makes 0700 for the user
+    assert Path(paths["state_dir"]) == places[0]
 
 
 def install(root: Path, config: str) -> Path:

@@ -439,15 +439,10 @@ def test_deepseek_blocks_spread_their_lines_over_their_boxes(tmp_path: Path) -> 
 
     qpdf_check(out)
     extracted = [" ".join(line.split()) for line in pdftotext(out).splitlines() if line.strip()]
-    assert (
-        extracted[0] == "Watching Folders for Documents: A Field Report"
-    )  # the heading mark is not text
-    assert extracted[-4:] == [
-        "Engine Pages/s",
-        "vLLM 5.4",
-        "Tesseract 0.8",
-        "1",
-    ]  # a table row per line
+    # the heading mark is not text
+    assert extracted[0] == "Watching Folders for Documents: A Field Report"
+    # a table row per line
+    assert extracted[-4:] == ["Engine Pages/s", "vLLM 5.4", "Tesseract 0.8", "1"]
     scale = 72 / 150
     table = next(block["bbox"] for block in blocks if block["type"] == "table")
     rows = [box for word, box in bbox_words(out)[0] if word in ("Engine", "vLLM", "Tesseract")]
@@ -499,9 +494,8 @@ def test_png_becomes_a_page_at_its_dpi_with_its_text(tmp_path: Path) -> None:
             [0, 0, 1240 * 72 / 200, 1754 * 72 / 200]
         )
         (image,) = pdf.pages[0].get_images().values()
-        assert (
-            pikepdf.PdfImage(image).as_pil_image().tobytes() == Image.open(source).tobytes()
-        )  # lossless
+        # lossless
+        assert pikepdf.PdfImage(image).as_pil_image().tobytes() == Image.open(source).tobytes()
     assert similarity(page_texts(out)[0], pages[0][1].markdown) >= 0.9
     assert_words_placed(out, pages)
 
@@ -564,9 +558,10 @@ def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(
 
     qpdf_check(out)
     with pikepdf.open(out) as pdf:
+        # 96 dpi
         assert [float(v) for v in pdf.pages[0].mediabox] == pytest.approx(
             [0, 0, 800 * 0.75, 300 * 0.75]
-        )  # 96 dpi
+        )
         (image,) = pdf.pages[0].get_images().values()
         assert image.BitsPerComponent == (1 if mode == "1" else 8)
         embedded = pikepdf.PdfImage(image).as_pil_image()

@@ -42,9 +42,8 @@ def result(folder: Path) -> dict:
     )
     script = next((s for s in reversed(scripts) if s.get("label") == "script"), {})
     phase = next((p for p in script.get("phases", []) if p.get("max_tokens") == 1000), {})
-    load_run = (
-        warm if "a" in warm or "d" in warm else cold
-    )  # the run that carried the load (the cold one)
+    # the run that carried the load (the cold one)
+    load_run = warm if "a" in warm or "d" in warm else cold
     daemon = load_run.get("a", {}).get("pages_per_s")
     script_rate = phase.get("pages_per_s")
     d, d0 = load_run.get("d", {}), load_run.get("d0", {})

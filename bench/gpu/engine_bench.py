@@ -124,9 +124,8 @@ def main() -> None:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     from ocrwatch.engines.deepseek import plugin
 
-    os.environ[plugin.ENV] = (
-        "1" if a.fast else "0"
-    )  # read by the plugin in every process vLLM starts
+    # read by the plugin in every process vLLM starts
+    os.environ[plugin.ENV] = "1" if a.fast else "0"
 
     mon = Monitor()
     mon.start()

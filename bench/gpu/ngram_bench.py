@@ -131,9 +131,8 @@ def run_gpu(rows: int, steps: int, warm: int, prompt: int = 57) -> dict:
         looping_tokens(rng, warm + steps + 1, vocab=rng.choice([50, 400, 5000]))
         for _ in range(rows)
     ]
-    streams = [
-        [128821 if rng.random() < 0.03 else t for t in s] for s in streams
-    ]  # exempt <td> in loops too
+    # exempt <td> in loops too
+    streams = [[128821 if rng.random() < 0.03 else t for t in s] for s in streams]
     lists = [s[:warm] for s in streams]
     rules = [RULES[i % len(RULES)] for i in range(rows)]
     params = [SamplingParams(max_tokens=8192, extra_args=r) for r in rules]

@@ -153,9 +153,8 @@ def main(d: str) -> None:
         if os.path.exists(dm):
             rows = dmon(dm)
         a = r.get("a", {})
-        end = a.get(
-            "t_end", a.get("t_start", 0) + a.get("elapsed_s", 0)
-        )  # a cut phase a has no end stamp
+        # a cut phase a has no end stamp
+        end = a.get("t_end", a.get("t_start", 0) + a.get("elapsed_s", 0))
         w = window(rows, a["t_start"], end) if a and rows else {}
         print(f"## Daemon end to end: {r['label']}\n")
         print(

@@ -134,14 +134,11 @@ def main() -> None:
 
         default = try_get_optimal_moe_config(w1.shape, w2.shape, topk, None, m)
         defaults[m] = {key: value for key, value in default.items() if key != "SPLIT_K"}
-        time_call(
-            call, a.reps
-        )  # discarded: the first timing at each token count reads high (about 2x)
+        # discarded: the first timing at each token count reads high (about 2x)
+        time_call(call, a.reps)
         default_us[m] = time_call(call, a.reps)
-        best[m] = (
-            default_us[m],
-            defaults[m],
-        )  # a token count the budget leaves untried keeps vLLM's default
+        # a token count the budget leaves untried keeps vLLM's default
+        best[m] = (default_us[m], defaults[m])
         for config in configs:
             if time.time() - t0 > a.budget_s:
                 break

@@ -86,9 +86,8 @@ async def run_ocr(
                 job = waiting.pop(task)
                 done, total = shown.pop(job.key, (0, 0))
                 if done < total and not task.cancelled() and task.result() != "failed":
-                    await emit(
-                        _progress(job, total, total)
-                    )  # its last pages finished between two looks
+                    # its last pages finished between two looks
+                    await emit(_progress(job, total, total))
                 await emit(await _outcome(sink, job, task))
     finally:
         admitting.cancel()

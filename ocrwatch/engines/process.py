@@ -118,11 +118,8 @@ class ProcessEngine:
         self._closing = False
 
     async def start(self) -> None:
-        self._dead, self._closing, self._pending = (
-            None,
-            False,
-            {},
-        )  # a restart after close() starts afresh
+        # a restart after close() starts afresh
+        self._dead, self._closing, self._pending = (None, False, {})
         parent, child = socket.socketpair()
         self._scratch = Path(tempfile.mkdtemp(prefix="ocrwatch-engine-"))
         try:

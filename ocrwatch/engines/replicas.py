@@ -112,9 +112,8 @@ class EngineSet:
         cannot."""
         engine = self.engines[index]
         try:
-            await (
-                engine.close()
-            )  # bounded: a ProcessEngine kills a child that does not stop in CLOSE_SECONDS
+            # bounded: a ProcessEngine kills a child that does not stop in CLOSE_SECONDS
+            await engine.close()
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(lambda exc: errors.classify(exc).retryable),
                 wait=wait_exponential_jitter(multiplier=1, max=60),

@@ -328,9 +328,8 @@ class LocalSink:
         root, parts = self._where(job)
         made = PUBLIC if make and self._out_dir is not None else None
         if made is not None:
-            root.mkdir(
-                parents=True, exist_ok=True
-            )  # the configured folder itself, resolved at start
+            # the configured folder itself, resolved at start
+            root.mkdir(parents=True, exist_ok=True)
         try:
             with folder(root, parts, make=made) as here:
                 prefix = "".join(f"{part}/" for part in parts)
@@ -423,9 +422,8 @@ class LocalSink:
                 else:
                     claims.publish(claims.here, name, content, access)
             claims.publish(claims.here, names["json"], dump_json(document), access)
-            claims.remove(
-                names["error"], json_marked
-            )  # a stale error sidecar left behind is only untidy
+            # a stale error sidecar left behind is only untidy
+            claims.remove(names["error"], json_marked)
             self._remove_stale(claims, outputs, set(extras), pdf_ours)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
@@ -433,9 +431,8 @@ class LocalSink:
         access = self.source_access(job) or PUBLIC
         with self._claims(job, access.uid, make=True) as claims:
             self._prepare(claims, names, "error")
-            pdf_ours = _pdf_marker(
-                claims.here, names["json"]
-            )  # asked before the JSON that may record it goes
+            # asked before the JSON that may record it goes
+            pdf_ours = _pdf_marker(claims.here, names["json"])
             claims.publish(claims.here, names["error"], dump_json(error), access)
             if _other_document(claims.here, names["json"], job.origin) is None:
                 for kind, marked in (("json", json_marked), ("md", markdown_marked)):

@@ -50,9 +50,8 @@ class Inbox:
         self.rescanning = False
         self.rescan_again = False  # events were dropped again while a rescan ran
         self.overflows_unlogged = 0
-        self.link_checks: set[Path] = (
-            set()
-        )  # new names to look at for links to folders, in one thread call
+        # new names to look at for links to folders, in one thread call
+        self.link_checks: set[Path] = set()
         self.overflow_logged_at = float("-inf")
         # Files settling, by path as text: a Path object costs about 400 bytes more.
         self.pending: dict[str, Pending] = {}

@@ -63,9 +63,8 @@ MASK = (
     | IN_MOVE_SELF
 )
 MASK |= IN_ONLYDIR | IN_EXCL_UNLINK
-HEADER = struct.Struct(
-    "iIII"
-)  # struct inotify_event: wd, mask, cookie, len; then the name, NUL-padded
+# struct inotify_event: wd, mask, cookie, len; then the name, NUL-padded
+HEADER = struct.Struct("iIII")
 READ_BYTES = 64 * 1024
 PROC_FD = Path("/proc/self/fd")
 BY_DESCRIPTOR = PROC_FD.is_dir()

@@ -177,9 +177,8 @@ def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, 
         after = Signature.of(os.fstat(fd))
         if not after.unchanged(before) or os.fstat(out).st_size != after.size:
             raise SourceChanged(f"{source} changed while it was read")
-        os.utime(
-            out, ns=(os.fstat(fd).st_atime_ns, before.mtime_ns)
-        )  # the sidecar reports the source's mtime
+        # the sidecar reports the source's mtime
+        os.utime(out, ns=(os.fstat(fd).st_atime_ns, before.mtime_ns))
     except BaseException:
         os.close(out)
         target.unlink(missing_ok=True)

@@ -31,12 +31,10 @@ class Listing:
     depth: int  # levels below the root: 0 for the root itself
     fd: int  # the folder's descriptor, open only until the walk goes on
     files: tuple[str, ...]  # every entry that is not a folder: files, links, FIFOs, sockets
-    folder_links: tuple[
-        str, ...
-    ]  # links that lead to a folder (one of ``files`` too); never entered
-    too_deep: tuple[
-        str, ...
-    ]  # folders more than ``max_depth`` levels below the root; never entered
+    # links that lead to a folder (one of ``files`` too); never entered
+    folder_links: tuple[str, ...]
+    # folders more than ``max_depth`` levels below the root; never entered
+    too_deep: tuple[str, ...]
 
 
 def depth_of(folder: Path, root: Path) -> int:

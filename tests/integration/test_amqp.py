@@ -107,9 +107,8 @@ def test_uploads_to_sidecars_through_rabbitmq_and_a_poison_message_is_dead_lette
     rabbitmq.publish(
         EXCHANGE, json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"}).encode(), topic
     )
-    s3.put_object(
-        Bucket=bucket, Key="archive/old.png", Body=page
-    )  # under archive_prefix: no document
+    # under archive_prefix: no document
+    s3.put_object(Bucket=bucket, Key="archive/old.png", Body=page)
 
     daemon = amqp_daemon(
         tmp_path, rgw, rabbitmq, queue, bucket, max_receives=2, archive_prefix="archive/"

@@ -102,9 +102,8 @@ def test_ocr_hands_its_files_to_the_running_daemon(make_daemon, tmp_path: Path) 
     assert re.search(r"report\.pdf: [1-6]/6 pages", proc.stderr), proc.stderr
     assert "locked.pdf: encrypted_pdf:" in proc.stderr and "hint:" in proc.stderr
     assert "1 done, 0 skipped, 1 failed" in proc.stdout
-    assert (
-        "engine_selected" not in proc.stderr and "tesseract.started" not in proc.stderr
-    )  # no engine here
+    # no engine here
+    assert "engine_selected" not in proc.stderr and "tesseract.started" not in proc.stderr
     started = events_named(daemon, "job_started", uri=report.as_uri())
     assert len(started) == 1 and started[0]["source"].startswith("cli:")
     assert (

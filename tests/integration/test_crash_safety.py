@@ -254,9 +254,8 @@ def interrupt_while_recognizing(daemon, path: Path, how: str) -> int:
     ``term`` (a clean stop, as systemctl restart does) or ``kill`` (kill -9). -> the attempts the
     ledger held meanwhile"""
     ledger = daemon.state / "ledger.sqlite3"
-    before = (
-        ledger_row(daemon, path) if ledger.exists() else None
-    )  # a kill leaves "recognizing" behind
+    # a kill leaves "recognizing" behind
+    before = ledger_row(daemon, path) if ledger.exists() else None
     daemon.start()
     state, attempts = wait_until(
         lambda: (

@@ -389,9 +389,8 @@ def test_log_lines_name_their_job_and_a_restart_counts_the_files_done_before(mak
     said once, numbered as the sidecars number them; an empty file closed is failed once quiet, not
     after the probe's give-up; a restart that finds every file as it was says so in one line for the
     inbox, not a line a file."""
-    daemon = make_daemon(
-        render={"max_side": 1000}
-    )  # at 150 dpi a 300 pt page fits, a 1000 pt one does not
+    # at 150 dpi a 300 pt page fits, a 1000 pt one does not
+    daemon = make_daemon(render={"max_side": 1000})
     daemon.start()
     pngs = [docs.write_png(daemon.inbox / f"{tag}.png", page_lines(tag)) for tag in ("a", "b")]
     poster = docs.write_sized_pdf(
@@ -408,9 +407,8 @@ def test_log_lines_name_their_job_and_a_restart_counts_the_files_done_before(mak
         assert error["error"]["kind"] == kind
     events = daemon.events()
     [said] = [e for e in events if e["event"] == "local_submitted" and e["path"] == str(empty)]
-    assert said["probe"] == "empty" and said["bytes"] == 0, (
-        said
-    )  # decided by its close, not given up on
+    # decided by its close, not given up on
+    assert said["probe"] == "empty" and said["bytes"] == 0, said
     started = {e["uri"]: e["job_id"] for e in events if e["event"] == "job_started"}
     submitted = {e["path"]: e["job_id"] for e in events if e["event"] == "local_submitted"}
     assert submitted == {str(path): started[path.as_uri()] for path in (*pngs, poster, bad, empty)}

@@ -286,9 +286,8 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(
     # Hostile PDF structures.
     put("5000 blank pages.pdf", blank_pages_pdf(5000), "too_many_pages")
     put("pages tree loop.pdf", pages_tree_loop_pdf(), "corrupt_pdf")
-    put(
-        "deeply nested.pdf", deeply_nested_pdf(), "ok"
-    )  # poppler gives up on the junk, renders a blank page
+    # poppler gives up on the junk, renders a blank page
+    put("deeply nested.pdf", deeply_nested_pdf(), "ok")
     put("reference cycle.pdf", reference_cycle_pdf(), "ok")
     put("deep page tree.pdf", deep_page_tree_pdf(), "ok")
     # Broken, locked, or no document at all.
@@ -625,9 +624,8 @@ def test_looping_and_garbage_output_still_make_valid_sidecars(
     doc = small_pdf(daemon.inbox / "garbage.pdf", "garbage", pages=len(GARBAGE))
     data = wait_until(lambda: sidecars_done(doc), 60, "the garbage document")
     jsonschema.validate(data, JSON_SCHEMA)
-    json.loads(
-        doc.with_name("garbage.pdf.json").read_bytes().decode("utf-8")
-    )  # strict UTF-8, strict JSON
+    # strict UTF-8, strict JSON
+    json.loads(doc.with_name("garbage.pdf.json").read_bytes().decode("utf-8"))
     markdown = doc.with_name("garbage.pdf.md").read_bytes().decode("utf-8")
     assert markdown.startswith("<!-- page 1 -->") and len(data["pages"]) == len(GARBAGE)
     assert daemon.proc.poll() is None

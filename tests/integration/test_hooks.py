@@ -182,12 +182,10 @@ def test_a_hook_after_a_move_is_told_where_source_and_sidecars_are_now_and_where
         assert not source.exists()
         assert env["OCRWATCH_JSON"] == str(there.with_name("scan é.png.json"))
         assert env["OCRWATCH_MD"] == str(there.with_name("scan é.png.md"))
-        assert (
-            Path(env["OCRWATCH_JSON"]).read_text() == received["stdin"]
-        )  # the very sidecar, moved
-        assert (
-            json.loads(received["stdin"])["source"]["uri"] == source.as_uri()
-        )  # where it was read
+        # the very sidecar, moved
+        assert Path(env["OCRWATCH_JSON"]).read_text() == received["stdin"]
+        # where it was read
+        assert json.loads(received["stdin"])["source"]["uri"] == source.as_uri()
         delivered = wait_until(
             lambda: [e for e in daemon.events() if e.get("event") == "hook_delivered"],
             30,
@@ -391,9 +389,8 @@ def test_files_handed_over_by_ocrwatch_ocr_run_no_hooks_as_without_a_daemon(
         (received,) = wait_until(lambda: records(out), 60, "the inbox document's hook")
         assert received["env"]["OCRWATCH_SOURCE"] == watched.as_uri()
         assert [row["key"] for row in deliveries(daemon)] == [watched.as_uri()]
-        assert any(
-            e.get("uri") == given.as_uri() for e in daemon.events()
-        )  # the daemon did process it
+        # the daemon did process it
+        assert any(e.get("uri") == given.as_uri() for e in daemon.events())
     finally:
         assert daemon.stop() == 0
 

@@ -31,9 +31,8 @@ from tests.s3servers import MotoServer, RgwServer
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 
 TOKEN = "hostile-network-token"
-LONG_KEY = (
-    "long/" + "y" * 1013 + ".png"
-)  # 1022 bytes: a legal key whose sidecars' keys exceed S3's 1024
+# 1022 bytes: a legal key whose sidecars' keys exceed S3's 1024
+LONG_KEY = "long/" + "y" * 1013 + ".png"
 
 
 def unreachable_webhook(port: int, endpoint_port: int | None = None) -> dict[str, Any]:
@@ -147,9 +146,8 @@ def test_an_idle_connection_flood_leaves_health_the_webhook_and_the_inbox_workin
         lines_before = len(daemon.log_text().splitlines())
         for _ in range(1100):
             held.append(socket.create_connection(("127.0.0.1", hook_port), timeout=10))
-        time.sleep(
-            0.5
-        )  # let the listener accept what the kernel queued: the figures below are read after it
+        # let the listener accept what the kernel queued: the figures below are read after it
+        time.sleep(0.5)
         base = f"http://127.0.0.1:{daemon.port}"
         health, health_s = get(f"{base}/healthz")
         metrics, metrics_s = get(f"{base}/metrics")
@@ -247,9 +245,8 @@ def test_rgw_a_key_whose_sidecars_cannot_exist_is_answered_and_recorded_not_refu
         assert [e["kind"] for e in failed] == ["name_too_long"]
         assert count(daemon, "error_sidecar_failed") == 1  # no sidecar can exist: the log says so
         assert count(daemon, "s3_webhook_rejected") == 0
-        assert (
-            count(daemon, "s3_job_submitted", uri=f"s3://poison-docs/{LONG_KEY}") == 1
-        )  # not resent
+        # not resent
+        assert count(daemon, "s3_job_submitted", uri=f"s3://poison-docs/{LONG_KEY}") == 1
         assert count(daemon, "job_already_done") == 0
         assert re.search(r'ocrwatch_documents_total\{status="failed"\} 1\.0', daemon.metrics())
         assert [o["Key"] for o in s3.list_objects_v2(Bucket="poison-docs")["Contents"]] == [
@@ -326,9 +323,8 @@ def test_sigterm_while_the_webhook_refuses_stops_cleanly_in_json(
     however long the S3 calls in flight would still take, and nothing but JSON lines on the way
     out."""
     hook_port = free_port()
-    silent = socket.create_server(
-        ("127.0.0.1", 0), backlog=128
-    )  # never accepts: every request waits
+    # never accepts: every request waits
+    silent = socket.create_server(("127.0.0.1", 0), backlog=128)
     endpoint = silent.getsockname()[1] if bucket == "silent" else None
     config = unreachable_webhook(hook_port, endpoint)
     daemon = DaemonProcess(tmp_path, s3=[config], daemon={"shutdown_timeout": 5.0}).start()

@@ -171,9 +171,8 @@ def test_a_250_byte_name_gets_one_clear_error_and_no_result(make_daemon) -> None
     long = docs.write_png(daemon.inbox / ("n" * 246 + ".png"), lines("long name"))
     assert len(os.fsencode(long.name)) == 250
     failed = wait_until(lambda: events(daemon, "job_failed", long), 60, "the long name's failure")
-    assert sorted(p.name for p in daemon.inbox.iterdir()) == [
-        long.name
-    ]  # no .md, no .json, no temporary
+    # no .md, no .json, no temporary
+    assert sorted(p.name for p in daemon.inbox.iterdir()) == [long.name]
     assert len(failed) == 1 and failed[0]["kind"] == "name_too_long", failed
     assert "261 bytes" in failed[0]["error"] and "shorter" in failed[0]["hint"]
     carries_on(daemon, daemon.inbox, "after a long name")

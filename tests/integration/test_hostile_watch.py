@@ -66,9 +66,8 @@ def test_a_folder_chain_2500_deep_stops_neither_the_inbox_nor_the_daemon(
         )
 
         os.rename(outside / "e", inbox / "e")
-        second = docs.write_png(
-            inbox / "second.png", ["SECOND"]
-        )  # by an event: the scan is a minute away
+        # by an event: the scan is a minute away
+        second = docs.write_png(inbox / "second.png", ["SECOND"])
         wait_until(
             lambda: sidecars_done(second),
             30,

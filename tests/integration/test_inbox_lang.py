@@ -14,9 +14,8 @@ from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
 
 pytestmark = pytest.mark.integration
 
-DEJAVU = Path(
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
-)  # Pillow's bundled font has no umlauts
+# Pillow's bundled font has no umlauts
+DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 GERMAN = "Die Größe der Straße"
 
 

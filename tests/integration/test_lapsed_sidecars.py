@@ -52,9 +52,8 @@ def test_a_sidecar_deleted_while_running_is_written_again_and_only_that_one(
     assert [e["path"] for e in events if e["event"] == "local_sidecars_lapsed"] == [str(lost)] * 2
     assert [e["uri"] for e in events if e["event"] == "job_sidecars_missing"] == [lost.as_uri()] * 2
     assert sum(e["event"] == "job_done" for e in events) == 4
-    assert not [
-        e for e in events if e["event"] == "job_already_done"
-    ]  # a scan does not even submit kept.png
+    # a scan does not even submit kept.png
+    assert not [e for e in events if e["event"] == "job_already_done"]
     with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
         assert sorted(db.execute("SELECT state, attempts FROM jobs").fetchall()) == [
             ("done", 1),

@@ -49,9 +49,8 @@ def test_two_inboxes_with_the_same_names_keep_their_sidecars_apart(
     tmp_path: Path, plugin_daemon: Any
 ) -> None:
     daemon = two_inboxes(tmp_path, plugin_daemon)
-    out = (
-        tmp_path / "etc" / "out"
-    )  # beside the configuration file, not in the daemon's working folder
+    # beside the configuration file, not in the daemon's working folder
+    out = tmp_path / "etc" / "out"
     daemon.start()
     try:
         done = {

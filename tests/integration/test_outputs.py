@@ -88,10 +88,8 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
             info = render.probe(original, render.Limits.from_config(LimitsConfig()))
             image = render.render_page(original, info, index, spec).image
             sources.append(page_pdf(scans / f"scan-{name}", image, dpi=spec.dpi))
-    tesseract = {
-        "kind": "tesseract",
-        "tesseract": {"workers": 2},
-    }  # at its default 300 dpi, as users run it
+    # at its default 300 dpi, as users run it
+    tesseract = {"kind": "tesseract", "tesseract": {"workers": 2}}
     daemon = make_daemon(output={"searchable_pdf": True}, engine=tesseract).start()
     try:
         for path in sources:
@@ -133,9 +131,8 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
             ],
         }
     print("searchable PDF through the daemon:", json.dumps(figures))
-    assert not any(
-        (daemon.inbox / f"{name}.ocr.pdf.json").exists() for name in done
-    )  # never taken as documents
+    # never taken as documents
+    assert not any((daemon.inbox / f"{name}.ocr.pdf.json").exists() for name in done)
 
 
 def test_move_on_success_archives_the_group_and_a_restart_leaves_it(
@@ -152,9 +149,8 @@ def test_move_on_success_archives_the_group_and_a_restart_leaves_it(
         (inbox / "2024").mkdir(parents=True)
         docs.write_pdf(inbox / "2024" / "letter.pdf", LETTER[:1])
         wait_until(lambda: json_of(moved), 120, "the JSON sidecar in the archive")
-        wait_until(
-            lambda: events(daemon, "source_archived"), 30, "the move logged"
-        )  # logged after it ends
+        # logged after it ends
+        wait_until(lambda: events(daemon, "source_archived"), 30, "the move logged")
         assert sorted(p.name for p in moved.parent.iterdir()) == [
             "letter.pdf",
             "letter.pdf.json",
@@ -166,9 +162,8 @@ def test_move_on_success_archives_the_group_and_a_restart_leaves_it(
         daemon.stop()
         daemon.start()
         wait_until(lambda: events(daemon, "daemon_ready"), 60, "the restarted daemon")
-        docs.write_png(
-            inbox / "later.png", ["A later document"]
-        )  # a scan has run once this one is archived
+        # a scan has run once this one is archived
+        docs.write_png(inbox / "later.png", ["A later document"])
         wait_until(
             lambda: json_of(archive / "inbox" / "later.png"), 120, "the later document archived"
         )

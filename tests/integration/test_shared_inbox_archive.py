@@ -108,9 +108,8 @@ def test_a_move_takes_only_ocrwatchs_outputs_and_keeps_owner_and_mode_on_another
             alice.gid,
             0o600,
         ), path
-    copied = alice.run(
-        ["sh", "-c", 'cat "$1" | wc -c', "sh", str(moved)]
-    )  # a PNG: its size, not its bytes
+    # a PNG: its size, not its bytes
+    copied = alice.run(["sh", "-c", 'cat "$1" | wc -c', "sh", str(moved)])
     assert copied.stdout.strip() == str(staged.stat().st_size), (
         f"Alice reads her archived copy: {copied}"
     )
@@ -131,9 +130,8 @@ def test_delete_waits_for_a_writer_that_holds_the_file_open_then_takes_the_finis
 ) -> None:
     alice, _ = users
     inbox = shared_root / "inbox"
-    chunks = incremental_pdf().build(
-        2
-    )  # a complete one-page PDF, then an update adding a second page
+    # a complete one-page PDF, then an update adding a second page
+    chunks = incremental_pdf().build(2)
     daemon = make_daemon(
         inboxes=[
             {"path": str(inbox), "settle_seconds": 0.3, "polling": False, "on_success": "delete"}

@@ -145,9 +145,8 @@ class _Runtime:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        torch.set_num_threads(
-            int(os.environ.get("OMP_NUM_THREADS") or 1)
-        )  # torch read it before engine_env
+        # torch read it before engine_env
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
         self.version: str = vllm.__version__
         self._engine_args = AsyncEngineArgs
         self._usage = UsageContext.ENGINE_CONTEXT
