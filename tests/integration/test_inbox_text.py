@@ -25,17 +25,20 @@ LINES = [
 
 
 def broken(path: Path, lines: list[str]) -> Path:
-    """The layer's font mapped onto private-use codes: a layer no reader can use."""
-    docs.write_pdf(path, [lines], text_layer=True)
+    """The layer's font mapped onto private-use codes: a layer no reader can use. Made beside the
+    inbox and renamed in, so the daemon never sees the good PDF it starts as."""
+    staged = path.parent.parent / f"{path.parent.name}-{path.name}"
+    docs.write_pdf(staged, [lines], text_layer=True)
     cmap = (
         b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
         b"1 begincodespacerange <00> <FF> endcodespacerange\n"
         b"1 beginbfrange <20> <7E> <E020> endbfrange\n"
         b"endcmap CMapName currentdict /CMap defineresource pop end end\n"
     )
-    with pikepdf.open(path, allow_overwriting_input=True) as pdf:
+    with pikepdf.open(staged, allow_overwriting_input=True) as pdf:
         pdf.pages[0].obj.Resources.Font.F1.ToUnicode = pdf.make_stream(cmap)
-        pdf.save(path)
+        pdf.save(staged)
+    staged.replace(path)
     return path
 
 
