@@ -233,9 +233,9 @@ def _check_lang(cfg: Config, lang: str, engine: str | None) -> None:
     """``--lang``: Tesseract's, and only languages whose data is installed."""
     from ocrwatch import checks
 
-    if engine == "vllm":
+    if engine not in (None, "auto", "tesseract"):
         raise ConfigError(
-            "--lang sets Tesseract's language; --engine vllm reads every language itself",
+            f"--lang sets Tesseract's language, so it cannot go with --engine {engine}",
             hint="leave out --engine, or give --engine tesseract",
         )
     checks.require_languages(cfg, lang, kind="tesseract")

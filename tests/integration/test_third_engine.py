@@ -139,3 +139,7 @@ def test_ocr_engine_names_the_third_engine_and_reads_with_it(tmp_path: Path) -> 
     data: Any = sidecars_done(document)
     assert data["status"] == "ok" and "TOY-MARKER moin" in str(data)
     assert [len(page["tries"]) for page in data["pages"]] == [1]
+    with_lang = subprocess.run(
+        [*command, "--lang", "eng", str(document)], capture_output=True, text=True, env=env
+    )
+    assert with_lang.returncode == 2 and "cannot go with --engine toy" in with_lang.stderr
