@@ -344,8 +344,9 @@ class EngineConfig(Model):
         description=(
             "Attempts at a page before it is marked failed (the document becomes partial): the "
             "first attempt, then the rungs of [engine.vllm] ladder. At most 1 + the ladder's rungs "
-            "are made, whatever this says (3 with the default ladder); the Tesseract engine reads "
-            "a page once and ignores this key."
+            "are made, whatever this says (3 with the default ladder). An engine whose spec brings "
+            "no rungs of its own (Tesseract, a third engine's by default) reads a page once and "
+            "ignores this key."
         ),
     )
 
