@@ -95,6 +95,9 @@ class Admission:
     async def _admit(self, job: Job) -> None:
         fingerprint = await asyncio.to_thread(self.fingerprint, job)
         if fingerprint is None:
+            # Not there to read at this moment (gone, or a folder on its path swapped meanwhile):
+            # the source must look again, not hold it as handed over.
+            await self.sources[job.source].finish(job, "retry")
             return
         if await self.done_already(job, fingerprint):
             return

@@ -500,11 +500,13 @@ class Pipeline:
     # --- giving up --------------------------------------------------------------------------------
 
     async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
-        """Give a job up: logged, counted, recorded in the ledger, its error sidecar written beside
-        the source (none for a vanished source: nothing to sit beside, and the ledger re-admits it
-        if it returns), and its source told. The pipeline calls it when a job's attempts are spent;
-        a source calls it (it is handed to ``Source.start``) for a job it must give up unprocessed,
-        such as an S3 poison message."""
+        """Give a job up: logged, counted, its error sidecar written beside the source (none for a
+        vanished source: nothing to sit beside, and the ledger re-admits it if it returns), recorded
+        in the ledger, and its source told. An error sidecar that a fault of its path kept from
+        being written (a folder swapped for a link) makes that fault the failure recorded, so the
+        document comes back like a vanished one. The pipeline calls it when a job's attempts are
+        spent; a source calls it (it is handed to ``Source.start``) for a job it must give up
+        unprocessed, such as an S3 poison message."""
         run = self._runs.get(job.key)
         record = run.record if run is not None else Record(self.ledger, job.key)
         if run is None:  # from a source: the job never ran here
@@ -531,11 +533,17 @@ class Pipeline:
             time.time(),
         )
         event = await self._hold(run, job, body)  # before the failure is recorded
-        await record.mark_failed(error.as_dict())
+        standing = error
         if not isinstance(error, SourceGone):
             try:
                 await self._offload(job, self.sinks[job.source].write_error, job, body)
             except Exception as exc:
-                log.error("error_sidecar_failed", kind=classify(exc).kind, error=str(exc))
-        moved = await self.sources[job.source].finish(job, "failed", error.kind)
+                unwritten = classify(exc)
+                log.error("error_sidecar_failed", kind=unwritten.kind, error=str(exc))
+                if unwritten.path_fault:
+                    # A failure no one could see, for what the path was then: recorded as that, it
+                    # comes back when the file is seen whole at its path again.
+                    standing = unwritten
+        await record.mark_failed(standing.as_dict())
+        moved = await self.sources[job.source].finish(job, "failed", standing.kind)
         await self.hooks.release(event, moved)  # told where a quarantine took the source

@@ -56,8 +56,20 @@ async def inline(job: Job, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def admission(ledger: Ledger, sink: RecordedSink | None = None) -> Admission:
-    sources = {"inbox": cast(Source, None)}
+class Told:
+    """A source that keeps what ``finish`` told it."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str, str | None]] = []
+
+    async def finish(self, job: Job, outcome: str, kind: str | None = None) -> None:
+        self.told.append((job.key, outcome, kind))
+
+
+def admission(
+    ledger: Ledger, sink: RecordedSink | None = None, source: Told | None = None
+) -> Admission:
+    sources = {"inbox": cast(Source, source)}
     sinks = {"inbox": cast(Sink, sink or RecordedSink(set()))}
     return Admission(ledger, sources, sinks, cast(Archiver, None), cast(HookRunner, None), inline)
 
@@ -159,3 +171,29 @@ async def test_a_file_seen_again_while_its_run_failed_source_changed_is_admitted
     made.ended(seen.key)  # once: a run that ends with no event during it admits nothing again
     await settled()
     assert ledger.known(seen.key).state == "done"
+
+
+async def test_a_file_not_there_to_read_when_submitted_is_handed_back_to_its_source(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """Its folder swapped for a link at that moment, or the file gone: nothing is admitted, and the
+    source is told ``retry`` before ``submit`` returns, so it never holds the file as handed over
+    (no scan would look at it again, and it would end with no outcome)."""
+    inbox, vault = tmp_path / "inbox", tmp_path / "vault"
+    inbox.mkdir()
+    (vault / "folder").mkdir(parents=True)
+    (vault / "folder" / "doc.png").write_bytes(b"png")
+    (inbox / "folder").symlink_to(vault / "folder")
+    told = Told()
+    made = admission(ledger, source=told)
+    swapped = Job(origin=LocalFile(inbox / "folder" / "doc.png", inbox), source="inbox")
+    gone = job(tmp_path, "gone.png")
+    for each in (swapped, gone):
+        await made.submit(each)
+    assert told.told == [(swapped.key, "retry", None), (gone.key, "retry", None)]
+    assert ledger.known(swapped.key) is None and ledger.known(gone.key) is None
+
+    (inbox / "folder").unlink()  # whole at its path again: admitted as any file
+    (vault / "folder").rename(inbox / "folder")
+    await made.submit(swapped)
+    assert ledger.known(swapped.key).state == "queued" and len(told.told) == 2

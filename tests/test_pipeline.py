@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from ocrwatch.config import Config
-from ocrwatch.errors import PermanentError, SourceGone
+from ocrwatch.errors import OutputNotWritable, PermanentError, SourceGone
 from ocrwatch.ledger import Ledger
 from ocrwatch.metrics import Metrics
 from ocrwatch.pipeline import Pipeline
@@ -27,6 +27,7 @@ class RecordingSource:
 
     def __init__(self) -> None:
         self.finished: list[tuple[str, Outcome]] = []
+        self.kinds: list[str | None] = []
 
     async def start(self, submit: Any, reject: Any) -> None:
         return None
@@ -39,12 +40,16 @@ class RecordingSource:
 
     async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         self.finished.append((job.key, outcome))
+        self.kinds.append(kind)
 
 
 class MemorySink:
-    def __init__(self, recorded: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, recorded: dict[str, Any] | None = None, refusal: Exception | None = None
+    ) -> None:
         self.errors: list[dict[str, Any]] = []
         self._recorded = recorded
+        self._refusal = refusal
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
         return self._recorded
@@ -53,6 +58,8 @@ class MemorySink:
         raise AssertionError("a rejected job has no result")
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
+        if self._refusal is not None:
+            raise self._refusal
         self.errors.append(error)
 
 
@@ -121,3 +128,33 @@ async def test_a_vanished_source_gets_no_error_sidecar(tmp_path: Path, ledger: L
     assert sink.errors == [] and source.finished == [(job().key, "failed")]
     row = ledger.known(job().key)
     assert row is not None and row.state == "failed"
+
+
+@pytest.mark.parametrize(
+    ("refusal", "kind"),
+    [
+        (SourceGone("its folder in/ is a symlink; links are not followed"), "source_gone"),
+        (
+            OutputNotWritable("cannot write sidecars in in/: the filesystem is read-only"),
+            "too_many_deliveries",
+        ),
+    ],
+    ids=["path-fault", "place-kept"],
+)
+async def test_an_error_sidecar_a_swapped_folder_kept_out_leaves_the_document_to_come_back(
+    tmp_path: Path, ledger: Ledger, refusal: Exception, kind: str
+) -> None:
+    """A failure whose error sidecar could not be written for what its path was then is recorded as
+    that fault, which the ledger admits again once the file is seen whole: it never stands where no
+    one can see it. A sidecar kept out by the place itself (read-only) leaves the failure as it
+    was, for its hint's fix."""
+    made, source = pipeline(tmp_path, ledger, MemorySink(refusal=refusal))
+    with capture_logs() as logs:
+        await made.reject(job(), Poison("delivered 4 times"), 4)
+    assert [e["event"] for e in logs] == ["job_failed", "error_sidecar_failed"]
+    row = ledger.known(job().key)
+    assert row is not None and row.state == "failed" and row.last_error["kind"] == kind
+    assert source.finished == [(job().key, "failed")] and source.kinds == [kind]
+    fingerprint = made.admission.fingerprint(job())
+    assert fingerprint is not None
+    assert ledger.admit(job(), fingerprint) is (kind == "source_gone")

@@ -95,8 +95,9 @@ async def watching(
     *inboxes: InboxConfig,
     reconcile_seconds: float = 60.0,
     lapsed: Callable[[Job], bool] = lambda job: False,
+    collector: Collector | None = None,
 ) -> AsyncIterator[tuple[LocalSource, Collector]]:
-    collector = Collector()
+    collector = collector or Collector()
     source = LocalSource(
         inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}", lapsed=lapsed
     )
@@ -268,9 +269,8 @@ def test_a_document_failed_for_its_path_only_is_submitted_again_once_a_scan_find
     tmp_path: Path,
 ) -> None:
     """A run that met its folder swapped for a link fails ``source_gone`` and leaves no error
-    sidecar:
-    the file, whole at its path again, is submitted by the next scan; one failed for its bytes is
-    not."""
+    sidecar: the file, whole at its path again, is submitted by the next scan; one failed for its
+    bytes is not."""
 
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3) as (source, got):
@@ -285,6 +285,43 @@ def test_a_document_failed_for_its_path_only_is_submitted_again_once_a_scan_find
             await until(lambda: len(got.jobs) == 3, "gone.pdf submitted again")
             await asyncio.sleep(1.0)  # three reconciliation scans
             assert sorted(path.name for path in got.paths()) == ["bad.pdf", "gone.pdf", "gone.pdf"]
+
+    run(scenario())
+
+
+class NotThereOnce(Collector):
+    """A ``submit`` that finds the first file not there to read, as admission does when a folder on
+    its path is swapped for a link at that moment, and says so before returning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.source: LocalSource | None = None
+        self.answered = 0
+
+    async def __call__(self, job: Job) -> None:
+        await super().__call__(job)
+        if self.answered == 0 and self.source is not None:
+            self.answered += 1
+            await self.source.finish(job, "retry")
+
+
+def test_a_document_not_admitted_for_what_its_path_was_is_submitted_again_by_the_next_scan(
+    tmp_path: Path,
+) -> None:
+    """``retry`` said while ``submit`` still runs: the source does not hold the file as handed
+    over (else no scan would look at it again, and it would end with no outcome at all)."""
+
+    async def scenario() -> None:
+        got = NotThereOnce()
+        async with watching(inbox(tmp_path / "in"), reconcile_seconds=0.3, collector=got) as (
+            source,
+            _,
+        ):
+            got.source = source
+            (tmp_path / "in" / "doc.pdf").write_bytes(PDF)
+            await until(lambda: len(got.jobs) == 2, "doc.pdf submitted again")
+            await asyncio.sleep(1.0)  # three reconciliation scans: handed over now, it stays so
+            assert [path.name for path in got.paths()] == ["doc.pdf", "doc.pdf"]
 
     run(scenario())
 

@@ -12,7 +12,9 @@ callable of a layer above it. ``stop`` stops watching; it is called once, from t
 source copies its file through one descriptor, a remote one downloads it), and says what it measured
 (``Fetched``); the pipeline calls it with ``job.max_bytes`` set to the limit in force, so a source
 can refuse before copying. ``finish`` is told the final outcome, once, after the sidecars are
-written, and for a failure its kind (``errors``).
+written, and for a failure its kind (``errors``); ``retry`` where the job was never admitted, its
+file not there to read when ``submit`` looked (gone, or a folder on its path swapped), so the source
+looks again rather than holding it as handed over.
 """
 
 from __future__ import annotations

@@ -54,15 +54,22 @@ def alive(pid: int) -> bool:
 
 
 def wait_until(
-    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str | Callable[[], str],
+    interval: float = 0.1,
 ) -> Any:
+    """Poll ``predicate`` until it is truthy; ``what`` may be a callable, so a message that quotes
+    the daemon's log quotes it as it is at the timeout, not as it was when the wait began."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what() if callable(what) else what}"
+    )
 
 
 class DaemonProcess:
