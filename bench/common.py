@@ -136,8 +136,7 @@ def free_port() -> int:
 
 def drop(source: Path, inbox: Path, name: str | None = None) -> Path:
     """Copy under a hidden name, then rename into place: the daemon sees a whole file moved in, as
-    from
-    a scanner."""
+    from a scanner."""
     target = inbox / (name or source.name)
     hidden = inbox / f".{target.name}.copying"
     shutil.copyfile(source, hidden)

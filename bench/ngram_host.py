@@ -1,7 +1,6 @@
 """The n-gram guard's host rule alone: milliseconds a decode step of ``NGramBans.bans``, which
-vLLM's
-V1 runner calls on every step while the GPU waits, so its time is on every page's critical path. No
-vLLM, no GPU.
+vLLM's V1 runner calls on every step while the GPU waits, so its time is on every page's critical
+path. No vLLM, no GPU.
 
 Each of ``--rows`` requests starts with ``--start`` output tokens; every step appends one token to
 each and asks for the bans. ``--vocab`` sets how repetitive the text is: 1 is a request repeating

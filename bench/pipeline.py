@@ -2,11 +2,10 @@
 Tesseract.
 
 (a) ``ocrwatch run`` as a process: every document is dropped into its inbox at once; the clock runs
-from the
-first drop to the last JSON sidecar. Daemon start-up (engine warm-up) is outside the clock. (b) the
-naive loop: for each document, probe it, render a page, OCR it, next page, then write the Markdown
-and
-JSON; one page at a time, the same renderer, render spec and ``TesseractEngine``, in this process.
+from the first drop to the last JSON sidecar. Daemon start-up (engine warm-up) is outside the clock.
+(b) the naive loop: for each document, probe it, render a page, OCR it, next page, then write the
+Markdown and JSON; one page at a time, the same renderer, render spec and ``TesseractEngine``, in
+this process.
 
 Runs alternate (a, b, b, a, ...) so that drift of the machine hits both sides alike. Target on 2
 cores: a/b ≥ 1.5.

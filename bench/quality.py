@@ -1,6 +1,5 @@
 """How well the Tesseract path reads the corpus: each document with a reference text, through the
-real
-``ocrwatch ocr`` command with the shipped defaults, its Markdown against the reference, word by
+real ``ocrwatch ocr`` command with the shipped defaults, its Markdown against the reference, word by
 word.
 
 Compared page by page (a reference's pages are split at its form feeds). Two figures a page:
@@ -96,8 +95,7 @@ def scores(
     read_texts: dict[str, tuple[str, float]], pairs: list[tuple[Path, Path]]
 ) -> dict[str, Any]:
     """Page by page: a reference with form feeds (``pdftotext``'s, first pages only) against the
-    same
-    pages; one without (a single page's transcription) against every page of the document."""
+    same pages; one without (a single page's transcription) against every page of the document."""
     per_document: dict[str, dict[str, float]] = {}
     per_page: dict[str, dict[str, float]] = {}
     for path, reference in pairs:

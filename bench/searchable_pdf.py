@@ -49,8 +49,7 @@ def similarity(got: str, want: str) -> float:
 
 def scanned(documents: list[Doc], scratch: Path) -> list[Doc]:
     """Each PDF the manifest says has a text layer, as an image-only PDF of its pages rendered at
-    300
-    dpi."""
+    300 dpi."""
     root = corpus_dir()
     manifest = json.loads((root / "manifest.json").read_text()) if root is not None else []
     layered = {entry["file"] for entry in manifest if entry.get("has_text_layer")}

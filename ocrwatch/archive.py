@@ -127,12 +127,11 @@ class Archiver:
         changed: Callable[[], bool] | None = None,
     ) -> dict[str, str] | None:
         """Act on the finished job's source as configured. ``status`` None: read from its JSON
-        sidecar;
-        ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked first. What
-        moved, so its hooks are told where it is now: under ``source`` the source's URI now (``""``
-        once deleted), under ``json`` and ``md`` their paths where a move took them along (not where
-        they stay: an S3 object's, sidecars under ``[output] dir``). None where nothing moved (kept,
-        a failure)."""
+        sidecar; ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked
+        first. What moved, so its hooks are told where it is now: under ``source`` the source's URI
+        now (``""`` once deleted), under ``json`` and ``md`` their paths where a move took them
+        along (not where they stay: an S3 object's, sidecars under ``[output] dir``). None where
+        nothing moved (kept, a failure)."""
         action = self.action(job)
         if action == "keep":
             return None

@@ -111,8 +111,7 @@ async def _attempt(engine: Engine, page: PageRequest, timeout_s: float) -> Recog
 
 async def _recognize(engine: Engine, page: PageRequest) -> Recognition:
     """The engine's own timeout, told apart from the page timeout before ``wait_for`` sees it (the
-    two
-    ``TimeoutError``s are one class from Python 3.11 on, two before)."""
+    two ``TimeoutError``s are one class from Python 3.11 on, two before)."""
     try:
         return await engine.recognize(page)
     except (TimeoutError, asyncio.TimeoutError) as exc:

@@ -57,9 +57,8 @@ def chain_depth(top: Path, name: str = "d") -> int:
 
 def remove_chain(top: Path, name: str = "d") -> None:
     """Remove ``top/name`` and the chain below it, files included, the deepest ``HELD`` levels a
-    pass:
-    each pass walks down holding the descriptors of the last ``HELD`` folders only, then empties and
-    removes those."""
+    pass: each pass walks down holding the descriptors of the last ``HELD`` folders only, then
+    empties and removes those."""
     while True:
         held: list[int] = [os.open(top, FOLDER)]
         try:

@@ -49,8 +49,7 @@ def _echo(page: PageRequest, text: str | None = None) -> Recognition:
 
 class CountingEngine(StubEngine):
     """Echoes each page after ``delay`` seconds and appends ``start``/``done PID REQUEST_ID`` lines
-    to
-    ``log``.
+    to ``log``.
 
     Each line is one ``write`` on an ``O_APPEND`` descriptor, so lines from concurrent pages never
     interleave and a ``kill -9`` leaves every completed line whole.

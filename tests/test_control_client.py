@@ -1,6 +1,5 @@
 """``ocrwatch.control`` without a daemon: the lock probe, the request's shape, and what ``status``
-and
-``retry`` say from the ledger alone (real files, real locks held by real processes, the CLI as a
+and ``retry`` say from the ledger alone (real files, real locks held by real processes, the CLI as a
 process)."""
 
 from __future__ import annotations

@@ -41,8 +41,7 @@ def journal_stream(fd: int) -> str:
 
 def run_ocr(files: list[Path], journal: str | None) -> str:
     """``ocrwatch ocr`` as a process writing to a pipe, with ``JOURNAL_STREAM`` as given
-    (``"pipe"``:
-    the pipe's own device:inode); its stdout and stderr together."""
+    (``"pipe"``: the pipe's own device:inode); its stdout and stderr together."""
     read_end, write_end = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"}
     if journal is not None:

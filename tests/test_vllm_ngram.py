@@ -1,6 +1,5 @@
 """``BatchedNoRepeatNGram`` against vLLM's own ``NGramPerReqLogitsProcessor``, both driven by the
-same
-``BatchUpdate`` sequence and logits: the same entries must end up ``-inf``. Needs vLLM (skipped
+same ``BatchUpdate`` sequence and logits: the same entries must end up ``-inf``. Needs vLLM (skipped
 without)."""
 
 from __future__ import annotations

@@ -4,14 +4,15 @@ Builds the vision tower exactly as vLLM's DeepseekOCR2ForCausalLM does (SAM ViT-
 decoder-as-encoder, the linear projector, the view separator), fills it with random weights of
 realistic scale (rel-pos tables included, so the bias matters), prepares real pages with vLLM's
 own DeepseekOCRProcessor (v2: 1024 global view + 768 tiles), and compares, per page:
-  stock bf16 vs an fp32 reference of the stock path  (what bf16 costs anyway),
-fast bf16 (eager, and replayed as CUDA graphs with --graphs) vs the same reference, and fast vs
-stock,
-and the registered class's own entry point (parse, process, batched path) vs stock. A page passes
-when it is finite and within 1.5x the stock path's own bf16 error (+2e-3) of the reference. Then
-times the stock per-page loop against the batched path (median of --reps, CUDA-synchronised), and
-with --profile writes torch-profiler tables of both.  Prints one line per check and timing, and ends
-with ``RESULT {json}`` (appended to --out as well).
+
+- stock bf16 vs an fp32 reference of the stock path (what bf16 costs anyway);
+- fast bf16 (eager, and replayed as CUDA graphs with --graphs) vs the same reference;
+- fast vs stock, and the registered class's own entry point (parse, process, batched path) vs stock.
+
+A page passes when it is finite and within 1.5x the stock path's own bf16 error (+2e-3) of the
+reference. Then times the stock per-page loop against the batched path (median of --reps,
+CUDA-synchronised), and with --profile writes torch-profiler tables of both. Prints one line per
+check and timing, and ends with ``RESULT {json}`` (appended to --out as well).
 
 The checked pages are first the page geometries that take different paths through the encoder
 (``GEOMETRIES``: no tiles, the tile size itself, the fewest tiles, the most tiles, a landscape page,

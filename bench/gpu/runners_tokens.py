@@ -1,6 +1,5 @@
 """How far two runs' greedy output ids agree, page by page (engine_bench.py --tokens-out files):
-pages
-equal to the end, and the mean and least length of the common prefix.
+pages equal to the end, and the mean and least length of the common prefix.
 
   python3 bench/gpu/runners_tokens.py tokens_v1.json tokens_v2.json
 """

@@ -92,9 +92,8 @@ def to_download(reqs: Iterable[Requirement], image: set[str]) -> list[Requiremen
 
 def closure(reqs: Iterable[Requirement], stop: set[str]) -> set[str]:
     """``reqs`` and, for each one installed on this machine, its own requirements, recursively,
-    without
-    descending into ``stop`` (what the image or vLLM's pinned set already brings with its own
-    needs)."""
+    without descending into ``stop`` (what the image or vLLM's pinned set already brings with its
+    own needs)."""
     seen: set[str] = set()
     todo = list(reqs)
     while todo:

@@ -514,8 +514,7 @@ def _why_not_writable(here: Folder) -> str:
 
 def _other_document(here: Folder, json_name: str, origin: Origin) -> str | None:
     """Whose JSON sidecar lies at ``json_name`` where it is another document's that still lies
-    beside
-    ``origin`` (two names one template maps to one sidecar); None otherwise."""
+    beside ``origin`` (two names one template maps to one sidecar); None otherwise."""
     found = here.look(json_name, PROBE_BYTES)
     if found is None or found.other is not None or not owns_json(found.head):
         return None

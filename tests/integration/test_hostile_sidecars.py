@@ -163,8 +163,7 @@ def test_fifos_a_dev_zero_link_folders_and_a_users_file_at_sidecar_names(make_da
 
 def test_a_250_byte_name_gets_one_clear_error_and_no_result(make_daemon) -> None:
     """NAME.md and NAME.json would fit in 255 bytes, NAME.error.json would not: the document fails
-    with
-    ``name_too_long`` before any sidecar is written, instead of writing a result and then
+    with ``name_too_long`` before any sidecar is written, instead of writing a result and then
     failing."""
     daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})
     daemon.start()

@@ -26,8 +26,7 @@ pytestmark = pytest.mark.integration
 
 def two_inboxes(root: Path, plugin_daemon: Any) -> PluginDaemon:
     """Inboxes ``a`` and ``b``, each with ``sub/report.pdf`` (different content); the configuration
-    in
-    ``root/etc`` names ``dir = "out"``, while the daemon runs in ``root``."""
+    in ``root/etc`` names ``dir = "out"``, while the daemon runs in ``root``."""
     inboxes = [{"path": str(root / name), "settle_seconds": 0.2} for name in ("a", "b")]
     daemon: PluginDaemon = plugin_daemon(inboxes=inboxes)
     settings = tomllib.loads(daemon.config_path.read_text())
