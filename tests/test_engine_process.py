@@ -78,6 +78,17 @@ def running(pid: int) -> bool:
         return False
 
 
+SLEEP = ["sleep", "600"]
+"""The engine's own process in ``DAEMON``: what vLLM's engine core is to its engine."""
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except OSError:
+        return []
+
+
 DAEMON = """
 import asyncio
 from ocrwatch.config import EngineConfig
@@ -249,14 +260,19 @@ async def test_a_daemon_killed_outright_takes_its_engine_process_and_the_engines
     the child or the engine's own process (vLLM's engine core, here ``sleep``) holding a GPU."""
     daemon = subprocess.Popen([sys.executable, "-c", DAEMON], cwd=Path(__file__).parents[1])
     try:
+        found: list[tuple[int, int]] = []
 
-        def started() -> bool:  # one reading of the daemon's children: a second one may find none
+        def started() -> bool:
+            """The child and its ``sleep``, known by its command line: a child's start may run a
+            short-lived helper of its own first (a library probing the system), gone a moment
+            later."""
             kids = children(daemon.pid)
-            return len(kids) == 1 and len(children(kids[0])) == 1
+            sleeping = [pid for pid in children(kids[0]) if cmdline(pid) == SLEEP] if kids else []
+            found[:] = [(kids[0], sleeping[0])] if len(kids) == 1 and sleeping else []
+            return bool(found)
 
         await wait_until(started, 30)
-        (child,) = children(daemon.pid)
-        (engine_process,) = children(child)
+        [(child, engine_process)] = found
         assert os.getpgid(child) == os.getpgid(engine_process) == child != os.getpgid(daemon.pid)
     finally:
         daemon.kill()
