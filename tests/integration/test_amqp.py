@@ -231,15 +231,30 @@ def test_two_daemons_share_fifty_documents_through_a_kill_and_a_broker_restart(
                 if e["uri"].endswith(".png.json") or e["uri"].endswith(".pdf.json")
             )
 
-        expected = Counter({f"s3://{bucket}/{key}": 1 for key in names})
+        uris = {f"s3://{bucket}/{key}" for key in names}
+
+        def unlogged() -> set[str]:
+            """Documents the victim held at its kill that the survivor then found done: ``kill -9``
+            can land between the victim's write and its log line, so their write is not logged."""
+            victims = daemons[victim]
+            held = {e["uri"] for e in events(victims, "job_started")}
+            held -= {e["uri"] for e in events(victims, "job_done")}
+            return held & {e["uri"] for e in events(survivor, "job_already_done")}
+
+        def accounted() -> bool:
+            counts, spared = written(), unlogged()
+            return set(counts) <= uris and all(
+                counts[uri] == 1 or (counts[uri] == 0 and uri in spared) for uri in uris
+            )
+
         # A sidecar can be read (and the queue show nothing ready) a moment before its daemon
         # logs the write and acknowledges the message.
         wait_until(
-            lambda: written() == expected or max(written().values(), default=0) > 1,
+            lambda: accounted() or max(written().values(), default=0) > 1,
             30,
-            "every document's sidecar logged",
+            lambda: f"every document's sidecar logged: {sorted(written().items())}",
         )
-        assert written() == expected
+        assert accounted() and max(written().values()) == 1, sorted(written().items())
         wait_until(
             lambda: any(e["uri"] == long_uri for e in events(survivor, "job_done")),
             30,
