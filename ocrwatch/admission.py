@@ -8,27 +8,42 @@ waiting row (higher priority first, then the oldest) and hands the job to the pi
 time a slot frees. So a backlog of a hundred thousand files costs rows on disk rather than tasks, a
 stop leaves them where they are (one line says how many), and a start resumes them in the same
 order, jobs interrupted mid-stage included.
+
+A local file is fingerprinted before anything else, within its byte budget: its size comes from the
+descriptor, and a file over its ``max_bytes`` is never read (it fails ``file_too_large`` when its
+run fetches it), so a sparse file of terabytes costs a ``stat``. The files that are hashed are
+hashed in a pool of ``HASHING_THREADS`` threads of its own (``Fingerprinter``), which a stop
+interrupts between two blocks, and which says when it is stuck (``/readyz``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import structlog
 
 from ocrwatch.archive import Archiver
+from ocrwatch.config import LimitsConfig
 from ocrwatch.errors import OcrwatchError, classify
 from ocrwatch.hooks import HookRunner
 from ocrwatch.ledger import Fingerprint, Ledger, State
+from ocrwatch.renderspec import Limits
+from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink, done
 from ocrwatch.sources.base import Job, S3Object, Source, key_id
 from ocrwatch.sources.sourcefile import inspect, measure
 
 log = structlog.get_logger()
+
+T = TypeVar("T")
 
 Offload = Callable[..., Awaitable[Any]]
 """``offload(job, fn, *args)``: a blocking call about ``job``'s sidecars, in the threads of its
@@ -46,6 +61,67 @@ LEFT_COUNT_SECONDS = 5.0
 COUNT_SECONDS = 5.0
 """How often at most the dispatcher counts the backlog for the gauges (a scan of the index: ~0.1 s a
 100,000)."""
+HASHING_THREADS = 2
+"""Threads that read new local files for their sha256, shared by every inbox. Each hash is bounded
+by its file's ``max_bytes`` and is CPU work (hashlib releases the GIL): two keep a disk busy and
+leave the other cores to rendering. A burst of files waits its turn here, so the ledger's calls and
+``ocrwatch status``, in the default pool, never wait behind it."""
+
+
+class Fingerprinter:
+    """Runs fingerprints in ``threads`` threads of its own, and says how long it has been stuck: how
+    long some have waited while none came out. ``stop`` ends those waiting at once and those being
+    hashed before their next block (``Stopped``), so a stop never waits for a file."""
+
+    def __init__(self, threads: int = HASHING_THREADS) -> None:
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ocrwatch-hash")
+        self.stopping = threading.Event()  # ``hash_fd``'s ``stop``
+        self._lock = threading.Lock()
+        # each call not yet returned: whether a thread has taken it
+        self._waiting: dict[object, bool] = {}
+        self._moved = time.monotonic()  # when the last call returned, or the first of a burst came
+
+    async def pooled(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in one of the threads, with the caller's context (its log lines keep the
+        job's id)."""
+        if self.stopping.is_set():
+            raise Stopped("the daemon is stopping")
+        call = object()
+        with self._lock:
+            if not self._waiting:
+                self._moved = time.monotonic()
+            self._waiting[call] = False
+        work = functools.partial(contextvars.copy_context().run, self._take, call, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+        finally:
+            with self._lock:
+                if not self._waiting.get(call, False):  # done, or cancelled before a thread took it
+                    self._waiting.pop(call, None)
+
+    def _take(self, call: object, fn: Callable[..., T], *args: Any) -> T:
+        with self._lock:
+            if call not in self._waiting or self.stopping.is_set():
+                raise Stopped("its caller no longer waits, or the daemon is stopping")
+            self._waiting[call] = True
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._waiting.pop(call, None)
+                self._moved = time.monotonic()
+
+    def stalled(self) -> tuple[float, int]:
+        """How long calls have waited with none returning (0.0: none waits), and how many wait."""
+        with self._lock:
+            waiting = len(self._waiting)
+            return (time.monotonic() - self._moved if waiting else 0.0), waiting
+
+    def stop(self) -> None:
+        """End every call, waiting or running (each raises ``Stopped`` in its thread, so its caller
+        hears why); none is taken after."""
+        self.stopping.set()
+        self._pool.shutdown(wait=False)
 
 
 def job_id(job: Job) -> str:
@@ -65,13 +141,17 @@ class Admission:
         archive: Archiver,
         hooks: HookRunner,
         offload: Offload,
+        limits: LimitsConfig | None = None,
     ) -> None:
+        """``limits``: the ``[limits]`` a job's inbox does not override (its byte budget)."""
         self.ledger = ledger
         self.sources = sources
         self.sinks = sinks
         self.archive = archive
         self.hooks = hooks
         self._offload = offload
+        self.limits = limits or LimitsConfig()
+        self.hashing = Fingerprinter()
         self._wanted = asyncio.Event()  # the ledger may hold a job to start
         self._admitting: dict[str, asyncio.Semaphore] = {}  # per source
         self.backlog = 0  # jobs waiting in the ledger, as last counted (the gauges read it)
@@ -93,7 +173,10 @@ class Admission:
             await self._admit(job)
 
     async def _admit(self, job: Job) -> None:
-        fingerprint = await asyncio.to_thread(self.fingerprint, job)
+        if isinstance(job.origin, S3Object):
+            fingerprint = self.fingerprint(job)  # what the event said: nothing is read
+        else:
+            fingerprint = await self.hashing.pooled(self.fingerprint, job)
         if fingerprint is None:
             # Not there to read at this moment (gone, or a folder on its path swapped meanwhile):
             # the source must look again, not hold it as handed over.
@@ -150,7 +233,9 @@ class Admission:
 
     def fingerprint(self, job: Job) -> Fingerprint | None:
         """The job's content as the ledger compares it (blocking); None when a local file is
-        gone."""
+        gone. A local file over its ``max_bytes`` is never read: its signature stands for it (no
+        sha256), so it is run once, fails ``file_too_large`` from its size, and is run again only
+        once that signature changes. ``Stopped`` once ``hashing`` is stopped."""
         origin = job.origin
         if isinstance(origin, S3Object):
             return Fingerprint(
@@ -165,10 +250,12 @@ class Admission:
             signature = inspect(origin.path, origin.inbox)
             if self.ledger is not None:
                 row = self.ledger.known(job.key)
-                then = row.fingerprint if row is not None and row.state == "done" else None
+                ended = row is not None and row.state in ("done", "failed")
+                then = row.fingerprint if row is not None and ended else None
                 if then is not None and signature.unchanged(then.stat(signature.device)):
-                    return then  # unchanged since it was done: no need to hash it again
-            signature, digest = measure(origin.path, origin.inbox)
+                    return then  # unchanged since its run ended: no need to read it again
+            budget = Limits.for_job(self.limits, job).max_bytes
+            signature, digest = measure(origin.path, origin.inbox, budget, self.hashing.stopping)
         except (OcrwatchError, OSError):  # gone, or no longer a regular file: nothing to admit
             return None
         return Fingerprint(
@@ -178,6 +265,21 @@ class Admission:
             inode=signature.inode,
             ctime_ns=signature.ctime_ns,
         )
+
+    def stuck(self, bound: float) -> str | None:
+        """Why admission is stuck (``/readyz``), or None: files have waited ``bound`` seconds
+        (``[daemon] admission_stall_seconds``) for their fingerprint with none coming out. The
+        default, 120 s, is twice what a file at the default budget (512 MiB) takes from a share
+        read at 10 MB/s: a filesystem that hangs, not a slow file."""
+        stalled, waiting = self.hashing.stalled()
+        if not waiting or stalled < bound:
+            return None
+        return f"no file fingerprinted for {stalled:.0f} s while {waiting} wait"
+
+    def stop(self) -> None:
+        """At a stop: every fingerprint ends now (the next start's scan submits those files
+        again)."""
+        self.hashing.stop()
 
     def already_written(self, job: Job, fingerprint: Fingerprint) -> bool:
         """``sinks.base.done`` through the job's own sink (blocking)."""

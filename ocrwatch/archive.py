@@ -13,7 +13,8 @@ or deleted.
   follow it, rewritten through ``Folder.stage`` with the source's access. A move across filesystems
   copies each file with its owner, mode and times; each folder the archive makes is as readable as
   the inbox folder it stands for, never more. An S3 object: copied to ``archive_prefix`` + its key
-  (the very version read), then deleted.
+  (the very version read), then deleted; nothing there is replaced either: a taken key gets a
+  number (``stem.N.suffix``), claimed by a conditional write (``s3archive.claim``).
 - ``delete``: the local file is unlinked, its sidecars being durable already (each was fsynced, and
   its folder, when written); the S3 object's version that was read is deleted (the object, where
   unversioned).
@@ -23,7 +24,9 @@ on a source that changed since it was read, that has another name (a hard link),
 holds open for writing: a local file is held as ``sources.sourcefile.held`` holds it (a read lease,
 and its sha256 compared under it), and its name goes only while it is still that file
 (``Folder.remove_if``); every step goes through descriptors from the inbox and ``archive_dir``
-(``safefs``). An S3 object is compared by its ETag, or addressed by its version. Every action runs
+(``safefs``), and a folder of the archive is moved into only while it is as the archive makes it
+for the inbox folder it stands for (``untrusted_folder``: made for one that has changed hands, say).
+An S3 object is compared by its ETag, or addressed by its version. Every action runs
 once the ledger records the document done, so a source gone from its inbox is never taken for a new
 one; a daemon killed in between finds the document done at its next start and acts then
 (``Pipeline._done_already``). Everything here is blocking, and a failure is logged, never raised:
@@ -47,6 +50,7 @@ from urllib.parse import quote
 import structlog
 
 from ocrwatch.config import OnSuccess, OutputConfig
+from ocrwatch import s3archive
 from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse, classify
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
@@ -235,7 +239,7 @@ class Archiver:
                 raise SourceChanged(f"{obj.uri} was replaced since it was read")
         target = None
         if action == "move":
-            target = cfg.archive_prefix + obj.key
+            target, claim = s3archive.claim(client, obj, cfg.archive_prefix)
             condition: dict[str, Any] = {"CopySourceIfMatch": f'"{obj.etag}"'} if obj.etag else {}
             try:
                 call(
@@ -246,11 +250,14 @@ class Archiver:
                     **condition,
                 )
             except Exception as exc:
-                if error_code(exc) in ("PreconditionFailed", "412"):
+                s3archive.unclaim(client, obj.bucket, target, claim)
+                if error_code(exc) in s3archive.PRECONDITION_FAILED:
                     raise SourceChanged(f"{obj.uri} was replaced since it was read") from None
                 if is_not_found(exc):
                     raise SourceGone(f"{obj.uri} no longer exists") from None
                 raise
+            if "VersionId" in claim:  # the claim's empty version, below the copy, goes
+                s3archive.unclaim(client, obj.bucket, target, claim)
         call(client.delete_object, Bucket=obj.bucket, Key=obj.key, **version)
         return None if target is None else f"s3://{obj.bucket}/{target}"
 

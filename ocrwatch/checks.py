@@ -26,15 +26,15 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ocrwatch import control
-from ocrwatch.config import Config, S3Config
-from ocrwatch.database import private_dir_fault
+from ocrwatch import children, control, roots
+from ocrwatch.config import Config, InboxConfig, S3Config
+from ocrwatch.config_env import Loc
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Check
 from ocrwatch.engines.base import command_output
@@ -45,23 +45,31 @@ from ocrwatch.http import host_port
 def run(cfg: Config) -> Iterator[Check]:
     """Every check ``ocrwatch check`` prints, in order, each as soon as it is known."""
     yield Check(True, "config", f"{cfg.source_file or 'built-in defaults'} is valid")
+    found = cfg.roots()
+    problems: dict[str, list[roots.Problem]] = {}
+    for problem in roots.check(found):
+        problems.setdefault(problem.root.key, []).append(problem)
+    yield from _files(found, problems)
     yield from _poppler(cfg)
     yield from _engine(cfg, probe=True)
-    yield from _folders(cfg, prepare=False)
+    yield from _folders(cfg, prepare=False, problems=problems)
     yield from _listens(cfg, functools.cache(functools.partial(_daemon_listening, cfg.state_dir)))
-    for index, s3 in enumerate(cfg.s3):
+    try:
+        probed = cfg.with_secrets()
+    except OcrwatchError:  # a FAIL line above says why; probed without it
+        probed = cfg
+    for index, s3 in enumerate(probed.s3):
         yield from _s3(index, s3)
 
 
 def preflight(cfg: Config) -> None:
     """Raise ``ConfigError`` for the first problem a start would meet that only the user can fix: a
-    missing poppler, a listen address that cannot be bound, an inbox that cannot be created, an
-    ``[output] dir`` that cannot be written, missing language data or model folder. Creates the
-    inboxes and ``[output] dir``."""
+    missing poppler, a listen address that cannot be bound, an ``[output] dir`` that cannot be
+    written, missing language data or model folder. The roots were made and checked before
+    (``roots.prepare``)."""
     needs = itertools.chain(
         _poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True)
     )
-    # folders last: a start refused for another reason creates none
     _raise_first(needs, cfg.source_file)
 
 
@@ -103,6 +111,12 @@ def _poppler(cfg: Config) -> Iterator[Check]:
         said = command_output([path, "-v"])
         version = re.search(r"version\s+(\S+)", said or "")
         yield Check(True, tool, f"{version.group(1) if version else '(version unknown)'} at {path}")
+    if cfg.render.renderer == "pdftoppm":  # each pdftoppm runs under it, within its memory limit
+        path = shutil.which(children.PRLIMIT)
+        if path is None:
+            yield Check(False, "prlimit", "not found on PATH", "install util-linux")
+        else:
+            yield Check(True, "prlimit", f"at {path}: bounds the memory of each pdftoppm")
     if cfg.render.renderer == "pdfium":
         if importlib.util.find_spec("pypdfium2") is None:
             yield Check(
@@ -170,76 +184,86 @@ def _quiet() -> Iterator[None]:
 # --- folders and addresses ------------------------------------------------------------------------
 
 
-def _folders(cfg: Config, *, prepare: bool) -> Iterator[Check]:
+def _files(found: Sequence[roots.Root], problems: Problems) -> Iterator[Check]:
+    """The configuration file and each file a secret is read from: a ``FAIL`` line for each breach
+    of the trust rule (``roots``) and for secrets that others may read, an ``ok`` line for each
+    secret file that passes."""
+    exposed = roots.exposed(found)
+    for root in found:
+        if root.kind != "file":
+            continue
+        failed = [*problems.get(root.key, []), *(p for p in exposed if p.root == root)]
+        yield from (_failed(problem) for problem in failed)
+        if not failed and root.key != "config":
+            owners = "root" if _user() == "root" else f"{_user()} or root"
+            said = f"is private: no one but {owners} may write or read it"
+            yield Check(True, f"{root.key} {root.path}", said)
+
+
+def _failed(problem: roots.Problem) -> Check:
+    return Check(False, f"{problem.root.key} {problem.root.path}", problem.text, problem.fix)
+
+
+Problems = dict[str, list[roots.Problem]]
+"""What the trust rule finds (``roots.check``), by the key of the root it is about."""
+
+
+def _folders(cfg: Config, *, prepare: bool, problems: Problems | None = None) -> Iterator[Check]:
     """Inboxes readable (and writable where sidecars go beside the documents), the quarantine,
-    ``[output] dir`` and state_dir writable. With ``prepare``, only what stops a start: inboxes and
-    ``[output] dir`` created."""
+    ``[output] dir`` and state_dir writable; a root that breaks the trust rule (``problems``) gets
+    its ``FAIL`` lines instead. With ``prepare``, only what stops a start: ``[output] dir``
+    written."""
     user = _user()
     out = cfg.output.dir
+    if prepare:
+        if out is not None and (why := _written(out)) is not None:
+            what = f"{cfg.key(('output', 'dir'))} {out}"
+            yield Check(False, what, f"cannot be written: {why}", _FOLDER_HINT.format(out, user))
+        return
+    problems = problems or {}
+    keyed = {root.key: root for root in cfg.roots()}
+
+    def judged(loc: Loc, probe: Callable[[str], Check]) -> Iterator[Check]:
+        """The root at ``loc``: its trust rule's ``FAIL`` lines, else what ``probe`` finds."""
+        key = cfg.key(loc)
+        said = problems.get(key)
+        yield from (_failed(problem) for problem in said) if said else (probe(key),)
+
     for index, inbox in enumerate(cfg.inbox):
-        what = f"inbox[{index}].path {inbox.path}"
-        if prepare:
-            if inbox.create and (why := _made(inbox.path, write=False)) is not None:
-                yield Check(
-                    False, what, f"cannot be created: {why}", _FOLDER_HINT.format(inbox.path, user)
-                )
-            continue
         moves = (
             inbox.quarantine_dir is not None
             or (inbox.on_success or cfg.output.on_success) != "keep"
         )
-        if not inbox.path.exists() and not inbox.create:
-            yield Check(
-                False, what, "does not exist (create = false)", f"create it, readable by {user}"
-            )
-        elif out is None:
-            yield _place(what, inbox.path, user, "(sidecars are written beside the documents)")
-        else:
-            yield _place(
-                what,
-                inbox.path,
-                user,
-                "(documents are moved out of it)" if moves else "",
-                write=moves,
-            )
+        note = "(documents are moved out of it)" if moves else ""
+        if out is None:
+            note, moves = "(sidecars are written beside the documents)", True
+        yield from judged(
+            ("inbox", index, "path"), functools.partial(_inbox, inbox, user, note, moves)
+        )
         if inbox.quarantine_dir is not None:
-            yield _place(
-                f"inbox[{index}].quarantine_dir {inbox.quarantine_dir}",
-                inbox.quarantine_dir,
-                user,
-                "",
-            )
-    archive = cfg.output.archive_dir
-    if archive is not None and not prepare:  # made by the first move, as a quarantine_dir is
-        yield _place(f"[output] archive_dir {archive}", archive, user, "")
-    if out is not None:
-        if not prepare:
-            yield _place(f"[output] dir {out}", out, user, "")
-        elif (why := _made(out, write=True)) is not None:
-            yield Check(
-                False,
-                f"[output] dir {out}",
-                f"cannot be written: {why}",
-                _FOLDER_HINT.format(out, user),
-            )
-    if not prepare:
-        yield _state_dir(cfg.state_dir, user)
+            loc: Loc = ("inbox", index, "quarantine_dir")
+            yield from judged(loc, functools.partial(_folder, keyed, user))
+    for key in ("archive_dir", "dir"):
+        if getattr(cfg.output, key) is not None:
+            yield from judged(("output", key), functools.partial(_folder, keyed, user))
+    yield from judged(("state_dir",), functools.partial(_folder, keyed, user))
 
 
-def _state_dir(state: Path, user: str) -> Check:
-    """Writable, and private: owned by the user ocrwatch runs as and writable by no one else (the
-    daemon refuses to start otherwise, in ``database.make_private_dirs``)."""
-    what = f"state_dir {state}"
-    try:
-        fault = private_dir_fault(state)
-    except FileNotFoundError:
-        fault = None  # made 0700 at start
-    except OSError as exc:
-        why = (exc.strerror or str(exc)).lower()
-        return Check(False, what, why, _FOLDER_HINT.format(state, user))
-    if fault is not None:
-        return Check(False, what, *fault)
-    return _place(what, state, user, "")
+def _inbox(inbox: InboxConfig, user: str, note: str, write: bool, key: str) -> Check:
+    """``check``'s line on an inbox folder: there (or made at start), readable, and writable where
+    ocrwatch writes or moves there."""
+    what = f"{key} {inbox.path}"
+    if not inbox.path.exists() and not inbox.create:
+        return Check(
+            False, what, "does not exist (create = false)", f"create it, readable by {user}"
+        )
+    return _place(what, inbox.path, user, note, write=write)
+
+
+def _folder(keyed: dict[str, roots.Root], user: str, key: str) -> Check:
+    """``check``'s line on a folder ocrwatch writes: writable, or creatable where it is missing."""
+    path = keyed[key].path
+    return _place(f"{key} {path}", path, user, "")
 
 
 _FOLDER_HINT = (
@@ -267,15 +291,13 @@ def _user() -> str:
         return f"uid {os.getuid()}"
 
 
-def _made(folder: Path, *, write: bool) -> str | None:
-    """``preflight``'s probe: ``folder`` made (and written, with ``write``); why not, when the user
-    must act."""
+def _written(folder: Path) -> str | None:
+    """``preflight``'s probe of a folder made at start (``roots.prepare``): a file made and removed
+    in it; why not, when the user must act."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if write:
-            handle, name = tempfile.mkstemp(prefix=".ocrwatch-check-", dir=folder)
-            os.close(handle)
-            os.unlink(name)
+        handle, name = tempfile.mkstemp(prefix=".ocrwatch-check-", dir=folder)
+        os.close(handle)
+        os.unlink(name)
     except OSError as exc:
         return (exc.strerror or str(exc)).lower() if exc.errno in _USER_FAULTS else None
     return None

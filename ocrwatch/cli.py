@@ -24,6 +24,7 @@ from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure, say
 from ocrwatch.report import OcrReport
+from ocrwatch.roots import Root, prepare
 from ocrwatch.sources.ignore import sidecar_suffixes
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ CONFIG_HELP = (
         + [str(path) if path.is_absolute() else f"./{path}" for path in DEFAULT_CONFIG_PATHS]
         + ["the built-in defaults"]
     )
-    + ")"
+    + "; a file in the working folder that is not yours or root's, or that others may write, is"
+    " passed over)"
 )
 """The search order of ``config.load``, stated from the same constant."""
 
@@ -158,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None, logs: streams.LogStream) -> int:
     args = _parser().parse_args(argv)
+    if args.config is None:  # the file found is the one a reload reads again
+        args.config, passed_over = config_module.discover()
+        for line in passed_over:
+            say(line, "warning")
     try:
         cfg = config_module.load(args.config)
     except ConfigError as exc:
@@ -201,6 +207,9 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     if args.lang is not None:
         _check_lang(cfg, args.lang, args.engine)
     cfg = _ocr_config(cfg, args)
+    if args.out and cfg.output.dir is not None:  # a root as [output] dir is: made, then trusted
+        out = Root("--out", cfg.output.dir, "folder", "the command line", make=True)
+        prepare([out])
     files = _collect(cfg, args.paths, args.pattern)
     engine = "tesseract" if args.lang else None if args.engine in (None, "auto") else args.engine
     order = OcrRequest(

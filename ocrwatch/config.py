@@ -10,6 +10,7 @@ its package; this module composes them, checks what spans sections, and loads.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -27,6 +29,7 @@ from ocrwatch.config_base import (
     KeyProblem,
     MiB,
     Model,
+    NonEmptyPath,
     OnSuccess,
     TableProblem,
     TextMode,
@@ -46,6 +49,7 @@ from ocrwatch.config_sections import (
 )
 from ocrwatch.config_sources import HookConfig, HookStatus, InboxConfig, S3Config
 from ocrwatch.errors import ConfigError
+from ocrwatch.roots import Root, RootKind, read_file, trusted_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,7 +86,7 @@ DEFAULT_CONFIG_PATHS = (Path("ocrwatch.toml"), Path("/etc/ocrwatch/config.toml")
 
 
 class Config(Model):
-    state_dir: Path = Field(
+    state_dir: NonEmptyPath = Field(
         Path(".ocrwatch"),
         description=(
             "Where the ledger (SQLite) and temporary files live. Under systemd/ocrwatch.service: "
@@ -121,6 +125,9 @@ class Config(Model):
         ),
     )
     source_file: Path | None = Field(default=None, exclude=True)
+    set_by: tuple[tuple[str, str], ...] = Field(default=(), exclude=True)
+    """Each key an environment variable set (``inbox[0].path``), with the variable: what a message
+    about that key names."""
 
     @model_validator(mode="after")
     def _inboxes_distinct(self) -> "Config":
@@ -209,6 +216,94 @@ class Config(Model):
                 raise KeyProblem(("hook", index, "name"), said)
         return self
 
+    def key(self, loc: Loc) -> str:
+        """The key at ``loc`` as the user set it: the variable that set it, else as ``check``
+        writes a key (``state_dir``, ``[output] dir``, ``inbox[0].path``)."""
+        shown = config_env.shown(loc)
+        variable = dict(self.set_by).get(shown)
+        if variable is not None:
+            return variable
+        if len(loc) == 2 and isinstance(loc[1], str):
+            return f"[{loc[0]}] {loc[1]}"
+        return shown
+
+    def roots(self) -> tuple[Root, ...]:
+        """Every root of this configuration (``roots``: the trust rule), named as the user set it:
+        the configuration file, ``state_dir``, the inboxes with their quarantines, ``[output]``'s
+        folders, and the files secrets are read from."""
+        found = []
+        if self.source_file is not None:
+            held = ", ".join(self._inline_secrets())
+            found.append(
+                Root("config", self.source_file, "file", str(self.source_file), False, held)
+            )
+        found.append(self._root(("state_dir",), self.state_dir, "state"))
+        for index, inbox in enumerate(self.inbox):
+            root = self._root(("inbox", index, "path"), inbox.path, "inbox", make=inbox.create)
+            found.append(dataclasses.replace(root, inbox=inbox))
+            if inbox.quarantine_dir is not None:
+                found.append(self._root(("inbox", index, "quarantine_dir"), inbox.quarantine_dir))
+        for key in ("dir", "archive_dir"):
+            if (path := getattr(self.output, key)) is not None:
+                found.append(self._root(("output", key), path))
+        for kind, tables in (("s3", self.s3), ("hook", self.hook)):
+            for index, table in enumerate(tables):
+                for key in _SECRET_KEYS:
+                    path = getattr(table, f"{key}_file", None)
+                    if path is not None:
+                        loc = (kind, index, f"{key}_file")
+                        found.append(
+                            self._root(loc, path, "file", secrets=self.key(loc[:2] + (key,)))
+                        )
+        return tuple(found)
+
+    def _root(
+        self,
+        loc: Loc,
+        path: Path,
+        kind: RootKind = "folder",
+        *,
+        make: bool = True,
+        secrets: str = "",
+    ) -> Root:
+        where = "environment" if config_env.shown(loc) in dict(self.set_by) else self._file()
+        return Root(self.key(loc), path, kind, where, make and kind != "file", secrets)
+
+    def _file(self) -> str:
+        return str(self.source_file) if self.source_file else "<defaults>"
+
+    def _inline_secrets(self) -> Iterator[str]:
+        """The secrets the configuration file itself holds (not the environment, not a file)."""
+        variables = dict(self.set_by)
+        for kind, tables in (("s3", self.s3), ("hook", self.hook)):
+            for index, table in enumerate(tables):
+                for key in _SECRET_KEYS:
+                    value = getattr(table, key, None)
+                    if key == "url" and value is not None and urlsplit(value).password is None:
+                        continue  # an AMQP URL without a password is no secret
+                    shown = config_env.shown((kind, index, key))
+                    if value is not None and shown not in variables:
+                        if getattr(table, f"{key}_file", None) is None:
+                            yield shown
+
+    def with_secrets(self) -> "Config":
+        """This configuration with each secret a ``*_file`` key names read into its key (its first
+        line), the file trusted as a root first (``roots.read_file``): what ``run`` starts with and
+        ``check`` probes with. ``ConfigError`` naming the key when one cannot be read."""
+        secrets = {root.key: root for root in self.roots() if root.kind == "file" and root.secrets}
+        updated: dict[str, Any] = {}
+        for kind in ("s3", "hook"):
+            tables = []
+            for index, table in enumerate(getattr(self, kind)):
+                values = {}
+                for key in _SECRET_KEYS:
+                    if key != "url" and getattr(table, f"{key}_file", None) is not None:
+                        root = secrets[self.key((kind, index, f"{key}_file"))]
+                        values[key] = _first_line(root)
+                tables.append(table.model_copy(update=values) if values else table)
+            updated[kind] = tuple(tables)
+        return self.model_copy(update=updated)
+
     def prompt_text(self, preset: str) -> str:
         """A source's prompt; its preset was checked at load (``_prompts_exist``)."""
         text: str = self.engine.vllm.prompt(preset)
@@ -223,6 +318,27 @@ class Config(Model):
             if inbox.lang and inbox.path.expanduser().resolve() == root
         )
         return next(found, None)
+
+
+_SECRET_KEYS = ("secret_access_key", "token", "url")
+"""The keys of a ``[[s3]]`` or ``[[hook]]`` that hold a secret, each with its ``*_file`` (``url``:
+``url_file``, which ``sources.amqpmessages`` reads itself)."""
+
+
+def _first_line(root: Root) -> str:
+    """The secret in the file ``root``: its first line, without the line's end."""
+    try:
+        data = read_file(root)
+    except OSError as exc:
+        said = (exc.strerror or str(exc)).lower()
+        raise ConfigError(f"{root.where}: {root.key} {root.path}: cannot be read: {said}") from None
+    try:
+        line = (data.decode("utf-8").splitlines() or [""])[0]
+    except UnicodeDecodeError:
+        raise ConfigError(f"{root.where}: {root.key} {root.path}: not UTF-8 text") from None
+    if not line.strip():
+        raise ConfigError(f"{root.where}: {root.key} {root.path}: its first line is empty")
+    return line
 
 
 def _nested(
@@ -330,18 +446,14 @@ def _dates(value: Any, loc: Loc) -> Iterator[Loc]:
 
 def _resolve_relative(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file mean relative to that file, as users expect of /etc
-    configs."""
-    if isinstance(data.get("state_dir"), str):  # anything else: validation names the key
-        data["state_dir"] = str(base / Path(data["state_dir"]).expanduser())
-    output = data.get("output")
-    for key in ("dir", "archive_dir"):
-        if isinstance(output, dict) and isinstance(output.get(key), str):
-            output[key] = str(base / Path(output[key]).expanduser())
-    for inbox in data.get("inbox", []) or []:
-        if isinstance(inbox, dict):
-            for key in ("path", "quarantine_dir"):
-                if isinstance(inbox.get(key), str):
-                    inbox[key] = str(base / Path(inbox[key]).expanduser())
+    configs. An empty one stays empty, for validation to refuse (``NonEmptyPath``)."""
+    places: list[tuple[Any, tuple[str, ...]]] = [(data, ("state_dir",))]
+    places.append((data.get("output"), ("dir", "archive_dir")))
+    places += [(inbox, ("path", "quarantine_dir")) for inbox in data.get("inbox", []) or []]
+    for table, keys in places:
+        for key in keys if isinstance(table, dict) else ():
+            if isinstance(table.get(key), str) and table[key]:  # else: validation names the key
+                table[key] = str(base / Path(table[key]).expanduser())
     for hook in (
         data.get("hook", []) or []
     ):  # a program named by a path, not a bare name looked up on PATH
@@ -369,29 +481,73 @@ def from_mapping(
                 for loc, text in problems
             )
         )
-    text = json.dumps({**data, "source_file": str(source) if source else None})
+    set_by = [[config_env.shown(loc), name] for loc, name in origins.items()]
+    text = json.dumps({**data, "source_file": str(source) if source else None, "set_by": set_by})
     try:
         return Config.model_validate_json(text, strict=True)
     except ValidationError as exc:
         raise ConfigError(_format_error(source, exc, origins)) from None
 
 
+def discover(environ: Mapping[str, str] | None = None) -> tuple[Path | None, list[str]]:
+    """The configuration file to read when none is named: ``$OCRWATCH_CONFIG``, else the first of
+    ``DEFAULT_CONFIG_PATHS`` that is a file, else none (the defaults); and a line for each file
+    passed over. A file in the working folder is one someone else may have left there (a shared
+    inbox): it is taken only where it passes the trust rule (``roots``: the user's own or root's,
+    writable by no one else), else passed over with its line, and the search goes on, to the
+    system's own file where there is one. ``/etc``'s is the system's: a fault there is refused at
+    load, never passed over."""
+    environ = os.environ if environ is None else environ
+    if env := environ.get("OCRWATCH_CONFIG"):
+        return Path(env), []
+    skipped = []
+    for path in DEFAULT_CONFIG_PATHS:
+        if not path.is_file():
+            continue
+        if not path.is_absolute():
+            why = trusted_file(_config_root(path.absolute()))
+            if why is not None:
+                skipped.append(
+                    f"ocrwatch: {path.absolute()} passed over, not read: {why}; give it with"
+                    " --config once it is yours"
+                )
+                continue
+        return path, skipped
+    return None, skipped
+
+
+def _config_root(path: Path) -> Root:
+    return Root("config", path, "file", str(path))
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The configuration file ``path``, trusted first (``roots.read_file``), parsed."""
+    try:
+        raw = read_file(_config_root(path))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except OSError as exc:
+        said = (exc.strerror or str(exc)).lower()
+        raise ConfigError(f"{path}: configuration file cannot be read: {said}") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """Load ``path``; with no path, the first default file that exists, else pure defaults; then the
-    keys ``environ`` (the process's environment) sets, over the file's (``config_env``)."""
+    """Load ``path``, once it passes the trust rule (``roots``: a configuration file another user
+    may write could make ocrwatch run what they chose); with no path, the one ``discover`` finds,
+    else pure defaults; then the keys ``environ`` (the process's environment) sets, over the
+    file's (``config_env``)."""
     environ = os.environ if environ is None else environ
     if path is None:
-        env = environ.get("OCRWATCH_CONFIG")
-        path = Path(env) if env else next((p for p in DEFAULT_CONFIG_PATHS if p.is_file()), None)
+        path, _ = discover(environ)  # the command line says what was passed over
     data: dict[str, Any] = {}
     if path is not None:
-        try:
-            with open(path, "rb") as handle:
-                data = tomllib.load(handle)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: configuration file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        data = _read(path)
         _resolve_relative(data, path.resolve().parent)
     origins = config_env.overlay(data, Config, environ)
     return from_mapping(data, path, origins)

@@ -8,9 +8,10 @@ Each key is declared once, as ``Field(default, description=...)``; ``configdoc``
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ocrwatch.config_env import Loc
 
@@ -37,6 +38,18 @@ LANG_PATTERN = r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)?(\+[A-Za-z0-9_]+(/[A-Za-z0-9_]+)
 Lang = Annotated[str, Field(pattern=LANG_PATTERN)]
 """Tesseract language data joined with ``+`` (``eng``, ``deu+eng``, ``script/Latin``): names
 only, so a value can never read as one of Tesseract's options."""
+
+
+def _not_empty(value: object) -> object:
+    """An empty path would be the working folder (``Path("")`` is ``.``), whatever was meant: an
+    unset variable expanded in a unit file, a key left blank. ``"."`` says that, if it is meant."""
+    if value == "":
+        raise ValueError('an empty path; write "." for the working folder, or remove the key')
+    return value
+
+
+NonEmptyPath = Annotated[Path, BeforeValidator(_not_empty)]
+"""A path key: refused when empty, in the file and in the environment alike."""
 
 
 class KeyProblem(ValueError):

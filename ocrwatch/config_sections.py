@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import string
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -17,6 +16,7 @@ from ocrwatch.config_base import (
     KeyProblem,
     MiB,
     Model,
+    NonEmptyPath,
     OnSuccess,
     TableProblem,
     no_zero_for_auto,
@@ -129,7 +129,7 @@ class OutputConfig(Model):
             " No path separators."
         ),
     )
-    dir: Path | None = Field(
+    dir: NonEmptyPath | None = Field(
         None,
         examples=["/srv/ocr-out"],
         description=(
@@ -175,7 +175,7 @@ class OutputConfig(Model):
             " [[inbox]] and per [[s3]]. Neither touches a file changed since it was read."
         ),
     )
-    archive_dir: Path | None = Field(
+    archive_dir: NonEmptyPath | None = Field(
         None,
         examples=["/srv/archive"],
         description=(
@@ -419,4 +419,12 @@ class DaemonConfig(Model):
     )
     health_interval_seconds: Annotated[float, Field(gt=0)] = Field(
         5.0, description=("Health tick: event-loop lag, metrics gauges, systemd WATCHDOG=1.")
+    )
+    admission_stall_seconds: Annotated[float, Field(gt=0)] = Field(
+        120.0,
+        description=(
+            "/readyz says not ready once new files have waited this long to be fingerprinted"
+            " (hashed, each within its max_bytes) with none finished: a filesystem that hangs."
+            " A 512 MiB file takes about a second from a local disk, under a minute at 10 MB/s."
+        ),
     )

@@ -19,6 +19,7 @@ from ocrwatch.config_base import (
     Lang,
     MiB,
     Model,
+    NonEmptyPath,
     OnSuccess,
     TextMode,
 )
@@ -29,7 +30,7 @@ ON_SUCCESS = "What becomes of a source once its document is ok; unset = [output]
 
 
 class InboxConfig(Model):
-    path: Path = Field(Path("inbox"), description="The folder watched.")
+    path: NonEmptyPath = Field(Path("inbox"), description="The folder watched.")
     recursive: bool = Field(True, description="Watch subfolders too.")
     # watchdog's poller recurses a level each, hence the bound.
     max_depth: Annotated[int, Field(ge=1, le=256)] = Field(
@@ -57,7 +58,16 @@ class InboxConfig(Model):
         1.0,
         description=(
             "Seconds between two looks of a polled inbox (0.1..3600); a look lists every folder, "
-            "so a big inbox on a file server may want more. Native events do not poll."
+            "so a big inbox on a file server may want more. Native events do not poll, but for "
+            "the folders beyond max_watches."
+        ),
+    )
+    max_watches: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        8192,
+        description=(
+            "Folders of this inbox watched through inotify at most (1..1,000,000), each a watch "
+            "from the daemon user's kernel budget (fs.inotify.max_user_watches); folders beyond "
+            "them are scanned every poll_seconds instead, and one log line says so."
         ),
     )
     ignore: tuple[Annotated[str, Field(pattern=r"^[^/\x00]+/?$")], ...] = Field(
@@ -85,7 +95,7 @@ class InboxConfig(Model):
     max_pages: Annotated[int, Field(ge=1)] | None = Field(
         None, examples=[500], description=("This inbox's [limits] max_pages; unset = [limits]'s.")
     )
-    quarantine_dir: Path | None = Field(
+    quarantine_dir: NonEmptyPath | None = Field(
         None,
         examples=["quarantine"],
         description=(
@@ -147,6 +157,17 @@ class InboxConfig(Model):
 SQS, HOOK, AMQP = "sqs: ", "webhook: ", "amqp: "
 
 
+def _secret_file(key: str, before: str = "") -> str:
+    """The description of the key that names a file ``key``'s secret is read from."""
+    said = (
+        f"instead of {key}: read it from this file's first line at start (an absolute path; owned"
+        " by root or the user ocrwatch runs as, writable by no one else), so the configuration"
+        " holds no secret; under systemd a LoadCredential= file (systemd/ocrwatch.service shows"
+        " how)."
+    )
+    return before + said if before else said[0].upper() + said[1:]
+
+
 class S3Config(Model):
     transport: Literal["sqs", "webhook", "amqp"] = Field(
         "sqs",
@@ -169,7 +190,7 @@ class S3Config(Model):
         examples=["amqps://ocrwatch:secret@mq.example.internal/ocr"],
         description=AMQP + "the broker; url or url_file (or the environment: OCRWATCH_S3_0_URL).",
     )
-    url_file: Path | None = Field(
+    url_file: NonEmptyPath | None = Field(
         None,
         examples=["/etc/ocrwatch/amqp-url"],
         description=(AMQP + "the URL from this file's first line (an absolute path)."),
@@ -223,7 +244,15 @@ class S3Config(Model):
     listen: str = Field("127.0.0.1:8787", description=HOOK + "bind address.")
     path: str = Field("/s3/events", description=HOOK + "URL path.")
     token: str | None = Field(
-        None, examples=["a-long-random-secret"], description=(HOOK + "the shared secret, required.")
+        None,
+        repr=False,
+        examples=["a-long-random-secret"],
+        description=(HOOK + "the shared secret; token or token_file is required."),
+    )
+    token_file: NonEmptyPath | None = Field(
+        None,
+        examples=["/etc/ocrwatch/webhook-token"],
+        description=_secret_file("token", HOOK),
     )
     max_body_bytes: Annotated[int, Field(ge=1024)] = Field(
         1 * MiB, description=(HOOK + "larger bodies get 413.")
@@ -262,7 +291,15 @@ class S3Config(Model):
         None, examples=["..."], description=("Unset = the standard AWS credential chain.")
     )
     secret_access_key: str | None = Field(
-        None, repr=False, examples=["..."], description=("The secret of access_key_id.")
+        None,
+        repr=False,
+        examples=["..."],
+        description=("The secret of access_key_id; or secret_access_key_file."),
+    )
+    secret_access_key_file: NonEmptyPath | None = Field(
+        None,
+        examples=["/etc/ocrwatch/s3-secret"],
+        description=_secret_file("secret_access_key"),
     )
     addressing_style: Literal["auto", "path", "virtual"] = Field(
         "auto",
@@ -292,10 +329,13 @@ class S3Config(Model):
 
     @model_validator(mode="after")
     def _transport_needs(self) -> "S3Config":
+        _secret_once(self, "secret_access_key")
+        _secret_once(self, "token")
         if self.transport == "sqs" and not self.queue_url:
             raise KeyProblem(("queue_url",), "required with transport 'sqs'")
-        if self.transport == "webhook" and not self.token:
-            raise KeyProblem(("token",), "required with transport 'webhook': a shared secret")
+        if self.transport == "webhook" and not (self.token or self.token_file):
+            said = "required with transport 'webhook': a shared secret (or token_file)"
+            raise KeyProblem(("token",), said)
         if self.transport == "amqp":
             if (self.url is None) == (self.url_file is None):
                 raise KeyProblem(("url",), "transport 'amqp' needs exactly one of url and url_file")
@@ -356,6 +396,11 @@ class HookConfig(Model):
         examples=["a-long-random-secret"],
         description=('url only: sent as "Authorization: Bearer <token>".'),
     )
+    token_file: NonEmptyPath | None = Field(
+        None,
+        examples=["/etc/ocrwatch/hook-token"],
+        description=_secret_file("token", "url only: "),
+    )
     timeout_seconds: Annotated[float, Field(gt=0, le=86400)] = Field(
         60.0, description=("Per attempt; a command's whole process group is killed then.")
     )
@@ -409,10 +454,25 @@ class HookConfig(Model):
                 raise KeyProblem(
                     ("command",), f"{self.command[0]!r} is not an executable file (nor one on PATH)"
                 )
-            if self.token is not None:
-                raise KeyProblem(("token",), "only for a url hook (sent as Authorization: Bearer)")
+            for key in ("token", "token_file"):
+                if getattr(self, key) is not None:
+                    said = "only for a url hook (sent as Authorization: Bearer)"
+                    raise KeyProblem((key,), said)
+        _secret_once(self, "token")
         if self.url is not None:
             parts = urlsplit(self.url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise KeyProblem(("url",), "an http:// or https:// URL with a host")
         return self
+
+
+def _secret_once(config: Model, key: str) -> None:
+    """A secret given once: inline (``key``) or from a file (``key_file``, an absolute path, since
+    the working folder is no anchor for a file read at every start), not both."""
+    path = getattr(config, f"{key}_file")
+    if path is None:
+        return
+    if getattr(config, key) is not None:
+        raise KeyProblem((f"{key}_file",), f"give {key} or {key}_file, not both")
+    if not path.is_absolute():
+        raise KeyProblem((f"{key}_file",), "an absolute path (the working folder is no anchor)")

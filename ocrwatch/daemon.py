@@ -28,7 +28,7 @@ from typing import IO, Any
 import structlog
 import tenacity
 
-from ocrwatch import checks, config as config_module, intake
+from ocrwatch import checks, config as config_module, intake, roots
 from ocrwatch.archive import output_judge
 from ocrwatch.config import Config
 from ocrwatch.control.protocol import LOCK_NAME
@@ -155,6 +155,8 @@ class Daemon:
         self._install_signals()
         self._spawn(self._exit_when_forced(), "forced-exit")
         self._spawn(self.lag_probe.run(), "loop-lag-probe")
+        self._prepare_roots()
+        cfg = self.cfg  # with its secrets read
         self._prepare_state_dir()
         # what only the user can fix stops the start (exit 2)
         await asyncio.to_thread(checks.preflight, cfg)
@@ -237,7 +239,17 @@ class Daemon:
                     limits=cfg.limits,
                     max_inflight=pipeline.active_documents,
                 )
-            pipeline.add_source(source, S3Sink(s3cfg, source.client, template), source.executor)
+            sink = S3Sink(s3cfg, source.client, template, cfg.s3)
+            pipeline.add_source(source, sink, source.executor)
+
+    def _prepare_roots(self) -> None:
+        """Every root made where missing and held to the trust rule (``roots``): each problem said
+        at once, in one refusal (exit 2). Secrets that others may read are warned of; those the
+        ``*_file`` keys name are read."""
+        found = self.cfg.roots()
+        roots.prepare(found)
+        _warn_exposed(found)
+        self.cfg = self.cfg.with_secrets()
 
     def _prepare_state_dir(self) -> None:
         """Create, lock and probe state_dir, so that a folder the daemon cannot write stops the
@@ -363,13 +375,17 @@ class Daemon:
         sd_notify("RELOADING=1")
         try:
             new = config_module.load(self.config_path)
+            found = new.roots()
+            await asyncio.to_thread(roots.prepare, found)  # the rule holds for the new inboxes too
+            _warn_exposed(found)
+            new = new.with_secrets()
             await asyncio.to_thread(checks.require_languages, new)
             assert self.local is not None
             await self.local.update_inboxes(new.inbox)
             assert self.local_sink is not None
             self.local_sink.update_inboxes(new.inbox)
         except OcrwatchError as exc:
-            log.error("reload_failed", kind=exc.kind, error=exc.message)
+            log.error("reload_failed", kind=exc.kind, error=exc.message, hint=exc.hint)
             sd_notify("READY=1")
             return
         changed = [
@@ -397,6 +413,9 @@ class Daemon:
             # NVML: blocking, and per tick is enough
             self._gpus = await asyncio.to_thread(gpu_memory_used)
             self._update_gauges()
+            if self.health is not None and self.pipeline is not None:  # /readyz: a tick old at most
+                bound = self.cfg.daemon.admission_stall_seconds
+                self.health.set_stuck(self.pipeline.admission.stuck(bound))
             if lag < max(interval, 1.0):
                 sd_notify("WATCHDOG=1")
 
@@ -436,6 +455,19 @@ class Daemon:
         if self.ledger is not None:
             self.ledger.close()
         log.info("daemon_stopped")
+
+
+def _warn_exposed(found: tuple[roots.Root, ...]) -> None:
+    """A warning for each file holding secrets that others may read (``roots.exposed``)."""
+    for problem in roots.exposed(found):
+        root = problem.root
+        log.warning(
+            "secrets_readable",
+            key=root.key,
+            path=str(root.path),
+            error=problem.text,
+            hint=problem.fix,
+        )
 
 
 def _reset_private_dir(path: Path) -> None:

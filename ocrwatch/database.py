@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import pwd
 import sqlite3
 import stat
 import threading
@@ -37,6 +36,7 @@ from ocrwatch.errors import (
     TransientError,
     sqlite_code,
 )
+from ocrwatch.roots import state_fault
 
 T = TypeVar("T")
 log = structlog.get_logger()
@@ -74,25 +74,9 @@ def require_private_dir(path: Path) -> None:
 
 def private_dir_fault(path: Path) -> tuple[str, str] | None:
     """What makes the existing folder ``path`` unfit to hold the ledger, and what to do about it;
-    None: nothing."""
-    info = os.stat(path)
-    user = _user_name(os.geteuid())
-    if not stat.S_ISDIR(info.st_mode):
-        return "is not a folder", "point state_dir at a folder"
-    if info.st_uid != os.geteuid():
-        return (
-            f"is owned by {_user_name(info.st_uid)}, not by {user} (the user ocrwatch runs as),"
-            " who could read or replace the ledger",
-            f"run ocrwatch as {_user_name(info.st_uid)}, or chown {user} {path} && chmod 700"
-            f" {path}",
-        )
-    if info.st_mode & 0o022:
-        return (
-            f"is writable by {'others' if info.st_mode & 0o002 else 'its group'} (mode"
-            f" {stat.S_IMODE(info.st_mode):04o}), who could read or replace the ledger",
-            f"chmod 700 {path}",
-        )
-    return None
+    None: nothing. The rule is every root's (``roots``): not a link, this user's, no one else's to
+    write."""
+    return state_fault(path)
 
 
 def open_private(path: str | os.PathLike[str], flags: int) -> int:
@@ -105,13 +89,6 @@ def open_private(path: str | os.PathLike[str], flags: int) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:  # no passwd entry for this uid (a container): the number says it
-        return f"uid {uid}"
 
 
 def _private_file(path: Path) -> None:

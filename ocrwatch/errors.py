@@ -146,6 +146,19 @@ class TooManyPixels(PermanentError):
     )
 
 
+class RenderMemoryExceeded(PermanentError):
+    """pdftoppm ran out of the memory a renderer child may map (``render.child_memory``): the page
+    asks for more than that bound, every time it is rendered. The machine running short shows
+    otherwise (the kernel kills the child: ``render_failed``)."""
+
+    kind = "render_memory_exceeded"
+    hint = (
+        "rendering the page needed more memory than a renderer may use ([render] "
+        "decode_budget_mb, plus 256 MiB); raise decode_budget_mb if the document is genuine, "
+        "then `ocrwatch retry`"
+    )
+
+
 class FileTooLarge(PermanentError):
     kind = "file_too_large"
     hint = "raise [limits] max_bytes or split the document"
@@ -175,6 +188,23 @@ class OutputConflict(PermanentError):
     hint = (
         "a file or folder that ocrwatch did not write holds a sidecar's name; move it away, "
         "then `ocrwatch retry`"
+    )
+
+
+class UntrustedFolder(PermanentError):
+    """A folder that already stands for an inbox folder (or a document's figures) under
+    ``[output] dir``, ``archive_dir`` or ``quarantine_dir`` is not owned and moded as ocrwatch
+    makes it: another user may have made it, or the inbox folder changed hands or modes since.
+    Nothing is written through it. The place's fault, not the document's: the error sidecar is
+    written where it can be, and the document comes back when next seen (a path fault) once the
+    folder is fixed."""
+
+    kind = "untrusted_folder"
+    path_fault = True
+    hint = (
+        "a folder ocrwatch writes through is not owned and moded as the folder it stands for; "
+        "give it the owner and mode named (chown, chmod) or move it away (ocrwatch makes it "
+        "anew); the document is taken again when the inbox is next scanned"
     )
 
 

@@ -4,7 +4,8 @@ Each ``[[hook]]`` gets the document's result JSON (the JSON sidecar for ``ok`` a
 error document for ``failed``): a ``command`` on its stdin, never through a shell, with
 ``OCRWATCH_STATUS``, ``OCRWATCH_SOURCE`` (the source's URI where it is now: ``on_success`` may have
 moved it, or deleted it: empty then), ``OCRWATCH_ORIGINAL`` (its URI where it was dropped),
-``OCRWATCH_JSON`` and ``OCRWATCH_MD`` in its environment; a ``url`` as the body of a POST, with the
+``OCRWATCH_JSON`` and ``OCRWATCH_MD`` in an environment that holds, besides them, only what
+``INHERITED`` lets through (never the daemon's secrets); a ``url`` as the body of a POST, with the
 same three in its ``Ocrwatch-Status``, ``Ocrwatch-Source`` and ``Ocrwatch-Original`` headers. A zero
 exit or a 2xx answer delivers it; anything else is tried again with backoff (tenacity) up to
 ``max_attempts``. A hook runs after the document is finished, so it never changes the document's
@@ -56,15 +57,13 @@ log."""
 OUTPUT_GRACE = 0.5
 """Seconds a command's output is still read after it exits and its group is killed, for a child
 that left the group (``setsid``) and holds the pipe open."""
-_NOT_INHERITED = (
-    "NOTIFY_SOCKET",
-    "WATCHDOG_PID",
-    "WATCHDOG_USEC",
-    "LISTEN_FDS",
-    "LISTEN_PID",
-    "LISTEN_FDNAMES",
-)
-"""systemd's hand-over to the daemon itself: a hook must not speak for it."""
+INHERITED = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR"})
+"""What a command hook takes from the daemon's environment, with the ``LC_*`` locale: how to find
+programs, where its user's home and temporary files are, its language, locale and time zone. Nothing
+else, since the daemon's environment carries what is the daemon's alone: its configuration and
+secrets (``OCRWATCH_S3_0_SECRET_ACCESS_KEY``), cloud credentials (``AWS_*``), systemd's hand-over
+(``NOTIFY_SOCKET``, ``CREDENTIALS_DIRECTORY``). ``HOME`` is kept: curl, git and Python read their
+settings from it, and the hook runs as the daemon's user, whose home it could look up anyway."""
 
 
 class HookFailed(TransientError):
@@ -374,7 +373,11 @@ class HookRunner:
 
     async def _attempt(self, hook: HookConfig, delivery: Delivery) -> None:
         if hook.command is not None:
-            env = {key: value for key, value in os.environ.items() if key not in _NOT_INHERITED}
+            env = {
+                key: value
+                for key, value in os.environ.items()
+                if key in INHERITED or key.startswith("LC_")
+            }
             env.update(
                 OCRWATCH_STATUS=delivery.status,
                 OCRWATCH_SOURCE=delivery.source,

@@ -90,8 +90,9 @@ def same_content(a: Fingerprint, b: Fingerprint) -> bool:
     """Whether two fingerprints name the same bytes, judged by the strongest evidence both carry.
 
     A different size always means different content; then sha256 decides, else ETag with version,
-    else size with mtime. When neither can tell, the answer is no, so the caller hashes or processes
-    again.
+    else the stat fields: mtime, and the inode and ctime where both carry them (a local file over
+    its byte budget is never hashed, and a replacement keeping its size and mtime is still new).
+    When neither can tell, the answer is no, so the caller hashes or processes again.
     """
     if a.size != b.size:
         return False
@@ -99,7 +100,10 @@ def same_content(a: Fingerprint, b: Fingerprint) -> bool:
         return a.sha256 == b.sha256
     if a.etag and b.etag:
         return a.etag == b.etag and a.version_id == b.version_id
-    return a.mtime_ns is not None and a.mtime_ns == b.mtime_ns
+    if a.mtime_ns is None or a.mtime_ns != b.mtime_ns:
+        return False
+    pairs = ((a.inode, b.inode), (a.ctime_ns, b.ctime_ns))
+    return all(mine is None or theirs is None or mine == theirs for mine, theirs in pairs)
 
 
 class Ledger(Database):

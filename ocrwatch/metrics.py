@@ -2,7 +2,8 @@
 
 The registry is created at start-up (never at import) and passed to whoever records. ``/healthz``
 answers 200 while the event loop turns (the request itself proves it); ``/readyz`` answers 200 only
-once the engine is warm and the sources are watching.
+once the engine is warm and the sources are watching, and not while admission is stuck (files wait
+for their fingerprint and none comes out: a filesystem that hangs), which its body then names.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class Metrics:
         )
         self.ready = Gauge(
             "ocrwatch_ready",
-            "1 once the engine is warm and the sources watch, as /readyz",
+            "1 once the engine is warm and the sources watch, and while admission is not stuck,"
+            " as /readyz",
             registry=r,
         )
         self.build_info = Gauge(
@@ -244,7 +246,8 @@ class HealthServer:
     ``/metrics`` speaks whatever format the scraper's ``Accept`` asks for (Prometheus text or
     OpenMetrics), through prometheus_client's own exposition. ``update_gauges`` runs before each
     /metrics answer, on the loop, so gauges read at scrape time are exact rather than a tick old; it
-    must be cheap. ``/readyz`` says what ``set_ready`` last said (not ready until then).
+    must be cheap. ``/readyz`` says what ``set_ready`` last said (not ready until then), unless
+    ``set_stuck`` last named why the daemon takes no work now.
     """
 
     def __init__(
@@ -255,6 +258,7 @@ class HealthServer:
     ) -> None:
         self._metrics = metrics
         self._ready = False
+        self._stuck: str | None = None
         self._update_gauges = update_gauges
         metrics.ready.set(0)
         app = web.Application()
@@ -276,7 +280,12 @@ class HealthServer:
     def set_ready(self, ready: bool) -> None:
         """Ready (the engine warm, the sources watching) or no longer (stopping)."""
         self._ready = ready
-        self._metrics.ready.set(float(ready))
+        self._metrics.ready.set(float(self.unready() is None))
+
+    def set_stuck(self, why: str | None) -> None:
+        """Why the daemon, though ready, takes no work now (admission stuck), or None: it does."""
+        self._stuck = why
+        self._metrics.ready.set(float(self.unready() is None))
 
     async def start(self) -> None:
         await self._listener.start()
@@ -284,6 +293,12 @@ class HealthServer:
 
     async def stop(self) -> None:
         await self._listener.stop()
+
+    def unready(self) -> str | None:
+        """Why ``/readyz`` says not ready, or None when it says ready."""
+        if not self._ready:
+            return "not ready"
+        return None if self._stuck is None else f"not ready: {self._stuck}"
 
     async def _scrape(self, request: web.Request) -> web.Response:
         if self._update_gauges is not None:
@@ -297,9 +312,10 @@ class HealthServer:
         return web.Response(text="ok\n")  # answering at all proves the event loop turns
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        if self._ready:
+        why = self.unready()
+        if why is None:
             return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready\n")
+        return web.Response(status=503, text=f"{why}\n")
 
 
 def gpu_memory_used() -> dict[str, int]:

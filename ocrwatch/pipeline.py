@@ -96,7 +96,7 @@ class Pipeline:
         # a source's fate once it is done
         self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)
         self.admission = Admission(
-            ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload
+            ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload, cfg.limits
         )
         self.reuse = Reuse(ledger, self.sinks, cfg.output, self._offload)
         self.scheduler: PageScheduler | None = None
@@ -271,6 +271,7 @@ class Pipeline:
         stay unfinished in the ledger with the jobs that wait there, which one line counts. How many
         were cancelled."""
         self._draining.set()  # a job waiting out its backoff ends at once (see attempts.backoff)
+        self.admission.stop()  # a file being hashed is let go: the next start's scan finds it
         deadline = asyncio.get_running_loop().time() + timeout
         if self._dispatcher is not None:
             self._dispatcher.cancel()
@@ -404,6 +405,7 @@ class Pipeline:
                     markdown = assemble.markdown(pages, made.assets)
                 else:
                     document, markdown = reused.document, reused.markdown
+                await self._unchanged(job, probed)
                 event = await self._hold(run, job, document)  # before it is published
                 await self.write_sidecars(job, markdown, document, made, probed.access)
         pages = document["pages"]
@@ -477,12 +479,18 @@ class Pipeline:
             raise
         finally:
             run.document = None
-        # Checked after recognition, before anything is written: sidecars never describe a version
-        # that was replaced or rewritten meanwhile (inode and ctime too: a rewrite may keep size and
-        # mtime).
+        # Checked after recognition, before the further outputs are made from it (inode and ctime
+        # too: a rewrite may keep size and mtime); ``_unchanged`` asks again before publishing.
+        await self._unchanged(job, probed)
+        return pages
+
+    async def _unchanged(self, job: Job, probed: Probed) -> None:
+        """Raise ``SourceChanged`` (retried: the next attempt reads the new content) when the source
+        no longer holds the version fetched. Asked again right before the outputs are published, so
+        that a source truncated or rewritten while its outputs were made never gets sidecars of its
+        old bytes, nor waits for its writer's next event to be read again."""
         if await asyncio.to_thread(probed.changed):
             raise SourceChanged(f"{job.origin.uri} changed while it was processed")
-        return pages
 
     async def write_sidecars(
         self,

@@ -3,12 +3,14 @@
 ``probe`` decides what a file is from its content (magic bytes, then a parse probe: ``pdfinfo`` for
 PDFs, the Pillow header for images), counts its pages and applies the size and page limits before
 anything is rendered. ``render_page`` rasterises one page: PDFs through one ``pdftoppm`` run per
-page at a DPI lowered where a page is too large for the caps, images through Pillow (``imagepages``:
+page at a DPI lowered where a page is too large for the caps, each run within a memory limit
+(``child_memory``), images through Pillow (``imagepages``:
 every TIFF frame, EXIF orientation applied, downscaled to the caps, and a DPI even where the file
 records none); then each page is turned upright (``orientation``: ``[render] rotate_pages`` and
 ``deskew``). Both are blocking and meant for a worker thread; the heavy PDF work happens in a
-subprocess with a deadline. Decoding is bounded twice: oversized images are refused before decoding,
-and the full-size images that workers hold at once are bounded by one shared ``DecodeBudget``.
+subprocess with a deadline. Decoding is bounded twice: oversized images are refused before decoding
+(an image file by its header, a PDF's images by their dictionaries: ``check_images``), and the
+full-size images that workers hold at once are bounded by one shared ``DecodeBudget``.
 
 Every failure is one of the specific errors in ``ocrwatch.errors``; no shell is ever involved, and
 file names reach poppler as absolute paths, so spaces, non-ASCII and leading dashes are plain file
@@ -33,7 +35,7 @@ from pathlib import Path
 import structlog
 from PIL import Image, UnidentifiedImageError
 
-from ocrwatch import children, orientation
+from ocrwatch import children, orientation, pdfpixels
 from ocrwatch.config import RenderConfig
 from ocrwatch.errors import (
     ConfigError,
@@ -48,13 +50,15 @@ from ocrwatch.errors import (
     OcrwatchError,
     PermanentError,
     RenderFailed,
+    RenderMemoryExceeded,
     RenderTimeout,
     SourceGone,
     TooManyPages,
     TooManyPixels,
 )
 from ocrwatch.imagepages import BAND_BYTES as BAND_BYTES  # re-exported: the text layer's too
-from ocrwatch.imagepages import DpiFrom, fit_size, fits, probe_image, render_image_page, shrink
+from ocrwatch.imagepages import IMAGE_DECODE_FACTOR, DpiFrom, fit_size, fits, probe_image
+from ocrwatch.imagepages import render_image_page, shrink
 from ocrwatch.memory import UNBOUNDED, DecodeBudget
 from ocrwatch.renderspec import (  # re-exported: render's own names
     PDF_BYTES_PER_PIXEL as PDF_BYTES_PER_PIXEL,
@@ -76,6 +80,16 @@ PROBE_TIMEOUT_SECONDS = 60.0
 _PDFINFO_PAGES = re.compile(r"^Pages:\s+(\d+)\s*$", re.MULTILINE)
 _PDFINFO_SIZE = re.compile(r"^Page\s+(\d+) size:\s+([\d.]+) x ([\d.]+) pts", re.MULTILINE)
 _PDFINFO_ROT = re.compile(r"^Page\s+(\d+) rot:\s+(-?\d+)", re.MULTILINE)
+# What poppler, openjpeg and the C++ runtime say when an allocation fails.
+_OUT_OF_MEMORY = re.compile(
+    r"out of memory|not enough memory|exceeds system limits|bad_alloc|cannot allocate",
+    re.IGNORECASE,
+)
+
+MiB = 1024 * 1024
+CHILD_BASE_BYTES = 256 * MiB
+"""What a pdftoppm child maps besides the images it decodes and its page: the program, its
+libraries and fonts, the document's objects (30 to 60 MB for the corpus's pages)."""
 
 
 def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSpec:
@@ -103,7 +117,16 @@ def render_spec(cfg: RenderConfig, geometry: Geometry | None = None) -> RenderSp
         upright=orientation.Settings(
             cfg.rotate_pages, cfg.rotate_pages_threshold, cfg.deskew, cfg.timeout_seconds
         ),
+        child_memory=child_memory(cfg),
     )
+
+
+def child_memory(cfg: RenderConfig) -> int:
+    """The address space a pdftoppm child may map: the decode budget (what all render workers may
+    hold at once; at least two 4-byte copies of the largest page the caps allow, a page and one
+    transparency group), plus ``CHILD_BASE_BYTES``. A page that needs more fails
+    ``render_memory_exceeded``; the machine never runs short for it."""
+    return CHILD_BASE_BYTES + max(cfg.decode_budget_mb * MiB, 2 * 4 * cfg.max_pixels)
 
 
 def probe(
@@ -259,6 +282,23 @@ def plan_pdf(info: DocumentInfo, spec: RenderSpec, *, job_id: str, uri: str) -> 
         )
 
 
+def check_images(path: Path, info: DocumentInfo, spec: RenderSpec) -> None:
+    """Before a PDF's first page is rendered: raise TooManyPixels when a page lists an image that
+    would decode to more than an image file may (``IMAGE_DECODE_FACTOR`` x the configured
+    ``max_pixels``), however small the file is. Blocking (``pdfpixels.oversized``)."""
+    bound = IMAGE_DECODE_FACTOR * spec.limit_pixels
+    found = pdfpixels.oversized(path, info.pages, bound)
+    if found is not None:
+        raise TooManyPixels(
+            f"{path}: page {found.page} holds a {found.width} x {found.height} image, more than "
+            f"{IMAGE_DECODE_FACTOR} x max_pixels={spec.limit_pixels} pixels to decode",
+            hint=(
+                "an image inside the PDF is larger than [render] max_pixels lets a page decode "
+                "(4 x max_pixels); export the PDF with smaller images, or raise max_pixels"
+            ),
+        )
+
+
 def _ranges(numbers: list[int]) -> str:
     """Ascending page numbers as ranges: [2, 3, 4, 7] -> "2-4,7"."""
     runs: list[list[int]] = []
@@ -379,6 +419,7 @@ def _render_pdf_page(
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 timeout=spec.timeout_seconds,
+                memory=spec.child_memory,
             )
         except subprocess.TimeoutExpired:
             raise RenderTimeout(
@@ -386,6 +427,13 @@ def _render_pdf_page(
             ) from None
         except FileNotFoundError:
             raise _poppler_missing() from None
+        stderr = done.stderr.decode("utf-8", "replace")
+        # Whatever the status: poppler draws the page without what it could not allocate.
+        if spec.child_memory is not None and (short := _OUT_OF_MEMORY.search(stderr)):
+            raise RenderMemoryExceeded(
+                f"{path}: page {number} needs more than the {spec.child_memory // MiB} MiB a "
+                f"renderer may map (pdftoppm: {short.group(0)})"
+            )
         if done.returncode < 0:
             raise RenderFailed(
                 f"{path}: pdftoppm was killed by signal {-done.returncode} while rendering page "
@@ -394,7 +442,6 @@ def _render_pdf_page(
         width, height = _pdftoppm_size(width_pt, height_pt, dpi)
         need = width * height * 3 + 64
         if done.returncode != 0:
-            stderr = done.stderr.decode("utf-8", "replace")
             if "could not write image" in stderr.lower():
                 raise _scratch_error(
                     tmp, need, f"{path}: pdftoppm could not write page {number}: {stderr.strip()}"
@@ -458,8 +505,14 @@ workers."""
 
 def check_renderer(cfg: RenderConfig) -> None:
     """Fail at start, not on every document, when the configured renderer, or the Tesseract that
-    ``rotate_pages`` detects orientation with, is not installed."""
+    ``rotate_pages`` detects orientation with, is not installed; pdftoppm runs under ``prlimit``,
+    which bounds its memory."""
     orientation.check(cfg.rotate_pages)
+    if cfg.renderer == "pdftoppm" and shutil.which(children.PRLIMIT) is None:
+        raise ConfigError(
+            "prlimit is not installed: it bounds the memory of each pdftoppm child",
+            hint="install util-linux (apt-get install util-linux)",
+        )
     if cfg.renderer == "pdfium" and importlib.util.find_spec("pypdfium2") is None:
         raise ConfigError(
             'render.renderer = "pdfium" needs pypdfium2',

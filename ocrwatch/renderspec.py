@@ -70,7 +70,8 @@ class RenderSpec:
     The refusal rule uses only the config's own caps (``limit_side``/``limit_pixels``): they protect
     memory, so a page is refused only when even ``min_dpi`` would exceed them. The engine's tighter
     caps are a geometry target, not a safety limit, so meeting them may take a PDF page below
-    ``min_dpi`` (the model would have shrunk it anyway).
+    ``min_dpi`` (the model would have shrunk it anyway). ``child_memory``: the address space a
+    pdftoppm child may map (``render.child_memory``; None: unbounded).
     """
 
     dpi: float
@@ -83,6 +84,7 @@ class RenderSpec:
     renderer: Literal["pdftoppm", "pdfium"] = "pdftoppm"
     image_dpi: float | None = None  # an image's that records none (``imagepages.image_dpi``)
     upright: orientation.Settings = orientation.Settings()
+    child_memory: int | None = None
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ async def fetch_and_probe(
         spec = render.render_spec(cfg.render, engine.geometry)
         if info.kind == "pdf":  # raises for a page too large at any usable resolution
             render.plan_pdf(info, spec, job_id=job_id(job), uri=job.origin.uri)
+            # and for an image in it too large to decode, however small the file
+            await asyncio.to_thread(render.check_images, path, info, spec)
     return Probed(path, fetched.changed, info, spec, digest, fetched.access)
 
 

@@ -13,15 +13,25 @@ Outputs written before this record existed carry no row: such a file is taken as
 where its own mark says so **and** it belongs to the daemon's user (which no other user can
 arrange), and recorded when it is next written. The tables have their own schema version
 (``written_schema``), beside the ledger's.
+
+An S3 output carries its row itself, in its metadata (``object_record``): the URI of the source
+object it was made from (bucket and key) and the MD5 of the bytes written, which the object's ETag
+(or, where the server's ETag is no MD5, the bytes read again) must match. Every daemon that consumes
+a bucket's events shares its objects, while a ledger is one host's, so the row travels with the
+object; whoever can forge it can write that key, and so replace the object without ocrwatch. One
+rule (``rule``) judges both: ``judge`` for a file, ``judge_object`` for an object.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from ocrwatch.database import StateUnusable, migrate_versioned
 from ocrwatch.ledger import Ledger
@@ -196,18 +206,85 @@ def judge(
         return OURS if info is None else Verdict(describe(info.st_mode))
     try:
         info = os.fstat(fd)
-        if not records:
-            if marked and info.st_uid == os.geteuid() and owner is not None:
-                return OURS
-            return Verdict("a file ocrwatch did not write")
+        older = marked and info.st_uid == os.geteuid()
         same = [r for r in records if (r.inode, r.size) == (info.st_ino, info.st_size)]
         if verify and same:
             digest = hash_fd(fd)
             same = [r for r in same if r.sha256 == digest]
     finally:
         os.close(fd)
-    if not same:
-        return Verdict("a file ocrwatch did not write, or one changed since ocrwatch wrote it")
-    if owner is None or same[0].owner != owner:
-        return Verdict("ocrwatch's output for a document of another user")
+    return rule(bool(records), [r.owner for r in same], owner, older, "a file")
+
+
+def rule(
+    recorded: bool, owners: Sequence[int | str], owner: int | str | None, older: bool, what: str
+) -> Verdict:
+    """The one ownership rule, for a file and an S3 object alike, once something lies at the name:
+    ``recorded``, whether the record holds an output there at all; ``owners``, the owners of those
+    it holds with the very content found; ``owner``, whose document this is (a local source's uid,
+    an S3 source's ``object_owner``; None: unknown, so nothing is ours); ``older``, it carries
+    ocrwatch's mark and what no user can arrange says an ocrwatch older than the record wrote it."""
+    if not recorded:
+        return OURS if older and owner is not None else Verdict(f"{what} ocrwatch did not write")
+    if not owners:
+        return Verdict(f"{what} ocrwatch did not write, or one changed since ocrwatch wrote it")
+    if owner is None or owner not in owners:
+        theirs = "a document of another user" if isinstance(owners[0], int) else owners[0]
+        return Verdict(f"ocrwatch's output for {theirs}")
     return OURS
+
+
+# --- S3 objects: the row in the object's own metadata ---------------------------------------------
+
+OWNER_KEY, MD5_KEY = "ocrwatch-source", "ocrwatch-md5"
+"""The metadata of an output object that record it: its source's ``object_owner`` (percent-encoded)
+and the MD5 of the bytes written."""
+OLDER_KEY = "ocrwatch-source-etag"
+"""Metadata every ocrwatch has put on its outputs (the source's ETag); a user's upload has none."""
+MAX_OWNER = 1024
+"""The longest source URI kept as it is in an object's metadata (S3 allows 2 KB of it in all); a
+longer one is kept as its sha256."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An S3 object as a read of it found it: its ETag (without quotes) and user metadata."""
+
+    etag: str
+    metadata: Mapping[str, str]
+
+
+def object_owner(uri: str) -> str:
+    """Whose an output object is: the URI of the source object it was made from (bucket and key,
+    not the version: a new version replaces its outputs), or its sha256 where it is too long."""
+    if len(quote(uri, safe="/:")) <= MAX_OWNER:
+        return uri
+    return "sha256:" + hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def object_record(owner: str, md5: str) -> dict[str, str]:
+    """The metadata that records an object ocrwatch writes for ``owner``'s document, whose bytes
+    have the MD5 ``md5``."""
+    return {OWNER_KEY: quote(owner, safe="/:"), MD5_KEY: md5}
+
+
+def judge_object(
+    stored: Stored | None,
+    owner: str | None,
+    marked: Callable[[], bool],
+    md5: Callable[[], str | None],
+) -> Verdict:
+    """``judge`` for the S3 object ``stored`` (None: no object there), for a document whose source
+    is ``owner`` (``object_owner``). The object is the one its record names where its ETag is the
+    MD5 recorded, or (a server whose ETag is no MD5: SSE-KMS, a multipart upload) ``md5()``, of its
+    bytes read again, is. ``marked``: it carries ocrwatch's mark, which counts only where it carries
+    no record but the metadata an older ocrwatch put on its outputs."""
+    if stored is None:
+        return OURS
+    meta = stored.metadata
+    recorded = OWNER_KEY in meta and MD5_KEY in meta
+    owners: list[int | str] = []
+    if recorded and (meta[MD5_KEY] == stored.etag or meta[MD5_KEY] == md5()):
+        owners.append(unquote(meta[OWNER_KEY]))
+    older = not recorded and OLDER_KEY in meta and marked()
+    return rule(recorded, owners, owner, older, "an object")

@@ -1,22 +1,28 @@
 """``Admission.dispatch`` and ``resume`` against a real ledger: waiting jobs stay rows in the ledger
 and come out one per free slot, best first; jobs waiting out a backoff (no slot) are bounded; a job
-a killed process left ``writing`` whose sidecars were written is only marked done."""
+a killed process left ``writing`` whose sidecars were written is only marked done. Byte budgets: a
+file over its ``max_bytes`` is admitted by its signature without a byte read, and hashing runs in a
+pool of its own that a stop interrupts and that says when admission is stuck."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from ocrwatch.admission import Admission
+from ocrwatch.admission import HASHING_THREADS, Admission
 from ocrwatch.archive import Archiver
+from ocrwatch.errors import CorruptPdf, FileTooLarge
 from ocrwatch.hooks import HookRunner
 from ocrwatch.ledger import Fingerprint, Ledger
+from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sources.base import Job, LocalFile, Source
+from tests.sparse import TIB, Reads, sparse_file
 
 FP = Fingerprint(size=3, mtime_ns=1, sha256="ab" * 32)
 
@@ -197,3 +203,93 @@ async def test_a_file_not_there_to_read_when_submitted_is_handed_back_to_its_sou
     (vault / "folder").rename(inbox / "folder")
     await made.submit(swapped)
     assert ledger.known(swapped.key).state == "queued" and len(told.told) == 2
+
+
+# --- byte budgets ---------------------------------------------------------------------------------
+
+
+async def test_a_file_over_its_budget_is_admitted_by_its_signature_without_a_byte_read(
+    tmp_path: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sparse 2 TiB PDF in an inbox whose ``max_bytes`` is 1 MiB: queued (its run fails
+    ``file_too_large``) with its signature for a fingerprint, not run again while it is unchanged,
+    and run again once a file of the same size and mtime replaces it."""
+    reads = Reads(monkeypatch)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    huge = reads.watch(sparse_file(inbox / "huge.pdf", 2 * TIB))
+    over = Job(origin=LocalFile(huge, inbox), source="inbox", max_bytes=1 << 20)
+    told = Told()
+    made = admission(ledger, source=told)
+    await made.submit(over)
+    info = os.stat(huge)
+    row = ledger.known(over.key)
+    assert row is not None and row.state == "queued"
+    assert row.fingerprint == Fingerprint(
+        size=2 * TIB,
+        mtime_ns=info.st_mtime_ns,
+        sha256=None,
+        inode=info.st_ino,
+        ctime_ns=info.st_ctime_ns,
+    )
+
+    ledger.mark_failed(over.key, FileTooLarge(f"{huge}: too large").as_dict())
+    await made.submit(over)  # a scan or a restart: unchanged, so not run again
+    assert ledger.known(over.key).state == "failed"
+    assert told.told == [(over.key, "failed", "file_too_large")]
+
+    other = reads.watch(sparse_file(inbox / ".other.pdf", 2 * TIB, tail=b"other\n%%EOF\n"))
+    os.utime(other, ns=(info.st_atime_ns, info.st_mtime_ns))
+    os.rename(other, huge)
+    await made.submit(over)
+    assert ledger.known(over.key).state == "queued", "a replacement is run again"
+    assert reads.bytes == 0
+
+
+async def test_a_file_whose_run_ended_is_not_read_again_while_unchanged(
+    tmp_path: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Done or failed, a file is judged by its signature at the next scan or start: a restart among
+    many large failed documents reads none of them."""
+    reads = Reads(monkeypatch)
+    (tmp_path / "inbox").mkdir()
+    reads.watch(sparse_file(tmp_path / "inbox" / "doc.pdf", 8 << 20))
+    seen, told = job(tmp_path, "doc.pdf"), Told()
+    made = admission(ledger, source=told)
+    await made.submit(seen)
+    assert reads.bytes == 8 << 20
+    ledger.mark_failed(seen.key, CorruptPdf("no trailer").as_dict())
+    await made.submit(seen)
+    assert reads.bytes == 8 << 20 and told.told == [(seen.key, "failed", "corrupt_pdf")]
+
+
+async def test_files_are_hashed_in_a_pool_of_their_own_that_a_stop_interrupts(
+    tmp_path: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four sparse terabytes within their budget: two threads of the pool hash them (the default
+    pool stays free for the ledger), admission says it is stuck once none comes out, and a stop ends
+    every hash, running or waiting, at once."""
+    reads = Reads(monkeypatch, cap=16 << 30)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    jobs = [
+        Job(
+            origin=LocalFile(reads.watch(sparse_file(inbox / f"big{n}.pdf", TIB)), inbox),
+            source="inbox",
+            max_bytes=2 * TIB,
+        )
+        for n in range(4)
+    ]
+    made = admission(ledger, source=Told())
+    assert made.stuck(0.2) is None
+    submits = [asyncio.create_task(made.submit(each)) for each in jobs]
+    await eventually(lambda: made.stuck(0.2), "admission to say it is stuck")
+    assert "while 4 wait" in (made.stuck(0.2) or "")
+    assert await asyncio.to_thread(ledger.summary)  # the default pool answers meanwhile
+    made.stop()
+    outcomes = await asyncio.gather(*submits, return_exceptions=True)
+    assert all(isinstance(outcome, Stopped) for outcome in outcomes), outcomes
+    assert len(reads.threads) == HASHING_THREADS, reads.threads
+    assert all(name.startswith("ocrwatch-hash") for name in reads.threads), reads.threads
+    assert made.stuck(0.0) is None, "none waits"
+    assert all(ledger.known(each.key) is None for each in jobs), "none admitted"

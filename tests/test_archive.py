@@ -35,7 +35,7 @@ from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import quarantine
 from ocrwatch.written import Written
-from tests.s3servers import MotoServer
+from tests.s3servers import MotoServer, RgwServer
 
 CONTENT = b"%PDF-1.4 the bytes that were read\n%%EOF\n"
 FIGURE = "page-1-figure-1.png"
@@ -586,23 +586,23 @@ def test_quarantine_keeps_a_source_with_another_name_or_a_writer(
 class _S3Source:
     """What the archiver asks of an S3 source: its configuration and its client."""
 
-    def __init__(self, server: MotoServer, **cfg: Any) -> None:
+    def __init__(self, server: MotoServer | RgwServer, **cfg: Any) -> None:
         self.cfg = S3Config(**server.s3_config(queue_url="http://unused", **cfg))
         self.client = server.client("s3")
 
 
-def s3_archiver(server: MotoServer, **cfg: Any) -> Archiver:
+def s3_archiver(server: MotoServer | RgwServer, **cfg: Any) -> Archiver:
     return Archiver(OutputConfig(), {"s3:0": _S3Source(server, **cfg)}, {}, Metrics())  # type: ignore[dict-item]
 
 
-def put(server: MotoServer, bucket: str, key: str, body: bytes = CONTENT) -> S3Object:
+def put(server: MotoServer | RgwServer, bucket: str, key: str, body: bytes = CONTENT) -> S3Object:
     response = server.client("s3").put_object(Bucket=bucket, Key=key, Body=body)
     return S3Object(
         bucket, key, etag=response["ETag"].strip('"'), version_id=response.get("VersionId")
     )
 
 
-def keys(server: MotoServer, bucket: str) -> list[str]:
+def keys(server: MotoServer | RgwServer, bucket: str) -> list[str]:
     return sorted(
         item["Key"]
         for item in server.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])

@@ -39,6 +39,7 @@ def write_config(tmp_path: Path, **changes: Any) -> Path:
     }
     path = tmp_path / "ocrwatch.toml"
     path.write_text(tomli_w.dumps(settings))
+    path.chmod(0o640)  # as the README installs it: the secrets of some are no one else's to read
     return path
 
 
@@ -78,6 +79,7 @@ def test_a_machine_with_everything_passes_with_a_line_per_check(tmp_path: Path) 
     for expected in (
         "ok   pdfinfo ",
         "ok   pdftoppm ",
+        "ok   prlimit ",
         "ok   tesseract ",
         "ok   [engine.tesseract] lang eng",
         "ok   inbox[0].lang eng",
@@ -96,7 +98,7 @@ def test_a_machine_with_everything_passes_with_a_line_per_check(tmp_path: Path) 
 def test_pdftoppm_missing_from_path(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("pdfinfo", "tesseract"):
+    for tool in ("pdfinfo", "tesseract", "prlimit"):
         (bin_dir / tool).symlink_to(shutil.which(tool) or tool)
     code, lines = check(write_config(tmp_path), env={"PATH": str(bin_dir)})
     assert code != 0

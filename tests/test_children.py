@@ -4,6 +4,7 @@ another thread."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
 
@@ -47,3 +48,18 @@ def test_kill_all_ends_a_child_a_thread_waits_for() -> None:
     assert not waiter.is_alive() and time.monotonic() - started < 5
     assert result[0].returncode == -9
     assert children.kill_all() == 0
+
+
+def test_a_limited_child_cannot_map_more_than_its_limit() -> None:
+    """prlimit sets the child's address space before it becomes the program: 512 MiB at once fails
+    under 256 MiB, in the child, and succeeds without the limit."""
+    grab = [sys.executable, "-c", "bytearray(512 * 2**20)"]
+    limited = children.run(grab, memory=256 * 2**20, stderr=subprocess.PIPE, timeout=30)
+    assert limited.returncode == 1 and b"MemoryError" in limited.stderr
+    assert children.run(grab, timeout=30).returncode == 0
+    assert not children._running
+
+
+def test_a_limited_program_not_on_path_is_not_found() -> None:
+    with pytest.raises(FileNotFoundError):
+        children.run(["no-such-program-ocrwatch"], memory=2**30, timeout=10)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import stat
 import statistics
@@ -458,3 +459,20 @@ def test_ocr_dir_takes_what_the_inbox_scan_takes_max_depth_included(
         tmp_path / "top.pdf",
     ]
     assert "deeper than max_depth = 2" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_ocr_out_is_a_root_held_to_the_trust_rule(tmp_path: Path) -> None:
+    """``--out`` is made where missing, as ``[output] dir`` is; one another user owns, or a link,
+    is refused before anything is read or written (exit 2, naming it and the fix)."""
+    good = docs.write_png(tmp_path / "good.png", ["Fine page"])
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    (tmp_path / "link").symlink_to(tmp_path / "made")
+    for out, said in ((theirs, "is owned by nobody"), (tmp_path / "link", "is a symbolic link")):
+        proc = ocr("--out", out, good)
+        assert proc.returncode == 2, proc.stderr
+        assert f"the command line: --out {out}: {said}" in proc.stderr and "fix: " in proc.stderr
+    assert list(theirs.iterdir()) == [] and not (tmp_path / "made").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.png", "link", "theirs"]

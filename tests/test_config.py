@@ -563,3 +563,151 @@ def test_a_key_that_also_takes_auto_fails_in_one_line(tmp_path: Path, text: str,
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, text), environ={})
     assert info.value.message == f"{tmp_path / 'ocrwatch.toml'}: {said}"
+
+
+# --- paths and secrets: the trust rule (ocrwatch.roots) applied to the configuration ------------
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "said"),
+    [
+        ('state_dir = ""\n', {}, "{file}: state_dir: an empty path"),
+        ('[[inbox]]\npath = ""\n', {}, "{file}: inbox[0].path: an empty path"),
+        ('[output]\ndir = ""\n', {}, "{file}: output.dir: an empty path"),
+        ("", {"OCRWATCH_STATE_DIR": ""}, "environment: OCRWATCH_STATE_DIR: an empty"),
+        ("", {"OCRWATCH_INBOX_0_PATH": ""}, "environment: OCRWATCH_INBOX_0_PATH: an"),
+        (
+            "",
+            {"OCRWATCH_INBOX_0_QUARANTINE_DIR": ""},
+            "environment: OCRWATCH_INBOX_0_QUARANTINE_DIR: an empty path",
+        ),
+    ],
+)
+def test_an_empty_path_is_refused_not_taken_for_the_working_folder(
+    tmp_path: Path, text: str, env: dict[str, str], said: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path, env)
+    assert info.value.message.startswith(said.format(file=path)), info.value.message
+    dot = config.load(write(tmp_path, text.replace('""', '"."')), {key: "." for key in env})
+    assert {Path("."), tmp_path} & {
+        dot.state_dir,
+        dot.inbox[0].path,
+        dot.inbox[0].quarantine_dir,
+        dot.output.dir,
+    }  # "." says the working folder (the file's, in the file), where it is meant
+
+
+def test_a_key_is_named_as_the_user_set_it(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path, "[output]\ndir = 'out'\n"), {"OCRWATCH_STATE_DIR": "/s"})
+    assert cfg.key(("state_dir",)) == "OCRWATCH_STATE_DIR"
+    assert cfg.key(("output", "dir")) == "[output] dir"
+    assert cfg.key(("inbox", 0, "path")) == "inbox[0].path"
+    by_key = {root.key: root for root in cfg.roots()}
+    assert by_key["OCRWATCH_STATE_DIR"].where == "environment"
+    assert by_key["[output] dir"].where == str(tmp_path / "ocrwatch.toml")
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o646, 0o662])
+def test_a_configuration_others_may_write_is_refused_naming_the_fix(
+    tmp_path: Path, mode: int
+) -> None:
+    path = write(tmp_path, "")
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as info:
+        config.load(path, {})
+    assert f"config {path}: is writable by others (mode {mode:04o})" in info.value.message
+    assert info.value.hint == f"chmod 0640 {path}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_configuration_of_another_user_or_through_a_link_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "")
+    os.chown(path, 65534, 65534)
+    with pytest.raises(ConfigError, match="is owned by nobody, not by root"):
+        config.load(path, {})
+    os.chown(path, 0, 0)
+    (tmp_path / "link.toml").symlink_to(path)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        config.load(tmp_path / "link.toml", {})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+@pytest.mark.parametrize(
+    ("owner", "mode", "taken"),
+    [((0, 0), 0o644, True), ((65534, 65534), 0o644, False), ((0, 0), 0o666, False)],
+)
+def test_an_implicit_file_in_the_working_folder_is_taken_only_when_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: tuple[int, int], mode: int, taken: bool
+) -> None:
+    """Another user's ``./ocrwatch.toml`` (left in a shared inbox) is passed over with a line and
+    the search goes on; ``$OCRWATCH_CONFIG`` or ``--config`` names a file outright."""
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, "[log]\nlevel = 'debug'\n")
+    os.chown(path, *owner)
+    path.chmod(mode)
+    found, passed_over = config.discover({})
+    if taken:
+        assert (found, passed_over) == (Path("ocrwatch.toml"), [])
+        assert config.load(None, {}).log.level == "debug"
+        return
+    assert found != Path("ocrwatch.toml")
+    [said] = passed_over
+    assert said.startswith(f"ocrwatch: {path} passed over, not read: ") and "--config" in said
+    assert config.load(None, {}).log.level == "info"
+    assert config.discover({"OCRWATCH_CONFIG": str(path)}) == (path, [])
+
+
+def test_a_secret_is_read_from_its_file_at_start(tmp_path: Path) -> None:
+    secret, token = tmp_path / "s3-secret", tmp_path / "hook-token"
+    secret.write_text("s3cr3t\nsecond line ignored\n")
+    token.write_text("t0ken")
+    for path in (secret, token):
+        path.chmod(0o600)
+    text = (
+        f'[[s3]]\nqueue_url = "https://sqs.example/q"\nsecret_access_key_file = "{secret}"\n'
+        f'[[hook]]\nurl = "http://127.0.0.1:1/"\ntoken_file = "{token}"\n'
+    )
+    cfg = config.load(write(tmp_path, text), {})
+    assert (cfg.s3[0].secret_access_key, cfg.hook[0].token) == (None, None)
+    read = cfg.with_secrets()
+    assert (read.s3[0].secret_access_key, read.hook[0].token) == ("s3cr3t", "t0ken")
+    assert "s3cr3t" not in repr(read) and "t0ken" not in repr(read)
+    token.chmod(0o666)
+    with pytest.raises(ConfigError) as info:
+        cfg.with_secrets()
+    assert f"hook[0].token_file {token}: is writable by others" in info.value.message
+
+
+def test_a_webhook_token_from_a_file_and_the_table_secrets_once(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    webhook = '[[s3]]\ntransport = "webhook"\n'
+    assert config.load(write(tmp_path, webhook + f'token_file = "{token}"\n'), {}).s3[0].token_file
+    for text, said in (
+        (webhook, "s3[0].token: required with transport 'webhook'"),
+        (webhook + f'token = "t"\ntoken_file = "{token}"\n', "give token or token_file, not both"),
+        (webhook + 'token_file = "token"\n', "s3[0].token_file: an absolute path"),
+        (
+            '[[hook]]\ncommand = ["true"]\ntoken_file = "/x"\n',
+            "hook[0].token_file: only for a url hook",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            config.load(write(tmp_path, text), {})
+
+
+def test_the_secrets_a_configuration_holds_are_the_files_own(tmp_path: Path) -> None:
+    """What the warning of secrets others may read names: the file's inline secrets, not those of
+    the environment or of a ``*_file``, nor an AMQP URL without a password."""
+    text = (
+        '[[s3]]\nqueue_url = "https://sqs.example/q"\nsecret_access_key = "k"\n'
+        '[[hook]]\nurl = "http://127.0.0.1:1/"\ntoken = "t"\n'
+    )
+    cfg = config.load(write(tmp_path, text), {})
+    [held] = [root for root in cfg.roots() if root.key == "config"]
+    assert held.secrets == "s3[0].secret_access_key, hook[0].token"
+    cfg = config.load(write(tmp_path, text), {"OCRWATCH_S3_0_SECRET_ACCESS_KEY": "k"})
+    [held] = [root for root in cfg.roots() if root.key == "config"]
+    assert held.secrets == "hook[0].token"

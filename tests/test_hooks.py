@@ -45,6 +45,7 @@ record = {
     "argv": sys.argv[2:],
     "stdin": sys.stdin.buffer.read().decode(),
     "env": {k: v for k, v in os.environ.items() if k.startswith("OCRWATCH_")},
+    "environ": dict(os.environ),
 }
 os.makedirs(out, exist_ok=True)
 name = os.path.join(out, f"{time.time_ns()}-{os.getpid()}.json")
@@ -219,6 +220,61 @@ async def test_a_command_gets_the_result_on_stdin_the_five_variables_and_its_arg
         lambda: rows(ledger) and rows(ledger)[0]["state"] == "done", what="the delivery done"
     )
     assert rows(ledger)[0]["attempts"] == 1
+
+
+DAEMON_SECRETS = {
+    "OCRWATCH_S3_0_SECRET_ACCESS_KEY": "s3-secret-by-environment",
+    "OCRWATCH_S3_0_TOKEN": "webhook-token-by-environment",
+    "OCRWATCH_HOOK_0_TOKEN": "hook-token-by-environment",
+    "OCRWATCH_LOG_LEVEL": "debug",
+    "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "CREDENTIALS_DIRECTORY": "/run/credentials/ocrwatch.service",
+    "NOTIFY_SOCKET": "/run/systemd/notify",
+    "DATABASE_PASSWORD": "an-unrelated-secret",
+}
+"""What a daemon's environment may carry that is no hook's: its configuration and secrets, cloud
+credentials, systemd's hand-over, anything else of the host's."""
+
+
+def minimal_environment(tmp_path: Path) -> dict[str, str]:
+    """What a hook takes from the daemon's environment (``LC_CTYPE`` set, so that no Python
+    coerces a C locale by adding it)."""
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "LC_CTYPE": "C.UTF-8",
+        "LC_TIME": "C.UTF-8",
+        "TZ": "Europe/Berlin",
+        "TMPDIR": str(tmp_path),
+    }
+
+
+async def test_a_command_gets_its_variables_and_a_minimal_environment_never_the_daemons_secrets(
+    tmp_path: Path,
+    ledger: Ledger,
+    job: Job,
+    runners: list[HookRunner],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kept = minimal_environment(tmp_path)
+    for name, value in {**DAEMON_SECRETS, **kept}.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "received"
+    command = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
+    runner = await started(runners, [hook(command=command)], ledger, Metrics())
+    await finish(runner, ledger, job, result(job))
+
+    (received,) = await eventually(lambda: records(out), what="the hook's record")
+    assert received["environ"] == {
+        **kept,
+        "OCRWATCH_STATUS": "ok",
+        "OCRWATCH_SOURCE": job.origin.uri,
+        "OCRWATCH_ORIGINAL": job.origin.uri,
+        "OCRWATCH_JSON": str(tmp_path / "inbox" / "report.pdf.json"),
+        "OCRWATCH_MD": str(tmp_path / "inbox" / "report.pdf.md"),
+    }
 
 
 async def test_a_hook_still_running_at_its_timeout_is_killed_with_its_process_group(

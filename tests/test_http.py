@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import resource
 import socket
 import subprocess
@@ -79,6 +80,79 @@ def closed_within(sock: socket.socket, seconds: float) -> float:
     return time.monotonic() - started
 
 
+FLOOD = """
+import collections, json, socket, sys, threading
+host, port, threads, method, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
+body = b'{"Records": []}' if method == "POST" else b""
+close = "Connection: close\\r\\n" if method == "GET" else ""  # a POST must be closed unasked
+ask = f"{method} {path} HTTP/1.1\\r\\nHost: x\\r\\n{close}Content-Length: {len(body)}\\r\\n\\r\\n"
+ask = ask.encode() + body
+tally, lock, stop = collections.Counter(), threading.Lock(), threading.Event()
+
+def one():
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(ask)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer[9:12].decode() if answer.startswith(b"HTTP/1.1 ") else "closed unanswered"
+
+def keep_asking():
+    while not stop.is_set():
+        try:
+            said = one()
+        except socket.timeout:
+            said = "kept open"
+        except ConnectionResetError:
+            said = "reset"
+        except OSError as exc:
+            said = type(exc).__name__
+        with lock:
+            tally[said] += 1
+
+workers = [threading.Thread(target=keep_asking) for _ in range(threads)]
+for worker in workers:
+    worker.start()
+print("flooding", flush=True)
+sys.stdin.read()
+stop.set()
+for worker in workers:
+    worker.join()
+print(json.dumps(tally), flush=True)
+"""
+"""A flood from another process (the GIL stays the listener's): ``threads`` connections at a time,
+each one request (``method path``, no token; a small JSON body for a POST, ``Connection: close``
+for a GET), read to its end; the
+tally of what came back: the status, ``closed unanswered``, ``reset`` or ``kept open`` (not closed
+within 10 s)."""
+
+
+class Flood:
+    """``FLOOD`` from a child process until ``stop``, which returns the tally. Both block: an async
+    test calls them through ``asyncio.to_thread``, so that its listener answers meanwhile."""
+
+    def __init__(
+        self, address: tuple[str, int], threads: int, method: str = "GET", path: str = "/"
+    ) -> None:
+        host, port = address
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", FLOOD, host, str(port), str(threads), method, path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._child.stdout is not None
+        assert self._child.stdout.readline().strip() == "flooding"
+
+    def stop(self) -> dict[str, int]:
+        assert self._child.stdin is not None and self._child.stdout is not None
+        self._child.stdin.close()
+        said = self._child.stdout.read()
+        self._child.wait(60)
+        tally: dict[str, int] = json.loads(said)
+        return tally
+
+
 async def test_port_zero_binds_a_free_port_on_the_given_host() -> None:
     listener = Listener(app(), "127.0.0.1:0", name="test")
     await listener.start()
@@ -113,10 +187,10 @@ async def test_a_full_listener_closes_its_longest_idle_connection_for_a_newcomer
             assert listener.open_connections <= 3
             for sock in held:
                 sock.close()
-            for _ in range(100):
-                if listener.open_connections == 0:
-                    break
-                await asyncio.sleep(0.05)
+            await until(
+                lambda: any(entry["event"] == "http_connections_relieved" for entry in logs),
+                "the episode's end, a second after the listener was last full",
+            )
         full = [entry for entry in logs if entry["event"] == "http_connections_full"]
         # once per episode, not per connection
         assert len(full) == 1 and full[0]["max_connections"] == 3
@@ -143,6 +217,27 @@ async def test_a_full_listener_of_busy_connections_refuses_a_newcomer_until_one_
         assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
     finally:
         await listener.stop()
+
+
+async def test_a_flood_of_requests_is_answered_at_the_listeners_pace_none_closed_unread() -> None:
+    """Connections that each carry a request, many more at once than the listener holds: it stops
+    accepting while those it holds are new, so each is read and answered in its turn and a sender
+    among them gets in. asyncio's server accepted a whole backlog at once, each newcomer closing
+    one accepted just before, unread."""
+    listener = Listener(app(), "127.0.0.1:0", name="test", max_connections=4, idle_timeout=30)
+    await listener.start()
+    flood = await asyncio.to_thread(Flood, listener.address, 32)
+    try:
+        await asyncio.sleep(1.0)
+        for _ in range(5):
+            assert (await asyncio.to_thread(get, listener)).endswith(b"hello")
+        await asyncio.sleep(1.0)
+    finally:
+        tally = await asyncio.to_thread(flood.stop)
+        await listener.stop()
+    print(f"32 connections at a time to a listener of 4: {tally}")
+    assert tally.get("200", 0) > 100
+    assert tally.get("closed unanswered", 0) + tally.get("reset", 0) <= tally["200"] // 20
 
 
 def test_the_connection_cap_follows_the_descriptor_limit() -> None:

@@ -103,6 +103,10 @@ def test_same_content_uses_the_strongest_evidence_both_carry() -> None:
     )
     # cannot tell
     assert not same_content(fp(mtime_ns=None, sha256=None), fp(mtime_ns=None, sha256=None))
+    # never hashed (over its byte budget): its signature, inode and ctime too
+    seen = Fingerprint(size=9, mtime_ns=5, sha256=None, inode=7, ctime_ns=8)
+    assert same_content(seen, Fingerprint(9, 5, None, inode=7, ctime_ns=8))
+    assert not same_content(seen, Fingerprint(9, 5, None, inode=70, ctime_ns=80))  # replaced
 
 
 # --- admission and states -------------------------------------------------------------------------

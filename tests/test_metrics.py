@@ -68,6 +68,36 @@ async def test_health_server_paths_and_refresh_before_each_scrape() -> None:
         await server.stop()
 
 
+async def test_readyz_says_not_ready_while_admission_is_stuck_and_why() -> None:
+    stuck = "no file fingerprinted for 130 s while 8 wait"
+    server = HealthServer(Metrics(), "127.0.0.1:0")
+    await server.start()
+    base = f"http://127.0.0.1:{server.port}"
+
+    def readyz() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def ready_gauge() -> float:
+        body = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        return parse(body)["ocrwatch_ready"]
+
+    try:
+        server.set_ready(True)
+        server.set_stuck(stuck)
+        assert await asyncio.to_thread(readyz) == (503, f"not ready: {stuck}\n")
+        assert await asyncio.to_thread(ready_gauge) == 0.0
+        assert await asyncio.to_thread(status_of, f"{base}/healthz") == 200  # the loop turns
+        server.set_stuck(None)
+        assert await asyncio.to_thread(readyz) == (200, "ready\n")
+        assert await asyncio.to_thread(ready_gauge) == 1.0
+    finally:
+        await server.stop()
+
+
 async def test_metrics_speak_openmetrics_when_asked_and_answer_head() -> None:
     server = HealthServer(Metrics(), "127.0.0.1:0")
     await server.start()

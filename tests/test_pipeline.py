@@ -1,9 +1,12 @@
 """``Pipeline.reject``, the one error-sidecar writer, as a source sees it: a job given up without
 being run is logged, recorded in the ledger, reported beside its source and acknowledged; a
-duplicate of a job already done is acknowledged as done instead."""
+duplicate of a job already done is acknowledged as done instead. And a run whose source changed
+after its pages were read publishes nothing of the old bytes."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +15,12 @@ from structlog.testing import capture_logs
 
 from ocrwatch.config import Config
 from ocrwatch.errors import OutputNotWritable, PermanentError, SourceGone
+from ocrwatch.jobrun import Asked
 from ocrwatch.ledger import Ledger
 from ocrwatch.metrics import Metrics
 from ocrwatch.pipeline import Pipeline
-from ocrwatch.sources.base import Job, Outcome, S3Object
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, S3Object
+from tests import docs
 
 
 class Poison(PermanentError):
@@ -158,3 +163,68 @@ async def test_an_error_sidecar_a_swapped_folder_kept_out_leaves_the_document_to
     fingerprint = made.admission.fingerprint(job())
     assert fingerprint is not None
     assert ledger.admit(job(), fingerprint) is (kind == "source_gone")
+
+
+class RewrittenSource:
+    """A local source whose file is rewritten once its first version's pages are recognised: the
+    first fetch's ``changed`` says so from its second question on (the one asked right before
+    publishing), every later fetch reads the new version, unchanged."""
+
+    name = "local"
+
+    def __init__(self, old: Path, new: Path) -> None:
+        self.versions = [old, new]
+        self.fetched: list[str] = []
+        self.finished: list[Outcome] = []
+
+    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+        data = self.versions[min(len(self.fetched), 1)].read_bytes()
+        self.fetched.append(hashlib.sha256(data).hexdigest())
+        copy = spool_dir / "source.pdf"
+        copy.write_bytes(data)
+        asked = itertools.count()
+        first = len(self.fetched) == 1
+        return Fetched(copy, self.fetched[-1], lambda: first and next(asked) >= 1)
+
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
+        self.finished.append(outcome)
+
+
+class WrittenSink(MemorySink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[dict[str, Any]] = []
+
+    def write(self, job: Job, markdown: str, document: dict[str, Any], *rest: Any) -> None:
+        self.written.append(document)
+
+
+async def test_a_source_rewritten_after_its_pages_were_read_gets_sidecars_of_its_new_bytes(
+    tmp_path: Path,
+) -> None:
+    """Its content is asked about again right before the outputs are published: the run that read
+    the old bytes is tried again as ``source_changed``, and only the new bytes' sidecars are
+    written."""
+    old = docs.write_pdf(tmp_path / "old.pdf", [["OLD ONE"], ["OLD TWO"]])
+    new = docs.write_pdf(tmp_path / "new.pdf", [["NEW"]])
+    cfg = Config(
+        state_dir=tmp_path / "state",
+        engine={"kind": "plugin", "plugin": "tests.fault_engines:EchoEngine"},
+        retry={"attempts": 3, "backoff_initial_seconds": 0.01, "backoff_max_seconds": 0.01},
+    )
+    made = Pipeline(cfg, None, Metrics())
+    source, sink = RewrittenSource(old, new), WrittenSink()
+    made.add_source(source, sink)
+    await made.start()
+    try:
+        job = Job(origin=LocalFile(tmp_path / "doc.pdf", tmp_path), source="local")
+        with capture_logs() as logs:
+            assert await made.start_job(job, Asked()) == "ok"
+    finally:
+        await made.close()
+    new_sha = hashlib.sha256(new.read_bytes()).hexdigest()
+    assert [document["source"]["sha256"] for document in sink.written] == [new_sha]
+    assert len(sink.written[0]["pages"]) == 1 and source.fetched[-1] == new_sha
+    retries = [e for e in logs if e["event"] == "job_retry"]
+    assert [e["kind"] for e in retries] == ["source_changed"]
+    assert source.finished == ["done"]

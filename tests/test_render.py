@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, features
 from structlog.testing import capture_logs
 from pypdf import PdfReader, PdfWriter
 from pypdf.generic import RectangleObject
@@ -42,7 +42,7 @@ from ocrwatch.render import (
     render_spec,
 )
 from ocrwatch.sniff import sniff
-from tests import docs
+from tests import docs, hostile_pdfs
 from tests.conftest import REPO, corpus_path
 
 LIMITS = Limits.from_config(LimitsConfig())
@@ -52,7 +52,10 @@ SPEC = render_spec(RenderConfig())
 def render_first(
     path: Path, spec=SPEC, limits: Limits = LIMITS
 ) -> tuple[DocumentInfo, RenderedPage]:
+    """As the pipeline does it: probed, a PDF's images measured, its first page rendered."""
     info = probe(path, limits)
+    if info.kind == "pdf":
+        render_module.check_images(path, info, spec)
     return info, render_page(path, info, 0, spec)
 
 
@@ -881,3 +884,117 @@ def test_content_that_poppler_cannot_read_is_still_not_a_document(tmp_path: Path
         (tmp_path / name).write_bytes(content)
         with pytest.raises(errors.NotADocument):
             probe(tmp_path / name, LIMITS)
+
+
+# --- what a PDF's images and its renderer may take ------------------------------------------------
+
+needs_jpx = pytest.mark.skipif(
+    not features.check("jpg_2000"), reason="Pillow built without OpenJPEG writes no JPEG 2000"
+)
+
+DECLARED = [
+    {},
+    {"dictionary": (16, 16)},  # only the codestream tells
+    {"where": "inherited"},
+    {"where": "form"},
+    {"where": "annotation"},
+    {"jpx": False},
+]
+
+
+@needs_jpx
+@pytest.mark.parametrize(
+    "variant", DECLARED, ids=["page", "codestream", "inherited", "form", "annotation", "flate"]
+)
+def test_an_image_of_a_few_bytes_declaring_gigapixels_is_refused_before_a_page_renders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: dict[str, Any]
+) -> None:
+    """Before: pdftoppm took 2.3 GB and 17 s for one page of a 928-byte PDF. Wherever the page
+    lists the image, and whatever its dictionary says, it is measured without running anything."""
+    pdf = hostile_pdfs.write_declared_image_pdf(tmp_path / "huge.pdf", 24_000, 24_000, **variant)
+    assert pdf.stat().st_size < 2048
+    info = probe(pdf, LIMITS)
+    monkeypatch.setattr(render_module.children, "run", None)  # nothing may run a child now
+    with pytest.raises(errors.TooManyPixels, match=r"page 1 holds a 24000 x 24000 image") as caught:
+        render_module.check_images(pdf, info, SPEC)
+    assert "max_pixels" in caught.value.hint
+
+
+def test_a_pdf_image_is_held_to_the_bound_an_image_file_is(tmp_path: Path) -> None:
+    """4 x max_pixels, as ``imagepages`` holds an image file: 512 x 512 passes 65,536, one row more
+    is refused; the page itself stays within the caps either way."""
+    spec = render_spec(RenderConfig(max_pixels=65_536))
+    at = hostile_pdfs.write_declared_image_pdf(tmp_path / "at.pdf", 512, 512, jpx=False)
+    render_module.check_images(at, probe(at, LIMITS), spec)
+    over = hostile_pdfs.write_declared_image_pdf(tmp_path / "over.pdf", 512, 513, jpx=False)
+    with pytest.raises(errors.TooManyPixels):
+        render_module.check_images(over, probe(over, LIMITS), spec)
+
+
+_LIMITED_CHILD = """
+import resource, sys
+from pathlib import Path
+from ocrwatch import errors
+from ocrwatch.config import LimitsConfig, RenderConfig
+from ocrwatch.render import Limits, check_images, probe, render_page, render_spec
+spec = render_spec(RenderConfig(decode_budget_mb=int(sys.argv[2])))
+path = Path(sys.argv[1])
+try:
+    info = probe(path, Limits.from_config(LimitsConfig()))
+    check_images(path, info, spec)
+    render_page(path, info, 0, spec)
+    print("rendered")
+except errors.OcrwatchError as exc:
+    print(exc.kind)
+print(spec.child_memory, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+@needs_jpx
+def test_a_render_child_that_still_blows_up_fails_its_own_kind_within_its_limit(
+    tmp_path: Path,
+) -> None:
+    """What the image check cannot see meets the child's limit: an inline image, which no
+    dictionary lists, fails ``render_memory_exceeded`` (not a blank page, not the machine), and the
+    child's peak resident memory stays below its limit (2.4 GB and 20 s before). Measured in a
+    process of its own, whose children are this one's alone."""
+    pdf = hostile_pdfs.write_declared_image_pdf(
+        tmp_path / "inline.pdf", 24_000, 24_000, where="inline"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", _LIMITED_CHILD, str(pdf), "64"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    kind, numbers = child.stdout.splitlines()[-2:]  # after the log's lines, if any
+    limit, peak = map(int, numbers.split())
+    assert kind == "render_memory_exceeded" and peak < limit
+
+
+def test_every_pdftoppm_runs_within_its_limit_and_ordinary_pages_fit_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each page's pdftoppm is given the configured limit; a 200-inch page rendered to the largest
+    the caps allow fits in it, as every other page these tests render does."""
+    limits: list[int | None] = []
+    run = render_module.children.run
+
+    def recorded(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        if argv[0] == "pdftoppm":
+            limits.append(kwargs.get("memory"))
+        return run(argv, **kwargs)
+
+    monkeypatch.setattr(render_module.children, "run", recorded)
+    _, page = render_first(docs.write_huge_page_pdf(tmp_path / "poster.pdf"))
+    assert within(page, SPEC.max_side, SPEC.max_pixels)
+    assert limits == [render_module.child_memory(RenderConfig())]
+
+
+def test_a_missing_prlimit_stops_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(errors.ConfigError, match="prlimit") as caught:
+        render_module.check_renderer(RenderConfig(rotate_pages=False))
+    assert "util-linux" in caught.value.hint

@@ -63,6 +63,49 @@ def test_out_dir_mirrors_inbox_layout(tmp_path: Path) -> None:
     assert not (inbox / "sub" / "x.png.json").exists()
 
 
+def test_mirror_folders_are_their_inbox_folders_and_one_that_is_not_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    """Under ``[output] dir`` each folder gets the owner, group and mode of the inbox folder it
+    stands for, the figures' folder its source's; once that inbox folder is another user's, the
+    mirror made for it is refused (``untrusted_folder``, for a result and an error sidecar alike)
+    and nothing is written there. Beside the source nothing is made, so nothing changes."""
+    from ocrwatch.config import InboxConfig
+    from ocrwatch.errors import UntrustedFolder
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give folders to other users")
+    inbox, out, other = tmp_path / "inbox", tmp_path / "out", 54321
+    (inbox / "alice").mkdir(parents=True)
+    os.chown(inbox / "alice", other, other)
+    (inbox / "alice").chmod(0o710)
+    source = inbox / "alice" / "x.png"
+    source.write_bytes(b"x")
+    os.chown(source, other, other)
+    source.chmod(0o640)
+    sink = LocalSink(out_dir=out, inboxes=(InboxConfig(path=inbox),))
+    job = Job(origin=LocalFile(source, inbox), source="local")
+    sink.write(job, PAGES, OURS, {"x.png.assets/page-1-figure-1.png": b"figure"})
+    for path, expected in (
+        (out / "inbox", (0, 0, 0o755)),
+        (out / "inbox" / "alice", (other, other, 0o710)),
+        (out / "inbox" / "alice" / "x.png.assets", (other, other, 0o750)),
+        (out / "inbox" / "alice" / "x.png.md", (other, other, 0o640)),
+    ):
+        info = path.stat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == expected, path
+    before = sorted(p.name for p in (out / "inbox" / "alice").iterdir())
+    os.chown(inbox / "alice", other + 1, other + 1)  # her folder removed, another's made
+    with pytest.raises(UntrustedFolder, match=str(out / "inbox" / "alice")):
+        sink.write(job, PAGES, OURS)
+    with pytest.raises(UntrustedFolder):
+        sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
+    assert sorted(p.name for p in (out / "inbox" / "alice").iterdir()) == before
+    # beside the source: the inbox's own folder, whoever's it is
+    LocalSink().write(job, PAGES, OURS)
+    assert (inbox / "alice" / "x.png.md").exists()
+
+
 def test_a_write_failing_midway_leaves_old_content_and_no_temp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

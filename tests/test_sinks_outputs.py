@@ -228,8 +228,9 @@ def test_s3_outputs_beside_the_key(moto: MotoServer, tmp_path: Path) -> None:
         Bucket="docs",
         Key="in/report.pdf.ocr.pdf",
         Body=marked_pdf(tmp_path / "left.pdf").read_bytes(),
+        Metadata={"ocrwatch-source-etag": "abc"},
     )
-    # left by a write that never reached its JSON: ocrwatch's
+    # left by an older ocrwatch's write that never reached its JSON: ocrwatch's by its mark
     sink.write(job, MD, document(), extras(tmp_path))
     assert (
         s3.get_object(Bucket="docs", Key="in/report.pdf.ocr.pdf")["Body"].read()

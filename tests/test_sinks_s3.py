@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
 from ocrwatch.sinks.base import markdown_bytes
 from ocrwatch.s3client import new_client
-from ocrwatch.sinks.s3 import S3Sink
+from ocrwatch.sinks.s3 import S3Sink, shares_output
 from ocrwatch.sources.base import Job, S3Object
+from ocrwatch.written import object_record
 from tests.s3servers import MotoServer, RgwServer
 
 pytestmark = pytest.mark.s3
@@ -55,6 +57,8 @@ def assert_round_trip(server: MotoServer | RgwServer, cfg: S3Config) -> None:
     assert response["Metadata"] == {
         "ocrwatch-source-etag": "abc123",
         "ocrwatch-source-version-id": "v1",
+        # the record of what ocrwatch wrote, and for which source (bucket and key)
+        **object_record(f"s3://docs/{KEY}", hashlib.md5(markdown).hexdigest()),
     }
     document, response = get(s3, "docs", f"{KEY}.json")
     assert json.loads(document) == DOCUMENT and response["ContentType"] == "application/json"
@@ -233,8 +237,9 @@ def test_a_sidecar_nested_too_deep_for_the_parser_is_not_ocrwatchs_result(moto: 
     s3.create_bucket(Bucket="docs")
     deep = b"[" * 200_000 + b"]" * 200_000
     nested = b'{"schema": "ocrwatch/1", "pages": ' + deep + b', "source": {}}'
-    s3.put_object(Bucket="docs", Key=f"{KEY}.json", Body=nested)
-    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"<!-- page 1 -->\n")
+    older = {"ocrwatch-source-etag": "abc123"}  # as an ocrwatch older than the record wrote them
+    s3.put_object(Bucket="docs", Key=f"{KEY}.json", Body=nested, Metadata=older)
+    s3.put_object(Bucket="docs", Key=f"{KEY}.md", Body=b"<!-- page 1 -->\n", Metadata=older)
     assert sink.recorded(job()) is None and sink.recall(job(), None) is None
     assert sink.status(job()) is None
     sink.write(job(), "<!-- page 1 -->\nx\n", DOCUMENT)  # opens with ocrwatch's schema: replaced
@@ -266,3 +271,165 @@ def test_an_edited_markdown_beside_ocrwatchs_json_is_the_users_as_it_is_locally(
     with pytest.raises(OutputConflict):
         local.write(job_for(source), "<!-- page 1 -->\nnew\n", DOCUMENT)
     assert (tmp_path / "x.pdf.md").read_text() == "corrected by hand\n"
+
+
+# --- whose an object is: the record each output carries, for its source's bucket and key ---------
+
+
+def tenants(server: MotoServer | RgwServer, shared: str, *buckets: str) -> list[S3Config]:
+    """One ``[[s3]]`` table per bucket, all writing into the output bucket ``shared``."""
+    s3 = server.client("s3")
+    for bucket in (shared, *buckets):
+        s3.create_bucket(Bucket=bucket)
+    return [
+        S3Config(
+            transport="webhook", token="t", bucket=b, output_bucket=shared, **server.s3_config()
+        )
+        for b in buckets
+    ]
+
+
+def result(uri: str, text: str) -> tuple[str, dict[str, Any]]:
+    return f"<!-- page 1 -->\n{text}\n", DOCUMENT | {"source": {"uri": uri, "etag": "abc123"}}
+
+
+@pytest.mark.parametrize("template", ["{name}", "{stem}"])
+@pytest.mark.parametrize("server_name", ["moto", "rgw"])
+def test_two_buckets_sharing_an_output_bucket_keep_their_own_sidecars(
+    server_name: str, template: str, request: pytest.FixtureRequest
+) -> None:
+    """Two tables, one ``output_bucket``: each source bucket's sidecars under a folder of its own,
+    so the same key in both never shares a sidecar (each used to overwrite the other's, all ok)."""
+    server: MotoServer | RgwServer = request.getfixturevalue(server_name)
+    shared = f"shared-{server_name}-{template.strip('{}')}"
+    tables = tenants(server, shared, f"{shared}-a", f"{shared}-b")
+    s3, done = server.client("s3"), {}
+    for cfg, bucket in zip(tables, (f"{shared}-a", f"{shared}-b")):
+        sink, mine = S3Sink(cfg, name_template=template, tables=tables), job("in/scan.pdf", bucket)
+        sink.write(mine, *result(mine.origin.uri, f"text of {bucket}"))
+        done[bucket] = sink, mine
+    for bucket, (sink, mine) in done.items():
+        where, keys = sink.location(mine)
+        assert where == shared and keys["md"].startswith(f"{bucket}/in/scan.")
+        assert get(s3, shared, keys["md"])[0].decode() == f"<!-- page 1 -->\ntext of {bucket}\n"
+        assert (sink.recorded(mine) or {})["uri"] == f"s3://{bucket}/in/scan.pdf"
+
+
+@pytest.mark.parametrize(
+    ("template", "other"), [("{name}", "in/scan.pdf"), ("{stem}", "in/scan.png")]
+)
+@pytest.mark.parametrize("server_name", ["moto", "rgw"])
+def test_what_the_configuration_cannot_keep_apart_the_record_does(
+    server_name: str, template: str, other: str, request: pytest.FixtureRequest
+) -> None:
+    """One table whose events come from two buckets (``bucket`` unset) into one output bucket: the
+    second source whose sidecars take the first's keys is ``output_conflict``, naming the first,
+    and neither counts as done, nor is recalled, by the other's result; the first's stays whole."""
+    server: MotoServer | RgwServer = request.getfixturevalue(server_name)
+    shared = f"one-{server_name}-{template.strip('{}')}"
+    (cfg,) = tenants(server, shared, f"{shared}-a")
+    cfg = cfg.model_copy(update={"bucket": None})
+    s3, sink = server.client("s3"), S3Sink(cfg, name_template=template, tables=[cfg])
+    first, second = job("in/scan.pdf", f"{shared}-a"), job(other, f"{shared}-b")
+    sink.write(first, *result(first.origin.uri, "the first"))
+    _, keys = sink.location(first)
+    before = {key: get(s3, shared, key)[0] for key in (keys["md"], keys["json"])}
+
+    assert sink.recorded(second) is None and sink.recall(second, None) is None
+    assert sink.status(second) is None
+    with pytest.raises(OutputConflict, match=f"ocrwatch's output for {first.origin.uri}"):
+        sink.write(second, *result(second.origin.uri, "the second"))
+    sink.write_error(second, ERROR)  # its error sidecar: the first's result is not its to remove
+    assert {key: get(s3, shared, key)[0] for key in before} == before
+    assert (sink.recorded(first) or {})["uri"] == first.origin.uri
+
+    # a new version of the first source replaces its own, from another daemon too (the record
+    # travels with the object, not in one host's ledger)
+    newer = Job(S3Object(f"{shared}-a", "in/scan.pdf", etag="e2", size=10), "s3")
+    S3Sink(cfg, name_template=template, tables=[cfg]).write(newer, *result(newer.origin.uri, "v2"))
+    assert get(s3, shared, sink.location(first)[1]["md"])[0] == b"<!-- page 1 -->\nv2\n"
+
+
+@pytest.mark.parametrize("server_name", ["moto", "rgw"])
+def test_a_users_object_at_a_sidecar_key_in_a_shared_output_bucket_stays(
+    server_name: str, request: pytest.FixtureRequest
+) -> None:
+    """Whatever a user put at a sidecar's key stays, ocrwatch's mark copied into it or not, and so
+    does ocrwatch's own Markdown once a user edited it (its page mark kept): only the record the
+    object carries, matching its bytes, makes it ocrwatch's."""
+    server: MotoServer | RgwServer = request.getfixturevalue(server_name)
+    shared = f"users-{server_name}"
+    tables = tenants(server, shared, f"{shared}-a", f"{shared}-b")
+    s3, sink = server.client("s3"), S3Sink(tables[0], tables=tables)
+    mine = job("in/scan.pdf", f"{shared}-a")
+    _, keys = sink.location(mine)
+    planted = {
+        keys["md"]: b"<!-- page 1 -->\nmy own notes, in ocrwatch's shape\n",
+        keys["json"]: json.dumps(DOCUMENT | {"source": {"uri": mine.origin.uri}}).encode(),
+    }
+    for key, body in planted.items():
+        s3.put_object(Bucket=shared, Key=key, Body=body)
+        with pytest.raises(OutputConflict, match="an object ocrwatch did not write"):
+            sink.write(mine, *result(mine.origin.uri, "ocr"))
+        assert get(s3, shared, key)[0] == body
+        assert sink.recorded(mine) is None
+        sink.write_error(mine, ERROR)
+        assert get(s3, shared, key)[0] == body
+        s3.delete_object(Bucket=shared, Key=key)
+    s3.delete_object(Bucket=shared, Key=keys["error"])
+
+    sink.write(mine, *result(mine.origin.uri, "ocr"))
+    edited = b"<!-- page 1 -->\nocr, corrected by hand\n"
+    s3.put_object(Bucket=shared, Key=keys["md"], Body=edited)  # the record is not the user's
+    with pytest.raises(OutputConflict, match="an object ocrwatch did not write"):
+        sink.write(mine, *result(mine.origin.uri, "ocr again"))
+    sink.write_error(mine, ERROR)
+    assert get(s3, shared, keys["md"])[0] == edited
+
+
+def test_an_object_whose_etag_is_no_md5_is_judged_by_its_bytes(moto: MotoServer) -> None:
+    """Where the server's ETag is not the MD5 of the bytes (SSE-KMS; here a multipart upload), the
+    bytes are read again and compared with the MD5 the record holds."""
+    s3, sink = moto.client("s3"), S3Sink(S3Config(queue_url="q", **moto.s3_config()))
+    s3.create_bucket(Bucket="docs")
+    markdown = b"<!-- page 1 -->\nwritten in parts\n"
+
+    def multipart(key: str, md5: str) -> None:
+        record = object_record(f"s3://docs/{KEY}", md5)
+        upload = s3.create_multipart_upload(Bucket="docs", Key=key, Metadata=record)["UploadId"]
+        part = s3.upload_part(Bucket="docs", Key=key, UploadId=upload, PartNumber=1, Body=markdown)
+        parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+        s3.complete_multipart_upload(Bucket="docs", Key=key, UploadId=upload, MultipartUpload=parts)
+
+    multipart(f"{KEY}.md", hashlib.md5(markdown).hexdigest())
+    assert "-" in s3.head_object(Bucket="docs", Key=f"{KEY}.md")["ETag"]
+    sink.write(job(), "<!-- page 1 -->\nnew\n", DOCUMENT)
+    assert get(s3, "docs", f"{KEY}.md")[0] == b"<!-- page 1 -->\nnew\n"
+
+    multipart(f"{KEY}.md", hashlib.md5(b"other bytes").hexdigest())
+    with pytest.raises(OutputConflict, match="changed since ocrwatch wrote it"):
+        sink.write(job(), "<!-- page 1 -->\nnewer\n", DOCUMENT)
+    assert get(s3, "docs", f"{KEY}.md")[0] == markdown
+
+
+def test_a_folder_per_bucket_only_where_tables_share_an_output_bucket() -> None:
+    def table(**keys: Any) -> S3Config:
+        return S3Config(queue_url="q", **keys)
+
+    a, b = table(bucket="a", output_bucket="out"), table(bucket="b", output_bucket="out")
+    assert shares_output(a, [a, b]) and shares_output(b, [b, a])
+    assert not shares_output(a, [a]) and not shares_output(a, [a, table(bucket="b")])
+    # another table that reads any bucket; one that writes beside its keys in the output bucket
+    assert shares_output(a, [a, table(output_bucket="out")])
+    assert shares_output(a, [a, table(bucket="out")])
+    # the same bucket read twice is one tenant; prefixes that do not overlap keep them apart
+    assert not shares_output(a, [a, table(bucket="a", output_bucket="out", prefix="x/")])
+    apart = [table(bucket=n, output_bucket="out", output_prefix=f"{n}/") for n in "ab"]
+    assert not shares_output(apart[0], apart)
+    nested = [
+        table(bucket="a", output_bucket="out"),
+        table(bucket="b", output_bucket="out", output_prefix="r/"),
+    ]
+    assert shares_output(nested[0], nested) and shares_output(nested[1], nested)
+    # a table writing beside its keys gets no folder
+    assert not shares_output(table(bucket="out"), [table(bucket="out"), a])

@@ -20,6 +20,7 @@ from ocrwatch.safefs import Signature
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.sourcefile import copy_out, fetch_copy, inspect, measure, open_file
 from ocrwatch.sources.files import GivenFiles
+from tests.sparse import TIB, Reads, sparse_file
 
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
@@ -75,7 +76,34 @@ def test_open_file_never_blocks_on_a_fifo_and_never_opens_a_link(root: Path) -> 
         assert os.read(fd, 10) == b"data" and signature.size == 4
     finally:
         os.close(fd)
-    assert measure(root / "doc.pdf", root) == (signature, hashlib.sha256(b"data").hexdigest())
+    assert measure(root / "doc.pdf", root, 4) == (signature, hashlib.sha256(b"data").hexdigest())
+
+
+def test_a_file_over_its_budget_is_measured_unread_even_when_it_grows_past_it_while_read(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over ``max_bytes`` by ``fstat``: no sha256 and no byte read. Within it when opened, then
+    written past it while hashed: no sha256 either, and the signature it has now."""
+    huge = sparse_file(root / "huge.pdf", 2 * TIB)
+    reads = Reads(monkeypatch, cap=0)
+    reads.watch(huge)
+    assert measure(huge, root, 1 << 20) == (Signature.of(os.stat(huge)), None)
+    assert reads.bytes == 0
+
+    growing = root / "growing.pdf"
+    growing.write_bytes(b"%PDF-1.4\n" + bytes(1000))
+    real_pread = os.pread
+
+    def written_meanwhile(fd: int, length: int, offset: int) -> bytes:
+        if offset == 0:  # a writer appends as the hash begins
+            with open(growing, "ab") as handle:
+                handle.write(os.urandom(3 << 20))
+        return real_pread(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", written_meanwhile)
+    signature, digest = measure(growing, root, 1 << 20)
+    assert digest is None and signature == Signature.of(os.stat(growing))
+    assert signature.size > 1 << 20
 
 
 def test_fetch_copies_privately_keeps_mtime_and_tells_a_replacement_with_the_same_size_and_mtime(

@@ -451,7 +451,7 @@ def test_a_polled_inbox_is_looked_at_every_poll_seconds(tmp_path: Path) -> None:
     async def main() -> tuple[Any, bool]:
         bridge = EventBridge(asyncio.get_running_loop(), lambda batch: None)
         watcher, polling, _ = await asyncio.to_thread(
-            start_watcher, tmp_path, 0, lambda p: True, True, bridge, 0.25
+            start_watcher, tmp_path, 0, lambda p: True, True, bridge, 0.25, 8192
         )
         try:
             assert isinstance(watcher, PollingWatcher)
@@ -460,3 +460,95 @@ def test_a_polled_inbox_is_looked_at_every_poll_seconds(tmp_path: Path) -> None:
             await asyncio.to_thread(watcher.stop)
 
     assert asyncio.run(main()) == (0.25, True)
+
+
+# --- the watch bound ------------------------------------------------------------------------------
+
+
+def inotify_watches(pid: int | str = "self") -> int:
+    """The inotify watches a process holds, as the kernel counts them (one ``inotify wd:`` line per
+    watch in the fdinfo of each inotify descriptor)."""
+    watches = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == "anon_inode:inotify":
+                info = Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
+                watches += sum(line.startswith("inotify wd:") for line in info.splitlines())
+    return watches
+
+
+def wait_for(predicate: Any, what: str) -> None:
+    """A watcher thread's answer, polled: it handles the kernel's events on its own time."""
+    for _ in range(500):
+        if predicate():
+            return
+        threading.Event().wait(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_native_watcher_takes_at_most_max_watches_and_names_the_folders_beyond(
+    tmp_path: Path,
+) -> None:
+    """Before: one watch a folder, however many a user makes (20,001 for 20,000 empty folders).
+    Now at most ``max_watches``; every other folder lies at or below one that ``beyond`` names,
+    and none it names lies below another. A folder made later beyond the bound is named, one
+    removed is no longer."""
+    for name in "abcdefghij":
+        (tmp_path / name / "inner").mkdir(parents=True)
+    before = inotify_watches()
+    watcher = InotifyWatcher(
+        tmp_path,
+        5,
+        lambda folder: True,
+        FileSystemEventHandler(),
+        died=print,
+        overflowed=print,
+        max_watches=4,
+    )
+    watcher.start()
+    try:
+        assert watcher.watched == 4 and inotify_watches() - before == 4
+        beyond = [Path(folder) for folder in watcher.beyond()]
+        watched = {Path(folder) for folder in watcher._watches}  # noqa: SLF001
+        every = {tmp_path, *tmp_path.glob("*"), *tmp_path.glob("*/inner")}
+        for folder in every - watched:
+            assert any(folder == top or top in folder.parents for top in beyond), folder
+        assert not any(top in other.parents for top in beyond for other in beyond)
+        (tmp_path / "later").mkdir()
+        wait_for(lambda: str(tmp_path / "later") in watcher.beyond(), "the new folder beyond")
+        assert watcher.watched == 4
+        gone = next(top for top in beyond if top.parent == tmp_path and top.name != "later")
+        (gone / "inner").rmdir()
+        gone.rmdir()
+        wait_for(lambda: str(gone) not in watcher.beyond(), "the removed folder forgotten")
+    finally:
+        watcher.stop()
+
+
+def test_folders_beyond_the_watch_bound_are_polled_and_the_bound_said_once(
+    tmp_path: Path,
+) -> None:
+    """An inbox of 30 folders watched with a bound of 1 (the inbox folder alone): a document put in
+    any folder is found by the scan every ``poll_seconds``, long before the reconciliation scan (60
+    s); the bound is said in one line, however many looks; a document in the inbox folder itself
+    still comes by its event."""
+    root = tmp_path / "in"
+    folders = [root / f"f{number:02}" for number in range(30)]
+    for folder in folders:
+        folder.mkdir(parents=True)
+    before = inotify_watches()
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            config = inbox(root, max_watches=1, poll_seconds=0.1)
+            async with watching(config) as (_, got):
+                assert inotify_watches() - before == 1
+                (folders[17] / "deep.pdf").write_bytes(PDF)
+                await until(lambda: "deep.pdf" in got.names(), "deep.pdf, polled")
+                (folders[3] / "later.pdf").write_bytes(PDF)
+                (root / "top.pdf").write_bytes(PDF)
+                await until(lambda: {"later.pdf", "top.pdf"} <= got.names(), "the others")
+        said = [entry for entry in logs if entry["event"] == "inbox_watches_bounded"]
+        assert len(said) == 1 and said[0]["polled"] == 30 and said[0]["max_watches"] == 1
+
+    run(scenario())

@@ -22,6 +22,7 @@ from ocrwatch.sources.base import S3Object
 from ocrwatch.sources.webhook import WebhookSource
 from tests.outboxes import fed
 from tests.s3servers import RgwServer
+from tests.test_http import Flood
 from tests.test_sources_s3 import ODD_KEYS, Submitted, record, run, until
 
 pytestmark = pytest.mark.s3
@@ -155,6 +156,54 @@ def test_webhook_answers_expect_100_continue_before_the_body() -> None:
         assert invited.startswith(b"HTTP/1.1 100") and answer.startswith(b"HTTP/1.1 200")
         assert [job.origin.key for job in submitted.jobs] == ["in/expect.pdf"]
         await source.stop()
+
+    run(scenario)
+
+
+def test_a_token_less_flood_is_answered_at_once_counted_and_lets_the_sender_in() -> None:
+    """96 connections at a time without the token, from the sender's own address (127.0.0.1):
+    each is answered at once and closed (401 or 403 while the peer is within its budget, a bare 429
+    after it), counted in one line per interval rather than a line each, and the sender's requests
+    with the token are served throughout. Held for ``reject_delay_seconds`` each, 64 of them kept
+    every connection busy: the sender got none."""
+    cfg = webhook_config()
+
+    async def scenario() -> None:
+        submitted = Submitted()
+        source = WebhookSource(cfg)
+        source.refusals_log_seconds = 0.5
+        with capture_logs() as logs:
+            await source.start(fed(submitted, submitted.reject))
+            flood = await asyncio.to_thread(Flood, source.address, 96, "POST", "/s3/events")
+            started = time.monotonic()
+            try:
+                await until(
+                    lambda: sum(entry["event"] == "s3_webhook_refused" for entry in logs) >= 2,
+                    30,
+                    "an interval's count",
+                )
+                for n in range(5):
+                    event = json.dumps({"Records": [record(f"in/real{n}.pdf", "ceph:s3")]})
+                    answer = await asyncio.to_thread(
+                        post, source.address, f"/s3/events?token={TOKEN}", event.encode()
+                    )
+                    assert answer[:2] == (200, {"accepted": 1})
+            finally:
+                tally = await asyncio.to_thread(flood.stop)
+            flooded = time.monotonic() - started
+            await source.stop()
+            refused = [entry for entry in logs if entry["event"] == "s3_webhook_refused"]
+        print(f"token-less flood for {flooded:.1f}s: {tally}, {len(refused)} log lines")
+        assert [job.origin.key for job in submitted.jobs] == [f"in/real{n}.pdf" for n in range(5)]
+        answered = tally.get("401", 0) + tally.get("429", 0)
+        assert tally.get("429", 0) > tally.get("401", 0) > 0
+        assert answered >= sum(tally.values()) * 0.95 and "kept open" not in tally
+        assert refused[0]["count"] == 1 and refused[0]["peer"] == "127.0.0.1"
+        assert answered <= sum(entry["count"] for entry in refused) <= sum(tally.values())
+        # at most a line per interval, and one more where a quiet interval came between
+        assert len(refused) <= 2 + 2 * flooded / source.refusals_log_seconds
+        assert {entry.get("loudest", entry.get("peer")) for entry in refused} == {"127.0.0.1"}
+        assert not [entry for entry in logs if entry["event"] == "s3_webhook_rejected"]
 
     run(scenario)
 

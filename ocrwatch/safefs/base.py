@@ -10,6 +10,7 @@ import hashlib
 import os
 import signal
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,10 @@ FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CL
 """Non-blocking, so a FIFO swapped in after a type check cannot hang the thread that opens it."""
 NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 20
+HOLE = 1 << 16
+"""A copy skips a run of this many zero bytes (aligned in the file), leaving a hole: the spool copy
+of a sparse file takes no more space than the file's data."""
+_ZEROS = bytes(HOLE)
 GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
 """What opening a folder on the way raises when it is missing, a link or not a folder."""
 TMP_MARKER = ".ocrwatch-tmp-"
@@ -94,30 +99,50 @@ class FolderGone(OSError):
 
 @dataclass(frozen=True)
 class Access:
-    """Who may read a file: its mode bits and owner. An output is given its source's, so it is never
-    readable by more people than the source (the source's read and write bits, less the umask)."""
+    """Who may read a file or folder: its mode bits and owner. An output is given its source's, so
+    it is never readable by more people than the source (the source's read and write bits, less the
+    umask); a folder made to stand for an inbox folder is given that folder's (``of_folder``)."""
 
     mode: int
     uid: int
     gid: int
+    of_folder: bool = False
+    """A folder's: one made for it keeps its own bits, where a file's readers get list and enter."""
 
     @classmethod
     def of(cls, info: os.stat_result) -> Access:
-        return cls(stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+        mode = stat.S_IMODE(info.st_mode)
+        return cls(mode, info.st_uid, info.st_gid, stat.S_ISDIR(info.st_mode))
 
     def file_mode(self) -> int:
         return self.mode & 0o666 & ~UMASK
 
     def folder_mode(self) -> int:
-        """A folder of outputs may be listed by whoever may read them, and entered by them alone."""
-        mode = self.file_mode()
-        return mode | ((mode & 0o444) >> 2) | 0o700
+        """The mode of a folder made with this access: a folder's own bits (a 0711 folder stays
+        enterable, not listable), or a file's readers may list and enter it; less the umask, never
+        writable by group or others (a sticky 1777 inbox is mirrored 0755), always the owner's."""
+        if self.of_folder:
+            mode = self.mode & ~UMASK
+        else:
+            mode = self.file_mode()
+            mode |= (mode & 0o444) >> 2
+        return (mode & 0o755) | 0o700
 
     def apply(self, fd: int, folder: bool = False) -> None:
         """Set the owner (where the daemon may: root) and then the mode on the open file ``fd``."""
         if os.geteuid() == 0:
             os.fchown(fd, self.uid, self.gid)
         os.fchmod(fd, self.folder_mode() if folder else self.file_mode())
+
+    def made_as(self, info: os.stat_result) -> bool:
+        """Whether the folder of ``info`` is as ``apply`` makes one: its owner and group (root's
+        daemon sets them; any other owns what it makes, in the group the filesystem gives) and its
+        permission bits ``folder_mode``."""
+        if (info.st_mode & 0o777) != self.folder_mode():
+            return False
+        if os.geteuid() == 0:
+            return (info.st_uid, info.st_gid) == (self.uid, self.gid)
+        return info.st_uid == os.geteuid()
 
 
 PUBLIC = Access(0o644, os.geteuid(), os.getegid())
@@ -175,19 +200,44 @@ def read_head(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def hash_fd(fd: int, *, out: int | None = None, limit: int | None = None) -> str:
+def hash_fd(
+    fd: int,
+    *,
+    out: int | None = None,
+    limit: int | None = None,
+    stop: threading.Event | None = None,
+) -> str:
     """The sha256 of the whole open file ``fd``, read from its start with ``pread`` (hashlib
-    releases the GIL): the one read loop, also copying each block to ``out`` where given.
-    ``TooLarge`` once more than ``limit`` bytes are read, before they are copied."""
+    releases the GIL): the one read loop, also copying each block to ``out`` (a new, empty file)
+    where given. ``TooLarge`` once more than ``limit`` bytes are read, before they are copied;
+    ``Stopped`` before the next block once ``stop`` is set, so a stopping daemon never waits for a
+    whole file. The copy leaves every run of ``HOLE`` zero bytes a hole: a sparse source's holes,
+    read as zeros, never take space where it is copied."""
     hasher, offset = hashlib.sha256(), 0
     while block := os.pread(fd, CHUNK, offset):
-        offset += len(block)
-        if limit is not None and offset > limit:
+        if stop is not None and stop.is_set():
+            raise Stopped(f"stopped after {offset} bytes")
+        if limit is not None and offset + len(block) > limit:
             raise TooLarge(f"more than {limit} bytes")
         hasher.update(block)
         if out is not None:
-            write_all(out, block)
+            _write_sparse(out, block, offset)
+        offset += len(block)
+    if out is not None:
+        os.ftruncate(out, offset)  # a hole at the end is still the copy's length
     return hasher.hexdigest()
+
+
+def _write_sparse(out: int, block: bytes, offset: int) -> None:
+    """``block`` written at ``offset`` of ``out``, each run of ``HOLE`` zero bytes skipped."""
+    for start in range(0, len(block), HOLE):
+        piece = block[start : start + HOLE]  # a bytes slice: compared by memcmp
+        if piece != _ZEROS[: len(piece)]:
+            view = memoryview(piece)
+            at = offset + start
+            while view:
+                written = os.pwrite(out, view, at)
+                view, at = view[written:], at + written
 
 
 def sha256_file(path: Path) -> str:
@@ -201,6 +251,10 @@ def sha256_file(path: Path) -> str:
 
 class TooLarge(Exception):
     """``hash_fd`` read more than its limit."""
+
+
+class Stopped(Exception):
+    """``hash_fd`` was told to stop (the daemon is stopping): what it read is of no use."""
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import hashlib
 import os
+import pwd
 import stat
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ocrwatch.errors import UntrustedFolder
 from ocrwatch.safefs.base import (
     Access,
     FILE_FLAGS,
@@ -328,31 +332,78 @@ class Folder:
 
     @contextlib.contextmanager
     def sub(self, name: str, make: Access | None = None) -> Iterator[Folder]:
-        """The folder ``name`` inside this one, never a link; made with ``make``'s access where
-        missing."""
-        path = self.path / name
-        if make is not None:
-            try:
-                os.mkdir(name, 0o700, dir_fd=self.fd)
-            except FileExistsError:
-                pass
-            else:
-                fd = os.open(name, FOLDER_FLAGS, dir_fd=self.fd)
-                try:
-                    make.apply(fd, folder=True)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self.fsync()
-                yield from _held(fd, path)
-                return
+        """The folder ``name`` inside this one, never a link. With ``make``, it is made with that
+        access where missing, and one already there is used only while it is just what ocrwatch
+        makes (``Access.made_as``), else ``UntrustedFolder``: a folder another user made first, or
+        one whose inbox folder changed hands, is never written through."""
+        if make is None:
+            fd = self._open_sub(name)
+        else:
+            with _MAKING:
+                fd = self._made(name, make)
+        yield from _held(fd, self.path / name)
+
+    def _open_sub(self, name: str) -> int:
         try:
-            fd = os.open(name, FOLDER_FLAGS, dir_fd=self.fd)
+            return os.open(name, FOLDER_FLAGS, dir_fd=self.fd)
         except OSError as exc:
             if exc.errno in GONE:
-                raise FolderGone(path, _why(self, name)) from None
+                raise FolderGone(self.path / name, _why(self, name)) from None
             raise
-        yield from _held(fd, path)
+
+    def _made(self, name: str, make: Access) -> int:
+        """A descriptor of the folder ``name``, made private and then given ``make``'s access, or
+        found as ``make`` makes it. What is opened after the ``mkdir`` is checked to be the
+        daemon's (the folder just made), never taken on trust."""
+        try:
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+            made = True
+        except FileExistsError:
+            made = False
+        fd = self._open_sub(name)
+        try:
+            info = os.fstat(fd)
+            if made and info.st_uid == os.geteuid():
+                make.apply(fd, folder=True)
+                self.fsync()
+            elif not make.made_as(info):
+                raise _untrusted(self.path / name, info, make)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+_MAKING = threading.Lock()
+"""Held while a folder is made and given its access, and while one found is checked: a thread never
+takes another's folder, made private a moment before its access is set, for one it may not trust."""
+
+
+def _untrusted(path: Path, info: os.stat_result, make: Access) -> UntrustedFolder:
+    """The refusal of the folder ``path`` (of ``info``), naming what it is and what it should be."""
+    expected = _who(make.uid, make.gid) if os.geteuid() == 0 else _who(os.geteuid(), None)
+    return UntrustedFolder(
+        f"{path} is owned by {_who(info.st_uid, info.st_gid)} with mode "
+        f"{info.st_mode & 0o777:04o}, where ocrwatch makes it owned by {expected} with mode "
+        f"{make.folder_mode():04o}, as the one it stands for: nothing is written through it",
+        hint=f"give {path} that owner and mode (chown, chmod) or move it away (ocrwatch makes it "
+        "anew); the document is taken again when the inbox is next scanned",
+    )
+
+
+def _who(uid: int, gid: int | None) -> str:
+    """``uid`` (and ``gid``) by number, and by name where the system knows it."""
+    try:
+        user = f"{uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        user = str(uid)
+    if gid is None:
+        return f"user {user}"
+    try:
+        group = f"{gid} ({grp.getgrgid(gid).gr_name})"
+    except KeyError:
+        group = str(gid)
+    return f"user {user}, group {group}"
 
 
 def _held(fd: int, path: Path) -> Iterator[Folder]:
@@ -372,11 +423,10 @@ def _why(parent: Folder, name: str) -> str:
 
 
 @contextlib.contextmanager
-def folder(root: Path, parts: Sequence[str] = (), make: Access | None = None) -> Iterator[Folder]:
+def folder(root: Path, parts: Sequence[str] = ()) -> Iterator[Folder]:
     """The folder ``root/parts...``, reached from ``root`` (a configured folder, resolved at start)
-    one component at a time without following a link. With ``make``, each missing folder below
-    ``root`` is made (owned and moded by ``make``); else a missing one, a link or a non-folder on
-    the way is ``FolderGone``."""
+    one component at a time without following a link; a missing one, a link or a non-folder on the
+    way is ``FolderGone``."""
     try:
         fd = os.open(root, FOLDER_FLAGS)
     except OSError as exc:
@@ -389,7 +439,7 @@ def folder(root: Path, parts: Sequence[str] = (), make: Access | None = None) ->
         for part in parts:
             if part in ("", ".", "..") or "/" in part:
                 raise FolderGone(here.path / part, "is not a plain folder name")
-            here = stack.enter_context(here.sub(part, make))
+            here = stack.enter_context(here.sub(part))
         yield here
 
 
@@ -398,9 +448,9 @@ def walk(
     root: Path, parts: Sequence[str], make: Sequence[Access] | None = None
 ) -> Iterator[list[Folder]]:
     """Every folder from ``root`` down to ``root/parts...``, ``root`` first, reached as ``folder``
-    reaches them. With ``make``, each missing ``parts[i]`` is made with ``make[i]``'s access: one
-    tree mirrored in another (the archive's folders as readable as the inbox's they stand for, never
-    more)."""
+    reaches them. With ``make``, one tree mirrored in another: ``parts[i]`` stands for a folder of
+    ``make[i]``'s access, is made so where missing (as readable as the folder it stands for, never
+    more), and where it exists is used only while it is as one made so (``Folder.sub``)."""
     if make is not None and len(make) != len(parts):
         raise ValueError("one access for each folder to make")
     try:

@@ -11,11 +11,12 @@ Sink contract: methods are blocking and called from worker threads, one job at a
 - ``write_error`` writes the error sidecar, and once it is durable removes the ``md`` and ``json``
   sidecars (and the further outputs) a previous version of the source left: a failed document never
   keeps an "ok" result for content that is no longer there.
-- Only what ocrwatch wrote is ever replaced or removed. A JSON sidecar is ocrwatch's when its first
-  member is ``"schema": "ocrwatch/1"``; a Markdown sidecar when it begins with ``<!-- page``
-  (``marked``: one mark rule for both sinks; a local sink asks it only for outputs its record of
-  outputs predates). Anything else at a sidecar's name (a user's file, a folder, a FIFO, a link) is
-  refused as ``output_conflict``, naming it. A further output is ocrwatch's when the JSON sidecar
+- Only what ocrwatch wrote for the document is ever replaced or removed, by the record of outputs
+  (one rule: ``written.judge`` for a file, ``written.judge_object`` for an object). Its mark counts
+  only for outputs the record predates (``marked``, for both sinks): a JSON sidecar whose first
+  member is ``"schema": "ocrwatch/1"``, a Markdown sidecar that begins with ``<!-- page``. Anything
+  else at a sidecar's name (a user's file, a folder, a FIFO, a link) is refused as
+  ``output_conflict``, naming it. A further output is ocrwatch's when the JSON sidecar
   beside it is (a figure also by its own mark, ``figures.is_ours``); only the names
   ``naming.FIGURE_FILE`` are touched in ``NAME.assets/``.
 - ``recorded`` returns the ``source`` section of the existing JSON sidecar, so a job whose content

@@ -7,7 +7,10 @@ removed through that one descriptor: a folder on the way swapped for a symlink m
 redirect nothing. Each file is written to a fixed hidden temporary name, fsynced and renamed over
 the final name, then the folder is fsynced; the JSON goes last, so its presence means the Markdown
 is complete. Every output gets the source's mode bits (less the umask) and, where the daemon runs as
-root, its owner, set before the rename (``safefs.Access``).
+root, its owner, set before the rename (``safefs.Access``). Each folder under ``[output] dir`` gets
+the owner, group and mode of the inbox folder it stands for (the figures' folder its source's), and
+one found there is written through only while it is just so (``untrusted_folder`` otherwise): a
+user's private folder is never mirrored in one others may list.
 
 What already lies at an output's name is ocrwatch's to replace or remove only by the record of what
 it wrote (``written.judge``): anything else is a user's file, and the document fails as
@@ -34,7 +37,7 @@ from ocrwatch import textlayer
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, SourceGone
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
-from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder
+from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder, walk
 from ocrwatch.sinks.base import (
     HEAD_BYTES,
     NO_EXTRAS,
@@ -313,10 +316,7 @@ class LocalSink:
         origin = job.origin
         if not isinstance(origin, LocalFile):
             raise TypeError(f"LocalSink cannot write sidecars for {origin.uri}")
-        try:
-            relative = origin.path.parent.relative_to(origin.inbox).parts
-        except ValueError:
-            relative = ()
+        relative = _below_inbox(origin)
         if self._out_dir is None:
             return origin.inbox, relative
         if self._roots is None:
@@ -326,16 +326,30 @@ class LocalSink:
     @contextlib.contextmanager
     def _claims(self, job: Job, owner: int | None, make: bool = False) -> Iterator[Claims]:
         root, parts = self._where(job)
-        made = PUBLIC if make and self._out_dir is not None else None
+        made = self._stands_for(job, parts) if make and self._out_dir is not None else None
         if made is not None:
             # the configured folder itself, resolved at start
             root.mkdir(parents=True, exist_ok=True)
         try:
-            with folder(root, parts, make=made) as here:
+            with walk(root, parts, make=made) as chain:
                 prefix = "".join(f"{part}/" for part in parts)
-                yield Claims(here, root, prefix, job, owner, self._written)
+                yield Claims(chain[-1], root, prefix, job, owner, self._written)
         except FolderGone as exc:
             raise SourceGone(f"{job.origin.uri}: its folder {exc.path} {exc.why}") from None
+
+    def _stands_for(self, job: Job, parts: Sequence[str]) -> list[Access]:
+        """The access, as it is now, of each inbox folder that ``parts`` (the sidecars' folders
+        under ``[output] dir``) stand for: the last of those from the inbox down to the source's,
+        reached without following a link. Each is made with it, and one found must be as made so
+        (``safefs.walk``): never the daemon's own for a user's private folder."""
+        origin = job.origin
+        assert isinstance(origin, LocalFile)
+        try:
+            with walk(origin.inbox, _below_inbox(origin)) as chain:
+                accesses = [Access.of(os.fstat(each.fd)) for each in chain]
+        except FolderGone as exc:
+            raise SourceGone(f"{origin.uri}: its folder {exc.path} {exc.why}") from None
+        return accesses[len(accesses) - len(parts) :]
 
     def source_access(self, job: Job) -> Access | None:
         """The source's access as it is now (the error sidecar of a document never read, or read by
@@ -409,18 +423,21 @@ class LocalSink:
         names = {kind: path.name for kind, path in paths.items()}
         extra_names(extras, {kind: path.name for kind, path in outputs.items()})
         access = access or self.source_access(job) or PUBLIC
-        with self._claims(job, access.uid, make=True) as claims:
+        with self._claims(job, access.uid, make=True) as claims, contextlib.ExitStack() as stack:
             self._prepare(claims, names, "md", "json")
             pdf_ours = _pdf_marker(claims.here, names["json"])
             for name in extras:
                 claims.refuse(name, figure_marked if "/" in name else pdf_ours)
+            # The figures' folder holds this document's alone: as readable as the source, never
+            # more. Made, or found as made so, before anything is written.
+            inner = {
+                part: stack.enter_context(claims.here.sub(part, make=access))
+                for part in {name.partition("/")[0] for name in extras if "/" in name}
+            }
             claims.publish(claims.here, names["md"], markdown_bytes(markdown), access)
             for name, content in extras.items():
-                if "/" in name:
-                    with claims.here.sub(name.partition("/")[0], make=access) as assets:
-                        claims.publish(assets, name, content, access)
-                else:
-                    claims.publish(claims.here, name, content, access)
+                here = inner[name.partition("/")[0]] if "/" in name else claims.here
+                claims.publish(here, name, content, access)
             claims.publish(claims.here, names["json"], dump_json(document), access)
             # a stale error sidecar left behind is only untidy
             claims.remove(names["error"], json_marked)
@@ -491,6 +508,14 @@ class LocalSink:
             claims.remove(name, figure_marked if "/" in name else pdf_ours)
         if claims.here.rmdir(assets):  # only once empty: a user's file in it keeps it
             claims.here.fsync()
+
+
+def _below_inbox(origin: LocalFile) -> tuple[str, ...]:
+    """The folders from the source's inbox down to its own (none for a source outside it)."""
+    try:
+        return origin.path.parent.relative_to(origin.inbox).parts
+    except ValueError:
+        return ()
 
 
 def _writable(here: Folder) -> bool:

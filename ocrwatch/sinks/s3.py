@@ -4,23 +4,35 @@
 ``report.pdf.error.json`` (``application/json``), named by ``sidecar_names`` like local sidecars. A
 PUT is atomic (an object appears whole or not at all), so no temporary names are needed; the JSON
 goes last and is the commit marker. Every sidecar carries ``ocrwatch-source-etag`` (and
-``ocrwatch-source-version-id``) metadata, linking it to the exact source it describes. The source
-never takes these keys for documents. The further outputs go beside them, before the JSON:
+``ocrwatch-source-version-id``) metadata, linking it to the exact source it describes, and the
+record of what it is and whose (``written.object_record``). The source never takes these keys for
+documents. The further outputs go beside them, before the JSON:
 ``report.pdf.ocr.pdf`` (``application/pdf``) and the figures under ``report.pdf.assets/``
 (``image/png``); a previous version's figures are found by listing that prefix.
 
 The sink contract (``sinks.base``) holds here as for local files: every sidecar's key must fit S3's
 1024 bytes before anything is written (a key that cannot exist holds nothing, so ``recorded`` is
-None for it rather than an error the sender would be asked to retry for ever); only ocrwatch's own
-objects are replaced or removed, recognised by a bounded ranged read of their head (a searchable PDF
-no JSON records: by its mark, read whole); a failure removes the previous version's result.
+None for it rather than an error the sender would be asked to retry for ever); a failure removes the
+previous version's result. An object is ocrwatch's to replace, remove, count as done or reuse only
+where the record it carries says so for this very source (bucket and key): the one ownership rule of
+both sinks, ``written.judge_object``, asked with what one bounded ranged read of the object finds
+(its ETag and metadata; its head for the mark of an output an older ocrwatch wrote). A user's
+object, one edited since, or ocrwatch's output for another source at the same key (two buckets, or
+two names one template maps to one sidecar) is ``output_conflict``, naming it.
+
+Where several ``[[s3]]`` tables write into one ``output_bucket`` (``shares_output``), each source
+bucket's sidecars go under a folder of its own, ``output_prefix`` + ``BUCKET/`` + key, as ``[output]
+dir`` gives each inbox one: two buckets never share a sidecar key. What the configuration cannot
+tell (one table whose events come from several buckets) the record keeps apart.
 """
 
 from __future__ import annotations
 
-import tempfile
+import functools
+import hashlib
 import os
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +69,16 @@ from ocrwatch.sinks.base import (
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job, S3Object
+from ocrwatch.written import OURS, Stored, Verdict, judge_object, object_owner, object_record
 
 log = structlog.get_logger()
 
 Listed = frozenset[str] | None
 """The keys one listing found under a job's outputs' prefix; None where none was made."""
+Read = tuple[bytes, Stored]
+"""The first bytes of an object, and what the read found of it."""
+Mark = Callable[[bytes], bool]
+"""Whether an object beginning with these bytes carries ocrwatch's mark (``sinks.base.marked``)."""
 
 MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
@@ -71,18 +88,27 @@ PROBE_BYTES = 4096
 
 class S3Sink:
     """A ``Sink`` for jobs whose origin is an ``S3Object``. Blocking; safe to call from several
-    threads."""
+    threads. ``tables``: every ``[[s3]]`` table configured, so that a shared ``output_bucket`` gives
+    each source bucket a folder of its own (``shares_output``)."""
 
-    def __init__(self, cfg: S3Config, client: Any = None, name_template: str = "{name}") -> None:
+    def __init__(
+        self,
+        cfg: S3Config,
+        client: Any = None,
+        name_template: str = "{name}",
+        tables: Sequence[S3Config] = (),
+    ) -> None:
         self.cfg = cfg
         self.name_template = name_template
         self._client = client if client is not None else new_client(cfg, "s3")
+        self._apart = shares_output(cfg, tables)
 
     def location(self, job: Job) -> tuple[str, dict[str, str]]:
         """The bucket and the keys of the job's three sidecars."""
         obj = _origin(job)
         folder, _, name = obj.key.rpartition("/")
-        prefix = self.cfg.output_prefix + (f"{folder}/" if folder else "")
+        apart = f"{obj.bucket}/" if self._apart else ""
+        prefix = self.cfg.output_prefix + apart + (f"{folder}/" if folder else "")
         names = sidecar_names(name, self.name_template)
         return self.cfg.output_bucket or obj.bucket, {
             kind: prefix + value for kind, value in names.items()
@@ -90,22 +116,24 @@ class S3Sink:
 
     def recorded(self, job: Job) -> dict[str, Any] | None:
         """A key too long to exist holds nothing: None, and ``write`` says why once the document is
-        processed."""
+        processed. Another source's JSON at the key (a user's, or ocrwatch's for another source)
+        records nothing of this one."""
         bucket, keys = self.location(job)
-        head = self._head(bucket, keys["json"], HEAD_BYTES)
-        if head is None or not owns_json(head) or self._head(bucket, keys["md"], 1) is None:
+        read = self._read(bucket, keys["json"], HEAD_BYTES)
+        if read is None or self._judged(job, bucket, keys["json"], read, _mark("json")):
+            return None
+        if not owns_json(read[0]) or self._head(bucket, keys["md"], 1) is None:
             return None  # without its Markdown the document is done again
-        source = json_member(head, "source")
+        source = json_member(read[0], "source")
         return source if isinstance(source, dict) else None
 
     def recall(self, job: Job, owner: int | None) -> Recalled | None:
-        """By the mark, as every other S3 judgement: an object's writers are the bucket's policy."""
+        """Where the record each object carries vouches for the very bytes read as this job's
+        source's (``owner``, a local file's user, is None here: an object's is its source)."""
         bucket, keys = self.location(job)
-        raw = self._head(bucket, keys["json"], RECALL_BYTES)
-        if raw is None or len(raw) >= RECALL_BYTES or not owns_json(raw):
-            return None
-        markdown = self._head(bucket, keys["md"], RECALL_BYTES)
-        return Recalled.parse(markdown if markdown and len(markdown) < RECALL_BYTES else None, raw)
+        return Recalled.parse(
+            self._vouched(job, bucket, keys["md"]), self._vouched(job, bucket, keys["json"])
+        )
 
     def outputs(self, job: Job) -> dict[str, str]:
         """The keys of the job's further outputs: ``pdf``, the searchable PDF, and ``assets``, the
@@ -119,8 +147,10 @@ class S3Sink:
 
     def status(self, job: Job) -> str | None:
         bucket, keys = self.location(job)
-        head = self._head(bucket, keys["json"], PROBE_BYTES)
-        status = json_member(head, "status") if head is not None and owns_json(head) else None
+        read = self._read(bucket, keys["json"], PROBE_BYTES)
+        if read is None or self._judged(job, bucket, keys["json"], read, _mark("json")):
+            return None
+        status = json_member(read[0], "status") if owns_json(read[0]) else None
         return status if isinstance(status, str) else None
 
     def write(
@@ -139,83 +169,95 @@ class S3Sink:
         folder = outputs["pdf"][: len(outputs["pdf"]) - len(outputs["pdf"].rpartition("/")[2])]
         targets = {folder + name: content for name, content in extras.items()}
         there = self._listed(bucket, [*keys.values(), *outputs.values(), *targets])
-        self._prepare(bucket, {**keys, **{name: name for name in targets}}, there, "md", "json")
-        pdf_ours = self._pdf_ours(bucket, keys["json"], outputs["pdf"], there)
-        self._check_extras(bucket, outputs, targets, pdf_ours, there)
+        self._prepare(
+            job, bucket, {**keys, **{name: name for name in targets}}, there, "md", "json"
+        )
+        pdf = self._pdf_verdict(job, bucket, keys["json"], outputs["pdf"], there)
+        self._check_extras(job, bucket, outputs, targets, pdf, there)
         self._put(job, bucket, keys["md"], markdown_bytes(markdown), MARKDOWN)
         for key, content in targets.items():
             self._put(job, bucket, key, content, CONTENT_TYPES[key[key.rfind(".") :]])
         self._put(job, bucket, keys["json"], dump_json(document), JSON)
-        self._remove_own(bucket, keys, there, "error")  # the result stands: a stale error is untidy
-        self._remove_stale(bucket, outputs, set(targets), pdf_ours, there)
+        self._remove_own(job, bucket, keys, there, "error")  # a stale error is only untidy
+        self._remove_stale(job, bucket, outputs, set(targets), pdf == OURS, there)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
         outputs = self.outputs(job)
         there = self._listed(bucket, [*keys.values(), *outputs.values()])
-        self._prepare(bucket, keys, there, "error")
-        pdf_ours = self._pdf_ours(bucket, keys["json"], outputs["pdf"], there)
+        self._prepare(job, bucket, keys, there, "error")
+        # asked before the JSON that may record it goes
+        pdf = self._pdf_verdict(job, bucket, keys["json"], outputs["pdf"], there)
         self._put(job, bucket, keys["error"], dump_json(error), JSON)
-        self._remove_own(bucket, keys, there, "json", "md")  # an earlier version's result must go
-        self._remove_stale(bucket, outputs, set(), pdf_ours, there)
+        self._remove_own(job, bucket, keys, there, "json", "md")  # an earlier result must go
+        self._remove_stale(job, bucket, outputs, set(), pdf == OURS, there)
 
     # -- the further outputs: checked before writing, removed once no result describes them
 
-    def _pdf_ours(self, bucket: str, key: str, pdf: str, there: Listed) -> bool:
-        """Whether the searchable PDF at ``pdf`` is ocrwatch's: the JSON sidecar at ``key`` is
-        ocrwatch's and records one, or the object carries ocrwatch's mark (``textlayer.is_ours``: a
-        write that never reached its JSON left it). The object is read into a spooled file, as qpdf
-        reads its end first."""
-        if pdf_recorded(self._head(bucket, key, HEAD_BYTES, there)):
-            return True
-        if self._head(bucket, pdf, 1, there) is None:
-            return False
-        with (
-            tempfile.TemporaryFile() as copy
-        ):  # a real file: pikepdf cannot read a spooled one on Python 3.10
+    def _pdf_verdict(
+        self, job: Job, bucket: str, key: str, pdf: str, there: Listed
+    ) -> Verdict | None:
+        """Whether the searchable PDF at ``pdf`` is ocrwatch's for this job (None: there is none).
+        Where the object carries no record (an older ocrwatch's), its mark decides: the JSON sidecar
+        at ``key`` is ocrwatch's and records one, or the object itself carries ocrwatch's mark
+        (``textlayer.is_ours``: a write that never reached its JSON left it), read whole into a
+        file, as qpdf reads its end first."""
 
-            def fetch() -> None:  # each attempt from the start
+        def pdf_marked(head: bytes) -> bool:
+            if pdf_recorded(self._head(bucket, key, HEAD_BYTES, there)):
+                return True
+            with tempfile.TemporaryFile() as copy:  # pikepdf cannot read a spooled one (3.10)
+
+                def fetch() -> None:  # each attempt from the start
+                    copy.seek(0)
+                    copy.truncate()
+                    self._client.download_fileobj(bucket, pdf, copy)
+
+                try:
+                    call(fetch)
+                except Exception as exc:
+                    if is_not_found(exc):
+                        return False
+                    raise storage_error(exc, f"reading s3://{bucket}/{pdf}") from None
                 copy.seek(0)
-                copy.truncate()
-                self._client.download_fileobj(bucket, pdf, copy)
+                return textlayer.is_ours(copy)
 
-            try:
-                call(fetch)
-            except Exception as exc:
-                if is_not_found(exc):
-                    return False
-                raise storage_error(exc, f"reading s3://{bucket}/{pdf}") from None
-            copy.seek(0)
-            return textlayer.is_ours(copy)
+        return self._verdict(job, bucket, pdf, there, pdf_marked)
 
     def _check_extras(
         self,
+        job: Job,
         bucket: str,
         outputs: dict[str, str],
         targets: Mapping[str, Extra],
-        pdf_ours: bool,
+        pdf: Verdict | None,
         there: Listed,
     ) -> None:
         for key in targets:
-            head = self._head(bucket, key, PROBE_BYTES, there)
-            ours = (
-                pdf_ours if key == outputs["pdf"] else head is not None and marked("assets", head)
-            )
-            if head is not None and not ours:
+            if key == outputs["pdf"]:
+                verdict = pdf
+            else:
+                verdict = self._verdict(job, bucket, key, there, _mark("assets"))
+            if verdict:
                 raise OutputConflict(
-                    f"s3://{bucket}/{key} is an object ocrwatch did not write; ocrwatch writes an "
-                    "output there and "
+                    f"s3://{bucket}/{key} is {verdict}; ocrwatch writes an output there and "
                     "replaces only its own",
                     hint="move that object away (or set output_bucket/output_prefix), then "
                     "`ocrwatch retry`",
                 )
 
     def _remove_stale(
-        self, bucket: str, outputs: dict[str, str], kept: set[str], pdf_ours: bool, there: Listed
+        self,
+        job: Job,
+        bucket: str,
+        outputs: dict[str, str],
+        kept: set[str],
+        pdf_ours: bool,
+        there: Listed,
     ) -> None:
-        """Delete the outputs a previous version wrote that are not in ``kept``: the searchable PDF
-        its JSON recorded, and the figures under the assets prefix that carry ocrwatch's mark.
-        Logged, never raised."""
+        """Delete the outputs a previous version wrote that are not in ``kept``: the searchable PDF,
+        where ocrwatch's (``pdf_ours``, judged before anything was written), and the figures under
+        the assets prefix that are ocrwatch's for this job. Logged, never raised."""
         doomed = [outputs["pdf"]] if pdf_ours and outputs["pdf"] not in kept else []
         prefix = outputs["assets"] + "/"
         try:
@@ -227,8 +269,7 @@ class S3Sink:
                 listed = (item["Key"] for page in pages for item in page.get("Contents", []))
             for key in listed:
                 if key not in kept and FIGURE_FILE.fullmatch(key[len(prefix) :]):
-                    head = self._head(bucket, key, PROBE_BYTES)
-                    if head is not None and marked("assets", head):
+                    if self._verdict(job, bucket, key, None, _mark("assets")) == OURS:
                         doomed.append(key)
             for key in doomed:
                 call(self._client.delete_object, Bucket=bucket, Key=key)
@@ -239,9 +280,12 @@ class S3Sink:
 
     # -- checks before writing, and removal of what ocrwatch wrote
 
-    def _prepare(self, bucket: str, keys: dict[str, str], there: Listed, *kinds: str) -> None:
+    def _prepare(
+        self, job: Job, bucket: str, keys: dict[str, str], there: Listed, *kinds: str
+    ) -> None:
         """Every sidecar's key fits (all three: a result whose error sidecar cannot exist is refused
-        too), and nothing but ocrwatch's own objects holds the keys about to be written."""
+        too), and nothing but ocrwatch's own objects for this source holds the keys about to be
+        written."""
         for key in keys.values():
             if not _fits(key):
                 size = len(key.encode("utf-8", "surrogatepass"))
@@ -253,26 +297,25 @@ class S3Sink:
                     "set a shorter "
                     "[output] name_template",
                 )
-        owned = self._owned(bucket, keys, kinds, there)
         for kind in kinds:
-            if owned[kind] is False:
+            if verdict := self._verdict(job, bucket, keys[kind], there, _mark(kind)):
                 raise OutputConflict(
-                    f"s3://{bucket}/{keys[kind]} is an object ocrwatch did not write; ocrwatch "
-                    "writes a sidecar "
-                    "there and replaces only its own",
+                    f"s3://{bucket}/{keys[kind]} is {verdict}; ocrwatch writes a sidecar there "
+                    "and replaces only its own",
                     hint="move that object away (or set output_bucket/output_prefix or a "
                     "different [output] "
                     "name_template), then `ocrwatch retry`",
                 )
 
-    def _remove_own(self, bucket: str, keys: dict[str, str], there: Listed, *kinds: str) -> None:
-        """Delete the named sidecars where ocrwatch wrote them (in order); a failure is logged,
-        never raised: what was just written stands."""
-        owned = self._owned(bucket, keys, kinds, there)
+    def _remove_own(
+        self, job: Job, bucket: str, keys: dict[str, str], there: Listed, *kinds: str
+    ) -> None:
+        """Delete the named sidecars where they are ocrwatch's for this job (in order); a failure
+        is logged, never raised: what was just written stands."""
         for kind in kinds:
-            if owned[kind] is not True:
-                continue
             try:
+                if self._verdict(job, bucket, keys[kind], there, _mark(kind)) != OURS:
+                    continue  # nothing there, or not ocrwatch's to remove
                 call(self._client.delete_object, Bucket=bucket, Key=keys[kind])
             except Exception as exc:
                 log.warning(
@@ -281,13 +324,55 @@ class S3Sink:
                     error=error_code(exc),
                 )
 
-    def _owned(
-        self, bucket: str, keys: dict[str, str], kinds: tuple[str, ...], there: Listed = None
-    ) -> dict[str, bool | None]:
-        """Per sidecar of ``kinds``: None when no object holds its key, True when ocrwatch wrote the
-        one there, else False, by the mark rule (``sinks.base.marked``)."""
-        heads = {kind: self._head(bucket, keys[kind], PROBE_BYTES, there) for kind in kinds}
-        return {kind: None if head is None else marked(kind, head) for kind, head in heads.items()}
+    def _verdict(
+        self, job: Job, bucket: str, key: str, there: Listed, marked: Mark
+    ) -> Verdict | None:
+        """None where no object holds ``key``; else whether the one there is ocrwatch's to replace
+        or remove for this job's source (``written.judge_object``), from one bounded read."""
+        return self._judged(job, bucket, key, self._read(bucket, key, PROBE_BYTES, there), marked)
+
+    def _judged(
+        self, job: Job, bucket: str, key: str, read: Read | None, marked: Mark
+    ) -> Verdict | None:
+        """``_verdict`` for what a read of ``key`` found."""
+        if read is None:
+            return None
+        head, stored = read
+        return judge_object(
+            stored, _owner(job), lambda: marked(head), lambda: self._md5(bucket, key)
+        )
+
+    def _vouched(self, job: Job, bucket: str, key: str) -> bytes | None:
+        """The whole object at ``key`` where its record vouches for the very bytes read as
+        ocrwatch's for this job's source (no mark: an older ocrwatch's result is done again); None
+        otherwise, or when it is too large."""
+        read = self._read(bucket, key, RECALL_BYTES)
+        if read is None or len(read[0]) >= RECALL_BYTES:
+            return None
+        data, stored = read
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return None if judge_object(stored, _owner(job), lambda: False, lambda: digest) else data
+
+    def _md5(self, bucket: str, key: str) -> str | None:
+        """The MD5 of the object's bytes, read whole: asked only where its ETag is not the MD5 its
+        record holds (a server whose ETag is no MD5, or an object changed since). None: gone."""
+
+        def digest() -> str:  # each attempt from the start
+            hasher = hashlib.md5(usedforsecurity=False)
+            body = self._client.get_object(Bucket=bucket, Key=key)["Body"]
+            try:
+                for chunk in body.iter_chunks(1 << 20):
+                    hasher.update(chunk)
+            finally:
+                body.close()
+            return hasher.hexdigest()
+
+        try:
+            return call(digest)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise storage_error(exc, f"reading s3://{bucket}/{key}") from None
 
     def _listed(self, bucket: str, keys: list[str]) -> Listed:
         """The objects under the prefix ``keys`` share, in one listing, so that a key not there is
@@ -303,9 +388,14 @@ class S3Sink:
         return frozenset(str(item["Key"]) for item in page.get("Contents", []))
 
     def _head(self, bucket: str, key: str, size: int, there: Listed = None) -> bytes | None:
+        """The first ``size`` bytes of an object, or None when there is none."""
+        read = self._read(bucket, key, size, there)
+        return None if read is None else read[0]
+
+    def _read(self, bucket: str, key: str, size: int, there: Listed = None) -> Read | None:
         """The first ``size`` bytes of an object (a ranged read: whatever lies there is never read
-        whole), or None when there is none (``there``: the keys a listing found, when one was
-        made)."""
+        whole) and what the read found of it, or None when there is none (``there``: the keys a
+        listing found, when one was made)."""
         uri = f"s3://{bucket}/{key}"
         if not _fits(key) or (there is not None and key not in there):
             return None
@@ -315,26 +405,35 @@ class S3Sink:
             )
             body = response["Body"]
             try:
-                return bytes(body.read(size))
+                return bytes(body.read(size)), _stored(response)
             finally:
                 body.close()
         except Exception as exc:
             if is_not_found(exc):
                 return None
-            if (
-                error_code(exc) == "InvalidRange"
-            ):  # an empty object: there, but not one ocrwatch wrote
-                return b""
+            if error_code(exc) == "InvalidRange":  # an empty object: there, with no byte to read
+                return self._empty(bucket, key)
             error = storage_error(exc, f"reading {uri}")
             if isinstance(error, InvalidRequest):
                 return None  # a bucket or key S3 refuses as a name holds nothing
             raise error from None
 
+    def _empty(self, bucket: str, key: str) -> Read | None:
+        """An empty object, as its HEAD finds it (a ranged read of it has no range to answer)."""
+        try:
+            return b"", _stored(call(self._client.head_object, Bucket=bucket, Key=key))
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise storage_error(exc, f"reading s3://{bucket}/{key}") from None
+
     def _put(self, job: Job, bucket: str, key: str, body: bytes | Path, content_type: str) -> None:
+        """One object, with the record of what it is and whose (``written.object_record``)."""
         obj = _origin(job)
         metadata = {
             "ocrwatch-source-etag": obj.etag or "",
             "ocrwatch-source-version-id": obj.version_id or "",
+            **object_record(_owner(job), _md5_of(body)),
         }
         try:
             call(
@@ -357,6 +456,55 @@ class S3Sink:
                 self._client.put_object(Body=handle, **request)
         else:
             self._client.put_object(Body=body, **request)
+
+
+def shares_output(cfg: S3Config, tables: Sequence[S3Config]) -> bool:
+    """Whether ``cfg``'s sidecars go under a folder named after their source bucket: another of
+    ``tables`` (every ``[[s3]]`` table) writes into its ``output_bucket`` (as its own, or beside
+    its keys there) under an ``output_prefix`` that overlaps this one, and reads another bucket (or
+    any). Decided from the configuration alone, like ``sinks.local.inbox_folder``: the same across
+    restarts and whatever the order of the tables."""
+    if cfg.output_bucket is None:
+        return False
+    for other in tables:
+        if other is cfg:
+            continue
+        there, prefix = (
+            (other.output_bucket, other.output_prefix)
+            if other.output_bucket
+            else (other.bucket, "")
+        )
+        one_source = other.bucket is not None and other.bucket == cfg.bucket
+        overlaps = prefix.startswith(cfg.output_prefix) or cfg.output_prefix.startswith(prefix)
+        if there == cfg.output_bucket and overlaps and not one_source:
+            return True
+    return False
+
+
+def _mark(kind: str) -> Mark:
+    return functools.partial(marked, kind)
+
+
+def _owner(job: Job) -> str:
+    """Whose the job's outputs are: its source object, by bucket and key."""
+    return object_owner(_origin(job).uri)
+
+
+def _stored(response: Mapping[str, Any]) -> Stored:
+    """What a GET or a HEAD found of an object."""
+    etag = str(response.get("ETag") or "").strip('"')
+    return Stored(etag, dict(response.get("Metadata") or {}))
+
+
+def _md5_of(body: bytes | Path) -> str:
+    """The MD5 of what a PUT sends (a file: the job's own spool copy, read whole)."""
+    if isinstance(body, bytes):
+        return hashlib.md5(body, usedforsecurity=False).hexdigest()
+    hasher = hashlib.md5(usedforsecurity=False)
+    with open(body, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
 
 
 def _fits(key: str) -> bool:

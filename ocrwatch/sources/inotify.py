@@ -12,6 +12,11 @@ link can misdirect it, and never ends unannounced: whatever stops its thread, ot
 is told to the loop (``EventBridge.died``), which starts another. Events are handed over as
 watchdog's event types, as the polling observer's are, so ``local`` sees one kind of event whichever
 watcher runs. Linux only.
+
+Watches come from one budget per user of the kernel (``fs.inotify.max_user_watches``), which a user
+of a shared inbox could spend with empty folders. So an inbox takes at most ``max_watches``: a
+folder beyond them is left unwatched and named in ``beyond`` (the highest such folders only: a scan
+of one covers those below it), and ``local`` scans those every ``poll_seconds`` instead.
 """
 
 from __future__ import annotations
@@ -103,9 +108,11 @@ class InotifyWatcher(threading.Thread):
         handler: FileSystemEventHandler,
         died: Callable[[str], None],
         overflowed: Callable[[], None],
+        max_watches: int | None = None,
     ) -> None:
         """``handler.dispatch`` takes each event; ``died`` hears why the thread ended unasked,
-        ``overflowed`` that the kernel dropped events (the watches are rebuilt first)."""
+        ``overflowed`` that the kernel dropped events (the watches are rebuilt first);
+        ``max_watches``: the most folders watched at once (None: as many as the kernel allows)."""
         super().__init__(name=f"inotify {root}", daemon=True)
         self.root = root
         self._max_depth = max_depth
@@ -122,11 +129,20 @@ class InotifyWatcher(threading.Thread):
         self._watches: dict[str, int] = {}
         self._root_text = str(root)
         self._root_wd = -1
+        self._max_watches = max_watches
+        self._beyond: set[str] = set()  # the highest folders left unwatched for the bound
+        self._beyond_lock = threading.Lock()  # ``beyond`` is asked from another thread
 
     @property
     def watched(self) -> int:
         """How many folders have a watch now."""
         return len(self._folders)
+
+    def beyond(self) -> tuple[str, ...]:
+        """The folders left unwatched for ``max_watches``, none below another (its scan covers
+        them), to be scanned instead; sorted."""
+        with self._beyond_lock:
+            return tuple(sorted(self._beyond))
 
     def alive(self) -> bool:
         return self.is_alive()
@@ -223,6 +239,9 @@ class InotifyWatcher(threading.Thread):
                 self._emit(DirMovedEvent("", path))
             elif mask & IN_MOVED_FROM:
                 self._drop_tree(path)
+            elif mask & IN_DELETE:  # empty when removed; a watched one's watch ends by IN_IGNORED
+                with self._beyond_lock:
+                    self._beyond.discard(path)
             return None
         if mask & IN_CREATE:
             self._emit(FileCreatedEvent(path))
@@ -263,6 +282,11 @@ class InotifyWatcher(threading.Thread):
                 raise
 
     def _add_watch(self, fd: int, folder: Path) -> None:
+        text = str(folder)
+        full = self._max_watches is not None and len(self._folders) >= self._max_watches
+        if full and text not in self._watches:
+            self._pass_over(text)
+            return
         if BY_DESCRIPTOR:  # the folder itself, through its descriptor: no path is resolved again
             target, mask = os.fsencode(PROC_FD / str(fd)), MASK
         else:
@@ -273,7 +297,6 @@ class InotifyWatcher(threading.Thread):
             if code in (errno.ENOSPC, errno.ENOMEM) or folder == self.root:
                 raise OSError(code, f"{folder}: {os.strerror(code)}")
             return  # gone or unreadable since it was listed
-        text = str(folder)
         old = self._folders.get(wd)
         if old is not None and old != text:
             self._watches.pop(old, None)
@@ -282,14 +305,29 @@ class InotifyWatcher(threading.Thread):
         if text == self._root_text:
             self._root_wd = wd
 
+    def _pass_over(self, folder: str) -> None:
+        """Leave ``folder`` unwatched for the bound: named in ``beyond``, unless a folder above it
+        is already."""
+        above = folder
+        while len(above) > len(self._root_text):
+            above = os.path.dirname(above)
+            if above in self._beyond:
+                return
+        with self._beyond_lock:
+            self._beyond.add(folder)
+
     def _drop_tree(self, top: str) -> None:
-        """Forget the watches of ``top`` and below: it was moved away, and its move in, if any,
-        re-adds them."""
+        """Forget the watches of ``top`` and below, and the folders left unwatched there: it was
+        moved away, and its move in, if any, re-adds them."""
         prefix = top + os.sep
         for folder, wd in list(self._watches.items()):
             if folder == top or folder.startswith(prefix):
                 _libc.inotify_rm_watch(self._fd, wd)
                 self._forget(wd)
+        with self._beyond_lock:
+            self._beyond = {
+                folder for folder in self._beyond if folder != top and not folder.startswith(prefix)
+            }
 
     def _forget(self, wd: int) -> None:
         folder = self._folders.pop(wd, None)
@@ -302,6 +340,8 @@ class InotifyWatcher(threading.Thread):
             _libc.inotify_rm_watch(self._fd, wd)
         self._folders.clear()
         self._watches.clear()
+        with self._beyond_lock:
+            self._beyond.clear()
         self._root_wd = -1
         self._add_tree(self.root)
 

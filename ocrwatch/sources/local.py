@@ -4,8 +4,10 @@ is whole.
 Each ``[[inbox]]`` gets its own watcher (``watch`` chooses inotify or polling), which hands its
 events over in batches (``watch.EventBridge``), watches no deeper than the inbox's ``max_depth``,
 and is replaced when it dies: at once when its thread says so, within ``WATCH_CHECK_SECONDS`` when a
-thread ends without a word; no fault of one inbox stops the start or the other inboxes. Events only
-say *where to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and
+thread ends without a word; no fault of one inbox stops the start or the other inboxes. The
+folders a native watcher leaves unwatched for its bound (``[[inbox]] max_watches``) are scanned
+every ``poll_seconds`` instead, and one line says the bound was reached. Events only say *where
+to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and
 every candidate passes the same readiness check (``settling``: closed or stable, then the probe)
 before ``submit``. A document submitted before is submitted again, and so redone, once its sidecars
 are gone or no longer its own while its ledger row says done (``lapsed``, the daemon's question):
@@ -57,7 +59,7 @@ from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox
 from ocrwatch.sources.quarantine import Owns, quarantine
 from ocrwatch.sources.settling import Settler
-from ocrwatch.sources.watch import Batch, EventBridge, start_watcher
+from ocrwatch.sources.watch import Batch, EventBridge, Watcher, start_watcher
 
 log = structlog.get_logger()
 
@@ -67,6 +69,10 @@ RESTART_BACKOFF_MAX_SECONDS = 60.0
 STEADY_SECONDS = 60.0
 """A watcher that ran this long before it died is restarted at once: it did not die of starting."""
 OVERFLOW_LOG_SECONDS = 60.0
+BEYOND_PAUSE = 9.0
+"""After a scan of the folders beyond the watch bound, the next waits at least this many times as
+long as it took (or ``poll_seconds``, if longer): however many folders a user makes, polling them
+takes a tenth of the time at most."""
 
 
 # --- the source -----------------------------------------------------------------------------------
@@ -103,6 +109,7 @@ class LocalSource:
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._settler = Settler(self.name)
+        self._bounded: set[Path] = set()  # inboxes whose watch bound was said to be reached
         self.owns_output: Owns | None = (
             None  # the record of outputs (the daemon's): may an error sidecar go along?
         )
@@ -294,8 +301,11 @@ class LocalSource:
             inbox.config.polling,
             bridge,
             inbox.config.poll_seconds,
+            inbox.config.max_watches,
         )
         inbox.observer, inbox.bridge, inbox.watched_since = watcher, bridge, time.monotonic()
+        if not polling:
+            self._spawn(self._scan_beyond_forever(inbox, watcher))
         if self._metrics is not None:  # every inbox's series, zero until something happens
             self._metrics.inbox_watcher_restarts.labels(inbox=str(inbox.root))
             self._metrics.inbox_event_overflows.labels(inbox=str(inbox.root))
@@ -307,6 +317,34 @@ class LocalSource:
             recursive=inbox.config.recursive,
             max_depth=inbox.max_depth,
         )
+
+    async def _scan_beyond_forever(self, inbox: Inbox, watcher: Watcher) -> None:
+        """Every ``poll_seconds`` (or longer: ``BEYOND_PAUSE``) while ``watcher`` watches
+        ``inbox``: scan the folders it leaves unwatched for its bound, in one worker thread, for
+        what events would have named there; the first time there are any, say once that the bound
+        is reached."""
+        took = 0.0
+        while True:
+            await asyncio.sleep(max(inbox.config.poll_seconds, BEYOND_PAUSE * took))
+            if inbox.observer is not watcher or self._inboxes.get(inbox.root) is not inbox:
+                return  # replaced, or the inbox retired: its successor polls
+            folders = watcher.beyond()
+            if not folders:
+                continue
+            if inbox.root not in self._bounded:
+                self._bounded.add(inbox.root)
+                log.warning(
+                    "inbox_watches_bounded",
+                    path=str(inbox.root),
+                    max_watches=inbox.config.max_watches,
+                    polled=len(folders),
+                    poll_seconds=inbox.config.poll_seconds,
+                )
+            started = time.monotonic()
+            found = await asyncio.to_thread(_scan_all, inbox, folders)
+            took = time.monotonic() - started
+            if inbox.observer is watcher:
+                self._take(inbox, found, closed=False)
 
     async def _unwatch(self, inbox: Inbox) -> None:
         observer, inbox.observer, inbox.identity, inbox.bridge = inbox.observer, None, None, None
@@ -510,6 +548,16 @@ class LocalSource:
         ):
             return
         self._settler.follow(inbox, path, closed=closed, wrote=wrote)
+
+
+def _scan_all(inbox: Inbox, folders: Iterable[str]) -> dict[str, bytes | str]:
+    """What ``Inbox.scan`` finds under each of ``folders`` (blocking); a folder gone meanwhile is
+    passed over: the event of its removal drops it from the watcher's list."""
+    found: dict[str, bytes | str] = {}
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            found.update(inbox.scan(Path(folder)))
+    return found
 
 
 def _by_root(inboxes: Sequence[InboxConfig]) -> dict[Path, InboxConfig]:

@@ -4,8 +4,10 @@ Both sides are reached through ``safefs``, walking down from the inbox and from 
 (or from the inbox, where the quarantine lies inside it) without following any link: a folder of the
 inbox swapped for a link, or a folder of the quarantine made a link in advance, can neither move a
 file from outside the inbox nor put one outside the quarantine. Each folder the quarantine makes is
-as readable as the inbox folder it stands for, never more (``safefs.Access``). The document is held
-as ``sourcefile.held`` holds it (one name, no writer), and its name is removed only while it is
+as readable as the inbox folder it stands for, never more (``safefs.Access``), and one already there
+is used only while it is as one made so: a folder another user made first, or one made for an inbox
+folder that has changed hands since, is never moved into (``untrusted_folder``). The document is
+held as ``sourcefile.held`` holds it (one name, no writer), and its name is removed only while it is
 still the file moved (``Folder.remove_if``). Its error sidecar goes along only where the record of
 outputs holds it as ocrwatch's (``owns``, given by the daemon). Nothing is overwritten: a taken name
 gets a number.
@@ -74,8 +76,8 @@ def _target(
     root: Path, quarantine_dir: Path, inbox: Sequence[Folder], relative: Sequence[str]
 ) -> Iterator[Folder]:
     """The folder that mirrors the document's under ``quarantine_dir``, made where missing, each
-    level given the access of the inbox folder it stands for (``inbox``: the inbox's folders down to
-    the document's)."""
+    level given the access of the inbox folder it stands for, and checked to have it where found
+    (``inbox``: the inbox's folders down to the document's)."""
     accesses = [Access.of(os.fstat(folder.fd)) for folder in inbox]
     if quarantine_dir.is_relative_to(root):  # reached from the inbox: no user can swap its way in
         above = parts_below(quarantine_dir, root)

@@ -6,8 +6,9 @@ for a symlink between them. So every lookup here walks down from the inbox folde
 ``safefs``, the one module that reaches folders others can write to (``O_NOFOLLOW`` on every
 component), and every later question is put to the descriptor (``fstat``). A fetched document is
 copied through its descriptor into the job's private spool folder while it is hashed: the bytes
-rendered are the bytes hashed, whatever happens to the name afterwards. Everything here is blocking
-and cheap apart from the copy.
+rendered are the bytes hashed, whatever happens to the name afterwards. The copy costs what the
+file holds, not its length: a file over its ``max_bytes`` (by ``fstat``) is never read, and the
+holes of a sparse one stay holes. Everything here is blocking and cheap apart from the copy.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import re
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -211,12 +213,22 @@ def fetch_copy(path: Path, root: Path, spool_dir: Path, max_bytes: int | None) -
     return Fetched(target, sha256, partial(changed_since, path, root, signature), access)
 
 
-def measure(path: Path, root: Path) -> tuple[Signature, str]:
+def measure(
+    path: Path, root: Path, max_bytes: int, stop: threading.Event | None = None
+) -> tuple[Signature, str | None]:
     """The signature and sha256 of the file ``path`` of the inbox ``root``, both read through one
-    descriptor opened as ``open_file`` does (blocking; hashlib releases the GIL)."""
+    descriptor opened as ``open_file`` does (blocking; hashlib releases the GIL). No sha256 for a
+    file over ``max_bytes``: its size comes from ``fstat`` before a byte is read, so a sparse file
+    of terabytes costs a ``stat``, and one that grows past it while read is not read further (its
+    signature then is the one it has now). ``stop``: as ``hash_fd``'s."""
     fd, signature = open_file(path, root)
     try:
-        return signature, hash_fd(fd)
+        if signature.size > max_bytes:
+            return signature, None
+        try:
+            return signature, hash_fd(fd, limit=max_bytes, stop=stop)
+        except TooLarge:
+            return Signature.of(os.fstat(fd)), None
     finally:
         os.close(fd)
 

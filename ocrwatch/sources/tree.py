@@ -39,7 +39,17 @@ class Listing:
 
 def depth_of(folder: Path, root: Path) -> int:
     """How many levels ``folder`` lies below ``root`` (0 for ``root`` itself)."""
-    return len(folder.relative_to(root).parts)
+    return len(_below(folder, root))
+
+
+def _below(folder: Path, root: Path) -> tuple[str, ...]:
+    """The names leading from ``root`` down to ``folder``: ``relative_to``'s parts, without its
+    parsing of both paths again (the scan of the folders beyond a watch bound asks it of each, many
+    thousands a look). Raises ValueError when ``folder`` is not ``root`` or inside it."""
+    parts, top = folder.parts, root.parts
+    if parts[: len(top)] != top:
+        raise ValueError(f"{folder} is not in {root}")
+    return parts[len(top) :]
 
 
 def open_folder(folder: Path, root: Path) -> int:
@@ -51,7 +61,7 @@ def open_folder(folder: Path, root: Path) -> int:
     """
     fd = os.open(root, FOLDER_FLAGS)
     try:
-        for part in folder.relative_to(root).parts:
+        for part in _below(folder, root):
             inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = inner

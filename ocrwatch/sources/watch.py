@@ -8,8 +8,10 @@ descriptor reached without following one, and the poller looks with ``lstat``, s
 (``ln -s .. b``) is listed as the link it is rather than walked into for ever. Neither goes deeper
 than the inbox's ``max_depth``: a chain of folders thousands of levels deep costs one level more
 than the limit, never a ``RecursionError`` (watchdog's poller recurses once per level, hence the
-bound on ``max_depth``). Watcher threads hand events to the event loop through ``EventBridge``, in
-batches, and never run the source's code themselves. Kept apart from ``local`` because none of it
+bound on ``max_depth``). The native one takes at most ``[[inbox]] max_watches`` watches and names
+the folders beyond them (``Watcher.beyond``), which ``local`` scans every ``poll_seconds``. Watcher
+threads hand events to the event loop through ``EventBridge``, in batches, and never run the
+source's code themselves. Kept apart from ``local`` because none of it
 knows about documents.
 """
 
@@ -140,6 +142,9 @@ class Watcher(Protocol):
     def stop(self) -> None:
         """End its threads and wait for them. Blocking."""
 
+    def beyond(self) -> tuple[str, ...]:
+        """The folders it does not watch for its bound (``max_watches``), to be scanned instead."""
+
 
 class PollingWatcher:
     """watchdog's polling observer, whose emitter thread can end while its dispatcher thread lives
@@ -156,6 +161,9 @@ class PollingWatcher:
     def stop(self) -> None:
         self.observer.stop()
         self.observer.join(timeout=10)
+
+    def beyond(self) -> tuple[str, ...]:
+        return ()  # a poller looks at every folder, however many
 
 
 def _read_mountinfo() -> str:
@@ -196,9 +204,12 @@ def _start_watcher(
     enter: Callable[[Path], bool],
     bridge: EventBridge,
     poll_seconds: float,
+    max_watches: int,
 ) -> Watcher:
     if not polling and sys.platform.startswith("linux"):
-        watcher = InotifyWatcher(root, max_depth, enter, bridge, bridge.died, bridge.overflowed)
+        watcher = InotifyWatcher(
+            root, max_depth, enter, bridge, bridge.died, bridge.overflowed, max_watches
+        )
         watcher.start()
         return watcher
     if polling:
@@ -225,14 +236,15 @@ def start_watcher(
     setting: Literal["auto"] | bool,
     bridge: EventBridge,
     poll_seconds: float,
+    max_watches: int,
 ) -> tuple[Watcher, bool, str]:
     """Start the watcher that suits the inbox's filesystem, and say which and why. Blocking (the
     native one walks the tree to add its watches). ``max_depth`` 0 watches the inbox folder alone;
-    ``poll_seconds``: how often a poller looks."""
+    ``poll_seconds``: how often a poller looks; ``max_watches``: the native one's bound."""
     polling, reason = choose_polling(setting, filesystem_type(root, _read_mountinfo()))
     try:
         return (
-            _start_watcher(polling, root, max_depth, enter, bridge, poll_seconds),
+            _start_watcher(polling, root, max_depth, enter, bridge, poll_seconds, max_watches),
             polling,
             reason,
         )
@@ -240,7 +252,8 @@ def start_watcher(
         if polling or exc.errno not in (errno.ENOSPC, errno.EMFILE, errno.ENOMEM):
             raise
         reason = f"inotify limit reached ({exc.strerror})"
-    return _start_watcher(True, root, max_depth, enter, bridge, poll_seconds), True, reason
+    watcher = _start_watcher(True, root, max_depth, enter, bridge, poll_seconds, max_watches)
+    return watcher, True, reason
 
 
 # --- the hand-over to the loop --------------------------------------------------------------------

@@ -17,10 +17,11 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+import tomli_w
 
 from tests import docs
-from tests.integration.conftest import REPO, DaemonProcess, alive, wait_until
-from tests.test_hooks import FAILER, RECORDER, records, script
+from tests.integration.conftest import REPO, DaemonProcess, alive, free_port, wait_until
+from tests.test_hooks import FAILER, RECORDER, minimal_environment, records, script
 
 pytestmark = pytest.mark.integration
 
@@ -353,6 +354,62 @@ def test_a_hook_runs_for_an_s3_document_with_s3_uris(moto: Any, tmp_path: Path) 
             "OCRWATCH_MD": f"s3://docs/{key}.md",
         }
         assert json.loads(received["stdin"]) == sidecar(s3, "docs", f"{key}.json")
+    finally:
+        assert daemon.stop() == 0
+
+
+@pytest.mark.s3
+def test_a_hook_gets_none_of_the_secrets_the_daemon_was_given_by_environment(
+    moto: Any, tmp_path: Path
+) -> None:
+    """The README's way: secrets in variables, not in the file. The daemon uses them (it reads the
+    bucket with the key, listens with the token), and the hook gets its own variables and a minimal
+    environment, none of them."""
+    from tests.integration.test_s3_daemon import sqs_daemon
+
+    out = tmp_path / "received"
+    queue = moto.bucket_with_queue("docs", "events")
+    command = [sys.executable, script(tmp_path, "record.py", RECORDER), str(out)]
+    webhook = {
+        **{key: value for key, value in moto.s3_config().items() if key != "secret_access_key"},
+        "transport": "webhook",
+        "listen": f"127.0.0.1:{free_port()}",
+    }
+    daemon = sqs_daemon(tmp_path, moto, queue, hook=[{"name": "record", "command": command}])
+    daemon.config_path.write_text(
+        daemon.config_path.read_text().replace('secret_access_key = "testing"\n', "")
+        + "\n"
+        + tomli_w.dumps({"s3": [webhook]})
+    )
+    assert "secret_access_key" not in daemon.config_path.read_text()
+    kept = minimal_environment(tmp_path)
+    (tmp_path / "credentials").mkdir()
+    given = {
+        **kept,
+        "OCRWATCH_S3_0_SECRET_ACCESS_KEY": "testing",
+        "OCRWATCH_S3_1_SECRET_ACCESS_KEY": "testing",
+        "OCRWATCH_S3_1_TOKEN": "webhook-token-by-environment",
+        "OCRWATCH_LOG_LEVEL": "debug",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "CREDENTIALS_DIRECTORY": str(tmp_path / "credentials"),
+        "DATABASE_PASSWORD": "an-unrelated-secret",
+    }
+    daemon.start(env=given)
+    try:
+        key = "scans/secret.png"
+        moto.client("s3").put_object(
+            Bucket="docs", Key=key, Body=docs.write_png(tmp_path / "p.png", ["Secret"]).read_bytes()
+        )
+        (received,) = wait_until(lambda: records(out), 90, "the hook's record")
+        assert received["environ"] == {
+            **kept,
+            "OCRWATCH_STATUS": "ok",
+            "OCRWATCH_SOURCE": f"s3://docs/{key}",
+            "OCRWATCH_ORIGINAL": f"s3://docs/{key}",
+            "OCRWATCH_JSON": f"s3://docs/{key}.json",
+            "OCRWATCH_MD": f"s3://docs/{key}.md",
+        }
     finally:
         assert daemon.stop() == 0
 

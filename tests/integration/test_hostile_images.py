@@ -1,6 +1,6 @@
 """Hostile documents for the renderer, end to end: huge images that are small on disk, and PDFs
-whose header is buried under junk or missing; and for the searchable PDF, pages made to exhaust a
-reader of content.
+whose header is buried under junk or missing, images of a few bytes that declare gigapixels; and for
+the searchable PDF, pages made to exhaust a reader of content.
 
 The PDFs go through ``ocrwatch run`` as a real process with Tesseract. The memory test runs the
 render step as the pipeline runs it (the daemon's default render workers and its one decode budget)
@@ -19,10 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from PIL import features
 
 from ocrwatch.sniff import sniff
 from tests import docs
-from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
+from tests.hostile_pdfs import MiB, write_declared_image_pdf, write_form_bomb, write_nested_forms
 from tests.integration.conftest import REPO, DaemonProcess, error_sidecar, sidecars_done, wait_until
 
 pytestmark = pytest.mark.integration
@@ -119,6 +120,46 @@ def test_content_bombs_get_a_searchable_pdf_within_bounds_and_the_daemon_goes_on
         assert [(skip["page"], skip["reason"]) for skip in skipped] == [(1, reason)]
     assert documents["after.pdf"]["text_layer"] == ["ocr"]
     assert "Invoice 42" in (daemon.inbox / "after.pdf.md").read_text()
+
+
+@pytest.mark.skipif(not features.check("jpg_2000"), reason="Pillow writes no JPEG 2000 here")
+def test_images_of_a_few_bytes_declaring_gigapixels_fail_their_kinds_and_the_daemon_goes_on(
+    plugin_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """Before: one pdftoppm took 2.3 GB (and 20 s) for a 928-byte PDF whose JPEG 2000 image
+    declares 24,000 x 24,000 pixels, and its page ended ``ok``, blank. Now an image a page lists
+    is measured first (``too_many_pixels``, nothing rendered), whether its dictionary or only its
+    codestream says so; one inline in the content, which no dictionary lists, meets the render
+    child's memory limit (``render_memory_exceeded``, not retried). The document after them is
+    done."""
+    made = {
+        "listed.pdf": write_declared_image_pdf(tmp_path / "listed.pdf", 24_000, 24_000),
+        "lying.pdf": write_declared_image_pdf(
+            tmp_path / "lying.pdf", 24_000, 24_000, dictionary=(16, 16), where="form"
+        ),
+        "inline.pdf": write_declared_image_pdf(
+            tmp_path / "inline.pdf", 24_000, 24_000, where="inline"
+        ),
+    }
+    daemon = plugin_daemon().start()
+    for name, source in made.items():
+        os.replace(source, daemon.inbox / name)
+    kinds = {}
+    for name in made:
+        path = daemon.inbox / name
+        error = wait_until(lambda: error_sidecar(path), 60, f"the error sidecar of {name}")
+        kinds[name] = error["error"]["kind"]
+        assert not path.with_name(name + ".md").exists()
+    assert kinds == {
+        "listed.pdf": "too_many_pixels",
+        "lying.pdf": "too_many_pixels",
+        "inline.pdf": "render_memory_exceeded",
+    }
+    events = [event["event"] for event in daemon.events()]
+    assert "page_rendered" not in events and "job_retry" not in events
+    after = docs.write_pdf(daemon.inbox / "after.pdf", [["Invoice 42"]])
+    assert wait_until(lambda: sidecars_done(after), 60, "the document after them")["status"] == "ok"
+    assert daemon.stop() == 0
 
 
 _RENDER_FIVE = """

@@ -1,9 +1,10 @@
 """What a user of a shared inbox can do to its watching, through the real daemon process (issue 24,
-items 7 and 8): a chain of folders 2,500 deep, present at start and moved in while running, and an
-event storm with a SIGTERM in the middle of it."""
+items 7 and 8; issue 34, item 5): a chain of folders 2,500 deep, present at start and moved in while
+running, an event storm with a SIGTERM in the middle of it, and thousands of empty folders."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,6 +42,24 @@ while True:
     os.unlink(name + ".txt")
     i += 1
 """
+
+
+FOLDERS = 2000
+BOUND = 100
+
+
+def watched_inodes(pid: int) -> set[int]:
+    """The inodes of the folders a process holds inotify watches on, as the kernel lists them
+    (``ino:`` in hexadecimal, one ``inotify wd:`` line per watch in each inotify descriptor's
+    fdinfo)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == "anon_inode:inotify":
+                for line in Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text().splitlines():
+                    if line.startswith("inotify wd:"):
+                        inodes.add(int(line.split(" ino:")[1].split()[0], 16))
+    return inodes
 
 
 def refused_folders(daemon: DaemonProcess) -> list[str]:
@@ -130,3 +149,43 @@ def test_a_sigterm_in_an_event_storm_stops_the_daemon_every_time(
         )
         assert "daemon_stopped" in log and "wakeup fd" not in log, f"round {round_}:\n{log[-3000:]}"
         daemon.stop()
+
+
+def test_thousands_of_empty_folders_take_no_more_watches_than_the_bound_and_are_polled(
+    plugin_daemon, tmp_path: Path
+) -> None:
+    """Before: bob's 20,000 empty folders took 20,001 inotify watches from the daemon user's kernel
+    budget. Now the inbox takes ``max_watches`` (the kernel's own count of the daemon's watches
+    says so), one line says the bound is reached, and a document put in a folder the daemon does
+    not watch is found by the scan of the folders beyond the bound, every ``poll_seconds``."""
+    daemon = plugin_daemon(
+        ECHO,
+        inboxes=[
+            {
+                "path": str(tmp_path / "inbox"),
+                "settle_seconds": 0.2,
+                "max_watches": BOUND,
+                "poll_seconds": 0.5,
+            }
+        ],
+    )
+    for number in range(FOLDERS):
+        (daemon.inbox / f"bob-{number:05}").mkdir()
+    daemon.start()
+    assert daemon.proc is not None
+    watched = wait_until(
+        lambda: (found := watched_inodes(daemon.proc.pid)) and len(found) == BOUND and found,
+        30,
+        lambda: f"{BOUND} watches, not {len(watched_inodes(daemon.proc.pid))}",
+    )
+    assert daemon.inbox.stat().st_ino in watched
+    unwatched = [path for path in daemon.inbox.iterdir() if path.stat().st_ino not in watched]
+    assert len(unwatched) == FOLDERS + 1 - BOUND
+    found = docs.write_png(unwatched[len(unwatched) // 2] / "found.png", ["FOUND"])
+    wait_until(
+        lambda: sidecars_done(found), 30, f"found.png's sidecars:\n{daemon.log_text()[-3000:]}"
+    )
+    said = [e for e in daemon.events() if e.get("event") == "inbox_watches_bounded"]
+    assert len(said) == 1 and said[0]["polled"] == FOLDERS + 1 - BOUND
+    assert len(watched_inodes(daemon.proc.pid)) == BOUND
+    assert daemon.stop() == 0

@@ -276,3 +276,51 @@ def test_daemon_finishes_through_an_s3_outage(rgw: RgwServer, tmp_path: Path) ->
         assert daemon.proc is not None and daemon.proc.poll() is None
     finally:
         daemon.stop()
+
+
+def test_two_buckets_sharing_an_output_bucket_keep_their_own_sidecars(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    """Two ``[[s3]]`` tables writing into one ``output_bucket``: the same key uploaded to both gets
+    sidecars of its own in each bucket's folder (each used to overwrite the other's, both ``ok``),
+    and a user's own object at a sidecar's key stays: the document fails as ``output_conflict``."""
+    s3 = moto.client("s3")
+    s3.create_bucket(Bucket="shared-out")
+    tables = [
+        moto.s3_config(
+            transport="sqs",
+            queue_url=moto.bucket_with_queue(bucket, f"{bucket}-events"),
+            bucket=bucket,
+            output_bucket="shared-out",
+            wait_time_seconds=1,
+        )
+        for bucket in ("tenant-a", "tenant-b")
+    ]
+    daemon = DaemonProcess(tmp_path, s3=tables).start()
+    try:
+        for bucket in ("tenant-a", "tenant-b"):
+            page = docs.write_png(tmp_path / f"{bucket}.png", [f"Report of {bucket}", "Invoice"])
+            s3.put_object(Bucket=bucket, Key="in/scan.png", Body=page.read_bytes())
+        for bucket in ("tenant-a", "tenant-b"):
+            key = f"{bucket}/in/scan.png"
+            document = wait_until(
+                lambda key=key: sidecar(s3, "shared-out", f"{key}.json"), 60, f"{key}.json"
+            )
+            assert document["source"]["uri"] == f"s3://{bucket}/in/scan.png"
+            assert f"report of {bucket}" in text(s3, "shared-out", f"{key}.md").lower()
+        assert not [k for k in keys_of(s3, "shared-out") if k.startswith("in/")]
+
+        s3.put_object(Bucket="shared-out", Key="tenant-b/in/notes.png.md", Body=b"my own notes")
+        page = docs.write_png(tmp_path / "notes.png", ["Meeting notes"])
+        s3.put_object(Bucket="tenant-b", Key="in/notes.png", Body=page.read_bytes())
+        error = wait_until(
+            lambda: sidecar(s3, "shared-out", "tenant-b/in/notes.png.error.json"), 60, "the error"
+        )
+        assert error["error"]["kind"] == "output_conflict"
+        assert text(s3, "shared-out", "tenant-b/in/notes.png.md") == "my own notes"
+    finally:
+        daemon.stop()
+
+
+def keys_of(client: Any, bucket: str) -> list[str]:
+    return [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
