@@ -18,8 +18,8 @@ from ocrwatch.control.protocol import REQUEST_PREFIX, Emit, OcrRequest
 from ocrwatch.jobrun import Asked
 from ocrwatch.ledger import Fingerprint
 from ocrwatch.pipeline import Pipeline
-from ocrwatch.safefs import hash_fd
-from ocrwatch.sinks.base import records
+from ocrwatch.safefs import TooLarge, hash_fd
+from ocrwatch.sinks.base import recorded_fingerprint, records
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.files import GivenFiles
@@ -61,7 +61,8 @@ async def run_ocr(
         started = False
         for path, root in files:
             job = Job(origin=LocalFile(path, root), source=name)
-            if not force and await asyncio.to_thread(_current, sink, job):
+            budget = pipeline.cfg.limits.max_bytes  # these jobs carry no inbox's own
+            if not force and await asyncio.to_thread(_current, sink, job, budget):
                 await emit({"event": "result", "file": str(path), "status": "skipped"})
                 continue
             if not started and before_first is not None:
@@ -75,8 +76,12 @@ async def run_ocr(
     admitting = asyncio.create_task(admit(), name=f"ocr-admit:{name}")
     try:
         while not admitting.done() or waiting:
+            # only what can still finish: a done task in the set would end every wait at once
+            pending: set[asyncio.Task[Any]] = set(waiting)
+            if not admitting.done():
+                pending.add(admitting)
             await asyncio.wait(
-                {admitting, *waiting}, timeout=PROGRESS_SECONDS, return_when=asyncio.FIRST_COMPLETED
+                pending, timeout=PROGRESS_SECONDS, return_when=asyncio.FIRST_COMPLETED
             )
             if admitting.done():
                 # raises what stopped it (a file that cannot be checked, an engine that failed)
@@ -99,22 +104,28 @@ async def run_ocr(
         pipeline.remove_source(name)  # none of its jobs runs any more
 
 
-def _current(sink: LocalSink, job: Job) -> bool:
+def _current(sink: LocalSink, job: Job, max_bytes: int) -> bool:
     """Whether the job's JSON sidecar records its content now (blocking: hashes the file, when a
-    sidecar is there to compare with). Anything that is not a regular file is left to the pipeline,
-    which names what it is; it is never read here (a FIFO would block)."""
+    sidecar is there to compare with). Its size comes from ``fstat`` first, as admission's does: a
+    file of another size than recorded, or over ``max_bytes``, is not read at all (a sparse terabyte
+    costs a ``stat``), nor one read past that size. Anything that is not a regular file is left to
+    the pipeline, which names what it is; it is never read here (a FIFO would block)."""
     assert isinstance(job.origin, LocalFile)
     if (recorded := sink.recorded(job)) is None:
         return False
+    size = recorded_fingerprint(recorded).size
     try:
         fd = os.open(job.origin.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return False
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size or size > max_bytes:
             return False
-        digest = hash_fd(fd)
+        try:
+            digest = hash_fd(fd, limit=size)
+        except TooLarge:  # written past it while read
+            return False
     finally:
         os.close(fd)
     fingerprint = Fingerprint(size=info.st_size, mtime_ns=info.st_mtime_ns, sha256=digest)
