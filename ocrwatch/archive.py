@@ -21,8 +21,9 @@ or deleted.
 
 Neither acts on a document that is not ``ok`` (a ``partial`` one stays for a person to look at), nor
 on a source that changed since it was read, that has another name (a hard link), or that a process
-holds open for writing: a local file is held as ``sources.sourcefile.held`` holds it (a read lease,
-and its sha256 compared under it), and its name goes only while it is still that file
+holds open for writing: a local file is held as ``sources.sourcefile.held`` holds it (its size by
+``fstat`` against the one its sidecar records, so a file extended since is never read; then a read
+lease, and its sha256 compared under it), and its name goes only while it is still that file
 (``Folder.remove_if``); every step goes through descriptors from the inbox and ``archive_dir``
 (``safefs``), and a folder of the archive is moved into only while it is as the archive makes it
 for the inbox folder it stands for (``untrusted_folder``: made for one that has changed hands, say).
@@ -51,7 +52,7 @@ import structlog
 
 from ocrwatch.config import OnSuccess, OutputConfig
 from ocrwatch import s3archive
-from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse, classify
+from ocrwatch.errors import OutputNotWritable, SourceChanged, SourceGone, SourceInUse, classify
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import call, error_code, is_not_found
@@ -65,7 +66,7 @@ from ocrwatch.safefs import (
     read_head,
     walk,
 )
-from ocrwatch.sinks.base import Sink
+from ocrwatch.sinks.base import Sink, recorded_fingerprint
 from ocrwatch.sinks.local import (
     Claims,
     LocalSink,
@@ -76,7 +77,7 @@ from ocrwatch.sinks.local import (
     output_markers,
 )
 from ocrwatch.sources.base import Bucketed, Job, LocalFile, S3Object, Source
-from ocrwatch.sources.sourcefile import folders_of, held
+from ocrwatch.sources.sourcefile import Content, folders_of, held
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import Owns
 from ocrwatch.written import Output, Written, judge
@@ -205,17 +206,21 @@ class Archiver:
         when beside it."""
         if sha256 is None:
             raise SourceChanged(f"{origin.path}: no digest of what was read to compare it with")
-        if action == "delete":
-            delete_local(origin.path, origin.inbox, sha256)
-            return None, None
         source, sink = self._sources[job.source], self._sinks[job.source]
+        content = _processed(sink, job, sha256)
+        if action == "delete":
+            delete_local(origin.path, origin.inbox, content)
+            return None, None
         assert self.output.archive_dir is not None and isinstance(source, LocalSource)
         paths = sink.paths(job) if isinstance(sink, LocalSink) else None
         beside = paths is not None and paths["json"].parent == origin.path.parent
         roots = set(source.inboxes()) | {origin.inbox}
-        archive = self.output.archive_dir.expanduser().resolve()
+        # The folders above it resolved, not the archive itself: made a link since it was checked
+        # at start, it is refused (``move_local``), never followed.
+        configured = Path(os.path.abspath(self.output.archive_dir.expanduser()))
+        archive = configured.parent.resolve() / configured.name
         place = Place(archive, inbox_folder(origin.inbox, roots), self.output.name_template)
-        moved, names = move_local(job, sha256, place, self.written, sidecars=beside)
+        moved, names = move_local(job, content, place, self.written, sidecars=beside)
         if not beside or paths is None:
             return moved, None
         return moved, {kind: str(names.get(kind, paths[kind])) for kind in ("json", "md")}
@@ -278,10 +283,21 @@ def output_judge(written: Written | None) -> Owns:
     return owns
 
 
-def delete_local(path: Path, root: Path, sha256: str) -> None:
-    """Unlink ``path`` of the inbox ``root`` while it still holds the bytes ``sha256`` and nothing
-    holds it (``held``); its folder is fsynced."""
-    with folders_of(path, root) as inbox, held(inbox[-1], path, sha256) as source:
+def _processed(sink: Sink, job: Job, sha256: str) -> Content:
+    """The size and sha256 of the bytes the job processed, as its JSON sidecar records them
+    (``Sink.recorded``): what the source must still be, its size compared before a byte is read.
+    ``SourceChanged`` where the sidecar records other bytes, or none."""
+    recorded = sink.recorded(job)
+    fingerprint = recorded_fingerprint(recorded) if recorded is not None else None
+    if fingerprint is None or fingerprint.sha256 != sha256:
+        raise SourceChanged(f"{job.origin.uri}: its sidecar no longer records the bytes read")
+    return Content(fingerprint.size, sha256)
+
+
+def delete_local(path: Path, root: Path, content: Content) -> None:
+    """Unlink ``path`` of the inbox ``root`` while it still holds ``content`` and nothing holds it
+    (``held``); its folder is fsynced."""
+    with folders_of(path, root) as inbox, held(inbox[-1], path, content) as source:
         try:
             inbox[-1].remove_if(path.name, source.info, source.check)
         except Replaced as exc:
@@ -316,22 +332,28 @@ class _Member:
 
 
 def move_local(
-    job: Job, sha256: str, place: Place, written: Written | None, *, sidecars: bool
+    job: Job, content: Content, place: Place, written: Written | None, *, sidecars: bool
 ) -> tuple[Path, dict[str, Path]]:
-    """Move the job's source (while ``held``) and, with ``sidecars``, the outputs beside it that the
-    record holds as its own, into the mirrored folder under ``place.archive``. Where the source
-    went, and where each member that went along is now (by kind: ``md``, ``json``, ...)."""
+    """Move the job's source (while ``held`` as ``content``, what was processed) and, with
+    ``sidecars``, the outputs beside it that the record holds as its own, into the mirrored folder
+    under ``place.archive``. Where the source went, and where each member that went along is now
+    (by kind: ``md``, ``json``, ...). The archive itself is made and checked at start
+    (``roots.prepare``), never here: one gone since is ``OutputNotWritable``, and the source
+    stays."""
     origin = job.origin
     assert isinstance(origin, LocalFile)
     relative = parts_below(origin.path.parent, origin.inbox)
-    # The configured folder itself, resolved at start; all below it is reached through descriptors.
-    place.archive.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         inbox = stack.enter_context(folders_of(origin.path, origin.inbox))
         here, accesses = inbox[-1], [Access.of(os.fstat(folder.fd)) for folder in inbox]
+        try:
+            archive = stack.enter_context(walk(place.archive, ()))[0]
+        except FolderGone as exc:
+            said = f"{exc.why}; it is made (and checked) when ocrwatch starts"
+            raise OutputNotWritable(f"the archive {place.archive} {said}") from None
         # A hard link keeps a writer's later bytes in the archived file: no quiet time needed then.
-        linked = os.fstat(here.fd).st_dev == os.stat(place.archive).st_dev
-        source = stack.enter_context(held(here, origin.path, sha256, 0 if linked else None))
+        linked = os.fstat(here.fd).st_dev == os.fstat(archive.fd).st_dev
+        source = stack.enter_context(held(here, origin.path, content, 0 if linked else None))
         mirrored = (place.mirror, *relative)
         target = stack.enter_context(walk(place.archive, mirrored, make=accesses))[-1]
         prefix = "".join(f"{part}/" for part in relative)

@@ -218,6 +218,8 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
     report = OcrReport(len(files))
     client = Client.connect(cfg.state_dir) if files else None
     if client is None or not _hand_over(client, order, report):
+        if not args.out and cfg.output.dir is not None:  # written here: made and trusted as --out
+            prepare([root for root in cfg.roots() if root.path == cfg.output.dir])
         asyncio.run(_ocr_here(cfg, order, report))
     return EXIT_FAILED if report.finish() else EXIT_OK
 

@@ -29,6 +29,7 @@ from ocrwatch.config import InboxConfig, OutputConfig, S3Config
 from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse
 from ocrwatch.ledger import Ledger
 from ocrwatch.metrics import Metrics
+from ocrwatch.safefs import FolderGone
 from ocrwatch.sinks.local import LocalSink, dump_json
 from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Job, LocalFile, S3Object
@@ -36,6 +37,7 @@ from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import quarantine
 from ocrwatch.written import Written
 from tests.s3servers import MotoServer, RgwServer
+from tests.sparse import TIB, Reads
 
 CONTENT = b"%PDF-1.4 the bytes that were read\n%%EOF\n"
 FIGURE = "page-1-figure-1.png"
@@ -46,6 +48,11 @@ OTHER_UID = (
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+READ = sourcefile.Content(len(CONTENT), sha(CONTENT))
+"""What the document's run read: the size and sha256 its JSON sidecar records."""
+RECORDED = {"bytes": READ.size, "sha256": READ.sha256}
 
 
 @pytest.fixture
@@ -66,9 +73,11 @@ def document_files(
     status: str = "ok",
     owner: int = 0,
     mode: int = 0o644,
+    out: Path | None = None,
 ) -> Path:
     """A source of ``owner`` and what the real sink writes for it (the record kept in ``written``):
-    Markdown linking a figure, the figure, a searchable PDF, the JSON."""
+    Markdown linking a figure, the figure, a searchable PDF, the JSON; beside it, or under ``out``
+    (``[output] dir``)."""
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / name
     source.write_bytes(CONTENT)
@@ -77,14 +86,14 @@ def document_files(
     body = {
         "schema": "ocrwatch/1",
         "status": status,
-        "source": {"name": name, "sha256": sha(CONTENT)},
+        "source": {"name": name, **RECORDED},
         "searchable_pdf": {"path": f"{name}.ocr.pdf"},
         "figures": [{"path": f"{name}.assets/{FIGURE}"}],
         "pages": [{"markdown": f"![]({name}.assets/{FIGURE})"}],
     }
     extras = {f"{name}.ocr.pdf": b"%PDF searchable", f"{name}.assets/{FIGURE}": b"\x89PNG figure"}
     markdown = f"<!-- page 1 -->\n\n![]({name}.assets/{FIGURE})\n"
-    LocalSink(written=written).write(local_job(source, inbox), markdown, body, extras)
+    LocalSink(out_dir=out, written=written).write(local_job(source, inbox), markdown, body, extras)
     return source
 
 
@@ -100,6 +109,7 @@ def archiver(
         reconcile_seconds=60,
         name_template="{name}",
     )
+    archive.mkdir(exist_ok=True)  # as the daemon's start makes it (roots.prepare)
     cfg = OutputConfig(archive_dir=archive)
     return Archiver(
         cfg, {"local": source}, {"local": LocalSink(written=written)}, metrics or Metrics(), written
@@ -211,7 +221,9 @@ def test_move_takes_only_what_the_record_holds_as_the_documents(
     for bobs in (inbox / "report.png.ocr.pdf", inbox / "report.png.assets" / "chapter1.txt"):
         os.chown(bobs, OTHER_UID, OTHER_UID)
     LocalSink(written=written).write(
-        job, "<!-- page 1 -->\n\ntext\n", {"schema": "ocrwatch/1", "status": "ok"}
+        job,
+        "<!-- page 1 -->\n\ntext\n",
+        {"schema": "ocrwatch/1", "status": "ok", "source": RECORDED},
     )
     # the owner's own change stays ocrwatch's file: the record says whose
     (inbox / "report.png.md").chmod(0o600)
@@ -269,7 +281,7 @@ def test_move_across_filesystems_keeps_owner_mode_and_times_and_folders_no_more_
         os.utime(source, ns=(1_000_000_000, 1_000_000_000))
         job = local_job(source, inbox)
         LocalSink(written=written).write(
-            job, "<!-- page 1 -->\n", {"schema": "ocrwatch/1", "status": "ok"}
+            job, "<!-- page 1 -->\n", {"schema": "ocrwatch/1", "status": "ok", "source": RECORDED}
         )
         archiver(inbox, archive, written).apply_on_success(job, "ok", sha(CONTENT), None)
 
@@ -310,7 +322,7 @@ def test_delete_removes_only_the_source(tmp_path: Path, written: Written) -> Non
         "report.pdf.md",
         "report.pdf.ocr.pdf",
     ]
-    assert not (tmp_path / "archive").exists()
+    assert list((tmp_path / "archive").iterdir()) == []
 
 
 @pytest.mark.parametrize("action", ["move", "delete"])
@@ -364,7 +376,7 @@ def test_a_writer_opening_the_source_during_the_delete_keeps_it(
     with pytest.raises(SourceInUse) as kept:
         with (
             sourcefile.folders_of(source, inbox) as folders,
-            sourcefile.held(folders[-1], source, sha(CONTENT)) as held,
+            sourcefile.held(folders[-1], source, READ) as held,
         ):
             pid = os.fork()
             if pid == 0:  # the writer: its open waits for the lease to go
@@ -424,7 +436,7 @@ def test_a_partial_document_stays(tmp_path: Path, written: Written, action: str)
     archiver(inbox, tmp_path / "archive", written, action).apply_on_success(
         job, None, sha(CONTENT), None
     )
-    assert source.read_bytes() == CONTENT and not (tmp_path / "archive").exists()
+    assert source.read_bytes() == CONTENT and list((tmp_path / "archive").iterdir()) == []
 
 
 @pytest.mark.parametrize("action", ["move", "delete"])
@@ -457,6 +469,28 @@ def test_a_file_changed_since_it_was_read_stays(
     assert source.exists()
 
 
+@pytest.mark.parametrize("action", ["move", "delete"])
+def test_a_source_extended_since_it_was_read_is_kept_without_a_byte_read(
+    tmp_path: Path, written: Written, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A done document's file extended since to a sparse 2 TiB: its size (by ``fstat``) differs
+    from the one its sidecar records, so it is kept as changed before a byte of it is read."""
+    inbox = tmp_path / "scans"
+    source = document_files(inbox, inbox, written)
+    os.truncate(source, 2 * TIB)
+    reads = Reads(monkeypatch, cap=0)
+    reads.watch(source)
+    with structlog.testing.capture_logs() as logs:
+        mover = archiver(inbox, tmp_path / "archive", written, action)
+        assert mover.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
+    assert reads.bytes == 0
+    kept = [e for e in logs if e["event"] == "source_kept"]
+    assert [e["reason"] for e in kept] == ["changed"] and f"{2 * TIB} bytes now" in kept[0][
+        "detail"
+    ]
+    assert source.stat().st_size == 2 * TIB and list((tmp_path / "archive").iterdir()) == []
+
+
 def test_a_link_put_in_the_source_place_is_never_followed(tmp_path: Path, written: Written) -> None:
     inbox, outside = tmp_path / "scans", tmp_path / "outside.pdf"
     source = document_files(inbox, inbox, written)
@@ -464,14 +498,40 @@ def test_a_link_put_in_the_source_place_is_never_followed(tmp_path: Path, writte
     source.unlink()
     source.symlink_to(outside)
     with pytest.raises(SourceChanged):
-        delete_local(source, inbox, sha(CONTENT))
+        delete_local(source, inbox, READ)
     mover = archiver(inbox, tmp_path / "archive", written)
     assert mover.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
     assert outside.read_bytes() == CONTENT and source.is_symlink()
     assert not (tmp_path / "archive" / "scans" / "report.pdf").exists()
     source.unlink()
     with pytest.raises(SourceGone):
-        delete_local(source, inbox, sha(CONTENT))
+        delete_local(source, inbox, READ)
+
+
+def test_an_archive_gone_since_the_start_is_neither_made_nor_followed_and_the_source_stays(
+    tmp_path: Path, written: Written
+) -> None:
+    """``archive_dir`` is made and checked at start (``roots.prepare``), never by a move: one
+    removed since, or made a link meanwhile, is neither made again nor followed. The source stays,
+    the log names the folder, and the next start (which makes it) moves the document."""
+    inbox, archive, elsewhere = tmp_path / "scans", tmp_path / "archive", tmp_path / "elsewhere"
+    source = document_files(inbox, inbox, written)
+    mover = archiver(inbox, archive, written)
+    archive.rmdir()
+    elsewhere.mkdir()
+    for gone in (None, elsewhere):
+        if gone is not None:
+            archive.symlink_to(gone)
+        with structlog.testing.capture_logs() as logs:
+            assert (
+                mover.apply_on_success(local_job(source, inbox), "ok", sha(CONTENT), None) is None
+            )
+        (failed,) = [e for e in logs if e["event"] == "source_not_archived"]
+        assert (
+            failed["kind"] == "output_not_writable" and f"the archive {archive}" in failed["error"]
+        )
+    assert source.read_bytes() == CONTENT and (inbox / "report.pdf.json").exists()
+    assert archive.is_symlink() and list(elsewhere.iterdir()) == []
 
 
 def test_a_folder_of_the_archive_made_a_link_is_never_followed(
@@ -492,15 +552,17 @@ def test_a_folder_of_the_archive_made_a_link_is_never_followed(
 
 
 def test_sidecars_under_an_output_dir_stay_there(tmp_path: Path, written: Written) -> None:
-    inbox, archive = tmp_path / "scans", tmp_path / "archive"
-    source = document_files(inbox, inbox, written)
+    inbox, archive, out = tmp_path / "scans", tmp_path / "archive", tmp_path / "out"
+    archive.mkdir()
+    out.mkdir()
+    source = document_files(inbox, inbox, written, out=out)
     source_cfg = LocalSource(
         [InboxConfig(path=inbox)], reconcile_seconds=60, name_template="{name}"
     )
     mover = Archiver(
         OutputConfig(archive_dir=archive, on_success="move"),
         {"local": source_cfg},
-        {"local": LocalSink("{name}", tmp_path / "out")},
+        {"local": LocalSink("{name}", out, written=written)},
         Metrics(),
         written,
     )
@@ -538,6 +600,7 @@ def test_quarantine_takes_the_recorded_error_sidecar_and_mirrors_the_inbox_folde
     tmp_path: Path, written: Written
 ) -> None:
     inbox, place = tmp_path / "in", tmp_path / "failed"
+    place.mkdir()  # as the daemon's start makes it (roots.prepare)
     source, _ = failed_document(inbox, written, OTHER_UID)
     (inbox / "sub").chmod(0o750)
     judge = output_judge(written)
@@ -552,6 +615,7 @@ def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(
     tmp_path: Path, written: Written
 ) -> None:
     inbox, place = tmp_path / "in", tmp_path / "failed"
+    place.mkdir()  # as the daemon's start makes it (roots.prepare)
     source, _ = failed_document(inbox, written)
     error = inbox / "sub" / "bad.pdf.error.json"
     error.unlink()
@@ -564,6 +628,18 @@ def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(
         (place / "sub" / "bad.pdf").exists() and error.exists() and error.stat().st_uid == OTHER_UID
     )
     assert carried is None
+
+
+def test_a_quarantine_gone_since_the_start_is_not_made_on_the_way(
+    tmp_path: Path, written: Written
+) -> None:
+    """A ``quarantine_dir`` outside the inbox is made and checked at start (``roots.prepare``): one
+    removed since is not made again by the move; the document stays where it failed."""
+    inbox, place = tmp_path / "in", tmp_path / "failed"
+    source, _ = failed_document(inbox, written)
+    with pytest.raises(FolderGone, match=str(place)):
+        quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+    assert source.read_bytes() == CONTENT and not place.exists()
 
 
 def test_quarantine_keeps_a_source_with_another_name_or_a_writer(

@@ -476,3 +476,27 @@ def test_ocr_out_is_a_root_held_to_the_trust_rule(tmp_path: Path) -> None:
         assert f"the command line: --out {out}: {said}" in proc.stderr and "fix: " in proc.stderr
     assert list(theirs.iterdir()) == [] and not (tmp_path / "made").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.png", "link", "theirs"]
+
+
+def test_ocr_writing_under_the_configured_output_dir_itself_makes_and_trusts_it_as_a_root(
+    tmp_path: Path,
+) -> None:
+    """Without ``--out`` and with no daemon to hand the files to, ``ocr`` writes under the
+    configured ``[output] dir`` itself: a root as the daemon's (nothing below makes it), made where
+    missing, and a link there refused before anything is read (exit 2, naming the key)."""
+    good = docs.write_png(tmp_path / "good.png", ["Fine page"])
+    config, out, elsewhere = tmp_path / "ocrwatch.toml", tmp_path / "made" / "out", tmp_path / "e"
+    for where in (out, tmp_path / "link"):
+        state = tmp_path / f"state-{where.name}"  # no daemon's socket there
+        config.write_text(f"state_dir = '{state}'\n\n[output]\ndir = '{where}'\n")
+        if where != out:
+            elsewhere.mkdir()
+            where.symlink_to(elsewhere)
+        proc = ocr("--config", config, good)
+        if where == out:
+            assert proc.returncode == 0, proc.stderr
+            assert sidecar(out / "good.png", ".json")["status"] == "ok"
+        else:
+            assert proc.returncode == 2, proc.stderr
+            assert f"[output] dir {where}: is a symbolic link" in proc.stderr
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "good.png.json").exists()

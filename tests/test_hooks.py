@@ -521,7 +521,11 @@ def archived(tmp_path: Path, job: Job) -> tuple[Archiver, Path]:
     assert isinstance(job.origin, LocalFile)
     folder = job.origin.path.parent
     (folder / "report.pdf.md").write_text("<!-- page 1 -->\n\nText\n")
-    (folder / "report.pdf.json").write_bytes(dump_json(result(job)))
+    data = job.origin.path.read_bytes()  # what the run read, as its sidecar records it
+    read = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    document = result(job) | {"source": result(job)["source"] | read}
+    (folder / "report.pdf.json").write_bytes(dump_json(document))
+    (tmp_path / "archive").mkdir()  # as the daemon's start makes it (roots.prepare)
     inbox = LocalSource(
         [InboxConfig(path=job.origin.inbox, on_success="move")],
         reconcile_seconds=60,

@@ -54,6 +54,7 @@ def test_write_then_error_then_success_removes_error(tmp_path: Path) -> None:
 def test_out_dir_mirrors_inbox_layout(tmp_path: Path) -> None:
     inbox, out = tmp_path / "inbox", tmp_path / "out"
     (inbox / "sub").mkdir(parents=True)
+    out.mkdir()  # made at start (roots.prepare)
     source = inbox / "sub" / "x.png"
     source.write_bytes(b"x")
     LocalSink(out_dir=out).write(
@@ -61,6 +62,37 @@ def test_out_dir_mirrors_inbox_layout(tmp_path: Path) -> None:
     )
     assert (out / "sub" / "x.png.json").exists()
     assert not (inbox / "sub" / "x.png.json").exists()
+
+
+def test_an_output_dir_gone_since_the_start_is_a_fault_of_the_place_and_never_made_on_the_way(
+    tmp_path: Path,
+) -> None:
+    """``[output] dir`` is made and checked at start (``roots.prepare``), never by a write: one
+    removed since, or made a link meanwhile, is not made (nor followed) on the way to a sidecar. The
+    document waits for it (``OutputNotWritable``, a place fault), naming the folder; it does not
+    fail, and a look for its sidecars finds none."""
+    from ocrwatch.errors import OutputNotWritable, PlaceFault
+
+    inbox, out, elsewhere = tmp_path / "inbox", tmp_path / "out", tmp_path / "elsewhere"
+    inbox.mkdir()
+    elsewhere.mkdir()
+    source = inbox / "x.png"
+    source.write_bytes(b"x")
+    sink = LocalSink(out_dir=out)
+    job = Job(origin=LocalFile(source, inbox), source="local")
+    for gone in (None, elsewhere):
+        if gone is not None:
+            out.symlink_to(gone)
+        with pytest.raises(OutputNotWritable, match=f"the output folder {out} is gone") as waits:
+            sink.write(job, PAGES, OURS)
+        assert isinstance(waits.value, PlaceFault) and waits.value.retryable
+        assert "restart ocrwatch" in waits.value.hint
+        with pytest.raises(OutputNotWritable):
+            sink.write_error(job, {"schema": SCHEMA_ID, "status": "failed"})
+        assert sink.recorded(job) is None and sink.status(job) is None
+    assert out.is_symlink() and list(elsewhere.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "inbox", "out"]
+    assert list(inbox.iterdir()) == [source]
 
 
 def test_mirror_folders_are_their_inbox_folders_and_one_that_is_not_is_never_written_through(
@@ -77,6 +109,7 @@ def test_mirror_folders_are_their_inbox_folders_and_one_that_is_not_is_never_wri
         pytest.skip("needs root to give folders to other users")
     inbox, out, other = tmp_path / "inbox", tmp_path / "out", 54321
     (inbox / "alice").mkdir(parents=True)
+    out.mkdir()  # made at start (roots.prepare)
     os.chown(inbox / "alice", other, other)
     (inbox / "alice").chmod(0o710)
     source = inbox / "alice" / "x.png"
@@ -322,6 +355,7 @@ def test_each_inbox_is_mirrored_in_a_folder_of_its_own(tmp_path: Path) -> None:
     a, b, scans = tmp_path / "a", tmp_path / "b", tmp_path / "site" / "a"
     configs = (InboxConfig(path=a), InboxConfig(path=b))
     out = tmp_path / "out"
+    out.mkdir()  # made at start (roots.prepare)
     sink = LocalSink(out_dir=out, inboxes=configs)
     jobs = {}
     for inbox in (a, b):

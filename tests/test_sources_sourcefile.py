@@ -4,21 +4,33 @@ descriptor, one copy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import hashlib
 import os
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone
 from ocrwatch.ledger import Fingerprint, Ledger
-from ocrwatch.safefs import Signature
+from ocrwatch.safefs import CHUNK, Signature
+from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Job, LocalFile
-from ocrwatch.sources.sourcefile import copy_out, fetch_copy, inspect, measure, open_file
+from ocrwatch.sources.sourcefile import (
+    Content,
+    copy_out,
+    fetch_copy,
+    folders_of,
+    held,
+    inspect,
+    measure,
+    open_file,
+)
 from ocrwatch.sources.files import GivenFiles
 from tests.sparse import TIB, Reads, sparse_file
 
@@ -104,6 +116,53 @@ def test_a_file_over_its_budget_is_measured_unread_even_when_it_grows_past_it_wh
     signature, digest = measure(growing, root, 1 << 20)
     assert digest is None and signature == Signature.of(os.stat(growing))
     assert signature.size > 1 << 20
+
+
+def test_a_held_file_is_measured_by_its_size_before_a_byte_is_read_and_never_read_past_it(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``held`` is given what was read (size and sha256): a file of another size now, such as a
+    done file extended since to a sparse 2 TiB, is ``SourceChanged`` without a byte read. One of the
+    size read is hashed, to that size; other bytes of that size are refused; one written past it
+    while hashed (no lease kept its writer out) is refused with no more than a block read past."""
+    size = 4 * CHUNK
+    doc = sparse_file(root / "sub" / "doc.pdf", size)
+    content = Content(size, hashlib.sha256(doc.read_bytes()).hexdigest())
+    reads = Reads(monkeypatch)
+    reads.watch(doc)
+
+    def hold() -> int:
+        with folders_of(doc, root) as folders, held(folders[-1], doc, content, 0) as source:
+            return source.info.st_size
+
+    assert hold() == size and reads.bytes == size
+    os.truncate(doc, 2 * TIB)
+    with pytest.raises(SourceChanged, match=f"{2 * TIB} bytes now, {size} when it was read"):
+        hold()
+    assert reads.bytes == size, "read after the size told it changed"
+
+    os.truncate(doc, size)
+    with open(doc, "r+b") as handle:
+        handle.write(b"%PDF-1.7")  # other bytes, the same size
+    with pytest.raises(SourceChanged):
+        hold()
+    assert reads.bytes == 2 * size
+
+    content = Content(size, hashlib.sha256(doc.read_bytes()).hexdigest())
+
+    @contextlib.contextmanager
+    def no_lease(fd: int) -> Iterator[None]:
+        yield None  # NFS, SMB: a writer cannot be kept out
+
+    def appended() -> None:
+        with open(doc, "ab") as handle:
+            handle.write(os.urandom(4 * CHUNK))
+
+    monkeypatch.setattr(sourcefile, "read_lease", no_lease)
+    reads.after(2 * size + 1, appended)
+    with pytest.raises(SourceChanged):
+        hold()
+    assert 2 * size < reads.bytes <= 3 * size + CHUNK
 
 
 def test_fetch_copies_privately_keeps_mtime_and_tells_a_replacement_with_the_same_size_and_mtime(

@@ -327,14 +327,23 @@ class LocalSink:
     def _claims(self, job: Job, owner: int | None, make: bool = False) -> Iterator[Claims]:
         root, parts = self._where(job)
         made = self._stands_for(job, parts) if make and self._out_dir is not None else None
-        if made is not None:
-            # the configured folder itself, resolved at start
-            root.mkdir(parents=True, exist_ok=True)
         try:
             with walk(root, parts, make=made) as chain:
                 prefix = "".join(f"{part}/" for part in parts)
                 yield Claims(chain[-1], root, prefix, job, owner, self._written)
         except FolderGone as exc:
+            if made is not None and exc.path == root:
+                # Made and checked at start (``roots.prepare``), never here: a path made now could
+                # lead through a link, or stand on an unmounted filesystem's mount point.
+                said = f"{exc.why}; it is made (and checked) when ocrwatch starts"
+                fix = (
+                    f"create {root} again (owned by the user ocrwatch runs as, writable by no"
+                    " one else) or restart ocrwatch, which makes it; ocrwatch retries until it can"
+                    " write"
+                )
+                raise OutputNotWritable(
+                    f"{job.origin.uri}: the output folder {root} {said}", hint=fix
+                ) from None
             raise SourceGone(f"{job.origin.uri}: its folder {exc.path} {exc.why}") from None
 
     def _stands_for(self, job: Job, parts: Sequence[str]) -> list[Access]:

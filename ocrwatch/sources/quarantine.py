@@ -85,7 +85,8 @@ def _target(
         with walk(root, (*above, *relative), make=made_as) as made:
             yield made[-1]
         return
-    quarantine_dir.mkdir(parents=True, exist_ok=True)  # the configured folder, resolved at start
+    # Made and checked at start (``roots.prepare``), never here: one gone since is ``FolderGone``
+    # (the document stays where it failed, and the log says why).
     with walk(quarantine_dir, relative, make=accesses[1:]) as made:
         yield made[-1]
 

@@ -42,6 +42,7 @@ from ocrwatch.sources.base import Fetched
 
 __all__ = [
     "QUIET_WITHOUT_LEASE",
+    "Content",
     "Held",
     "changed_since",
     "copy_out",
@@ -234,6 +235,15 @@ def measure(
 
 
 @dataclass(frozen=True)
+class Content:
+    """What was read of a source: its size and sha256. ``held`` compares the size (by ``fstat``)
+    first, so a file written since, however long it is now, is known changed without a byte read."""
+
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Held:
     """A source held for a move or a delete: its descriptor, its ``fstat``, and ``check``, which
     raises ``SourceInUse`` once a writer waits to open it (call it right before the name goes)."""
@@ -249,15 +259,16 @@ def _no_writer() -> None:
 
 @contextlib.contextmanager
 def held(
-    here: Folder, path: Path, sha256: str | None, quiet: float | None = None
+    here: Folder, path: Path, content: Content | None, quiet: float | None = None
 ) -> Iterator[Held]:
     """The source ``path``, in its open folder ``here``, held while the block moves or deletes it: a
     regular file with one name that no process holds open for writing (a read lease, kept until the
     block ends, makes a writer that opens it meanwhile wait; without leases it must have been quiet
-    for ``quiet`` seconds, by default ``QUIET_WITHOUT_LEASE``), whose bytes still hash to ``sha256``
-    (where known), checked under the lease. A file with another name is kept: moving or deleting one
-    of its names would leave the other with a different story. Raises ``SourceGone``,
-    ``SourceChanged`` and ``SourceInUse``."""
+    for ``quiet`` seconds, by default ``QUIET_WITHOUT_LEASE``), whose bytes are still ``content``
+    (where known): its size by ``fstat`` before anything else, so a file extended since (a sparse
+    terabyte) is refused unread, then its sha256 under the lease, never reading past that size. A
+    file with another name is kept: moving or deleting one of its names would leave the other with a
+    different story. Raises ``SourceGone``, ``SourceChanged`` and ``SourceInUse``."""
     info = here.lstat(path.name)
     if info is None:
         raise SourceGone(f"{path}: no longer exists")
@@ -268,6 +279,9 @@ def held(
         raise SourceChanged(f"{path}: no longer a regular file")
     try:
         info = os.fstat(fd)
+        if content is not None and info.st_size != content.size:
+            said = f"{info.st_size} bytes now, {content.size} when it was read"
+            raise SourceChanged(f"{path}: its content is no longer what was read ({said})")
         if info.st_nlink > 1:
             why = f"{path}: has {info.st_nlink} names (hard links); only a file with one is taken"
             raise SourceInUse(why, "hard_linked")
@@ -288,12 +302,21 @@ def held(
                         "not_quiet",
                         retry_in=quiet - age,
                     )
-            unwritten = os.fstat(fd).st_mtime_ns == info.st_mtime_ns
-            if sha256 is not None and (hash_fd(fd) != sha256 or not unwritten):
+            if content is not None and not _still(fd, info, content):
                 raise SourceChanged(f"{path}: its content is no longer what was read")
             yield Held(fd, info, _writer_check(path, writer_waits))
     finally:
         os.close(fd)
+
+
+def _still(fd: int, info: os.stat_result, content: Content) -> bool:
+    """Whether the open file ``fd`` (of ``info``, its size ``content``'s) still holds ``content``
+    and was not written since ``info`` was taken; no more than its size is read."""
+    try:
+        digest = hash_fd(fd, limit=content.size)
+    except TooLarge:  # grew while read (no lease to keep a writer out)
+        return False
+    return digest == content.sha256 and os.fstat(fd).st_mtime_ns == info.st_mtime_ns
 
 
 def _writer_check(path: Path, writer_waits: Callable[[], bool] | None) -> Callable[[], None]:
