@@ -75,9 +75,9 @@ def tesseract_children() -> dict[int, dict[str, str]]:
         try:
             stat = (entry / "stat").read_text()
             name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-            if parent != os.getpid() or name != "tesseract":
-                continue
+            state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
+            if int(parent) != os.getpid() or name != "tesseract" or state == "Z":
+                continue  # a zombie not yet reaped shows an empty environment
             environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue

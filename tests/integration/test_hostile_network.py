@@ -342,9 +342,13 @@ def test_error_sidecars_name_the_object_and_bytes_and_a_failed_version_takes_the
             and "tmp/job-" not in error["error"]["message"]
         )
         assert error["source"]["sha256"] == hashlib.sha256(garbage).hexdigest()
-        wait_until(lambda: sidecar(s3, "docs", f"{key}.json") is None, 30, "the old result removed")
-        listed = {o["Key"] for o in s3.list_objects_v2(Bucket="docs")["Contents"]}
-        assert listed == {key, f"{key}.error.json"}
+
+        def listed() -> set[str]:
+            return {o["Key"] for o in s3.list_objects_v2(Bucket="docs")["Contents"]}
+
+        # The JSON goes first and the Markdown after it: the listing is read once both are gone.
+        wanted = {key, f"{key}.error.json"}
+        wait_until(lambda: listed() == wanted, 30, lambda: f"the old result removed: {listed()}")
     finally:
         assert daemon.stop() == 0
     status = subprocess.run(
