@@ -47,6 +47,7 @@ from ocrwatch.engines.deepseek.arguments import (
     vllm_priority,
     model_prompt,
 )
+from ocrwatch.engines.deepseek.platform import Platform, warmup_size
 from ocrwatch.engines.deepseek.platform import describe as describe_platform
 from ocrwatch.engines.deepseek.runtime import Runtime as _Runtime
 
@@ -148,6 +149,7 @@ class VllmEngine:
         self._runtime: _Runtime | None = None
         self._llm: Any = None
         self._inflight: dict[str, asyncio.Task[Recognition]] = {}
+        self._platform: Platform | None = None
 
     async def start(self) -> None:
         started = time.monotonic()
@@ -197,7 +199,7 @@ class VllmEngine:
         """Size the engine for the platform it gets (``engine_sizing``: a GPU, or the host's CPU),
         then build it."""
         with visible_devices(self.devices):
-            platform = runtime.platform()
+            self._platform = platform = runtime.platform()
             os.environ.update(platform_env(self.cfg, platform, os.environ))
             self.sizing = engine_sizing(self.cfg, platform)
             log.info(
@@ -216,9 +218,9 @@ class VllmEngine:
             return runtime.engine(kwargs, fallback)
 
     def _warmup_request(self) -> PageRequest:
-        """One output token for a blank page at the tile geometry, so the first real page pays no
-        first-use costs (the tile path of the processor and the vision encoder)."""
-        size = (2 * self.vision.tile_size, 3 * self.vision.tile_size)
+        """One output token for a blank page (``platform.warmup_size``), so the first real page
+        pays no first-use costs (the tile path of the processor and the vision encoder)."""
+        size = warmup_size(self.vision, self._platform)
         return PageRequest(
             request_id=WARMUP_REQUEST_ID,
             image=Image.new("RGB", size, "white"),

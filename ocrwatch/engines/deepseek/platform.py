@@ -6,6 +6,7 @@ vLLM), so every choice is tested without vLLM.
   (``ValidationError: Model Runner V2 requires Triton``).
 - ``enforce_eager`` unset: eager on the CPU (vLLM's CPU backend otherwise traces the model with
   torch.compile at every start, minutes on a small host), CUDA graphs on a GPU.
+- The warm-up page: the tiled path on a GPU, one tile on the CPU (``warmup_size``).
 - The sizes from the host's memory where there is no GPU (``sizing.resolve_host``): the GPU rule fed
   the host's memory made vLLM profile 39 images of the largest size at once, and the engine core was
   killed for memory at 22 GB."""
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ocrwatch.engines.deepseek import sizing
+from ocrwatch.engines.deepseek.geometry import VisionGeometry
 from ocrwatch.engines.deepseek.options import VllmConfig
 
 CUDA = "cuda"
@@ -47,6 +49,18 @@ def enforce_eager(cfg: VllmConfig, platform: Platform) -> bool:
     return cfg.enforce_eager if cfg.enforce_eager is not None else platform.device != CUDA
 
 
+def warmup_size(vision: VisionGeometry, platform: Platform | None) -> tuple[int, int]:
+    """The warm-up page's size. On a GPU (or before the platform is known) 2 × 3 tiles, so the
+    first real page pays none of the tile path's first-use costs (kernels compiled, CUDA graphs
+    captured); on the CPU, in eager mode, there are none to pay, and the tiled page's six tiles
+    through the vision encoder cost a minute of a 2-core host at every engine start: one tile
+    (only the global view is encoded)."""
+    tile = vision.tile_size
+    if platform is None or platform.device == CUDA:
+        return 2 * tile, 3 * tile
+    return tile, tile
+
+
 def describe(
     cfg: VllmConfig, platform: Platform, sizes: sizing.Sizing, *, host_processor: bool
 ) -> str:
@@ -60,7 +74,7 @@ def describe(
     )
     where = f"{platform.devices} CUDA device(s)" if platform.device == CUDA else "the host's CPU"
     parts = [
-        f"vLLM platform {platform.device} ({where}, {memory})",
+        f"{platform.device} ({where}, {memory})",
         "eager" if enforce_eager(cfg, platform) else "CUDA graphs / torch.compile",
         "model runner "
         + ("V2" if v2_runner(cfg, platform, host_processor=host_processor) else "chosen by vLLM"),
