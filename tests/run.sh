@@ -37,10 +37,11 @@ python -m pytest -q -ra -n "${OCRWATCH_TEST_WORKERS:-4}" --dist loadgroup "$@"
 rc=$?
 lane_rc=0
 if [ "$lane" = 1 ]; then
-  # One daemon serves the lane's tests in file order (SIGTERM last): one process, no random order.
+  # One daemon serves the lane's tests in file order (SIGTERM last): one process, no random order;
+  # -rP shows the costs they print (engine start, seconds a page, peak RSS).
   started=$SECONDS
   bash tests/vllm_cpu/setup.sh .venv-vllm \
-    && .venv-vllm/bin/python -m pytest -q -ra -n 0 -p no:randomly -m vllm_cpu \
+    && .venv-vllm/bin/python -m pytest -q -ra -rP -n 0 -p no:randomly -m vllm_cpu \
       tests/integration/test_vllm_cpu.py
   lane_rc=$?
   echo "vLLM lane: $((SECONDS - started)) s" >&2
