@@ -45,6 +45,7 @@ OTHER_USES = frozenset(
         # set for vLLM's processes (engines.deepseek.plugin), so a reload in the daemon finds them
         "OCRWATCH_CORPUS",
         "OCRWATCH_TEST_WORKERS",
+        "OCRWATCH_VLLM_LANE",
         "OCRWATCH_CRASH_SEED",  # the test suite's own
     }
 )

@@ -48,8 +48,8 @@ and stops the start (exit 2), as one in this file does; so does an OCRWATCH_ var
 no key, except those ocrwatch uses otherwise: OCRWATCH_CONFIG (this file), OCRWATCH_STATUS,
 OCRWATCH_SOURCE, OCRWATCH_ORIGINAL, OCRWATCH_JSON and OCRWATCH_MD (set for hooks),
 OCRWATCH_FAST_ENCODER, OCRWATCH_ENCODER_GRAPHS, OCRWATCH_NGRAM_GPU and OCRWATCH_LANES (set for
-vLLM's processes), and the test suite's OCRWATCH_CORPUS, OCRWATCH_TEST_WORKERS and
-OCRWATCH_CRASH_SEED.
+vLLM's processes), and the test suite's OCRWATCH_CORPUS, OCRWATCH_TEST_WORKERS,
+OCRWATCH_VLLM_LANE and OCRWATCH_CRASH_SEED.
 
 Relative paths: one written in this file resolves beside this file; a key left out takes its
 default, which resolves against the working directory. So state_dir = ".ocrwatch" and

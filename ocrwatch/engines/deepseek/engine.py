@@ -4,7 +4,7 @@ DeepSeek-OCR.
 vLLM is imported in ``start()`` only, so this module imports on machines without it. Engine and
 sampling arguments are built by pure functions (``arguments.engine_kwargs``, ``sampling_kwargs``)
 that follow vLLM's DeepSeek-OCR recipe and are tested without vLLM; ``_Runtime`` is the one place
-that touches vLLM's API, checked against vLLM 0.26.0 and 0.33.0.
+that touches vLLM's API, lives in ``runtime``.
 
 Throughput needs many pages in flight (continuous batching does the batching) and a free event loop:
 each page's multimodal input is prepared by vLLM's renderer in its worker threads
@@ -17,7 +17,6 @@ them behind ``engines.replicas.EngineSet`` (see ``engines.deepseek.spec``).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import gc
 import os
@@ -40,13 +39,17 @@ from ocrwatch.engines.deepseek.arguments import (
     engine_sizing,
     engine_env,
     engine_kwargs,
+    host_processor,
+    platform_env,
     visible_devices,
     uses_ngram_guard,
-    check_engine_args,
     sampling_kwargs,
     vllm_priority,
     model_prompt,
 )
+from ocrwatch.engines.deepseek.platform import Platform, warmup_size
+from ocrwatch.engines.deepseek.platform import describe as describe_platform
+from ocrwatch.engines.deepseek.runtime import Runtime as _Runtime
 
 log = structlog.get_logger()
 
@@ -127,93 +130,6 @@ def recognition(
     )
 
 
-class _Runtime:
-    """The installed vLLM: the only code that calls its API (identical in 0.26 and 0.33 where used
-    here)."""
-
-    def __init__(self) -> None:
-        import torch
-        import vllm
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
-        from vllm.sampling_params import (
-            RepetitionDetectionParams,
-            RequestOutputKind,
-            SamplingParams,
-        )
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.async_llm import AsyncLLM
-        from vllm.v1.engine.exceptions import EngineDeadError
-
-        # torch read it before engine_env
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
-        self.version: str = vllm.__version__
-        self._engine_args = AsyncEngineArgs
-        self._usage = UsageContext.ENGINE_CONTEXT
-        self._async_llm = AsyncLLM
-        self._sampling_params = SamplingParams
-        self._repetition = RepetitionDetectionParams
-        self._final_only = RequestOutputKind.FINAL_ONLY
-        self._parse_prompt = parse_model_prompt
-        self.dead_errors: tuple[type[BaseException], ...] = (EngineDeadError,)
-
-    def engine(self, kwargs: dict[str, Any], fallback: dict[str, Any] | None = None) -> Any:
-        """The engine. ``fallback``: the arguments to build with instead where vLLM would not run
-        its V2 model runner, which the GPU n-gram guard needs (``AsyncLLM.from_engine_args`` in its
-        two steps, to see the runner vLLM chose before starting it)."""
-        check_engine_args(
-            kwargs, {field.name for field in dataclasses.fields(self._engine_args)}, self.version
-        )
-        args = self._engine_args(**kwargs)
-        if fallback is None:
-            return self._async_llm.from_engine_args(args)
-        config = args.create_engine_config(self._usage)
-        if not getattr(config, "use_v2_model_runner", False):
-            log.warning(
-                "vllm_ngram_guard_on_the_host",
-                reason="vLLM chose its V1 model runner",
-                processor="batched",
-            )
-            return self.engine(fallback)
-        return self._async_llm.from_vllm_config(
-            config,
-            usage_context=self._usage,
-            enable_log_requests=args.enable_log_requests,
-            disable_log_stats=args.disable_log_stats,
-        )
-
-    def gpu_memory(self) -> int | None:
-        """Total memory of the first GPU this process sees (NVML, through vLLM's platform); None if
-        unknown."""
-        try:
-            from vllm.platforms import current_platform
-
-            return int(current_platform.get_device_total_memory(0))
-        except Exception:  # noqa: BLE001 - no GPU or no NVML: the sizing rule falls back
-            return None
-
-    def device_count(self) -> int:
-        import torch
-
-        return torch.cuda.device_count()
-
-    def sampling_params(self, kwargs: dict[str, Any]) -> Any:
-        stop = kwargs.get("repetition_detection")
-        if isinstance(stop, dict):
-            kwargs = {**kwargs, "repetition_detection": self._repetition(**stop)}
-        return self._sampling_params(**kwargs, output_kind=self._final_only)
-
-    async def prepare(self, llm: Any, prompt: str, image: Image.Image) -> Any:
-        """The page as an ``EngineInput``, processed in the renderer's threads (0.26:
-        ``renderer_num_workers`` threads; 0.33: a dedicated single multimodal thread), so the event
-        loop never runs the processor."""
-        parsed = self._parse_prompt(
-            llm.model_config, {"prompt": prompt, "multi_modal_data": {"image": image}}
-        )
-        (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
-        return engine_input
-
-
 class VllmEngine:
     """DeepSeek-OCR(-2) in an embedded vLLM engine on the GPUs ``devices`` names (None: those this
     process sees); see ``ocrwatch.engines.base`` for the contract."""
@@ -233,6 +149,7 @@ class VllmEngine:
         self._runtime: _Runtime | None = None
         self._llm: Any = None
         self._inflight: dict[str, asyncio.Task[Recognition]] = {}
+        self._platform: Platform | None = None
 
     async def start(self) -> None:
         started = time.monotonic()
@@ -279,20 +196,31 @@ class VllmEngine:
         )
 
     def _build(self, runtime: _Runtime) -> Any:
-        """Size the engine for the GPU it gets (``engine_sizing``), then build it."""
+        """Size the engine for the platform it gets (``engine_sizing``: a GPU, or the host's CPU),
+        then build it."""
         with visible_devices(self.devices):
-            self.sizing = engine_sizing(self.cfg, runtime.gpu_memory())
-            kwargs = engine_kwargs(self.cfg, self.sizing)
+            self._platform = platform = runtime.platform()
+            os.environ.update(platform_env(self.cfg, platform, os.environ))
+            self.sizing = engine_sizing(self.cfg, platform)
+            log.info(
+                "vllm_platform",
+                settings=describe_platform(
+                    self.cfg, platform, self.sizing, host_processor=host_processor(self.cfg)
+                ),
+            )
+            kwargs = engine_kwargs(self.cfg, self.sizing, platform=platform)
             self.max_concurrency = int(kwargs["max_num_seqs"]) * self.cfg.data_parallel_size
             fallback = None
             if uses_ngram_guard(self.cfg) and self.cfg.ngram_processor == "gpu":
-                fallback = engine_kwargs(self.cfg, self.sizing, processor="batched")
+                fallback = engine_kwargs(
+                    self.cfg, self.sizing, processor="batched", platform=platform
+                )
             return runtime.engine(kwargs, fallback)
 
     def _warmup_request(self) -> PageRequest:
-        """One output token for a blank page at the tile geometry, so the first real page pays no
-        first-use costs (the tile path of the processor and the vision encoder)."""
-        size = (2 * self.vision.tile_size, 3 * self.vision.tile_size)
+        """One output token for a blank page (``platform.warmup_size``), so the first real page
+        pays no first-use costs (the tile path of the processor and the vision encoder)."""
+        size = warmup_size(self.vision, self._platform)
         return PageRequest(
             request_id=WARMUP_REQUEST_ID,
             image=Image.new("RGB", size, "white"),

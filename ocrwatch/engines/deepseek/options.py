@@ -95,9 +95,13 @@ class VllmConfig(_Model):
     block_size: Annotated[int, Field(ge=1)] | None = Field(
         None, examples=[16], description=("KV-cache block size; unset = vLLM's default.")
     )
-    enforce_eager: bool = Field(
-        False,
-        description=("Skip CUDA graphs and torch.compile (slower, starts faster; for debugging)."),
+    enforce_eager: bool | None = Field(
+        None,
+        examples=[True],
+        description=(
+            "Skip CUDA graphs and torch.compile (slower, starts faster; for debugging). Unset: "
+            "eager where vLLM runs on the CPU, compiled on a GPU."
+        ),
     )
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
         1, description=("GPUs per model replica (tensor parallelism).")

@@ -41,6 +41,11 @@ TOKENS_PER_SEQ = 128
 MIN_BATCHED = 8192
 MAX_BATCHED = 32768
 FALLBACK_SEQS = 128
+HOST_MAX_SEQS = 8
+"""On the CPU: a few cores decode a handful of pages as fast as many."""
+HOST_KV_FRACTION = 0.25
+"""Of the host's available memory, for the KV cache: the weights, the vision encoder's working
+memory and the daemon's pages need the rest."""
 PROMPT_TEXT_TOKENS = 32
 """The prompt's text around the image tokens (the longest preset is about 15 tokens)."""
 
@@ -72,7 +77,11 @@ class Sizing:
     max_num_seqs: int
     max_num_batched_tokens: int
     source: str
-    """``config`` (both set), ``auto`` (the rule), ``fallback`` (GPU memory unknown), ``mixed``."""
+    """``config`` (both set), ``auto`` (the rule), ``fallback`` (GPU memory unknown), ``mixed``,
+    ``host`` (no GPU: ``resolve_host``)."""
+    kv_cache_bytes: int | None = None
+    """The KV cache asked of vLLM in bytes (the CPU only; on a GPU vLLM sizes it from
+    ``gpu_memory_utilization``)."""
 
 
 def model_facts(language_config: Mapping[str, Any] | None, max_image_tokens: int) -> ModelFacts:
@@ -152,3 +161,33 @@ def resolve(
         max_num_batched_tokens if max_num_batched_tokens is not None else auto_batched_tokens(seqs)
     )
     return Sizing(seqs, batched, source)
+
+
+def resolve_host(
+    *,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    host_bytes: int | None,
+    facts: ModelFacts,
+    max_tokens: int,
+    max_model_len: int,
+) -> Sizing:
+    """The sizes where vLLM runs on the host's CPU: sequences as many as ``HOST_KV_FRACTION`` of the
+    available memory holds, 1 to ``HOST_MAX_SEQS``; batched tokens one page's longest prompt plus a
+    decode token per sequence, so vLLM profiles the vision encoder on one image of the largest size
+    (not the GPU rule's dozens); the KV cache those sequences need, at least one ``max_model_len``
+    sequence (vLLM refuses less). Explicit values win."""
+    per_seq = min(facts.max_prompt_tokens + max_tokens, max_model_len)
+    if max_num_seqs is not None:
+        seqs = max_num_seqs
+    else:
+        budget = (host_bytes or 0) * HOST_KV_FRACTION
+        seqs = max(1, min(HOST_MAX_SEQS, int(budget // (per_seq * facts.kv_bytes_per_token))))
+    batched = (
+        max_num_batched_tokens
+        if max_num_batched_tokens is not None
+        else facts.max_prompt_tokens + seqs
+    )
+    kv_tokens = max(seqs * per_seq, max_model_len)
+    source = "config" if max_num_seqs is not None and max_num_batched_tokens is not None else "host"
+    return Sizing(seqs, batched, source, kv_tokens * facts.kv_bytes_per_token)
