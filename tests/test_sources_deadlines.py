@@ -122,3 +122,26 @@ async def test_nudges_do_not_grow_the_heap_without_bound() -> None:
         assert len(deadlines._heap) <= 2 * 10 + COMPACT_SLACK + 1
     finally:
         await deadlines.stop()
+
+
+async def test_a_step_whose_wait_is_over_goes_no_further_once_stop_has_returned() -> None:
+    """The settler lets go of its outbox right after ``stop`` returns, and awaits what it returned
+    later, beside other tasks: a step whose wait was already over must not run on meanwhile (one
+    did, and found the outbox gone)."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    went_on: list[int] = []
+
+    async def step(key: int) -> float | None:
+        entered.set()
+        await release.wait()
+        went_on.append(key)
+        return None
+
+    deadlines: Deadlines[int] = Deadlines(step, limit=1)
+    deadlines.start()
+    deadlines.add(1)
+    await entered.wait()
+    release.set()  # the step would go on at the loop's next turn
+    await asyncio.gather(deadlines.stop())  # as LocalSource.stop awaits it
+    assert went_on == []
+    assert len(deadlines) == 0

@@ -49,17 +49,19 @@ class Deadlines(Generic[K]):
         """Begin stepping keys on the running loop."""
         self._runner = asyncio.create_task(self._run(), name="settle-deadlines")
 
-    async def stop(self) -> None:
-        """Stop stepping and forget every key; the steps in flight are cancelled and awaited."""
+    def stop(self) -> Awaitable[object]:
+        """Stop stepping and forget every key. The steps in flight are cancelled at once, before
+        this returns, so none goes on past its next ``await`` once the caller has moved on; what is
+        returned ends when they have ended."""
         tasks = [*self._running.values(), *([self._runner] if self._runner is not None else [])]
         self._runner = None
         self._heap.clear()
         self._due.clear()
         self._nudged.clear()
+        self._running.clear()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._running.clear()
+        return asyncio.gather(*tasks, return_exceptions=True)
 
     def add(self, key: K) -> None:
         """Step ``key`` as soon as a place is free, unless it is followed already."""

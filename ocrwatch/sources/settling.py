@@ -62,10 +62,12 @@ class Settler:
         self._outbox = outbox
         self._deadlines.start()
 
-    def stop(self) -> Awaitable[None]:
-        """Put nothing more in the outbox; what is returned ends once the deadlines have stopped."""
+    def stop(self) -> Awaitable[object]:
+        """Put nothing more in the outbox: the looks in flight are cancelled before the outbox is
+        let go, so none finds it gone; what is returned ends once they have ended."""
+        stopped = self._deadlines.stop()
         self._outbox = None
-        return self._deadlines.stop()
+        return stopped
 
     def follow(self, inbox: Inbox, path: Path, *, closed: bool, wrote: bool) -> None:
         """Follow ``path`` until it is whole; an event for a file already followed only updates
