@@ -264,7 +264,7 @@ def test_daemon_finishes_through_an_s3_outage(rgw: RgwServer, tmp_path: Path) ->
         wait_until(lambda: started(daemon, f"s3://outage-docs/{key}"), 30, "the job started")
         rgw.stop_gateway()  # mid-job: the sidecar writes (or the download) meet a dead endpoint
         try:
-            time.sleep(20)
+            time.sleep(10)
         finally:
             rgw.start_gateway()
         document = wait_until(

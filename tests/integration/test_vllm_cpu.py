@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -200,6 +201,42 @@ def test_a_page_whose_engine_request_fails_is_retried_by_the_ladder(daemon: Daem
     assert {e["kind"] for e in failed} == {"engine_failed"}
     assert not [e for e in daemon.events() if e.get("event") == "engine_dead"]
     assert daemon.ready()
+
+
+def gauge(daemon: DaemonProcess, name: str) -> float:
+    """The sum of a gauge's series, whatever their labels."""
+    found = re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", daemon.metrics(), re.MULTILINE)
+    assert found, f"{name} is not among the daemon's metrics"
+    return sum(float(value) for value in found)
+
+
+def test_a_done_documents_memory_is_released(daemon: DaemonProcess) -> None:
+    """Once its sidecars are written, nothing of a document stays: no page held by the scheduler
+    or inside the engine, no spool folder of its session."""
+    paths = [page(daemon.inbox / f"released{i}.png", f"released {i}") for i in range(3)]
+    for path in paths:
+        assert done(path)["status"] == "ok"
+    spools = daemon.state / "tmp"
+
+    def released() -> bool:
+        return (
+            gauge(daemon, "ocrwatch_active_documents") == 0
+            and gauge(daemon, "ocrwatch_inflight_pages") == 0
+            and not list(spools.glob("job-*"))
+        )
+
+    wait_until(
+        released,
+        PAGE_S,
+        lambda: (
+            f"documents released: {sorted(p.name for p in spools.iterdir())}\n"
+            + "\n".join(
+                line
+                for line in daemon.metrics().splitlines()
+                if "active_doc" in line or "inflight" in line
+            )
+        ),
+    )
 
 
 def test_a_killed_engine_core_is_rebuilt_and_its_documents_finish(daemon: DaemonProcess) -> None:
