@@ -314,9 +314,6 @@ def free_port() -> int:
 def test_the_urgent_page_is_read_not_answered_by_duplicate_reuse(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     (corpus / "docs").mkdir(parents=True)
-    fresh_page.write(
-        corpus / "one.pdf", "corpus page"
-    )  # what phase solo once dropped, urgent again
     fresh_page.write(corpus / "doc300.pdf", "the long document")
     work, out = tmp_path / "work", tmp_path / "out"
     done = subprocess.run(
@@ -352,12 +349,12 @@ def test_the_urgent_page_is_read_not_answered_by_duplicate_reuse(tmp_path: Path)
         text=True,
         timeout=230,
     )
-    run = json.loads((out / "e2e_dry.json").read_text())
-    assert run["settings"]["rotate_pages"] is True, done.stdout[-2000:]
     sidecars = {
         n: json.loads((work / "urgent" / f"{n}.pdf.json").read_text()) for n in ("solo", "urgent")
     }
-    assert "reused_from" not in sidecars["urgent"]
+    assert "reused_from" not in sidecars["urgent"], done.stdout[-2000:]
     assert sidecars["urgent"]["source"]["sha256"] != sidecars["solo"]["source"]["sha256"]
     assert all(s["pages"][0]["orientation"] is not None for s in sidecars.values())
+    run = json.loads((out / "e2e_dry.json").read_text())
+    assert run["settings"]["rotate_pages"] is True  # as the daemon's own loader resolved it
     assert run["reused_pages"] == 0

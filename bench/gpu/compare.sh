@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What a user gets, in ONE call on one GPU, from the repository root (bench/gpu/README.md, "compare.sh"):
 #   1. the daemon with its shipped defaults (the config names the model, load_format = "dummy", ignore_eos and
-#      max_tokens = 1000: random weights need them), from cold caches: start to ready (broken down), one page
-#      alone into the urgent inbox, the corpus REPEAT times, doc300.pdf with a one-page document dropped into
-#      a higher-priority inbox once 30 of its pages are done (and, with PHASES=solo,a,d0,d, doc300.pdf alone);
+#      max_tokens = 1000: random weights need them), from cold caches: start to ready (broken down), a fresh
+#      page alone into the urgent inbox, the corpus REPEAT times, doc300.pdf with another fresh page dropped
+#      into a higher-priority inbox once 30 of its pages are done (and, with PHASES=solo,a,d0,d, doc300.pdf
+#      alone); fresh: made at run time (fresh_page.py), so duplicate reuse cannot answer it from the ledger;
 #   2. a warm restart of the same daemon (compile caches filled): start to ready, broken down;
 #   3. the official script's shape on the same pages (engine_bench.py: render all, one LLM.generate(), vLLM's
 #      own model class and n-gram processor, 256 sequences, 32,768 batched tokens).
@@ -47,11 +48,12 @@ step install $(until_leaving 400) $INSTALL || { tail -20 "$R/install.log"; exit 
 echo "install: $(( $(date +%s) - t0 )) s"
 source $HERE/env.sh
 # The shipped defaults turn pages upright with tesseract's osd data: without them the daemon stops at start.
-if [ "${OCRWATCH_RENDER_ROTATE_PAGES:-true}" != false ] && ! tesseract --list-langs 2>/dev/null | grep -x osd >/dev/null; then
+if [ "${OCRWATCH_RENDER_ROTATE_PAGES:-true}" != false ] &&
+  ! tesseract --list-langs 2>/dev/null | grep -x osd >/dev/null; then
   echo "no tesseract with osd data: carry .gpu/tesseract (prepare.sh tesseract)" >&2; exit 1
 fi
 export TORCHINDUCTOR_CACHE_DIR=/tmp/ocw-cold/inductor TRITON_CACHE_DIR=/tmp/ocw-cold/triton
-# Cold: fresh compile caches (vLLM's, inductor's, Triton's), then the load: one page alone into the urgent inbox,
+# Cold: fresh compile caches (vLLM's, inductor's, Triton's), then the load: a page alone into the urgent inbox,
 # the corpus REPEAT times, doc300.pdf with the urgent page (PHASES=solo,a,d0,d: doc300.pdf alone first).
 rm -rf /tmp/ocw-cold; mkdir -p /tmp/ocw-cold
 step e2e_cold $(until_leaving 270) python3 $E2E --label cold --out "$R" --repeat "$REPEAT" --max-tokens 1000 \

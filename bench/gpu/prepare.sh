@@ -10,7 +10,7 @@
 #                       resolved them from pyproject.toml (wheelset.py); a diff means the package's needs changed
 #   .gpu/dsocr2/        random-weight DeepSeek-OCR-2 replica (config + synthetic tokenizer, make_model.py)
 #   .gpu/dsocr1/        the same for DeepSeek-OCR (make_model.py --ocr1)
-#   .gpu/corpus/        docs/ (every readable PDF of $CORPUS), doc300.pdf (>= 300 pages), one.pdf (one page)
+#   .gpu/corpus/        docs/ (every readable PDF of $CORPUS), doc300.pdf (>= 300 pages)
 #   .gpu/poppler/       this machine's pdftoppm, pdfinfo, pdfunite and their libraries (bundle_poppler.sh)
 #   .gpu/tesseract/     bundle.tar.xz: this machine's tesseract, its libraries and the osd and eng data
 #                       (bundle_tesseract.sh); env.sh unpacks it on a GPU machine without tesseract
@@ -93,14 +93,13 @@ corpus() {
     [ -n "${n:-}" ] && [ "$n" -gt 0 ] && cp "$f" .gpu/corpus/docs/
   done
   ls .gpu/corpus/docs/*.pdf >/dev/null 2>&1 || { echo "no readable PDF in $CORPUS" >&2; exit 1; }
-  # doc300.pdf: the corpus's PDFs joined, again and again, until >= 300 pages; one.pdf: its first one-page PDF.
+  # doc300.pdf: the corpus's PDFs joined, again and again, until >= 300 pages. (The one-page documents e2e.py
+  # drops alone and as the urgent page are made at run time, fresh_page.py: pages no phase has seen.)
   local big=() total=0
   while [ $total -lt 300 ]; do
     for f in .gpu/corpus/docs/*.pdf; do big+=("$f"); total=$(( total + $(pages "$f") )); [ $total -ge 300 ] && break; done
   done
   pdfunite "${big[@]}" .gpu/corpus/doc300.pdf
-  for f in .gpu/corpus/docs/*.pdf; do [ "$(pages "$f")" = 1 ] && { cp "$f" .gpu/corpus/one.pdf; break; }; done
-  [ -f .gpu/corpus/one.pdf ] || pdfseparate -f 1 -l 1 "$(ls .gpu/corpus/docs/*.pdf | head -1)" .gpu/corpus/one.pdf
   for f in .gpu/corpus/docs/*.pdf .gpu/corpus/doc300.pdf; do echo "$(pages "$f") $(basename "$f")"; done \
     > .gpu/corpus/pages.txt
   awk '!/doc300/ {s+=$1; n++} END {print "corpus:", n, "PDFs,", s, "pages"}' .gpu/corpus/pages.txt
