@@ -48,9 +48,11 @@ step install $(until_leaving 400) $INSTALL || { tail -20 "$R/install.log"; exit 
 echo "install: $(( $(date +%s) - t0 )) s"
 source $HERE/env.sh
 # The shipped defaults turn pages upright with tesseract's osd data: without them the daemon stops at start.
-if [ "${OCRWATCH_RENDER_ROTATE_PAGES:-true}" != false ] &&
-  ! tesseract --list-langs 2>/dev/null | grep -x osd >/dev/null; then
-  echo "no tesseract with osd data: carry .gpu/tesseract (prepare.sh tesseract)" >&2; exit 1
+if [ "${OCRWATCH_RENDER_ROTATE_PAGES:-true}" != false ]; then
+  langs=$(tesseract --list-langs 2>&1) || true
+  grep -qx osd <<< "$langs" || { echo "no tesseract with osd data: carry .gpu/tesseract (prepare.sh" \
+    "tesseract; it needs $(cat .gpu/tesseract/glibc-needed 2>/dev/null || echo '?')): $(tail -c 300 <<< "$langs")" >&2
+    exit 1; }
 fi
 export TORCHINDUCTOR_CACHE_DIR=/tmp/ocw-cold/inductor TRITON_CACHE_DIR=/tmp/ocw-cold/triton
 # Cold: fresh compile caches (vLLM's, inductor's, Triton's), then the load: a page alone into the urgent inbox,
