@@ -1,7 +1,13 @@
 """The one JSON line of compare.sh, from its results folder: e2e_cold.json, e2e_warm.json,
 engine.jsonl.
 
-python3 bench/gpu/compare_result.py /tmp/ocw-results
+    python3 -I bench/gpu/compare_result.py /tmp/ocw-results
+
+The line names the settings that ran: ``rotation`` (``[render] rotate_pages`` as the daemon's own
+loader resolved it, with ``oriented_pages`` of ``pages`` that orientation detection ran on),
+``guard``, ``runner`` and ``card``; ``reused_pages`` should be 0 (a page duplicate reuse answered
+cost the engine nothing). Standard library only, and a results file cut while it was written is
+read as missing, so the line comes out whole whatever a step left.
 """
 
 from __future__ import annotations
@@ -12,10 +18,27 @@ from pathlib import Path
 
 
 def load(path: Path) -> dict:
+    """A result file's object; {} where it is missing, cut short or not an object."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
+
+
+def records(path: Path) -> list[dict]:
+    """The objects of a JSON-lines file, skipping a line a step cut while writing it."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, ValueError):
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return [f for f in found if isinstance(f, dict)]
 
 
 def guard(run: dict) -> str:
@@ -31,15 +54,7 @@ def guard(run: dict) -> str:
 
 def result(folder: Path) -> dict:
     cold, warm = load(folder / "e2e_cold.json"), load(folder / "e2e_warm.json")
-    scripts = (
-        [
-            json.loads(line)
-            for line in (folder / "engine.jsonl").read_text().splitlines()
-            if line.strip()
-        ]
-        if (folder / "engine.jsonl").exists()
-        else []
-    )
+    scripts = records(folder / "engine.jsonl")
     script = next((s for s in reversed(scripts) if s.get("label") == "script"), {})
     phase = next((p for p in script.get("phases", []) if p.get("max_tokens") == 1000), {})
     # the run that carried the load (the cold one)
@@ -64,13 +79,26 @@ def result(folder: Path) -> dict:
             load_run.get("restart", {}).get(k)
             for k in ("max_concurrency", "max_num_batched_tokens", "sizing")
         ],
+        "rotation": load_run.get("settings", {}).get("rotate_pages"),
+        "oriented_pages": load_run.get("a", {}).get("oriented_pages"),
+        "reused_pages": load_run.get("reused_pages"),
         "guard": guard(load_run),
         "runner": load_run.get("restart", {}).get("runner"),
+        "card": load_run.get("card") or cold.get("card"),
     }
 
 
+def main() -> int:
+    """Print the line; a fault of this script is printed as the line's ``error``, never lost."""
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ocw-results")
+    try:
+        line = result(folder)
+    except Exception as exc:  # noqa: BLE001 - the line must say why it is empty
+        print(json.dumps({"error": f"compare_result.py: {type(exc).__name__}: {exc}"}), flush=True)
+        return 1
+    print(json.dumps(line), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    print(
-        json.dumps(result(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ocw-results"))),
-        flush=True,
-    )
+    sys.exit(main())

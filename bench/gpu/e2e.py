@@ -1,25 +1,30 @@
 """The daemon end to end on a GPU machine: `ocrwatch run` with the vLLM engine (random weights,
-forced
-output length), files dropped into its inbox, sidecars awaited.  Run by device_run.sh and run_x2.sh.
+forced output length), files dropped into its inbox, sidecars awaited. Run by device_run.sh,
+run_x2.sh and compare.sh.
 
 Phases, one daemon process, same engine settings throughout:
-  start   cold or warm start to /readyz (compile cache in --cache-dir)
-solo    one one-page PDF alone, into the urgent inbox: latency drop -> NAME.json   (the reference
-for d)
-  a       every corpus PDF, --repeat times, dropped at once: pages/s, output tokens/s
-  d0      doc300.pdf (>= 300 pages) alone: its pages/s (the reference for d)
-d       doc300.pdf dropped; once --d-after pages of it are done, a one-page PDF is dropped into the
-urgent inbox (priority 90, the main inbox has the default 50): its latency against `solo`; then
-          doc300 is awaited to the end: its pages/s against d0
-  e       GPU memory (NVML) and host RSS of the daemon's process tree at ready and at the end;
-the daemon's /metrics (loop lag, tokens, stage latencies) saved at the end The config names the
-model, the forced output length and only the keys given as options, so a run without options
-measures the shipped defaults.  Start to ready is broken down from the daemon's log (``restart``:
-ocrwatch's import, engine build and warm-up seconds, and vLLM's weights, compilation, graph capture
-and engine-core initialisation).  Prints one line per phase and ends with ``RESULT {json}``; writes
-e2e_<label>.json, series_<label>.jsonl (/metrics once a second), metrics_<label>.txt and
-daemon_<label>.log under --out.  ``--engine tesseract`` is a dry run of the harness on a machine
-without a GPU.
+  start  cold or warm start to /readyz (compile cache in --cache-dir)
+  solo   a fresh one-page PDF alone, into the urgent inbox: latency drop -> NAME.json (the
+         reference for d)
+  a      every corpus PDF, --repeat times, dropped at once: pages/s, output tokens/s
+  d0     doc300.pdf (>= 300 pages) alone: its pages/s (the reference for d)
+  d      doc300.pdf dropped; once --d-after pages of it are done, another fresh one-page PDF is
+         dropped into the urgent inbox (priority 90, the main inbox has the default 50): its
+         latency against solo; then doc300 is awaited to the end: its pages/s against d0
+  e      GPU memory (NVML) and host RSS of the daemon's process tree at ready and at the end; the
+         daemon's /metrics (loop lag, tokens, stage latencies) saved at the end
+
+The config names the model, the forced output length and only the keys given as options, so a run
+without options measures the shipped defaults. ``settings`` is the daemon's own loader's reading of
+that config and environment (``rotate_pages`` included), ``card`` the GPU's name (nvidia-smi);
+each phase counts the pages its sidecars say orientation detection ran on, and the pages duplicate
+reuse answered. Every drop is bytes no earlier drop had (a PDF comment appended; solo and urgent are
+pages made by fresh_page.py), so the ledger never answers one. Start to ready is broken down from
+the daemon's log (``restart``: ocrwatch's import, engine build and warm-up seconds, and vLLM's
+weights, compilation, graph capture and engine-core initialisation). Prints one line per phase and
+ends with ``RESULT {json}``; writes e2e_<label>.json, series_<label>.jsonl (/metrics once a
+second), metrics_<label>.txt and daemon_<label>.log under --out. ``--engine tesseract`` is a dry
+run of the harness on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
 from common import metric_samples as samples  # noqa: E402 - bench/ is not a package
+from fresh_page import write as fresh_page  # noqa: E402
 
 
 def gib(x: float) -> float:
@@ -178,9 +185,12 @@ def engine_phases(text: str) -> dict:
 
 def drop(src: Path, inbox: Path, name: str) -> float:
     """Copy under a dot-name (ignored by the watcher), then rename into place: one moved-in
-    event."""
+    event. A PDF comment naming the drop is appended, so no two drops have the same bytes and
+    duplicate reuse (the ledger's answer for content already done) never answers one."""
     tmp = inbox / f".{name}.part"
     shutil.copyfile(src, tmp)
+    with open(tmp, "ab") as handle:
+        handle.write(f"\n%ocrwatch-bench {name} {time.time_ns()}\n".encode())
     os.rename(tmp, inbox / name)
     return time.time()
 
@@ -210,7 +220,10 @@ def pages_done(inbox: Path, name: str) -> int:
 
 
 def doc_stats(inbox: Path, names: list[str]) -> dict:
-    pages = tokens = failed = 0
+    """Pages, tokens and finish reasons from the sidecars; ``oriented_pages``: pages orientation
+    detection ran on (their ``orientation`` is not null); ``reused_pages``: pages of documents a
+    duplicate's reuse answered (``reused_from``), which cost the engine nothing."""
+    pages = tokens = failed = oriented = reused = 0
     status: dict[str, int] = {}
     finish: dict[str, int] = {}
     for n in names:
@@ -221,8 +234,10 @@ def doc_stats(inbox: Path, names: list[str]) -> dict:
         d = json.loads(p.read_text())
         st = d.get("status", "error" if p.name.endswith(".error.json") else "?")
         status[st] = status.get(st, 0) + 1
+        reused += len(d.get("pages", [])) if d.get("reused_from") else 0
         for pg in d.get("pages", []):
             pages += 1
+            oriented += pg.get("orientation") is not None
             t = pg.get("tokens") or {}
             tokens += (t.get("completion") or 0) if isinstance(t, dict) else int(t or 0)
             failed += pg.get("status") not in (None, "ok")
@@ -232,8 +247,19 @@ def doc_stats(inbox: Path, names: list[str]) -> dict:
         pages=pages,
         completion_tokens=tokens,
         failed_pages=failed,
+        oriented_pages=oriented,
+        reused_pages=reused,
         status=status,
         finish_reasons=finish,
+    )
+
+
+def reused_pages(*inboxes: Path) -> int:
+    """Pages of the documents in these inboxes that a duplicate's reuse answered: 0, or a phase's
+    pages/s counts work the engine never did."""
+    return sum(
+        doc_stats(i, sorted(p.name for p in i.iterdir() if p.suffix == ".pdf"))["reused_pages"]
+        for i in inboxes
     )
 
 
@@ -331,6 +357,49 @@ def vllm_keys(a) -> dict:
     elif a.ngram_processor is not None:
         keys["ngram_processor"] = a.ngram_processor
     return keys
+
+
+SETTINGS = """\
+import json, sys
+from ocrwatch.config import load
+cfg = load(__import__("pathlib").Path(sys.argv[1]))
+r, v = cfg.render, cfg.engine.vllm
+print(json.dumps(dict(rotate_pages=r.rotate_pages, deskew=r.deskew, renderer=r.renderer,
+                      guard=v.guard, ngram_processor=v.ngram_processor, ngram_size=v.ngram_size)))
+"""
+
+
+def settings(cfg: Path, env: dict) -> dict:
+    """The settings that shape a run as the daemon resolves them: its own loader (``config.load``)
+    on the same file, environment and folder (``OCRWATCH_RENDER_ROTATE_PAGES`` and the like
+    included), not what this script meant to write; ``error`` when it could not say."""
+    done = subprocess.run(
+        [sys.executable, "-c", SETTINGS, str(cfg)],
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+
+
+def card() -> str | None:
+    """The GPU's name as nvidia-smi gives it (the first one this run may use); None without
+    one."""
+    ids = visible_gpus()
+    cmd = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(
+            cmd + (["-i", str(ids[0])] if ids else []), capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return names[0] if names else None
 
 
 def write_config(path: Path, work: Path, a) -> None:
@@ -456,6 +525,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    res["settings"] = settings(cfg, env)
+    res["card"] = card()
+    # solo's page and the urgent page: two pages no run has seen, made alike (fresh_page.py)
+    nonce = f"{time.time_ns():x}"
+    (work / "pages").mkdir()
+    solo_page = fresh_page(work / "pages" / "solo.pdf", f"solo {nonce}")
+    urgent_page = fresh_page(work / "pages" / "urgent.pdf", f"urgent {nonce}")
     probe = Probe()
     res["gpu_mem_before_gib"] = gib(probe.gpu())
     log = open(out / f"daemon_{a.label}.log", "w")
@@ -490,9 +566,8 @@ def main() -> None:
         series = Series(base, out / f"series_{a.label}.jsonl")
         series.start()
 
-        one = corpus / "one.pdf"
         if "solo" in phases:
-            t = drop(one, urgent_inbox, "solo.pdf")
+            t = drop(solo_page, urgent_inbox, "solo.pdf")
             done = wait_for(urgent_inbox, ["solo.pdf"], t + a.timeout, proc)
             res["solo_latency_s"] = round(done["solo.pdf"] - t, 2) if done else None
             print(f"[{a.label}] one page alone: {res['solo_latency_s']} s", flush=True)
@@ -569,7 +644,7 @@ def main() -> None:
                 if ok - ok_before >= a.d_after or time.time() - w0 > 30:
                     break
                 time.sleep(0.2)
-            t_urgent = drop(one, urgent_inbox, "urgent.pdf")
+            t_urgent = drop(urgent_page, urgent_inbox, "urgent.pdf")
             done = wait_for(urgent_inbox, ["urgent.pdf"], t_urgent + a.timeout, proc)
             urgent = round(done["urgent.pdf"] - t_urgent, 2) if done else None
             big_done = wait_for(inbox, ["doc300.pdf"], w0 + a.timeout, proc)
@@ -595,6 +670,7 @@ def main() -> None:
                 flush=True,
             )
 
+        res["reused_pages"] = reused_pages(inbox, urgent_inbox)
         res["gpu_mem_end_gib"] = gib(probe.gpu())
         res["rss_end_gib"] = gib(probe.rss(proc.pid))
         res["rss_tree"]["end"] = {k: gib(v) for k, v in probe.tree(proc.pid).items()}

@@ -9,6 +9,17 @@ mkdir -p /tmp/ocw-results
 if ! command -v pdftoppm >/dev/null && [ -x "$PWD/.gpu/poppler/bin/pdftoppm" ]; then
   export PATH=$PWD/.gpu/poppler/bin:$PATH
 fi
+# A machine without tesseract ([render] rotate_pages, on by default, needs it and its osd data): unpack the
+# bundle prepare.sh made (bench/gpu/bundle_tesseract.sh) once into $TESSERACT_HOME and put it on PATH.
+TESSERACT_HOME=${TESSERACT_HOME:-/tmp/ocw-tesseract}
+if ! command -v tesseract >/dev/null && [ -f "$PWD/.gpu/tesseract/bundle.tar.xz" ]; then
+  if [ ! -x "$TESSERACT_HOME/bin/tesseract" ]; then
+    rm -rf "$TESSERACT_HOME" "$TESSERACT_HOME.part"; mkdir -p "$TESSERACT_HOME.part"
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+      "$PWD/.gpu/tesseract/bundle.tar.xz" "$TESSERACT_HOME.part" && mv "$TESSERACT_HOME.part" "$TESSERACT_HOME"
+  fi
+  export PATH=$TESSERACT_HOME/bin:$PATH
+fi
 # Several GPUs: NVLink multicast off (NCCL NVLS, symmetric memory, NVSHMEM), which shared or virtualised hosts
 # may not allow.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare, on a machine with network, everything the GPU benchmarks need on a GPU machine without it.
-# Run from the repository root:   bash bench/gpu/prepare.sh [wheels] [model] [corpus] [poppler]   (default: all)
+# Run from the repository root:
+#   bash bench/gpu/prepare.sh [wheels] [model] [corpus] [poppler] [tesseract]   (default: all)
 # Writes (ignored by git):
 #   .whl/partN/chunkN   every wheel installed for CPython 3.12 x86-64 (pip --target layout) as one tar.xz
 #                       stream cut into <= ${CHUNK:-50M} parts; the last part also holds stream.sha256
@@ -9,8 +10,10 @@
 #                       resolved them from pyproject.toml (wheelset.py); a diff means the package's needs changed
 #   .gpu/dsocr2/        random-weight DeepSeek-OCR-2 replica (config + synthetic tokenizer, make_model.py)
 #   .gpu/dsocr1/        the same for DeepSeek-OCR (make_model.py --ocr1)
-#   .gpu/corpus/        docs/ (every readable PDF of $CORPUS), doc300.pdf (>= 300 pages), one.pdf (one page)
+#   .gpu/corpus/        docs/ (every readable PDF of $CORPUS), doc300.pdf (>= 300 pages)
 #   .gpu/poppler/       this machine's pdftoppm, pdfinfo, pdfunite and their libraries (bundle_poppler.sh)
+#   .gpu/tesseract/     bundle.tar.xz: this machine's tesseract, its libraries and the osd and eng data
+#                       (bundle_tesseract.sh); env.sh unpacks it on a GPU machine without tesseract
 # Knobs: VLLM (the vLLM version, 0.26.0), CORPUS (a folder of PDFs; default $OCRWATCH_CORPUS or ../shared/corpus),
 # W (download cache), CHUNK (part size), XZ_LEVEL, XZ_THREADS.
 set -euo pipefail
@@ -19,7 +22,7 @@ HERE=bench/gpu
 VLLM=${VLLM:-0.26.0}
 W=${W:-/tmp/gpuwheels}
 CORPUS=${CORPUS:-${OCRWATCH_CORPUS:-../shared/corpus}}
-steps=${*:-wheels model corpus poppler}
+steps=${*:-wheels model corpus poppler tesseract}
 
 pages() { pdfinfo "$1" 2>/dev/null | awk '/^Pages:/{print $2}'; }
 
@@ -90,14 +93,13 @@ corpus() {
     [ -n "${n:-}" ] && [ "$n" -gt 0 ] && cp "$f" .gpu/corpus/docs/
   done
   ls .gpu/corpus/docs/*.pdf >/dev/null 2>&1 || { echo "no readable PDF in $CORPUS" >&2; exit 1; }
-  # doc300.pdf: the corpus's PDFs joined, again and again, until >= 300 pages; one.pdf: its first one-page PDF.
+  # doc300.pdf: the corpus's PDFs joined, again and again, until >= 300 pages. (The one-page documents e2e.py
+  # drops alone and as the urgent page are made at run time, fresh_page.py: pages no phase has seen.)
   local big=() total=0
   while [ $total -lt 300 ]; do
     for f in .gpu/corpus/docs/*.pdf; do big+=("$f"); total=$(( total + $(pages "$f") )); [ $total -ge 300 ] && break; done
   done
   pdfunite "${big[@]}" .gpu/corpus/doc300.pdf
-  for f in .gpu/corpus/docs/*.pdf; do [ "$(pages "$f")" = 1 ] && { cp "$f" .gpu/corpus/one.pdf; break; }; done
-  [ -f .gpu/corpus/one.pdf ] || pdfseparate -f 1 -l 1 "$(ls .gpu/corpus/docs/*.pdf | head -1)" .gpu/corpus/one.pdf
   for f in .gpu/corpus/docs/*.pdf .gpu/corpus/doc300.pdf; do echo "$(pages "$f") $(basename "$f")"; done \
     > .gpu/corpus/pages.txt
   awk '!/doc300/ {s+=$1; n++} END {print "corpus:", n, "PDFs,", s, "pages"}' .gpu/corpus/pages.txt
@@ -109,9 +111,15 @@ poppler() {
   bash $HERE/bundle_poppler.sh .gpu/poppler
 }
 
+tesseract_bundle() {
+  # [render] rotate_pages (on by default) needs tesseract and its osd data; a GPU image may lack them.
+  bash $HERE/bundle_tesseract.sh .gpu/tesseract
+}
+
 for step in $steps; do
   case $step in
     wheels|model|corpus|poppler) $step ;;
-    *) echo "unknown step $step (wheels, model, corpus, poppler)" >&2; exit 2 ;;
+    tesseract) tesseract_bundle ;;
+    *) echo "unknown step $step (wheels, model, corpus, poppler, tesseract)" >&2; exit 2 ;;
   esac
 done
