@@ -27,9 +27,10 @@ from typing import Any
 from common import BIG_DOCUMENTS, corpus_dir, emit, machine, median
 
 from ocrwatch import deskew, orientation, render
-from ocrwatch.config import RenderConfig, TesseractConfig
+from ocrwatch.config import RenderConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from tests import rotated
 
 
