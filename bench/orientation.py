@@ -2,9 +2,12 @@
 
 Cost: every page of the corpus's documents (``--max-per-doc`` each, GeoTopo left out) is rendered as
 the daemon renders it for the Tesseract engine, then ``orientation.upright`` is timed with
-``rotate_pages`` alone and ``deskew.skew_angle`` alone, one page at a time on one thread: wall
-milliseconds, and CPU milliseconds (Tesseract's children for OSD, this process for deskew). Pages
-that OSD reads turned are counted by how it decided (``decided_by``).
+``rotate_pages`` alone two ways, the default rule (the text-line test first, OSD only where it is
+unsure) and the old rule (OSD on every page: the text-line test made to say "unsure"), and
+``deskew.skew_angle`` alone, one page at a time on one thread: wall milliseconds, and CPU
+milliseconds (this process plus Tesseract's children), mean and median. Pages are counted by how
+they were decided (``decided_by``). The same is done on pages made here (``made``): the suite's
+pangram page and a page of prose in a book face, each shown four ways round.
 
 Gain: the rotated documents (``tests/rotated.py``) read through the Tesseract engine with
 ``rotate_pages`` off and on (and ``deskew`` on for ``rotated_skew.pdf``); each page's word
@@ -27,10 +30,12 @@ from typing import Any
 from common import BIG_DOCUMENTS, corpus_dir, emit, machine, median
 
 from ocrwatch import deskew, orientation, render
-from ocrwatch.config import RenderConfig, TesseractConfig
+from ocrwatch.config import RenderConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
-from tests import rotated
+from ocrwatch.engines.tesseract_options import TesseractConfig
+from tests import docs, rotated
+from tests.test_orientation import prose_page
 
 
 def children_cpu() -> float:
@@ -48,12 +53,46 @@ def spec_for(**render_keys: Any) -> render.RenderSpec:
     return render.render_spec(RenderConfig(**render_keys), geometry)
 
 
+def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
+    """``upright`` on each (label, image, dpi) by the default rule and by OSD on every page."""
+    settings = dataclasses.replace(spec_for(rotate_pages=False).upright, rotate=True)
+    test = orientation.lines_say_upright
+    figures: dict[str, Any] = {}
+    for rule in ("default", "osd_every_page"):
+        orientation.lines_say_upright = test if rule == "default" else lambda page, dpi: False
+        wall_s, cpu_s, decided = [], [], {}
+        try:
+            for label, image, dpi in images:
+                wall, cpu = time.perf_counter(), own_cpu() + children_cpu()
+                _, turned = orientation.upright(image, dpi, settings)
+                wall_s.append(time.perf_counter() - wall)
+                cpu_s.append(own_cpu() + children_cpu() - cpu)
+                key = f"{turned.decided_by}:{turned.rotation}"
+                decided[key] = decided.get(key, 0) + 1
+                print(
+                    f"{rule} {label}: {turned.decided_by} rotation {turned.rotation} "
+                    f"(OSD {turned.detected} at {turned.confidence}) {wall_s[-1] * 1000:.0f} ms, "
+                    f"CPU {cpu_s[-1] * 1000:.0f} ms",
+                    flush=True,
+                )
+        finally:
+            orientation.lines_say_upright = test
+        figures[rule] = {
+            "cpu_ms_mean": round(sum(cpu_s) / len(cpu_s) * 1000),
+            "cpu_ms_median": round(median(cpu_s) * 1000),
+            "wall_ms_mean": round(sum(wall_s) / len(wall_s) * 1000),
+            "wall_ms_max": round(max(wall_s) * 1000),
+            "decided": decided,
+        }
+    old, new = figures["osd_every_page"]["cpu_ms_mean"], figures["default"]["cpu_ms_mean"]
+    figures["default_cpu_share_of_old"] = round(new / max(old, 1), 3)
+    return {"pages": len(images), **figures}
+
+
 def cost(root: Path, max_per_doc: int) -> dict[str, Any]:
     manifest = json.loads((root / "manifest.json").read_text())
     plain = spec_for(rotate_pages=False)
-    settings = dataclasses.replace(plain.upright, rotate=True)
-    osd_wall, osd_cpu, skew_wall, skew_cpu = [], [], [], []
-    decided: dict[str, int] = {}
+    images, skew_wall, skew_cpu = [], [], []
     for entry in manifest:
         if entry["expected"] != "ok" or entry["file"] in BIG_DOCUMENTS:
             continue
@@ -61,31 +100,28 @@ def cost(root: Path, max_per_doc: int) -> dict[str, Any]:
         info = render.probe(path, render.Limits(1 << 30, 10_000))
         for index in range(min(info.pages, max_per_doc)):
             page = render.render_page(path, info, index, plain)
-            wall, cpu = time.perf_counter(), children_cpu()
-            _, turned = orientation.upright(page.image, page.dpi, settings)
-            osd_wall.append(time.perf_counter() - wall)
-            osd_cpu.append(children_cpu() - cpu)
-            key = f"{turned.decided_by}:{turned.rotation}"
-            decided[key] = decided.get(key, 0) + 1
+            images.append((f"{entry['file']} p{index + 1}", page.image, page.dpi))
             wall, cpu = time.perf_counter(), own_cpu()
             deskew.skew_angle(page.image)
             skew_wall.append(time.perf_counter() - wall)
             skew_cpu.append(own_cpu() - cpu)
-            print(
-                f"{entry['file']} p{index + 1}: {turned.decided_by} rotation {turned.rotation} "
-                f"(OSD {turned.detected} at {turned.confidence}) {osd_wall[-1] * 1000:.0f} ms, "
-                f"deskew {skew_wall[-1] * 1000:.0f} ms",
-                flush=True,
-            )
     return {
-        "pages": len(osd_wall),
-        "osd_ms_median": round(median(osd_wall) * 1000),
-        "osd_cpu_ms_median": round(median(osd_cpu) * 1000),
-        "osd_ms_max": round(max(osd_wall) * 1000),
+        **timed(images),
         "deskew_ms_median": round(median(skew_wall) * 1000),
         "deskew_cpu_ms_median": round(median(skew_cpu) * 1000),
-        "decided": decided,
     }
+
+
+def made() -> dict[str, Any]:
+    """The suite's pages (``tests/test_orientation.py``), each turned 0, 90, 180 and 270 degrees."""
+    pages = {"pangrams": docs.text_image(list(rotated.PANGRAMS)), "prose": prose_page()}
+    return timed(
+        [
+            (f"{name} turned {turn}", orientation.turn(image, turn), 150.0)
+            for name, image in pages.items()
+            for turn in (0, 90, 180, 270)
+        ]
+    )
 
 
 async def read(engine: TesseractEngine, path: Path, spec: render.RenderSpec) -> list[str]:
@@ -128,7 +164,11 @@ def main() -> None:
     root = corpus_dir()
     if root is None:
         raise SystemExit("needs the corpus: set OCRWATCH_CORPUS or place it at ../shared/corpus")
-    figures = {"cost": cost(root, args.max_per_doc), "similarity": asyncio.run(gain(root))}
+    figures = {
+        "cost": cost(root, args.max_per_doc),
+        "made": made(),
+        "similarity": asyncio.run(gain(root)),
+    }
     emit(
         {"benchmark": "orientation", "corpus": str(root), "figures": figures, "machine": machine()}
     )

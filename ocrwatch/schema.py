@@ -263,7 +263,8 @@ PAGE = _object(
                         "detected": {
                             "enum": [0, 90, 180, 270, None],
                             "description": "Degrees clockwise that OSD says make the page "
-                            "upright; null: it found too few characters to say, or failed.",
+                            "upright; null: it found too few characters to say, failed, or was "
+                            "not asked (text_lines).",
                         },
                         "confidence": {
                             "type": ["number", "null"],
@@ -273,7 +274,10 @@ PAGE = _object(
                         },
                         "decided_by": {
                             "enum": list(get_args(DecidedBy)),
-                            "description": "osd: its answer taken as it is (0, or confidence at "
+                            "description": "text_lines: kept as it is without OSD, its text "
+                            "lines running across the page as upright Latin lines do (detected "
+                            "and confidence null); "
+                            "osd: its answer taken as it is (0, or confidence at "
                             "[render] rotate_pages_threshold or more); reading: the page "
                             "read both ways, turned only where turned it read twice as many "
                             "confident characters; low_confidence, too_little_text, failed: "

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image, ImageDraw, ImageOps
+from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ocrwatch import deskew, orientation, render
 from ocrwatch.config import RenderConfig
@@ -77,6 +77,63 @@ def test_the_reading_check_prefers_the_upright_page(tmp_path: Path) -> None:
     upright = orientation.readable_characters(str(tmp_path / "upright.pgm"), 150.0, 60.0)
     turned = orientation.readable_characters(str(tmp_path / "turned.pgm"), 150.0, 60.0)
     assert upright >= sum(map(len, LINES)) * 0.8 and turned * orientation.READ_RATIO < upright
+
+
+PROSE = (
+    "When the river rose in the spring of that year,",
+    "the mill was closed for three weeks and all the",
+    "hands went back to their farms. The owner had it",
+    "rebuilt on higher ground the following autumn, a",
+    "little further from the bank, with a wheel of iron",
+    "in place of the old wooden one that the flood had",
+    "carried half a mile down the valley. It stood there",
+    "until the railway came, and then it was let to a",
+    "baker who kept it for thirty years and more.",
+)
+SERIF = Path("/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf")
+
+
+def prose_page() -> Image.Image:
+    """A page of ordinary English prose at 12 points and 150 dpi, in a book face: what most pages
+    are, and what the text-line test keeps upright without OSD."""
+    image = Image.new("L", docs.A4_150DPI, 255)
+    draw, font = ImageDraw.Draw(image), ImageFont.truetype(str(SERIF), 25)
+    for number, line in enumerate(PROSE * 3):
+        draw.text((100, 100 + number * 38), line, fill=0, font=font)
+    return image
+
+
+def counted_osd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every page image path OSD is asked about, from here on."""
+    asked: list[str] = []
+    detect = orientation.detect
+
+    def counting(path: str, dpi: float, timeout: float) -> tuple[int, float] | None:
+        asked.append(path)
+        return detect(path, dpi, timeout)
+
+    monkeypatch.setattr(orientation, "detect", counting)
+    return asked
+
+
+def test_upright_text_lines_need_no_osd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upright page of prose is kept as it is by its text lines alone: OSD is not run."""
+    asked = counted_osd(monkeypatch)
+    shown = prose_page()
+    image, turned = orientation.upright(shown, 150.0, ON)
+    assert (turned.rotation, turned.detected, turned.decided_by) == (0, None, "text_lines")
+    assert image is shown and asked == []
+
+
+@pytest.mark.parametrize("clockwise", [90, 180, 270])
+def test_turned_text_lines_go_to_osd(monkeypatch: pytest.MonkeyPatch, clockwise: int) -> None:
+    """The same page turned is not taken for upright: OSD is asked once and turns it back."""
+    asked = counted_osd(monkeypatch)
+    shown = orientation.turn(prose_page(), (360 - clockwise) % 360)
+    assert not orientation.lines_say_upright(shown, 150.0)
+    image, turned = orientation.upright(shown, 150.0, ON)
+    assert (turned.rotation, len(asked)) == (clockwise, 1)
+    assert image.tobytes() == prose_page().tobytes()
 
 
 def test_a_page_without_text_is_kept() -> None:
