@@ -109,7 +109,7 @@ def run_daemon(files: list[Path], root: Path, searchable_pdf: bool) -> dict[str,
         for path in dropped:
             error = path.with_name(path.name + ".error.json")
             wait_for(
-                lambda: sidecar(path).exists() or error.exists(),
+                lambda path=path, error=error: sidecar(path).exists() or error.exists(),
                 1800,
                 f"a sidecar for {path.name}",
                 0.2,

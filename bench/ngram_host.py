@@ -35,7 +35,7 @@ def run(
     found = 0
     began = time.perf_counter()
     for step in range(steps):
-        for ids, token in zip(outputs, tokens[step]):
+        for ids, token in zip(outputs, tokens[step], strict=True):
             ids.append(token)
         found += len(bans.bans()[0])
     return (time.perf_counter() - began) / steps, found

@@ -103,7 +103,11 @@ def scores(
         got = pages_of(read_texts[path.name][0])
         if len(wanted) == 1:
             wanted = wanted * len(got)
-        compared = [(n, g, w) for n, (g, w) in enumerate(zip(got, wanted), 1) if rotated.words(w)]
+        compared = [
+            (n, g, w)
+            for n, (g, w) in enumerate(zip(got, wanted, strict=False), 1)
+            if rotated.words(w)
+        ]
         for n, g, w in compared:
             per_page[f"{path.name} p{n}"] = {
                 "ordered": round(rotated.word_similarity(g, w), 3),

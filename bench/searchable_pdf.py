@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import structlog
 from common import (
     Daemon,
     Doc,
@@ -34,7 +35,6 @@ from common import (
     sidecar,
     wait_for,
 )
-import structlog
 from rapidfuzz import fuzz
 
 from ocrwatch import render
@@ -108,7 +108,7 @@ def main() -> None:
             ).stdout
             found = [
                 similarity(got, page["markdown"])
-                for got, page in zip(text.split("\f"), document["pages"])
+                for got, page in zip(text.split("\f"), document["pages"], strict=False)
                 if page["status"] == "ok" and page["markdown"].strip()
             ]
             seconds = stages["searchable_pdf"]

@@ -50,8 +50,8 @@ from urllib.parse import quote
 
 import structlog
 
-from ocrwatch.config import OnSuccess, OutputConfig
 from ocrwatch import s3archive
+from ocrwatch.config import OnSuccess, OutputConfig
 from ocrwatch.errors import OutputNotWritable, SourceChanged, SourceGone, SourceInUse, classify
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
@@ -77,9 +77,9 @@ from ocrwatch.sinks.local import (
     output_markers,
 )
 from ocrwatch.sources.base import Bucketed, Job, LocalFile, S3Object, Source
-from ocrwatch.sources.sourcefile import Content, folders_of, held
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import Owns
+from ocrwatch.sources.sourcefile import Content, folders_of, held
 from ocrwatch.written import Output, Written, judge
 
 log = structlog.get_logger()

@@ -3,6 +3,7 @@ programs."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import socket
 from collections.abc import Mapping, Sequence
@@ -11,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ocrwatch import __version__, figures, plaintext
+from ocrwatch.scheduler import PageOutcome
 
 # ocrwatch.schema's schemas (docs/schema/), re-exported here where their users import them
-from ocrwatch.schema import ERROR_SCHEMA as ERROR_SCHEMA, JSON_SCHEMA as JSON_SCHEMA, SCHEMA_ID
-from ocrwatch.scheduler import PageOutcome
+from ocrwatch.schema import ERROR_SCHEMA as ERROR_SCHEMA
+from ocrwatch.schema import JSON_SCHEMA as JSON_SCHEMA
+from ocrwatch.schema import SCHEMA_ID
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 
 PAGE_MARK = "<!-- page "
@@ -60,10 +63,8 @@ def source_section(
         except OSError:
             pass
     elif isinstance(origin, LocalFile):
-        try:
+        with contextlib.suppress(OSError):
             section["bytes"] = origin.path.lstat().st_size
-        except OSError:
-            pass
     if mime:
         section["mime"] = mime
     return section

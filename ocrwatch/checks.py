@@ -36,8 +36,7 @@ from ocrwatch import children, control, roots
 from ocrwatch.config import Config, InboxConfig, S3Config
 from ocrwatch.config_env import Loc
 from ocrwatch.engines import registry
-from ocrwatch.engines.base import Check
-from ocrwatch.engines.base import command_output
+from ocrwatch.engines.base import Check, command_output
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.http import host_port
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocrwatch import __version__, config as config_module, config_engines, streams
+from ocrwatch import __version__, config_engines, streams
+from ocrwatch import config as config_module
 from ocrwatch.config import DEFAULT_CONFIG_PATHS, Config, InboxConfig
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.logging import configure, say

@@ -34,8 +34,8 @@ from ocrwatch.config_base import (
     TableProblem,
     TextMode,
 )
-from ocrwatch.config_env import Loc
 from ocrwatch.config_engines import ENGINE_ENTRY_POINTS
+from ocrwatch.config_env import Loc
 from ocrwatch.config_sections import (
     DaemonConfig,
     EngineConfig,
@@ -130,28 +130,29 @@ class Config(Model):
     about that key names."""
 
     @model_validator(mode="after")
-    def _inboxes_distinct(self) -> "Config":
+    def _inboxes_distinct(self) -> Config:
         seen: dict[Path, int] = {}
         for index, inbox in enumerate(self.inbox):
             resolved = inbox.path.expanduser().resolve()
             if resolved in seen:
                 first = ("inbox", seen[resolved], "path")
+                # raised at once: no later pass of the loop rebinds what the message reads
                 raise KeyProblem(
                     ("inbox", index, "path"),
                     lambda name: (
-                        f"{name(('inbox', index, 'path'))}: same folder as {name(first)} "
-                        f"({resolved})"
+                        f"{name(('inbox', index, 'path'))}: same folder as {name(first)} "  # noqa: B023
+                        f"({resolved})"  # noqa: B023
                     ),
                 )
             seen[resolved] = index
         return self
 
     @model_validator(mode="after")
-    def _inboxes_not_nested(self) -> "Config":
+    def _inboxes_not_nested(self) -> Config:
         """A folder inside a recursive inbox is watched by both inboxes, so each document in it
         would be processed twice; compared resolved, since a link or ``..`` can hide the nesting."""
         roots = [inbox.path.expanduser().resolve() for inbox in self.inbox]
-        for outer, (root, inbox) in enumerate(zip(roots, self.inbox)):
+        for outer, (root, inbox) in enumerate(zip(roots, self.inbox, strict=True)):
             if not inbox.recursive:
                 continue
             for inner, other in enumerate(roots):
@@ -160,7 +161,7 @@ class Config(Model):
         return self
 
     @model_validator(mode="after")
-    def _prompts_exist(self) -> "Config":
+    def _prompts_exist(self) -> Config:
         """Every source's prompt, an inbox's and a bucket's alike: ``prompt_text`` never misses."""
         known = self.engine.vllm.presets()
         for kind in ("inbox", "s3"):
@@ -171,7 +172,7 @@ class Config(Model):
         return self
 
     @model_validator(mode="after")
-    def _archives_apart(self) -> "Config":
+    def _archives_apart(self) -> Config:
         """A move needs a place to go that is no document's source: an archive inside an inbox (or a
         prefix a bucket watches) would bring every archived file back as a new document."""
         default = self.output.on_success
@@ -188,26 +189,26 @@ class Config(Model):
                     )
             elif archive.is_relative_to(root) or root.is_relative_to(archive):
                 where = ("inbox", index, "path")
-                raise KeyProblem(
+                raise KeyProblem(  # raised at once, as above
                     ("output", "archive_dir"),
                     lambda name: (
-                        f"{name(('output', 'archive_dir'))}: {archive} and {name(where)} {root}"
+                        f"{name(('output', 'archive_dir'))}: {archive} and {name(where)} {root}"  # noqa: B023
                         " must not contain one another"
                     ),
                 )
         for index, s3 in enumerate(self.s3):
             if (s3.on_success or default) == "move" and not s3.archive_prefix:
-                raise KeyProblem(
+                raise KeyProblem(  # raised at once, as above
                     _written("s3", index, s3.on_success),
                     lambda name: (
-                        f"{name(_written('s3', index, s3.on_success))}: 'move' needs"
-                        f" {name(('s3', index, 'archive_prefix'))}"
+                        f"{name(_written('s3', index, s3.on_success))}: 'move' needs"  # noqa: B023
+                        f" {name(('s3', index, 'archive_prefix'))}"  # noqa: B023
                     ),
                 )
         return self
 
     @model_validator(mode="after")
-    def _hook_names_distinct(self) -> "Config":
+    def _hook_names_distinct(self) -> Config:
         names = [hook.name for hook in self.hook]
         for index, name in enumerate(names):
             if name in names[:index]:
@@ -282,11 +283,11 @@ class Config(Model):
                     if key == "url" and value is not None and urlsplit(value).password is None:
                         continue  # an AMQP URL without a password is no secret
                     shown = config_env.shown((kind, index, key))
-                    if value is not None and shown not in variables:
-                        if getattr(table, f"{key}_file", None) is None:
-                            yield shown
+                    unset = getattr(table, f"{key}_file", None) is None
+                    if value is not None and shown not in variables and unset:
+                        yield shown
 
-    def with_secrets(self) -> "Config":
+    def with_secrets(self) -> Config:
         """This configuration with each secret a ``*_file`` key names read into its key (its first
         line), the file trusted as a root first (``roots.read_file``): what ``run`` starts with and
         ``check`` probes with. ``ConfigError`` naming the key when one cannot be read."""
@@ -454,9 +455,8 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> None:
         for key in keys if isinstance(table, dict) else ():
             if isinstance(table.get(key), str) and table[key]:  # else: validation names the key
                 table[key] = str(base / Path(table[key]).expanduser())
-    for hook in (
-        data.get("hook", []) or []
-    ):  # a program named by a path, not a bare name looked up on PATH
+    # a program named by a path, not a bare name looked up on PATH
+    for hook in data.get("hook", []) or []:
         command = hook.get("command") if isinstance(hook, dict) else None
         if (
             isinstance(command, list)

@@ -141,9 +141,10 @@ def _walk(model: type[BaseModel], rest: str, loc: Loc) -> tuple[Loc, FieldInfo] 
                 return found
         elif (inner := tables(field.annotation)) is not None:
             index, _, below = tail.partition("_")
-            if index.isdigit() and index == str(int(index)) and below:
-                if (found := _walk(inner, below, (*loc, key, int(index)))) is not None:
-                    return found
+            if not (index.isdigit() and index == str(int(index)) and below):
+                continue
+            if (found := _walk(inner, below, (*loc, key, int(index)))) is not None:
+                return found
     return None
 
 

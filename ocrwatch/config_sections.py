@@ -361,7 +361,7 @@ class EngineConfig(Model):
         return value
 
     @model_validator(mode="after")
-    def _engine_tables(self) -> "EngineConfig":
+    def _engine_tables(self) -> EngineConfig:
         """Each ``[engine.<name>]`` table becomes the options model of engine ``name``'s spec,
         validated as strictly as the file; the built-in engines' and the chosen one's default where
         the file has none."""

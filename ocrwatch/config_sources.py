@@ -328,7 +328,7 @@ class S3Config(Model):
     )
 
     @model_validator(mode="after")
-    def _transport_needs(self) -> "S3Config":
+    def _transport_needs(self) -> S3Config:
         _secret_once(self, "secret_access_key")
         _secret_once(self, "token")
         if self.transport == "sqs" and not self.queue_url:
@@ -442,7 +442,7 @@ class HookConfig(Model):
         return data
 
     @model_validator(mode="after")
-    def _one_target(self) -> "HookConfig":
+    def _one_target(self) -> HookConfig:
         if (self.command is None) == (self.url is None):
             raise KeyProblem(("command",), "give exactly one of command (argv) and url")
         if not self.on or len(set(self.on)) != len(self.on):

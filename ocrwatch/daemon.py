@@ -28,13 +28,14 @@ from typing import IO, Any
 import structlog
 import tenacity
 
-from ocrwatch import checks, config as config_module, intake, roots
+from ocrwatch import checks, intake, roots
+from ocrwatch import config as config_module
 from ocrwatch.archive import output_judge
 from ocrwatch.config import Config
 from ocrwatch.control.protocol import LOCK_NAME
 from ocrwatch.control.server import ControlServer
-from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.database import open_private
+from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.ledger import Ledger, StateUnusable, make_private_dirs
 from ocrwatch.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.pipeline import Pipeline
@@ -420,9 +421,8 @@ class Daemon:
                 sd_notify("WATCHDOG=1")
 
     def _update_gauges(self) -> None:
-        if (
-            self.pipeline is not None
-        ):  # None while the engine warms up: /metrics already answers then
+        # None while the engine warms up: /metrics already answers then
+        if self.pipeline is not None:
             self.pipeline.update_gauges()
         for gpu, used in self._gpus.items():
             self.metrics.gpu_memory.labels(gpu=gpu).set(used)

@@ -354,9 +354,8 @@ def classify(exc: BaseException) -> OcrwatchError:
         return exc
     if isinstance(exc, FileNotFoundError):
         return SourceGone(str(exc))
-    if isinstance(
-        exc, sqlite3.Error
-    ):  # the ledger's folder full or read-only is the place's fault too
+    # the ledger's folder full or read-only is the place's fault too
+    if isinstance(exc, sqlite3.Error):
         code = sqlite_code(exc)
         if code == SQLITE_FULL:
             return DiskFull(f"the ledger cannot grow: {exc}")
@@ -364,9 +363,8 @@ def classify(exc: BaseException) -> OcrwatchError:
             return OutputNotWritable(
                 f"the ledger cannot be written: {exc}", hint="make state_dir writable"
             )
-    if isinstance(
-        exc, asyncio.TimeoutError
-    ):  # an OSError from Python 3.11 on, taken by the branch below
+    # an OSError from Python 3.11 on, taken by the branch below
+    if isinstance(exc, asyncio.TimeoutError):
         return TransientError(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):

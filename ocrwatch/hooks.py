@@ -263,9 +263,8 @@ class HookRunner:
                 await self._deliver(hook, event)
             except asyncio.CancelledError:
                 raise
-            except (
-                Exception
-            ) as exc:  # the ledger, not the hook: the delivery stays pending, tried later
+            # the ledger, not the hook: the delivery stays pending, tried later
+            except Exception as exc:
                 error = classify(exc)
                 log.error(
                     "hook_delivery_stalled", hook=hook.name, kind=error.kind, error=error.message

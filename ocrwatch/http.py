@@ -212,9 +212,8 @@ class Listener:
         self._sockets = []
         for opening in self._opening:
             opening.cancel()
-        if (
-            self._handling
-        ):  # aiohttp would wait twice as long, and not cancel a handler awaiting a shield
+        # aiohttp would wait twice as long, and not cancel a handler awaiting a shield
+        if self._handling:
             await asyncio.wait(set(self._handling), timeout=self.shutdown_timeout)
             for task in self._handling:
                 task.cancel()

@@ -18,6 +18,7 @@ The sidecar records the rendered page's DPI and which rule gave it (``dpi_from``
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Literal
@@ -71,10 +72,9 @@ def image_dpi(
     ``info["dpi"]``), else ``configured`` (``[render] image_dpi``), else the size rule."""
     declared = 0.0
     if isinstance(recorded, tuple) and recorded:
-        try:
+        # a TIFF's rational over zero
+        with contextlib.suppress(TypeError, ValueError, ZeroDivisionError):
             declared = float(recorded[0])
-        except (TypeError, ValueError, ZeroDivisionError):  # a TIFF's rational over zero
-            pass
     if declared > 1 and math.isfinite(declared):  # 0 or 1: a writer's placeholder, no resolution
         return declared, "image"
     if configured is not None:

@@ -35,10 +35,8 @@ def writes_to_journal(stream: TextIO) -> bool:
     try:
         stat = os.fstat(stream.fileno())
         return (stat.st_dev, stat.st_ino) == (int(device), int(inode))
-    except (
-        OSError,
-        ValueError,
-    ):  # no such descriptor, not a real file (io.UnsupportedOperation), malformed
+    # no such descriptor, not a real file (io.UnsupportedOperation), malformed
+    except (OSError, ValueError):
         return False
 
 

@@ -107,9 +107,8 @@ class DecodeBudget:
                 if not self._fits(ticket, charge):
                     self.waits += 1
                     self._cond.wait_for(lambda: self._fits(ticket, charge))
-            except (
-                BaseException
-            ):  # interrupted while waiting: never leave the ticket to block those behind it
+            # interrupted while waiting: never leave the ticket to block those behind it
+            except BaseException:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
                 raise
@@ -123,9 +122,8 @@ class DecodeBudget:
         try:
             yield
         finally:
-            if (
-                nbytes >= TRIM_AFTER_BYTES
-            ):  # before the next one may start; the holder has dropped its image
+            # before the next one may start; the holder has dropped its image
+            if nbytes >= TRIM_AFTER_BYTES:
                 trim_heap()
             with self._cond:
                 self.held -= charge

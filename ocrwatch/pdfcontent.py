@@ -121,7 +121,9 @@ def read_page(
         # qpdf's buffer, its copy as bytes, and the streams joined
         held = budget.hold(3 * decoded) if decoded > _CHUNK else contextlib.nullcontext()
         with held:
-            readable = [stream for stream, size in zip(streams, sizes) if size is not None]
+            readable = [
+                stream for stream, size in zip(streams, sizes, strict=True) if size is not None
+            ]
             data = b"\n".join(_decoded(stream) for stream in readable)
             shows, names = _scan(data, frozenset(xobjects.keys()))
             del data  # freed before the budget is
@@ -339,9 +341,9 @@ def _scan(data: bytes, drawable: Container[str]) -> tuple[bool, list[str]]:
             depth, array_shows = depth + 1, array_shows and depth > 0
             continue
         elif token == b"]":
-            if depth and (depth := depth - 1) == 0 and array_shows:
-                if _operator(data, pos) == b"TJ":
-                    return True, list(names)
+            closed = depth and (depth := depth - 1) == 0
+            if closed and array_shows and _operator(data, pos) == b"TJ":
+                return True, list(names)
             continue
         elif lead == b"/":
             name = "/" + _NAME_ESCAPE.sub(_unescape, match.group(3)).decode("utf-8", "replace")

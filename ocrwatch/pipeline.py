@@ -26,8 +26,8 @@ import structlog
 
 from ocrwatch import assemble, children, outputs, pagetext, render, steps
 from ocrwatch.admission import Admission, job_id
-from ocrwatch.attempts import attempts_of_a_job, is_place_fault
 from ocrwatch.archive import Archiver
+from ocrwatch.attempts import attempts_of_a_job, is_place_fault
 from ocrwatch.config import Config
 from ocrwatch.errors import (
     CrashLoop,
@@ -41,9 +41,10 @@ from ocrwatch.hooks import HookRunner
 from ocrwatch.jobrun import Asked, JobRun, Record
 from ocrwatch.ledger import Ledger
 from ocrwatch.memory import DecodeBudget
-from ocrwatch.reuse import Reuse
 from ocrwatch.metrics import Metrics
 from ocrwatch.recognition import Recognition
+from ocrwatch.reuse import Reuse
+from ocrwatch.safefs import Access
 from ocrwatch.scheduler import (
     PageOutcome,
     PageScheduler,
@@ -53,7 +54,6 @@ from ocrwatch.scheduler import (
 )
 from ocrwatch.session import DocumentSession
 from ocrwatch.sinks.base import Sink
-from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job, Source
 from ocrwatch.steps import Probed, assemble_document, fetch_and_probe, job_lang, naming, timed
 from ocrwatch.supervisor import EngineSupervisor
@@ -309,9 +309,8 @@ class Pipeline:
                             await self._release_attempt(run)
                             raise
                         except Exception as exc:
-                            if is_place_fault(
-                                exc
-                            ):  # not the document's fault: queued again, attempt given back
+                            # not the document's fault: queued again, attempt given back
+                            if is_place_fault(exc):
                                 attempts = await run.record.park(classify(exc).as_dict())
                             raise
         except asyncio.CancelledError:
@@ -357,9 +356,8 @@ class Pipeline:
         ``crash_loop``."""
         try:
             await run.record.release_attempt()
-        except (
-            Exception
-        ) as exc:  # never turns the stop into a failure: the attempt stays counted, no more
+        # never turns the stop into a failure: the attempt stays counted, no more
+        except Exception as exc:
             log.warning("attempt_not_released", kind=classify(exc).kind, error=str(exc))
 
     # --- one job: the steps -----------------------------------------------------------------------
@@ -466,12 +464,13 @@ class Pipeline:
         )
         run.document = session.document
         try:
-            with self.recognition.languages(session.job_id, run.lang):
-                with naming(probed.path, job.origin):
-                    pages = await session.document.future
-        except (
-            PermanentError
-        ) as exc:  # a page of the replacement, rendered with the old one's page count
+            with (
+                self.recognition.languages(session.job_id, run.lang),
+                naming(probed.path, job.origin),
+            ):
+                pages = await session.document.future
+        # a page of the replacement, rendered with the old one's page count
+        except PermanentError as exc:
             if await asyncio.to_thread(probed.changed):
                 raise SourceChanged(
                     f"{job.origin.uri} changed while it was processed ({exc.kind})"

@@ -57,17 +57,36 @@ from ocrwatch.errors import (
     TooManyPixels,
 )
 from ocrwatch.imagepages import BAND_BYTES as BAND_BYTES  # re-exported: the text layer's too
-from ocrwatch.imagepages import IMAGE_DECODE_FACTOR, DpiFrom, fit_size, fits, probe_image
-from ocrwatch.imagepages import render_image_page, shrink
+from ocrwatch.imagepages import (
+    IMAGE_DECODE_FACTOR,
+    DpiFrom,
+    fit_size,
+    fits,
+    probe_image,
+    render_image_page,
+    shrink,
+)
 from ocrwatch.memory import UNBOUNDED, DecodeBudget
+from ocrwatch.renderspec import (
+    DEFAULT_DPI as DEFAULT_DPI,
+)
 from ocrwatch.renderspec import (  # re-exported: render's own names
     PDF_BYTES_PER_PIXEL as PDF_BYTES_PER_PIXEL,
-    DEFAULT_DPI as DEFAULT_DPI,
-    Geometry as Geometry,
-    Limits as Limits,
-    RenderSpec as RenderSpec,
+)
+from ocrwatch.renderspec import (
     DocumentInfo as DocumentInfo,
+)
+from ocrwatch.renderspec import (
+    Geometry as Geometry,
+)
+from ocrwatch.renderspec import (
+    Limits as Limits,
+)
+from ocrwatch.renderspec import (
     RenderedPage as RenderedPage,
+)
+from ocrwatch.renderspec import (
+    RenderSpec as RenderSpec,
 )
 from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
 
@@ -155,10 +174,10 @@ def probe(
     finally:
         os.close(fd)
     kind = sniff(head)
-    if (
-        kind is None
-    ):  # a PDF if poppler reads pages from it, as tolerant readers do: a header after more than
-        try:  # 1 KiB of junk, or none at all (poppler rebuilds the cross-reference table)
+    # a PDF if poppler reads pages from it, as tolerant readers do: a header after more than
+    # 1 KiB of junk, or none at all (poppler rebuilds the cross-reference table)
+    if kind is None:
+        try:
             pages, sizes = _probe_pdf(path, limits, timeout_seconds)
         except (CorruptPdf, NoPages):  # stray PDF keywords in a text give no pages
             raise NotADocument(
@@ -360,9 +379,8 @@ def _probe_pdf(
     page_sizes = []
     for number in range(1, pages + 1):
         width, height = sizes[number]
-        if (
-            width <= 0 or height <= 0
-        ):  # poppler's stand-in for a page it could not find (a looping page tree)
+        # poppler's stand-in for a page it could not find (a looping page tree)
+        if width <= 0 or height <= 0:
             raise CorruptPdf(f"{path}: page {number} has no size ({width:g} x {height:g} pts)")
         page_sizes.append(
             (height, width) if rotations.get(number, 0) in (90, 270) else (width, height)
@@ -451,9 +469,8 @@ def _render_pdf_page(
             try:
                 image = ppm_image(Path(root + ".ppm").read_bytes())
             except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-                if (
-                    shutil.disk_usage(tmp).free < need
-                ):  # pdftoppm exits 0 when its write ran out of room
+                # pdftoppm exits 0 when its write ran out of room
+                if shutil.disk_usage(tmp).free < need:
                     raise _scratch_error(
                         tmp, need, f"{path}: page {number}'s image was cut short: {exc}"
                     ) from None
@@ -544,9 +561,8 @@ def _render_pdf_page_pdfium(
         try:
             page = document[index]
             try:
-                image: Image.Image = page.render(
-                    scale=scale
-                ).to_pil()  # BGR to RGB: a copy, not the bitmap
+                # BGR to RGB: a copy, not the bitmap
+                image: Image.Image = page.render(scale=scale).to_pil()
             finally:
                 page.close()
         except pdfium.PdfiumError as exc:

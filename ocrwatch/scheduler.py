@@ -240,7 +240,7 @@ class Document:
 @dataclass
 class _Ready:
     doc: Document
-    page: "RenderedPage"
+    page: RenderedPage
     check: dict[str, Any] | None = None
 
 

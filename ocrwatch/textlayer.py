@@ -202,7 +202,7 @@ def searchable_pdf(
                     f"{source}: qpdf reads {len(pdf.pages)} pages, the renderer read {len(pages)}"
                 )
             font = _glyphless_font(pdf)
-            for number, (page, text) in enumerate(zip(pdf.pages, pages), 1):
+            for number, (page, text) in enumerate(zip(pdf.pages, pages, strict=True), 1):
                 drawn = pdfcontent.read_page(page, budget)
                 if drawn.refused is not None:  # it may have text of its own; ours would double it
                     layers.pages.append("none")
@@ -323,12 +323,11 @@ def _text_stream(text: PageText) -> bytes:
         baseline = text.height - line.box[3]
         operators.append(b"%s %.2f Tf" % (_FONT.encode(), size))
         words = [(word.box, codes) for word in line.words if (codes := _codes(word.text))]
-        for (box, codes), following in zip(words, [*words[1:], None]):
+        for (box, codes), following in zip(words, [*words[1:], None], strict=True):
             left, right = box[0], box[2]
             operators.append(_show(codes, left, right, baseline, size))
-            if (
-                following is not None
-            ):  # the space is stretched over the gap, so no two words run together
+            # the space is stretched over the gap, so no two words run together
+            if following is not None:
                 gap_end = max(following[0][0], right + 0.01)
                 operators.append(_show(_SPACE, right, gap_end, baseline, size))
     operators.append(b"ET\n")
@@ -513,7 +512,7 @@ def _spread(texts: list[str], boxes: list[Box]) -> list[Line]:
     step, lines = total / len(texts), []
     for number, text in enumerate(texts):
         offset, middle = 0.0, (number + 0.5) * step
-        for box, box_height in zip(boxes, heights):
+        for box, box_height in zip(boxes, heights, strict=True):
             if middle < offset + box_height or box is boxes[-1]:
                 break
             offset += box_height

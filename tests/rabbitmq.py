@@ -136,10 +136,14 @@ class RabbitServer:
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
                 break
-            with suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5):
-                with suppress(Exception):  # listening: the broker is about ready
-                    asyncio.run(self._call(lambda channel: asyncio.sleep(0)))
-                    return self
+            # listening: the broker is about ready
+            with (
+                suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.5),
+                suppress(Exception),
+            ):
+                asyncio.run(self._call(lambda channel: asyncio.sleep(0)))
+                return self
             time.sleep(0.2)
         tail = self._log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"rabbitmq-server not ready on port {self.port}:\n{tail}")

@@ -188,10 +188,11 @@ def test_a_taken_name_moves_the_group_under_a_number_and_its_links_follow(
     )
     assert body["figures"][0]["path"] == f"report.1.pdf.assets/{FIGURE}"
     assert body["pages"][0]["markdown"] == f"![](report.1.pdf.assets/{FIGURE})"
+    # written anew with the source's access
     for rewritten in (
         "report.1.pdf.md",
         "report.1.pdf.json",
-    ):  # written anew with the source's access
+    ):
         info = (folder / rewritten).stat()
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (OTHER_UID, 0o640), rewritten
     row = [
@@ -373,24 +374,24 @@ def test_a_writer_opening_the_source_during_the_delete_keeps_it(
     seen."""
     inbox = tmp_path / "scans"
     source = document_files(inbox, inbox, written)
-    with pytest.raises(SourceInUse) as kept:
-        with (
-            sourcefile.folders_of(source, inbox) as folders,
-            sourcefile.held(folders[-1], source, READ) as held,
-        ):
-            pid = os.fork()
-            if pid == 0:  # the writer: its open waits for the lease to go
-                with open(source, "ab") as late:
-                    late.write(b"later bytes")
-                os._exit(0)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                with contextlib.suppress(SourceInUse):
-                    held.check()
-                    time.sleep(0.02)
-                    continue
-                break
-            folders[-1].remove_if(source.name, held.info, held.check)
+    with (
+        pytest.raises(SourceInUse) as kept,
+        sourcefile.folders_of(source, inbox) as folders,
+        sourcefile.held(folders[-1], source, READ) as held,
+    ):
+        pid = os.fork()
+        if pid == 0:  # the writer: its open waits for the lease to go
+            with open(source, "ab") as late:
+                late.write(b"later bytes")
+            os._exit(0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(SourceInUse):
+                held.check()
+                time.sleep(0.02)
+                continue
+            break
+        folders[-1].remove_if(source.name, held.info, held.check)
     assert kept.value.reason == "open_for_writing"
     assert os.waitpid(pid, 0)[1] == 0
     assert source.read_bytes() == CONTENT + b"later bytes", "nothing was lost"

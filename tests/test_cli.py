@@ -23,9 +23,9 @@ from rapidfuzz.distance import Levenshtein
 from ocrwatch import __version__, render
 from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
 from ocrwatch.config import RenderConfig
-from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from tests import docs
 
 

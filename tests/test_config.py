@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from ocrwatch import config, config_env
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
@@ -137,7 +138,7 @@ def test_relative_paths_are_relative_to_the_file(tmp_path: Path) -> None:
 
 def test_frozen() -> None:
     cfg = config.Config()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         cfg.state_dir = Path("/elsewhere")  # type: ignore[misc]
 
 
@@ -471,10 +472,10 @@ def test_every_key_has_one_variable_of_its_own() -> None:
     variables = [config_env.PREFIX + name for name, _ in found]
     assert len(set(variables)) == len(variables) > 100
     assert not set(variables) & config_env.OTHER_USES
-    for variable, (_, loc) in zip(variables, found):
+    for variable, (_, loc) in zip(variables, found, strict=True):
         assert config_env.overlay({}, config.Config, {variable: "1"}) == {loc: variable}
     assert ("OCRWATCH_ENGINE_VLLM_MAX_NUM_SEQS", ("engine", "vllm", "max_num_seqs")) in zip(
-        variables, [loc for _, loc in found]
+        variables, [loc for _, loc in found], strict=True
     )
 
 
@@ -591,12 +592,13 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_folder(
         config.load(path, env)
     assert info.value.message.startswith(said.format(file=path)), info.value.message
     dot = config.load(write(tmp_path, text.replace('""', '"."')), {key: "." for key in env})
+    # "." says the working folder (the file's, in the file), where it is meant
     assert {Path("."), tmp_path} & {
         dot.state_dir,
         dot.inbox[0].path,
         dot.inbox[0].quarantine_dir,
         dot.output.dir,
-    }  # "." says the working folder (the file's, in the file), where it is meant
+    }
 
 
 def test_a_key_is_named_as_the_user_set_it(tmp_path: Path) -> None:

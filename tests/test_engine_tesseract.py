@@ -42,7 +42,7 @@ def draw_page(lines: list[str], tops: list[int], mode: str = "L") -> Image.Image
     image = Image.new(mode, PAGE, "white" if mode != "RGBA" else (0, 0, 0, 0))
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default(size=48)
-    for text, top in zip(lines, tops):
+    for text, top in zip(lines, tops, strict=True):
         draw.text((LEFT, top), text, font=font, fill="black")
     return image
 
@@ -134,7 +134,7 @@ def test_recognizes_drawn_text_with_line_boxes() -> None:
     )
     assert result.seconds > 0 and set(result.timings) == {"queue", "encode", "ocr"}
     assert len(result.blocks) == len(LINES)
-    for block, text, top in zip(result.blocks, LINES, LINE_TOPS):
+    for block, text, top in zip(result.blocks, LINES, LINE_TOPS, strict=True):
         left, upper, right, lower = block["bbox"]
         assert block["type"] == "line" and char_error_rate(block["text"], text) < 0.05
         assert 0 <= left < right <= PAGE[0] and 0 <= upper < lower <= PAGE[1]
@@ -144,7 +144,7 @@ def test_recognizes_drawn_text_with_line_boxes() -> None:
         assert " ".join(word["text"] for word in words) == block["text"] and len(words) == len(
             text.split()
         )
-        for word, following in zip(words, words[1:] + [None]):
+        for word, following in zip(words, words[1:] + [None], strict=True):
             assert (
                 left <= word["bbox"][0] < word["bbox"][2] <= right
                 and upper <= word["bbox"][1] < lower
@@ -333,9 +333,8 @@ def test_a_request_s_lang_is_the_language_tesseract_reads() -> None:
                 "quick brown fox"
                 in (await engine.recognize(PageRequest("own", page, prompt=""))).markdown
             )
-            with pytest.raises(
-                EngineFailed, match="Failed loading language 'zzz'"
-            ):  # it reached tesseract's -l
+            # it reached tesseract's -l
+            with pytest.raises(EngineFailed, match="Failed loading language 'zzz'"):
                 await engine.recognize(PageRequest("other", page, prompt="", lang="zzz"))
             if (
                 DEJAVU.exists()

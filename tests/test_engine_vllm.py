@@ -21,9 +21,8 @@ from PIL import Image
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, PageRequest
-from ocrwatch.engines.deepseek import arguments, geometry
+from ocrwatch.engines.deepseek import arguments, geometry, plugin, rungs, spec
 from ocrwatch.engines.deepseek import engine as engine_module
-from ocrwatch.engines.deepseek import plugin, rungs, spec
 from ocrwatch.engines.deepseek.engine import VllmEngine
 from ocrwatch.engines.deepseek.geometry import OCR1, OCR2
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig

@@ -281,12 +281,44 @@ PROSE = (
 
 def _prose(words: int, seed: int = 7) -> str:
     rng = random.Random(seed)
-    vocabulary = (
-        "the of and a to in is was for on that with as by it at from this be are or an which"
-    ).split()
-    vocabulary += (
-        "report library budget member council river station meeting engine page table".split()
-    )
+    vocabulary = [
+        "the",
+        "of",
+        "and",
+        "a",
+        "to",
+        "in",
+        "is",
+        "was",
+        "for",
+        "on",
+        "that",
+        "with",
+        "as",
+        "by",
+        "it",
+        "at",
+        "from",
+        "this",
+        "be",
+        "are",
+        "or",
+        "an",
+        "which",
+    ]
+    vocabulary += [
+        "report",
+        "library",
+        "budget",
+        "member",
+        "council",
+        "river",
+        "station",
+        "meeting",
+        "engine",
+        "page",
+        "table",
+    ]
     return " ".join(rng.choice(vocabulary) for _ in range(words)) + "."
 
 

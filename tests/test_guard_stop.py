@@ -17,7 +17,8 @@ from PIL import Image
 from ocrwatch import ladder
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines.base import PageRequest, Recognition
-from ocrwatch.engines.deepseek import arguments, rungs as deepseek
+from ocrwatch.engines.deepseek import arguments
+from ocrwatch.engines.deepseek import rungs as deepseek
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from tests.engines_base import StubEngine
@@ -28,21 +29,34 @@ STOP = EngineConfig(vllm=VllmConfig(guard="stop"))
 # A DeepSeek-OCR page's greedy output that falls into a loop after its first lines (the shape
 # reported for real weights: one line, here a table row, comes back until max_tokens), as words; and
 # the same page read with a repetition penalty, which leaves the loop.
-HEAD = (
-    "<|ref|>title<|/ref|><|det|>[[92, 61, 905, 98]]<|/det|>\n# Quarterly results 2026\n\n"
-    "<|ref|>table<|/ref|><|det|>[[90, 120, 910, "
-    "640]]<|/det|>\n<table><tr><td>Region</td><td>Q1</td>"
-    "<td>Q2</td></tr>"
-).split(" ")
-LOOP = "<tr><td>North</td><td>1 204</td><td>1 311</td></tr>".split(" ")
+HEAD = [
+    "<|ref|>title<|/ref|><|det|>[[92,",
+    "61,",
+    "905,",
+    "98]]<|/det|>\n#",
+    "Quarterly",
+    "results",
+    "2026\n\n<|ref|>table<|/ref|><|det|>[[90,",
+    "120,",
+    "910,",
+    "640]]<|/det|>\n<table><tr><td>Region</td><td>Q1</td><td>Q2</td></tr>",
+]
+LOOP = ["<tr><td>North</td><td>1", "204</td><td>1", "311</td></tr>"]
 CLEAN = [
     *HEAD,
-    *"<tr><td>North</td><td>1 204</td><td>1 311</td></tr><tr><td>South</td><td>877</td><td>902</td>"
-    "</tr></table>\n\nFigures in thousands of euros.".split(" "),
+    *[
+        "<tr><td>North</td><td>1",
+        "204</td><td>1",
+        "311</td></tr><tr><td>South</td><td>877</td><td>902</td></tr></table>\n\nFigures",
+        "in",
+        "thousands",
+        "of",
+        "euros.",
+    ],
 ]
 # A page whose real text repeats: a table row of empty cells, long enough to trip the stop.
 EMPTY_ROW = [
-    *"<table><tr><td>Name</td><td>Notes</td></tr>".split(" "),
+    *["<table><tr><td>Name</td><td>Notes</td></tr>"],
     *["<td></td>"] * 40,
     "</table>",
 ]
@@ -120,7 +134,7 @@ def read(
             )
         )
 
-    return dict(zip(ids, asyncio.run(all_pages())))
+    return dict(zip(ids, asyncio.run(all_pages()), strict=True))
 
 
 def test_stop_rungs_ban_nothing_and_only_the_last_reads_to_the_end() -> None:

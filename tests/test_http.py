@@ -175,7 +175,9 @@ async def test_a_full_listener_closes_its_longest_idle_connection_for_a_newcomer
         with capture_logs() as logs:
             for count in range(1, 4):
                 held.append(await asyncio.to_thread(connect, listener))
-                await until(lambda: listener.open_connections == count, f"{count} connections")
+                await until(
+                    lambda count=count: listener.open_connections == count, f"{count} connections"
+                )
                 await asyncio.sleep(0.05)
             # the oldest stirs: the second is now the quietest
             held[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")

@@ -142,9 +142,8 @@ class OwnTimeoutEngine(EchoEngine):
         return await super()._work(page)
 
 
-@pytest.mark.parametrize(
-    "error", [TimeoutError, asyncio.TimeoutError]
-)  # one class from 3.11 on, two before
+# one class from 3.11 on, two before
+@pytest.mark.parametrize("error", [TimeoutError, asyncio.TimeoutError])
 def test_the_engines_own_timeout_is_a_failed_attempt_not_the_page_timeout(
     error: type[Exception],
 ) -> None:

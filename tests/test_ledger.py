@@ -521,9 +521,8 @@ def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) ->
 def test_write_waits_for_a_lock_held_by_another_process(tmp_path: Path, db: Path) -> None:
     job = local_job(tmp_path, "a.pdf")
     with Ledger(db, lock_budget=10) as ledger:
-        with hold(
-            db, "BEGIN", 5
-        ) as reader:  # `ocrwatch status` mid-read never blocks the daemon (WAL)
+        # `ocrwatch status` mid-read never blocks the daemon (WAL)
+        with hold(db, "BEGIN", 5) as reader:
             start = time.monotonic()
             assert ledger.admit(job, fp())
             assert time.monotonic() - start < 2.5  # half the read: a blocked write waits it out

@@ -143,15 +143,12 @@ def test_an_interrupted_waiter_leaves_the_queue(monkeypatch: pytest.MonkeyPatch)
     def interrupted(predicate: Callable[[], bool], timeout: float | None = None) -> bool:
         raise KeyboardInterrupt
 
-    with budget.hold(100):
-        with monkeypatch.context() as patch:
-            patch.setattr(budget._cond, "wait_for", interrupted)
-            with pytest.raises(KeyboardInterrupt):
-                with budget.hold(10):
-                    pass
-    with budget.hold(
-        10
-    ):  # had the interrupted ticket stayed at the head, this would block for ever
+    with budget.hold(100), monkeypatch.context() as patch:
+        patch.setattr(budget._cond, "wait_for", interrupted)
+        with pytest.raises(KeyboardInterrupt), budget.hold(10):
+            pass
+    # had the interrupted ticket stayed at the head, this would block for ever
+    with budget.hold(10):
         assert budget.holders == 1
 
 

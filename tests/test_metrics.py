@@ -142,7 +142,7 @@ async def test_loop_lag_probe_sees_a_blocking_call() -> None:
     task = asyncio.create_task(probe.run())
     try:
         await asyncio.sleep(0.05)
-        time.sleep(0.3)  # noqa: ASYNC251 - what the probe exists to catch: the loop held by synchronous work
+        time.sleep(0.3)  # what the probe exists to catch: the loop held by synchronous work
         await asyncio.sleep(0.05)
     finally:
         task.cancel()

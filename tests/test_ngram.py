@@ -105,7 +105,7 @@ def test_rules_mixed_in_one_batch_follow_rows_through_moves_swaps_and_removals()
             dst = rng.choice([r for r in range(10) if r != src])
             live[dst] = live.pop(src)
             bans.move(src, dst, swap=False)
-        for rule, stream, ids in live.values():
+        for _, stream, ids in live.values():
             ids.append(stream[len(ids)])
         got = as_sets(*bans.bans())
         for row, (rule, _, ids) in live.items():

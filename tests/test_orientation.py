@@ -13,9 +13,9 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ocrwatch import deskew, orientation, render
 from ocrwatch.config import RenderConfig
-from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
+from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
 from ocrwatch.orientation import Orientation, Settings
 from tests import docs, rotated

@@ -3,6 +3,7 @@ everywhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -19,16 +20,14 @@ from typing import Any
 
 import pytest
 from PIL import Image, ImageChops, features
-from structlog.testing import capture_logs
 from pypdf import PdfReader, PdfWriter
 from pypdf.generic import RectangleObject
+from structlog.testing import capture_logs
 
-import dataclasses
-
-from ocrwatch import errors, imagepages, memory, render as render_module
+from ocrwatch import errors, imagepages, memory
+from ocrwatch import render as render_module
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.memory import DecodeBudget, image_bytes
-from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.render import (
     DEFAULT_DPI,
     DocumentInfo,
@@ -42,6 +41,7 @@ from ocrwatch.render import (
     render_spec,
 )
 from ocrwatch.sniff import sniff
+from ocrwatch.sources.base import Job, LocalFile
 from tests import docs, hostile_pdfs
 from tests.conftest import REPO, corpus_path
 

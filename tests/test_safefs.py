@@ -35,7 +35,6 @@ from ocrwatch.safefs import (
     walk,
 )
 from ocrwatch.safefs import base as safefs_base
-
 from tests.sparse import TIB, Reads, sparse_file
 
 OTHER_UID = 54321
@@ -146,9 +145,11 @@ def test_walk_makes_each_folder_as_readable_as_the_one_it_mirrors_and_follows_no
     if os.geteuid() == 0:
         assert (alice.st_uid, stat.S_IMODE(alice.st_mode)) == (OTHER_UID, 0o700)
     (tmp_path / "out" / "inbox" / "bob").symlink_to(tmp_path / "trap")
-    with pytest.raises(FolderGone, match="symlink"):
-        with walk(tmp_path / "out", ["inbox", "bob", "x"], make=[shared, private, private]):
-            pass
+    with (
+        pytest.raises(FolderGone, match="symlink"),
+        walk(tmp_path / "out", ["inbox", "bob", "x"], make=[shared, private, private]),
+    ):
+        pass
     assert list((tmp_path / "trap").iterdir()) == []
 
 
@@ -215,9 +216,11 @@ def test_a_folder_found_is_written_through_only_while_it_is_as_ocrwatch_makes_it
         (lambda: alice.chmod(0o750), "with mode 0750"),
     ):
         change()
-        with pytest.raises(UntrustedFolder) as caught:
-            with walk(out, ["inbox", "alice", "sub"], make=[shared, private, private]) as chain:
-                chain[-1].write("never.md", b"x", note)
+        with (
+            pytest.raises(UntrustedFolder) as caught,
+            walk(out, ["inbox", "alice", "sub"], make=[shared, private, private]) as chain,
+        ):
+            chain[-1].write("never.md", b"x", note)
         error = caught.value
         assert error.kind == "untrusted_folder" and path_fault(error.kind)
         assert str(alice) in error.message and found in error.message, error.message
@@ -231,9 +234,11 @@ def test_a_folder_found_is_written_through_only_while_it_is_as_ocrwatch_makes_it
     (out / "inbox").mkdir(mode=0o777)
     os.chown(out / "inbox", OTHER_UID + 1, OTHER_UID + 1)
     (out / "inbox").chmod(0o777)
-    with pytest.raises(UntrustedFolder, match="with mode 0777"):
-        with walk(out, ["inbox", "alice"], make=[shared, private]):
-            pass
+    with (
+        pytest.raises(UntrustedFolder, match="with mode 0777"),
+        walk(out, ["inbox", "alice"], make=[shared, private]),
+    ):
+        pass
     assert list((out / "inbox").iterdir()) == []
 
 
@@ -249,9 +254,12 @@ def test_a_figures_folder_found_is_as_its_source_or_refused(tmp_path: Path) -> N
     assert (made.st_uid, made.st_gid, stat.S_IMODE(made.st_mode)) == (OTHER_UID, OTHER_UID, 0o750)
     (tmp_path / "squat.pdf.assets").mkdir()
     os.chown(tmp_path / "squat.pdf.assets", OTHER_UID + 1, OTHER_UID + 1)
-    with folder(tmp_path) as here, pytest.raises(UntrustedFolder, match="squat.pdf.assets"):
-        with here.sub("squat.pdf.assets", make=source) as inner:
-            inner.write("page-1-figure-1.png", b"figure", source)
+    with (
+        folder(tmp_path) as here,
+        pytest.raises(UntrustedFolder, match="squat.pdf.assets"),
+        here.sub("squat.pdf.assets", make=source) as inner,
+    ):
+        inner.write("page-1-figure-1.png", b"figure", source)
     assert list((tmp_path / "squat.pdf.assets").iterdir()) == []
 
 
@@ -296,9 +304,8 @@ def test_a_read_lease_is_refused_while_a_writer_holds_the_file_and_sees_one_that
     path.write_bytes(b"%PDF")
     fd = os.open(path, os.O_RDONLY)
     try:
-        with open(path, "ab"), pytest.raises(BlockingIOError):
-            with read_lease(fd):
-                pass
+        with open(path, "ab"), pytest.raises(BlockingIOError), read_lease(fd):
+            pass
         with read_lease(fd) as writer_waits:
             assert writer_waits is not None and not writer_waits()
             writer = subprocess.Popen(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import os
 import socket
 import stat
@@ -24,11 +25,10 @@ from typing import Any
 import pytest
 import tomli_w
 
-from ocrwatch import config
+from ocrwatch import config, safefs
 from ocrwatch.config import MetricsConfig, S3Config
 from ocrwatch.errors import ConfigError, OutputNotWritable
 from ocrwatch.metrics import HealthServer, Metrics
-from ocrwatch import safefs
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
 
@@ -446,10 +446,8 @@ def test_credentials_never_appear_in_the_daemon_log(tmp_path: Path) -> None:
             (url, {"Authorization": f"Bearer {TOKEN}"}, b"x" * (2 * 1024 * 1024)),
         ):
             request = urllib.request.Request(target, data=data, headers=headers, method="POST")
-            try:
+            with contextlib.suppress(urllib.error.HTTPError, OSError):
                 urllib.request.urlopen(request, timeout=5).close()
-            except (urllib.error.HTTPError, OSError):
-                pass
         proc.send_signal(1)  # SIGHUP: reload, which logs what changed
         time.sleep(1)
         proc.terminate()

@@ -12,12 +12,11 @@ import pikepdf
 import pytest
 from PIL import Image
 
-from ocrwatch import textlayer
+from ocrwatch import safefs, textlayer
 from ocrwatch.assemble import SCHEMA_ID
 from ocrwatch.config import S3Config
 from ocrwatch.errors import OutputConflict
 from ocrwatch.figures import crop
-from ocrwatch import safefs
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object

@@ -11,8 +11,8 @@ import pytest
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
-from ocrwatch.sinks.base import markdown_bytes
 from ocrwatch.s3client import new_client
+from ocrwatch.sinks.base import markdown_bytes
 from ocrwatch.sinks.s3 import S3Sink, shares_output
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.written import object_record
@@ -80,9 +80,8 @@ def test_sidecars_beside_the_key_round_trip(moto: MotoServer) -> None:
 def test_sidecars_on_ceph_rgw(rgw: RgwServer) -> None:
     cfg = S3Config(transport="webhook", token="t", **rgw.s3_config())
     assert_round_trip(rgw, cfg)
-    with pytest.raises(
-        NameTooLong
-    ):  # the key fits S3's 1024 bytes, its sidecar's does not (moto does not check)
+    # the key fits S3's 1024 bytes, its sidecar's does not (moto does not check)
+    with pytest.raises(NameTooLong):
         S3Sink(cfg).write_error(job("k" * 1020 + ".pdf"), ERROR)
 
 
@@ -191,7 +190,7 @@ def test_a_lone_surrogate_in_the_markdown_is_written_as_the_local_sink_writes_it
     markdown = "<!-- page 1 -->\nbroken \ud800 reply\n"
     sink.write(job(), markdown, DOCUMENT)
     body, _ = get(s3, "docs", f"{KEY}.md")
-    assert body == "<!-- page 1 -->\nbroken ? reply\n".encode() == markdown_bytes(markdown)
+    assert body == b"<!-- page 1 -->\nbroken ? reply\n" == markdown_bytes(markdown)
     assert sink.recorded(job()) == DOCUMENT["source"]
 
 
@@ -304,7 +303,7 @@ def test_two_buckets_sharing_an_output_bucket_keep_their_own_sidecars(
     shared = f"shared-{server_name}-{template.strip('{}')}"
     tables = tenants(server, shared, f"{shared}-a", f"{shared}-b")
     s3, done = server.client("s3"), {}
-    for cfg, bucket in zip(tables, (f"{shared}-a", f"{shared}-b")):
+    for cfg, bucket in zip(tables, (f"{shared}-a", f"{shared}-b"), strict=True):
         sink, mine = S3Sink(cfg, name_template=template, tables=tables), job("in/scan.pdf", bucket)
         sink.write(mine, *result(mine.origin.uri, f"text of {bucket}"))
         done[bucket] = sink, mine

@@ -22,8 +22,8 @@ from ocrwatch.sources.base import S3Object
 pytest.importorskip(
     "aio_pika", reason="the amqp extra is not installed: pip install 'ocrwatch[amqp]'"
 )
-from ocrwatch.sources.amqp import AmqpSource, probe  # noqa: E402  (after the skip)
-from tests.rabbitmq import RabbitServer  # noqa: E402
+from ocrwatch.sources.amqp import AmqpSource, probe  # after the skip
+from tests.rabbitmq import RabbitServer
 
 BASE = {
     "transport": "amqp",

@@ -123,7 +123,7 @@ def test_slow_writer_is_taken_once_and_only_when_complete(
     async def scenario() -> None:
         async with watching(inbox(tmp_path / "in", polling=polling)) as (_, got):
             target = (tmp_path / "in").resolve() / "slow.pdf"
-            handle = open(target, "wb")
+            handle = open(target, "wb")  # noqa: SIM115 - a writer mid-file across the awaits
             handle.write(PDF[: len(PDF) // 2])
             handle.flush()
             if writer == "closes-and-reopens":
@@ -131,7 +131,7 @@ def test_slow_writer_is_taken_once_and_only_when_complete(
             await asyncio.sleep(PAUSE)
             assert got.jobs == [], "taken while half written"
             if writer == "closes-and-reopens":
-                handle = open(target, "ab")
+                handle = open(target, "ab")  # noqa: SIM115 - as above
             handle.write(PDF[len(PDF) // 2 :])
             handle.close()
             await until(lambda: got.jobs, "the completed file")
@@ -212,7 +212,7 @@ def test_an_empty_file_closed_is_submitted_once_quiet_without_the_probes_give_up
             else:
                 await until(lambda: "empty.pdf" in got.names(), "the empty file")
             await asyncio.sleep(GRACE)
-            taken = [(job.origin.name, size) for job, size in zip(got.jobs, got.sizes)]
+            taken = [(job.origin.name, size) for job, size in zip(got.jobs, got.sizes, strict=True)]
             expected = {"sentinel.pdf": len(PDF), "reopened.pdf": len(PDF)} | (
                 {} if polling else {"empty.pdf": 0}
             )
@@ -345,10 +345,8 @@ def test_a_sidecar_deleted_or_moved_away_beside_its_document_has_it_submitted_ag
 ) -> None:
     async def scenario() -> None:
         lapsed = Lapsed()
-        async with watching(inbox(tmp_path / "in"), lapsed=lapsed) as (
-            _,
-            got,
-        ):  # no reconciliation meanwhile
+        # no reconciliation meanwhile
+        async with watching(inbox(tmp_path / "in"), lapsed=lapsed) as (_, got):
             folder = (tmp_path / "in").resolve()
             for name in ("a.pdf", "b.pdf"):
                 (folder / name).write_bytes(PDF)
@@ -739,7 +737,7 @@ def test_update_inboxes_adds_and_removes_without_dropping_pending_work(tmp_path:
 
     async def scenario() -> None:
         async with watching(first) as (source, got):
-            slow = open(tmp_path / "first" / "slow.pdf", "wb")
+            slow = open(tmp_path / "first" / "slow.pdf", "wb")  # noqa: SIM115 - a writer mid-file
             slow.write(PDF[:1000])
             slow.flush()
             await asyncio.sleep(SETTLE)

@@ -21,6 +21,7 @@ from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.safefs import CHUNK, Signature
 from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.sources.files import GivenFiles
 from ocrwatch.sources.sourcefile import (
     Content,
     copy_out,
@@ -31,7 +32,6 @@ from ocrwatch.sources.sourcefile import (
     measure,
     open_file,
 )
-from ocrwatch.sources.files import GivenFiles
 from tests.sparse import TIB, Reads, sparse_file
 
 RENAME_EXCHANGE = 2

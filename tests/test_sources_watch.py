@@ -33,8 +33,8 @@ from ocrwatch.sources.inotify import InotifyWatcher
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.tree import walk
 from ocrwatch.sources.watch import Batch, EventBridge, PollingWatcher, start_watcher
-from tests.outboxes import fed
 from tests.chains import make_chain, remove_chain
+from tests.outboxes import fed
 from tests.test_sources_local import PDF, Collector, inbox, never_reject, run, until, watching
 
 DEEP = 2500  # the issue's chain: more than twice what a recursive walk survives on Python 3.11
@@ -188,7 +188,7 @@ def test_a_chain_2500_deep_moved_in_while_watching_leaves_the_watcher_hearing(
                     "after.pdf, by an event",
                 )
                 await until(lambda: refusals(logs), "the folder too deep refused")
-                assert source._inboxes[root.resolve()].observer.alive()  # noqa: SLF001
+                assert source._inboxes[root.resolve()].observer.alive()
             finally:
                 await source.stop()
         assert len(refusals(logs)) == 1 and "too-deep.pdf" not in collector.names()
@@ -225,9 +225,8 @@ def restarts(metrics: Metrics, root: Path) -> float | None:
     )
 
 
-@pytest.mark.filterwarnings(
-    "ignore::pytest.PytestUnhandledThreadExceptionWarning"
-)  # the injected death
+# the injected death
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("polling", [False, True], ids=["native", "polling"])
 def test_a_watcher_that_dies_is_replaced_with_a_log_line_and_a_metric(
     tmp_path: Path, polling: bool, monkeypatch: pytest.MonkeyPatch
@@ -251,7 +250,7 @@ def test_a_watcher_that_dies_is_replaced_with_a_log_line_and_a_metric(
     if polling:
         monkeypatch.setattr(PollingEmitter, "queue_events", fail_once(PollingEmitter.queue_events))
     else:
-        monkeypatch.setattr(InotifyWatcher, "_handle", fail_once(InotifyWatcher._handle))  # noqa: SLF001
+        monkeypatch.setattr(InotifyWatcher, "_handle", fail_once(InotifyWatcher._handle))
     monkeypatch.setattr(local, "WATCH_CHECK_SECONDS", 0.2, raising=False)
 
     async def scenario() -> None:
@@ -338,7 +337,7 @@ def test_the_inotify_watch_limit_reached_while_watching_hands_the_inbox_to_the_p
     a poller."""
     root = tmp_path / "in"
     (root / "a").mkdir(parents=True)
-    monkeypatch.setattr(inotify, "_libc", WatchLimit(inotify._libc, allowed=2))  # noqa: SLF001
+    monkeypatch.setattr(inotify, "_libc", WatchLimit(inotify._libc, allowed=2))
 
     async def scenario() -> None:
         with structlog.testing.capture_logs() as logs:
@@ -379,9 +378,8 @@ def test_events_reach_the_loop_in_batches_that_wake_it_once_each() -> None:
     events = [FileCreatedEvent(f"/in/{index}.pdf") for index in range(60)]
 
     def storm(count: int) -> None:
-        for event in [event for event in events for _ in range(2)][
-            : 2 * count
-        ]:  # each twice in a row
+        # each twice in a row
+        for event in [event for event in events for _ in range(2)][: 2 * count]:
             bridge.dispatch(event)
 
     try:
@@ -509,7 +507,7 @@ def test_the_native_watcher_takes_at_most_max_watches_and_names_the_folders_beyo
     try:
         assert watcher.watched == 4 and inotify_watches() - before == 4
         beyond = [Path(folder) for folder in watcher.beyond()]
-        watched = {Path(folder) for folder in watcher._watches}  # noqa: SLF001
+        watched = {Path(folder) for folder in watcher._watches}
         every = {tmp_path, *tmp_path.glob("*"), *tmp_path.glob("*/inner")}
         for folder in every - watched:
             assert any(folder == top or top in folder.parents for top in beyond), folder

@@ -129,9 +129,8 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
             if name == "ocrwatch" or not name.startswith("ocrwatch."):
                 continue
             target = name.removeprefix("ocrwatch.")
-            while (
-                target and target not in known
-            ):  # "from ocrwatch.x import y": y may be a name, not a module
+            # "from ocrwatch.x import y": y may be a name, not a module
+            while target and target not in known:
                 target = target.rpartition(".")[0]
             if target and target != module:
                 found.add(target)
@@ -298,9 +297,9 @@ class _HandedDown(ast.NodeVisitor):
 
     def visit_Delete(self, node: ast.Delete) -> None:
         for target in node.targets:  # another object's table emptied from outside it
-            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute):
-                if not _on_self(target.value):
-                    self.found.append(f"{self.module}: del {ast.unparse(target)}")
+            subscript = isinstance(target, ast.Subscript)
+            if subscript and isinstance(target.value, ast.Attribute) and not _on_self(target.value):
+                self.found.append(f"{self.module}: del {ast.unparse(target)}")
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -326,9 +325,9 @@ class _HandedDown(ast.NodeVisitor):
             return self.rank
         if isinstance(arg, ast.Call) and ast.unparse(arg.func) in {"partial", "functools.partial"}:
             return self.rank
-        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):  # made above
-            if isinstance(arg.func.value, ast.Name) and arg.func.value.id in self.imported:
-                return _rank(self.imported[arg.func.value.id])
+        made = isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute)  # made above
+        if made and isinstance(arg.func.value, ast.Name) and arg.func.value.id in self.imported:
+            return _rank(self.imported[arg.func.value.id])
         if isinstance(arg, ast.Name) and arg.id == "self" and self.own:
             return self.rank
         if isinstance(arg, ast.Attribute) and not isinstance(arg.value, ast.Call):

@@ -26,7 +26,7 @@ import pytest
 from PIL import Image, ImageChops, ImageStat
 from rapidfuzz import fuzz
 
-from ocrwatch import deskew, orientation, render, textlayer, pdfimage
+from ocrwatch import deskew, orientation, pdfimage, render, textlayer
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek.grounding import parse
@@ -54,6 +54,7 @@ PAGE_ONE = [
 ]
 PAGE_TWO = ["Second page of the letter", "with two lines of text"]
 TOLERANCE_PT = 1.5
+RENDER = RenderConfig()  # frozen: one default shared by the helpers
 SHA = "ab" * 32  # the sha256 of the source, as the mark records it
 
 
@@ -61,7 +62,7 @@ SHA = "ab" * 32  # the sha256 of the source, as the mark records it
 
 
 def ocr(
-    path: Path, render_cfg: RenderConfig = RenderConfig()
+    path: Path, render_cfg: RenderConfig = RENDER
 ) -> list[tuple[render.RenderedPage, Recognition]]:
     """Every page rendered as the daemon renders it for Tesseract, and Tesseract's reading of it."""
     info = render.probe(path, render.Limits.from_config(LimitsConfig()))
@@ -140,23 +141,20 @@ def assert_words_placed(
     path: Path, pages: Sequence[tuple[render.RenderedPage, Recognition]]
 ) -> None:
     """Every word Tesseract found is where pdftotext finds it: its pixel box at the page's scale."""
-    for (page, recognition), found in zip(pages, bbox_words(path)):
+    for (page, recognition), found in zip(pages, bbox_words(path), strict=True):
         scale = 72 / page.dpi
         wanted = [word for block in recognition.blocks for word in block["words"]]
         assert [text for text, _ in found] == [word["text"] for word in wanted]
-        for word, (_, box) in zip(wanted, found):
+        for word, (_, box) in zip(wanted, found, strict=True):
             left, _, right, _ = (value * scale for value in word["bbox"])
             assert abs(box[0] - left) < TOLERANCE_PT and abs(box[2] - right) < TOLERANCE_PT, (
                 word,
                 box,
             )
-        for (
-            block
-        ) in recognition.blocks:  # a line's words share its box: top and bottom within the line's
+        # a line's words share its box: top and bottom within the line's
+        for block in recognition.blocks:
             top, bottom = block["bbox"][1] * scale, block["bbox"][3] * scale
-            for text, box in found:
-                if text == block["words"][0]["text"]:
-                    break
+            box = next(box for text, box in found if text == block["words"][0]["text"])
             assert abs(box[1] - top) < TOLERANCE_PT and abs(box[3] - bottom) < TOLERANCE_PT, (
                 block,
                 box,
@@ -228,17 +226,17 @@ def test_pdf_gets_the_text_in_reading_order_and_keeps_its_pages(tmp_path: Path) 
     qpdf_check(out)
     extracted = page_texts(out)
     assert len(extracted) == 2
-    for (_, recognition), text in zip(pages, extracted):
+    for (_, recognition), text in zip(pages, extracted, strict=True):
         assert similarity(text, recognition.markdown) >= 0.9, (text, recognition.markdown)
     assert "Invoice 4711 was paid" in extracted[0] and extracted[0].index("Invoice") < extracted[
         0
     ].index("Thank")
     assert_words_placed(out, pages)
-    for (_, recognition), text in zip(pages, pdfium_texts(out)):
+    for (_, recognition), text in zip(pages, pdfium_texts(out), strict=True):
         assert similarity(text, recognition.markdown) >= 0.9, text
 
     with pikepdf.open(source) as before, pikepdf.open(out) as after:
-        for old, new in zip(before.pages, after.pages):
+        for old, new in zip(before.pages, after.pages, strict=True):
             kept, added = content_streams(new)[1:], content_streams(new)[0]
             assert [s.read_raw_bytes() for s in kept] == [
                 s.read_raw_bytes() for s in content_streams(old)
@@ -358,7 +356,9 @@ def test_a_page_read_upright_gets_its_text_over_its_glyphs_as_shown(
             xs, ys = [x * scale for x, _ in corners], [y * scale for _, y in corners]
             box = found[word["text"]]
             expected = (min(xs), min(ys), max(xs), max(ys))
-            close = all(abs(got - want) < TOLERANCE_PT for got, want in zip(box, expected))
+            close = all(
+                abs(got - want) < TOLERANCE_PT for got, want in zip(box, expected, strict=True)
+            )
             assert close, (word, box, expected)
     with pikepdf.open(out) as pdf:
         assert pdf.pages[0].rotation == rotate

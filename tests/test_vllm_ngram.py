@@ -12,12 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from vllm import SamplingParams  # noqa: E402
-from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor  # noqa: E402
-from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
+from vllm import SamplingParams
+from vllm.model_executor.models.deepseek_ocr import NGramPerReqLogitsProcessor
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
-from ocrwatch.engines.deepseek.ngram_vllm import BatchedNoRepeatNGram  # noqa: E402
-from tests.test_ngram import looping_tokens  # noqa: E402
+from ocrwatch.engines.deepseek.ngram_vllm import BatchedNoRepeatNGram
+from tests.test_ngram import looping_tokens
 
 VOCAB = 64
 

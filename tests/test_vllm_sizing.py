@@ -10,9 +10,9 @@ import pytest
 
 from ocrwatch.engines.deepseek import sizing
 from ocrwatch.engines.deepseek.arguments import engine_sizing
-from ocrwatch.engines.deepseek.platform import Platform
 from ocrwatch.engines.deepseek.geometry import OCR1, OCR2
 from ocrwatch.engines.deepseek.options import VllmConfig
+from ocrwatch.engines.deepseek.platform import Platform
 
 MIB = 2**20
 H200 = 143771 * MIB  # NVML's total on the lent H200

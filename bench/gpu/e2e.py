@@ -45,8 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
-from common import metric_samples as samples  # noqa: E402 - bench/ is not a package
-from fresh_page import write as fresh_page  # noqa: E402
+from common import metric_samples as samples  # bench/ is not a package
+from fresh_page import write as fresh_page
 
 
 def gib(x: float) -> float:
@@ -71,7 +71,7 @@ class Probe:
             pynvml.nvmlInit()
             ids = visible_gpus() or list(range(pynvml.nvmlDeviceGetCount()))
             self.nvml, self.hs = pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.nvml = None
         try:
             import psutil
@@ -160,7 +160,7 @@ class Series(threading.Thread):
         if lo is None or hi is None or hi["t"] <= lo["t"]:
             return {}
         window = [r for r in rows if lo["t"] <= r["t"] <= hi["t"]]
-        mean = lambda k: round(sum(r[k] or 0 for r in window) / len(window), 1)  # noqa: E731
+        mean = lambda k: round(sum(r[k] or 0 for r in window) / len(window), 1)
         return dict(
             pages_per_s=round((hi["ok"] - lo["ok"]) / (hi["t"] - lo["t"]), 3),
             window_s=round(hi["t"] - lo["t"], 1),
@@ -268,7 +268,7 @@ def pdf_pages(path: Path) -> int:
         import pypdfium2 as pdfium
 
         return len(pdfium.PdfDocument(str(path)))
-    except Exception:  # noqa: BLE001
+    except Exception:
         out = subprocess.run(["pdfinfo", str(path)], capture_output=True, text=True).stdout
         return int(next(line.split()[1] for line in out.splitlines() if line.startswith("Pages:")))
 
@@ -350,9 +350,8 @@ def vllm_keys(a) -> dict:
         keys["replica_processes"] = (
             a.replica_processes if a.replica_processes == "auto" else a.replica_processes == "true"
         )
-    if (
-        a.ngram_processor == "none"
-    ):  # the guard off in every rung: no logits processor is registered
+    # the guard off in every rung: no logits processor is registered
+    if a.ngram_processor == "none":
         keys.update(ngram_size=0, window_size=0, ladder=[])
     elif a.ngram_processor is not None:
         keys["ngram_processor"] = a.ngram_processor
@@ -534,7 +533,7 @@ def main() -> None:
     urgent_page = fresh_page(work / "pages" / "urgent.pdf", f"urgent {nonce}")
     probe = Probe()
     res["gpu_mem_before_gib"] = gib(probe.gpu())
-    log = open(out / f"daemon_{a.label}.log", "w")
+    log = open(out / f"daemon_{a.label}.log", "w")  # noqa: SIM115 - the daemon's stdout, its life long
     t0 = time.time()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ocrwatch", "run", "--config", str(cfg)],
@@ -582,9 +581,8 @@ def main() -> None:
                     drop(d, inbox, names[-1])
             try:
                 done = wait_for(inbox, names, w0 + a.timeout, proc)
-            except (
-                KeyboardInterrupt
-            ):  # the step's time limit (timeout -s INT): keep what (a) got done
+            # the step's time limit (timeout -s INT): keep what (a) got done
+            except KeyboardInterrupt:
                 res["a"] = dict(
                     cut=True,
                     t_start=round(w0, 2),
@@ -616,7 +614,7 @@ def main() -> None:
 
         big = corpus / "doc300.pdf"
         n_big = pdf_pages(big) if phases & {"d0", "d"} else 0
-        done_before = lambda: samples(http(base + "/metrics")[1]).get(SERIES["ok"], 0)  # noqa: E731
+        done_before = lambda: samples(http(base + "/metrics")[1]).get(SERIES["ok"], 0)
         if "d0" in phases:
             w0 = drop(big, inbox, "alone300.pdf")
             big_done = wait_for(inbox, ["alone300.pdf"], w0 + a.timeout, proc)

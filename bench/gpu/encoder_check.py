@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for ocrwatch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ocrwatch.engines.deepseek import encoder as fast  # noqa: E402
+from ocrwatch.engines.deepseek import encoder as fast
 
 PROMPT = "<image>\n<|grounding|>Convert the document to markdown."
 GEOMETRIES = {  # (width, height) -> DeepSeek-OCR-2's tile grid (vLLM's processor, 768 tiles)
@@ -83,7 +83,7 @@ def build_tower(model_dir: str, device: str, dtype: torch.dtype, seed: int):
     from vllm.model_executor.models.deepseek_vl2 import MlpProjector
     from vllm.transformers_utils.configs.deepseek_vl2 import DeepseekVLV2Config
 
-    cfg = DeepseekVLV2Config(**json.load(open(Path(model_dir) / "config.json")))
+    cfg = DeepseekVLV2Config(**json.loads((Path(model_dir) / "config.json").read_text()))
 
     class Tower(torch.nn.Module):
         # the stock class's own methods, bound to a module that holds only the vision tower
@@ -262,20 +262,20 @@ def main() -> None:
             tower32 = build_tower(a.model, a.device, torch.float32, a.seed)
             ref = tower32._pixel_values_to_embedding(pv.float(), crops.float(), spatial)
             del tower32
-            res["stock_vs_ref32"] = [float(f"{rel(s, r):.3g}") for s, r in zip(stock, ref)]
+            res["stock_vs_ref32"] = [
+                float(f"{rel(s, r):.3g}") for s, r in zip(stock, ref, strict=True)
+            ]
         checks = {}
         variants: list[tuple[str, dict]] = [("fast", {})]
-        if (
-            a.graphs
-        ):  # the same kernels replayed as CUDA graphs, batches padded to the graphs' sizes
+        # the same kernels replayed as CUDA graphs, batches padded to the graphs' sizes
+        if a.graphs:
             variants.append(("fast+graphs", dict(graphs=fast.ViewGraphs(tower))))
         for name, kw in variants:
             try:
                 chunks = {} if "graphs" in kw else dict(global_chunk=8, tile_chunk=24)
                 out = fast.pages_to_embeddings(tower, pv, crops, spatial, **kw, **chunks)
-            except (
-                Exception
-            ) as exc:  # record and go on: one variant failing must not hide the others
+            # record and go on: one variant failing must not hide the others
+            except Exception as exc:
                 checks[name] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
                 print(f"{name}: FAILED {exc!r}"[:800], flush=True)
                 continue
@@ -284,18 +284,26 @@ def main() -> None:
                 [o.shape for o in out],
             )
             c = dict(
-                vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock)],
+                vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock, strict=True)],
                 max_abs_vs_stock=round(
-                    max(float((o.float() - s.float()).abs().max()) for o, s in zip(out, stock)), 5
+                    max(
+                        float((o.float() - s.float()).abs().max())
+                        for o, s in zip(out, stock, strict=True)
+                    ),
+                    5,
                 ),
                 finite=all(bool(torch.isfinite(o).all()) for o in out),
             )
             if ref is not None:
-                c["vs_ref32"] = [float(f"{rel(o, r):.3g}") for o, r in zip(out, ref)]
-                worst = max(x / max(y, 1e-6) for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"]))
+                c["vs_ref32"] = [float(f"{rel(o, r):.3g}") for o, r in zip(out, ref, strict=True)]
+                worst = max(
+                    x / max(y, 1e-6)
+                    for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"], strict=True)
+                )
                 c["worst_ratio_to_stock_error"] = round(worst, 3)
                 c["pass"] = c["finite"] and all(
-                    x <= 1.5 * y + 2e-3 for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"])
+                    x <= 1.5 * y + 2e-3
+                    for x, y in zip(c["vs_ref32"], res["stock_vs_ref32"], strict=True)
                 )
             else:
                 tol = 1e-4 if dtype == torch.float32 else 3e-2
@@ -329,7 +337,7 @@ def main() -> None:
                 pixel_values=pv, images_crop=crops, images_spatial_crop=spatial
             )
             out = tower._process_image_input(inp)
-            c = dict(vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock)])
+            c = dict(vs_stock=[float(f"{rel(o, s):.3g}") for o, s in zip(out, stock, strict=True)])
             c["pass"] = [o.shape for o in out] == [s.shape for s in stock] and max(
                 c["vs_stock"]
             ) < (1e-4 if dtype == torch.float32 else 3e-2)
@@ -457,6 +465,7 @@ def main() -> None:
             res["tiles"],
             c["vs_ref32"],
             res["stock_vs_ref32"],
+            strict=True,
         ):
             print(
                 f"  {name:20s} {size[0]}x{size[1]} grid {grid}: fast {err:.2e} vs fp32, stock "

@@ -18,6 +18,7 @@ bounds (to line up with nvidia-smi dmon).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -54,10 +55,8 @@ class Monitor(threading.Thread):
         me = self.ps.Process()
         total = me.memory_info().rss
         for child in me.children(recursive=True):
-            try:
+            with contextlib.suppress(self.ps.Error):
                 total += child.memory_info().rss
-            except self.ps.Error:
-                pass
         return total
 
     def run(self):

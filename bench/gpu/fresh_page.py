@@ -17,17 +17,18 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which "
-    "but have an they you were her she there been one all we their has would when if so no will "
-    "more can out other what up into time only new some could these two may first then do any "
-    "like my now over such our man me even most made after also did many before must through "
-    "years where much your way well down should because each just those people how too little "
-    "state good very make world still own see men work long get here between both life being "
-    "under never day same another know while last might us great old year off come since against "
-    "go came right used take three report measure document archive invoice council section table "
-    "figure average process engine result page number value total order record system market"
-).split()
+VOCABULARY = """
+the of and to in is that for it as was with be by on not he this are or his from at which but
+have an they you were her she there been one all we their has would when if so no will more can
+out other what up into time only new some could these two may first then do any like my now over
+such our man me even most made after also did many before must through years where much your way
+well down should because each just those people how too little state good very make world still
+own see men work long get here between both life being under never day same another know while
+last might us great old year off come since against go came right used take three report measure
+document archive invoice council section table figure average process engine result page number
+value total order record system market
+"""
+WORDS = VOCABULARY.split()
 DPI = 300
 SIZE = (2480, 3508)  # A4 at 300 dpi
 

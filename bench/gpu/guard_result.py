@@ -45,7 +45,11 @@ def result(folder: Path) -> dict:
         value["vs_off"] = round(rate / off, 3) if rate and off else None
     text = (folder / "imports.log").read_text() if (folder / "imports.log").exists() else ""
     imports = dict(
-        zip(("no_bytecode_s", "bytecode_s"), map(float, re.findall(r"IMPORT ([\d.]+) s", text)[:2]))
+        zip(
+            ("no_bytecode_s", "bytecode_s"),
+            map(float, re.findall(r"IMPORT ([\d.]+) s", text)[:2]),
+            strict=False,
+        )
     )
     dates = [load(p).get("date", "") for p in folder.glob("e2e_*.json")]
     return {"date": (min(dates) if dates else "")[:10], "lanes": lanes, "imports": imports}

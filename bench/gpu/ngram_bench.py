@@ -27,8 +27,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from ocrwatch.engines.deepseek.ngram_vllm import BatchedNoRepeatNGram  # noqa: E402
-from test_ngram import looping_tokens  # noqa: E402
+from test_ngram import looping_tokens
+
+from ocrwatch.engines.deepseek.ngram_vllm import BatchedNoRepeatNGram
 
 VOCAB = 129280
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

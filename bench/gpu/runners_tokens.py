@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 
 def prefix(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -20,8 +21,8 @@ def prefix(a: list[int], b: list[int]) -> int:
 
 
 def compare(a: list[list[int]], b: list[list[int]]) -> dict:
-    common = [prefix(x, y) for x, y in zip(a, b)]
-    equal = sum(1 for x, y in zip(a, b) if x == y)
+    common = [prefix(x, y) for x, y in zip(a, b, strict=False)]
+    equal = sum(1 for x, y in zip(a, b, strict=False) if x == y)
     return {
         "pages": len(common),
         "equal_pages": equal,
@@ -33,7 +34,7 @@ def compare(a: list[list[int]], b: list[list[int]]) -> dict:
 
 if __name__ == "__main__":
     try:
-        loaded = [json.load(open(path)) for path in sys.argv[1:3]]
+        loaded = [json.loads(Path(path).read_text()) for path in sys.argv[1:3]]
     except (OSError, ValueError) as exc:
         print(json.dumps({"error": str(exc)}))
         sys.exit(0)

@@ -19,6 +19,7 @@ when the deadline cut it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import re
@@ -64,10 +65,8 @@ def descendants(root: int) -> list[int]:
 
 def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def reap() -> None:
@@ -147,10 +146,8 @@ def run(cmd: list[str], until: float, log: Path, show: str | None, grace: float)
             cut = True
             with open(log, "ab") as out:
                 out.write(f"\nstep.py: deadline reached, SIGINT to {cmd[0]}'s group\n".encode())
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
             end = time.monotonic() + grace
             while proc.poll() is None and time.monotonic() < end:
                 time.sleep(0.2)

@@ -4,11 +4,13 @@ Times in dmon files are the device's local time; run this on the device, or with
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import glob
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def jsonl(path: str) -> list[dict]:
@@ -20,7 +22,7 @@ def jsonl(path: str) -> list[dict]:
 
 def dmon(path: str) -> list[tuple[float, dict[str, float]]]:
     rows, cols = [], None
-    for line in open(path, errors="replace"):
+    for line in Path(path).read_text(errors="replace").splitlines():
         parts = line.split()
         if not parts:
             continue
@@ -34,11 +36,9 @@ def dmon(path: str) -> list[tuple[float, dict[str, float]]]:
         except ValueError:
             continue
         vals = {}
-        for name, v in zip(cols[1:], parts[2:]):
-            try:
+        for name, v in zip(cols[1:], parts[2:], strict=False):
+            with contextlib.suppress(ValueError):
                 vals[name] = float(v)
-            except ValueError:
-                pass
         rows.append((t, vals))
     return rows
 
@@ -62,7 +62,7 @@ def main(d: str) -> None:
     print(f"# GPU benchmark summary ({d})\n")
     probe = os.path.join(d, "probe.txt")
     if os.path.exists(probe):
-        print("```\n" + open(probe).read().strip() + "\n```\n")
+        print("```\n" + Path(probe).read_text().strip() + "\n```\n")
     for r in jsonl(os.path.join(d, "encoder_check.jsonl"))[-1:]:
         print(f"## Vision encoder: fast vs stock ({r.get('device')}, torch {r.get('torch')})\n")
         print(
@@ -132,22 +132,26 @@ def main(d: str) -> None:
                 f"{r['renderer']} |"
             )
         toks = {
-            os.path.basename(f)[7:-5]: json.load(open(f))
+            os.path.basename(f)[7:-5]: json.loads(Path(f).read_text())
             for f in glob.glob(os.path.join(d, "tokens_*.json"))
         }
         if "script" in toks:
             for k, v in toks.items():
                 if k == "script":
                     continue
-                same = sum(a == b for x, y in zip(toks["script"], v) for a, b in zip(x, y))
-                total = sum(min(len(x), len(y)) for x, y in zip(toks["script"], v))
+                same = sum(
+                    a == b
+                    for x, y in zip(toks["script"], v, strict=False)
+                    for a, b in zip(x, y, strict=False)
+                )
+                total = sum(min(len(x), len(y)) for x, y in zip(toks["script"], v, strict=False))
                 print(
                     f"\noutput ids of the first {len(v)} pages, {k} vs script: {same}/{total} "
                     "equal (random weights: near-ties flip)"
                 )
         print()
     for f in sorted(glob.glob(os.path.join(d, "e2e_*.json"))):
-        r = json.load(open(f))
+        r = json.loads(Path(f).read_text())
         rows = []
         dm = os.path.join(d, f"dmon_e2e_{r['label']}.txt")
         if os.path.exists(dm):

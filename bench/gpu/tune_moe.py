@@ -17,6 +17,7 @@ import argparse
 import itertools
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -68,7 +69,7 @@ def candidates(quick: bool) -> list[dict[str, int]]:
     if quick:
         space.update(BLOCK_SIZE_N=(64, 128), GROUP_SIZE_M=(1,), num_stages=(3,))
     keys = list(space)
-    return [dict(zip(keys, values)) for values in itertools.product(*space.values())]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*space.values())]
 
 
 def time_call(fn, reps: int) -> float:
@@ -129,8 +130,7 @@ def main() -> None:
         weights, ids = torch.topk(torch.randn(m, E, device=dev).softmax(-1), topk, dim=-1)
         ids = ids.to(torch.int32)
 
-        def call() -> torch.Tensor:
-            return fused_experts(x, w1, w2, weights, ids)
+        call = partial(fused_experts, x, w1, w2, weights, ids)
 
         default = try_get_optimal_moe_config(w1.shape, w2.shape, topk, None, m)
         defaults[m] = {key: value for key, value in default.items() if key != "SPLIT_K"}
@@ -142,16 +142,16 @@ def main() -> None:
         for config in configs:
             if time.time() - t0 > a.budget_s:
                 break
-            if config["BLOCK_SIZE_M"] > max(
-                16, 4 * m * topk // E
-            ):  # tiles taller than any expert's rows
+            # tiles taller than any expert's rows
+            if config["BLOCK_SIZE_M"] > max(16, 4 * m * topk // E):
                 continue
-            with override_config(
-                config
-            ):  # vLLM's context manager has no `finally`: never raise through it
+            # vLLM's context manager has no `finally`: never raise through it
+            with override_config(config):
                 try:
                     us = time_call(call, a.reps)
-                except Exception as exc:  # noqa: BLE001 - a configuration that does not fit (shared memory, registers)
+                except (
+                    Exception
+                ) as exc:  # a configuration that does not fit (shared memory, registers)
                     print(f"M={m} {config}: {type(exc).__name__}", flush=True)
                     continue
             if us < best[m][0]:

@@ -120,9 +120,8 @@ class ControlServer:
             await send({"event": "end"})
         except ConnectionError:
             pass  # the client went away; what it started was stopped (``_ocr``)
-        except (
-            Exception
-        ) as exc:  # said to the client, in one line, rather than a connection closed without a word
+        # said to the client, in one line, rather than a connection closed without a word
+        except Exception as exc:
             error = classify(exc)
             if not isinstance(exc, ControlError):
                 log.error("control_request_failed", kind=error.kind, error=error.message)
@@ -223,9 +222,8 @@ class ControlServer:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if (
-                not work.done()
-            ):  # it left (Ctrl-C) or the daemon stops: its documents are stopped, not orphaned
+            # it left (Ctrl-C) or the daemon stops: its documents are stopped, not orphaned
+            if not work.done():
                 work.cancel()
                 log.info("control_ocr_abandoned")
             await asyncio.gather(work, gone, return_exceptions=True)

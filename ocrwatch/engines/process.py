@@ -143,9 +143,8 @@ class ProcessEngine:
         await _send(self._writer, ("start", self._spec))
         try:
             message = await self._ready
-        except (
-            asyncio.CancelledError
-        ):  # a daemon stopping while a replica restarts: no child may stay behind
+        # a daemon stopping while a replica restarts: no child may stay behind
+        except asyncio.CancelledError:
             self._kill()
             await self.close()
             raise
@@ -197,9 +196,8 @@ class ProcessEngine:
         future: asyncio.Future[Recognition] = asyncio.get_running_loop().create_future()
         self._pending[page.request_id] = future
         try:
-            if (
-                self._dead is not None
-            ):  # the child went while the pixels were written: nobody would answer
+            # the child went while the pixels were written: nobody would answer
+            if self._dead is not None:
                 raise EngineDead(f"{self.name}: {self._dead}")
             await _send(
                 self._writer,
@@ -219,9 +217,8 @@ class ProcessEngine:
         except ConnectionError as exc:
             raise EngineDead(f"{self.name}: the engine process's socket failed: {exc}") from exc
         except asyncio.CancelledError:
-            if (
-                self._pending.pop(page.request_id, None) is future
-            ):  # cancelled here, not aborted by the child
+            # cancelled here, not aborted by the child
+            if self._pending.pop(page.request_id, None) is future:
                 future.cancel()
                 await self.abort(page.request_id)
             raise
@@ -284,7 +281,7 @@ async def _serve(sock: socket.socket) -> None:
             EngineConfig.model_validate(spec["engine"]), spec["images"], kind=spec["kind"]
         )
         await engine.start()
-    except Exception as exc:  # noqa: BLE001 - whatever stopped the start is the daemon's to report
+    except Exception as exc:  # whatever stopped the start is the daemon's to report
         error = errors.classify(exc)
         await _send(writer, ("start_failed", type(error).__name__, error.message, error.hint))
         return
@@ -317,7 +314,7 @@ async def _serve(sock: socket.socket) -> None:
             result = await engine.recognize(request)
         except asyncio.CancelledError:
             await _send(writer, ("cancelled", request_id))
-        except Exception as exc:  # noqa: BLE001 - a page's failure goes back to the daemon, never ends the child
+        except Exception as exc:  # a page's failure goes back to the daemon, never ends the child
             error = errors.classify(exc)
             await _send(
                 writer, ("error", request_id, type(error).__name__, error.message, error.hint)
@@ -352,9 +349,8 @@ def _die_with_the_daemon(daemon: int) -> None:
     a GPU. So Linux sends it SIGTERM when the daemon goes, and SIGTERM takes down its whole process
     group (it leads one of its own)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: _end())
-    with contextlib.suppress(
-        OSError, AttributeError
-    ):  # not Linux or not glibc: the socket alone tells
+    # not Linux or not glibc: the socket alone tells
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != daemon:  # gone before the request was made
         _end()

@@ -57,9 +57,8 @@ class EngineSet:
 
     async def start(self) -> None:
         try:
-            for engine in (
-                self.engines
-            ):  # one after the other: a vLLM engine finds the first one's compile cache
+            # one after the other: a vLLM engine finds the first one's compile cache
+            for engine in self.engines:
                 await engine.start()
         except BaseException:
             await self.close()
@@ -121,7 +120,7 @@ class EngineSet:
             ):
                 with attempt:
                     await engine.start()
-        except Exception as exc:  # noqa: BLE001 - a member that cannot start stays down; the others go on
+        except Exception as exc:  # a member that cannot start stays down; the others go on
             error = errors.classify(exc)
             log.error(
                 "engine_replica_failed",

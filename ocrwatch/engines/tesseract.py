@@ -238,10 +238,8 @@ class TesseractEngine:
             )
         except OSError as exc:  # the binary vanished or cannot run (package upgrade, no memory)
             raise EngineDead(f"cannot run {command[0]}: {exc}") from exc
-        if sys.version_info < (
-            3,
-            11,
-        ):  # 3.10 logs the broken stdin pipe of a killed child that nobody awaited
+        # 3.10 logs the broken stdin pipe of a killed child that nobody awaited
+        if sys.version_info < (3, 11):
             closed = process._protocol._stdin_closed  # type: ignore[attr-defined]
             closed.add_done_callback(lambda future: future.cancelled() or future.exception())
         try:

@@ -20,22 +20,22 @@ from pathlib import Path
 
 from ocrwatch.errors import UntrustedFolder
 from ocrwatch.safefs.base import (
-    Access,
     FILE_FLAGS,
     FOLDER_FLAGS,
-    FolderGone,
     GONE,
     NEW_FLAGS,
     NO_LINK,
+    Access,
+    FolderGone,
     Occupant,
     Replaced,
     Signature,
     aside_name,
-    write_all,
     describe,
     hash_fd,
     read_head,
     temporary_name,
+    write_all,
 )
 
 

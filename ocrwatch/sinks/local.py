@@ -293,9 +293,8 @@ class LocalSink:
     def paths(self, job: Job) -> dict[str, Path]:
         root, parts = self._where(job)
         names = sidecar_names(job.origin.name, self._template)
-        for name in (
-            names.values()
-        ):  # the config validates the template; this holds whatever it let through
+        # the config validates the template; this holds whatever it let through
+        for name in names.values():
             if "/" in name or "\0" in name or name in (".", ".."):
                 raise OutputNotWritable(
                     f"the sidecar name {name!r} for {job.origin.uri} would leave its folder"

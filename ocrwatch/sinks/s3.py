@@ -39,9 +39,9 @@ from typing import Any
 import botocore.exceptions
 import structlog
 
+from ocrwatch import textlayer
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
-from ocrwatch import textlayer
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
 from ocrwatch.s3client import (
     MAX_KEY_BYTES,
@@ -53,6 +53,7 @@ from ocrwatch.s3client import (
     new_client,
     storage_error,
 )
+from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import (
     HEAD_BYTES,
     NO_EXTRAS,
@@ -67,7 +68,6 @@ from ocrwatch.sinks.base import (
     pdf_recorded,
 )
 from ocrwatch.sinks.local import dump_json
-from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.written import OURS, Stored, Verdict, judge_object, object_owner, object_record
 
@@ -268,9 +268,9 @@ class S3Sink:
                 pages = paginator.paginate(Bucket=bucket, Prefix=prefix)
                 listed = (item["Key"] for page in pages for item in page.get("Contents", []))
             for key in listed:
-                if key not in kept and FIGURE_FILE.fullmatch(key[len(prefix) :]):
-                    if self._verdict(job, bucket, key, None, _mark("assets")) == OURS:
-                        doomed.append(key)
+                figure = key not in kept and FIGURE_FILE.fullmatch(key[len(prefix) :])
+                if figure and self._verdict(job, bucket, key, None, _mark("assets")) == OURS:
+                    doomed.append(key)
             for key in doomed:
                 call(self._client.delete_object, Bucket=bucket, Key=key)
         except Exception as exc:

@@ -39,7 +39,7 @@ from ocrwatch.metrics import AMQP_EVENTS, Metrics
 from ocrwatch.sources.amqpmessages import broker_url, receives, redacted
 from ocrwatch.sources.base import Job, Outbox, Outcome, S3Object
 from ocrwatch.sources.s3 import TooManyDeliveries
-from ocrwatch.sources.s3events import S3EventSource, parse, finished_by
+from ocrwatch.sources.s3events import S3EventSource, finished_by, parse
 
 log = structlog.get_logger()
 
@@ -219,11 +219,12 @@ class AmqpSource(S3EventSource):
                 down_since = down_since or time.monotonic()
                 await self._wait_out("amqp_unreachable", exc, failures)
                 continue
-            connection.close_callbacks.add(lambda *_: lost.set())
+            # this connection's own event: a late close of an earlier one must not end this one
+            connection.close_callbacks.add(lambda *_, lost=lost: lost.set())
             self._connection = connection
             try:
                 channel = await self._declare(connection)
-                channel.close_callbacks.add(lambda *_: lost.set())
+                channel.close_callbacks.add(lambda *_, lost=lost: lost.set())
                 assert self._queue is not None
                 self._tag = await self._queue.consume(self._on_message)
             except Exception as exc:  # refused: permissions, a queue of another kind, the exchange

@@ -21,6 +21,7 @@ of one covers those below it), and ``local`` scans those every ``poll_seconds`` 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -165,10 +166,9 @@ class InotifyWatcher(threading.Thread):
         self._stopping.set()
         with self._lock:
             if self._wake_w >= 0:
-                try:
+                # full already: the thread is being woken anyway
+                with contextlib.suppress(BlockingIOError):
                     os.write(self._wake_w, b"x")
-                except BlockingIOError:  # full already: the thread is being woken anyway
-                    pass
         if self.is_alive():
             self.join(timeout=10)
 
@@ -185,7 +185,7 @@ class InotifyWatcher(threading.Thread):
                 if ended is not None:
                     self._died(ended)
                     return
-        except BaseException as exc:  # noqa: BLE001 - whatever ends this thread must reach the loop
+        except BaseException as exc:  # whatever ends this thread must reach the loop
             if not self._stopping.is_set():
                 self._died(f"{type(exc).__name__}: {exc}")
         finally:

@@ -54,11 +54,11 @@ from ocrwatch.errors import (
 from ocrwatch.metrics import Metrics
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit
-from ocrwatch.sources.sourcefile import fetch_copy, inspect
 from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox
 from ocrwatch.sources.quarantine import Owns, quarantine
 from ocrwatch.sources.settling import Settler
+from ocrwatch.sources.sourcefile import fetch_copy, inspect
 from ocrwatch.sources.watch import Batch, EventBridge, Watcher, start_watcher
 
 log = structlog.get_logger()
@@ -475,9 +475,8 @@ class LocalSource:
                     self._spawn(self._refuse_folder_links(inbox))
                 inbox.link_checks.add(source)
         elif source is not None and not event.is_directory:
-            if isinstance(
-                event, FileClosedEvent
-            ):  # the sink writes by rename: a close there is someone else's
+            # the sink writes by rename: a close there is someone else's
+            if isinstance(event, FileClosedEvent):
                 self._sidecar_changed(inbox, source)
             self._consider(
                 inbox,

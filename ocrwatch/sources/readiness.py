@@ -50,7 +50,9 @@ def _tiff_complete(handle: BinaryIO, size: int) -> bool:
                 )
                 if isinstance(offsets, int):
                     offsets, counts = (offsets,), (counts,)
-                if any(offset + length > size for offset, length in zip(offsets, counts)):
+                if any(
+                    offset + length > size for offset, length in zip(offsets, counts, strict=False)
+                ):
                     return False
     except Exception:  # Pillow raises many kinds on a truncated TIFF; all mean "not whole yet"
         return False

@@ -36,7 +36,7 @@ from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError
 from ocrwatch.s3client import READ_TIMEOUT, acall, error_code, is_transient, new_client
 from ocrwatch.sources.base import Job, Outbox, Outcome, Reject, S3Object
-from ocrwatch.sources.s3events import S3EventSource, parse, finished_by
+from ocrwatch.sources.s3events import S3EventSource, finished_by, parse
 
 log = structlog.get_logger()
 
@@ -220,9 +220,8 @@ class S3Source(S3EventSource):
 
     async def _handle(self, message: dict[str, Any]) -> None:
         message_id, receipt = message["MessageId"], message["ReceiptHandle"]
-        if (
-            message_id in self._deliveries
-        ):  # redelivered while still in flight here: keep the newest receipt
+        # redelivered while still in flight here: keep the newest receipt
+        if message_id in self._deliveries:
             self._deliveries[message_id].receipt_handle = receipt
             return
         try:
@@ -310,8 +309,7 @@ class S3Source(S3EventSource):
                     message_id=delivery.message_id,
                     error=error_code(exc),
                 )
-                if not is_transient(
-                    exc
-                ):  # receipt invalid or the 12 h limit reached: no longer ours to delete
+                # receipt invalid or the 12 h limit reached: no longer ours to delete
+                if not is_transient(exc):
                     self._forget(delivery)
                     return

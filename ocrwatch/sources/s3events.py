@@ -23,8 +23,8 @@ import json
 import os
 import re
 import tempfile
-from pathlib import Path, PurePosixPath
 from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote_plus
 

@@ -112,7 +112,8 @@ class DaemonProcess:
 
     def start(self, env: dict[str, str] | None = None, wait_ready: bool = True) -> DaemonProcess:
         self.log_path = self.root / f"daemon-{time.time_ns()}.log"
-        self._log_handle = open(self.log_path, "wb")
+        # held for the daemon's life: its stdout and stderr
+        self._log_handle = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ocrwatch", "run", "--config", str(self.config_path)],
             stdout=self._log_handle,

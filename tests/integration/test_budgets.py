@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +107,15 @@ def test_sparse_files_cost_their_data_and_hold_up_nothing(
 
     for document in (good, *images):
         done = wait_until(
-            lambda: sidecars_done(document),
+            partial(sidecars_done, document),
             60,
-            lambda: f"the sidecars of {document.name}:\n{daemon.log_text()[-3000:]}",
+            lambda document=document: (
+                f"the sidecars of {document.name}:\n{daemon.log_text()[-3000:]}"
+            ),
         )
         assert done["status"] == "ok", done
     for pdf in pdfs:
-        error = wait_until(lambda: error_sidecar(pdf), 30, f"the error sidecar of {pdf.name}")
+        error = wait_until(partial(error_sidecar, pdf), 30, f"the error sidecar of {pdf.name}")
         assert error["error"]["kind"] == "file_too_large", error
     assert "disk_full" not in daemon.log_text()
     assert on_disk(daemon.state) < 16 << 20, f"{on_disk(daemon.state)} bytes in state_dir"

@@ -320,7 +320,7 @@ def test_systemd_notifications(make_daemon, tmp_path: Path) -> None:
         try:
             while True:
                 messages.append(sock.recv(4096).decode())
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             pass
         return messages
 
@@ -425,10 +425,11 @@ def test_log_lines_name_their_job_and_a_restart_counts_the_files_done_before(mak
         150.0,
     )
     assert daemon.stop() == 0
+    # found at a start, it waits the give-up
     for path in (
         empty,
         empty.with_name("empty.pdf.error.json"),
-    ):  # found at a start, it waits the give-up
+    ):
         path.unlink()
 
     daemon.start()

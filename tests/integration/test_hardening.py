@@ -229,9 +229,8 @@ def failures(daemon: Any) -> dict[str, dict[str, Any]]:
 def outcome(daemon: Any, path: Path) -> str | None:
     """ "ok"/"partial" from the JSON sidecar, else the error kind from the error sidecar or the
     log."""
-    with contextlib.suppress(
-        OSError
-    ):  # ENAMETOOLONG: no sidecar name can exist for a 255-byte source name
+    # ENAMETOOLONG: no sidecar name can exist for a 255-byte source name
+    with contextlib.suppress(OSError):
         data = sidecars_done(path)
         if data is not None:
             return str(data["status"])
@@ -426,9 +425,8 @@ def test_adversarial_inputs_each_get_their_kind_and_nothing_else_changes(
 def _seconds(event: dict[str, Any]) -> float:
     from datetime import datetime
 
-    return datetime.fromisoformat(
-        event["timestamp"].replace("Z", "+00:00")
-    ).timestamp()  # 3.10 reads no Z
+    # 3.10 reads no Z
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def test_a_file_deleted_before_processing_and_one_replaced_during_it(
@@ -519,9 +517,8 @@ def test_full_disk_leaves_no_torn_sidecar_and_the_job_is_retried(
         sorted([".filler", "doc.pdf"]),
         sorted([".filler", "doc.pdf", "doc.pdf.md"]),
     ), names
-    if (
-        small / "doc.pdf.md"
-    ).exists():  # the Markdown fitted; it is whole, and the JSON (the marker) is not there
+    # the Markdown fitted; it is whole, and the JSON (the marker) is not there
+    if (small / "doc.pdf.md").exists():
         assert (small / "doc.pdf.md").read_text().count("<!-- page ") == 2
     filler.unlink()
     data = wait_until(lambda: sidecars_done(doc), 30, "sidecars once space is free")

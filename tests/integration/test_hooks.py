@@ -214,7 +214,7 @@ class FlakyReceiver(BaseHTTPRequestHandler):
 
     seen: list[tuple[dict[str, str], bytes]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.seen.append((dict(self.headers), body))
         status = 500 if len(self.seen) <= 2 else 200
@@ -305,9 +305,8 @@ def test_a_daemon_killed_while_its_hook_runs_runs_the_hook_again_after_the_resta
     daemon = plugin_daemon(hook=[{"name": "slow", "command": command}]).start()
     source = docs.write_png(daemon.inbox / "late.png", ["Killed mid-hook"])
     wait_until(lambda: log.exists() and "start" in log.read_text(), 60, "the hook running")
-    assert source.with_name(
-        "late.png.json"
-    ).exists()  # the sidecars are written: only the hook is left
+    # the sidecars are written: only the hook is left
+    assert source.with_name("late.png.json").exists()
     daemon.kill()  # SIGKILL: no clean-up of any kind
     flag.unlink()  # the orphaned hook may now finish too: at least once, not exactly once
 

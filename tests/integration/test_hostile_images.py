@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,9 @@ def test_pdfs_with_a_buried_or_missing_header_are_read_and_random_bytes_are_not(
         for name in ("buried.pdf", "bare.pdf"):
             path = daemon.inbox / name
             document = wait_until(
-                lambda: sidecars_done(path) or error_sidecar(path), 120, f"a sidecar for {name}"
+                lambda path=path: sidecars_done(path) or error_sidecar(path),
+                120,
+                f"a sidecar for {name}",
             )
             assert document.get("status") == "ok", document
             markdown = path.with_name(name + ".md").read_text()
@@ -103,7 +106,9 @@ def test_content_bombs_get_a_searchable_pdf_within_bounds_and_the_daemon_goes_on
         for name in made:
             path = daemon.inbox / name
             found = wait_until(
-                lambda: sidecars_done(path) or error_sidecar(path), 120, f"the sidecars of {name}"
+                lambda path=path: sidecars_done(path) or error_sidecar(path),
+                120,
+                f"the sidecars of {name}",
             )
             assert found.get("status") == "ok", found
             documents[name] = found["searchable_pdf"]
@@ -147,7 +152,7 @@ def test_images_of_a_few_bytes_declaring_gigapixels_fail_their_kinds_and_the_dae
     kinds = {}
     for name in made:
         path = daemon.inbox / name
-        error = wait_until(lambda: error_sidecar(path), 60, f"the error sidecar of {name}")
+        error = wait_until(partial(error_sidecar, path), 60, f"the error sidecar of {name}")
         kinds[name] = error["error"]["kind"]
         assert not path.with_name(name + ".md").exists()
     assert kinds == {

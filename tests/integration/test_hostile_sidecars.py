@@ -110,9 +110,8 @@ def test_fifos_a_dev_zero_link_folders_and_a_users_file_at_sidecar_names(make_da
     daemon goes on and stops on time."""
     daemon = make_daemon(daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT})
     inbox = daemon.inbox
-    planted: dict[
-        Path, tuple[Path, str]
-    ] = {}  # document -> (what lies at its sidecar name, its description)
+    # document -> (what lies at its sidecar name, its description)
+    planted: dict[Path, tuple[Path, str]] = {}
     for index in range(7):
         os.mkfifo(inbox / f"fifo{index}.png.json")
         planted[inbox / f"fifo{index}.png"] = (inbox / f"fifo{index}.png.json", "a FIFO")

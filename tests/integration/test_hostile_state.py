@@ -69,9 +69,8 @@ def assert_one_error_line(proc: subprocess.CompletedProcess[str], command: str, 
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output
     assert "Traceback" not in output, output
-    if (
-        command == "run"
-    ):  # the daemon logs JSON lines (as under systemd): all of them parse, one is the error
+    # the daemon logs JSON lines (as under systemd): all of them parse, one is the error
+    if command == "run":
         lines = proc.stderr.splitlines()
         events = [json.loads(line) for line in lines]
         errors = [

@@ -76,7 +76,9 @@ def test_ignored_names_are_dropped_silently_and_documents_beside_them_done(
     second = docs.write_png(inbox / "after" / "keep.png", ["Kept after start"])
     for document in (first, second):
         wait_until(
-            lambda: sidecars_done(document) or error_sidecar(document), 90, f"{document} done"
+            lambda document=document: sidecars_done(document) or error_sidecar(document),
+            90,
+            f"{document} done",
         )
         assert sidecars_done(document) is not None, error_sidecar(document)
     assert "Kept" in second.with_name("keep.png.md").read_text()

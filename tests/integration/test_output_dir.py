@@ -106,9 +106,8 @@ def test_a_deleted_sidecar_is_noticed_at_the_next_start_and_redone(
         "a document whose sidecar is there was done again"
     )
     assert sum(e["event"] == "job_done" for e in events) == 1
-    with sqlite3.connect(
-        daemon.state / "ledger.sqlite3"
-    ) as db:  # a redo never counts toward crash_loop
+    # a redo never counts toward crash_loop
+    with sqlite3.connect(daemon.state / "ledger.sqlite3") as db:
         assert db.execute("SELECT state, attempts FROM jobs").fetchall() == [
             ("done", 1),
             ("done", 1),

@@ -115,7 +115,7 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
         qpdf_check(layer)
         extracted = pdftotext(layer).split("\f")[:-1]
         assert len(extracted) == len(document["pages"])
-        for page, text in zip(document["pages"], extracted):
+        for page, text in zip(document["pages"], extracted, strict=True):
             assert similarity(text, page["markdown"]) >= 0.9, (name, text, page["markdown"])
         stages = document["timing"]["stages"]
         figures[name] = {
@@ -126,7 +126,9 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
             "similarity": [
                 round(similarity(t, p["markdown"]), 3)
                 for p, t in zip(
-                    document["pages"], pdftotext(daemon.inbox / f"{name}.ocr.pdf").split("\f")[:-1]
+                    document["pages"],
+                    pdftotext(daemon.inbox / f"{name}.ocr.pdf").split("\f")[:-1],
+                    strict=True,
                 )
             ],
         }

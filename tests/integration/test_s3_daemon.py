@@ -231,10 +231,11 @@ def test_rgw_webhook_upload_to_sidecars(rgw: RgwServer, tmp_path: Path) -> None:
         body = docs.write_png(
             tmp_path / "page.png", ["Document RGW", "Quarterly report invoice"]
         ).read_bytes()
+        # RGW's first write to a bucket takes ~2 s
         for key in (
             "inbox/first.png",
             "inbox/a+b c é.png",
-        ):  # RGW's first write to a bucket takes ~2 s
+        ):
             uploaded = time.monotonic()
             s3.put_object(Bucket="daemon-docs", Key=key, Body=body)
             document = wait_until(

@@ -212,9 +212,9 @@ def test_a_folder_swapped_for_a_symlink_never_sends_a_write_outside_the_inbox(
     for index in range(1, 6):
         source = inbox / "bob" / f"doc-{index}.png"
         wait_until(
-            lambda: sidecars_done(source) or error_sidecar(source),
+            lambda source=source: sidecars_done(source) or error_sidecar(source),
             max(deadline - time.monotonic(), 60),
-            lambda: f"{source.name}'s outcome:\n{daemon.log_text()}",
+            lambda source=source: f"{source.name}'s outcome:\n{daemon.log_text()}",
         )
     assert {p.name: sha(p) for p in vault.iterdir()} == before
     assert daemon.proc is not None and daemon.proc.poll() is None

@@ -131,7 +131,7 @@ def test_a_webhook_address_that_cannot_be_listened_on(daemon: PluginDaemon, list
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         if listen == "taken":
-            listen = "127.0.0.1:%d" % taken.getsockname()[1]
+            listen = f"127.0.0.1:{taken.getsockname()[1]}"
         s3 = {
             "transport": "webhook",
             "token": "t",

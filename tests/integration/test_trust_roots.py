@@ -329,7 +329,7 @@ class Receiver(BaseHTTPRequestHandler):
 
     seen: list[dict[str, str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         self.rfile.read(int(self.headers["Content-Length"]))
         self.seen.append(dict(self.headers))
         self.send_response(200)

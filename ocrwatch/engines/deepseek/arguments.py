@@ -9,9 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-
 from ocrwatch.engines.deepseek import plugin, sizing
-from ocrwatch.engines.deepseek.platform import CUDA, Platform, enforce_eager, v2_runner
 from ocrwatch.engines.deepseek.geometry import (
     VISIONS,
     VisionGeometry,
@@ -19,9 +17,9 @@ from ocrwatch.engines.deepseek.geometry import (
     model_config,
 )
 from ocrwatch.engines.deepseek.options import VllmConfig
+from ocrwatch.engines.deepseek.platform import CUDA, Platform, enforce_eager, v2_runner
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import ConfigError
-
 
 NGRAM_PROCESSORS = {
     "batched": "ocrwatch.engines.deepseek.ngram_vllm:BatchedNoRepeatNGram",

@@ -214,9 +214,8 @@ class ViewGraphs:
         sizes = self.sizes.get(side)
         if sizes is None:  # a view size no graph was made for: eager, as before
             return encode_chunk(self.model, views)
-        with (
-            torch.inference_mode()
-        ):  # the static buffers are inference tensors (made in vLLM's profiling run)
+        # the static buffers are inference tensors (made in vLLM's profiling run)
+        with torch.inference_mode():
             if (side, sizes[0]) not in self.graphs:
                 self._capture_side(side, sizes, views.dtype, views.device)
             outs = []
@@ -235,15 +234,13 @@ class ViewGraphs:
     def _capture_side(
         self, side: int, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device
     ) -> None:
-        for size in sorted(
-            sizes, reverse=True
-        ):  # the largest first, so the smaller reuse its pool memory
+        # the largest first, so the smaller reuse its pool memory
+        for size in sorted(sizes, reverse=True):
             static_in = torch.zeros((size, 3, side, side), dtype=dtype, device=device)
             stream = torch.cuda.Stream(device=device)
             stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(
-                stream
-            ):  # warm-up outside the graph: lazy inits, caches, kernel choice
+            # warm-up outside the graph: lazy inits, caches, kernel choice
+            with torch.cuda.stream(stream):
                 for _ in range(2):
                     encode_chunk(self.model, static_in)
             torch.cuda.current_stream(device).wait_stream(stream)

@@ -31,25 +31,25 @@ from PIL import Image
 
 from ocrwatch.engines.base import Images, PageRequest, Recognition
 from ocrwatch.engines.deepseek import grounding
-from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
-from ocrwatch.engines.sampling import Sampling
-from ocrwatch.errors import ConfigError, EngineDead, EngineFailed, OcrwatchError
 from ocrwatch.engines.deepseek.arguments import (
-    vision,
-    engine_sizing,
     engine_env,
     engine_kwargs,
+    engine_sizing,
     host_processor,
-    platform_env,
-    visible_devices,
-    uses_ngram_guard,
-    sampling_kwargs,
-    vllm_priority,
     model_prompt,
+    platform_env,
+    sampling_kwargs,
+    uses_ngram_guard,
+    visible_devices,
+    vision,
+    vllm_priority,
 )
+from ocrwatch.engines.deepseek.options import PROMPT_PRESETS, VllmConfig
 from ocrwatch.engines.deepseek.platform import Platform, warmup_size
 from ocrwatch.engines.deepseek.platform import describe as describe_platform
 from ocrwatch.engines.deepseek.runtime import Runtime as _Runtime
+from ocrwatch.engines.sampling import Sampling
+from ocrwatch.errors import ConfigError, EngineDead, EngineFailed, OcrwatchError
 
 log = structlog.get_logger()
 

@@ -115,9 +115,8 @@ def parse(
         if kind in IMAGE_LABELS:
             figures += 1
             block["name"] = f"page-{page_index + 1}-figure-{figures}"
-            if (
-                images != "drop"
-            ):  # "extract": the assembler links the placeholder to the figure's file
+            # "extract": the assembler links the placeholder to the figure's file
+            if images != "drop":
                 parts.append(f"![]({block['name']})")
         if kind == "text" and not body and not boxes:
             continue

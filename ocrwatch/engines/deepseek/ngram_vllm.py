@@ -19,7 +19,7 @@ from ocrwatch.engines.deepseek.ngram import NGramBans, NGramRule
 class BatchedNoRepeatNGram(LogitsProcessor):
     validate_params = NGramPerReqLogitsProcessor.validate_params
 
-    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:  # noqa: ANN001
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self._bans = NGramBans(
             rows=vllm_config.scheduler_config.max_num_seqs,
             max_len=vllm_config.model_config.max_model_len,

@@ -132,6 +132,6 @@ def read_platform() -> Platform:
         return Platform(device, int(psutil.virtual_memory().available))
     try:
         memory: int | None = int(current_platform.get_device_total_memory(0))
-    except Exception:  # noqa: BLE001 - no NVML: the sizing rule falls back
+    except Exception:  # no NVML: the sizing rule falls back
         memory = None
     return Platform(device, memory, torch.cuda.device_count())
