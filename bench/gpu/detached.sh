@@ -27,7 +27,9 @@ case $verb in
   start)
     rm -f $D/rc $D/log $D/shown
     # setsid: a session of its own outlives this call; the step writes its results under /tmp/ocw-out.
-    OUT=/tmp/ocw-out setsid bash -c '"$@" > '$D'/log 2>&1 < /dev/null; echo $? > '$D'/rc' step "$@" &
+    # Its own output goes nowhere: holding the caller's stdout would keep a `start | tail` waiting for it.
+    OUT=/tmp/ocw-out setsid bash -c '"$@" > '$D'/log 2>&1 < /dev/null; echo $? > '$D'/rc' step "$@" \
+      > /dev/null 2>&1 < /dev/null &
     follow ;;
   wait)
     follow; rc=$?
