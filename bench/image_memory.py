@@ -155,11 +155,11 @@ def render_child(files: list[str]) -> None:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from ocrwatch import render
     from ocrwatch.config import Config
     from ocrwatch.engines.tesseract import TesseractEngine
-    from ocrwatch.memory import DecodeBudget
-    from ocrwatch.scheduler import auto_render_workers
+    from ocrwatch.infra.memory import DecodeBudget
+    from ocrwatch.pages import render
+    from ocrwatch.pages.scheduler import auto_render_workers
 
     cfg = Config()
     spec = render.render_spec(cfg.render, TesseractEngine(cfg.engine.tesseract).geometry)

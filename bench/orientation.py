@@ -29,11 +29,11 @@ from typing import Any
 
 from common import BIG_DOCUMENTS, corpus_dir, emit, machine, median
 
-from ocrwatch import deskew, orientation, render
 from ocrwatch.config import RenderConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
+from ocrwatch.pages import deskew, orientation, render
 from tests import docs, rotated
 from tests.test_orientation import prose_page
 

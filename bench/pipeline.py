@@ -27,10 +27,11 @@ from typing import Any
 
 from common import Daemon, Doc, corpus_documents, drop, emit, machine, median, sidecar, wait_for
 
-from ocrwatch import logging, render
 from ocrwatch.config import Config, LogConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
+from ocrwatch.infra import logging
+from ocrwatch.pages import render
 
 
 def cpu_seconds(who: int) -> float:

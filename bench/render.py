@@ -42,9 +42,10 @@ from common import corpus_documents, emit, machine, median
 from pdf2image import convert_from_path
 from PIL import Image, ImageChops, ImageStat
 
-from ocrwatch import logging, render
 from ocrwatch.config import Config, LogConfig, TesseractConfig
-from ocrwatch.scheduler import auto_render_workers
+from ocrwatch.infra import logging
+from ocrwatch.pages import render
+from ocrwatch.pages.scheduler import auto_render_workers
 
 Page = tuple[Path, render.DocumentInfo, int]
 Method = Callable[[Page, render.RenderSpec, dict[Path, Any]], Image.Image]

@@ -37,9 +37,9 @@ from common import (
 )
 from rapidfuzz import fuzz
 
-from ocrwatch import render
 from ocrwatch.config import LimitsConfig, RenderConfig
-from ocrwatch.render import Geometry
+from ocrwatch.pages import render
+from ocrwatch.pages.render import Geometry
 from tests import docs
 
 

@@ -27,11 +27,12 @@ from pathlib import Path
 import structlog
 from common import corpus_dir, emit, machine
 
-from ocrwatch import pagetext, render
 from ocrwatch.config import RenderConfig, TesseractConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
-from ocrwatch.memory import DecodeBudget
+from ocrwatch.infra.memory import DecodeBudget
+from ocrwatch.pages import render
+from ocrwatch.recognize import pagetext
 
 BUDGET = DecodeBudget(1024 * 1024 * 1024)
 

@@ -20,11 +20,12 @@ from pathlib import Path
 
 from common import corpus_documents, emit, machine, median
 
-from ocrwatch import render, textlayer
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
+from ocrwatch.pages import render
+from ocrwatch.results import textlayer
 
 Prepared = tuple[Path, str, list[textlayer.PageText | None]]
 

@@ -1,3 +1,3 @@
-from ocrwatch.cli import main
+from ocrwatch.app.cli import main
 
 raise SystemExit(main())

@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ocrwatch.engines.base import PageRequest, Recognition
-from ocrwatch.render import Geometry
+from ocrwatch.pages.render import Geometry
 
 
 class Requests:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch import ledger as ledger_module
-from ocrwatch.ledger import Ledger
 from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.store import ledger as ledger_module
+from ocrwatch.store.ledger import Ledger
 
 ROWS = 2000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ocrwatch import intake
+from ocrwatch.jobs import intake
 from ocrwatch.sources.base import Outbox, Reject, Submit
 
 _SERVING: set[asyncio.Task[None]] = set()

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ocrwatch.engines.base import PageRequest
-from ocrwatch.scheduler import Document, PageAsk, PageScheduler
+from ocrwatch.pages.scheduler import Document, PageAsk, PageScheduler
 
 _ANSWERING: set[asyncio.Task[Any]] = set()
 

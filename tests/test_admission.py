@@ -14,14 +14,14 @@ from typing import Any, cast
 
 import pytest
 
-from ocrwatch.admission import HASHING_THREADS, Admission
-from ocrwatch.archive import Archiver
 from ocrwatch.errors import CorruptPdf, FileTooLarge
-from ocrwatch.hooks import HookRunner
-from ocrwatch.ledger import Fingerprint, Ledger
+from ocrwatch.jobs.admission import HASHING_THREADS, Admission
+from ocrwatch.jobs.archive import Archiver
+from ocrwatch.jobs.hooks import HookRunner
 from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sources.base import Job, LocalFile, Source
+from ocrwatch.store.ledger import Fingerprint, Ledger
 from tests.sparse import TIB, Reads, sparse_file
 
 FP = Fingerprint(size=3, mtime_ns=1, sha256="ab" * 32)

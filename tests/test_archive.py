@@ -24,18 +24,18 @@ from typing import Any
 import pytest
 import structlog
 
-from ocrwatch.archive import Archiver, delete_local, output_judge
 from ocrwatch.config import InboxConfig, OutputConfig, S3Config
 from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse
-from ocrwatch.ledger import Ledger
-from ocrwatch.metrics import Metrics
+from ocrwatch.infra.metrics import Metrics
+from ocrwatch.jobs.archive import Archiver, delete_local, output_judge
 from ocrwatch.safefs import FolderGone
 from ocrwatch.sinks.local import LocalSink, dump_json
 from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import quarantine
-from ocrwatch.written import Written
+from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.written import Written
 from tests.s3servers import MotoServer, RgwServer
 from tests.sparse import TIB, Reads
 

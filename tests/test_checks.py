@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import tomli_w
 
-from ocrwatch import checks, config
+from ocrwatch import config
+from ocrwatch.app import checks
 from ocrwatch.config import S3Config
 from ocrwatch.errors import ConfigError
 from tests.s3servers import MotoServer, free_port

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ocrwatch import children
+from ocrwatch.infra import children
 
 
 def test_run_returns_what_subprocess_run_returns() -> None:

@@ -20,12 +20,13 @@ import pikepdf
 import pytest
 from rapidfuzz.distance import Levenshtein
 
-from ocrwatch import __version__, render
-from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
+from ocrwatch import __version__
 from ocrwatch.config import RenderConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
+from ocrwatch.pages import render
+from ocrwatch.results.assemble import ERROR_SCHEMA, JSON_SCHEMA
 from tests import docs
 
 
@@ -217,8 +218,8 @@ def test_tesseract_character_error_rate_on_born_digital_pages(
 
 
 def test_status_and_retry(tmp_path: Path) -> None:
-    from ocrwatch.ledger import Fingerprint, Ledger
     from ocrwatch.sources.base import Job, LocalFile
+    from ocrwatch.store.ledger import Fingerprint, Ledger
 
     config = tmp_path / "ocrwatch.toml"
     config.write_text(
@@ -446,7 +447,7 @@ def test_ocr_dir_takes_what_the_inbox_scan_takes_max_depth_included(
 ) -> None:
     """``ocr DIR`` is the inbox's own scan (``cli._walk`` used to copy its name rules and walk past
     ``max_depth``): a folder deeper than the inbox's limit is refused and said, as in the inbox."""
-    from ocrwatch.cli import _scan
+    from ocrwatch.app.cli import _scan
     from ocrwatch.config import InboxConfig
 
     (tmp_path / "a" / "b" / "c").mkdir(parents=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.store.ledger import Fingerprint, Ledger
 from tests import docs
 
 CLOSED_PIPE = 141

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ocrwatch import config, config_env
+import ocrwatch.config.env as config_env
+from ocrwatch import config
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.engines.tesseract_options import TesseractConfig
@@ -566,7 +567,8 @@ def test_a_key_that_also_takes_auto_fails_in_one_line(tmp_path: Path, text: str,
     assert info.value.message == f"{tmp_path / 'ocrwatch.toml'}: {said}"
 
 
-# --- paths and secrets: the trust rule (ocrwatch.roots) applied to the configuration ------------
+# --- paths and secrets: the trust rule (ocrwatch.config.roots) applied to the configuration
+# ------------
 
 
 @pytest.mark.parametrize(

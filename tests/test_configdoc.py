@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from ocrwatch import config, config_env, configdoc
-from ocrwatch.config_base import Model
+import ocrwatch.config.doc as configdoc
+import ocrwatch.config.env as config_env
+from ocrwatch import config
+from ocrwatch.config.base import Model
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.tesseract_options import TesseractConfig
 
@@ -25,7 +27,7 @@ def _models(model: type[BaseModel]) -> set[type[BaseModel]]:
 
 def test_the_example_file_is_the_one_the_declarations_write() -> None:
     assert configdoc.EXAMPLE.read_text() == configdoc.example(), (
-        "config.example.toml drifted: python -m ocrwatch.configdoc --write"
+        "config.example.toml drifted: python -m ocrwatch.config.doc --write"
     )
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from ocrwatch.control.client import daemon_holds
 from ocrwatch.control.protocol import OcrRequest
-from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.sources.base import Job, LocalFile, S3Object
+from ocrwatch.store.ledger import Fingerprint, Ledger
 
 
 def test_the_lock_says_whether_a_daemon_holds_the_state(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_status_loads_no_pipeline() -> None:
     pipeline."""
     code = (
         "import sys, ocrwatch.control, ocrwatch.control.client, ocrwatch.control.status; "
-        "print(sorted(m for m in sys.modules if m in ('ocrwatch.pipeline', "
+        "print(sorted(m for m in sys.modules if m in ('ocrwatch.jobs.pipeline', "
         "'ocrwatch.control.ocr')))"
     )
     out = subprocess.run(

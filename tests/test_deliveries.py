@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ocrwatch import deliveries as deliveries_module
-from ocrwatch.deliveries import Deliveries
-from ocrwatch.ledger import Ledger
+from ocrwatch.store import deliveries as deliveries_module
+from ocrwatch.store.deliveries import Deliveries
+from ocrwatch.store.ledger import Ledger
 
 LATIN1 = os.fsdecode(b"caf\xe9.png")  # as a Latin-1 system writes it: not UTF-8, so not SQLite TEXT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from ocrwatch import deskew
+from ocrwatch.pages import deskew
 from tests import docs
 
 LINES = [f"Line {n}: the quick brown fox jumps over the lazy dog" for n in range(1, 15)]

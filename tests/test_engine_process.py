@@ -389,8 +389,8 @@ async def test_the_child_trims_its_heap_when_the_daemon_releases_a_document(
 ) -> None:
     """The child's front end must hand freed memory back like the daemon does (a vLLM replica
     process grew by gigabytes over a few hundred pages when only the daemon trimmed)."""
-    from ocrwatch import logging as ocw_logging
     from ocrwatch.engines import process
+    from ocrwatch.infra import logging as ocw_logging
 
     trims: list[float] = []
 

@@ -44,7 +44,7 @@ OWN_FAULTS = {
 
 
 def test_only_a_fault_of_the_documents_own_bytes_is_quarantined() -> None:
-    import ocrwatch.hooks
+    import ocrwatch.jobs.hooks
     import ocrwatch.sources.s3  # noqa: F401 - their kinds registered too
 
     kinds = errors._KINDS
@@ -169,10 +169,10 @@ def test_an_s3_outage_past_the_calls_retries_uses_none_of_the_documents_attempts
     retries is retried by the job for as long as it lasts, however few attempts the document has."""
     import botocore.exceptions
 
-    from ocrwatch.attempts import attempts_of_a_job
     from ocrwatch.config import RetryConfig
-    from ocrwatch.metrics import Metrics
-    from ocrwatch.s3client import storage_error
+    from ocrwatch.infra.metrics import Metrics
+    from ocrwatch.infra.s3client import storage_error
+    from ocrwatch.jobs.attempts import attempts_of_a_job
 
     outage = botocore.exceptions.EndpointConnectionError(endpoint_url="http://s3")
     error = storage_error(outage, "reading s3://b/k")

@@ -14,13 +14,16 @@ import jsonschema
 import pytest
 from PIL import Image, ImageChops, ImageStat
 
-from ocrwatch import assemble, figures, orientation, outputs, render
 from ocrwatch.config import LimitsConfig, OutputConfig, RenderConfig
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek.grounding import parse
-from ocrwatch.ladder import PageResult
-from ocrwatch.render import Geometry
-from ocrwatch.scheduler import PageOutcome
+from ocrwatch.pages import orientation, render
+from ocrwatch.pages.render import Geometry
+from ocrwatch.pages.scheduler import PageOutcome
+from ocrwatch.recognize import figures
+from ocrwatch.recognize.ladder import PageResult
+from ocrwatch.results import assemble
+from ocrwatch.results import further as outputs
 from ocrwatch.sources.base import Job, LocalFile
 from tests import docs
 from tests.test_grounding import PAPER, WORKSHEET

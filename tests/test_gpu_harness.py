@@ -290,7 +290,7 @@ def test_the_tesseract_bundle_detects_orientation_with_nothing_of_the_machines(
     )
     assert "Rotate: 90" in osd.stdout, osd.stdout + osd.stderr
     check = subprocess.run(
-        [sys.executable, "-c", "from ocrwatch import orientation; orientation.check(True)"],
+        [sys.executable, "-c", "from ocrwatch.pages import orientation; orientation.check(True)"],
         cwd=REPO,
         env={"PATH": str(home / "bin"), "PYTHONPATH": str(REPO)},
         capture_output=True,

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 
 from PIL import Image
 
-from ocrwatch import ladder
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek import arguments
 from ocrwatch.engines.deepseek import rungs as deepseek
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.sampling import Sampling
+from ocrwatch.recognize import ladder
 from tests.engines_base import StubEngine
 
 TIMEOUT = 5.0

@@ -24,17 +24,17 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from ocrwatch import config
-from ocrwatch.admission import job_id
-from ocrwatch.archive import Archiver
 from ocrwatch.config import HookConfig, InboxConfig, OutputConfig
 from ocrwatch.errors import ConfigError
-from ocrwatch.hooks import HookRunner, _header, sidecar_locations
-from ocrwatch.ledger import Fingerprint, Ledger
-from ocrwatch.metrics import Metrics
+from ocrwatch.infra.metrics import Metrics
+from ocrwatch.jobs.admission import job_id
+from ocrwatch.jobs.archive import Archiver
+from ocrwatch.jobs.hooks import HookRunner, _header, sidecar_locations
 from ocrwatch.sinks.local import LocalSink, dump_json
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource
+from ocrwatch.store.ledger import Fingerprint, Ledger
 
 REPO = Path(__file__).resolve().parent.parent
 

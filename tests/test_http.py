@@ -1,5 +1,5 @@
-"""ocrwatch.http: the listener's address parsing, its connection limit and its idle timeout, over
-real sockets."""
+"""ocrwatch.infra.http: the listener's address parsing, its connection limit and its idle timeout,
+over real sockets."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from ocrwatch.http import Listener, connection_cap, host_port
+from ocrwatch.infra.http import Listener, connection_cap, host_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -256,9 +256,9 @@ def test_the_connection_cap_follows_the_descriptor_limit() -> None:
 EXHAUSTED_CHILD = """
 import asyncio, os, resource, sys
 from aiohttp import web
-from ocrwatch import logging as ocrlog
+from ocrwatch.infra import logging as ocrlog
 from ocrwatch.config import LogConfig
-from ocrwatch.http import Listener
+from ocrwatch.infra.http import Listener
 
 async def main():
     ocrlog.configure(LogConfig(format="json"), sys.stdout)

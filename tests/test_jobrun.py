@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from ocrwatch.jobrun import Asked, JobRun, Record
-from ocrwatch.ledger import Fingerprint, Ledger
+from ocrwatch.jobs.jobrun import Asked, JobRun, Record
 from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.store.ledger import Fingerprint, Ledger
 
 
 def _job(tmp_path: Path) -> Job:

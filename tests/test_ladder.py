@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from PIL import Image
 
-from ocrwatch import ladder
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.deepseek import rungs as deepseek
 from ocrwatch.errors import EngineDead
+from ocrwatch.recognize import ladder
 from tests.fault_engines import (
     LOOP_UNIT,
     CrashingEngine,

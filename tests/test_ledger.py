@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch import ledger as ledger_module
-from ocrwatch import ledger_schema
 from ocrwatch.errors import ConfigError, TransientError
-from ocrwatch.ledger import Fingerprint, Ledger, StateUnusable, same_content
 from ocrwatch.sources.base import Job, LocalFile, S3Object
+from ocrwatch.store import ledger as ledger_module
+from ocrwatch.store import ledger_schema
+from ocrwatch.store.ledger import Fingerprint, Ledger, StateUnusable, same_content
 from tests import ledgers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -488,7 +488,7 @@ def test_kill_9_mid_write_keeps_every_committed_row(tmp_path: Path, db: Path) ->
             f"""
             import itertools
             from pathlib import Path
-            from ocrwatch.ledger import Fingerprint, Ledger
+            from ocrwatch.store.ledger import Fingerprint, Ledger
             from ocrwatch.sources.base import Job, LocalFile
             ledger = Ledger(Path({str(db)!r}))
             for i in itertools.count({round_ * 1_000_000}):

@@ -25,7 +25,7 @@ import pytest
 import structlog
 
 from ocrwatch.config import InboxConfig, LogConfig
-from ocrwatch.logging import configure, writes_to_journal
+from ocrwatch.infra.logging import configure, writes_to_journal
 from tests import docs
 from tests.integration.conftest import DaemonProcess, wait_until
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch import memory
-from ocrwatch.memory import HeapTrimmer, trim_heap
+from ocrwatch.infra import memory
+from ocrwatch.infra.memory import HeapTrimmer, trim_heap
 
 
 def rss_bytes() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ocrwatch.metrics import QUEUES, STAGES, HealthServer, LoopLagProbe, Metrics
+from ocrwatch.infra.metrics import QUEUES, STAGES, HealthServer, LoopLagProbe, Metrics
 from tests import docs
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from ocrwatch import deskew, orientation, render
 from ocrwatch.config import RenderConfig
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
-from ocrwatch.orientation import Orientation, Settings
+from ocrwatch.pages import deskew, orientation, render
+from ocrwatch.pages.orientation import Orientation, Settings
 from tests import docs, rotated
 
 LINES = list(rotated.PANGRAMS)

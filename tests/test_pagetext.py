@@ -15,10 +15,11 @@ import pikepdf
 import pytest
 from pikepdf import Name
 
-from ocrwatch import pagetext, pdfcontent, render
 from ocrwatch.config import Config, InboxConfig, RenderConfig
-from ocrwatch.memory import DecodeBudget
-from ocrwatch.scheduler import Checked
+from ocrwatch.infra.memory import DecodeBudget
+from ocrwatch.pages import pdfcontent, render
+from ocrwatch.pages.scheduler import Checked
+from ocrwatch.recognize import pagetext
 from ocrwatch.sources.base import LocalFile, S3Object
 from tests import docs, hostile_pdfs
 

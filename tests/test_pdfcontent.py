@@ -1,6 +1,7 @@
-"""What a page draws, read within bounds (ocrwatch/pdfcontent.py): only the forms ``Do`` invokes,
-iteratively, each once, within a depth and a decoded-byte bound; each filter's decoded size counted
-as qpdf decodes it; the tokenizer's reading of strings, arrays, comments and inline images."""
+"""What a page draws, read within bounds (ocrwatch/pages/pdfcontent.py): only the forms ``Do``
+invokes, iteratively, each once, within a depth and a decoded-byte bound; each filter's decoded size
+counted as qpdf decodes it; the tokenizer's reading of strings, arrays, comments and inline
+images."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pikepdf
 import pytest
 from pikepdf import Array, Dictionary, Name
 
-from ocrwatch import pdfcontent
-from ocrwatch.memory import DecodeBudget
-from ocrwatch.pdfcontent import CONTENT_TOO_LARGE, FORMS_TOO_DEEP, Drawn
+from ocrwatch.infra.memory import DecodeBudget
+from ocrwatch.pages import pdfcontent
+from ocrwatch.pages.pdfcontent import CONTENT_TOO_LARGE, FORMS_TOO_DEEP, Drawn
 from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
 
 DRAWABLE = frozenset({"/Fx", "/G", "/F x", "/ID"})

@@ -15,11 +15,11 @@ from structlog.testing import capture_logs
 
 from ocrwatch.config import Config
 from ocrwatch.errors import OutputNotWritable, PermanentError, SourceGone
-from ocrwatch.jobrun import Asked
-from ocrwatch.ledger import Ledger
-from ocrwatch.metrics import Metrics
-from ocrwatch.pipeline import Pipeline
+from ocrwatch.infra.metrics import Metrics
+from ocrwatch.jobs.jobrun import Asked
+from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, S3Object
+from ocrwatch.store.ledger import Ledger
 from tests import docs
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch import config_engines
+import ocrwatch.config.engines as config_engines
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, EngineSpec

@@ -24,11 +24,13 @@ from pypdf import PdfReader, PdfWriter
 from pypdf.generic import RectangleObject
 from structlog.testing import capture_logs
 
-from ocrwatch import errors, imagepages, memory
-from ocrwatch import render as render_module
+from ocrwatch import errors
 from ocrwatch.config import LimitsConfig, RenderConfig
-from ocrwatch.memory import DecodeBudget, image_bytes
-from ocrwatch.render import (
+from ocrwatch.infra import memory
+from ocrwatch.infra.memory import DecodeBudget, image_bytes
+from ocrwatch.pages import imagepages
+from ocrwatch.pages import render as render_module
+from ocrwatch.pages.render import (
     DEFAULT_DPI,
     DocumentInfo,
     Geometry,
@@ -40,8 +42,8 @@ from ocrwatch.render import (
     render_page,
     render_spec,
 )
-from ocrwatch.sniff import sniff
 from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.sources.sniff import sniff
 from tests import docs, hostile_pdfs
 from tests.conftest import REPO, corpus_path
 
@@ -709,7 +711,7 @@ import resource, sys, warnings
 from pathlib import Path
 from ocrwatch import errors
 from ocrwatch.config import RenderConfig
-from ocrwatch.render import Limits, probe, render_page, render_spec
+from ocrwatch.pages.render import Limits, probe, render_page, render_spec
 warnings.simplefilter("ignore")  # Pillow's DecompressionBombWarning
 spec = render_spec(RenderConfig(max_pixels=10_000_000))
 status = open("/proc/self/status").read().splitlines()
@@ -936,7 +938,7 @@ import resource, sys
 from pathlib import Path
 from ocrwatch import errors
 from ocrwatch.config import LimitsConfig, RenderConfig
-from ocrwatch.render import Limits, check_images, probe, render_page, render_spec
+from ocrwatch.pages.render import Limits, check_images, probe, render_page, render_spec
 spec = render_spec(RenderConfig(decode_budget_mb=int(sys.argv[2])))
 path = Path(sys.argv[1])
 try:

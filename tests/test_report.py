@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch.report import OcrReport
+from ocrwatch.app.report import OcrReport
 from tests import docs
 
 

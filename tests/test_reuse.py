@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ocrwatch.assemble import Provenance
-from ocrwatch.reuse import _adapted, _reusable, _same_place
+from ocrwatch.jobs.reuse import _adapted, _reusable, _same_place
+from ocrwatch.results.assemble import Provenance
 from ocrwatch.sinks.base import Recalled
 from ocrwatch.sources.base import Job, LocalFile
 

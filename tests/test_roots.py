@@ -1,7 +1,8 @@
-"""The trust rule for every root (``ocrwatch.roots``): a root is never a link, belongs to root or
-the daemon's user, is written by no one else unless it is an inbox, cannot be swapped through a
-folder on the way, is made at start where missing and then checked, and is never a folder an inbox
-would read. Other users are stood for by uid 65534 (``nobody``), which only root can give a file."""
+"""The trust rule for every root (``ocrwatch.config.roots``): a root is never a link, belongs to
+root or the daemon's user, is written by no one else unless it is an inbox, cannot be swapped
+through a folder on the way, is made at start where missing and then checked, and is never a folder
+an inbox would read. Other users are stood for by uid 65534 (``nobody``), which only root can give a
+file."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch import roots
-from ocrwatch.config_sources import InboxConfig
+import ocrwatch.config.roots as roots
+from ocrwatch.config.sources import InboxConfig
 from ocrwatch.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to nobody")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from ocrwatch import s3archive
+from ocrwatch.jobs import s3archive
 from ocrwatch.sources.base import Job
 from tests.s3servers import MotoServer, RgwServer
 from tests.test_archive import keys, put, s3_archiver

@@ -1,11 +1,12 @@
-"""ocrwatch.s3client: the error mapping (the ``ocrwatch check`` probes are tests/test_checks.py)."""
+"""ocrwatch.infra.s3client: the error mapping (the ``ocrwatch check`` probes are
+tests/test_checks.py)."""
 
 from __future__ import annotations
 
 import botocore.exceptions
 
 from ocrwatch.errors import StorageUnavailable
-from ocrwatch.s3client import error_code, is_not_found, is_transient, storage_error
+from ocrwatch.infra.s3client import error_code, is_not_found, is_transient, storage_error
 
 
 def client_error(status: int, code: str) -> botocore.exceptions.ClientError:

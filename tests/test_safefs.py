@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from ocrwatch.errors import UntrustedFolder, path_fault
-from ocrwatch.ledger import Fingerprint
 from ocrwatch.safefs import (
     CHUNK,
     Access,
@@ -35,6 +34,7 @@ from ocrwatch.safefs import (
     walk,
 )
 from ocrwatch.safefs import base as safefs_base
+from ocrwatch.store.ledger import Fingerprint
 from tests.sparse import TIB, Reads, sparse_file
 
 OTHER_UID = 54321

@@ -13,8 +13,8 @@ from PIL import Image
 
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.errors import CorruptPdf, EngineDead
-from ocrwatch.orientation import AS_RENDERED, Orientation
-from ocrwatch.scheduler import (
+from ocrwatch.pages.orientation import AS_RENDERED, Orientation
+from ocrwatch.pages.scheduler import (
     Budget,
     Checked,
     DocumentOrder,

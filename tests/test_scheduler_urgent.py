@@ -16,7 +16,7 @@ from PIL import Image
 
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.deepseek.experimental.lanes import held_back, make_room
-from ocrwatch.scheduler import Budget, DocumentOrder, PageScheduler, backlog_cap, lane_of
+from ocrwatch.pages.scheduler import Budget, DocumentOrder, PageScheduler, backlog_cap, lane_of
 from tests.pages import answered
 from tests.test_scheduler import FakePage
 

@@ -14,12 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ocrwatch import assemble, schema
 from ocrwatch.engines.base import Recognition
 from ocrwatch.engines.tesseract import parse_tsv
 from ocrwatch.errors import CorruptPdf
-from ocrwatch.ladder import PageResult
-from ocrwatch.scheduler import PageOutcome
+from ocrwatch.pages.scheduler import PageOutcome
+from ocrwatch.recognize.ladder import PageResult
+from ocrwatch.results import assemble, schema
 from ocrwatch.sources.base import Job, LocalFile
 from tests.conftest import REPO
 
@@ -38,7 +38,7 @@ def published(name: str) -> dict[str, Any]:
 
 
 def test_the_published_files_are_what_the_code_generates() -> None:
-    """Run ``python3 docs/schema/generate.py`` after changing ``ocrwatch/schema.py``."""
+    """Run ``python3 docs/schema/generate.py`` after changing ``ocrwatch/results/schema.py``."""
     assert sorted(path.name for path in PUBLISHED.glob("*.json")) == sorted(schema.FILES)
     for name, text in schema.published().items():
         assert (PUBLISHED / name).read_text() == text, f"docs/schema/{name}: run generate.py"

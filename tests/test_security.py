@@ -28,7 +28,7 @@ import tomli_w
 from ocrwatch import config, safefs
 from ocrwatch.config import MetricsConfig, S3Config
 from ocrwatch.errors import ConfigError, OutputNotWritable
-from ocrwatch.metrics import HealthServer, Metrics
+from ocrwatch.infra.metrics import HealthServer, Metrics
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
 
@@ -228,7 +228,7 @@ def open_umask() -> Iterator[None]:
 def test_session_folders_are_private_even_with_an_open_umask(
     tmp_path: Path, open_umask: None
 ) -> None:
-    from ocrwatch.session import DocumentSession
+    from ocrwatch.jobs.session import DocumentSession
     from tests.fault_engines import EchoEngine
 
     async def modes() -> tuple[int, int]:

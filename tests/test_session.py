@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrwatch.session import DocumentSession
+from ocrwatch.jobs.session import DocumentSession
 
 
 class ReleasingEngine:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ocrwatch import safefs
-from ocrwatch.assemble import SCHEMA_ID
 from ocrwatch.naming import sidecar_names
+from ocrwatch.results.assemble import SCHEMA_ID
 from ocrwatch.sinks import local as local_sink
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile

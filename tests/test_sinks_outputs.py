@@ -12,11 +12,12 @@ import pikepdf
 import pytest
 from PIL import Image
 
-from ocrwatch import safefs, textlayer
-from ocrwatch.assemble import SCHEMA_ID
+from ocrwatch import safefs
 from ocrwatch.config import S3Config
 from ocrwatch.errors import OutputConflict
-from ocrwatch.figures import crop
+from ocrwatch.recognize.figures import crop
+from ocrwatch.results import textlayer
+from ocrwatch.results.assemble import SCHEMA_ID
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object

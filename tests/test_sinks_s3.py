@@ -11,11 +11,11 @@ import pytest
 
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable
-from ocrwatch.s3client import new_client
+from ocrwatch.infra.s3client import new_client
 from ocrwatch.sinks.base import markdown_bytes
 from ocrwatch.sinks.s3 import S3Sink, shares_output
 from ocrwatch.sources.base import Job, S3Object
-from ocrwatch.written import object_record
+from ocrwatch.store.written import object_record
 from tests.s3servers import MotoServer, RgwServer
 
 pytestmark = pytest.mark.s3

@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from ocrwatch import render
 from ocrwatch.config import LimitsConfig
-from ocrwatch.sniff import HEAD_BYTES, MIME, sniff
+from ocrwatch.pages import render
 from ocrwatch.sources import readiness
+from ocrwatch.sources.sniff import HEAD_BYTES, MIME, sniff
 
 
 def image_bytes(kind: str, **options: object) -> bytes:

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from ocrwatch.assemble import error_document
 from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, SourceGone
+from ocrwatch.results.assemble import error_document
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.sources.s3 import S3Source

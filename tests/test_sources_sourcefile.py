@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from ocrwatch.errors import FileTooLarge, NotARegularFile, SourceChanged, SourceGone
-from ocrwatch.ledger import Fingerprint, Ledger
 from ocrwatch.safefs import CHUNK, Signature
 from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Job, LocalFile
@@ -32,6 +31,7 @@ from ocrwatch.sources.sourcefile import (
     measure,
     open_file,
 )
+from ocrwatch.store.ledger import Fingerprint, Ledger
 from tests.sparse import TIB, Reads, sparse_file
 
 RENAME_EXCHANGE = 2

@@ -25,9 +25,9 @@ from pydantic import ValidationError
 from watchdog.events import FileCreatedEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingEmitter
 
+from ocrwatch.app.daemon import SignalCatcher
 from ocrwatch.config import InboxConfig
-from ocrwatch.daemon import SignalCatcher
-from ocrwatch.metrics import Metrics
+from ocrwatch.infra.metrics import Metrics
 from ocrwatch.sources import inotify, local
 from ocrwatch.sources.inotify import InotifyWatcher
 from ocrwatch.sources.local import LocalSource

@@ -17,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from ocrwatch.config import S3Config
-from ocrwatch.s3client import InvalidRequest
+from ocrwatch.infra.s3client import InvalidRequest
 from ocrwatch.sources.base import S3Object
 from ocrwatch.sources.webhook import WebhookSource
 from tests.outboxes import fed

@@ -20,9 +20,9 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from ocrwatch.cli import EXIT_USAGE
-from ocrwatch.daemon import USAGE_EXIT_CODE
-from ocrwatch.systemd import sd_notify, watchdog_interval
+from ocrwatch.app.cli import EXIT_USAGE
+from ocrwatch.app.daemon import USAGE_EXIT_CODE
+from ocrwatch.infra.systemd import sd_notify, watchdog_interval
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent

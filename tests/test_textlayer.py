@@ -26,16 +26,17 @@ import pytest
 from PIL import Image, ImageChops, ImageStat
 from rapidfuzz import fuzz
 
-from ocrwatch import deskew, orientation, pdfimage, render, textlayer
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek.grounding import parse
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import CorruptImage, CorruptPdf
-from ocrwatch.memory import DecodeBudget, image_bytes
-from ocrwatch.render import BAND_BYTES
-from ocrwatch.textlayer import Line, PageText, Word
+from ocrwatch.infra.memory import DecodeBudget, image_bytes
+from ocrwatch.pages import deskew, orientation, render
+from ocrwatch.pages.render import BAND_BYTES
+from ocrwatch.results import pdfimage, textlayer
+from ocrwatch.results.textlayer import Line, PageText, Word
 from tests import docs
 from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
 from tests.test_grounding import PAPER, WORKSHEET

@@ -1,4 +1,5 @@
-"""Write the sidecars' JSON Schemas into this folder from their one source, ``ocrwatch.schema``.
+"""Write the sidecars' JSON Schemas into this folder from their one source,
+``ocrwatch.results.schema``.
 
 Run after changing a sidecar's members: ``python3 docs/schema/generate.py``; a test fails while the
 files here differ from what the code generates.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ocrwatch.schema import published
+from ocrwatch.results.schema import published
 
 
 def main() -> None:

@@ -5,9 +5,10 @@ A running daemon listens on a Unix socket in ``state_dir`` (``control.sock``, mo
 user it runs as, and root, can connect). A connection carries one request, a JSON object on one line
 (``{"op": "status"}``, ``{"op": "retry", "selectors": [...]}``, ``{"op": "ocr", "files": [...],
 ...}``); the answer is JSON lines, streamed while the request runs (an ``ocr`` request's page
-progress and each file's result), the last one ``{"event": "end"}``. This is not ``ocrwatch.http``'s
-job: that layer serves HTTP over TCP to whoever reaches a port (metrics, health, the S3 webhook);
-this channel is local, owner-only by its file mode, and streams lines to one waiting command.
+progress and each file's result), the last one ``{"event": "end"}``. This is not
+``ocrwatch.infra.http``'s job: that layer serves HTTP over TCP to whoever reaches a port (metrics,
+health, the S3 webhook); this channel is local, owner-only by its file mode, and streams lines to
+one waiting command.
 
 The state lock (``daemon.lock``, held with ``flock`` for the daemon's whole life) is the authority
 on whether a daemon runs: a client asks the socket only while the lock is held, and a daemon removes

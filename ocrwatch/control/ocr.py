@@ -15,14 +15,14 @@ from typing import Any
 
 from ocrwatch.config import TextMode
 from ocrwatch.control.protocol import REQUEST_PREFIX, Emit, OcrRequest
-from ocrwatch.jobrun import Asked
-from ocrwatch.ledger import Fingerprint
-from ocrwatch.pipeline import Pipeline
+from ocrwatch.jobs.jobrun import Asked
+from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.safefs import TooLarge, hash_fd
 from ocrwatch.sinks.base import recorded_fingerprint, records
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.files import GivenFiles
+from ocrwatch.store.ledger import Fingerprint
 
 PROGRESS_SECONDS = 0.5
 

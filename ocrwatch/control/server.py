@@ -24,10 +24,10 @@ from ocrwatch.control.protocol import (
 )
 from ocrwatch.control.status import listeners, pipeline_status, place
 from ocrwatch.errors import classify
-from ocrwatch.ledger import Ledger
-from ocrwatch.pipeline import Pipeline
+from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
-from ocrwatch.written import Written
+from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.written import Written
 
 log = structlog.get_logger()
 

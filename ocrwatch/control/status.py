@@ -13,8 +13,8 @@ from ocrwatch.control.protocol import REQUEST_PREFIX
 from ocrwatch.sources.base import Job, S3Object
 
 if TYPE_CHECKING:
-    from ocrwatch.ledger import Ledger
-    from ocrwatch.pipeline import Progress
+    from ocrwatch.jobs.pipeline import Progress
+    from ocrwatch.store.ledger import Ledger
 
 
 def place(job: Job) -> str:

@@ -30,8 +30,8 @@ from pydantic import BaseModel
 
 from ocrwatch.config import Config, EngineConfig, LogConfig, TextMode
 from ocrwatch.engines.sampling import Sampling
+from ocrwatch.pages.render import Geometry
 from ocrwatch.plaintext import PlainText
-from ocrwatch.render import Geometry
 
 Images = Literal["placeholder", "drop", "extract"]
 """What becomes of figures in the Markdown (``[output] images``); with ``extract`` an engine writes

@@ -41,14 +41,14 @@ import structlog
 from PIL import Image
 
 from ocrwatch import errors
-from ocrwatch import logging as ocw_logging
 from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Images, PageRequest, Recognition
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.errors import EngineDead, EngineFailed, OcrwatchError
-from ocrwatch.memory import HeapTrimmer
-from ocrwatch.render import Geometry
+from ocrwatch.infra import logging as ocw_logging
+from ocrwatch.infra.memory import HeapTrimmer
+from ocrwatch.pages.render import Geometry
 
 log = structlog.get_logger()
 

@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any
 
-from ocrwatch import config_engines
+import ocrwatch.config.engines as config_engines
 from ocrwatch.config import EngineConfig, LogConfig
 from ocrwatch.engines.base import Engine, EngineSpec, Images
 from ocrwatch.engines.deepseek import rungs

@@ -36,7 +36,7 @@ from ocrwatch.engines import tesseract_checks
 from ocrwatch.engines.base import Engine, EngineSpec, Images, PageRequest, Recognition
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
-from ocrwatch.render import Geometry
+from ocrwatch.pages.render import Geometry
 
 log = structlog.get_logger()
 

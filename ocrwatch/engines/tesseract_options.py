@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ocrwatch.config_base import Lang, no_zero_for_auto
+from ocrwatch.config.base import Lang, no_zero_for_auto
 
 
 class TesseractConfig(BaseModel):

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ocrwatch import figures
-from ocrwatch.assemble import PAGE_MARK, SCHEMA_ID
-from ocrwatch.ledger import Fingerprint, same_content
 from ocrwatch.naming import FIGURE_FILE
+from ocrwatch.recognize import figures
+from ocrwatch.results.assemble import PAGE_MARK, SCHEMA_ID
 from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job
+from ocrwatch.store.ledger import Fingerprint, same_content
 
 HEAD_BYTES = 256 * 1024
 """How much of a JSON sidecar is read to learn whose it is and what it describes: ``schema`` and

@@ -33,10 +33,10 @@ from typing import Any
 
 import structlog
 
-from ocrwatch import textlayer
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, SourceGone
 from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
+from ocrwatch.results import textlayer
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder, walk
 from ocrwatch.sinks.base import (
     HEAD_BYTES,
@@ -52,7 +52,7 @@ from ocrwatch.sinks.base import (
     pdf_recorded,
 )
 from ocrwatch.sources.base import Job, LocalFile, Origin
-from ocrwatch.written import OURS, Output, Verdict, Written, judge, vouched
+from ocrwatch.store.written import OURS, Output, Verdict, Written, judge, vouched
 
 log = structlog.get_logger()
 

@@ -39,11 +39,9 @@ from typing import Any
 import botocore.exceptions
 import structlog
 
-from ocrwatch import textlayer
 from ocrwatch.config import S3Config
 from ocrwatch.errors import NameTooLong, OcrwatchError, OutputConflict, OutputNotWritable
-from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
-from ocrwatch.s3client import (
+from ocrwatch.infra.s3client import (
     MAX_KEY_BYTES,
     InvalidRequest,
     call,
@@ -53,6 +51,8 @@ from ocrwatch.s3client import (
     new_client,
     storage_error,
 )
+from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
+from ocrwatch.results import textlayer
 from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import (
     HEAD_BYTES,
@@ -69,7 +69,7 @@ from ocrwatch.sinks.base import (
 )
 from ocrwatch.sinks.local import dump_json
 from ocrwatch.sources.base import Job, S3Object
-from ocrwatch.written import OURS, Stored, Verdict, judge_object, object_owner, object_record
+from ocrwatch.store.written import OURS, Stored, Verdict, judge_object, object_owner, object_record
 
 log = structlog.get_logger()
 

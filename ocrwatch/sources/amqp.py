@@ -35,7 +35,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 
 from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError
-from ocrwatch.metrics import AMQP_EVENTS, Metrics
+from ocrwatch.infra.metrics import AMQP_EVENTS, Metrics
 from ocrwatch.sources.amqpmessages import broker_url, receives, redacted
 from ocrwatch.sources.base import Job, Outbox, Outcome, S3Object
 from ocrwatch.sources.s3 import TooManyDeliveries

@@ -51,7 +51,7 @@ from ocrwatch.errors import (
     path_fault,
     quarantined,
 )
-from ocrwatch.metrics import Metrics
+from ocrwatch.infra.metrics import Metrics
 from ocrwatch.naming import sidecar_names
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit
 from ocrwatch.sources.ignore import sidecar_suffixes

@@ -4,8 +4,8 @@
 It is blocking and cheap (a ``stat``, a header and a trailer, never a full parse), and both go
 through ``sourcefile``: no link is followed, on the way or at the end, and nothing but a regular
 file is opened, so a FIFO dropped in an inbox cannot hang a worker thread. The format comes from
-``ocrwatch.sniff``, the renderer's own sniffer, so a file is waited on as the format it will be
-rendered as.
+``ocrwatch.sources.sniff``, the renderer's own sniffer, so a file is waited on as the format it will
+be rendered as.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import BinaryIO
 from PIL import Image
 
 from ocrwatch.errors import NotARegularFile, SourceGone
-from ocrwatch.sniff import HEAD_BYTES, sniff
+from ocrwatch.sources.sniff import HEAD_BYTES, sniff
 from ocrwatch.sources.sourcefile import open_file
 
 TAIL_BYTES = 2048

@@ -34,7 +34,7 @@ from tenacity import (
 
 from ocrwatch.config import LimitsConfig, S3Config
 from ocrwatch.errors import OcrwatchError, PermanentError
-from ocrwatch.s3client import READ_TIMEOUT, acall, error_code, is_transient, new_client
+from ocrwatch.infra.s3client import READ_TIMEOUT, acall, error_code, is_transient, new_client
 from ocrwatch.sources.base import Job, Outbox, Outcome, Reject, S3Object
 from ocrwatch.sources.s3events import S3EventSource, finished_by, parse
 

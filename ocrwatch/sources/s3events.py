@@ -33,8 +33,7 @@ import structlog
 
 from ocrwatch.config import LimitsConfig, MiB, S3Config
 from ocrwatch.errors import FileTooLarge, OcrwatchError, PermanentError, SourceGone
-from ocrwatch.naming import is_output, sidecar_names
-from ocrwatch.s3client import (
+from ocrwatch.infra.s3client import (
     MAX_KEY_BYTES,
     S3Threads,
     call,
@@ -43,6 +42,7 @@ from ocrwatch.s3client import (
     new_client,
     storage_error,
 )
+from ocrwatch.naming import is_output, sidecar_names
 from ocrwatch.sources.base import Fetched, Job, Outcome, Reject, S3Object, Submit
 
 log = structlog.get_logger()

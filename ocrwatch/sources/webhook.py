@@ -18,8 +18,8 @@ a request with the token is always served. Such refusals are counted, not logged
 first after a quiet spell at once, then one ``s3_webhook_refused`` line per ``REFUSALS_LOG_SECONDS``
 with the count, the peers, the statuses and the loudest peer.
 
-HTTP is ``ocrwatch.http`` (aiohttp, with a connection limit and idle timeout); the body is bounded
-by ``max_body_bytes`` and must arrive within ``READ_TIMEOUT`` seconds.
+HTTP is ``ocrwatch.infra.http`` (aiohttp, with a connection limit and idle timeout); the body is
+bounded by ``max_body_bytes`` and must arrive within ``READ_TIMEOUT`` seconds.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import structlog
 from aiohttp import web
 
 from ocrwatch.config import LimitsConfig, S3Config
-from ocrwatch.http import Listener
+from ocrwatch.infra.http import Listener
 from ocrwatch.sources.base import Job, Outbox, Outcome
 from ocrwatch.sources.s3events import S3EventSource, parse
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ocrwatch.assemble import JSON_SCHEMA
+from ocrwatch.results.assemble import JSON_SCHEMA
 from ocrwatch.safefs import TMP_MARKER
 from tests import docs
 from tests.hardening_engines import job_id_of

@@ -17,7 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
+from ocrwatch.results.assemble import ERROR_SCHEMA, JSON_SCHEMA
 from tests import docs
 from tests.integration.conftest import (
     alive,

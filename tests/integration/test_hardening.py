@@ -29,7 +29,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ocrwatch.assemble import ERROR_SCHEMA, JSON_SCHEMA
+from ocrwatch.results.assemble import ERROR_SCHEMA, JSON_SCHEMA
 from tests import docs
 from tests.hardening_engines import job_id_of
 from tests.integration.conftest import children_named, error_sidecar, sidecars_done, wait_until
@@ -714,7 +714,7 @@ def test_s3_errors_and_slowness_are_retried_not_failed() -> None:
     failed for it). The source's outage handling end to end is
     ``tests/test_sources_s3.py::test_polling_survives_an_outage...``."""
     botocore = pytest.importorskip("botocore.exceptions")
-    from ocrwatch import s3client as s3
+    from ocrwatch.infra import s3client as s3
 
     def client_error(status: int, code: str) -> Exception:
         return botocore.ClientError(
@@ -748,8 +748,8 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
     the same step."""
     from PIL import Image
 
-    from ocrwatch.render import RenderedPage
-    from ocrwatch.scheduler import PageScheduler
+    from ocrwatch.pages.render import RenderedPage
+    from ocrwatch.pages.scheduler import PageScheduler
     from tests.pages import answered
 
     async def scenario() -> tuple[int, int]:
@@ -785,7 +785,7 @@ def test_a_flate_bomb_page_is_cut_off_by_the_render_deadline(tmp_path: Path) -> 
     pdftoppm outlives it."""
     from ocrwatch.config import RenderConfig
     from ocrwatch.errors import RenderTimeout
-    from ocrwatch.render import Limits, probe, render_page, render_spec
+    from ocrwatch.pages.render import Limits, probe, render_page, render_spec
 
     bomb = tmp_path / "bomb.pdf"
     bomb.write_bytes(flate_image_pdf(12_000))

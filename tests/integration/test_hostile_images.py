@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from PIL import features
 
-from ocrwatch.sniff import sniff
+from ocrwatch.sources.sniff import sniff
 from tests import docs
 from tests.hostile_pdfs import MiB, write_declared_image_pdf, write_form_bomb, write_nested_forms
 from tests.integration.conftest import REPO, DaemonProcess, error_sidecar, sidecars_done, wait_until
@@ -171,11 +171,11 @@ _RENDER_FIVE = """
 import json, os, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from ocrwatch import render
+from ocrwatch.pages import render
 from ocrwatch.config import Config
 from ocrwatch.engines.tesseract import TesseractEngine
-from ocrwatch.memory import DecodeBudget
-from ocrwatch.scheduler import auto_render_workers
+from ocrwatch.infra.memory import DecodeBudget
+from ocrwatch.pages.scheduler import auto_render_workers
 cfg = Config()
 spec = render.render_spec(cfg.render, TesseractEngine(cfg.engine.tesseract).geometry)
 budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)
@@ -208,8 +208,8 @@ _SEARCHABLE_FIVE = """
 import json, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from ocrwatch import textlayer
-from ocrwatch.memory import DecodeBudget
+from ocrwatch.results import textlayer
+from ocrwatch.infra.memory import DecodeBudget
 budget = DecodeBudget(int(sys.argv[1]))
 def one(name):
     out = Path(name + ".ocr.pdf")

@@ -23,7 +23,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ocrwatch.assemble import ERROR_SCHEMA
+from ocrwatch.results.assemble import ERROR_SCHEMA
 from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
 

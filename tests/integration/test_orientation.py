@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ocrwatch import orientation
+from ocrwatch.pages import orientation
 from tests import docs, rotated
 from tests.conftest import corpus_path
 from tests.integration.conftest import sidecars_done, wait_until

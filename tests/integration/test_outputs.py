@@ -17,11 +17,11 @@ import pytest
 from PIL import Image, ImageChops
 from rapidfuzz import fuzz
 
-from ocrwatch import render
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
-from ocrwatch.render import Geometry
+from ocrwatch.pages import render
+from ocrwatch.pages.render import Geometry
 from tests import docs
 from tests.conftest import corpus_path
 from tests.integration.conftest import DaemonProcess, wait_until

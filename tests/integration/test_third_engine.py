@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pydantic import BaseModel, ConfigDict, Field
 from ocrwatch.engines.base import Check, EngineSpec, Recognition
-from ocrwatch.render import Geometry
+from ocrwatch.pages.render import Geometry
 
 
 class ToyOptions(BaseModel):

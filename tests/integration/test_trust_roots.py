@@ -1,9 +1,9 @@
-"""One trust rule for every root (``ocrwatch.roots``), with the daemon and the CLI as real processes
-and real second users (``useradd``, ``setpriv``): a folder or file ocrwatch starts from is never a
-link, is root's or the daemon's user's, is written by no one else unless it is an inbox, cannot be
-swapped through a folder on the way, is made at start where missing, and is never a folder an inbox
-reads; the configuration is read only when it may be trusted, and its secrets can live in files.
-Each refusal at start is exit 2 with one line naming the file, the key and the fix.
+"""One trust rule for every root (``ocrwatch.config.roots``), with the daemon and the CLI as real
+processes and real second users (``useradd``, ``setpriv``): a folder or file ocrwatch starts from is
+never a link, is root's or the daemon's user's, is written by no one else unless it is an inbox,
+cannot be swapped through a folder on the way, is made at start where missing, and is never a folder
+an inbox reads; the configuration is read only when it may be trusted, and its secrets can live in
+files. Each refusal at start is exit 2 with one line naming the file, the key and the fix.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ocrwatch.render import Geometry
+from ocrwatch.pages.render import Geometry
 
 LETTER_LONG_SIDE_INCHES = 11.0
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ocrwatch.scheduler import backlog_cap, lane_of
+from ocrwatch.pages.scheduler import backlog_cap, lane_of
 
 
 def held_back(priorities: Sequence[int], waiting: int | None, cap: int) -> list[int]:

@@ -1,0 +1,388 @@
+"""Pages turned upright before they are read: Tesseract's orientation detection, and deskew.
+
+Every rendered page, for either engine, goes through ``upright`` in its render worker (blocking, off
+the event loop). With ``[render] rotate_pages``, Tesseract's orientation and script detection
+(``--psm 0``, the ``osd`` data) says by how many right angles the page is turned and how sure it is.
+OSD costs about a second of one core a page, so a cheaper test goes first: the page's text lines,
+found on a bilevel copy at ``LINES_DPI``, are kept as they are without asking OSD where they run
+across the page and look like upright Latin lines (``lines_say_upright``); every other page, turned
+or unsure, goes to OSD. OSD's confidence is the margin between its best orientation and the
+next; on a page with little text it is small and often wrong (a test page of a few sideways boxes
+reads as upside down at 1.9, where a three-line page turned 90 degrees reads right at 2.7), so its
+answer is taken in three bands:
+
+- at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's ``--rotate-pages-threshold``):
+  as it is;
+- from ``READ_FLOOR`` up to the threshold: checked by reading the page both ways (Tesseract,
+  ``READ_LANG``) and turned only when turned it reads at least ``READ_RATIO`` times as many
+  characters of confident words (``READ_CONFIDENCE``) as it does unturned;
+- below ``READ_FLOOR``, or no answer at all (too few characters): kept as it is.
+
+With ``[render] deskew`` the upright page is then levelled by the small angle ``deskew`` finds.
+The page the engine reads, its blocks' boxes and its figures are the upright image's; ``to_shown``
+gives the map from those pixels back to the page as rendered (as a viewer shows it), which the
+searchable PDF's text layer is placed through.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+from PIL import Image
+
+from ocrwatch.errors import ConfigError
+from ocrwatch.infra import children
+from ocrwatch.pages import deskew
+
+log = structlog.get_logger()
+
+BINARY = "tesseract"
+"""The Tesseract that detects orientation: the one on PATH, whichever engine reads the pages."""
+OSD_MAX_DPI = 300
+"""A page rendered finer is shrunk to this for detection: OSD is trained on 300 dpi text."""
+READ_FLOOR = 1.0
+"""OSD's confidence below which a turned answer is not even checked (upright pages of little text
+are read turned at 0.2 to 0.5 confidence: a map, a chart, a title page)."""
+READ_LANG = "eng"
+"""The language the check reads in: Latin letters of any language read confidently in it, and a
+page of another script still reads more of them upright than on its side."""
+READ_CONFIDENCE = 70.0
+READ_RATIO = 2.0
+READ_MIN_CHARACTERS = 10
+"""A turned page must read at least this many characters of confident words to be turned."""
+
+LINES_DPI = 150.0
+"""The resolution the text-line test reads a page at: a line of 10-point text is ~20 pixels high,
+enough to tell the x-height band from the ascenders above it and the descenders below it."""
+LINES_TILE = 160
+"""The side of the square tiles, in ``LINES_DPI`` pixels (about an inch), each judged on its own:
+a tile holds a few lines of one column, whatever the page's layout."""
+LINES_INK = (0.02, 0.35)
+"""The share of a tile's pixels that must be ink for it to be judged: less is margin or a stray
+mark, more a picture or a dark background."""
+LINE_HEIGHT = (8, 60)
+"""The height, in ``LINES_DPI`` pixels, of a band of inked rows taken for a line of text."""
+LINES_MIN = 10
+"""The fewest lines across the page for the test to speak: fewer (a title page, a form, a map)
+go to OSD."""
+LINES_ACROSS = 2.0
+"""How many times as many lines must run across the page as along it (a page on its side)."""
+LINES_ASCENDERS = 1.6
+"""How many times as much ink must lie above the lines' x-height band as below it: Latin text
+upright has more ascenders and capitals than descenders (about 3:1 in English prose, 1.7:1 in the
+corpus's least), upside down it has the reverse (at most 0.8:1 in the corpus)."""
+LINES_CORE = (0.4, 0.7)
+"""The share of a line's height its dense middle (the rows with at least half its busiest row's
+ink) must take: Latin's x-height band. Devanagari's headline (~0.13), Arabic's baseline (~0.1) and
+CJK's square glyphs (~0.76) fall outside, and so do a sideways page's columns cut across (~0.8),
+so pages of those scripts go to OSD, which knows them."""
+
+DecidedBy = Literal["text_lines", "osd", "reading", "low_confidence", "too_little_text", "failed"]
+"""How a page's rotation was decided: kept as it is because its text lines say it is upright,
+OSD's answer as it is, the reading check, or kept as it is because OSD was unsure, found too few
+characters, or could not run (the log says why)."""
+
+_T = Image.Transpose
+_TURN = {90: _T.ROTATE_270, 180: _T.ROTATE_180, 270: _T.ROTATE_90}  # clockwise to Pillow's turns
+
+
+@dataclass(frozen=True)
+class Orientation:
+    """What was done to a page to read it: ``rotation`` clockwise degrees (a right angle), then
+    ``deskew`` clockwise degrees about its centre (None: deskew is off). ``detected`` is OSD's
+    answer (clockwise degrees that make it upright) and ``confidence`` its margin; both None where
+    OSD did not run or gave no answer."""
+
+    rotation: int = 0
+    detected: int | None = None
+    confidence: float | None = None
+    decided_by: DecidedBy | None = None
+    deskew: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def turned(self) -> bool:
+        return self.rotation != 0 or bool(self.deskew)
+
+
+AS_RENDERED = Orientation()
+"""A page read as it was rendered, neither detection nor deskew asked for."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``[render] rotate_pages``, ``rotate_pages_threshold`` and ``deskew``; ``timeout``: each
+    Tesseract run's deadline (``[render] timeout_seconds``)."""
+
+    rotate: bool = False
+    threshold: float = 14.0
+    deskew: bool = False
+    timeout: float = 120.0
+
+
+def check(rotate: bool) -> None:
+    """Fail at start, not on every page, when detection is asked for and Tesseract or its ``osd``
+    (and ``READ_LANG``) data is missing."""
+    if not rotate:
+        return
+    hint = "install tesseract-ocr and tesseract-ocr-osd, or set [render] rotate_pages = false"
+    if shutil.which(BINARY) is None:
+        raise ConfigError(f"[render] rotate_pages needs {BINARY!r} on PATH", hint=hint)
+    try:
+        done = subprocess.run(
+            [BINARY, "--list-langs"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        message = f"[render] rotate_pages: {BINARY} --list-langs failed: {exc}"
+        raise ConfigError(message, hint=hint) from None
+    missing = {"osd", READ_LANG} - set(done.stdout.split())
+    if done.returncode != 0 or missing:
+        what = " or ".join(sorted(missing)) or "language"
+        raise ConfigError(f"[render] rotate_pages: tesseract has no {what} data", hint=hint)
+
+
+def upright(image: Image.Image, dpi: float, settings: Settings) -> tuple[Image.Image, Orientation]:
+    """The page turned upright (and levelled, with ``settings.deskew``), and what was done to it.
+    Blocking: it runs Tesseract. Never raises for the page's sake: a detection that fails keeps the
+    page as it is and says so (``decided_by = "failed"``, and a warning in the log)."""
+    if not settings.rotate and not settings.deskew:
+        return image, AS_RENDERED
+    started = time.perf_counter()
+    rotation, detected, confidence, decided_by = 0, None, None, None
+    if settings.rotate:
+        rotation, detected, confidence, decided_by = _decide(image, dpi, settings)
+        image = turn(image, rotation)
+    skew = None
+    if settings.deskew:
+        skew = deskew.skew_angle(image)
+        if skew:
+            image = deskew.straighten(image, skew)
+    seconds = time.perf_counter() - started
+    return image, Orientation(rotation, detected, confidence, decided_by, skew, seconds)
+
+
+def turn(image: Image.Image, clockwise: int) -> Image.Image:
+    """``image`` turned ``clockwise`` degrees (0, 90, 180 or 270): lossless, a new image."""
+    return image.transpose(_TURN[clockwise]) if clockwise else image
+
+
+def to_shown(orientation: Orientation, width: int, height: int) -> tuple[float, ...]:
+    """The affine map ``(a, b, c, d, e, f)`` from a pixel of the upright page (``width`` x
+    ``height``, y down) to the page as rendered (y down): ``x = a*u + c*v + e``,
+    ``y = b*u + d*v + f``, PDF's matrix order. Undoes the deskew (about the centre), then the
+    right-angle turn."""
+    angle = math.radians(orientation.deskew or 0.0)
+    cos, sin = math.cos(angle), math.sin(angle)
+    cx, cy = width / 2, height / 2
+    # Deskew undone: the upright page turned back counter-clockwise about its centre (y down).
+    a, b, c, d = cos, -sin, sin, cos
+    e, f = cx - cos * cx - sin * cy, cy + sin * cx - cos * cy
+    # The turn undone: a clockwise turn by r maps the rendered (W x H) pixel (x, y) to (H - y, x) at
+    # 90, (W - x, H - y) at 180, (y, W - x) at 270; each inverted here, W x H the rendered size.
+    shown_w, shown_h = (height, width) if orientation.rotation in (90, 270) else (width, height)
+    back = {
+        0: (1.0, 0.0, 0.0, 1.0, 0.0, 0.0),
+        90: (0.0, -1.0, 1.0, 0.0, 0.0, float(shown_h)),
+        180: (-1.0, 0.0, 0.0, -1.0, float(shown_w), float(shown_h)),
+        270: (0.0, 1.0, -1.0, 0.0, float(shown_w), 0.0),
+    }[orientation.rotation]
+    return _then((a, b, c, d, e, f), back)
+
+
+def _then(first: tuple[float, ...], second: tuple[float, ...]) -> tuple[float, ...]:
+    """The affine map ``first`` followed by ``second`` (both in ``to_shown``'s order)."""
+    a1, b1, c1, d1, e1, f1 = first
+    a2, b2, c2, d2, e2, f2 = second
+    return (
+        a1 * a2 + b1 * c2,
+        a1 * b2 + b1 * d2,
+        c1 * a2 + d1 * c2,
+        c1 * b2 + d1 * d2,
+        e1 * a2 + f1 * c2 + e2,
+        e1 * b2 + f1 * d2 + f2,
+    )
+
+
+def _decide(
+    image: Image.Image, dpi: float, settings: Settings
+) -> tuple[int, int | None, float | None, DecidedBy]:
+    """The rotation to apply, OSD's answer and confidence, and which band decided (module
+    docstring)."""
+    page, page_dpi = _grey(image, dpi)
+    if lines_say_upright(page, page_dpi):
+        return 0, None, None, "text_lines"
+    with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
+        path = os.path.join(folder, "page.pgm")
+        page.save(path)
+        try:
+            answer = detect(path, page_dpi, settings.timeout)
+        except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
+            log.warning("orientation_failed", error=str(exc))
+            return 0, None, None, "failed"
+        if answer is None:
+            return 0, None, None, "too_little_text"
+        detected, confidence = answer
+        if detected == 0 or confidence >= settings.threshold:
+            return detected, detected, confidence, "osd"
+        if confidence < READ_FLOOR:
+            return 0, detected, confidence, "low_confidence"
+        try:
+            unturned = readable_characters(path, page_dpi, settings.timeout)
+            turned_path = os.path.join(folder, "turned.pgm")
+            turn(page, detected).save(turned_path)
+            turned = readable_characters(turned_path, page_dpi, settings.timeout)
+        except OSError as exc:
+            log.warning("orientation_failed", error=str(exc))
+            return 0, detected, confidence, "failed"
+    better = turned >= max(READ_MIN_CHARACTERS, READ_RATIO * unturned)
+    return (detected if better else 0), detected, confidence, "reading"
+
+
+def lines_say_upright(page: Image.Image, dpi: float) -> bool:
+    """Whether ``page`` (grey) surely needs no turn, from its text lines alone (module docstring):
+    at least ``LINES_MIN`` lines run across the page, ``LINES_ACROSS`` times as many as along it,
+    with a Latin x-height band (``LINES_CORE``) and ``LINES_ASCENDERS`` times as much ink above that
+    band as below it. Pure Pillow and Python, a few hundredths of a second a page."""
+    ink = _bilevel(page, dpi)
+    side = LINES_TILE
+    least, most = (round(share * side * side) for share in LINES_INK)
+    across = along = 0
+    above = below = 0
+    cores: list[float] = []
+    for top in range(0, ink.height - side + 1, side):
+        for left in range(0, ink.width - side + 1, side):
+            tile = ink.crop((left, top, left + side, top + side))
+            rows = _sums(tile.tobytes(), side)
+            if not least <= sum(rows) <= most:
+                continue
+            lines = _lines(rows)
+            columns = _lines(_sums(tile.transpose(_T.ROTATE_90).tobytes(), side))
+            if len(lines) >= 2 and len(lines) > LINES_ACROSS * len(columns):
+                across += len(lines)
+                for up, down, core in lines:
+                    above, below = above + up, below + down
+                    cores.append(core)
+            elif len(columns) >= 2 and len(columns) > LINES_ACROSS * len(lines):
+                along += len(columns)
+    if across < max(LINES_MIN, LINES_ACROSS * along):
+        return False
+    low, high = LINES_CORE
+    return (above + 1) >= LINES_ASCENDERS * (below + 1) and low <= statistics.median(cores) <= high
+
+
+def _bilevel(page: Image.Image, dpi: float) -> Image.Image:
+    """``page`` no finer than ``LINES_DPI``, 1 where it is ink (darker than mid-grey), else 0."""
+    if dpi > LINES_DPI:
+        scale = LINES_DPI / dpi
+        size = (max(1, round(page.width * scale)), max(1, round(page.height * scale)))
+        page = page.resize(size, Image.Resampling.BOX)
+    return page.point(lambda value: 1 if value < 128 else 0)
+
+
+def _sums(data: bytes, side: int) -> list[int]:
+    """The inked pixels of each row of a ``side``-wide bilevel tile's bytes."""
+    return [sum(data[start : start + side]) for start in range(0, len(data), side)]
+
+
+def _lines(rows: list[int]) -> list[tuple[int, int, float]]:
+    """Each band of inked rows that the tile holds whole and is a line's height: the ink above its
+    dense middle, the ink below it, and the middle's share of its height."""
+    found = []
+    start = None
+    for index, count in enumerate([*rows, 0]):
+        if count and start is None:
+            start = index
+        elif not count and start is not None:
+            whole = start > 0 and index < len(rows)
+            if whole and LINE_HEIGHT[0] <= index - start <= LINE_HEIGHT[1]:
+                band = rows[start:index]
+                dense = [at for at, value in enumerate(band) if 2 * value >= max(band)]
+                first, last = dense[0], dense[-1]
+                found.append(
+                    (sum(band[:first]), sum(band[last + 1 :]), (last - first + 1) / len(band))
+                )
+            start = None
+    return found
+
+
+def _grey(image: Image.Image, dpi: float) -> tuple[Image.Image, float]:
+    """What detection reads: the page in grey, no finer than ``OSD_MAX_DPI``."""
+    grey = image.convert("L")
+    if dpi > OSD_MAX_DPI:
+        scale = OSD_MAX_DPI / dpi
+        size = (max(1, round(grey.width * scale)), max(1, round(grey.height * scale)))
+        return grey.resize(size, Image.Resampling.BOX), float(OSD_MAX_DPI)
+    return grey, dpi
+
+
+def detect(path: str, dpi: float, timeout: float) -> tuple[int, float] | None:
+    """OSD's answer for the page image at ``path``: the clockwise degrees that make it upright and
+    the confidence; None when it finds too few characters to say. Raises OSError when Tesseract
+    fails."""
+    done = _tesseract([path, "-", "--psm", "0", "--dpi", str(round(dpi))], timeout)
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace")
+        if "too few characters" in said.lower():
+            return None
+        tail = said.strip()[-300:]
+        raise OSError(f"tesseract --psm 0 exited with status {done.returncode}: {tail}")
+    return parse_osd(done.stdout.decode("utf-8", "replace"))
+
+
+def parse_osd(text: str) -> tuple[int, float] | None:
+    """``Rotate`` and ``Orientation confidence`` from ``tesseract --psm 0``'s report; None without
+    them."""
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    try:
+        rotate = int(fields["Rotate"].strip()) % 360
+        confidence = float(fields["Orientation confidence"].strip())
+    except (KeyError, ValueError):
+        return None
+    if rotate not in (0, 90, 180, 270) or not math.isfinite(confidence):
+        return None
+    return rotate, confidence
+
+
+def readable_characters(path: str, dpi: float, timeout: float) -> int:
+    """Characters in the words Tesseract reads at ``READ_CONFIDENCE`` or more on the page at
+    ``path``, in ``READ_LANG``: a page on its side or upside down reads as few confident words. The
+    page is read as one block of horizontal lines (``--psm 6``): the automatic layout (``--psm 3``)
+    finds vertical lines and reads a page on its side as well as upright."""
+    argv = [path, "-", "--psm", "6", "--dpi", str(round(dpi)), "-l", READ_LANG, "tsv"]
+    done = _tesseract(argv, timeout)
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip()[-300:]
+        raise OSError(f"tesseract exited with status {done.returncode}: {said}")
+    count = 0
+    for row in done.stdout.decode("utf-8", "replace").splitlines()[1:]:
+        fields = row.split("\t")
+        if len(fields) == 12 and fields[0] == "5" and fields[11].strip():
+            try:
+                if float(fields[10]) >= READ_CONFIDENCE:
+                    count += len(fields[11].strip())
+            except ValueError:
+                continue
+    return count
+
+
+def _tesseract(args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """One Tesseract run with one thread (the render workers are the parallelism); a deadline passed
+    or the program missing is an OSError, as a crash is."""
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    try:
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        done = children.run([BINARY, *args], timeout=timeout, env=env, **pipes)
+    except subprocess.TimeoutExpired:
+        raise OSError(f"tesseract took longer than {timeout:g}s") from None
+    if done.returncode < 0:
+        raise OSError(f"tesseract was killed by signal {-done.returncode}")
+    return done

@@ -1,0 +1,477 @@
+"""A PDF page's own text, taken instead of its OCR where it is good (``[[inbox]] text``).
+
+``Pages`` is what the render workers call for each page of a document. With ``text = "ocr"``, or
+for an image, it renders the page for the engine. Otherwise it first reads the page's own text:
+``pdfcontent`` says, within its bounds, whether the page shows any text at all (a scan shows none
+and costs no more), then ``pdftotext -f N -l N`` extracts it in a subprocess with the render
+timeout, so a hostile page costs what rendering it would. ``layer`` takes any text the page has;
+``auto`` takes it only where ``judge`` finds it good, and renders the page for the engine
+otherwise. A page taken from its layer skips the engine and the render, and its searchable PDF
+page keeps its own text (``textlayer``: ``own``).
+
+``judge`` asks what Tesseract knows: the letters of its installed languages' character sets and
+the words of the page's languages' word lists (``plaintext.wordlist``, read once per process).
+A layer fails when it is mostly unreadable codes (a font without a Unicode map: TAMReview's pages
+2–5 show private-use codes), when its letters are ones no installed language has, or when too few
+of its words are words. A taken page's text is plain text to the assembler, escaped and its
+line-break hyphens joined as Tesseract's is (``plaintext``). Poppler's reading order is taken, not
+``-layout``: ``-layout`` sets two columns side by side on each line, which Markdown interleaves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import selectors
+import subprocess
+import tempfile
+import threading
+import time
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pikepdf
+import structlog
+
+from ocrwatch import plaintext
+from ocrwatch.config import Config, TextMode
+from ocrwatch.engines import registry
+from ocrwatch.engines.base import Recognition
+from ocrwatch.infra import children
+from ocrwatch.infra.memory import DecodeBudget
+from ocrwatch.pages import pdfcontent, render
+from ocrwatch.pages.scheduler import Checked, PageOutcome
+from ocrwatch.recognize import ladder
+from ocrwatch.sources.base import LocalFile, Origin
+
+log = structlog.get_logger()
+
+MIN_CHARACTERS = 20
+"""Letters and digits a layer needs to be judged: fewer (a page number, a stamp on a scan) tell
+nothing of the page, whose OCR is cheap then."""
+
+MIN_READABLE = 0.9
+"""Share of a layer's characters that must be readable: neither private-use nor unassigned codes,
+controls or U+FFFD, which a font without a Unicode map gives (TAMReview's pages: 6–16 % readable).
+A few such codes are the pieces of large brackets a math font draws."""
+
+MIN_ALPHANUMERIC = 0.5
+"""Share of the characters (dot leaders left out) that must be letters or digits: a layer of
+punctuation alone is a font poppler could not map (its letters lost)."""
+
+MIN_KNOWN_LETTERS = 0.95
+"""Share of the letters that an installed language's character set must hold: a symbol font
+mapped onto Latin Extended and Greek letters fails, a page with a few Greek formulas passes."""
+
+MIN_KNOWN_WORDS = 0.5
+"""Share of the words' letters in words the page's languages know: the corpus's born-digital
+English pages score 0.93–1.0 (names and terms are the rest), its German ones 0.7–1.0 with
+``deu``; words run together or letters read as others (a wrong encoding) score near 0."""
+
+MIN_PART = 4
+"""Letters of each part of a compound ``_known`` accepts: shorter parts would let words run
+together (``thecommittee``) pass."""
+
+MIN_WORD_LETTERS = 40
+"""Letters in words below which the word test is not made (a table of figures, a CJK page)."""
+
+MAX_TEXT_BYTES = 4 * 1024 * 1024
+"""What pdftotext may write for one page: a dense page of text is some ten kilobytes, and a page
+past this is a content bomb's (``text_too_large``: OCR'd within the renderer's bounds)."""
+
+LIST_TIMEOUT_SECONDS = 60.0
+
+REASONS = (
+    "good",
+    "asked",
+    "no_text",
+    "little_text",
+    "unreadable_codes",
+    "unmapped_font",
+    "unknown_letters",
+    "unknown_words",
+    "no_dictionary",
+    pdfcontent.CONTENT_TOO_LARGE,
+    pdfcontent.FORMS_TOO_DEEP,
+    "unreadable_pdf",
+    "extraction_failed",
+    "extraction_timeout",
+    "text_too_large",
+)
+"""Every ``Check.reason``: the first two take the layer, the others OCR the page."""
+
+_LEADERS = re.compile(r"(?:[.·…_\-–—]\s*){4,}")
+_WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+_UNREADABLE = {"Co", "Cn", "Cs", "Cc"}
+_UNSPACED = ("CJK", "HIRAGANA", "KATAKANA", "THAI", "LAO", "KHMER", "MYANMAR", "TIBETAN")
+"""Scripts written without spaces between words: a run of them is no word, so only the letter test
+judges them."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """What the text check found: the text to take (None: OCR the page) and why."""
+
+    text: str | None
+    reason: str
+    known_words: float | None = None
+    seconds: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        """The JSON's ``text_check``."""
+        words = None if self.known_words is None else round(self.known_words, 3)
+        return {"reason": self.reason, "known_words": words, "seconds": round(self.seconds, 4)}
+
+
+class Knowledge(Protocol):
+    """What ``judge`` asks of Tesseract: the letters it knows, and the words of its languages
+    ``lang`` (``deu+eng``; None where none can be read)."""
+
+    def letters(self) -> frozenset[str] | None: ...
+
+    def words(self, lang: str) -> frozenset[str] | None: ...
+
+
+def judge(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | None]:
+    """Whether ``text`` stands for the page: ``("good", share of known words)``, or the reason it
+    does not. Compared in NFKC, so a ligature (ﬁ) is its letters."""
+    folded = _LEADERS.sub(" ", unicodedata.normalize("NFKC", text))
+    marks = [c for c in folded if not c.isspace()]
+    unreadable = sum(1 for c in marks if unicodedata.category(c) in _UNREADABLE or c == "\ufffd")
+    if len(marks) >= MIN_CHARACTERS and unreadable > (1 - MIN_READABLE) * len(marks):
+        return "unreadable_codes", None
+    alphanumeric = sum(1 for c in marks if c.isalnum())
+    if alphanumeric < MIN_CHARACTERS:
+        return "little_text", None
+    if alphanumeric < MIN_ALPHANUMERIC * len(marks):
+        return "unmapped_font", None
+    known = knowledge.letters()
+    if known is None:
+        return "no_dictionary", None
+    letters = [c for c in marks if c.isalpha()]
+    if sum(1 for c in letters if c not in known) > (1 - MIN_KNOWN_LETTERS) * len(letters):
+        return "unknown_letters", None
+    words = [w for w in _WORD.findall(folded.replace("’", "'")) if len(w) > 1 and _spaced(w)]
+    total = sum(len(w) for w in words)
+    if total < MIN_WORD_LETTERS:
+        return "good", None
+    vocabulary = knowledge.words(lang)
+    if vocabulary is None:
+        return "no_dictionary", None
+    share = sum(len(w) for w in words if _known(w, vocabulary)) / total
+    return ("good" if share >= MIN_KNOWN_WORDS else "unknown_words"), share
+
+
+def _spaced(word: str) -> bool:
+    return not any(unicodedata.name(c, "").startswith(_UNSPACED) for c in word[:1])
+
+
+def _known(word: str, vocabulary: frozenset[str]) -> bool:
+    """A word the list has, before an apostrophe too (``committee's``), or a compound of two it
+    has of ``MIN_PART`` letters or more, joined by a linking ``s`` or not (``Fundamentalgruppe``,
+    ``Gruppenoperationen``): German writes its compounds as one word, the list holds few."""
+    lower = word.lower()
+    if lower in vocabulary or lower.split("'", 1)[0] in vocabulary:
+        return True
+    for cut in range(MIN_PART, len(lower) - MIN_PART + 1):
+        head, tail = lower[:cut], lower[cut:]
+        linked = head[-1] == "s" and head[:-1] in vocabulary
+        if tail in vocabulary and (head in vocabulary or linked):
+            return True
+    return False
+
+
+def check(
+    path: Path,
+    index: int,
+    mode: TextMode,
+    lang: str,
+    knowledge: Knowledge,
+    *,
+    budget: DecodeBudget,
+    timeout: float,
+) -> Check:
+    """Page ``index``'s own text, and whether to take it (``mode`` ``auto`` or ``layer``)."""
+    started = time.perf_counter()
+    text, reason = _extract(path, index, budget, timeout)
+    if text is not None:
+        if mode == "layer":
+            reason = "asked" if text.strip() else "no_text"
+            known = None
+        else:
+            reason, known = judge(text, knowledge, lang)
+    seconds = time.perf_counter() - started
+    taken = text if reason in ("good", "asked") else None
+    return Check(taken, reason, known if text is not None else None, seconds)
+
+
+def _extract(
+    path: Path, index: int, budget: DecodeBudget, timeout: float
+) -> tuple[str | None, str]:
+    """The page's text, or None and why there is none to take."""
+    try:
+        with pikepdf.Pdf.open(path) as pdf:
+            drawn = pdfcontent.read_page(pdf.pages[index], budget)
+    except (pikepdf.PdfError, pikepdf.PasswordError, IndexError) as exc:
+        log.info("text_layer_unread", page=index + 1, error=str(exc))
+        return None, "unreadable_pdf"
+    if drawn.refused is not None:
+        return None, drawn.refused
+    if not drawn.text:
+        return None, "no_text"
+    number = str(index + 1)
+    argv = ["pdftotext", "-q", "-enc", "UTF-8", "-f", number, "-l", number]
+    argv += [os.path.abspath(path), "-"]
+    try:
+        out = _bounded(argv, timeout, MAX_TEXT_BYTES)
+    except subprocess.TimeoutExpired:
+        log.warning("text_layer_timeout", page=index + 1, seconds=timeout)
+        return None, "extraction_timeout"
+    except OSError as exc:
+        log.warning("text_layer_unread", page=index + 1, error=f"pdftotext: {exc}")
+        return None, "extraction_failed"
+    if out is None:
+        log.warning("text_layer_too_large", page=index + 1, limit=MAX_TEXT_BYTES)
+        return None, "text_too_large"
+    return out.decode("utf-8", "replace"), "good"
+
+
+def _bounded(argv: list[str], timeout: float, limit: int) -> bytes | None:
+    """The child's stdout, read as it comes: None (the child killed) past ``limit`` bytes, whatever
+    the page's content made it write; TimeoutExpired past ``timeout``; OSError when it fails."""
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    size = 0
+    with (
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as process,
+        children.tracked(process),
+        selectors.DefaultSelector() as selector,
+    ):
+        assert process.stdout is not None
+        selector.register(process.stdout, selectors.EVENT_READ)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                chunk = os.read(process.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    return None
+                chunks.append(chunk)
+            if process.wait(max(deadline - time.monotonic(), 0.001)) != 0:
+                raise OSError(f"exited {process.returncode}")
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return b"".join(chunks)
+
+
+def markdown(text: str) -> str:
+    """The layer's text as the page's Markdown: its lines as poppler ordered them, paragraphs
+    (poppler's blocks) apart by one blank line."""
+    lines = [line.rstrip() for line in text.replace("\f", "\n").splitlines()]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+class Tessdata:
+    """Tesseract's knowledge, read from its language data once per process (``binary`` finds
+    it) and kept: the letters of every installed language, each language's words on first use."""
+
+    def __init__(self, binary: str) -> None:
+        self._binary = binary
+        self._lock = threading.Lock()
+        self._folder: Path | None = None
+        self._letters: frozenset[str] | None = None
+        self._words: dict[str, frozenset[str] | None] = {}
+        self._listed = False
+
+    def letters(self) -> frozenset[str] | None:
+        with self._lock:
+            if not self._listed:
+                self._listed = True
+                self._letters = self._read_letters()
+            return self._letters
+
+    def words(self, lang: str) -> frozenset[str] | None:
+        if self.letters() is None:
+            return None
+        with self._lock:
+            if lang not in self._words:
+                self._words[lang] = self._read_words(lang)
+            return self._words[lang]
+
+    def _read_letters(self) -> frozenset[str] | None:
+        try:
+            done = children.run(
+                [self._binary, "--list-langs"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                timeout=LIST_TIMEOUT_SECONDS,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("text_dictionary_missing", error=f"{self._binary} --list-langs: {exc}")
+            return None
+        listed = done.stdout.decode("utf-8", "replace")
+        folder = plaintext.tessdata_dir(listed)
+        if done.returncode != 0 or folder is None or plaintext.tools_missing():
+            log.warning(
+                "text_dictionary_missing",
+                error="tesseract, its language data or its "
+                "training tools (combine_tessdata, dawg2wordlist) not found",
+            )
+            return None
+        self._folder = folder
+        letters: set[str] = set()
+        for lang in (name.strip() for name in listed.splitlines()[1:]):
+            if lang and lang != "osd":
+                letters.update(c for c in self._unicharset(lang) if c.isalpha())
+        return frozenset(letters)
+
+    def _component(self, lang: str, name: str, scratch: str) -> Path | None:
+        """The component ``name`` of ``lang``'s traineddata, written into ``scratch``; None where it
+        has none."""
+        assert self._folder is not None
+        out = Path(scratch) / f"{lang.replace('/', '_')}.{name}"
+        try:
+            children.run(
+                ["combine_tessdata", "-e", str(self._folder / f"{lang}.traineddata"), str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=LIST_TIMEOUT_SECONDS,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out if out.is_file() and out.stat().st_size else None
+
+    def _unicharset(self, lang: str) -> set[str]:
+        with tempfile.TemporaryDirectory(prefix="ocrwatch-tessdata-") as scratch:
+            path = self._component(lang, "lstm-unicharset", scratch)
+            path = path or self._component(lang, "unicharset", scratch)
+            if path is None:
+                return set()
+            lines = path.read_text("utf-8", "replace").splitlines()[1:]
+        return {line.split(" ", 1)[0] for line in lines if line}
+
+    def _read_words(self, lang: str) -> frozenset[str] | None:
+        assert self._folder is not None
+        try:
+            words = plaintext.wordlist(self._folder, lang)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("text_dictionary_missing", lang=lang, error=str(exc))
+            return None
+        if not words:
+            log.warning("text_dictionary_missing", lang=lang, error="no word list in its data")
+        return words or None
+
+
+_TESSDATA: dict[str, Tessdata] = {}
+_TESSDATA_LOCK = threading.Lock()
+
+
+def tessdata(binary: str) -> Tessdata:
+    """The process's one ``Tessdata`` for ``binary``: its word lists are read once."""
+    with _TESSDATA_LOCK:
+        return _TESSDATA.setdefault(binary, Tessdata(binary))
+
+
+def text_mode(cfg: Config, origin: Origin, asked: TextMode | None, engine: str) -> TextMode:
+    """The job's text mode: asked (``ocrwatch ocr --text``), else its inbox's ``text``, else the
+    default the engine states (``EngineSpec.text``)."""
+    if asked is not None:
+        return asked
+    if isinstance(origin, LocalFile):
+        for inbox in cfg.inbox:
+            if inbox.text is not None and inbox.path.expanduser().resolve() == origin.inbox:
+                return inbox.text
+    return registry.find(engine).text
+
+
+class Copy(Protocol):
+    """The job's private copy as the pipeline measured it (``pipeline.Probed``)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def info(self) -> render.DocumentInfo: ...
+
+    @property
+    def spec(self) -> render.RenderSpec: ...
+
+
+def pages(
+    cfg: Config,
+    origin: Origin,
+    copy: Copy,
+    asked: TextMode | None,
+    engine: str,
+    lang: str | None,
+    budget: DecodeBudget,
+    observe: Callable[[float], None],
+) -> Pages:
+    """The page maker for the job of ``origin`` read by ``engine`` in Tesseract's languages
+    ``lang`` (None: ``[engine.tesseract] lang``); ``asked``: ``ocrwatch ocr --text``."""
+    tess = cfg.engine.tesseract
+    mode = text_mode(cfg, origin, asked, engine)
+    knowledge, lang = tessdata(tess.binary), lang or tess.lang
+    return Pages(copy.path, copy.info, copy.spec, mode, lang, knowledge, budget, observe)
+
+
+@dataclass(frozen=True)
+class Pages:
+    """A document's page maker for the render workers (the scheduler's ``RenderFn``): each page
+    rendered, or its own text checked first and taken where it stands for its recognition.
+    ``observe`` is told each render's seconds."""
+
+    path: Path
+    info: render.DocumentInfo
+    spec: render.RenderSpec
+    mode: TextMode
+    lang: str
+    knowledge: Knowledge
+    budget: DecodeBudget
+    observe: Callable[[float], None]
+
+    def __call__(self, index: int) -> render.RenderedPage | Checked:
+        if self.mode == "ocr" or self.info.kind != "pdf":
+            return self._render(index)
+        found = check(
+            self.path,
+            index,
+            self.mode,
+            self.lang,
+            self.knowledge,
+            budget=self.budget,
+            timeout=self.spec.timeout_seconds,
+        )
+        log.debug("text_checked", page=index + 1, reason=found.reason, seconds=found.seconds)
+        if found.text is None:
+            return Checked(found.record(), self._render(index))
+        return Checked(found.record(), taken=self._taken(index, found))
+
+    def _render(self, index: int) -> render.RenderedPage:
+        page = render.render_page(self.path, self.info, index, self.spec, budget=self.budget)
+        self.observe(page.seconds)
+        return page
+
+    def _taken(self, index: int, found: Check) -> PageOutcome:
+        """The page as its layer reads, sized as it would have been rendered (the JSON's pixels)."""
+        assert found.text is not None
+        width_pt, height_pt = self.info.page_sizes[index]
+        dpi = render.page_dpi(width_pt, height_pt, self.spec)
+        text = markdown(found.text)
+        plain = plaintext.PlainText(self.knowledge.words(self.lang) or frozenset())
+        recognition = Recognition(markdown=text, raw=found.text, seconds=found.seconds, plain=plain)
+        result = ladder.PageResult("ok", recognition, [])
+        width, height = (max(1, math.ceil(side * dpi / 72)) for side in (width_pt, height_pt))
+        return PageOutcome(
+            index, width, height, dpi, 0.0, result, text_source="layer", text_check=found.record()
+        )

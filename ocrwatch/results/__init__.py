@@ -1,0 +1,3 @@
+"""What a document becomes: the Markdown and JSON sidecars, their JSON Schemas, and the further
+outputs (the searchable PDF, the figures' files).
+"""
