@@ -379,3 +379,21 @@ def test_no_class_defines_a_method_twice() -> None:
                     f"{module}.{node.name}.{name}" for name in set(names) if names.count(name) > 1
                 ]
     assert not twice, twice
+
+
+def test_the_package_is_folders_with_few_loose_modules() -> None:
+    """Folders are the layers: a module left loose at the top hides which layer it belongs to."""
+    loose = sorted(
+        path.name
+        for path in PACKAGE.glob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    )
+    assert len(loose) <= 10, loose
+
+
+def test_the_design_is_a_map_of_every_folder_in_under_300_lines() -> None:
+    """docs/design.md is read whole by a newcomer: every layer named, no history of bugs."""
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    folders = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
+    assert len(design.splitlines()) < 300
+    assert [f for f in folders if f"{f}/" not in design] == []
