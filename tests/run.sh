@@ -38,8 +38,9 @@ if [ "$lane" = 1 ]; then
 fi
 set +e
 # The suite mostly waits (daemons, settle times, sleeps), so more workers than cores pay.
-# A later -n or --dist in "$@" wins (-n 0: one process, as before).
-python -m pytest -q -ra -n "${OCRWATCH_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# A later -n or --dist in "$@" wins (-n 0: one process, as before). The slowest tests are listed
+# at the end: they are the first to cut when the suite nears its time bound.
+python -m pytest -q -ra -n "${OCRWATCH_TEST_WORKERS:-4}" --dist loadgroup --durations=25 "$@"
 rc=$?
 lane_rc=0
 if [ "$lane" = 1 ]; then
