@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ocrwatch.infra.logging import beside, say
+from ocrwatch.infra.logging import bar_shown, say
 
 
 class OcrReport:
@@ -37,8 +37,7 @@ class OcrReport:
             else None
         )
         self._files = files
-        if self._bar is not None:
-            beside(lambda: tqdm.external_write_mode(file=sys.stderr))
+        bar_shown(self._bar is not None)
 
     async def emit(self, event: dict[str, Any]) -> None:
         self.show(event)
@@ -78,7 +77,7 @@ class OcrReport:
         """Print the summary; whether any file failed or was left unfinished."""
         if self._bar is not None:
             self._bar.close()
-            beside(None)
+            bar_shown(False)
         counts = self.counts
         partial = f" ({counts['partial']} partial)" if counts["partial"] else ""
         failed = counts["failed"] + counts["interrupted"]

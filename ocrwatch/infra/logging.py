@@ -5,7 +5,7 @@ records the priority and ``journalctl -p err`` shows the failures alone; elsewhe
 left as it is. The lines the command line writes itself (a configuration error before logging is set
 up, a progress line) go through ``say``, which prefixes them the same way; once the log lines are
 JSON, ``say``'s are JSON events among them, so that stderr holds one format. While a live display
-holds the terminal's last line (``ocr``'s bar), every line is written above it (``beside``).
+holds the terminal's last line (``ocr``'s bar), every line is written above it (``bar_shown``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
 import structlog
+from tqdm import tqdm
 
 from ocrwatch.config import LogConfig
 
@@ -53,19 +53,22 @@ def prefixed(text: str, level: str) -> str:
     return "\n".join(prefix + line for line in text.split("\n"))
 
 
-Hold = Callable[[], AbstractContextManager[object]]
-
-_hold: Hold = contextlib.nullcontext
+_bar_shown = False
 _json_stderr: object = None
 """The stderr whose log lines ``configure`` made JSON (None: they are not): ``say`` writes events
 only there, so a later stderr (a test's own) is not taken for it."""
 
 
-def beside(hold: Hold | None) -> None:
-    """While a live display holds the last line of stderr, write each line within ``hold`` (which
-    clears the display and draws it again after); None when the display is gone."""
-    global _hold
-    _hold = hold or contextlib.nullcontext
+def bar_shown(shown: bool) -> None:
+    """Whether a progress bar (tqdm's: ``ocr``'s) holds the last line of stderr now: while it does,
+    each line is written above it."""
+    global _bar_shown
+    _bar_shown = shown
+
+
+def _above_bar() -> AbstractContextManager[object]:
+    """The bar cleared for one line and drawn again after it; nothing where none is shown."""
+    return tqdm.external_write_mode(file=sys.stderr) if _bar_shown else contextlib.nullcontext()
 
 
 def say(text: str, level: str = "error", event: str = "cli_message", **fields: Any) -> None:
@@ -76,7 +79,7 @@ def say(text: str, level: str = "error", event: str = "cli_message", **fields: A
     if _json_stderr is not None and _json_stderr is stream:
         getattr(structlog.get_logger(), level)(event, message=text, **fields)
         return
-    with _hold():
+    with _above_bar():
         print(prefixed(text, level) if writes_to_journal(stream) else text, file=stream, flush=True)
 
 
@@ -89,15 +92,15 @@ def _same_file(one: TextIO, other: TextIO) -> bool:
 
 
 class _Beside:
-    """The log lines' stream, each line written within ``beside``'s hold (one write a line:
-    structlog's ``WriteLogger``)."""
+    """The log lines' stream, each line written above the bar where one is shown (one write a
+    line: structlog's ``WriteLogger``)."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
-        with self._lock, _hold():
+        with self._lock, _above_bar():
             return self._stream.write(text)
 
     def flush(self) -> None:
