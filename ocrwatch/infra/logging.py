@@ -91,7 +91,7 @@ def _same_file(one: TextIO, other: TextIO) -> bool:
         return False
 
 
-class _Beside:
+class _AboveBar:
     """The log lines' stream, each line written above the bar where one is shown (one write a
     line: structlog's ``WriteLogger``)."""
 
@@ -161,7 +161,7 @@ def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(_Beside(stream)),  # type: ignore[arg-type]
+        logger_factory=structlog.WriteLoggerFactory(_AboveBar(stream)),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     root = logging.getLogger()
