@@ -129,7 +129,10 @@ class CorruptImage(PermanentError):
 
 class NoPages(PermanentError):
     kind = "no_pages"
-    hint = "the document contains no pages"
+    hint = (
+        "open it in a PDF viewer: if it shows pages, save or print it to a new PDF from there and "
+        "drop that; if it shows none, export the document again from the program that made it"
+    )
     quarantined = True
 
 

@@ -143,6 +143,31 @@ def test_a_busy_metrics_port(tmp_path: Path) -> None:
     assert failed.startswith(f"FAIL [metrics] listen 127.0.0.1:{port}: address already in use: ")
 
 
+def test_a_start_names_every_problem_check_finds_not_only_the_first(tmp_path: Path) -> None:
+    """A busy metrics port hid missing language data that ``check`` listed: ``preflight``, which
+    refuses ``run``'s start, names both, in ``check``'s order, with both fixes."""
+    (tmp_path / "inbox").mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write_config(
+            tmp_path,
+            state_dir=str(tmp_path / "state"),
+            metrics={"listen": f"127.0.0.1:{port}"},
+            inbox=[{"path": str(tmp_path / "inbox"), "lang": "eng+zzz"}],
+        )
+        _, lines = check(path)
+        with pytest.raises(ConfigError) as raised:
+            checks.preflight(config.load(path))
+    said = raised.value.message.splitlines()
+    assert len(said) == len(failures(lines)) == 2, (said, lines)
+    assert said[0].startswith(f"{path}: [metrics] listen 127.0.0.1:{port}: address already in use")
+    assert said[1].startswith(f"{path}: inbox[0].lang eng+zzz: tesseract has no language data")
+    assert "set [metrics] listen to a free HOST:PORT" in raised.value.hint
+    assert "install tesseract-ocr-zzz" in raised.value.hint
+
+
 @pytest.fixture
 def read_only_inbox(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() == 0 and shutil.which("setpriv") is None:

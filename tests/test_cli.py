@@ -349,6 +349,16 @@ def test_help_states_exit_codes_and_the_config_search_order() -> None:
     assert "$OCRWATCH_CONFIG if set, else ./ocrwatch.toml, else /etc/ocrwatch/config.toml" in said
 
 
+@pytest.mark.parametrize("command", ["run", "ocr", "status", "retry", "check"])
+def test_the_exit_codes_are_stated_once_not_in_each_commands_help(command: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", command, "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not re.search(r"^  (0|1|2|130|141) ", proc.stdout, re.M), proc.stdout
+    assert proc.stdout.rstrip().endswith("exit status: see ocrwatch --help"), proc.stdout
+
+
 def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
     """``ocrwatch --config X status`` as ``ocrwatch status --config X``; the one after the command
     wins."""

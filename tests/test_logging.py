@@ -83,14 +83,16 @@ def test_ocr_under_journal_prefixes_each_event_with_its_priority(tmp_path: Path)
         output
     )
     failed = [event for priority, event in events if priority <= 3]
-    assert [(e["event"], e["kind"]) for e in failed] == [("job_failed", "not_a_document")], output
+    assert sorted((e["event"], e["kind"]) for e in failed) == [
+        ("job_failed", "not_a_document"),
+        ("ocr_failed", "not_a_document"),  # the CLI's own line for the failed file: an event too
+    ], output
     assert any(event["event"] == "job_done" for _, event in events)
     said = [line for line in output.splitlines() if not re.sub(r"^<\d>", "", line).startswith("{")]
     summary = "1 done, 0 skipped, 1 failed"  # on stdout, which the user reads: never prefixed
-    assert [line for line in said if not PREFIXED.match(line)] == [summary], output
-    # the CLI's own line for the failed file
-    [error] = [line for line in said if line.startswith("<3>")]
-    assert error.startswith("<3>ocrwatch: bad.pdf: not_a_document: "), output
+    assert said == [summary], output
+    [error] = [event for event in failed if event["event"] == "ocr_failed"]
+    assert error["message"].startswith("ocrwatch: bad.pdf: not_a_document: "), output
 
 
 @pytest.mark.integration
@@ -287,9 +289,13 @@ def test_the_command_lines_own_lines_carry_their_priority_under_journal(
     )
     # stdout: for the user, never prefixed
     assert status == 0 and stdout == "0 done, 0 skipped, 0 failed\n"
-    assert lines == [
-        ("<4>" if journal else "")
-        + f"ocrwatch: {tmp_path / 'empty'}: no documents matching "
+    # beside the log lines, JSON as they are off a terminal
+    [line] = lines
+    assert line.startswith("<4>{" if journal else "{"), lines
+    said = json.loads(line.removeprefix("<4>"))
+    assert (said["event"], said["level"]) == ("cli_message", "warning")
+    assert said["message"] == (
+        f"ocrwatch: {tmp_path / 'empty'}: no documents matching "
         + " ".join(InboxConfig.model_fields["patterns"].default)
-    ]
+    )
     assert not (tmp_path / "state").exists()  # nothing to do: no state_dir made

@@ -8,16 +8,19 @@ import collections
 import difflib
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pikepdf
 import pytest
+import structlog
 from pikepdf import Name
+from structlog.testing import capture_logs
 
 from ocrwatch.config import Config, InboxConfig, RenderConfig
 from ocrwatch.infra.memory import DecodeBudget
-from ocrwatch.pages import pdfcontent, render
+from ocrwatch.pages import orientation, pdfcontent, render
 from ocrwatch.pages.scheduler import Checked
 from ocrwatch.recognize import pagetext
 from ocrwatch.sources.base import LocalFile, S3Object
@@ -30,6 +33,7 @@ ENGLISH = (
 )
 LINES = [" ".join(ENGLISH.split()[i : i + 5]) for i in range(0, len(ENGLISH.split()), 5)]
 BUDGET = DecodeBudget(256 * 1024 * 1024)
+JOB_ID = "0123456789ab"
 HAS_TOOLS = all(shutil.which(tool) for tool in ("tesseract", "combine_tessdata", "dawg2wordlist"))
 needs_tesseract = pytest.mark.skipif(
     not HAS_TOOLS, reason="tesseract and its training tools absent"
@@ -230,9 +234,28 @@ def pages(path: Path, mode: Any) -> pagetext.Pages:
     info = render.probe(path, render.Limits(10**9, 100))
     spec = render.render_spec(RenderConfig(dpi=100))
     seen: list[float] = []
+    knowledge = pagetext.tessdata("tesseract")
     return pagetext.Pages(
-        path, info, spec, mode, "eng", pagetext.tessdata("tesseract"), BUDGET, seen.append
+        path, info, spec, mode, "eng", knowledge, BUDGET, seen.append, JOB_ID, path.as_uri()
     )
+
+
+def test_a_render_workers_lines_carry_the_documents_job_id_and_uri(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker thread has none of the job's context: the page maker gives its lines the job's id
+    and uri, as the document's other lines carry them, and numbers its page from 1."""
+    scan = docs.write_pdf(tmp_path / "scan.pdf", [["one"], ["two"]], dpi=72)
+    maker = pages(scan, "ocr")
+    turned = orientation.Orientation(rotation=180, detected=180, confidence=20.0, decided_by="osd")
+    monkeypatch.setattr(orientation, "upright", lambda image, dpi, settings: (image, turned))
+    with (
+        capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs,
+        ThreadPoolExecutor(1) as workers,
+    ):
+        workers.submit(maker, 1).result()
+    [line] = [line for line in logs if line["event"] == "page_turned"]
+    assert (line["job_id"], line["uri"], line["page"]) == (JOB_ID, scan.as_uri(), 2)
 
 
 @needs_tesseract

@@ -28,7 +28,7 @@ from ocrwatch import errors
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.infra import memory
 from ocrwatch.infra.memory import DecodeBudget, image_bytes
-from ocrwatch.pages import imagepages
+from ocrwatch.pages import imagepages, orientation
 from ocrwatch.pages import render as render_module
 from ocrwatch.pages.render import (
     DEFAULT_DPI,
@@ -305,6 +305,30 @@ def test_pages_rendered_below_the_wanted_dpi_are_said_once_numbered_from_1(tmp_p
             uri="file:///a4.pdf",
         )
     assert logs == []
+
+
+def test_a_turned_page_is_logged_numbered_from_1_as_the_sidecars_number_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pdf = docs.write_pdf(tmp_path / "two.pdf", [["one"], ["two"]], dpi=72)
+    info = probe(pdf, LIMITS)
+    turned = orientation.Orientation(rotation=90, detected=90, confidence=20.0, decided_by="osd")
+    monkeypatch.setattr(orientation, "upright", lambda image, dpi, settings: (image, turned))
+    with capture_logs() as logs:
+        render_page(pdf, info, 1, SPEC)
+    assert [line["page"] for line in logs if line["event"] == "page_turned"] == [2]
+
+
+def test_a_pdf_without_pages_says_so_in_its_own_words_with_a_fix(tmp_path: Path) -> None:
+    """Not poppler's "Wrong page range given" (a range no user gave), and a hint to act on."""
+    empty = tmp_path / "empty.pdf"
+    PdfWriter().write(empty)
+    corpus = corpus_path()
+    for given in [empty, *([corpus / "issue15590_zero_pages.pdf"] if corpus else [])]:
+        with pytest.raises(errors.NoPages) as raised:
+            probe(given, LIMITS)
+        assert raised.value.message == f"{given}: {render_module.NO_PAGES}"
+        assert "open it in a PDF viewer" in raised.value.hint
 
 
 def test_empty_user_password_pdf_opens_and_renders(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ the time left (the real command under a pseudo-terminal), elsewhere one line per
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -16,8 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+import structlog
 
 from ocrwatch.app.report import OcrReport
+from ocrwatch.config import LogConfig
+from ocrwatch.infra.logging import configure, say
 from tests import docs
 
 
@@ -46,6 +50,55 @@ def test_off_a_terminal_each_page_step_is_a_line(capsys: pytest.CaptureFixture[s
     report.show({"event": "result", "file": "a.pdf", "status": "ok"})
     assert report.finish() is False
     assert capsys.readouterr().err == "ocrwatch: a.pdf: 1/2 pages\n"
+
+
+def test_a_line_written_while_the_bar_is_shown_gets_a_line_of_its_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A log line (``engine_selected`` at warning level was one) and the command's own line are
+    written above the bar, never after it on its line."""
+    configure(LogConfig(format="console"), sys.stderr)
+    try:
+        report = OcrReport(1, bar=True)
+        report.show({"event": "progress", "file": "a.pdf", "pages_done": 1, "pages_total": 2})
+        structlog.get_logger().warning("engine_warned", engine="tesseract")
+        say("ocrwatch: handed 1 file(s) to the running daemon", "info")
+        report.show({"event": "result", "file": "a.pdf", "status": "ok"})
+        report.finish()
+    finally:
+        structlog.reset_defaults()
+    err = capsys.readouterr().err
+    shown = re.split(r"[\r\n]", err)
+    [logged] = [line for line in shown if "engine_warned" in line]
+    assert re.match(r"\d{4}-\d\d-\d\dT", logged), err  # its timestamp first: nothing before it
+    [said] = [line for line in shown if "handed 1 file(s)" in line]
+    assert said.startswith("ocrwatch: "), err
+
+
+def test_off_a_terminal_stderr_holds_json_events_only(tmp_path: Path) -> None:
+    """The log lines are JSON there, and so are the command's own: each page step
+    (``ocr_progress``) and each failure (``ocr_failed``); the summary is stdout's."""
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"not a document at all")
+    good = docs.write_png(tmp_path / "good.png", ["Piped page"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "ocrwatch", "ocr", "--engine", "tesseract", str(bad), str(good)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and proc.stdout == "1 done, 0 skipped, 1 failed\n", proc.stderr
+    events = [json.loads(line) for line in proc.stderr.splitlines()]  # each line one event
+    [failed] = [event for event in events if event["event"] == "ocr_failed"]
+    assert (failed["file"], failed["kind"], failed["level"]) == (
+        "bad.pdf",
+        "not_a_document",
+        "error",
+    )
+    assert failed["hint"] and failed["message"].startswith("ocrwatch: bad.pdf: not_a_document: ")
+    steps = [event for event in events if event["event"] == "ocr_progress"]
+    assert {"file": "good.png", "pages_done": 1, "pages_total": 1}.items() <= steps[-1].items()
 
 
 def test_ocr_on_a_terminal_draws_one_bar_with_the_rate_and_the_time_left(tmp_path: Path) -> None:

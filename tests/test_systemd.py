@@ -238,3 +238,10 @@ def test_the_example_configuration_copied_to_etc_fails_check_there(tmp_path: Pat
         f"FAIL state_dir {root}/etc/ocrwatch/.ocrwatch: cannot be created in {root}/etc/ocrwatch"
         in said
     ), said
+
+
+def test_the_units_documentation_is_nothing_an_installation_lacks() -> None:
+    """Nothing installs files under /usr/share/doc (pip does not): a ``file:`` link there is dead in
+    ``systemctl status``; only a web address or a manual page may be named."""
+    named = re.findall(r"^Documentation=(.*)$", UNIT.read_text(), re.M)
+    assert all(uri.startswith(("https://", "man:")) for line in named for uri in line.split())

@@ -64,14 +64,21 @@ def run(cfg: Config) -> Iterator[Check]:
 
 
 def preflight(cfg: Config) -> None:
-    """Raise ``ConfigError`` for the first problem a start would meet that only the user can fix: a
+    """Raise one ``ConfigError`` naming every problem a start would meet that only the user can fix,
+    a line each (a start refused for one would only meet the next, which ``check`` lists too): a
     missing poppler, a listen address that cannot be bound, an ``[output] dir`` that cannot be
     written, missing language data or model folder. The roots were made and checked before
     (``roots.prepare``)."""
     needs = itertools.chain(
         _poppler(cfg), _listens(cfg), _engine(cfg, probe=False), _folders(cfg, prepare=True)
     )
-    _raise_first(needs, cfg.source_file)
+    failed = [result for result in needs if not result.ok]
+    if failed:
+        where = f"{cfg.source_file}: " if cfg.source_file else ""
+        raise ConfigError(
+            "\n".join(f"{where}{result.what}: {result.detail}" for result in failed),
+            hint="; ".join(dict.fromkeys(result.hint or ConfigError.hint for result in failed)),
+        )
 
 
 def require_languages(cfg: Config, lang: str | None = None, *, kind: str | None = None) -> None:

@@ -50,6 +50,8 @@ EPILOG = """exit status:
   141  the reader of the output went away (a closed pipe: ocrwatch status | head): the command
        stopped quietly at that write; run drains and stops as on SIGTERM"""
 
+SEE_EXIT_CODES = "exit status: see ocrwatch --help"
+
 CONFIG_HELP = (
     "TOML configuration file (default: "
     + ", else ".join(
@@ -89,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=text, description=text, **common)
+        # the exit codes are stated once, in ``ocrwatch --help``
+        p = sub.add_parser(name, help=text, description=text, epilog=SEE_EXIT_CODES)
         p.add_argument("--config", "-c", type=Path, default=argparse.SUPPRESS, help=CONFIG_HELP)
         return p
 

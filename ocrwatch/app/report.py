@@ -1,7 +1,8 @@
 """What ``ocrwatch ocr`` prints while it runs: on a terminal one bar for the whole run (pages done
 of the pages known so far, pages a second, the time left), elsewhere one line per page step, as a
-log reader wants; each failure with its kind and hint on stderr, and a summary on stdout at the
-end."""
+log reader wants (JSON events, ``ocr_progress`` and ``ocr_failed``, where the log lines are JSON);
+each failure with its kind and hint on stderr, and a summary on stdout at the end. While the bar is
+shown, every other line on stderr (a log line, the command's own) is written above it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ocrwatch.infra.logging import say
+from ocrwatch.infra.logging import bar_shown, say
 
 
 class OcrReport:
@@ -36,6 +37,7 @@ class OcrReport:
             else None
         )
         self._files = files
+        bar_shown(self._bar is not None)
 
     async def emit(self, event: dict[str, Any]) -> None:
         self.show(event)
@@ -49,13 +51,14 @@ class OcrReport:
             if self._bar is not None:
                 self._bar.set_description(f"{sum(self.counts.values())}/{self._files} files")
             if error := event.get("error"):
-                self._say(
-                    f"ocrwatch: {name}: {error['kind']}: {error['message']} (hint: {error['hint']})"
-                )
+                kind, hint = error["kind"], error["hint"]
+                text = f"ocrwatch: {name}: {kind}: {error['message']} (hint: {hint})"
+                self._say(text, file=name, kind=kind, hint=hint)
 
     def _progress(self, name: str, done: int, total: int) -> None:
         if self._bar is None:
-            say(f"ocrwatch: {name}: {done}/{total} pages", "info")
+            text = f"ocrwatch: {name}: {done}/{total} pages"
+            say(text, "info", "ocr_progress", file=name, pages_done=done, pages_total=total)
             return
         before_done, before_total = self._pages.get(name, (0, 0))
         self._pages[name] = (done, total)
@@ -64,16 +67,17 @@ class OcrReport:
             self._bar.refresh()
         self._bar.update(done - before_done)
 
-    def _say(self, text: str) -> None:
+    def _say(self, text: str, **fields: Any) -> None:
         if self._bar is not None:
             self._bar.write(text, file=sys.stderr)
         else:
-            say(text)
+            say(text, "error", "ocr_failed", **fields)
 
     def finish(self) -> bool:
         """Print the summary; whether any file failed or was left unfinished."""
         if self._bar is not None:
             self._bar.close()
+            bar_shown(False)
         counts = self.counts
         partial = f" ({counts['partial']} partial)" if counts["partial"] else ""
         failed = counts["failed"] + counts["interrupted"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import re
 from typing import Any
@@ -54,6 +55,18 @@ def choose(cfg: EngineConfig) -> tuple[str, str]:
     if available:
         return "vllm", f"[engine] kind = 'auto': {why}"
     return "tesseract", f"[engine] kind = 'auto': {why}, so Tesseract runs on the CPU"
+
+
+def fell_back(cfg: EngineConfig, kind: str) -> bool:
+    """Whether ``auto`` chose Tesseract although vLLM is installed (it did not import, or saw no
+    GPU): whoever installed it wants the GPU engine, and is warned. Without vLLM, Tesseract on the
+    CPU is what ``auto`` means, and nothing is wrong."""
+    if cfg.kind != "auto" or kind != "tesseract":
+        return False
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a broken installation: installed all the same
+        return True
 
 
 def find(kind: str) -> EngineSpec:

@@ -3,17 +3,23 @@
 Under systemd, each line also carries its level as sd-daemon(3)'s ``<N>`` prefix, so journald
 records the priority and ``journalctl -p err`` shows the failures alone; elsewhere the output is
 left as it is. The lines the command line writes itself (a configuration error before logging is set
-up, a progress line) go through ``say``, which prefixes them the same way.
+up, a progress line) go through ``say``, which prefixes them the same way; once the log lines are
+JSON, ``say``'s are JSON events among them, so that stderr holds one format. While a live display
+holds the terminal's last line (``ocr``'s bar), every line is written above it (``bar_shown``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import threading
+from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
 import structlog
+from tqdm import tqdm
 
 from ocrwatch.config import LogConfig
 
@@ -47,11 +53,61 @@ def prefixed(text: str, level: str) -> str:
     return "\n".join(prefix + line for line in text.split("\n"))
 
 
-def say(text: str, level: str = "error") -> None:
-    """Write ``text`` to stderr as the command line's own message at ``level``: prefixed where
-    stderr is the journal, unchanged on a terminal or a pipe."""
+_bar_shown = False
+_json_stderr: object = None
+"""The stderr whose log lines ``configure`` made JSON (None: they are not): ``say`` writes events
+only there, so a later stderr (a test's own) is not taken for it."""
+
+
+def bar_shown(shown: bool) -> None:
+    """Whether a progress bar (tqdm's: ``ocr``'s) holds the last line of stderr now: while it does,
+    each line is written above it."""
+    global _bar_shown
+    _bar_shown = shown
+
+
+def _above_bar() -> AbstractContextManager[object]:
+    """The bar cleared for one line and drawn again after it; nothing where none is shown."""
+    return tqdm.external_write_mode(file=sys.stderr) if _bar_shown else contextlib.nullcontext()
+
+
+def say(text: str, level: str = "error", event: str = "cli_message", **fields: Any) -> None:
+    """Write ``text`` to stderr as the command line's own message at ``level``: where the log lines
+    are JSON, as the event ``event`` with ``text`` as its ``message`` and ``fields``; else as it
+    is, prefixed where stderr is the journal."""
     stream = sys.stderr
-    print(prefixed(text, level) if writes_to_journal(stream) else text, file=stream, flush=True)
+    if _json_stderr is not None and _json_stderr is stream:
+        getattr(structlog.get_logger(), level)(event, message=text, **fields)
+        return
+    with _above_bar():
+        print(prefixed(text, level) if writes_to_journal(stream) else text, file=stream, flush=True)
+
+
+def _same_file(one: TextIO, other: TextIO) -> bool:
+    """Whether two streams write to one descriptor (the logs' own wrapper of stderr, and stderr)."""
+    try:
+        return one is other or one.fileno() == other.fileno()
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        return False
+
+
+class _AboveBar:
+    """The log lines' stream, each line written above the bar where one is shown (one write a
+    line: structlog's ``WriteLogger``)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock, _above_bar():
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
 
 
 class JournalPrefix:
@@ -85,10 +141,13 @@ class _Forward(logging.Handler):
 def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
     """Configure once at start-up; every module then logs through ``structlog.get_logger()``, and
     the libraries' stdlib records (warnings and worse, stdlib's default) are forwarded to it."""
+    global _json_stderr
     level = getattr(logging, cfg.level.upper())
+    as_json = use_json(cfg, stream)
+    _json_stderr = sys.stderr if as_json and _same_file(stream, sys.stderr) else None
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(ensure_ascii=False)
-        if use_json(cfg, stream)
+        if as_json
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
     if writes_to_journal(stream):
@@ -102,7 +161,7 @@ def configure(cfg: LogConfig, stream: TextIO = sys.stderr) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        logger_factory=structlog.WriteLoggerFactory(_AboveBar(stream)),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     root = logging.getLogger()

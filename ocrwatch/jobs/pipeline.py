@@ -465,6 +465,7 @@ class Pipeline:
                 run.lang,
                 self.decode_budget,
                 self.metrics.stage_seconds.labels(stage="render").observe,
+                session.job_id,
             ),
         )
         run.document = session.document

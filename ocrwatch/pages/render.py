@@ -231,7 +231,7 @@ def render_page(
     image.info["dpi"] = (dpi, dpi)  # what Tesseract is told, whatever the file recorded
     log.debug(
         "page_rendered",
-        page=index,
+        page=index + 1,  # from 1, as the sidecars number pages
         width=image.width,
         height=image.height,
         dpi=dpi,
@@ -241,7 +241,7 @@ def render_page(
     if turned.turned or turned.decided_by == "failed":
         log.info(
             "page_turned",
-            page=index,
+            page=index + 1,
             rotation=turned.rotation,
             detected=turned.detected,
             confidence=turned.confidence,
@@ -370,7 +370,7 @@ def _probe_pdf(
     pages = int(counts[-1].group(1))
     out = out[counts[-1].end() :]
     if pages == 0:
-        raise NoPages(f"{path}: the PDF has no pages")
+        raise NoPages(f"{path}: {NO_PAGES}")
     if pages > limits.max_pages:
         raise TooManyPages(f"{path}: {pages} pages, more than max_pages={limits.max_pages}")
     sizes = {int(n): (float(w), float(h)) for n, w, h in _PDFINFO_SIZE.findall(out)}
@@ -389,6 +389,11 @@ def _probe_pdf(
     return pages, tuple(page_sizes)
 
 
+NO_PAGES = "the PDF has no page that can be rendered: its page tree is empty or damaged"
+"""What ``no_pages`` says, in place of poppler's own words for it ("Wrong page range given: the
+first page (1) can not be after the last page (0)"), which name a range no user gave."""
+
+
 def _pdf_error(path: Path, stderr: str) -> PermanentError:
     """Map poppler's complaint onto the error kinds.
 
@@ -402,7 +407,7 @@ def _pdf_error(path: Path, stderr: str) -> PermanentError:
     if "incorrect password" in text:
         return EncryptedPdf(f"{path}: the PDF is encrypted and needs a password")
     if "last page (0)" in text or "invalid page count 0" in text:
-        return NoPages(f"{path}: the PDF has no pages ({detail})")
+        return NoPages(f"{path}: {NO_PAGES}")
     if "document stream is empty" in text:
         return EmptyFile(f"{path}: zero bytes")
     if "couldn't open file" in text:

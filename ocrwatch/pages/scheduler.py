@@ -471,8 +471,8 @@ class PageScheduler:
             requeue = True
             log.warning(
                 "page_requeued",
-                doc_id=doc.doc_id,
-                page=page.index,
+                job_id=doc.doc_id,
+                page=page.index + 1,
                 kind=error.kind,
                 error=error.message,
             )

@@ -416,20 +416,24 @@ def pages(
     lang: str | None,
     budget: DecodeBudget,
     observe: Callable[[float], None],
+    job_id: str,
 ) -> Pages:
-    """The page maker for the job of ``origin`` read by ``engine`` in Tesseract's languages
-    ``lang`` (None: ``[engine.tesseract] lang``); ``asked``: ``ocrwatch ocr --text``."""
+    """The page maker for the job ``job_id`` of ``origin`` read by ``engine`` in Tesseract's
+    languages ``lang`` (None: ``[engine.tesseract] lang``); ``asked``: ``ocrwatch ocr --text``."""
     tess = cfg.engine.tesseract
     mode = text_mode(cfg, origin, asked, engine)
     knowledge, lang = tessdata(tess.binary), lang or tess.lang
-    return Pages(copy.path, copy.info, copy.spec, mode, lang, knowledge, budget, observe)
+    return Pages(
+        copy.path, copy.info, copy.spec, mode, lang, knowledge, budget, observe, job_id, origin.uri
+    )
 
 
 @dataclass(frozen=True)
 class Pages:
     """A document's page maker for the render workers (the scheduler's ``RenderFn``): each page
     rendered, or its own text checked first and taken where it stands for its recognition.
-    ``observe`` is told each render's seconds."""
+    ``observe`` is told each render's seconds. A worker's log lines carry the document's ``job_id``
+    and ``uri``, as its other lines do: a worker thread has none of the job's context."""
 
     path: Path
     info: render.DocumentInfo
@@ -439,8 +443,14 @@ class Pages:
     knowledge: Knowledge
     budget: DecodeBudget
     observe: Callable[[float], None]
+    job_id: str
+    uri: str
 
     def __call__(self, index: int) -> render.RenderedPage | Checked:
+        with structlog.contextvars.bound_contextvars(job_id=self.job_id, uri=self.uri):
+            return self._page(index)
+
+    def _page(self, index: int) -> render.RenderedPage | Checked:
         if self.mode == "ocr" or self.info.kind != "pdf":
             return self._render(index)
         found = check(

@@ -38,11 +38,12 @@ class EngineSupervisor:
         self._judge: Judge | None = None
 
     async def start(self) -> Engine:
-        """Choose, build and start the engine; ``auto`` falling back to Tesseract is said loudly."""
+        """Choose, build and start the engine; a warning only where ``auto`` fell back from an
+        installed vLLM (``registry.fell_back``), since Tesseract on a host without one is normal."""
         kind, reason = registry.choose(self._cfg.engine)
         spec, cfg = registry.find(kind), self._cfg.engine
         self.kind, self._rungs, self._judge = kind, spec.rungs(cfg), spec.judge(cfg)
-        loud = kind == "tesseract" and cfg.kind == "auto"
+        loud = registry.fell_back(cfg, kind)
         (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
         engine = spec.build(cfg, self._cfg.output.images, self._cfg.log)
         await engine.start()

@@ -71,3 +71,7 @@ def test_turned_pages_are_read_upright_through_the_daemon(make_daemon: Any, tmp_
         assert sorted(rotated.words(layer)) == sorted(rotated.words(page["markdown"])), path.name
     turned = [event for event in daemon.events() if event.get("event") == "page_turned"]
     assert len(turned) == len(wanted)
+    # as the document's other lines: its job_id and uri, the page numbered as the sidecars do
+    uris = sorted((daemon.inbox / path.name).as_uri() for path in wanted)
+    assert sorted(event["uri"] for event in turned) == uris, turned
+    assert all(event["page"] == 1 and event["job_id"] for event in turned), turned

@@ -168,6 +168,19 @@ def test_language_data_that_is_missing(tmp_path: Path) -> None:
     start_refused(daemon, "[engine.tesseract] lang")
 
 
+def test_a_busy_port_does_not_hide_missing_language_data(tmp_path: Path) -> None:
+    """Every problem ``check`` would list, in the one refusal, not only the first met."""
+    daemon = DaemonProcess(tmp_path)
+    configure(daemon, inbox=[{"path": str(daemon.inbox), "lang": "eng+zzz"}])
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", daemon.port))
+        taken.listen()
+        error = start_refused(daemon, "[metrics] listen")
+    assert "in use" in error["error"] and "inbox[0].lang" in error["error"], error
+    assert "no language data for zzz" in error["error"] and "tesseract-ocr-zzz" in error["hint"]
+
+
 def test_an_inbox_inside_another_stops_the_start_naming_both_keys(daemon: PluginDaemon) -> None:
     """Refused at load, before any watcher starts: no document below the inner one is done twice."""
     inner = daemon.inbox / "sub"
