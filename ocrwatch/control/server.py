@@ -135,7 +135,11 @@ class ControlServer:
         self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader
     ) -> None:
         host = self._host
-        summary = await asyncio.to_thread(host.ledger.summary) if host.ledger is not None else {}
+        summary = (  # the jobs past queued are this daemon's running ones, not waiting
+            await asyncio.to_thread(host.ledger.summary, waiting=("queued",))
+            if host.ledger is not None
+            else {}
+        )
         pipeline = host.pipeline
         engine = (
             pipeline.supervisor.kind

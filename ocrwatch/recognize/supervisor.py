@@ -39,7 +39,7 @@ class EngineSupervisor:
 
     async def start(self) -> Engine:
         """Choose, build and start the engine; ``auto`` falling back to Tesseract is said loudly."""
-        kind, reason = registry.choose(self._cfg.engine)
+        kind, reason = registry.choose(self._cfg.engine, registry.chosen_by(self._cfg))
         spec, cfg = registry.find(kind), self._cfg.engine
         self.kind, self._rungs, self._judge = kind, spec.rungs(cfg), spec.judge(cfg)
         loud = kind == "tesseract" and cfg.kind == "auto"
