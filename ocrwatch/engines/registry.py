@@ -48,8 +48,8 @@ def _vllm_status() -> tuple[bool, str]:
 
 
 def choose(cfg: EngineConfig, chosen_by: str | None = None) -> tuple[str, str]:
-    """The engine kind to build and the human reason for it: ``chosen_by`` (``chosen_by(cfg)``)
-    where a kind is named, else what ``auto`` found."""
+    """The engine kind to build and the human reason for it: for a kind named, ``chosen_by`` (what
+    named it, as ``chosen_by`` says), else the configuration's key; for ``auto``, what it found."""
     if cfg.kind != "auto":
         return cfg.kind, chosen_by or f"[engine] kind = {cfg.kind!r} in the configuration"
     available, why = _vllm_status()
