@@ -26,7 +26,7 @@ from ocrwatch.control.status import listeners, pipeline_status, place
 from ocrwatch.errors import classify
 from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
-from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.ledger import QUEUED, Ledger
 from ocrwatch.store.written import Written
 
 log = structlog.get_logger()
@@ -136,7 +136,7 @@ class ControlServer:
     ) -> None:
         host = self._host
         summary = (  # the jobs past queued are this daemon's running ones, not waiting
-            await asyncio.to_thread(host.ledger.summary, waiting=("queued",))
+            await asyncio.to_thread(host.ledger.summary, waiting=QUEUED)
             if host.ledger is not None
             else {}
         )

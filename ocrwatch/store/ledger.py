@@ -43,6 +43,8 @@ __all__ = [
 State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
 STATES: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing", "done", "failed")
 UNFINISHED: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing")
+QUEUED: tuple[State, ...] = ("queued",)
+"""The jobs of a running daemon that wait (``ocrwatch status``): past ``queued`` a job runs."""
 
 
 _SETTABLE = frozenset({"pages_total", "pages_done"})
