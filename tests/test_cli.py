@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -359,6 +360,20 @@ def test_the_exit_codes_are_stated_once_not_in_each_commands_help(command: str) 
     assert proc.stdout.rstrip().endswith("exit status: see ocrwatch --help"), proc.stdout
 
 
+def messages(stderr: str) -> list[str]:
+    """The command line's own lines, plain or (off a terminal, among JSON log lines) the
+    ``message`` of their JSON event."""
+    said = []
+    for line in stderr.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            said.append(line)
+        else:
+            said.append(event.get("message", line) if isinstance(event, dict) else line)
+    return said
+
+
 def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
     """``ocrwatch --config X status`` as ``ocrwatch status --config X``; the one after the command
     wins."""
@@ -375,11 +390,10 @@ def test_config_is_taken_before_the_command_as_after_it(tmp_path: Path) -> None:
     ):
         command = [sys.executable, "-m", "ocrwatch", *map(str, args)]
         proc = subprocess.run(command, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        said = (
-            f"no ledger at {state / 'ledger.sqlite3'}: the daemon has not run with this state_dir\n"
-        )
-        assert proc.stdout == said
+        assert proc.returncode == 2, proc.stderr
+        said = f"no ledger at {state / 'ledger.sqlite3'}: no daemon has run with this state_dir"
+        first = messages(proc.stderr)[0]
+        assert first.startswith(f"ocrwatch: {said} (state_dir of {good})"), proc.stderr
     refused = subprocess.run(
         [sys.executable, "-m", "ocrwatch", "--config", str(bad), "check"],
         capture_output=True,
@@ -511,3 +525,101 @@ def test_ocr_writing_under_the_configured_output_dir_itself_makes_and_trusts_it_
             assert proc.returncode == 2, proc.stderr
             assert f"[output] dir {where}: is a symbolic link" in proc.stderr
     assert list(elsewhere.iterdir()) == [] and not (tmp_path / "good.png.json").exists()
+
+
+def ocrwatch(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it, in ``cwd``; no configuration but the one given."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OCRWATCH_")}
+    environ["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "ocrwatch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**environ, **(env or {})},
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+@pytest.mark.parametrize("chosen", ["flag", "variable", "file"])
+def test_ocr_with_the_vllm_engine_not_installed_says_the_install_and_what_chose_it(
+    tmp_path: Path, chosen: str
+) -> None:
+    """Not the first module its import misses, nor a retry that never comes: one line with the
+    install and the flag, variable or key that chose vLLM, the summary, and exit 2 (the user's to
+    fix); nothing made in state_dir."""
+    page = docs.write_png(tmp_path / "page.png", ["Never read"])
+    config, state = tmp_path / "ocrwatch.toml", tmp_path / "state"
+    config.write_text(
+        f"state_dir = '{state}'\n" + ("[engine]\nkind = 'vllm'\n" if chosen == "file" else "")
+    )
+    flag = ["--engine", "vllm"] if chosen == "flag" else []
+    env = {"OCRWATCH_ENGINE_KIND": "vllm"} if chosen == "variable" else {}
+    proc = ocrwatch("ocr", "--config", config, *flag, page, env=env)
+    said = {
+        "flag": ("--engine vllm on the command line", "--engine tesseract on the command line"),
+        "variable": (
+            "OCRWATCH_ENGINE_KIND=vllm in the environment",
+            "OCRWATCH_ENGINE_KIND=tesseract in the environment",
+        ),
+        "file": (f"[engine] kind = 'vllm' in {config}", f"[engine] kind = 'tesseract' in {config}"),
+    }[chosen]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = [line for line in messages(proc.stderr) if "vllm is not installed" in line]
+    assert line.startswith(f"ocrwatch: vLLM engine: chosen by {said[0]}, but vllm is not installed")
+    assert "pip install 'ocrwatch[vllm]'" in line and f"or choose Tesseract: {said[1]}" in line
+    assert "torch" not in proc.stderr and "retries" not in proc.stderr
+    assert proc.stdout == "0 done, 0 skipped, 0 failed, 1 not read\n"
+    assert not state.exists()
+
+
+def test_an_unknown_command_is_told_the_nearest_one() -> None:
+    proc = ocrwatch("rnu")
+    assert proc.returncode == 2
+    assert "invalid choice: 'rnu'" in proc.stderr and "did you mean `run`?" in proc.stderr
+    engine = ocrwatch("ocr", "--engine", "vlm", "x.pdf")
+    assert engine.returncode == 2 and "did you mean `vllm`?" in engine.stderr
+
+
+def test_retry_of_a_path_no_failed_job_matches_says_so_and_fails(tmp_path: Path) -> None:
+    """Not "0 job(s) queued again", exit 0: the paths looked for, where to see the jobs, exit 2."""
+    from ocrwatch.sources.base import Job, LocalFile
+    from ocrwatch.store.ledger import Fingerprint, Ledger
+
+    inbox = tmp_path / "inbox"
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[[inbox]]\npath = "{inbox}"\n')
+    bad = inbox / "bad.pdf"
+    with Ledger(tmp_path / "state" / "ledger.sqlite3") as ledger:
+        ledger.admit(Job(origin=LocalFile(bad, inbox), source="local"), Fingerprint(1, 1, "0" * 64))
+        ledger.mark_failed(bad.as_uri(), {"kind": "corrupt_pdf", "message": "x"})
+    proc = ocrwatch("retry", "--config", config, "inbox/nothing.pdf", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "queued again" not in proc.stdout
+    assert f"no failed job matches {inbox / 'nothing.pdf'} " in proc.stderr
+    assert "`ocrwatch status` lists the failed jobs" in proc.stderr
+    matched = ocrwatch("retry", "--config", config, "inbox/bad.pdf", cwd=tmp_path)
+    assert matched.returncode == 0 and matched.stdout.startswith("1 job(s) queued again")
+
+
+def test_status_without_a_ledger_names_where_it_looked_and_the_configuration(
+    tmp_path: Path,
+) -> None:
+    """Run from another folder than the daemon's: the absolute path looked at, the configuration
+    used (or that none was found there), how to point at the daemon's, and no success."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = ocrwatch("status", cwd=elsewhere)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert f"no ledger at {elsewhere / '.ocrwatch' / 'ledger.sqlite3'}: " in proc.stderr
+    assert f"no configuration file read (looked for {elsewhere / 'ocrwatch.toml'}" in proc.stderr
+    assert "--config FILE" in proc.stderr and "ocrwatch.toml" in proc.stderr
+    config = tmp_path / "ocrwatch.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    named = ocrwatch("status", "--config", config, cwd=elsewhere)
+    assert named.returncode == 2
+    assert f"no ledger at {tmp_path / 'state' / 'ledger.sqlite3'}: " in named.stderr
+    assert f"(state_dir of {config})" in named.stderr

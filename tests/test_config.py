@@ -124,6 +124,34 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> Non
     assert needle in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "[output]\nsearchable_pfd = true\n",
+            "output.searchable_pfd: no such key (did you mean `searchable_pdf`?)",
+        ),
+        ("stat_dir = 'x'\n", "stat_dir: no such key (did you mean `state_dir`?)"),
+        (
+            "[[inbox]]\npath = 'x'\npatern = ['*.pdf']\n",
+            "inbox[0].patern: no such key (did you mean `patterns`?)",
+        ),
+        ("[engine.vllm]\nmodle = 'x'\n", "engine.vllm.modle: no such key (did you mean `model`?)"),
+        ("[engine.vlm]\nmodel = 'x'\n", "engine.vlm: no such key (did you mean `vllm`?)"),
+        ("[render]\nxyzzy = 1\n", "render.xyzzy: no such key\n"),
+    ],
+)
+def test_an_unknown_key_in_the_file_is_told_the_nearest_key_of_its_table(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """As an unknown variable is told the nearest variable: a typo reads as one, not as the
+    validator's "Extra inputs are not permitted"."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path, {})
+    assert f"{info.value.message}\n".startswith(f"{path}: {said}"), info.value.message
+
+
 def test_not_toml(tmp_path: Path) -> None:
     path = write(tmp_path, "[render\n")
     with pytest.raises(ConfigError, match="not valid TOML"):

@@ -283,6 +283,10 @@ def test_summary(tmp_path: Path, ledger: Ledger) -> None:
         (jobs[0].key, "failed", "corrupt_pdf", "trailer missing"),
     ]
     assert len(ledger.summary(errors=1)["last_errors"]) == 1
+    # a running daemon's job past queued is running, not waiting: the next queued one waits longest
+    ledger.set_state(jobs[1].key, "rendering")
+    assert ledger.summary()["oldest_waiting"]["key"] == jobs[1].key  # no daemon: all wait
+    assert ledger.summary(waiting=("queued",))["oldest_waiting"]["key"] == jobs[2].key
 
 
 def test_newer_schema_is_refused(db: Path) -> None:

@@ -72,6 +72,31 @@ def test_an_explicit_kind_is_taken_as_configured() -> None:
     assert registry.choose(EngineConfig(kind="tesseract"))[0] == "tesseract"
 
 
+def test_the_reason_names_the_flag_the_variable_or_the_file_that_chose_the_engine(
+    tmp_path: Path,
+) -> None:
+    """What ``engine_selected`` logs: never the file for a choice ``ocrwatch ocr``'s flags or a
+    variable made."""
+    from ocrwatch import config
+    from ocrwatch.app.cli import _ocr_config, _parser
+
+    path = tmp_path / "ocrwatch.toml"
+    path.write_text("[engine]\nkind = 'vllm'\n")
+    cfg = config.load(path, {})
+
+    def reason(cfg: config.Config) -> str:
+        return registry.choose(cfg.engine, registry.chosen_by(cfg))[1]
+
+    assert reason(cfg) == f"[engine] kind = 'vllm' in {path}"
+    variable = config.load(path, {"OCRWATCH_ENGINE_KIND": "tesseract"})
+    assert reason(variable) == "OCRWATCH_ENGINE_KIND=tesseract in the environment"
+    for flags, said in (
+        (["--engine", "tesseract"], "--engine tesseract on the command line"),
+        (["--lang", "deu"], "--lang deu on the command line (Tesseract's languages)"),
+    ):
+        assert reason(_ocr_config(cfg, _parser().parse_args(["ocr", *flags, "x.pdf"]))) == said
+
+
 def test_build_vllm_needs_no_vllm_until_started() -> None:
     engine = registry.build(EngineConfig(), "drop", kind="vllm")
     from ocrwatch.engines.deepseek.engine import VllmEngine

@@ -81,6 +81,15 @@ def preflight(cfg: Config) -> None:
         )
 
 
+def require_engine(cfg: Config) -> None:
+    """Raise ``ConfigError`` when the engine chosen cannot start here (vLLM not installed, its
+    model folder missing, no Tesseract binary), naming what chose it: what ``ocrwatch ocr`` asks
+    before it builds an engine of its own, as ``preflight`` does before a start. Languages are
+    ``require_languages``'s."""
+    spec = registry.find(registry.choose(cfg.engine)[0])
+    _raise_first(spec.checks(cfg, False, []), None)
+
+
 def require_languages(cfg: Config, lang: str | None = None, *, kind: str | None = None) -> None:
     """Raise ``ConfigError`` when the engine (``kind``, else the configured one) cannot read a
     configured language (a reload adding an inbox whose ``lang`` is not installed is refused);
@@ -145,7 +154,7 @@ def _engine(cfg: Config, *, probe: bool) -> Iterator[Check]:
     ``check``, and the engine tried as its spec says (a Tesseract page recognised, a plugin
     built)."""
     try:
-        kind, reason = registry.choose(cfg.engine)
+        kind, reason = registry.choose(cfg.engine, registry.chosen_by(cfg))
         spec = registry.find(kind)
     except OcrwatchError as exc:
         yield Check(False, "[engine] kind", exc.message, exc.hint)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import os
 import signal
@@ -74,6 +75,20 @@ class _Parser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:
             (file or sys.stderr).write(message)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value outside the choices (a command, ``--engine``) is told the nearest one, as an
+        unknown key or variable is: ``ocrwatch rnu`` meant ``run``."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            known = [str(choice) for choice in action.choices or ()]
+            close = difflib.get_close_matches(str(value), known, n=1)
+            if not close:
+                raise
+            raise argparse.ArgumentError(
+                action, f"{exc.message}; did you mean `{close[0]}`?"
+            ) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,9 +202,14 @@ def _main(argv: list[str] | None, logs: streams.LogStream) -> int:
         return command(cfg, args)
     except OcrwatchError as exc:
         say(f"ocrwatch: {exc.message} (hint: {exc.hint})")
-        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED
+        return _exit_code(exc)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _exit_code(exc: OcrwatchError) -> int:
+    """``EPILOG``'s code for a command stopped by ``exc``: 2 for what only the user can fix."""
+    return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED
 
 
 def _run(cfg: Config, args: argparse.Namespace) -> int:
@@ -222,17 +242,21 @@ def _ocr(cfg: Config, args: argparse.Namespace) -> int:
         files, cfg.output.dir if args.out else None, args.force, engine, args.lang, args.text
     )
     report = OcrReport(len(files))
-    client = Client.connect(cfg.state_dir) if files else None
-    if client is None or not _hand_over(client, order, report):
-        if not args.out and cfg.output.dir is not None:  # written here: made and trusted as --out
-            prepare([root for root in cfg.roots() if root.path == cfg.output.dir])
-        asyncio.run(_ocr_here(cfg, order, report))
+    try:
+        client = Client.connect(cfg.state_dir) if files else None
+        if client is None or not _hand_over(client, order, report):
+            if not args.out and cfg.output.dir is not None:  # written here: made, trusted as --out
+                prepare([root for root in cfg.roots() if root.path == cfg.output.dir])
+            asyncio.run(_ocr_here(cfg, order, report))
+    except OcrwatchError as exc:  # an engine that cannot start, a daemon gone: files left counted
+        report.finish(f"ocrwatch: {exc.message} (hint: {exc.hint})")
+        return _exit_code(exc)
     return EXIT_FAILED if report.finish() else EXIT_OK
 
 
 def _ocr_config(cfg: Config, args: argparse.Namespace) -> Config:
     """The configuration with this run's ``--engine``, ``--lang`` and ``--out``."""
-    engine = cfg.engine
+    engine, set_by = cfg.engine, cfg.set_by
     if args.lang is not None:
         engine = engine.model_copy(
             update={
@@ -240,10 +264,12 @@ def _ocr_config(cfg: Config, args: argparse.Namespace) -> Config:
                 "tesseract": engine.tesseract.model_copy(update={"lang": args.lang}),
             }
         )
+        set_by += (("engine.kind", "--lang"),)
     elif args.engine:
         engine = engine.model_copy(update={"kind": args.engine})
+        set_by += (("engine.kind", "--engine"),)  # what a message about the engine names
     output = cfg.output.model_copy(update={"dir": args.out.absolute()}) if args.out else cfg.output
-    return cfg.model_copy(update={"engine": engine, "output": output})
+    return cfg.model_copy(update={"engine": engine, "output": output, "set_by": set_by})
 
 
 def _check_lang(cfg: Config, lang: str, engine: str | None) -> None:
@@ -342,6 +368,10 @@ async def _ocr_here(cfg: Config, order: OcrRequest, report: OcrReport) -> None:
     pipeline = Pipeline(cfg, None, Metrics())
 
     async def prepare() -> None:
+        from ocrwatch.app import checks
+
+        # an engine that cannot start here is said with its fix before anything is made
+        await asyncio.to_thread(checks.require_engine, cfg)
         # the documents' spool folders go there
         await asyncio.to_thread(_make_state_dir, cfg.state_dir)
         await pipeline.start()
@@ -379,17 +409,26 @@ def _make_state_dir(state_dir: Path) -> None:
 # --- status and retry -----------------------------------------------------------------------------
 
 
-def _existing_ledger(cfg: Config) -> Ledger | None:
-    """The ledger; None (and said so) where no daemon has run with this state_dir: nothing is
-    created here."""
+def _existing_ledger(cfg: Config) -> Ledger:
+    """The ledger; nothing is created here. ``ConfigError`` where no daemon has run with this
+    state_dir, naming the configuration that chose it: the likeliest cause is a command run in
+    another folder than the daemon's, which found another configuration or none."""
     from ocrwatch.store.ledger import Ledger
 
     path = cfg.state_dir / "ledger.sqlite3"
     try:
         os.stat(path)
     except FileNotFoundError:
-        print(f"no ledger at {path}: the daemon has not run with this state_dir")
-        return None
+        if cfg.source_file is not None:
+            used = f"state_dir of {cfg.source_file.absolute()}"
+        else:
+            searched = ", ".join(str(p.absolute()) for p in DEFAULT_CONFIG_PATHS)
+            used = f"the default state_dir: no configuration file read (looked for {searched})"
+        raise ConfigError(
+            f"no ledger at {path.absolute()}: no daemon has run with this state_dir ({used})",
+            hint="give the daemon's configuration with --config FILE, or run this in the folder "
+            "that holds its ocrwatch.toml",
+        ) from None
     except OSError as exc:
         raise ConfigError(
             f"state_dir: {path} cannot be read: {exc.strerror}",
@@ -421,8 +460,6 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     status = _ask_daemon(cfg, {"op": "status"})
     if status is None:
         ledger = _existing_ledger(cfg)
-        if ledger is None:
-            return EXIT_OK
         try:
             status = ledger_status(ledger)
         finally:
@@ -451,7 +488,7 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     for state, count in sorted(status.get("counts", {}).items()):
         print(f"{state:12} {count}")
     oldest = status.get("oldest_waiting")
-    if oldest:
+    if oldest:  # a job not yet started (a running daemon's), or any unfinished one (none runs)
         print(f"oldest waiting: {oldest['key']} ({oldest['age']:.0f} s)")
     for error in status.get("last_errors", []):
         print(f"error: {error['kind']}: {error['message']} [{error['state']}] {error['key']}")
@@ -466,6 +503,7 @@ def _retry(cfg: Config, args: argparse.Namespace) -> int:
     answer = _ask_daemon(cfg, {"op": "retry", "selectors": selectors})
     if answer is not None:
         count, pid = answer["count"], answer["pid"]
+        _matched(count, selectors)
         said = {
             "running": f"the running daemon (pid {pid}) started them",
             "starting": f"the daemon (pid {pid}) starts them once it is ready",
@@ -473,12 +511,11 @@ def _retry(cfg: Config, args: argparse.Namespace) -> int:
         print(f"{count} job(s) queued again; {said}")
         return EXIT_OK
     ledger = _existing_ledger(cfg)
-    if ledger is None:
-        return EXIT_OK
     try:
         count = ledger.retry(selectors)
     finally:
         ledger.close()
+    _matched(count, selectors)
     from ocrwatch.control.client import daemon_holds
 
     if daemon_holds(cfg.state_dir):  # it did not answer (said above)
@@ -489,6 +526,18 @@ def _retry(cfg: Config, args: argparse.Namespace) -> int:
             "them"
         )
     return EXIT_OK
+
+
+def _matched(count: int, selectors: list[str] | None) -> None:
+    """``ConfigError`` where the files or keys named matched no failed job: a path mistyped, or run
+    from another folder, is said as such, not as a retry that did nothing."""
+    if count == 0 and selectors:
+        raise ConfigError(
+            f"no failed job matches {', '.join(selectors)} (a job's file or key, or a folder or"
+            " prefix it lies below)",
+            hint="`ocrwatch status` lists the failed jobs with their errors; only a failed job is"
+            " queued again",
+        )
 
 
 def _check(cfg: Config, args: argparse.Namespace) -> int:

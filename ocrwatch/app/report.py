@@ -73,19 +73,23 @@ class OcrReport:
         else:
             say(text, "error", "ocr_failed", **fields)
 
-    def finish(self) -> bool:
-        """Print the summary; whether any file failed or was left unfinished."""
+    def finish(self, error: str | None = None) -> bool:
+        """Print the summary, after ``error`` where one stopped the run (an engine that could not
+        start); whether any file failed, was left unfinished, or was never read."""
+        if error is not None:
+            self._say(error)
         if self._bar is not None:
             self._bar.close()
             bar_shown(False)
         counts = self.counts
         partial = f" ({counts['partial']} partial)" if counts["partial"] else ""
         failed = counts["failed"] + counts["interrupted"]
+        unread = self._files - sum(counts.values())
         print(
             f"{counts['ok'] + counts['partial']} done{partial}, {counts['skipped']} skipped, "
-            f"{failed} failed"
+            f"{failed} failed" + (f", {unread} not read" if unread > 0 else "")
         )
-        return failed > 0
+        return failed > 0 or unread > 0
 
 
 def shown(path: str) -> str:

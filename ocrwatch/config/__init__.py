@@ -126,8 +126,8 @@ class Config(Model):
     )
     source_file: Path | None = Field(default=None, exclude=True)
     set_by: tuple[tuple[str, str], ...] = Field(default=(), exclude=True)
-    """Each key an environment variable set (``inbox[0].path``), with the variable: what a message
-    about that key names."""
+    """Each key an environment variable set (``inbox[0].path``), with the variable, or a flag of the
+    command line (``ocrwatch ocr --engine``), with the flag: what a message about that key names."""
 
     @model_validator(mode="after")
     def _inboxes_distinct(self) -> Config:
@@ -371,6 +371,8 @@ def _format_error(path: Path | None, error: ValidationError, origins: Mapping[Lo
 
         if isinstance(problem, KeyProblem):
             loc, text = (*base, *problem.loc), problem.render(name)
+        elif item["type"] == "extra_forbidden":  # a typo, said as one: the nearest key named
+            loc, text = base, f"{name(())}: {config_env.unknown_key(Config, base)}"
         else:
             message = str(problem) if item["type"] == "value_error" else item["msg"]
             loc, text = base, f"{name(())}: {message}"

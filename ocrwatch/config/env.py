@@ -107,6 +107,20 @@ def _fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
     return iter(fields(model).items())
 
 
+def unknown_key(model: type[BaseModel], loc: Loc) -> str:
+    """What a key written at ``loc`` below ``model`` that its table lacks is told: the nearest key
+    of that table (difflib, as a variable's nearest name), so a typo reads as one."""
+    table: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an array of tables: each of its tables has the same keys
+            continue
+        field = fields(table).get(part) if table is not None else None
+        table = None if field is None else _table(field.annotation) or tables(field.annotation)
+    known = list(fields(table)) if table is not None else []
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    return f"no such key (did you mean `{close[0]}`?)" if close else "no such key"
+
+
 def _resolve(model: type[BaseModel], name: str) -> tuple[Loc, FieldInfo]:
     found = _walk(model, name[len(PREFIX) :], ())
     if found is None:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 import ocrwatch.config.engines as config_engines
+import ocrwatch.config.env as config_env
 from ocrwatch.config.base import (
     Auto,
     KeyProblem,
@@ -369,7 +370,7 @@ class EngineConfig(Model):
         for name, value in extra.items():
             options = config_engines.options(name)
             if options is None:
-                raise KeyProblem((name,), "Extra inputs are not permitted")
+                raise KeyProblem((name,), config_env.unknown_key(EngineConfig, (name,)))
             if not isinstance(value, options):
                 extra[name] = _table(name, options, value)
         for name in (*config_engines.BUILT_IN, self.kind):

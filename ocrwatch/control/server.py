@@ -26,7 +26,7 @@ from ocrwatch.control.status import listeners, pipeline_status, place
 from ocrwatch.errors import classify
 from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
-from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.ledger import QUEUED, Ledger
 from ocrwatch.store.written import Written
 
 log = structlog.get_logger()
@@ -135,7 +135,11 @@ class ControlServer:
         self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader
     ) -> None:
         host = self._host
-        summary = await asyncio.to_thread(host.ledger.summary) if host.ledger is not None else {}
+        summary = (  # the jobs past queued are this daemon's running ones, not waiting
+            await asyncio.to_thread(host.ledger.summary, waiting=QUEUED)
+            if host.ledger is not None
+            else {}
+        )
         pipeline = host.pipeline
         engine = (
             pipeline.supervisor.kind

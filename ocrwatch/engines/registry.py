@@ -20,7 +20,8 @@ import re
 from typing import Any
 
 import ocrwatch.config.engines as config_engines
-from ocrwatch.config import EngineConfig, LogConfig
+import ocrwatch.config.env as config_env
+from ocrwatch.config import Config, EngineConfig, LogConfig
 from ocrwatch.engines.base import Engine, EngineSpec, Images
 from ocrwatch.engines.deepseek import rungs
 from ocrwatch.errors import ConfigError
@@ -47,10 +48,11 @@ def _vllm_status() -> tuple[bool, str]:
     return True, f"vllm {version} imports and {devices} CUDA device(s) are visible"
 
 
-def choose(cfg: EngineConfig) -> tuple[str, str]:
-    """The engine kind to build and the human reason for it."""
+def choose(cfg: EngineConfig, chosen_by: str | None = None) -> tuple[str, str]:
+    """The engine kind to build and the human reason for it: for a kind named, ``chosen_by`` (what
+    named it, as ``chosen_by`` says), else the configuration's key; for ``auto``, what it found."""
     if cfg.kind != "auto":
-        return cfg.kind, f"[engine] kind = {cfg.kind!r} in the configuration"
+        return cfg.kind, chosen_by or f"[engine] kind = {cfg.kind!r} in the configuration"
     available, why = _vllm_status()
     if available:
         return "vllm", f"[engine] kind = 'auto': {why}"
@@ -67,6 +69,20 @@ def fell_back(cfg: EngineConfig, kind: str) -> bool:
         return importlib.util.find_spec("vllm") is not None
     except (ImportError, ValueError):  # a broken installation: installed all the same
         return True
+
+
+def chosen_by(cfg: Config) -> str:
+    """What set ``[engine] kind``, as the user did: a flag of ``ocrwatch ocr`` (``--engine vllm``;
+    ``--lang`` selects Tesseract), the variable, else the file's key: what a message about the
+    engine names, never the file for a choice made elsewhere."""
+    key, kind = cfg.key(("engine", "kind")), cfg.engine.kind
+    if key == "--lang":
+        return f"--lang {cfg.engine.tesseract.lang} on the command line (Tesseract's languages)"
+    if key.startswith("--"):
+        return f"{key} {kind} on the command line"
+    if key.startswith(config_env.PREFIX):
+        return f"{key}={kind} in the environment"
+    return f"[engine] kind = {kind!r} in {cfg.source_file or 'the configuration'}"
 
 
 def find(kind: str) -> EngineSpec:

@@ -40,7 +40,7 @@ class EngineSupervisor:
     async def start(self) -> Engine:
         """Choose, build and start the engine; a warning only where ``auto`` fell back from an
         installed vLLM (``registry.fell_back``), since Tesseract on a host without one is normal."""
-        kind, reason = registry.choose(self._cfg.engine)
+        kind, reason = registry.choose(self._cfg.engine, registry.chosen_by(self._cfg))
         spec, cfg = registry.find(kind), self._cfg.engine
         self.kind, self._rungs, self._judge = kind, spec.rungs(cfg), spec.judge(cfg)
         loud = registry.fell_back(cfg, kind)

@@ -43,6 +43,8 @@ __all__ = [
 State = Literal["queued", "rendering", "recognizing", "writing", "done", "failed"]
 STATES: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing", "done", "failed")
 UNFINISHED: tuple[State, ...] = ("queued", "rendering", "recognizing", "writing")
+QUEUED: tuple[State, ...] = ("queued",)
+"""The jobs of a running daemon that wait (``ocrwatch status``): past ``queued`` a job runs."""
 
 
 _SETTABLE = frozenset({"pages_total", "pages_done"})
@@ -368,9 +370,10 @@ class Ledger(Database):
 
         return self.transact(tx, write=True)
 
-    def summary(self, errors: int = 10) -> dict[str, Any]:
-        """What ``ocrwatch status`` shows: counts by state, the oldest unfinished job, the latest
-        errors."""
+    def summary(self, errors: int = 10, waiting: Collection[State] = UNFINISHED) -> dict[str, Any]:
+        """What ``ocrwatch status`` shows: counts by state, the oldest job in a ``waiting`` state,
+        the latest errors. With no daemon every unfinished job waits for the next start; a running
+        daemon's jobs past ``queued`` are running, not waiting."""
 
         def tx(conn: sqlite3.Connection) -> dict[str, Any]:
             now = time.time()
@@ -378,11 +381,11 @@ class Ledger(Database):
             counts.update(
                 conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
             )
-            marks = ", ".join("?" * len(UNFINISHED))
+            marks = ", ".join("?" * len(waiting))
             oldest = conn.execute(
                 f"SELECT key, created_at FROM jobs WHERE state IN ({marks}) ORDER BY created_at "
                 "LIMIT 1",
-                UNFINISHED,
+                tuple(waiting),
             ).fetchone()
             latest = conn.execute(
                 "SELECT key, state, last_error, error_at FROM jobs WHERE error_at IS NOT NULL"

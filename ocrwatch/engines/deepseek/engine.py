@@ -166,8 +166,8 @@ class VllmEngine:
             await self.close()
             raise EngineDead(
                 f"vLLM engine could not start: {type(exc).__name__}: {exc}",
-                hint="check [engine.vllm] model, GPU memory and the vLLM install; ocrwatch "
-                "retries with backoff",
+                hint="check [engine.vllm] model, GPU memory and the vLLM install (ocrwatch check "
+                "probes them); a running daemon builds the engine again, with backoff",
             ) from exc
         try:
             await self.recognize(self._warmup_request())
