@@ -48,6 +48,7 @@ def test_off_a_terminal_each_page_step_is_a_line(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().err == "ocrwatch: a.pdf: 1/2 pages\n"
 
 
+@pytest.mark.slow
 def test_ocr_on_a_terminal_draws_one_bar_with_the_rate_and_the_time_left(tmp_path: Path) -> None:
     pdf = docs.write_pdf(
         tmp_path / "three.pdf", [["Page one"], ["Page two"], ["Page three"]], dpi=72
