@@ -196,9 +196,9 @@ class RabbitServer:
         return asyncio.run(self._call(work))
 
     def queue_with_dead_letters(self, queue: str, exchange: str, routing_key: str = "#") -> str:
-        """The README's recipe: ``exchange`` (topic) routes ``routing_key`` to the quorum queue
-        ``queue``, whose dead letters go to ``DEAD_EXCHANGE`` (fanout) and its queue
-        ``queue.dead``."""
+        """The guide's recipe (docs/guide.md, RabbitMQ): ``exchange`` (topic) routes
+        ``routing_key`` to the quorum queue ``queue``, whose dead letters go to ``DEAD_EXCHANGE``
+        (fanout) and its queue ``queue.dead``."""
         import aio_pika
 
         async def declare(channel: Any) -> None:

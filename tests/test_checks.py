@@ -40,7 +40,7 @@ def write_config(tmp_path: Path, **changes: Any) -> Path:
     }
     path = tmp_path / "ocrwatch.toml"
     path.write_text(tomli_w.dumps(settings))
-    path.chmod(0o640)  # as the README installs it: the secrets of some are no one else's to read
+    path.chmod(0o640)  # as docs/operations.md installs it: secrets are no one else's
     return path
 
 

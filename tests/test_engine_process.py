@@ -184,6 +184,7 @@ async def wait_until(condition: Any, seconds: float = 60.0) -> None:
 
 
 @needs_tesseract
+@pytest.mark.slow
 async def test_a_dead_replica_is_restarted_alone_and_its_page_finished_by_another() -> None:
     before = set(children())
     engines = EngineSet([tesseract(workers=1), tesseract(workers=1)])

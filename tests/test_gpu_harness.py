@@ -99,6 +99,7 @@ def test_the_step_output_goes_to_its_file_not_a_pipe(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_compare_ends_within_its_budget_with_its_json_line(tmp_path: Path) -> None:
     tool = tmp_path / "tool.py"
     tool.write_text(HANGING_TOOL.replace("sys.argv[1]", "'" + str(tmp_path / "pid") + "'"))
@@ -244,6 +245,7 @@ finally:
 
 @pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract here to bundle")
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_the_tesseract_bundle_detects_orientation_with_nothing_of_the_machines(
     tmp_path: Path,
 ) -> None:

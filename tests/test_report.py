@@ -75,6 +75,7 @@ def test_a_line_written_while_the_bar_is_shown_gets_a_line_of_its_own(
     assert said.startswith("ocrwatch: "), err
 
 
+@pytest.mark.slow
 def test_off_a_terminal_stderr_holds_json_events_only(tmp_path: Path) -> None:
     """The log lines are JSON there, and so are the command's own: each page step
     (``ocr_progress``) and each failure (``ocr_failed``); the summary is stdout's."""
@@ -101,6 +102,7 @@ def test_off_a_terminal_stderr_holds_json_events_only(tmp_path: Path) -> None:
     assert {"file": "good.png", "pages_done": 1, "pages_total": 1}.items() <= steps[-1].items()
 
 
+@pytest.mark.slow
 def test_ocr_on_a_terminal_draws_one_bar_with_the_rate_and_the_time_left(tmp_path: Path) -> None:
     pdf = docs.write_pdf(
         tmp_path / "three.pdf", [["Page one"], ["Page two"], ["Page three"]], dpi=72

@@ -391,6 +391,7 @@ def test_max_receives_left_to_the_dead_letter_queue(moto: MotoServer) -> None:
     assert "Contents" not in moto.client("s3").list_objects_v2(Bucket="docs", Prefix="poison.pdf.")
 
 
+@pytest.mark.slow
 def test_polling_survives_an_outage_of_the_server() -> None:
     server = MotoServer().start()
     try:

@@ -2,7 +2,7 @@
 shared value types.
 
 Each key is declared once, as ``Field(default, description=...)``; ``configdoc`` writes
-``config.example.toml`` and the README's key table from these declarations.
+``config.example.toml`` and the key table of ``docs/configuration.md`` from these declarations.
 """
 
 from __future__ import annotations

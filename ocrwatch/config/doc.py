@@ -1,5 +1,6 @@
-"""``config.example.toml`` and the README's key table, written from the keys' own declarations
-(``Field(default, description=...)``), so neither can drift from the model that loads them.
+"""``config.example.toml`` and the key table of ``docs/configuration.md``, written from the keys'
+own declarations (``Field(default, description=...)``), so neither can drift from the model that
+loads them.
 
 ``python -m ocrwatch.config.doc --write`` rewrites both; ``--check`` exits 1 when either differs.
 """
@@ -22,7 +23,7 @@ from ocrwatch.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config.example.toml"
-README = REPO / "README.md"
+REFERENCE = REPO / "docs" / "configuration.md"
 BEGIN, END = "<!-- config-keys:begin -->", "<!-- config-keys:end -->"
 WIDTH = 100
 
@@ -188,12 +189,12 @@ def _rows(model: type[BaseModel], where: str) -> Iterator[str]:
 
 
 def table() -> str:
-    """The README's key table, between its markers."""
+    """The reference's key table, between its markers."""
     rows = "\n".join(_rows(Config, ""))
     return f"{BEGIN}\n| key | default | meaning |\n| --- | --- | --- |\n{rows}\n{END}"
 
 
-def readme(text: str) -> str:
+def reference(text: str) -> str:
     """``text`` with its key table replaced by the one the declarations give."""
     start, end = text.index(BEGIN), text.index(END) + len(END)
     return text[:start] + table() + text[end:]
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true", help="rewrite both files")
     mode.add_argument("--check", action="store_true", help="exit 1 when either differs")
     args = parser.parse_args(argv)
-    wanted = {EXAMPLE: example(), README: readme(README.read_text())}
+    wanted = {EXAMPLE: example(), REFERENCE: reference(REFERENCE.read_text())}
     stale = [path for path, text in wanted.items() if path.read_text() != text]
     if args.write:
         for path in stale:

@@ -70,7 +70,8 @@ ERROR = _object(
             "type": "string",
             "pattern": "^[a-z][a-z0-9_]*$",
             "description": "The failure's stable name (corrupt_pdf, output_conflict, "
-            "page_failed, page_timeout, ...: ocrwatch.errors, the README's table).",
+            "page_failed, page_timeout, ...: ocrwatch.errors; docs/operations.md, "
+            "Troubleshooting).",
         },
         "message": _text("What happened, naming the file or the setting."),
         "retryable": _text("True: a transient fault that ocrwatch tries again itself.", "boolean"),

@@ -474,7 +474,7 @@ async def _probe(cfg: S3Config, index: int) -> list[tuple[bool, str, str, str]]:
                         False,
                         f"{key} dead_letter_exchange {name}",
                         "absent: dead-lettered messages would be dropped",
-                        "declare it and bind a queue to it (README, RabbitMQ)",
+                        "declare it and bind a queue to it (docs/guide.md, RabbitMQ)",
                     )
                 )
             else:

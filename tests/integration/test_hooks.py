@@ -361,9 +361,9 @@ def test_a_hook_runs_for_an_s3_document_with_s3_uris(moto: Any, tmp_path: Path) 
 def test_a_hook_gets_none_of_the_secrets_the_daemon_was_given_by_environment(
     moto: Any, tmp_path: Path
 ) -> None:
-    """The README's way: secrets in variables, not in the file. The daemon uses them (it reads the
-    bucket with the key, listens with the token), and the hook gets its own variables and a minimal
-    environment, none of them."""
+    """The guide's way (docs/guide.md): secrets in variables, not in the file. The daemon uses them
+    (it reads the bucket with the key, listens with the token), and the hook gets its own variables
+    and a minimal environment, none of them."""
     from tests.integration.test_s3_daemon import sqs_daemon
 
     out = tmp_path / "received"
