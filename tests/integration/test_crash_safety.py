@@ -310,5 +310,6 @@ def test_kill_9_past_the_attempts_ends_in_crash_loop_and_clean_stops_do_not_coun
     error = wait_until(lambda: error_sidecar(path), 60, "the crash-loop error sidecar")["error"]
     assert error["kind"] == "crash_loop" and "3 attempts used up" in error["message"]
     assert not sidecars_done(path)
-    assert ledger_row(daemon, path)[0] == "failed"
+    # The error sidecar is written before the ledger records the failure.
+    wait_until(lambda: ledger_row(daemon, path)[0] == "failed", 30, "the failure in the ledger")
     assert daemon.stop() == 0
