@@ -136,8 +136,13 @@ def test_a_source_truncated_while_its_outputs_are_made_gets_sidecars_of_its_new_
     )
     assert data["status"] == "ok" and len(data["pages"]) == 1
     uri = doc.resolve().as_uri()
-    published = [e for e in daemon.events() if e.get("event") == "job_done" and e["uri"] == uri]
-    assert [e["pages"] for e in published] == [1], "the old version's sidecars were published"
+
+    def published() -> list[dict]:
+        return [e for e in daemon.events() if e.get("event") == "job_done" and e["uri"] == uri]
+
+    # The sidecars are written before the run's job_done line.
+    wait_until(published, 30, "the job_done line of the truncated file")
+    assert [e["pages"] for e in published()] == [1], "the old version's sidecars were published"
     retries = [e.get("kind") for e in daemon.events() if e.get("event") == "job_retry"]
     assert retries == ["source_changed"]
     assert daemon.stop() == 0
