@@ -168,6 +168,27 @@ def test_a_start_names_every_problem_check_finds_not_only_the_first(tmp_path: Pa
     assert "install tesseract-ocr-zzz" in raised.value.hint
 
 
+@pytest.mark.parametrize("chosen", ["variable", "file"])
+def test_vllm_that_does_not_import_is_told_how_to_choose_tesseract_where_vllm_was_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str
+) -> None:
+    """The hint of ``check``'s "vllm does not import" line names what chose vLLM, as ``ocr``'s does:
+    the variable when the environment chose it, never the file's key the file does not hold."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # its import fails, installed or not
+    path = write_config(tmp_path, engine={"kind": "vllm" if chosen == "file" else "tesseract"})
+    environ = {"OCRWATCH_ENGINE_KIND": "vllm"} if chosen == "variable" else {}
+    found = {
+        result.what: result for result in checks._engine(config.load(path, environ), probe=True)
+    }
+    assert not found["vllm"].ok and found["vllm"].detail.startswith("does not import: ")
+    instead = {
+        "variable": "OCRWATCH_ENGINE_KIND=tesseract in the environment",
+        "file": f"[engine] kind = 'tesseract' in {path}",
+    }[chosen]
+    assert found["vllm"].hint is not None
+    assert found["vllm"].hint.endswith(f"or choose Tesseract: {instead}")
+
+
 @pytest.fixture
 def read_only_inbox(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() == 0 and shutil.which("setpriv") is None:

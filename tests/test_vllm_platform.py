@@ -94,7 +94,8 @@ def test_check_names_the_platform_and_fails_only_where_vllm_found_none(
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.32.0"))
     monkeypatch.setattr(runtime, "read_platform", lambda: platform)
     cfg = VllmConfig(model="deepseek-ai/DeepSeek-OCR-2")
-    found = {check.what: check for check in checks._runs(cfg)}
+    instead = "[engine] kind = 'tesseract' in the configuration"
+    found = {check.what: check for check in checks._runs(cfg, instead)}
     assert found["vllm"].ok and found["vllm"].detail == "0.32.0 imports"
     assert found["vLLM platform"].ok is ok
     assert said in found["vLLM platform"].detail

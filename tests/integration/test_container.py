@@ -1,25 +1,27 @@
-"""The CPU image (Containerfile) built and run as a user would, with no registry: a Debian
-bookworm base made by mmdebstrap from the machine's own apt sources and ``podman import``-ed, the
-image built from the repository, a container on a bind-mounted inbox: a PNG in, its sidecars out,
-``podman stop`` and exit 0.
+"""The CPU image built and run as docs/operations.md says, block by block: the blocks marked
+``<!-- container-test: NAME -->`` there are the commands run here, as written, but for what a
+test must change (``SUBSTITUTED``: the base's temporary tar in the test's folder, a free host port
+for the metrics). "build" runs in the repository (a Debian bookworm base made by mmdebstrap from
+the machine's own apt sources and ``podman import``-ed, the image built on it: no registry), "run"
+and "stop" in the test's folder: a PNG in the bind-mounted inbox, its sidecars out, owned by the
+image's user, ``podman stop`` and exit 0. "install" is checked against tests/install_podman.sh,
+which CI runs.
 
-Podman keeps everything (images, containers, its database) in a temporary folder of its own, named
-by ``CONTAINERS_CONF`` and ``CONTAINERS_STORAGE_CONF``, so the host's podman and other runs see
-nothing of it. The runtime is runc: crun refuses some hosts' cgroup layouts (cgroup v1 with a v2
-``unified`` mount). The ulimits stay below a sandbox's own (a container may not raise them). The
-build reaches apt and PyPI through the host's network, with the host's CA bundle as a build secret
-(a TLS-intercepting proxy's certificate stays out of the image). Base, build and run take 2 to 6
-minutes on 2 cores, depending on what else runs.
+Podman keeps everything (images, containers, volumes, its database) in a temporary folder of its
+own, named by ``CONTAINERS_CONF`` and ``CONTAINERS_STORAGE_CONF``, so the host's podman and other
+runs see nothing of it; that configuration holds only places, so the runtime and the ulimits are
+the docs' flags. Base, build and run take 2 to 6 minutes on 2 cores, depending on what else runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
-import uuid
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ import pytest
 
 from tests import docs
 from tests.integration.conftest import REPO, sidecars_done, wait_until
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -35,12 +38,41 @@ pytestmark = [
     pytest.mark.timeout(1200),  # apt and pip inside the build, on a busy 2-core machine
 ]
 
+DOCS = REPO / "docs" / "operations.md"
+BLOCK = re.compile(r"<!-- container-test: (\w+) -->\n```sh\n(.*?)\n```", re.DOTALL)
+# What the test changes in a block, and why: each must be in the block as the docs have it.
+SUBSTITUTED = {
+    "build": {"/tmp/bookworm.tar": "{root}/bookworm.tar"},  # the machine's /tmp is shared
+    "run": {"127.0.0.1:9464:9464": "127.0.0.1:{port}:9464"},  # 9464 may be taken
+}
 IMAGE_UID = 10001  # the Containerfile's default UID
-BASE = "localhost/ocrwatch-test-base:bookworm"
-IMAGE = "localhost/ocrwatch-test:latest"
-APT_SOURCES = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+IMAGE = "localhost/ocrwatch:latest"  # the build block's -t ocrwatch
+NAME, VOLUME = "ocrwatch", "ocrwatch-state"  # the run block's container and state volume
+APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")  # the build block's, Debian 12's
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # the build block's secret
 TOOLS = ("podman", "buildah", "mmdebstrap", "runc")
+
+
+def commands(name: str, **values: str) -> list[str]:
+    """The docs' block ``name``, a command a line (continuations joined, comments left to bash),
+    with the test's substitutions made, ``values`` filled into them."""
+    block = dict(BLOCK.findall(DOCS.read_text()))[name]
+    for written, instead in SUBSTITUTED.get(name, {}).items():
+        assert written in block, f"{DOCS}'s {name} block no longer holds {written!r}"
+        block = block.replace(written, instead.format(**values))
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_the_docs_install_what_the_suite_installs() -> None:
+    """Step 1 of the docs installs the packages tests/install_podman.sh does (runc named, so apt
+    does not pick crun for podman)."""
+    [install] = commands("install")
+    named = [word for word in install.split("apt-get install", 1)[1].split() if word[0] != "-"]
+    script = (REPO / "tests" / "install_podman.sh").read_text()
+    listed = re.search(r"^PACKAGES=\((.*)\)$", script, re.MULTILINE)
+    assert listed is not None
+    assert sorted(named) == sorted(listed.group(1).split())
+    assert "runc" in named
 
 
 class Podman:
@@ -53,16 +85,7 @@ class Podman:
             f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n'
         )
         containers = root / "containers.conf"
-        containers.write_text(
-            "[containers]\n"
-            'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
-            "[engine]\n"
-            'runtime = "runc"\n'
-            'cgroup_manager = "cgroupfs"\n'
-            'events_logger = "file"\n'
-            f'tmp_dir = "{root}/tmp"\n'
-            f'volume_path = "{root}/volumes"\n'
-        )
+        containers.write_text(f'[engine]\ntmp_dir = "{root}/tmp"\nvolume_path = "{root}/volumes"\n')
         self.env = {
             **os.environ,
             "CONTAINERS_CONF": str(containers),
@@ -99,22 +122,31 @@ class Podman:
         )
         return done.stdout
 
-    def timed(self, step: str, argv: list[str], timeout: float) -> None:
-        """Run ``argv`` (a build step) with podman's environment, its time kept as ``step``."""
-        started = time.monotonic()
-        log = self.root / f"{step}.log"
-        with open(log, "wb") as out:
-            done = subprocess.run(
-                argv,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
+    def block(self, name: str, cwd: Path, timeout: float, **values: str) -> list[str]:
+        """Run the docs' block ``name`` in ``cwd``, a command at a time with bash (as a user
+        pastes it), each one's time kept; what each printed."""
+        said = []
+        for index, command in enumerate(commands(name, **values)):
+            step = f"{name}[{index}]"
+            started = time.monotonic()
+            log = self.root / f"{step}.log"
+            with open(log, "wb") as out:
+                done = subprocess.run(
+                    ["bash", "-euo", "pipefail", "-c", command],
+                    cwd=cwd,
+                    env={**self.env, "PWD": str(cwd)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                    check=False,
+                )
+            self.seconds[step] = round(time.monotonic() - started, 1)
+            output = log.read_text(errors="replace")
+            assert done.returncode == 0, (
+                f"{step}: {command}: exit {done.returncode}\n{output[-6000:]}"
             )
-        self.seconds[step] = round(time.monotonic() - started, 1)
-        tail = log.read_text(errors="replace")[-6000:]
-        assert done.returncode == 0, f"{step}: {' '.join(argv)}: exit {done.returncode}\n{tail}"
+            said.append(output)
+        return said
 
     def clean(self) -> None:
         """Remove every container and image, then the folder (overlay mounts first)."""
@@ -127,55 +159,28 @@ class Podman:
 
 
 def _unusable() -> str | None:
-    """Why podman cannot build and run here, or None: the tools are missing, or this is not root
-    (the base is made by mmdebstrap as root; rootless podman needs subuid ranges set up)."""
+    """Why the docs' blocks cannot run here, or None: the tools are missing, or this is not root
+    (the base is made by mmdebstrap as root), or a file they name is not here."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         return f"{', '.join(missing)} not installed: run tests/install_podman.sh (as root)"
     if os.geteuid() != 0:
         return "needs root: the base image is made by mmdebstrap and run by rootful podman"
-    if not any(path.exists() for path in APT_SOURCES):
-        return "no apt sources file for mmdebstrap to make the Debian base from"
+    for needed in (APT_SOURCES, CA_BUNDLE):
+        if not needed.exists():
+            return f"no {needed}, which the docs' build block names (a Debian 12 host has it)"
     return None
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
-    """The CPU image, built from the repository on a base made here."""
+    """The CPU image, built by the docs' build block: the suite's one build."""
     reason = _unusable()
     if reason:
         pytest.skip(reason)
     podman = Podman(tmp_path_factory.mktemp("podman"))
     try:
-        sources = next(path for path in APT_SOURCES if path.exists())
-        rootfs = podman.root / "rootfs.tar"
-        base = [
-            "mmdebstrap",
-            "--variant=apt",
-            "--format=tar",
-            "bookworm",
-            str(rootfs),
-            str(sources),
-        ]
-        podman.timed("base", base, timeout=600)
-        podman("import", str(rootfs), BASE, timeout=300)
-        rootfs.unlink()
-        secret = ["--secret", f"id=ca,src={CA_BUNDLE}"] if CA_BUNDLE.exists() else []
-        build = [
-            "podman",
-            "build",
-            "--network",
-            "host",
-            "--build-arg",
-            f"BASE={BASE}",
-            *secret,
-            "--tag",
-            IMAGE,
-            "--file",
-            str(REPO / "Containerfile"),
-            str(REPO),
-        ]
-        podman.timed("build", build, timeout=900)
+        podman.block("build", REPO, timeout=900, root=str(podman.root))
         yield podman
     finally:
         podman.clean()
@@ -203,59 +208,51 @@ def test_the_image_holds_ocrwatch_not_its_build_inputs(image: Podman) -> None:
         image("image", "unmount", IMAGE)
 
 
-def test_a_png_in_the_bind_mounted_inbox_gets_its_sidecars_and_stop_exits_0(
+def test_the_docs_run_block_takes_a_png_writes_its_sidecars_as_the_images_user_and_stops(
     image: Podman, tmp_path: Path
 ) -> None:
-    inbox, state = tmp_path / "inbox", tmp_path / "state"
-    for folder in (inbox, state):
-        folder.mkdir()
-        os.chown(folder, IMAGE_UID, IMAGE_UID)  # as the README says: the image's user writes them
-    name = f"ocrwatch-test-{uuid.uuid4().hex[:12]}"
+    """The run block in a folder of the test's: the daemon ready, its metrics on the published
+    port, a PNG's sidecars written as uid 10001 beside the source (still root's), the state in
+    the volume; the stop block: ``status`` counts the document, ``podman stop`` ends it with 0."""
+    port = free_port()
     started = time.monotonic()
-    image(
-        "run",
-        "--detach",
-        "--name",
-        name,
-        "--network",
-        "none",
-        "--volume",
-        f"{inbox}:/inbox",
-        "--volume",
-        f"{state}:/state",
-        IMAGE,
-    )
+    image.block("run", tmp_path, timeout=180, port=str(port))
     try:
 
         def logged(event: str) -> bool:
-            return f'"event": "{event}"' in image.logs(name)
+            return f'"event": "{event}"' in image.logs(NAME)
 
-        within(image, name, lambda: logged("daemon_ready") or _exited(image, name), "daemon_ready")
-        assert logged("daemon_ready"), image.logs(name)
-        top = image("top", name, "pid", "user", "args")
+        within(image, NAME, lambda: logged("daemon_ready") or _exited(image, NAME), "daemon_ready")
+        assert logged("daemon_ready"), image.logs(NAME)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=30) as ready:
+            assert ready.status == 200
+        top = image("top", NAME, "pid", "user", "args")
         assert any(
             line.split()[:2] == ["1", "ocrwatch"] and "tini" in line for line in top.splitlines()
         ), top
         assert any("ocrwatch run" in line and "tini" not in line for line in top.splitlines()), top
 
-        png = docs.write_png(inbox / "scan.png", ["Container test 42", "Sidecars come out"])
+        png = docs.write_png(tmp_path / "inbox" / "scan.png", ["Container test 42", "Sidecars"])
         source = png.read_bytes()
-        data = within(image, name, lambda: sidecars_done(png), f"sidecars of {png}")
+        data = within(image, NAME, lambda: sidecars_done(png), f"sidecars of {png}")
         image.seconds["run"] = round(time.monotonic() - started, 1)
         assert data["status"] == "ok"
-        markdown = png.with_name(png.name + ".md").read_text()
-        assert "Container test 42" in markdown
-        assert png.with_name(png.name + ".md").stat().st_uid == IMAGE_UID
+        markdown = png.with_name(png.name + ".md")
+        assert "Container test 42" in markdown.read_text()
+        owners = {path.stat().st_uid for path in (markdown, png.with_name(png.name + ".json"))}
+        assert owners == {IMAGE_UID} and png.stat().st_uid == os.getuid()
         assert png.read_bytes() == source
-        assert any(state.iterdir()), "the daemon kept its state outside /state"
+        volume = image("volume", "inspect", "--format", "{{.Mountpoint}}", VOLUME).strip()
+        assert (Path(volume) / "ledger.sqlite3").exists(), "the daemon kept its state elsewhere"
 
-        image("stop", "--time", "60", name, timeout=90)
-        state_of = inspect(image, "--type", "container", name)["State"]
-        assert (state_of["Status"], state_of["ExitCode"]) == ("exited", 0), image.logs(name)
-        assert logged("daemon_stopped"), image.logs(name)
-        print(f"container seconds: {image.seconds}")  # shown with -rP: base, build, run
+        status, _ = image.block("stop", tmp_path, timeout=120)
+        assert re.search(r"^done +1$", status, re.MULTILINE), status
+        state_of = inspect(image, "--type", "container", NAME)["State"]
+        assert (state_of["Status"], state_of["ExitCode"]) == ("exited", 0), image.logs(NAME)
+        assert logged("daemon_stopped"), image.logs(NAME)
+        print(f"container seconds: {image.seconds}")  # shown with -rP: build, run, stop
     finally:
-        image("rm", "--force", "--volumes", name, check=False)
+        image("rm", "--force", "--volumes", NAME, check=False)
 
 
 def within(podman: Podman, name: str, predicate: Callable[[], Any], what: str) -> Any:

