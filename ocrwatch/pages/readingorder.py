@@ -33,9 +33,7 @@ stays poppler's, which reads them by rows."""
 TOLERANCE = 0.5
 """Points by which boxes may touch and still be apart (poppler's boxes abut to a fraction)."""
 
-_TAG = re.compile(
-    r"<(flow|block|line|word)\b([^>]*)>(?:([^<]*)</word>)?|</(block|line)>", re.ASCII
-)
+_TAG = re.compile(r"<(flow|block|line|word)\b([^>]*)>(?:([^<]*)</word>)?|</(block|line)>", re.ASCII)
 _COORD = re.compile(r'(xMin|yMin|xMax|yMax)="(-?[0-9.]+)"', re.ASCII)
 
 
@@ -150,7 +148,8 @@ def _split(
 
 
 def _side_by_side(blocks: list[Block], left: list[int], right: list[int]) -> bool:
-    """Whether a paragraph (``MIN_LINES``, ``MIN_WIDTH``) of ``left`` and one of ``right`` share some height."""
+    """Whether a paragraph (``MIN_LINES``, ``MIN_WIDTH``) of ``left`` and one of ``right`` share
+    some height."""
     spans = sorted(
         (blocks[i].y0, blocks[i].y1, side)
         for side, part in enumerate((left, right))
@@ -194,16 +193,18 @@ def arrange(text: str, blocks: list[Block]) -> str | None:
     sequence = order(blocks)
     if sequence == sorted(sequence):
         return text
-    parts = [text[: spans[sequence[0]][0]]]
+    parts = [text[: spans[0][0]]]
     for number, index in enumerate(sequence):
         start, end, dropped = spans[index]
-        parts.append(text[start:end])
         following = sequence[number + 1] if number + 1 < len(sequence) else None
+        parts.append(text[start:end])
         if following == index + 1:
             parts.append(text[end : spans[following][0]])
-        elif following is not None:
-            parts.append("-\n\n" if dropped else "\n\n")
-    parts.append(text[max(end for _, end, _ in spans) :] if spans else "")
+            continue
+        parts.append("-" if dropped else "")
+        if following is not None:
+            parts.append("\n\n")
+    parts.append(text[spans[-1][1] :])
     return "".join(parts)
 
 
