@@ -38,6 +38,7 @@ class FakePage:
     seconds: float = 0.0
     dpi_from: str = "render"
     orientation: Orientation = AS_RENDERED
+    source_dpi: tuple[float, float] | None = None
 
 
 def renderer(delay: float = 0.0, fail_at: int | None = None):
