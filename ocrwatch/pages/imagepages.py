@@ -13,7 +13,10 @@ scanner's software, a phone's export). The rule, in order: the DPI the file reco
 long side (297 mm: a scan of a page is the common case, and Letter's 11 in differs by 6 %), but
 never below ``SCREEN_DPI`` (an image under 1,123 px on its long side is too small to be a page
 scanned at a useful resolution: a screenshot or a picture, drawn at the screen's 96 px an inch).
-The sidecar records the rendered page's DPI and which rule gave it (``dpi_from``).
+The sidecar records the rendered page's DPI and which rule gave it (``dpi_from``). An image whose
+resolutions across and down differ (a fine fax: 204 x 98 dpi) is read with square pixels, its
+lower-resolution side scaled up (``square_pixels``): read as one DPI both ways its text would be
+squashed and its page the wrong shape; the sidecar keeps both (``source_dpi``).
 """
 
 from __future__ import annotations

@@ -54,14 +54,16 @@ def parse(layout: str) -> list[Block]:
     """The blocks of one page of ``pdftotext -bbox-layout``'s XHTML, in poppler's order. Read by
     pattern, not as XML: a control character in a word would make a parser refuse the page."""
     blocks: list[Block] = []
-    flow, box, lines, words = -1, (0.0, 0.0, 0.0, 0.0), [], []
+    flow, box = -1, [0.0, 0.0, 0.0, 0.0]
+    lines: list[tuple[str, ...]] = []
+    words: list[str] = []
     for match in _TAG.finditer(layout):
         tag, closing = match.group(1), match.group(4)
         if tag == "flow":
             flow += 1
         elif tag == "block":
             found = dict(_COORD.findall(match.group(2)))
-            box = tuple(float(found.get(key, 0.0)) for key in ("xMin", "yMin", "xMax", "yMax"))
+            box = [float(found.get(key, 0.0)) for key in ("xMin", "yMin", "xMax", "yMax")]
             lines = []
         elif tag == "line":
             words = []
@@ -70,7 +72,8 @@ def parse(layout: str) -> list[Block]:
         elif closing == "line":
             lines.append(tuple(words))
         elif closing == "block":
-            blocks.append(Block(*box, lines=tuple(lines), flow=max(flow, 0)))
+            x0, y0, x1, y1 = box
+            blocks.append(Block(x0, y0, x1, y1, tuple(lines), max(flow, 0)))
     return blocks
 
 
