@@ -85,9 +85,10 @@ MAX_TEXT_BYTES = 4 * 1024 * 1024
 """What pdftotext may write for one page: a dense page of text is some ten kilobytes, and a page
 past this is a content bomb's (``text_too_large``: OCR'd within the renderer's bounds)."""
 
-MAX_LAYOUT_BYTES = 4 * MAX_TEXT_BYTES
+MAX_LAYOUT_BYTES = 2 * MAX_TEXT_BYTES
 """What ``pdftotext -bbox-layout`` may write for one page to order its blocks: some twenty times
-the text (each word's box), and a page past it keeps poppler's order."""
+its text (each word's box), a hundred kilobytes for a dense page; a page past it keeps poppler's
+order."""
 
 LIST_TIMEOUT_SECONDS = 60.0
 
