@@ -115,7 +115,7 @@ def test_one_column_page_is_poppler_s_text(tmp_path: Path) -> None:
 
 
 def box(x0: float, y0: float, x1: float, y1: float, lines: int = 5, word: str = "w") -> Block:
-    return Block(x0, y0, x1, y1, tuple((word,) for _ in range(lines)), 0)
+    return Block(x0, y0, x1, y1, tuple((word,) for _ in range(lines)))
 
 
 def test_cells_and_labels_keep_poppler_s_order() -> None:
@@ -143,15 +143,15 @@ def test_a_hyphen_poppler_dropped_is_kept_when_blocks_move() -> None:
     block moved away from that next one gets its hyphen back."""
     lines = (("b", "c"), ("d", "e"))
     blocks = [
-        Block(320, 100, 550, 300, (("right", "a"), *lines, ("f", "col-")), 0),
-        Block(50, 110, 280, 300, (("left", "a"), *lines, ("f", "g")), 0),
+        Block(320, 100, 550, 300, (("right", "a"), *lines, ("f", "col-"))),
+        Block(50, 110, 280, 300, (("left", "a"), *lines, ("f", "g"))),
     ]
     text = "right a\nb c\nd e\nf colleft a\nb c\nd e\nf g\n\n\f"
     want = "left a\nb c\nd e\nf g\n\nright a\nb c\nd e\nf col-\n\n\f"
     assert readingorder.arrange(text, blocks) == want
     blocks = [
-        Block(320, 100, 550, 300, (("right", "a"), *lines), 0),
-        Block(50, 110, 280, 300, (("left", "a-"), *lines), 0),
+        Block(320, 100, 550, 300, (("right", "a"), *lines)),
+        Block(50, 110, 280, 300, (("left", "a-"), *lines)),
     ]
     text = "right a\nb c\nd e\nleft ab c\nd e\n\n\f"
     assert readingorder.arrange(text, blocks) == "left ab c\nd e\n\nright a\nb c\nd e\n\n\f"

@@ -7,9 +7,11 @@ boxes (``pdftotext -bbox-layout``) are good; only their order is rebuilt here, X
 region's blocks are split at a gutter, an upright line with blocks side by side on either side of
 it and the fewest blocks across it. Blocks across it (a title, a figure as wide as the page) cut
 the region into bands, read in turn with those blocks between them; with none across it, the
-region's left part is read before its right. A region without blocks side by side keeps poppler's
-order. The text is then poppler's own, its blocks moved (``arrange``): its spacing, and the
-hyphens it took from words broken over lines, stay as poppler wrote them.
+region's left part is read before its right. A column or band without paragraphs side by side
+is read top to bottom (blocks side by side in it, a figure's labels, in poppler's order); a whole
+page without them keeps poppler's order. The text is then poppler's own, its blocks moved
+(``arrange``): its spacing, and the hyphens it took from words broken over lines, stay as poppler
+wrote them.
 """
 
 from __future__ import annotations
@@ -33,35 +35,32 @@ stays poppler's, which reads them by rows."""
 TOLERANCE = 0.5
 """Points by which boxes may touch and still be apart (poppler's boxes abut to a fraction)."""
 
-_TAG = re.compile(r"<(flow|block|line|word)\b([^>]*)>(?:([^<]*)</word>)?|</(block|line)>", re.ASCII)
+_TAG = re.compile(r"<(block|line|word)\b([^>]*)>(?:([^<]*)</word>)?|</(block|line)>", re.ASCII)
 _COORD = re.compile(r'(xMin|yMin|xMax|yMax)="(-?[0-9.]+)"', re.ASCII)
 
 
 @dataclass(frozen=True)
 class Block:
-    """One of poppler's blocks: its box (points, from the page's top-left corner), its lines'
-    words and the flow it belongs to."""
+    """One of poppler's blocks: its box (points, from the page's top-left corner) and its lines'
+    words."""
 
     x0: float
     y0: float
     x1: float
     y1: float
     lines: tuple[tuple[str, ...], ...]
-    flow: int
 
 
 def parse(layout: str) -> list[Block]:
     """The blocks of one page of ``pdftotext -bbox-layout``'s XHTML, in poppler's order. Read by
     pattern, not as XML: a control character in a word would make a parser refuse the page."""
     blocks: list[Block] = []
-    flow, box = -1, [0.0, 0.0, 0.0, 0.0]
+    box = [0.0, 0.0, 0.0, 0.0]
     lines: list[tuple[str, ...]] = []
     words: list[str] = []
     for match in _TAG.finditer(layout):
         tag, closing = match.group(1), match.group(4)
-        if tag == "flow":
-            flow += 1
-        elif tag == "block":
+        if tag == "block":
             found = dict(_COORD.findall(match.group(2)))
             box = [float(found.get(key, 0.0)) for key in ("xMin", "yMin", "xMax", "yMax")]
             lines = []
@@ -73,7 +72,7 @@ def parse(layout: str) -> list[Block]:
             lines.append(tuple(words))
         elif closing == "block":
             x0, y0, x1, y1 = box
-            blocks.append(Block(x0, y0, x1, y1, tuple(lines), max(flow, 0)))
+            blocks.append(Block(x0, y0, x1, y1, tuple(lines)))
     return blocks
 
 
