@@ -176,6 +176,16 @@ def write_tiff(
     return path
 
 
+def write_fax(path: Path, lines: Sequence[str]) -> Path:
+    """A Letter page as a fine fax sends it: 1728 pixels across at 204 dpi, 1078 down at 98 (its
+    text drawn at 204 dpi both ways, then halved down), bilevel, Group 4."""
+    page = text_image(lines, size=(1728, 2244)).resize((1728, 1078), Image.Resampling.LANCZOS)
+    page.point(lambda value: 255 if value > 128 else 0).convert("1").save(
+        path, format="TIFF", dpi=(204, 98), compression="group4"
+    )
+    return path
+
+
 def write_truncated_png(path: Path, page: Page = ("Truncated image",)) -> Path:
     """A valid PNG header and the first part of its data: opens, fails to decode."""
     buffer = io.BytesIO()

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from PIL import Image, ImageChops, features
+from PIL import Image, ImageChops, ImageDraw, features
 from pypdf import PdfReader, PdfWriter
 from pypdf.generic import RectangleObject
 from structlog.testing import capture_logs
@@ -685,18 +685,44 @@ def test_render_image_dpi_applies_only_where_the_image_records_none(tmp_path: Pa
 @pytest.mark.parametrize(
     "recorded, size, configured, expected",
     [
-        ((200.0, 200.0), (1654, 2339), None, (200.0, "image")),
-        ((1, 1), (2550, 3300), None, (3300 / (297 / 25.4), "assumed")),  # a writer's placeholder
-        ((0.0, 0.0), (2550, 3300), 300, (300.0, "image_dpi")),
-        (None, (500, 300), None, (96.0, "assumed")),
-        ("junk", (1169, 827), None, (100.0, "assumed")),
+        ((200.0, 200.0), (1654, 2339), None, (200.0, 200.0, "image")),
+        ((204.0, 98.0), (1728, 1078), None, (204.0, 98.0, "image")),  # a fax's
+        ((199.9996, 200.0), (1654, 2339), None, (200.0, 200.0, "image")),  # dots per metre
+        ((1, 1), (2550, 3300), None, (282.2, 282.2, "assumed")),  # a writer's placeholder
+        ((0.0, 0.0), (2550, 3300), 300, (300.0, 300.0, "image_dpi")),
+        (None, (500, 300), None, (96.0, 96.0, "assumed")),
+        ("junk", (1169, 827), None, (100.0, 100.0, "assumed")),
     ],
 )
 def test_image_dpi_rule(
-    recorded: object, size: tuple[int, int], configured: int | None, expected: tuple[float, str]
+    recorded: object,
+    size: tuple[int, int],
+    configured: int | None,
+    expected: tuple[float, float, str],
 ) -> None:
-    dpi, dpi_from = imagepages.image_dpi(recorded, size, configured)
-    assert (round(dpi, 1), dpi_from) == (round(expected[0], 1), expected[1])
+    (across, down), dpi_from = imagepages.image_dpi(recorded, size, configured)
+    assert (round(across, 1), round(down, 1), dpi_from) == expected
+
+
+def test_a_fax_is_read_with_square_pixels_at_its_true_size(tmp_path: Path) -> None:
+    """A 204 x 98 dpi fax was read as 204 dpi both ways: its text squashed to half its height, its
+    page 8.5 x 5.3 inches. Its lower resolution is scaled up: the page is Letter, a square drawn on
+    it is square, and the sidecar keeps both resolutions."""
+    image = Image.new("L", (1728, 1078), 255)
+    ImageDraw.Draw(image).rectangle((400, 400, 603, 497), fill=0)  # one inch square
+    fax = tmp_path / "fax.tif"
+    image.convert("1").save(fax, format="TIFF", dpi=(204, 98), compression="group4")
+    spec = render_spec(RenderConfig(rotate_pages=False))
+    _, page = render_first(fax, spec)
+    assert (page.width, page.height, page.dpi, page.dpi_from) == (1728, 2244, 204.0, "image")
+    assert page.source_dpi == (204.0, 98.0) and page.image.info["dpi"] == (204.0, 204.0)
+    ink = page.image.convert("L").point(lambda value: 255 if value < 128 else 0)
+    left, top, right, bottom = ink.getbbox() or (0, 0, 0, 0)
+    assert (right - left, bottom - top) == pytest.approx((204, 204), abs=3)
+    _, small = render_first(fax, render_spec(RenderConfig(max_side=1122, rotate_pages=False)))
+    assert (small.width, small.height, small.dpi) == (864, 1122, 102.0)
+    png = docs.write_png(tmp_path / "square.png", image, dpi=200)
+    assert render_first(png, spec)[1].source_dpi is None
 
 
 def test_every_page_tells_the_engine_its_resolution(tmp_path: Path) -> None:

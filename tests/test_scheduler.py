@@ -38,6 +38,7 @@ class FakePage:
     seconds: float = 0.0
     dpi_from: str = "render"
     orientation: Orientation = AS_RENDERED
+    source_dpi: tuple[float, float] | None = None
 
 
 def renderer(delay: float = 0.0, fail_at: int | None = None):
@@ -166,7 +167,8 @@ async def test_bounds_hold_and_pages_come_back_in_order() -> None:
 
 async def test_a_page_taken_from_its_text_layer_skips_the_engine() -> None:
     """``pagetext`` hands the scheduler a finished page (``Checked.taken``) or an image with the
-    check's record; only the image reaches the engine, and the record reaches its outcome."""
+    check's record; only the image reaches the engine, and the record reaches its outcome, as does
+    a rendered image's pair of resolutions."""
     ref: list[PageScheduler] = []
     recorder = Recorder(ref)
     scheduler = make(recorder, ref)
@@ -184,7 +186,8 @@ async def test_a_page_taken_from_its_text_layer_skips_the_engine() -> None:
                 text_check={"reason": "good"},
             )
             return Checked({"reason": "good"}, taken=taken)
-        return Checked({"reason": "no_text"}, FakePage(index, Image.new("L", (10, 10))))  # type: ignore[arg-type]
+        fax = FakePage(index, Image.new("L", (10, 10)), source_dpi=(204.0, 98.0))
+        return Checked({"reason": "no_text"}, fax)  # type: ignore[arg-type]
 
     doc = scheduler.add(
         "d", priority=50, detected_at=time.time(), pages=4, prompt="p", render=render
@@ -196,6 +199,7 @@ async def test_a_page_taken_from_its_text_layer_skips_the_engine() -> None:
         {"reason": r} for r in ("good", "no_text", "good", "no_text")
     ]
     assert sorted(recorder.order) == ["d/p1", "d/p3"]
+    assert [p.source_dpi for p in pages] == [None, (204.0, 98.0), None, (204.0, 98.0)]
     assert scheduler.budget.inflight == scheduler.budget.ready == scheduler.budget.rendering == 0
     await scheduler.close()
 

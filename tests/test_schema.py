@@ -82,7 +82,7 @@ def sidecar() -> dict[str, Any]:
     failed = {"kind": "page_failed", "message": "all rungs failed", "retryable": False, "hint": "h"}
     read, lost = PageResult("ok", recognition, [attempt]), PageResult("failed", None, [], failed)
     pages = [
-        PageOutcome(0, 1240, 1754, 150.0, 0.1, read, (), "image"),
+        PageOutcome(0, 1728, 2244, 204.0, 0.1, read, (), "image", source_dpi=(204.0, 98.0)),
         PageOutcome(1, 1240, 1754, 171.04, 0.1, lost, (), "assumed"),
     ]
     job = Job(origin=LocalFile(Path("/in/scan.tif"), Path("/in")), source="local")
@@ -102,7 +102,10 @@ def sidecar() -> dict[str, Any]:
 
 
 def test_an_assembled_sidecar_and_error_sidecar_validate() -> None:
-    jsonschema.validate(sidecar(), published("sidecar.schema.json"))
+    document = sidecar()
+    jsonschema.validate(document, published("sidecar.schema.json"))
+    # a fax's two resolutions beside the one its square pixels were read at; none for the other
+    assert [page.get("source_dpi") for page in document["pages"]] == [[204.0, 98.0], None]
     job = Job(origin=LocalFile(Path("/in/bad.pdf"), Path("/in")), source="local")
     error = assemble.error_document(
         assemble.source_section(job, None, None, None), CorruptPdf("xref broken").as_dict(), 1, 4.0

@@ -527,6 +527,24 @@ def test_jpeg_keeps_its_bytes_and_its_orientation(tmp_path: Path, orientation: i
     assert ImageStat.Stat(difference).mean[0] < 8
 
 
+def test_a_fax_page_is_its_true_size_and_read(tmp_path: Path) -> None:
+    """A 204 x 98 dpi fax (Letter) was a 609.9 x 404.5 pt page: now 8.5 x 11 in, whether sized by
+    what the renderer recorded or by the file alone, and Tesseract reads its unsquashed text."""
+    source = docs.write_fax(tmp_path / "fax.tif", PAGE_ONE)
+    pages = ocr(source, RenderConfig(rotate_pages=False))
+    page, recognition = pages[0]
+    assert (page.dpi, page.source_dpi) == (204.0, (204.0, 98.0))
+    assert similarity(recognition.markdown, "\n".join(PAGE_ONE)) >= 0.9
+    recorded = (page.width * 72 / page.dpi, page.height * 72 / page.dpi)  # the sidecar's
+    for sizes in ([recorded], []):
+        out = tmp_path / "fax.tif.ocr.pdf"
+        textlayer.searchable_pdf(source, "image", texts(pages), out, SHA, sizes=sizes)
+        with pikepdf.open(out) as pdf:
+            box = [float(v) for v in pdf.pages[0].mediabox]
+        assert box == pytest.approx([0, 0, 1728 * 72 / 204, 1078 * 72 / 98], abs=0.1)
+    assert_words_placed(out, pages)
+
+
 def test_tiff_frames_become_pages_and_a_failed_one_has_no_text(tmp_path: Path) -> None:
     source = docs.write_tiff(tmp_path / "scan.tif", [PAGE_ONE, PAGE_TWO, ["Third frame"]])
     pages = texts(ocr(source))

@@ -13,7 +13,10 @@ scanner's software, a phone's export). The rule, in order: the DPI the file reco
 long side (297 mm: a scan of a page is the common case, and Letter's 11 in differs by 6 %), but
 never below ``SCREEN_DPI`` (an image under 1,123 px on its long side is too small to be a page
 scanned at a useful resolution: a screenshot or a picture, drawn at the screen's 96 px an inch).
-The sidecar records the rendered page's DPI and which rule gave it (``dpi_from``).
+The sidecar records the rendered page's DPI and which rule gave it (``dpi_from``). An image whose
+resolutions across and down differ (a fine fax: 204 x 98 dpi) is read with square pixels, its
+lower-resolution side scaled up (``square_pixels``): read as one DPI both ways its text would be
+squashed and its page the wrong shape; the sidecar keeps both (``source_dpi``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ A4_LONG_SIDE_INCHES = 297 / 25.4
 """The page an image without a recorded resolution is assumed to show, by its long side."""
 SCREEN_DPI = 96.0
 """The least DPI assumed: a small image is a screen's picture (CSS's pixel, img2pdf's default)."""
+SQUARE = 0.005
+"""Relative difference below which an image's two resolutions are one: PNG records dots per
+metre, so 200 dpi reads 199.9996."""
 
 DpiFrom = Literal["render", "image", "image_dpi", "assumed"]
 """Where a page's DPI came from: the PDF renderer's own (``[render] dpi``, the engine's, lowered to
@@ -67,19 +73,36 @@ _PILLOW_FORMAT = {
 
 def image_dpi(
     recorded: object, size: tuple[int, int], configured: float | None
-) -> tuple[float, DpiFrom]:
-    """The resolution of an image of ``size`` pixels (as stored): what it records (Pillow's
-    ``info["dpi"]``), else ``configured`` (``[render] image_dpi``), else the size rule."""
+) -> tuple[tuple[float, float], DpiFrom]:
+    """The resolution of an image of ``size`` pixels (as stored), across and down: what it records
+    (Pillow's ``info["dpi"]``; a fax's differ, 204 x 98), else ``configured`` (``[render]
+    image_dpi``), else the size rule. Resolutions within ``SQUARE`` of each other are one, the
+    first."""
+    across, down = (_resolution(recorded, at) for at in (0, 1))
+    if across is not None:  # 0 or 1: a writer's placeholder, no resolution
+        down = across if down is None or abs(down - across) <= SQUARE * across else down
+        return (across, down), "image"
+    if configured is not None:
+        return (float(configured), float(configured)), "image_dpi"
+    dpi = max(SCREEN_DPI, max(size) / A4_LONG_SIDE_INCHES)
+    return (dpi, dpi), "assumed"
+
+
+def _resolution(recorded: object, at: int) -> float | None:
     declared = 0.0
-    if isinstance(recorded, tuple) and recorded:
+    if isinstance(recorded, tuple) and len(recorded) > at:
         # a TIFF's rational over zero
         with contextlib.suppress(TypeError, ValueError, ZeroDivisionError):
-            declared = float(recorded[0])
-    if declared > 1 and math.isfinite(declared):  # 0 or 1: a writer's placeholder, no resolution
-        return declared, "image"
-    if configured is not None:
-        return float(configured), "image_dpi"
-    return max(SCREEN_DPI, max(size) / A4_LONG_SIDE_INCHES), "assumed"
+            declared = float(recorded[at])
+    return declared if declared > 1 and math.isfinite(declared) else None
+
+
+def square_pixels(size: tuple[int, int], dpi: tuple[float, float]) -> tuple[float, float]:
+    """``size`` (pixels at ``dpi`` across and down) at the higher of the two both ways: a page whose
+    pixels are not square is read with its lower-resolution side scaled up, so its text is not
+    squashed."""
+    top = max(dpi)
+    return size[0] * top / dpi[0], size[1] * top / dpi[1]
 
 
 def open_image(path: Path, mime: str) -> Image.Image:
@@ -120,24 +143,27 @@ def render_image_page(
     limit_pixels: int,
     configured_dpi: float | None,
     budget: DecodeBudget,
-) -> tuple[Image.Image, float, DpiFrom]:
-    """Frame ``index`` within the caps, with its DPI (``image_dpi``'s, times the scale) and where
-    that came from; ``limit_pixels``: the configured cap the decode is bounded by."""
+) -> tuple[Image.Image, float, DpiFrom, tuple[float, float] | None]:
+    """Frame ``index`` within the caps, its pixels made square (``square_pixels``), with its DPI
+    (``image_dpi``'s higher, times the scale), where that came from, and the file's two
+    resolutions where they differ; ``limit_pixels``: the configured cap the decode is bounded by."""
     with open_image(path, mime) as source:
         try:
             source.seek(index)
             stored = source.size
+            resolution, dpi_from = image_dpi(source.info.get("dpi"), stored, configured_dpi)
+            square = square_pixels(stored, resolution)
             # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; other formats ignore the draft.
-            scale = fit_scale(stored, max_side, max_pixels)
+            scale = fit_scale(_pixels(square), max_side, max_pixels)
             if scale < 1:
-                source.draft(None, (math.ceil(stored[0] * scale), math.ceil(stored[1] * scale)))
+                source.draft(None, (math.ceil(square[0] * scale), math.ceil(square[1] * scale)))
             width, height = source.size
             if width * height > IMAGE_DECODE_FACTOR * limit_pixels:
                 raise TooManyPixels(
                     f"{path}: page {index + 1} would decode to {width} x {height} pixels, more "
                     f"than {IMAGE_DECODE_FACTOR} x max_pixels={limit_pixels}"
                 )
-            size = fit_size(source.size, max_side, max_pixels)
+            size = fit_size(_pixels(square_pixels(source.size, resolution)), max_side, max_pixels)
             with budget.hold(image_bytes(source.mode, width, height) + image_bytes("RGB", *size)):
                 source.load()
                 method = _ORIENTATION.get(source.getexif().get(ExifTags.Base.Orientation, 1))
@@ -147,10 +173,14 @@ def render_image_page(
             raise TooManyPixels(f"{path}: {exc}") from None
         except (OSError, SyntaxError, ValueError, EOFError) as exc:
             raise CorruptImage(f"{path}: page {index + 1}: {exc}") from None
-        dpi, dpi_from = image_dpi(source.info.get("dpi"), stored, configured_dpi)
     if method is not None:  # on the page-sized image: the caps are the same either way round
         image = image.transpose(method)
-    return image, round(dpi * max(image.size) / max(stored), 2), dpi_from
+    dpi = round(max(resolution) * max(image.size) / max(square), 2)
+    return image, dpi, dpi_from, None if resolution[0] == resolution[1] else resolution
+
+
+def _pixels(size: tuple[float, float]) -> tuple[int, int]:
+    return max(1, round(size[0])), max(1, round(size[1]))
 
 
 def shrink(image: Image.Image, size: tuple[int, int]) -> Image.Image:

@@ -212,11 +212,12 @@ def render_page(
         raise IndexError(f"page {index} of a {info.pages}-page document")
     started = time.perf_counter()
     dpi_from: DpiFrom = "render"
+    source_dpi = None
     if info.kind == "pdf":
         render_pdf = _render_pdf_page_pdfium if spec.renderer == "pdfium" else _render_pdf_page
         image, dpi = render_pdf(path, info, index, spec, budget)
     else:
-        image, dpi, dpi_from = render_image_page(
+        image, dpi, dpi_from, source_dpi = render_image_page(
             path,
             info.mime,
             index,
@@ -257,6 +258,7 @@ def render_page(
         seconds=seconds,
         dpi_from=dpi_from,
         orientation=turned,
+        source_dpi=source_dpi,
     )
 
 

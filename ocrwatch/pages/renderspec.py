@@ -106,8 +106,10 @@ class DocumentInfo:
 class RenderedPage:
     """One page image; ``dpi`` is the resolution it was rendered at (an image's own, times the
     scale: ``imagepages.image_dpi``), also in the image's ``info["dpi"]`` for the engine, and
-    ``dpi_from`` says where it came from. The image is the page upright, as the engine reads it
-    (``orientation``: what was done to it, ``width`` and ``height`` its size after)."""
+    ``dpi_from`` says where it came from; ``source_dpi``: an image file's resolutions across and
+    down where they differ (its pixels were made square). The image is the page upright, as the
+    engine reads it (``orientation``: what was done to it, ``width`` and ``height`` its size
+    after)."""
 
     index: int
     image: Image.Image
@@ -117,3 +119,4 @@ class RenderedPage:
     seconds: float
     dpi_from: DpiFrom = "render"
     orientation: orientation.Orientation = orientation.AS_RENDERED
+    source_dpi: tuple[float, float] | None = None

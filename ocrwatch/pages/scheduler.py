@@ -179,6 +179,7 @@ class PageOutcome:
     orientation: Orientation = AS_RENDERED  # render.RenderedPage's: how it was turned to be read
     text_source: str = "ocr"  # "layer": the page's own text stood for its recognition
     text_check: dict[str, Any] | None = None  # pagetext.Check.record(): why, where one ran
+    source_dpi: tuple[float, float] | None = None  # render.RenderedPage's: an image's unequal ones
 
 
 @dataclass(frozen=True)
@@ -496,6 +497,7 @@ class PageScheduler:
                     page.dpi_from,
                     page.orientation,
                     text_check=ready.check,
+                    source_dpi=page.source_dpi,
                 ),
             )
             request.image = None  # type: ignore[assignment]  # its pixels freed: the page is read

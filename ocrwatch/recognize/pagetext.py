@@ -15,7 +15,9 @@ A layer fails when it is mostly unreadable codes (a font without a Unicode map: 
 2–5 show private-use codes), when its letters are ones no installed language has, or when too few
 of its words are words. A taken page's text is plain text to the assembler, escaped and its
 line-break hyphens joined as Tesseract's is (``plaintext``). Poppler's reading order is taken, not
-``-layout``: ``-layout`` sets two columns side by side on each line, which Markdown interleaves.
+``-layout``: ``-layout`` sets two columns side by side on each line, which Markdown interleaves;
+a taken page's blocks are then put in the order a reader reads them (``readingorder``), their
+boxes read by ``pdftotext -bbox-layout``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from ocrwatch.engines import registry
 from ocrwatch.engines.base import Recognition
 from ocrwatch.infra import children
 from ocrwatch.infra.memory import DecodeBudget
-from ocrwatch.pages import pdfcontent, render
+from ocrwatch.pages import pdfcontent, readingorder, render
 from ocrwatch.pages.scheduler import Checked, PageOutcome
 from ocrwatch.recognize import ladder
 from ocrwatch.sources.base import LocalFile, Origin
@@ -82,6 +84,11 @@ MIN_WORD_LETTERS = 40
 MAX_TEXT_BYTES = 4 * 1024 * 1024
 """What pdftotext may write for one page: a dense page of text is some ten kilobytes, and a page
 past this is a content bomb's (``text_too_large``: OCR'd within the renderer's bounds)."""
+
+MAX_LAYOUT_BYTES = 2 * MAX_TEXT_BYTES
+"""What ``pdftotext -bbox-layout`` may write for one page to order its blocks: some twenty times
+its text (each word's box), a hundred kilobytes for a dense page; a page past it keeps poppler's
+order."""
 
 LIST_TIMEOUT_SECONDS = 60.0
 
@@ -204,8 +211,10 @@ def check(
             known = None
         else:
             reason, known = judge(text, knowledge, lang)
-    seconds = time.perf_counter() - started
     taken = text if reason in ("good", "asked") else None
+    if taken:
+        taken = _in_reading_order(path, index, taken, timeout - (time.perf_counter() - started))
+    seconds = time.perf_counter() - started
     return Check(taken, reason, known if text is not None else None, seconds)
 
 
@@ -238,6 +247,26 @@ def _extract(
         log.warning("text_layer_too_large", page=index + 1, limit=MAX_TEXT_BYTES)
         return None, "text_too_large"
     return out.decode("utf-8", "replace"), "good"
+
+
+def _in_reading_order(path: Path, index: int, text: str, timeout: float) -> str:
+    """``text`` (poppler's of page ``index``) with its blocks in reading order (``readingorder``),
+    their boxes read by ``pdftotext -bbox-layout`` within what is left of the timeout; poppler's
+    order where they cannot be read."""
+    number = str(index + 1)
+    argv = ["pdftotext", "-q", "-enc", "UTF-8", "-bbox-layout", "-f", number, "-l", number]
+    try:
+        out = _bounded([*argv, os.path.abspath(path), "-"], max(timeout, 0.001), MAX_LAYOUT_BYTES)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.info("text_layer_unordered", page=index + 1, error=str(exc) or type(exc).__name__)
+        return text
+    if out is None:
+        log.info("text_layer_unordered", page=index + 1, error="too many words to order")
+        return text
+    arranged = readingorder.arrange(text, readingorder.parse(out.decode("utf-8", "replace")))
+    if arranged is None:
+        log.info("text_layer_unordered", page=index + 1, error="its words and blocks differ")
+    return text if arranged is None else arranged
 
 
 def _bounded(argv: list[str], timeout: float, limit: int) -> bytes | None:
@@ -275,7 +304,7 @@ def _bounded(argv: list[str], timeout: float, limit: int) -> bytes | None:
 
 
 def markdown(text: str) -> str:
-    """The layer's text as the page's Markdown: its lines as poppler ordered them, paragraphs
+    """The layer's text as the page's Markdown: its lines in reading order, paragraphs
     (poppler's blocks) apart by one blank line."""
     lines = [line.rstrip() for line in text.replace("\f", "\n").splitlines()]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()

@@ -103,6 +103,7 @@ def _page(outcome: PageOutcome, assets: str | None) -> dict[str, Any]:
         "height": outcome.height,
         "dpi": outcome.dpi,
         "dpi_from": outcome.dpi_from,
+        **({"source_dpi": list(outcome.source_dpi)} if outcome.source_dpi else {}),
         "rotation": outcome.orientation.rotation,
         "orientation": _orientation(outcome),
         "deskew": outcome.orientation.deskew,

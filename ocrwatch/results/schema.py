@@ -250,6 +250,17 @@ PAGE = _object(
             "records none: its long side taken as an A4 page's, at least 96 dpi). An "
             "image's DPI is scaled with it when it is downscaled.",
         },
+        "source_dpi": {
+            "type": "array",
+            "items": {"type": "number", "exclusiveMinimum": 0},
+            "minItems": 2,
+            "maxItems": 2,
+            "description": "Only for an image file whose resolutions across and down differ "
+            "(a fax's 204 x 98): those two, [across, down]. Its pixels were made square "
+            "before the engine read it, the lower-resolution side scaled up to the higher, so "
+            "dpi is the higher one (times any downscale) and width / dpi by height / dpi "
+            "inches is still the page's true size. Absent where they are equal.",
+        },
         "rotation": {
             "enum": [0, 90, 180, 270],
             "description": "Degrees clockwise the rendered page (as a viewer shows "

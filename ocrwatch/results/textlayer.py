@@ -412,12 +412,14 @@ def _image_page(
     orientation = image.getexif().get(0x0112, 1)
     orientation = orientation if orientation in range(1, 9) else 1
     shown_w, shown_h = (stored_h, stored_w) if orientation >= 5 else (stored_w, stored_h)
-    if size is not None:  # the renderer's resolution, in this image's own pixels
-        dpi = max(shown_w, shown_h) * 72 / max(size)
-    else:  # rounded as the renderer rounds it: PNG stores dots per metre (200 dpi reads 199.9996)
-        dpi = round(imagepages.image_dpi(image.info.get("dpi"), image.size, None)[0], 2)
-    dpi = max(dpi, max(shown_w, shown_h) * 72 / MAX_PAGE_POINTS)
-    width, height = shown_w * 72 / dpi, shown_h * 72 / dpi
+    # Its shape from the file's resolutions across and down (a fax's differ), rounded as the
+    # renderer rounds them: PNG stores dots per metre (200 dpi reads 199.9996).
+    dpi = [round(d, 2) for d in imagepages.image_dpi(image.info.get("dpi"), image.size, None)[0]]
+    across, down = dpi[::-1] if orientation >= 5 else dpi
+    width, height = shown_w * 72 / across, shown_h * 72 / down
+    # Its size from the renderer's (its DPI is scaled with the image), at most MAX_PAGE_POINTS.
+    long_side = min(max(size) if size is not None else max(width, height), MAX_PAGE_POINTS)
+    width, height = (side * long_side / max(width, height) for side in (width, height))
     page = pdf.add_blank_page(page_size=(width, height))
     name = page.add_resource(pdfimage.image_xobject(pdf, image, source), Name.XObject, Name("/Im0"))
 
