@@ -79,9 +79,7 @@ def outcome(
     """A finished page that recognition gave these blocks (``size``: upright, as read)."""
     recognition = Recognition(markdown=markdown, raw=markdown, blocks=blocks, plain=plain)
     result = PageResult(status, recognition, [])  # type: ignore[arg-type]
-    return PageOutcome(
-        index, *size, DPI, 0.1, result, dpi_from=dpi_from, orientation=turned
-    )
+    return PageOutcome(index, *size, DPI, 0.1, result, dpi_from=dpi_from, orientation=turned)
 
 
 def deepseek_outcome(index: int = 0) -> PageOutcome:

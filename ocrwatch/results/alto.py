@@ -54,7 +54,8 @@ def document(pages: Sequence[Page], source: str, engine: Mapping[str, Any], when
     for page in pages:
         _page(layout, page, tags)
     ET.indent(root, space=" ")
-    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+    text = ET.tostring(root, encoding="unicode")
+    return f'<?xml version="1.0" encoding="UTF-8"?>\n{text}\n'.encode()
 
 
 def _processing(description: ET.Element, page: Page, engine: Mapping[str, Any], when: str) -> None:
