@@ -151,6 +151,9 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
         }
         qpdf_check(layer)
         check_layouts(name, document, daemon.inbox)
+        # Tesseract reads no prompt and samples nothing: the sidecar says neither
+        assert "prompt" not in document["engine"]
+        assert not [t for p in document["pages"] for t in p["tries"] if "sampling" in t]
         extracted = pdftotext(layer).split("\f")[:-1]
         assert len(extracted) == len(document["pages"])
         for page, text in zip(document["pages"], extracted, strict=True):
