@@ -60,6 +60,8 @@ log = structlog.get_logger()
 Marker = Callable[[Folder, str], bool]
 """Whether a file carries ocrwatch's own mark (an output written before the record of outputs
 existed)."""
+Markers = Callable[[str], Marker]
+"""The mark rule of each further output, by its name."""
 
 NAME_MAX = 255
 """File-name limit where the folder's own (``fpathconf``) cannot be learnt."""
@@ -246,24 +248,14 @@ def _pdf_marker(here: Folder, json_name: str) -> Marker:
     return marked
 
 
-def _layout_markers(here: Folder, json_name: str) -> dict[str, Marker]:
-    """The mark of an ALTO or hOCR file (by kind), which counts only where the record holds no row
-    for it: its JSON sidecar, ocrwatch's by its own mark, records it."""
-    found = here.look(json_name, HEAD_BYTES)
-    head = found.head if found is not None and found.other is None else None
-
-    def marker(recorded: bool) -> Marker:
-        return lambda inner, name: recorded
-
-    return {kind: marker(layout_recorded(head, kind)) for kind in LAYOUTS}
-
-
 def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
     """The mark of each kind of output (``md``, ``json``, ``pdf``, ``alto``, ``hocr``, ``assets``:
     a figure) in ``here``, which counts only for outputs the record predates: the archive takes
-    along what this rule holds as ocrwatch's."""
+    along what this rule holds as ocrwatch's. An ALTO or hOCR file's: the JSON records it."""
+    found = here.look(json_name, HEAD_BYTES)
+    head = found.head if found is not None and found.other is None else None
+    layouts = {kind: _said(layout_recorded(head, kind)) for kind in LAYOUTS}
     pdf = _pdf_marker(here, json_name)
-    layouts = _layout_markers(here, json_name)
     return {
         "md": markdown_marked,
         "json": json_marked,
@@ -273,16 +265,15 @@ def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
     }
 
 
-def _extra_markers(
-    here: Folder, json_name: str, outputs: dict[str, Path]
-) -> Callable[[str], Marker]:
-    """The mark rule of each further output by its name: a figure's own, the searchable PDF's, the
-    ALTO and hOCR files' (``output_markers``)."""
-    pdf = _pdf_marker(here, json_name)
-    layouts = {
-        outputs[kind].name: marker for kind, marker in _layout_markers(here, json_name).items()
-    }
-    return lambda name: figure_marked if "/" in name else layouts.get(name, pdf)
+def _said(recorded: bool) -> Marker:
+    return lambda inner, name: recorded
+
+
+def _extra_markers(here: Folder, json_name: str, outputs: dict[str, Path]) -> Markers:
+    """The mark rule of each further output, by its name (``output_markers``)."""
+    markers = output_markers(here, json_name)
+    named = {outputs[kind].name: markers[kind] for kind in ("pdf", *LAYOUTS)}
+    return lambda name: markers["assets"] if "/" in name else named[name]
 
 
 def conflict(path: Path, what: str) -> OutputConflict:
@@ -527,22 +518,15 @@ class LocalSink:
                 raise conflict(here.path / names["json"], other)
 
     def _remove_stale(
-        self,
-        claims: Claims,
-        outputs: dict[str, Path],
-        kept: Collection[str],
-        ours: Callable[[str], Marker],
+        self, claims: Claims, outputs: dict[str, Path], kept: Collection[str], ours: Markers
     ) -> None:
         """Remove the further outputs a previous version left and this one did not write: those the
         record holds for this document, and those of an older ocrwatch by their marks; then the
         figures' folder once empty. A failure is logged, never raised: what was just written
         stands."""
-        assets = outputs["assets"].name
-        files = {outputs[kind].name for kind in ("pdf", *LAYOUTS)}
+        assets, files = outputs["assets"].name, {outputs[k].name for k in ("pdf", *LAYOUTS)}
         doomed = {
-            name
-            for name in claims.recorded_here()
-            if name.partition("/")[0] in files or name.partition("/")[0] == assets
+            name for name in claims.recorded_here() if name.partition("/")[0] in {*files, assets}
         }
         doomed |= files
         with contextlib.suppress(OSError):
