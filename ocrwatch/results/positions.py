@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,9 @@ from ocrwatch.results.textlayer import plain_lines
 
 Box = tuple[int, int, int, int]
 """left, top, right, bottom in pixels of the page as rendered, its origin at the top-left."""
+
+Place = Callable[[Any], "Box | None"]
+"""A box of the upright page (the JSON's ``bbox``) on the page as rendered; None for none."""
 
 MM_PER_INCH = 25.4
 
@@ -127,7 +130,7 @@ def xml_text(text: str) -> str:
     return _NOT_XML.sub("\ufffd", text)
 
 
-def _blocks(found: Sequence[dict[str, Any]], place: Any) -> list[Block]:
+def _blocks(found: Sequence[dict[str, Any]], place: Place) -> list[Block]:
     """Tesseract's line blocks grouped by paragraph; every other engine's blocks as they are."""
     blocks: list[Block] = []
     paragraph: object = None
