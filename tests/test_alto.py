@@ -130,3 +130,16 @@ def test_pages_failed_taken_from_their_layer_or_unsized_stay_valid() -> None:
     assert settings[1] == f"{SIZE[0]} x {SIZE[1]} px"
     said = tree.findall(".//a:processingStepDescription", NS)
     assert said[0].text == "not read"
+
+
+def test_a_deskewed_page_says_its_angle_and_each_box_holds_its_word() -> None:
+    """Levelled by 2 degrees clockwise to be read: on the page as rendered each box is the upright
+    rectangle around the word's turned one, the text said to stand 2 degrees counter-clockwise."""
+    blocks = tesseract_blocks()
+    tree = made(outcome(blocks, turned=orientation.Orientation(deskew=2.0)))
+    assert tree.find("a:Layout/a:Page", NS).get("ROTATION") == "2"
+    for string, word in zip(tree.findall(".//a:String", NS), words(blocks), strict=True):
+        left, top, right, bottom = box(string)
+        upright = word["bbox"]
+        assert right - left >= upright[2] - upright[0] and bottom - top >= upright[3] - upright[1]
+        assert 0 <= left < right <= SIZE[0] and 0 <= top < bottom <= SIZE[1]
