@@ -4,9 +4,10 @@ hyphens joined.
 An engine whose text is plain (Tesseract) says so with ``PlainText`` on its ``Recognition``; the
 assembler then turns that text into Markdown here. Escaping is by CommonMark's rules (and GFM's
 tables and strikethrough): a character is escaped only where a renderer would take it for syntax, so
-ordinary text stays readable as it is. A word hyphenated across a line break (``wa-`` / ``ter``) is
-joined where the joined word is known, elsewhere on the page or in the engine's dictionary, and its
-hyphenated form is not; anything else keeps its hyphen.
+ordinary text stays readable as it is (``11.`` opening a line stays: the list it makes shows it as
+written; a lone ``*`` in running text stays: nothing can pair with it). A word hyphenated across a
+line break (``wa-`` / ``ter``) is joined where the joined word is known, elsewhere on the page or in
+the engine's dictionary, and its hyphenated form is not; anything else keeps its hyphen.
 
 The dictionary is Tesseract's own word list, read out of a language's traineddata with
 ``combine_tessdata`` and ``dawg2wordlist`` (Debian's tesseract-ocr ships both), once per language
@@ -20,6 +21,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,19 +102,25 @@ _ASCII_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 _HEADING = re.compile(r"#{1,6}(?=\s|$)")
 _BULLET = re.compile(r"[-+*>](?=\s|$)|>")
 _ORDERED = re.compile(r"([0-9]{1,9})[.)](?=\s|$)")
+_FENCE = re.compile(r"`{3,}|~{3,}")
 _RULE = re.compile(r"(?:=[=\s]*|-[-\s]*|_[_\s]*|\*[*\s]*)$")  # setext underline or thematic break
 _TABLE_DELIMITER = re.compile(r"[|:\-\s]*-[|:\-\s]*$")
 _ENTITY = re.compile(r"&(?:[A-Za-z][A-Za-z0-9]{0,31}|#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6});")
 _LINK = re.compile(r"\]\s*[(\[]")
 _REFERENCE = re.compile(r"\[[^\]]*\]:")
+_DELIMITER_RUN = re.compile(r"\*+|_+|~+")
+_CODE_RUN = re.compile(r"`+")
 
 
 def escape(text: str) -> str:
-    """Backslash-escape what CommonMark or GFM would read as syntax in ``text``: block markers at a
-    line's start (``#``, ``>``, list markers, ``1.``, a line of ``-`` or ``=`` that would make the
-    line above a heading), and inline ``*`` ``_`` ``~`` `````` ``\\`` ``<`` ``&`` ``[`` ``|`` where
-    they would open or close something. Lines lose their leading and trailing blanks (no indented
-    code, no hard breaks); paragraphs stay separated by blank lines."""
+    """Backslash-escape what CommonMark or GFM would read as syntax in ``text``, and only that:
+    block markers at a line's start (``#``, ``>``, list bullets, a fence, a line of ``-`` or ``=``
+    that would make the line above a heading; a numbered line only where the list would show
+    another number or delimiter than the text, since ``11. March`` reads the same as a list), and
+    inline ``*`` ``_`` ``~`` only where another run of the same character in the paragraph could
+    pair with it, `````` where another run of backticks could close it, ``\\`` ``<`` ``&`` ``[``
+    ``|`` where they would open or close something. Lines lose their leading and trailing blanks
+    (no indented code, no hard breaks); paragraphs stay separated by blank lines."""
     paragraphs = []
     for paragraph in re.split(r"\n[ \t]*\n", text.strip()):
         lines = [line.strip() for line in paragraph.split("\n")]
@@ -121,44 +129,103 @@ def escape(text: str) -> str:
             continue
         joined = "\n".join(lines)
         links = [match.start() for match in _LINK.finditer(joined)]
-        offset, escaped = 0, []
+        inline = _pairs(joined)
+        offset, escaped, numbered = 0, [], None
         for number, line in enumerate(lines):
             later = [at - offset for at in links if at >= offset]
-            escaped.append(_escape_line(line, first=number == 0, links=later))
+            marks = {at - offset for at in inline if offset <= at < offset + len(line)}
+            numbered = _list_number(line, marks, first=number == 0, numbered=numbered)
+            escaped.append(_escape_line(line, marks, links=later))
             offset += len(line) + 1
         paragraphs.append("\n".join(escaped))
     return "\n\n".join(paragraphs)
 
 
-def _escape_line(line: str, *, first: bool, links: list[int]) -> str:
-    """One line; ``first``: it opens its paragraph (any ordered-list number acts there, elsewhere
-    only a 1 with text after it); ``links``: where a ``](`` or ``][`` begins, from this line's start
-    on."""
+def _list_number(line: str, marks: set[int], *, first: bool, numbered: int | None) -> int | None:
+    """Mark a numbered line's delimiter where the list it would make shows other than the text: a
+    ``)`` (shown as ``.``), a number written otherwise than the list counts it (``007.``, or
+    ``13.`` where the list's next item is 12), or a line whose rest would open a block of its own
+    in the item. A numbered line makes a list item when it opens its paragraph, follows an open
+    list (a new list where its delimiter differs), or interrupts a paragraph as ``1.`` with text
+    after it. ``numbered``: the number the open list's next item shows (None: no list open);
+    returns it after this line."""
+    ordered = _ORDERED.match(line)
+    if ordered is None:
+        return numbered  # a lazy continuation of the open item, if any
+    digits, delimiter, rest = ordered.group(1), line[ordered.end() - 1], line[ordered.end() :]
+    if not (first or numbered is not None or (digits.lstrip("0") == "1" and rest.strip())):
+        return numbered
+    shown = numbered if numbered is not None and delimiter == "." else int(digits)
+    if delimiter == "." and digits == str(shown) and not _opens_block(rest):
+        return shown + 1
+    marks.add(ordered.end() - 1)
+    return numbered
+
+
+def _opens_block(rest: str) -> bool:
+    """Whether a list item's text would open a block of its own: a heading, quote, list, fence or
+    rule, or code indented past the item."""
+    content = rest.lstrip(" ")
+    return len(rest) - len(content) > 4 or any(
+        pattern.match(content) for pattern in (_HEADING, _BULLET, _ORDERED, _FENCE, _RULE)
+    )
+
+
+def _pairs(text: str) -> set[int]:
+    """Where in a paragraph's text an emphasis, strikethrough or code delimiter could act: each
+    ``*`` ``_`` ``~`` run that can open (CommonMark's flanking rules) with a run of its character
+    after it that can close, or close one that can open before it; every backtick where there are
+    two runs of them or more (a code span needs an opening and a closing run)."""
+    runs = []
+    for match in _DELIMITER_RUN.finditer(text):
+        start, end = match.span()
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        left = not after.isspace() and (
+            not _punctuation(after) or before.isspace() or _punctuation(before)
+        )
+        right = not before.isspace() and (
+            not _punctuation(before) or after.isspace() or _punctuation(after)
+        )
+        if match.group()[0] == "_":
+            opens = left and (not right or _punctuation(before))
+            closes = right and (not left or _punctuation(after))
+        else:
+            opens, closes = left, right
+        runs.append((match.group()[0], start, end, opens, closes))
     marks: set[int] = set()
+    for index, (char, start, end, opens, closes) in enumerate(runs):
+        paired = (opens and any(r[0] == char and r[4] for r in runs[index + 1 :])) or (
+            closes and any(r[0] == char and r[3] for r in runs[:index])
+        )
+        if paired:
+            marks.update(range(start, end))
+    code = [match.span() for match in _CODE_RUN.finditer(text)]
+    if len(code) > 1:  # a backslash inside a code span is text: every backtick goes
+        marks.update(at for start, end in code for at in range(start, end))
+    return marks
+
+
+def _punctuation(char: str) -> bool:
+    """CommonMark's punctuation: ASCII punctuation, and Unicode's punctuation and symbols."""
+    return char in _ASCII_PUNCTUATION or unicodedata.category(char)[0] in "PS"
+
+
+def _escape_line(line: str, marks: set[int], *, links: list[int]) -> str:
+    """One line, with ``marks`` (where a list number or a pair already asks for a backslash);
+    ``links``: where a ``](`` or ``][`` begins, from this line's start on."""
     if _HEADING.match(line) or _BULLET.match(line) or _RULE.match(line):
         marks.add(0)
-    ordered = _ORDERED.match(line)
-    if ordered and (
-        first or (ordered.group(1).lstrip("0") == "1" and line[ordered.end() :].strip())
-    ):
-        marks.add(ordered.end() - 1)
+    if fence := _FENCE.match(line):
+        marks.update(range(fence.end()))
     if _REFERENCE.match(line):
         marks.add(0)
     delimiter_row = "|" in line and _TABLE_DELIMITER.match(line) is not None
     entities = {match.start() for match in _ENTITY.finditer(line)}
     for index, char in enumerate(line):
-        before = line[index - 1] if index else " "
         after = line[index + 1] if index + 1 < len(line) else " "
         if char == "\\":
             acts = after in _ASCII_PUNCTUATION or index + 1 == len(line)
-        elif char == "`":
-            acts = True
-        elif char in "*~":
-            acts = not (before.isspace() and after.isspace())
-        elif char == "_":
-            acts = not (before.isspace() and after.isspace()) and not (
-                before.isalnum() and after.isalnum()
-            )
         elif char == "<":
             acts = after.isascii() and (after.isalpha() or after in "/!?")
         elif char == "&":

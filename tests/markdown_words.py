@@ -17,8 +17,24 @@ _TAG = re.compile(r"<[^>]*>")
 
 
 def rendered_words(markdown: str) -> list[str]:
-    """The words a reader sees in ``markdown``'s rendering."""
-    return html.unescape(_TAG.sub(" ", _RENDERER.render(markdown))).split()
+    """The words a reader sees in ``markdown``'s rendering: a numbered list's numbers as a browser
+    shows them (its start, counted up, each with a ``.``), a bullet as no word."""
+    lists: list[int | None] = []  # the next number of each open list, None for a bulleted one
+
+    def shown(tag: re.Match[str]) -> str:
+        text = tag.group()
+        if text.startswith(("<ol", "<ul")):
+            start = re.search(r'start="([0-9]+)"', text)
+            lists.append(None if text.startswith("<ul") else int(start.group(1)) if start else 1)
+        elif text in ("</ol>", "</ul>"):
+            lists.pop()
+        elif text.startswith("<li") and lists and lists[-1] is not None:
+            number = lists[-1]
+            lists[-1] = number + 1
+            return f" {number}. "
+        return " "
+
+    return html.unescape(_TAG.sub(shown, _RENDERER.render(markdown))).split()
 
 
 def words(text: str) -> list[str]:

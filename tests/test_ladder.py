@@ -56,6 +56,18 @@ def test_a_good_page_takes_one_attempt() -> None:
     assert engine.requests.seen == ["doc/p0/a0"]
 
 
+def test_each_try_records_its_sampling_only_where_the_engine_samples() -> None:
+    """DeepSeek's tries say how each rung sampled; an engine that samples nothing (Tesseract,
+    ``EngineSpec.prompted`` False) gets no sampling recorded it never used."""
+    rungs = deepseek.rungs(EngineConfig())
+    sampled = asyncio.run(ladder.recognize_page(EchoEngine(), page(), rungs, TIMEOUT, JUDGE))
+    plain = asyncio.run(
+        ladder.recognize_page(EchoEngine(), page(), rungs, TIMEOUT, JUDGE, sampled=False)
+    )
+    assert sampled.attempts[0]["sampling"]["temperature"] == 0.0
+    assert plain.status == "ok" and "sampling" not in plain.attempts[0]
+
+
 def test_a_greedy_loop_recovers_on_the_next_rung() -> None:
     engine = LoopingEngine(mode="greedy")
     result = asyncio.run(

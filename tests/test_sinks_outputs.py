@@ -246,6 +246,7 @@ def test_outputs_and_archived_copies_are_never_taken_for_documents(tmp_path: Pat
 
     assert is_output("in/report.pdf.ocr.pdf") and is_output("report.OCR.PDF")
     assert is_output("in/report.pdf.assets/page-12-figure-3.png")
+    assert is_output("in/report.pdf.alto.xml") and is_output("report.pdf.hocr")
     assert not is_output("in/report.pdf.assets/cover.png") and not is_output(
         "in/page-1-figure-1.png"
     )
@@ -263,3 +264,56 @@ def test_outputs_and_archived_copies_are_never_taken_for_documents(tmp_path: Pat
     assert refusal(cfg, S3Object("docs", "done/in/scan.pdf")) == "archive_prefix"
     assert refusal(cfg, S3Object("docs", "in/scan.pdf.ocr.pdf")) == "own_sidecar"
     assert refusal(cfg, S3Object("docs", "in/scan.pdf.assets/page-1-figure-1.png")) == "own_sidecar"
+
+
+LAYOUTS = {"report.pdf.alto.xml": b'<?xml version="1.0"?><alto/>', "report.pdf.hocr": b"<html/>"}
+
+
+def with_layouts(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` recording the ALTO and hOCR files, as ``results.further`` does."""
+    for kind, name in (("alto", "report.pdf.alto.xml"), ("hocr", "report.pdf.hocr")):
+        body[kind] = {"path": name, "bytes": len(LAYOUTS[name]), "sha256": "0" * 64}
+    return body
+
+
+def test_alto_and_hocr_come_and_go_with_their_json_and_a_users_file_stays(
+    source: Path, tmp_path: Path
+) -> None:
+    """Without a record of outputs (``ocrwatch ocr``), the JSON that records them marks them."""
+    sink, folder = LocalSink(), source.parent
+    sink.write(job_for(source), MD, with_layouts(document(pdf=False)), dict(LAYOUTS))
+    assert {name: (folder / name).read_bytes() for name in LAYOUTS} == LAYOUTS
+    sink.write(job_for(source), MD, with_layouts(document(pdf=False)), dict(LAYOUTS))  # replaced
+    sink.write(job_for(source), MD, document(pdf=False), {})
+    assert not any((folder / name).exists() for name in LAYOUTS)
+
+    (folder / "report.pdf.hocr").write_bytes(b"<html>a user's</html>")
+    with pytest.raises(OutputConflict, match="report.pdf.hocr"):
+        sink.write(job_for(source), MD, with_layouts(document(pdf=False)), dict(LAYOUTS))
+    sink.write_error(job_for(source), ERROR)
+    assert (folder / "report.pdf.hocr").read_bytes() == b"<html>a user's</html>"
+    (folder / "report.pdf.hocr").unlink()
+    sink.write(job_for(source), MD, with_layouts(document(pdf=False)), dict(LAYOUTS))
+    sink.write_error(job_for(source), ERROR)
+    assert sorted(p.name for p in folder.iterdir()) == ["report.pdf", "report.pdf.error.json"]
+
+
+def test_s3_alto_and_hocr_beside_the_key(moto: MotoServer) -> None:
+    s3 = moto.client("s3")
+    s3.create_bucket(Bucket="layouts")
+    sink = S3Sink(S3Config(queue_url="q", **moto.s3_config()), s3)
+    job = Job(S3Object("layouts", "in/report.pdf", etag="abc", version_id=None, size=8), "s3")
+    sink.write(job, MD, with_layouts(document(pdf=False)), dict(LAYOUTS))
+    for name, kind in (("alto.xml", "application/xml"), ("hocr", "application/xhtml+xml")):
+        made = s3.get_object(Bucket="layouts", Key=f"in/report.pdf.{name}")
+        assert made["ContentType"] == kind and made["Body"].read() == LAYOUTS[f"report.pdf.{name}"]
+    sink.write(job, MD, document(pdf=False), {})
+    listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="layouts")["Contents"])
+    assert listed == ["in/report.pdf.json", "in/report.pdf.md"]
+
+    s3.put_object(Bucket="layouts", Key="in/report.pdf.alto.xml", Body=b"someone else's")
+    with pytest.raises(OutputConflict, match="alto.xml"):
+        sink.write(job, MD, with_layouts(document(pdf=False)), dict(LAYOUTS))
+    sink.write_error(job, ERROR)
+    listed = sorted(item["Key"] for item in s3.list_objects_v2(Bucket="layouts")["Contents"])
+    assert listed == ["in/report.pdf.alto.xml", "in/report.pdf.error.json"]

@@ -25,7 +25,9 @@ from pydantic import Field, ValidationError, model_validator
 import ocrwatch.config.env as config_env
 from ocrwatch.config.base import (
     DEFAULT_PRIORITY,
+    SIDECARS,
     Duplicates,
+    Format,
     KeyProblem,
     MiB,
     Model,
@@ -59,11 +61,13 @@ else:  # the same parser, before it joined the standard library
 __all__ = [
     "DEFAULT_PRIORITY",
     "ENGINE_ENTRY_POINTS",
+    "SIDECARS",
     "MiB",
     "Config",
     "DaemonConfig",
     "Duplicates",
     "EngineConfig",
+    "Format",
     "HookConfig",
     "HookStatus",
     "InboxConfig",
@@ -319,6 +323,15 @@ class Config(Model):
             if inbox.lang and inbox.path.expanduser().resolve() == root
         )
         return next(found, None)
+
+    def inbox_formats(self, root: Path) -> tuple[Format, ...]:
+        """The ``formats`` of the inbox whose resolved folder is ``root``, else ``[output]``'s."""
+        found = (
+            inbox.formats
+            for inbox in self.inbox
+            if inbox.formats and inbox.path.expanduser().resolve() == root
+        )
+        return next(found, self.output.formats)
 
 
 _SECRET_KEYS = ("secret_access_key", "token", "url")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from ocrwatch.config.env import Loc
 
@@ -28,6 +28,28 @@ OnSuccess = Literal["keep", "move", "delete"]
 per bucket)."""
 
 Duplicates = Literal["reuse", "ocr"]
+
+Format = Literal["md", "json", "alto", "hocr"]
+"""A file written for each document (``[output] formats``, per inbox and per bucket)."""
+SIDECARS: tuple[Format, ...] = ("md", "json")
+"""The two written always: the Markdown, and the JSON, which records the others and marks the
+document done."""
+
+
+def _with_sidecars(value: tuple[Format, ...]) -> tuple[Format, ...]:
+    """A list that names the two sidecars, each format once."""
+    if not set(SIDECARS) <= set(value):
+        raise ValueError(
+            'must hold "md" and "json": ocrwatch always writes both (the JSON records the other '
+            "files and marks the document done), e.g. ['md', 'json', 'alto']"
+        )
+    if len(set(value)) != len(value):
+        raise ValueError("names a format twice")
+    return value
+
+
+Formats = Annotated[tuple[Format, ...], AfterValidator(_with_sidecars)]
+"""``[output] formats``: the sidecars and, where named, ``alto`` and ``hocr``."""
 
 TextMode = Literal["ocr", "auto", "layer"]
 """Where a PDF page's text comes from (``[[inbox]] text``, ``ocrwatch ocr --text``): always OCR, its

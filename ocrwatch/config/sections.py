@@ -13,7 +13,9 @@ from pydantic.fields import FieldInfo
 import ocrwatch.config.engines as config_engines
 import ocrwatch.config.env as config_env
 from ocrwatch.config.base import (
+    SIDECARS,
     Auto,
+    Formats,
     KeyProblem,
     MiB,
     Model,
@@ -167,6 +169,18 @@ class OutputConfig(Model):
             "and searchable_pdf says why. Files named *.ocr.pdf are never taken as documents."
         ),
     )
+    formats: Formats = Field(
+        SIDECARS,
+        description=(
+            'The files written for each document: "md" and "json" always; "alto" adds NAME.alto.xml'
+            ' (ALTO 4.4, the Library of Congress\'s layout format that archives keep) and "hocr"'
+            " NAME.hocr (hOCR 1.2, as Tesseract writes it and OCRmyPDF reads it): the text with"
+            " each page's size, rotation and boxes, words' boxes and confidences from Tesseract,"
+            " blocks' boxes from DeepSeek-OCR's grounding. Written beside the sidecars before the"
+            " JSON, which records them (alto, hocr: path, bytes, sha256). Overridable per"
+            " [[inbox]] and per [[s3]]. The searchable PDF stays searchable_pdf's."
+        ),
+    )
     on_success: OnSuccess = Field(
         "keep",
         description=(
@@ -182,7 +196,8 @@ class OutputConfig(Model):
         description=(
             'Where "move" puts sources, mirroring each inbox\'s folders in a folder named after the'
             " inbox (as dir does): /srv/scans/2024/invoice.pdf ->"
-            " /srv/archive/scans/2024/invoice.pdf, with its .md, .json, .ocr.pdf and .assets/ "
+            " /srv/archive/scans/2024/invoice.pdf, with its .md, .json, .ocr.pdf, .alto.xml, .hocr"
+            " and .assets/ "
             "beside"
             " it. Nothing there is replaced: a name taken moves the whole group as report.1.pdf,"
             ' report.1.pdf.md, ... Required with "move"; neither inside an inbox nor holding one.'

@@ -15,6 +15,7 @@ from ocrwatch.config.base import (
     DEFAULT_PRIORITY,
     Auto,
     Duplicates,
+    Formats,
     KeyProblem,
     Lang,
     MiB,
@@ -27,6 +28,7 @@ from ocrwatch.config.base import (
 PRIORITY = "0..100; a higher lane always goes first."
 PROMPT = "Prompt preset: markdown, free, figure, or a name from [engine.vllm] prompts."
 ON_SUCCESS = "What becomes of a source once its document is ok; unset = [output] on_success."
+FORMATS = "The files written for each of its documents; unset = [output] formats."
 
 
 class InboxConfig(Model):
@@ -125,6 +127,9 @@ class InboxConfig(Model):
         ),
     )
     on_success: OnSuccess | None = Field(None, examples=["move"], description=ON_SUCCESS)
+    formats: Formats | None = Field(
+        None, examples=[["md", "json", "alto", "hocr"]], description=FORMATS
+    )
     duplicates: Duplicates = Field(
         "reuse",
         description=(
@@ -312,6 +317,9 @@ class S3Config(Model):
             ON_SUCCESS + ' "delete" deletes the version read; "move" copies it to archive_prefix +'
             " key, then deletes it."
         ),
+    )
+    formats: Formats | None = Field(
+        None, examples=[["md", "json", "alto", "hocr"]], description=FORMATS
     )
     archive_prefix: str = Field(
         "",

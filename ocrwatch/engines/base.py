@@ -196,3 +196,6 @@ class EngineSpec:
     retries of a page that failed or that ``judge`` sent back."""
     judge: Callable[[EngineConfig], Judge] = accepting
     """The judge of its output under its options."""
+    prompted: bool = True
+    """Whether it reads the request's prompt and samples its output as ``Sampling`` says (a model);
+    False (Tesseract): the sidecar records neither the prompt nor a try's sampling."""

@@ -336,5 +336,6 @@ SPEC = EngineSpec(  # its plain text is what a good layer holds: text "auto"
     checks=tesseract_checks.checks,
     languages=tesseract_checks.languages,
     trial="start",
+    prompted=False,
 )
 """Entry point ``ocrwatch.engines: tesseract``."""

@@ -84,7 +84,7 @@ from ocrwatch.store.written import Output, Written, judge
 
 log = structlog.get_logger()
 
-_MEMBERS = ("md", "pdf", "assets", "json")
+_MEMBERS = ("md", "pdf", "alto", "hocr", "assets", "json")
 """The order a group's members follow the source in: the JSON, the completion mark, last."""
 MAX_SIDECAR_BYTES = 256 << 20
 """A renamed group's Markdown or JSON is read whole to be rewritten; a larger one moves as it is."""
@@ -547,9 +547,10 @@ def _relinker(old: dict[str, str], new: dict[str, str]) -> dict[str, Callable[[b
 
     def document(data: bytes) -> bytes:
         body = json.loads(data)
-        section = body.get("searchable_pdf")
-        if isinstance(section, dict) and section.get("path") == old["pdf"]:
-            section["path"] = new["pdf"]
+        for member, kind in (("searchable_pdf", "pdf"), ("alto", "alto"), ("hocr", "hocr")):
+            section = body.get(member)
+            if isinstance(section, dict) and section.get("path") == old[kind]:
+                section["path"] = new[kind]
         for figure in body.get("figures") or ():
             figure["path"] = new["assets"] + figure["path"][len(old["assets"]) :]
         for page in body.get("pages") or ():

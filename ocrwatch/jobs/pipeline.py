@@ -382,11 +382,12 @@ class Pipeline:
             with timed(stages, "fetch_probe"):
                 source = self.sources[job.source]
                 probed = await fetch_and_probe(self.cfg, source, run, session.spool_dir, engine)
-            provenance = steps.provenance(self.cfg, run, engine, probed)
+            provenance = steps.provenance(self.cfg, run, engine, probed, self.supervisor.prompted)
             owner = probed.access.uid if probed.access is not None else None
+            formats = steps.job_formats(self.cfg, source, job)
             reused = None
             if run.recorded:
-                reused = await self.reuse.find(job, probed.sha256, provenance, owner)
+                reused = await self.reuse.find(job, probed.sha256, provenance, owner, formats)
             made = outputs.NONE
             if reused is None:
                 await record.set_state("recognizing", pages_total=probed.info.pages)
@@ -401,6 +402,8 @@ class Pipeline:
                     session.spool_dir,
                     stages,
                     self.decode_budget,
+                    formats,
+                    provenance.engine,
                 )
             with timed(stages, "write"):  # set after the sidecar's copy of the stages is taken
                 if reused is None:

@@ -7,8 +7,9 @@ S3 object's ETag and size), the sink reads that job's sidecars back where they a
 and unchanged, and the copy's sidecars are those, with ``source`` describing the copy and
 ``reused_from`` naming the earlier file. The earlier JSON must record the same sha256 as the bytes
 just read, its status be ``ok``, and neither it nor this configuration involve outputs beyond the
-two sidecars (a searchable PDF, figures): those are made, not copied. Locally, only a result written
-for the same user's file is reused, so a drop never tells one user what another has.
+two sidecars (a searchable PDF, ALTO, hOCR, figures): those are made, not copied. Locally, only a
+result written for the same user's file is reused, so a drop never tells one user what another
+has.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from ocrwatch.config import OutputConfig
+from ocrwatch.config import SIDECARS, OutputConfig
 from ocrwatch.jobs.admission import Offload
 from ocrwatch.results.assemble import Provenance, iso
 from ocrwatch.sinks.base import Recalled, Sink
@@ -30,7 +32,7 @@ from ocrwatch.store.ledger import Ledger
 
 log = structlog.get_logger()
 
-FURTHER = ("searchable_pdf", "figures", "assets")
+FURTHER = ("searchable_pdf", "alto", "hocr", "figures", "assets")
 """JSON members that describe outputs beyond the two sidecars: a result that has them is not
 copied."""
 
@@ -57,12 +59,18 @@ class Reuse:
         self._offload = offload
 
     async def find(
-        self, job: Job, sha256: str, provenance: Provenance, owner: int | None
+        self,
+        job: Job,
+        sha256: str,
+        provenance: Provenance,
+        owner: int | None,
+        formats: Collection[str] = SIDECARS,
     ) -> Reused | None:
         """The earlier result this job may take (``provenance``: what its own sidecar would say of
-        its source, engine and rendering; ``owner``: its local file's user), or None: it is then
-        read as any other."""
-        if job.duplicates != "reuse" or self.ledger is None or self.makes_more:
+        its source, engine and rendering; ``owner``: its local file's user; ``formats``: the files
+        it is to get), or None: it is then read as any other."""
+        more = self.makes_more or not set(formats) <= set(SIDECARS)
+        if job.duplicates != "reuse" or self.ledger is None or more:
             return None
         sink = self.sinks.get(job.source)
         if sink is None:

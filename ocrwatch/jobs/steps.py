@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ocrwatch.config import Config
+from ocrwatch.config import Config, Format
 from ocrwatch.engines.base import Engine
 from ocrwatch.errors import OcrwatchError
 from ocrwatch.jobs.admission import job_id
@@ -25,13 +25,14 @@ from ocrwatch.pages.scheduler import PageOutcome
 from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
 from ocrwatch.safefs import Access
-from ocrwatch.sources.base import Job, LocalFile, Origin, Source
+from ocrwatch.sources.base import Bucketed, Job, LocalFile, Origin, S3Object, Source
 from ocrwatch.store.ledger import sha256_file
 
 __all__ = [
     "Probed",
     "assemble_document",
     "fetch_and_probe",
+    "job_formats",
     "job_lang",
     "naming",
     "provenance",
@@ -84,12 +85,28 @@ def job_lang(cfg: Config, run: JobRun) -> str | None:
     return cfg.inbox_lang(job.origin.inbox) if isinstance(job.origin, LocalFile) else None
 
 
-def provenance(cfg: Config, run: JobRun, engine: Engine, probed: Probed) -> assemble.Provenance:
-    """What was read, what read it and how: the sidecar's ``source``, ``engine``, ``render``."""
+def job_formats(cfg: Config, source: Source | None, job: Job) -> tuple[Format, ...]:
+    """The files written for the job: its bucket's or its inbox's ``formats``, else
+    ``[output]``'s."""
+    if isinstance(job.origin, S3Object) and isinstance(source, Bucketed):
+        return source.cfg.formats or cfg.output.formats
+    if isinstance(job.origin, LocalFile):
+        return cfg.inbox_formats(job.origin.inbox)
+    return cfg.output.formats
+
+
+def provenance(
+    cfg: Config, run: JobRun, engine: Engine, probed: Probed, prompted: bool
+) -> assemble.Provenance:
+    """What was read, what read it and how: the sidecar's ``source``, ``engine`` (the prompt only
+    where the engine reads one, ``prompted``), ``render``."""
     job, spec = run.job, probed.spec
+    described = _described(engine, job_lang(cfg, run))
+    if prompted:
+        described |= {"prompt": cfg.prompt_text(job.prompt)}
     return assemble.Provenance(
         source=assemble.source_section(job, probed.path, probed.sha256, probed.info.mime),
-        engine=_described(engine, job_lang(cfg, run)) | {"prompt": cfg.prompt_text(job.prompt)},
+        engine=described,
         render={"dpi": spec.dpi, "max_side": spec.max_side, "max_pixels": spec.max_pixels},
     )
 

@@ -44,18 +44,19 @@ async def recognize_page(
     rungs: Sequence[Sampling],
     timeout_s: float,
     judge: Judge,
+    *,
+    sampled: bool = True,
 ) -> PageResult:
     """Run one attempt per rung (request id ``{request_id}/a{n}``) until one is good or the rungs
-    run out."""
+    run out. ``sampled``: the engine samples as its rung says (``EngineSpec.prompted``), so each
+    try records its sampling."""
     attempts: list[dict[str, Any]] = []
     last: Recognition | None = None
     for number, sampling in enumerate(rungs):
         page = replace(request, request_id=f"{request.request_id}/a{number}", sampling=sampling)
-        attempt: dict[str, Any] = {
-            "rung": number,
-            "request_id": page.request_id,
-            "sampling": asdict(sampling),
-        }
+        attempt: dict[str, Any] = {"rung": number, "request_id": page.request_id}
+        if sampled:
+            attempt["sampling"] = asdict(sampling)
         attempts.append(attempt)
         started = time.monotonic()
         try:

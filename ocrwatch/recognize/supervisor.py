@@ -36,6 +36,8 @@ class EngineSupervisor:
         self.kind = cfg.engine.kind
         self._rungs: list[Sampling] = []
         self._judge: Judge | None = None
+        self.prompted = True
+        """Whether the engine now running reads a prompt and samples (``EngineSpec.prompted``)."""
 
     async def start(self) -> Engine:
         """Choose, build and start the engine; a warning only where ``auto`` fell back from an
@@ -43,6 +45,7 @@ class EngineSupervisor:
         kind, reason = registry.choose(self._cfg.engine, registry.chosen_by(self._cfg))
         spec, cfg = registry.find(kind), self._cfg.engine
         self.kind, self._rungs, self._judge = kind, spec.rungs(cfg), spec.judge(cfg)
+        self.prompted = spec.prompted
         loud = registry.fell_back(cfg, kind)
         (log.warning if loud else log.info)("engine_selected", engine=kind, reason=reason)
         engine = spec.build(cfg, self._cfg.output.images, self._cfg.log)
@@ -78,7 +81,12 @@ class EngineSupervisor:
         if engine is None or judge is None:
             raise EngineDead("engine is being rebuilt")
         return await ladder.recognize_page(
-            engine, request, self._rungs, self._cfg.engine.page_timeout_seconds, judge
+            engine,
+            request,
+            self._rungs,
+            self._cfg.engine.page_timeout_seconds,
+            judge,
+            sampled=self.prompted,
         )
 
     async def close(self) -> None:

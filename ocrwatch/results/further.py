@@ -1,12 +1,13 @@
-"""A document's further outputs, made before its sidecars are written: the searchable PDF and the
-figures.
+"""A document's further outputs, made before its sidecars are written: the searchable PDF, the ALTO
+and hOCR files (``[output] formats``) and the figures.
 
 ``prepare`` returns what the sink writes ahead of the JSON (``files``: names relative to the
 sidecars' folder or key prefix, as bytes or as a file in the job's spool folder), the JSON members
-that describe them (``searchable_pdf``, ``figures``: each file's path relative to the JSON, its size
-and sha256; the searchable PDF's ``text_layer``, one per page: ``own``, ``ocr`` or ``none``, and
-``text_layer_skipped`` when a page got none because its content could not be read within bounds:
-the page's number, the reason and a message) and the folder the Markdown links the figures into.
+that describe them (``searchable_pdf``, ``alto``, ``hocr``, ``figures``: each file's path relative
+to the JSON, its size and sha256; the searchable PDF's ``text_layer``, one per page: ``own``,
+``ocr`` or ``none``, and ``text_layer_skipped`` when a page got none because its content could not
+be read within bounds: the page's number, the reason and a message) and the folder the Markdown
+links the figures into.
 The searchable PDF is built from the job's private copy, the bytes that were rendered, in a worker
 thread, decoding within the pipeline's one ``DecodeBudget``. A source whose text layer cannot be
 built (a PDF qpdf cannot read, one that needs a password to change) still gets its Markdown and
@@ -19,20 +20,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import structlog
 
-from ocrwatch.config import OutputConfig
+from ocrwatch.config import SIDECARS, OutputConfig
 from ocrwatch.errors import PlaceFault, classify
 from ocrwatch.infra.memory import UNBOUNDED, DecodeBudget
 from ocrwatch.naming import output_names
 from ocrwatch.pages.render import DocumentInfo
 from ocrwatch.pages.scheduler import PageOutcome
-from ocrwatch.results import textlayer
+from ocrwatch.results import alto, hocr, positions, textlayer
+from ocrwatch.results.assemble import iso
 from ocrwatch.safefs import sha256_file
 from ocrwatch.sources.base import LocalFile, Origin
 
@@ -72,10 +74,13 @@ async def prepare(
     spool_dir: Path,
     stages: dict[str, float],
     budget: DecodeBudget = UNBOUNDED,
+    formats: Collection[str] = SIDECARS,
+    engine: Mapping[str, Any] | None = None,
 ) -> Outputs:
     """The outputs ``[output]`` asks for, for the document ``origin`` whose private copy is
     ``copy``. The searchable PDF's build time goes into ``stages``; what it decodes is held within
-    ``budget``."""
+    ``budget``. ``formats``: the job's (its inbox's or bucket's, else ``[output]``'s); ``engine``:
+    what read it, as the JSON describes it."""
     names = output_names(origin.name, output.name_template)
     source = copy.path
     result = Outputs()
@@ -107,6 +112,17 @@ async def prepare(
                 for skipped in layers.skipped:
                     log.warning("text_layer_skipped", **skipped)
         stages["searchable_pdf"] = time.monotonic() - started
+    if "alto" in formats or "hocr" in formats:
+        started = time.monotonic()
+        made = await asyncio.to_thread(_layouts, formats, origin.name, pages, engine or {})
+        for kind, data in made.items():
+            result.files[names[kind]] = data
+            result.sections[kind] = {
+                "path": names[kind],
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        stages["layouts"] = time.monotonic() - started
     if output.images == "extract":
         result = Outputs(result.files, result.sections, names["assets"])
         listed = []
@@ -126,6 +142,19 @@ async def prepare(
                 )
         result.sections["figures"] = listed
     return result
+
+
+def _layouts(
+    formats: Collection[str], source: str, pages: Sequence[PageOutcome], engine: Mapping[str, Any]
+) -> dict[str, bytes]:
+    """The ALTO and hOCR files ``formats`` names, by kind."""
+    read = positions.pages(pages)
+    made = {}
+    if "alto" in formats:
+        made["alto"] = alto.document(read, source, engine, iso(time.time()) or "")
+    if "hocr" in formats:
+        made["hocr"] = hocr.document(read, source, engine)
+    return made
 
 
 def _shown_points(page: PageOutcome) -> tuple[float, float] | None:

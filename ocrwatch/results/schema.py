@@ -175,7 +175,8 @@ TRY = _object(
         "sampling": _text(
             "The rung's sampling (ocrwatch.engines.sampling.Sampling: temperature, "
             "ngram_size, window_size, max_tokens, repetition_penalty, stop_pattern, "
-            "stop_count); Tesseract ignores it.",
+            "stop_count); absent for an engine that samples nothing (Tesseract; older "
+            "sidecars record the defaults it ignored).",
             "object",
         ),
         "outcome": _text(
@@ -191,7 +192,7 @@ TRY = _object(
             ["string", "null"],
         ),
     },
-    ("rung", "request_id", "sampling", "outcome", "seconds"),
+    ("rung", "request_id", "outcome", "seconds"),
 )
 
 TEXT_CHECK = _object(
@@ -422,6 +423,18 @@ SEARCHABLE_PDF = {
         ),
     ],
 }
+ALTO = _object(
+    '[output] formats "alto": NAME.alto.xml, the text and its boxes as ALTO 4.4, written beside '
+    "the sidecars.",
+    _FILE,
+    ("path", "bytes", "sha256"),
+)
+HOCR = _object(
+    '[output] formats "hocr": NAME.hocr, the text and its boxes as hOCR 1.2, written beside the '
+    "sidecars.",
+    _FILE,
+    ("path", "bytes", "sha256"),
+)
 FIGURE = _object(
     'A figure cut out of its page as PNG ([output] images = "extract").',
     {
@@ -449,7 +462,8 @@ ENGINE = _object(
             "[engine.tesseract] lang), as deu+eng."
         ),
         "prompt": _text(
-            "The prompt it was read with (its inbox's or bucket's); Tesseract takes none."
+            "The prompt it was read with (its inbox's or bucket's); absent for an engine that "
+            "takes none (Tesseract; older sidecars record the one it ignored)."
         ),
     },
     ("name",),
@@ -484,7 +498,7 @@ TIMING = _object(
             "additionalProperties": _SECONDS,
             "description": "Seconds per stage of this attempt: waiting (noticed to "
             "started), fetch_probe, pages (rendering and reading every page), "
-            "searchable_pdf (when one is made).",
+            "searchable_pdf (when one is made), layouts (the ALTO and hOCR files, when made).",
         },
     },
     ("detected", "started", "finished", "stages"),
@@ -507,6 +521,8 @@ JSON_SCHEMA: Schema = {
             "engine": ENGINE,
             "render": RENDER,
             "searchable_pdf": SEARCHABLE_PDF,
+            "alto": ALTO,
+            "hocr": HOCR,
             "figures": {
                 "type": "array",
                 "items": FIGURE,

@@ -165,7 +165,7 @@ def page_text(
                 Line(_box(box) if (box := block.get("bbox")) else _union(words), tuple(words))
             )
         elif block.get("type") not in IMAGE_LABELS:
-            texts = _plain_lines(str(block.get("text") or ""))
+            texts = plain_lines(str(block.get("text") or ""))
             boxes = [
                 _box(box)
                 for box in block.get("boxes") or [block.get("bbox") or (0, 0, width, height)]
@@ -490,7 +490,7 @@ def _codes(text: str) -> bytes:
     return kept.encode("utf-16-be")
 
 
-def _plain_lines(markdown: str) -> list[str]:
+def plain_lines(markdown: str) -> list[str]:
     """A block's Markdown as the lines a reader sees: a table row per line, no tags, no heading
     marks."""
     text = html.unescape(_TAG.sub(lambda tag: "\n" if _breaks(tag) else " ", markdown))

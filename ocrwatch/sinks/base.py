@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ocrwatch.naming import FIGURE_FILE
+from ocrwatch.naming import FIGURE_FILE, LAYOUTS
 from ocrwatch.recognize import figures
 from ocrwatch.results.assemble import PAGE_MARK, SCHEMA_ID
 from ocrwatch.safefs import Access
@@ -61,13 +61,12 @@ NO_EXTRAS: Mapping[str, Extra] = {}
 
 def extra_names(extras: Mapping[str, Extra], outputs: dict[str, str]) -> None:
     """Check that every extra is named as ``naming.output_names`` says (``outputs``): the searchable
-    PDF, or one figure file right inside the assets folder; anything else is a bug, never a path to
-    follow."""
+    PDF, the ALTO or hOCR file, or one figure file right inside the assets folder; anything else is
+    a bug, never a path to follow."""
+    files = {outputs[kind] for kind in ("pdf", *LAYOUTS)}
     for name in extras:
         folder, _, file = name.rpartition("/")
-        if name != outputs["pdf"] and not (
-            folder == outputs["assets"] and FIGURE_FILE.fullmatch(file)
-        ):
+        if name not in files and not (folder == outputs["assets"] and FIGURE_FILE.fullmatch(file)):
             raise ValueError(f"{name!r} is not a name ocrwatch writes beside {outputs['pdf']!r}")
 
 
@@ -191,6 +190,16 @@ def pdf_recorded(json_head: bytes | None) -> bool:
     if json_head is None or not owns_json(json_head):
         return False
     section = json_member(json_head, "searchable_pdf")
+    return isinstance(section, dict) and "path" in section
+
+
+def layout_recorded(json_head: bytes | None, kind: str) -> bool:
+    """Whether the JSON sidecar beginning with ``json_head`` is ocrwatch's and records its ``kind``
+    file (``alto``, ``hocr``): the mark of such a file where the record of outputs holds no row
+    for it (``ocrwatch ocr`` without a daemon), as the JSON is of a searchable PDF."""
+    if json_head is None or not owns_json(json_head):
+        return False
+    section = json_member(json_head, kind)
     return isinstance(section, dict) and "path" in section
 
 

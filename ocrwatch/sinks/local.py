@@ -35,7 +35,7 @@ import structlog
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, SourceGone
-from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
+from ocrwatch.naming import FIGURE_FILE, LAYOUTS, output_names, sidecar_names
 from ocrwatch.results import textlayer
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder, walk
 from ocrwatch.sinks.base import (
@@ -46,6 +46,7 @@ from ocrwatch.sinks.base import (
     Recalled,
     extra_names,
     json_member,
+    layout_recorded,
     markdown_bytes,
     marked,
     owns_json,
@@ -59,6 +60,8 @@ log = structlog.get_logger()
 Marker = Callable[[Folder, str], bool]
 """Whether a file carries ocrwatch's own mark (an output written before the record of outputs
 existed)."""
+Markers = Callable[[str], Marker]
+"""The mark rule of each further output, by its name."""
 
 NAME_MAX = 255
 """File-name limit where the folder's own (``fpathconf``) cannot be learnt."""
@@ -246,11 +249,31 @@ def _pdf_marker(here: Folder, json_name: str) -> Marker:
 
 
 def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
-    """The mark of each kind of output (``md``, ``json``, ``pdf``, ``assets``: a figure) in
-    ``here``, which counts only for outputs the record predates: the archive takes along what this
-    rule holds as ocrwatch's."""
+    """The mark of each kind of output (``md``, ``json``, ``pdf``, ``alto``, ``hocr``, ``assets``:
+    a figure) in ``here``, which counts only for outputs the record predates: the archive takes
+    along what this rule holds as ocrwatch's. An ALTO or hOCR file's: the JSON records it."""
+    found = here.look(json_name, HEAD_BYTES)
+    head = found.head if found is not None and found.other is None else None
+    layouts = {kind: _said(layout_recorded(head, kind)) for kind in LAYOUTS}
     pdf = _pdf_marker(here, json_name)
-    return {"md": markdown_marked, "json": json_marked, "pdf": pdf, "assets": figure_marked}
+    return {
+        "md": markdown_marked,
+        "json": json_marked,
+        "pdf": pdf,
+        **layouts,
+        "assets": figure_marked,
+    }
+
+
+def _said(recorded: bool) -> Marker:
+    return lambda inner, name: recorded
+
+
+def _extra_markers(here: Folder, json_name: str, outputs: dict[str, Path]) -> Markers:
+    """The mark rule of each further output, by its name (``output_markers``)."""
+    markers = output_markers(here, json_name)
+    named = {outputs[kind].name: markers[kind] for kind in ("pdf", *LAYOUTS)}
+    return lambda name: markers["assets"] if "/" in name else named[name]
 
 
 def conflict(path: Path, what: str) -> OutputConflict:
@@ -433,9 +456,9 @@ class LocalSink:
         access = access or self.source_access(job) or PUBLIC
         with self._claims(job, access.uid, make=True) as claims, contextlib.ExitStack() as stack:
             self._prepare(claims, names, "md", "json")
-            pdf_ours = _pdf_marker(claims.here, names["json"])
+            ours = _extra_markers(claims.here, names["json"], outputs)
             for name in extras:
-                claims.refuse(name, figure_marked if "/" in name else pdf_ours)
+                claims.refuse(name, ours(name))
             # The figures' folder holds this document's alone: as readable as the source, never
             # more. Made, or found as made so, before anything is written.
             inner = {
@@ -449,7 +472,7 @@ class LocalSink:
             claims.publish(claims.here, names["json"], dump_json(document), access)
             # a stale error sidecar left behind is only untidy
             claims.remove(names["error"], json_marked)
-            self._remove_stale(claims, outputs, set(extras), pdf_ours)
+            self._remove_stale(claims, outputs, set(extras), ours)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         names = {kind: path.name for kind, path in self.paths(job).items()}
@@ -457,12 +480,12 @@ class LocalSink:
         with self._claims(job, access.uid, make=True) as claims:
             self._prepare(claims, names, "error")
             # asked before the JSON that may record it goes
-            pdf_ours = _pdf_marker(claims.here, names["json"])
+            ours = _extra_markers(claims.here, names["json"], self.outputs(job))
             claims.publish(claims.here, names["error"], dump_json(error), access)
             if _other_document(claims.here, names["json"], job.origin) is None:
                 for kind, marked in (("json", json_marked), ("md", markdown_marked)):
                     claims.remove(names[kind], marked)  # a previous version's result must not stand
-            self._remove_stale(claims, self.outputs(job), (), pdf_ours)
+            self._remove_stale(claims, self.outputs(job), (), ours)
 
     def _prepare(self, claims: Claims, names: dict[str, str], *kinds: str) -> None:
         """Check before writing anything, so a document never gets half of its outputs for a known
@@ -495,17 +518,17 @@ class LocalSink:
                 raise conflict(here.path / names["json"], other)
 
     def _remove_stale(
-        self, claims: Claims, outputs: dict[str, Path], kept: Collection[str], pdf_ours: Marker
+        self, claims: Claims, outputs: dict[str, Path], kept: Collection[str], ours: Markers
     ) -> None:
         """Remove the further outputs a previous version left and this one did not write: those the
         record holds for this document, and those of an older ocrwatch by their marks; then the
         figures' folder once empty. A failure is logged, never raised: what was just written
         stands."""
-        pdf, assets = outputs["pdf"].name, outputs["assets"].name
+        assets, files = outputs["assets"].name, {outputs[k].name for k in ("pdf", *LAYOUTS)}
         doomed = {
-            name for name in claims.recorded_here() if name.partition("/")[0] in (pdf, assets)
+            name for name in claims.recorded_here() if name.partition("/")[0] in {*files, assets}
         }
-        doomed.add(pdf)
+        doomed |= files
         with contextlib.suppress(OSError):
             if claims.here.lstat(assets) is not None:
                 with claims.here.sub(assets) as inner:
@@ -513,7 +536,7 @@ class LocalSink:
                         f"{assets}/{name}" for name in inner.names() if FIGURE_FILE.fullmatch(name)
                     )
         for name in sorted(doomed - set(kept)):
-            claims.remove(name, figure_marked if "/" in name else pdf_ours)
+            claims.remove(name, ours(name))
         if claims.here.rmdir(assets):  # only once empty: a user's file in it keeps it
             claims.here.fsync()
 

@@ -7,7 +7,8 @@ goes last and is the commit marker. Every sidecar carries ``ocrwatch-source-etag
 ``ocrwatch-source-version-id``) metadata, linking it to the exact source it describes, and the
 record of what it is and whose (``written.object_record``). The source never takes these keys for
 documents. The further outputs go beside them, before the JSON:
-``report.pdf.ocr.pdf`` (``application/pdf``) and the figures under ``report.pdf.assets/``
+``report.pdf.ocr.pdf`` (``application/pdf``), ``report.pdf.alto.xml`` (``application/xml``),
+``report.pdf.hocr`` (``application/xhtml+xml``) and the figures under ``report.pdf.assets/``
 (``image/png``); a previous version's figures are found by listing that prefix.
 
 The sink contract (``sinks.base``) holds here as for local files: every sidecar's key must fit S3's
@@ -51,7 +52,7 @@ from ocrwatch.infra.s3client import (
     new_client,
     storage_error,
 )
-from ocrwatch.naming import FIGURE_FILE, output_names, sidecar_names
+from ocrwatch.naming import FIGURE_FILE, LAYOUTS, output_names, sidecar_names
 from ocrwatch.results import textlayer
 from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import (
@@ -62,6 +63,7 @@ from ocrwatch.sinks.base import (
     Recalled,
     extra_names,
     json_member,
+    layout_recorded,
     markdown_bytes,
     marked,
     owns_json,
@@ -82,7 +84,12 @@ Mark = Callable[[bytes], bool]
 
 MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
-CONTENT_TYPES = {".pdf": "application/pdf", ".png": "image/png"}
+CONTENT_TYPES = {
+    ".pdf": "application/pdf",
+    ".png": "image/png",
+    ".xml": "application/xml",
+    ".hocr": "application/xhtml+xml",
+}
 PROBE_BYTES = 4096
 
 
@@ -173,13 +180,14 @@ class S3Sink:
             job, bucket, {**keys, **{name: name for name in targets}}, there, "md", "json"
         )
         pdf = self._pdf_verdict(job, bucket, keys["json"], outputs["pdf"], there)
-        self._check_extras(job, bucket, outputs, targets, pdf, there)
+        judged = {outputs["pdf"]: pdf, **self._layout_verdicts(job, bucket, keys, outputs, there)}
+        self._check_extras(job, bucket, targets, judged, there)
         self._put(job, bucket, keys["md"], markdown_bytes(markdown), MARKDOWN)
         for key, content in targets.items():
             self._put(job, bucket, key, content, CONTENT_TYPES[key[key.rfind(".") :]])
         self._put(job, bucket, keys["json"], dump_json(document), JSON)
         self._remove_own(job, bucket, keys, there, "error")  # a stale error is only untidy
-        self._remove_stale(job, bucket, outputs, set(targets), pdf == OURS, there)
+        self._remove_stale(job, bucket, outputs, set(targets), _ours(judged), there)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
@@ -188,9 +196,10 @@ class S3Sink:
         self._prepare(job, bucket, keys, there, "error")
         # asked before the JSON that may record it goes
         pdf = self._pdf_verdict(job, bucket, keys["json"], outputs["pdf"], there)
+        judged = {outputs["pdf"]: pdf, **self._layout_verdicts(job, bucket, keys, outputs, there)}
         self._put(job, bucket, keys["error"], dump_json(error), JSON)
         self._remove_own(job, bucket, keys, there, "json", "md")  # an earlier result must go
-        self._remove_stale(job, bucket, outputs, set(), pdf == OURS, there)
+        self._remove_stale(job, bucket, outputs, set(), _ours(judged), there)
 
     # -- the further outputs: checked before writing, removed once no result describes them
 
@@ -224,18 +233,34 @@ class S3Sink:
 
         return self._verdict(job, bucket, pdf, there, pdf_marked)
 
+    def _layout_verdicts(
+        self, job: Job, bucket: str, keys: dict[str, str], outputs: dict[str, str], there: Listed
+    ) -> dict[str, Verdict | None]:
+        """Whether the ALTO and hOCR objects are ocrwatch's for this job (by key; None: there is
+        none). Where one carries no record, the JSON sidecar decides: ocrwatch's, and recording
+        it."""
+
+        def recorded(kind: str) -> Mark:
+            return lambda head: layout_recorded(self._head(bucket, keys["json"], HEAD_BYTES), kind)
+
+        return {
+            outputs[kind]: self._verdict(job, bucket, outputs[kind], there, recorded(kind))
+            for kind in LAYOUTS
+        }
+
     def _check_extras(
         self,
         job: Job,
         bucket: str,
-        outputs: dict[str, str],
         targets: Mapping[str, Extra],
-        pdf: Verdict | None,
+        judged: Mapping[str, Verdict | None],
         there: Listed,
     ) -> None:
+        """Refuse where an object not ocrwatch's holds a key about to be written (``judged``: the
+        verdicts already made, by key; a figure's is made here)."""
         for key in targets:
-            if key == outputs["pdf"]:
-                verdict = pdf
+            if key in judged:
+                verdict = judged[key]
             else:
                 verdict = self._verdict(job, bucket, key, there, _mark("assets"))
             if verdict:
@@ -252,13 +277,14 @@ class S3Sink:
         bucket: str,
         outputs: dict[str, str],
         kept: set[str],
-        pdf_ours: bool,
+        ours: set[str],
         there: Listed,
     ) -> None:
-        """Delete the outputs a previous version wrote that are not in ``kept``: the searchable PDF,
-        where ocrwatch's (``pdf_ours``, judged before anything was written), and the figures under
-        the assets prefix that are ocrwatch's for this job. Logged, never raised."""
-        doomed = [outputs["pdf"]] if pdf_ours and outputs["pdf"] not in kept else []
+        """Delete the outputs a previous version wrote that are not in ``kept``: the searchable PDF
+        and the ALTO and hOCR files where ocrwatch's (``ours``, judged before anything was
+        written), and the figures under the assets prefix that are ocrwatch's for this job. Logged,
+        never raised."""
+        doomed = sorted(ours - kept)
         prefix = outputs["assets"] + "/"
         try:
             if there is not None:
@@ -479,6 +505,11 @@ def shares_output(cfg: S3Config, tables: Sequence[S3Config]) -> bool:
         if there == cfg.output_bucket and overlaps and not one_source:
             return True
     return False
+
+
+def _ours(judged: Mapping[str, Verdict | None]) -> set[str]:
+    """The keys judged to hold ocrwatch's own object for the job."""
+    return {key for key, verdict in judged.items() if verdict == OURS}
 
 
 def _mark(kind: str) -> Mark:

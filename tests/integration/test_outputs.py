@@ -1,5 +1,6 @@
 """What users do with a result, through ``ocrwatch run`` as a real process: the searchable PDF (real
-Tesseract, checked with pdftotext and qpdf), the source moved to the archive or deleted on success
+Tesseract, checked with pdftotext and qpdf) and the ALTO and hOCR files (the ALTO schema, lxml), the
+source moved to the archive or deleted on success
 (and kept when it must be), on local inboxes and on S3 (moto), and figures cut out of real rendered
 pages (recorded DeepSeek output)."""
 
@@ -22,10 +23,12 @@ from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.pages import render
 from ocrwatch.pages.render import Geometry
+from ocrwatch.results import alto
 from tests import docs
 from tests.conftest import corpus_path
 from tests.integration.conftest import DaemonProcess, wait_until
 from tests.integration.test_s3_daemon import queue_empty, sidecar, sqs_daemon, started
+from tests.layout_pages import alto_schema
 from tests.s3servers import MotoServer
 from tests.test_textlayer import page_pdf
 
@@ -41,6 +44,7 @@ LETTER = [
     ["Invoice 4711 was paid", "on the twelfth of March.", "Total amount 17.50 EUR"],
     ["Second page of the letter", "with two lines of text"],
 ]
+FORMATS = ["md", "json", "alto", "hocr"]
 BORN_DIGITAL = [("google-doc-document.pdf", 0), ("small-table.pdf", 0), ("tracemonkey.pdf", 0)]
 
 
@@ -70,10 +74,42 @@ def events(daemon: DaemonProcess, name: str) -> list[dict[str, Any]]:
     return [event for event in daemon.events() if event.get("event") == name]
 
 
+def recorded(document: dict[str, Any], kind: str, path: Path) -> bool:
+    """Whether the JSON records the file at ``path`` as its ``kind`` output, bit for bit."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    return document[kind] == {"path": path.name, "bytes": len(data), "sha256": digest}
+
+
+def check_layouts(name: str, document: dict[str, Any], folder: Path) -> None:
+    """NAME.alto.xml valid against ALTO 4.4 and NAME.hocr parsed, both recorded by the JSON, each
+    page's words those of its Markdown."""
+    from lxml import etree
+
+    alto_path, hocr_path = folder / f"{name}.alto.xml", folder / f"{name}.hocr"
+    assert recorded(document, "alto", alto_path) and recorded(document, "hocr", hocr_path)
+    tree = etree.parse(str(alto_path))
+    alto_schema().assertValid(tree)
+    hocr_tree = etree.parse(str(hocr_path))
+    ns = {"a": alto.NAMESPACE, "h": "http://www.w3.org/1999/xhtml"}
+    alto_pages = tree.findall("a:Layout/a:Page", ns)
+    hocr_pages = hocr_tree.findall(".//h:div[@class='ocr_page']", ns)
+    assert len(alto_pages) == len(hocr_pages) == len(document["pages"])
+    for page, in_alto, in_hocr in zip(document["pages"], alto_pages, hocr_pages, strict=True):
+        said = " ".join(s.get("CONTENT") for s in in_alto.iterfind(".//a:String", ns))
+        assert similarity(said, page["markdown"].replace("\\", "")) >= 0.9, (name, said)
+        words = [w.text for w in in_hocr.iterfind(".//h:span[@class='ocrx_word']", ns)]
+        assert " ".join(words) == said
+        assert all("bbox" in w.get("title") for w in in_hocr.iterfind(".//h:span", ns))
+        assert int(in_alto.get("WIDTH")) == page["width"] and in_hocr.get("title").startswith(
+            f"bbox 0 0 {page['width']} {page['height']}"
+        )
+
+
 def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> None:
     """Born-digital pages rendered as images (a scan, no text of its own) and a PNG: NAME.ocr.pdf
     beside the sidecars holds the text Tesseract read, where pdftotext finds it, in a file qpdf
-    finds sound."""
+    finds sound; NAME.alto.xml and NAME.hocr hold the same words with their boxes."""
     scans = tmp_path / "scans"
     scans.mkdir()
     sources = [
@@ -90,7 +126,8 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
             sources.append(page_pdf(scans / f"scan-{name}", image, dpi=spec.dpi))
     # at its default 300 dpi, as users run it
     tesseract = {"kind": "tesseract", "tesseract": {"workers": 2}}
-    daemon = make_daemon(output={"searchable_pdf": True}, engine=tesseract).start()
+    output = {"searchable_pdf": True, "formats": FORMATS}
+    daemon = make_daemon(output=output, engine=tesseract).start()
     try:
         for path in sources:
             shutil.copy(path, daemon.inbox / path.name)
@@ -113,6 +150,10 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
             "text_layer": ["ocr"] * len(document["pages"]),
         }
         qpdf_check(layer)
+        check_layouts(name, document, daemon.inbox)
+        # Tesseract reads no prompt and samples nothing: the sidecar says neither
+        assert "prompt" not in document["engine"]
+        assert not [t for p in document["pages"] for t in p["tries"] if "sampling" in t]
         extracted = pdftotext(layer).split("\f")[:-1]
         assert len(extracted) == len(document["pages"])
         for page, text in zip(document["pages"], extracted, strict=True):
@@ -134,7 +175,8 @@ def test_searchable_pdf_through_the_daemon(make_daemon: Any, tmp_path: Path) -> 
         }
     print("searchable PDF through the daemon:", json.dumps(figures))
     # never taken as documents
-    assert not any((daemon.inbox / f"{name}.ocr.pdf.json").exists() for name in done)
+    for suffix in (".ocr.pdf", ".alto.xml", ".hocr"):
+        assert not any((daemon.inbox / f"{name}{suffix}.json").exists() for name in done)
 
 
 def test_move_on_success_archives_the_group_and_a_restart_leaves_it(
@@ -143,7 +185,10 @@ def test_move_on_success_archives_the_group_and_a_restart_leaves_it(
     archive = tmp_path / "archive"
     inbox = tmp_path / "inbox"
     daemon = make_daemon(
-        inboxes=[{"path": str(inbox), "settle_seconds": 0.3, "on_success": "move"}],
+        # the inbox's formats stand for [output]'s
+        inboxes=[
+            {"path": str(inbox), "settle_seconds": 0.3, "on_success": "move", "formats": FORMATS}
+        ],
         output={"archive_dir": str(archive), "searchable_pdf": True},
     ).start()
     moved = archive / "inbox" / "2024" / "letter.pdf"
@@ -155,6 +200,8 @@ def test_move_on_success_archives_the_group_and_a_restart_leaves_it(
         wait_until(lambda: events(daemon, "source_archived"), 30, "the move logged")
         assert sorted(p.name for p in moved.parent.iterdir()) == [
             "letter.pdf",
+            "letter.pdf.alto.xml",
+            "letter.pdf.hocr",
             "letter.pdf.json",
             "letter.pdf.md",
             "letter.pdf.ocr.pdf",
