@@ -373,7 +373,7 @@ class EngineConfig(Model):
                 raise KeyProblem((name,), config_env.unknown_key(EngineConfig, (name,)))
             if not isinstance(value, options):
                 extra[name] = _table(name, options, value)
-        for name in (*config_engines.BUILT_IN, self.kind):
+        for name in (*config_engines.built_in(), self.kind):
             if name not in extra and (options := config_engines.options(name)) is not None:
                 extra[name] = options()
         return self

@@ -336,5 +336,7 @@ SPEC = EngineSpec(  # its plain text is what a good layer holds: text "auto"
     checks=tesseract_checks.checks,
     languages=tesseract_checks.languages,
     trial="start",
+    auto=1,  # tried next by auto: it runs on any CPU
+    runs_here=lambda: (True, "Tesseract runs on the CPU"),
 )
 """Entry point ``ocrwatch.engines: tesseract``."""
