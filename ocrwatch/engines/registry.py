@@ -52,8 +52,9 @@ def choose(cfg: EngineConfig, chosen_by: str | None = None) -> tuple[str, str]:
     for spec in auto_order():
         runs, why = spec.runs_here()
         if runs:
+            why = why or f"{spec.name} runs here"
             said = f"{'; '.join(passed)}, so {why}" if passed else why
-            return spec.name, f"[engine] kind = 'auto': {said or spec.name}"
+            return spec.name, f"[engine] kind = 'auto': {said}"
         passed.append(why)
     raise ConfigError(
         f"engine.kind: 'auto' finds no engine that can run here ({'; '.join(passed)})",
