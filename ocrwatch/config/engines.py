@@ -1,6 +1,6 @@
 """Engines found by name, for the configuration and the registry alike: the ``ocrwatch.engines``
 entry points, ocrwatch's own among them (pyproject.toml registers ``vllm``, ``tesseract`` and
-``plugin``). A checkout run without being installed has no entry point of ocrwatch's own: its
+``plugin``). A checkout run without being installed has no entry point of its own: its
 pyproject.toml's are read instead, the same data, so there is no second list to keep.
 
 A spec is imported only when a name is looked up (validation, a build, the order names are listed
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoints, PackageNotFoundError, distribution, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ ENGINE_ENTRY_POINTS = "ocrwatch.engines"
 """The entry-point group through which engines, the built-in ones too, are found by ``[engine]
 kind``."""
 DISTRIBUTION = "ocrwatch"
+"""The distribution whose entry points are ocrwatch's own engines."""
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 """A checkout's project file, beside the package: where an uninstalled checkout's entry points are
 read."""
@@ -35,9 +36,15 @@ class NotFound(LookupError):
     """No engine of that name, or its spec does not load; ``args[0]`` says which and why."""
 
 
-def _own(entry: EntryPoint) -> bool:
-    dist = getattr(entry, "dist", None)
-    return dist is not None and dist.name == DISTRIBUTION
+def _own() -> dict[str, str]:
+    """ocrwatch's own engines, each with the ``"module:attribute"`` of its spec: the entry points of
+    its installed distribution (looked up alone, not among every package's), else those its
+    pyproject.toml declares (a checkout run without being installed)."""
+    try:
+        found = distribution(DISTRIBUTION).entry_points.select(group=ENGINE_ENTRY_POINTS)
+    except PackageNotFoundError:
+        found = EntryPoints(())
+    return {entry.name: entry.value for entry in found} or _checkout()
 
 
 def _checkout() -> dict[str, str]:
@@ -50,30 +57,18 @@ def _checkout() -> dict[str, str]:
         return {}
 
 
-def _registered() -> dict[str, tuple[str, bool]]:
-    """Every engine's name: the ``"module:attribute"`` of its spec (an entry point's first), and
-    whether it is ocrwatch's own."""
-    found: dict[str, tuple[str, bool]] = {}
-    for entry in entry_points(group=ENGINE_ENTRY_POINTS):
-        found.setdefault(entry.name, (entry.value, _own(entry)))
-    if not any(own for _, own in found.values()):
-        for name, where in _checkout().items():
-            found.setdefault(name, (where, True))
-    return found
-
-
 def built_in() -> list[str]:
-    """ocrwatch's own engines, in the order ``names`` lists them."""
-    registered = _registered()
-    return [name for name in names() if registered[name][1]]
+    """ocrwatch's own engines, in the order ``[engine] kind = "auto"`` tries them (their spec's
+    ``auto``), then by name: the order their tables are documented in."""
+    return sorted(_own(), key=_auto_order)
 
 
 def names() -> list[str]:
-    """Every engine's name: ocrwatch's own first, in the order ``[engine] kind = "auto"`` tries them
-    (their spec's ``auto``) and then by name, then those other packages register, by name."""
-    registered = _registered()
-    own = sorted((name for name, (_, ours) in registered.items() if ours), key=_auto_order)
-    return [*own, *sorted(name for name, (_, ours) in registered.items() if not ours)]
+    """Every engine's name: ocrwatch's own first (``built_in``), then those other packages
+    register, by name."""
+    own = built_in()
+    others = {entry.name for entry in entry_points(group=ENGINE_ENTRY_POINTS)} - set(own)
+    return [*own, *sorted(others)]
 
 
 def _auto_order(name: str) -> tuple[bool, int, str]:
@@ -85,9 +80,13 @@ def _auto_order(name: str) -> tuple[bool, int, str]:
 
 
 def value(name: str) -> str | None:
-    """The ``"module:attribute"`` that names the spec of ``name``, an entry point's first."""
-    found = _registered().get(name)
-    return found[0] if found is not None else None
+    """The ``"module:attribute"`` that names the spec of ``name``: ocrwatch's own, else another
+    package's entry point (the first of that name)."""
+    own = _own().get(name)
+    if own is not None:
+        return own
+    found = entry_points(group=ENGINE_ENTRY_POINTS, name=name)
+    return next(iter(found)).value if found else None
 
 
 @functools.cache

@@ -356,8 +356,8 @@ class EngineConfig(Model):
     def _kind_is_known(cls, value: str) -> str:
         """``auto`` or a known engine (built in, or of the entry-point group), so a typo stops the
         start, not the first page."""
-        known = {"auto", *config_engines.names()}
-        if value not in known:
+        if value != "auto" and config_engines.value(value) is None:
+            known = {"auto", *config_engines.names()}
             raise ValueError(f"unknown engine {value!r} (installed: {', '.join(sorted(known))})")
         return value
 
