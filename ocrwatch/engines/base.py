@@ -218,8 +218,8 @@ class EngineSpec:
     judge: Callable[[EngineConfig], Judge] = accepting
     """The judge of its output under its options."""
     auto: int | None = None
-    """Its place in the order ``[engine] kind = "auto"`` tries engines in (lowest first), which is
-    also the order their tables are documented in; None: ``auto`` never chooses it."""
+    """Its place in the order ``[engine] kind = "auto"`` tries engines in (lowest first; ocrwatch's
+    own engines' tables are documented in this order too); None: ``auto`` never chooses it."""
     runs_here: Callable[[], tuple[bool, str]] = runs_anywhere
     """Whether it can run on this host, and why (not), in the words ``auto``'s reason quotes:
     ``auto`` takes the first engine in its order that can."""

@@ -8,8 +8,8 @@ never imports them.
 
 ``auto`` takes the first engine, in the order the specs declare (``EngineSpec.auto``), whose spec
 says it can run here (``runs_here``): vLLM where vllm imports and torch sees a CUDA device, else
-Tesseract. The reason is returned so the daemon can say it loudly. No engine is named here: each
-spec says what ``auto`` needs to know of it.
+Tesseract. The reason is returned so the daemon can say it loudly. ``auto`` asks no engine by its
+name: each spec says what ``auto`` needs to know of it.
 """
 
 from __future__ import annotations
