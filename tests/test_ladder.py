@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from ocrwatch.config import EngineConfig
-from ocrwatch.engines.base import PageRequest
+from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek import rungs as deepseek
 from ocrwatch.errors import EngineDead
 from ocrwatch.recognize import ladder

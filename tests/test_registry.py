@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+from importlib.metadata import Distribution, EntryPoint, PackageNotFoundError, entry_points
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,62 @@ def test_the_built_in_engines_are_entry_points_like_any_other() -> None:
     for kind in ("tesseract", "vllm", "plugin"):
         spec = registry.find(kind)
         assert isinstance(spec, EngineSpec) and spec.name == kind
+
+
+def test_the_built_in_engines_are_found_through_entry_points_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Installed, ocrwatch's own entry points name them; a checkout run without being installed
+    reads the same entry points from its pyproject.toml. Listed in the order ``auto`` tries them."""
+    found = {entry.name: entry.value for entry in entry_points(group="ocrwatch.engines")}
+    assert {"vllm", "tesseract", "plugin"} <= found.keys()
+    assert config_engines.built_in() == ["vllm", "tesseract", "plugin"]
+
+    def uninstalled(name: str) -> Distribution:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(config_engines, "distribution", uninstalled)
+    monkeypatch.setattr(config_engines, "entry_points", lambda **select: [])
+    assert config_engines.names() == ["vllm", "tesseract", "plugin"]
+    assert config_engines.value("vllm") == found["vllm"]
+
+
+def _cannot_run() -> tuple[bool, str]:
+    return False, "eager needs a quantum chip"
+
+
+EAGER = EngineSpec("eager", lambda *_: fault_engines.EchoEngine(), auto=-2, runs_here=_cannot_run)
+KEEN = EngineSpec("keen", lambda *_: fault_engines.EchoEngine(), auto=-1)
+
+
+def test_auto_tries_the_engines_in_the_order_their_specs_declare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``auto`` names no engine: each spec says its place and whether it can run here. One that
+    cannot is passed over with its reason (warned of where it is installed); the first that can
+    runs; another package's engines are listed after ocrwatch's own."""
+    listed = [
+        EntryPoint(name=name, value=f"tests.test_registry:{name.upper()}", group="ocrwatch.engines")
+        for name in ("keen", "eager")
+    ]
+
+    def registered(**select: str) -> list[EntryPoint]:
+        return [entry for entry in listed if select.get("name") in (None, entry.name)]
+
+    monkeypatch.setattr(config_engines, "entry_points", registered)
+    assert config_engines.names() == ["vllm", "tesseract", "plugin", "eager", "keen"]
+    kind, reason = registry.choose(EngineConfig())
+    assert kind == "keen"
+    assert reason == "[engine] kind = 'auto': eager needs a quantum chip, so keen runs here"
+    assert registry.fell_back(EngineConfig(), kind)
+    listed.remove(listed[0])
+    monkeypatch.setitem(sys.modules, "vllm", fake_module("vllm", __version__="0.33.0"))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(0))
+    kind, reason = registry.choose(EngineConfig())
+    assert kind == "tesseract" and reason == (
+        "[engine] kind = 'auto': eager needs a quantum chip; vllm 0.33.0 imports but no CUDA "
+        "device is visible, so Tesseract runs on the CPU"
+    )
 
 
 def test_an_entry_point_that_names_no_engine_spec_is_refused(

@@ -397,3 +397,18 @@ def test_the_design_is_a_map_of_every_folder_in_under_300_lines() -> None:
     folders = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
     assert len(design.splitlines()) < 300
     assert [f for f in folders if f"{f}/" not in design] == []
+
+
+def test_only_the_engines_folder_imports_an_engine() -> None:
+    """The core reaches an engine through the contract (``engines.base``, ``engines.sampling``) and
+    the registry, which finds it by entry point: an engine's own modules are imported only inside
+    ``ocrwatch/engines``, so what an engine says of a page (a figure block) is the contract's."""
+    neutral = {"engines.base", "engines.sampling", "engines.registry"}
+    reached = sorted(
+        f"ocrwatch.{module} imports ocrwatch.{target}"
+        for module, targets in GRAPH.items()
+        if module != "engines" and not module.startswith("engines.")
+        for target in targets
+        if target.startswith("engines.") and target not in neutral
+    )
+    assert not reached, reached

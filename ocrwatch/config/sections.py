@@ -371,8 +371,8 @@ class EngineConfig(Model):
     def _kind_is_known(cls, value: str) -> str:
         """``auto`` or a known engine (built in, or of the entry-point group), so a typo stops the
         start, not the first page."""
-        known = {"auto", *config_engines.names()}
-        if value not in known:
+        if value != "auto" and config_engines.value(value) is None:
+            known = {"auto", *config_engines.names()}
             raise ValueError(f"unknown engine {value!r} (installed: {', '.join(sorted(known))})")
         return value
 
@@ -388,7 +388,7 @@ class EngineConfig(Model):
                 raise KeyProblem((name,), config_env.unknown_key(EngineConfig, (name,)))
             if not isinstance(value, options):
                 extra[name] = _table(name, options, value)
-        for name in (*config_engines.BUILT_IN, self.kind):
+        for name in (*config_engines.built_in(), self.kind):
             if name not in extra and (options := config_engines.options(name)) is not None:
                 extra[name] = options()
         return self

@@ -21,7 +21,7 @@ An engine is found by name through the ``ocrwatch.engines`` entry-point group
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -56,10 +56,12 @@ class PageRequest:
 
 @dataclass
 class Recognition:
-    """What an engine returns for one page; ``raw`` keeps the model's exact output; ``plain``: set
-    by an engine whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose
-    line-break hyphens it joins; None (a model that writes Markdown) leaves the Markdown as the
-    engine wrote it."""
+    """What an engine returns for one page; ``raw`` keeps the model's exact output; ``blocks``: the
+    page's pieces in reading order, each with its ``type``, ``text`` and ``bbox`` (page pixels)
+    where the engine gives them, a figure named as ``is_figure`` says; ``plain``: set by an engine
+    whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose line-break
+    hyphens it joins; None (a model that writes Markdown) leaves the Markdown as the engine wrote
+    it."""
 
     markdown: str
     raw: str
@@ -70,6 +72,14 @@ class Recognition:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     plain: PlainText | None = None
+
+
+def is_figure(block: Mapping[str, Any]) -> bool:
+    """Whether one of a page's ``blocks`` is a figure: an image on the page, with no text of its
+    own. An engine says so by naming it (``name``: ``page-N-figure-K``, from 1), the name its
+    Markdown's placeholder ``![](page-N-figure-K)`` points to; the searchable PDF gives it no text,
+    and ``[output] images = "extract"`` cuts it out as a file."""
+    return bool(block.get("name"))
 
 
 @runtime_checkable
@@ -167,6 +177,17 @@ def accepting(cfg: EngineConfig) -> Judge:
     return accept
 
 
+def runs_anywhere() -> tuple[bool, str]:
+    """An engine that needs nothing a host may lack (its package is installed, as its entry point
+    is)."""
+    return True, ""
+
+
+def always_installed() -> bool:
+    """An engine whose entry point is found is installed."""
+    return True
+
+
 Build = Callable[[EngineConfig, Images, LogConfig | None], Engine]
 """Builds (does not start) an engine from ``[engine]``; the log settings reach engines that run
 processes of their own."""
@@ -199,3 +220,13 @@ class EngineSpec:
     prompted: bool = True
     """Whether it reads the request's prompt and samples its output as ``Sampling`` says (a model);
     False (Tesseract): the sidecar records neither the prompt nor a try's sampling."""
+    auto: int | None = None
+    """Its place in the order ``[engine] kind = "auto"`` tries engines in (lowest first; ocrwatch's
+    own engines' tables are documented in this order too); None: ``auto`` never chooses it."""
+    runs_here: Callable[[], tuple[bool, str]] = runs_anywhere
+    """Whether it can run on this host, and why (not), in the words ``auto``'s reason quotes:
+    ``auto`` takes the first engine in its order that can."""
+    installed: Callable[[], bool] = always_installed
+    """Whether what it needs is installed, even where it cannot run here: ``auto`` passing over an
+    installed engine warns (whoever installed it wants it), passing over one not installed is what
+    ``auto`` means."""

@@ -6,15 +6,16 @@ registered there too, in pyproject.toml. Each entry point names an ``EngineSpec`
 makes the engine, so an engine is imported only when chosen and a machine without vllm or torch
 never imports them.
 
-``auto`` picks vLLM only when vllm imports and torch sees a CUDA device, otherwise Tesseract; the
-reason is returned so the daemon can say it loudly.
+``auto`` takes the first engine, in the order the specs declare (``EngineSpec.auto``), whose spec
+says it can run here (``runs_here``): vLLM where vllm imports and torch sees a CUDA device, else
+Tesseract. The reason is returned so the daemon can say it loudly. ``auto`` asks no engine by its
+name: each spec says what ``auto`` needs to know of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import os
 import re
 from typing import Any
@@ -27,48 +28,52 @@ from ocrwatch.engines.deepseek import rungs
 from ocrwatch.errors import ConfigError
 
 
-def _vllm_status() -> tuple[bool, str]:
-    """Whether the vLLM engine can run here, and why (not)."""
-    try:
-        vllm = importlib.import_module("vllm")
-    except ModuleNotFoundError as exc:
-        if exc.name == "vllm":
-            return False, "vllm is not installed"
-        return False, f"vllm does not import: {exc}"
-    except Exception as exc:
-        return False, f"vllm does not import: {type(exc).__name__}: {exc}"
-    version = getattr(vllm, "__version__", "?")
-    try:
-        torch = importlib.import_module("torch")
-        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception as exc:
-        return False, f"vllm {version} imports but torch cannot look for CUDA devices: {exc}"
-    if devices == 0:
-        return False, f"vllm {version} imports but no CUDA device is visible"
-    return True, f"vllm {version} imports and {devices} CUDA device(s) are visible"
+def auto_order() -> list[EngineSpec]:
+    """The engines ``[engine] kind = "auto"`` tries, in its order (``EngineSpec.auto``): those whose
+    spec takes part, of every engine whose spec loads."""
+    found: list[tuple[int, EngineSpec]] = []
+    for name in config_engines.names():
+        try:
+            spec = config_engines.spec(name)
+        except config_engines.NotFound:  # a broken engine is said when it is named
+            continue
+        if isinstance(spec, EngineSpec) and spec.auto is not None:
+            found.append((spec.auto, spec))
+    return [spec for _, spec in sorted(found, key=lambda each: each[0])]
 
 
 def choose(cfg: EngineConfig, chosen_by: str | None = None) -> tuple[str, str]:
     """The engine kind to build and the human reason for it: for a kind named, ``chosen_by`` (what
-    named it, as ``chosen_by`` says), else the configuration's key; for ``auto``, what it found."""
+    named it, as ``chosen_by`` says), else the configuration's key; for ``auto``, the first engine
+    in its order that can run here, with why those before it cannot."""
     if cfg.kind != "auto":
         return cfg.kind, chosen_by or f"[engine] kind = {cfg.kind!r} in the configuration"
-    available, why = _vllm_status()
-    if available:
-        return "vllm", f"[engine] kind = 'auto': {why}"
-    return "tesseract", f"[engine] kind = 'auto': {why}, so Tesseract runs on the CPU"
+    passed: list[str] = []
+    for spec in auto_order():
+        runs, why = spec.runs_here()
+        if runs:
+            why = why or f"{spec.name} runs here"
+            said = f"{'; '.join(passed)}, so {why}" if passed else why
+            return spec.name, f"[engine] kind = 'auto': {said}"
+        passed.append(why)
+    raise ConfigError(
+        f"engine.kind: 'auto' finds no engine that can run here ({'; '.join(passed)})",
+        hint="set [engine] kind to an installed engine",
+    )
 
 
 def fell_back(cfg: EngineConfig, kind: str) -> bool:
-    """Whether ``auto`` chose Tesseract although vLLM is installed (it did not import, or saw no
-    GPU): whoever installed it wants the GPU engine, and is warned. Without vLLM, Tesseract on the
-    CPU is what ``auto`` means, and nothing is wrong."""
-    if cfg.kind != "auto" or kind != "tesseract":
+    """Whether ``auto`` chose ``kind`` although an engine it tries first is installed (it could not
+    run here: vllm did not import, or saw no GPU): whoever installed it wants that engine, and is
+    warned. Without it, the next engine is what ``auto`` means, and nothing is wrong."""
+    if cfg.kind != "auto":
         return False
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):  # a broken installation: installed all the same
-        return True
+    for spec in auto_order():
+        if spec.name == kind:
+            return False
+        if spec.installed():
+            return True
+    return False
 
 
 def chosen_by(cfg: Config) -> str:

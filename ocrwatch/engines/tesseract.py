@@ -337,5 +337,7 @@ SPEC = EngineSpec(  # its plain text is what a good layer holds: text "auto"
     languages=tesseract_checks.languages,
     trial="start",
     prompted=False,
+    auto=1,  # tried next by auto: it runs on any CPU
+    runs_here=lambda: (True, "Tesseract runs on the CPU"),
 )
 """Entry point ``ocrwatch.engines: tesseract``."""

@@ -4,7 +4,7 @@ or deleted.
 ``[output] on_success``, overridden per ``[[inbox]]`` and per ``[[s3]]``:
 
 - ``move``, a local file: the source, then those of its sidecars and further outputs beside it that
-  the record of outputs holds as this document's (``written.judge``; never a user's file at such a
+  the record of outputs holds as this document's (``sinks.ownership``; never a user's file at such a
   name, nor one under ``[output] dir``, which stays where the configuration puts it), go into
   ``[output] archive_dir``, in the folder that mirrors theirs under a folder per inbox
   (``sinks.local.inbox_folder``, as ``[output] dir`` mirrors them); their records follow them.
@@ -76,11 +76,12 @@ from ocrwatch.sinks.local import (
     json_marked,
     output_markers,
 )
+from ocrwatch.sinks.ownership import judge
 from ocrwatch.sources.base import Bucketed, Job, LocalFile, S3Object, Source
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import Owns
 from ocrwatch.sources.sourcefile import Content, folders_of, held
-from ocrwatch.store.written import Output, Written, judge
+from ocrwatch.store.written import Output, Written
 
 log = structlog.get_logger()
 
@@ -271,14 +272,14 @@ class Archiver:
 
 
 def output_judge(written: Written | None) -> Owns:
-    """The record's rule (``written.judge``) for the quarantine, whose layer lies below the
+    """The ownership rule (``ownership.judge``) for the quarantine, whose layer lies below the
     record's: whether the error sidecar at ``name`` (relative to the inbox ``root``) is ocrwatch's
     own for a source of ``owner``."""
 
     def owns(here: Folder, root: Path, name: str, owner: int) -> bool:
         records = written.get(root, name) if written is not None else []
         file = name.rpartition("/")[2]
-        return not judge(records, here, file, owner, not records and json_marked(here, file))
+        return judge(records, here, file, owner, not records and json_marked(here, file)).ours
 
     return owns
 
@@ -436,7 +437,7 @@ def _judged(
         return []
     stack.callback(os.close, fd)
     info = os.fstat(fd)
-    if claims.verdict(name, marker):
+    if not claims.verdict(name, marker).ours:
         return []
     records = written.get(claims.root, claims.name(name)) if written is not None else []
     same = (info.st_ino, info.st_size)

@@ -1,15 +1,15 @@
 """Figures as files: each figure block's region cut out of the rendered page, as a PNG beside the
 Markdown.
 
-DeepSeek-OCR marks a figure with a block of type ``image`` (``figure`` in some outputs) and its box,
-which grounding turns into page pixels and names ``page-N-figure-K``; the Markdown holds the
-placeholder ``![](page-N-figure-K)``. The region is cut right after the page is recognised, while
-the scheduler still holds the page image, at the resolution it was rendered at and upright (the
-image the engine read, turned by ``orientation``: a page scanned sideways gives its figures upright,
-their boxes in that image's pixels), and kept as PNG bytes until the document is written: the page
-image itself is let go as usual. Every PNG carries a ``Software: ocrwatch`` text chunk ahead of its
-pixels, so a sink can tell a figure it wrote (left by a write that never reached its JSON) from a
-user's file by its first bytes. Engines without figure blocks (Tesseract) give no figures.
+An engine names a figure block ``page-N-figure-K`` (``engines.base.is_figure``) and gives its box in
+page pixels; the Markdown holds the placeholder ``![](page-N-figure-K)``. The region is cut right
+after the page is recognised, while the scheduler still holds the page image, at the resolution it
+was rendered at and upright (the image the engine read, turned by ``orientation``: a page scanned
+sideways gives its figures upright, their boxes in that image's pixels), and kept as PNG bytes until
+the document is written: the page image itself is let go as usual. Every PNG carries a ``Software:
+ocrwatch`` text chunk ahead of its pixels, so a sink can tell a figure it wrote (left by a write
+that never reached its JSON) from a user's file by its first bytes. An engine that names no figure
+block gives no figures.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from urllib.parse import quote
 import structlog
 from PIL import Image, PngImagePlugin
 
-from ocrwatch.engines.base import PageRequest
-from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
+from ocrwatch.engines.base import PageRequest, is_figure
 from ocrwatch.errors import classify
 
 log = structlog.get_logger()
@@ -54,7 +53,7 @@ def crop(image: Image.Image, blocks: Sequence[dict[str, Any]], page: int) -> tup
     gives none: its placeholder stays). Blocking: PNG encoding takes a few ms per figure."""
     figures = []
     for block in blocks:
-        if block.get("type") not in IMAGE_LABELS or not block.get("bbox") or not block.get("name"):
+        if not is_figure(block) or not block.get("bbox"):
             continue
         left, top, right, bottom = (int(value) for value in block["bbox"])
         left, top = max(left, 0), max(top, 0)
@@ -76,11 +75,7 @@ async def extract(request: PageRequest, result: Any) -> tuple[Figure, ...]:
     recognition = getattr(result, "recognition", None)
     if getattr(result, "status", None) != "ok" or recognition is None:
         return ()
-    blocks = [
-        block
-        for block in recognition.blocks
-        if block.get("type") in IMAGE_LABELS and block.get("bbox")
-    ]
+    blocks = [block for block in recognition.blocks if is_figure(block) and block.get("bbox")]
     if not blocks or request.image is None:
         return ()
     try:

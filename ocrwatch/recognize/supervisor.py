@@ -40,8 +40,9 @@ class EngineSupervisor:
         """Whether the engine now running reads a prompt and samples (``EngineSpec.prompted``)."""
 
     async def start(self) -> Engine:
-        """Choose, build and start the engine; a warning only where ``auto`` fell back from an
-        installed vLLM (``registry.fell_back``), since Tesseract on a host without one is normal."""
+        """Choose, build and start the engine; a warning only where ``auto`` passed over an engine
+        that is installed but cannot run here (``registry.fell_back``), since passing over one not
+        installed is what ``auto`` means."""
         kind, reason = registry.choose(self._cfg.engine, registry.chosen_by(self._cfg))
         spec, cfg = registry.find(kind), self._cfg.engine
         self.kind, self._rungs, self._judge = kind, spec.rungs(cfg), spec.judge(cfg)

@@ -39,7 +39,7 @@ from pikepdf import Array, Dictionary, Matrix, Name, Pdf
 from pikepdf.canvas import ContentStreamBuilder
 from PIL import Image
 
-from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
+from ocrwatch.engines.base import is_figure
 from ocrwatch.errors import CorruptImage, CorruptPdf, EncryptedPdf
 from ocrwatch.infra.memory import UNBOUNDED, DecodeBudget
 from ocrwatch.pages import imagepages, orientation, pdfcontent
@@ -151,7 +151,7 @@ def page_text(
     A block with ``words`` (Tesseract's lines) is a line of those words. Any other block with text
     (DeepSeek's grounding blocks) has its lines spread evenly over its box, or over its ``boxes`` in
     order when it spans several, each line stretched over the box's width; a block without a box
-    spans the page. Figures carry no text.
+    spans the page. Figures (``engines.base.is_figure``) carry no text.
     """
     lines: list[Line] = []
     for block in blocks:
@@ -164,7 +164,7 @@ def page_text(
             lines.append(
                 Line(_box(box) if (box := block.get("bbox")) else _union(words), tuple(words))
             )
-        elif block.get("type") not in IMAGE_LABELS:
+        elif not is_figure(block):
             texts = plain_lines(str(block.get("text") or ""))
             boxes = [
                 _box(box)

@@ -12,12 +12,9 @@ Sink contract: methods are blocking and called from worker threads, one job at a
   sidecars (and the further outputs) a previous version of the source left: a failed document never
   keeps an "ok" result for content that is no longer there.
 - Only what ocrwatch wrote for the document is ever replaced or removed, by the record of outputs
-  (one rule: ``written.judge`` for a file, ``written.judge_object`` for an object). Its mark counts
-  only for outputs the record predates (``marked``, for both sinks): a JSON sidecar whose first
-  member is ``"schema": "ocrwatch/1"``, a Markdown sidecar that begins with ``<!-- page``. Anything
-  else at a sidecar's name (a user's file, a folder, a FIFO, a link) is refused as
-  ``output_conflict``, naming it. A further output is ocrwatch's when the JSON sidecar
-  beside it is (a figure also by its own mark, ``figures.is_ours``); only the names
+  (one rule, ``sinks.ownership``: ``judge`` for a file, ``judge_object`` for an object); a mark
+  counts only for outputs the record predates. Anything else at a sidecar's name (a user's file, a
+  folder, a FIFO, a link) is refused as ``output_conflict``, naming it. Only the names
   ``naming.FIGURE_FILE`` are touched in ``NAME.assets/``.
 - ``recorded`` returns the ``source`` section of the existing JSON sidecar, so a job whose content
   is unchanged is recognised as done without a ledger; it reads a bounded head (``HEAD_BYTES``,
@@ -37,8 +34,6 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ocrwatch.naming import FIGURE_FILE, LAYOUTS
-from ocrwatch.recognize import figures
-from ocrwatch.results.assemble import PAGE_MARK, SCHEMA_ID
 from ocrwatch.safefs import Access
 from ocrwatch.sources.base import Job
 from ocrwatch.store.ledger import Fingerprint, same_content
@@ -156,51 +151,6 @@ def done(sink: Sink, job: Job, fingerprint: Fingerprint) -> bool:
     (blocking: the sink reads them). A ledger row only says a run ended, not that its result
     stands."""
     return records(sink.recorded(job), fingerprint)
-
-
-def owns_json(head: bytes) -> bool:
-    """Whether a JSON file beginning with ``head`` is one ocrwatch wrote (a result or an error
-    sidecar)."""
-    return json_member(head, "schema") == SCHEMA_ID
-
-
-def owns_markdown(head: bytes) -> bool:
-    """Whether a Markdown file beginning with ``head`` is one ocrwatch wrote (it always opens with
-    page 1)."""
-    return head.startswith(PAGE_MARK.encode())
-
-
-def marked(kind: str, head: bytes) -> bool:
-    """The mark rule of both sinks: whether an output of ``kind`` (``md``, ``json``, ``error``,
-    ``assets``: a figure) beginning with ``head`` carries ocrwatch's own mark. A Markdown counts by
-    its page mark alone, never by the JSON beside it, so a user's edit to it stands (a searchable
-    PDF: ``pdf_recorded``, else ``textlayer.is_ours`` over the whole file)."""
-    if kind == "md":
-        return owns_markdown(head)
-    if kind == "assets":
-        return figures.is_ours(head)
-    if kind in ("json", "error"):
-        return owns_json(head)
-    raise ValueError(f"no mark rule for {kind!r}")
-
-
-def pdf_recorded(json_head: bytes | None) -> bool:
-    """Whether the JSON sidecar beginning with ``json_head`` is ocrwatch's and records a searchable
-    PDF."""
-    if json_head is None or not owns_json(json_head):
-        return False
-    section = json_member(json_head, "searchable_pdf")
-    return isinstance(section, dict) and "path" in section
-
-
-def layout_recorded(json_head: bytes | None, kind: str) -> bool:
-    """Whether the JSON sidecar beginning with ``json_head`` is ocrwatch's and records its ``kind``
-    file (``alto``, ``hocr``): the mark of such a file where the record of outputs holds no row
-    for it (``ocrwatch ocr`` without a daemon), as the JSON is of a searchable PDF."""
-    if json_head is None or not owns_json(json_head):
-        return False
-    section = json_member(json_head, kind)
-    return isinstance(section, dict) and "path" in section
 
 
 def _members(text: str) -> Iterator[tuple[str, Any]]:

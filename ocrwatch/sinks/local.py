@@ -13,7 +13,7 @@ one found there is written through only while it is just so (``untrusted_folder`
 user's private folder is never mirrored in one others may list.
 
 What already lies at an output's name is ocrwatch's to replace or remove only by the record of what
-it wrote (``written.judge``): anything else is a user's file, and the document fails as
+it wrote (``ownership.judge``): anything else is a user's file, and the document fails as
 ``output_conflict``, naming it; so is the sidecar of another document beside the source that shares
 its sidecar's name (``{stem}`` makes ``report.json`` of ``report.pdf`` and ``report.png``): the
 first keeps it, the other is told why.
@@ -29,14 +29,13 @@ import os
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import NameTooLong, OutputConflict, OutputNotWritable, SourceGone
 from ocrwatch.naming import FIGURE_FILE, LAYOUTS, output_names, sidecar_names
-from ocrwatch.results import textlayer
 from ocrwatch.safefs import PUBLIC, Access, Folder, FolderGone, Staged, folder, walk
 from ocrwatch.sinks.base import (
     HEAD_BYTES,
@@ -46,14 +45,22 @@ from ocrwatch.sinks.base import (
     Recalled,
     extra_names,
     json_member,
-    layout_recorded,
     markdown_bytes,
+)
+from ocrwatch.sinks.ownership import (
+    OURS,
+    Verdict,
+    judge,
+    layout_recorded,
     marked,
     owns_json,
+    pdf_marked,
     pdf_recorded,
+    theirs,
+    vouched,
 )
 from ocrwatch.sources.base import Job, LocalFile, Origin
-from ocrwatch.store.written import OURS, Output, Verdict, Written, judge, vouched
+from ocrwatch.store.written import Output, Written
 
 log = structlog.get_logger()
 
@@ -124,7 +131,7 @@ class Claims:
                 mark = not records and marked(here, file)
                 return judge(records, here, file, self.owner, mark, verify=verify)
         except FolderGone:
-            return Verdict("not a folder")
+            return theirs("not a folder")
 
     @contextlib.contextmanager
     def _inner(self, name: str) -> Iterator[tuple[Folder | None, str]]:
@@ -142,8 +149,9 @@ class Claims:
     def refuse(self, name: str, marked: Marker) -> None:
         """Raise ``output_conflict`` where ``name`` holds what ocrwatch may not replace for this
         document."""
-        if reason := self.verdict(name, marked):
-            raise conflict(self.here.path / name, reason)
+        verdict = self.verdict(name, marked)
+        if not verdict.ours:
+            raise conflict(self.here.path / name, verdict.why)
 
     def publish(self, here: Folder, name: str, data: bytes | Path, access: Access) -> None:
         """Stage, record, rename: whatever a crash leaves at ``name`` is recorded as ocrwatch's."""
@@ -171,7 +179,8 @@ class Claims:
         """Remove ``name`` where it holds ocrwatch's own file for this document; a failure is
         logged."""
         try:
-            if self.verdict(name, marked) or self.here.lstat(name.partition("/")[0]) is None:
+            gone = self.here.lstat(name.partition("/")[0]) is None
+            if gone or not self.verdict(name, marked).ours:
                 return False
             with self._inner(name) as (inner, file):
                 assert inner is not None
@@ -212,7 +221,7 @@ class Claims:
 
 
 def marker(kind: str) -> Marker:
-    """The mark rule (``sinks.base.marked``) for an output of ``kind``, asked of a regular file
+    """The mark rule (``ownership.marked``) for an output of ``kind``, asked of a regular file
     only."""
 
     def marked_here(here: Folder, name: str) -> bool:
@@ -225,25 +234,25 @@ def marker(kind: str) -> Marker:
 json_marked, markdown_marked, figure_marked = marker("json"), marker("md"), marker("assets")
 
 
-def pdf_marked(here: Folder, name: str) -> bool:
-    """Whether the regular file ``name`` is a searchable PDF ocrwatch marked
-    (``textlayer.is_ours``)."""
+@contextlib.contextmanager
+def _opened(here: Folder, name: str) -> Iterator[BinaryIO | None]:
+    """The regular file ``name`` in ``here``, open for reading (None: there is none)."""
     fd = here.open_read(name)
     if fd is None:
-        return False
+        yield None
+        return
     with os.fdopen(fd, "rb") as handle:
-        return textlayer.is_ours(handle)
+        yield handle
 
 
 def _pdf_marker(here: Folder, json_name: str) -> Marker:
-    """An older ocrwatch's searchable PDF is known by its mark, or by its JSON sidecar (ocrwatch's
-    by its own mark) recording it, as the JSON is now; either counts only where the record holds no
-    row for it."""
+    """The mark of a searchable PDF (``ownership.pdf_marked``), with the JSON sidecar beside it read
+    as it is now; it counts only where the record holds no row for the PDF."""
     found = here.look(json_name, HEAD_BYTES)
     recorded = found is not None and found.other is None and pdf_recorded(found.head)
 
     def marked(inner: Folder, name: str) -> bool:
-        return recorded or pdf_marked(inner, name)
+        return pdf_marked(recorded, lambda: _opened(inner, name))
 
     return marked
 
@@ -404,7 +413,7 @@ class LocalSink:
         try:
             with self._claims(job, access.uid if access else None) as claims:
                 names = {kind: path.name for kind, path in self.paths(job).items()}
-                if claims.verdict(names["json"], json_marked, verify=False):
+                if not claims.verdict(names["json"], json_marked, verify=False).ours:
                     return None
                 found, markdown = (
                     claims.here.look(names["json"], HEAD_BYTES),

@@ -16,7 +16,7 @@ The sink contract (``sinks.base``) holds here as for local files: every sidecar'
 None for it rather than an error the sender would be asked to retry for ever); a failure removes the
 previous version's result. An object is ocrwatch's to replace, remove, count as done or reuse only
 where the record it carries says so for this very source (bucket and key): the one ownership rule of
-both sinks, ``written.judge_object``, asked with what one bounded ranged read of the object finds
+both sinks, ``ownership.judge_object``, asked with what one bounded ranged read of the object finds
 (its ETag and metadata; its head for the mark of an output an older ocrwatch wrote). A user's
 object, one edited since, or ocrwatch's output for another source at the same key (two buckets, or
 two names one template maps to one sidecar) is ``output_conflict``, naming it.
@@ -29,13 +29,14 @@ tell (one table whose events come from several buckets) the record keeps apart.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import botocore.exceptions
 import structlog
@@ -53,7 +54,6 @@ from ocrwatch.infra.s3client import (
     storage_error,
 )
 from ocrwatch.naming import FIGURE_FILE, LAYOUTS, output_names, sidecar_names
-from ocrwatch.results import textlayer
 from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import (
     HEAD_BYTES,
@@ -63,15 +63,21 @@ from ocrwatch.sinks.base import (
     Recalled,
     extra_names,
     json_member,
-    layout_recorded,
     markdown_bytes,
-    marked,
-    owns_json,
-    pdf_recorded,
 )
 from ocrwatch.sinks.local import dump_json
+from ocrwatch.sinks.ownership import (
+    Stored,
+    Verdict,
+    judge_object,
+    layout_recorded,
+    marked,
+    owns_json,
+    pdf_marked,
+    pdf_recorded,
+)
 from ocrwatch.sources.base import Job, S3Object
-from ocrwatch.store.written import OURS, Stored, Verdict, judge_object, object_owner, object_record
+from ocrwatch.store.written import object_owner, object_record
 
 log = structlog.get_logger()
 
@@ -80,7 +86,7 @@ Listed = frozenset[str] | None
 Read = tuple[bytes, Stored]
 """The first bytes of an object, and what the read found of it."""
 Mark = Callable[[bytes], bool]
-"""Whether an object beginning with these bytes carries ocrwatch's mark (``sinks.base.marked``)."""
+"""Whether an object beginning with these bytes carries ocrwatch's mark (``ownership.marked``)."""
 
 MARKDOWN = "text/markdown; charset=utf-8"
 JSON = "application/json"
@@ -127,7 +133,7 @@ class S3Sink:
         records nothing of this one."""
         bucket, keys = self.location(job)
         read = self._read(bucket, keys["json"], HEAD_BYTES)
-        if read is None or self._judged(job, bucket, keys["json"], read, _mark("json")):
+        if read is None or not self._judged(job, bucket, keys["json"], read, _mark("json")).ours:
             return None
         if not owns_json(read[0]) or self._head(bucket, keys["md"], 1) is None:
             return None  # without its Markdown the document is done again
@@ -155,7 +161,7 @@ class S3Sink:
     def status(self, job: Job) -> str | None:
         bucket, keys = self.location(job)
         read = self._read(bucket, keys["json"], PROBE_BYTES)
-        if read is None or self._judged(job, bucket, keys["json"], read, _mark("json")):
+        if read is None or not self._judged(job, bucket, keys["json"], read, _mark("json")).ours:
             return None
         status = json_member(read[0], "status") if owns_json(read[0]) else None
         return status if isinstance(status, str) else None
@@ -187,7 +193,7 @@ class S3Sink:
             self._put(job, bucket, key, content, CONTENT_TYPES[key[key.rfind(".") :]])
         self._put(job, bucket, keys["json"], dump_json(document), JSON)
         self._remove_own(job, bucket, keys, there, "error")  # a stale error is only untidy
-        self._remove_stale(job, bucket, outputs, set(targets), _ours(judged), there)
+        self._remove_stale(job, bucket, outputs, set(targets), _ours_of(judged), there)
 
     def write_error(self, job: Job, error: dict[str, Any]) -> None:
         bucket, keys = self.location(job)
@@ -199,7 +205,7 @@ class S3Sink:
         judged = {outputs["pdf"]: pdf, **self._layout_verdicts(job, bucket, keys, outputs, there)}
         self._put(job, bucket, keys["error"], dump_json(error), JSON)
         self._remove_own(job, bucket, keys, there, "json", "md")  # an earlier result must go
-        self._remove_stale(job, bucket, outputs, set(), _ours(judged), there)
+        self._remove_stale(job, bucket, outputs, set(), _ours_of(judged), there)
 
     # -- the further outputs: checked before writing, removed once no result describes them
 
@@ -209,29 +215,33 @@ class S3Sink:
         """Whether the searchable PDF at ``pdf`` is ocrwatch's for this job (None: there is none).
         Where the object carries no record (an older ocrwatch's), its mark decides: the JSON sidecar
         at ``key`` is ocrwatch's and records one, or the object itself carries ocrwatch's mark
-        (``textlayer.is_ours``: a write that never reached its JSON left it), read whole into a
-        file, as qpdf reads its end first."""
+        (``ownership.pdf_marked``), read whole into a file, as qpdf reads its end first."""
 
-        def pdf_marked(head: bytes) -> bool:
-            if pdf_recorded(self._head(bucket, key, HEAD_BYTES, there)):
-                return True
-            with tempfile.TemporaryFile() as copy:  # pikepdf cannot read a spooled one (3.10)
+        def marked(head: bytes) -> bool:
+            recorded = pdf_recorded(self._head(bucket, key, HEAD_BYTES, there))
+            return pdf_marked(recorded, lambda: self._downloaded(bucket, pdf))
 
-                def fetch() -> None:  # each attempt from the start
-                    copy.seek(0)
-                    copy.truncate()
-                    self._client.download_fileobj(bucket, pdf, copy)
+        return self._verdict(job, bucket, pdf, there, marked)
 
-                try:
-                    call(fetch)
-                except Exception as exc:
-                    if is_not_found(exc):
-                        return False
-                    raise storage_error(exc, f"reading s3://{bucket}/{pdf}") from None
+    @contextlib.contextmanager
+    def _downloaded(self, bucket: str, key: str) -> Iterator[BinaryIO | None]:
+        """The whole object at ``key``, in a temporary file (None: it is gone)."""
+        with tempfile.TemporaryFile() as copy:  # pikepdf cannot read a spooled one (3.10)
+
+            def fetch() -> None:  # each attempt from the start
                 copy.seek(0)
-                return textlayer.is_ours(copy)
+                copy.truncate()
+                self._client.download_fileobj(bucket, key, copy)
 
-        return self._verdict(job, bucket, pdf, there, pdf_marked)
+            try:
+                call(fetch)
+            except Exception as exc:
+                if is_not_found(exc):
+                    yield None
+                    return
+                raise storage_error(exc, f"reading s3://{bucket}/{key}") from None
+            copy.seek(0)
+            yield copy
 
     def _layout_verdicts(
         self, job: Job, bucket: str, keys: dict[str, str], outputs: dict[str, str], there: Listed
@@ -263,9 +273,9 @@ class S3Sink:
                 verdict = judged[key]
             else:
                 verdict = self._verdict(job, bucket, key, there, _mark("assets"))
-            if verdict:
+            if verdict is not None and not verdict.ours:
                 raise OutputConflict(
-                    f"s3://{bucket}/{key} is {verdict}; ocrwatch writes an output there and "
+                    f"s3://{bucket}/{key} is {verdict.why}; ocrwatch writes an output there and "
                     "replaces only its own",
                     hint="move that object away (or set output_bucket/output_prefix), then "
                     "`ocrwatch retry`",
@@ -295,7 +305,7 @@ class S3Sink:
                 listed = (item["Key"] for page in pages for item in page.get("Contents", []))
             for key in listed:
                 figure = key not in kept and FIGURE_FILE.fullmatch(key[len(prefix) :])
-                if figure and self._verdict(job, bucket, key, None, _mark("assets")) == OURS:
+                if figure and _ours(self._verdict(job, bucket, key, None, _mark("assets"))):
                     doomed.append(key)
             for key in doomed:
                 call(self._client.delete_object, Bucket=bucket, Key=key)
@@ -324,9 +334,10 @@ class S3Sink:
                     "[output] name_template",
                 )
         for kind in kinds:
-            if verdict := self._verdict(job, bucket, keys[kind], there, _mark(kind)):
+            verdict = self._verdict(job, bucket, keys[kind], there, _mark(kind))
+            if verdict is not None and not verdict.ours:
                 raise OutputConflict(
-                    f"s3://{bucket}/{keys[kind]} is {verdict}; ocrwatch writes a sidecar there "
+                    f"s3://{bucket}/{keys[kind]} is {verdict.why}; ocrwatch writes a sidecar there "
                     "and replaces only its own",
                     hint="move that object away (or set output_bucket/output_prefix or a "
                     "different [output] "
@@ -340,7 +351,7 @@ class S3Sink:
         is logged, never raised: what was just written stands."""
         for kind in kinds:
             try:
-                if self._verdict(job, bucket, keys[kind], there, _mark(kind)) != OURS:
+                if not _ours(self._verdict(job, bucket, keys[kind], there, _mark(kind))):
                     continue  # nothing there, or not ocrwatch's to remove
                 call(self._client.delete_object, Bucket=bucket, Key=keys[kind])
             except Exception as exc:
@@ -354,15 +365,12 @@ class S3Sink:
         self, job: Job, bucket: str, key: str, there: Listed, marked: Mark
     ) -> Verdict | None:
         """None where no object holds ``key``; else whether the one there is ocrwatch's to replace
-        or remove for this job's source (``written.judge_object``), from one bounded read."""
-        return self._judged(job, bucket, key, self._read(bucket, key, PROBE_BYTES, there), marked)
+        or remove for this job's source (``ownership.judge_object``), from one bounded read."""
+        read = self._read(bucket, key, PROBE_BYTES, there)
+        return None if read is None else self._judged(job, bucket, key, read, marked)
 
-    def _judged(
-        self, job: Job, bucket: str, key: str, read: Read | None, marked: Mark
-    ) -> Verdict | None:
-        """``_verdict`` for what a read of ``key`` found."""
-        if read is None:
-            return None
+    def _judged(self, job: Job, bucket: str, key: str, read: Read, marked: Mark) -> Verdict:
+        """``_verdict`` for what a read of ``key`` found there."""
         head, stored = read
         return judge_object(
             stored, _owner(job), lambda: marked(head), lambda: self._md5(bucket, key)
@@ -377,7 +385,8 @@ class S3Sink:
             return None
         data, stored = read
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        return None if judge_object(stored, _owner(job), lambda: False, lambda: digest) else data
+        ours = judge_object(stored, _owner(job), lambda: False, lambda: digest).ours
+        return data if ours else None
 
     def _md5(self, bucket: str, key: str) -> str | None:
         """The MD5 of the object's bytes, read whole: asked only where its ETag is not the MD5 its
@@ -507,13 +516,18 @@ def shares_output(cfg: S3Config, tables: Sequence[S3Config]) -> bool:
     return False
 
 
-def _ours(judged: Mapping[str, Verdict | None]) -> set[str]:
+def _ours_of(judged: Mapping[str, Verdict | None]) -> set[str]:
     """The keys judged to hold ocrwatch's own object for the job."""
-    return {key for key, verdict in judged.items() if verdict == OURS}
+    return {key for key, verdict in judged.items() if _ours(verdict)}
 
 
 def _mark(kind: str) -> Mark:
     return functools.partial(marked, kind)
+
+
+def _ours(verdict: Verdict | None) -> bool:
+    """Whether an object is there and ocrwatch's own for the job (``_verdict``'s answer)."""
+    return verdict is not None and verdict.ours
 
 
 def _owner(job: Job) -> str:

@@ -29,7 +29,7 @@ from ocrwatch.sources.sourcefile import folders_of, held
 Owns = Callable[[Folder, Path, str, int], bool]
 """``owns(here, root, name, owner)``: whether ``name`` (relative to the inbox ``root``; its file
 lies in the open folder ``here``) holds ocrwatch's own output for a source of the user ``owner``
-(``written.judge``)."""
+(``sinks.ownership.judge``)."""
 
 
 def quarantine(

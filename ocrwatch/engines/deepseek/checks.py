@@ -27,6 +27,36 @@ INSTALL = (
 )
 
 
+def runs_here() -> tuple[bool, str]:
+    """Whether the vLLM engine can run on this host, and why (not): what ``[engine] kind = "auto"``
+    weighs (``EngineSpec.runs_here``)."""
+    try:
+        vllm = importlib.import_module("vllm")
+    except ModuleNotFoundError as exc:
+        if exc.name == "vllm":
+            return False, "vllm is not installed"
+        return False, f"vllm does not import: {exc}"
+    except Exception as exc:
+        return False, f"vllm does not import: {type(exc).__name__}: {exc}"
+    version = getattr(vllm, "__version__", "?")
+    try:
+        torch = importlib.import_module("torch")
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:
+        return False, f"vllm {version} imports but torch cannot look for CUDA devices: {exc}"
+    if devices == 0:
+        return False, f"vllm {version} imports but no CUDA device is visible"
+    return True, f"vllm {version} imports and {devices} CUDA device(s) are visible"
+
+
+def installed() -> bool:
+    """Whether vllm is installed, looked up without importing it (``EngineSpec.installed``)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a broken installation: installed all the same
+        return True
+
+
 def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[Check]:
     """The model always; with ``probe``, vLLM and its platform first, else vLLM installed. It reads
     every language itself."""

@@ -75,4 +75,7 @@ SPEC = EngineSpec(  # its Markdown keeps tables and headings: text "ocr"
     trial="none",
     rungs=rungs.rungs,
     judge=rungs.judge,
+    auto=0,  # tried first by auto: the GPU engine, where it can run
+    runs_here=checks.runs_here,
+    installed=checks.installed,
 )
