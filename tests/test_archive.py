@@ -29,7 +29,8 @@ from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse
 from ocrwatch.infra.metrics import Metrics
 from ocrwatch.jobs.archive import Archiver, delete_local, output_judge
 from ocrwatch.safefs import FolderGone
-from ocrwatch.sinks.local import LocalSink, dump_json
+from ocrwatch.sinks.base import dump_json
+from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource

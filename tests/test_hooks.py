@@ -30,7 +30,8 @@ from ocrwatch.infra.metrics import Metrics
 from ocrwatch.jobs.admission import job_id
 from ocrwatch.jobs.archive import Archiver
 from ocrwatch.jobs.hooks import HookRunner, _header, sidecar_locations
-from ocrwatch.sinks.local import LocalSink, dump_json
+from ocrwatch.sinks.base import dump_json
+from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource

@@ -43,8 +43,8 @@ from tenacity import (
 from ocrwatch.config import HookConfig
 from ocrwatch.errors import OcrwatchError, TransientError, classify
 from ocrwatch.infra.metrics import Metrics
-from ocrwatch.sinks.base import Sink
-from ocrwatch.sinks.local import LocalSink, dump_json
+from ocrwatch.sinks.base import Sink, dump_json
+from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, key_id
 from ocrwatch.store.deliveries import Deliveries, Delivery
 from ocrwatch.store.ledger import Ledger

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ocrwatch.engines.deepseek.grounding import IMAGE_LABELS
+from ocrwatch.engines.base import is_figure
 from ocrwatch.pages import orientation
 from ocrwatch.pages.scheduler import PageOutcome
 from ocrwatch.results.textlayer import plain_lines
@@ -58,10 +58,7 @@ class Block:
     kind: str
     lines: tuple[Line, ...]
     box: Box | None = None
-
-    @property
-    def figure(self) -> bool:
-        return self.kind in IMAGE_LABELS
+    figure: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,9 +148,9 @@ def _blocks(found: Sequence[dict[str, Any]], place: Place) -> list[Block]:
             continue
         paragraph = None
         kind = str(block.get("type") or "text")
-        if kind in IMAGE_LABELS:
+        if is_figure(block):
             if block.get("bbox"):
-                blocks.append(Block(kind, (), place(block["bbox"])))
+                blocks.append(Block(kind, (), place(block["bbox"]), figure=True))
             continue
         lines = _lines(plain_lines(str(block.get("text") or "")))
         if lines:

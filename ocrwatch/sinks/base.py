@@ -153,6 +153,17 @@ def done(sink: Sink, job: Job, fingerprint: Fingerprint) -> bool:
     return records(sink.recorded(job), fingerprint)
 
 
+def dump_json(document: dict[str, Any]) -> bytes:
+    """UTF-8 JSON; strings that are not valid Unicode (a file name in another encoding, a model's
+    lone surrogate) are kept as ``\\udcXX`` escapes, which round-trip, rather than failing the
+    document."""
+    text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(document, ensure_ascii=True, indent=2) + "\n").encode("ascii")
+
+
 def _members(text: str) -> Iterator[tuple[str, Any]]:
     """The top-level members of the JSON object ``text`` begins with, in order, as far as ``text``
     holds them."""

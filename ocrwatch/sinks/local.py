@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -43,6 +42,7 @@ from ocrwatch.sinks.base import (
     RECALL_BYTES,
     Extra,
     Recalled,
+    dump_json,
     extra_names,
     json_member,
     markdown_bytes,
@@ -75,17 +75,6 @@ NAME_MAX = 255
 PROBE_BYTES = 4096
 """Read of a file at a sidecar's name to tell whose it is: its first members, or its first line, are
 enough."""
-
-
-def dump_json(document: dict[str, Any]) -> bytes:
-    """UTF-8 JSON; strings that are not valid Unicode (a file name in another encoding, a model's
-    lone surrogate) are kept as ``\\udcXX`` escapes, which round-trip, rather than failing the
-    document."""
-    text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return (json.dumps(document, ensure_ascii=True, indent=2) + "\n").encode("ascii")
 
 
 def inbox_folder(root: Path, roots: Collection[Path]) -> str:

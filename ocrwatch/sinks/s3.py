@@ -61,11 +61,11 @@ from ocrwatch.sinks.base import (
     RECALL_BYTES,
     Extra,
     Recalled,
+    dump_json,
     extra_names,
     json_member,
     markdown_bytes,
 )
-from ocrwatch.sinks.local import dump_json
 from ocrwatch.sinks.ownership import (
     Stored,
     Verdict,
