@@ -180,11 +180,8 @@ def test_no_comment_cites_a_benchmark_run() -> None:
 # produces (an ``Outbox`` of jobs, page asks) rather than calling up; an entry is a debt.
 DEBT = "issue 29 item 4, not yet turned: the lower layer should return what it produces"
 HANDED_DOWN: dict[str, str] = {
-    "app.daemon: ControlServer <- self": DEBT + " (control answers from the daemon's state)",
     "app.daemon: HealthServer <- self._update_gauges": "gauges exact at each scrape:"
     " prometheus_client reads such a value through a callback (set_function, a collector), its API",
-    "app.daemon: LocalSource <- pipeline.admission.lapsed": DEBT
-    + " (the ledger's word on a lost sidecar)",
     "jobs.pipeline: self.scheduler.add <- pagetext.pages(...)": DEBT + " (renders as asks, too)",
     "app.report: self._bar.total = ...": "tqdm's bar is set by assigning its total: its API",
 }

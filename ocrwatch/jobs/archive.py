@@ -107,8 +107,8 @@ class Archiver:
         self._sinks = sinks
         self._metrics = metrics
         self.written = written
-        """The record of outputs (the daemon sets it once the ledger is open): what a move takes
-        along, and where its rows go. None: only an older ocrwatch's marks tell, on files of the
+        """The record of outputs (the pipeline's, over its ledger): what a move takes along, and
+        where its rows go. None: only an older ocrwatch's marks tell, on files of the
         daemon's user."""
         self._later: dict[str, threading.Timer] = {}
 

@@ -60,8 +60,9 @@ from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
 from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import Sink
-from ocrwatch.sources.base import Job, Source
+from ocrwatch.sources.base import Answer, Job, Source
 from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.written import Written
 
 __all__ = ["Pipeline", "Probed", "Progress", "job_id"]
 
@@ -98,8 +99,10 @@ class Pipeline:
         self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
+        # the record of outputs: what is ocrwatch's own (None without a ledger: ``ocrwatch ocr``)
+        self.written = Written(ledger) if ledger is not None else None
         # a source's fate once it is done
-        self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)
+        self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics, self.written)
         self.admission = Admission(
             ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload, cfg.limits
         )
@@ -187,10 +190,14 @@ class Pipeline:
 
     # --- admission (``admission.py``) ---------------------------------------------------------
 
-    async def submit(self, job: Job) -> None:
-        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be
-        done."""
-        await self.admission.submit(job)
+    async def submit(self, job: Job) -> Answer:
+        """Admit a job (idempotent); returns once it is durably in the ledger, or known settled:
+        its answer, for its source to act on."""
+        return await self.admission.submit(job)
+
+    async def lapsed(self, jobs: list[Job]) -> list[Job]:
+        """Those of ``jobs`` whose sidecars lapsed since they were done (a source's question)."""
+        return await self.admission.lapsed_of(jobs)
 
     async def resume(self) -> int:
         """Let the ledger's unfinished jobs start (at start, and after ``ocrwatch retry``); how many
@@ -527,6 +534,7 @@ class Pipeline:
             if fingerprint is not None:
                 # A duplicate whose acknowledgement was lost.
                 if await self.admission.done_already(job, fingerprint):
+                    await self.sources[job.source].finish(job, "done")
                     return
                 await record.admit(job, fingerprint)  # so the failure has a row to be recorded in
         log.error(

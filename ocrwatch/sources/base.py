@@ -3,7 +3,11 @@
 Source contract: ``start(outbox)`` begins watching and puts every document that is ready into the
 ``Outbox`` with ``await outbox.submit(job)``, which returns only once the consumer (``intake``, at
 the pipeline's rank) has the job durably in the ledger, so a source may acknowledge its event
-(answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
+(answer a webhook, keep an SQS message) after it returns. It returns its ``Answer``: admitted (to
+run), or already settled as ``done``, ``failed`` or ``retry`` with nothing run, which the source
+acts on itself as ``finish`` would (``Answer.final``): nothing calls the source back while it waits.
+A source may ask the layer above a question of its own through the outbox (``lapsed``), and is
+answered with data. A source that must give a job up without
 processing it (an SQS message delivered too often) calls ``await outbox.reject(job, error,
 attempts)`` instead: the pipeline writes the error sidecar through the job's sink, so sources never
 write sidecars themselves, then calls ``finish(job, "failed", error.kind)``. A source holds no
@@ -11,10 +15,10 @@ callable of a layer above it. ``stop`` stops watching; it is called once, from t
 ``fetch`` puts the document's bytes in a file inside ``spool_dir``, private to the job (a local
 source copies its file through one descriptor, a remote one downloads it), and says what it measured
 (``Fetched``); the pipeline calls it with ``job.max_bytes`` set to the limit in force, so a source
-can refuse before copying. ``finish`` is told the final outcome, once, after the sidecars are
-written, and for a failure its kind (``errors``); ``retry`` where the job was never admitted, its
-file not there to read when ``submit`` looked (gone, or a folder on its path swapped), so the source
-looks again rather than holding it as handed over.
+can refuse before copying. ``finish`` is told the final outcome of a job that ran (or was given up), once, after the
+sidecars are written, and for a failure its kind (``errors``). ``submit``'s answer ``retry``: the
+job was never admitted, its file not there to read when ``submit`` looked (gone, or a folder on its
+path swapped), so the source looks again rather than holding it as handed over.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from ocrwatch.config import DEFAULT_PRIORITY, S3Config
 from ocrwatch.errors import OcrwatchError
 from ocrwatch.safefs import Access
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -118,31 +124,77 @@ class Fetched:
     access: Access | None = None
 
 
-Submit = Callable[[Job], Awaitable[None]]
+@dataclass(frozen=True)
+class Answer:
+    """What ``submit`` says of a job: ``admitted`` (it waits in the ledger and runs), or, with
+    nothing run, ``done`` or ``failed`` as the ledger or its sidecars hold it (``kind``: the
+    failure's), or ``retry`` (its file was not there to read: look again)."""
+
+    outcome: Literal["admitted", "done", "failed", "retry"]
+    kind: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether the answer ends the job's event as ``finish`` would (nothing runs)."""
+        return self.outcome != "admitted"
+
+    @property
+    def settled(self) -> Outcome:
+        """The outcome a final answer gives the source (``finish``'s)."""
+        assert self.outcome != "admitted", "an admitted job's outcome comes once it ran"
+        return self.outcome
+
+
+ADMITTED = Answer("admitted")
+
+Submit = Callable[[Job], Awaitable[Answer]]
 Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 """``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts``
 tries."""
 
 
+Lapsed = Callable[[list[Job]], Awaitable[list[Job]]]
+"""``lapsed(jobs)``: those of ``jobs`` the ledger holds as done whose sidecars are gone since, or
+no longer their own (the layer above's word, asked through ``Outbox.lapsed``)."""
+
+
 @dataclass(eq=False)
 class Delivery:
     """One job put into an ``Outbox``: to admit (``error`` None) or to give up after
-    ``attempts`` tries; ``answered`` resolves once the consumer has dealt with it."""
+    ``attempts`` tries; ``answered`` resolves once the consumer has dealt with it (with
+    ``submit``'s answer, None for a job given up)."""
 
     job: Job
     error: OcrwatchError | None
     attempts: int
-    answered: asyncio.Future[None]
+    answered: asyncio.Future[Answer | None]
 
-    def answer(self, exc: BaseException | None = None) -> None:
-        """The consumer's answer: the source's ``submit`` or ``reject`` returns, or raises
-        ``exc``."""
-        if self.answered.done():
-            return
-        if exc is None:
-            self.answered.set_result(None)
-        else:
-            self.answered.set_exception(exc)
+    def answer(self, exc: BaseException | None = None, said: Answer | None = None) -> None:
+        """The consumer's answer: the source's ``submit`` returns ``said`` (``reject`` returns), or
+        raises ``exc``."""
+        _resolve(self.answered, said, exc)
+
+
+@dataclass(eq=False)
+class Question:
+    """Which of ``jobs`` lapsed, put into an ``Outbox`` for the layer above to answer:
+    ``answered`` resolves with those that did."""
+
+    jobs: list[Job]
+    answered: asyncio.Future[list[Job]]
+
+    def answer(self, exc: BaseException | None = None, said: list[Job] | None = None) -> None:
+        """The consumer's answer (``said``), or what it raised."""
+        _resolve(self.answered, said or [], exc)
+
+
+def _resolve(future: asyncio.Future[T], result: T, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(result)
+    else:
+        future.set_exception(exc)
 
 
 class Outbox:
@@ -151,23 +203,33 @@ class Outbox:
     acknowledges an event only once the job is durably admitted."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._queue: asyncio.Queue[Delivery | Question] = asyncio.Queue()
 
-    async def submit(self, job: Job) -> None:
-        """Put ``job`` in to be admitted; returns once it is in the ledger, or known done."""
-        await self._put(job, None, 0)
+    async def submit(self, job: Job) -> Answer:
+        """Put ``job`` in to be admitted; returns once it is in the ledger, or known settled: what
+        became of it (``Answer``)."""
+        answer = await self._put(job, None, 0)
+        assert answer is not None
+        return answer
 
     async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
         """Put ``job`` in to be given up as failed with ``error`` after ``attempts`` tries."""
         await self._put(job, error, attempts)
 
-    async def _put(self, job: Job, error: OcrwatchError | None, attempts: int) -> None:
+    async def lapsed(self, jobs: list[Job]) -> list[Job]:
+        """Those of ``jobs``, each submitted before, whose sidecars lapsed since (the layer above
+        decides, from the ledger and the sinks): the source submits them again."""
+        question = Question(jobs, asyncio.get_running_loop().create_future())
+        self._queue.put_nowait(question)
+        return await question.answered
+
+    async def _put(self, job: Job, error: OcrwatchError | None, attempts: int) -> Answer | None:
         delivery = Delivery(job, error, attempts, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(delivery)
-        await delivery.answered
+        return await delivery.answered
 
-    async def get(self) -> Delivery:
-        """The next job a source put in (the consumer's side)."""
+    async def get(self) -> Delivery | Question:
+        """The next job or question a source put in (the consumer's side)."""
         return await self._queue.get()
 
 

@@ -250,7 +250,9 @@ class S3EventSource:
         told to retry would resend it for ever, and with it every event behind it."""
         assert self._submit is not None and self._reject is not None
         try:
-            await self._submit(job)
+            answer = await self._submit(job)
+            if answer.final:  # settled with nothing run: its event is acknowledged as after a run
+                await self.finish(job, answer.settled, answer.kind)
         except PermanentError as exc:
             log.warning(
                 "s3_event_given_up",
@@ -276,6 +278,10 @@ class S3EventSource:
             )
             raise
         log.info("s3_job_submitted", source=self.name, uri=job.origin.uri, key=job.key)
+
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
+        """Settle the events announcing ``job``: each transport that holds them (SQS, AMQP) does it
+        its own way; one answered at once (a webhook) has nothing left to settle."""
 
     # -- fetch
 
