@@ -29,9 +29,7 @@ def fed(
         return [job for job in jobs if await asyncio.to_thread(lapsed, job)]
 
     outbox = Outbox()
-    task = asyncio.get_running_loop().create_task(
-        intake.serve(outbox, admit, reject, lapsed_of)
-    )
+    task = asyncio.get_running_loop().create_task(intake.serve(outbox, admit, reject, lapsed_of))
     _SERVING.add(task)
     task.add_done_callback(_SERVING.discard)
     return outbox

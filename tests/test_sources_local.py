@@ -296,7 +296,7 @@ class NotThereOnce(Collector):
         self.source: LocalSource | None = None
         self.answered = 0
 
-    async def __call__(self, job: Job) -> Answer | None:  # type: ignore[override]
+    async def __call__(self, job: Job) -> Answer | None:
         await super().__call__(job)
         if self.answered == 0 and self.source is not None:
             self.answered += 1

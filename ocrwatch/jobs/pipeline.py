@@ -1,7 +1,7 @@
 """A document's way from its source to its sidecars, one named step after another.
 
 ``Pipeline._process`` reads like the recipe it is: fetch and probe, render and recognise (the
-shared scheduler renders pages ahead in worker threads; ``recognition`` answers its page asks),
+shared scheduler asks for pages to be rendered ahead and recognised; ``recognition`` answers both),
 assemble, write; the steps that need no pipeline state are ``steps``. Around it sit admission
 (``admission``: whether a job runs at all, and when: jobs wait in the ledger until a slot
 frees), the retry loop (a transient failure is tried again with backoff) and ``reject``, the one
@@ -457,30 +457,31 @@ class Pipeline:
         job = run.job
         run.lang = job_lang(self.cfg, run)
         text = run.asked.text if run.asked is not None else None
-        session.document = self.scheduler.add(
+        maker = pagetext.pages(
+            self.cfg,
+            job.origin,
+            probed,
+            text,
+            self.supervisor.kind,
+            run.lang,
+            self.decode_budget,
+            self.metrics.stage_seconds.labels(stage="render").observe,
             session.job_id,
-            priority=job.priority,
-            detected_at=job.detected_at,
-            pages=probed.info.pages,
-            prompt=self.cfg.prompt_text(job.prompt),
-            render=pagetext.pages(
-                self.cfg,
-                job.origin,
-                probed,
-                text,
-                self.supervisor.kind,
-                run.lang,
-                self.decode_budget,
-                self.metrics.stage_seconds.labels(stage="render").observe,
-                session.job_id,
-            ),
         )
-        run.document = session.document
+        # the scheduler asks for each page to be rendered, then recognised: ``recognition`` answers
         try:
             with (
-                self.recognition.languages(session.job_id, run.lang),
+                self.recognition.reading(session.job_id, run.lang, maker),
                 naming(probed.path, job.origin),
             ):
+                session.document = self.scheduler.add(
+                    session.job_id,
+                    priority=job.priority,
+                    detected_at=job.detected_at,
+                    pages=probed.info.pages,
+                    prompt=self.cfg.prompt_text(job.prompt),
+                )
+                run.document = session.document
                 pages = await session.document.future
         # a page of the replacement, rendered with the old one's page count
         except PermanentError as exc:
