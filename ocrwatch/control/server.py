@@ -79,8 +79,8 @@ class Lifecycle:
 
 
 class ControlServer:
-    """The socket a daemon serves for as long as it holds the state lock. ``cfg``: the daemon's as it
-    started (a reload changes its inboxes only: the listeners stay those it started with)."""
+    """The socket a daemon serves for as long as it holds the state lock. ``cfg``: the daemon's as
+    it started (a reload changes its inboxes only: the listeners stay those it started with)."""
 
     def __init__(self, state_dir: Path, cfg: Config, ledger: Ledger, life: Lifecycle) -> None:
         self.path = state_dir / SOCKET_NAME

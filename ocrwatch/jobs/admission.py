@@ -3,18 +3,20 @@
 ``submit`` is where every source's job comes in, and it returns its answer (``sources.base.Answer``)
 rather than calling the source back. The ledger and the sidecars decide whether it runs: a job whose
 sidecars already describe its content is done without a run, one the ledger holds as done or failed
-with the same content is not run again, and the source is told so in the answer. A job that must run is recorded ``queued``
-and waits **in the ledger**, not in memory: ``waiting_jobs`` takes a document slot, reads the next
-waiting row (higher priority first, then the oldest) and hands the job to the pipeline, again each
-time a slot frees. So a backlog of a hundred thousand files costs rows on disk rather than tasks, a
-stop leaves them where they are (one line says how many), and a start resumes them in the same
-order, jobs interrupted mid-stage included.
+with the same content is not run again, and the source is told so in the answer. A job that must
+run is recorded ``queued`` and waits **in the ledger**, not in memory: ``waiting_jobs`` takes a
+document slot, reads the next waiting row (higher priority first, then the oldest) and hands the job
+to the pipeline, again each time a slot frees. So a backlog of a hundred thousand files costs rows
+on disk rather than tasks, a stop leaves them where they are (one line says how many), and a start
+resumes them in the same order, jobs interrupted mid-stage included.
 
 A local file is fingerprinted before anything else, within its byte budget: its size comes from the
 descriptor, and a file over its ``max_bytes`` is never read (it fails ``file_too_large`` when its
 run fetches it), so a sparse file of terabytes costs a ``stat``. The files that are hashed are
 hashed in a pool of ``HASHING_THREADS`` threads of its own (``Fingerprinter``), which a stop
-interrupts between two blocks, and which says when it is stuck (``/readyz``).
+interrupts between two blocks, and which says when it is stuck (``/readyz``). That hash is the
+document's one: its run copies the file without hashing it again while the file is as it was
+hashed (``sources.base.Read``, from the ledger's fingerprint).
 """
 
 from __future__ import annotations

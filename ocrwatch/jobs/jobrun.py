@@ -13,7 +13,7 @@ from typing import Any
 
 from ocrwatch.config import TextMode
 from ocrwatch.pages.scheduler import Document
-from ocrwatch.sources.base import Job
+from ocrwatch.sources.base import Job, Read
 from ocrwatch.store.ledger import Fingerprint, Ledger, State
 
 
@@ -41,6 +41,20 @@ class Record:
     async def set_state(self, state: State, **fields: int) -> None:
         if self._ledger is not None:
             await asyncio.to_thread(self._ledger.set_state, self.key, state, **fields)
+
+    async def read(self) -> Read | None:
+        """What admission read of the job's local file, from its ledger row: its sha256 and the stat
+        fields it was hashed under. None where nothing is recorded, or nothing was hashed (a file
+        over its byte budget, an object)."""
+        if self._ledger is None:
+            return None
+        row = await asyncio.to_thread(self._ledger.known, self.key)
+        then = row.fingerprint if row is not None else None
+        if then is None or then.sha256 is None or then.mtime_ns is None:
+            return None
+        if then.inode is None or then.ctime_ns is None:
+            return None
+        return Read(then.sha256, then.size, then.mtime_ns, then.ctime_ns, then.inode)
 
     async def record_attempt(self) -> int | None:
         """The attempts counted so far, this one included; None where nothing is recorded."""

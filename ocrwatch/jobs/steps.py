@@ -56,10 +56,13 @@ async def fetch_and_probe(
 ) -> Probed:
     """The document as a file private to the job, held to the limits and measured, so a document
     that cannot be done fails before its first page is rendered. Every later step reads that one
-    copy, and the sidecar's sha256 is the one the source took of it while copying."""
+    copy, and the sidecar's sha256 is the one the source took of it while copying, or admission's
+    where the file is still as admission hashed it (``Read``): a local file is hashed once."""
     job = run.job
     limits = render.Limits.for_job(cfg.limits, job)
-    fetched = await source.fetch(dataclasses.replace(job, max_bytes=limits.max_bytes), spool_dir)
+    read = await run.record.read() if isinstance(job.origin, LocalFile) else None
+    bounded = dataclasses.replace(job, max_bytes=limits.max_bytes)
+    fetched = await source.fetch(bounded, spool_dir, read)
     path = fetched.path
     digest = fetched.sha256
     if not digest:

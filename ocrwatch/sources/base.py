@@ -15,8 +15,10 @@ callable of a layer above it. ``stop`` stops watching; it is called once, from t
 ``fetch`` puts the document's bytes in a file inside ``spool_dir``, private to the job (a local
 source copies its file through one descriptor, a remote one downloads it), and says what it measured
 (``Fetched``); the pipeline calls it with ``job.max_bytes`` set to the limit in force, so a source
-can refuse before copying. ``finish`` is told the final outcome of a job that ran (or was given up), once, after the
-sidecars are written, and for a failure its kind (``errors``). ``submit``'s answer ``retry``: the
+can refuse before copying, and with what admission read of it (``Read``), so a file read under the
+very signature admission hashed it under is copied without being hashed again. ``finish`` is told
+the final outcome of a job that ran (or was given up), once, after the sidecars are written, and for
+a failure its kind (``errors``). ``submit``'s answer ``retry``: the
 job was never admitted, its file not there to read when ``submit`` looked (gone, or a folder on its
 path swapped), so the source looks again rather than holding it as handed over.
 """
@@ -33,7 +35,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from ocrwatch.config import DEFAULT_PRIORITY, S3Config
 from ocrwatch.errors import OcrwatchError
-from ocrwatch.safefs import Access
+from ocrwatch.safefs import Access, Signature
 
 T = TypeVar("T")
 
@@ -104,6 +106,24 @@ def key_id(key: str) -> str:
 
 def _unchanged() -> bool:
     return False
+
+
+@dataclass(frozen=True)
+class Read:
+    """A local file's content as admission hashed it: its sha256 and the stat fields it was read
+    under (the ledger's fingerprint). A file whose signature has these very fields holds these
+    bytes: the inode and ctime cannot be set back by a user."""
+
+    sha256: str
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+
+    def holds(self, signature: Signature) -> bool:
+        """Whether a file of ``signature`` (on its inbox's device) is the one that was hashed."""
+        then = (self.size, self.mtime_ns, self.ctime_ns, self.inode)
+        return (signature.size, signature.mtime_ns, signature.ctime_ns, signature.inode) == then
 
 
 @dataclass(frozen=True)
@@ -243,9 +263,9 @@ class Source(Protocol):
     async def stop(self) -> None:
         """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Read | None = None) -> Fetched:
         """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading
-        them."""
+        them; ``read``: what admission read of it, where it hashed it."""
 
     async def finish(
         self, job: Job, outcome: Outcome, kind: str | None = None

@@ -54,7 +54,7 @@ from ocrwatch.errors import (
 )
 from ocrwatch.infra.metrics import Metrics
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Read
 from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox
 from ocrwatch.sources.quarantine import Owns, quarantine
@@ -175,15 +175,16 @@ class LocalSource:
         """The inboxes watched now (a reload changes them), by resolved folder."""
         return {root: inbox.config for root, inbox in self._inboxes.items()}
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Read | None = None) -> Fetched:
         """Open the file once, beneath its inbox and without following links, and copy it through
-        that descriptor into the spool folder while hashing it: what is rendered is what was checked
+        that descriptor into the spool folder while hashing it (unless ``read``, admission's hash,
+        was taken under the signature it is copied under): what is rendered is what was checked
         and hashed."""
         origin = job.origin
         if not isinstance(origin, LocalFile):
             raise TypeError(f"LocalSource cannot fetch {origin!r}")
         return await asyncio.to_thread(
-            fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes
+            fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes, read
         )
 
     async def finish(

@@ -43,7 +43,7 @@ from ocrwatch.infra.s3client import (
     storage_error,
 )
 from ocrwatch.naming import is_output, sidecar_names
-from ocrwatch.sources.base import Fetched, Job, Outcome, Reject, S3Object, Submit
+from ocrwatch.sources.base import Fetched, Job, Outcome, Read, Reject, S3Object, Submit
 
 log = structlog.get_logger()
 
@@ -285,11 +285,11 @@ class S3EventSource:
 
     # -- fetch
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Read | None = None) -> Fetched:
         """Stream the object the event announced into a 0600 spool file, refusing oversize before
-        downloading, and hash it on the way: the sidecars' sha256 is that of the very bytes
-        processed. The download is pinned to the event's ETag and versionId, so what is processed is
-        the version announced."""
+        downloading, and hash it on the way (an object's admission reads nothing: ``read`` is
+        None): the sidecars' sha256 is that of the very bytes processed. The download is pinned to
+        the event's ETag and versionId, so what is processed is the version announced."""
         obj = job.origin
         if not isinstance(obj, S3Object):
             raise TypeError(f"{self.name} cannot fetch {obj!r}")

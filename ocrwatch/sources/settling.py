@@ -3,8 +3,8 @@
 ``LocalSource`` watches and scans; each candidate it finds is followed here until it is closed or
 stable, passes the cheap probe of ``readiness`` (or is given up on, so the renderer names its
 defect), and is put in the outbox; the answer ``submit`` returns (admitted, or settled with nothing
-run) is the source's own to act on (``finish``), with nothing called back meanwhile. Every stat and probe runs in a worker thread, at most
-``BLOCKING_CALLS`` at once.
+run) is the source's own to act on (``finish``), with nothing called back meanwhile. Every stat and
+probe runs in a worker thread, at most ``BLOCKING_CALLS`` at once.
 
 Concurrency: every method is called from the event loop; ``stop`` once, after ``start``.
 """
