@@ -236,20 +236,23 @@ async def test_a_source_rewritten_after_its_pages_were_read_gets_sidecars_of_its
     assert source.finished == ["done"]
 
 
+@pytest.mark.parametrize("on_success", ["keep", "move", "delete"])
 async def test_a_local_document_is_hashed_once_from_its_admission_to_its_sidecars(
-    tmp_path: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch, on_success: str
 ) -> None:
-    """Admission hashes a new file to ask whether it is done; its run copies it under the very
-    signature admission hashed it under, so the file is not read for its sha256 again, and its
-    sidecar records the sha256 of its bytes all the same."""
-    inbox = tmp_path / "inbox"
+    """Admission hashes a new file to ask whether it is done; its run copies it, and a move or a
+    delete holds it, under the very signature admission hashed it under, so the file is not read
+    for its sha256 again, and its sidecar records the sha256 of its bytes all the same."""
+    inbox, archive = tmp_path / "inbox", tmp_path / "archive"
     inbox.mkdir()
+    archive.mkdir()
     pdf = docs.write_pdf(inbox / "doc.pdf", [["ONE"]])
+    sha256, inode = hashlib.sha256(pdf.read_bytes()).hexdigest(), os.stat(pdf).st_ino
     hashed: list[int] = []
     hash_fd = sourcefile.hash_fd
 
     def counted(fd: int, **options: Any) -> str:
-        if os.fstat(fd).st_ino == os.stat(pdf).st_ino:  # the source's, not a copy's
+        if os.fstat(fd).st_ino == inode:  # the source's, not a copy's
             hashed.append(fd)
         return hash_fd(fd, **options)
 
@@ -257,6 +260,7 @@ async def test_a_local_document_is_hashed_once_from_its_admission_to_its_sidecar
     cfg = Config(
         state_dir=tmp_path / "state",
         inbox=[{"path": inbox}],
+        output={"on_success": on_success, "archive_dir": archive},
         engine={"kind": "plugin", "plugin": "tests.fault_engines:EchoEngine"},
     )
     made = Pipeline(cfg, ledger, Metrics())
@@ -267,9 +271,13 @@ async def test_a_local_document_is_hashed_once_from_its_admission_to_its_sidecar
     try:
         job = Job(origin=LocalFile(pdf, inbox), source="local")
         assert (await made.submit(job)).outcome == "admitted"
-        await until(lambda: ledger.known(job.key).state == "done", "the document done")
+        await until(
+            lambda: ledger.known(job.key).state == "done" and job.key not in made.running(),
+            "the document done, and its run ended",
+        )
     finally:
         await made.close()
-    recorded = json.loads((inbox / "doc.pdf.json").read_text())["source"]["sha256"]
-    assert recorded == hashlib.sha256(pdf.read_bytes()).hexdigest()
-    assert len(hashed) == 1, "hashed by admission, then again by its run"
+    sidecar = inbox / "doc.pdf.json" if on_success != "move" else archive / "inbox" / "doc.pdf.json"
+    assert json.loads(sidecar.read_text())["source"]["sha256"] == sha256
+    assert pdf.exists() is (on_success == "keep"), "moved or deleted as configured"
+    assert len(hashed) == 1, "hashed by admission, then again by its run or its move"

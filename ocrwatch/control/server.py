@@ -30,7 +30,6 @@ from ocrwatch.errors import classify
 from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.store.ledger import QUEUED, Ledger
-from ocrwatch.store.written import Written
 
 log = structlog.get_logger()
 
@@ -228,9 +227,10 @@ class ControlServer:
         log.info(
             "control_ocr", files=len(order.files), out=None if order.out is None else str(order.out)
         )
-        written = Written(pipeline.ledger) if pipeline.ledger is not None else None
         sink = LocalSink(
-            pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir, written=written
+            pipeline.cfg.output.name_template,
+            order.out or pipeline.cfg.output.dir,
+            written=pipeline.written,
         )
         work = asyncio.create_task(
             run_ocr(

@@ -37,6 +37,7 @@ from ocrwatch.config import LimitsConfig
 from ocrwatch.errors import OcrwatchError, classify
 from ocrwatch.jobs.archive import Archiver
 from ocrwatch.jobs.hooks import HookRunner
+from ocrwatch.jobs.jobrun import read_of
 from ocrwatch.pages.renderspec import Limits
 from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink, done
@@ -317,7 +318,13 @@ class Admission:
         # one line an inbox.
         log.debug("job_already_done", job_id=job_id(job), uri=job.origin.uri)
         moved = await self._offload(
-            job, self.archive.apply_on_success, job, None, fingerprint.sha256
+            job,
+            self.archive.apply_on_success,
+            job,
+            None,
+            fingerprint.sha256,
+            None,
+            read_of(fingerprint),
         )
         await self.hooks.relocate(job.key, moved)
         return True

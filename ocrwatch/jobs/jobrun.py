@@ -26,6 +26,15 @@ class Asked:
     text: TextMode | None = None
 
 
+def read_of(fingerprint: Fingerprint) -> Read | None:
+    """A local file's fingerprint as what was read of it (``Read``); None where it was not hashed
+    (over its byte budget, an object) or its stat fields were not recorded."""
+    then = fingerprint
+    if then.sha256 is None or then.mtime_ns is None or then.inode is None or then.ctime_ns is None:
+        return None
+    return Read(then.sha256, then.size, then.mtime_ns, then.ctime_ns, then.inode)
+
+
 class Record:
     """The ledger as one job sees it: typed calls run in a thread (another process holding the
     database lock must not stall the loop), and none at all for a job the ledger never hears of."""
@@ -49,12 +58,7 @@ class Record:
         if self._ledger is None:
             return None
         row = await asyncio.to_thread(self._ledger.known, self.key)
-        then = row.fingerprint if row is not None else None
-        if then is None or then.sha256 is None or then.mtime_ns is None:
-            return None
-        if then.inode is None or then.ctime_ns is None:
-            return None
-        return Read(then.sha256, then.size, then.mtime_ns, then.ctime_ns, then.inode)
+        return read_of(row.fingerprint) if row is not None else None
 
     async def record_attempt(self) -> int | None:
         """The attempts counted so far, this one included; None where nothing is recorded."""

@@ -428,6 +428,7 @@ class Pipeline:
             document["status"],
             probed.sha256,
             probed.changed,
+            probed.read,
         )
         await self.hooks.release(event, moved)  # the hooks are told where a move took the sidecars
         self.recognition.record_success(job, document["status"], stages)

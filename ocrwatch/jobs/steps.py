@@ -25,7 +25,7 @@ from ocrwatch.pages.scheduler import PageOutcome
 from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
 from ocrwatch.safefs import Access
-from ocrwatch.sources.base import Job, LocalFile, Origin, Source
+from ocrwatch.sources.base import Job, LocalFile, Origin, Read, Source
 from ocrwatch.store.ledger import sha256_file
 
 __all__ = [
@@ -49,6 +49,7 @@ class Probed:
     spec: render.RenderSpec
     sha256: str
     access: Access | None = None  # who may read the local source: its outputs get no more
+    read: Read | None = None  # admission's hash of a local source (the archive reads it no more)
 
 
 async def fetch_and_probe(
@@ -75,7 +76,7 @@ async def fetch_and_probe(
             render.plan_pdf(info, spec, job_id=job_id(job), uri=job.origin.uri)
             # and for an image in it too large to decode, however small the file
             await asyncio.to_thread(render.check_images, path, info, spec)
-    return Probed(path, fetched.changed, info, spec, digest, fetched.access)
+    return Probed(path, fetched.changed, info, spec, digest, fetched.access, read)
 
 
 def job_lang(cfg: Config, run: JobRun) -> str | None:

@@ -250,10 +250,13 @@ def measure(
 @dataclass(frozen=True)
 class Content:
     """What was read of a source: its size and sha256. ``held`` compares the size (by ``fstat``)
-    first, so a file written since, however long it is now, is known changed without a byte read."""
+    first, so a file written since, however long it is now, is known changed without a byte read.
+    ``read``: admission's hash of it (``Read``), where known: a file that still has the signature
+    it was hashed under holds those bytes, and is not read again."""
 
     size: int
     sha256: str
+    read: Read | None = None
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,8 @@ def held(
     block ends, makes a writer that opens it meanwhile wait; without leases it must have been quiet
     for ``quiet`` seconds, by default ``QUIET_WITHOUT_LEASE``), whose bytes are still ``content``
     (where known): its size by ``fstat`` before anything else, so a file extended since (a sparse
-    terabyte) is refused unread, then its sha256 under the lease, never reading past that size. A
+    terabyte) is refused unread, then its sha256 under the lease, never reading past that size
+    (nothing read where it still has the signature ``content.read`` was hashed under). A
     file with another name is kept: moving or deleting one of its names would leave the other with a
     different story. Raises ``SourceGone``, ``SourceChanged`` and ``SourceInUse``."""
     info = here.lstat(path.name)
@@ -324,7 +328,12 @@ def held(
 
 def _still(fd: int, info: os.stat_result, content: Content) -> bool:
     """Whether the open file ``fd`` (of ``info``, its size ``content``'s) still holds ``content``
-    and was not written since ``info`` was taken; no more than its size is read."""
+    and was not written since ``info`` was taken; no more than its size is read, and nothing where
+    it still has the signature ``content.read`` was hashed under."""
+    read = content.read
+    now = Signature.of(os.fstat(fd))
+    if read is not None and read.sha256 == content.sha256 and read.holds(now):
+        return now.mtime_ns == info.st_mtime_ns
     try:
         digest = hash_fd(fd, limit=content.size)
     except TooLarge:  # grew while read (no lease to keep a writer out)
