@@ -168,11 +168,10 @@ class Daemon:
             self.health = HealthServer(self.metrics, cfg.metrics.listen, self._update_gauges)
             await self.health.start()
         self.pipeline = Pipeline(cfg, self.ledger, self.metrics)
-        self.life.built(self.pipeline)
         await self.pipeline.start()
         self._add_sources(self.pipeline)
         # before the ledger is read: a retry meanwhile starts its jobs itself
-        self.life.take_work()
+        self.life.take_work(self.pipeline)
         # every unfinished job of the ledger, waiting there for a slot: how many
         resumed = await self.pipeline.resume()
         # after resume: it marks done the jobs whose sidecars were written

@@ -36,21 +36,19 @@ log = structlog.get_logger()
 
 class Lifecycle:
     """Where the daemon is in its life, as the control channel reads it: ``starting`` until it takes
-    work (its pipeline built and its ledger's jobs being resumed), ``running``, then ``stopping``
-    once ``stopping`` (the daemon's own stop event) is set. The daemon moves it on (``built``,
-    ``take_work``); it holds the pipeline, never the daemon."""
+    work with its pipeline (its engine started, its ledger's jobs being resumed), ``running``, then
+    ``stopping`` once ``stopping`` (the daemon's own stop event) is set. The daemon moves it on
+    (``take_work``); it holds the pipeline, never the daemon."""
 
     def __init__(self, stopping: asyncio.Event) -> None:
-        self.pipeline: Pipeline | None = None  # once built: ``status`` names its engine meanwhile
+        self.pipeline: Pipeline | None = None  # once it takes work, and while it drains
         self._taking = asyncio.Event()
         self._stopping = stopping
 
-    def built(self, pipeline: Pipeline) -> None:
-        """The pipeline exists (its engine may still be starting)."""
+    def take_work(self, pipeline: Pipeline) -> None:
+        """``pipeline`` takes work, its ledger's jobs being resumed: from now on an ``ocr`` request
+        runs at once."""
         self.pipeline = pipeline
-
-    def take_work(self) -> None:
-        """The ledger's jobs are being resumed: from now on an ``ocr`` request runs at once."""
         self._taking.set()
 
     def state(self) -> str:

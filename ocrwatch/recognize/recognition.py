@@ -30,7 +30,7 @@ from ocrwatch.sources.base import Job
 
 __all__ = ["PageMaker", "Recognition"]
 
-PageMaker = Callable[[int], "RenderedPage | Checked"]
+PageMaker = Callable[[int], RenderedPage | Checked]
 """A document's page maker (``pagetext.Pages``): page ``index`` rendered, or its text check's
 outcome. Blocking: called in a render thread."""
 
