@@ -5,22 +5,22 @@ Source contract: ``start(outbox)`` begins watching and puts every document that 
 the pipeline's rank) has the job durably in the ledger, so a source may acknowledge its event
 (answer a webhook, keep an SQS message) after it returns. It returns its ``Answer``: admitted (to
 run), or already settled as ``done``, ``failed`` or ``retry`` with nothing run, which the source
-acts on itself as ``finish`` would (``Answer.final``): nothing calls the source back while it waits.
-A source may ask the layer above a question of its own through the outbox (``lapsed``), and is
-answered with data. A source that must give a job up without
-processing it (an SQS message delivered too often) calls ``await outbox.reject(job, error,
-attempts)`` instead: the pipeline writes the error sidecar through the job's sink, so sources never
-write sidecars themselves, then calls ``finish(job, "failed", error.kind)``. A source holds no
-callable of a layer above it. ``stop`` stops watching; it is called once, from the event loop.
-``fetch`` puts the document's bytes in a file inside ``spool_dir``, private to the job (a local
-source copies its file through one descriptor, a remote one downloads it), and says what it measured
-(``Fetched``); the pipeline calls it with ``job.max_bytes`` set to the limit in force, so a source
-can refuse before copying, and with what admission read of it (``Read``), so a file read under the
-very signature admission hashed it under is copied without being hashed again. ``finish`` is told
-the final outcome of a job that ran (or was given up), once, after the sidecars are written, and for
-a failure its kind (``errors``). ``submit``'s answer ``retry``: the
-job was never admitted, its file not there to read when ``submit`` looked (gone, or a folder on its
-path swapped), so the source looks again rather than holding it as handed over.
+acts on itself as ``finish`` would (``Answer.final``): nothing calls the source back while it
+waits. A source may put a question of its own to the layer above through the outbox (``lapsed``),
+and is answered with data. A source that must give a job up without processing it (an SQS message
+delivered too often) calls ``await outbox.reject(job, error, attempts)`` instead: the pipeline
+writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
+calls ``finish(job, "failed", error.kind)``. A source holds no callable of a layer above it.
+``stop`` stops watching; it is called once, from the event loop. ``fetch`` puts the document's
+bytes in a file inside ``spool_dir``, private to the job (a local source copies its file through
+one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
+calls it with ``job.max_bytes`` set to the limit in force, so a source can refuse before copying,
+and with what admission read of it (``Read``), so a file read under the very signature admission
+hashed it under is copied without being hashed again. ``finish`` is told the final outcome of a job
+that ran (or was given up), once, after the sidecars are written, and for a failure its kind
+(``errors``). ``submit``'s answer ``retry``: the job was never admitted, its file not there to read
+when ``submit`` looked (gone, or a folder on its path swapped), so the source looks again rather
+than holding it as handed over.
 """
 
 from __future__ import annotations

@@ -49,7 +49,6 @@ from ocrwatch.errors import (
     NotARegularFile,
     OcrwatchError,
     SourceGone,
-    path_fault,
     quarantined,
 )
 from ocrwatch.infra.metrics import Metrics
@@ -58,7 +57,7 @@ from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Read
 from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox
 from ocrwatch.sources.quarantine import Owns, quarantine
-from ocrwatch.sources.settling import Settler
+from ocrwatch.sources.settling import Settler, standing
 from ocrwatch.sources.sourcefile import fetch_copy, inspect
 from ocrwatch.sources.watch import Batch, EventBridge, Watcher, start_watcher
 
@@ -196,7 +195,7 @@ class LocalSource:
         pipeline once a job ran, and by the settler for ``submit``'s answer that settled one."""
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
-        comes_back = outcome == "failed" and path_fault(kind)
+        comes_back = standing(outcome, kind) != outcome  # failed for what its path was then
         if comes_back and inbox is not None and isinstance(origin, LocalFile):
             # Failed for what its path was then: the next scan finding it whole submits it again.
             inbox.settled.forget(origin.path)

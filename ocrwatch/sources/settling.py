@@ -46,7 +46,7 @@ UNCHANGED_LOG_SECONDS = 60.0
 """At most this long between two lines counting files whose outcome was known already."""
 
 
-Finish = Callable[[Job, Outcome, "str | None"], Awaitable[object]]
+Finish = Callable[[Job, Outcome, str | None], Awaitable[object]]
 """The source's ``finish(job, outcome, kind)``."""
 
 
