@@ -72,6 +72,14 @@ class Told:
         self.told.append((job.key, outcome, kind))
 
 
+async def submitted(made: Admission, job: Job) -> None:
+    """``submit``, its answer acted on as a source acts on it: one that settles the job with nothing
+    run is told to the source's ``finish``."""
+    answer = await made.submit(job)
+    if answer.final:
+        await made.sources[job.source].finish(job, answer.settled, answer.kind)
+
+
 def admission(
     ledger: Ledger, sink: RecordedSink | None = None, source: Told | None = None
 ) -> Admission:
@@ -167,9 +175,9 @@ async def test_a_file_seen_again_while_its_run_failed_source_changed_is_admitted
     (tmp_path / "inbox" / "swapped.png").write_bytes(b"png")
     seen = job(tmp_path, "swapped.png")
     made = admission(ledger)
-    await made.submit(seen)
+    await submitted(made, seen)
     ledger.set_state(seen.key, "recognizing")
-    await made.submit(seen)  # an event while the run goes on: the file is back as it was
+    await submitted(made, seen)  # an event while the run goes on: the file is back as it was
     ledger.mark_failed(seen.key, {"kind": "source_changed", "message": "swapped mid-run"})
     made.ended(seen.key)
     await eventually(lambda: ledger.known(seen.key).state == "queued", "the file admitted again")
@@ -183,7 +191,7 @@ async def test_a_file_not_there_to_read_when_submitted_is_handed_back_to_its_sou
     tmp_path: Path, ledger: Ledger
 ) -> None:
     """Its folder swapped for a link at that moment, or the file gone: nothing is admitted, and the
-    source is told ``retry`` before ``submit`` returns, so it never holds the file as handed over
+    source is answered ``retry`` by ``submit`` itself, so it never holds the file as handed over
     (no scan would look at it again, and it would end with no outcome)."""
     inbox, vault = tmp_path / "inbox", tmp_path / "vault"
     inbox.mkdir()
@@ -195,13 +203,13 @@ async def test_a_file_not_there_to_read_when_submitted_is_handed_back_to_its_sou
     swapped = Job(origin=LocalFile(inbox / "folder" / "doc.png", inbox), source="inbox")
     gone = job(tmp_path, "gone.png")
     for each in (swapped, gone):
-        await made.submit(each)
+        await submitted(made, each)
     assert told.told == [(swapped.key, "retry", None), (gone.key, "retry", None)]
     assert ledger.known(swapped.key) is None and ledger.known(gone.key) is None
 
     (inbox / "folder").unlink()  # whole at its path again: admitted as any file
     (vault / "folder").rename(inbox / "folder")
-    await made.submit(swapped)
+    await submitted(made, swapped)
     assert ledger.known(swapped.key).state == "queued" and len(told.told) == 2
 
 
@@ -221,7 +229,7 @@ async def test_a_file_over_its_budget_is_admitted_by_its_signature_without_a_byt
     over = Job(origin=LocalFile(huge, inbox), source="inbox", max_bytes=1 << 20)
     told = Told()
     made = admission(ledger, source=told)
-    await made.submit(over)
+    await submitted(made, over)
     info = os.stat(huge)
     row = ledger.known(over.key)
     assert row is not None and row.state == "queued"
@@ -234,14 +242,14 @@ async def test_a_file_over_its_budget_is_admitted_by_its_signature_without_a_byt
     )
 
     ledger.mark_failed(over.key, FileTooLarge(f"{huge}: too large").as_dict())
-    await made.submit(over)  # a scan or a restart: unchanged, so not run again
+    await submitted(made, over)  # a scan or a restart: unchanged, so not run again
     assert ledger.known(over.key).state == "failed"
     assert told.told == [(over.key, "failed", "file_too_large")]
 
     other = reads.watch(sparse_file(inbox / ".other.pdf", 2 * TIB, tail=b"other\n%%EOF\n"))
     os.utime(other, ns=(info.st_atime_ns, info.st_mtime_ns))
     os.rename(other, huge)
-    await made.submit(over)
+    await submitted(made, over)
     assert ledger.known(over.key).state == "queued", "a replacement is run again"
     assert reads.bytes == 0
 
@@ -256,10 +264,10 @@ async def test_a_file_whose_run_ended_is_not_read_again_while_unchanged(
     reads.watch(sparse_file(tmp_path / "inbox" / "doc.pdf", 8 << 20))
     seen, told = job(tmp_path, "doc.pdf"), Told()
     made = admission(ledger, source=told)
-    await made.submit(seen)
+    await submitted(made, seen)
     assert reads.bytes == 8 << 20
     ledger.mark_failed(seen.key, CorruptPdf("no trailer").as_dict())
-    await made.submit(seen)
+    await submitted(made, seen)
     assert reads.bytes == 8 << 20 and told.told == [(seen.key, "failed", "corrupt_pdf")]
 
 

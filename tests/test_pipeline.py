@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,13 @@ from ocrwatch.errors import OutputNotWritable, PermanentError, SourceGone
 from ocrwatch.infra.metrics import Metrics
 from ocrwatch.jobs.jobrun import Asked
 from ocrwatch.jobs.pipeline import Pipeline
+from ocrwatch.sinks.local import LocalSink
+from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, S3Object
+from ocrwatch.sources.local import LocalSource
 from ocrwatch.store.ledger import Ledger
 from tests import docs
+from tests.test_sources_local import until
 
 
 class Poison(PermanentError):
@@ -40,7 +46,7 @@ class RecordingSource:
     async def stop(self) -> None:
         return None
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Path:
+    async def fetch(self, job: Job, spool_dir: Path, read: Any = None) -> Path:
         raise AssertionError("a rejected job is never fetched")
 
     async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
@@ -177,7 +183,7 @@ class RewrittenSource:
         self.fetched: list[str] = []
         self.finished: list[Outcome] = []
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Any = None) -> Fetched:
         data = self.versions[min(len(self.fetched), 1)].read_bytes()
         self.fetched.append(hashlib.sha256(data).hexdigest())
         copy = spool_dir / "source.pdf"
@@ -228,3 +234,50 @@ async def test_a_source_rewritten_after_its_pages_were_read_gets_sidecars_of_its
     retries = [e for e in logs if e["event"] == "job_retry"]
     assert [e["kind"] for e in retries] == ["source_changed"]
     assert source.finished == ["done"]
+
+
+@pytest.mark.parametrize("on_success", ["keep", "move", "delete"])
+async def test_a_local_document_is_hashed_once_from_its_admission_to_its_sidecars(
+    tmp_path: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch, on_success: str
+) -> None:
+    """Admission hashes a new file to ask whether it is done; its run copies it, and a move or a
+    delete holds it, under the very signature admission hashed it under, so the file is not read
+    for its sha256 again, and its sidecar records the sha256 of its bytes all the same."""
+    inbox, archive = tmp_path / "inbox", tmp_path / "archive"
+    inbox.mkdir()
+    archive.mkdir()
+    pdf = docs.write_pdf(inbox / "doc.pdf", [["ONE"]])
+    sha256, inode = hashlib.sha256(pdf.read_bytes()).hexdigest(), os.stat(pdf).st_ino
+    hashed: list[int] = []
+    hash_fd = sourcefile.hash_fd
+
+    def counted(fd: int, **options: Any) -> str:
+        if os.fstat(fd).st_ino == inode:  # the source's, not a copy's
+            hashed.append(fd)
+        return hash_fd(fd, **options)
+
+    monkeypatch.setattr(sourcefile, "hash_fd", counted)
+    cfg = Config(
+        state_dir=tmp_path / "state",
+        inbox=[{"path": inbox}],
+        output={"on_success": on_success, "archive_dir": archive},
+        engine={"kind": "plugin", "plugin": "tests.fault_engines:EchoEngine"},
+    )
+    made = Pipeline(cfg, ledger, Metrics())
+    template = cfg.output.name_template
+    local = LocalSource(cfg.inbox, reconcile_seconds=60.0, name_template=template)
+    made.add_source(local, LocalSink(template, cfg.output.dir, cfg.inbox, made.written))
+    await made.start()
+    try:
+        job = Job(origin=LocalFile(pdf, inbox), source="local")
+        assert (await made.submit(job)).outcome == "admitted"
+        await until(
+            lambda: ledger.known(job.key).state == "done" and job.key not in made.running(),
+            "the document done, and its run ended",
+        )
+    finally:
+        await made.close()
+    sidecar = inbox / "doc.pdf.json" if on_success != "move" else archive / "inbox" / "doc.pdf.json"
+    assert json.loads(sidecar.read_text())["source"]["sha256"] == sha256
+    assert pdf.exists() is (on_success == "keep"), "moved or deleted as configured"
+    assert len(hashed) == 1, "hashed by admission, then again by its run or its move"

@@ -25,7 +25,7 @@ from ocrwatch.pages.scheduler import (
     auto_render_workers,
     virtual_deadline,
 )
-from tests.pages import answered
+from tests.pages import added, answered
 
 
 @dataclass
@@ -150,8 +150,14 @@ async def test_bounds_hold_and_pages_come_back_in_order() -> None:
     scheduler = make(recorder, ref)
     now = time.time()
     docs = [
-        scheduler.add(
-            f"d{i}", priority=50, detected_at=now, pages=12, prompt="p", render=renderer(0.002)
+        added(
+            scheduler,
+            f"d{i}",
+            priority=50,
+            detected_at=now,
+            pages=12,
+            prompt="p",
+            render=renderer(0.002),
         )
         for i in range(3)
     ]
@@ -189,8 +195,8 @@ async def test_a_page_taken_from_its_text_layer_skips_the_engine() -> None:
         fax = FakePage(index, Image.new("L", (10, 10)), source_dpi=(204.0, 98.0))
         return Checked({"reason": "no_text"}, fax)  # type: ignore[arg-type]
 
-    doc = scheduler.add(
-        "d", priority=50, detected_at=time.time(), pages=4, prompt="p", render=render
+    doc = added(
+        scheduler, "d", priority=50, detected_at=time.time(), pages=4, prompt="p", render=render
     )
     pages = await asyncio.wait_for(doc.future, 30)
     assert [p.result for p in pages] == ["layer text", "text of d/p1", "layer text", "text of d/p3"]
@@ -209,12 +215,18 @@ async def test_small_document_jumps_the_queue() -> None:
     recorder = Recorder(ref, delay=0.02)
     scheduler = make(recorder, ref, inflight=1, ahead=2)
     now = time.time()
-    big = scheduler.add(
-        "big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer()
+    big = added(
+        scheduler, "big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer()
     )
     await asyncio.sleep(0.1)
-    small = scheduler.add(
-        "small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer()
+    small = added(
+        scheduler,
+        "small",
+        priority=50,
+        detected_at=now + 0.1,
+        pages=1,
+        prompt="p",
+        render=renderer(),
     )
     await asyncio.wait_for(small.future, 10)
     assert not big.future.done()
@@ -228,11 +240,17 @@ async def test_render_failure_fails_only_its_document() -> None:
     recorder = Recorder(ref)
     scheduler = make(recorder, ref)
     now = time.time()
-    bad = scheduler.add(
-        "bad", priority=50, detected_at=now, pages=5, prompt="p", render=renderer(fail_at=2)
+    bad = added(
+        scheduler,
+        "bad",
+        priority=50,
+        detected_at=now,
+        pages=5,
+        prompt="p",
+        render=renderer(fail_at=2),
     )
-    good = scheduler.add(
-        "good", priority=50, detected_at=now, pages=5, prompt="p", render=renderer()
+    good = added(
+        scheduler, "good", priority=50, detected_at=now, pages=5, prompt="p", render=renderer()
     )
     with pytest.raises(CorruptPdf):
         await asyncio.wait_for(bad.future, 10)
@@ -260,8 +278,8 @@ async def test_engine_death_requeues_pages() -> None:
     sized = PageScheduler(max_inflight=2, render_ahead=3, render_workers=1, ageing_seconds=30)
     scheduler = answered(sized, flaky)
     reviver = asyncio.create_task(revive())
-    doc = scheduler.add(
-        "d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer()
+    doc = added(
+        scheduler, "d", priority=50, detected_at=time.time(), pages=6, prompt="p", render=renderer()
     )
     pages = await asyncio.wait_for(doc.future, 10)
     assert [p.result for p in pages] == ["ok"] * 6
@@ -274,8 +292,14 @@ async def test_cancel_aborts_inflight_and_drops_queue() -> None:
     ref: list[PageScheduler] = []
     recorder = Recorder(ref, delay=5)
     scheduler = make(recorder, ref, inflight=2, ahead=3)
-    doc = scheduler.add(
-        "d", priority=50, detected_at=time.time(), pages=10, prompt="p", render=renderer()
+    doc = added(
+        scheduler,
+        "d",
+        priority=50,
+        detected_at=time.time(),
+        pages=10,
+        prompt="p",
+        render=renderer(),
     )
     while len(recorder.started) < 2:  # both slots' pages with the engine, not only dispatched
         await asyncio.sleep(0.01)
@@ -306,8 +330,8 @@ async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
     recorder = Recorder(ref, gate=gate)
     scheduler = make(recorder, ref, inflight=1, ahead=2)
     now = time.time()
-    big = scheduler.add(
-        "big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer()
+    big = added(
+        scheduler, "big", priority=50, detected_at=now, pages=30, prompt="p", render=renderer()
     )
 
     async def until(condition: Callable[[], bool]) -> None:
@@ -317,8 +341,14 @@ async def test_a_small_document_renders_past_a_full_render_ahead() -> None:
             await asyncio.sleep(0.005)
 
     await until(lambda: scheduler.budget.ready == 2 and scheduler.budget.inflight == 1)
-    small = scheduler.add(
-        "small", priority=50, detected_at=now + 0.1, pages=1, prompt="p", render=renderer()
+    small = added(
+        scheduler,
+        "small",
+        priority=50,
+        detected_at=now + 0.1,
+        pages=1,
+        prompt="p",
+        render=renderer(),
     )
     await until(lambda: scheduler.budget.ready == 3)  # rendered beyond render_ahead (the overdraft)
     gate.set()

@@ -17,7 +17,7 @@ from PIL import Image
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.deepseek.experimental.lanes import held_back, make_room
 from ocrwatch.pages.scheduler import Budget, DocumentOrder, PageScheduler, backlog_cap, lane_of
-from tests.pages import answered
+from tests.pages import added, answered
 from tests.test_scheduler import FakePage
 
 TOKENS = 40
@@ -123,7 +123,8 @@ async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> 
         if urgent_after is not None and not urgent and done >= urgent_after:
             out["urgent_dropped"] = engine.clock
             urgent.append(
-                scheduler.add(
+                added(
+                    scheduler,
                     "urgent",
                     priority=URGENT,
                     detected_at=now + 1,
@@ -136,8 +137,14 @@ async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> 
     stepper = asyncio.ensure_future(engine.run(scheduler, on_step))
     try:
         if big_pages:
-            big = scheduler.add(
-                "big", priority=BACKLOG, detected_at=now, pages=big_pages, prompt="p", render=render
+            big = added(
+                scheduler,
+                "big",
+                priority=BACKLOG,
+                detected_at=now,
+                pages=big_pages,
+                prompt="p",
+                render=render,
             )
             await asyncio.wait_for(big.future, 120)
             out["big"] = engine.clock
@@ -146,8 +153,14 @@ async def scenario(*, big_pages: int, urgent_after: int | None, lanes: bool) -> 
         else:
             out["urgent_dropped"] = 0.0
             urgent.append(
-                scheduler.add(
-                    "urgent", priority=URGENT, detected_at=now, pages=1, prompt="p", render=render
+                added(
+                    scheduler,
+                    "urgent",
+                    priority=URGENT,
+                    detected_at=now,
+                    pages=1,
+                    prompt="p",
+                    render=render,
                 )
             )
         await asyncio.wait_for(urgent[0].future, 120)  # type: ignore[attr-defined]

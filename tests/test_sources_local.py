@@ -23,7 +23,7 @@ from PIL import Image
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
 from ocrwatch.sources import local, settling, watch
-from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.sources.base import Answer, Job, LocalFile
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.readiness import probe
 from ocrwatch.sources.watch import choose_polling, filesystem_type
@@ -98,10 +98,8 @@ async def watching(
     collector: Collector | None = None,
 ) -> AsyncIterator[tuple[LocalSource, Collector]]:
     collector = collector or Collector()
-    source = LocalSource(
-        inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}", lapsed=lapsed
-    )
-    await source.start(fed(collector, never_reject))
+    source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}")
+    await source.start(fed(collector, never_reject, lapsed))
     try:
         yield source, collector
     finally:
@@ -291,24 +289,25 @@ def test_a_document_failed_for_its_path_only_is_submitted_again_once_a_scan_find
 
 class NotThereOnce(Collector):
     """A ``submit`` that finds the first file not there to read, as admission does when a folder on
-    its path is swapped for a link at that moment, and says so before returning."""
+    its path is swapped for a link at that moment, and answers so."""
 
     def __init__(self) -> None:
         super().__init__()
         self.source: LocalSource | None = None
         self.answered = 0
 
-    async def __call__(self, job: Job) -> None:
+    async def __call__(self, job: Job) -> Answer | None:
         await super().__call__(job)
         if self.answered == 0 and self.source is not None:
             self.answered += 1
-            await self.source.finish(job, "retry")
+            return Answer("retry")
+        return None
 
 
 def test_a_document_not_admitted_for_what_its_path_was_is_submitted_again_by_the_next_scan(
     tmp_path: Path,
 ) -> None:
-    """``retry`` said while ``submit`` still runs: the source does not hold the file as handed
+    """``retry`` answered by ``submit``: the source does not hold the file as handed
     over (else no scan would look at it again, and it would end with no outcome at all)."""
 
     async def scenario() -> None:

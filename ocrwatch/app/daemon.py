@@ -33,7 +33,7 @@ from ocrwatch import config as config_module
 from ocrwatch.app import checks
 from ocrwatch.config import Config
 from ocrwatch.control.protocol import LOCK_NAME
-from ocrwatch.control.server import ControlServer
+from ocrwatch.control.server import ControlServer, Lifecycle
 from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.infra.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.infra.systemd import sd_notify, watchdog_interval
@@ -45,7 +45,6 @@ from ocrwatch.sources.base import Outbox
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.store.database import open_private
 from ocrwatch.store.ledger import Ledger, StateUnusable, make_private_dirs
-from ocrwatch.store.written import Written
 
 log = structlog.get_logger()
 
@@ -122,8 +121,8 @@ class Daemon:
         self.local: LocalSource | None = None
         self.local_sink: LocalSink | None = None
         self.control: ControlServer | None = None
-        self._taking_work = asyncio.Event()  # set once the ledger's jobs are being resumed
         self._stop = asyncio.Event()
+        self.life = Lifecycle(self._stop)  # what the control channel reads of this daemon
         self._reload = asyncio.Event()
         self._force = asyncio.Event()
         self._gpus: dict[str, int] = {}
@@ -172,11 +171,15 @@ class Daemon:
         await self.pipeline.start()
         self._add_sources(self.pipeline)
         # before the ledger is read: a retry meanwhile starts its jobs itself
-        self._taking_work.set()
-        resumed = await self.resume()
+        self.life.take_work(self.pipeline)
+        # every unfinished job of the ledger, waiting there for a slot: how many
+        resumed = await self.pipeline.resume()
         # after resume: it marks done the jobs whose sidecars were written
         await self.pipeline.hooks.start()
-        self._spawn(intake.serve(self.outbox, self.pipeline.submit, self.pipeline.reject), "intake")
+        pipeline = self.pipeline
+        self._spawn(
+            intake.serve(self.outbox, pipeline.submit, pipeline.reject, pipeline.lapsed), "intake"
+        )
         for source in self.pipeline.sources.values():
             await source.start(self.outbox)
         if self.health is not None:
@@ -198,16 +201,14 @@ class Daemon:
         its own (SQS or webhook), whose sink shares its S3 client and its threads."""
         cfg = self.cfg
         template = cfg.output.name_template
+        written = pipeline.written  # the record of outputs decides what is ocrwatch's own
         self.local = LocalSource(
             cfg.inbox,
             reconcile_seconds=cfg.daemon.reconcile_seconds,
             name_template=template,
-            lapsed=pipeline.admission.lapsed,
+            owns_output=output_judge(written),
             metrics=self.metrics,
         )
-        written = Written(pipeline.ledger) if pipeline.ledger is not None else None
-        # the record decides
-        pipeline.archive.written, self.local.owns_output = (written, output_judge(written))
         self.local_sink = LocalSink(template, cfg.output.dir, cfg.inbox, written)
         pipeline.add_source(self.local, self.local_sink)
         if not cfg.s3:
@@ -300,7 +301,8 @@ class Daemon:
     async def _open_control(self) -> None:
         """The control socket, right after the lock: a client that finds the lock held finds the
         socket too."""
-        self.control = ControlServer(self.cfg.state_dir, self)
+        assert self.ledger is not None
+        self.control = ControlServer(self.cfg.state_dir, self.cfg, self.ledger, self.life)
         try:
             await self.control.start()
         except OSError as exc:
@@ -309,34 +311,6 @@ class Daemon:
                 f"{exc.strerror or exc}",
                 hint="put state_dir on a local filesystem that can hold Unix sockets",
             ) from None
-
-    async def resume(self) -> int:
-        """Let every unfinished job of the ledger start (at start, and after ``ocrwatch retry``):
-        they wait in the ledger for a slot (``Pipeline.resume``); how many."""
-        assert self.pipeline is not None
-        return await self.pipeline.resume()
-
-    # --- what the control channel asks (``control.Host``) -----------------------------------------
-
-    def state(self) -> str:
-        if self._stop.is_set():
-            return "stopping"
-        return "running" if self._taking_work.is_set() else "starting"
-
-    def taking_work(self) -> Pipeline | None:
-        return self.pipeline if self.state() == "running" else None
-
-    async def wait_taking_work(self) -> Pipeline | None:
-        waits = [
-            asyncio.create_task(self._taking_work.wait()),
-            asyncio.create_task(self._stop.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
-        return self.taking_work()
 
     # --- signals: handlers only set events --------------------------------------------------------
 

@@ -1,4 +1,7 @@
-"""The server end, in the daemon: the socket it serves for as long as it holds the state lock."""
+"""The server end, in the daemon: the socket it serves for as long as it holds the state lock.
+
+It answers from a ``Lifecycle`` (the daemon's state, which the daemon moves on) and from the ledger
+and the pipeline it is given: nothing here holds or calls the daemon."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -27,37 +30,60 @@ from ocrwatch.errors import classify
 from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.store.ledger import QUEUED, Ledger
-from ocrwatch.store.written import Written
 
 log = structlog.get_logger()
 
 
-class Host(Protocol):
-    """What the control channel needs of the daemon."""
+class Lifecycle:
+    """Where the daemon is in its life, as the control channel reads it: ``starting`` until it takes
+    work with its pipeline (its engine started, its ledger's jobs being resumed), ``running``, then
+    ``stopping`` once ``stopping`` (the daemon's own stop event) is set. The daemon moves it on
+    (``take_work``); it holds the pipeline, never the daemon."""
 
-    cfg: Config  # a reload changes its inboxes only: the listeners stay those it started with
-    ledger: Ledger | None
-    pipeline: Pipeline | None
+    def __init__(self, stopping: asyncio.Event) -> None:
+        self.pipeline: Pipeline | None = None  # once it takes work, and while it drains
+        self._taking = asyncio.Event()
+        self._stopping = stopping
+
+    def take_work(self, pipeline: Pipeline) -> None:
+        """``pipeline`` takes work, its ledger's jobs being resumed: from now on an ``ocr`` request
+        runs at once."""
+        self.pipeline = pipeline
+        self._taking.set()
 
     def state(self) -> str:
         """``starting``, ``running`` or ``stopping``."""
+        if self._stopping.is_set():
+            return "stopping"
+        return "running" if self._taking.is_set() else "starting"
 
     def taking_work(self) -> Pipeline | None:
         """The pipeline while the daemon takes work; None while it starts and once it stops."""
+        return self.pipeline if self.state() == "running" else None
 
     async def wait_taking_work(self) -> Pipeline | None:
         """The pipeline once the daemon takes work; None when it stops first."""
-
-    async def resume(self) -> int:
-        """Start every unfinished job of the ledger that does not run yet; how many."""
+        waits = [
+            asyncio.create_task(self._taking.wait()),
+            asyncio.create_task(self._stopping.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        return self.taking_work()
 
 
 class ControlServer:
-    """The socket a daemon serves for as long as it holds the state lock."""
+    """The socket a daemon serves for as long as it holds the state lock. ``cfg``: the daemon's as
+    it started (a reload changes its inboxes only: the listeners stay those it started with)."""
 
-    def __init__(self, state_dir: Path, host: Host) -> None:
+    def __init__(self, state_dir: Path, cfg: Config, ledger: Ledger, life: Lifecycle) -> None:
         self.path = state_dir / SOCKET_NAME
-        self._host = host
+        self._cfg = cfg
+        self._ledger = ledger
+        self._host = life
         self._server: asyncio.AbstractServer | None = None
         self._identity: tuple[int, int] | None = None
         self._clients: set[asyncio.Task[Any]] = set()
@@ -135,11 +161,8 @@ class ControlServer:
         self, request: dict[str, Any], send: Emit, reader: asyncio.StreamReader
     ) -> None:
         host = self._host
-        summary = (  # the jobs past queued are this daemon's running ones, not waiting
-            await asyncio.to_thread(host.ledger.summary, waiting=QUEUED)
-            if host.ledger is not None
-            else {}
-        )
+        # the jobs past queued are this daemon's running ones, not waiting
+        summary = await asyncio.to_thread(self._ledger.summary, waiting=QUEUED)
         pipeline = host.pipeline
         engine = (
             pipeline.supervisor.kind
@@ -147,7 +170,7 @@ class ControlServer:
             else None
         )
         daemon = {"pid": os.getpid(), "state": host.state(), "engine": engine}
-        daemon["listening"] = listeners(host.cfg)
+        daemon["listening"] = listeners(self._cfg)
         live = pipeline_status(pipeline.progress() if pipeline is not None else [])
         if pipeline is not None:  # the jobs waiting in the ledger for a slot, not in memory
             waiting = await pipeline.admission.waiting_by(place, pipeline.running())
@@ -165,13 +188,10 @@ class ControlServer:
             isinstance(selectors, list) and all(isinstance(s, str) for s in selectors)
         ):
             raise ControlError("not a valid request: selectors must be a list of strings, or null")
-        ledger = self._host.ledger
-        if ledger is None:
-            raise ControlError("the daemon has no ledger open")
-        count = await asyncio.to_thread(ledger.retry, selectors or None)
-        started = self._host.taking_work() is not None
-        if started and count:
-            await self._host.resume()
+        count = await asyncio.to_thread(self._ledger.retry, selectors or None)
+        pipeline = self._host.taking_work()
+        if pipeline is not None and count:
+            await pipeline.resume()
         await send(
             {"event": "retried", "count": count, "pid": os.getpid(), "state": self._host.state()}
         )
@@ -205,9 +225,10 @@ class ControlServer:
         log.info(
             "control_ocr", files=len(order.files), out=None if order.out is None else str(order.out)
         )
-        written = Written(pipeline.ledger) if pipeline.ledger is not None else None
         sink = LocalSink(
-            pipeline.cfg.output.name_template, order.out or pipeline.cfg.output.dir, written=written
+            pipeline.cfg.output.name_template,
+            order.out or pipeline.cfg.output.dir,
+            written=pipeline.written,
         )
         work = asyncio.create_task(
             run_ocr(

@@ -1,19 +1,22 @@
 """Admission: whether a job runs at all, and when.
 
-``submit`` is where every source's job comes in. The ledger and the sidecars decide whether it runs:
-a job whose sidecars already describe its content is done without a run, one the ledger holds as
-done or failed with the same content is not run again. A job that must run is recorded ``queued``
-and waits **in the ledger**, not in memory: ``waiting_jobs`` takes a document slot, reads the next
-waiting row (higher priority first, then the oldest) and hands the job to the pipeline, again each
-time a slot frees. So a backlog of a hundred thousand files costs rows on disk rather than tasks, a
-stop leaves them where they are (one line says how many), and a start resumes them in the same
-order, jobs interrupted mid-stage included.
+``submit`` is where every source's job comes in, and it returns its answer (``sources.base.Answer``)
+rather than calling the source back. The ledger and the sidecars decide whether it runs: a job whose
+sidecars already describe its content is done without a run, one the ledger holds as done or failed
+with the same content is not run again, and the source is told so in the answer. A job that must
+run is recorded ``queued`` and waits **in the ledger**, not in memory: ``waiting_jobs`` takes a
+document slot, reads the next waiting row (higher priority first, then the oldest) and hands the job
+to the pipeline, again each time a slot frees. So a backlog of a hundred thousand files costs rows
+on disk rather than tasks, a stop leaves them where they are (one line says how many), and a start
+resumes them in the same order, jobs interrupted mid-stage included.
 
 A local file is fingerprinted before anything else, within its byte budget: its size comes from the
 descriptor, and a file over its ``max_bytes`` is never read (it fails ``file_too_large`` when its
 run fetches it), so a sparse file of terabytes costs a ``stat``. The files that are hashed are
 hashed in a pool of ``HASHING_THREADS`` threads of its own (``Fingerprinter``), which a stop
-interrupts between two blocks, and which says when it is stuck (``/readyz``).
+interrupts between two blocks, and which says when it is stuck (``/readyz``). That hash is the
+document's one: its run copies the file without hashing it again while the file is as it was
+hashed (``sources.base.Read``, from the ledger's fingerprint).
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from ocrwatch.config import LimitsConfig
 from ocrwatch.errors import OcrwatchError, classify
 from ocrwatch.jobs.archive import Archiver
 from ocrwatch.jobs.hooks import HookRunner
+from ocrwatch.jobs.jobrun import read_of
 from ocrwatch.pages.renderspec import Limits
 from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink, done
-from ocrwatch.sources.base import Job, S3Object, Source, key_id
+from ocrwatch.sources.base import ADMITTED, Answer, Job, S3Object, Source, key_id
 from ocrwatch.sources.sourcefile import inspect, measure
 from ocrwatch.store.ledger import Fingerprint, Ledger, State
 
@@ -165,14 +169,14 @@ class Admission:
         freed)."""
         self._wanted.set()
 
-    async def submit(self, job: Job) -> None:
-        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be
-        done."""
+    async def submit(self, job: Job) -> Answer:
+        """Admit a job (idempotent); returns once it is durably in the ledger, or known settled with
+        nothing to run: its answer, for its source to act on."""
         admitting = self._admitting.setdefault(job.source, asyncio.Semaphore(ADMITTING))
         async with admitting:
-            await self._admit(job)
+            return await self._admit(job)
 
-    async def _admit(self, job: Job) -> None:
+    async def _admit(self, job: Job) -> Answer:
         if isinstance(job.origin, S3Object):
             fingerprint = self.fingerprint(job)  # what the event said: nothing is read
         else:
@@ -180,27 +184,24 @@ class Admission:
         if fingerprint is None:
             # Not there to read at this moment (gone, or a folder on its path swapped meanwhile):
             # the source must look again, not hold it as handed over.
-            await self.sources[job.source].finish(job, "retry")
-            return
+            return Answer("retry")
         if await self.done_already(job, fingerprint):
-            return
+            return Answer("done")
         ledger = self.ledger
         if ledger is not None and not await asyncio.to_thread(ledger.admit, job, fingerprint):
             row = await asyncio.to_thread(ledger.known, job.key)
             if row is None:
-                return
+                return ADMITTED
             if row.state not in ("done", "failed"):
                 # Mid-run: what the run ends with may not hold for the file as it is now (a run
                 # that fails ``source_changed`` saw a swap this event may come after).
                 self._during[job.key] = job
-                return
+                return ADMITTED
             written = row.state == "done" and await self._offload(
                 job, self.already_written, job, fingerprint
             )
             if row.state == "failed" or written:
-                kind = (row.last_error or {}).get("kind")
-                await self.sources[job.source].finish(job, row.state, kind)
-                return
+                return Answer(row.state, (row.last_error or {}).get("kind"))
             # Done with this very content, yet no sidecar records it (deleted, or another's now):
             # done again.
             log.info("job_sidecars_missing", job_id=job_id(job), uri=job.origin.uri)
@@ -208,6 +209,7 @@ class Admission:
             # The next run's attempt replaces the finished run's.
             await asyncio.to_thread(ledger.release_attempt, job.key)
         self.wake()
+        return ADMITTED
 
     def ended(self, key: str) -> None:
         """A run ended: a job submitted again while it went on is admitted once more, so the file as
@@ -219,8 +221,12 @@ class Admission:
             task.add_done_callback(self._again.discard)
 
     async def _admit_again(self, job: Job) -> None:
+        """Admitted once more, after the source's own ``submit`` returned: an answer that settles
+        the job is told to its source, as a run's outcome is."""
         try:
-            await self.submit(job)
+            answer = await self.submit(job)
+            if answer.final:
+                await self.sources[job.source].finish(job, answer.settled, answer.kind)
         except Exception as exc:  # the next scan or event admits it
             error = classify(exc)
             log.error(
@@ -295,9 +301,14 @@ class Admission:
             and not self.already_written(job, row.fingerprint)
         )
 
+    async def lapsed_of(self, jobs: list[Job]) -> list[Job]:
+        """Those of ``jobs`` that ``lapsed`` (a source's question, ``Outbox.lapsed``), asked in one
+        worker thread for them all."""
+        return await asyncio.to_thread(lambda: [job for job in jobs if self.lapsed(job)])
+
     async def done_already(self, job: Job, fingerprint: Fingerprint) -> bool:
-        """A job whose sidecars describe its content is done without a run: recorded so and
-        acknowledged."""
+        """A job whose sidecars describe its content is done without a run: recorded so, and its
+        source acted upon (moved, deleted) as on success. The caller tells the source."""
         if not await self._offload(job, self.already_written, job, fingerprint):
             return False
         if self.ledger is not None:
@@ -307,10 +318,15 @@ class Admission:
         # one line an inbox.
         log.debug("job_already_done", job_id=job_id(job), uri=job.origin.uri)
         moved = await self._offload(
-            job, self.archive.apply_on_success, job, None, fingerprint.sha256
+            job,
+            self.archive.apply_on_success,
+            job,
+            None,
+            fingerprint.sha256,
+            None,
+            read_of(fingerprint),
         )
         await self.hooks.relocate(job.key, moved)
-        await self.sources[job.source].finish(job, "done")
         return True
 
     async def resume(self, running: Collection[str]) -> int:

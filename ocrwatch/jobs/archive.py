@@ -77,7 +77,7 @@ from ocrwatch.sinks.local import (
     output_markers,
 )
 from ocrwatch.sinks.ownership import judge
-from ocrwatch.sources.base import Bucketed, Job, LocalFile, S3Object, Source
+from ocrwatch.sources.base import Bucketed, Job, LocalFile, Read, S3Object, Source
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import Owns
 from ocrwatch.sources.sourcefile import Content, folders_of, held
@@ -108,8 +108,8 @@ class Archiver:
         self._sinks = sinks
         self._metrics = metrics
         self.written = written
-        """The record of outputs (the daemon sets it once the ledger is open): what a move takes
-        along, and where its rows go. None: only an older ocrwatch's marks tell, on files of the
+        """The record of outputs (the pipeline's, over its ledger): what a move takes along, and
+        where its rows go. None: only an older ocrwatch's marks tell, on files of the
         daemon's user."""
         self._later: dict[str, threading.Timer] = {}
 
@@ -131,13 +131,15 @@ class Archiver:
         status: str | None,
         sha256: str | None,
         changed: Callable[[], bool] | None = None,
+        read: Read | None = None,
     ) -> dict[str, str] | None:
         """Act on the finished job's source as configured. ``status`` None: read from its JSON
         sidecar; ``sha256``: of the bytes processed; ``changed``: the fetch's own check, asked
-        first. What moved, so its hooks are told where it is now: under ``source`` the source's URI
-        now (``""`` once deleted), under ``json`` and ``md`` their paths where a move took them
-        along (not where they stay: an S3 object's, sidecars under ``[output] dir``). None where
-        nothing moved (kept, a failure)."""
+        first; ``read``: admission's hash of a local source, so one still as it was hashed is not
+        read again. What moved, so its hooks are told where it is now: under ``source`` the
+        source's URI now (``""`` once deleted), under ``json`` and ``md`` their paths where a move
+        took them along (not where they stay: an S3 object's, sidecars under ``[output] dir``).
+        None where nothing moved (kept, a failure)."""
         action = self.action(job)
         if action == "keep":
             return None
@@ -156,13 +158,13 @@ class Archiver:
                 now = where or ""
             else:
                 assert isinstance(job.origin, LocalFile)
-                moved, sidecars = self._local(job, job.origin, action, sha256)
+                moved, sidecars = self._local(job, job.origin, action, sha256, read)
                 where, now = (None, "") if moved is None else (str(moved), moved.as_uri())
         except SourceInUse as exc:
             log.warning("source_kept", **fields, reason=exc.reason, detail=exc.message)
             self._metrics.archive_failures.labels(action=action, reason="in_use").inc()
             if exc.retry_in is not None and action == "delete":
-                self._again(job, sha256, exc.retry_in)
+                self._again(job, sha256, read, exc.retry_in)
             return None
         except (SourceChanged, SourceGone) as exc:
             reason = "changed" if isinstance(exc, SourceChanged) else "gone"
@@ -185,30 +187,30 @@ class Archiver:
         self._metrics.archived.labels(action=action).inc()
         return {"source": now, **(sidecars or {})}
 
-    def _again(self, job: Job, sha256: str | None, delay: float) -> None:
+    def _again(self, job: Job, sha256: str | None, read: Read | None, delay: float) -> None:
         """Delete a source again once it has been quiet long enough, where no lease tells that no
         writer holds it: a timer thread of its own, which a stopping daemon does not wait for (its
         next start acts then)."""
         if (previous := self._later.pop(job.key, None)) is not None:
             previous.cancel()
-        timer = threading.Timer(delay + 1.0, self._retry, (job, sha256))
+        timer = threading.Timer(delay + 1.0, self._retry, (job, sha256, read))
         timer.daemon = True
         self._later[job.key] = timer
         timer.start()
 
-    def _retry(self, job: Job, sha256: str | None) -> None:
+    def _retry(self, job: Job, sha256: str | None, read: Read | None) -> None:
         self._later.pop(job.key, None)
-        self.apply_on_success(job, "ok", sha256)
+        self.apply_on_success(job, "ok", sha256, read=read)
 
     def _local(
-        self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None
+        self, job: Job, origin: LocalFile, action: OnSuccess, sha256: str | None, read: Read | None
     ) -> tuple[Path | None, dict[str, str] | None]:
         """Where the source went (None: deleted), and where its ``json`` and ``md`` sidecars are,
         when beside it."""
         if sha256 is None:
             raise SourceChanged(f"{origin.path}: no digest of what was read to compare it with")
         source, sink = self._sources[job.source], self._sinks[job.source]
-        content = _processed(sink, job, sha256)
+        content = _processed(sink, job, sha256, read)
         if action == "delete":
             delete_local(origin.path, origin.inbox, content)
             return None, None
@@ -284,7 +286,7 @@ def output_judge(written: Written | None) -> Owns:
     return owns
 
 
-def _processed(sink: Sink, job: Job, sha256: str) -> Content:
+def _processed(sink: Sink, job: Job, sha256: str, read: Read | None = None) -> Content:
     """The size and sha256 of the bytes the job processed, as its JSON sidecar records them
     (``Sink.recorded``): what the source must still be, its size compared before a byte is read.
     ``SourceChanged`` where the sidecar records other bytes, or none."""
@@ -292,7 +294,7 @@ def _processed(sink: Sink, job: Job, sha256: str) -> Content:
     fingerprint = recorded_fingerprint(recorded) if recorded is not None else None
     if fingerprint is None or fingerprint.sha256 != sha256:
         raise SourceChanged(f"{job.origin.uri}: its sidecar no longer records the bytes read")
-    return Content(fingerprint.size, sha256)
+    return Content(fingerprint.size, sha256, read)
 
 
 def delete_local(path: Path, root: Path, content: Content) -> None:

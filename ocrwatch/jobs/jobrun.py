@@ -13,7 +13,7 @@ from typing import Any
 
 from ocrwatch.config import TextMode
 from ocrwatch.pages.scheduler import Document
-from ocrwatch.sources.base import Job
+from ocrwatch.sources.base import Job, Read
 from ocrwatch.store.ledger import Fingerprint, Ledger, State
 
 
@@ -24,6 +24,15 @@ class Asked:
 
     lang: str | None = None
     text: TextMode | None = None
+
+
+def read_of(fingerprint: Fingerprint) -> Read | None:
+    """A local file's fingerprint as what was read of it (``Read``); None where it was not hashed
+    (over its byte budget, an object) or its stat fields were not recorded."""
+    then = fingerprint
+    if then.sha256 is None or then.mtime_ns is None or then.inode is None or then.ctime_ns is None:
+        return None
+    return Read(then.sha256, then.size, then.mtime_ns, then.ctime_ns, then.inode)
 
 
 class Record:
@@ -41,6 +50,15 @@ class Record:
     async def set_state(self, state: State, **fields: int) -> None:
         if self._ledger is not None:
             await asyncio.to_thread(self._ledger.set_state, self.key, state, **fields)
+
+    async def read(self) -> Read | None:
+        """What admission read of the job's local file, from its ledger row: its sha256 and the stat
+        fields it was hashed under. None where nothing is recorded, or nothing was hashed (a file
+        over its byte budget, an object)."""
+        if self._ledger is None:
+            return None
+        row = await asyncio.to_thread(self._ledger.known, self.key)
+        return read_of(row.fingerprint) if row is not None else None
 
     async def record_attempt(self) -> int | None:
         """The attempts counted so far, this one included; None where nothing is recorded."""

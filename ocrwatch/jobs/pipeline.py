@@ -1,7 +1,7 @@
 """A document's way from its source to its sidecars, one named step after another.
 
 ``Pipeline._process`` reads like the recipe it is: fetch and probe, render and recognise (the
-shared scheduler renders pages ahead in worker threads; ``recognition`` answers its page asks),
+shared scheduler asks for pages to be rendered ahead and recognised; ``recognition`` answers both),
 assemble, write; the steps that need no pipeline state are ``steps``. Around it sit admission
 (``admission``: whether a job runs at all, and when: jobs wait in the ledger until a slot
 frees), the retry loop (a transient failure is tried again with backoff) and ``reject``, the one
@@ -60,8 +60,9 @@ from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
 from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import Sink
-from ocrwatch.sources.base import Job, Source
+from ocrwatch.sources.base import Answer, Job, Source
 from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.written import Written
 
 __all__ = ["Pipeline", "Probed", "Progress", "job_id"]
 
@@ -98,8 +99,10 @@ class Pipeline:
         self.decode_budget = DecodeBudget(cfg.render.decode_budget_mb * 1024 * 1024)
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
+        # the record of outputs: what is ocrwatch's own (None without a ledger: ``ocrwatch ocr``)
+        self.written = Written(ledger) if ledger is not None else None
         # a source's fate once it is done
-        self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics)
+        self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics, self.written)
         self.admission = Admission(
             ledger, self.sources, self.sinks, self.archive, self.hooks, self._offload, cfg.limits
         )
@@ -187,10 +190,14 @@ class Pipeline:
 
     # --- admission (``admission.py``) ---------------------------------------------------------
 
-    async def submit(self, job: Job) -> None:
-        """Admit a job (idempotent); returns once it is durably in the ledger, or known to be
-        done."""
-        await self.admission.submit(job)
+    async def submit(self, job: Job) -> Answer:
+        """Admit a job (idempotent); returns once it is durably in the ledger, or known settled:
+        its answer, for its source to act on."""
+        return await self.admission.submit(job)
+
+    async def lapsed(self, jobs: list[Job]) -> list[Job]:
+        """Those of ``jobs`` whose sidecars lapsed since they were done (a source's question)."""
+        return await self.admission.lapsed_of(jobs)
 
     async def resume(self) -> int:
         """Let the ledger's unfinished jobs start (at start, and after ``ocrwatch retry``); how many
@@ -424,6 +431,7 @@ class Pipeline:
             document["status"],
             probed.sha256,
             probed.changed,
+            probed.read,
         )
         await self.hooks.release(event, moved)  # the hooks are told where a move took the sidecars
         self.recognition.record_success(job, document["status"], stages)
@@ -453,30 +461,31 @@ class Pipeline:
         job = run.job
         run.lang = job_lang(self.cfg, run)
         text = run.asked.text if run.asked is not None else None
-        session.document = self.scheduler.add(
+        maker = pagetext.pages(
+            self.cfg,
+            job.origin,
+            probed,
+            text,
+            self.supervisor.kind,
+            run.lang,
+            self.decode_budget,
+            self.metrics.stage_seconds.labels(stage="render").observe,
             session.job_id,
-            priority=job.priority,
-            detected_at=job.detected_at,
-            pages=probed.info.pages,
-            prompt=self.cfg.prompt_text(job.prompt),
-            render=pagetext.pages(
-                self.cfg,
-                job.origin,
-                probed,
-                text,
-                self.supervisor.kind,
-                run.lang,
-                self.decode_budget,
-                self.metrics.stage_seconds.labels(stage="render").observe,
-                session.job_id,
-            ),
         )
-        run.document = session.document
+        # the scheduler asks for each page to be rendered, then recognised: ``recognition`` answers
         try:
             with (
-                self.recognition.languages(session.job_id, run.lang),
+                self.recognition.reading(session.job_id, run.lang, maker),
                 naming(probed.path, job.origin),
             ):
+                session.document = self.scheduler.add(
+                    session.job_id,
+                    priority=job.priority,
+                    detected_at=job.detected_at,
+                    pages=probed.info.pages,
+                    prompt=self.cfg.prompt_text(job.prompt),
+                )
+                run.document = session.document
                 pages = await session.document.future
         # a page of the replacement, rendered with the old one's page count
         except PermanentError as exc:
@@ -530,6 +539,7 @@ class Pipeline:
             if fingerprint is not None:
                 # A duplicate whose acknowledgement was lost.
                 if await self.admission.done_already(job, fingerprint):
+                    await self.sources[job.source].finish(job, "done")
                     return
                 await record.admit(job, fingerprint)  # so the failure has a row to be recorded in
         log.error(

@@ -25,7 +25,7 @@ from ocrwatch.pages.scheduler import PageOutcome
 from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
 from ocrwatch.safefs import Access
-from ocrwatch.sources.base import Bucketed, Job, LocalFile, Origin, S3Object, Source
+from ocrwatch.sources.base import Bucketed, Job, LocalFile, Origin, Read, S3Object, Source
 from ocrwatch.store.ledger import sha256_file
 
 __all__ = [
@@ -50,6 +50,7 @@ class Probed:
     spec: render.RenderSpec
     sha256: str
     access: Access | None = None  # who may read the local source: its outputs get no more
+    read: Read | None = None  # admission's hash of a local source (the archive reads it no more)
 
 
 async def fetch_and_probe(
@@ -57,10 +58,13 @@ async def fetch_and_probe(
 ) -> Probed:
     """The document as a file private to the job, held to the limits and measured, so a document
     that cannot be done fails before its first page is rendered. Every later step reads that one
-    copy, and the sidecar's sha256 is the one the source took of it while copying."""
+    copy, and the sidecar's sha256 is the one the source took of it while copying, or admission's
+    where the file is still as admission hashed it (``Read``): a local file is hashed once."""
     job = run.job
     limits = render.Limits.for_job(cfg.limits, job)
-    fetched = await source.fetch(dataclasses.replace(job, max_bytes=limits.max_bytes), spool_dir)
+    read = await run.record.read() if isinstance(job.origin, LocalFile) else None
+    bounded = dataclasses.replace(job, max_bytes=limits.max_bytes)
+    fetched = await source.fetch(bounded, spool_dir, read)
     path = fetched.path
     digest = fetched.sha256
     if not digest:
@@ -73,7 +77,7 @@ async def fetch_and_probe(
             render.plan_pdf(info, spec, job_id=job_id(job), uri=job.origin.uri)
             # and for an image in it too large to decode, however small the file
             await asyncio.to_thread(render.check_images, path, info, spec)
-    return Probed(path, fetched.changed, info, spec, digest, fetched.access)
+    return Probed(path, fetched.changed, info, spec, digest, fetched.access, read)
 
 
 def job_lang(cfg: Config, run: JobRun) -> str | None:

@@ -7,6 +7,11 @@ up to ``render_workers`` pages, so a one-page document arriving behind a large o
 engine slot, not for one to free its render slot and then another; memory is bounded by
 ``render_ahead + render_workers`` page images. Rendering overlaps recognition.
 
+The scheduler decides which page is rendered when, and which is recognised when; it does neither
+itself. Both are asks to the layer above, answered with data: ``render_asks`` yields each page to
+render (``RenderAsk``: the layer above holds each document's page maker and its render threads) and
+``page_asks`` each page to recognise (``PageAsk``). Nothing of a higher layer is handed down.
+
 Order: the inbox's priority lane first (higher lane wins outright), then the earliest *virtual
 deadline*: ``detected_at + ageing_seconds * log2(1 + pages)``. Small documents get early deadlines,
 so they overtake a large one in progress; but a large document's deadline is fixed at arrival, so
@@ -31,8 +36,7 @@ import itertools
 import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +50,6 @@ if TYPE_CHECKING:
     from ocrwatch.pages.render import RenderedPage
 
 log = structlog.get_logger()
-
-RenderFn = Callable[[int], "RenderedPage | Checked"]
 
 LANE_STRIDE = 10**8
 """``engine_priority`` is ``(lane + 100) * LANE_STRIDE`` plus a deadline below the stride."""
@@ -194,6 +196,22 @@ class Checked:
 
 
 @dataclass(eq=False)
+class RenderAsk:
+    """A page the scheduler asks the layer above to render: page ``index`` of ``doc``, the rendered
+    page (or the page its text check finished, ``Checked``) into ``future``. The scheduler cancels
+    the future when nobody waits for the page any more; the answerer then drops its work
+    (``take``)."""
+
+    doc: Document
+    index: int
+    future: asyncio.Future[RenderedPage | Checked]
+
+    def take(self, work: asyncio.Future[RenderedPage | Checked]) -> None:
+        """The answer ``work`` gave (its result, its exception, or that it was cancelled)."""
+        _carry(work, self.future)
+
+
+@dataclass(eq=False)
 class PageAsk:
     """A page the scheduler asks the layer above to recognise: ``future`` takes the engine's result
     and the figures kept of the page image (it is let go right after). The scheduler cancels the
@@ -205,14 +223,19 @@ class PageAsk:
 
     def take(self, work: asyncio.Future[tuple[Any, tuple[Any, ...]]]) -> None:
         """The answer ``work`` gave (its result, its exception, or that it was cancelled)."""
-        if self.future.done():
-            return
-        if work.cancelled():
-            self.future.cancel()
-        elif (error := work.exception()) is not None:
-            self.future.set_exception(error)
-        else:
-            self.future.set_result(work.result())
+        _carry(work, self.future)
+
+
+def _carry(work: asyncio.Future[Any], future: asyncio.Future[Any]) -> None:
+    """``work``'s ending, whichever it is, carried into ``future`` (unless that has ended)."""
+    if future.done():
+        return
+    if work.cancelled():
+        future.cancel()
+    elif (error := work.exception()) is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(work.result())
 
 
 @dataclass(eq=False)
@@ -223,7 +246,6 @@ class Document:
     order: DocumentOrder
     pages: int
     prompt: str
-    render: RenderFn
     future: asyncio.Future[list[PageOutcome]]
     next_page: int = 0
     outcomes: dict[int, PageOutcome] = field(default_factory=dict)
@@ -253,6 +275,7 @@ class PageScheduler:
         self, *, max_inflight: int, render_ahead: int, render_workers: int, ageing_seconds: float
     ) -> None:
         self._asks: asyncio.Queue[PageAsk] = asyncio.Queue()
+        self._render_asks: asyncio.Queue[RenderAsk] = asyncio.Queue()
         self._deaths: asyncio.Queue[EngineDead] = asyncio.Queue()
         self.budget = Budget(max_inflight, max(render_ahead, 1), render_workers)
         self.ageing_seconds = ageing_seconds
@@ -260,7 +283,6 @@ class PageScheduler:
         self._epoch = 0.0
         self._ready: list[tuple[DocumentOrder, int, _Ready]] = []
         self._render_queue: list[tuple[DocumentOrder, Document]] = []
-        self._executor = ThreadPoolExecutor(render_workers, thread_name_prefix="ocrwatch-render")
         self._tasks: set[asyncio.Task[None]] = set()
         self._engine_ready = asyncio.Event()
         self._engine_ready.set()
@@ -276,14 +298,13 @@ class PageScheduler:
         detected_at: float,
         pages: int,
         prompt: str,
-        render: RenderFn,
     ) -> Document:
+        """A document of ``pages`` pages, each asked to be rendered (``render_asks``) as its turn
+        comes, then recognised (``page_asks``); its future resolves with every page."""
         if not self._epoch:
             self._epoch = detected_at
         order = DocumentOrder.of(priority, detected_at, pages, self.ageing_seconds, next(self._seq))
-        doc = Document(
-            doc_id, order, pages, prompt, render, asyncio.get_running_loop().create_future()
-        )
+        doc = Document(doc_id, order, pages, prompt, asyncio.get_running_loop().create_future())
         self._open_lanes[order.lane] += 1
         heapq.heappush(self._render_queue, (order, doc))
         self._pump()
@@ -315,6 +336,12 @@ class PageScheduler:
     def resume_engine(self) -> None:
         self._engine_ready.set()
         self._pump()
+
+    async def render_asks(self) -> AsyncIterator[RenderAsk]:
+        """Each page to render, for the layer above to answer (``RenderAsk``) in one of its
+        ``render_workers`` threads, as the bounds let it start."""
+        while True:
+            yield await self._render_asks.get()
 
     async def page_asks(self) -> AsyncIterator[PageAsk]:
         """Each page to recognise, for the layer above to answer (``PageAsk``), as dispatched."""
@@ -353,7 +380,6 @@ class PageScheduler:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # --- the pump: every state change ends here ---------------------------------------------------
 
@@ -406,10 +432,12 @@ class PageScheduler:
         return task
 
     async def _render(self, doc: Document, index: int) -> None:
+        """Page ``index`` of ``doc``, asked of the layer above; cancelling this task cancels the
+        ask."""
+        ask = RenderAsk(doc, index, asyncio.get_running_loop().create_future())
+        self._render_asks.put_nowait(ask)
         try:
-            page = await asyncio.get_running_loop().run_in_executor(
-                self._executor, doc.render, index
-            )
+            page = await ask.future
         except Exception as exc:  # any failure of one page fails its document, never the scheduler
             self.budget.rendering -= 1
             self._fail(doc, classify(exc))

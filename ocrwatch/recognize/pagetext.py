@@ -459,7 +459,7 @@ def pages(
 
 @dataclass(frozen=True)
 class Pages:
-    """A document's page maker for the render workers (the scheduler's ``RenderFn``): each page
+    """A document's page maker for the render workers (``recognition.PageMaker``): each page
     rendered, or its own text checked first and taken where it stands for its recognition.
     ``observe`` is told each render's seconds. A worker's log lines carry the document's ``job_id``
     and ``uri``, as its other lines do: a worker thread has none of the job's context."""

@@ -1,8 +1,11 @@
-"""Each page the scheduler asks for, answered by the engine, and the figures that record it.
+"""Each page the scheduler asks for, rendered, answered by the engine, and the figures that record
+it.
 
-The pipeline holds one ``Recognition``: it answers the scheduler's page asks in tasks of their own,
-in the languages of each document's job, has the supervisor rebuild an engine that died, and counts
-pages, tokens and engine phases as they finish.
+The pipeline holds one ``Recognition``: it answers the scheduler's render asks in its
+``render_workers`` threads with each document's page maker (``pagetext.Pages``), its page asks in
+tasks of their own in the languages of each document's job, has the supervisor rebuild an engine
+that died, and counts pages, tokens and engine phases as they finish. The scheduler below holds
+none of these: it is fed what they make.
 """
 
 from __future__ import annotations
@@ -12,18 +15,24 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.errors import EngineDead
 from ocrwatch.infra.metrics import ENGINE_PHASES, Metrics
-from ocrwatch.pages.scheduler import PageAsk, PageScheduler
+from ocrwatch.pages.render import RenderedPage
+from ocrwatch.pages.scheduler import Checked, PageAsk, PageScheduler, RenderAsk
 from ocrwatch.recognize import figures, ladder
 from ocrwatch.recognize.supervisor import EngineSupervisor
 from ocrwatch.sources.base import Job
 
-__all__ = ["Recognition"]
+__all__ = ["PageMaker", "Recognition"]
+
+PageMaker = Callable[[int], RenderedPage | Checked]
+"""A document's page maker (``pagetext.Pages``): page ``index`` rendered, or its text check's
+outcome. Blocking: called in a render thread."""
 
 
 class Recognition:
@@ -34,20 +43,30 @@ class Recognition:
         self.metrics = metrics
         self._extract = figures.extractor(images)  # ``[output] images``: a reload keeps it
         self._langs: dict[str, str | None] = {}  # by job id, while its pages are recognised
+        self._makers: dict[str, PageMaker] = {}  # by job id, while its pages are rendered
         self._loops: list[asyncio.Task[None]] = []
+        self._render_threads: ThreadPoolExecutor | None = None
 
     def start(self, scheduler: PageScheduler) -> None:
-        """Answer the scheduler's page asks and its engine deaths, each in a task of its own."""
+        """Answer the scheduler's render asks (in ``render_workers`` threads of its own), its page
+        asks and its engine deaths, each in a task of its own."""
+        self._render_threads = ThreadPoolExecutor(
+            scheduler.budget.render_workers, thread_name_prefix="ocrwatch-render"
+        )
         self._loops = [
+            asyncio.create_task(self._answer_renders(scheduler), name="render-answers"),
             asyncio.create_task(self._answer_pages(scheduler), name="page-answers"),
             asyncio.create_task(self._revive(scheduler), name="engine-revive"),
         ]
 
     async def stop(self) -> None:
-        """Both loops cancelled and ended."""
+        """The loops cancelled and ended; the render threads let go (a page rendering now ends in
+        its own time: its pdftoppm is killed by the drain)."""
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._render_threads is not None:
+            self._render_threads.shutdown(wait=False, cancel_futures=True)
 
     async def _revive(self, scheduler: PageScheduler) -> None:
         """Each engine death the scheduler yields, answered by the supervisor's rebuild."""
@@ -55,13 +74,33 @@ class Recognition:
             await self.supervisor.rebuild(scheduler)
 
     @contextlib.contextmanager
-    def languages(self, doc_id: str, lang: str | None) -> Iterator[None]:
-        """The document's pages are recognised in ``lang`` (None: the engine's own) in the block."""
-        self._langs[doc_id] = lang
+    def reading(self, doc_id: str, lang: str | None, maker: PageMaker) -> Iterator[None]:
+        """In the block, the document's pages are made by ``maker`` and recognised in ``lang``
+        (None: the engine's own)."""
+        self._langs[doc_id], self._makers[doc_id] = lang, maker
         try:
             yield
         finally:
             self._langs.pop(doc_id, None)
+            self._makers.pop(doc_id, None)
+
+    async def _answer_renders(self, scheduler: PageScheduler) -> None:
+        """Each page the scheduler asks to have rendered, made in a render thread by its document's
+        maker; the ask's cancellation lets the page go (a thread cannot be stopped: its result is
+        dropped)."""
+        loop = asyncio.get_running_loop()
+        async for ask in scheduler.render_asks():
+            work = loop.run_in_executor(self._render_threads, self._make, ask)
+            work.add_done_callback(ask.take)
+            ask.future.add_done_callback(functools.partial(_cancel, work))
+
+    def _make(self, ask: RenderAsk) -> RenderedPage | Checked:
+        """One page of the ask's document (blocking). A document no longer read has no maker: its
+        page fails, and with it nothing, as the document has already ended."""
+        maker = self._makers.get(ask.doc.doc_id)
+        if maker is None:
+            raise LookupError(f"{ask.doc.doc_id}: no longer read")
+        return maker(ask.index)
 
     async def _answer_pages(self, scheduler: PageScheduler) -> None:
         """Each page the scheduler asks for, recognised in a task of its own that the ask's
@@ -112,6 +151,6 @@ class Recognition:
             self.metrics.stage_seconds.labels(stage=stage).observe(seconds)
 
 
-def _cancel(task: asyncio.Task[Any], future: object) -> None:
+def _cancel(task: asyncio.Future[Any], future: object) -> None:
     """A page's answer is dropped once nobody waits for it (its document cancelled)."""
     task.cancel()

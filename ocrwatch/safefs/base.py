@@ -213,19 +213,40 @@ def hash_fd(
     ``Stopped`` before the next block once ``stop`` is set, so a stopping daemon never waits for a
     whole file. The copy leaves every run of ``HOLE`` zero bytes a hole: a sparse source's holes,
     read as zeros, never take space where it is copied."""
-    hasher, offset = hashlib.sha256(), 0
+    hasher = hashlib.sha256()
+    _read_whole(fd, hasher.update, out, limit, stop)
+    return hasher.hexdigest()
+
+
+def copy_fd(fd: int, out: int, *, limit: int | None = None) -> None:
+    """``hash_fd``'s copy of the open file ``fd`` to ``out`` without its hash: for bytes whose
+    sha256 was taken before, under the very signature they are read under now, so a document is
+    hashed once (``sources.sourcefile.copy_out``). ``TooLarge`` as ``hash_fd`` raises it."""
+    _read_whole(fd, None, out, limit, None)
+
+
+def _read_whole(
+    fd: int,
+    take: Callable[[bytes], object] | None,
+    out: int | None,
+    limit: int | None,
+    stop: threading.Event | None,
+) -> None:
+    """The one read loop: each block of ``fd`` from its start given to ``take`` and copied to
+    ``out``, where given."""
+    offset = 0
     while block := os.pread(fd, CHUNK, offset):
         if stop is not None and stop.is_set():
             raise Stopped(f"stopped after {offset} bytes")
         if limit is not None and offset + len(block) > limit:
             raise TooLarge(f"more than {limit} bytes")
-        hasher.update(block)
+        if take is not None:
+            take(block)
         if out is not None:
             _write_sparse(out, block, offset)
         offset += len(block)
     if out is not None:
         os.ftruncate(out, offset)  # a hole at the end is still the copy's length
-    return hasher.hexdigest()
 
 
 def _write_sparse(out: int, block: bytes, offset: int) -> None:

@@ -3,18 +3,24 @@
 Source contract: ``start(outbox)`` begins watching and puts every document that is ready into the
 ``Outbox`` with ``await outbox.submit(job)``, which returns only once the consumer (``intake``, at
 the pipeline's rank) has the job durably in the ledger, so a source may acknowledge its event
-(answer a webhook, keep an SQS message) after it returns. A source that must give a job up without
-processing it (an SQS message delivered too often) calls ``await outbox.reject(job, error,
-attempts)`` instead: the pipeline writes the error sidecar through the job's sink, so sources never
-write sidecars themselves, then calls ``finish(job, "failed", error.kind)``. A source holds no
-callable of a layer above it. ``stop`` stops watching; it is called once, from the event loop.
-``fetch`` puts the document's bytes in a file inside ``spool_dir``, private to the job (a local
-source copies its file through one descriptor, a remote one downloads it), and says what it measured
-(``Fetched``); the pipeline calls it with ``job.max_bytes`` set to the limit in force, so a source
-can refuse before copying. ``finish`` is told the final outcome, once, after the sidecars are
-written, and for a failure its kind (``errors``); ``retry`` where the job was never admitted, its
-file not there to read when ``submit`` looked (gone, or a folder on its path swapped), so the source
-looks again rather than holding it as handed over.
+(answer a webhook, keep an SQS message) after it returns. It returns its ``Answer``: admitted (to
+run), or already settled as ``done``, ``failed`` or ``retry`` with nothing run, which the source
+acts on itself as ``finish`` would (``Answer.final``): nothing calls the source back while it
+waits. A source may put a question of its own to the layer above through the outbox (``lapsed``),
+and is answered with data. A source that must give a job up without processing it (an SQS message
+delivered too often) calls ``await outbox.reject(job, error, attempts)`` instead: the pipeline
+writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
+calls ``finish(job, "failed", error.kind)``. A source holds no callable of a layer above it.
+``stop`` stops watching; it is called once, from the event loop. ``fetch`` puts the document's
+bytes in a file inside ``spool_dir``, private to the job (a local source copies its file through
+one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
+calls it with ``job.max_bytes`` set to the limit in force, so a source can refuse before copying,
+and with what admission read of it (``Read``), so a file read under the very signature admission
+hashed it under is copied without being hashed again. ``finish`` is told the final outcome of a job
+that ran (or was given up), once, after the sidecars are written, and for a failure its kind
+(``errors``). ``submit``'s answer ``retry``: the job was never admitted, its file not there to read
+when ``submit`` looked (gone, or a folder on its path swapped), so the source looks again rather
+than holding it as handed over.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from ocrwatch.config import DEFAULT_PRIORITY, S3Config
 from ocrwatch.errors import OcrwatchError
-from ocrwatch.safefs import Access
+from ocrwatch.safefs import Access, Signature
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,24 @@ def _unchanged() -> bool:
 
 
 @dataclass(frozen=True)
+class Read:
+    """A local file's content as admission hashed it: its sha256 and the stat fields it was read
+    under (the ledger's fingerprint). A file whose signature has these very fields holds these
+    bytes: the inode and ctime cannot be set back by a user."""
+
+    sha256: str
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+
+    def holds(self, signature: Signature) -> bool:
+        """Whether a file of ``signature`` (on its inbox's device) is the one that was hashed."""
+        then = (self.size, self.mtime_ns, self.ctime_ns, self.inode)
+        return (signature.size, signature.mtime_ns, signature.ctime_ns, signature.inode) == then
+
+
+@dataclass(frozen=True)
 class Fetched:
     """A document's bytes as the pipeline renders them: a file private to the job, and what was
     measured.
@@ -118,31 +144,77 @@ class Fetched:
     access: Access | None = None
 
 
-Submit = Callable[[Job], Awaitable[None]]
+@dataclass(frozen=True)
+class Answer:
+    """What ``submit`` says of a job: ``admitted`` (it waits in the ledger and runs), or, with
+    nothing run, ``done`` or ``failed`` as the ledger or its sidecars hold it (``kind``: the
+    failure's), or ``retry`` (its file was not there to read: look again)."""
+
+    outcome: Literal["admitted", "done", "failed", "retry"]
+    kind: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether the answer ends the job's event as ``finish`` would (nothing runs)."""
+        return self.outcome != "admitted"
+
+    @property
+    def settled(self) -> Outcome:
+        """The outcome a final answer gives the source (``finish``'s)."""
+        assert self.outcome != "admitted", "an admitted job's outcome comes once it ran"
+        return self.outcome
+
+
+ADMITTED = Answer("admitted")
+
+Submit = Callable[[Job], Awaitable[Answer]]
 Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 """``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts``
 tries."""
 
 
+Lapsed = Callable[[list[Job]], Awaitable[list[Job]]]
+"""``lapsed(jobs)``: those of ``jobs`` the ledger holds as done whose sidecars are gone since, or
+no longer their own (the layer above's word, asked through ``Outbox.lapsed``)."""
+
+
 @dataclass(eq=False)
 class Delivery:
     """One job put into an ``Outbox``: to admit (``error`` None) or to give up after
-    ``attempts`` tries; ``answered`` resolves once the consumer has dealt with it."""
+    ``attempts`` tries; ``answered`` resolves once the consumer has dealt with it (with
+    ``submit``'s answer, None for a job given up)."""
 
     job: Job
     error: OcrwatchError | None
     attempts: int
-    answered: asyncio.Future[None]
+    answered: asyncio.Future[Answer | None]
 
-    def answer(self, exc: BaseException | None = None) -> None:
-        """The consumer's answer: the source's ``submit`` or ``reject`` returns, or raises
-        ``exc``."""
-        if self.answered.done():
-            return
-        if exc is None:
-            self.answered.set_result(None)
-        else:
-            self.answered.set_exception(exc)
+    def answer(self, exc: BaseException | None = None, said: Answer | None = None) -> None:
+        """The consumer's answer: the source's ``submit`` returns ``said`` (``reject`` returns), or
+        raises ``exc``."""
+        _resolve(self.answered, said, exc)
+
+
+@dataclass(eq=False)
+class Question:
+    """Which of ``jobs`` lapsed, put into an ``Outbox`` for the layer above to answer:
+    ``answered`` resolves with those that did."""
+
+    jobs: list[Job]
+    answered: asyncio.Future[list[Job]]
+
+    def answer(self, exc: BaseException | None = None, said: list[Job] | None = None) -> None:
+        """The consumer's answer (``said``), or what it raised."""
+        _resolve(self.answered, said or [], exc)
+
+
+def _resolve(future: asyncio.Future[T], result: T, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(result)
+    else:
+        future.set_exception(exc)
 
 
 class Outbox:
@@ -151,23 +223,33 @@ class Outbox:
     acknowledges an event only once the job is durably admitted."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._queue: asyncio.Queue[Delivery | Question] = asyncio.Queue()
 
-    async def submit(self, job: Job) -> None:
-        """Put ``job`` in to be admitted; returns once it is in the ledger, or known done."""
-        await self._put(job, None, 0)
+    async def submit(self, job: Job) -> Answer:
+        """Put ``job`` in to be admitted; returns once it is in the ledger, or known settled: what
+        became of it (``Answer``)."""
+        answer = await self._put(job, None, 0)
+        assert answer is not None
+        return answer
 
     async def reject(self, job: Job, error: OcrwatchError, attempts: int) -> None:
         """Put ``job`` in to be given up as failed with ``error`` after ``attempts`` tries."""
         await self._put(job, error, attempts)
 
-    async def _put(self, job: Job, error: OcrwatchError | None, attempts: int) -> None:
+    async def lapsed(self, jobs: list[Job]) -> list[Job]:
+        """Those of ``jobs``, each submitted before, whose sidecars lapsed since (the layer above
+        decides, from the ledger and the sinks): the source submits them again."""
+        question = Question(jobs, asyncio.get_running_loop().create_future())
+        self._queue.put_nowait(question)
+        return await question.answered
+
+    async def _put(self, job: Job, error: OcrwatchError | None, attempts: int) -> Answer | None:
         delivery = Delivery(job, error, attempts, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(delivery)
-        await delivery.answered
+        return await delivery.answered
 
-    async def get(self) -> Delivery:
-        """The next job a source put in (the consumer's side)."""
+    async def get(self) -> Delivery | Question:
+        """The next job or question a source put in (the consumer's side)."""
         return await self._queue.get()
 
 
@@ -181,9 +263,9 @@ class Source(Protocol):
     async def stop(self) -> None:
         """Stop watching; pending events may be dropped (a later scan or redelivery finds them)."""
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Read | None = None) -> Fetched:
         """Put the document's bytes in a file inside ``spool_dir`` and say what was measured reading
-        them."""
+        them; ``read``: what admission read of it, where it hashed it."""
 
     async def finish(
         self, job: Job, outcome: Outcome, kind: str | None = None

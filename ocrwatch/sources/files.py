@@ -18,7 +18,7 @@ from pathlib import Path
 from ocrwatch.config import DEFAULT_PRIORITY
 from ocrwatch.errors import NotARegularFile, SourceGone
 from ocrwatch.safefs import Access, Signature
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Read
 from ocrwatch.sources.sourcefile import copy_out, spool_name
 
 
@@ -53,17 +53,21 @@ class GivenFiles:
     async def stop(self) -> None:
         return None
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Read | None = None) -> Fetched:
         assert isinstance(job.origin, LocalFile)
-        return await asyncio.to_thread(_fetch_named, job.origin.path, spool_dir, job.max_bytes)
+        return await asyncio.to_thread(
+            _fetch_named, job.origin.path, spool_dir, job.max_bytes, read
+        )
 
     async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
         return None
 
 
-def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
+def _fetch_named(
+    path: Path, spool_dir: Path, max_bytes: int | None, read: Read | None = None
+) -> Fetched:
     """Open ``path`` once (links followed: the user named it) and copy it into ``spool_dir`` while
-    hashing."""
+    hashing (unless ``read`` holds: ``copy_out``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -74,7 +78,7 @@ def _fetch_named(path: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
             raise NotARegularFile(f"{path}: not a regular file")
         target = spool_dir / spool_name(path)
         sha256, signature = copy_out(
-            fd, path, target, sys.maxsize if max_bytes is None else max_bytes
+            fd, path, target, sys.maxsize if max_bytes is None else max_bytes, read
         )
     finally:
         os.close(fd)

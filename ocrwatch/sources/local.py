@@ -10,9 +10,10 @@ every ``poll_seconds`` instead, and one line says the bound was reached. Events 
 to look*: a scan at start and every ``reconcile_seconds`` finds what events missed, and
 every candidate passes the same readiness check (``settling``: closed or stable, then the probe)
 before ``submit``. A document submitted before is submitted again, and so redone, once its sidecars
-are gone or no longer its own while its ledger row says done (``lapsed``, the daemon's question):
-asked as soon as an event names one of its sidecars, and of every unchanged document at each scan,
-at the cost of a ledger read and a sidecar's head, never a hash. Every stat, probe and scan runs in
+are gone or no longer its own while its ledger row says done: a question put to the layer above
+through the outbox (``Outbox.lapsed``), which answers with the documents that lapsed; asked as soon
+as an event names one of its sidecars, and of every unchanged document at each scan, at the cost of
+a ledger read and a sidecar's head, never a hash. Every stat, probe and scan runs in
 a worker thread, so the loop never blocks on a slow filesystem, and nothing is opened before
 ``lstat`` says it is a regular file, so a FIFO cannot hang a reader. No link is followed, to a file
 or to a folder, inside the inbox or out of it: each is refused with one log line (``sourcefile``).
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,15 @@ from ocrwatch.errors import (
     NotARegularFile,
     OcrwatchError,
     SourceGone,
-    path_fault,
     quarantined,
 )
 from ocrwatch.infra.metrics import Metrics
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Submit
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Read
 from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox
 from ocrwatch.sources.quarantine import Owns, quarantine
-from ocrwatch.sources.settling import Settler
+from ocrwatch.sources.settling import Settler, standing
 from ocrwatch.sources.sourcefile import fetch_copy, inspect
 from ocrwatch.sources.watch import Batch, EventBridge, Watcher, start_watcher
 
@@ -89,30 +89,28 @@ class LocalSource:
         *,
         reconcile_seconds: float,
         name_template: str,
-        lapsed: Callable[[Job], bool] = lambda job: False,
+        owns_output: Owns | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        """``lapsed``: whether a document submitted before was done and has lost its sidecars since
-        (blocking); ``metrics``: where watcher restarts and dropped events are counted."""
+        """``owns_output``: the record of outputs' rule (the daemon's), whether an error sidecar is
+        ocrwatch's own and may go along to the quarantine; ``metrics``: where watcher restarts and
+        dropped events are counted."""
         self._reconcile_seconds = reconcile_seconds
         self._metrics = metrics
         self._name_template = name_template
-        self._lapsed = lapsed
+        self._owns_output = owns_output
         self._ignored = sidecar_suffixes(name_template)
         self._inboxes = {
             root: Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()
         }
-        self._submit: Submit | None = None
+        self._outbox: Outbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reconciler: asyncio.Task[None] | None = None
         self._checker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
-        self._settler = Settler(self.name)
+        self._settler = Settler(self.name, self.finish)
         self._bounded: set[Path] = set()  # inboxes whose watch bound was said to be reached
-        self.owns_output: Owns | None = (
-            None  # the record of outputs (the daemon's): may an error sidecar go along?
-        )
 
     async def start(self, outbox: Outbox) -> None:
         """Watch every inbox, then scan it (in that order, so nothing slips between), then reconcile
@@ -121,7 +119,7 @@ class LocalSource:
         ``outbox.reject`` is never called: a file is only ever submitted, even one that never passes
         the probe, so that the pipeline names its defect.
         """
-        self._submit, self._loop = outbox.submit, asyncio.get_running_loop()
+        self._outbox, self._loop = outbox, asyncio.get_running_loop()
         self._settler.start(outbox)
         async with self._lock:
             for inbox in self._inboxes.values():
@@ -134,7 +132,7 @@ class LocalSource:
     async def stop(self) -> None:
         """Stop observers and drop files still settling: the scan at the next start finds them
         again."""
-        self._submit = None
+        self._outbox = None
         tasks = [*self._background]
         tasks += [task for task in (self._reconciler, self._checker) if task is not None]
         for task in tasks:
@@ -169,22 +167,23 @@ class LocalSource:
                     await self._unwatch(inbox)
                 else:
                     continue
-                if self._submit is not None:
+                if self._outbox is not None:
                     await self._refresh(inbox)
 
     def inboxes(self) -> dict[Path, InboxConfig]:
         """The inboxes watched now (a reload changes them), by resolved folder."""
         return {root: inbox.config for root, inbox in self._inboxes.items()}
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Read | None = None) -> Fetched:
         """Open the file once, beneath its inbox and without following links, and copy it through
-        that descriptor into the spool folder while hashing it: what is rendered is what was checked
+        that descriptor into the spool folder while hashing it (unless ``read``, admission's hash,
+        was taken under the signature it is copied under): what is rendered is what was checked
         and hashed."""
         origin = job.origin
         if not isinstance(origin, LocalFile):
             raise TypeError(f"LocalSource cannot fetch {origin!r}")
         return await asyncio.to_thread(
-            fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes
+            fetch_copy, origin.path, origin.inbox, spool_dir, job.max_bytes, read
         )
 
     async def finish(
@@ -192,11 +191,11 @@ class LocalSource:
     ) -> dict[str, str] | None:
         """Move a document failed as ``kind`` to its inbox's ``quarantine_dir`` where one is set and
         the kind is one it takes (``errors.quarantined``); otherwise leave it be. Where the document
-        and its error sidecar went (``source``: a URI; ``json``), for its hooks."""
+        and its error sidecar went (``source``: a URI; ``json``), for its hooks. Called by the
+        pipeline once a job ran, and by the settler for ``submit``'s answer that settled one."""
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
-        comes_back = outcome == "failed" and path_fault(kind)
-        self._settler.heard(job.key, "retry" if comes_back else outcome)
+        comes_back = standing(outcome, kind) != outcome  # failed for what its path was then
         if comes_back and inbox is not None and isinstance(origin, LocalFile):
             # Failed for what its path was then: the next scan finding it whole submits it again.
             inbox.settled.forget(origin.path)
@@ -222,7 +221,7 @@ class LocalSource:
                 origin.inbox,
                 inbox.quarantine,
                 self._name_template,
-                self.owns_output,
+                self._owns_output,
             )
         except (OSError, OcrwatchError) as exc:
             log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
@@ -255,19 +254,17 @@ class LocalSource:
 
     async def _redo_lapsed(self, inbox: Inbox, paths: Iterable[Path]) -> None:
         """Submit again those of ``paths`` that were submitted, are not being looked at, and whose
-        sidecars have lapsed; one worker thread asks for them all."""
-        settled, pending = inbox.settled, inbox.pending
+        sidecars have lapsed: one question to the layer above for them all."""
+        settled, pending, outbox = inbox.settled, inbox.pending, self._outbox
         asked = [path for path in paths if settled.submitted(path) and str(path) not in pending]
-        if not asked:
+        if not asked or outbox is None:
             return
         try:
-            lapsed = await self._settler.blocking(
-                lambda: [path for path in asked if self._lapsed(self._settler.job(inbox, path))]
-            )
+            jobs = await outbox.lapsed([self._settler.job(inbox, path) for path in asked])
         except Exception:  # the ledger busy or closing: the next scan asks again
             log.exception("local_lapsed_check_failed", inbox=str(inbox.root))
             return
-        for path in lapsed:
+        for path in (job.origin.path for job in jobs if isinstance(job.origin, LocalFile)):
             if self._inboxes.get(inbox.root) is inbox and path in inbox.settled:
                 log.info("local_sidecars_lapsed", path=str(path), inbox=str(inbox.root))
                 inbox.settled.forget(path)
@@ -382,7 +379,7 @@ class LocalSource:
     def _watcher_died(self, inbox: Inbox, reason: str) -> None:
         """Start a new watcher for ``inbox``, at once unless its watchers keep dying as soon as they
         start."""
-        if inbox.restarting or self._submit is None:
+        if inbox.restarting or self._outbox is None:
             return
         inbox.restarting = True
         inbox.deaths = (
@@ -396,7 +393,7 @@ class LocalSource:
         try:
             await asyncio.sleep(delay)
             async with self._lock:
-                if self._submit is None or self._inboxes.get(inbox.root) is not inbox:
+                if self._outbox is None or self._inboxes.get(inbox.root) is not inbox:
                     return
                 if self._metrics is not None:
                     self._metrics.inbox_watcher_restarts.labels(inbox=str(inbox.root)).inc()
@@ -410,7 +407,7 @@ class LocalSource:
     def _on_batch(self, inbox: Inbox, bridge: EventBridge, batch: Batch) -> None:
         """On the loop: what one watcher said since the last batch, in the order it said it."""
         if (
-            self._submit is None
+            self._outbox is None
             or self._inboxes.get(inbox.root) is not inbox
             or inbox.bridge is not bridge
         ):
@@ -541,7 +538,7 @@ class LocalSource:
     ) -> None:
         """Have ``path`` followed until whole, unless stopped, its inbox retired or not its name."""
         if (
-            self._submit is None
+            self._outbox is None
             or self._inboxes.get(inbox.root) is not inbox
             or not inbox.accepts(path)
         ):

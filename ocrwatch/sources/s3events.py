@@ -43,7 +43,7 @@ from ocrwatch.infra.s3client import (
     storage_error,
 )
 from ocrwatch.naming import is_output, sidecar_names
-from ocrwatch.sources.base import Fetched, Job, Outcome, Reject, S3Object, Submit
+from ocrwatch.sources.base import Fetched, Job, Outcome, Read, Reject, S3Object, Submit
 
 log = structlog.get_logger()
 
@@ -250,7 +250,9 @@ class S3EventSource:
         told to retry would resend it for ever, and with it every event behind it."""
         assert self._submit is not None and self._reject is not None
         try:
-            await self._submit(job)
+            answer = await self._submit(job)
+            if answer.final:  # settled with nothing run: its event is acknowledged as after a run
+                await self.finish(job, answer.settled, answer.kind)
         except PermanentError as exc:
             log.warning(
                 "s3_event_given_up",
@@ -277,13 +279,17 @@ class S3EventSource:
             raise
         log.info("s3_job_submitted", source=self.name, uri=job.origin.uri, key=job.key)
 
+    async def finish(self, job: Job, outcome: Outcome, kind: str | None = None) -> None:
+        """Settle the events announcing ``job``: each transport that holds them (SQS, AMQP) does it
+        its own way; one answered at once (a webhook) has nothing left to settle."""
+
     # -- fetch
 
-    async def fetch(self, job: Job, spool_dir: Path) -> Fetched:
+    async def fetch(self, job: Job, spool_dir: Path, read: Read | None = None) -> Fetched:
         """Stream the object the event announced into a 0600 spool file, refusing oversize before
-        downloading, and hash it on the way: the sidecars' sha256 is that of the very bytes
-        processed. The download is pinned to the event's ETag and versionId, so what is processed is
-        the version announced."""
+        downloading, and hash it on the way (an object's admission reads nothing: ``read`` is
+        None): the sidecars' sha256 is that of the very bytes processed. The download is pinned to
+        the event's ETag and versionId, so what is processed is the version announced."""
         obj = job.origin
         if not isinstance(obj, S3Object):
             raise TypeError(f"{self.name} cannot fetch {obj!r}")

@@ -2,8 +2,9 @@
 
 ``LocalSource`` watches and scans; each candidate it finds is followed here until it is closed or
 stable, passes the cheap probe of ``readiness`` (or is given up on, so the renderer names its
-defect), and is put in the outbox. Every stat and probe runs in a worker thread, at most
-``BLOCKING_CALLS`` at once.
+defect), and is put in the outbox; the answer ``submit`` returns (admitted, or settled with nothing
+run) is the source's own to act on (``finish``), with nothing called back meanwhile. Every stat and
+probe runs in a worker thread, at most ``BLOCKING_CALLS`` at once.
 
 Concurrency: every method is called from the event loop; ``stop`` once, after ``start``.
 """
@@ -18,9 +19,9 @@ from typing import Any, TypeVar
 
 import structlog
 
-from ocrwatch.errors import NotARegularFile, SourceGone
+from ocrwatch.errors import NotARegularFile, SourceGone, path_fault
 from ocrwatch.safefs import Signature
-from ocrwatch.sources.base import Job, LocalFile, Outbox, Outcome, key_id
+from ocrwatch.sources.base import Answer, Job, LocalFile, Outbox, Outcome, key_id
 from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.inbox import Inbox, Pending
 from ocrwatch.sources.readiness import probe
@@ -45,18 +46,27 @@ UNCHANGED_LOG_SECONDS = 60.0
 """At most this long between two lines counting files whose outcome was known already."""
 
 
+Finish = Callable[[Job, Outcome, str | None], Awaitable[object]]
+"""The source's ``finish(job, outcome, kind)``."""
+
+
+def standing(outcome: Outcome, kind: str | None) -> Outcome:
+    """What an outcome leaves a local file as: a failure for what its path was then (a folder on it
+    swapped) is ``retry``, so the next scan that finds it whole submits it again."""
+    return "retry" if outcome == "failed" and path_fault(kind) else outcome
+
+
 class Settler:
     """Follows each file found in an inbox until it is whole, then puts its job in the outbox."""
 
-    def __init__(self, source: str) -> None:
-        """``source``: the name the jobs carry (the source's)."""
+    def __init__(self, source: str, finish: Finish) -> None:
+        """``source``: the name the jobs carry (the source's); ``finish``: the source's own, for an
+        answer that settles a job with nothing run (its quarantine)."""
         self._source = source
+        self._finish = finish
         self._outbox: Outbox | None = None
         self._io = asyncio.Semaphore(BLOCKING_CALLS)
         self._deadlines: Deadlines[Pending] = Deadlines(self._check_readiness, SETTLE_STEPS)
-        # Jobs being submitted, by key: the outcome ``finish`` gave one meanwhile, which means that
-        # admission found it done or failed with this very content, so nothing runs.
-        self._submitting: dict[str, Outcome | None] = {}
 
     def start(self, outbox: Outbox) -> None:
         self._outbox = outbox
@@ -87,11 +97,6 @@ class Settler:
 
     def discard(self, pending: Pending) -> None:
         self._deadlines.discard(pending)
-
-    def heard(self, key: str, outcome: Outcome) -> None:
-        """``finish`` gave the job ``key`` this outcome: if it is being submitted now, so be it."""
-        if key in self._submitting:
-            self._submitting[key] = outcome
 
     async def _check_readiness(self, pending: Pending) -> float | None:
         """Look at one file until it is whole, then submit it: the seconds until the next look, or
@@ -167,11 +172,7 @@ class Settler:
             return 0.0  # it changed while being probed
         assert self._outbox is not None
         job = self.job(inbox, path, pending.detected_at)
-        self._submitting[job.key] = None
-        try:
-            await self._outbox.submit(job)
-        finally:
-            known = self._submitting.pop(job.key, None)
+        known = await self._answered(job, await self._outbox.submit(job))
         if known != "retry":
             inbox.settled.record(path, signature)
         if known in ("done", "failed"):  # as it was at the last run: counted, not a line a file
@@ -188,6 +189,15 @@ class Settler:
             probe="empty" if empty else "ok" if complete else "failed",
         )
         return None
+
+    async def _answered(self, job: Job, answer: Answer) -> Outcome | None:
+        """What ``submit``'s answer leaves the file as: None where admitted (it runs), else the
+        outcome, ``retry`` for a failure of what its path was then (``standing``), after the
+        source's ``finish`` acted on it."""
+        if not answer.final:
+            return None
+        await self._finish(job, answer.settled, answer.kind)
+        return standing(answer.settled, answer.kind)
 
     def say_unchanged(self, inbox: Inbox) -> None:
         """One line for the files found done or failed with the very content they had then (a

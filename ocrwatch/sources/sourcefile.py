@@ -6,7 +6,9 @@ for a symlink between them. So every lookup here walks down from the inbox folde
 ``safefs``, the one module that reaches folders others can write to (``O_NOFOLLOW`` on every
 component), and every later question is put to the descriptor (``fstat``). A fetched document is
 copied through its descriptor into the job's private spool folder while it is hashed: the bytes
-rendered are the bytes hashed, whatever happens to the name afterwards. The copy costs what the
+rendered are the bytes hashed, whatever happens to the name afterwards. One that admission hashed
+(``measure``) under the very signature it is copied under is not hashed again: a document is read
+for its sha256 once. The copy costs what the
 file holds, not its length: a file over its ``max_bytes`` (by ``fstat``) is never read, and the
 holes of a sparse one stay holes. Everything here is blocking and cheap apart from the copy.
 """
@@ -34,11 +36,12 @@ from ocrwatch.safefs import (
     FolderGone,
     Signature,
     TooLarge,
+    copy_fd,
     hash_fd,
     read_lease,
     walk,
 )
-from ocrwatch.sources.base import Fetched
+from ocrwatch.sources.base import Fetched, Read
 
 __all__ = [
     "QUIET_WITHOUT_LEASE",
@@ -158,9 +161,13 @@ def changed_since(path: Path, root: Path, before: Signature) -> bool:
         return True
 
 
-def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, Signature]:
+def copy_out(
+    fd: int, source: Path, target: Path, max_bytes: int, read: Read | None = None
+) -> tuple[str, Signature]:
     """Copy the open file ``fd`` (named ``source`` in messages) to the new file ``target`` (mode
-    0600), hashing what is copied; the sha256 of the copy and the signature it was read under.
+    0600), hashing what is copied; the sha256 of the copy and the signature it was read under. Not
+    hashed where ``read`` (admission's hash) was taken under that signature, which holds to the end
+    of the copy: its sha256 is the copy's.
 
     Raises ``FileTooLarge`` over ``max_bytes`` (before copying anything when ``fstat`` says so), and
     ``SourceChanged`` when the file was written while it was copied: the copy could mix two
@@ -174,7 +181,11 @@ def copy_out(fd: int, source: Path, target: Path, max_bytes: int) -> tuple[str, 
     )
     try:
         try:
-            digest = hash_fd(fd, out=out, limit=max_bytes)
+            if read is not None and read.holds(before):
+                copy_fd(fd, out, limit=max_bytes)
+                digest = read.sha256
+            else:
+                digest = hash_fd(fd, out=out, limit=max_bytes)
         except TooLarge:
             raise FileTooLarge(f"{source}: more than max_bytes={max_bytes} bytes") from None
         after = Signature.of(os.fstat(fd))
@@ -197,16 +208,18 @@ def spool_name(path: Path) -> str:
     return "source" + (suffix if re.fullmatch(r"\.\w{1,8}", suffix) else "")
 
 
-def fetch_copy(path: Path, root: Path, spool_dir: Path, max_bytes: int | None) -> Fetched:
+def fetch_copy(
+    path: Path, root: Path, spool_dir: Path, max_bytes: int | None, read: Read | None = None
+) -> Fetched:
     """The file ``path`` of the inbox ``root``, opened once as ``open_file`` does and copied through
-    that descriptor into ``spool_dir``; the copy, its sha256, and how to tell later that ``path``
-    has changed."""
+    that descriptor into ``spool_dir``; the copy, its sha256 (``read``'s, where it holds: see
+    ``copy_out``), and how to tell later that ``path`` has changed."""
     fd, _ = open_file(path, root)
     target = spool_dir / spool_name(path)
     try:
         info = os.fstat(fd)
         sha256, signature = copy_out(
-            fd, path, target, sys.maxsize if max_bytes is None else max_bytes
+            fd, path, target, sys.maxsize if max_bytes is None else max_bytes, read
         )
     finally:
         os.close(fd)
@@ -237,10 +250,13 @@ def measure(
 @dataclass(frozen=True)
 class Content:
     """What was read of a source: its size and sha256. ``held`` compares the size (by ``fstat``)
-    first, so a file written since, however long it is now, is known changed without a byte read."""
+    first, so a file written since, however long it is now, is known changed without a byte read.
+    ``read``: admission's hash of it (``Read``), where known: a file that still has the signature
+    it was hashed under holds those bytes, and is not read again."""
 
     size: int
     sha256: str
+    read: Read | None = None
 
 
 @dataclass(frozen=True)
@@ -266,7 +282,8 @@ def held(
     block ends, makes a writer that opens it meanwhile wait; without leases it must have been quiet
     for ``quiet`` seconds, by default ``QUIET_WITHOUT_LEASE``), whose bytes are still ``content``
     (where known): its size by ``fstat`` before anything else, so a file extended since (a sparse
-    terabyte) is refused unread, then its sha256 under the lease, never reading past that size. A
+    terabyte) is refused unread, then its sha256 under the lease, never reading past that size
+    (nothing read where it still has the signature ``content.read`` was hashed under). A
     file with another name is kept: moving or deleting one of its names would leave the other with a
     different story. Raises ``SourceGone``, ``SourceChanged`` and ``SourceInUse``."""
     info = here.lstat(path.name)
@@ -311,7 +328,12 @@ def held(
 
 def _still(fd: int, info: os.stat_result, content: Content) -> bool:
     """Whether the open file ``fd`` (of ``info``, its size ``content``'s) still holds ``content``
-    and was not written since ``info`` was taken; no more than its size is read."""
+    and was not written since ``info`` was taken; no more than its size is read, and nothing where
+    it still has the signature ``content.read`` was hashed under."""
+    read = content.read
+    now = Signature.of(os.fstat(fd))
+    if read is not None and read.sha256 == content.sha256 and read.holds(now):
+        return now.mtime_ns == info.st_mtime_ns
     try:
         digest = hash_fd(fd, limit=content.size)
     except TooLarge:  # grew while read (no lease to keep a writer out)

@@ -750,7 +750,7 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
 
     from ocrwatch.pages.render import RenderedPage
     from ocrwatch.pages.scheduler import PageScheduler
-    from tests.pages import answered
+    from tests.pages import added, answered
 
     async def scenario() -> tuple[int, int]:
         async def recognize(doc: Any, request: Any) -> str:
@@ -763,8 +763,14 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
         page = RenderedPage(
             index=0, image=Image.new("L", (8, 8)), dpi=72.0, width=8, height=8, seconds=0.0
         )
-        doc = scheduler.add(
-            "d", priority=50, detected_at=time.time(), pages=1, prompt="p", render=lambda i: page
+        doc = added(
+            scheduler,
+            "d",
+            priority=50,
+            detected_at=time.time(),
+            pages=1,
+            prompt="p",
+            render=lambda i: page,
         )
         while scheduler.budget.ready < 1:
             await asyncio.sleep(0.01)
