@@ -2,8 +2,9 @@
 
 Cost: every page of the corpus's documents (``--max-per-doc`` each, GeoTopo left out) is rendered as
 the daemon renders it for the Tesseract engine, then ``orientation.upright`` is timed with
-``rotate_pages`` alone two ways, the default rule (the text-line test first, OSD only where it is
-unsure) and the old rule (OSD on every page: the text-line test made to say "unsure"), and
+``rotate_pages`` alone two ways, the default rule (the text-line test first, then OSD's glance at
+the densest text, OSD on the whole page only where both are unsure or the glance says turned) and
+the old rule (OSD on the whole page, every page: the text-line test and the glance left out), and
 ``deskew.skew_angle`` alone, one page at a time on one thread: wall milliseconds, and CPU
 milliseconds (this process plus Tesseract's children), mean and median. Pages are counted by how
 they were decided (``decided_by``). The same is done on pages made here (``made``): the suite's
@@ -56,10 +57,12 @@ def spec_for(**render_keys: Any) -> render.RenderSpec:
 def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
     """``upright`` on each (label, image, dpi) by the default rule and by OSD on every page."""
     settings = dataclasses.replace(spec_for(rotate_pages=False).upright, rotate=True)
-    test = orientation.lines_say_upright
+    test, glance = orientation.turn_from_lines, orientation.glance
     figures: dict[str, Any] = {}
     for rule in ("default", "osd_every_page"):
-        orientation.lines_say_upright = test if rule == "default" else lambda page, dpi: False
+        if rule == "osd_every_page":
+            orientation.turn_from_lines = lambda ink: None
+            orientation.glance = lambda *args, **keys: None
         wall_s, cpu_s, decided = [], [], {}
         try:
             for label, image, dpi in images:
@@ -76,7 +79,7 @@ def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
                     flush=True,
                 )
         finally:
-            orientation.lines_say_upright = test
+            orientation.turn_from_lines, orientation.glance = test, glance
         figures[rule] = {
             "cpu_ms_mean": round(sum(cpu_s) / len(cpu_s) * 1000),
             "cpu_ms_median": round(median(cpu_s) * 1000),

@@ -108,9 +108,11 @@ def counted_osd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     asked: list[str] = []
     detect = orientation.detect
 
-    def counting(path: str, dpi: float, timeout: float) -> tuple[int, float] | None:
+    def counting(
+        path: str, dpi: float, timeout: float, characters: int | None = None
+    ) -> tuple[int, float] | None:
         asked.append(path)
-        return detect(path, dpi, timeout)
+        return detect(path, dpi, timeout, characters)
 
     monkeypatch.setattr(orientation, "detect", counting)
     return asked
@@ -126,13 +128,14 @@ def test_upright_text_lines_need_no_osd(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("clockwise", [90, 180, 270])
-def test_turned_text_lines_go_to_osd(monkeypatch: pytest.MonkeyPatch, clockwise: int) -> None:
-    """The same page turned is not taken for upright: OSD is asked once and turns it back."""
+def test_turned_text_lines_are_turned_back(monkeypatch: pytest.MonkeyPatch, clockwise: int) -> None:
+    """The same page turned is not taken for upright, but its lines say which turn makes them
+    upright: it is turned back without OSD."""
     asked = counted_osd(monkeypatch)
     shown = orientation.turn(prose_page(), (360 - clockwise) % 360)
     assert not orientation.lines_say_upright(shown, 150.0)
     image, turned = orientation.upright(shown, 150.0, ON)
-    assert (turned.rotation, len(asked)) == (clockwise, 1)
+    assert (turned.rotation, turned.decided_by, asked) == (clockwise, "text_lines", [])
     assert image.tobytes() == prose_page().tobytes()
 
 

@@ -86,6 +86,17 @@ ink) must take: Latin's x-height band. Devanagari's headline (~0.13), Arabic's b
 CJK's square glyphs (~0.76) fall outside, and so do a sideways page's columns cut across (~0.8),
 so pages of those scripts go to OSD, which knows them."""
 
+GLANCE_CHARACTERS = 10
+"""How many characters the glance's OSD classifies at least (Tesseract's default is 50, then up to
+five times as many): each costs about a hundredth of a second of one core."""
+GLANCE_LINE = 30.0
+"""The height, in pixels, that the glance scales the page's median text line to: its lowercase
+letters then stay above the 10 pixels below which OSD leaves a character out."""
+GLANCE_SIDE = 1000
+"""The side, in pixels once scaled, of the window of the page the glance reads: some thirty lines
+of text, where Tesseract's layout analysis of a whole page at 300 dpi costs more than its
+classification."""
+
 DecidedBy = Literal["text_lines", "osd", "reading", "low_confidence", "too_little_text", "failed"]
 """How a page's rotation was decided: kept as it is because its text lines say it is upright,
 OSD's answer as it is, the reading check, or kept as it is because OSD was unsure, found too few
@@ -216,35 +227,147 @@ def _decide(
     image: Image.Image, dpi: float, settings: Settings
 ) -> tuple[int, int | None, float | None, DecidedBy]:
     """The rotation to apply, OSD's answer and confidence, and which band decided (module
-    docstring)."""
+    docstring): the text lines first, then a glance, then OSD on the whole page."""
     page, page_dpi = _grey(image, dpi)
-    if lines_say_upright(page, page_dpi):
-        return 0, None, None, "text_lines"
+    ink = _bilevel(page, page_dpi)
+    lines_turn = turn_from_lines(ink)
+    if lines_turn is not None:
+        return lines_turn, None, None, "text_lines"
     with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
-        path = os.path.join(folder, "page.pgm")
-        page.save(path)
         try:
-            answer = detect(path, page_dpi, settings.timeout)
+            glanced = glance(page, page_dpi, ink, folder, settings.timeout)
         except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
             log.warning("orientation_failed", error=str(exc))
             return 0, None, None, "failed"
-        if answer is None:
-            return 0, None, None, "too_little_text"
-        detected, confidence = answer
-        if detected == 0 or confidence >= settings.threshold:
-            return detected, detected, confidence, "osd"
-        if confidence < READ_FLOOR:
-            return 0, detected, confidence, "low_confidence"
-        try:
-            unturned = readable_characters(path, page_dpi, settings.timeout)
-            turned_path = os.path.join(folder, "turned.pgm")
-            turn(page, detected).save(turned_path)
-            turned = readable_characters(turned_path, page_dpi, settings.timeout)
-        except OSError as exc:
-            log.warning("orientation_failed", error=str(exc))
-            return 0, detected, confidence, "failed"
+        if glanced is not None and glanced[0] == 0:
+            return 0, 0, glanced[1], "osd"
+        return _whole_page(page, page_dpi, folder, settings)
+
+
+def _whole_page(
+    page: Image.Image, page_dpi: float, folder: str, settings: Settings
+) -> tuple[int, int | None, float | None, DecidedBy]:
+    """OSD on the whole page (``OSD_MAX_DPI`` at most) and its answer taken in the three bands of
+    the module docstring."""
+    path = os.path.join(folder, "page.pgm")
+    page.save(path)
+    try:
+        answer = detect(path, page_dpi, settings.timeout)
+    except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
+        log.warning("orientation_failed", error=str(exc))
+        return 0, None, None, "failed"
+    if answer is None:
+        return 0, None, None, "too_little_text"
+    detected, confidence = answer
+    if detected == 0 or confidence >= settings.threshold:
+        return detected, detected, confidence, "osd"
+    if confidence < READ_FLOOR:
+        return 0, detected, confidence, "low_confidence"
+    try:
+        unturned = readable_characters(path, page_dpi, settings.timeout)
+        turned_path = os.path.join(folder, "turned.pgm")
+        turn(page, detected).save(turned_path)
+        turned = readable_characters(turned_path, page_dpi, settings.timeout)
+    except OSError as exc:
+        log.warning("orientation_failed", error=str(exc))
+        return 0, detected, confidence, "failed"
     better = turned >= max(READ_MIN_CHARACTERS, READ_RATIO * unturned)
     return (detected if better else 0), detected, confidence, "reading"
+
+
+def glance(
+    page: Image.Image, dpi: float, ink: Image.Image, folder: str, timeout: float
+) -> tuple[int, float] | None:
+    """OSD's answer on the part of ``page`` (grey, at ``dpi``) densest in text lines, scaled so
+    its lines are ``GLANCE_LINE`` pixels high, from ``GLANCE_CHARACTERS`` characters: about a
+    third of the whole page's cost. ``ink`` is ``_bilevel(page, dpi)``. Trusted only when it says
+    upright: a turned answer is checked on the whole page."""
+    sample, sample_dpi = _sample(page, dpi, ink)
+    path = os.path.join(folder, "glance.pgm")
+    sample.save(path)
+    return detect(path, sample_dpi, timeout, characters=GLANCE_CHARACTERS)
+
+
+def _sample(page: Image.Image, dpi: float, ink: Image.Image) -> tuple[Image.Image, float]:
+    """The window of ``page`` richest in text lines, at most ``GLANCE_SIDE`` pixels a side once
+    scaled by the measured line height (``GLANCE_LINE``), whatever the page's claimed DPI; the
+    whole page, unscaled, where no text lines are found."""
+    grid, heights = _text_tiles(ink)
+    if not heights:
+        return page, dpi
+    per_ink = page.width / ink.width  # page pixels per ink pixel
+    scale = min(1.0, GLANCE_LINE / (statistics.median(heights) * per_ink))
+    tile = LINES_TILE * per_ink * scale  # a tile's side in the sample's pixels
+    side = max(1, round(GLANCE_SIDE / tile))
+    top, left = _densest(grid, side)
+    step = LINES_TILE * per_ink
+    box = (
+        round(left * step),
+        round(top * step),
+        min(page.width, round((left + side) * step)),
+        min(page.height, round((top + side) * step)),
+    )
+    window = page.crop(box)
+    if scale < 1.0:
+        size = (max(1, round(window.width * scale)), max(1, round(window.height * scale)))
+        window = window.resize(size, Image.Resampling.BOX)
+    return window, dpi * scale
+
+
+def _text_tiles(ink: Image.Image) -> tuple[list[list[int]], list[int]]:
+    """Per ``LINES_TILE`` tile of ``ink`` (rows of columns), the text lines it holds whole in
+    either direction; and the heights of all those lines, in ``ink``'s pixels."""
+    side = LINES_TILE
+    least, most = (round(share * side * side) for share in LINES_INK)
+    grid: list[list[int]] = []
+    heights: list[int] = []
+    for top in range(0, ink.height - side + 1, side):
+        row: list[int] = []
+        for left in range(0, ink.width - side + 1, side):
+            tile = ink.crop((left, top, left + side, top + side))
+            rows = _sums(tile.tobytes(), side)
+            found = 0
+            if least <= sum(rows) <= most:
+                columns = _sums(tile.transpose(_T.ROTATE_90).tobytes(), side)
+                bands = max(_bands(rows), _bands(columns), key=len)
+                if len(bands) >= 2:
+                    found = len(bands)
+                    heights.extend(bands)
+            row.append(found)
+        grid.append(row)
+    return grid, heights
+
+
+def _bands(rows: list[int]) -> list[int]:
+    """The heights of the bands of inked rows that the tile holds whole and are a line's height."""
+    found = []
+    start = None
+    for index, count in enumerate([*rows, 0]):
+        if count and start is None:
+            start = index
+        elif not count and start is not None:
+            whole = start > 0 and index < len(rows)
+            if whole and LINE_HEIGHT[0] <= index - start <= LINE_HEIGHT[1]:
+                found.append(index - start)
+            start = None
+    return found
+
+
+def _densest(grid: list[list[int]], side: int) -> tuple[int, int]:
+    """The top-left tile of the ``side`` x ``side`` window of ``grid`` holding the most lines."""
+    height, width = len(grid), len(grid[0]) if grid else 0
+    total = [[0] * (width + 1) for _ in range(height + 1)]  # prefix sums
+    for r in range(height):
+        for c in range(width):
+            total[r + 1][c + 1] = grid[r][c] + total[r][c + 1] + total[r + 1][c] - total[r][c]
+    best, at = -1, (0, 0)
+    for r in range(max(1, height - side + 1)):
+        for c in range(max(1, width - side + 1)):
+            r2, c2 = min(height, r + side), min(width, c + side)
+            count = total[r2][c2] - total[r][c2] - total[r2][c] + total[r][c]
+            if count > best:
+                best, at = count, (r, c)
+    return at
 
 
 def lines_say_upright(page: Image.Image, dpi: float) -> bool:
@@ -252,7 +375,21 @@ def lines_say_upright(page: Image.Image, dpi: float) -> bool:
     at least ``LINES_MIN`` lines run across the page, ``LINES_ACROSS`` times as many as along it,
     with a Latin x-height band (``LINES_CORE``) and ``LINES_ASCENDERS`` times as much ink above that
     band as below it. Pure Pillow and Python, a few hundredths of a second a page."""
-    ink = _bilevel(page, dpi)
+    return _upright(_bilevel(page, dpi))
+
+
+def turn_from_lines(ink: Image.Image) -> int | None:
+    """The clockwise turn after which the text lines of ``ink`` (``_bilevel``'s) say upright, or
+    None where no turn does. At most one can: the lines must run across the page twice as often
+    as along it, and have more ink above their x-height band than below it."""
+    for clockwise in (0, 180, 90, 270):
+        if _upright(turn(ink, clockwise)):
+            return clockwise
+    return None
+
+
+def _upright(ink: Image.Image) -> bool:
+    """``lines_say_upright`` on the bilevel page."""
     side = LINES_TILE
     least, most = (round(share * side * side) for share in LINES_INK)
     across = along = 0
@@ -324,11 +461,17 @@ def _grey(image: Image.Image, dpi: float) -> tuple[Image.Image, float]:
     return grey, dpi
 
 
-def detect(path: str, dpi: float, timeout: float) -> tuple[int, float] | None:
+def detect(
+    path: str, dpi: float, timeout: float, characters: int | None = None
+) -> tuple[int, float] | None:
     """OSD's answer for the page image at ``path``: the clockwise degrees that make it upright and
-    the confidence; None when it finds too few characters to say. Raises OSError when Tesseract
-    fails."""
-    done = _tesseract([path, "-", "--psm", "0", "--dpi", str(round(dpi))], timeout)
+    the confidence; None when it finds too few characters to say. ``characters``: how many it
+    classifies at least (Tesseract's ``min_characters_to_try``, 50 unless given; it goes on to
+    five times as many until sure). Raises OSError when Tesseract fails."""
+    argv = [path, "-", "--psm", "0", "--dpi", str(round(dpi))]
+    if characters is not None:
+        argv += ["-c", f"min_characters_to_try={characters}"]
+    done = _tesseract(argv, timeout)
     if done.returncode != 0:
         said = done.stderr.decode("utf-8", "replace")
         if "too few characters" in said.lower():
