@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import json
 import resource
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -54,15 +55,22 @@ def spec_for(**render_keys: Any) -> render.RenderSpec:
     return render.render_spec(RenderConfig(**render_keys), geometry)
 
 
+def old_rule(
+    image: Any, dpi: float, settings: orientation.Settings
+) -> tuple[int, int | None, float | None, Any]:
+    """The rule before the text lines and the glance: OSD on the whole page, every page."""
+    page, page_dpi = orientation._grey(image, dpi)
+    with tempfile.TemporaryDirectory(prefix="bench-osd-") as folder:
+        return orientation._whole_page(page, page_dpi, None, folder, settings)
+
+
 def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
     """``upright`` on each (label, image, dpi) by the default rule and by OSD on every page."""
     settings = dataclasses.replace(spec_for(rotate_pages=False).upright, rotate=True)
-    test, glance = orientation.turn_from_lines, orientation.glance
+    rules = {"default": orientation._decide, "osd_every_page": old_rule}
     figures: dict[str, Any] = {}
-    for rule in ("default", "osd_every_page"):
-        if rule == "osd_every_page":
-            orientation.turn_from_lines = lambda ink: None
-            orientation.glance = lambda *args, **keys: None
+    for rule, decide in rules.items():
+        orientation._decide = decide
         wall_s, cpu_s, decided = [], [], {}
         try:
             for label, image, dpi in images:
@@ -79,7 +87,7 @@ def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
                     flush=True,
                 )
         finally:
-            orientation.turn_from_lines, orientation.glance = test, glance
+            orientation._decide = rules["default"]
         figures[rule] = {
             "cpu_ms_mean": round(sum(cpu_s) / len(cpu_s) * 1000),
             "cpu_ms_median": round(median(cpu_s) * 1000),

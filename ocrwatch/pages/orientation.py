@@ -96,6 +96,10 @@ GLANCE_SIDE = 1000
 """The side, in pixels once scaled, of the window of the page the glance reads: some thirty lines
 of text, where Tesseract's layout analysis of a whole page at 300 dpi costs more than its
 classification."""
+GLANCE_READ_CHARACTERS = 30
+"""A turn the glance finds is taken without asking OSD about the whole page only where the
+glance's window, turned so, reads at least this many confident characters (and ``READ_RATIO``
+times as many as unturned): a window of a few words can read better turned by chance."""
 
 DecidedBy = Literal["text_lines", "osd", "reading", "low_confidence", "too_little_text", "failed"]
 """How a page's rotation was decided: kept as it is because its text lines say it is upright,
@@ -227,28 +231,46 @@ def _decide(
     image: Image.Image, dpi: float, settings: Settings
 ) -> tuple[int, int | None, float | None, DecidedBy]:
     """The rotation to apply, OSD's answer and confidence, and which band decided (module
-    docstring): the text lines first, then a glance, then OSD on the whole page."""
+    docstring): the text lines first, then OSD's glance at the page's densest text, then OSD on
+    the whole page where the glance is unsure or says turned."""
     page, page_dpi = _grey(image, dpi)
-    ink = _bilevel(page, page_dpi)
-    lines_turn = turn_from_lines(ink)
+    tiles = survey(_bilevel(page, page_dpi))
+    lines_turn = turn_from_lines(tiles)
     if lines_turn is not None:
         return lines_turn, None, None, "text_lines"
+    box, scale = window(page.size, page_dpi, tiles)
+    sample = _scaled(page.crop(box) if box else page, scale)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
         try:
-            glanced = glance(page, page_dpi, ink, folder, settings.timeout)
+            glanced = glance(sample, page_dpi * scale, folder, settings.timeout)
         except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
             log.warning("orientation_failed", error=str(exc))
             return 0, None, None, "failed"
-        if glanced is not None and glanced[0] == 0:
-            return 0, 0, glanced[1], "osd"
-        return _whole_page(page, page_dpi, folder, settings)
+        if glanced is None and box is None:  # the whole page, as it is: OSD would say the same
+            return 0, None, None, "too_little_text"
+        if glanced is not None and (glanced[0] == 0 or glanced[1] >= settings.threshold):
+            return glanced[0], glanced[0], glanced[1], "osd"
+        if glanced is not None and box is not None:
+            try:
+                least = GLANCE_READ_CHARACTERS
+                if _reads_better(sample, page_dpi * scale, glanced[0], folder, settings, least):
+                    return glanced[0], glanced[0], glanced[1], "reading"
+            except OSError as exc:
+                log.warning("orientation_failed", error=str(exc))
+                return 0, *glanced, "failed"
+        return _whole_page(page, page_dpi, box, folder, settings)
 
 
 def _whole_page(
-    page: Image.Image, page_dpi: float, folder: str, settings: Settings
+    page: Image.Image,
+    page_dpi: float,
+    box: tuple[int, int, int, int] | None,
+    folder: str,
+    settings: Settings,
 ) -> tuple[int, int | None, float | None, DecidedBy]:
     """OSD on the whole page (``OSD_MAX_DPI`` at most) and its answer taken in the three bands of
-    the module docstring."""
+    the module docstring; the reading check reads the glance's window (``box``, at the page's
+    resolution), the whole page where there is none."""
     path = os.path.join(folder, "page.pgm")
     page.save(path)
     try:
@@ -264,102 +286,87 @@ def _whole_page(
     if confidence < READ_FLOOR:
         return 0, detected, confidence, "low_confidence"
     try:
-        unturned = readable_characters(path, page_dpi, settings.timeout)
-        turned_path = os.path.join(folder, "turned.pgm")
-        turn(page, detected).save(turned_path)
-        turned = readable_characters(turned_path, page_dpi, settings.timeout)
+        part = page.crop(box) if box else page
+        better = _reads_better(part, page_dpi, detected, folder, settings)
     except OSError as exc:
         log.warning("orientation_failed", error=str(exc))
         return 0, detected, confidence, "failed"
-    better = turned >= max(READ_MIN_CHARACTERS, READ_RATIO * unturned)
     return (detected if better else 0), detected, confidence, "reading"
 
 
+def _reads_better(
+    part: Image.Image,
+    dpi: float,
+    clockwise: int,
+    folder: str,
+    settings: Settings,
+    least: int = READ_MIN_CHARACTERS,
+) -> bool:
+    """Whether ``part`` of a page turned ``clockwise`` reads at least ``READ_RATIO`` times as
+    many confident characters as unturned, and at least ``least``. Raises OSError."""
+    part_path = os.path.join(folder, "part.pgm")
+    part.save(part_path)
+    unturned = readable_characters(part_path, dpi, settings.timeout)
+    turned_path = os.path.join(folder, "turned.pgm")
+    turn(part, clockwise).save(turned_path)
+    turned = readable_characters(turned_path, dpi, settings.timeout)
+    return turned >= max(least, READ_RATIO * unturned)
+
+
 def glance(
-    page: Image.Image, dpi: float, ink: Image.Image, folder: str, timeout: float
+    sample: Image.Image, dpi: float, folder: str, timeout: float
 ) -> tuple[int, float] | None:
-    """OSD's answer on the part of ``page`` (grey, at ``dpi``) densest in text lines, scaled so
-    its lines are ``GLANCE_LINE`` pixels high, from ``GLANCE_CHARACTERS`` characters: about a
-    third of the whole page's cost. ``ink`` is ``_bilevel(page, dpi)``. Trusted only when it says
-    upright: a turned answer is checked on the whole page."""
-    sample, sample_dpi = _sample(page, dpi, ink)
+    """OSD's answer on ``sample`` (``window``'s part of the page, scaled) from
+    ``GLANCE_CHARACTERS`` characters: about a third of the whole page's cost. Trusted only when it
+    says upright: a turned answer is checked by reading, then on the whole page."""
     path = os.path.join(folder, "glance.pgm")
     sample.save(path)
-    return detect(path, sample_dpi, timeout, characters=GLANCE_CHARACTERS)
+    return detect(path, dpi, timeout, characters=GLANCE_CHARACTERS)
 
 
-def _sample(page: Image.Image, dpi: float, ink: Image.Image) -> tuple[Image.Image, float]:
-    """The window of ``page`` richest in text lines, at most ``GLANCE_SIDE`` pixels a side once
-    scaled by the measured line height (``GLANCE_LINE``), whatever the page's claimed DPI; the
-    whole page, unscaled, where no text lines are found."""
-    grid, heights = _text_tiles(ink)
-    if not heights:
-        return page, dpi
-    per_ink = page.width / ink.width  # page pixels per ink pixel
-    scale = min(1.0, GLANCE_LINE / (statistics.median(heights) * per_ink))
-    tile = LINES_TILE * per_ink * scale  # a tile's side in the sample's pixels
-    side = max(1, round(GLANCE_SIDE / tile))
-    top, left = _densest(grid, side)
-    step = LINES_TILE * per_ink
+def _scaled(image: Image.Image, scale: float) -> Image.Image:
+    """``image`` scaled by ``scale`` (at most 1), averaging the pixels it merges."""
+    if scale >= 1.0:
+        return image
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(size, Image.Resampling.BOX)
+
+
+def window(
+    size: tuple[int, int], dpi: float, tiles: list[_Tile]
+) -> tuple[tuple[int, int, int, int] | None, float]:
+    """The box, in the pixels of the page ``tiles`` (``survey``'s) come from (``size``, at
+    ``dpi``), of the window richest in text lines, ``GLANCE_SIDE`` pixels a side once scaled by
+    the scale that makes its median line ``GLANCE_LINE`` pixels high: the text's own height,
+    whatever the page's claimed DPI. (None, 1.0) where no text lines are found."""
+    texts = [tile for tile in tiles if tile.text]
+    if not texts:
+        return None, 1.0
+    per_ink = max(dpi, LINES_DPI) / LINES_DPI  # the page's pixels per pixel of ``_bilevel``'s
+    per_tile = LINES_TILE * per_ink
+    height = statistics.median(line[3] for tile in texts for line in tile.text)
+    scale = min(1.0, GLANCE_LINE / (height * per_ink))
+    side = max(1, round(GLANCE_SIDE / (per_tile * scale)))
+    top, left = _densest({(tile.top, tile.left): len(tile.text) for tile in texts}, side)
     box = (
-        round(left * step),
-        round(top * step),
-        min(page.width, round((left + side) * step)),
-        min(page.height, round((top + side) * step)),
+        round(left * per_tile),
+        round(top * per_tile),
+        min(size[0], round((left + side) * per_tile)),
+        min(size[1], round((top + side) * per_tile)),
     )
-    window = page.crop(box)
-    if scale < 1.0:
-        size = (max(1, round(window.width * scale)), max(1, round(window.height * scale)))
-        window = window.resize(size, Image.Resampling.BOX)
-    return window, dpi * scale
+    return box, scale
 
 
-def _text_tiles(ink: Image.Image) -> tuple[list[list[int]], list[int]]:
-    """Per ``LINES_TILE`` tile of ``ink`` (rows of columns), the text lines it holds whole in
-    either direction; and the heights of all those lines, in ``ink``'s pixels."""
-    side = LINES_TILE
-    least, most = (round(share * side * side) for share in LINES_INK)
-    grid: list[list[int]] = []
-    heights: list[int] = []
-    for top in range(0, ink.height - side + 1, side):
-        row: list[int] = []
-        for left in range(0, ink.width - side + 1, side):
-            tile = ink.crop((left, top, left + side, top + side))
-            rows = _sums(tile.tobytes(), side)
-            found = 0
-            if least <= sum(rows) <= most:
-                columns = _sums(tile.transpose(_T.ROTATE_90).tobytes(), side)
-                bands = max(_bands(rows), _bands(columns), key=len)
-                if len(bands) >= 2:
-                    found = len(bands)
-                    heights.extend(bands)
-            row.append(found)
-        grid.append(row)
-    return grid, heights
-
-
-def _bands(rows: list[int]) -> list[int]:
-    """The heights of the bands of inked rows that the tile holds whole and are a line's height."""
-    found = []
-    start = None
-    for index, count in enumerate([*rows, 0]):
-        if count and start is None:
-            start = index
-        elif not count and start is not None:
-            whole = start > 0 and index < len(rows)
-            if whole and LINE_HEIGHT[0] <= index - start <= LINE_HEIGHT[1]:
-                found.append(index - start)
-            start = None
-    return found
-
-
-def _densest(grid: list[list[int]], side: int) -> tuple[int, int]:
-    """The top-left tile of the ``side`` x ``side`` window of ``grid`` holding the most lines."""
-    height, width = len(grid), len(grid[0]) if grid else 0
+def _densest(counts: dict[tuple[int, int], int], side: int) -> tuple[int, int]:
+    """The top-left tile (row, column) of the ``side`` x ``side`` window of tiles holding the most
+    lines, ``counts`` giving each tile's."""
+    height = max(top for top, _ in counts) + 1
+    width = max(left for _, left in counts) + 1
     total = [[0] * (width + 1) for _ in range(height + 1)]  # prefix sums
     for r in range(height):
         for c in range(width):
-            total[r + 1][c + 1] = grid[r][c] + total[r][c + 1] + total[r + 1][c] - total[r][c]
+            here = counts.get((r, c), 0)
+            total[r + 1][c + 1] = here + total[r][c + 1] + total[r + 1][c] - total[r][c]
     best, at = -1, (0, 0)
     for r in range(max(1, height - side + 1)):
         for c in range(max(1, width - side + 1)):
@@ -375,41 +382,75 @@ def lines_say_upright(page: Image.Image, dpi: float) -> bool:
     at least ``LINES_MIN`` lines run across the page, ``LINES_ACROSS`` times as many as along it,
     with a Latin x-height band (``LINES_CORE``) and ``LINES_ASCENDERS`` times as much ink above that
     band as below it. Pure Pillow and Python, a few hundredths of a second a page."""
-    return _upright(_bilevel(page, dpi))
+    return _says_upright(survey(_bilevel(page, dpi)), 0)
 
 
-def turn_from_lines(ink: Image.Image) -> int | None:
-    """The clockwise turn after which the text lines of ``ink`` (``_bilevel``'s) say upright, or
-    None where no turn does. At most one can: the lines must run across the page twice as often
-    as along it, and have more ink above their x-height band than below it."""
+def turn_from_lines(tiles: list[_Tile]) -> int | None:
+    """The clockwise turn after which the text lines ``survey`` found say upright, or None where
+    no turn does. At most one can: the lines must run across the page twice as often as along
+    it, and have more ink above their x-height band than below it."""
     for clockwise in (0, 180, 90, 270):
-        if _upright(turn(ink, clockwise)):
+        if _says_upright(tiles, clockwise):
             return clockwise
     return None
 
 
-def _upright(ink: Image.Image) -> bool:
-    """``lines_say_upright`` on the bilevel page."""
+@dataclass(frozen=True)
+class _Tile:
+    """One tile of the bilevel page with its share of ink in ``LINES_INK``: where it lies (in
+    tiles), and the lines it holds whole read down its rows and read across its columns (right to
+    left, as the tile turned counter-clockwise shows them), each ``(ink above the dense middle,
+    ink below it, the middle's share of the height, height)``."""
+
+    top: int
+    left: int
+    rows: list[tuple[int, int, float, int]]
+    columns: list[tuple[int, int, float, int]]
+
+    @property
+    def text(self) -> list[tuple[int, int, float, int]]:
+        """The lines of the direction that holds more of them."""
+        return self.rows if len(self.rows) >= len(self.columns) else self.columns
+
+
+def survey(ink: Image.Image) -> list[_Tile]:
+    """Every tile of ``ink`` (``_bilevel``'s) that is inked enough to judge, with its lines both
+    ways: one pass that serves all four turns and the glance's window."""
     side = LINES_TILE
     least, most = (round(share * side * side) for share in LINES_INK)
-    across = along = 0
-    above = below = 0
-    cores: list[float] = []
+    found = []
     for top in range(0, ink.height - side + 1, side):
         for left in range(0, ink.width - side + 1, side):
             tile = ink.crop((left, top, left + side, top + side))
             rows = _sums(tile.tobytes(), side)
             if not least <= sum(rows) <= most:
                 continue
-            lines = _lines(rows)
-            columns = _lines(_sums(tile.transpose(_T.ROTATE_90).tobytes(), side))
-            if len(lines) >= 2 and len(lines) > LINES_ACROSS * len(columns):
-                across += len(lines)
-                for up, down, core in lines:
-                    above, below = above + up, below + down
-                    cores.append(core)
-            elif len(columns) >= 2 and len(columns) > LINES_ACROSS * len(lines):
-                along += len(columns)
+            columns = _sums(tile.transpose(_T.ROTATE_90).tobytes(), side)
+            found.append(_Tile(top // side, left // side, _lines(rows), _lines(columns)))
+    return found
+
+
+def _says_upright(tiles: list[_Tile], clockwise: int) -> bool:
+    """``lines_say_upright`` of the page the tiles come from, turned ``clockwise`` degrees: a
+    quarter turn reads columns as rows, and a turn of 180 or of 90 clockwise reads each line
+    upside down (the ink above it is the ink below it)."""
+    across = along = 0
+    above = below = 0
+    cores: list[float] = []
+    flip = clockwise in (90, 180)
+    for tile in tiles:
+        lines, columns = (
+            (tile.rows, tile.columns) if clockwise in (0, 180) else (tile.columns, tile.rows)
+        )
+        if len(lines) >= 2 and len(lines) > LINES_ACROSS * len(columns):
+            across += len(lines)
+            for up, down, core, _ in lines:
+                if flip:
+                    up, down = down, up
+                above, below = above + up, below + down
+                cores.append(core)
+        elif len(columns) >= 2 and len(columns) > LINES_ACROSS * len(lines):
+            along += len(columns)
     if across < max(LINES_MIN, LINES_ACROSS * along):
         return False
     low, high = LINES_CORE
@@ -430,9 +471,9 @@ def _sums(data: bytes, side: int) -> list[int]:
     return [sum(data[start : start + side]) for start in range(0, len(data), side)]
 
 
-def _lines(rows: list[int]) -> list[tuple[int, int, float]]:
+def _lines(rows: list[int]) -> list[tuple[int, int, float, int]]:
     """Each band of inked rows that the tile holds whole and is a line's height: the ink above its
-    dense middle, the ink below it, and the middle's share of its height."""
+    dense middle, the ink below it, the middle's share of its height, and the height."""
     found = []
     start = None
     for index, count in enumerate([*rows, 0]):
@@ -444,8 +485,9 @@ def _lines(rows: list[int]) -> list[tuple[int, int, float]]:
                 band = rows[start:index]
                 dense = [at for at, value in enumerate(band) if 2 * value >= max(band)]
                 first, last = dense[0], dense[-1]
+                height = index - start
                 found.append(
-                    (sum(band[:first]), sum(band[last + 1 :]), (last - first + 1) / len(band))
+                    (sum(band[:first]), sum(band[last + 1 :]), (last - first + 1) / height, height)
                 )
             start = None
     return found
