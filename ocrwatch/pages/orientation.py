@@ -415,18 +415,28 @@ class _Tile:
 
 def survey(ink: Image.Image) -> list[_Tile]:
     """Every tile of ``ink`` (``_bilevel``'s) that is inked enough to judge, with its lines both
-    ways: one pass that serves all four turns and the glance's window."""
+    ways: one pass that serves all four turns and the glance's window. The ink of each row and
+    column of every tile comes from two box-filter shrinks of the whole page (one pixel a tile's
+    row, one a tile's column), not from Python loops over its pixels."""
     side = LINES_TILE
     least, most = (round(share * side * side) for share in LINES_INK)
+    across, down = ink.width // side, ink.height // side
+    if not across or not down:
+        return []
+    whole = ink.crop((0, 0, across * side, down * side)).point(lambda value: 255 * value)
+    whole = whole.convert("F")
+    by_row = list(whole.resize((across, down * side), Image.Resampling.BOX).getdata())
+    by_column = list(whole.resize((across * side, down), Image.Resampling.BOX).getdata())
+    per = side / 255  # a mean of 0/255 pixels over a tile's side, as a count of inked pixels
     found = []
-    for top in range(0, ink.height - side + 1, side):
-        for left in range(0, ink.width - side + 1, side):
-            tile = ink.crop((left, top, left + side, top + side))
-            rows = _sums(tile.tobytes(), side)
+    for top in range(down):
+        for left in range(across):
+            rows = [round(by_row[(top * side + y) * across + left] * per) for y in range(side)]
             if not least <= sum(rows) <= most:
                 continue
-            columns = _sums(tile.transpose(_T.ROTATE_90).tobytes(), side)
-            found.append(_Tile(top // side, left // side, _lines(rows), _lines(columns)))
+            end = (top * across + left + 1) * side - 1  # the tile's last column, read first
+            columns = [round(by_column[end - x] * per) for x in range(side)]
+            found.append(_Tile(top, left, _lines(rows), _lines(columns)))
     return found
 
 
@@ -464,11 +474,6 @@ def _bilevel(page: Image.Image, dpi: float) -> Image.Image:
         size = (max(1, round(page.width * scale)), max(1, round(page.height * scale)))
         page = page.resize(size, Image.Resampling.BOX)
     return page.point(lambda value: 1 if value < 128 else 0)
-
-
-def _sums(data: bytes, side: int) -> list[int]:
-    """The inked pixels of each row of a ``side``-wide bilevel tile's bytes."""
-    return [sum(data[start : start + side]) for start in range(0, len(data), side)]
 
 
 def _lines(rows: list[int]) -> list[tuple[int, int, float, int]]:
