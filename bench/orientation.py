@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import resource
 import tempfile
 import time
@@ -55,13 +56,28 @@ def spec_for(**render_keys: Any) -> render.RenderSpec:
     return render.render_spec(RenderConfig(**render_keys), geometry)
 
 
-def old_rule(
-    image: Any, dpi: float, settings: orientation.Settings
-) -> tuple[int, int | None, float | None, Any]:
-    """The rule before the text lines and the glance: OSD on the whole page, every page."""
+def old_rule(image: Any, dpi: float, settings: orientation.Settings) -> orientation.Orientation:
+    """The rule before the text lines and the glance (up to 2b5c2b0): OSD on the whole page, every
+    page, an unsure turn read both ways on the whole page."""
     page, page_dpi = orientation._grey(image, dpi)
     with tempfile.TemporaryDirectory(prefix="bench-osd-") as folder:
-        return orientation._whole_page(page, page_dpi, None, folder, settings)
+        path = os.path.join(folder, "page.pgm")
+        page.save(path)
+        answer = orientation.detect(path, page_dpi, settings.timeout)
+        if answer is None:
+            return orientation.Orientation(decided_by="too_little_text")
+        detected, confidence = answer
+        if detected == 0 or confidence >= settings.threshold:
+            return orientation.Orientation(detected, detected, confidence, "osd")
+        if confidence < orientation.READ_FLOOR:
+            return orientation.Orientation(0, detected, confidence, "low_confidence")
+        unturned = orientation.readable_characters(path, page_dpi, settings.timeout)
+        turned_path = os.path.join(folder, "turned.pgm")
+        orientation.turn(page, detected).save(turned_path)
+        turned = orientation.readable_characters(turned_path, page_dpi, settings.timeout)
+        least = max(orientation.READ_MIN_CHARACTERS, orientation.READ_RATIO * unturned)
+        rotation = detected if turned >= least else 0
+        return orientation.Orientation(rotation, detected, confidence, "reading")
 
 
 def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:

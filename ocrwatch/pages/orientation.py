@@ -1,21 +1,32 @@
 """Pages turned upright before they are read: Tesseract's orientation detection, and deskew.
 
 Every rendered page, for either engine, goes through ``upright`` in its render worker (blocking, off
-the event loop). With ``[render] rotate_pages``, Tesseract's orientation and script detection
-(``--psm 0``, the ``osd`` data) says by how many right angles the page is turned and how sure it is.
-OSD costs about a second of one core a page, so a cheaper test goes first: the page's text lines,
-found on a bilevel copy at ``LINES_DPI``, are kept as they are without asking OSD where they run
-across the page and look like upright Latin lines (``lines_say_upright``); every other page, turned
-or unsure, goes to OSD. OSD's confidence is the margin between its best orientation and the
-next; on a page with little text it is small and often wrong (a test page of a few sideways boxes
-reads as upside down at 1.9, where a three-line page turned 90 degrees reads right at 2.7), so its
-answer is taken in three bands:
+the event loop). With ``[render] rotate_pages``, a page is decided by the cheapest test that can:
+
+1. Its text lines (``survey``, pure Pillow and Python, a few hundredths of a second): the page's
+   lines, found on a bilevel copy at ``LINES_DPI``, settle it where, turned some way, they run
+   across the page and look like upright Latin lines (``lines_say_upright``): ``text_lines``.
+2. OSD's glance (``glance``): Tesseract's orientation and script detection (``--psm 0``, the
+   ``osd`` data) on the window of the page densest in text lines, scaled so its lines are
+   ``GLANCE_LINE`` pixels high (the text's own height, not the DPI the file claims), from
+   ``GLANCE_CHARACTERS`` characters: about a third of OSD on the whole page. An upright answer is
+   taken (``osd``); a turned one below the threshold is checked by reading the window (below),
+   and taken where that reads ``GLANCE_READ_CHARACTERS`` (``reading``).
+3. OSD on the whole page, as before the glance: what the glance left undecided.
+
+OSD's confidence is the margin between its best orientation and the next; on a page with little
+text it is small and often wrong (a test page of a few sideways boxes reads as upside down at 1.9,
+where a three-line page turned 90 degrees reads right at 2.7), so its answer is taken in three
+bands:
 
 - at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's ``--rotate-pages-threshold``):
   as it is;
-- from ``READ_FLOOR`` up to the threshold: checked by reading the page both ways (Tesseract,
-  ``READ_LANG``) and turned only when turned it reads at least ``READ_RATIO`` times as many
-  characters of confident words (``READ_CONFIDENCE``) as it does unturned;
+- from ``READ_FLOOR`` up to the threshold: checked by reading (Tesseract, ``READ_LANG``) the
+  glance's window unturned, turned as OSD says and turned the opposite way (OSD unsure of a page on
+  its side often has it upside down), and turned only where the best of them reads at least
+  ``READ_RATIO`` times as many characters of confident words (``READ_CONFIDENCE``) as unturned;
+  where no way round reads ``READ_MIN_CHARACTERS``, the page says so (``reads_poorly``, in its
+  JSON and a ``page_reads_poorly`` warning);
 - below ``READ_FLOOR``, or no answer at all (too few characters): kept as it is.
 
 With ``[render] deskew`` the upright page is then levelled by the small angle ``deskew`` finds.
@@ -26,6 +37,8 @@ searchable PDF's text layer is placed through.
 
 from __future__ import annotations
 
+import array
+import dataclasses
 import math
 import os
 import shutil
@@ -115,7 +128,8 @@ class Orientation:
     """What was done to a page to read it: ``rotation`` clockwise degrees (a right angle), then
     ``deskew`` clockwise degrees about its centre (None: deskew is off). ``detected`` is OSD's
     answer (clockwise degrees that make it upright) and ``confidence`` its margin; both None where
-    OSD did not run or gave no answer."""
+    OSD did not run or gave no answer. ``read``: the most confident characters any way round read
+    where the reading check ran (``reads_poorly``), else None."""
 
     rotation: int = 0
     detected: int | None = None
@@ -123,10 +137,17 @@ class Orientation:
     decided_by: DecidedBy | None = None
     deskew: float | None = None
     seconds: float = 0.0
+    read: int | None = None
 
     @property
     def turned(self) -> bool:
         return self.rotation != 0 or bool(self.deskew)
+
+    @property
+    def reads_poorly(self) -> bool:
+        """Whether the reading check found no way round in which the page reads
+        ``READ_MIN_CHARACTERS`` confident characters: turned or not, its text may be lost."""
+        return self.read is not None and self.read < READ_MIN_CHARACTERS
 
 
 AS_RENDERED = Orientation()
@@ -172,17 +193,19 @@ def upright(image: Image.Image, dpi: float, settings: Settings) -> tuple[Image.I
     if not settings.rotate and not settings.deskew:
         return image, AS_RENDERED
     started = time.perf_counter()
-    rotation, detected, confidence, decided_by = 0, None, None, None
+    decided = AS_RENDERED
     if settings.rotate:
-        rotation, detected, confidence, decided_by = _decide(image, dpi, settings)
-        image = turn(image, rotation)
+        decided = _decide(image, dpi, settings)
+        image = turn(image, decided.rotation)
+        if decided.reads_poorly:
+            log.warning("page_reads_poorly", read=decided.read, rotation=decided.rotation)
     skew = None
     if settings.deskew:
         skew = deskew.skew_angle(image)
         if skew:
             image = deskew.straighten(image, skew)
     seconds = time.perf_counter() - started
-    return image, Orientation(rotation, detected, confidence, decided_by, skew, seconds)
+    return image, dataclasses.replace(decided, deskew=skew, seconds=seconds)
 
 
 def turn(image: Image.Image, clockwise: int) -> Image.Image:
@@ -227,90 +250,97 @@ def _then(first: tuple[float, ...], second: tuple[float, ...]) -> tuple[float, .
     )
 
 
-def _decide(
-    image: Image.Image, dpi: float, settings: Settings
-) -> tuple[int, int | None, float | None, DecidedBy]:
-    """The rotation to apply, OSD's answer and confidence, and which band decided (module
-    docstring): the text lines first, then OSD's glance at the page's densest text, then OSD on
-    the whole page where the glance is unsure or says turned."""
+def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
+    """The rotation to apply and how it was decided (module docstring): the text lines first,
+    then OSD's glance at the page's densest text, then OSD on the whole page where the glance is
+    unsure and reading does not settle it."""
     page, page_dpi = _grey(image, dpi)
     tiles = survey(_bilevel(page, page_dpi))
     lines_turn = turn_from_lines(tiles)
     if lines_turn is not None:
-        return lines_turn, None, None, "text_lines"
+        return Orientation(lines_turn, decided_by="text_lines")
     box, scale = window(page.size, page_dpi, tiles)
     sample = _scaled(page.crop(box) if box else page, scale)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
+        reading = _Reading(sample, page_dpi * scale, folder, settings.timeout)
+        glanced = None
         try:
             glanced = glance(sample, page_dpi * scale, folder, settings.timeout)
+            if glanced is None and box is None:  # the whole page as it is: OSD would say the same
+                return Orientation(decided_by="too_little_text")
+            if glanced is not None:
+                clockwise, confidence = glanced
+                if clockwise == 0 or confidence >= settings.threshold:
+                    return Orientation(clockwise, clockwise, confidence, "osd")
+                if box is not None:
+                    best, read = reading.best(clockwise)
+                    if best and read >= GLANCE_READ_CHARACTERS:
+                        return Orientation(best, clockwise, confidence, "reading", read=read)
         except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
             log.warning("orientation_failed", error=str(exc))
-            return 0, None, None, "failed"
-        if glanced is None and box is None:  # the whole page, as it is: OSD would say the same
-            return 0, None, None, "too_little_text"
-        if glanced is not None and (glanced[0] == 0 or glanced[1] >= settings.threshold):
-            return glanced[0], glanced[0], glanced[1], "osd"
-        if glanced is not None and box is not None:
-            try:
-                least = GLANCE_READ_CHARACTERS
-                if _reads_better(sample, page_dpi * scale, glanced[0], folder, settings, least):
-                    return glanced[0], glanced[0], glanced[1], "reading"
-            except OSError as exc:
-                log.warning("orientation_failed", error=str(exc))
-                return 0, *glanced, "failed"
-        return _whole_page(page, page_dpi, box, folder, settings)
+            return Orientation(0, *(glanced or (None, None)), "failed")
+        return _whole_page(page, page_dpi, folder, settings, reading)
 
 
 def _whole_page(
     page: Image.Image,
     page_dpi: float,
-    box: tuple[int, int, int, int] | None,
     folder: str,
     settings: Settings,
-) -> tuple[int, int | None, float | None, DecidedBy]:
+    reading: _Reading | None = None,
+) -> Orientation:
     """OSD on the whole page (``OSD_MAX_DPI`` at most) and its answer taken in the three bands of
-    the module docstring; the reading check reads the glance's window (``box``, at the page's
-    resolution), the whole page where there is none."""
+    the module docstring. The reading check reads ``reading``'s image (the glance's window, its
+    lines scaled to ``GLANCE_LINE``: what it has read already is not read again), the whole page
+    where there is none."""
     path = os.path.join(folder, "page.pgm")
     page.save(path)
     try:
         answer = detect(path, page_dpi, settings.timeout)
     except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
         log.warning("orientation_failed", error=str(exc))
-        return 0, None, None, "failed"
+        return Orientation(decided_by="failed")
     if answer is None:
-        return 0, None, None, "too_little_text"
+        return Orientation(decided_by="too_little_text")
     detected, confidence = answer
     if detected == 0 or confidence >= settings.threshold:
-        return detected, detected, confidence, "osd"
+        return Orientation(detected, detected, confidence, "osd")
     if confidence < READ_FLOOR:
-        return 0, detected, confidence, "low_confidence"
+        return Orientation(0, detected, confidence, "low_confidence")
     try:
-        part = page.crop(box) if box else page
-        better = _reads_better(part, page_dpi, detected, folder, settings)
+        best, read = (reading or _Reading(page, page_dpi, folder, settings.timeout)).best(detected)
     except OSError as exc:
         log.warning("orientation_failed", error=str(exc))
-        return 0, detected, confidence, "failed"
-    return (detected if better else 0), detected, confidence, "reading"
+        return Orientation(0, detected, confidence, "failed")
+    return Orientation(best, detected, confidence, "reading", read=read)
 
 
-def _reads_better(
-    part: Image.Image,
-    dpi: float,
-    clockwise: int,
-    folder: str,
-    settings: Settings,
-    least: int = READ_MIN_CHARACTERS,
-) -> bool:
-    """Whether ``part`` of a page turned ``clockwise`` reads at least ``READ_RATIO`` times as
-    many confident characters as unturned, and at least ``least``. Raises OSError."""
-    part_path = os.path.join(folder, "part.pgm")
-    part.save(part_path)
-    unturned = readable_characters(part_path, dpi, settings.timeout)
-    turned_path = os.path.join(folder, "turned.pgm")
-    turn(part, clockwise).save(turned_path)
-    turned = readable_characters(turned_path, dpi, settings.timeout)
-    return turned >= max(least, READ_RATIO * unturned)
+class _Reading:
+    """The reading check on one image: each turn read once (Tesseract, ``READ_LANG``), however
+    many times it is asked about."""
+
+    def __init__(self, image: Image.Image, dpi: float, folder: str, timeout: float) -> None:
+        self._image, self._dpi, self._folder, self._timeout = image, dpi, folder, timeout
+        self._read: dict[int, int] = {}
+
+    def best(self, detected: int) -> tuple[int, int]:
+        """The turn to make and the most confident characters any turn read. The turns read are
+        unturned, ``detected`` and its opposite (OSD unsure of a page on its side often has it
+        the wrong way up); the best of them is made only where it reads ``READ_RATIO`` times as
+        many as unturned, and ``READ_MIN_CHARACTERS``. Raises OSError."""
+        counts = {
+            clockwise: self._count(clockwise) for clockwise in (0, detected, (detected + 180) % 360)
+        }
+        best = max(counts, key=lambda clockwise: (counts[clockwise], clockwise == 0))
+        enough = counts[best] >= max(READ_MIN_CHARACTERS, READ_RATIO * counts[0])
+        return (best if enough else 0), counts[best]
+
+    def _count(self, clockwise: int) -> int:
+        if clockwise not in self._read:
+            path = os.path.join(self._folder, f"read-{clockwise}.pgm")
+            turn(self._image, clockwise).save(path)
+            self._read[clockwise] = readable_characters(path, self._dpi, self._timeout)
+        return self._read[clockwise]
 
 
 def glance(
@@ -425,8 +455,10 @@ def survey(ink: Image.Image) -> list[_Tile]:
         return []
     whole = ink.crop((0, 0, across * side, down * side)).point(lambda value: 255 * value)
     whole = whole.convert("F")
-    by_row = list(whole.resize((across, down * side), Image.Resampling.BOX).getdata())
-    by_column = list(whole.resize((across * side, down), Image.Resampling.BOX).getdata())
+    by_row = array.array("f", whole.resize((across, down * side), Image.Resampling.BOX).tobytes())
+    by_column = array.array(
+        "f", whole.resize((across * side, down), Image.Resampling.BOX).tobytes()
+    )
     per = side / 255  # a mean of 0/255 pixels over a tile's side, as a count of inked pixels
     found = []
     for top in range(down):
