@@ -200,7 +200,9 @@ TEXT_CHECK = _object(
         "reason": {
             "enum": list(pagetext.REASONS),
             "description": "good or asked (the layer was taken: auto found it good, layer "
-            "takes any); else why the page was OCR'd: no_text (none drawn: a scan), "
+            "takes any), script_not_installed (taken: its letters are of a script no "
+            "installed Tesseract language reads; package names the one that would); "
+            "else why the page was OCR'd: no_text (none drawn: a scan), "
             "little_text, unreadable_codes (a font without a Unicode map), unmapped_font "
             "(punctuation only), unknown_letters (letters no installed Tesseract language "
             "has), unknown_words (too few words its languages know), no_dictionary "
@@ -217,6 +219,11 @@ TEXT_CHECK = _object(
             "languages know; null where the word test was not made.",
         },
         "seconds": {**_SECONDS, "description": "The check's time: reading and judging the layer."},
+        "package": {
+            "type": "string",
+            "description": "With script_not_installed: the package of the Tesseract language "
+            "that reads the layer's script (tesseract-ocr-chi-sim).",
+        },
     },
     ("reason", "known_words", "seconds"),
 )
