@@ -3,21 +3,18 @@
 Every rendered page, for either engine, goes through ``upright`` in its render worker (blocking, off
 the event loop). With ``[render] rotate_pages``, a page is decided by the cheapest test that can:
 
-1. Its text lines (``survey``, pure Pillow and Python, a few hundredths of a second): the page's
-   lines, found on a bilevel copy at ``LINES_DPI``, settle it where, turned some way, they run
-   across the page and look like upright Latin lines (``lines_say_upright``): ``text_lines``.
-2. OSD's glance (``glance``): Tesseract's orientation and script detection (``--psm 0``, the
-   ``osd`` data) on the window of the page densest in text lines, scaled so its lines are
-   ``GLANCE_LINE`` pixels high (the text's own height, not the DPI the file claims), from
-   ``GLANCE_CHARACTERS`` characters: about a third of OSD on the whole page. An upright answer is
-   taken (``osd``); a turned one below the threshold is checked by reading the window (below),
-   and taken where that reads ``GLANCE_READ_CHARACTERS`` (``reading``).
-3. OSD on the whole page, as before the glance: what the glance left undecided.
+1. Its text lines (``survey``, a few hundredths of a second), found on a bilevel copy at
+   ``LINES_DPI``, where turned some way they look like upright Latin lines: ``text_lines``.
+2. OSD's glance: Tesseract's orientation detection (``--psm 0``) on the window of the page densest
+   in text lines, scaled so its lines are ``GLANCE_LINE`` pixels high (the text's own height, not
+   the DPI the file claims), from ``GLANCE_CHARACTERS`` characters: a third of OSD's cost on the
+   whole page. Upright is taken (``osd``); a turn below the threshold is read (below) and taken
+   where it reads ``GLANCE_READ_CHARACTERS`` (``reading``).
+3. OSD on the whole page: what the glance left undecided.
 
 OSD's confidence is the margin between its best orientation and the next; on a page with little
-text it is small and often wrong (a test page of a few sideways boxes reads as upside down at 1.9,
-where a three-line page turned 90 degrees reads right at 2.7), so its answer is taken in three
-bands:
+text it is small and often wrong (a few sideways boxes read as upside down at 1.9, a three-line
+page turned 90 degrees reads right at 2.7), so its answer is taken in three bands:
 
 - at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's ``--rotate-pages-threshold``):
   as it is;
@@ -272,27 +269,22 @@ def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
                 clockwise, confidence = glanced
                 if clockwise == 0 or confidence >= settings.threshold:
                     return Orientation(clockwise, clockwise, confidence, "osd")
-                if box is not None:
-                    best, read = reading.best(clockwise)
-                    if best and read >= GLANCE_READ_CHARACTERS:
-                        return Orientation(best, clockwise, confidence, "reading", read=read)
+                best, read = reading.best(clockwise) if box else (0, 0)
+                if best and read >= GLANCE_READ_CHARACTERS:
+                    return Orientation(best, clockwise, confidence, "reading", read=read)
         except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
             log.warning("orientation_failed", error=str(exc))
-            return Orientation(0, *(glanced or (None, None)), "failed")
+            said = glanced or (None, None)
+            return Orientation(0, said[0], said[1], "failed")
         return _whole_page(page, page_dpi, folder, settings, reading)
 
 
 def _whole_page(
-    page: Image.Image,
-    page_dpi: float,
-    folder: str,
-    settings: Settings,
-    reading: _Reading | None = None,
+    page: Image.Image, page_dpi: float, folder: str, settings: Settings, reading: _Reading
 ) -> Orientation:
     """OSD on the whole page (``OSD_MAX_DPI`` at most) and its answer taken in the three bands of
     the module docstring. The reading check reads ``reading``'s image (the glance's window, its
-    lines scaled to ``GLANCE_LINE``: what it has read already is not read again), the whole page
-    where there is none."""
+    lines scaled to ``GLANCE_LINE``; what it read already is not read again)."""
     path = os.path.join(folder, "page.pgm")
     page.save(path)
     try:
@@ -308,7 +300,7 @@ def _whole_page(
     if confidence < READ_FLOOR:
         return Orientation(0, detected, confidence, "low_confidence")
     try:
-        best, read = (reading or _Reading(page, page_dpi, folder, settings.timeout)).best(detected)
+        best, read = reading.best(detected)
     except OSError as exc:
         log.warning("orientation_failed", error=str(exc))
         return Orientation(0, detected, confidence, "failed")
@@ -427,10 +419,9 @@ def turn_from_lines(tiles: list[_Tile]) -> int | None:
 
 @dataclass(frozen=True)
 class _Tile:
-    """One tile of the bilevel page with its share of ink in ``LINES_INK``: where it lies (in
-    tiles), and the lines it holds whole read down its rows and read across its columns (right to
-    left, as the tile turned counter-clockwise shows them), each ``(ink above the dense middle,
-    ink below it, the middle's share of the height, height)``."""
+    """A tile of the bilevel page inked within ``LINES_INK``: where it lies (in tiles), and the
+    lines it holds whole down its rows and across its columns (right to left, as the tile turned
+    counter-clockwise shows them), each ``_lines``'."""
 
     top: int
     left: int
@@ -444,10 +435,9 @@ class _Tile:
 
 
 def survey(ink: Image.Image) -> list[_Tile]:
-    """Every tile of ``ink`` (``_bilevel``'s) that is inked enough to judge, with its lines both
-    ways: one pass that serves all four turns and the glance's window. The ink of each row and
-    column of every tile comes from two box-filter shrinks of the whole page (one pixel a tile's
-    row, one a tile's column), not from Python loops over its pixels."""
+    """Every tile of ``ink`` (``_bilevel``'s) inked enough to judge, with its lines both ways: one
+    pass for all four turns and the glance's window. Each tile's row and column sums come from two
+    box-filter shrinks of the page (a pixel a tile's row or column), not loops over pixels."""
     side = LINES_TILE
     least, most = (round(share * side * side) for share in LINES_INK)
     across, down = ink.width // side, ink.height // side

@@ -211,7 +211,9 @@ def missing_script(text: str, known: frozenset[str]) -> tuple[str, str] | None:
             scripts[script] = scripts.get(script, 0) + 1
     if "HIRAGANA" in scripts or "KATAKANA" in scripts:
         scripts["HIRAGANA"] = sum(scripts.pop(name, 0) for name in ("HIRAGANA", "KATAKANA", "CJK"))
-    found = max((name for name in scripts if name in SCRIPTS), key=scripts.get, default=None)
+    found = max(
+        (name for name in scripts if name in SCRIPTS), key=scripts.__getitem__, default=None
+    )
     if found is None or scripts[found] < MIN_ONE_SCRIPT * unknown:
         return None
     return SCRIPTS[found]
@@ -257,9 +259,10 @@ def check(
         else:
             reason, known = judge(text, knowledge, lang)
             letters = knowledge.letters()
-            wanted = missing_script(text, letters) if reason == "unknown_letters" else None
-            if letters is not None and wanted is not None:
-                reason, package = "script_not_installed", wanted[1]
+            if reason == "unknown_letters" and letters is not None:
+                wanted = missing_script(text, letters)
+                if wanted is not None:
+                    reason, package = "script_not_installed", wanted[1]
     seconds = time.perf_counter() - started
     taken = text if reason in TAKEN else None
     return Check(taken, reason, known if text is not None else None, seconds, package)
