@@ -421,7 +421,7 @@ def turn_from_lines(tiles: list[_Tile]) -> int | None:
 class _Tile:
     """A tile of the bilevel page inked within ``LINES_INK``: where it lies (in tiles), and the
     lines it holds whole down its rows and across its columns (right to left, as the tile turned
-    counter-clockwise shows them), each ``_lines``'."""
+    counter-clockwise shows them), each as ``_lines`` gives it."""
 
     top: int
     left: int
