@@ -2,8 +2,9 @@
 
 Cost: every page of the corpus's documents (``--max-per-doc`` each, GeoTopo left out) is rendered as
 the daemon renders it for the Tesseract engine, then ``orientation.upright`` is timed with
-``rotate_pages`` alone two ways, the default rule (the text-line test first, OSD only where it is
-unsure) and the old rule (OSD on every page: the text-line test made to say "unsure"), and
+``rotate_pages`` alone two ways, the default rule (the text-line test first, then OSD's glance at
+the densest text, OSD on the whole page only where both are unsure or the glance says turned) and
+the old rule (OSD on the whole page, every page: the text-line test and the glance left out), and
 ``deskew.skew_angle`` alone, one page at a time on one thread: wall milliseconds, and CPU
 milliseconds (this process plus Tesseract's children), mean and median. Pages are counted by how
 they were decided (``decided_by``). The same is done on pages made here (``made``): the suite's
@@ -22,7 +23,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,13 +56,37 @@ def spec_for(**render_keys: Any) -> render.RenderSpec:
     return render.render_spec(RenderConfig(**render_keys), geometry)
 
 
+def old_rule(image: Any, dpi: float, settings: orientation.Settings) -> orientation.Orientation:
+    """The rule before the text lines and the glance (up to 2b5c2b0): OSD on the whole page, every
+    page, an unsure turn read both ways on the whole page."""
+    page, page_dpi = orientation._grey(image, dpi)
+    with tempfile.TemporaryDirectory(prefix="bench-osd-") as folder:
+        path = os.path.join(folder, "page.pgm")
+        page.save(path)
+        answer = orientation.detect(path, page_dpi, settings.timeout)
+        if answer is None:
+            return orientation.Orientation(decided_by="too_little_text")
+        detected, confidence = answer
+        if detected == 0 or confidence >= settings.threshold:
+            return orientation.Orientation(detected, detected, confidence, "osd")
+        if confidence < orientation.READ_FLOOR:
+            return orientation.Orientation(0, detected, confidence, "low_confidence")
+        unturned = orientation.readable_characters(path, page_dpi, settings.timeout)
+        turned_path = os.path.join(folder, "turned.pgm")
+        orientation.turn(page, detected).save(turned_path)
+        turned = orientation.readable_characters(turned_path, page_dpi, settings.timeout)
+        least = max(orientation.READ_MIN_CHARACTERS, orientation.READ_RATIO * unturned)
+        rotation = detected if turned >= least else 0
+        return orientation.Orientation(rotation, detected, confidence, "reading")
+
+
 def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
     """``upright`` on each (label, image, dpi) by the default rule and by OSD on every page."""
     settings = dataclasses.replace(spec_for(rotate_pages=False).upright, rotate=True)
-    test = orientation.lines_say_upright
+    rules = {"default": orientation._decide, "osd_every_page": old_rule}
     figures: dict[str, Any] = {}
-    for rule in ("default", "osd_every_page"):
-        orientation.lines_say_upright = test if rule == "default" else lambda page, dpi: False
+    for rule, decide in rules.items():
+        orientation._decide = decide
         wall_s, cpu_s, decided = [], [], {}
         try:
             for label, image, dpi in images:
@@ -76,7 +103,7 @@ def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
                     flush=True,
                 )
         finally:
-            orientation.lines_say_upright = test
+            orientation._decide = rules["default"]
         figures[rule] = {
             "cpu_ms_mean": round(sum(cpu_s) / len(cpu_s) * 1000),
             "cpu_ms_median": round(median(cpu_s) * 1000),

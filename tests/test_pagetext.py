@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import difflib
 import shutil
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -103,6 +104,23 @@ def test_unspaced_scripts_are_judged_by_their_letters_alone() -> None:
     known = Words("", letters="".join(set(chinese)))
     assert pagetext.judge(chinese, known, "eng") == ("good", None)
     assert pagetext.judge(chinese, KNOWN, "eng") == ("unknown_letters", None)
+
+
+def test_a_layer_in_one_script_no_language_reads_names_its_package() -> None:
+    """Issue 37.1: letters of one script Tesseract has no language for are that script's text, not
+    a font's wrong map: the language pack that would read it is named. Kana make it Japanese;
+    a symbol font mapped onto Latin Extended and Greek letters is no script's."""
+    assert pagetext.missing_script("表格中的数据来自年度报告。" * 4, KNOWN.letters()) == (
+        "chi_sim",
+        "tesseract-ocr-chi-sim",
+    )
+    assert pagetext.missing_script("تحسين الإنتاجية وحل المشكلات", KNOWN.letters()) == (
+        "ara",
+        "tesseract-ocr-ara",
+    )
+    assert pagetext.missing_script("東京の天気はとても良いです。", KNOWN.letters())[0] == "jpn"
+    shifted = "".join(chr(0x01E0 + ord(c) % 32) if c.isalpha() else c for c in ENGLISH)
+    assert pagetext.missing_script(shifted, KNOWN.letters()) is None
 
 
 def test_a_language_without_a_word_list_cannot_be_judged() -> None:
@@ -358,6 +376,26 @@ def test_corpus_born_digital_layers(corpus_dir: Path, manifest: list[dict[str, A
             score = words_similarity(pagetext.markdown(found.text), truth[index], ordered=False)
             assert score >= 0.95, (entry["file"], index + 1, score)
     assert taken >= 15
+
+
+@needs_tesseract
+def test_corpus_chinese_layer_is_kept_without_chinese_data(corpus_dir: Path) -> None:
+    """Issue 37.1: issue-914-xmp-data.pdf's Chinese layer is right, and without chi_sim OCR makes
+    Latin gibberish of it: the layer is taken, text_check says why and names the package, and
+    the document's log warns once, however many of its pages want it."""
+    listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True).stdout
+    if "chi_sim" in listed.split():
+        pytest.skip("chi_sim is installed here: OCR reads the page")
+    maker = pages(corpus_dir / "issue-914-xmp-data.pdf", "auto")
+    with capture_logs() as logs:
+        found = [maker(0), maker(0)]
+    for page in found:
+        assert isinstance(page, Checked) and page.taken is not None and page.page is None
+        assert page.check["reason"] == "script_not_installed"
+        assert page.check["package"] == "tesseract-ocr-chi-sim"
+        assert "商品编码" in page.taken.result.recognition.markdown
+    [warning] = [line for line in logs if line["event"] == "text_layer_script_not_installed"]
+    assert warning["log_level"] == "warning" and "tesseract-ocr-chi-sim" in warning["hint"]
 
 
 @needs_tesseract

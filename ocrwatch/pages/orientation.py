@@ -1,21 +1,29 @@
 """Pages turned upright before they are read: Tesseract's orientation detection, and deskew.
 
 Every rendered page, for either engine, goes through ``upright`` in its render worker (blocking, off
-the event loop). With ``[render] rotate_pages``, Tesseract's orientation and script detection
-(``--psm 0``, the ``osd`` data) says by how many right angles the page is turned and how sure it is.
-OSD costs about a second of one core a page, so a cheaper test goes first: the page's text lines,
-found on a bilevel copy at ``LINES_DPI``, are kept as they are without asking OSD where they run
-across the page and look like upright Latin lines (``lines_say_upright``); every other page, turned
-or unsure, goes to OSD. OSD's confidence is the margin between its best orientation and the
-next; on a page with little text it is small and often wrong (a test page of a few sideways boxes
-reads as upside down at 1.9, where a three-line page turned 90 degrees reads right at 2.7), so its
-answer is taken in three bands:
+the event loop). With ``[render] rotate_pages``, a page is decided by the cheapest test that can:
+
+1. Its text lines (``survey``, a few hundredths of a second), found on a bilevel copy at
+   ``LINES_DPI``, where turned some way they look like upright Latin lines: ``text_lines``.
+2. OSD's glance: Tesseract's orientation detection (``--psm 0``) on the window of the page densest
+   in text lines, scaled so its lines are ``GLANCE_LINE`` pixels high (the text's own height, not
+   the DPI the file claims), from ``GLANCE_CHARACTERS`` characters: a third of OSD's cost on the
+   whole page. Upright is taken (``osd``); a turn below the threshold is read (below) and taken
+   where it reads ``GLANCE_READ_CHARACTERS`` (``reading``).
+3. OSD on the whole page: what the glance left undecided.
+
+OSD's confidence is the margin between its best orientation and the next; on a page with little
+text it is small and often wrong (a few sideways boxes read as upside down at 1.9, a three-line
+page turned 90 degrees reads right at 2.7), so its answer is taken in three bands:
 
 - at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's ``--rotate-pages-threshold``):
   as it is;
-- from ``READ_FLOOR`` up to the threshold: checked by reading the page both ways (Tesseract,
-  ``READ_LANG``) and turned only when turned it reads at least ``READ_RATIO`` times as many
-  characters of confident words (``READ_CONFIDENCE``) as it does unturned;
+- from ``READ_FLOOR`` up to the threshold: checked by reading (Tesseract, ``READ_LANG``) the
+  glance's window unturned, turned as OSD says and turned the opposite way (OSD unsure of a page on
+  its side often has it upside down), and turned only where the best of them reads at least
+  ``READ_RATIO`` times as many characters of confident words (``READ_CONFIDENCE``) as unturned;
+  where no way round reads ``READ_MIN_CHARACTERS``, the page says so (``reads_poorly``, in its
+  JSON and a ``page_reads_poorly`` warning);
 - below ``READ_FLOOR``, or no answer at all (too few characters): kept as it is.
 
 With ``[render] deskew`` the upright page is then levelled by the small angle ``deskew`` finds.
@@ -26,6 +34,8 @@ searchable PDF's text layer is placed through.
 
 from __future__ import annotations
 
+import array
+import dataclasses
 import math
 import os
 import shutil
@@ -86,6 +96,21 @@ ink) must take: Latin's x-height band. Devanagari's headline (~0.13), Arabic's b
 CJK's square glyphs (~0.76) fall outside, and so do a sideways page's columns cut across (~0.8),
 so pages of those scripts go to OSD, which knows them."""
 
+GLANCE_CHARACTERS = 10
+"""How many characters the glance's OSD classifies at least (Tesseract's default is 50, then up to
+five times as many): each costs about a hundredth of a second of one core."""
+GLANCE_LINE = 30.0
+"""The height, in pixels, that the glance scales the page's median text line to: its lowercase
+letters then stay above the 10 pixels below which OSD leaves a character out."""
+GLANCE_SIDE = 1000
+"""The side, in pixels once scaled, of the window of the page the glance reads: some thirty lines
+of text, where Tesseract's layout analysis of a whole page at 300 dpi costs more than its
+classification."""
+GLANCE_READ_CHARACTERS = 30
+"""A turn the glance finds is taken without asking OSD about the whole page only where the
+glance's window, turned so, reads at least this many confident characters (and ``READ_RATIO``
+times as many as unturned): a window of a few words can read better turned by chance."""
+
 DecidedBy = Literal["text_lines", "osd", "reading", "low_confidence", "too_little_text", "failed"]
 """How a page's rotation was decided: kept as it is because its text lines say it is upright,
 OSD's answer as it is, the reading check, or kept as it is because OSD was unsure, found too few
@@ -100,7 +125,8 @@ class Orientation:
     """What was done to a page to read it: ``rotation`` clockwise degrees (a right angle), then
     ``deskew`` clockwise degrees about its centre (None: deskew is off). ``detected`` is OSD's
     answer (clockwise degrees that make it upright) and ``confidence`` its margin; both None where
-    OSD did not run or gave no answer."""
+    OSD did not run or gave no answer. ``read``: the most confident characters any way round read
+    where the reading check ran (``reads_poorly``), else None."""
 
     rotation: int = 0
     detected: int | None = None
@@ -108,10 +134,17 @@ class Orientation:
     decided_by: DecidedBy | None = None
     deskew: float | None = None
     seconds: float = 0.0
+    read: int | None = None
 
     @property
     def turned(self) -> bool:
         return self.rotation != 0 or bool(self.deskew)
+
+    @property
+    def reads_poorly(self) -> bool:
+        """Whether the reading check found no way round in which the page reads
+        ``READ_MIN_CHARACTERS`` confident characters: turned or not, its text may be lost."""
+        return self.read is not None and self.read < READ_MIN_CHARACTERS
 
 
 AS_RENDERED = Orientation()
@@ -157,17 +190,19 @@ def upright(image: Image.Image, dpi: float, settings: Settings) -> tuple[Image.I
     if not settings.rotate and not settings.deskew:
         return image, AS_RENDERED
     started = time.perf_counter()
-    rotation, detected, confidence, decided_by = 0, None, None, None
+    decided = AS_RENDERED
     if settings.rotate:
-        rotation, detected, confidence, decided_by = _decide(image, dpi, settings)
-        image = turn(image, rotation)
+        decided = _decide(image, dpi, settings)
+        image = turn(image, decided.rotation)
+        if decided.reads_poorly:
+            log.warning("page_reads_poorly", read=decided.read, rotation=decided.rotation)
     skew = None
     if settings.deskew:
         skew = deskew.skew_angle(image)
         if skew:
             image = deskew.straighten(image, skew)
     seconds = time.perf_counter() - started
-    return image, Orientation(rotation, detected, confidence, decided_by, skew, seconds)
+    return image, dataclasses.replace(decided, deskew=skew, seconds=seconds)
 
 
 def turn(image: Image.Image, clockwise: int) -> Image.Image:
@@ -212,39 +247,156 @@ def _then(first: tuple[float, ...], second: tuple[float, ...]) -> tuple[float, .
     )
 
 
-def _decide(
-    image: Image.Image, dpi: float, settings: Settings
-) -> tuple[int, int | None, float | None, DecidedBy]:
-    """The rotation to apply, OSD's answer and confidence, and which band decided (module
-    docstring)."""
+def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
+    """The rotation to apply and how it was decided (module docstring): the text lines first,
+    then OSD's glance at the page's densest text, then OSD on the whole page where the glance is
+    unsure and reading does not settle it."""
     page, page_dpi = _grey(image, dpi)
-    if lines_say_upright(page, page_dpi):
-        return 0, None, None, "text_lines"
+    tiles = survey(_bilevel(page, page_dpi))
+    lines_turn = turn_from_lines(tiles)
+    if lines_turn is not None:
+        return Orientation(lines_turn, decided_by="text_lines")
+    box, scale = window(page.size, page_dpi, tiles)
+    sample = _scaled(page.crop(box) if box else page, scale)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
-        path = os.path.join(folder, "page.pgm")
-        page.save(path)
+        reading = _Reading(sample, page_dpi * scale, folder, settings.timeout)
+        glanced = None
         try:
-            answer = detect(path, page_dpi, settings.timeout)
+            glanced = glance(sample, page_dpi * scale, folder, settings.timeout)
+            if glanced is None and box is None:  # the whole page as it is: OSD would say the same
+                return Orientation(decided_by="too_little_text")
+            if glanced is not None:
+                clockwise, confidence = glanced
+                if clockwise == 0 or confidence >= settings.threshold:
+                    return Orientation(clockwise, clockwise, confidence, "osd")
+                best, read = reading.best(clockwise) if box else (0, 0)
+                if best and read >= GLANCE_READ_CHARACTERS:
+                    return Orientation(best, clockwise, confidence, "reading", read=read)
         except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
             log.warning("orientation_failed", error=str(exc))
-            return 0, None, None, "failed"
-        if answer is None:
-            return 0, None, None, "too_little_text"
-        detected, confidence = answer
-        if detected == 0 or confidence >= settings.threshold:
-            return detected, detected, confidence, "osd"
-        if confidence < READ_FLOOR:
-            return 0, detected, confidence, "low_confidence"
-        try:
-            unturned = readable_characters(path, page_dpi, settings.timeout)
-            turned_path = os.path.join(folder, "turned.pgm")
-            turn(page, detected).save(turned_path)
-            turned = readable_characters(turned_path, page_dpi, settings.timeout)
-        except OSError as exc:
-            log.warning("orientation_failed", error=str(exc))
-            return 0, detected, confidence, "failed"
-    better = turned >= max(READ_MIN_CHARACTERS, READ_RATIO * unturned)
-    return (detected if better else 0), detected, confidence, "reading"
+            said = glanced or (None, None)
+            return Orientation(0, said[0], said[1], "failed")
+        return _whole_page(page, page_dpi, folder, settings, reading)
+
+
+def _whole_page(
+    page: Image.Image, page_dpi: float, folder: str, settings: Settings, reading: _Reading
+) -> Orientation:
+    """OSD on the whole page (``OSD_MAX_DPI`` at most) and its answer taken in the three bands of
+    the module docstring. The reading check reads ``reading``'s image (the glance's window, its
+    lines scaled to ``GLANCE_LINE``; what it read already is not read again)."""
+    path = os.path.join(folder, "page.pgm")
+    page.save(path)
+    try:
+        answer = detect(path, page_dpi, settings.timeout)
+    except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
+        log.warning("orientation_failed", error=str(exc))
+        return Orientation(decided_by="failed")
+    if answer is None:
+        return Orientation(decided_by="too_little_text")
+    detected, confidence = answer
+    if detected == 0 or confidence >= settings.threshold:
+        return Orientation(detected, detected, confidence, "osd")
+    if confidence < READ_FLOOR:
+        return Orientation(0, detected, confidence, "low_confidence")
+    try:
+        best, read = reading.best(detected)
+    except OSError as exc:
+        log.warning("orientation_failed", error=str(exc))
+        return Orientation(0, detected, confidence, "failed")
+    return Orientation(best, detected, confidence, "reading", read=read)
+
+
+class _Reading:
+    """The reading check on one image: each turn read once (Tesseract, ``READ_LANG``), however
+    many times it is asked about."""
+
+    def __init__(self, image: Image.Image, dpi: float, folder: str, timeout: float) -> None:
+        self._image, self._dpi, self._folder, self._timeout = image, dpi, folder, timeout
+        self._read: dict[int, int] = {}
+
+    def best(self, detected: int) -> tuple[int, int]:
+        """The turn to make and the most confident characters any turn read. The turns read are
+        unturned, ``detected`` and its opposite (OSD unsure of a page on its side often has it
+        the wrong way up); the best of them is made only where it reads ``READ_RATIO`` times as
+        many as unturned, and ``READ_MIN_CHARACTERS``. Raises OSError."""
+        counts = {
+            clockwise: self._count(clockwise) for clockwise in (0, detected, (detected + 180) % 360)
+        }
+        best = max(counts, key=lambda clockwise: (counts[clockwise], clockwise == 0))
+        enough = counts[best] >= max(READ_MIN_CHARACTERS, READ_RATIO * counts[0])
+        return (best if enough else 0), counts[best]
+
+    def _count(self, clockwise: int) -> int:
+        if clockwise not in self._read:
+            path = os.path.join(self._folder, f"read-{clockwise}.pgm")
+            turn(self._image, clockwise).save(path)
+            self._read[clockwise] = readable_characters(path, self._dpi, self._timeout)
+        return self._read[clockwise]
+
+
+def glance(
+    sample: Image.Image, dpi: float, folder: str, timeout: float
+) -> tuple[int, float] | None:
+    """OSD's answer on ``sample`` (``window``'s part of the page, scaled) from
+    ``GLANCE_CHARACTERS`` characters: about a third of the whole page's cost. Trusted only when it
+    says upright: a turned answer is checked by reading, then on the whole page."""
+    path = os.path.join(folder, "glance.pgm")
+    sample.save(path)
+    return detect(path, dpi, timeout, characters=GLANCE_CHARACTERS)
+
+
+def _scaled(image: Image.Image, scale: float) -> Image.Image:
+    """``image`` scaled by ``scale`` (at most 1), averaging the pixels it merges."""
+    if scale >= 1.0:
+        return image
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(size, Image.Resampling.BOX)
+
+
+def window(
+    size: tuple[int, int], dpi: float, tiles: list[_Tile]
+) -> tuple[tuple[int, int, int, int] | None, float]:
+    """The box, in the pixels of the page ``tiles`` (``survey``'s) come from (``size``, at
+    ``dpi``), of the window richest in text lines, ``GLANCE_SIDE`` pixels a side once scaled by
+    the scale that makes its median line ``GLANCE_LINE`` pixels high: the text's own height,
+    whatever the page's claimed DPI. (None, 1.0) where no text lines are found."""
+    texts = [tile for tile in tiles if tile.text]
+    if not texts:
+        return None, 1.0
+    per_ink = max(dpi, LINES_DPI) / LINES_DPI  # the page's pixels per pixel of ``_bilevel``'s
+    per_tile = LINES_TILE * per_ink
+    height = statistics.median(line[3] for tile in texts for line in tile.text)
+    scale = min(1.0, GLANCE_LINE / (height * per_ink))
+    side = max(1, round(GLANCE_SIDE / (per_tile * scale)))
+    top, left = _densest({(tile.top, tile.left): len(tile.text) for tile in texts}, side)
+    box = (
+        round(left * per_tile),
+        round(top * per_tile),
+        min(size[0], round((left + side) * per_tile)),
+        min(size[1], round((top + side) * per_tile)),
+    )
+    return box, scale
+
+
+def _densest(counts: dict[tuple[int, int], int], side: int) -> tuple[int, int]:
+    """The top-left tile (row, column) of the ``side`` x ``side`` window of tiles holding the most
+    lines, ``counts`` giving each tile's."""
+    height = max(top for top, _ in counts) + 1
+    width = max(left for _, left in counts) + 1
+    total = [[0] * (width + 1) for _ in range(height + 1)]  # prefix sums
+    for r in range(height):
+        for c in range(width):
+            here = counts.get((r, c), 0)
+            total[r + 1][c + 1] = here + total[r][c + 1] + total[r + 1][c] - total[r][c]
+    best, at = -1, (0, 0)
+    for r in range(max(1, height - side + 1)):
+        for c in range(max(1, width - side + 1)):
+            r2, c2 = min(height, r + side), min(width, c + side)
+            count = total[r2][c2] - total[r][c2] - total[r2][c] + total[r][c]
+            if count > best:
+                best, at = count, (r, c)
+    return at
 
 
 def lines_say_upright(page: Image.Image, dpi: float) -> bool:
@@ -252,27 +404,85 @@ def lines_say_upright(page: Image.Image, dpi: float) -> bool:
     at least ``LINES_MIN`` lines run across the page, ``LINES_ACROSS`` times as many as along it,
     with a Latin x-height band (``LINES_CORE``) and ``LINES_ASCENDERS`` times as much ink above that
     band as below it. Pure Pillow and Python, a few hundredths of a second a page."""
-    ink = _bilevel(page, dpi)
+    return _says_upright(survey(_bilevel(page, dpi)), 0)
+
+
+def turn_from_lines(tiles: list[_Tile]) -> int | None:
+    """The clockwise turn after which the text lines ``survey`` found say upright, or None where
+    no turn does. At most one can: the lines must run across the page twice as often as along
+    it, and have more ink above their x-height band than below it."""
+    for clockwise in (0, 180, 90, 270):
+        if _says_upright(tiles, clockwise):
+            return clockwise
+    return None
+
+
+@dataclass(frozen=True)
+class _Tile:
+    """A tile of the bilevel page inked within ``LINES_INK``: where it lies (in tiles), and the
+    lines it holds whole down its rows and across its columns (right to left, as the tile turned
+    counter-clockwise shows them), each as ``_lines`` gives it."""
+
+    top: int
+    left: int
+    rows: list[tuple[int, int, float, int]]
+    columns: list[tuple[int, int, float, int]]
+
+    @property
+    def text(self) -> list[tuple[int, int, float, int]]:
+        """The lines of the direction that holds more of them."""
+        return self.rows if len(self.rows) >= len(self.columns) else self.columns
+
+
+def survey(ink: Image.Image) -> list[_Tile]:
+    """Every tile of ``ink`` (``_bilevel``'s) inked enough to judge, with its lines both ways: one
+    pass for all four turns and the glance's window. Each tile's row and column sums come from two
+    box-filter shrinks of the page (a pixel a tile's row or column), not loops over pixels."""
     side = LINES_TILE
     least, most = (round(share * side * side) for share in LINES_INK)
+    across, down = ink.width // side, ink.height // side
+    if not across or not down:
+        return []
+    whole = ink.crop((0, 0, across * side, down * side)).point(lambda value: 255 * value)
+    whole = whole.convert("F")
+    by_row = array.array("f", whole.resize((across, down * side), Image.Resampling.BOX).tobytes())
+    by_column = array.array(
+        "f", whole.resize((across * side, down), Image.Resampling.BOX).tobytes()
+    )
+    per = side / 255  # a mean of 0/255 pixels over a tile's side, as a count of inked pixels
+    found = []
+    for top in range(down):
+        for left in range(across):
+            rows = [round(by_row[(top * side + y) * across + left] * per) for y in range(side)]
+            if not least <= sum(rows) <= most:
+                continue
+            end = (top * across + left + 1) * side - 1  # the tile's last column, read first
+            columns = [round(by_column[end - x] * per) for x in range(side)]
+            found.append(_Tile(top, left, _lines(rows), _lines(columns)))
+    return found
+
+
+def _says_upright(tiles: list[_Tile], clockwise: int) -> bool:
+    """``lines_say_upright`` of the page the tiles come from, turned ``clockwise`` degrees: a
+    quarter turn reads columns as rows, and a turn of 180 or of 90 clockwise reads each line
+    upside down (the ink above it is the ink below it)."""
     across = along = 0
     above = below = 0
     cores: list[float] = []
-    for top in range(0, ink.height - side + 1, side):
-        for left in range(0, ink.width - side + 1, side):
-            tile = ink.crop((left, top, left + side, top + side))
-            rows = _sums(tile.tobytes(), side)
-            if not least <= sum(rows) <= most:
-                continue
-            lines = _lines(rows)
-            columns = _lines(_sums(tile.transpose(_T.ROTATE_90).tobytes(), side))
-            if len(lines) >= 2 and len(lines) > LINES_ACROSS * len(columns):
-                across += len(lines)
-                for up, down, core in lines:
-                    above, below = above + up, below + down
-                    cores.append(core)
-            elif len(columns) >= 2 and len(columns) > LINES_ACROSS * len(lines):
-                along += len(columns)
+    flip = clockwise in (90, 180)
+    for tile in tiles:
+        lines, columns = (
+            (tile.rows, tile.columns) if clockwise in (0, 180) else (tile.columns, tile.rows)
+        )
+        if len(lines) >= 2 and len(lines) > LINES_ACROSS * len(columns):
+            across += len(lines)
+            for up, down, core, _ in lines:
+                if flip:
+                    up, down = down, up
+                above, below = above + up, below + down
+                cores.append(core)
+        elif len(columns) >= 2 and len(columns) > LINES_ACROSS * len(lines):
+            along += len(columns)
     if across < max(LINES_MIN, LINES_ACROSS * along):
         return False
     low, high = LINES_CORE
@@ -288,14 +498,9 @@ def _bilevel(page: Image.Image, dpi: float) -> Image.Image:
     return page.point(lambda value: 1 if value < 128 else 0)
 
 
-def _sums(data: bytes, side: int) -> list[int]:
-    """The inked pixels of each row of a ``side``-wide bilevel tile's bytes."""
-    return [sum(data[start : start + side]) for start in range(0, len(data), side)]
-
-
-def _lines(rows: list[int]) -> list[tuple[int, int, float]]:
+def _lines(rows: list[int]) -> list[tuple[int, int, float, int]]:
     """Each band of inked rows that the tile holds whole and is a line's height: the ink above its
-    dense middle, the ink below it, and the middle's share of its height."""
+    dense middle, the ink below it, the middle's share of its height, and the height."""
     found = []
     start = None
     for index, count in enumerate([*rows, 0]):
@@ -307,8 +512,9 @@ def _lines(rows: list[int]) -> list[tuple[int, int, float]]:
                 band = rows[start:index]
                 dense = [at for at, value in enumerate(band) if 2 * value >= max(band)]
                 first, last = dense[0], dense[-1]
+                height = index - start
                 found.append(
-                    (sum(band[:first]), sum(band[last + 1 :]), (last - first + 1) / len(band))
+                    (sum(band[:first]), sum(band[last + 1 :]), (last - first + 1) / height, height)
                 )
             start = None
     return found
@@ -324,11 +530,17 @@ def _grey(image: Image.Image, dpi: float) -> tuple[Image.Image, float]:
     return grey, dpi
 
 
-def detect(path: str, dpi: float, timeout: float) -> tuple[int, float] | None:
+def detect(
+    path: str, dpi: float, timeout: float, characters: int | None = None
+) -> tuple[int, float] | None:
     """OSD's answer for the page image at ``path``: the clockwise degrees that make it upright and
-    the confidence; None when it finds too few characters to say. Raises OSError when Tesseract
-    fails."""
-    done = _tesseract([path, "-", "--psm", "0", "--dpi", str(round(dpi))], timeout)
+    the confidence; None when it finds too few characters to say. ``characters``: how many it
+    classifies at least (Tesseract's ``min_characters_to_try``, 50 unless given; it goes on to
+    five times as many until sure). Raises OSError when Tesseract fails."""
+    argv = [path, "-", "--psm", "0", "--dpi", str(round(dpi))]
+    if characters is not None:
+        argv += ["-c", f"min_characters_to_try={characters}"]
+    done = _tesseract(argv, timeout)
     if done.returncode != 0:
         said = done.stderr.decode("utf-8", "replace")
         if "too few characters" in said.lower():

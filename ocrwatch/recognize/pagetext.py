@@ -5,9 +5,11 @@ for an image, it renders the page for the engine. Otherwise it first reads the p
 ``pdfcontent`` says, within its bounds, whether the page shows any text at all (a scan shows none
 and costs no more), then ``pdftotext -f N -l N`` extracts it in a subprocess with the render
 timeout, so a hostile page costs what rendering it would. ``layer`` takes any text the page has;
-``auto`` takes it only where ``judge`` finds it good, and renders the page for the engine
-otherwise. A page taken from its layer skips the engine and the render, and its searchable PDF
-page keeps its own text (``textlayer``: ``own``).
+``auto`` takes it only where ``judge`` finds it good, or in a script no installed Tesseract
+language reads (``missing_script``: OCR would make Latin gibberish of it; one warning a document
+names the package), and renders the page for the engine otherwise. A page taken from its layer
+skips the engine and the render, and its searchable PDF page keeps its own text (``textlayer``:
+``own``).
 
 ``judge`` asks what Tesseract knows: the letters of its installed languages' character sets and
 the words of the page's languages' word lists (``plaintext.wordlist``, read once per process).
@@ -32,7 +34,7 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -95,6 +97,7 @@ LIST_TIMEOUT_SECONDS = 60.0
 REASONS = (
     "good",
     "asked",
+    "script_not_installed",
     "no_text",
     "little_text",
     "unreadable_codes",
@@ -109,7 +112,34 @@ REASONS = (
     "extraction_timeout",
     "text_too_large",
 )
-"""Every ``Check.reason``: the first two take the layer, the others OCR the page."""
+"""Every ``Check.reason``: the first three take the layer (``TAKEN``), the others OCR the page."""
+
+TAKEN = REASONS[:3]
+
+SCRIPTS: dict[str, tuple[str, str]] = {
+    "CJK": ("chi_sim", "tesseract-ocr-chi-sim"),
+    "HIRAGANA": ("jpn", "tesseract-ocr-jpn"),
+    "KATAKANA": ("jpn", "tesseract-ocr-jpn"),
+    "HANGUL": ("kor", "tesseract-ocr-kor"),
+    "ARABIC": ("ara", "tesseract-ocr-ara"),
+    "HEBREW": ("heb", "tesseract-ocr-heb"),
+    "DEVANAGARI": ("hin", "tesseract-ocr-hin"),
+    "BENGALI": ("ben", "tesseract-ocr-ben"),
+    "TAMIL": ("tam", "tesseract-ocr-tam"),
+    "THAI": ("tha", "tesseract-ocr-tha"),
+    "ARMENIAN": ("hye", "tesseract-ocr-hye"),
+    "GEORGIAN": ("kat", "tesseract-ocr-kat"),
+}
+"""A script (the first word of its letters' Unicode names) and the Tesseract language, with the
+Debian package that installs it, that reads it: a layer in one of them, where that language is
+not installed, is kept (``script_not_installed``) rather than OCR'd into Latin gibberish. Greek
+and Cyrillic are left out: a Latin font's wrong map lands on their letters as often as real text
+does (``unknown_letters``)."""
+
+MIN_ONE_SCRIPT = 0.9
+"""Share of a layer's unknown letters that one script of ``SCRIPTS`` must hold for the layer to be
+taken as text in that script: a symbol font mapped onto letters spreads them over Latin Extended
+and Greek."""
 
 _LEADERS = re.compile(r"(?:[.·…_\-–—]\s*){4,}")
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
@@ -127,11 +157,13 @@ class Check:
     reason: str
     known_words: float | None = None
     seconds: float = 0.0
+    package: str | None = None
 
     def record(self) -> dict[str, Any]:
-        """The JSON's ``text_check``."""
+        """The JSON's ``text_check`` (``package`` only where the layer's script wants one)."""
         words = None if self.known_words is None else round(self.known_words, 3)
-        return {"reason": self.reason, "known_words": words, "seconds": round(self.seconds, 4)}
+        found = {"reason": self.reason, "known_words": words, "seconds": round(self.seconds, 4)}
+        return {**found, "package": self.package} if self.package else found
 
 
 class Knowledge(Protocol):
@@ -173,6 +205,27 @@ def judge(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | None
     return ("good" if share >= MIN_KNOWN_WORDS else "unknown_words"), share
 
 
+def missing_script(text: str, known: frozenset[str]) -> tuple[str, str] | None:
+    """The Tesseract language and its package that would read ``text``'s letters, where
+    ``MIN_ONE_SCRIPT`` of those ``known`` lacks are of one script of ``SCRIPTS`` (kana make CJK
+    Japanese); None where they are not."""
+    scripts: dict[str, int] = {}
+    unknown = 0
+    for c in unicodedata.normalize("NFKC", text):
+        if c.isalpha() and c not in known:
+            unknown += 1
+            script = unicodedata.name(c, "").split(" ", 1)[0]
+            scripts[script] = scripts.get(script, 0) + 1
+    if "HIRAGANA" in scripts or "KATAKANA" in scripts:
+        scripts["HIRAGANA"] = sum(scripts.pop(name, 0) for name in ("HIRAGANA", "KATAKANA", "CJK"))
+    found = max(
+        (name for name in scripts if name in SCRIPTS), key=scripts.__getitem__, default=None
+    )
+    if found is None or scripts[found] < MIN_ONE_SCRIPT * unknown:
+        return None
+    return SCRIPTS[found]
+
+
 def _spaced(word: str) -> bool:
     return not any(unicodedata.name(c, "").startswith(_UNSPACED) for c in word[:1])
 
@@ -205,17 +258,23 @@ def check(
     """Page ``index``'s own text, and whether to take it (``mode`` ``auto`` or ``layer``)."""
     started = time.perf_counter()
     text, reason = _extract(path, index, budget, timeout)
+    package = None
     if text is not None:
         if mode == "layer":
             reason = "asked" if text.strip() else "no_text"
             known = None
         else:
             reason, known = judge(text, knowledge, lang)
-    taken = text if reason in ("good", "asked") else None
+            letters = knowledge.letters()
+            if reason == "unknown_letters" and letters is not None:
+                wanted = missing_script(text, letters)
+                if wanted is not None:
+                    reason, package = "script_not_installed", wanted[1]
+    taken = text if reason in TAKEN else None
     if taken:
         taken = _in_reading_order(path, index, taken, timeout - (time.perf_counter() - started))
     seconds = time.perf_counter() - started
-    return Check(taken, reason, known if text is not None else None, seconds)
+    return Check(taken, reason, known if text is not None else None, seconds, package)
 
 
 def _extract(
@@ -474,6 +533,8 @@ class Pages:
     observe: Callable[[float], None]
     job_id: str
     uri: str
+    warned: set[str] = field(default_factory=set, compare=False)
+    warned_lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
     def __call__(self, index: int) -> render.RenderedPage | Checked:
         with structlog.contextvars.bound_contextvars(job_id=self.job_id, uri=self.uri):
@@ -492,9 +553,24 @@ class Pages:
             timeout=self.spec.timeout_seconds,
         )
         log.debug("text_checked", page=index + 1, reason=found.reason, seconds=found.seconds)
+        if found.package is not None:
+            self._warn_once(found.package)
         if found.text is None:
             return Checked(found.record(), self._render(index))
         return Checked(found.record(), taken=self._taken(index, found))
+
+    def _warn_once(self, package: str) -> None:
+        """One warning a document for each language pack its layers want: the pages are kept
+        from their own text, and OCR could not read them without it."""
+        with self.warned_lock:
+            if package in self.warned:
+                return
+            self.warned.add(package)
+        log.warning(
+            "text_layer_script_not_installed",
+            package=package,
+            hint=f"its own text is kept; install {package} to have such pages OCR'd",
+        )
 
     def _render(self, index: int) -> render.RenderedPage:
         page = render.render_page(self.path, self.info, index, self.spec, budget=self.budget)

@@ -136,7 +136,8 @@ def _orientation(outcome: PageOutcome) -> dict[str, Any] | None:
     if turned.decided_by is None:
         return None
     confidence = round(turned.confidence, 2) if turned.confidence is not None else None
-    return {"detected": turned.detected, "confidence": confidence, "decided_by": turned.decided_by}
+    found = {"detected": turned.detected, "confidence": confidence, "decided_by": turned.decided_by}
+    return {**found, "read": turned.read, "reads_poorly": turned.reads_poorly}
 
 
 def document(

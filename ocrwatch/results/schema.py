@@ -201,7 +201,9 @@ TEXT_CHECK = _object(
         "reason": {
             "enum": list(pagetext.REASONS),
             "description": "good or asked (the layer was taken: auto found it good, layer "
-            "takes any); else why the page was OCR'd: no_text (none drawn: a scan), "
+            "takes any), script_not_installed (taken: its letters are of a script no "
+            "installed Tesseract language reads; package names the one that would); "
+            "else why the page was OCR'd: no_text (none drawn: a scan), "
             "little_text, unreadable_codes (a font without a Unicode map), unmapped_font "
             "(punctuation only), unknown_letters (letters no installed Tesseract language "
             "has), unknown_words (too few words its languages know), no_dictionary "
@@ -218,6 +220,11 @@ TEXT_CHECK = _object(
             "languages know; null where the word test was not made.",
         },
         "seconds": {**_SECONDS, "description": "The check's time: reading and judging the layer."},
+        "package": {
+            "type": "string",
+            "description": "With script_not_installed: the package of the Tesseract language "
+            "that reads the layer's script (tesseract-ocr-chi-sim).",
+        },
     },
     ("reason", "known_words", "seconds"),
 )
@@ -284,18 +291,31 @@ PAGE = _object(
                             "type": ["number", "null"],
                             "minimum": 0,
                             "description": "OSD's orientation confidence (its margin over the "
-                            "next orientation); null with detected.",
+                            "next orientation; where its glance at the page's densest text "
+                            "decided, the glance's, a smaller figure); null with detected.",
                         },
                         "decided_by": {
                             "enum": list(get_args(DecidedBy)),
-                            "description": "text_lines: kept as it is without OSD, its text "
-                            "lines running across the page as upright Latin lines do (detected "
-                            "and confidence null); "
+                            "description": "text_lines: decided without OSD, the page's text "
+                            "lines running across it as upright Latin lines do once turned "
+                            "by rotation (detected and confidence null); "
                             "osd: its answer taken as it is (0, or confidence at "
                             "[render] rotate_pages_threshold or more); reading: the page "
-                            "read both ways, turned only where turned it read twice as many "
-                            "confident characters; low_confidence, too_little_text, failed: "
-                            "kept as it is.",
+                            "read unturned, as OSD says and the opposite way, turned only "
+                            "where the best of them read twice as many confident characters "
+                            "as unturned; low_confidence, too_little_text, failed: kept as it "
+                            "is.",
+                        },
+                        "read": {
+                            **_COUNT,
+                            "description": "The most confident characters any way round read "
+                            "(decided_by reading); null where the page was not read.",
+                        },
+                        "reads_poorly": {
+                            "type": "boolean",
+                            "description": "true: no way round read 10 confident characters "
+                            "(the page may be kept turned, or hold a script the check cannot "
+                            "read); a page_reads_poorly warning is logged too.",
                         },
                     },
                     ("detected", "confidence", "decided_by"),
