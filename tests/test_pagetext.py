@@ -164,7 +164,9 @@ def _remapped(path: Path, first: int) -> Path:
     return path
 
 
-def check(path: Path, mode: Any = "auto", index: int = 0, timeout: float = 60.0) -> pagetext.Check:
+def check(
+    path: Path, mode: Any = "auto", index: int = 0, timeout: float = 60.0
+) -> pagetext.TextCheck:
     return pagetext.check(
         path, index, mode, "eng", pagetext.tessdata("tesseract"), budget=BUDGET, timeout=timeout
     )

@@ -15,7 +15,7 @@ from pikepdf import Name
 
 from ocrwatch.infra.memory import DecodeBudget
 from ocrwatch.pages import readingorder
-from ocrwatch.pages.readingorder import Block
+from ocrwatch.pages.readingorder import PopplerBlock
 from ocrwatch.recognize import pagetext
 from tests.test_pagetext import KNOWN
 
@@ -114,8 +114,10 @@ def test_one_column_page_is_poppler_s_text(tmp_path: Path) -> None:
     assert result == text
 
 
-def box(x0: float, y0: float, x1: float, y1: float, lines: int = 5, word: str = "w") -> Block:
-    return Block(x0, y0, x1, y1, tuple((word,) for _ in range(lines)))
+def box(
+    x0: float, y0: float, x1: float, y1: float, lines: int = 5, word: str = "w"
+) -> PopplerBlock:
+    return PopplerBlock(x0, y0, x1, y1, tuple((word,) for _ in range(lines)))
 
 
 def test_cells_and_labels_keep_poppler_s_order() -> None:
@@ -143,15 +145,15 @@ def test_a_hyphen_poppler_dropped_is_kept_when_blocks_move() -> None:
     block moved away from that next one gets its hyphen back."""
     lines = (("b", "c"), ("d", "e"))
     blocks = [
-        Block(320, 100, 550, 300, (("right", "a"), *lines, ("f", "col-"))),
-        Block(50, 110, 280, 300, (("left", "a"), *lines, ("f", "g"))),
+        PopplerBlock(320, 100, 550, 300, (("right", "a"), *lines, ("f", "col-"))),
+        PopplerBlock(50, 110, 280, 300, (("left", "a"), *lines, ("f", "g"))),
     ]
     text = "right a\nb c\nd e\nf colleft a\nb c\nd e\nf g\n\n\f"
     want = "left a\nb c\nd e\nf g\n\nright a\nb c\nd e\nf col-\n\n\f"
     assert readingorder.arrange(text, blocks) == want
     blocks = [
-        Block(320, 100, 550, 300, (("right", "a"), *lines)),
-        Block(50, 110, 280, 300, (("left", "a-"), *lines)),
+        PopplerBlock(320, 100, 550, 300, (("right", "a"), *lines)),
+        PopplerBlock(50, 110, 280, 300, (("left", "a-"), *lines)),
     ]
     text = "right a\nb c\nd e\nleft ab c\nd e\n\n\f"
     assert readingorder.arrange(text, blocks) == "left ab c\nd e\n\nright a\nb c\nd e\n\n\f"

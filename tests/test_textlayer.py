@@ -36,7 +36,7 @@ from ocrwatch.infra.memory import DecodeBudget, image_bytes
 from ocrwatch.pages import deskew, orientation, render
 from ocrwatch.pages.render import BAND_BYTES
 from ocrwatch.results import pdfimage, textlayer
-from ocrwatch.results.textlayer import Line, PageText, Word
+from ocrwatch.results.textlayer import LayerLine, LayerWord, PageText
 from tests import docs
 from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
 from tests.test_grounding import PAPER, WORKSHEET
@@ -414,9 +414,9 @@ def test_non_latin_text_is_extracted_as_written(tmp_path: Path) -> None:
     back."""
     words = ["Grüße", "Ελληνικά", "Привет", "日本語の文書", "naïve", "ﬁnal"]
     lines = tuple(
-        Line(
+        LayerLine(
             (100, 100 + 80 * n, 900, 150 + 80 * n),
-            (Word(word, (100, 100 + 80 * n, 400, 150 + 80 * n)),),
+            (LayerWord(word, (100, 100 + 80 * n, 400, 150 + 80 * n)),),
         )
         for n, word in enumerate(words)
     )
@@ -592,8 +592,8 @@ def test_bilevel_and_palette_images_without_dpi_keep_their_pixels(
 
 # --- hostile content ---------------------------------------------------------------------------
 
-WORD = Word("Recognised", (100, 100, 600, 140))
-LINE = PageText(1275, 1650, (Line(WORD.box, (WORD,)),))
+WORD = LayerWord("Recognised", (100, 100, 600, 140))
+LINE = PageText(1275, 1650, (LayerLine(WORD.box, (WORD,)),))
 
 
 def test_text_in_a_form_the_page_never_draws_is_not_the_pages_own(tmp_path: Path) -> None:

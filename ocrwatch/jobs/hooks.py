@@ -46,7 +46,7 @@ from ocrwatch.infra.metrics import Metrics
 from ocrwatch.sinks.base import Sink, dump_json
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, key_id
-from ocrwatch.store.deliveries import Deliveries, Delivery
+from ocrwatch.store.deliveries import Deliveries, HookDelivery
 from ocrwatch.store.ledger import Ledger
 
 log = structlog.get_logger()
@@ -351,7 +351,7 @@ class HookRunner:
         )
 
     async def _give_up(
-        self, hook: HookConfig, delivery: Delivery, attempts: int, exc: OcrwatchError
+        self, hook: HookConfig, delivery: HookDelivery, attempts: int, exc: OcrwatchError
     ) -> None:
         assert self._store is not None
         await asyncio.to_thread(
@@ -370,7 +370,7 @@ class HookRunner:
             hint=exc.hint,
         )
 
-    async def _attempt(self, hook: HookConfig, delivery: Delivery) -> None:
+    async def _attempt(self, hook: HookConfig, delivery: HookDelivery) -> None:
         if hook.command is not None:
             env = {
                 key: value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ocrwatch.sources.base import Delivery, Lapsed, Outbox, Question, Reject, Submit
+from ocrwatch.sources.base import Handoff, Lapsed, Outbox, Question, Reject, Submit
 
 
 async def serve(outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed) -> None:
@@ -23,7 +23,7 @@ async def serve(outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed) 
             taken = await outbox.get()
             answer = (
                 _answer(taken, submit, reject)
-                if isinstance(taken, Delivery)
+                if isinstance(taken, Handoff)
                 else _reply(taken, lapsed)
             )
             task = asyncio.create_task(answer, name="intake")
@@ -35,7 +35,7 @@ async def serve(outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed) 
         await asyncio.gather(*answering, return_exceptions=True)
 
 
-async def _answer(delivery: Delivery, submit: Submit, reject: Reject) -> None:
+async def _answer(delivery: Handoff, submit: Submit, reject: Reject) -> None:
     """One job admitted or given up; what that raised goes back to the source that put it in."""
     try:
         if delivery.error is None:

@@ -54,7 +54,7 @@ from ocrwatch.pages.scheduler import (
     auto_render_workers,
 )
 from ocrwatch.recognize import pagetext
-from ocrwatch.recognize.recognition import Recognition
+from ocrwatch.recognize.recognizer import Recognizer
 from ocrwatch.recognize.supervisor import EngineSupervisor
 from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
@@ -92,7 +92,7 @@ class Pipeline:
         self.ledger = ledger
         self.metrics = metrics
         self.supervisor = EngineSupervisor(cfg, metrics)
-        self.recognition = Recognition(self.supervisor, metrics, cfg.output.images)
+        self.recognition = Recognizer(self.supervisor, metrics, cfg.output.images)
         # started by the daemon, after it resumes the ledger
         self.hooks = HookRunner(cfg.hook, ledger, metrics)
         # one for every render worker

@@ -40,7 +40,7 @@ _COORD = re.compile(r'(xMin|yMin|xMax|yMax)="(-?[0-9.]+)"', re.ASCII)
 
 
 @dataclass(frozen=True)
-class Block:
+class PopplerBlock:
     """One of poppler's blocks: its box (points, from the page's top-left corner) and its lines'
     words."""
 
@@ -51,10 +51,10 @@ class Block:
     lines: tuple[tuple[str, ...], ...]
 
 
-def parse(layout: str) -> list[Block]:
+def parse(layout: str) -> list[PopplerBlock]:
     """The blocks of one page of ``pdftotext -bbox-layout``'s XHTML, in poppler's order. Read by
     pattern, not as XML: a control character in a word would make a parser refuse the page."""
-    blocks: list[Block] = []
+    blocks: list[PopplerBlock] = []
     box = [0.0, 0.0, 0.0, 0.0]
     lines: list[tuple[str, ...]] = []
     words: list[str] = []
@@ -72,18 +72,20 @@ def parse(layout: str) -> list[Block]:
             lines.append(tuple(words))
         elif closing == "block":
             x0, y0, x1, y1 = box
-            blocks.append(Block(x0, y0, x1, y1, tuple(lines)))
+            blocks.append(PopplerBlock(x0, y0, x1, y1, tuple(lines)))
     return blocks
 
 
-def order(blocks: list[Block]) -> list[int]:
+def order(blocks: list[PopplerBlock]) -> list[int]:
     """The indices of ``blocks`` in reading order (module docstring)."""
     if len(blocks) > MAX_BLOCKS:
         return list(range(len(blocks)))
     return _order(blocks, list(range(len(blocks))), _right_to_left(blocks))
 
 
-def _order(blocks: list[Block], region: list[int], rtl: bool, part: bool = False) -> list[int]:
+def _order(
+    blocks: list[PopplerBlock], region: list[int], rtl: bool, part: bool = False
+) -> list[int]:
     """``region`` in reading order; ``part``: a column or band of a region split at a gutter,
     read top to bottom where it has no gutter of its own (a whole page without one keeps
     poppler's order)."""
@@ -107,7 +109,7 @@ def _order(blocks: list[Block], region: list[int], rtl: bool, part: bool = False
     return ordered
 
 
-def _rows(blocks: list[Block], region: list[int]) -> list[int]:
+def _rows(blocks: list[PopplerBlock], region: list[int]) -> list[int]:
     """``region`` top to bottom: blocks that share some height (labels of a figure, side by side)
     are a row, kept in poppler's order."""
     ordered: list[int] = []
@@ -122,7 +124,7 @@ def _rows(blocks: list[Block], region: list[int]) -> list[int]:
     return ordered + sorted(row)
 
 
-def _gutter(blocks: list[Block], region: list[int]) -> float | None:
+def _gutter(blocks: list[PopplerBlock], region: list[int]) -> float | None:
     """The x of the region's best gutter (the right edge of a block left of it): paragraphs side by
     side across it, the fewest blocks over it, then the widest gap; None where no paragraphs
     stand side by side."""
@@ -139,7 +141,7 @@ def _gutter(blocks: list[Block], region: list[int]) -> float | None:
 
 
 def _split(
-    blocks: list[Block], region: list[int], x: float
+    blocks: list[PopplerBlock], region: list[int], x: float
 ) -> tuple[list[int], list[int], list[int]]:
     """The region's blocks left of ``x``, right of it, and across it."""
     parts: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -149,7 +151,7 @@ def _split(
     return parts
 
 
-def _side_by_side(blocks: list[Block], left: list[int], right: list[int]) -> bool:
+def _side_by_side(blocks: list[PopplerBlock], left: list[int], right: list[int]) -> bool:
     """Whether a paragraph (``MIN_LINES``, ``MIN_WIDTH``) of ``left`` and one of ``right`` share
     some height."""
     spans = sorted(
@@ -166,11 +168,11 @@ def _side_by_side(blocks: list[Block], left: list[int], right: list[int]) -> boo
     return False
 
 
-def _middle(block: Block) -> float:
+def _middle(block: PopplerBlock) -> float:
     return (block.y0 + block.y1) / 2
 
 
-def _right_to_left(blocks: list[Block]) -> bool:
+def _right_to_left(blocks: list[PopplerBlock]) -> bool:
     """Whether most of the page's letters are of a right-to-left script (Arabic, Hebrew)."""
     counts = [0, 0]
     for block in blocks:
@@ -185,7 +187,7 @@ def _right_to_left(blocks: list[Block]) -> bool:
     return counts[1] > counts[0]
 
 
-def arrange(text: str, blocks: list[Block]) -> str | None:
+def arrange(text: str, blocks: list[PopplerBlock]) -> str | None:
     """Poppler's ``text`` of the page (``pdftotext``'s plain output) with its blocks in reading
     order; None where its words cannot be matched to the blocks' (then poppler's order stands).
     Blocks no longer next to each other are set apart as paragraphs."""
@@ -210,7 +212,7 @@ def arrange(text: str, blocks: list[Block]) -> str | None:
     return "".join(parts)
 
 
-def _spans(text: str, blocks: list[Block]) -> list[tuple[int, int, bool]] | None:
+def _spans(text: str, blocks: list[PopplerBlock]) -> list[tuple[int, int, bool]] | None:
     """Where each block's words lie in ``text`` (start, end, whether poppler dropped its last
     hyphen, joining its last line to the next block's first), or None where they do not match:
     the text's characters, spaces aside, are the words' in order, less the hyphen of a line

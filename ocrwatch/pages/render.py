@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 from PIL import Image, UnidentifiedImageError
@@ -581,3 +582,19 @@ def _render_pdf_page_pdfium(
         if size != image.size:
             dpi, image = dpi * size[0] / image.width, shrink(image, size)
     return image, dpi
+
+
+class Spooled(Protocol):
+    """The job's private copy as measured (``jobs.steps.Probed``): what page makers read."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def info(self) -> DocumentInfo: ...
+
+    @property
+    def spec(self) -> RenderSpec: ...
+
+    @property
+    def sha256(self) -> str: ...

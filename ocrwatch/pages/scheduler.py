@@ -180,7 +180,7 @@ class PageOutcome:
     dpi_from: str = "render"  # render.RenderedPage's
     orientation: Orientation = AS_RENDERED  # render.RenderedPage's: how it was turned to be read
     text_source: str = "ocr"  # "layer": the page's own text stood for its recognition
-    text_check: dict[str, Any] | None = None  # pagetext.Check.record(): why, where one ran
+    text_check: dict[str, Any] | None = None  # pagetext.TextCheck.record(): why, where one ran
     source_dpi: tuple[float, float] | None = None  # render.RenderedPage's: an image's unequal ones
 
 

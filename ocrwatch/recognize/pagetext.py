@@ -112,7 +112,7 @@ REASONS = (
     "extraction_timeout",
     "text_too_large",
 )
-"""Every ``Check.reason``: the first three take the layer (``TAKEN``), the others OCR the page."""
+"""Every ``TextCheck.reason``: the first three take the layer (``TAKEN``), the others OCR it."""
 
 TAKEN = REASONS[:3]
 
@@ -150,7 +150,7 @@ judges them."""
 
 
 @dataclass(frozen=True)
-class Check:
+class TextCheck:
     """What the text check found: the text to take (None: OCR the page) and why."""
 
     text: str | None
@@ -254,7 +254,7 @@ def check(
     *,
     budget: DecodeBudget,
     timeout: float,
-) -> Check:
+) -> TextCheck:
     """Page ``index``'s own text, and whether to take it (``mode`` ``auto`` or ``layer``)."""
     started = time.perf_counter()
     text, reason = _extract(path, index, budget, timeout)
@@ -274,7 +274,7 @@ def check(
     if taken:
         taken = _in_reading_order(path, index, taken, timeout - (time.perf_counter() - started))
     seconds = time.perf_counter() - started
-    return Check(taken, reason, known if text is not None else None, seconds, package)
+    return TextCheck(taken, reason, known if text is not None else None, seconds, package)
 
 
 def _extract(
@@ -482,23 +482,10 @@ def text_mode(cfg: Config, origin: Origin, asked: TextMode | None, engine: str) 
     return registry.find(engine).text
 
 
-class Copy(Protocol):
-    """The job's private copy as the pipeline measured it (``pipeline.Probed``)."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def info(self) -> render.DocumentInfo: ...
-
-    @property
-    def spec(self) -> render.RenderSpec: ...
-
-
 def pages(
     cfg: Config,
     origin: Origin,
-    copy: Copy,
+    copy: render.Spooled,
     asked: TextMode | None,
     engine: str,
     lang: str | None,
@@ -577,7 +564,7 @@ class Pages:
         self.observe(page.seconds)
         return page
 
-    def _taken(self, index: int, found: Check) -> PageOutcome:
+    def _taken(self, index: int, found: TextCheck) -> PageOutcome:
         """The page as its layer reads, sized as it would have been rendered (the JSON's pixels)."""
         assert found.text is not None
         width_pt, height_pt = self.info.page_sizes[index]

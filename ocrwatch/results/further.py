@@ -23,7 +23,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import structlog
 
@@ -31,7 +31,7 @@ from ocrwatch.config import SIDECARS, OutputConfig
 from ocrwatch.errors import PlaceFault, classify
 from ocrwatch.infra.memory import UNBOUNDED, DecodeBudget
 from ocrwatch.naming import output_names
-from ocrwatch.pages.render import DocumentInfo
+from ocrwatch.pages.render import Spooled
 from ocrwatch.pages.scheduler import PageOutcome
 from ocrwatch.results import alto, hocr, positions, textlayer
 from ocrwatch.results.assemble import iso
@@ -53,23 +53,10 @@ class Outputs:
 NONE = Outputs()
 
 
-class Copy(Protocol):
-    """The job's private copy as the pipeline measured it (``pipeline.Probed``)."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def info(self) -> DocumentInfo: ...
-
-    @property
-    def sha256(self) -> str: ...
-
-
 async def prepare(
     output: OutputConfig,
     origin: Origin,
-    copy: Copy,
+    copy: Spooled,
     pages: Sequence[PageOutcome],
     spool_dir: Path,
     stages: dict[str, float],

@@ -103,20 +103,20 @@ _SPACES = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
-class Word:
+class LayerWord:
     """A piece of text and the box it spans; spaces inside it are kept (a DeepSeek line is one
-    Word)."""
+    LayerWord)."""
 
     text: str
     box: Box
 
 
 @dataclass(frozen=True)
-class Line:
+class LayerLine:
     """Words on one baseline: the bottom of ``box``, whose height is the font size."""
 
     box: Box
-    words: tuple[Word, ...]
+    words: tuple[LayerWord, ...]
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class PageText:
 
     width: int
     height: int
-    lines: tuple[Line, ...]
+    lines: tuple[LayerLine, ...]
     turned: orientation.Orientation = orientation.AS_RENDERED
 
 
@@ -153,16 +153,16 @@ def page_text(
     order when it spans several, each line stretched over the box's width; a block without a box
     spans the page. Figures (``engines.base.is_figure``) carry no text.
     """
-    lines: list[Line] = []
+    lines: list[LayerLine] = []
     for block in blocks:
         words = [
-            Word(word["text"], _box(word["bbox"]))
+            LayerWord(word["text"], _box(word["bbox"]))
             for word in block.get("words") or ()
             if word.get("bbox")
         ]
         if words:
             lines.append(
-                Line(_box(box) if (box := block.get("bbox")) else _union(words), tuple(words))
+                LayerLine(_box(box) if (box := block.get("bbox")) else _union(words), tuple(words))
             )
         elif not is_figure(block):
             texts = plain_lines(str(block.get("text") or ""))
@@ -505,7 +505,7 @@ def _breaks(tag: re.Match[str]) -> bool:
     return name == "br" or (tag.group(1) == "/" and name in ("tr", "p", "li", "div"))
 
 
-def _spread(texts: list[str], boxes: list[Box]) -> list[Line]:
+def _spread(texts: list[str], boxes: list[Box]) -> list[LayerLine]:
     """Lines of equal height down the boxes taken as one column, each in the box that holds its
     middle."""
     heights = [max(box[3] - box[1], 0.0) for box in boxes]
@@ -522,7 +522,7 @@ def _spread(texts: list[str], boxes: list[Box]) -> list[Line]:
         top = box[1] + max(number * step - offset, 0.0)
         bottom = box[1] + min((number + 1) * step - offset, box_height)
         line_box = (box[0], top, box[2], bottom)
-        lines.append(Line(line_box, (Word(text, line_box),)))
+        lines.append(LayerLine(line_box, (LayerWord(text, line_box),)))
     return lines
 
 
@@ -536,7 +536,7 @@ def _normal(values: Iterable[Any]) -> Box:
     return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
 
 
-def _union(words: Sequence[Word]) -> Box:
+def _union(words: Sequence[LayerWord]) -> Box:
     return (
         min(w.box[0] for w in words),
         min(w.box[1] for w in words),

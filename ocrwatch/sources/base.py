@@ -179,7 +179,7 @@ no longer their own (the layer above's word, asked through ``Outbox.lapsed``).""
 
 
 @dataclass(eq=False)
-class Delivery:
+class Handoff:
     """One job put into an ``Outbox``: to admit (``error`` None) or to give up after
     ``attempts`` tries; ``answered`` resolves once the consumer has dealt with it (with
     ``submit``'s answer, None for a job given up)."""
@@ -223,7 +223,7 @@ class Outbox:
     acknowledges an event only once the job is durably admitted."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Delivery | Question] = asyncio.Queue()
+        self._queue: asyncio.Queue[Handoff | Question] = asyncio.Queue()
 
     async def submit(self, job: Job) -> Answer:
         """Put ``job`` in to be admitted; returns once it is in the ledger, or known settled: what
@@ -244,11 +244,11 @@ class Outbox:
         return await question.answered
 
     async def _put(self, job: Job, error: OcrwatchError | None, attempts: int) -> Answer | None:
-        delivery = Delivery(job, error, attempts, asyncio.get_running_loop().create_future())
+        delivery = Handoff(job, error, attempts, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(delivery)
         return await delivery.answered
 
-    async def get(self) -> Delivery | Question:
+    async def get(self) -> Handoff | Question:
         """The next job or question a source put in (the consumer's side)."""
         return await self._queue.get()
 

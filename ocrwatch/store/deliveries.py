@@ -89,7 +89,7 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 @dataclass(frozen=True)
-class Delivery:
+class HookDelivery:
     """One hook's delivery of one event, with what the hook is given."""
 
     event: int
@@ -235,8 +235,8 @@ class Deliveries:
             ]
         )
 
-    def load(self, event: int, hook: str) -> Delivery | None:
-        def tx(conn: sqlite3.Connection) -> Delivery | None:
+    def load(self, event: int, hook: str) -> HookDelivery | None:
+        def tx(conn: sqlite3.Connection) -> HookDelivery | None:
             row = conn.execute(
                 "SELECT e.key, e.status, e.source, e.original, e.json, e.md, e.payload, d.state,"
                 " d.attempts FROM hook_deliveries d JOIN hook_events e ON e.id = d.event"
@@ -245,7 +245,7 @@ class Deliveries:
             ).fetchone()
             if row is None:
                 return None
-            return Delivery(
+            return HookDelivery(
                 event,
                 hook,
                 row["key"],

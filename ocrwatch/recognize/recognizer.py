@@ -1,7 +1,7 @@
 """Each page the scheduler asks for, rendered, answered by the engine, and the figures that record
 it.
 
-The pipeline holds one ``Recognition``: it answers the scheduler's render asks in its
+The pipeline holds one ``Recognizer``: it answers the scheduler's render asks in its
 ``render_workers`` threads with each document's page maker (``pagetext.Pages``), its page asks in
 tasks of their own in the languages of each document's job, has the supervisor rebuild an engine
 that died, and counts pages, tokens and engine phases as they finish. The scheduler below holds
@@ -28,14 +28,14 @@ from ocrwatch.recognize import figures, ladder
 from ocrwatch.recognize.supervisor import EngineSupervisor
 from ocrwatch.sources.base import Job
 
-__all__ = ["PageMaker", "Recognition"]
+__all__ = ["PageMaker", "Recognizer"]
 
 PageMaker = Callable[[int], RenderedPage | Checked]
 """A document's page maker (``pagetext.Pages``): page ``index`` rendered, or its text check's
 outcome. Blocking: called in a render thread."""
 
 
-class Recognition:
+class Recognizer:
     """The page answers and their figures, from the engine the supervisor holds and rebuilds."""
 
     def __init__(self, supervisor: EngineSupervisor, metrics: Metrics, images: str) -> None:
