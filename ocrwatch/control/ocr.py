@@ -8,20 +8,20 @@ import asyncio
 import itertools
 import json
 import os
-import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from ocrwatch.config import TextMode
 from ocrwatch.control.protocol import REQUEST_PREFIX, Emit, OcrRequest
+from ocrwatch.errors import OcrwatchError
 from ocrwatch.jobs.jobrun import Asked
 from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.safefs import TooLarge, hash_fd
 from ocrwatch.sinks.base import recorded_fingerprint, records
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
-from ocrwatch.sources.files import GivenFiles
+from ocrwatch.sources.files import GivenFiles, open_named
 from ocrwatch.store.ledger import Fingerprint
 
 PROGRESS_SECONDS = 0.5
@@ -115,12 +115,11 @@ def _current(sink: LocalSink, job: Job, max_bytes: int) -> bool:
         return False
     size = recorded_fingerprint(recorded).size
     try:
-        fd = os.open(job.origin.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
+        fd, info = open_named(job.origin.path)
+    except (OcrwatchError, OSError):  # left to the pipeline, which names what it is
         return False
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size or size > max_bytes:
+        if info.st_size != size or size > max_bytes:
             return False
         try:
             digest = hash_fd(fd, limit=size)

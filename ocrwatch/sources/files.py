@@ -63,11 +63,11 @@ class GivenFiles:
         return None
 
 
-def _fetch_named(
-    path: Path, spool_dir: Path, max_bytes: int | None, read: Read | None = None
-) -> Fetched:
-    """Open ``path`` once (links followed: the user named it) and copy it into ``spool_dir`` while
-    hashing (unless ``read`` holds: ``copy_out``)."""
+def open_named(path: Path) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file the user named (links followed: theirs to name),
+    opened once and non-blocking (a FIFO never blocks), and its ``fstat``: the one way ``ocr``
+    opens a named file, to copy it or to ask whether it is done. The caller closes it. Raises
+    ``SourceGone``, ``NotARegularFile`` or ``OSError``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -76,6 +76,19 @@ def _fetch_named(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"{path}: not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
+def _fetch_named(
+    path: Path, spool_dir: Path, max_bytes: int | None, read: Read | None = None
+) -> Fetched:
+    """Open ``path`` once (links followed: the user named it) and copy it into ``spool_dir`` while
+    hashing (unless ``read`` holds: ``copy_out``)."""
+    fd, info = open_named(path)
+    try:
         target = spool_dir / spool_name(path)
         sha256, signature = copy_out(
             fd, path, target, sys.maxsize if max_bytes is None else max_bytes, read
