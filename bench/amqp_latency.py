@@ -32,9 +32,9 @@ from common import Daemon, emit, free_port, machine, median, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import docs
-from tests.rabbitmq import RabbitServer
-from tests.s3servers import RgwServer
+from tests.support import docs
+from tests.support.rabbitmq import RabbitServer
+from tests.support.s3servers import RgwServer
 
 EXCHANGE = "ocrwatch.bench"  # one for every bucket: RGW keeps one exchange per push endpoint
 

@@ -2,7 +2,7 @@
 take?
 
 ``--files`` one-line PNGs are renamed into ``--folders`` folders of the inbox at once. The engine
-never answers (``tests.fault_engines:HangingEngine``), so the first ``max_active_documents``
+never answers (``tests.support.fault_engines:HangingEngine``), so the first ``max_active_documents``
 documents hold their slots and every other file waits. Once the ledger holds every file, the
 daemon's RSS growth over its RSS before the drop is divided by the files; then SIGTERM, timed to the
 exit, with ``shutdown_timeout = 10``. Target (issue 24): growth under 2 KB a file (200 MiB at most
@@ -66,7 +66,7 @@ def main() -> None:
             (folders[number % args.folders] / f"page-{number:06d}.png").write_bytes(data)
         engine = {
             "kind": "plugin",
-            "plugin": "tests.fault_engines:HangingEngine",
+            "plugin": "tests.support.fault_engines:HangingEngine",
             "plugin_args": {"match": "."},
         }
         stop = {"shutdown_timeout": 10.0, "reconcile_seconds": 3600.0}

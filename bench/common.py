@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
-# ``tests.docs`` makes the fallback documents when the corpus is absent
+# ``tests.support.docs`` makes the fallback documents when the corpus is absent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -10,7 +10,7 @@ milliseconds (this process plus Tesseract's children), mean and median. Pages ar
 they were decided (``decided_by``). The same is done on pages made here (``made``): the suite's
 pangram page and a page of prose in a book face, each shown four ways round.
 
-Gain: the rotated documents (``tests/rotated.py``) read through the Tesseract engine with
+Gain: the rotated documents (``tests/support/rotated.py``) read through the Tesseract engine with
 ``rotate_pages`` off and on (and ``deskew`` on for ``rotated_skew.pdf``); each page's word
 similarity to its reference, order-sensitive and order-free.
 
@@ -37,7 +37,7 @@ from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.pages import deskew, orientation, render
-from tests import docs, rotated
+from tests.support import docs, rotated
 from tests.test_orientation import prose_page
 
 

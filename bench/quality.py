@@ -26,7 +26,7 @@ from typing import Any
 
 from common import REPO, corpus_dir, emit, machine
 
-from tests import rotated
+from tests.support import rotated
 
 REFERENCES = {**rotated.REFERENCE, "linn.pdf": "linn.pdf.ref.txt"}
 """Documents whose text a file of the corpus holds, beyond the ``NAME.gt.txt`` beside them."""

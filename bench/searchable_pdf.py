@@ -40,7 +40,7 @@ from rapidfuzz import fuzz
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.pages import render
 from ocrwatch.pages.render import Geometry
-from tests import docs
+from tests.support import docs
 
 
 def similarity(got: str, want: str) -> float:

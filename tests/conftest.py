@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 pytest_plugins = [
-    "tests.s3servers",
-    "tests.rabbitmq",
-    "tests.integration.users",
-    "tests.xdist_groups",
+    "tests.support.s3servers",
+    "tests.support.rabbitmq",
+    "tests.support.users",
+    "tests.support.xdist_groups",
 ]
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sources.base import Job, LocalFile, Source
 from ocrwatch.store.ledger import Fingerprint, Ledger
-from tests.sparse import TIB, Reads, sparse_file
+from tests.support.sparse import TIB, Reads, sparse_file
 
 FP = Fingerprint(size=3, mtime_ns=1, sha256="ab" * 32)
 

@@ -11,7 +11,7 @@ from lxml import etree
 from ocrwatch.pages import orientation
 from ocrwatch.plaintext import PlainText
 from ocrwatch.results import alto, positions
-from tests.layout_pages import (
+from tests.support.layout_pages import (
     DPI,
     LINES,
     SIZE,

@@ -37,8 +37,8 @@ from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.quarantine import quarantine
 from ocrwatch.store.ledger import Ledger
 from ocrwatch.store.written import Written
-from tests.s3servers import MotoServer, RgwServer
-from tests.sparse import TIB, Reads
+from tests.support.s3servers import MotoServer, RgwServer
+from tests.support.sparse import TIB, Reads
 
 CONTENT = b"%PDF-1.4 the bytes that were read\n%%EOF\n"
 FIGURE = "page-1-figure-1.png"

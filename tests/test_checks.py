@@ -19,9 +19,9 @@ from ocrwatch import config
 from ocrwatch.app import checks
 from ocrwatch.config import S3Config
 from ocrwatch.errors import ConfigError
-from tests.s3servers import MotoServer, free_port
+from tests.support.s3servers import MotoServer, free_port
 
-pytest_plugins = ["tests.s3servers"]
+pytest_plugins = ["tests.support.s3servers"]
 
 REPO = Path(__file__).resolve().parent.parent
 # Root writes anywhere; without these capabilities it meets a folder's mode as any user would.

@@ -28,7 +28,7 @@ from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.pages import render
 from ocrwatch.results.assemble import ERROR_SCHEMA, JSON_SCHEMA
-from tests import docs
+from tests.support import docs
 
 
 def ocr(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ import tomli_w
 
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.store.ledger import Fingerprint, Ledger
-from tests import docs
+from tests.support import docs
 
 CLOSED_PIPE = 141
 INBOXES = 2000  # a "queue: <inbox>: 1 waiting" line each: status prints more than 64 KiB

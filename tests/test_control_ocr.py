@@ -18,10 +18,10 @@ from ocrwatch.control.ocr import _current
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, LocalFile
-from tests import docs
 from tests.conftest import REPO
-from tests.engines_base import StubEngine
 from tests.integration.conftest import wait_until
+from tests.support import docs
+from tests.support.engines_base import StubEngine
 
 BUDGET = 1 << 20
 """``max_bytes`` for the skip check: more than any file here holds."""
@@ -58,7 +58,7 @@ def test_a_file_of_another_size_than_recorded_or_over_its_budget_is_never_read(
     """The size comes from ``fstat`` before a byte is hashed, as admission's does: a file over
     ``max_bytes``, and a done file extended since to a sparse 2 TiB, are not current, unread; the
     file as its sidecar records it is current, read once."""
-    from tests.sparse import TIB, Reads, sparse_file
+    from tests.support.sparse import TIB, Reads, sparse_file
 
     size = 1 << 20
     doc = sparse_file(tmp_path / "doc.pdf", size)

@@ -9,7 +9,7 @@ from ocrwatch.engines.base import Recognition
 from ocrwatch.engines.deepseek import rungs as deepseek
 from ocrwatch.engines.deepseek.options import SamplingRung, VllmConfig
 from ocrwatch.engines.sampling import Sampling
-from tests.fault_engines import LOOP_UNIT
+from tests.support.fault_engines import LOOP_UNIT
 
 
 def rec(raw: str, finish_reason: str | None = "stop") -> Recognition:

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from ocrwatch.pages import deskew
-from tests import docs
+from tests.support import docs
 
 LINES = [f"Line {n}: the quick brown fox jumps over the lazy dog" for n in range(1, 15)]
 

@@ -25,7 +25,7 @@ from ocrwatch.engines.process import ProcessEngine
 from ocrwatch.engines.replicas import EngineSet
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineDead
-from tests.engines_base import StubEngine
+from tests.support.engines_base import StubEngine
 
 needs_tesseract = pytest.mark.skipif(
     shutil.which("tesseract") is None, reason="tesseract is not installed"
@@ -94,7 +94,7 @@ import asyncio
 from ocrwatch.config import EngineConfig
 from ocrwatch.engines.process import ProcessEngine
 
-cfg = EngineConfig(kind="plugin", plugin="tests.fault_engines:EchoEngine",
+cfg = EngineConfig(kind="plugin", plugin="tests.support.fault_engines:EchoEngine",
                    plugin_args={"start_delay": 600, "start_command": ["sleep", "600"]})
 asyncio.run(ProcessEngine("plugin", cfg).start())
 """
@@ -240,7 +240,9 @@ async def test_a_start_cancelled_while_the_child_starts_leaves_no_child() -> Non
     not wait for an engine start (minutes for vLLM) to finish."""
     before = set(children())
     cfg = EngineConfig(
-        kind="plugin", plugin="tests.fault_engines:EchoEngine", plugin_args={"start_delay": 60}
+        kind="plugin",
+        plugin="tests.support.fault_engines:EchoEngine",
+        plugin_args={"start_delay": 60},
     )
     engine = ProcessEngine("plugin", cfg)
     starting = asyncio.create_task(engine.start())

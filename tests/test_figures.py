@@ -25,7 +25,7 @@ from ocrwatch.recognize.ladder import PageResult
 from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
 from ocrwatch.sources.base import Job, LocalFile
-from tests import docs
+from tests.support import docs
 from tests.test_grounding import PAPER, WORKSHEET
 
 

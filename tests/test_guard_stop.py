@@ -21,7 +21,7 @@ from ocrwatch.engines.deepseek import rungs as deepseek
 from ocrwatch.engines.deepseek.options import VllmConfig
 from ocrwatch.engines.sampling import Sampling
 from ocrwatch.recognize import ladder
-from tests.engines_base import StubEngine
+from tests.support.engines_base import StubEngine
 
 TIMEOUT = 5.0
 STOP = EngineConfig(vllm=VllmConfig(guard="stop"))

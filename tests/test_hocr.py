@@ -13,7 +13,15 @@ from lxml import etree
 
 from ocrwatch.pages import orientation
 from ocrwatch.results import hocr, positions
-from tests.layout_pages import DPI, LINES, SIZE, deepseek_outcome, outcome, tesseract_blocks, words
+from tests.support.layout_pages import (
+    DPI,
+    LINES,
+    SIZE,
+    deepseek_outcome,
+    outcome,
+    tesseract_blocks,
+    words,
+)
 
 ENGINE = {"name": "tesseract", "version": "5.3.0", "lang": "eng"}
 

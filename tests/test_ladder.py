@@ -13,7 +13,7 @@ from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek import rungs as deepseek
 from ocrwatch.errors import EngineDead
 from ocrwatch.recognize import ladder
-from tests.fault_engines import (
+from tests.support.fault_engines import (
     LOOP_UNIT,
     CrashingEngine,
     EchoEngine,

@@ -24,7 +24,7 @@ from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.store import ledger as ledger_module
 from ocrwatch.store import ledger_schema
 from ocrwatch.store.ledger import Fingerprint, Ledger, StateUnusable, same_content
-from tests import ledgers
+from tests.support import ledgers
 
 REPO = Path(__file__).resolve().parent.parent
 ERROR = {"kind": "corrupt_pdf", "message": "trailer missing", "retryable": False}

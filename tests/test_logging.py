@@ -26,8 +26,8 @@ import structlog
 
 from ocrwatch.config import InboxConfig, LogConfig
 from ocrwatch.infra.logging import configure, writes_to_journal
-from tests import docs
 from tests.integration.conftest import DaemonProcess, wait_until
+from tests.support import docs
 
 PREFIXED = re.compile(r"^<([0-7])>(.*)$")
 PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ocrwatch.infra.metrics import QUEUES, STAGES, HealthServer, LoopLagProbe, Metrics
-from tests import docs
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
+from tests.support import docs
 
 Samples = dict[str, float]
 

@@ -18,7 +18,7 @@ from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
 from ocrwatch.pages import deskew, orientation, render
 from ocrwatch.pages.orientation import Orientation, Settings
-from tests import docs, rotated
+from tests.support import docs, rotated
 
 LINES = list(rotated.PANGRAMS)
 REPORT = """Page number: 0

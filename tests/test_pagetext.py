@@ -25,7 +25,7 @@ from ocrwatch.pages import orientation, pdfcontent, render
 from ocrwatch.pages.scheduler import Checked
 from ocrwatch.recognize import pagetext
 from ocrwatch.sources.base import LocalFile, S3Object
-from tests import docs, hostile_pdfs
+from tests.support import docs, hostile_pdfs
 
 ENGLISH = (
     "The committee met on Tuesday to review the annual report. Members agreed that the budget for "

@@ -16,7 +16,7 @@ from pikepdf import Array, Dictionary, Name
 from ocrwatch.infra.memory import DecodeBudget
 from ocrwatch.pages import pdfcontent
 from ocrwatch.pages.pdfcontent import CONTENT_TOO_LARGE, FORMS_TOO_DEEP, Drawn
-from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
+from tests.support.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
 
 DRAWABLE = frozenset({"/Fx", "/G", "/F x", "/ID"})
 

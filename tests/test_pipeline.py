@@ -25,7 +25,7 @@ from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, S3Object
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.store.ledger import Ledger
-from tests import docs
+from tests.support import docs
 from tests.test_sources_local import until
 
 
@@ -215,7 +215,7 @@ async def test_a_source_rewritten_after_its_pages_were_read_gets_sidecars_of_its
     new = docs.write_pdf(tmp_path / "new.pdf", [["NEW"]])
     cfg = Config(
         state_dir=tmp_path / "state",
-        engine={"kind": "plugin", "plugin": "tests.fault_engines:EchoEngine"},
+        engine={"kind": "plugin", "plugin": "tests.support.fault_engines:EchoEngine"},
         retry={"attempts": 3, "backoff_initial_seconds": 0.01, "backoff_max_seconds": 0.01},
     )
     made = Pipeline(cfg, None, Metrics())
@@ -261,7 +261,7 @@ async def test_a_local_document_is_hashed_once_from_its_admission_to_its_sidecar
         state_dir=tmp_path / "state",
         inbox=[{"path": inbox}],
         output={"on_success": on_success, "archive_dir": archive},
-        engine={"kind": "plugin", "plugin": "tests.fault_engines:EchoEngine"},
+        engine={"kind": "plugin", "plugin": "tests.support.fault_engines:EchoEngine"},
     )
     made = Pipeline(cfg, ledger, Metrics())
     template = cfg.output.name_template

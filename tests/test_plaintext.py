@@ -14,7 +14,7 @@ import pytest
 
 from ocrwatch import plaintext
 from ocrwatch.plaintext import PlainText, escape, join_hyphens
-from tests.markdown_words import rendered_words, words
+from tests.support.markdown_words import rendered_words, words
 
 # Each line is a paragraph of its own or the line named; (text, escaped) pairs.
 ESCAPES = [

@@ -16,7 +16,7 @@ from ocrwatch.config import EngineConfig
 from ocrwatch.engines import registry
 from ocrwatch.engines.base import Engine, EngineSpec
 from ocrwatch.errors import ConfigError
-from tests import fault_engines
+from tests.support import fault_engines
 
 
 def fake_module(name: str, **attributes: object) -> types.ModuleType:
@@ -118,7 +118,9 @@ def test_build_refuses_an_unknown_kind() -> None:
 
 
 def test_load_plugin_builds_a_fault_engine_from_keyword_arguments() -> None:
-    engine = registry.load_plugin("tests.fault_engines:CrashingEngine", {"every": 5, "delay": 0.1})
+    engine = registry.load_plugin(
+        "tests.support.fault_engines:CrashingEngine", {"every": 5, "delay": 0.1}
+    )
     assert isinstance(engine, fault_engines.CrashingEngine)
     assert (engine.every, engine.delay) == (5, 0.1)
 
@@ -126,11 +128,11 @@ def test_load_plugin_builds_a_fault_engine_from_keyword_arguments() -> None:
 @pytest.mark.parametrize(
     ("spec", "args", "message"),
     [
-        ("tests.fault_engines", {}, "module:attribute"),
+        ("tests.support.fault_engines", {}, "module:attribute"),
         ("tests.no_such_module:Engine", {}, "cannot load"),
-        ("tests.fault_engines:NoSuchEngine", {}, "cannot load"),
-        ("tests.fault_engines:EchoEngine", {"colour": "blue"}, "rejects"),
-        ("tests.fault_engines:reset_crash_count", {}, "did not build an engine"),
+        ("tests.support.fault_engines:NoSuchEngine", {}, "cannot load"),
+        ("tests.support.fault_engines:EchoEngine", {"colour": "blue"}, "rejects"),
+        ("tests.support.fault_engines:reset_crash_count", {}, "did not build an engine"),
     ],
 )
 def test_load_plugin_explains_what_is_wrong(
@@ -147,7 +149,7 @@ def test_build_plugin_from_the_config() -> None:
     cfg = EngineConfig.model_validate(
         {
             "kind": "plugin",
-            "plugin": "tests.fault_engines:LoopingEngine",
+            "plugin": "tests.support.fault_engines:LoopingEngine",
             "plugin_args": {"mode": "always"},
         }
     )
@@ -254,7 +256,7 @@ def test_an_entry_point_that_names_no_engine_spec_is_refused(
     from importlib.metadata import EntryPoint
 
     bogus = EntryPoint(
-        name="bogus", value="tests.fault_engines:EchoEngine", group="ocrwatch.engines"
+        name="bogus", value="tests.support.fault_engines:EchoEngine", group="ocrwatch.engines"
     )
     monkeypatch.setattr(
         config_engines,

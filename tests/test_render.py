@@ -1,4 +1,5 @@
-"""render.py against real files: the corpus where present, and documents made by tests/docs.py
+"""render.py against real files: the corpus where present, and documents made by
+tests/support/docs.py
 everywhere."""
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from ocrwatch.pages.render import (
 )
 from ocrwatch.sources.base import Job, LocalFile
 from ocrwatch.sources.sniff import sniff
-from tests import docs, hostile_pdfs
 from tests.conftest import REPO, corpus_path
+from tests.support import docs, hostile_pdfs
 
 LIMITS = Limits.from_config(LimitsConfig())
 SPEC = render_spec(RenderConfig())

@@ -22,7 +22,7 @@ import structlog
 from ocrwatch.app.report import OcrReport
 from ocrwatch.config import LogConfig
 from ocrwatch.infra.logging import configure, say
-from tests import docs
+from tests.support import docs
 
 
 def test_the_bar_counts_the_pages_of_every_file_as_their_totals_become_known(

@@ -8,7 +8,7 @@ import structlog
 
 from ocrwatch.jobs import s3archive
 from ocrwatch.sources.base import Job
-from tests.s3servers import MotoServer, RgwServer
+from tests.support.s3servers import MotoServer, RgwServer
 from tests.test_archive import keys, put, s3_archiver
 
 pytestmark = pytest.mark.s3

@@ -35,7 +35,7 @@ from ocrwatch.safefs import (
 )
 from ocrwatch.safefs import base as safefs_base
 from ocrwatch.store.ledger import Fingerprint
-from tests.sparse import TIB, Reads, sparse_file
+from tests.support.sparse import TIB, Reads, sparse_file
 
 OTHER_UID = 54321
 

@@ -25,7 +25,7 @@ from ocrwatch.pages.scheduler import (
     auto_render_workers,
     virtual_deadline,
 )
-from tests.pages import added, answered
+from tests.support.pages import added, answered
 
 
 @dataclass

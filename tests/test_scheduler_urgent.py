@@ -17,7 +17,7 @@ from PIL import Image
 from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.deepseek.experimental.lanes import held_back, make_room
 from ocrwatch.pages.scheduler import Budget, DocumentOrder, PageScheduler, backlog_cap, lane_of
-from tests.pages import added, answered
+from tests.support.pages import added, answered
 from tests.test_scheduler import FakePage
 
 TOKENS = 40

@@ -229,7 +229,7 @@ def test_session_folders_are_private_even_with_an_open_umask(
     tmp_path: Path, open_umask: None
 ) -> None:
     from ocrwatch.jobs.session import DocumentSession
-    from tests.fault_engines import EchoEngine
+    from tests.support.fault_engines import EchoEngine
 
     async def modes() -> tuple[int, int]:
         async with DocumentSession("job", tmp_path / "state" / "tmp", EchoEngine()) as session:
@@ -307,7 +307,7 @@ def test_a_running_daemon_listens_on_loopback_only_and_keeps_its_state_private(
 ) -> None:
     from tests.integration.conftest import PluginDaemon
 
-    daemon = PluginDaemon(tmp_path, "tests.fault_engines:EchoEngine")
+    daemon = PluginDaemon(tmp_path, "tests.support.fault_engines:EchoEngine")
     try:
         daemon.start()
         listening = _listening(daemon.proc.pid)

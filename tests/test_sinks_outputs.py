@@ -21,7 +21,7 @@ from ocrwatch.results.assemble import SCHEMA_ID
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
-from tests.s3servers import MotoServer
+from tests.support.s3servers import MotoServer
 
 MD = "<!-- page 1 -->\n\n![](report.pdf.assets/page-1-figure-1.png)\n"
 ERROR = {"schema": SCHEMA_ID, "status": "failed", "source": {}, "error": {"kind": "corrupt_pdf"}}

@@ -16,7 +16,7 @@ from ocrwatch.sinks.base import markdown_bytes
 from ocrwatch.sinks.s3 import S3Sink, shares_output
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.store.written import object_record
-from tests.s3servers import MotoServer, RgwServer
+from tests.support.s3servers import MotoServer, RgwServer
 
 pytestmark = pytest.mark.s3
 

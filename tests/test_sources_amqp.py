@@ -23,7 +23,7 @@ pytest.importorskip(
     "aio_pika", reason="the amqp extra is not installed: pip install 'ocrwatch[amqp]'"
 )
 from ocrwatch.sources.amqp import AmqpSource, probe  # after the skip
-from tests.rabbitmq import RabbitServer
+from tests.support.rabbitmq import RabbitServer
 
 BASE = {
     "transport": "amqp",

@@ -27,7 +27,7 @@ from ocrwatch.sources.base import Answer, Job, LocalFile
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.readiness import probe
 from ocrwatch.sources.watch import choose_polling, filesystem_type
-from tests.outboxes import fed
+from tests.support.outboxes import fed
 
 SETTLE = 0.2
 PAUSE = 6 * SETTLE  # a writer's pause: long enough for the file to look settled, though incomplete

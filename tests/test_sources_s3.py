@@ -22,8 +22,8 @@ from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, S3Object
 from ocrwatch.sources.s3 import S3Source
 from ocrwatch.sources.s3events import created_object, event_records, refusal
-from tests.outboxes import fed
-from tests.s3servers import MotoServer
+from tests.support.outboxes import fed
+from tests.support.s3servers import MotoServer
 
 pytestmark = pytest.mark.s3
 

@@ -32,7 +32,7 @@ from ocrwatch.sources.sourcefile import (
     open_file,
 )
 from ocrwatch.store.ledger import Fingerprint, Ledger
-from tests.sparse import TIB, Reads, sparse_file
+from tests.support.sparse import TIB, Reads, sparse_file
 
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100

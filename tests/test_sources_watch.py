@@ -33,8 +33,8 @@ from ocrwatch.sources.inotify import InotifyWatcher
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.tree import walk
 from ocrwatch.sources.watch import Batch, EventBridge, PollingWatcher, start_watcher
-from tests.chains import make_chain, remove_chain
-from tests.outboxes import fed
+from tests.support.chains import make_chain, remove_chain
+from tests.support.outboxes import fed
 from tests.test_sources_local import PDF, Collector, inbox, never_reject, run, until, watching
 
 DEEP = 2500  # the chain: more than twice what a recursive walk survives on Python 3.11

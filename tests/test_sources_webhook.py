@@ -20,8 +20,8 @@ from ocrwatch.config import S3Config
 from ocrwatch.infra.s3client import InvalidRequest
 from ocrwatch.sources.base import S3Object
 from ocrwatch.sources.webhook import WebhookSource
-from tests.outboxes import fed
-from tests.s3servers import RgwServer
+from tests.support.outboxes import fed
+from tests.support.s3servers import RgwServer
 from tests.test_http import Flood
 from tests.test_sources_s3 import ODD_KEYS, Submitted, record, run, until
 

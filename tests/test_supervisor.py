@@ -15,7 +15,7 @@ from ocrwatch.engines import registry
 from ocrwatch.engines.base import EngineSpec
 from ocrwatch.infra.metrics import Metrics
 from ocrwatch.recognize.supervisor import EngineSupervisor
-from tests.engines_base import StubEngine
+from tests.support.engines_base import StubEngine
 from tests.test_registry import fake_module, fake_torch
 
 

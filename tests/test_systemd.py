@@ -23,7 +23,7 @@ else:
 from ocrwatch.app.cli import EXIT_USAGE
 from ocrwatch.app.daemon import USAGE_EXIT_CODE
 from ocrwatch.infra.systemd import sd_notify, watchdog_interval
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "ocrwatch.service"

@@ -1,7 +1,8 @@
 """textlayer: searchable PDFs from real Tesseract output, checked with the real pdftotext, qpdf and
 PDFium.
 
-Pages are made here (tests/docs.py, or pikepdf for page geometry docs.py does not write), rendered
+Pages are made here (tests/support/docs.py, or pikepdf for page geometry docs.py does not write),
+rendered
 by the renderer, read by the Tesseract engine, then the text layer is built and read back: text
 (similarity to the engine's Markdown), word positions (``pdftotext -bbox``), the file's structure
 (``qpdf --check``), and the original page content, which must come through byte for byte.
@@ -37,8 +38,8 @@ from ocrwatch.pages import deskew, orientation, render
 from ocrwatch.pages.render import BAND_BYTES
 from ocrwatch.results import pdfimage, textlayer
 from ocrwatch.results.textlayer import LayerLine, LayerWord, PageText
-from tests import docs
-from tests.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
+from tests.support import docs
+from tests.support.hostile_pdfs import MiB, write_form_bomb, write_nested_forms
 from tests.test_grounding import PAPER, WORKSHEET
 
 pytestmark = pytest.mark.skipif(

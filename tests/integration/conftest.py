@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import tomli_w
 
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -176,8 +176,9 @@ class DaemonProcess:
 
 
 class PluginDaemon(DaemonProcess):
-    """``DaemonProcess`` whose engine is a test engine (``tests.fault_engines``,
-    ``tests.hardening_engines``), loaded through ``[engine] kind = "plugin"``: the daemon is the
+    """``DaemonProcess`` whose engine is a test engine (``tests.support.fault_engines``,
+    ``tests.support.hardening_engines``), loaded through ``[engine] kind = "plugin"``: the daemon
+    is the
     real one; only the engine differs."""
 
     def __init__(
@@ -230,7 +231,7 @@ def make_daemon(tmp_path: Path, spawned: list[DaemonProcess]) -> Callable[..., D
 @pytest.fixture
 def plugin_daemon(tmp_path: Path, spawned: list[DaemonProcess]) -> Callable[..., PluginDaemon]:
     def factory(
-        spec: str = "tests.fault_engines:EchoEngine",
+        spec: str = "tests.support.fault_engines:EchoEngine",
         engine_args: dict[str, Any] | None = None,
         root: Path | None = None,
         **kwargs: Any,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, wait_until
-from tests.rabbitmq import DEAD_EXCHANGE, RabbitServer
-from tests.s3servers import RgwServer
+from tests.support import docs
+from tests.support.rabbitmq import DEAD_EXCHANGE, RabbitServer
+from tests.support.s3servers import RgwServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 

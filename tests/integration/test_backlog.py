@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import PluginDaemon, wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def test_a_backlog_waits_in_the_ledger_and_a_stop_leaves_it_there_in_one_line(
     plugin_daemon: Callable[..., PluginDaemon], tmp_path: Path
 ) -> None:
     daemon = plugin_daemon(
-        "tests.fault_engines:HangingEngine",
+        "tests.support.fault_engines:HangingEngine",
         {"match": "."},
         daemon={"shutdown_timeout": SHUTDOWN_TIMEOUT, "reconcile_seconds": 3600.0},
     )

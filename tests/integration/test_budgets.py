@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
-from tests.sparse import TIB, sparse_file
+from tests.support import docs
+from tests.support.sparse import TIB, sparse_file
 
 pytestmark = pytest.mark.integration
 
-ECHO = "tests.fault_engines:EchoEngine"
+ECHO = "tests.support.fault_engines:EchoEngine"
 MAX_BYTES = 256 << 20
 """[limits] max_bytes: the sparse 120 MB images are within it, the sparse 2 TiB PDFs far over it."""
 IMAGE_BYTES = 120_000_000

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import PluginDaemon, sidecars_done, wait_until
+from tests.support import docs
 from tests.test_hooks import RECORDER, records, script
 
 pytestmark = pytest.mark.integration

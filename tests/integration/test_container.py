@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import REPO, sidecars_done, wait_until
-from tests.ports import free_port
+from tests.support import docs
+from tests.support.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 

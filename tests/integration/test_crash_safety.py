@@ -1,7 +1,8 @@
 """Crash safety at scale: ``kill -9`` at random moments never loses, tears or needlessly repeats
 work.
 
-The daemon is the real one; its engine is ``tests.hardening_engines:CountingEngine`` (an echo engine
+The daemon is the real one; its engine is ``tests.support.hardening_engines:CountingEngine`` (an
+echo engine
 that appends a line per recognition to a file), because Tesseract on 200 documents times eleven
 restarts would take minutes on a small machine and adds nothing to what is tested here: the ledger,
 the scheduler, the sinks and the restart path.
@@ -23,13 +24,13 @@ import pytest
 
 from ocrwatch.results.assemble import JSON_SCHEMA
 from ocrwatch.safefs import TMP_MARKER
-from tests import docs
-from tests.hardening_engines import job_id_of
 from tests.integration.conftest import error_sidecar, sidecars_done, wait_until
+from tests.support import docs
+from tests.support.hardening_engines import job_id_of
 
 pytestmark = pytest.mark.integration
 
-COUNTING = "tests.hardening_engines:CountingEngine"
+COUNTING = "tests.support.hardening_engines:CountingEngine"
 DOCUMENTS = 200
 KILLS = 10
 

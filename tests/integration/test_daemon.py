@@ -18,7 +18,6 @@ import jsonschema
 import pytest
 
 from ocrwatch.results.assemble import ERROR_SCHEMA, JSON_SCHEMA
-from tests import docs
 from tests.integration.conftest import (
     alive,
     children_named,
@@ -26,6 +25,7 @@ from tests.integration.conftest import (
     sidecars_done,
     wait_until,
 )
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +198,7 @@ def test_sigterm_on_a_busy_daemon_exits_within_shutdown_timeout_plus_5_s(
         daemon = make_daemon(daemon=daemon_cfg)
     else:
         daemon = plugin_daemon(
-            "tests.fault_engines:HangingEngine",
+            "tests.support.fault_engines:HangingEngine",
             {"match": "", "max_concurrency": 4},
             daemon=daemon_cfg,
         )

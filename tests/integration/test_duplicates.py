@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
 from tests.integration.test_shared_inbox import daemon_on, drop, staged_png
-from tests.integration.users import User
+from tests.support import docs
+from tests.support.users import User
 from tests.test_hooks import RECORDER, records, script
 
 pytestmark = pytest.mark.integration

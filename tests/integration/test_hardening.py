@@ -3,7 +3,8 @@
 What every test here proves, besides its own point: the daemon stays alive, every document ends
 either with sidecars or with its specific error kind (none is lost), the sources stay
 byte-identical, and nothing is written outside the configured folders. The engine is a tiny test
-engine (``tests.fault_engines``, ``tests.hardening_engines``) loaded as a plugin, so the faults are
+engine (``tests.support.fault_engines``, ``tests.support.hardening_engines``) loaded as a plugin,
+so the faults are
 exact and the runs fast; rendering, probing, the ledger, the scheduler and the sinks are the real
 ones.
 """
@@ -30,13 +31,13 @@ import jsonschema
 import pytest
 
 from ocrwatch.results.assemble import ERROR_SCHEMA, JSON_SCHEMA
-from tests import docs
-from tests.hardening_engines import job_id_of
 from tests.integration.conftest import children_named, error_sidecar, sidecars_done, wait_until
+from tests.support import docs
+from tests.support.hardening_engines import job_id_of
 
 pytestmark = pytest.mark.integration
 
-ECHO = "tests.fault_engines:EchoEngine"
+ECHO = "tests.support.fault_engines:EchoEngine"
 SIDECAR_SUFFIXES = (".error.json", ".json", ".md")
 
 
@@ -436,7 +437,7 @@ def test_a_file_deleted_before_processing_and_one_replaced_during_it(
     replaced (renamed over) while its pages are being recognised."""
     log = tmp_path / "recognitions.log"
     daemon = plugin_daemon(
-        "tests.hardening_engines:CountingEngine",
+        "tests.support.hardening_engines:CountingEngine",
         {"log": str(log), "delay": 1.0},
         scheduler={"max_active_documents": 1, "render_ahead": 1},
     )
@@ -540,7 +541,9 @@ def _pages_ok(path: Path, pages: int) -> bool:
 def test_engine_crashing_on_every_7th_page_loses_nothing(plugin_daemon) -> None:
     """``EngineDead`` on every 7th page: the engine is rebuilt, the pages in flight are requeued,
     every document ends ok."""
-    daemon = plugin_daemon("tests.fault_engines:CrashingEngine", {"every": 7, "delay": 0.05})
+    daemon = plugin_daemon(
+        "tests.support.fault_engines:CrashingEngine", {"every": 7, "delay": 0.05}
+    )
     daemon.start()
     paths = [small_pdf(daemon.inbox / f"crash {n}.pdf", f"crash {n}", pages=3) for n in range(8)]
     wait_until(
@@ -570,7 +573,9 @@ def test_hanging_engine_is_cut_off_by_the_page_timeout(plugin_daemon, tmp_path: 
     recovers, never = inbox / "recovers.pdf", inbox / "never.png"
     match = f"^{job_id_of(recovers)}/p1/a0$|^{job_id_of(never)}/p0/"
     daemon = plugin_daemon(
-        "tests.fault_engines:HangingEngine", {"match": match}, engine={"page_timeout_seconds": 1.0}
+        "tests.support.fault_engines:HangingEngine",
+        {"match": match},
+        engine={"page_timeout_seconds": 1.0},
     )
     daemon.start()
     small_pdf(recovers, "recovers", pages=2)
@@ -596,7 +601,7 @@ def test_looping_and_garbage_output_still_make_valid_sidecars(
     inbox.mkdir(parents=True)
     loops, fine = inbox / "loops.png", inbox / "fine.png"
     daemon = plugin_daemon(
-        "tests.fault_engines:LoopingEngine",
+        "tests.support.fault_engines:LoopingEngine",
         {"mode": "always", "match": f"^{job_id_of(loops)}/"},
         root=tmp_path / "loops",
     )
@@ -614,9 +619,11 @@ def test_looping_and_garbage_output_still_make_valid_sidecars(
     assert sidecars_done(fine)["status"] == "ok"
     assert daemon.stop() == 0
 
-    from tests.hardening_engines import GARBAGE
+    from tests.support.hardening_engines import GARBAGE
 
-    daemon = plugin_daemon("tests.hardening_engines:GarbageEngine", root=tmp_path / "garbage")
+    daemon = plugin_daemon(
+        "tests.support.hardening_engines:GarbageEngine", root=tmp_path / "garbage"
+    )
     daemon.start()
     doc = small_pdf(daemon.inbox / "garbage.pdf", "garbage", pages=len(GARBAGE))
     data = wait_until(lambda: sidecars_done(doc), 60, "the garbage document")
@@ -750,7 +757,7 @@ def test_a_page_cancelled_before_its_task_ran_gives_its_engine_slot_back() -> No
 
     from ocrwatch.pages.render import RenderedPage
     from ocrwatch.pages.scheduler import PageScheduler
-    from tests.pages import added, answered
+    from tests.support.pages import added, answered
 
     async def scenario() -> tuple[int, int]:
         async def recognize(doc: Any, request: Any) -> str:

@@ -19,8 +19,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import tomli_w
 
-from tests import docs
 from tests.integration.conftest import REPO, DaemonProcess, alive, free_port, wait_until
+from tests.support import docs
 from tests.test_hooks import FAILER, RECORDER, minimal_environment, records, script
 
 pytestmark = pytest.mark.integration

@@ -23,9 +23,14 @@ import pytest
 from PIL import features
 
 from ocrwatch.sources.sniff import sniff
-from tests import docs
-from tests.hostile_pdfs import MiB, write_declared_image_pdf, write_form_bomb, write_nested_forms
 from tests.integration.conftest import REPO, DaemonProcess, error_sidecar, sidecars_done, wait_until
+from tests.support import docs
+from tests.support.hostile_pdfs import (
+    MiB,
+    write_declared_image_pdf,
+    write_form_bomb,
+    write_nested_forms,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 
-ECHO = "tests.fault_engines:EchoEngine"
+ECHO = "tests.support.fault_engines:EchoEngine"
 SECRET_WORD = "KUMQUAT"
 RACE_SECONDS = (
     20.0  # several times what a path check followed by a separate read needs to lose the race

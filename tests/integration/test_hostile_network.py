@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, free_port, wait_until
 from tests.integration.test_s3_daemon import queue_empty, sidecar, sqs_daemon
-from tests.s3servers import MotoServer, RgwServer
+from tests.support import docs
+from tests.support.s3servers import MotoServer, RgwServer
 from tests.test_http import Flood
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.hardening_engines import job_id_of
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
+from tests.support.hardening_engines import job_id_of
 
 pytestmark = pytest.mark.integration
 
-COUNTING = "tests.hardening_engines:CountingEngine"
+COUNTING = "tests.support.hardening_engines:CountingEngine"
 
 
 def _object(number: int, body: bytes) -> bytes:

@@ -24,8 +24,8 @@ import jsonschema
 import pytest
 
 from ocrwatch.results.assemble import ERROR_SCHEMA
-from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests import ledgers
 from tests.integration.conftest import REPO, PluginDaemon
+from tests.support import ledgers
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ AS_A_USER = (
 @pytest.fixture
 def daemon(tmp_path: Path) -> PluginDaemon:
     """The daemon's configuration and folders only: each test runs the CLI itself."""
-    return PluginDaemon(tmp_path, "tests.fault_engines:EchoEngine")
+    return PluginDaemon(tmp_path, "tests.support.fault_engines:EchoEngine")
 
 
 def ocrwatch(

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests import docs
-from tests.chains import make_chain, removed_after
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
+from tests.support import docs
+from tests.support.chains import make_chain, removed_after
 
 pytestmark = pytest.mark.integration
 
-ECHO = "tests.fault_engines:EchoEngine"
+ECHO = "tests.support.fault_engines:EchoEngine"
 DEEP = 2500
 SHUTDOWN_TIMEOUT = 3.0
 ROUNDS = 10

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import error_sidecar, sidecars_done, wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 

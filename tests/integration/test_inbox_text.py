@@ -9,8 +9,8 @@ from pathlib import Path
 import pikepdf
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, sidecars_done, wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 

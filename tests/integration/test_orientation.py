@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from ocrwatch.pages import orientation
-from tests import docs, rotated
 from tests.conftest import corpus_path
 from tests.integration.conftest import sidecars_done, wait_until
+from tests.support import docs, rotated
 
 pytestmark = [
     pytest.mark.integration,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import tomli_w
 
-from tests import docs
 from tests.integration.conftest import PluginDaemon, wait_until
+from tests.support import docs
 
 if sys.version_info >= (3, 11):
     import tomllib

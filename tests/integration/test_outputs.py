@@ -24,12 +24,12 @@ from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.pages import render
 from ocrwatch.pages.render import Geometry
 from ocrwatch.results import alto
-from tests import docs
 from tests.conftest import corpus_path
 from tests.integration.conftest import DaemonProcess, wait_until
 from tests.integration.test_s3_daemon import queue_empty, sidecar, sqs_daemon, started
-from tests.layout_pages import alto_schema
-from tests.s3servers import MotoServer
+from tests.support import docs
+from tests.support.layout_pages import alto_schema
+from tests.support.s3servers import MotoServer
 from tests.test_textlayer import page_pdf
 
 pytestmark = [
@@ -247,7 +247,7 @@ def test_delete_on_success_removes_the_source_and_keeps_the_sidecars(
 
 def test_a_partial_document_is_kept(plugin_daemon: Any, tmp_path: Path) -> None:
     daemon = plugin_daemon(
-        "tests.fault_engines:LoopingEngine",
+        "tests.support.fault_engines:LoopingEngine",
         {"mode": "always", "match": "/p1/"},
         inboxes=[{"path": str(tmp_path / "inbox"), "settle_seconds": 0.3, "on_success": "delete"}],
     ).start()
@@ -301,7 +301,7 @@ def test_figures_are_extracted_linked_and_moved_along(plugin_daemon: Any, tmp_pa
     along."""
     keep, move, archive = tmp_path / "keep", tmp_path / "move", tmp_path / "archive"
     daemon = plugin_daemon(
-        "tests.figure_engines:RecordedEngine",
+        "tests.support.figure_engines:RecordedEngine",
         {"fixture": "PAPER", "dpi": 100},
         inboxes=[
             {"path": str(keep), "settle_seconds": 0.3},

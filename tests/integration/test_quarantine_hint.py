@@ -12,8 +12,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
+from tests.support import docs
 from tests.test_hooks import RECORDER, records, script
 
 pytestmark = pytest.mark.integration

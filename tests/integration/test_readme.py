@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import REPO, children_named, wait_until
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 

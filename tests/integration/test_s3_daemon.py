@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, free_port, wait_until
-from tests.s3servers import MotoServer, RgwServer
+from tests.support import docs
+from tests.support.s3servers import MotoServer, RgwServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 

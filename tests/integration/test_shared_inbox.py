@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
-from tests.integration.users import User, sys_python
+from tests.support import docs
+from tests.support.users import User, sys_python
 
 pytestmark = pytest.mark.integration
 

@@ -78,7 +78,7 @@ def start_refused(
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> PluginDaemon:
-    return PluginDaemon(tmp_path, "tests.fault_engines:EchoEngine")
+    return PluginDaemon(tmp_path, "tests.support.fault_engines:EchoEngine")
 
 
 def test_a_metrics_port_in_use(daemon: PluginDaemon) -> None:

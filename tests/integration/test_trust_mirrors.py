@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests import docs
 from tests.integration.conftest import DaemonProcess, error_sidecar, sidecars_done, wait_until
-from tests.integration.users import User
+from tests.support import docs
+from tests.support.users import User
 
 pytestmark = pytest.mark.integration
 
-ECHO = "tests.fault_engines:EchoEngine"
+ECHO = "tests.support.fault_engines:EchoEngine"
 BROKEN = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"
 
 

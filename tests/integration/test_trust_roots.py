@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from tests import docs
 from tests.integration.conftest import REPO, DaemonProcess, sidecars_done, wait_until
-from tests.integration.users import User
+from tests.support import docs
+from tests.support.users import User
 
 if sys.version_info >= (3, 11):
     import tomllib

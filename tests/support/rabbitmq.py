@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 DEAD_EXCHANGE = "ocrwatch.dead"

@@ -51,7 +51,9 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput[_WORKER_INPUT] = str(folder)
 
 
-@pytest.hookimpl(trylast=True)  # after every hook that adds a mark (tests/s3servers.py adds rgw's)
+@pytest.hookimpl(
+    trylast=True
+)  # after every hook that adds a mark (tests/support/s3servers.py adds rgw's)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A worker writes ``{nodeid: group}`` before it reports its collection, so the file is complete
     before the controller schedules."""

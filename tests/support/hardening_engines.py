@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ocrwatch.engines.base import PageRequest, Recognition
-from tests.engines_base import StubEngine
+from tests.support.engines_base import StubEngine
 
 
 def job_id_of(path: Path) -> str:

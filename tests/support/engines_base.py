@@ -6,7 +6,7 @@ as a plugin::
 
     [engine]
     kind = "plugin"
-    plugin = "tests.fault_engines:CrashingEngine"
+    plugin = "tests.support.fault_engines:CrashingEngine"
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ocrwatch.pages.scheduler import PageOutcome
 from ocrwatch.plaintext import PlainText
 from ocrwatch.recognize.ladder import PageResult
 
-SCHEMA = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "alto-4-4.xsd"
+SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "schemas" / "alto-4-4.xsd"
 SIZE = (900, 260)  # the page as Tesseract reads it, upright, at DPI
 DPI = 150
 LINES = ["Invoice 4711 was paid", "on 12 March 2024."]

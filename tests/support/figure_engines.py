@@ -5,7 +5,7 @@ page, so a daemon can cut them out as it would with the model. Named as a plugin
 
     [engine]
     kind = "plugin"
-    plugin = "tests.figure_engines:RecordedEngine"
+    plugin = "tests.support.figure_engines:RecordedEngine"
     plugin_args = { fixture = "PAPER" }
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek import grounding
-from tests import test_grounding
-from tests.engines_base import StubEngine
+from tests.support import test_grounding
+from tests.support.engines_base import StubEngine
 
 
 class RecordedEngine(StubEngine):

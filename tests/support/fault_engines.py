@@ -1,12 +1,13 @@
 """Tiny fault-injecting engines for the daemon's tests, after OCRmyPDF's ``tesseract_crash.py``.
 
-Each class is a ``tests.engines_base.StubEngine`` (the protocol's plumbing) with a page's work of
+Each class is a ``tests.support.engines_base.StubEngine`` (the protocol's plumbing) with a page's
+work of
 its own, and
 is built from keyword arguments only, so a configuration can name it::
 
     [engine]
     kind = "plugin"
-    plugin = "tests.fault_engines:CrashingEngine"
+    plugin = "tests.support.fault_engines:CrashingEngine"
     plugin_args = { every = 3 }
 
 - ``EchoEngine``: deterministic text from the page's pixels, quickly (scheduler and daemon tests);
@@ -33,7 +34,7 @@ from PIL import Image
 
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.errors import EngineDead, EngineFailed
-from tests.engines_base import StubEngine
+from tests.support.engines_base import StubEngine
 
 _crash_calls = itertools.count(1)
 

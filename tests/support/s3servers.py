@@ -11,9 +11,11 @@
 Fixtures: ``moto_server`` (session), ``moto`` (that server, wiped before the test), ``rgw``
 (session; skipped with the reason where ``radosgw`` is not installed: ``bash
 tests/install_s3_servers.sh`` installs it). Under pytest-xdist each is one per worker, on that
-worker's own ports (``tests.ports``) and in a folder of its own; the tests that use ``rgw`` are
+worker's own ports (``tests.support.ports``) and in a folder of its own; the tests that use ``rgw``
+are
 grouped onto one worker: one cluster serves them. A test module uses them with ``pytest_plugins =
-["tests.s3servers"]``. PYTEST_DONT_REWRITE (no asserts here, and test modules import it before
+["tests.support.s3servers"]``. PYTEST_DONT_REWRITE (no asserts here, and test modules import it
+before
 pytest registers it as a plugin).
 """
 
@@ -36,7 +38,7 @@ import boto3
 import pytest
 from botocore.config import Config as BotoConfig
 
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 MOTO_ACCOUNT = "123456789012"
 
@@ -335,7 +337,8 @@ def _alive(pid: int) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``, through ``tests.xdist_groups``) send every test
+    """Under pytest-xdist (``--dist loadgroup``, through ``tests.support.xdist_groups``) send every
+    test
     that uses ``rgw`` to one worker: each would otherwise start a cluster of its own (about 12 s
     each)."""
     if not config.pluginmanager.hasplugin("xdist"):
