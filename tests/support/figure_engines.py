@@ -15,7 +15,7 @@ from typing import Any
 
 from ocrwatch.engines.base import PageRequest, Recognition
 from ocrwatch.engines.deepseek import grounding
-from tests.support import test_grounding
+from tests import test_grounding
 from tests.support.engines_base import StubEngine
 
 
