@@ -4,7 +4,8 @@ Every rendered page, for either engine, goes through ``upright`` in its render w
 the event loop). With ``[render] rotate_pages``, a page is decided by the cheapest test that can:
 
 1. Its text lines (``survey``, a few hundredths of a second), found on a bilevel copy at
-   ``LINES_DPI``, where turned some way they look like upright Latin lines: ``text_lines``.
+   ``LINES_DPI``, where turned some way they look like upright Latin lines: ``text_lines`` (a turn
+   only once the glance's window reads so: large letters' strokes look like lines on their side).
 2. OSD's glance: Tesseract's orientation detection (``--psm 0``) on the window of the page densest
    in text lines, scaled so its lines are ``GLANCE_LINE`` pixels high (the text's own height, not
    the DPI the file claims), from ``GLANCE_CHARACTERS`` characters: a third of OSD's cost on the
@@ -13,11 +14,9 @@ the event loop). With ``[render] rotate_pages``, a page is decided by the cheape
 3. OSD on the whole page: what the glance left undecided.
 
 OSD's confidence is the margin between its best orientation and the next; on a page with little
-text it is small and often wrong (a few sideways boxes read as upside down at 1.9, a three-line
-page turned 90 degrees reads right at 2.7), so its answer is taken in three bands:
+text it is small and often wrong, so its answer is taken in three bands:
 
-- at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's ``--rotate-pages-threshold``):
-  as it is;
+- at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's): as it is;
 - from ``READ_FLOOR`` up to the threshold: checked by reading (Tesseract, ``READ_LANG``) the
   glance's window unturned, turned as OSD says and turned the opposite way (OSD unsure of a page on
   its side often has it upside down), and turned only where the best of them reads at least
@@ -27,9 +26,8 @@ page turned 90 degrees reads right at 2.7), so its answer is taken in three band
 - below ``READ_FLOOR``, or no answer at all (too few characters): kept as it is.
 
 With ``[render] deskew`` the upright page is then levelled by the small angle ``deskew`` finds.
-The page the engine reads, its blocks' boxes and its figures are the upright image's; ``to_shown``
-gives the map from those pixels back to the page as rendered (as a viewer shows it), which the
-searchable PDF's text layer is placed through.
+The engine reads the upright image; ``to_shown`` maps its pixels back to the page as rendered (as a
+viewer shows it), which the searchable PDF's text layer is placed through.
 """
 
 from __future__ import annotations
@@ -254,14 +252,17 @@ def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
     page, page_dpi = _grey(image, dpi)
     tiles = survey(_bilevel(page, page_dpi))
     lines_turn = turn_from_lines(tiles)
-    if lines_turn is not None:
-        return Orientation(lines_turn, decided_by="text_lines")
+    if lines_turn == 0:
+        return Orientation(decided_by="text_lines")
     box, scale = window(page.size, page_dpi, tiles)
     sample = _scaled(page.crop(box) if box else page, scale)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
         reading = _Reading(sample, page_dpi * scale, folder, settings.timeout)
         glanced = None
         try:
+            best, read = reading.best(lines_turn) if lines_turn else (0, 0)
+            if best and read >= GLANCE_READ_CHARACTERS:
+                return Orientation(best, decided_by="text_lines", read=read)
             glanced = glance(sample, page_dpi * scale, folder, settings.timeout)
             if glanced is None and box is None:  # the whole page as it is: OSD would say the same
                 return Orientation(decided_by="too_little_text")
@@ -400,10 +401,8 @@ def _densest(counts: dict[tuple[int, int], int], side: int) -> tuple[int, int]:
 
 
 def lines_say_upright(page: Image.Image, dpi: float) -> bool:
-    """Whether ``page`` (grey) surely needs no turn, from its text lines alone (module docstring):
-    at least ``LINES_MIN`` lines run across the page, ``LINES_ACROSS`` times as many as along it,
-    with a Latin x-height band (``LINES_CORE``) and ``LINES_ASCENDERS`` times as much ink above that
-    band as below it. Pure Pillow and Python, a few hundredths of a second a page."""
+    """Whether ``page`` (grey) surely needs no turn, from its text lines alone (``_says_upright``):
+    pure Pillow and Python, a few hundredths of a second a page."""
     return _says_upright(survey(_bilevel(page, dpi)), 0)
 
 
@@ -463,9 +462,10 @@ def survey(ink: Image.Image) -> list[_Tile]:
 
 
 def _says_upright(tiles: list[_Tile], clockwise: int) -> bool:
-    """``lines_say_upright`` of the page the tiles come from, turned ``clockwise`` degrees: a
-    quarter turn reads columns as rows, and a turn of 180 or of 90 clockwise reads each line
-    upside down (the ink above it is the ink below it)."""
+    """Whether the page the tiles come from, turned ``clockwise``, has at least ``LINES_MIN`` lines
+    across it, ``LINES_ACROSS`` times as many as along it, with a Latin x-height band
+    (``LINES_CORE``) and ``LINES_ASCENDERS`` times as much ink above it as below. A quarter turn
+    reads columns as rows; a turn of 180 or 90 clockwise reads each line upside down."""
     across = along = 0
     above = below = 0
     cores: list[float] = []
