@@ -120,10 +120,12 @@ def test_compare_ends_within_its_budget_with_its_json_line(tmp_path: Path) -> No
         env=env,
         capture_output=True,
         text=True,
-        timeout=budget + 30,
+        timeout=budget + 45,
     )
     seconds = time.monotonic() - started
-    assert seconds <= budget + 5, done.stdout[-2000:]
+    # The slack is for a loaded machine's process starts and grace periods; a step left to its own
+    # deadline would run minutes past the budget.
+    assert seconds <= budget + 15, done.stdout[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     line = json.loads(last)
     assert set(line) >= {
