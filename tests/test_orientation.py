@@ -16,7 +16,7 @@ from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
-from ocrwatch.pages import deskew, orientation, render
+from ocrwatch.pages import deskew, orientation, osd, render
 from ocrwatch.pages.orientation import Orientation, Settings
 from tests import docs, rotated
 
@@ -36,10 +36,27 @@ def page(lines: list[str] = LINES) -> Image.Image:
 
 
 def test_osd_report_parsed() -> None:
-    assert orientation.parse_osd(REPORT) == (270, 31.73)
-    assert orientation.parse_osd(REPORT.replace("Rotate: 270", "Rotate: 45")) is None
-    assert orientation.parse_osd(REPORT.replace("31.73", "nan")) is None
-    assert orientation.parse_osd("Too few characters. Skipping this page\n") is None
+    assert osd.parse_osd(REPORT) == (270, 31.73, "Latin", 4.41)
+    hebrew = REPORT.replace("Script: Latin", "Script: Hebrew")
+    assert osd.parse_osd(hebrew.replace("4.41", "x")) == (270, 31.73, "Hebrew", None)
+    assert osd.parse_osd(REPORT.replace("Rotate: 270", "Rotate: 45")) is None
+    assert osd.parse_osd(REPORT.replace("31.73", "nan")) is None
+    assert osd.parse_osd("Too few characters. Skipping this page\n") is None
+
+
+def test_script_picks_an_installed_language() -> None:
+    """``auto``: a script's first installed language, eng for Latin or an unknown script, and eng
+    with the package to install where none of the script's is."""
+    installed = frozenset({"eng", "deu", "osd", "ukr", "chi_tra"})
+    assert osd.language("Latin", installed) == ("eng", None)
+    assert osd.language(None, installed) == ("eng", None)
+    assert osd.language("Fraktur", installed) == ("eng", None)
+    assert osd.language("Cyrillic", installed) == ("ukr", None)
+    assert osd.language("Han", installed) == ("chi_tra", None)
+    assert osd.language("Hebrew", installed) == ("eng", "tesseract-ocr-heb")
+    assert osd.language("Han", frozenset({"eng"})) == ("eng", "tesseract-ocr-chi-sim")
+    assert osd.reads("deu+eng", "Latin") and not osd.reads("deu+eng", "Arabic")
+    assert osd.reads("ara+eng", "Arabic") and not osd.reads("ara", "Latin")
 
 
 @pytest.mark.parametrize("clockwise", [90, 180, 270])
@@ -112,7 +129,7 @@ def counted_osd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def counting(
         path: str, dpi: float, timeout: float, characters: int | None = None
-    ) -> tuple[int, float] | None:
+    ) -> osd.Answer | None:
         asked.append(path)
         return detect(path, dpi, timeout, characters)
 
@@ -126,6 +143,7 @@ def test_upright_text_lines_need_no_osd(monkeypatch: pytest.MonkeyPatch) -> None
     shown = prose_page()
     image, turned = orientation.upright(shown, 150.0, ON)
     assert (turned.rotation, turned.detected, turned.decided_by) == (0, None, "text_lines")
+    assert turned.script == "Latin"  # only Latin lines pass the test
     assert image is shown and asked == []
 
 
