@@ -368,7 +368,7 @@ def test_auto_reads_each_page_in_its_script_s_language(monkeypatch: pytest.Monke
         german = german_page()
         try:
             read = await engine.recognize(PageRequest("gr", german, prompt="", script="Greek"))
-            assert (read.lang, "Größe der Straße" in read.markdown) == ("deu", True)
+            assert (read.lang, "Größe der Straße" in read.markdown) == ("deu+eng", True)
             for script in (None, "Hebrew", "Latin"):
                 read = await engine.recognize(PageRequest("x", german, prompt="", script=script))
                 assert (read.lang, "Größe" in read.markdown) == ("eng", False)

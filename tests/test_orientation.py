@@ -51,12 +51,13 @@ def test_script_picks_an_installed_language() -> None:
     assert osd.language("Latin", installed) == ("eng", None)
     assert osd.language(None, installed) == ("eng", None)
     assert osd.language("Fraktur", installed) == ("eng", None)
-    assert osd.language("Cyrillic", installed) == ("ukr", None)
-    assert osd.language("Han", installed) == ("chi_tra", None)
+    assert osd.language("Cyrillic", installed) == ("ukr+eng", None)
+    assert osd.language("Han", installed) == ("chi_tra+eng", None)
     assert osd.language("Hebrew", installed) == ("eng", "tesseract-ocr-heb")
     assert osd.language("Han", frozenset({"eng"})) == ("eng", "tesseract-ocr-chi-sim")
     assert osd.reads("deu+eng", "Latin") and not osd.reads("deu+eng", "Arabic")
     assert osd.reads("ara+eng", "Arabic") and not osd.reads("ara", "Latin")
+    assert osd.latin(installed) == "deu+eng" and osd.latin(frozenset({"ara"})) == "eng"
 
 
 @pytest.mark.parametrize("clockwise", [90, 180, 270])

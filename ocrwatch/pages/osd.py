@@ -75,13 +75,21 @@ class Answer(NamedTuple):
 
 
 def language(script: str | None, installed: frozenset[str]) -> tuple[str, str | None]:
-    """The Tesseract language ``auto`` reads a page of ``script`` in, among ``installed``, and the
-    package that would read it better where none installed does (else None): Latin, an unknown
-    script and no script at all read in ``FALLBACK``."""
+    """The Tesseract languages ``auto`` reads a page of ``script`` in, among ``installed``, and the
+    package that would read it where none installed does (else None): Latin, an unknown script
+    and no script at all read in ``FALLBACK``; another script in its first installed language and
+    ``FALLBACK`` (``ukr+eng``), as OSD names Cyrillic for some Latin pages (a photo of a street
+    sign, a few large words) and pages of other scripts hold Latin words too."""
     if script not in LANGUAGES:
         return FALLBACK, None
     found = [lang for lang in LANGUAGES[script] if lang in installed]
-    return (found[0], None) if found else (FALLBACK, package(script))
+    return (f"{found[0]}+{FALLBACK}", None) if found else (FALLBACK, package(script))
+
+
+def latin(installed: frozenset[str]) -> str:
+    """The installed languages of Latin script joined (``deu+eng``): what ``auto`` judges a text
+    layer's words by, before any page's script is known."""
+    return "+".join(sorted(installed - _NOT_LATIN - {"osd"})) or FALLBACK
 
 
 def package(script: str) -> str | None:
