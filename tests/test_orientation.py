@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
 from ocrwatch.pages import deskew, orientation, osd, render
 from ocrwatch.pages.orientation import Orientation, Settings
+from ocrwatch.pages.scheduler import PageOutcome
+from ocrwatch.recognize.ladder import PageResult
+from ocrwatch.results import assemble
 from tests import docs, rotated
 
 LINES = list(rotated.PANGRAMS)
@@ -121,6 +125,45 @@ def prose_page() -> Image.Image:
     for number, line in enumerate(PROSE * 3):
         draw.text((100, 100 + number * 38), line, fill=0, font=font)
     return image
+
+
+HEBREW = ["שלום עולם זהו מסמך בעברית", "הספר נמצא על השולחן בבית", "אנחנו קוראים את המכתב היום"]
+SANS = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+
+
+def test_a_page_in_a_script_not_installed_is_read_in_eng_and_says_what_to_install() -> None:
+    """OSD names a Hebrew page's script; ``auto``, with no heb installed, reads it in eng, which
+    reads it poorly: its page says script_not_installed with tesseract-ocr-heb, and the document
+    is partial. (DejaVu Sans has Hebrew letters.)"""
+    if not SANS.exists() or "heb" in osd_languages():
+        pytest.skip("needs fonts-dejavu-core, and no tesseract-ocr-heb installed")
+    image = Image.new("L", (1400, 520), 255)
+    draw, font = ImageDraw.Draw(image), ImageFont.truetype(str(SANS), 40)
+    for number, line in enumerate(HEBREW * 2):
+        draw.text((60, 60 + 70 * number), line, fill=0, font=font)
+    upright, turned = orientation.upright(image, 200.0, ON)
+    assert turned.script == "Hebrew"
+
+    async def read() -> Any:
+        engine = TesseractEngine(TesseractConfig(lang="auto", workers=1))
+        await engine.start()
+        try:
+            return await engine.recognize(PageRequest("he", upright, "", script=turned.script))
+        finally:
+            await engine.close()
+
+    recognition = asyncio.run(read())
+    result = PageResult("ok", recognition, [])
+    unread = assemble.unread_script(PageOutcome(0, 1, 1, 200.0, 0.0, result, orientation=turned))
+    assert unread is not None and (unread["lang"], unread["package"]) == (
+        "eng",
+        "tesseract-ocr-heb",
+    )
+
+
+def osd_languages() -> set[str]:
+    listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True)
+    return set(listed.stdout.split())
 
 
 def counted_osd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
