@@ -12,6 +12,9 @@ the event loop). With ``[render] rotate_pages``, a page is decided by the cheape
    where it reads ``GLANCE_READ_CHARACTERS`` (``reading``).
 3. OSD on the whole page: what the glance left undecided.
 
+OSD's runs and its report are ``osd``'s; the script it names is kept (``Orientation.script``) for
+``lang = "auto"``.
+
 OSD's confidence is the margin between its best orientation and the next; on a page with little
 text it is small and often wrong (a few sideways boxes read as upside down at 1.9, a three-line
 page turned 90 degrees reads right at 2.7), so its answer is taken in three bands:
