@@ -66,7 +66,7 @@ def old_rule(image: Any, dpi: float, settings: orientation.Settings) -> orientat
         answer = orientation.detect(path, page_dpi, settings.timeout)
         if answer is None:
             return orientation.Orientation(decided_by="too_little_text")
-        detected, confidence = answer
+        detected, confidence = answer[:2]
         if detected == 0 or confidence >= settings.threshold:
             return orientation.Orientation(detected, detected, confidence, "osd")
         if confidence < orientation.READ_FLOOR:
@@ -98,7 +98,8 @@ def timed(images: list[tuple[str, Any, float]]) -> dict[str, Any]:
                 decided[key] = decided.get(key, 0) + 1
                 print(
                     f"{rule} {label}: {turned.decided_by} rotation {turned.rotation} "
-                    f"(OSD {turned.detected} at {turned.confidence}) {wall_s[-1] * 1000:.0f} ms, "
+                    f"(OSD {turned.detected} at {turned.confidence}, script {turned.script}) "
+                    f"{wall_s[-1] * 1000:.0f} ms, "
                     f"CPU {cpu_s[-1] * 1000:.0f} ms",
                     flush=True,
                 )

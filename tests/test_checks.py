@@ -132,6 +132,17 @@ def test_a_lang_given_on_the_command_line_is_checked_by_the_same_rule(tmp_path: 
     assert raised.value.hint == "name languages as eng or eng+deu, or change --lang"
 
 
+def test_lang_auto_needs_orientation_detection_not_a_language_named_auto(tmp_path: Path) -> None:
+    """``--lang auto`` (or an inbox's): no language named auto is looked for; the page's script
+    is, which orientation detection finds, so turning it off is refused."""
+    cfg = config.load(write_config(tmp_path))
+    checks.require_languages(cfg, "auto")
+    off = cfg.model_copy(update={"render": cfg.render.model_copy(update={"rotate_pages": False})})
+    with pytest.raises(ConfigError) as raised:
+        checks.require_languages(off, "auto")
+    assert raised.value.hint == "set [render] rotate_pages = true, or name languages in --lang"
+
+
 def test_a_busy_metrics_port(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

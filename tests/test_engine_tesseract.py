@@ -21,6 +21,7 @@ from ocrwatch.engines.base import Engine, PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine, parse_tsv
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineFailed
+from ocrwatch.pages import osd
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tesseract") is None, reason="tesseract is not installed"
@@ -354,6 +355,34 @@ def test_a_request_s_lang_is_the_language_tesseract_reads() -> None:
             await engine.close()
 
     run(main)
+
+
+def test_auto_reads_each_page_in_its_script_s_language(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lang = "auto"``: a page is read in the installed language of the script OSD found on it,
+    recorded on its recognition; eng where that script has none installed, or no script is known.
+    (Only Latin languages are installed here: Greek is mapped to deu for the test.)"""
+    monkeypatch.setitem(osd.LANGUAGES, "Greek", ("deu",))
+
+    async def main() -> None:
+        engine = await started(lang="auto")
+        german = german_page()
+        try:
+            read = await engine.recognize(PageRequest("gr", german, prompt="", script="Greek"))
+            assert (read.lang, "Größe der Straße" in read.markdown) == ("deu+eng", True)
+            for script in (None, "Hebrew", "Latin"):
+                read = await engine.recognize(PageRequest("x", german, prompt="", script=script))
+                assert (read.lang, "Größe" in read.markdown) == ("eng", False)
+        finally:
+            await engine.close()
+
+    if "deu" not in installed_languages():
+        pytest.skip("tesseract-ocr-deu is not installed")
+    run(main)
+
+
+def installed_languages() -> set[str]:
+    listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True)
+    return set(listed.stdout.split())
 
 
 def test_start_names_a_missing_binary_and_its_package(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,11 @@ from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError
-from ocrwatch.pages import deskew, orientation, render
+from ocrwatch.pages import deskew, orientation, osd, render
 from ocrwatch.pages.orientation import Orientation, Settings
+from ocrwatch.pages.scheduler import PageOutcome
+from ocrwatch.recognize.ladder import PageResult
+from ocrwatch.results import assemble
 from tests.support import docs, rotated
 
 LINES = list(rotated.PANGRAMS)
@@ -36,10 +40,28 @@ def page(lines: list[str] = LINES) -> Image.Image:
 
 
 def test_osd_report_parsed() -> None:
-    assert orientation.parse_osd(REPORT) == (270, 31.73)
-    assert orientation.parse_osd(REPORT.replace("Rotate: 270", "Rotate: 45")) is None
-    assert orientation.parse_osd(REPORT.replace("31.73", "nan")) is None
-    assert orientation.parse_osd("Too few characters. Skipping this page\n") is None
+    assert osd.parse_osd(REPORT) == (270, 31.73, "Latin", 4.41)
+    hebrew = REPORT.replace("Script: Latin", "Script: Hebrew")
+    assert osd.parse_osd(hebrew.replace("4.41", "x")) == (270, 31.73, "Hebrew", None)
+    assert osd.parse_osd(REPORT.replace("Rotate: 270", "Rotate: 45")) is None
+    assert osd.parse_osd(REPORT.replace("31.73", "nan")) is None
+    assert osd.parse_osd("Too few characters. Skipping this page\n") is None
+
+
+def test_script_picks_an_installed_language() -> None:
+    """``auto``: a script's first installed language, eng for Latin or an unknown script, and eng
+    with the package to install where none of the script's is."""
+    installed = frozenset({"eng", "deu", "osd", "ukr", "chi_tra"})
+    assert osd.language("Latin", installed) == ("eng", None)
+    assert osd.language(None, installed) == ("eng", None)
+    assert osd.language("Fraktur", installed) == ("eng", None)
+    assert osd.language("Cyrillic", installed) == ("ukr+eng", None)
+    assert osd.language("Han", installed) == ("chi_tra+eng", None)
+    assert osd.language("Hebrew", installed) == ("eng", "tesseract-ocr-heb")
+    assert osd.language("Han", frozenset({"eng"})) == ("eng", "tesseract-ocr-chi-sim")
+    assert osd.reads("deu+eng", "Latin") and not osd.reads("deu+eng", "Arabic")
+    assert osd.reads("ara+eng", "Arabic") and not osd.reads("ara", "Latin")
+    assert osd.latin(installed) == "deu+eng" and osd.latin(frozenset({"ara"})) == "eng"
 
 
 @pytest.mark.parametrize("clockwise", [90, 180, 270])
@@ -105,6 +127,45 @@ def prose_page() -> Image.Image:
     return image
 
 
+HEBREW = ["שלום עולם זהו מסמך בעברית", "הספר נמצא על השולחן בבית", "אנחנו קוראים את המכתב היום"]
+SANS = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+
+
+def test_a_page_in_a_script_not_installed_is_read_in_eng_and_says_what_to_install() -> None:
+    """OSD names a Hebrew page's script; ``auto``, with no heb installed, reads it in eng, which
+    reads it poorly: its page says script_not_installed with tesseract-ocr-heb, and the document
+    is partial. (DejaVu Sans has Hebrew letters.)"""
+    if not SANS.exists() or "heb" in osd_languages():
+        pytest.skip("needs fonts-dejavu-core, and no tesseract-ocr-heb installed")
+    image = Image.new("L", (1400, 520), 255)
+    draw, font = ImageDraw.Draw(image), ImageFont.truetype(str(SANS), 40)
+    for number, line in enumerate(HEBREW * 2):
+        draw.text((60, 60 + 70 * number), line, fill=0, font=font)
+    upright, turned = orientation.upright(image, 200.0, ON)
+    assert turned.script == "Hebrew"
+
+    async def read() -> Any:
+        engine = TesseractEngine(TesseractConfig(lang="auto", workers=1))
+        await engine.start()
+        try:
+            return await engine.recognize(PageRequest("he", upright, "", script=turned.script))
+        finally:
+            await engine.close()
+
+    recognition = asyncio.run(read())
+    result = PageResult("ok", recognition, [])
+    unread = assemble.unread_script(PageOutcome(0, 1, 1, 200.0, 0.0, result, orientation=turned))
+    assert unread is not None and (unread["lang"], unread["package"]) == (
+        "eng",
+        "tesseract-ocr-heb",
+    )
+
+
+def osd_languages() -> set[str]:
+    listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True)
+    return set(listed.stdout.split())
+
+
 def counted_osd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every page image path OSD is asked about, from here on."""
     asked: list[str] = []
@@ -112,7 +173,7 @@ def counted_osd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def counting(
         path: str, dpi: float, timeout: float, characters: int | None = None
-    ) -> tuple[int, float] | None:
+    ) -> osd.Answer | None:
         asked.append(path)
         return detect(path, dpi, timeout, characters)
 
@@ -126,6 +187,7 @@ def test_upright_text_lines_need_no_osd(monkeypatch: pytest.MonkeyPatch) -> None
     shown = prose_page()
     image, turned = orientation.upright(shown, 150.0, ON)
     assert (turned.rotation, turned.detected, turned.decided_by) == (0, None, "text_lines")
+    assert turned.script == "Latin"  # only Latin lines pass the test
     assert image is shown and asked == []
 
 

@@ -136,6 +136,8 @@ def test_tesseracts_language_data_gives_letters_and_words() -> None:
     assert words is not None and {"the", "committee", "annual"} <= words and len(words) > 100_000
     assert knowledge.words("no_such_language") is None
     assert pagetext.judge(ENGLISH, knowledge, "eng")[0] == "good"
+    # lang auto judges a layer by the words of every installed Latin language (osd.latin)
+    assert {"eng", "osd"} <= knowledge.languages()
     assert pagetext.tessdata("tesseract") is pagetext.tessdata("tesseract")  # read once per process
 
 

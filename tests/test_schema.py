@@ -13,10 +13,12 @@ from typing import Any
 
 import jsonschema
 import pytest
+import structlog
 
 from ocrwatch.engines.base import Recognition
 from ocrwatch.engines.tesseract import parse_tsv
 from ocrwatch.errors import CorruptPdf
+from ocrwatch.pages.orientation import Orientation
 from ocrwatch.pages.scheduler import PageOutcome
 from ocrwatch.recognize.ladder import PageResult
 from ocrwatch.results import assemble, schema
@@ -111,6 +113,40 @@ def test_an_assembled_sidecar_and_error_sidecar_validate() -> None:
         assemble.source_section(job, None, None, None), CorruptPdf("xref broken").as_dict(), 1, 4.0
     )
     jsonschema.validate(error, published("error.schema.json"))
+
+
+def script_page(script: str, conf: float) -> PageOutcome:
+    """A page OSD found in ``script``, OCR'd in eng with its letters read at ``conf``."""
+    markdown, blocks = parse_tsv(TSV.replace("96.5", str(conf)))
+    recognition = Recognition(markdown=markdown, raw=markdown, blocks=blocks, lang="eng")
+    turned = Orientation(decided_by="osd", detected=0, confidence=3.0, script=script)
+    return PageOutcome(
+        0, 100, 100, 300.0, 0.1, PageResult("ok", recognition, []), orientation=turned
+    )
+
+
+def test_a_page_in_a_script_no_language_read_makes_its_document_partial() -> None:
+    """A Hebrew page read poorly in eng says so with the package, its document is partial, and one
+    warning names it; a Latin page OSD misnamed Cyrillic reads confidently and stays ok."""
+    job = Job(origin=LocalFile(Path("/in/scan.png"), Path("/in")), source="local")
+    provenance = assemble.Provenance(
+        source=assemble.source_section(job, None, "0" * 64, "image/png"),
+        engine={"name": "tesseract"},
+        render={"dpi": 300.0},
+    )
+    times = {"detected": 1.0, "started": 2.0, "finished": 3.0, "stages": {}}
+    with structlog.testing.capture_logs() as logs:
+        unread = assemble.document(provenance, [script_page("Hebrew", 20.0)] * 2, **times)
+        misnamed = assemble.document(provenance, [script_page("Cyrillic", 95.0)], **times)
+    jsonschema.validate(unread, published("sidecar.schema.json"))
+    assert (unread["status"], misnamed["status"]) == ("partial", "ok")
+    page = unread["pages"][0]
+    assert page["lang"] == "eng" and page["orientation"]["script"] == "Hebrew"
+    assert page["script_not_installed"]["package"] == "tesseract-ocr-heb"
+    assert "install tesseract-ocr-heb" in page["script_not_installed"]["hint"]
+    assert "script_not_installed" not in misnamed["pages"][0]
+    [warning] = [line for line in logs if line["event"] == "page_script_not_installed"]
+    assert warning["packages"] == ["tesseract-ocr-heb"]
 
 
 @pytest.mark.parametrize(

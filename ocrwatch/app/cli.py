@@ -121,7 +121,9 @@ def _parser() -> argparse.ArgumentParser:
         "--engine", choices=["auto", *config_engines.names()], help="override [engine] kind"
     )
     ocr.add_argument(
-        "--lang", help="Tesseract language(s) for this run, e.g. deu or eng+deu (selects Tesseract)"
+        "--lang",
+        help="Tesseract language(s) for this run, e.g. deu or eng+deu, or auto: each page's "
+        "from its script (selects Tesseract)",
     )
     ocr.add_argument(
         "--text",

@@ -119,8 +119,9 @@ class InboxConfig(Model):
         examples=["deu+eng"],
         description=(
             'Tesseract language packs for this inbox, e.g. "deu+eng" (install tesseract-ocr-deu);'
-            " unset = [engine.tesseract] lang. Checked at start (and at reload): missing data "
-            "stops it."
+            ' unset = [engine.tesseract] lang; "auto": each page in the installed language of the'
+            " script orientation detection finds on it. Checked at start (and at reload): missing"
+            " data stops it."
             " The vllm engine reads every language itself: for it the key only names the word "
             "lists a"
             ' PDF\'s text layer is judged by (text = "auto").'

@@ -43,7 +43,8 @@ class PageRequest:
     """One page for the engine; ``priority``: lower runs first; ``page_index`` is 0-based; ``lang``:
     the languages its inbox or request names (``deu+eng``), which the engine spec's ``languages``
     checked at start; None for the engine's own; an engine that reads every language (vLLM) ignores
-    it."""
+    it. ``script``: what orientation detection found the page written in (``Cyrillic``), by which
+    Tesseract's ``lang = "auto"`` picks the page's language; None where it did not run."""
 
     request_id: str
     image: Image.Image
@@ -52,6 +53,7 @@ class PageRequest:
     sampling: Sampling = field(default_factory=Sampling)
     page_index: int = 0
     lang: str | None = None
+    script: str | None = None
 
 
 @dataclass
@@ -61,7 +63,8 @@ class Recognition:
     where the engine gives them, a figure named as ``is_figure`` says; ``plain``: set by an engine
     whose ``markdown`` is plain text (Tesseract), which the assembler escapes and whose line-break
     hyphens it joins; None (a model that writes Markdown) leaves the Markdown as the engine wrote
-    it."""
+    it. ``lang``: the languages the engine read the page in, where it takes languages
+    (Tesseract)."""
 
     markdown: str
     raw: str
@@ -72,6 +75,7 @@ class Recognition:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     plain: PlainText | None = None
+    lang: str | None = None
 
 
 def is_figure(block: Mapping[str, Any]) -> bool:

@@ -1,11 +1,12 @@
 """The Tesseract engine: CPU OCR through the ``tesseract`` command, one subprocess per page.
 
 Each page is encoded as PNM (no compression to wait for), piped to ``tesseract - - ... tsv`` on
-stdin, in the languages of its request (its inbox's ``lang``) or else ``[engine.tesseract] lang``,
-and the TSV answer gives both the text (paragraphs separated by blank lines; plain, so ``PlainText``
-goes with it, with the languages' dictionary for the assembler's hyphen joining) and line blocks
-with boxes, each with its words and their boxes (what a searchable PDF places), from one run. No
-temporary files, so nothing to clean up after a kill.
+stdin, in the languages of its request (its inbox's ``lang``) or else ``[engine.tesseract] lang``
+(``auto``: the installed language of the script orientation detection found on the page,
+``osd.language``), and the TSV answer gives both the text (paragraphs separated by blank lines;
+plain, so ``PlainText`` goes with it, with the languages' dictionary for the assembler's hyphen
+joining) and line blocks with boxes, each with its words and their boxes (what a searchable PDF
+places), from one run. No temporary files, so nothing to clean up after a kill.
 
 Concurrency: at most ``max_concurrency`` children run at once (``[engine.tesseract] workers``,
 "auto" = one per core), each with ``OMP_THREAD_LIMIT=1`` so the cores are not oversubscribed by
@@ -36,6 +37,7 @@ from ocrwatch.engines import tesseract_checks
 from ocrwatch.engines.base import Engine, EngineSpec, Images, PageRequest, Recognition
 from ocrwatch.engines.tesseract_options import TesseractConfig
 from ocrwatch.errors import ConfigError, EngineDead, EngineFailed
+from ocrwatch.pages import osd
 from ocrwatch.pages.render import Geometry
 
 log = structlog.get_logger()
@@ -66,6 +68,7 @@ class TesseractEngine:
         self._env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
         self._version = "unknown"
         self._tessdata: Path | None = None
+        self._installed: frozenset[str] = frozenset()
         self._plain: dict[str, plaintext.PlainText] = {}  # by languages (``deu+eng``)
         self._reading = asyncio.Lock()
 
@@ -87,8 +90,10 @@ class TesseractEngine:
         self._version = version[1] if len(version) > 1 and version[0] == "tesseract" else "unknown"
         listing = await self._run_command("--list-langs")
         available = set(listing.splitlines()[1:])
+        self._installed = frozenset(available)
         self._tessdata = plaintext.tessdata_dir(listing)
-        missing = [lang for lang in self._config.lang.split("+") if lang not in available]
+        wanted = osd.FALLBACK if self._config.lang == osd.AUTO else self._config.lang
+        missing = [lang for lang in wanted.split("+") if lang not in available]
         if missing:
             packages = " ".join(
                 f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in missing
@@ -114,7 +119,7 @@ class TesseractEngine:
             version=self._version,
             lang=self._config.lang,
             workers=self.max_concurrency,
-            words=len(self._plain[self._config.lang].known),
+            words=len(self._plain[self._language(self._config.lang, None)].known),
         )
 
     async def recognize(self, page: PageRequest) -> Recognition:
@@ -155,7 +160,7 @@ class TesseractEngine:
 
     async def _recognize(self, page: PageRequest) -> Recognition:
         queued = time.monotonic()
-        lang = page.lang or self._config.lang
+        lang = self._language(page.lang or self._config.lang, page.script)
         plain = await self._plain_text(lang)
         async with self._slots:
             started = time.monotonic()
@@ -176,7 +181,12 @@ class TesseractEngine:
                 "ocr": finished - encoded,
             },
             plain=plain,
+            lang=lang,
         )
+
+    def _language(self, lang: str, script: str | None) -> str:
+        """``lang``, or for ``auto`` the installed language of the page's ``script``."""
+        return osd.language(script, self._installed)[0] if lang == osd.AUTO else lang
 
     async def _plain_text(self, lang: str) -> plaintext.PlainText:
         """What goes with the text of ``lang``: its dictionary, read once per engine and languages

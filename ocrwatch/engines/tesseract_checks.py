@@ -1,5 +1,6 @@
 """What the Tesseract engine needs, checked for ``ocrwatch check`` and the start: its binary, and
-the language data of every language the configuration names."""
+the language data of every language the configuration names (for ``auto``: the fallback's and
+OSD's, and orientation detection on, which finds each page's script)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from ocrwatch.config import Config
 from ocrwatch.engines.base import Check, Wanted, command_output
 from ocrwatch.engines.tesseract_options import TesseractConfig
+from ocrwatch.pages import osd
 
 
 def languages(options: TesseractConfig) -> frozenset[str]:
@@ -52,7 +54,30 @@ def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[C
             if inbox.lang
         ]
     for key, lang in wanted:
-        yield _installed(key, lang, installed)
+        yield (
+            _auto(key, installed, cfg.render.rotate_pages)
+            if lang == osd.AUTO
+            else _installed(key, lang, installed)
+        )
+
+
+def _auto(key: str, installed: frozenset[str], rotate: bool) -> Check:
+    """``auto``: orientation detection must run to find each page's script, with OSD's data and
+    the fallback's installed; the languages it can pick are those installed."""
+    if not rotate:
+        return Check(
+            False,
+            f"{key} {osd.AUTO}",
+            "finds each page's script by orientation detection, which is off",
+            f"set [render] rotate_pages = true, or name languages in {key.split()[0]}",
+        )
+    missing = {osd.FALLBACK, "osd"} - installed
+    if missing:
+        return _installed(key, "+".join(sorted(missing)), installed)
+    picked = sorted(installed - {"osd"})
+    return Check(
+        True, f"{key} {osd.AUTO}", f"picks by each page's script among {', '.join(picked)}"
+    )
 
 
 def _installed(key: str, lang: str, installed: frozenset[str]) -> Check:

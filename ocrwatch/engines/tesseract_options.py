@@ -18,7 +18,9 @@ class TesseractConfig(BaseModel):
     lang: Lang = Field(
         "eng",
         description=(
-            'Tesseract language packs joined with "+", e.g. "eng+deu" (install tesseract-ocr-deu).'
+            'Tesseract language packs joined with "+", e.g. "eng+deu" (install tesseract-ocr-deu);'
+            ' "auto": each page in the installed language of the script orientation detection'
+            " finds on it ([render] rotate_pages), eng for Latin or where none is installed."
         ),
     )
     dpi: Annotated[int, Field(ge=70, le=600)] = Field(

@@ -13,6 +13,9 @@ the event loop). With ``[render] rotate_pages``, a page is decided by the cheape
    where it reads ``GLANCE_READ_CHARACTERS`` (``reading``).
 3. OSD on the whole page: what the glance left undecided.
 
+OSD's runs and its report are ``osd``'s; the script it names is kept (``Orientation.script``) for
+``lang = "auto"``.
+
 OSD's confidence is the margin between its best orientation and the next; on a page with little
 text it is small and often wrong, so its answer is taken in three bands:
 
@@ -48,22 +51,23 @@ import structlog
 from PIL import Image
 
 from ocrwatch.errors import ConfigError
-from ocrwatch.infra import children
 from ocrwatch.pages import deskew
+from ocrwatch.pages.osd import (
+    BINARY,
+    LATIN,
+    READ_LANG,
+    Answer,
+    detect,
+    readable_characters,
+)
 
 log = structlog.get_logger()
 
-BINARY = "tesseract"
-"""The Tesseract that detects orientation: the one on PATH, whichever engine reads the pages."""
 OSD_MAX_DPI = 300
 """A page rendered finer is shrunk to this for detection: OSD is trained on 300 dpi text."""
 READ_FLOOR = 1.0
 """OSD's confidence below which a turned answer is not even checked (upright pages of little text
 are read turned at 0.2 to 0.5 confidence: a map, a chart, a title page)."""
-READ_LANG = "eng"
-"""The language the check reads in: Latin letters of any language read confidently in it, and a
-page of another script still reads more of them upright than on its side."""
-READ_CONFIDENCE = 70.0
 READ_RATIO = 2.0
 READ_MIN_CHARACTERS = 10
 """A turned page must read at least this many characters of confident words to be turned."""
@@ -124,7 +128,9 @@ class Orientation:
     ``deskew`` clockwise degrees about its centre (None: deskew is off). ``detected`` is OSD's
     answer (clockwise degrees that make it upright) and ``confidence`` its margin; both None where
     OSD did not run or gave no answer. ``read``: the most confident characters any way round read
-    where the reading check ran (``reads_poorly``), else None."""
+    where the reading check ran (``reads_poorly``), else None. ``script``: the script OSD found
+    (``Latin``, ``Cyrillic``, ...; Latin where the text lines decided, as only Latin lines pass
+    them), None where OSD did not run or named none."""
 
     rotation: int = 0
     detected: int | None = None
@@ -133,6 +139,7 @@ class Orientation:
     deskew: float | None = None
     seconds: float = 0.0
     read: int | None = None
+    script: str | None = None
 
     @property
     def turned(self) -> bool:
@@ -253,7 +260,7 @@ def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
     tiles = survey(_bilevel(page, page_dpi))
     lines_turn = turn_from_lines(tiles)
     if lines_turn == 0:
-        return Orientation(decided_by="text_lines")
+        return Orientation(decided_by="text_lines", script=LATIN)
     box, scale = window(page.size, page_dpi, tiles)
     sample = _scaled(page.crop(box) if box else page, scale)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
@@ -262,21 +269,26 @@ def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
         try:
             best, read = reading.best(lines_turn) if lines_turn else (0, 0)
             if best and read >= GLANCE_READ_CHARACTERS:
-                return Orientation(best, decided_by="text_lines", read=read)
+                return Orientation(best, decided_by="text_lines", read=read, script=LATIN)
             glanced = glance(sample, page_dpi * scale, folder, settings.timeout)
             if glanced is None and box is None:  # the whole page as it is: OSD would say the same
                 return Orientation(decided_by="too_little_text")
             if glanced is not None:
-                clockwise, confidence = glanced
+                clockwise, confidence, script = glanced[:3]
                 if clockwise == 0 or confidence >= settings.threshold:
-                    return Orientation(clockwise, clockwise, confidence, "osd")
+                    return Orientation(clockwise, clockwise, confidence, "osd", script=script)
                 best, read = reading.best(clockwise) if box else (0, 0)
                 if best and read >= GLANCE_READ_CHARACTERS:
-                    return Orientation(best, clockwise, confidence, "reading", read=read)
+                    return Orientation(
+                        best, clockwise, confidence, "reading", read=read, script=script
+                    )
         except OSError as exc:  # a crashed or killed Tesseract, a full temporary folder
             log.warning("orientation_failed", error=str(exc))
-            said = glanced or (None, None)
-            return Orientation(0, said[0], said[1], "failed")
+            if glanced is None:
+                return Orientation(decided_by="failed")
+            return Orientation(
+                0, glanced.rotate, glanced.confidence, "failed", script=glanced.script
+            )
         return _whole_page(page, page_dpi, folder, settings, reading)
 
 
@@ -295,17 +307,17 @@ def _whole_page(
         return Orientation(decided_by="failed")
     if answer is None:
         return Orientation(decided_by="too_little_text")
-    detected, confidence = answer
+    detected, confidence, script = answer[:3]
     if detected == 0 or confidence >= settings.threshold:
-        return Orientation(detected, detected, confidence, "osd")
+        return Orientation(detected, detected, confidence, "osd", script=script)
     if confidence < READ_FLOOR:
-        return Orientation(0, detected, confidence, "low_confidence")
+        return Orientation(0, detected, confidence, "low_confidence", script=script)
     try:
         best, read = reading.best(detected)
     except OSError as exc:
         log.warning("orientation_failed", error=str(exc))
-        return Orientation(0, detected, confidence, "failed")
-    return Orientation(best, detected, confidence, "reading", read=read)
+        return Orientation(0, detected, confidence, "failed", script=script)
+    return Orientation(best, detected, confidence, "reading", read=read, script=script)
 
 
 class _Reading:
@@ -336,9 +348,7 @@ class _Reading:
         return self._read[clockwise]
 
 
-def glance(
-    sample: Image.Image, dpi: float, folder: str, timeout: float
-) -> tuple[int, float] | None:
+def glance(sample: Image.Image, dpi: float, folder: str, timeout: float) -> Answer | None:
     """OSD's answer on ``sample`` (``window``'s part of the page, scaled) from
     ``GLANCE_CHARACTERS`` characters: about a third of the whole page's cost. Trusted only when it
     says upright: a turned answer is checked by reading, then on the whole page."""
@@ -528,73 +538,3 @@ def _grey(image: Image.Image, dpi: float) -> tuple[Image.Image, float]:
         size = (max(1, round(grey.width * scale)), max(1, round(grey.height * scale)))
         return grey.resize(size, Image.Resampling.BOX), float(OSD_MAX_DPI)
     return grey, dpi
-
-
-def detect(
-    path: str, dpi: float, timeout: float, characters: int | None = None
-) -> tuple[int, float] | None:
-    """OSD's answer for the page image at ``path``: the clockwise degrees that make it upright and
-    the confidence; None when it finds too few characters to say. ``characters``: how many it
-    classifies at least (Tesseract's ``min_characters_to_try``, 50 unless given; it goes on to
-    five times as many until sure). Raises OSError when Tesseract fails."""
-    argv = [path, "-", "--psm", "0", "--dpi", str(round(dpi))]
-    if characters is not None:
-        argv += ["-c", f"min_characters_to_try={characters}"]
-    done = _tesseract(argv, timeout)
-    if done.returncode != 0:
-        said = done.stderr.decode("utf-8", "replace")
-        if "too few characters" in said.lower():
-            return None
-        tail = said.strip()[-300:]
-        raise OSError(f"tesseract --psm 0 exited with status {done.returncode}: {tail}")
-    return parse_osd(done.stdout.decode("utf-8", "replace"))
-
-
-def parse_osd(text: str) -> tuple[int, float] | None:
-    """``Rotate`` and ``Orientation confidence`` from ``tesseract --psm 0``'s report; None without
-    them."""
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    try:
-        rotate = int(fields["Rotate"].strip()) % 360
-        confidence = float(fields["Orientation confidence"].strip())
-    except (KeyError, ValueError):
-        return None
-    if rotate not in (0, 90, 180, 270) or not math.isfinite(confidence):
-        return None
-    return rotate, confidence
-
-
-def readable_characters(path: str, dpi: float, timeout: float) -> int:
-    """Characters in the words Tesseract reads at ``READ_CONFIDENCE`` or more on the page at
-    ``path``, in ``READ_LANG``: a page on its side or upside down reads as few confident words. The
-    page is read as one block of horizontal lines (``--psm 6``): the automatic layout (``--psm 3``)
-    finds vertical lines and reads a page on its side as well as upright."""
-    argv = [path, "-", "--psm", "6", "--dpi", str(round(dpi)), "-l", READ_LANG, "tsv"]
-    done = _tesseract(argv, timeout)
-    if done.returncode != 0:
-        said = done.stderr.decode("utf-8", "replace").strip()[-300:]
-        raise OSError(f"tesseract exited with status {done.returncode}: {said}")
-    count = 0
-    for row in done.stdout.decode("utf-8", "replace").splitlines()[1:]:
-        fields = row.split("\t")
-        if len(fields) == 12 and fields[0] == "5" and fields[11].strip():
-            try:
-                if float(fields[10]) >= READ_CONFIDENCE:
-                    count += len(fields[11].strip())
-            except ValueError:
-                continue
-    return count
-
-
-def _tesseract(args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
-    """One Tesseract run with one thread (the render workers are the parallelism); a deadline passed
-    or the program missing is an OSError, as a crash is."""
-    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
-    try:
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        done = children.run([BINARY, *args], timeout=timeout, env=env, **pipes)
-    except subprocess.TimeoutExpired:
-        raise OSError(f"tesseract took longer than {timeout:g}s") from None
-    if done.returncode < 0:
-        raise OSError(f"tesseract was killed by signal {-done.returncode}")
-    return done

@@ -471,6 +471,7 @@ class PageScheduler:
             priority=doc.order.engine_priority(self._epoch),
             sampling=Sampling(),
             page_index=page.index,
+            script=page.orientation.script,
         )
         self.budget.inflight += 1
         self.budget.inflight_lanes[doc.order.lane] += 1

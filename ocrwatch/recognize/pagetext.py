@@ -47,7 +47,7 @@ from ocrwatch.engines import registry
 from ocrwatch.engines.base import Recognition
 from ocrwatch.infra import children
 from ocrwatch.infra.memory import DecodeBudget
-from ocrwatch.pages import pdfcontent, readingorder, render
+from ocrwatch.pages import osd, pdfcontent, readingorder, render
 from ocrwatch.pages.scheduler import Checked, PageOutcome
 from ocrwatch.recognize import ladder
 from ocrwatch.sources.base import LocalFile, Origin
@@ -378,6 +378,7 @@ class Tessdata:
         self._lock = threading.Lock()
         self._folder: Path | None = None
         self._letters: frozenset[str] | None = None
+        self._languages: frozenset[str] = frozenset()
         self._words: dict[str, frozenset[str] | None] = {}
         self._listed = False
 
@@ -387,6 +388,11 @@ class Tessdata:
                 self._listed = True
                 self._letters = self._read_letters()
             return self._letters
+
+    def languages(self) -> frozenset[str]:
+        """The installed languages (none where Tesseract or its tools cannot be run)."""
+        self.letters()
+        return self._languages
 
     def words(self, lang: str) -> frozenset[str] | None:
         if self.letters() is None:
@@ -417,6 +423,9 @@ class Tessdata:
             )
             return None
         self._folder = folder
+        self._languages = frozenset(
+            name.strip() for name in listed.splitlines()[1:] if name.strip()
+        )
         letters: set[str] = set()
         for lang in (name.strip() for name in listed.splitlines()[1:]):
             if lang and lang != "osd":
@@ -494,10 +503,13 @@ def pages(
     job_id: str,
 ) -> Pages:
     """The page maker for the job ``job_id`` of ``origin`` read by ``engine`` in Tesseract's
-    languages ``lang`` (None: ``[engine.tesseract] lang``); ``asked``: ``ocrwatch ocr --text``."""
+    languages ``lang`` (None: ``[engine.tesseract] lang``; ``auto``: a layer's words are judged by
+    every installed Latin language's); ``asked``: ``ocrwatch ocr --text``."""
     tess = cfg.engine.tesseract
     mode = text_mode(cfg, origin, asked, engine)
     knowledge, lang = tessdata(tess.binary), lang or tess.lang
+    if lang == osd.AUTO:
+        lang = osd.latin(knowledge.languages())
     return Pages(
         copy.path, copy.info, copy.spec, mode, lang, knowledge, budget, observe, job_id, origin.uri
     )

@@ -269,6 +269,13 @@ PAGE = object_of(
                             "(the page may be kept turned, or hold a script the check cannot "
                             "read); a page_reads_poorly warning is logged too.",
                         },
+                        "script": {
+                            "type": ["string", "null"],
+                            "description": "The script OSD found the page written in (Latin, "
+                            "Cyrillic, Arabic, Han, ...; Latin where its text lines decided), by "
+                            'which lang = "auto" picks the page\'s language; null: OSD did not '
+                            "run or named none. OSD names Cyrillic for some Latin pages.",
+                        },
                     },
                     ("detected", "confidence", "decided_by"),
                 ),
@@ -294,6 +301,28 @@ PAGE = object_of(
             "description": "The check of the page's own text; null where none ran "
             "(text = ocr, an image).",
         },
+        "lang": {
+            "type": ["string", "null"],
+            "description": "The Tesseract languages the page was read in (deu+eng; for "
+            'lang = "auto" those of its script, eng where none is installed); null: taken from '
+            "its text layer, or read by an engine that takes no language.",
+        },
+        "script_not_installed": object_of(
+            "Only where the page was OCR'd in languages that do not read the script OSD found "
+            "on it and read poorly in them (its text is likely gibberish): the document is "
+            "partial and a page_script_not_installed warning is logged.",
+            {
+                "script": {"type": "string", "description": "OSD's script (Hebrew)."},
+                "lang": {"type": "string", "description": "The languages it was read in."},
+                "package": {
+                    "type": "string",
+                    "description": "The Debian package of the script's language "
+                    "(tesseract-ocr-heb).",
+                },
+                "hint": {"type": "string", "description": "What to do about it."},
+            },
+            ("script", "lang", "package", "hint"),
+        ),
         "status": {
             "enum": ["ok", "failed"],
             "description": "failed: every rung of the retry ladder failed.",

@@ -209,7 +209,8 @@ JSON_SCHEMA: Schema = {
             "schema": _SCHEMA_MEMBER,
             "status": {
                 "enum": ["ok", "partial"],
-                "description": "ok: every page read; partial: a page failed (its status).",
+                "description": "ok: every page read; partial: a page failed (its status), or "
+                "was read in languages of another script (its script_not_installed).",
             },
             "source": SOURCE,
             "engine": ENGINE,

@@ -36,17 +36,18 @@ def test_each_inbox_is_read_in_its_own_language(
         pytest.skip(
             "needs tesseract-ocr-deu and fonts-dejavu-core (tests/run.sh installs the first)"
         )
-    german, english = tmp_path / "german", tmp_path / "english"
+    german, english, auto = tmp_path / "german", tmp_path / "english", tmp_path / "auto"
     inboxes = [
         {"path": str(german), "lang": "deu", "settle_seconds": 0.2},
         {"path": str(english), "settle_seconds": 0.2},
+        {"path": str(auto), "lang": "auto", "settle_seconds": 0.2},
     ]
-    daemon = DaemonProcess(tmp_path, inboxes)
+    daemon = DaemonProcess(tmp_path, inboxes, render={"rotate_pages": True})  # auto's script
     spawned.append(daemon)
     daemon.start()
     try:
         done = {}
-        for inbox in (german, english):
+        for inbox in (german, english, auto):
             inbox.mkdir(exist_ok=True)
             page = german_page(inbox / "brief.png")
             done[inbox] = wait_until(lambda page=page: sidecars_done(page), 60, f"{page}'s sidecar")
@@ -58,4 +59,12 @@ def test_each_inbox_is_read_in_its_own_language(
     assert (
         done[english]["engine"]["lang"] == "eng"
         and "Größe" not in done[english]["pages"][0]["markdown"]
+    )
+    # each page's own: auto reads a Latin page (as OSD finds it) in eng
+    assert [done[inbox]["pages"][0]["lang"] for inbox in (german, english)] == ["deu", "eng"]
+    page = done[auto]["pages"][0]
+    assert (page["lang"], page["orientation"]["script"], done[auto]["status"]) == (
+        "eng",
+        "Latin",
+        "ok",
     )

@@ -7,7 +7,7 @@ reliably at the default 150 dpi (about 40 px capital height). Needs only Pillow 
 written by a small serialiser here, so their structure (page size, /Rotate, a text layer) is exact
 and known.
 
-    from tests import docs
+    from tests.support import docs
     pdf = docs.write_pdf(tmp_path / "a.pdf", [["Invoice 42", "Total 17.50"], ["Page two"]])
     tif = docs.write_tiff(tmp_path / "scan.tif", [["first"], ["second"], ["third"]])
     bad = docs.write_encrypted_pdf(tmp_path / "locked.pdf")            # user password "secret"
