@@ -194,7 +194,7 @@ def test_upright_text_lines_need_no_osd(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize("clockwise", [90, 180, 270])
 def test_turned_text_lines_are_turned_back(monkeypatch: pytest.MonkeyPatch, clockwise: int) -> None:
     """The same page turned is not taken for upright, but its lines say which turn makes them
-    upright, and its window reads so: it is turned back without OSD."""
+    upright: it is turned back without OSD."""
     asked = counted_osd(monkeypatch)
     shown = orientation.turn(prose_page(), (360 - clockwise) % 360)
     assert not orientation.lines_say_upright(shown, 150.0)
@@ -205,8 +205,8 @@ def test_turned_text_lines_are_turned_back(monkeypatch: pytest.MonkeyPatch, cloc
 
 def test_one_line_of_large_letters_is_not_turned(tmp_path: Path) -> None:
     """The README's first page, one line of large letters: their strokes look like text lines on
-    their side, but turned so the page reads nothing, so it stays upright (it was read on its side
-    once the lines alone decided a turn)."""
+    their side, but all in one row of tiles, so no turn is taken from them (the page was read on its
+    side once the lines alone decided a turn)."""
     page = Image.open(docs.write_png(tmp_path / "hello.png", ["Hello from the README"]))
     image, turned = orientation.upright(page, 150.0, ON)
     assert turned.rotation == 0 and image is page

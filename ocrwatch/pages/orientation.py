@@ -5,7 +5,7 @@ the event loop). With ``[render] rotate_pages``, a page is decided by the cheape
 
 1. Its text lines (``survey``, a few hundredths of a second), found on a bilevel copy at
    ``LINES_DPI``, where turned some way they look like upright Latin lines: ``text_lines`` (a turn
-   only once the glance's window reads so: large letters' strokes look like lines on their side).
+   only where they lie in rows and columns of tiles: large letters' strokes look like lines).
 2. OSD's glance: Tesseract's orientation detection (``--psm 0``) on the window of the page densest
    in text lines, scaled so its lines are ``GLANCE_LINE`` pixels high (the text's own height, not
    the DPI the file claims), from ``GLANCE_CHARACTERS`` characters: a third of OSD's cost on the
@@ -86,6 +86,8 @@ LINE_HEIGHT = (8, 60)
 LINES_MIN = 10
 """The fewest lines across the page for the test to speak: fewer (a title page, a form, a map)
 go to OSD."""
+LINES_SPREAD = 2
+"""The fewest rows, and columns, of tiles a turn's text lines must come from (``_says_upright``)."""
 LINES_ACROSS = 2.0
 """How many times as many lines must run across the page as along it (a page on its side)."""
 LINES_ASCENDERS = 1.6
@@ -259,17 +261,14 @@ def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
     page, page_dpi = _grey(image, dpi)
     tiles = survey(_bilevel(page, page_dpi))
     lines_turn = turn_from_lines(tiles)
-    if lines_turn == 0:
-        return Orientation(decided_by="text_lines", script=LATIN)
+    if lines_turn is not None:
+        return Orientation(lines_turn, decided_by="text_lines", script=LATIN)
     box, scale = window(page.size, page_dpi, tiles)
     sample = _scaled(page.crop(box) if box else page, scale)
     with tempfile.TemporaryDirectory(prefix="ocrwatch-osd-") as folder:
         reading = _Reading(sample, page_dpi * scale, folder, settings.timeout)
         glanced = None
         try:
-            best, read = reading.best(lines_turn) if lines_turn else (0, 0)
-            if best and read >= GLANCE_READ_CHARACTERS:
-                return Orientation(best, decided_by="text_lines", read=read, script=LATIN)
             glanced = glance(sample, page_dpi * scale, folder, settings.timeout)
             if glanced is None and box is None:  # the whole page as it is: OSD would say the same
                 return Orientation(decided_by="too_little_text")
@@ -475,10 +474,13 @@ def _says_upright(tiles: list[_Tile], clockwise: int) -> bool:
     """Whether the page the tiles come from, turned ``clockwise``, has at least ``LINES_MIN`` lines
     across it, ``LINES_ACROSS`` times as many as along it, with a Latin x-height band
     (``LINES_CORE``) and ``LINES_ASCENDERS`` times as much ink above it as below. A quarter turn
-    reads columns as rows; a turn of 180 or 90 clockwise reads each line upside down."""
+    reads columns as rows; a turn of 180 or 90 clockwise reads each line upside down. A turn needs
+    those lines from tiles in ``LINES_SPREAD`` rows and columns of tiles: one line of large letters
+    has strokes that look like a few lines on their side, all in one row of tiles."""
     across = along = 0
     above = below = 0
     cores: list[float] = []
+    spread: tuple[set[int], set[int]] = (set(), set())
     flip = clockwise in (90, 180)
     for tile in tiles:
         lines, columns = (
@@ -486,6 +488,8 @@ def _says_upright(tiles: list[_Tile], clockwise: int) -> bool:
         )
         if len(lines) >= 2 and len(lines) > LINES_ACROSS * len(columns):
             across += len(lines)
+            spread[0].add(tile.top)
+            spread[1].add(tile.left)
             for up, down, core, _ in lines:
                 if flip:
                     up, down = down, up
@@ -494,6 +498,8 @@ def _says_upright(tiles: list[_Tile], clockwise: int) -> bool:
         elif len(columns) >= 2 and len(columns) > LINES_ACROSS * len(lines):
             along += len(columns)
     if across < max(LINES_MIN, LINES_ACROSS * along):
+        return False
+    if clockwise and min(len(spread[0]), len(spread[1])) < LINES_SPREAD:
         return False
     low, high = LINES_CORE
     return (above + 1) >= LINES_ASCENDERS * (below + 1) and low <= statistics.median(cores) <= high
