@@ -172,6 +172,13 @@ def test_status_shows_the_pages_of_running_documents_and_the_queue_by_inbox(
     assert left * 1.5 / 3 <= eta <= left * 1.5 * 3, out  # the rate of the pages done: 1.5 s each
 
 
+def _as_a_shell_starts_it() -> None:
+    """Ctrl-C as a user's shell gives it: a test worker may run with SIGINT ignored or blocked, and
+    a child inherits both (an ignored or blocked SIGINT never reaches the client)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_an_interrupted_ocr_stops_its_documents_in_the_daemon(
     plugin_daemon, tmp_path: Path
 ) -> None:
@@ -182,6 +189,7 @@ def test_an_interrupted_ocr_stops_its_documents_in_the_daemon(
         [sys.executable, "-m", "ocrwatch", "ocr", str(slow), "--config", str(daemon.config_path)],
         stdout=subprocess.DEVNULL,
         stderr=said.open("wb"),
+        preexec_fn=_as_a_shell_starts_it,
     )
     try:
         pages = re.compile(rf"running: {re.escape(slow.as_uri())} [1-9]\d*/30 pages")
@@ -190,8 +198,16 @@ def test_an_interrupted_ocr_stops_its_documents_in_the_daemon(
             60,
             "the handed-over document running",
         )
+        masks = [
+            line
+            for line in Path(f"/proc/{client.pid}/status").read_text().splitlines()
+            if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+        ]
         client.send_signal(signal.SIGINT)
-        assert client.wait(30) == 130
+        try:
+            assert client.wait(30) == 130
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the client did not stop on SIGINT: {masks}") from None
     finally:
         if client.poll() is None:
             client.kill()
