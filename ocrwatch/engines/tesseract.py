@@ -18,6 +18,7 @@ caller cancels the page task the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import shutil
@@ -238,16 +239,23 @@ class TesseractEngine:
     async def _communicate(self, command: list[str], payload: bytes) -> tuple[bytes, bytes, int]:
         """Run one child to completion; if the awaiting task is cancelled, kill the child and reap
         it before the cancellation goes on, so no Tesseract outlives its page."""
-        try:
-            process = await asyncio.create_subprocess_exec(
+        spawn = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
                 *command,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self._env,
             )
+        )
+        try:
+            process = await asyncio.shield(spawn)
         except OSError as exc:  # the binary vanished or cannot run (package upgrade, no memory)
             raise EngineDead(f"cannot run {command[0]}: {exc}") from exc
+        except asyncio.CancelledError:  # cancelled while the child was being made: it exists
+            with contextlib.suppress(OSError):
+                await _reaped(await _finished(spawn))
+            raise
         # 3.10 logs the broken stdin pipe of a killed child that nobody awaited
         if sys.version_info < (3, 11):
             closed = process._protocol._stdin_closed  # type: ignore[attr-defined]
@@ -255,11 +263,25 @@ class TesseractEngine:
         try:
             stdout, stderr = await process.communicate(payload)
         except BaseException:
-            if process.returncode is None:
-                process.kill()
-                await asyncio.shield(process.wait())
+            await _reaped(process)
             raise
         return stdout, stderr, await process.wait()
+
+
+async def _finished(future: asyncio.Future[Any]) -> Any:
+    """``future``'s result, awaited through any further cancellation of the awaiting task."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(future)
+    return future.result()
+
+
+async def _reaped(process: asyncio.subprocess.Process) -> None:
+    """The child killed, where it still runs, and reaped before the loop may close: a child that
+    exits after its loop closed is never reaped, and asyncio logs it."""
+    if process.returncode is None:
+        process.kill()
+        await _finished(asyncio.ensure_future(process.wait()))
 
 
 def parse_tsv(tsv: str) -> tuple[str, list[dict[str, Any]]]:
