@@ -27,14 +27,14 @@ import structlog
 from ocrwatch.config import InboxConfig, OutputConfig, S3Config
 from ocrwatch.errors import SourceChanged, SourceGone, SourceInUse
 from ocrwatch.infra.metrics import Metrics
-from ocrwatch.jobs.archive import Archiver, delete_local, output_judge
+from ocrwatch.jobs.archive import Archiver, delete_local
+from ocrwatch.jobs.quarantine import move
 from ocrwatch.safefs import FolderGone
 from ocrwatch.sinks.base import dump_json
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources import sourcefile
-from ocrwatch.sources.base import Job, LocalFile, S3Object
+from ocrwatch.sources.base import Job, LocalFile, Quarantine, S3Object
 from ocrwatch.sources.local import LocalSource
-from ocrwatch.sources.quarantine import quarantine
 from ocrwatch.store.ledger import Ledger
 from ocrwatch.store.written import Written
 from tests.support.s3servers import MotoServer, RgwServer
@@ -598,6 +598,14 @@ def failed_document(inbox: Path, written: Written, owner: int = 0) -> tuple[Path
     return source, job
 
 
+def quarantine(
+    source: Path, inbox: Path, place: Path, written: Written
+) -> tuple[Path, Path | None]:
+    """The quarantine a local source asks for (``Quarantine``), carried out as the jobs layer does
+    it, over the record of outputs ``written``."""
+    return move(Quarantine(source.resolve(), inbox.resolve(), place, "{name}"), written)
+
+
 def test_quarantine_takes_the_recorded_error_sidecar_and_mirrors_the_inbox_folders(
     tmp_path: Path, written: Written
 ) -> None:
@@ -605,8 +613,7 @@ def test_quarantine_takes_the_recorded_error_sidecar_and_mirrors_the_inbox_folde
     place.mkdir()  # as the daemon's start makes it (roots.prepare)
     source, _ = failed_document(inbox, written, OTHER_UID)
     (inbox / "sub").chmod(0o750)
-    judge = output_judge(written)
-    moved, error = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
+    moved, error = quarantine(source, inbox, place, written)
     assert moved == place / "sub" / "bad.pdf" and moved.read_bytes() == CONTENT
     assert error == place / "sub" / "bad.pdf.error.json" and error.exists()
     assert not any((inbox / "sub").iterdir())
@@ -624,8 +631,7 @@ def test_quarantine_leaves_a_users_file_at_the_error_sidecars_name(
     # no record holds it
     error.write_bytes(dump_json({"schema": "ocrwatch/1", "status": "failed", "by": "bob"}))
     os.chown(error, OTHER_UID, OTHER_UID)
-    judge = output_judge(written)
-    _, carried = quarantine(source.resolve(), inbox.resolve(), place, "{name}", judge)
+    _, carried = quarantine(source, inbox, place, written)
     assert (
         (place / "sub" / "bad.pdf").exists() and error.exists() and error.stat().st_uid == OTHER_UID
     )
@@ -640,7 +646,7 @@ def test_a_quarantine_gone_since_the_start_is_not_made_on_the_way(
     inbox, place = tmp_path / "in", tmp_path / "failed"
     source, _ = failed_document(inbox, written)
     with pytest.raises(FolderGone, match=str(place)):
-        quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+        quarantine(source, inbox, place, written)
     assert source.read_bytes() == CONTENT and not place.exists()
 
 
@@ -651,10 +657,10 @@ def test_quarantine_keeps_a_source_with_another_name_or_a_writer(
     source, _ = failed_document(inbox, written)
     os.link(source, tmp_path / "elsewhere.pdf")
     with pytest.raises(SourceInUse, match="hard links"):
-        quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+        quarantine(source, inbox, place, written)
     (tmp_path / "elsewhere.pdf").unlink()
     with open(source, "ab"), pytest.raises(SourceInUse, match="open for writing"):
-        quarantine(source.resolve(), inbox.resolve(), place, "{name}", output_judge(written))
+        quarantine(source, inbox, place, written)
     assert source.read_bytes() == CONTENT and not (place / "sub" / "bad.pdf").exists()
 
 

@@ -22,6 +22,7 @@ from PIL import Image
 
 from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
+from ocrwatch.jobs import quarantine as quarantining
 from ocrwatch.sources import local, settling, watch
 from ocrwatch.sources.base import Answer, Job, LocalFile
 from ocrwatch.sources.local import LocalSource
@@ -764,6 +765,13 @@ def test_update_inboxes_adds_and_removes_without_dropping_pending_work(tmp_path:
 # --- fetch and finish -----------------------------------------------------------------------------
 
 
+async def failed(source: LocalSource, job: Job, kind: str | None) -> dict[str, str] | None:
+    """``finish`` for a failure, the quarantine it asks for carried out as the layer above does it
+    (with no record of outputs: no error sidecar is ocrwatch's)."""
+    asked = await source.finish(job, "failed", kind)
+    return None if asked is None else await quarantining.quarantine(asked, None)
+
+
 def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
     tmp_path: Path,
 ) -> None:
@@ -786,10 +794,10 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             await source.finish(job, "done")
             for kind in ("output_conflict", "source_gone", "crash_loop", "no_such_kind", None):
                 # faults fixed beside it: it stays for its hint
-                await source.finish(job, "failed", kind)
-                assert (root / "sub" / "bad.pdf").exists(), kind
+                assert await source.finish(job, "failed", kind) is None, kind
 
-            await source.finish(job, "failed", "corrupt_pdf")
+            moved = await failed(source, job, "corrupt_pdf")
+            assert moved == {"source": (quarantine / "sub" / "bad.pdf").as_uri()}
             assert not (root / "sub" / "bad.pdf").exists()
             assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF
             # Written by the test, so no record of outputs holds it as ocrwatch's: it stays
@@ -801,7 +809,7 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             other = pdf_bytes(pages=1)
             (root / "sub" / "bad.pdf").write_bytes(other)
             await until(lambda: len(got.jobs) == 2, "the second bad.pdf")
-            await source.finish(got.jobs[1], "failed", "corrupt_pdf")
+            await failed(source, got.jobs[1], "corrupt_pdf")
             assert (quarantine / "sub" / "bad.1.pdf").read_bytes() == other
             assert (quarantine / "sub" / "bad.pdf").read_bytes() == PDF  # not overwritten
 
@@ -810,7 +818,7 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
                 fixed.flush()
                 await asyncio.sleep(SETTLE)
                 # late news about the old version
-                await source.finish(got.jobs[1], "failed", "corrupt_pdf")
+                assert await source.finish(got.jobs[1], "failed", "corrupt_pdf") is None
                 assert (root / "sub" / "bad.pdf").exists(), (
                     "a version being written is never quarantined"
                 )
@@ -852,13 +860,13 @@ def test_quarantine_follows_no_link_on_either_side(tmp_path: Path) -> None:
                 (root / "other" / "doc.pdf").write_bytes(PDF)
                 await until(lambda: len(got.jobs) == 2, "both documents")
                 bad, doc = sorted(got.jobs, key=lambda job: job.origin.path.name)
-                await source.finish(bad, "failed", "not_a_document")
+                await failed(source, bad, "not_a_document")
                 assert (root / "sub" / "bad.pdf").read_bytes() == PDF, (
                     "moved through the quarantine's link"
                 )
                 os.rename(root / "other", tmp_path / "gone")
                 (root / "other").symlink_to(outside / "theirs")
-                await source.finish(doc, "failed", "not_a_document")
+                await failed(source, doc, "not_a_document")
         assert list((outside / "trap").iterdir()) == []
         assert (outside / "theirs" / "doc.pdf").read_bytes() == b"someone else's file"
         assert not (quarantine / "other").exists()

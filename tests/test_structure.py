@@ -228,9 +228,15 @@ class _HandedDown(ast.NodeVisitor):
     higher one; objects finished by assigning an attribute of an attribute (``self.a.b = ...``)."""
 
     def __init__(
-        self, module: str, rank: int, imported: dict[str, str], methods: dict[str, set[int]]
+        self,
+        module: str,
+        rank: int,
+        imported: dict[str, str],
+        methods: dict[str, set[int]],
+        factories: set[str],
     ) -> None:
         self.module, self.rank, self.imported, self.methods = module, rank, imported, methods
+        self.factories = factories  # functions that make a callable, as ``module.name``
         self.own: set[str] = set()  # the methods of the class being read
         self.found: list[str] = []
 
@@ -279,6 +285,10 @@ class _HandedDown(ast.NodeVisitor):
         made = isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute)  # made above
         if made and isinstance(arg.func.value, ast.Name) and arg.func.value.id in self.imported:
             return _rank(self.imported[arg.func.value.id])
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name):  # a callable made above
+            origin = self.imported.get(arg.func.id)
+            if origin is not None and f"{origin}.{arg.func.id}" in self.factories:
+                return _rank(origin)
         if isinstance(arg, ast.Name) and arg.id == "self" and self.own:
             return self.rank
         if isinstance(arg, ast.Attribute) and not isinstance(arg.value, ast.Call):
@@ -314,15 +324,39 @@ def _held(node: ast.expr) -> bool:
     return isinstance(node, ast.Name)
 
 
-def _handed_down(module: str, source: str) -> list[str]:
+def _factories(module: str, source: str) -> set[str]:
+    """The functions of ``module`` that make a callable (``module.name``): each returns a function
+    it defines (a closure over what it was given), a lambda or a partial."""
+    found = set()
+    for node in ast.parse(source).body:
+        if not isinstance(node, FUNCTIONS):
+            continue
+        inner = {item.name for item in ast.walk(node) if isinstance(item, FUNCTIONS)} - {node.name}
+        for returned in ast.walk(node):
+            value = returned.value if isinstance(returned, ast.Return) else None
+            made = isinstance(value, ast.Call) and ast.unparse(value.func).endswith("partial")
+            if (
+                made
+                or isinstance(value, ast.Lambda)
+                or (isinstance(value, ast.Name) and value.id in inner)
+            ):
+                found.add(f"{module}.{node.name}")
+    return found
+
+
+def _handed_down(module: str, source: str, factories: set[str] | None = None) -> list[str]:
     known = set(_modules())
     tree = ast.parse(source)
-    visitor = _HandedDown(module, _rank(module), _imported(tree, known), METHODS)
+    made = FACTORIES if factories is None else factories
+    visitor = _HandedDown(module, _rank(module), _imported(tree, known), METHODS, made)
     visitor.visit(tree)
     return visitor.found
 
 
 METHODS = _methods()
+FACTORIES = {
+    name for module, path in _modules().items() for name in _factories(module, path.read_text())
+}
 
 
 def test_no_callable_or_object_handed_down() -> None:
@@ -356,6 +390,19 @@ def test_no_callable_or_object_handed_down() -> None:
 )
 def test_the_callable_check_finds_what_is_planted(planted: str) -> None:
     assert _handed_down("app.daemon", planted)
+
+
+def test_the_callable_check_finds_a_rule_made_above_and_handed_down() -> None:
+    """A function of a higher layer that makes a callable (a closure over the record of outputs,
+    say), whose result is given to a lower layer's constructor."""
+    made = "def judge_of(written):\n    def owns(name):\n        return name in written\n"
+    made += "    return owns\n"
+    planted = (
+        "from ocrwatch.jobs.archive import judge_of\n"
+        "from ocrwatch.sources.local import LocalSource\n"
+        "class P:\n    def go(self, written):\n        LocalSource(owns=judge_of(written))\n"
+    )
+    assert _handed_down("app.daemon", planted, _factories("jobs.archive", made))
 
 
 def test_no_class_defines_a_method_twice() -> None:

@@ -38,7 +38,6 @@ from ocrwatch.errors import ConfigError, OcrwatchError
 from ocrwatch.infra.metrics import HealthServer, LoopLagProbe, Metrics, gpu_memory_used
 from ocrwatch.infra.systemd import sd_notify, watchdog_interval
 from ocrwatch.jobs import intake
-from ocrwatch.jobs.archive import output_judge
 from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Outbox
@@ -206,7 +205,6 @@ class Daemon:
             cfg.inbox,
             reconcile_seconds=cfg.daemon.reconcile_seconds,
             name_template=template,
-            owns_output=output_judge(written),
             metrics=self.metrics,
         )
         self.local_sink = LocalSink(template, cfg.output.dir, cfg.inbox, written)

@@ -38,6 +38,7 @@ from ocrwatch.errors import OcrwatchError, classify
 from ocrwatch.jobs.archive import Archiver
 from ocrwatch.jobs.hooks import HookRunner
 from ocrwatch.jobs.jobrun import read_of
+from ocrwatch.jobs.quarantine import quarantine
 from ocrwatch.pages.renderspec import Limits
 from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink, done
@@ -226,7 +227,9 @@ class Admission:
         try:
             answer = await self.submit(job)
             if answer.final:
-                await self.sources[job.source].finish(job, answer.settled, answer.kind)
+                asked = await self.sources[job.source].finish(job, answer.settled, answer.kind)
+                if asked is not None:  # its source sets it aside
+                    await quarantine(asked, self.archive.written)
         except Exception as exc:  # the next scan or event admits it
             error = classify(exc)
             log.error(

@@ -73,13 +73,10 @@ from ocrwatch.sinks.local import (
     Marker,
     dump_json,
     inbox_folder,
-    json_marked,
     output_markers,
 )
-from ocrwatch.sinks.ownership import judge
 from ocrwatch.sources.base import Bucketed, Job, LocalFile, Read, S3Object, Source
 from ocrwatch.sources.local import LocalSource
-from ocrwatch.sources.quarantine import Owns
 from ocrwatch.sources.sourcefile import Content, folders_of, held
 from ocrwatch.store.written import Output, Written
 
@@ -271,19 +268,6 @@ class Archiver:
 
 
 # --- local files: through folder descriptors, never following a link ------------------------------
-
-
-def output_judge(written: Written | None) -> Owns:
-    """The ownership rule (``ownership.judge``) for the quarantine, whose layer lies below the
-    record's: whether the error sidecar at ``name`` (relative to the inbox ``root``) is ocrwatch's
-    own for a source of ``owner``."""
-
-    def owns(here: Folder, root: Path, name: str, owner: int) -> bool:
-        records = written.get(root, name) if written is not None else []
-        file = name.rpartition("/")[2]
-        return judge(records, here, file, owner, not records and json_marked(here, file)).ours
-
-    return owns
 
 
 def _processed(sink: Sink, job: Job, sha256: str, read: Read | None = None) -> Content:

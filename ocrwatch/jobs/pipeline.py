@@ -42,6 +42,7 @@ from ocrwatch.jobs.archive import Archiver
 from ocrwatch.jobs.attempts import attempts_of_a_job, is_place_fault
 from ocrwatch.jobs.hooks import HookRunner
 from ocrwatch.jobs.jobrun import Asked, JobRun, Record
+from ocrwatch.jobs.quarantine import quarantine
 from ocrwatch.jobs.reuse import Reuse
 from ocrwatch.jobs.session import DocumentSession
 from ocrwatch.jobs.steps import Probed, assemble_document, fetch_and_probe, job_lang, naming, timed
@@ -571,5 +572,6 @@ class Pipeline:
                     # comes back when the file is seen whole at its path again.
                     standing = unwritten
         await record.mark_failed(standing.as_dict())
-        moved = await self.sources[job.source].finish(job, "failed", standing.kind)
+        asked = await self.sources[job.source].finish(job, "failed", standing.kind)
+        moved = None if asked is None else await quarantine(asked, self.written)
         await self.hooks.release(event, moved)  # told where a quarantine took the source

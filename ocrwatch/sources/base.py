@@ -10,7 +10,9 @@ waits. A source may put a question of its own to the layer above through the out
 and is answered with data. A source that must give a job up without processing it (an SQS message
 delivered too often) calls ``await outbox.reject(job, error, attempts)`` instead: the pipeline
 writes the error sidecar through the job's sink, so sources never write sidecars themselves, then
-calls ``finish(job, "failed", error.kind)``. A source holds no callable of a layer above it.
+calls ``finish(job, "failed", error.kind)``. A source holds no callable of a layer above it:
+``finish`` answers a failure with data, the move it wants (``Quarantine``), which the layer above
+carries out.
 ``stop`` stops watching; it is called once, from the event loop. ``fetch`` puts the document's
 bytes in a file inside ``spool_dir``, private to the job (a local source copies its file through
 one descriptor, a remote one downloads it), and says what it measured (``Fetched``); the pipeline
@@ -167,6 +169,20 @@ class Answer:
 
 ADMITTED = Answer("admitted")
 
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A failed local document its source sets aside (``finish``'s answer): ``path``, beneath the
+    inbox ``root``, goes to the same place under ``to`` (the inbox's ``quarantine_dir``), its error
+    sidecar named by ``name_template``. Data, not a call: the layer above, which holds the record of
+    outputs, moves it and judges whether the error sidecar is ocrwatch's to take along."""
+
+    path: Path
+    root: Path
+    to: Path
+    name_template: str
+
+
 Submit = Callable[[Job], Awaitable[Answer]]
 Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 """``reject(job, error, attempts)``: give the job up as failed with ``error`` after ``attempts``
@@ -269,10 +285,10 @@ class Source(Protocol):
 
     async def finish(
         self, job: Job, outcome: Outcome, kind: str | None = None
-    ) -> dict[str, str] | None:
+    ) -> Quarantine | None:
         """Acknowledge the job's event now that its sidecars are written (or it is given up as
-        ``kind``). Where the source and its error sidecar went, if this moved them (as
-        ``archive.Archiver.apply_on_success`` says it), so its hooks are told."""
+        ``kind``). For a failure, the move the source asks of the layer above (``Quarantine``: its
+        document set aside, done by ``jobs.quarantine``), or None."""
 
 
 @runtime_checkable

@@ -47,16 +47,14 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import (
     ConfigError,
     NotARegularFile,
-    OcrwatchError,
     SourceGone,
     quarantined,
 )
 from ocrwatch.infra.metrics import Metrics
 from ocrwatch.naming import sidecar_names
-from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Read
+from ocrwatch.sources.base import Fetched, Job, LocalFile, Outbox, Outcome, Quarantine, Read
 from ocrwatch.sources.ignore import sidecar_suffixes
 from ocrwatch.sources.inbox import Inbox
-from ocrwatch.sources.quarantine import Owns, quarantine
 from ocrwatch.sources.settling import Settler, standing
 from ocrwatch.sources.sourcefile import fetch_copy, inspect
 from ocrwatch.sources.watch import Batch, EventBridge, Watcher, start_watcher
@@ -89,16 +87,12 @@ class LocalSource:
         *,
         reconcile_seconds: float,
         name_template: str,
-        owns_output: Owns | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        """``owns_output``: the record of outputs' rule (the daemon's), whether an error sidecar is
-        ocrwatch's own and may go along to the quarantine; ``metrics``: where watcher restarts and
-        dropped events are counted."""
+        """``metrics``: where watcher restarts and dropped events are counted."""
         self._reconcile_seconds = reconcile_seconds
         self._metrics = metrics
         self._name_template = name_template
-        self._owns_output = owns_output
         self._ignored = sidecar_suffixes(name_template)
         self._inboxes = {
             root: Inbox(root, config, self._ignored) for root, config in _by_root(inboxes).items()
@@ -188,11 +182,12 @@ class LocalSource:
 
     async def finish(
         self, job: Job, outcome: Outcome, kind: str | None = None
-    ) -> dict[str, str] | None:
-        """Move a document failed as ``kind`` to its inbox's ``quarantine_dir`` where one is set and
-        the kind is one it takes (``errors.quarantined``); otherwise leave it be. Where the document
-        and its error sidecar went (``source``: a URI; ``json``), for its hooks. Called by the
-        pipeline once a job ran, and by the settler for ``submit``'s answer that settled one."""
+    ) -> Quarantine | None:
+        """Ask for a document failed as ``kind`` to be moved to its inbox's ``quarantine_dir`` where
+        one is set, the kind is one it takes (``errors.quarantined``) and no new version is being
+        written (``Quarantine``: the layer above moves it, ``jobs.quarantine``); otherwise leave it
+        be (None). Called by the layer above once a job ran or was answered settled, and by the
+        settler for ``submit``'s answer that settled one."""
         origin = job.origin
         inbox = self._inboxes.get(origin.inbox) if isinstance(origin, LocalFile) else None
         comes_back = standing(outcome, kind) != outcome  # failed for what its path was then
@@ -214,21 +209,7 @@ class LocalSource:
                 reason="a new version is being written",
             )
             return None
-        try:
-            moved, error = await asyncio.to_thread(
-                quarantine,
-                origin.path,
-                origin.inbox,
-                inbox.quarantine,
-                self._name_template,
-                self._owns_output,
-            )
-        except (OSError, OcrwatchError) as exc:
-            log.error("local_quarantine_failed", path=str(origin.path), error=str(exc))
-            return None
-        log.warning("local_quarantined", path=str(origin.path), to=str(moved))
-        carried = {} if error is None else {"json": str(error), "md": ""}
-        return {"source": moved.as_uri(), **carried}
+        return Quarantine(origin.path, origin.inbox, inbox.quarantine, self._name_template)
 
     # --- watching ---------------------------------------------------------------------------------
 

@@ -8,9 +8,9 @@ as readable as the inbox folder it stands for, never more (``safefs.Access``), a
 is used only while it is as one made so: a folder another user made first, or one made for an inbox
 folder that has changed hands since, is never moved into (``untrusted_folder``). The document is
 held as ``sourcefile.held`` holds it (one name, no writer), and its name is removed only while it is
-still the file moved (``Folder.remove_if``). Its error sidecar goes along only where the record of
-outputs holds it as ocrwatch's (``owns``, given by the daemon). Nothing is overwritten: a taken name
-gets a number.
+still the file moved (``Folder.remove_if``). While the folders are held open its error sidecar may
+follow (``Aside.carry``): the layer above, which holds the record of outputs, decides whether the
+file there is ocrwatch's own to take along. Nothing is overwritten: a taken name gets a number.
 """
 
 from __future__ import annotations
@@ -18,57 +18,73 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 
 from ocrwatch.errors import SourceChanged
 from ocrwatch.naming import sidecar_names
 from ocrwatch.safefs import Access, Folder, Replaced, parts_below, walk
+from ocrwatch.sources.base import Quarantine
 from ocrwatch.sources.sourcefile import folders_of, held
 
-Owns = Callable[[Folder, Path, str, int], bool]
-"""``owns(here, root, name, owner)``: whether ``name`` (relative to the inbox ``root``; its file
-lies in the open folder ``here``) holds ocrwatch's own output for a source of the user ``owner``
-(``sinks.ownership.judge``)."""
+
+@dataclass
+class Aside:
+    """A document just moved aside, the folders on both sides still open: ``moved``, where it went;
+    its error sidecar ``error`` in the inbox folder ``here`` it left (``below``: that name relative
+    to the inbox, as the record of outputs keys it), for a source of the user ``owner``;
+    ``carried``, where the error sidecar went, once ``carry`` took it along."""
+
+    here: Folder
+    error: str
+    below: str
+    owner: int
+    moved: Path
+    target: Folder
+    name_template: str
+    carried: Path | None = None
+
+    def carry(self, fd: int) -> None:
+        """Move the error sidecar, open as ``fd``, beside the document under its new name; it stays
+        where its name no longer holds that file (replaced meanwhile: not ocrwatch's to move)."""
+        wanted = sidecar_names(self.moved.name, self.name_template)["error"]
+        info = os.fstat(fd)
+        with contextlib.suppress(SourceChanged):
+            name = _move_exclusive(self.here, self.error, self.target, wanted, fd, info, None)
+            self.carried = self.moved.with_name(name)
 
 
-def quarantine(
-    path: Path, root: Path, quarantine_dir: Path, name_template: str, owns: Owns | None = None
-) -> tuple[Path, Path | None]:
-    """Move a failed document, with its error sidecar where ``owns`` says it is ocrwatch's (without
-    ``owns`` it stays), to the same place under ``quarantine_dir``. Blocking. Where the document
-    went, and where its error sidecar went (None: it stayed).
+@contextlib.contextmanager
+def set_aside(request: Quarantine) -> Iterator[Aside]:
+    """Move a failed document to the same place under ``request.to``; within the context its
+    folders stay open and the document held, so its error sidecar may follow (``Aside.carry``).
+    Blocking.
 
     Raises ``OSError`` (a link in the quarantine's folders), ``SourceGone`` and ``SourceChanged``
     when the document is no longer the regular file beneath its inbox, ``SourceInUse`` when it has
     another name or a process holds it open for writing.
     """
+    path, root = request.path, request.root
     relative = parts_below(path.parent, root)
-    prefix = "".join(f"{part}/" for part in relative)
+    error = sidecar_names(path.name, request.name_template)["error"]
     with folders_of(path, root) as folders:
         here = folders[-1]
         with contextlib.ExitStack() as stack:
             source = stack.enter_context(held(here, path, None))
-            target = stack.enter_context(_target(root, quarantine_dir, folders, relative))
+            target = stack.enter_context(_target(root, request.to, folders, relative))
             moved = _move_exclusive(
                 here, path.name, target, path.name, source.fd, source.info, source.check
             )
-            error = sidecar_names(path.name, name_template)["error"]
-            fd = here.open_read(error) if owns is not None else None
-            carried = None
-            if fd is not None:
-                try:
-                    if owns is not None and owns(here, root, prefix + error, source.info.st_uid):
-                        new = sidecar_names(moved, name_template)["error"]
-                        # Replaced meanwhile: not ocrwatch's to move.
-                        with contextlib.suppress(SourceChanged):
-                            carried = _move_exclusive(
-                                here, error, target, new, fd, os.fstat(fd), None
-                            )
-                finally:
-                    os.close(fd)
-    folder = quarantine_dir.joinpath(*relative)
-    return folder / moved, None if carried is None else folder / carried
+            yield Aside(
+                here=here,
+                error=error,
+                below="".join(f"{part}/" for part in relative) + error,
+                owner=source.info.st_uid,
+                moved=request.to.joinpath(*relative, moved),
+                target=target,
+                name_template=request.name_template,
+            )
 
 
 @contextlib.contextmanager

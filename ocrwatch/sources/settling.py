@@ -61,7 +61,8 @@ class Settler:
 
     def __init__(self, source: str, finish: Finish) -> None:
         """``source``: the name the jobs carry (the source's); ``finish``: the source's own, for an
-        answer that settles a job with nothing run (its quarantine)."""
+        answer that settles a job with nothing run. It asks no quarantine there (its answer is not
+        acted on): the file is still pending, its version not yet the one recorded as settled."""
         self._source = source
         self._finish = finish
         self._outbox: Outbox | None = None
