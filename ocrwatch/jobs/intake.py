@@ -10,8 +10,20 @@ sidecars lapsed for a source's question. Each is answered in a task of its own, 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
-from ocrwatch.sources.base import Handoff, Lapsed, Outbox, Question, Reject, Submit
+from ocrwatch.sources.base import Answer, Handoff, Lapsed, Outbox, Reject, Submit
+
+T = TypeVar("T", contravariant=True)
+
+
+class Asker(Protocol[T]):
+    """What a source put in and waits on (a ``Handoff``, a ``Question``): one helper answers
+    both."""
+
+    def answer(self, exc: BaseException | None = None, said: T | None = None) -> None: ...
 
 
 async def serve(outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed) -> None:
@@ -22,9 +34,9 @@ async def serve(outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed) 
         while True:
             taken = await outbox.get()
             answer = (
-                _answer(taken, submit, reject)
+                _forward(taken, functools.partial(_handled, taken, submit, reject))
                 if isinstance(taken, Handoff)
-                else _reply(taken, lapsed)
+                else _forward(taken, functools.partial(lapsed, taken.jobs))
             )
             task = asyncio.create_task(answer, name="intake")
             answering.add(task)
@@ -35,29 +47,22 @@ async def serve(outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed) 
         await asyncio.gather(*answering, return_exceptions=True)
 
 
-async def _answer(delivery: Handoff, submit: Submit, reject: Reject) -> None:
-    """One job admitted or given up; what that raised goes back to the source that put it in."""
+async def _forward(asked: Asker[T], answering: Callable[[], Awaitable[T]]) -> None:
+    """What ``answering()`` says goes back to the source that put ``asked`` in, and so does what it
+    raises (a cancellation too, which then goes on)."""
     try:
-        if delivery.error is None:
-            said = await submit(delivery.job)
-        else:
-            await reject(delivery.job, delivery.error, delivery.attempts)
-            said = None
+        said = await answering()
     except BaseException as exc:
-        delivery.answer(exc)
+        asked.answer(exc)
         if isinstance(exc, asyncio.CancelledError):
             raise
         return
-    delivery.answer(said=said)
+    asked.answer(said=said)
 
 
-async def _reply(question: Question, lapsed: Lapsed) -> None:
-    """Which of the question's jobs lapsed; what that raised goes back to the source that asked."""
-    try:
-        said = await lapsed(question.jobs)
-    except BaseException as exc:
-        question.answer(exc)
-        if isinstance(exc, asyncio.CancelledError):
-            raise
-        return
-    question.answer(said=said)
+async def _handled(delivery: Handoff, submit: Submit, reject: Reject) -> Answer | None:
+    """One job admitted (``submit``'s answer) or given up (None)."""
+    if delivery.error is None:
+        return await submit(delivery.job)
+    await reject(delivery.job, delivery.error, delivery.attempts)
+    return None
