@@ -189,11 +189,11 @@ HANDED_DOWN: dict[str, str] = {
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _methods() -> dict[str, set[int]]:
+def _methods(trees: dict[str, ast.Module]) -> dict[str, set[int]]:
     """Each method name defined in a class of the package: the ranks of the modules defining it."""
     found: dict[str, set[int]] = {}
-    for module, path in _modules().items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 for item in node.body:
                     if isinstance(item, FUNCTIONS) and not _is_property(item):
@@ -324,11 +324,11 @@ def _held(node: ast.expr) -> bool:
     return isinstance(node, ast.Name)
 
 
-def _factories(module: str, source: str) -> set[str]:
+def _factories(module: str, tree: ast.Module) -> set[str]:
     """The functions of ``module`` that make a callable (``module.name``): each returns a function
     it defines (a closure over what it was given), a lambda or a partial."""
     found = set()
-    for node in ast.parse(source).body:
+    for node in tree.body:
         if not isinstance(node, FUNCTIONS):
             continue
         inner = {item.name for item in ast.walk(node) if isinstance(item, FUNCTIONS)} - {node.name}
@@ -353,10 +353,9 @@ def _handed_down(module: str, source: str, factories: set[str] | None = None) ->
     return visitor.found
 
 
-METHODS = _methods()
-FACTORIES = {
-    name for module, path in _modules().items() for name in _factories(module, path.read_text())
-}
+TREES = {module: ast.parse(path.read_text(), str(path)) for module, path in _modules().items()}
+METHODS = _methods(TREES)
+FACTORIES = {name for module, tree in TREES.items() for name in _factories(module, tree)}
 
 
 def test_no_callable_or_object_handed_down() -> None:
@@ -402,7 +401,7 @@ def test_the_callable_check_finds_a_rule_made_above_and_handed_down() -> None:
         "from ocrwatch.sources.local import LocalSource\n"
         "class P:\n    def go(self, written):\n        LocalSource(owns=judge_of(written))\n"
     )
-    assert _handed_down("app.daemon", planted, _factories("jobs.archive", made))
+    assert _handed_down("app.daemon", planted, _factories("jobs.archive", ast.parse(made)))
 
 
 def test_no_class_defines_a_method_twice() -> None:
