@@ -181,6 +181,14 @@ def marked(kind: str, head: bytes) -> bool:
     raise ValueError(f"no mark rule for {kind!r}")
 
 
+def json_vouches(info: os.stat_result) -> bool:
+    """Whether the JSON sidecar of ``info`` may say which further outputs an older ocrwatch wrote
+    beside it (``pdf_recorded``, ``layout_recorded``): only one of the daemon's user, as those
+    outputs must be. A JSON given to its source's owner, or made by a user, is theirs to write at
+    will: it would let them claim a file of the daemon's user at an output's name."""
+    return info.st_uid == os.geteuid()
+
+
 def pdf_recorded(json_head: bytes | None) -> bool:
     """Whether the JSON sidecar beginning with ``json_head`` (None: there is none) is ocrwatch's and
     records a searchable PDF."""
