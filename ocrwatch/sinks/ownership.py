@@ -18,8 +18,9 @@ each kind of output (``marked``, ``pdf_marked``): a JSON sidecar whose first mem
 "ocrwatch/1"``, a Markdown sidecar that begins with ``<!-- page`` (by its own mark alone, never by
 the JSON beside it, so a user's edit to it stands), a figure by its PNG text chunk
 (``figures.is_ours``), a searchable PDF by the JSON beside it recording one or else by its document
-information (``textlayer.is_ours``). Where in a file each mark sits is read beside the code that
-writes it; which mark counts, and when, is decided here.
+information (``textlayer.is_ours``), an ALTO or hOCR file by the JSON recording it; a JSON says so
+only where it is the daemon's user's too (``json_vouches``). Where in a file each mark sits is read
+beside the code that writes it; which mark counts, and when, is decided here.
 """
 
 from __future__ import annotations
