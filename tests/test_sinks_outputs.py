@@ -5,6 +5,7 @@ names is never replaced."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,21 @@ def test_alto_and_hocr_come_and_go_with_their_json_and_a_users_file_stays(
     sink.write(job_for(source), MD, with_layouts(document(pdf=False)), dict(LAYOUTS))
     sink.write_error(job_for(source), ERROR)
     assert sorted(p.name for p in folder.iterdir()) == ["report.pdf", "report.pdf.error.json"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_json_of_another_user_vouches_for_no_output_of_the_daemons_user(
+    source: Path, tmp_path: Path
+) -> None:
+    """Without a record of outputs, the JSON's say marks the ALTO, hOCR and PDF files only where it
+    is the daemon's user's, as they are: one given to a user, who may write it at will, would let
+    them claim any file of the daemon's user at those names."""
+    sink, folder = LocalSink(), source.parent
+    sink.write(job_for(source), MD, with_layouts(document()), {**LAYOUTS, **extras(tmp_path)})
+    os.chown(folder / "report.pdf.json", 65534, 65534)
+    sink.write_error(job_for(source), ERROR)
+    kept = {"report.pdf", "report.pdf.error.json", "report.pdf.json", "report.pdf.ocr.pdf"}
+    assert {p.name for p in folder.iterdir()} == kept | set(LAYOUTS)  # the Markdown marks itself
 
 
 def test_s3_alto_and_hocr_beside_the_key(moto: MotoServer) -> None:

@@ -50,6 +50,7 @@ from ocrwatch.sinks.base import (
 from ocrwatch.sinks.ownership import (
     OURS,
     Verdict,
+    json_vouches,
     judge,
     layout_recorded,
     marked,
@@ -234,11 +235,10 @@ def _opened(here: Folder, name: str) -> Iterator[BinaryIO | None]:
         yield handle
 
 
-def _pdf_marker(here: Folder, json_name: str) -> Marker:
-    """The mark of a searchable PDF (``ownership.pdf_marked``), with the JSON sidecar beside it read
-    as it is now; it counts only where the record holds no row for the PDF."""
-    found = here.look(json_name, HEAD_BYTES)
-    recorded = found is not None and found.other is None and pdf_recorded(found.head)
+def _pdf_marker(recorded: bool) -> Marker:
+    """The mark of a searchable PDF (``ownership.pdf_marked``): ``recorded``, the JSON sidecar
+    beside it, as it is now, records one; it counts only where the record holds no row for the
+    PDF."""
 
     def marked(inner: Folder, name: str) -> bool:
         return pdf_marked(recorded, lambda: _opened(inner, name))
@@ -249,11 +249,13 @@ def _pdf_marker(here: Folder, json_name: str) -> Marker:
 def output_markers(here: Folder, json_name: str) -> dict[str, Marker]:
     """The mark of each kind of output (``md``, ``json``, ``pdf``, ``alto``, ``hocr``, ``assets``:
     a figure) in ``here``, which counts only for outputs the record predates: the archive takes
-    along what this rule holds as ocrwatch's. An ALTO or hOCR file's: the JSON records it."""
+    along what this rule holds as ocrwatch's. An ALTO or hOCR file's: the JSON records it, where
+    that JSON may say so (``ownership.json_vouches``)."""
     found = here.look(json_name, HEAD_BYTES)
-    head = found.head if found is not None and found.other is None else None
+    info = found.info if found is not None and found.other is None else None
+    head = found.head if found is not None and info is not None and json_vouches(info) else None
     layouts = {kind: _said(layout_recorded(head, kind)) for kind in LAYOUTS}
-    pdf = _pdf_marker(here, json_name)
+    pdf = _pdf_marker(pdf_recorded(head))
     return {
         "md": markdown_marked,
         "json": json_marked,

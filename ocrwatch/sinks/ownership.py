@@ -18,8 +18,9 @@ each kind of output (``marked``, ``pdf_marked``): a JSON sidecar whose first mem
 "ocrwatch/1"``, a Markdown sidecar that begins with ``<!-- page`` (by its own mark alone, never by
 the JSON beside it, so a user's edit to it stands), a figure by its PNG text chunk
 (``figures.is_ours``), a searchable PDF by the JSON beside it recording one or else by its document
-information (``textlayer.is_ours``). Where in a file each mark sits is read beside the code that
-writes it; which mark counts, and when, is decided here.
+information (``textlayer.is_ours``), an ALTO or hOCR file by the JSON recording it; a JSON says so
+only where it is the daemon's user's too (``json_vouches``). Where in a file each mark sits is read
+beside the code that writes it; which mark counts, and when, is decided here.
 """
 
 from __future__ import annotations
@@ -179,6 +180,14 @@ def marked(kind: str, head: bytes) -> bool:
     if kind in ("json", "error"):
         return owns_json(head)
     raise ValueError(f"no mark rule for {kind!r}")
+
+
+def json_vouches(info: os.stat_result) -> bool:
+    """Whether the JSON sidecar of ``info`` may say which further outputs an older ocrwatch wrote
+    beside it (``pdf_recorded``, ``layout_recorded``): only one of the daemon's user, as those
+    outputs must be. A JSON given to its source's owner, or made by a user, is theirs to write at
+    will: it would let them claim a file of the daemon's user at an output's name."""
+    return info.st_uid == os.geteuid()
 
 
 def pdf_recorded(json_head: bytes | None) -> bool:

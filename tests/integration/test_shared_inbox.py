@@ -14,6 +14,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,9 @@ from tests.support.users import User, sys_python
 pytestmark = pytest.mark.integration
 
 RACE_SECONDS = 15.0
+FORMATS = ["md", "json", "alto", "hocr"]
+"""Every file a document may get beside the searchable PDF: the ALTO and hOCR files go through the
+same sink, so each promise holds for them too."""
 
 EXCHANGE = """
 import ctypes, glob, os, sys, time
@@ -94,7 +98,7 @@ def test_a_private_documents_outputs_are_readable_by_its_owner_alone(
 ) -> None:
     alice, bob = users
     inbox = shared_root / "inbox"
-    daemon = daemon_on(make_daemon, shared_root, searchable_pdf=True).start()
+    daemon = daemon_on(make_daemon, shared_root, searchable_pdf=True, formats=FORMATS).start()
     drop(
         alice,
         staged_png(shared_root, "salary.png", "SALARY LIST FOR MARCH"),
@@ -106,7 +110,8 @@ def test_a_private_documents_outputs_are_readable_by_its_owner_alone(
         90,
         f"the sidecars:\n{daemon.log_text()[-3000:]}",
     )
-    for name in ("salary.png.md", "salary.png.json", "salary.png.ocr.pdf"):
+    outputs = ("md", "json", "ocr.pdf", "alto.xml", "hocr")
+    for name in (f"salary.png.{suffix}" for suffix in outputs):
         info = (inbox / name).lstat()
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (
             alice.uid,
@@ -134,35 +139,85 @@ def test_outputs_made_for_one_user_are_never_replaced_or_removed_for_another(
     """Alice keeps what ocrwatch made of her report.png after removing the scan itself; Bob drops
     his own report.png. Her outputs carry ocrwatch's marks and the record of them matches, but they
     were made from her document, not his: his document fails as ``output_conflict`` naming them, and
-    they stay as they are."""
+    they stay as they are. So for each file of ``[output] formats`` alone: her memo.png's ALTO and
+    hOCR files kept without the sidecars, Bob's own file at an ALTO name, his link to a file of
+    root's at an hOCR name, and root's own file at an ALTO name that Bob's hand-made JSON claims
+    (only a JSON of the daemon's user says which outputs an older ocrwatch wrote)."""
     alice, bob = users
-    inbox = shared_root / "inbox"
-    daemon = daemon_on(make_daemon, shared_root, searchable_pdf=True).start()
+    inbox, vault = shared_root / "inbox", shared_root / "vault"
+    vault.mkdir(mode=0o700)
+    secret = vault / "secret.txt"
+    secret.write_text("root's own secret\n")
+    roots = inbox / "ledger.png.alto.xml"
+    roots.write_text("root's own ALTO\n")
+    claim = '{"schema": "ocrwatch/1", "alto": {"path": "ledger.png.alto.xml"}}\n'
+    for command in (
+        ["sh", "-c", 'echo "my own ALTO" > "$1"', "sh", str(inbox / "notes.png.alto.xml")],
+        ["ln", "-s", str(secret), str(inbox / "chart.png.hocr")],
+        ["sh", "-c", 'printf %s "$1" > "$2"', "sh", claim, str(inbox / "ledger.png.json")],
+    ):
+        assert bob.run(command).returncode == 0, command
+    daemon = daemon_on(make_daemon, shared_root, searchable_pdf=True, formats=FORMATS).start()
     drop(alice, staged_png(shared_root, "a.png", "ALICE QUARTERLY REPORT"), inbox / "report.png")
-    wait_until(
-        lambda: sidecars_done(inbox / "report.png"),
-        90,
-        f"Alice's sidecars:\n{daemon.log_text()[-3000:]}",
-    )
+    drop(alice, staged_png(shared_root, "m.png", "ALICE MEMO"), inbox / "memo.png")
+    for name in ("notes.png", "chart.png", "ledger.png"):
+        drop(bob, staged_png(shared_root, name, f"BOB {name.upper()}"), inbox / name)
+    for name in ("report.png", "memo.png"):
+        wait_until(
+            lambda name=name: sidecars_done(inbox / name),
+            90,
+            lambda: f"Alice's sidecars:\n{daemon.log_text()[-3000:]}",
+        )
+    suffixes = ("md", "json", "ocr.pdf", "alto.xml", "hocr")
     outputs = {
-        name: inbox / name for name in ("report.png.md", "report.png.json", "report.png.ocr.pdf")
+        name: inbox / name
+        for name in (*(f"report.png.{s}" for s in suffixes), "memo.png.alto.xml", "memo.png.hocr")
     }
     before = {name: sha(path) for name, path in outputs.items()}
     assert alice.run(["rm", str(inbox / "report.png")]).returncode == 0
+    memo = [str(inbox / f"memo.png{s}") for s in ("", ".md", ".json", ".ocr.pdf")]
+    assert alice.run(["rm", *memo]).returncode == 0
 
     drop(bob, staged_png(shared_root, "b.png", "BOB JUNK"), inbox / "report.png")
-    error = wait_until(
-        lambda: error_sidecar(inbox / "report.png"),
-        90,
-        f"Bob's error:\n{daemon.log_text()[-3000:]}",
-    )
-    assert error["error"]["kind"] == "output_conflict", error
-    assert (
-        "another user" in error["error"]["message"] and "report.png." in error["error"]["message"]
-    )
+    drop(bob, staged_png(shared_root, "c.png", "BOB MEMO"), inbox / "memo.png")
+
+    def outcome(name: str) -> dict[str, Any] | None:
+        """The error of Bob's document ``name``, or at once, not after a wait, word that its
+        Markdown was written instead (report.png's is Alice's: only its error counts)."""
+        if (error := error_sidecar(inbox / name)) is not None:
+            return dict(error["error"])
+        published = name != "report.png" and (inbox / f"{name}.md").exists()
+        return {"kind": "none: its Markdown was written"} if published else None
+
+    failed = {
+        name: wait_until(
+            lambda name=name: outcome(name),
+            90,
+            lambda: f"Bob's errors:\n{daemon.log_text()[-3000:]}",
+        )
+        for name in ("report.png", "memo.png", "notes.png", "chart.png", "ledger.png")
+    }
+    taken = {
+        "report.png": ("another user", "report.png."),
+        "memo.png": ("another user", "memo.png.alto.xml"),
+        "notes.png": ("a file ocrwatch did not write", "notes.png.alto.xml"),
+        "chart.png": ("a symbolic link", "chart.png.hocr"),
+        "ledger.png": ("a file ocrwatch did not write", "ledger.png.json"),
+    }
+    for name, (what, where) in taken.items():
+        error = failed[name]
+        assert error["kind"] == "output_conflict", (name, error)
+        assert what in error["message"] and where in error["message"], (name, error)
+        assert (inbox / f"{name}.error.json").lstat().st_uid == bob.uid
+        if name != "report.png":  # nothing half-written
+            assert not (inbox / f"{name}.md").exists(), name
     assert {name: sha(path) for name, path in outputs.items()} == before
     assert all(path.lstat().st_uid == alice.uid for path in outputs.values())
-    assert (inbox / "report.png.error.json").lstat().st_uid == bob.uid
+    assert (inbox / "notes.png.alto.xml").read_text() == "my own ALTO\n"
+    assert (inbox / "notes.png.alto.xml").lstat().st_uid == bob.uid
+    assert os.readlink(inbox / "chart.png.hocr") == str(secret)
+    assert secret.read_text() == "root's own secret\n" and secret.stat().st_uid == 0
+    assert roots.read_text() == "root's own ALTO\n" and roots.lstat().st_uid == 0
     assert daemon.proc is not None and daemon.proc.poll() is None
     assert daemon.stop() == 0
 

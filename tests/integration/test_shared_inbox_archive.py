@@ -80,12 +80,19 @@ def test_a_move_takes_only_ocrwatchs_outputs_and_keeps_owner_and_mode_on_another
     for command in (
         ["mkdir", str(inbox / "report.png.assets")],
         ["sh", "-c", f'echo "my own PDF" > "{inbox}/report.png.ocr.pdf"'],
+        ["sh", "-c", f'echo "my own hOCR" > "{inbox}/report.png.hocr"'],
         ["sh", "-c", f'echo "chapter one" > "{inbox}/report.png.assets/chapter1.txt"'],
     ):
         assert bob.run(command).returncode == 0
     daemon = make_daemon(
         inboxes=[
-            {"path": str(inbox), "settle_seconds": 0.3, "polling": False, "on_success": "move"}
+            {
+                "path": str(inbox),
+                "settle_seconds": 0.3,
+                "polling": False,
+                "on_success": "move",
+                "formats": ["md", "json", "alto"],  # the inbox's, not [output]'s
+            }
         ],
         output={"archive_dir": str(archive)},
     ).start()
@@ -98,10 +105,11 @@ def test_a_move_takes_only_ocrwatchs_outputs_and_keeps_owner_and_mode_on_another
 
     assert sorted(p.name for p in moved.parent.iterdir()) == [
         "report.png",
+        "report.png.alto.xml",
         "report.png.json",
         "report.png.md",
     ]
-    for path in (moved, moved.with_name("report.png.md"), moved.with_name("report.png.json")):
+    for path in (moved, *(moved.with_name(f"report.png.{s}") for s in ("md", "json", "alto.xml"))):
         info = path.stat()
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (
             alice.uid,
@@ -114,14 +122,20 @@ def test_a_move_takes_only_ocrwatchs_outputs_and_keeps_owner_and_mode_on_another
         f"Alice reads her archived copy: {copied}"
     )
     assert "QUARTERLY" in alice.run(["cat", str(moved.with_name("report.png.md"))]).stdout.upper()
-    for path in (moved, moved.with_name("report.png.md")):
+    for path in (moved, moved.with_name("report.png.md"), moved.with_name("report.png.alto.xml")):
         assert bob.run(["cat", str(path)]).returncode != 0, f"Bob read {path}"
     assert stat.S_IMODE(moved.parent.stat().st_mode) & 0o022 == 0, (
         "no one but root writes in the archive's folder"
     )
-    for name in ("report.png.ocr.pdf", "report.png.assets/chapter1.txt", "report.png.assets"):
+    for name in (
+        "report.png.ocr.pdf",
+        "report.png.hocr",
+        "report.png.assets/chapter1.txt",
+        "report.png.assets",
+    ):
         assert (inbox / name).lstat().st_uid == bob.uid, name  # Bob's stay where he put them, his
     assert (inbox / "report.png.ocr.pdf").read_text() == "my own PDF\n"
+    assert (inbox / "report.png.hocr").read_text() == "my own hOCR\n"
     assert not (inbox / "report.png").exists()
 
 
