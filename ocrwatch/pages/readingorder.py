@@ -171,11 +171,13 @@ def _table_band(
     blocks: list[PopplerBlock], region: list[int], rtl: bool, rows: list[list[Line]]
 ) -> list[tuple[Line, ...]]:
     """``region`` read as a table from its first row of cells (``rows``) to its last, row by row
-    across the page; its blocks above and below, in bands of their own, before and after."""
+    across the page; its other blocks above and below, in bands of their own, before and after."""
     top = min(_line(blocks, key).y0 for key in rows[0])
     bottom = max(_line(blocks, key).y1 for key in rows[-1])
-    above = [i for i in region if blocks[i].y1 <= top + TOLERANCE]
-    below = [i for i in region if blocks[i].y0 >= bottom - TOLERANCE and i not in above]
+    cells = {i for row in rows for i, _ in row}
+    above = [i for i in region if i not in cells and blocks[i].y1 <= top + TOLERANCE]
+    below = [i for i in region if i not in cells and blocks[i].y0 >= bottom - TOLERANCE]
+    below = [i for i in below if i not in above]
     inside = [i for i in region if i not in above and i not in below]
     across = _across(blocks, rtl)
     table = [tuple(sorted(row, key=across)) for row in _line_rows(blocks, inside)]
@@ -194,7 +196,7 @@ def _line_rows(blocks: list[PopplerBlock], region: list[int]) -> list[list[Line]
     for key in sorted(_lines(blocks, region), key=lambda key: (_centre(_line(blocks, key)), key)):
         line = _line(blocks, key)
         first = _line(blocks, rows[-1][0]) if rows else None
-        if first and abs(_centre(line) - _centre(first)) <= ROW_SHIFT * min(
+        if first is not None and abs(_centre(line) - _centre(first)) <= ROW_SHIFT * min(
             line.y1 - line.y0, first.y1 - first.y0
         ):
             rows[-1].append(key)
