@@ -32,7 +32,7 @@ from ocrwatch.engines.base import PageRequest
 from ocrwatch.engines.tesseract import TesseractEngine
 from ocrwatch.infra.memory import DecodeBudget
 from ocrwatch.pages import render
-from ocrwatch.recognize import pagetext
+from ocrwatch.recognize import pagetext, tessdata
 
 BUDGET = DecodeBudget(1024 * 1024 * 1024)
 
@@ -48,9 +48,9 @@ def similarity(got: str, want: str, ordered: bool) -> float:
 async def measure(args: argparse.Namespace) -> None:
     root = corpus_dir()
     manifest = json.loads((root / "manifest.json").read_text()) if root is not None else []
-    knowledge = pagetext.tessdata("tesseract")
+    knowledge = tessdata.shared("tesseract")
     started = time.perf_counter()
-    knowledge.letters(), knowledge.words("eng"), knowledge.words("deu")
+    knowledge.letters("deu+eng"), knowledge.words("eng"), knowledge.words("deu")
     load = time.perf_counter() - started
     engine = TesseractEngine(TesseractConfig())
     await engine.start()

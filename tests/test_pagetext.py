@@ -23,7 +23,7 @@ from ocrwatch.config import Config, InboxConfig, RenderConfig
 from ocrwatch.infra.memory import DecodeBudget
 from ocrwatch.pages import orientation, pdfcontent, render
 from ocrwatch.pages.scheduler import Checked
-from ocrwatch.recognize import pagetext
+from ocrwatch.recognize import pagetext, tessdata
 from ocrwatch.sources.base import LocalFile, S3Object
 from tests.support import docs, hostile_pdfs
 
@@ -41,20 +41,38 @@ needs_tesseract = pytest.mark.skipif(
 )
 
 
+LATIN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
 class Words:
-    """A Knowledge with a fixed alphabet and word list: the judge's logic, apart from Tesseract."""
+    """A Knowledge with fixed alphabets and one word list: the judge's logic, apart from Tesseract.
+    ``eng`` has ``letters`` and ``words``; ``others`` are further installed languages, each with
+    its letters and words."""
 
     def __init__(
-        self, words: str, letters: str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        self,
+        words: str,
+        letters: str = LATIN,
+        others: dict[str, tuple[str, str | None]] | None = None,
     ):
-        self._words = frozenset(words.lower().split())
-        self._letters = frozenset(letters)
+        self._letters = {"eng": frozenset(letters)}
+        self._words = {"eng": frozenset(words.lower().split())}
+        for lang, (its_letters, its_words) in (others or {}).items():
+            self._letters[lang] = frozenset(its_letters)
+            if its_words is not None:
+                self._words[lang] = frozenset(its_words.split())
 
-    def letters(self) -> frozenset[str] | None:
-        return self._letters
+    def languages(self) -> frozenset[str]:
+        return frozenset(self._letters) | {"osd"}
+
+    def letters(self, lang: str) -> frozenset[str] | None:
+        return frozenset().union(*(self._letters.get(name, ()) for name in lang.split("+")))
 
     def words(self, lang: str) -> frozenset[str] | None:
-        return self._words if lang == "eng" else None
+        names = lang.split("+")
+        if not all(name in self._words for name in names):
+            return None
+        return frozenset().union(*(self._words[name] for name in names))
 
 
 KNOWN = Words(ENGLISH.replace(".", "").replace(",", ""))
@@ -110,40 +128,65 @@ def test_a_layer_in_one_script_no_language_reads_names_its_package() -> None:
     """Issue 37.1: letters of one script Tesseract has no language for are that script's text, not
     a font's wrong map: the language pack that would read it is named. Kana make it Japanese;
     a symbol font mapped onto Latin Extended and Greek letters is no script's."""
-    assert pagetext.missing_script("表格中的数据来自年度报告。" * 4, KNOWN.letters()) == (
+    assert pagetext.missing_script("表格中的数据来自年度报告。" * 4, KNOWN.letters("eng")) == (
         "chi_sim",
         "tesseract-ocr-chi-sim",
     )
-    assert pagetext.missing_script("تحسين الإنتاجية وحل المشكلات", KNOWN.letters()) == (
+    assert pagetext.missing_script("تحسين الإنتاجية وحل المشكلات", KNOWN.letters("eng")) == (
         "ara",
         "tesseract-ocr-ara",
     )
-    assert pagetext.missing_script("東京の天気はとても良いです。", KNOWN.letters())[0] == "jpn"
+    assert pagetext.missing_script("東京の天気はとても良いです。", KNOWN.letters("eng"))[0] == "jpn"
     shifted = "".join(chr(0x01E0 + ord(c) % 32) if c.isalpha() else c for c in ENGLISH)
-    assert pagetext.missing_script(shifted, KNOWN.letters()) is None
+    assert pagetext.missing_script(shifted, KNOWN.letters("eng")) is None
+
+
+ARABIC = "تحسين الإنتاجية وحل المشكلات من خلال البرمجة بلغة واحدة " * 3
+
+
+def _judged(knowledge: Words, lang: str) -> tuple[str, str | None]:
+    found = pagetext._judged(ARABIC, knowledge, lang)
+    return found[0], found[2]
+
+
+def test_a_layer_is_judged_by_the_letters_of_the_languages_ocr_would_read_it_in() -> None:
+    """Issue 37.1: an Arabic layer, where Arabic data is installed but ``lang`` is ``eng``, would
+    be OCR'd in eng into Latin gibberish; it is kept and says which language to name. Where ``lang``
+    names Arabic, or is ``auto``, the layer is judged by Arabic's letters and words and taken."""
+    arabic_letters = "".join({c for c in ARABIC if c.isalpha()})
+    arabic = Words(ENGLISH, others={"ara": (arabic_letters, " ".join(set(ARABIC.split())))})
+    assert _judged(KNOWN, "eng") == ("script_not_installed", "tesseract-ocr-ara")
+    assert _judged(arabic, "eng") == ("script_not_in_lang", "tesseract-ocr-ara")
+    assert _judged(arabic, "ara+eng") == ("good", None)
+    assert _judged(arabic, "auto") == ("good", None)
+    assert {"script_not_installed", "script_not_in_lang"} <= set(pagetext.TAKEN)
+    unknown_words = Words(ENGLISH, others={"ara": (arabic_letters, "كلمة")})
+    assert _judged(unknown_words, "auto") == ("unknown_words", None)  # OCR reads it in ara
 
 
 def test_a_language_without_a_word_list_cannot_be_judged() -> None:
-    assert pagetext.judge(ENGLISH, KNOWN, "fra") == ("no_dictionary", None)
+    without = Words(ENGLISH, others={"fra": (LATIN, None)})
+    assert pagetext.judge(ENGLISH, without, "fra") == ("no_dictionary", None)
 
 
 @needs_tesseract
 def test_tesseracts_language_data_gives_letters_and_words() -> None:
-    knowledge = pagetext.Tessdata("tesseract")
-    letters = knowledge.letters()
+    knowledge = tessdata.Tessdata("tesseract")
+    letters = knowledge.letters("eng")
     assert letters is not None and {"a", "Z", "é"} <= letters and not {"ǡ", "ͳ"} & letters
+    assert knowledge.letters("eng+no_such_language") == letters
     words = knowledge.words("eng")
     assert words is not None and {"the", "committee", "annual"} <= words and len(words) > 100_000
     assert knowledge.words("no_such_language") is None
     assert pagetext.judge(ENGLISH, knowledge, "eng")[0] == "good"
     # lang auto judges a layer by the words of every installed Latin language (osd.latin)
     assert {"eng", "osd"} <= knowledge.languages()
-    assert pagetext.tessdata("tesseract") is pagetext.tessdata("tesseract")  # read once per process
+    assert tessdata.shared("tesseract") is tessdata.shared("tesseract")  # read once per process
 
 
 def test_without_tesseract_nothing_is_judged_good() -> None:
-    knowledge = pagetext.Tessdata("/nonexistent/tesseract")
-    assert knowledge.letters() is None and knowledge.words("eng") is None
+    knowledge = tessdata.Tessdata("/nonexistent/tesseract")
+    assert knowledge.letters("eng") is None and knowledge.words("eng") is None
     assert pagetext.judge(ENGLISH, knowledge, "eng") == ("no_dictionary", None)
 
 
@@ -170,7 +213,7 @@ def check(
     path: Path, mode: Any = "auto", index: int = 0, timeout: float = 60.0
 ) -> pagetext.TextCheck:
     return pagetext.check(
-        path, index, mode, "eng", pagetext.tessdata("tesseract"), budget=BUDGET, timeout=timeout
+        path, index, mode, "eng", tessdata.shared("tesseract"), budget=BUDGET, timeout=timeout
     )
 
 
@@ -256,7 +299,7 @@ def pages(path: Path, mode: Any) -> pagetext.Pages:
     info = render.probe(path, render.Limits(10**9, 100))
     spec = render.render_spec(RenderConfig(dpi=100))
     seen: list[float] = []
-    knowledge = pagetext.tessdata("tesseract")
+    knowledge = tessdata.shared("tesseract")
     return pagetext.Pages(
         path, info, spec, mode, "eng", knowledge, BUDGET, seen.append, JOB_ID, path.as_uri()
     )
@@ -367,7 +410,7 @@ def test_corpus_born_digital_layers(corpus_dir: Path, manifest: list[dict[str, A
         lang = "deu+eng" if "german" in entry["tags"] else "eng"
         for index in range(min(entry["pages"], 5)):
             found = pagetext.check(
-                path, index, "auto", lang, pagetext.tessdata("tesseract"), budget=BUDGET, timeout=60
+                path, index, "auto", lang, tessdata.shared("tesseract"), budget=BUDGET, timeout=60
             )
             if found.text is None:
                 assert found.reason in ("little_text", "unmapped_font"), (
@@ -384,21 +427,21 @@ def test_corpus_born_digital_layers(corpus_dir: Path, manifest: list[dict[str, A
 
 @needs_tesseract
 def test_corpus_chinese_layer_is_kept_without_chinese_data(corpus_dir: Path) -> None:
-    """Issue 37.1: issue-914-xmp-data.pdf's Chinese layer is right, and without chi_sim OCR makes
-    Latin gibberish of it: the layer is taken, text_check says why and names the package, and
-    the document's log warns once, however many of its pages want it."""
+    """Issue 37.1: issue-914-xmp-data.pdf's Chinese layer is right, and OCR in eng makes Latin
+    gibberish of it: the layer is taken, text_check says why and names the package (to install,
+    or installed but not in ``lang``), and the document's log warns once, however many of its
+    pages want it."""
     listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True).stdout
-    if "chi_sim" in listed.split():
-        pytest.skip("chi_sim is installed here: OCR reads the page")
+    reason = "script_not_in_lang" if "chi_sim" in listed.split() else "script_not_installed"
     maker = pages(corpus_dir / "issue-914-xmp-data.pdf", "auto")
     with capture_logs() as logs:
         found = [maker(0), maker(0)]
     for page in found:
         assert isinstance(page, Checked) and page.taken is not None and page.page is None
-        assert page.check["reason"] == "script_not_installed"
+        assert page.check["reason"] == reason
         assert page.check["package"] == "tesseract-ocr-chi-sim"
         assert "商品编码" in page.taken.result.recognition.markdown
-    [warning] = [line for line in logs if line["event"] == "text_layer_script_not_installed"]
+    [warning] = [line for line in logs if line["event"] == f"text_layer_{reason}"]
     assert warning["log_level"] == "warning" and "tesseract-ocr-chi-sim" in warning["hint"]
 
 

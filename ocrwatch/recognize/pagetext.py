@@ -1,25 +1,23 @@
 """A PDF page's own text, taken instead of its OCR where it is good (``[[inbox]] text``).
 
-``Pages`` is what the render workers call for each page of a document. With ``text = "ocr"``, or
-for an image, it renders the page for the engine. Otherwise it first reads the page's own text:
+``Pages`` is what the render workers call for each page of a document. With ``text = "ocr"``, or for
+an image, it renders the page for the engine. Otherwise it first reads the page's own text:
 ``pdfcontent`` says, within its bounds, whether the page shows any text at all (a scan shows none
 and costs no more), then ``pdftotext -f N -l N`` extracts it in a subprocess with the render
 timeout, so a hostile page costs what rendering it would. ``layer`` takes any text the page has;
-``auto`` takes it only where ``judge`` finds it good, or in a script no installed Tesseract
-language reads (``missing_script``: OCR would make Latin gibberish of it; one warning a document
-names the package), and renders the page for the engine otherwise. A page taken from its layer
-skips the engine and the render, and its searchable PDF page keeps its own text (``textlayer``:
-``own``).
+``auto`` takes it only where ``judge`` finds it good, or in a script the page's Tesseract languages
+do not read (``missing_script``: OCR would make Latin gibberish of it; one warning a document names
+the package), and renders the page for the engine otherwise. A page taken from its layer skips the
+engine and the render, and its searchable PDF page keeps its own text (``textlayer``: ``own``).
 
-``judge`` asks what Tesseract knows: the letters of its installed languages' character sets and
-the words of the page's languages' word lists (``plaintext.wordlist``, read once per process).
-A layer fails when it is mostly unreadable codes (a font without a Unicode map: TAMReview's pages
-2–5 show private-use codes), when its letters are ones no installed language has, or when too few
-of its words are words. A taken page's text is plain text to the assembler, escaped and its
-line-break hyphens joined as Tesseract's is (``plaintext``). Poppler's reading order is taken, not
-``-layout``: ``-layout`` sets two columns side by side on each line, which Markdown interleaves;
-a taken page's blocks are then put in the order a reader reads them (``readingorder``), their
-boxes read by ``pdftotext -bbox-layout``.
+``judge`` asks what Tesseract knows (``tessdata``): the letters of the page's languages' character
+sets and the words of their word lists. A layer fails when it is mostly unreadable codes (a font
+without a Unicode map: TAMReview's pages 2–5 show private-use codes), when its letters are ones its
+languages lack, or when too few of its words are words. A taken page's text is plain text to the
+assembler, escaped and its line-break hyphens joined as Tesseract's is (``plaintext``). Poppler's
+reading order is taken, not ``-layout``: ``-layout`` sets two columns side by side on each line,
+which Markdown interleaves; a taken page's blocks are then put in the order a reader reads them
+(``readingorder``), their boxes read by ``pdftotext -bbox-layout``.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import os
 import re
 import selectors
 import subprocess
-import tempfile
 import threading
 import time
 import unicodedata
@@ -49,7 +46,7 @@ from ocrwatch.infra import children
 from ocrwatch.infra.memory import DecodeBudget
 from ocrwatch.pages import osd, pdfcontent, readingorder, render
 from ocrwatch.pages.scheduler import Checked, PageOutcome
-from ocrwatch.recognize import ladder
+from ocrwatch.recognize import ladder, tessdata
 from ocrwatch.sources.base import LocalFile, Origin
 
 log = structlog.get_logger()
@@ -92,12 +89,11 @@ MAX_LAYOUT_BYTES = 2 * MAX_TEXT_BYTES
 its text (each word's box), a hundred kilobytes for a dense page; a page past it keeps poppler's
 order."""
 
-LIST_TIMEOUT_SECONDS = 60.0
-
 REASONS = (
     "good",
     "asked",
     "script_not_installed",
+    "script_not_in_lang",
     "no_text",
     "little_text",
     "unreadable_codes",
@@ -112,9 +108,9 @@ REASONS = (
     "extraction_timeout",
     "text_too_large",
 )
-"""Every ``TextCheck.reason``: the first three take the layer (``TAKEN``), the others OCR it."""
+"""Every ``TextCheck.reason``: the first four take the layer (``TAKEN``), the others OCR it."""
 
-TAKEN = REASONS[:3]
+TAKEN = REASONS[:4]
 
 SCRIPTS: dict[str, tuple[str, str]] = {
     "CJK": ("chi_sim", "tesseract-ocr-chi-sim"),
@@ -167,17 +163,20 @@ class TextCheck:
 
 
 class Knowledge(Protocol):
-    """What ``judge`` asks of Tesseract: the letters it knows, and the words of its languages
-    ``lang`` (``deu+eng``; None where none can be read)."""
+    """What ``judge`` asks of Tesseract: the installed languages, the letters and the words of its
+    languages ``lang`` (``deu+eng``; None where none can be read)."""
 
-    def letters(self) -> frozenset[str] | None: ...
+    def languages(self) -> frozenset[str]: ...
+
+    def letters(self, lang: str) -> frozenset[str] | None: ...
 
     def words(self, lang: str) -> frozenset[str] | None: ...
 
 
 def judge(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | None]:
-    """Whether ``text`` stands for the page: ``("good", share of known words)``, or the reason it
-    does not. Compared in NFKC, so a ligature (ﬁ) is its letters."""
+    """Whether ``text`` stands for the page read in ``lang``: ``("good", share of known words)``,
+    or the reason it does not. Its letters are judged by ``lang``'s alone, as OCR in ``lang`` could
+    read no others. Compared in NFKC, so a ligature (ﬁ) is its letters."""
     folded = _LEADERS.sub(" ", unicodedata.normalize("NFKC", text))
     marks = [c for c in folded if not c.isspace()]
     unreadable = sum(1 for c in marks if unicodedata.category(c) in _UNREADABLE or c == "\ufffd")
@@ -188,7 +187,7 @@ def judge(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | None
         return "little_text", None
     if alphanumeric < MIN_ALPHANUMERIC * len(marks):
         return "unmapped_font", None
-    known = knowledge.letters()
+    known = knowledge.letters(lang)
     if known is None:
         return "no_dictionary", None
     letters = [c for c in marks if c.isalpha()]
@@ -255,26 +254,43 @@ def check(
     budget: DecodeBudget,
     timeout: float,
 ) -> TextCheck:
-    """Page ``index``'s own text, and whether to take it (``mode`` ``auto`` or ``layer``)."""
+    """Page ``index``'s own text, and whether to take it (``mode`` ``auto`` or ``layer``), judged
+    by the languages OCR would read it in: ``lang``, or for ``osd.AUTO`` the installed Latin ones,
+    then those of the layer's own script where it is of another."""
     started = time.perf_counter()
     text, reason = _extract(path, index, budget, timeout)
-    package = None
-    if text is not None:
-        if mode == "layer":
-            reason = "asked" if text.strip() else "no_text"
-            known = None
-        else:
-            reason, known = judge(text, knowledge, lang)
-            letters = knowledge.letters()
-            if reason == "unknown_letters" and letters is not None:
-                wanted = missing_script(text, letters)
-                if wanted is not None:
-                    reason, package = "script_not_installed", wanted[1]
+    package, known = None, None
+    if text is not None and mode == "layer":
+        reason = "asked" if text.strip() else "no_text"
+    elif text is not None:
+        reason, known, package = _judged(text, knowledge, lang)
     taken = text if reason in TAKEN else None
     if taken:
         taken = _in_reading_order(path, index, taken, timeout - (time.perf_counter() - started))
     seconds = time.perf_counter() - started
     return TextCheck(taken, reason, known if text is not None else None, seconds, package)
+
+
+def _judged(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | None, str | None]:
+    """``judge``'s answer for a layer OCR would read in ``lang``, and the package of the language
+    of its script where OCR cannot read that script. A layer of a script ``lang`` does not read is
+    kept, never traded for Latin gibberish: ``script_not_installed`` where no installed language
+    reads it, ``script_not_in_lang`` where one does but ``lang`` does not name it."""
+    installed = knowledge.languages()
+    judged = osd.latin(installed) if lang == osd.AUTO else lang
+    reason, known = judge(text, knowledge, judged)
+    letters = knowledge.letters(judged)
+    unknown = reason == "unknown_letters" and letters is not None
+    wanted = missing_script(text, letters) if unknown and letters is not None else None
+    if wanted is None:
+        return reason, known, None
+    script_lang, package = wanted
+    if script_lang not in installed:
+        return "script_not_installed", None, package
+    if lang != osd.AUTO:
+        return "script_not_in_lang", None, package
+    reason, known = judge(text, knowledge, f"{script_lang}+{osd.FALLBACK}")
+    return reason, known, None
 
 
 def _extract(
@@ -369,116 +385,6 @@ def markdown(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
-class Tessdata:
-    """Tesseract's knowledge, read from its language data once per process (``binary`` finds
-    it) and kept: the letters of every installed language, each language's words on first use."""
-
-    def __init__(self, binary: str) -> None:
-        self._binary = binary
-        self._lock = threading.Lock()
-        self._folder: Path | None = None
-        self._letters: frozenset[str] | None = None
-        self._languages: frozenset[str] = frozenset()
-        self._words: dict[str, frozenset[str] | None] = {}
-        self._listed = False
-
-    def letters(self) -> frozenset[str] | None:
-        with self._lock:
-            if not self._listed:
-                self._listed = True
-                self._letters = self._read_letters()
-            return self._letters
-
-    def languages(self) -> frozenset[str]:
-        """The installed languages (none where Tesseract or its tools cannot be run)."""
-        self.letters()
-        return self._languages
-
-    def words(self, lang: str) -> frozenset[str] | None:
-        if self.letters() is None:
-            return None
-        with self._lock:
-            if lang not in self._words:
-                self._words[lang] = self._read_words(lang)
-            return self._words[lang]
-
-    def _read_letters(self) -> frozenset[str] | None:
-        try:
-            done = children.run(
-                [self._binary, "--list-langs"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                timeout=LIST_TIMEOUT_SECONDS,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("text_dictionary_missing", error=f"{self._binary} --list-langs: {exc}")
-            return None
-        listed = done.stdout.decode("utf-8", "replace")
-        folder = plaintext.tessdata_dir(listed)
-        if done.returncode != 0 or folder is None or plaintext.tools_missing():
-            log.warning(
-                "text_dictionary_missing",
-                error="tesseract, its language data or its "
-                "training tools (combine_tessdata, dawg2wordlist) not found",
-            )
-            return None
-        self._folder = folder
-        self._languages = frozenset(
-            name.strip() for name in listed.splitlines()[1:] if name.strip()
-        )
-        letters: set[str] = set()
-        for lang in (name.strip() for name in listed.splitlines()[1:]):
-            if lang and lang != "osd":
-                letters.update(c for c in self._unicharset(lang) if c.isalpha())
-        return frozenset(letters)
-
-    def _component(self, lang: str, name: str, scratch: str) -> Path | None:
-        """The component ``name`` of ``lang``'s traineddata, written into ``scratch``; None where it
-        has none."""
-        assert self._folder is not None
-        out = Path(scratch) / f"{lang.replace('/', '_')}.{name}"
-        try:
-            children.run(
-                ["combine_tessdata", "-e", str(self._folder / f"{lang}.traineddata"), str(out)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=LIST_TIMEOUT_SECONDS,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out if out.is_file() and out.stat().st_size else None
-
-    def _unicharset(self, lang: str) -> set[str]:
-        with tempfile.TemporaryDirectory(prefix="ocrwatch-tessdata-") as scratch:
-            path = self._component(lang, "lstm-unicharset", scratch)
-            path = path or self._component(lang, "unicharset", scratch)
-            if path is None:
-                return set()
-            lines = path.read_text("utf-8", "replace").splitlines()[1:]
-        return {line.split(" ", 1)[0] for line in lines if line}
-
-    def _read_words(self, lang: str) -> frozenset[str] | None:
-        assert self._folder is not None
-        try:
-            words = plaintext.wordlist(self._folder, lang)
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("text_dictionary_missing", lang=lang, error=str(exc))
-            return None
-        if not words:
-            log.warning("text_dictionary_missing", lang=lang, error="no word list in its data")
-        return words or None
-
-
-_TESSDATA: dict[str, Tessdata] = {}
-_TESSDATA_LOCK = threading.Lock()
-
-
-def tessdata(binary: str) -> Tessdata:
-    """The process's one ``Tessdata`` for ``binary``: its word lists are read once."""
-    with _TESSDATA_LOCK:
-        return _TESSDATA.setdefault(binary, Tessdata(binary))
-
-
 def text_mode(cfg: Config, origin: Origin, asked: TextMode | None, engine: str) -> TextMode:
     """The job's text mode: asked (``ocrwatch ocr --text``), else its inbox's ``text``, else the
     default the engine states (``EngineSpec.text``)."""
@@ -507,11 +413,17 @@ def pages(
     every installed Latin language's); ``asked``: ``ocrwatch ocr --text``."""
     tess = cfg.engine.tesseract
     mode = text_mode(cfg, origin, asked, engine)
-    knowledge, lang = tessdata(tess.binary), lang or tess.lang
-    if lang == osd.AUTO:
-        lang = osd.latin(knowledge.languages())
     return Pages(
-        copy.path, copy.info, copy.spec, mode, lang, knowledge, budget, observe, job_id, origin.uri
+        copy.path,
+        copy.info,
+        copy.spec,
+        mode,
+        lang or tess.lang,
+        tessdata.shared(tess.binary),
+        budget,
+        observe,
+        job_id,
+        origin.uri,
     )
 
 
@@ -553,22 +465,27 @@ class Pages:
         )
         log.debug("text_checked", page=index + 1, reason=found.reason, seconds=found.seconds)
         if found.package is not None:
-            self._warn_once(found.package)
+            self._warn_once(found.reason, found.package)
         if found.text is None:
             return Checked(found.record(), self._render(index))
         return Checked(found.record(), taken=self._taken(index, found))
 
-    def _warn_once(self, package: str) -> None:
+    def _warn_once(self, reason: str, package: str) -> None:
         """One warning a document for each language pack its layers want: the pages are kept
-        from their own text, and OCR could not read them without it."""
+        from their own text, and OCR in its languages could not read them."""
         with self.warned_lock:
             if package in self.warned:
                 return
             self.warned.add(package)
+        fix = (
+            f"install {package}"
+            if reason == "script_not_installed"
+            else f'name the language {package} installs in lang, or set lang = "auto",'
+        )
         log.warning(
-            "text_layer_script_not_installed",
+            f"text_layer_{reason}",
             package=package,
-            hint=f"its own text is kept; install {package} to have such pages OCR'd",
+            hint=f"its own text is kept; {fix} to have such pages OCR'd",
         )
 
     def _render(self, index: int) -> render.RenderedPage:
@@ -582,7 +499,8 @@ class Pages:
         width_pt, height_pt = self.info.page_sizes[index]
         dpi = render.page_dpi(width_pt, height_pt, self.spec)
         text = markdown(found.text)
-        plain = plaintext.PlainText(self.knowledge.words(self.lang) or frozenset())
+        lang = osd.latin(self.knowledge.languages()) if self.lang == osd.AUTO else self.lang
+        plain = plaintext.PlainText(self.knowledge.words(lang) or frozenset())
         recognition = Recognition(markdown=text, raw=found.text, seconds=found.seconds, plain=plain)
         result = ladder.PageResult("ok", recognition, [])
         width, height = (max(1, math.ceil(side * dpi / 72)) for side in (width_pt, height_pt))

@@ -154,11 +154,13 @@ TEXT_CHECK = object_of(
             "enum": list(pagetext.REASONS),
             "description": "good or asked (the layer was taken: auto found it good, layer "
             "takes any), script_not_installed (taken: its letters are of a script no "
-            "installed Tesseract language reads; package names the one that would); "
+            "installed Tesseract language reads; package names the one that would), "
+            "script_not_in_lang (taken: one installed does, but the page's lang does not name "
+            "it; package names it); "
             "else why the page was OCR'd: no_text (none drawn: a scan), "
             "little_text, unreadable_codes (a font without a Unicode map), unmapped_font "
-            "(punctuation only), unknown_letters (letters no installed Tesseract language "
-            "has), unknown_words (too few words its languages know), no_dictionary "
+            "(punctuation only), unknown_letters (letters the page's Tesseract languages do not "
+            "have), unknown_words (too few words its languages know), no_dictionary "
             "(Tesseract's language data or tools absent), content_too_large or "
             "forms_too_deep (its content not read within bounds), unreadable_pdf, "
             "extraction_failed, extraction_timeout, text_too_large (pdftotext: it "
@@ -174,8 +176,8 @@ TEXT_CHECK = object_of(
         "seconds": {**SECONDS, "description": "The check's time: reading and judging the layer."},
         "package": {
             "type": "string",
-            "description": "With script_not_installed: the package of the Tesseract language "
-            "that reads the layer's script (tesseract-ocr-chi-sim).",
+            "description": "With script_not_installed or script_not_in_lang: the package of the "
+            "Tesseract language that reads the layer's script (tesseract-ocr-chi-sim).",
         },
     },
     ("reason", "known_words", "seconds"),
