@@ -18,6 +18,7 @@ import tomli_w
 from ocrwatch import config
 from ocrwatch.app import checks
 from ocrwatch.config import S3Config
+from ocrwatch.engines import tesseract_checks
 from ocrwatch.errors import ConfigError
 from tests.support.s3servers import MotoServer, free_port
 
@@ -82,7 +83,7 @@ def test_a_machine_with_everything_passes_with_a_line_per_check(tmp_path: Path) 
         "ok   pdftoppm ",
         "ok   prlimit ",
         "ok   tesseract ",
-        "ok   [engine.tesseract] lang eng",
+        "ok   [engine.tesseract] lang auto picks by each page's script among ",
         "ok   inbox[0].lang eng",
         "ok   engine tesseract recognised a test page",
         "ok   inbox[0].path ",
@@ -132,15 +133,21 @@ def test_a_lang_given_on_the_command_line_is_checked_by_the_same_rule(tmp_path: 
     assert raised.value.hint == "name languages as eng or eng+deu, or change --lang"
 
 
-def test_lang_auto_needs_orientation_detection_not_a_language_named_auto(tmp_path: Path) -> None:
-    """``--lang auto`` (or an inbox's): no language named auto is looked for; the page's script
-    is, which orientation detection finds, so turning it off is refused."""
+def test_lang_auto_looks_for_the_fallback_and_osd_not_a_language_named_auto(
+    tmp_path: Path,
+) -> None:
+    """``lang = "auto"``, the default: no language named auto is looked for; the page's script
+    is, which orientation detection finds with OSD's data. With rotation off, auto is still a
+    start (it is the default) and its line says every page is read in eng."""
     cfg = config.load(write_config(tmp_path))
+    assert cfg.engine.tesseract.lang == "auto"
     checks.require_languages(cfg, "auto")
     off = cfg.model_copy(update={"render": cfg.render.model_copy(update={"rotate_pages": False})})
-    with pytest.raises(ConfigError) as raised:
-        checks.require_languages(off, "auto")
-    assert raised.value.hint == "set [render] rotate_pages = true, or name languages in --lang"
+    checks.require_languages(off, "auto")
+    [line] = tesseract_checks._auto("--lang", frozenset({"eng"}), False).line().splitlines()
+    assert line.startswith("ok   --lang auto reads every page in eng: orientation detection")
+    assert not tesseract_checks._auto("--lang", frozenset({"eng"}), True).ok  # no osd data
+    assert not tesseract_checks._auto("--lang", frozenset({"deu"}), False).ok  # no eng
 
 
 def test_a_busy_metrics_port(tmp_path: Path) -> None:

@@ -184,7 +184,7 @@ def test_describe_and_hints() -> None:
     assert description | {"version": None} == {
         "name": "tesseract",
         "version": None,
-        "lang": "eng",
+        "lang": "auto",
         "psm": 6,
         "dpi": 250,
         "workers": 3,

@@ -62,14 +62,17 @@ def checks(cfg: Config, probe: bool, wanted: Wanted | None = None) -> Iterator[C
 
 
 def _auto(key: str, installed: frozenset[str], rotate: bool) -> Check:
-    """``auto``: orientation detection must run to find each page's script, with OSD's data and
-    the fallback's installed; the languages it can pick are those installed."""
+    """``auto``: the fallback's data installed, and OSD's where orientation detection runs to
+    find each page's script; the languages it can pick are those installed (only the fallback
+    with rotation off)."""
     if not rotate:
+        if osd.FALLBACK not in installed:
+            return _installed(key, osd.FALLBACK, installed)
         return Check(
-            False,
+            True,
             f"{key} {osd.AUTO}",
-            "finds each page's script by orientation detection, which is off",
-            f"set [render] rotate_pages = true, or name languages in {key.split()[0]}",
+            f"reads every page in {osd.FALLBACK}: orientation detection, which finds each"
+            " page's script, is off ([render] rotate_pages)",
         )
     missing = {osd.FALLBACK, "osd"} - installed
     if missing:

@@ -16,11 +16,13 @@ class TesseractConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     lang: Lang = Field(
-        "eng",
+        "auto",
         description=(
             'Tesseract language packs joined with "+", e.g. "eng+deu" (install tesseract-ocr-deu);'
             ' "auto": each page in the installed language of the script orientation detection'
-            " finds on it ([render] rotate_pages), eng for Latin or where none is installed."
+            " finds on it, eng for Latin; a page of a script no installed language reads is read"
+            " in eng, its sidecar names the package to install and, where it reads poorly, the"
+            " document is partial. With [render] rotate_pages off, auto reads every page in eng."
         ),
     )
     dpi: Annotated[int, Field(ge=70, le=600)] = Field(
