@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from ocrwatch.errors import ConfigError
 from ocrwatch.pages import deskew
@@ -71,6 +71,10 @@ are read turned at 0.2 to 0.5 confidence: a map, a chart, a title page)."""
 READ_RATIO = 2.0
 READ_MIN_CHARACTERS = 10
 """A turned page must read at least this many characters of confident words to be turned."""
+RULE_LENGTH = 400
+"""The length, in pixels of the reading check's image (lines at most ``GLANCE_LINE`` high), of an
+unbroken run of ink taken for a rule and made white (``unruled``); runs shorter than half of it
+never are: a word's strokes, even Devanagari's headline, break between words."""
 
 LINES_DPI = 150.0
 """The resolution the text-line test reads a page at: a line of 10-point text is ~20 pixels high,
@@ -88,6 +92,12 @@ LINES_MIN = 10
 go to OSD."""
 LINES_SPREAD = 2
 """The fewest rows, and columns, of tiles a turn's text lines must come from (``_says_upright``)."""
+LINES_FINE = 12
+"""The median height, in ``LINES_DPI`` pixels, below which a page's lines are too few pixels for
+the test to judge them (a 6-point line): a page that claims a higher DPI is looked at finer."""
+LINES_MAX_PIXELS = 2_250_000
+"""The most pixels the text-line test looks at a page again in (``_surveyed``): about a Letter or
+A4 page at ``LINES_DPI``, what surveying a page whose DPI is right costs."""
 LINES_ACROSS = 2.0
 """How many times as many lines must run across the page as along it (a page on its side)."""
 LINES_ASCENDERS = 1.6
@@ -258,8 +268,7 @@ def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
     """The rotation to apply and how it was decided (module docstring): the text lines first,
     then OSD's glance at the page's densest text, then OSD on the whole page where the glance is
     unsure and reading does not settle it."""
-    page, page_dpi = _grey(image, dpi)
-    tiles = survey(_bilevel(page, page_dpi))
+    page, page_dpi, tiles = _surveyed(image, dpi)
     lines_turn = turn_from_lines(tiles)
     if lines_turn is not None:
         return Orientation(lines_turn, decided_by="text_lines", script=LATIN)
@@ -325,6 +334,7 @@ class _Reading:
 
     def __init__(self, image: Image.Image, dpi: float, folder: str, timeout: float) -> None:
         self._image, self._dpi, self._folder, self._timeout = image, dpi, folder, timeout
+        self._unruled: Image.Image | None = None
         self._read: dict[int, int] = {}
 
     def best(self, detected: int) -> tuple[int, int]:
@@ -342,9 +352,40 @@ class _Reading:
     def _count(self, clockwise: int) -> int:
         if clockwise not in self._read:
             path = os.path.join(self._folder, f"read-{clockwise}.pgm")
-            turn(self._image, clockwise).save(path)
+            if self._unruled is None:
+                self._unruled = unruled(self._image)
+            turn(self._unruled, clockwise).save(path)
             self._read[clockwise] = readable_characters(path, self._dpi, self._timeout)
         return self._read[clockwise]
+
+
+def unruled(image: Image.Image) -> Image.Image:
+    """``image`` (grey) with every row and column of pixels that holds a rule (``_ruled``) made
+    white: a table's rules and frame, inside which Tesseract reads no lines (a framed table on its
+    side read 0 confident characters upright, as sideways)."""
+    ink = image.point(lambda value: 255 if value < 128 else 0)
+    rows, columns = _ruled(ink), _ruled(ink.transpose(Image.Transpose.TRANSPOSE))
+    if not rows and not columns:
+        return image
+    clean = image.copy()
+    draw = ImageDraw.Draw(clean)
+    for y in rows:
+        draw.line((0, y, clean.width - 1, y), fill=255)
+    for x in columns:
+        draw.line((x, 0, x, clean.height - 1), fill=255)
+    return clean
+
+
+def _ruled(ink: Image.Image) -> list[int]:
+    """The rows of ``ink`` (255 ink, else 0) with a run of ink ``RULE_LENGTH`` long: each row cut
+    into pieces half that long, shrunk to one pixel each (a box filter), and any piece all ink."""
+    piece = RULE_LENGTH // 2
+    pieces = ink.width // piece
+    if not pieces:
+        return []
+    whole = ink.crop((0, 0, pieces * piece, ink.height))
+    shrunk = whole.resize((pieces, ink.height), Image.Resampling.BOX).tobytes()
+    return sorted({index // pieces for index, value in enumerate(shrunk) if value == 255})
 
 
 def glance(sample: Image.Image, dpi: float, folder: str, timeout: float) -> Answer | None:
@@ -536,9 +577,31 @@ def _lines(rows: list[int]) -> list[tuple[int, int, float, int]]:
     return found
 
 
+def _surveyed(image: Image.Image, dpi: float) -> tuple[Image.Image, float, list[_Tile]]:
+    """What detection reads (``_grey``), the DPI it reads it at, and ``survey``'s tiles. A page
+    shrunk by the DPI it claims whose survey finds fewer than ``LINES_MIN`` lines, or lines under
+    ``LINES_FINE`` high, may claim more than it has (a 150-dpi scan saying 600: its lines shrunk to
+    a few pixels): it is surveyed again at half that DPI while that costs no more than
+    ``LINES_MAX_PIXELS``, and the DPI whose survey finds the most lines is taken."""
+    grey = image.convert("L")
+    best: tuple[int, Image.Image, float, list[_Tile]] | None = None
+    while True:
+        page, page_dpi = _grey(grey, dpi)
+        tiles = survey(_bilevel(page, page_dpi))
+        heights = [line[3] for tile in tiles for line in tile.text]
+        if best is None or len(heights) > best[0]:
+            best = (len(heights), page, page_dpi, tiles)
+        clear = len(heights) >= LINES_MIN and statistics.median(heights) >= LINES_FINE
+        finer = dpi / 2
+        pixels = grey.width * grey.height * min(1.0, LINES_DPI / finer) ** 2
+        if clear or dpi <= LINES_DPI or pixels > LINES_MAX_PIXELS:
+            return best[1:]
+        dpi = finer
+
+
 def _grey(image: Image.Image, dpi: float) -> tuple[Image.Image, float]:
     """What detection reads: the page in grey, no finer than ``OSD_MAX_DPI``."""
-    grey = image.convert("L")
+    grey = image if image.mode == "L" else image.convert("L")
     if dpi > OSD_MAX_DPI:
         scale = OSD_MAX_DPI / dpi
         size = (max(1, round(grey.width * scale)), max(1, round(grey.height * scale)))
