@@ -4,8 +4,10 @@ Every rendered page, for either engine, goes through ``upright`` in its render w
 the event loop). With ``[render] rotate_pages``, a page is decided by the cheapest test that can:
 
 1. Its text lines (``survey``, a few hundredths of a second), found on a bilevel copy at
-   ``LINES_DPI``, where turned some way they look like upright Latin lines: ``text_lines`` (a turn
-   only where they lie in rows and columns of tiles: large letters' strokes look like lines).
+   ``LINES_DPI`` (by the DPI the file claims; finer where that shows too few lines, or lines too
+   small, as on a 150-dpi scan that says 600: ``_surveyed``), where turned some way they look like
+   upright Latin lines: ``text_lines`` (a turn only where they lie in rows and columns of tiles:
+   large letters' strokes look like lines).
 2. OSD's glance: Tesseract's orientation detection (``--psm 0``) on the window of the page densest
    in text lines, scaled so its lines are ``GLANCE_LINE`` pixels high (the text's own height, not
    the DPI the file claims), from ``GLANCE_CHARACTERS`` characters: a third of OSD's cost on the
@@ -21,7 +23,8 @@ text it is small and often wrong, so its answer is taken in three bands:
 
 - at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's): as it is;
 - from ``READ_FLOOR`` up to the threshold: checked by reading (Tesseract, ``READ_LANG``) the
-  glance's window unturned, turned as OSD says and turned the opposite way (OSD unsure of a page on
+  glance's window, its rules made white (``unruled``: Tesseract reads nothing inside a table's
+  frame), unturned, turned as OSD says and turned the opposite way (OSD unsure of a page on
   its side often has it upside down), and turned only where the best of them reads at least
   ``READ_RATIO`` times as many characters of confident words (``READ_CONFIDENCE``) as unturned;
   where no way round reads ``READ_MIN_CHARACTERS``, the page says so (``reads_poorly``, in its
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from ocrwatch.errors import ConfigError
 from ocrwatch.pages import deskew
@@ -59,6 +62,7 @@ from ocrwatch.pages.osd import (
     Answer,
     detect,
     readable_characters,
+    unruled,
 )
 
 log = structlog.get_logger()
@@ -71,10 +75,6 @@ are read turned at 0.2 to 0.5 confidence: a map, a chart, a title page)."""
 READ_RATIO = 2.0
 READ_MIN_CHARACTERS = 10
 """A turned page must read at least this many characters of confident words to be turned."""
-RULE_LENGTH = 400
-"""The length, in pixels of the reading check's image (lines at most ``GLANCE_LINE`` high), of an
-unbroken run of ink taken for a rule and made white (``unruled``); runs shorter than half of it
-never are: a word's strokes, even Devanagari's headline, break between words."""
 
 LINES_DPI = 150.0
 """The resolution the text-line test reads a page at: a line of 10-point text is ~20 pixels high,
@@ -357,35 +357,6 @@ class _Reading:
             turn(self._unruled, clockwise).save(path)
             self._read[clockwise] = readable_characters(path, self._dpi, self._timeout)
         return self._read[clockwise]
-
-
-def unruled(image: Image.Image) -> Image.Image:
-    """``image`` (grey) with every row and column of pixels that holds a rule (``_ruled``) made
-    white: a table's rules and frame, inside which Tesseract reads no lines (a framed table on its
-    side read 0 confident characters upright, as sideways)."""
-    ink = image.point(lambda value: 255 if value < 128 else 0)
-    rows, columns = _ruled(ink), _ruled(ink.transpose(Image.Transpose.TRANSPOSE))
-    if not rows and not columns:
-        return image
-    clean = image.copy()
-    draw = ImageDraw.Draw(clean)
-    for y in rows:
-        draw.line((0, y, clean.width - 1, y), fill=255)
-    for x in columns:
-        draw.line((x, 0, x, clean.height - 1), fill=255)
-    return clean
-
-
-def _ruled(ink: Image.Image) -> list[int]:
-    """The rows of ``ink`` (255 ink, else 0) with a run of ink ``RULE_LENGTH`` long: each row cut
-    into pieces half that long, shrunk to one pixel each (a box filter), and any piece all ink."""
-    piece = RULE_LENGTH // 2
-    pieces = ink.width // piece
-    if not pieces:
-        return []
-    whole = ink.crop((0, 0, pieces * piece, ink.height))
-    shrunk = whole.resize((pieces, ink.height), Image.Resampling.BOX).tobytes()
-    return sorted({index // pieces for index, value in enumerate(shrunk) if value == 255})
 
 
 def glance(sample: Image.Image, dpi: float, folder: str, timeout: float) -> Answer | None:
