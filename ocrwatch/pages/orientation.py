@@ -329,8 +329,8 @@ def _whole_page(
 
 
 class _Reading:
-    """The reading check on one image: each turn read once (Tesseract, ``READ_LANG``), however
-    many times it is asked about."""
+    """The reading check on one image, its rules made white (``unruled``): each turn read once
+    (Tesseract, ``READ_LANG``), however many times it is asked about."""
 
     def __init__(self, image: Image.Image, dpi: float, folder: str, timeout: float) -> None:
         self._image, self._dpi, self._folder, self._timeout = image, dpi, folder, timeout
