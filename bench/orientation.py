@@ -10,6 +10,10 @@ milliseconds (this process plus Tesseract's children), mean and median. Pages ar
 they were decided (``decided_by``). The same is done on pages made here (``made``): the suite's
 pangram page and a page of prose in a book face, each shown four ways round.
 
+Resolutions: three corpus pages (a framed table, a small page of prose, a paper's first page)
+rendered at 150 and 300 dpi, turned 90 degrees, saved as PNGs that record no resolution, the true
+one, or 600 dpi, and rendered as the daemon renders an image: how many come out upright.
+
 Gain: the rotated documents (``tests/support/rotated.py``) read through the Tesseract engine with
 ``rotate_pages`` off and on (and ``deskew`` on for ``rotated_skew.pdf``); each page's word
 similarity to its reference, order-sensitive and order-free.
@@ -152,6 +156,39 @@ def made() -> dict[str, Any]:
     )
 
 
+RESOLUTION_PAGES = ("small-table.pdf", "multipage.pdf", "tracemonkey.pdf")
+
+
+def resolutions(root: Path) -> dict[str, Any]:
+    """Each of ``RESOLUTION_PAGES``' first page at each true and claimed resolution (module
+    docstring): the turn found, how, and its CPU milliseconds."""
+    plain, spec = spec_for(rotate_pages=False), spec_for()
+    cases: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-dpi-") as folder:
+        for name in RESOLUTION_PAGES:
+            info = render.probe(root / name, render.Limits(1 << 30, 10_000))
+            for true in (150, 300):
+                at = dataclasses.replace(plain, dpi=float(true))
+                shown = orientation.turn(render.render_page(root / name, info, 0, at).image, 90)
+                shown.info.clear()
+                for claimed in (None, true, 600):
+                    path = Path(folder) / f"{true}-{claimed}.png"
+                    shown.save(path, **({"dpi": (claimed, claimed)} if claimed else {}))
+                    probed = render.probe(path, render.Limits(1 << 30, 10))
+                    cpu = own_cpu() + children_cpu()
+                    turned = render.render_page(path, probed, 0, spec).orientation
+                    cpu = own_cpu() + children_cpu() - cpu
+                    key = f"{name} at {true} dpi saying {claimed or 'none'}"
+                    cases[key] = {
+                        "right": turned.rotation == 270,
+                        "decided_by": turned.decided_by,
+                        "cpu_ms": round(cpu * 1000),
+                    }
+                    print(f"{key}: {turned.rotation} by {turned.decided_by}", flush=True)
+    right = sum(case["right"] for case in cases.values())
+    return {"right": right, "cases": len(cases), "each": cases}
+
+
 async def read(engine: TesseractEngine, path: Path, spec: render.RenderSpec) -> list[str]:
     info = render.probe(path, render.Limits(1 << 30, 10_000))
     texts = []
@@ -195,6 +232,7 @@ def main() -> None:
     figures = {
         "cost": cost(root, args.max_per_doc),
         "made": made(),
+        "resolutions": resolutions(root),
         "similarity": asyncio.run(gain(root)),
     }
     emit(

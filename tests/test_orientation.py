@@ -127,8 +127,68 @@ def prose_page() -> Image.Image:
     return image
 
 
-HEBREW = ["שלום עולם זהו מסמך בעברית", "הספר נמצא על השולחן בבית", "אנחנו קוראים את המכתב היום"]
+TABLE = (
+    ("Boiling Points", "min", "max", "avg"),
+    ("Noble gases", "-269", "-62", "-170.5"),
+    ("Nonmetals", "-253", "4827", "414.1"),
+    ("Metalloids", "335", "3900", "741.5"),
+    ("Metals", "357", ">5000", "2755.9"),
+)
 SANS = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+BOLD = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf")
+
+
+def framed_table() -> Image.Image:
+    """A Letter page at 150 dpi holding a small table of figures in a frame, a rule under each row
+    (the shape of the issue's page, the corpus's small-table.pdf): a page of few words, which OSD
+    is unsure of on its side."""
+    image = Image.new("L", (1275, 1650), 255)
+    draw = ImageDraw.Draw(image)
+    plain, bold = (ImageFont.truetype(str(face), 18) for face in (SANS, BOLD))
+    left, top, right, row = 180, 420, 1080, 45
+    bottom = top + len(TABLE) * row
+    for number, cells in enumerate(TABLE):
+        y = top + number * row
+        draw.line((left, y, right, y), fill=0, width=2)
+        for column, (x, text) in enumerate(zip((left, 450, 660, 870), cells, strict=True)):
+            font = bold if not column or not number else plain
+            draw.text((x + 15, y + 12), text, fill=0, font=font)
+    for x, y in ((left, bottom), (right, bottom)):
+        draw.line((x, top, x, y), fill=0, width=2)
+    draw.line((left, bottom, right, bottom), fill=0, width=2)
+    return image
+
+
+@pytest.mark.parametrize("made", ["prose", "table"])
+def test_a_sideways_page_claiming_more_dpi_than_it_has_is_turned(tmp_path: Path, made: str) -> None:
+    """Issue 37.3: a page made at 150 dpi, turned 90 degrees and saved as a PNG that says 600 dpi.
+    Shrunk by what it claims, its lines were a few pixels high: the text-line test found none and
+    OSD too little to say (the table was kept as it was, the prose too, at OSD's 0.8). Surveyed
+    again finer, it is turned as the same page saying 150 dpi is: by its lines, or by reading."""
+    if not (SANS.exists() and BOLD.exists()):
+        pytest.skip("needs fonts-dejavu-core")
+    page = prose_page() if made == "prose" else framed_table()
+    docs.write_png(tmp_path / "sideways.png", orientation.turn(page, 90), dpi=600)
+    turned = _turned_by(tmp_path, "sideways.png", 1)
+    how = "text_lines" if made == "prose" else "reading"
+    assert (turned.rotation, turned.decided_by, turned.reads_poorly) == (270, how, False)
+
+
+def test_a_framed_table_on_its_side_reads_upright(tmp_path: Path) -> None:
+    """The reading check on the table cut to its frame, turned 90 degrees: Tesseract read no line
+    inside the frame any way round (0 confident characters upright), so the page stayed on its
+    side. With its rules made white (``osd.unruled``), it reads upright."""
+    if not (SANS.exists() and BOLD.exists()):
+        pytest.skip("needs fonts-dejavu-core")
+    table = framed_table()
+    left, top, right, bottom = ImageOps.invert(table).getbbox() or (0, 0, 0, 0)
+    framed = table.crop((left - 20, top - 20, right + 20, bottom + 20))
+    reading = orientation._Reading(orientation.turn(framed, 90), 150.0, str(tmp_path), 60.0)
+    rotation, read = reading.best(270)
+    assert rotation == 270 and read >= orientation.GLANCE_READ_CHARACTERS
+
+
+HEBREW = ["שלום עולם זהו מסמך בעברית", "הספר נמצא על השולחן בבית", "אנחנו קוראים את המכתב היום"]
 
 
 def test_a_page_in_a_script_not_installed_is_read_in_eng_and_says_what_to_install() -> None:
@@ -374,6 +434,20 @@ def test_a_sideways_png_without_resolution_is_turned(corpus_dir: Path, tmp_path:
     want = (corpus_dir / "small-table.pdf.gt.txt").read_text()
     (got,) = _read(tmp_path / "sideways.png", _spec())
     assert rotated.bag_similarity(got, want) >= 0.9
+
+
+def test_a_sideways_table_at_300_dpi_is_turned(corpus_dir: Path, tmp_path: Path) -> None:
+    """The same table page rendered at 300 dpi, turned 90 degrees and saved saying so: the glance's
+    window cut across the table's frame and rules, inside which Tesseract read 17 confident
+    characters at most any way round, so the page was kept on its side. With the rules made white
+    it reads upright."""
+    table = corpus_dir / "small-table.pdf"
+    info = render.probe(table, render.Limits(1 << 30, 10))
+    spec = render.render_spec(RenderConfig(dpi=300, rotate_pages=False))
+    shown = orientation.turn(render.render_page(table, info, 0, spec).image, 90)
+    docs.write_png(tmp_path / "sideways.png", shown, dpi=300)
+    turned = _turned_by(tmp_path, "sideways.png", 1)
+    assert (turned.rotation, turned.decided_by, turned.reads_poorly) == (270, "reading", False)
 
 
 def test_a_page_no_way_round_reads_says_so(tmp_path: Path) -> None:

@@ -4,8 +4,10 @@ Every rendered page, for either engine, goes through ``upright`` in its render w
 the event loop). With ``[render] rotate_pages``, a page is decided by the cheapest test that can:
 
 1. Its text lines (``survey``, a few hundredths of a second), found on a bilevel copy at
-   ``LINES_DPI``, where turned some way they look like upright Latin lines: ``text_lines`` (a turn
-   only where they lie in rows and columns of tiles: large letters' strokes look like lines).
+   ``LINES_DPI`` (by the DPI the file claims; finer where that shows too few lines, or lines too
+   small, as on a 150-dpi scan that says 600: ``_surveyed``), where turned some way they look like
+   upright Latin lines: ``text_lines`` (a turn only where they lie in rows and columns of tiles:
+   large letters' strokes look like lines).
 2. OSD's glance: Tesseract's orientation detection (``--psm 0``) on the window of the page densest
    in text lines, scaled so its lines are ``GLANCE_LINE`` pixels high (the text's own height, not
    the DPI the file claims), from ``GLANCE_CHARACTERS`` characters: a third of OSD's cost on the
@@ -21,7 +23,8 @@ text it is small and often wrong, so its answer is taken in three bands:
 
 - at ``rotate_pages_threshold`` or above (14 by default, OCRmyPDF's): as it is;
 - from ``READ_FLOOR`` up to the threshold: checked by reading (Tesseract, ``READ_LANG``) the
-  glance's window unturned, turned as OSD says and turned the opposite way (OSD unsure of a page on
+  glance's window, its rules made white (``unruled``: Tesseract reads nothing inside a table's
+  frame), unturned, turned as OSD says and turned the opposite way (OSD unsure of a page on
   its side often has it upside down), and turned only where the best of them reads at least
   ``READ_RATIO`` times as many characters of confident words (``READ_CONFIDENCE``) as unturned;
   where no way round reads ``READ_MIN_CHARACTERS``, the page says so (``reads_poorly``, in its
@@ -59,6 +62,7 @@ from ocrwatch.pages.osd import (
     Answer,
     detect,
     readable_characters,
+    unruled,
 )
 
 log = structlog.get_logger()
@@ -88,6 +92,12 @@ LINES_MIN = 10
 go to OSD."""
 LINES_SPREAD = 2
 """The fewest rows, and columns, of tiles a turn's text lines must come from (``_says_upright``)."""
+LINES_FINE = 12
+"""The median height, in ``LINES_DPI`` pixels, below which a page's lines are too few pixels for
+the test to judge them (a 6-point line): a page that claims a higher DPI is looked at finer."""
+LINES_MAX_PIXELS = 2_250_000
+"""The most pixels the text-line test looks at a page again in (``_surveyed``): about a Letter or
+A4 page at ``LINES_DPI``, what surveying a page whose DPI is right costs."""
 LINES_ACROSS = 2.0
 """How many times as many lines must run across the page as along it (a page on its side)."""
 LINES_ASCENDERS = 1.6
@@ -258,8 +268,7 @@ def _decide(image: Image.Image, dpi: float, settings: Settings) -> Orientation:
     """The rotation to apply and how it was decided (module docstring): the text lines first,
     then OSD's glance at the page's densest text, then OSD on the whole page where the glance is
     unsure and reading does not settle it."""
-    page, page_dpi = _grey(image, dpi)
-    tiles = survey(_bilevel(page, page_dpi))
+    page, page_dpi, tiles = _surveyed(image, dpi)
     lines_turn = turn_from_lines(tiles)
     if lines_turn is not None:
         return Orientation(lines_turn, decided_by="text_lines", script=LATIN)
@@ -320,11 +329,12 @@ def _whole_page(
 
 
 class _Reading:
-    """The reading check on one image: each turn read once (Tesseract, ``READ_LANG``), however
-    many times it is asked about."""
+    """The reading check on one image, its rules made white (``unruled``): each turn read once
+    (Tesseract, ``READ_LANG``), however many times it is asked about."""
 
     def __init__(self, image: Image.Image, dpi: float, folder: str, timeout: float) -> None:
         self._image, self._dpi, self._folder, self._timeout = image, dpi, folder, timeout
+        self._unruled: Image.Image | None = None
         self._read: dict[int, int] = {}
 
     def best(self, detected: int) -> tuple[int, int]:
@@ -342,7 +352,9 @@ class _Reading:
     def _count(self, clockwise: int) -> int:
         if clockwise not in self._read:
             path = os.path.join(self._folder, f"read-{clockwise}.pgm")
-            turn(self._image, clockwise).save(path)
+            if self._unruled is None:
+                self._unruled = unruled(self._image)
+            turn(self._unruled, clockwise).save(path)
             self._read[clockwise] = readable_characters(path, self._dpi, self._timeout)
         return self._read[clockwise]
 
@@ -536,9 +548,31 @@ def _lines(rows: list[int]) -> list[tuple[int, int, float, int]]:
     return found
 
 
+def _surveyed(image: Image.Image, dpi: float) -> tuple[Image.Image, float, list[_Tile]]:
+    """What detection reads (``_grey``), the DPI it reads it at, and ``survey``'s tiles. A page
+    shrunk by the DPI it claims whose survey finds fewer than ``LINES_MIN`` lines, or lines under
+    ``LINES_FINE`` high, may claim more than it has (a 150-dpi scan saying 600: its lines shrunk to
+    a few pixels): it is surveyed again at half that DPI while that costs no more than
+    ``LINES_MAX_PIXELS``, and the DPI whose survey finds the most lines is taken."""
+    grey = image.convert("L")
+    best: tuple[int, Image.Image, float, list[_Tile]] | None = None
+    while True:
+        page, page_dpi = _grey(grey, dpi)
+        tiles = survey(_bilevel(page, page_dpi))
+        heights = [line[3] for tile in tiles for line in tile.text]
+        if best is None or len(heights) > best[0]:
+            best = (len(heights), page, page_dpi, tiles)
+        clear = len(heights) >= LINES_MIN and statistics.median(heights) >= LINES_FINE
+        finer = dpi / 2
+        pixels = grey.width * grey.height * min(1.0, LINES_DPI / finer) ** 2
+        if clear or dpi <= LINES_DPI or pixels > LINES_MAX_PIXELS:
+            return best[1:]
+        dpi = finer
+
+
 def _grey(image: Image.Image, dpi: float) -> tuple[Image.Image, float]:
     """What detection reads: the page in grey, no finer than ``OSD_MAX_DPI``."""
-    grey = image.convert("L")
+    grey = image if image.mode == "L" else image.convert("L")
     if dpi > OSD_MAX_DPI:
         scale = OSD_MAX_DPI / dpi
         size = (max(1, round(grey.width * scale)), max(1, round(grey.height * scale)))

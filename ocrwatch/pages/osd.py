@@ -5,7 +5,8 @@ its characters are in (``Script: Cyrillic``) with its own confidence. ``orientat
 whether a page is turned; the script it names on the way picks the page's Tesseract language where
 an inbox reads ``lang = "auto"`` (``language``), and tells a page whose script no installed
 language reads (``package`` names what would). Also here: the confident characters Tesseract reads
-on a page image (``readable_characters``), by which ``orientation`` checks an unsure answer.
+on a page image (``readable_characters``), by which ``orientation`` checks an unsure answer, and
+the image with a table's rules made white for that reading (``unruled``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import subprocess
 from typing import NamedTuple
 
+from PIL import Image, ImageDraw
+
 from ocrwatch.infra import children
 
 BINARY = "tesseract"
@@ -23,6 +26,10 @@ READ_LANG = "eng"
 """The language the check reads in: Latin letters of any language read confidently in it, and a
 page of another script still reads more of them upright than on its side."""
 READ_CONFIDENCE = 70.0
+RULE_LENGTH = 400
+"""The length, in pixels of the reading check's image (its lines some 30 pixels high), of an
+unbroken run of ink taken for a rule and made white (``unruled``); runs under half of it never
+are: a word's strokes, even Devanagari's headline, break between words."""
 
 AUTO = "auto"
 """The ``lang`` that has each page read in the language of the script OSD finds on it."""
@@ -165,6 +172,35 @@ def readable_characters(path: str, dpi: float, timeout: float) -> int:
             except ValueError:
                 continue
     return count
+
+
+def unruled(image: Image.Image) -> Image.Image:
+    """``image`` (grey) with every row and column of pixels that holds a rule (``_ruled``) made
+    white: a table's rules and frame, inside which Tesseract reads no lines (a framed table on its
+    side read 0 confident characters upright, as sideways)."""
+    ink = image.point(lambda value: 255 if value < 128 else 0)
+    rows, columns = _ruled(ink), _ruled(ink.transpose(Image.Transpose.TRANSPOSE))
+    if not rows and not columns:
+        return image
+    clean = image.copy()
+    draw = ImageDraw.Draw(clean)
+    for y in rows:
+        draw.line((0, y, clean.width - 1, y), fill=255)
+    for x in columns:
+        draw.line((x, 0, x, clean.height - 1), fill=255)
+    return clean
+
+
+def _ruled(ink: Image.Image) -> list[int]:
+    """The rows of ``ink`` (255 ink, else 0) with a run of ink ``RULE_LENGTH`` long: each row cut
+    into pieces half that long, shrunk to one pixel each (a box filter), and any piece all ink."""
+    piece = RULE_LENGTH // 2
+    pieces = ink.width // piece
+    if not pieces:
+        return []
+    whole = ink.crop((0, 0, pieces * piece, ink.height))
+    shrunk = whole.resize((pieces, ink.height), Image.Resampling.BOX).tobytes()
+    return sorted({index // pieces for index, value in enumerate(shrunk) if value == 255})
 
 
 def tesseract(args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
