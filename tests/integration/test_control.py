@@ -127,7 +127,7 @@ def test_ocr_hands_its_files_to_the_running_daemon(make_daemon, tmp_path: Path) 
     assert asked.returncode == 0 and "handed 1 file(s)" in asked.stderr, asked.stderr
     assert sidecars_done(german)["engine"]["lang"] == "deu"
     own = cli(daemon, "ocr", "--force", german)
-    assert own.returncode == 0 and sidecars_done(german)["engine"]["lang"] == "eng", own.stderr
+    assert own.returncode == 0 and sidecars_done(german)["engine"]["lang"] == "auto", own.stderr
 
     assert daemon.stop() == 0
     assert not sock.exists()

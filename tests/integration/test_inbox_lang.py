@@ -39,8 +39,8 @@ def test_each_inbox_is_read_in_its_own_language(
     german, english, auto = tmp_path / "german", tmp_path / "english", tmp_path / "auto"
     inboxes = [
         {"path": str(german), "lang": "deu", "settle_seconds": 0.2},
-        {"path": str(english), "settle_seconds": 0.2},
-        {"path": str(auto), "lang": "auto", "settle_seconds": 0.2},
+        {"path": str(english), "lang": "eng", "settle_seconds": 0.2},
+        {"path": str(auto), "settle_seconds": 0.2},  # the default: auto
     ]
     daemon = DaemonProcess(tmp_path, inboxes, render={"rotate_pages": True})  # auto's script
     spawned.append(daemon)
@@ -62,6 +62,7 @@ def test_each_inbox_is_read_in_its_own_language(
     )
     # each page's own: auto reads a Latin page (as OSD finds it) in eng
     assert [done[inbox]["pages"][0]["lang"] for inbox in (german, english)] == ["deu", "eng"]
+    assert done[auto]["engine"]["lang"] == "auto"
     page = done[auto]["pages"][0]
     assert (page["lang"], page["orientation"]["script"], done[auto]["status"]) == (
         "eng",
