@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PACKAGES=(python3-venv python3-pip poppler-utils qpdf tesseract-ocr tesseract-ocr-eng tesseract-ocr-deu
+PACKAGES=(python3-venv python3-pip poppler-utils poppler-data qpdf tesseract-ocr tesseract-ocr-eng tesseract-ocr-deu
           tesseract-ocr-osd)
 missing=()
 for package in "${PACKAGES[@]}"; do

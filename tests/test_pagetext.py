@@ -446,6 +446,20 @@ def test_corpus_chinese_layer_is_kept_without_chinese_data(corpus_dir: Path) -> 
 
 
 @needs_tesseract
+def test_corpus_japanese_layer_is_read_with_poppler_data(corpus_dir: Path) -> None:
+    """issue16538.pdf draws Japanese in a CID font that needs poppler-data's Adobe-Japan1 map
+    (tests/run.sh and the images install it; apt's --no-install-recommends leaves it out): with
+    it, its layer reads as the reference and is kept (``lang`` eng cannot read Japanese); without
+    it pdftotext gave dots, the page was OCR'd and its Markdown was two letters."""
+    path = corpus_dir / "issue16538.pdf"
+    found = check(path)
+    assert found.reason in ("script_not_installed", "script_not_in_lang"), found
+    assert found.text is not None
+    want = (corpus_dir / "issue16538.pdf.gt.txt").read_text().split("\f")[0]
+    assert words_similarity(pagetext.markdown(found.text), want, ordered=False) >= 0.95
+
+
+@needs_tesseract
 def test_corpus_tamreview_broken_pages_are_ocrd(corpus_dir: Path) -> None:
     """TAMReview.pdf (pdf.js's test file): page 1's layer is right, pages 2–5 show a font without a
     Unicode map."""
