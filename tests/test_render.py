@@ -29,7 +29,7 @@ from ocrwatch import errors
 from ocrwatch.config import LimitsConfig, RenderConfig
 from ocrwatch.infra import memory
 from ocrwatch.infra.memory import DecodeBudget, image_bytes
-from ocrwatch.pages import imagepages, orientation
+from ocrwatch.pages import imagepages, orientation, poppler
 from ocrwatch.pages import render as render_module
 from ocrwatch.pages.render import (
     DEFAULT_DPI,
@@ -73,7 +73,7 @@ ERROR_KIND_BY_TAG = {
     "zero_byte": "empty_file",
     "encrypted": "encrypted_pdf",
     "not_pdf": "not_a_document",
-    # poppler finds no page at all; see render._pdf_error for why not corrupt_pdf
+    # poppler finds no page at all; see poppler.pdf_error for why not corrupt_pdf
     "zero_pages": "no_pages",
     "truncated": "corrupt_pdf",
     "corrupt": "corrupt_pdf",
@@ -328,7 +328,7 @@ def test_a_pdf_without_pages_says_so_in_its_own_words_with_a_fix(tmp_path: Path)
     for given in [empty, *([corpus / "issue15590_zero_pages.pdf"] if corpus else [])]:
         with pytest.raises(errors.NoPages) as raised:
             probe(given, LIMITS)
-        assert raised.value.message == f"{given}: {render_module.NO_PAGES}"
+        assert raised.value.message == f"{given}: {poppler.NO_PAGES}"
         assert "open it in a PDF viewer" in raised.value.hint
 
 
@@ -739,6 +739,31 @@ def test_every_page_tells_the_engine_its_resolution(tmp_path: Path) -> None:
     assert [page.dpi_from for page in (letter, poster, wide)] == ["render", "render", "image"]
     told = [_encode(page.image, 300)[1] for page in (letter, poster, wide)]
     assert told == [144, 70, 120]
+
+
+def test_text_poppler_could_not_draw_for_want_of_its_data_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without poppler-data, a font the PDF names without embedding it (Japanese, say) is drawn
+    blank and the page's OCR reads nothing: the page is rendered, and the log says which collection
+    lacked its data and names the package. Poppler's words are added to a real render's, as a
+    machine without poppler-data prints them (this one has it; poppler takes no other folder)."""
+    said = "Syntax Error: Missing language pack for 'Adobe-Japan1' mapping\n"
+    assert poppler.missing_data(said) == "Adobe-Japan1" and poppler.missing_data("") is None
+    real = render_module.children.run
+
+    def complaining(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        done = real(argv, **kwargs)
+        stderr = (done.stderr or b"") + said.encode()
+        return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, stderr)
+
+    monkeypatch.setattr(render_module.children, "run", complaining)
+    pdf = docs.write_pdf(tmp_path / "a.pdf", [["Letter"]])
+    with capture_logs() as logs:
+        _, page = render_first(pdf)
+    assert page.image.size[0] > 0
+    [warning] = [line for line in logs if line["event"] == "render_font_data_missing"]
+    assert warning["collection"] == "Adobe-Japan1" and "install poppler-data" in warning["hint"]
 
 
 def test_broken_image_data_is_corrupt_image(tmp_path: Path) -> None:

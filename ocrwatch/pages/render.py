@@ -42,13 +42,11 @@ from ocrwatch.errors import (
     CorruptPdf,
     DiskFull,
     EmptyFile,
-    EncryptedPdf,
     FileTooLarge,
     NoPages,
     NotADocument,
     NotARegularFile,
     OcrwatchError,
-    PermanentError,
     RenderFailed,
     RenderMemoryExceeded,
     RenderTimeout,
@@ -58,7 +56,7 @@ from ocrwatch.errors import (
 )
 from ocrwatch.infra import children
 from ocrwatch.infra.memory import UNBOUNDED, DecodeBudget
-from ocrwatch.pages import orientation, pdfpixels
+from ocrwatch.pages import orientation, pdfpixels, poppler
 from ocrwatch.pages.imagepages import BAND_BYTES as BAND_BYTES  # re-exported: the text layer's too
 from ocrwatch.pages.imagepages import (
     IMAGE_DECODE_FACTOR,
@@ -101,12 +99,6 @@ PROBE_TIMEOUT_SECONDS = 60.0
 _PDFINFO_PAGES = re.compile(r"^Pages:\s+(\d+)\s*$", re.MULTILINE)
 _PDFINFO_SIZE = re.compile(r"^Page\s+(\d+) size:\s+([\d.]+) x ([\d.]+) pts", re.MULTILINE)
 _PDFINFO_ROT = re.compile(r"^Page\s+(\d+) rot:\s+(-?\d+)", re.MULTILINE)
-# What poppler, openjpeg and the C++ runtime say when an allocation fails.
-_OUT_OF_MEMORY = re.compile(
-    r"out of memory|not enough memory|exceeds system limits|bad_alloc|cannot allocate",
-    re.IGNORECASE,
-)
-
 MiB = 1024 * 1024
 CHILD_BASE_BYTES = 256 * MiB
 """What a pdftoppm child maps besides the images it decodes and its page: the program, its
@@ -362,18 +354,18 @@ def _probe_pdf(
     except subprocess.TimeoutExpired:
         raise RenderTimeout(f"{path}: pdfinfo took longer than {timeout:g}s") from None
     except FileNotFoundError:  # not the document's fault: classify() would call it SourceGone
-        raise _poppler_missing() from None
+        raise poppler.missing() from None
     out = done.stdout.decode("utf-8", "replace")
     err = done.stderr.decode("utf-8", "replace")
     counts = list(_PDFINFO_PAGES.finditer(out))
     if done.returncode != 0 or not counts:
-        raise _pdf_error(path, err)
+        raise poppler.pdf_error(path, err)
     # The document's Info strings (Title, Author...) come before "Pages:" and could imitate its
     # lines, so only what follows the last "Pages:" line is trusted.
     pages = int(counts[-1].group(1))
     out = out[counts[-1].end() :]
     if pages == 0:
-        raise NoPages(f"{path}: {NO_PAGES}")
+        raise NoPages(f"{path}: {poppler.NO_PAGES}")
     if pages > limits.max_pages:
         raise TooManyPages(f"{path}: {pages} pages, more than max_pages={limits.max_pages}")
     sizes = {int(n): (float(w), float(h)) for n, w, h in _PDFINFO_SIZE.findall(out)}
@@ -390,38 +382,6 @@ def _probe_pdf(
             (height, width) if rotations.get(number, 0) in (90, 270) else (width, height)
         )
     return pages, tuple(page_sizes)
-
-
-NO_PAGES = "the PDF has no page that can be rendered: its page tree is empty or damaged"
-"""What ``no_pages`` says, in place of poppler's own words for it ("Wrong page range given: the
-first page (1) can not be after the last page (0)"), which name a range no user gave."""
-
-
-def _pdf_error(path: Path, stderr: str) -> PermanentError:
-    """Map poppler's complaint onto the error kinds.
-
-    Zero pages is ``no_pages`` even when the page tree is also malformed
-    (issue15590_zero_pages.pdf): the file holds no page objects at all, so no repair could recover a
-    page, and the corrupt_pdf hint would mislead.
-    """
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    detail = lines[-1] if lines else "poppler could not read it"
-    text = stderr.lower()
-    if "incorrect password" in text:
-        return EncryptedPdf(f"{path}: the PDF is encrypted and needs a password")
-    if "last page (0)" in text or "invalid page count 0" in text:
-        return NoPages(f"{path}: {NO_PAGES}")
-    if "document stream is empty" in text:
-        return EmptyFile(f"{path}: zero bytes")
-    if "couldn't open file" in text:
-        return SourceGone(f"{path}: {detail}")
-    return CorruptPdf(f"{path}: {detail}")
-
-
-def _poppler_missing() -> OcrwatchError:
-    return OcrwatchError(
-        "pdfinfo/pdftoppm not found", hint="install poppler-utils; `ocrwatch check` verifies it"
-    )
 
 
 def _render_pdf_page(
@@ -453,10 +413,10 @@ def _render_pdf_page(
                 f"{path}: page {number} took longer than {spec.timeout_seconds:g}s"
             ) from None
         except FileNotFoundError:
-            raise _poppler_missing() from None
+            raise poppler.missing() from None
         stderr = done.stderr.decode("utf-8", "replace")
         # Whatever the status: poppler draws the page without what it could not allocate.
-        if spec.child_memory is not None and (short := _OUT_OF_MEMORY.search(stderr)):
+        if spec.child_memory is not None and (short := poppler.OUT_OF_MEMORY.search(stderr)):
             raise RenderMemoryExceeded(
                 f"{path}: page {number} needs more than the {spec.child_memory // MiB} MiB a "
                 f"renderer may map (pdftoppm: {short.group(0)})"
@@ -473,7 +433,15 @@ def _render_pdf_page(
                 raise _scratch_error(
                     tmp, need, f"{path}: pdftoppm could not write page {number}: {stderr.strip()}"
                 )
-            raise _pdf_error(path, stderr)
+            raise poppler.pdf_error(path, stderr)
+        if collection := poppler.missing_data(stderr):
+            log.warning(
+                "render_font_data_missing",
+                page=index + 1,
+                collection=collection,
+                hint="install poppler-data: without it this page's text in fonts the PDF does not"
+                " embed is drawn blank",
+            )
         with budget.hold(width * height * PDF_BYTES_PER_PIXEL):
             try:
                 image = ppm_image(Path(root + ".ppm").read_bytes())
