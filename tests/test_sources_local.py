@@ -24,7 +24,7 @@ from ocrwatch.config import InboxConfig
 from ocrwatch.errors import ConfigError, NotARegularFile, OcrwatchError, SourceGone
 from ocrwatch.jobs import quarantine as quarantining
 from ocrwatch.sources import local, settling, watch
-from ocrwatch.sources.base import Answer, Job, LocalFile
+from ocrwatch.sources.base import Answer, Job, LocalFile, Quarantine
 from ocrwatch.sources.local import LocalSource
 from ocrwatch.sources.readiness import probe
 from ocrwatch.sources.watch import choose_polling, filesystem_type
@@ -97,10 +97,11 @@ async def watching(
     reconcile_seconds: float = 60.0,
     lapsed: Callable[[Job], bool] = lambda job: False,
     collector: Collector | None = None,
+    set_aside: list[Quarantine] | None = None,
 ) -> AsyncIterator[tuple[LocalSource, Collector]]:
     collector = collector or Collector()
     source = LocalSource(inboxes, reconcile_seconds=reconcile_seconds, name_template="{name}")
-    await source.start(fed(collector, never_reject, lapsed))
+    await source.start(fed(collector, never_reject, lapsed, set_aside))
     try:
         yield source, collector
     finally:
@@ -835,6 +836,34 @@ def test_fetch_checks_the_file_and_a_failure_is_quarantined_without_overwriting(
             assert got.names() == {"bad.pdf", "sentinel.pdf"}, (
                 "quarantined files are not taken again"
             )
+
+    run(scenario())
+
+
+def test_a_document_that_failed_before_is_set_aside_when_a_scan_finds_it(tmp_path: Path) -> None:
+    """A document the ledger holds as failed for its own bytes, found again by a scan (a restart, a
+    quarantine_dir set since, a move that failed before), is set aside as a run's failure is: the
+    source asks the layer above through its outbox. It was kept in place, logged as "a new version
+    is being written" (its version was not yet the one recorded as settled)."""
+    root, moves = tmp_path / "in", []
+    (root).mkdir()
+    (root / "bad.pdf").write_bytes(PDF)
+    (root / "kept.pdf").write_bytes(PDF)
+
+    class FailedBefore(Collector):
+        async def __call__(self, job: Job) -> Answer | None:  # type: ignore[override]
+            await super().__call__(job)
+            kind = "corrupt_pdf" if job.origin.path.name == "bad.pdf" else "output_conflict"
+            return Answer("failed", kind)
+
+    async def scenario() -> None:
+        config = inbox(root, quarantine_dir=tmp_path / "quarantine")
+        async with watching(config, collector=FailedBefore(), set_aside=moves) as (_, got):
+            await until(lambda: len(got.jobs) == 2 and moves, "the move asked")
+            await asyncio.sleep(GRACE)
+        assert [(m.path, m.root, m.to) for m in moves] == [
+            (root / "bad.pdf", root, tmp_path / "quarantine")
+        ]  # output_conflict is no fault of the document's own: it stays for its hint's fix
 
     run(scenario())
 

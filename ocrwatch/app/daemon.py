@@ -176,9 +176,8 @@ class Daemon:
         # after resume: it marks done the jobs whose sidecars were written
         await self.pipeline.hooks.start()
         pipeline = self.pipeline
-        self._spawn(
-            intake.serve(self.outbox, pipeline.submit, pipeline.reject, pipeline.lapsed), "intake"
-        )
+        answers = (pipeline.submit, pipeline.reject, pipeline.lapsed, pipeline.set_aside)
+        self._spawn(intake.serve(self.outbox, *answers), "intake")
         for source in self.pipeline.sources.values():
             await source.start(self.outbox)
         if self.health is not None:

@@ -2,9 +2,10 @@
 
 Control flows one way: a source returns the jobs it produces and never holds a callable of the
 pipeline; this loop, at the pipeline's rank, answers each one with data: ``submit``'s ``Answer``
-(admitted, or settled with nothing run), which the source acts on itself, and the jobs whose
-sidecars lapsed for a source's question. Each is answered in a task of its own, so a slow admission
-(the ledger locked by another process) holds up no other source.
+(admitted, or settled with nothing run), which the source acts on itself, the jobs whose sidecars
+lapsed for a source's question, and the move a source asks for a document that failed before
+(``SetAside``: its ``submit`` answered ``failed``). Each is answered in a task of its own, so a slow
+admission (the ledger locked by another process) holds up no other source.
 """
 
 from __future__ import annotations
@@ -14,7 +15,17 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from ocrwatch.sources.base import Answer, Handoff, Lapsed, Outbox, Reject, Submit
+from ocrwatch.sources.base import (
+    Answer,
+    Handoff,
+    Lapsed,
+    Outbox,
+    Quarantine,
+    Question,
+    Reject,
+    SetsAside,
+    Submit,
+)
 
 T = TypeVar("T", contravariant=True)
 
@@ -26,18 +37,21 @@ class Asker(Protocol[T]):
     def answer(self, exc: BaseException | None = None, said: T | None = None) -> None: ...
 
 
-async def serve(outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed) -> None:
-    """Answer every job and question put into ``outbox`` until cancelled (which cancels those being
-    answered)."""
+async def serve(
+    outbox: Outbox, submit: Submit, reject: Reject, lapsed: Lapsed, set_aside: SetsAside
+) -> None:
+    """Answer every job, question and move put into ``outbox`` until cancelled (which cancels those
+    being answered)."""
     answering: set[asyncio.Task[None]] = set()
     try:
         while True:
             taken = await outbox.get()
-            answer = (
-                _forward(taken, functools.partial(_handled, taken, submit, reject))
-                if isinstance(taken, Handoff)
-                else _forward(taken, functools.partial(lapsed, taken.jobs))
-            )
+            if isinstance(taken, Handoff):
+                answer = _forward(taken, functools.partial(_handled, taken, submit, reject))
+            elif isinstance(taken, Question):
+                answer = _forward(taken, functools.partial(lapsed, taken.jobs))
+            else:
+                answer = _forward(taken, functools.partial(_moved, set_aside, taken.request))
             task = asyncio.create_task(answer, name="intake")
             answering.add(task)
             task.add_done_callback(answering.discard)
@@ -58,6 +72,11 @@ async def _forward(asked: Asker[T], answering: Callable[[], Awaitable[T]]) -> No
             raise
         return
     asked.answer(said=said)
+
+
+async def _moved(set_aside: SetsAside, request: Quarantine) -> None:
+    """A source's move carried out; where it went is the log's (no run, so no hook is told)."""
+    await set_aside(request)
 
 
 async def _handled(delivery: Handoff, submit: Submit, reject: Reject) -> Answer | None:

@@ -61,7 +61,7 @@ from ocrwatch.results import assemble
 from ocrwatch.results import further as outputs
 from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import Sink
-from ocrwatch.sources.base import Answer, Job, Source
+from ocrwatch.sources.base import Answer, Job, Quarantine, Source
 from ocrwatch.store.ledger import Ledger
 from ocrwatch.store.written import Written
 
@@ -199,6 +199,11 @@ class Pipeline:
     async def lapsed(self, jobs: list[Job]) -> list[Job]:
         """Those of ``jobs`` whose sidecars lapsed since they were done (a source's question)."""
         return await self.admission.lapsed_of(jobs)
+
+    async def set_aside(self, request: Quarantine) -> None:
+        """A source's move for a document that failed before (its ``submit`` answered ``failed``):
+        the same move as a run's failure makes, its error sidecar along where it is ocrwatch's."""
+        await quarantine(request, self.archive.written)
 
     async def resume(self) -> int:
         """Let the ledger's unfinished jobs start (at start, and after ``ocrwatch retry``); how many

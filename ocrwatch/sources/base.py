@@ -189,6 +189,10 @@ Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 tries."""
 
 
+SetsAside = Callable[[Quarantine], Awaitable[object]]
+"""``set_aside(request)``: carry out a source's ``Quarantine`` (asked through
+``Outbox.set_aside``)."""
+
 Lapsed = Callable[[list[Job]], Awaitable[list[Job]]]
 """``lapsed(jobs)``: those of ``jobs`` the ledger holds as done whose sidecars are gone since, or
 no longer their own (the layer above's word, asked through ``Outbox.lapsed``)."""
@@ -224,6 +228,20 @@ class Question:
         _resolve(self.answered, said or [], exc)
 
 
+@dataclass(eq=False)
+class SetAside:
+    """A failed document its source asks the layer above to set aside (``request``), put into an
+    ``Outbox`` where no run will (its ``submit`` was answered ``failed``): ``answered`` resolves
+    once the move was tried."""
+
+    request: Quarantine
+    answered: asyncio.Future[None]
+
+    def answer(self, exc: BaseException | None = None, said: None = None) -> None:
+        """The consumer is done with it, or what it raised."""
+        _resolve(self.answered, None, exc)
+
+
 def _resolve(future: asyncio.Future[T], result: T, exc: BaseException | None) -> None:
     if future.done():
         return
@@ -239,7 +257,7 @@ class Outbox:
     acknowledges an event only once the job is durably admitted."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Handoff | Question] = asyncio.Queue()
+        self._queue: asyncio.Queue[Handoff | Question | SetAside] = asyncio.Queue()
 
     async def submit(self, job: Job) -> Answer:
         """Put ``job`` in to be admitted; returns once it is in the ledger, or known settled: what
@@ -259,12 +277,19 @@ class Outbox:
         self._queue.put_nowait(question)
         return await question.answered
 
+    async def set_aside(self, request: Quarantine) -> None:
+        """Put in the move a failed document's source asks for where no run of it will
+        (``finish``'s answer to ``submit``'s ``failed``); returns once it was tried."""
+        asked = SetAside(request, asyncio.get_running_loop().create_future())
+        self._queue.put_nowait(asked)
+        await asked.answered
+
     async def _put(self, job: Job, error: OcrwatchError | None, attempts: int) -> Answer | None:
         delivery = Handoff(job, error, attempts, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(delivery)
         return await delivery.answered
 
-    async def get(self) -> Handoff | Question:
+    async def get(self) -> Handoff | Question | SetAside:
         """The next job or question a source put in (the consumer's side)."""
         return await self._queue.get()
 

@@ -21,7 +21,7 @@ import structlog
 
 from ocrwatch.errors import NotARegularFile, SourceGone, path_fault
 from ocrwatch.safefs import Signature
-from ocrwatch.sources.base import Answer, Job, LocalFile, Outbox, Outcome, key_id
+from ocrwatch.sources.base import Answer, Job, LocalFile, Outbox, Outcome, Quarantine, key_id
 from ocrwatch.sources.deadlines import Deadlines
 from ocrwatch.sources.inbox import Inbox, Pending
 from ocrwatch.sources.readiness import probe
@@ -46,7 +46,7 @@ UNCHANGED_LOG_SECONDS = 60.0
 """At most this long between two lines counting files whose outcome was known already."""
 
 
-Finish = Callable[[Job, Outcome, str | None], Awaitable[object]]
+Finish = Callable[[Job, Outcome, str | None], Awaitable[Quarantine | None]]
 """The source's ``finish(job, outcome, kind)``."""
 
 
@@ -61,8 +61,7 @@ class Settler:
 
     def __init__(self, source: str, finish: Finish) -> None:
         """``source``: the name the jobs carry (the source's); ``finish``: the source's own, for an
-        answer that settles a job with nothing run. It asks no quarantine there (its answer is not
-        acted on): the file is still pending, its version not yet the one recorded as settled."""
+        answer that settles a job with nothing run (the move it asks goes up through the outbox)."""
         self._source = source
         self._finish = finish
         self._outbox: Outbox | None = None
@@ -173,9 +172,12 @@ class Settler:
             return 0.0  # it changed while being probed
         assert self._outbox is not None
         job = self.job(inbox, path, pending.detected_at)
-        known = await self._answered(job, await self._outbox.submit(job))
+        answer = await self._outbox.submit(job)
+        known = standing(answer.settled, answer.kind) if answer.final else None
         if known != "retry":
-            inbox.settled.record(path, signature)
+            inbox.settled.record(path, signature)  # before finish: this version is the one judged
+        if answer.final:
+            await self._finished(job, answer)
         if known in ("done", "failed"):  # as it was at the last run: counted, not a line a file
             inbox.unchanged[known] += 1
             inbox.unchanged_since = inbox.unchanged_since or time.monotonic()
@@ -191,14 +193,13 @@ class Settler:
         )
         return None
 
-    async def _answered(self, job: Job, answer: Answer) -> Outcome | None:
-        """What ``submit``'s answer leaves the file as: None where admitted (it runs), else the
-        outcome, ``retry`` for a failure of what its path was then (``standing``), after the
-        source's ``finish`` acted on it."""
-        if not answer.final:
-            return None
-        await self._finish(job, answer.settled, answer.kind)
-        return standing(answer.settled, answer.kind)
+    async def _finished(self, job: Job, answer: Answer) -> None:
+        """``submit``'s answer settled the job with nothing run: the source's ``finish`` acts on it,
+        and a document that failed before (found again by a scan, at a restart say) is set aside
+        where ``finish`` asks, as a run's failure would be."""
+        asked = await self._finish(job, answer.settled, answer.kind)
+        if asked is not None and self._outbox is not None:
+            await self._outbox.set_aside(asked)
 
     def say_unchanged(self, inbox: Inbox) -> None:
         """One line for the files found done or failed with the very content they had then (a

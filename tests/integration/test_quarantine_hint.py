@@ -81,3 +81,28 @@ def test_an_output_conflict_stays_in_place_so_its_hint_and_retry_work(
         ]
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_document_failed_before_a_quarantine_was_set_is_moved_at_the_next_start(
+    plugin_daemon: Any, tmp_path: Path
+) -> None:
+    """A corrupt document failed while its inbox had no quarantine_dir; one is set and the daemon
+    started again: the start's scan finds it failed with the very content it has, and sets it aside
+    with its error sidecar (ocrwatch's by the record of outputs), running nothing."""
+    inbox, quarantine = tmp_path / "inbox", tmp_path / "quarantine"
+    first = plugin_daemon(inboxes=[{"path": str(inbox), "settle_seconds": 0.3}]).start()
+    try:
+        corrupt = docs.write_corrupt_pdf(inbox / "broken.pdf")
+        failed = wait_until(lambda: error_sidecar(corrupt), 60, "the corrupt_pdf failure")
+        assert failed["error"]["kind"] == "corrupt_pdf"
+    finally:
+        assert first.stop() == 0
+    config = {"path": str(inbox), "settle_seconds": 0.3, "quarantine_dir": str(quarantine)}
+    second = plugin_daemon(inboxes=[config]).start()
+    try:
+        wait_until(lambda: named(second, "local_quarantined"), 60, "broken.pdf set aside")
+        assert not corrupt.exists() and (quarantine / "broken.pdf").is_file()
+        assert (quarantine / "broken.pdf.error.json").is_file()
+        assert not named(second, "job_started") and not named(second, "local_quarantine_skipped")
+    finally:
+        assert second.stop() == 0
