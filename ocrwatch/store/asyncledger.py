@@ -5,8 +5,8 @@ A ledger call may wait up to its lock budget while another process holds SQLite'
 the event loop that would stall every inbox and document. So async code never calls ``Ledger`` or
 ``Deliveries`` itself (``tests/test_structure.py`` checks it): it awaits these, and ``_in_thread``
 is the one way out of the loop for them, ``asyncio.to_thread`` (the default pool, and the caller's
-context, so its log lines keep the job's id). Code that already runs in a thread (a fingerprint, the
-settling of held hook events) calls ``blocking``, the store itself.
+context, so its log lines keep the job's id). Code that already runs in a thread (a fingerprint,
+whether a done job's sidecars lapsed) calls ``blocking``, the store itself.
 """
 
 from __future__ import annotations
