@@ -21,6 +21,7 @@ from ocrwatch.jobs.hooks import HookRunner
 from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sources.base import Job, LocalFile, Source
+from ocrwatch.store.asyncledger import AsyncLedger
 from ocrwatch.store.ledger import Fingerprint, Ledger
 from tests.support.sparse import TIB, Reads, sparse_file
 
@@ -85,7 +86,9 @@ def admission(
 ) -> Admission:
     sources = {"inbox": cast(Source, source)}
     sinks = {"inbox": cast(Sink, sink or RecordedSink(set()))}
-    return Admission(ledger, sources, sinks, cast(Archiver, None), cast(HookRunner, None), inline)
+    return Admission(
+        AsyncLedger(ledger), sources, sinks, cast(Archiver, None), cast(HookRunner, None), inline
+    )
 
 
 def job(tmp_path: Path, name: str, priority: int = 50) -> Job:

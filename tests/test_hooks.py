@@ -35,6 +35,7 @@ from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sinks.s3 import S3Sink
 from ocrwatch.sources.base import Job, LocalFile, S3Object
 from ocrwatch.sources.local import LocalSource
+from ocrwatch.store.asyncledger import AsyncLedger
 from ocrwatch.store.ledger import Fingerprint, Ledger
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,7 +174,7 @@ async def runners() -> AsyncIterator[list[HookRunner]]:
 async def started(
     runners: list[HookRunner], hooks: list[HookConfig], ledger: Ledger, metrics: Metrics
 ) -> HookRunner:
-    runner = HookRunner(hooks, ledger, metrics)
+    runner = HookRunner(hooks, AsyncLedger(ledger), metrics)
     runners.append(runner)
     await runner.start()
     return runner
@@ -444,7 +445,7 @@ async def test_results_held_by_a_process_that_ended_are_released_if_published_an
     ledger.admit(other, Fingerprint(size=3, mtime_ns=1, sha256="cd" * 32))
 
     # holds, and "dies" before releasing
-    ended = HookRunner([hook(command=command)], ledger, Metrics())
+    ended = HookRunner([hook(command=command)], AsyncLedger(ledger), Metrics())
     await ended.hold(job, result(job), LocalSink())
     await ended.hold(other, result(other), LocalSink())
     await ended.stop()
@@ -468,7 +469,7 @@ async def test_a_stop_kills_a_running_hook_gives_its_attempt_back_and_the_next_s
 ) -> None:
     pids, out = tmp_path / "pids", tmp_path / "received"
     slow = [sys.executable, script(tmp_path, "sleeper.py", SLEEPER), str(pids)]
-    first = HookRunner([hook(name="post", command=slow)], ledger, Metrics())
+    first = HookRunner([hook(name="post", command=slow)], AsyncLedger(ledger), Metrics())
     await first.start()
     await finish(first, ledger, job, result(job))
     await eventually(pids.exists, what="the hook running")
@@ -507,7 +508,7 @@ async def test_a_stop_lets_a_running_hook_finish_within_its_grace_and_records_it
 ) -> None:
     out = tmp_path / "received"
     command = [sys.executable, script(tmp_path, "paused.py", PAUSED_RECORDER), str(out)]
-    runner = HookRunner([hook(name="post", command=command)], ledger, Metrics())
+    runner = HookRunner([hook(name="post", command=command)], AsyncLedger(ledger), Metrics())
     await runner.start()
     await finish(runner, ledger, job, result(job))
     await eventually(lambda: rows(ledger)[0]["attempts"] == 1, what="the hook running")
@@ -616,12 +617,12 @@ async def test_a_result_held_by_a_process_that_ended_before_the_move_names_the_m
     command = [sys.executable, script(tmp_path, "r.py", RECORDER), str(out)]
     archiver, moved_to = archived(tmp_path, job)
     # holds, and "dies" before the move
-    ended = HookRunner([hook(command=command)], ledger, Metrics())
+    ended = HookRunner([hook(command=command)], AsyncLedger(ledger), Metrics())
     await ended.hold(job, result(job), LocalSink())
     await ended.stop()
     ledger.mark_done(job.key)
 
-    runner = HookRunner([hook(command=command)], ledger, Metrics())
+    runner = HookRunner([hook(command=command)], AsyncLedger(ledger), Metrics())
     runners.append(runner)
     # the next start finds the document done and moves it
     await runner.relocate(job.key, settle(archiver, job))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ocrwatch.jobs.jobrun import Asked, JobRun, Record
 from ocrwatch.sources.base import Job, LocalFile
+from ocrwatch.store.asyncledger import AsyncLedger
 from ocrwatch.store.ledger import Fingerprint, Ledger
 
 
@@ -23,7 +24,7 @@ def test_a_recorded_run_moves_its_row_through_the_states(tmp_path: Path) -> None
     with Ledger(tmp_path / "state" / "ledger.db") as ledger:
 
         async def scenario() -> None:
-            record = Record(ledger, job.key)
+            record = Record(AsyncLedger(ledger), job.key)
             await record.admit(job, Fingerprint(size=3, mtime_ns=1, sha256="ab" * 32))
             assert await record.record_attempt() == 1
             await record.set_state("recognizing", pages_total=2)

@@ -24,6 +24,7 @@ from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources import sourcefile
 from ocrwatch.sources.base import Fetched, Job, LocalFile, Outcome, S3Object
 from ocrwatch.sources.local import LocalSource
+from ocrwatch.store.asyncledger import AsyncLedger
 from ocrwatch.store.ledger import Ledger
 from tests.support import docs
 from tests.test_sources_local import until
@@ -82,7 +83,7 @@ def ledger(tmp_path: Path) -> Any:
 
 def pipeline(tmp_path: Path, ledger: Ledger, sink: MemorySink) -> tuple[Pipeline, RecordingSource]:
     source = RecordingSource()
-    made = Pipeline(Config(state_dir=tmp_path / "state"), ledger, Metrics())
+    made = Pipeline(Config(state_dir=tmp_path / "state"), AsyncLedger(ledger), Metrics())
     made.add_source(source, sink)
     return made, source
 
@@ -263,7 +264,7 @@ async def test_a_local_document_is_hashed_once_from_its_admission_to_its_sidecar
         output={"on_success": on_success, "archive_dir": archive},
         engine={"kind": "plugin", "plugin": "tests.support.fault_engines:EchoEngine"},
     )
-    made = Pipeline(cfg, ledger, Metrics())
+    made = Pipeline(cfg, AsyncLedger(ledger), Metrics())
     template = cfg.output.name_template
     local = LocalSource(cfg.inbox, reconcile_seconds=60.0, name_template=template)
     made.add_source(local, LocalSink(template, cfg.output.dir, cfg.inbox, made.written))

@@ -7,6 +7,7 @@ included, because a lazy import is still a dependency: it only moves the failure
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -454,3 +455,127 @@ def test_only_the_engines_folder_imports_an_engine() -> None:
         if target.startswith("engines.") and target not in neutral
     )
     assert not reached, reached
+
+
+# --- the ledger is left for only through its facade ----------------------------------------------
+
+FACADE = "store.asyncledger"
+STORED = re.compile(r"ledger|store|deliveries", re.IGNORECASE)
+
+
+def _store_methods() -> set[str]:
+    """The public methods of the blocking stores ``AsyncLedger`` and ``AsyncDeliveries`` wrap."""
+    classes = {
+        "store.ledger": "Ledger",
+        "store.database": "Database",
+        "store.deliveries": "Deliveries",
+    }
+    return {
+        item.name
+        for module, name in classes.items()
+        for node in ast.walk(TREES[module])
+        if isinstance(node, ast.ClassDef) and node.name == name
+        for item in node.body
+        if isinstance(item, FUNCTIONS) and not item.name.startswith("_")
+    }
+
+
+STORE_METHODS = _store_methods()
+
+
+def _names_a_store(node: ast.expr) -> bool:
+    """``ledger``, ``self._store``, ``self.ledger.blocking``: a chain that names a store."""
+    while isinstance(node, ast.Attribute):
+        if STORED.search(node.attr):
+            return True
+        node = node.value
+    return isinstance(node, ast.Name) and bool(STORED.search(node.id))
+
+
+class _OffTheFacade(ast.NodeVisitor):
+    """A store's blocking method handed to another call (``to_thread``, an executor, ``_offload``)
+    or to a lambda that is; one called on ``blocking`` in the body of an ``async def``."""
+
+    def __init__(self, module: str, methods: set[str]) -> None:
+        self.module, self.methods = module, methods
+        self.in_async = False
+        self.found: list[str] = []
+
+    def _store_call(self, node: ast.AST) -> bool:
+        func = node.func if isinstance(node, ast.Call) else None
+        return isinstance(func, ast.Attribute) and self._store_method(func)
+
+    def _store_method(self, node: ast.expr) -> bool:
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr in self.methods
+            and _names_a_store(node.value)
+        )
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        outer, self.in_async = self.in_async, True
+        self.generic_visit(node)
+        self.in_async = outer
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        outer, self.in_async = self.in_async, False
+        self.generic_visit(node)
+        self.in_async = outer
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        outer, self.in_async = self.in_async, False
+        self.generic_visit(node)
+        self.in_async = outer
+
+    def visit_Call(self, node: ast.Call) -> None:
+        for arg in [*node.args, *(keyword.value for keyword in node.keywords)]:
+            handed = self._store_method(arg)
+            if handed or (
+                isinstance(arg, ast.Lambda) and any(map(self._store_call, ast.walk(arg.body)))
+            ):
+                self.found.append(f"{self.module}: {ast.unparse(node.func)} <- {_short(arg)}")
+        func = node.func
+        if (
+            self.in_async
+            and self._store_call(node)
+            and isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Attribute)
+            and func.value.attr == "blocking"
+        ):
+            self.found.append(f"{self.module}: {ast.unparse(func)} on the loop")
+        self.generic_visit(node)
+
+
+def _off_the_facade(module: str, tree: ast.Module) -> list[str]:
+    visitor = _OffTheFacade(module, STORE_METHODS)
+    visitor.visit(tree)
+    return visitor.found
+
+
+def test_the_stores_are_left_for_only_through_their_facade() -> None:
+    """Async code awaits ``AsyncLedger``/``AsyncDeliveries``, the one hop to a thread for the
+    ledger's file: no store method is handed to a thread elsewhere, nor called blocking on the
+    loop."""
+    found = [
+        entry
+        for module, tree in sorted(TREES.items())
+        if module != FACADE
+        for entry in _off_the_facade(module, tree)
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("planted", "found"),
+    [
+        ("async def f(ledger):\n    await asyncio.to_thread(ledger.admit, 1, 2)\n", True),
+        ("async def f(self, e):\n    await self._offload(None, self._store.release, e)\n", True),
+        ("async def f(self):\n    await asyncio.to_thread(lambda: self._ledger.known(1))\n", True),
+        ("async def f(self):\n    return self.ledger.blocking.known(1)\n", True),
+        ("async def f(self):\n    return await self.ledger.known(1)\n", False),
+        ("def f(self):\n    return self.ledger.blocking.known(1)\n", False),
+        ("async def f(inbox):\n    await asyncio.to_thread(inbox.scan, 1)\n", False),
+    ],
+)
+def test_the_facade_check_finds_what_is_planted(planted: str, found: bool) -> None:
+    assert bool(_off_the_facade("jobs.planted", ast.parse(planted))) is found

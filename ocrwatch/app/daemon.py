@@ -42,6 +42,7 @@ from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Outbox
 from ocrwatch.sources.local import LocalSource
+from ocrwatch.store.asyncledger import AsyncLedger
 from ocrwatch.store.database import open_private
 from ocrwatch.store.ledger import Ledger, StateUnusable, make_private_dirs
 
@@ -114,7 +115,7 @@ class Daemon:
         self.config_path = config_path
         self.metrics = Metrics()
         self.lag_probe = LoopLagProbe(self.metrics)
-        self.ledger: Ledger | None = None
+        self.ledger: AsyncLedger | None = None
         self.pipeline: Pipeline | None = None
         self.health: HealthServer | None = None
         self.local: LocalSource | None = None
@@ -161,7 +162,7 @@ class Daemon:
         self._prepare_state_dir()
         # what only the user can fix stops the start (exit 2)
         await asyncio.to_thread(checks.preflight, cfg)
-        self.ledger = Ledger(cfg.state_dir / "ledger.sqlite3")
+        self.ledger = AsyncLedger(Ledger(cfg.state_dir / "ledger.sqlite3"))
         await self._open_control()
         if cfg.metrics.enabled:
             self.health = HealthServer(self.metrics, cfg.metrics.listen, self._update_gauges)
@@ -426,7 +427,7 @@ class Daemon:
         if self.health is not None:
             await self.health.stop()
         if self.ledger is not None:
-            self.ledger.close()
+            await self.ledger.close()
         log.info("daemon_stopped")
 
 

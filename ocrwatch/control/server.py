@@ -29,7 +29,8 @@ from ocrwatch.control.status import listeners, pipeline_status, place
 from ocrwatch.errors import classify
 from ocrwatch.jobs.pipeline import Pipeline
 from ocrwatch.sinks.local import LocalSink
-from ocrwatch.store.ledger import QUEUED, Ledger
+from ocrwatch.store.asyncledger import AsyncLedger
+from ocrwatch.store.ledger import QUEUED
 
 log = structlog.get_logger()
 
@@ -79,7 +80,7 @@ class ControlServer:
     """The socket a daemon serves for as long as it holds the state lock. ``cfg``: the daemon's as
     it started (a reload changes its inboxes only: the listeners stay those it started with)."""
 
-    def __init__(self, state_dir: Path, cfg: Config, ledger: Ledger, life: Lifecycle) -> None:
+    def __init__(self, state_dir: Path, cfg: Config, ledger: AsyncLedger, life: Lifecycle) -> None:
         self.path = state_dir / SOCKET_NAME
         self._cfg = cfg
         self._ledger = ledger
@@ -162,7 +163,7 @@ class ControlServer:
     ) -> None:
         host = self._host
         # the jobs past queued are this daemon's running ones, not waiting
-        summary = await asyncio.to_thread(self._ledger.summary, waiting=QUEUED)
+        summary = await self._ledger.summary(waiting=QUEUED)
         pipeline = host.pipeline
         engine = (
             pipeline.supervisor.kind
@@ -188,7 +189,7 @@ class ControlServer:
             isinstance(selectors, list) and all(isinstance(s, str) for s in selectors)
         ):
             raise ControlError("not a valid request: selectors must be a list of strings, or null")
-        count = await asyncio.to_thread(self._ledger.retry, selectors or None)
+        count = await self._ledger.retry(selectors or None)
         pipeline = self._host.taking_work()
         if pipeline is not None and count:
             await pipeline.resume()

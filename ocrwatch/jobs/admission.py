@@ -44,7 +44,8 @@ from ocrwatch.safefs import Stopped
 from ocrwatch.sinks.base import Sink, done
 from ocrwatch.sources.base import ADMITTED, Answer, Job, S3Object, Source, key_id
 from ocrwatch.sources.sourcefile import inspect, measure
-from ocrwatch.store.ledger import Fingerprint, Ledger, State
+from ocrwatch.store.asyncledger import AsyncLedger
+from ocrwatch.store.ledger import Fingerprint, State
 
 log = structlog.get_logger()
 
@@ -136,11 +137,11 @@ def job_id(job: Job) -> str:
 
 class Admission:
     """The way in, and the queue in the ledger behind it. Blocking calls run in threads (``offload``
-    for the sinks', ``asyncio.to_thread`` for the ledger's)."""
+    for the sinks', ``AsyncLedger`` for the ledger's)."""
 
     def __init__(
         self,
-        ledger: Ledger | None,
+        ledger: AsyncLedger | None,
         sources: dict[str, Source],
         sinks: dict[str, Sink],
         archive: Archiver,
@@ -189,8 +190,8 @@ class Admission:
         if await self.done_already(job, fingerprint):
             return Answer("done")
         ledger = self.ledger
-        if ledger is not None and not await asyncio.to_thread(ledger.admit, job, fingerprint):
-            row = await asyncio.to_thread(ledger.known, job.key)
+        if ledger is not None and not await ledger.admit(job, fingerprint):
+            row = await ledger.known(job.key)
             if row is None:
                 return ADMITTED
             if row.state not in ("done", "failed"):
@@ -206,9 +207,9 @@ class Admission:
             # Done with this very content, yet no sidecar records it (deleted, or another's now):
             # done again.
             log.info("job_sidecars_missing", job_id=job_id(job), uri=job.origin.uri)
-            await asyncio.to_thread(ledger.set_state, job.key, "queued")
+            await ledger.set_state(job.key, "queued")
             # The next run's attempt replaces the finished run's.
-            await asyncio.to_thread(ledger.release_attempt, job.key)
+            await ledger.release_attempt(job.key)
         self.wake()
         return ADMITTED
 
@@ -258,7 +259,7 @@ class Admission:
         try:
             signature = inspect(origin.path, origin.inbox)
             if self.ledger is not None:
-                row = self.ledger.known(job.key)
+                row = self.ledger.blocking.known(job.key)
                 ended = row is not None and row.state in ("done", "failed")
                 then = row.fingerprint if row is not None and ended else None
                 if then is not None and signature.unchanged(then.stat(signature.device)):
@@ -297,7 +298,7 @@ class Admission:
     def lapsed(self, job: Job) -> bool:
         """Whether a job the ledger holds as done has lost its sidecars since (deleted, or not its
         own now): its source submits it again. Blocking."""
-        row = self.ledger.known(job.key) if self.ledger is not None else None
+        row = self.ledger.blocking.known(job.key) if self.ledger is not None else None
         return (
             row is not None
             and row.state == "done"
@@ -315,8 +316,8 @@ class Admission:
         if not await self._offload(job, self.already_written, job, fingerprint):
             return False
         if self.ledger is not None:
-            await asyncio.to_thread(self.ledger.admit, job, fingerprint)
-            await asyncio.to_thread(self.ledger.mark_done, job.key)
+            await self.ledger.admit(job, fingerprint)
+            await self.ledger.mark_done(job.key)
         # Debug: a restart finds every file done before, and the local source says how many in
         # one line an inbox.
         log.debug("job_already_done", job_id=job_id(job), uri=job.origin.uri)
@@ -340,11 +341,11 @@ class Admission:
         ledger = self.ledger
         assert ledger is not None
         writing: tuple[State, ...] = ("writing",)
-        for row in await asyncio.to_thread(ledger.unfinished, writing):
+        for row in await ledger.unfinished(writing):
             if row.key in running or row.job.source not in self.sinks:
                 continue
             if await self._offload(row.job, self.already_written, row.job, row.fingerprint):
-                await asyncio.to_thread(ledger.mark_done, row.key)
+                await ledger.mark_done(row.key)
         await self.count(running)
         self.wake()
         return self.backlog
@@ -352,9 +353,7 @@ class Admission:
     async def count(self, running: Collection[str]) -> int:
         """Count the jobs waiting in the ledger (``backlog``, ``oldest``); how many."""
         if self.ledger is not None:
-            self.backlog, self.oldest = await asyncio.to_thread(
-                self.ledger.backlog, list(self.sources), list(running)
-            )
+            self.backlog, self.oldest = await self.ledger.backlog(list(self.sources), list(running))
             self._counted = time.monotonic()
         return self.backlog
 
@@ -377,9 +376,7 @@ class Admission:
         """The jobs waiting in the ledger, counted by ``place`` (``ocrwatch status``)."""
         if self.ledger is None:
             return Counter()
-        return await asyncio.to_thread(
-            self.ledger.waiting_by, list(self.sources), list(running), place
-        )
+        return await self.ledger.waiting_by(list(self.sources), list(running), place)
 
     async def waiting_jobs(
         self, slots: asyncio.Semaphore, running: Collection[str], held: int
@@ -397,9 +394,7 @@ class Admission:
             while len(running) < held:
                 await slots.acquire()
                 try:
-                    rows = await asyncio.to_thread(
-                        ledger.waiting, 1, list(self.sources), list(running)
-                    )
+                    rows = await ledger.waiting(1, list(self.sources), list(running))
                 except asyncio.CancelledError:
                     slots.release()
                     raise

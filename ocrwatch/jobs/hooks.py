@@ -46,8 +46,8 @@ from ocrwatch.infra.metrics import Metrics
 from ocrwatch.sinks.base import Sink, dump_json
 from ocrwatch.sinks.local import LocalSink
 from ocrwatch.sources.base import Job, key_id
+from ocrwatch.store.asyncledger import AsyncDeliveries, AsyncLedger
 from ocrwatch.store.deliveries import Deliveries, HookDelivery
-from ocrwatch.store.ledger import Ledger
 
 log = structlog.get_logger()
 
@@ -93,11 +93,15 @@ class HookRunner:
     With no hook or no ledger (``ocrwatch ocr``) it does nothing: ``hold`` answers None."""
 
     def __init__(
-        self, hooks: Sequence[HookConfig], ledger: Ledger | None, metrics: Metrics
+        self, hooks: Sequence[HookConfig], ledger: AsyncLedger | None, metrics: Metrics
     ) -> None:
         self.hooks = {hook.name: hook for hook in hooks} if ledger is not None else {}
         self._ledger = ledger
-        self._store = Deliveries(ledger) if ledger is not None and self.hooks else None
+        self._store = (
+            AsyncDeliveries(Deliveries(ledger.blocking))
+            if ledger is not None and self.hooks
+            else None
+        )
         self._token = secrets.token_hex(8)  # marks the events this process holds
         self._metrics = metrics
         self._queues: dict[str, asyncio.Queue[int]] = {name: asyncio.Queue() for name in self.hooks}
@@ -128,9 +132,9 @@ class HookRunner:
         if self._store is None:
             return
         self._session = aiohttp.ClientSession()
-        recovered = await asyncio.to_thread(self._settle_held)
+        recovered = await self._settle_held()
         orphans: dict[str, int] = {}
-        for name, event in await asyncio.to_thread(self._store.pending):
+        for name, event in await self._store.pending():
             if name in self.hooks:
                 self._enqueue(name, event)
             else:
@@ -182,8 +186,7 @@ class HookRunner:
         where = sidecar_locations(sink, job)
         json, md = (where["error"], "") if status == "failed" else (where["json"], where["md"])
         payload = await asyncio.to_thread(dump_json, document)  # the very bytes of the sidecar
-        return await asyncio.to_thread(
-            self._store.hold,
+        return await self._store.hold(
             self._token,
             job.key,
             status,
@@ -202,7 +205,7 @@ class HookRunner:
         if event is None or self._store is None:
             return
         try:
-            hooks = await asyncio.to_thread(self._store.release, event, moved)
+            hooks = await self._store.release(event, moved)
         except Exception as exc:
             error = classify(exc)
             log.error(
@@ -223,7 +226,7 @@ class HookRunner:
         if moved is None or self._store is None:
             return
         try:
-            await asyncio.to_thread(self._store.relocate, key, moved)
+            await self._store.relocate(key, moved)
         except Exception as exc:
             error = classify(exc)
             log.error(
@@ -232,19 +235,18 @@ class HookRunner:
 
     # --- the workers ------------------------------------------------------------------------------
 
-    def _settle_held(self) -> int:
-        """Events held by a process that ended before releasing them (blocking): released when the
-        ledger says the document reached the event's final state, dropped otherwise (it runs
-        again)."""
+    async def _settle_held(self) -> int:
+        """Events held by a process that ended before releasing them: released when the ledger
+        says the document reached the event's final state, dropped otherwise (it runs again)."""
         assert self._store is not None and self._ledger is not None
         released = 0
-        for event, key, status in self._store.held_elsewhere(self._token):
-            row = self._ledger.known(key)
+        for event, key, status in await self._store.held_elsewhere(self._token):
+            row = await self._ledger.known(key)
             if row is not None and row.state == ("failed" if status == "failed" else "done"):
-                self._store.release(event)
+                await self._store.release(event)
                 released += 1
             else:
-                self._store.drop(event)
+                await self._store.drop(event)
         return released
 
     def _enqueue(self, hook: str, event: int) -> None:
@@ -279,7 +281,7 @@ class HookRunner:
     async def _deliver(self, hook: HookConfig, event: int) -> None:
         """One delivery's attempts, each counted in the ledger before it runs."""
         assert self._store is not None
-        delivery = await asyncio.to_thread(self._store.load, event, hook.name)
+        delivery = await self._store.load(event, hook.name)
         if delivery is None or delivery.state != "pending":
             return
         fields = {
@@ -305,11 +307,11 @@ class HookRunner:
         try:
             async for attempt in self._retrying(hook, left, fields):
                 with attempt:
-                    attempts = await asyncio.to_thread(self._store.start_attempt, event, hook.name)
+                    attempts = await self._store.start_attempt(event, hook.name)
                     try:
                         await self._attempt(hook, delivery)
                     except asyncio.CancelledError:
-                        await asyncio.to_thread(self._store.give_back, event, hook.name)
+                        await self._store.give_back(event, hook.name)
                         raise
                     except HookFailed:
                         self._metrics.hook_attempts.labels(hook=hook.name, result="error").inc()
@@ -318,7 +320,7 @@ class HookRunner:
             await self._give_up(hook, delivery, attempts, exc)
             return
         self._metrics.hook_attempts.labels(hook=hook.name, result="ok").inc()
-        await asyncio.to_thread(self._store.finish, event, hook.name, "done", None)
+        await self._store.finish(event, hook.name, "done", None)
         self._metrics.hook_deliveries.labels(hook=hook.name, outcome="delivered").inc()
         log.info(
             "hook_delivered",
@@ -354,9 +356,7 @@ class HookRunner:
         self, hook: HookConfig, delivery: HookDelivery, attempts: int, exc: OcrwatchError
     ) -> None:
         assert self._store is not None
-        await asyncio.to_thread(
-            self._store.finish, delivery.event, hook.name, "failed", exc.message
-        )
+        await self._store.finish(delivery.event, hook.name, "failed", exc.message)
         self._metrics.hook_deliveries.labels(hook=hook.name, outcome="failed").inc()
         log.error(
             "hook_failed",

@@ -14,7 +14,8 @@ from typing import Any
 from ocrwatch.config import TextMode
 from ocrwatch.pages.scheduler import Document
 from ocrwatch.sources.base import Job, Read
-from ocrwatch.store.ledger import Fingerprint, Ledger, State
+from ocrwatch.store.asyncledger import AsyncLedger
+from ocrwatch.store.ledger import Fingerprint, State
 
 
 @dataclass(frozen=True)
@@ -36,20 +37,21 @@ def read_of(fingerprint: Fingerprint) -> Read | None:
 
 
 class Record:
-    """The ledger as one job sees it: typed calls run in a thread (another process holding the
-    database lock must not stall the loop), and none at all for a job the ledger never hears of."""
+    """The ledger as one job sees it: its key bound, calls through ``AsyncLedger`` (in a thread:
+    another process holding the database lock must not stall the loop), and none at all for a job
+    the ledger never hears of."""
 
-    def __init__(self, ledger: Ledger | None, key: str) -> None:
+    def __init__(self, ledger: AsyncLedger | None, key: str) -> None:
         self._ledger = ledger
         self.key = key
 
     async def admit(self, job: Job, fingerprint: Fingerprint) -> None:
         if self._ledger is not None:
-            await asyncio.to_thread(self._ledger.admit, job, fingerprint)
+            await self._ledger.admit(job, fingerprint)
 
     async def set_state(self, state: State, **fields: int) -> None:
         if self._ledger is not None:
-            await asyncio.to_thread(self._ledger.set_state, self.key, state, **fields)
+            await self._ledger.set_state(self.key, state, **fields)
 
     async def read(self) -> Read | None:
         """What admission read of the job's local file, from its ledger row: its sha256 and the stat
@@ -57,32 +59,32 @@ class Record:
         over its byte budget, an object)."""
         if self._ledger is None:
             return None
-        row = await asyncio.to_thread(self._ledger.known, self.key)
+        row = await self._ledger.known(self.key)
         return read_of(row.fingerprint) if row is not None else None
 
     async def record_attempt(self) -> int | None:
         """The attempts counted so far, this one included; None where nothing is recorded."""
         if self._ledger is None:
             return None
-        return await asyncio.to_thread(self._ledger.record_attempt, self.key, None)
+        return await self._ledger.record_attempt(self.key, None)
 
     async def release_attempt(self) -> None:
         if self._ledger is not None:
-            await asyncio.to_thread(self._ledger.release_attempt, self.key)
+            await self._ledger.release_attempt(self.key)
 
     async def park(self, error: dict[str, Any]) -> int:
         """The attempts left counted once a fault of the place has given this one back."""
         if self._ledger is None:
             return 0
-        return await asyncio.to_thread(self._ledger.park, self.key, error)
+        return await self._ledger.park(self.key, error)
 
     async def mark_done(self) -> None:
         if self._ledger is not None:
-            await asyncio.to_thread(self._ledger.mark_done, self.key)
+            await self._ledger.mark_done(self.key)
 
     async def mark_failed(self, error: dict[str, Any]) -> None:
         if self._ledger is not None:
-            await asyncio.to_thread(self._ledger.mark_failed, self.key, error)
+            await self._ledger.mark_failed(self.key, error)
 
 
 @dataclass(eq=False)

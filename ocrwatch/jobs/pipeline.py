@@ -62,7 +62,7 @@ from ocrwatch.results import further as outputs
 from ocrwatch.safefs import Access
 from ocrwatch.sinks.base import Sink
 from ocrwatch.sources.base import Answer, Job, Quarantine, Source
-from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.asyncledger import AsyncLedger
 from ocrwatch.store.written import Written
 
 __all__ = ["Pipeline", "Probed", "Progress", "job_id"]
@@ -88,7 +88,7 @@ class Progress:
 class Pipeline:
     """source → ledger → render → scheduler → engine → sink, each job in a task of its own."""
 
-    def __init__(self, cfg: Config, ledger: Ledger | None, metrics: Metrics) -> None:
+    def __init__(self, cfg: Config, ledger: AsyncLedger | None, metrics: Metrics) -> None:
         self.cfg = cfg
         self.ledger = ledger
         self.metrics = metrics
@@ -101,7 +101,7 @@ class Pipeline:
         self.sources: dict[str, Source] = {}
         self.sinks: dict[str, Sink] = {}
         # the record of outputs: what is ocrwatch's own (None without a ledger: ``ocrwatch ocr``)
-        self.written = Written(ledger) if ledger is not None else None
+        self.written = Written(ledger.blocking) if ledger is not None else None
         # a source's fate once it is done
         self.archive = Archiver(cfg.output, self.sources, self.sinks, metrics, self.written)
         self.admission = Admission(

@@ -14,7 +14,6 @@ has.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Collection
@@ -28,7 +27,7 @@ from ocrwatch.jobs.admission import Offload
 from ocrwatch.results.assemble import Provenance, iso
 from ocrwatch.sinks.base import Recalled, Sink
 from ocrwatch.sources.base import Job, LocalFile
-from ocrwatch.store.ledger import Ledger
+from ocrwatch.store.asyncledger import AsyncLedger
 
 log = structlog.get_logger()
 
@@ -48,10 +47,14 @@ class Reused:
 
 class Reuse:
     """Finds and adapts the earlier result of a job's bytes. Blocking calls run in threads
-    (``offload`` for the sinks', ``asyncio.to_thread`` for the ledger's)."""
+    (``offload`` for the sinks', ``AsyncLedger`` for the ledger's)."""
 
     def __init__(
-        self, ledger: Ledger | None, sinks: dict[str, Sink], output: OutputConfig, offload: Offload
+        self,
+        ledger: AsyncLedger | None,
+        sinks: dict[str, Sink],
+        output: OutputConfig,
+        offload: Offload,
     ) -> None:
         self.ledger = ledger
         self.sinks = sinks
@@ -75,7 +78,7 @@ class Reuse:
         sink = self.sinks.get(job.source)
         if sink is None:
             return None
-        for earlier in await asyncio.to_thread(self.ledger.twins, job, sha256):
+        for earlier in await self.ledger.twins(job, sha256):
             if not _same_place(earlier, job):
                 continue
             recalled: Recalled | None = await self._offload(job, sink.recall, earlier, owner)
