@@ -6,6 +6,7 @@ known."""
 from __future__ import annotations
 
 import html
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -122,6 +123,7 @@ def test_a_skewed_page_has_its_baseline_slope() -> None:
 CROSS = {
     "upright": (orientation.AS_RENDERED, True),
     "turned": (orientation.Orientation(rotation=270, decided_by="osd"), True),
+    "upside down": (orientation.Orientation(rotation=180, decided_by="osd"), True),
     "skewed": (orientation.Orientation(deskew=-2.0), True),
     "turned and skewed": (
         orientation.Orientation(rotation=90, deskew=-2.0, decided_by="osd"),
@@ -136,11 +138,14 @@ NEAR_PT = 2.0  # how far OCRmyPDF's text may land from where the hOCR puts it, i
 def test_ocrmypdf_reads_our_hocr_as_we_wrote_it(turned: Any, fits: bool, tmp_path: Path) -> None:
     """OCRmyPDF's own hOCR reader and text-layer renderer (what ``ocrmypdf`` grafts onto a page)
     make from our file a PDF whose words are ocrwatch's Markdown in its order, each where our hOCR
-    put it: along its line within 2 pt of its box, across it within its line's box."""
+    put it: along its line within 2 pt of its box, across it within its line's box, each letter
+    drawn at the angle the text stands at."""
     markdown, blocks = tesseract_read()
     (page,) = positions.pages([outcome(blocks, turned=turned)])
     pdf = ocrmypdf_text_layer(hocr.document([page], "report.pdf", ENGINE), tmp_path)
     assert pypdf.PdfReader(pdf).pages[0].extract_text().split() == markdown.split()
+    angles = {math.degrees(math.atan2(c.matrix[1], c.matrix[0])) for c in characters(pdf)}
+    assert angles and all(abs((a - page.rotation + 180) % 360 - 180) < 0.1 for a in angles), angles
     found = subprocess.run(
         ["pdftotext", "-bbox", pdf, "-"], capture_output=True, text=True, check=True
     ).stdout
@@ -161,6 +166,19 @@ def test_ocrmypdf_reads_our_hocr_as_we_wrote_it(turned: Any, fits: bool, tmp_pat
             if fits:
                 low, high = row[across] - NEAR_PT, row[across + 2] + NEAR_PT
                 assert low <= got[across] < got[across + 2] <= high, word
+
+
+def characters(pdf: Path) -> list[Any]:
+    """Every letter pdfminer (OCRmyPDF's) finds in the PDF, each with its text matrix."""
+    from pdfminer.high_level import extract_pages
+    from pdfminer.layout import LTChar
+
+    def within(item: Any) -> list[Any]:
+        if isinstance(item, LTChar):
+            return [item]
+        return [c for child in item for c in within(child)] if hasattr(item, "__iter__") else []
+
+    return [c for page in extract_pages(pdf) for c in within(page)]
 
 
 def points(box: Any) -> tuple[float, ...]:

@@ -23,8 +23,8 @@ from ocrwatch.results.positions import Block, Box, Line, Page, xml_text
 
 NAMESPACE = "http://www.w3.org/1999/xhtml"
 CAPABILITIES = "ocr_page ocr_carea ocr_par ocr_line ocrx_word ocr_photo ocrp_wconf"
-DESCENDERS = 0.2
-"""The share of a line's height below its baseline in print (Tesseract's ``x_descenders``)."""
+_DESCENDERS = 0.2
+"""The share of a line's height below its baseline in print, about Tesseract's ``x_descenders``."""
 _HEAD = (
     '<?xml version="1.0" encoding="UTF-8"?>\n'
     '<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN"\n'
@@ -90,15 +90,10 @@ def _stands(page: Page, line: Line) -> list[str]:
     if skew and line.box is not None:
         slope = -math.tan(math.radians(skew))  # the page's y runs down: text rising has slope < 0
         left, top, right, bottom = line.box
-        length, thickness = (
-            (right - left, bottom - top)
-            if quarter in (0, 180)
-            else (
-                bottom - top,
-                right - left,
-            )
-        )
-        descent = DESCENDERS * (thickness - length * abs(slope))
+        length, thickness = right - left, bottom - top
+        if quarter in (90, 270):  # OCRmyPDF measures the line turned back by its textangle
+            length, thickness = thickness, length
+        descent = _DESCENDERS * (thickness - length * abs(slope))
         said.append(f"baseline {slope:.3f} {round(-max(slope, 0.0) * length - descent)}")
     return said
 
