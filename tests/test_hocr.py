@@ -1,7 +1,8 @@
 """NAME.hocr: every file parses (as XHTML and as HTML), with Tesseract's classes and ``bbox``
 titles: words, their boxes and confidences from a page Tesseract reads now; DeepSeek-OCR's block
-boxes, its lines and words without one; a turned page's ``textangle``; ``scan_res`` where the DPI is
-known."""
+boxes, its lines and words without one; a turned page's ``textangle``, a skewed one's ``baseline``;
+``scan_res`` where the DPI is known. OCRmyPDF's own hOCR reader makes from it a text layer with our
+words in our order where we put them."""
 
 from __future__ import annotations
 
