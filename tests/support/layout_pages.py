@@ -48,6 +48,11 @@ def alto_schema() -> Any:
 def tesseract_blocks() -> list[dict[str, Any]]:
     """Tesseract's line blocks (its words, boxes, confidences) for a page drawn now, as the engine
     parses them."""
+    return tesseract_read()[1]
+
+
+def tesseract_read() -> tuple[str, list[dict[str, Any]]]:
+    """Tesseract's Markdown and line blocks for a page drawn now, as the engine parses them."""
     if shutil.which("tesseract") is None:
         pytest.skip("tesseract is not installed")
     image = Image.new("L", SIZE, "white")
@@ -62,7 +67,7 @@ def tesseract_blocks() -> list[dict[str, Any]]:
         check=True,
         env={"OMP_THREAD_LIMIT": "1", "PATH": "/usr/bin:/bin"},
     )
-    return parse_tsv(done.stdout.decode())[1]
+    return parse_tsv(done.stdout.decode())
 
 
 def outcome(
