@@ -20,7 +20,6 @@ from ocrwatch.sources.base import (
     Handoff,
     Lapsed,
     Outbox,
-    Quarantine,
     Question,
     Reject,
     SetsAside,
@@ -31,8 +30,8 @@ T = TypeVar("T", contravariant=True)
 
 
 class Asker(Protocol[T]):
-    """What a source put in and waits on (a ``Handoff``, a ``Question``): one helper answers
-    both."""
+    """What a source put in and waits on (a ``Handoff``, a ``Question``, a ``SetAside``): one
+    helper answers each."""
 
     def answer(self, exc: BaseException | None = None, said: T | None = None) -> None: ...
 
@@ -51,7 +50,7 @@ async def serve(
             elif isinstance(taken, Question):
                 answer = _forward(taken, functools.partial(lapsed, taken.jobs))
             else:
-                answer = _forward(taken, functools.partial(_moved, set_aside, taken.request))
+                answer = _forward(taken, functools.partial(set_aside, taken.request))
             task = asyncio.create_task(answer, name="intake")
             answering.add(task)
             task.add_done_callback(answering.discard)
@@ -72,11 +71,6 @@ async def _forward(asked: Asker[T], answering: Callable[[], Awaitable[T]]) -> No
             raise
         return
     asked.answer(said=said)
-
-
-async def _moved(set_aside: SetsAside, request: Quarantine) -> None:
-    """A source's move carried out; where it went is the log's (no run, so no hook is told)."""
-    await set_aside(request)
 
 
 async def _handled(delivery: Handoff, submit: Submit, reject: Reject) -> Answer | None:

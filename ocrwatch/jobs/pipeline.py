@@ -202,7 +202,8 @@ class Pipeline:
 
     async def set_aside(self, request: Quarantine) -> None:
         """A source's move for a document that failed before (its ``submit`` answered ``failed``):
-        the same move as a run's failure makes, its error sidecar along where it is ocrwatch's."""
+        the same move as a run's failure makes, its error sidecar along where it is ocrwatch's;
+        where it went is the log's (nothing ran, so no hook is told)."""
         await quarantine(request, self.archive.written)
 
     async def resume(self) -> int:

@@ -276,21 +276,25 @@ def _judged(text: str, knowledge: Knowledge, lang: str) -> tuple[str, float | No
     of its script where OCR cannot read that script. A layer of a script ``lang`` does not read is
     kept, never traded for Latin gibberish: ``script_not_installed`` where no installed language
     reads it, ``script_not_in_lang`` where one does but ``lang`` does not name it."""
-    installed = knowledge.languages()
-    judged = osd.latin(installed) if lang == osd.AUTO else lang
+    judged = judged_in(lang, knowledge)
     reason, known = judge(text, knowledge, judged)
-    letters = knowledge.letters(judged)
-    unknown = reason == "unknown_letters" and letters is not None
-    wanted = missing_script(text, letters) if unknown and letters is not None else None
+    letters = knowledge.letters(judged) if reason == "unknown_letters" else None
+    wanted = missing_script(text, letters) if letters is not None else None
     if wanted is None:
         return reason, known, None
     script_lang, package = wanted
-    if script_lang not in installed:
+    if script_lang not in knowledge.languages():
         return "script_not_installed", None, package
     if lang != osd.AUTO:
         return "script_not_in_lang", None, package
     reason, known = judge(text, knowledge, f"{script_lang}+{osd.FALLBACK}")
     return reason, known, None
+
+
+def judged_in(lang: str, knowledge: Knowledge) -> str:
+    """The languages a layer's words are judged in: ``lang``, or for ``osd.AUTO``, before any
+    page's script is known, every installed Latin one (``osd.latin``)."""
+    return osd.latin(knowledge.languages()) if lang == osd.AUTO else lang
 
 
 def _extract(
@@ -499,8 +503,8 @@ class Pages:
         width_pt, height_pt = self.info.page_sizes[index]
         dpi = render.page_dpi(width_pt, height_pt, self.spec)
         text = markdown(found.text)
-        lang = osd.latin(self.knowledge.languages()) if self.lang == osd.AUTO else self.lang
-        plain = plaintext.PlainText(self.knowledge.words(lang) or frozenset())
+        words = self.knowledge.words(judged_in(self.lang, self.knowledge))
+        plain = plaintext.PlainText(words or frozenset())
         recognition = Recognition(markdown=text, raw=found.text, seconds=found.seconds, plain=plain)
         result = ladder.PageResult("ok", recognition, [])
         width, height = (max(1, math.ceil(side * dpi / 72)) for side in (width_pt, height_pt))

@@ -43,21 +43,18 @@ class Tessdata:
             return self._languages
 
     def letters(self, lang: str) -> frozenset[str] | None:
-        """The letters of the installed languages of ``lang`` (``ara+eng``)."""
+        """The letters of the installed languages of ``lang`` (``ara+eng``), read once a process
+        for each ``lang`` asked."""
         installed = self.languages()
         if self._folder is None:
             return None
-        found: set[str] = set()
-        for name in lang.split("+"):
-            if name not in installed or name == "osd":
-                continue
-            with self._lock:
-                if name not in self._letters:
-                    self._letters[name] = frozenset(
-                        c for c in self._unicharset(name) if c.isalpha()
-                    )
-                found |= self._letters[name]
-        return frozenset(found)
+        with self._lock:
+            if lang not in self._letters:
+                names = [name for name in lang.split("+") if name in installed and name != "osd"]
+                self._letters[lang] = frozenset(
+                    c for name in names for c in self._unicharset(name) if c.isalpha()
+                )
+            return self._letters[lang]
 
     def words(self, lang: str) -> frozenset[str] | None:
         self.languages()

@@ -189,7 +189,7 @@ Reject = Callable[[Job, OcrwatchError, int], Awaitable[None]]
 tries."""
 
 
-SetsAside = Callable[[Quarantine], Awaitable[object]]
+SetsAside = Callable[[Quarantine], Awaitable[None]]
 """``set_aside(request)``: carry out a source's ``Quarantine`` (asked through
 ``Outbox.set_aside``)."""
 
